@@ -1,0 +1,108 @@
+"""The protocol every format implements: a lazy reader and a planned, streaming writer."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, BinaryIO, ClassVar
+
+from ..bytesource import ByteSource
+from ..errors import TensorNotFoundError
+from ..scalars import Scalar
+from ..tensor import LazyTensor
+
+
+class Reader(ABC):
+    """A parsed file header: every tensor listed (data order), no tensor bytes read yet."""
+
+    format: ClassVar[str]
+    source: ByteSource
+    tensors: list[LazyTensor]
+    metadata: dict[str, str]
+    scalars: dict[str, Scalar]
+
+    @property
+    def label(self) -> str:
+        return self.source.label
+
+    @property
+    def path(self) -> str | None:
+        """The file read, or None for an in-memory buffer."""
+        return getattr(self.source, "path", None) and str(self.source.path)  # type: ignore[attr-defined]
+
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __iter__(self) -> Iterator[LazyTensor]:
+        return iter(self.tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index()
+
+    def __getitem__(self, name: str) -> LazyTensor:
+        try:
+            return self._index()[name]
+        except KeyError:
+            raise TensorNotFoundError("no such tensor", file=self.label, tensor=name) from None
+
+    def _index(self) -> dict[str, LazyTensor]:
+        idx = self.__dict__.get("_by_name")
+        if idx is None:
+            idx = {t.name: t for t in self.tensors}
+            self.__dict__["_by_name"] = idx
+        return idx
+
+    def extra(self) -> dict[str, Any]:
+        """Format-specific facts for `inspect` (e.g. a burnpack's data-section start)."""
+        return {}
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Writer(ABC):
+    """Plans a whole output from declared lengths, then streams it tensor by tensor.
+
+    The constructor does every check (dtypes the format cannot hold, duplicate names, lengths),
+    so a bad input fails before a file is created.
+    """
+
+    format: ClassVar[str]
+    default_extension: ClassVar[str]
+
+    def __init__(
+        self,
+        tensors: Sequence[LazyTensor],
+        *,
+        metadata: Mapping[str, str] | None = None,
+        scalars: Mapping[str, Scalar] | None = None,
+    ) -> None:
+        self.tensors = list(tensors)
+        self.metadata = dict(metadata or {})
+        self.scalars = dict(scalars or {})
+
+    @property
+    @abstractmethod
+    def total_size(self) -> int:
+        """Exact size of the output in bytes."""
+
+    @abstractmethod
+    def write_to(self, sink: BinaryIO) -> None:
+        """Stream the output into `sink`, producing each tensor's bytes once, in write order."""
+
+    @staticmethod
+    def resolve_path(path: str | os.PathLike[str]) -> str:
+        """The path actually written (burnpack appends `.bpk` to extension-less paths)."""
+        return os.fspath(path)

@@ -1,0 +1,97 @@
+"""Lazy tensors: dtype, shape and byte length known up front, bytes produced on demand.
+
+A reader hands these out without touching tensor data; a writer plans its whole layout from the
+declared lengths, then asks each tensor for its bytes once, in write order, and drops them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .bytesource import ByteSource, FileSpan
+from .dtypes import DType
+from .errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
+
+Buffer = bytes | bytearray | memoryview
+Loader = Callable[[], Buffer]
+
+
+@dataclass(frozen=True, eq=False)
+class LazyTensor:
+    """One tensor's description plus a way to get its raw little-endian, C-order bytes."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    nbytes: int
+    loader: Loader = field(repr=False)
+    span: FileSpan | None = field(default=None, repr=False)
+    param_id: int | None = None
+    origin: str | None = None  # the file it came from, for error messages
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def data(self) -> memoryview:
+        """The tensor's bytes, checked against the declared length."""
+        buf = memoryview(self.loader()).cast("B")
+        if len(buf) != self.nbytes:
+            raise TensorBytesSizeMismatchError(
+                f"produced {len(buf)} bytes but declares {self.nbytes}", file=self.origin, tensor=self.name
+            )
+        return buf
+
+    def numpy(self) -> np.ndarray:
+        """A numpy array over the bytes (zero-copy and read-only where the source allows)."""
+        if self.dtype.numpy_name is None:
+            raise UnsupportedDTypeError(
+                f"{self.dtype.display} cannot be viewed as numpy", file=self.origin, tensor=self.name
+            )
+        return np.frombuffer(self.data(), dtype=self.dtype.numpy()).reshape(self.shape)
+
+    def renamed(self, name: str) -> LazyTensor:
+        return replace(self, name=name)
+
+    def derived(self, *, dtype: DType, shape: tuple[int, ...], loader: Loader) -> LazyTensor:
+        """A tensor computed from this one (transpose, cast): no longer a verbatim file span."""
+        nbytes = dtype.nbytes(shape)
+        if nbytes is None:
+            raise UnsupportedDTypeError(f"cannot compute {dtype.display} tensors", tensor=self.name)
+        return replace(self, dtype=dtype, shape=shape, nbytes=nbytes, loader=loader, span=None)
+
+
+def stored(name: str, dtype: DType, shape: tuple[int, ...], source: ByteSource, offset: int, nbytes: int,
+           *, param_id: int | None = None) -> LazyTensor:
+    """A tensor whose bytes lie verbatim at `offset` in `source`."""
+    return LazyTensor(
+        name=name,
+        dtype=dtype,
+        shape=shape,
+        nbytes=nbytes,
+        loader=lambda: source.view(offset, nbytes),
+        span=source.span(offset, nbytes),
+        param_id=param_id,
+        origin=source.label,
+    )
+
+
+def from_numpy(name: str, array: np.ndarray, *, dtype: DType | None = None,
+               param_id: int | None = None) -> LazyTensor:
+    """Wrap an in-memory array (made C-contiguous little-endian; bytes copied only if needed)."""
+    from . import dtypes
+
+    dt = dtype or dtypes.from_numpy(array.dtype)
+    arr = np.ascontiguousarray(array)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    shape = tuple(int(d) for d in arr.shape)
+    nbytes = arr.nbytes
+    return LazyTensor(name, dt, shape, nbytes, loader=lambda: memoryview(arr.reshape(-1).view(np.uint8)),
+                      param_id=param_id)
