@@ -1,0 +1,27 @@
+"""Shared test helpers: where the reference files live, and skipping cleanly without them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_FIXTURES = Path(os.environ.get("MIGRATOR_SHARED_FIXTURES", REPO.parent / "shared" / "fixtures"))
+
+
+@pytest.fixture
+def shared_fixtures() -> Path:
+    """`../shared/fixtures` (files written by PyTorch, safetensors and Burn); skip when absent."""
+    if not SHARED_FIXTURES.is_dir():
+        pytest.skip(f"reference fixtures not found at {SHARED_FIXTURES}")
+    return SHARED_FIXTURES
+
+
+def fixture_file(*parts: str) -> Path:
+    """A path below `../shared/fixtures`, skipping the test when it is absent."""
+    path = SHARED_FIXTURES.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"reference fixture not found: {path}")
+    return path
