@@ -88,7 +88,7 @@ def from_numpy(name: str, array: np.ndarray, *, dtype: DType | None = None,
     from . import dtypes
 
     dt = dtype or dtypes.from_numpy(array.dtype)
-    arr = np.ascontiguousarray(array)
+    arr = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes 0-d arrays 1-d
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     shape = tuple(int(d) for d in arr.shape)

@@ -1,0 +1,353 @@
+"""Burn's burnpack (`.bpk`) container: 10-byte header, CBOR metadata, 256-aligned tensor data.
+
+Byte-compatible with burn-pack's writer and at least as strict as its reader (spec §1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any, BinaryIO, ClassVar
+
+from .. import dtypes
+from ..bytesource import ByteSource, FileSource
+from ..dtypes import DType, Kind
+from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
+from ..scalars import SCALAR_KINDS, Scalar
+from ..streaming import write_tensor, write_zeros
+from ..tensor import LazyTensor, stored
+from . import cbor
+from .base import Reader, Writer
+
+MAGIC = 0x4255524E  # "BURN" big-endian, stored little-endian: the file starts with b"NRUB"
+VERSION = 1
+HEADER_SIZE = 10
+ALIGNMENT = 256
+MAX_METADATA_SIZE = 100 * 1024 * 1024
+MAX_TENSOR_COUNT = 100_000
+MAX_TENSOR_SIZE = 10 * 1024**3
+MAX_FILE_SIZE = 100 * 1024**3
+EXTENSION = ".bpk"
+
+
+def align(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+def has_extension(path: str | os.PathLike[str]) -> bool:
+    """Rust's `Path::extension().is_some()`: `model.` and `model.v1` have one, `.hidden` does not."""
+    return os.path.splitext(os.path.basename(os.fspath(path)))[1] != ""
+
+
+def resolve_read_path(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """Burn's reader rule: an extension-less path that does not exist means `path.bpk`."""
+    if not has_extension(path) and not os.path.exists(path) and os.path.exists(os.fspath(path) + EXTENSION):
+        return os.fspath(path) + EXTENSION
+    return path
+
+
+def default_metadata() -> dict[str, str]:
+    """What Burn's store writes on every save, with migrator as the producer."""
+    from .. import PRODUCER, __version__
+
+    return {"format": "burnpack", "producer": PRODUCER, "version": __version__}
+
+
+# ---------------------------------------------------------------------------------------- dtypes
+
+
+def _dtype_to_cbor(dt: DType) -> Any:
+    if dt.kind is Kind.QUANTIZED:
+        assert dt.scheme is not None
+        return {"QFloat": cbor.RawCbor(dt.scheme)}
+    if dt.kind is Kind.BOOL:
+        store = {"BOOL": "Native", "BOOL_U8": "U8", "BOOL_U32": "U32"}[dt.name]
+        return {"Bool": store}
+    if dt.burn_text is None:
+        raise UnsupportedDTypeError(f"burnpack cannot hold {dt.display}")
+    return dt.burn_text
+
+
+def _dtype_from_cbor(value: Any) -> DType:
+    if isinstance(value, str):
+        dt = dtypes.BY_BURN_TEXT.get(value)
+        if dt is not None and dt.kind is not Kind.QUANTIZED:
+            return dt
+        raise ValueError(f"unknown dtype {value!r}")
+    if isinstance(value, cbor.CborMap) and len(value) == 1:
+        (tag, inner), = value
+        if tag == "Bool" and isinstance(inner, str) and inner in dtypes.BURN_BOOL_STORES:
+            return dtypes.BURN_BOOL_STORES[inner]
+        if tag == "QFloat" and isinstance(inner, cbor.CborMap):
+            return dtypes.qfloat(cbor.encode(_plain(inner)))
+    raise ValueError(f"unknown dtype {_plain(value)!r}")
+
+
+def _plain(v: Any) -> Any:
+    """CborMap -> dict (insertion order kept) for re-encoding and display."""
+    if isinstance(v, cbor.CborMap):
+        return {k: _plain(x) for k, x in v}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def describe_qfloat(dt: DType) -> Any:
+    """The QFloat scheme as plain data, for `inspect`."""
+    assert dt.scheme is not None
+    return _plain(cbor.decode(dt.scheme))
+
+
+# ---------------------------------------------------------------------------------------- reader
+
+
+class BurnpackReader(Reader):
+    """Parses the header and metadata; tensor bytes stay in the file until asked for."""
+
+    format: ClassVar[str] = "burnpack"
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+        label = source.label
+        size = source.size
+        if isinstance(source, FileSource) and size > MAX_FILE_SIZE:
+            raise LimitExceededError(f"Validation error: file is {size} bytes, over the {MAX_FILE_SIZE} limit",
+                                     file=label)
+        if size < HEADER_SIZE:
+            raise FormatError(f"Invalid header: insufficient bytes ({size} < {HEADER_SIZE})", file=label)
+        magic, version, meta_size = struct.unpack("<IHI", source.read(0, HEADER_SIZE, "header"))
+        if magic != MAGIC:
+            raise FormatError(f"Invalid magic number 0x{magic:08X} (expected 0x{MAGIC:08X}, bytes 'NRUB')",
+                              file=label)
+        if version > VERSION:
+            raise FormatError(f"Unsupported version {version} (this reader knows <= {VERSION})", file=label)
+        if meta_size > MAX_METADATA_SIZE:
+            raise LimitExceededError(
+                f"Validation error: metadata size {meta_size} exceeds the {MAX_METADATA_SIZE} byte limit",
+                file=label)
+        if HEADER_SIZE + meta_size > size:
+            raise FormatError(f"Invalid header: metadata of {meta_size} bytes runs past the end of the "
+                              f"{size}-byte input", file=label)
+        self.version = version
+        self.metadata_size = meta_size
+        self.data_start = align(HEADER_SIZE + meta_size)
+        try:
+            root = cbor.decode(source.read(HEADER_SIZE, meta_size, "metadata"))
+        except cbor.CborError as e:
+            raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
+        self.tensors, self.metadata, self.scalars = self._parse_root(root)
+
+    def _fail(self, msg: str, tensor: str | None = None) -> FormatError:
+        return FormatError(msg, file=self.label, tensor=tensor)
+
+    def _parse_root(self, root: Any) -> tuple[list[LazyTensor], dict[str, str], dict[str, Scalar]]:
+        if not isinstance(root, cbor.CborMap):
+            raise self._fail("Metadata deserialization error: top level is not a map")
+        try:
+            tensors = root.get_unique("tensors", "metadata")
+            meta = root.get_unique("metadata", "metadata")
+            scalars = root.get_unique("scalars", "metadata")
+        except cbor.CborError as e:
+            raise self._fail(f"Metadata deserialization error: {e}") from None
+        if tensors is cbor.MISSING:
+            raise self._fail("Metadata deserialization error: missing field 'tensors'")
+        if not isinstance(tensors, cbor.CborMap):
+            raise self._fail("Metadata deserialization error: 'tensors' is not a map")
+        entries = tensors.last_wins()
+        if len(entries) > MAX_TENSOR_COUNT:
+            raise LimitExceededError(
+                f"Validation error: {len(entries)} tensors exceed the limit of {MAX_TENSOR_COUNT}", file=self.label)
+        parsed = [self._descriptor(name, d) for name, d in entries.items()]
+        self._check_layout(parsed)
+        parsed.sort(key=lambda p: (p[3], p[4]))  # data order; a zero-length tensor precedes one at its start
+        out = [stored(name, dt, shape, self.source, self.data_start + start, end - start, param_id=pid)
+               for name, dt, shape, start, end, pid in parsed]
+        return out, self._parse_metadata(meta), self._parse_scalars(scalars)
+
+    def _descriptor(self, name: Any, d: Any) -> tuple[str, DType, tuple[int, ...], int, int, int | None]:
+        if not isinstance(name, str):
+            raise self._fail(f"Metadata deserialization error: tensor name {name!r} is not text")
+        if not isinstance(d, cbor.CborMap):
+            raise self._fail("Metadata deserialization error: descriptor is not a map", name)
+        try:
+            fields = {f: d.get_unique(f, "descriptor") for f in ("dtype", "shape", "data_offsets", "param_id")}
+        except cbor.CborError as e:
+            raise self._fail(f"Metadata deserialization error: {e}", name) from None
+        for f in ("dtype", "shape", "data_offsets"):
+            if fields[f] is cbor.MISSING:
+                raise self._fail(f"Metadata deserialization error: missing field '{f}'", name)
+        try:
+            dt = _dtype_from_cbor(fields["dtype"])
+        except ValueError as e:
+            raise self._fail(f"Metadata deserialization error: {e}", name) from None
+        shape, offsets, pid = fields["shape"], fields["data_offsets"], fields["param_id"]
+        if not isinstance(shape, list) or not all(_is_u64(x) for x in shape):
+            raise self._fail(f"Metadata deserialization error: shape {_plain(shape)!r} is not a list of u64", name)
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_u64(x) for x in offsets)):
+            raise self._fail(f"Metadata deserialization error: data_offsets {_plain(offsets)!r} is not [start, end]",
+                             name)
+        if pid is cbor.MISSING or pid is None:
+            pid = None
+        elif not _is_u64(pid):
+            raise self._fail(f"Metadata deserialization error: param_id {pid!r} is not a u64", name)
+        start, end = offsets
+        if end < start:
+            raise self._fail(f"Validation error: corrupted offset data (end {end} < start {start})", name)
+        if end - start > MAX_TENSOR_SIZE:
+            raise LimitExceededError(
+                f"Validation error: {end - start} bytes exceed the {MAX_TENSOR_SIZE}-byte tensor limit",
+                file=self.label, tensor=name)
+        if self.data_start + end > self.source.size:
+            raise self._fail(f"Validation error: File truncated: data [{self.data_start + start}, "
+                             f"{self.data_start + end}) is past the end ({self.source.size} bytes)", name)
+        want = dt.nbytes(tuple(shape))
+        if dt.kind is not Kind.QUANTIZED and want != end - start:
+            raise self._fail(f"Validation error: holds {end - start} bytes but shape {list(shape)} of "
+                             f"{dt.display} needs {want}", name)
+        if start % ALIGNMENT:
+            raise self._fail(f"Validation error: data offset {start} is not {ALIGNMENT}-byte aligned", name)
+        return name, dt, tuple(shape), start, end, pid
+
+    def _check_layout(self, parsed: list[tuple[str, DType, tuple[int, ...], int, int, int | None]]) -> None:
+        spans = sorted((s, e, n) for n, _, _, s, e, _ in parsed if e > s)
+        for (s0, e0, n0), (s1, _e1, n1) in itertools.pairwise(spans):
+            if s1 < e0:
+                raise self._fail(f"Validation error: data of '{n1}' at {s1} overlaps '{n0}' [{s0}, {e0})", n1)
+
+    def _parse_metadata(self, meta: Any) -> dict[str, str]:
+        if meta is cbor.MISSING or meta is None:
+            return {}
+        if not isinstance(meta, cbor.CborMap) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in meta):
+            raise self._fail("Metadata deserialization error: 'metadata' must map text to text")
+        return meta.last_wins()
+
+    def _parse_scalars(self, scalars: Any) -> dict[str, Scalar]:
+        if scalars is cbor.MISSING or scalars is None:
+            return {}
+        if not isinstance(scalars, cbor.CborMap):
+            raise self._fail("Metadata deserialization error: 'scalars' is not a map")
+        out: dict[str, Scalar] = {}
+        for key, v in scalars:
+            if not isinstance(key, str) or not isinstance(v, cbor.CborMap) or len(v) != 1:
+                raise self._fail(f"Metadata deserialization error: scalar {key!r} is not a tagged value")
+            (kind, value), = v
+            if kind not in SCALAR_KINDS:
+                raise self._fail(f"Metadata deserialization error: scalar {key!r} has unknown variant {kind!r}")
+            if kind == "Float" and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            try:
+                out[key] = Scalar(kind, value)
+            except ValueError as e:
+                raise self._fail(f"Metadata deserialization error: scalar {key!r}: {e}") from None
+        return out
+
+    def extra(self) -> dict[str, Any]:
+        return {"version": self.version, "metadata_size": self.metadata_size, "data_start": self.data_start}
+
+
+def _is_u64(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 64
+
+
+# ---------------------------------------------------------------------------------------- writer
+
+
+class BurnpackWriter(Writer):
+    """Plans offsets and the CBOR from declared lengths, then streams tensors in the given order.
+
+    Writes exactly the metadata it is given (callers add `default_metadata()` when they want
+    Burn-store-like defaults), so a file rewritten unchanged stays byte-identical.
+    """
+
+    format: ClassVar[str] = "burnpack"
+    default_extension: ClassVar[str] = EXTENSION
+
+    def __init__(
+        self,
+        tensors: Sequence[LazyTensor],
+        *,
+        metadata: Mapping[str, str] | None = None,
+        scalars: Mapping[str, Scalar] | None = None,
+    ) -> None:
+        super().__init__(tensors, metadata=metadata, scalars=scalars)
+        self._starts = self._plan_offsets()
+        self._cbor = self._plan_cbor()
+        self.data_start = align(HEADER_SIZE + len(self._cbor))
+        self._end = max((s + t.nbytes for s, t in zip(self._starts, self.tensors, strict=True)), default=0)
+
+    def _plan_offsets(self) -> list[int]:
+        if len(self.tensors) > MAX_TENSOR_COUNT:
+            raise PlanError(f"{len(self.tensors)} tensors exceed burnpack's limit of {MAX_TENSOR_COUNT}")
+        seen: set[str] = set()
+        starts: list[int] = []
+        cursor = 0
+        for t in self.tensors:
+            if t.name in seen:
+                raise PlanError(f"Duplicate tensor name '{t.name}'", tensor=t.name)
+            seen.add(t.name)
+            _dtype_to_cbor_checked(t)
+            if t.dtype.kind is not Kind.QUANTIZED:
+                need = t.dtype.nbytes(t.shape)
+                if need != t.nbytes:
+                    raise PlanError(f"declares {t.nbytes} bytes but its shape {list(t.shape)} and dtype "
+                                    f"{t.dtype.display} need {need}", tensor=t.name)
+            if t.nbytes > MAX_TENSOR_SIZE:
+                raise PlanError(f"{t.nbytes} bytes exceed burnpack's {MAX_TENSOR_SIZE}-byte tensor limit",
+                                tensor=t.name)
+            start = align(cursor)
+            starts.append(start)
+            cursor = start + t.nbytes
+        return starts
+
+    def _plan_cbor(self) -> bytes:
+        descriptors: dict[str, Any] = {}
+        by_name = sorted(zip(self.tensors, self._starts, strict=True), key=lambda p: p[0].name.encode())
+        for t, start in by_name:
+            d: dict[str, Any] = {"dtype": _dtype_to_cbor(t.dtype), "shape": list(t.shape),
+                                 "data_offsets": [start, start + t.nbytes]}
+            if t.param_id is not None:
+                d["param_id"] = t.param_id
+            descriptors[t.name] = d
+        root: dict[str, Any] = {"tensors": descriptors}
+        for k, v in self.metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise PlanError(f"metadata entry {k!r}: {v!r} is not text -> text")
+        if self.metadata:
+            root["metadata"] = {k: self.metadata[k] for k in sorted(self.metadata, key=str.encode)}
+        if self.scalars:
+            root["scalars"] = {k: {s.kind: s.value} for k, s in
+                               sorted(self.scalars.items(), key=lambda kv: kv[0].encode())}
+        blob = cbor.encode(root)
+        if len(blob) > MAX_METADATA_SIZE:
+            raise PlanError(f"metadata of {len(blob)} bytes exceeds the {MAX_METADATA_SIZE}-byte limit")
+        return blob
+
+    @property
+    def total_size(self) -> int:
+        return self.data_start + self._end
+
+    def write_to(self, sink: BinaryIO) -> None:
+        sink.write(struct.pack("<IHI", MAGIC, VERSION, len(self._cbor)))
+        sink.write(self._cbor)
+        pos = HEADER_SIZE + len(self._cbor)
+        for t, start in zip(self.tensors, self._starts, strict=True):
+            gap = self.data_start + start - pos
+            write_zeros(sink, gap)
+            write_tensor(sink, t)
+            pos = self.data_start + start + t.nbytes
+        write_zeros(sink, self.total_size - pos)  # an empty pack is still padded to the data start
+
+    @staticmethod
+    def resolve_path(path: str | os.PathLike[str]) -> str:
+        p = os.fspath(path)
+        return p if has_extension(p) else p + EXTENSION
+
+
+def _dtype_to_cbor_checked(t: LazyTensor) -> None:
+    try:
+        _dtype_to_cbor(t.dtype)
+    except UnsupportedDTypeError as e:
+        raise UnsupportedDTypeError(e.detail + " (cast it to a Burn dtype first)", tensor=t.name) from None

@@ -1,0 +1,248 @@
+"""The CBOR subset burnpack uses, encoded exactly as Burn's ciborium + serde do.
+
+A hand-written codec, because no library matches Burn alone (cbor2 writes every float as a
+double, and its canonical mode reorders keys) and because the decoder must bound depth and
+lengths before allocating anything for a hostile file.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+MAX_DEPTH = 128
+
+
+class CborError(ValueError):
+    """Malformed or over-deep CBOR."""
+
+
+class RawCbor(bytes):
+    """Already-encoded CBOR inserted verbatim (keeps a QFloat scheme byte for byte)."""
+
+
+class CborMap(list[tuple[Any, Any]]):
+    """A decoded map as its (key, value) pairs in file order, so repeated keys stay visible."""
+
+    def get_unique(self, key: str, where: str) -> Any:
+        found = [v for k, v in self if k == key]
+        if len(found) > 1:
+            raise CborError(f"{where}: duplicate field '{key}'")
+        return found[0] if found else _MISSING
+
+    def last_wins(self) -> dict[Any, Any]:
+        return dict(self)
+
+
+_MISSING: Any = object()
+MISSING = _MISSING
+
+
+# ---------------------------------------------------------------------------------------- encode
+
+
+def _head(major: int, n: int) -> bytes:
+    if n < 24:
+        return bytes([(major << 5) | n])
+    if n < 1 << 8:
+        return bytes([(major << 5) | 24, n])
+    if n < 1 << 16:
+        return bytes([(major << 5) | 25]) + n.to_bytes(2, "big")
+    if n < 1 << 32:
+        return bytes([(major << 5) | 26]) + n.to_bytes(4, "big")
+    if n < 1 << 64:
+        return bytes([(major << 5) | 27]) + n.to_bytes(8, "big")
+    raise CborError(f"integer {n} does not fit in 64 bits")
+
+
+def encode_float(x: float) -> bytes:
+    """Shortest IEEE width that round-trips the exact f64 bit pattern (half, single, double)."""
+    d = np.float64(x)
+    bits = d.view(np.uint64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = d.astype(np.float16)
+        if h.astype(np.float64).view(np.uint64) == bits:
+            return b"\xf9" + h.view(np.uint16).item().to_bytes(2, "big")
+        s = d.astype(np.float32)
+        if s.astype(np.float64).view(np.uint64) == bits:
+            return b"\xfa" + s.view(np.uint32).item().to_bytes(4, "big")
+    return b"\xfb" + int(bits).to_bytes(8, "big")
+
+
+def encode(value: Any) -> bytes:
+    """Encode dicts (in insertion order), lists, str, int, float, bool, None and RawCbor."""
+    out = bytearray()
+    _encode_into(out, value)
+    return bytes(out)
+
+
+def _encode_into(out: bytearray, v: Any) -> None:
+    if isinstance(v, RawCbor):
+        out += v
+    elif v is None:
+        out += b"\xf6"
+    elif v is True:
+        out += b"\xf5"
+    elif v is False:
+        out += b"\xf4"
+    elif isinstance(v, int):
+        out += _head(0, v) if v >= 0 else _head(1, -1 - v)
+    elif isinstance(v, float):
+        out += encode_float(v)
+    elif isinstance(v, str):
+        b = v.encode("utf-8")
+        out += _head(3, len(b)) + b
+    elif isinstance(v, bytes | bytearray):
+        out += _head(2, len(v)) + bytes(v)
+    elif isinstance(v, dict):
+        out += _head(5, len(v))
+        for k, item in v.items():
+            _encode_into(out, k)
+            _encode_into(out, item)
+    elif isinstance(v, list | tuple):
+        out += _head(4, len(v))
+        for item in v:
+            _encode_into(out, item)
+    else:
+        raise CborError(f"cannot encode {type(v).__name__}")
+
+
+# ---------------------------------------------------------------------------------------- decode
+
+
+def decode(data: bytes | memoryview, max_depth: int = MAX_DEPTH) -> Any:
+    """Decode the first CBOR item (trailing bytes are ignored, as Burn does).
+
+    Maps come back as `CborMap`; every declared length is checked against the bytes left before
+    anything is allocated, and nesting deeper than `max_depth` is refused.
+    """
+    dec = _Decoder(bytes(data), max_depth)
+    return dec.item(0)
+
+
+class _Decoder:
+    def __init__(self, data: bytes, max_depth: int) -> None:
+        self.data = data
+        self.pos = 0
+        self.max_depth = max_depth
+
+    def _take(self, n: int) -> bytes:
+        if n > len(self.data) - self.pos:
+            raise CborError(f"truncated CBOR at byte {self.pos}: need {n} more bytes")
+        b = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return b
+
+    def _arg(self, info: int) -> int | None:
+        if info < 24:
+            return info
+        if info == 24:
+            return self._take(1)[0]
+        if info == 25:
+            return int.from_bytes(self._take(2), "big")
+        if info == 26:
+            return int.from_bytes(self._take(4), "big")
+        if info == 27:
+            return int.from_bytes(self._take(8), "big")
+        if info == 31:
+            return None  # indefinite length
+        raise CborError(f"reserved additional info {info} at byte {self.pos - 1}")
+
+    def _at_break(self) -> bool:
+        if self.pos >= len(self.data):
+            raise CborError("truncated CBOR: missing break")
+        if self.data[self.pos] == 0xFF:
+            self.pos += 1
+            return True
+        return False
+
+    def item(self, depth: int) -> Any:
+        if depth > self.max_depth:
+            raise CborError(f"CBOR nesting deeper than {self.max_depth} levels")
+        ib = self._take(1)[0]
+        major, info = ib >> 5, ib & 31
+        if major == 7:
+            return self._simple(info)
+        n = self._arg(info)
+        if major == 0:
+            if n is None:
+                raise CborError("indefinite-length integer")
+            return n
+        if major == 1:
+            if n is None:
+                raise CborError("indefinite-length integer")
+            return -1 - n
+        if major in (2, 3):
+            raw = self._chunks(major) if n is None else self._take(n)
+            if major == 2:
+                return raw
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise CborError(f"invalid UTF-8 in text string: {e}") from None
+        if major == 4:
+            items = []
+            if n is None:
+                while not self._at_break():
+                    items.append(self.item(depth + 1))
+            else:
+                self._bound(n, 1)
+                items = [self.item(depth + 1) for _ in range(n)]
+            return items
+        if major == 5:
+            pairs = CborMap()
+            if n is None:
+                while not self._at_break():
+                    k = self.item(depth + 1)
+                    pairs.append((k, self.item(depth + 1)))
+            else:
+                self._bound(n, 2)
+                for _ in range(n):
+                    k = self.item(depth + 1)
+                    pairs.append((k, self.item(depth + 1)))
+            for k, _ in pairs:
+                if isinstance(k, list | CborMap):
+                    raise CborError("map key is a container")
+            return pairs
+        # major 6: a tag; serde ignores tags on the types burnpack uses
+        if n is None:
+            raise CborError("indefinite-length tag")
+        return self.item(depth + 1)
+
+    def _bound(self, count: int, min_bytes_each: int) -> None:
+        if count * min_bytes_each > len(self.data) - self.pos:
+            raise CborError(f"CBOR container declares {count} items but only {len(self.data) - self.pos} "
+                            "bytes remain")
+
+    def _chunks(self, major: int) -> bytes:
+        parts = []
+        while not self._at_break():
+            ib = self._take(1)[0]
+            if ib >> 5 != major:
+                raise CborError("mixed chunk types in indefinite string")
+            n = self._arg(ib & 31)
+            if n is None:
+                raise CborError("nested indefinite string")
+            parts.append(self._take(n))
+        return b"".join(parts)
+
+    def _simple(self, info: int) -> Any:
+        if info == 20:
+            return False
+        if info == 21:
+            return True
+        if info in (22, 23):
+            return None
+        if info == 25:
+            return struct.unpack(">e", self._take(2))[0]
+        if info == 26:
+            return struct.unpack(">f", self._take(4))[0]
+        if info == 27:
+            return struct.unpack(">d", self._take(8))[0]
+        if info == 24:
+            self._take(1)
+            raise CborError("unsupported simple value")
+        raise CborError(f"unsupported simple value {info}")
+
