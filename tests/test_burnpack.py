@@ -213,7 +213,7 @@ def test_qfloat_passes_through_byte_for_byte() -> None:
 
 def test_unsupported_dtype_refused_before_writing(tmp_path: Path) -> None:
     t = from_numpy("f8", np.zeros(4, ml_dtypes.float8_e4m3fn))
-    with pytest.raises(UnsupportedDTypeError, match="'f8'.*F8_E4M3"):
+    with pytest.raises(UnsupportedDTypeError, match=r"'f8'.*F8_E4M3"):
         save([t], tmp_path / "out.bpk")
     assert list(tmp_path.iterdir()) == []
 
@@ -357,7 +357,7 @@ def test_duplicate_names_refused() -> None:
 
 def test_producer_returning_wrong_length_fails(tmp_path: Path) -> None:
     calls: list[str] = []
-    with pytest.raises(TensorBytesSizeMismatchError, match="'a'.*produced 8 bytes but declares 16"):
+    with pytest.raises(TensorBytesSizeMismatchError, match=r"'a'.*produced 8 bytes but declares 16"):
         save([lazy("a", 4, calls, produce=8)], tmp_path / "x.bpk")
     assert list(tmp_path.iterdir()) == []
 

@@ -48,13 +48,6 @@ def resolve_read_path(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
     return path
 
 
-def default_metadata() -> dict[str, str]:
-    """What Burn's store writes on every save, with migrator as the producer."""
-    from .. import PRODUCER, __version__
-
-    return {"format": "burnpack", "producer": PRODUCER, "version": __version__}
-
-
 # ---------------------------------------------------------------------------------------- dtypes
 
 

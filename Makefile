@@ -1,0 +1,41 @@
+# The two set-up commands: `make demo` (runs the bundled example end to end) and `make test`.
+# Both create .venv and install everything on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+DEMO := demo-out
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned in the dev extra (2.13.0, the CPU build on this machine's disk): the test oracle only.
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: install
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(PY) recipes/generate_demo_data.py $(DEMO)
+	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.safetensors --limit 8
+	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.safetensors $(DEMO)/tiny-bert.bpk
+	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.bpk --limit 8
+	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.bpk $(DEMO)/round-trip.safetensors
+	$(PY) recipes/check_round_trip.py $(DEMO)/tiny-bert.safetensors $(DEMO)/round-trip.safetensors
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) benchmarks/bench_convert.py
+
+clean:
+	rm -rf $(DEMO) benchmarks/out .pytest_cache .ruff_cache
