@@ -1,0 +1,392 @@
+"""SafeTensors: an 8-byte little-endian header length N, N bytes of JSON, then the tensor data.
+
+The reader parses and validates the header itself (no `safetensors` import) so that every rule the
+library enforces fails with a typed error naming the file and tensor, sizes are checked before
+anything is allocated, and tensor data stays lazy, zero-copy views of the source.
+
+The writer reproduces the library's output byte for byte (tensor order, compact JSON, space padding)
+so a file we write is indistinguishable from one `safetensors.numpy.save_file` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any, BinaryIO, Literal
+
+from .. import dtypes
+from ..bytesource import ByteSource
+from ..dtypes import DType
+from ..errors import FormatError, LimitExceededError, PlanError, TensorNotFoundError, UnsupportedDTypeError
+from ..scalars import Scalar
+from ..streaming import write_tensor
+from ..tensor import LazyTensor, stored
+from .base import Reader, Writer
+
+MAX_HEADER_SIZE = 100_000_000  # the library's limit; a reader must refuse larger headers
+METADATA_KEY = "__metadata__"
+_ENTRY_FIELDS = ("dtype", "shape", "data_offsets")
+_U64_MAX = 2**64 - 1
+
+# The library's `Dtype` enum order; it writes tensors by this rank descending, then by name.
+LIBRARY_DTYPE_ORDER: tuple[str, ...] = (
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
+    "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64",
+)
+_RANK = {name: i for i, name in enumerate(LIBRARY_DTYPE_ORDER)}
+
+# Burn-only dtypes SafeTensors has no name for, written with the name Burn gives them (spec §7.2).
+_BURN_ALIASES: dict[str, str] = {"FLEX32": "F32", "BOOL_U8": "U8", "BOOL_U32": "U32"}
+
+
+def safetensors_name(dtype: DType, tensor: str | None = None) -> str:
+    """The dtype string a SafeTensors header uses for `dtype`, or UnsupportedDTypeError."""
+    if dtype.safetensors:
+        return dtype.safetensors
+    alias = _BURN_ALIASES.get(dtype.name)
+    if alias:
+        return alias
+    raise UnsupportedDTypeError(
+        f"SafeTensors cannot hold dtype {dtype.display} (it has no SafeTensors name); cast it first",
+        tensor=tensor,
+    )
+
+
+class _Pairs(list):  # type: ignore[type-arg]
+    """A JSON object kept as its (key, value) pairs, so duplicate keys stay visible."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _is_uint(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _kind(v: object) -> str:
+    if isinstance(v, _Pairs):
+        return "an object"
+    if isinstance(v, list):
+        return "an array"
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, str):
+        return "a string"
+    return "a number"
+
+
+class SafetensorsReader(Reader):
+    """A validated SafeTensors header; tensors are lazy views of `source` in data order.
+
+    `top_level_key="model"` keeps only tensors named `model.<rest>` and names them `<rest>` (the
+    SafeTensors counterpart of PyTorch's nested state dict); the whole header is still validated.
+    """
+
+    format = "safetensors"
+
+    def __init__(self, source: ByteSource, *, top_level_key: str | None = None) -> None:
+        if top_level_key is not None and not isinstance(top_level_key, str):
+            raise TypeError(f"top_level_key must be a string or None, not {type(top_level_key).__name__}")
+        if top_level_key == "":
+            raise ValueError("top_level_key must not be empty (use None to keep every tensor)")
+        self.source = source
+        self.scalars: dict[str, Scalar] = {}
+        self.header_size, header = self._read_header()
+        self.metadata, entries = self._parse(header)
+        self.tensors = self._layout(entries)
+        if top_level_key is not None:
+            self.tensors = self._select(top_level_key)
+
+    # -- header ---------------------------------------------------------------------------------
+
+    def _error(self, message: str, tensor: str | None = None) -> FormatError:
+        return FormatError(message, file=self.label, tensor=tensor)
+
+    def _read_header(self) -> tuple[int, _Pairs]:
+        size = self.source.size
+        if size < 8:
+            raise self._error(f"too short for SafeTensors: {size} bytes, the header length alone takes 8")
+        (n,) = struct.unpack("<Q", self.source.read(0, 8, "SafeTensors header length"))
+        if n > MAX_HEADER_SIZE:
+            raise LimitExceededError(
+                f"declares a {n}-byte JSON header; SafeTensors allows at most {MAX_HEADER_SIZE}", file=self.label
+            )
+        if n > size - 8:
+            raise self._error(f"declares a {n}-byte JSON header but only {size - 8} bytes follow the length")
+        raw = self.source.read(8, n, "SafeTensors header")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self._error(f"the header is not UTF-8 (byte {e.start}: {e.reason})") from None
+        try:
+            value = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_reject_constant)
+        except RecursionError:
+            raise self._error("the header JSON is nested too deeply") from None
+        except ValueError as e:  # JSONDecodeError, and ints beyond Python's digit limit
+            raise self._error(f"the header is not valid JSON: {e}") from None
+        if not isinstance(value, _Pairs):
+            raise self._error(f"the header must be a JSON object, found {_kind(value)}")
+        return n, value
+
+    def _parse(self, header: _Pairs) -> tuple[dict[str, str], list[tuple[str, DType, tuple[int, ...], int, int]]]:
+        metadata: dict[str, str] = {}
+        entries: list[tuple[str, DType, tuple[int, ...], int, int]] = []
+        seen: set[str] = set()
+        for name, value in header:
+            if name in seen:
+                what = "the header repeats __metadata__" if name == METADATA_KEY else "duplicate tensor name"
+                raise self._error(what, None if name == METADATA_KEY else name)
+            seen.add(name)
+            if name == METADATA_KEY:
+                metadata = self._metadata(value)
+            else:
+                entries.append(self._entry(name, value))
+        return metadata, entries
+
+    def _metadata(self, value: object) -> dict[str, str]:
+        if value is None:  # the library accepts `null` as "no metadata"
+            return {}
+        if not isinstance(value, _Pairs):
+            raise self._error(f"__metadata__ must be an object of strings, found {_kind(value)}")
+        out: dict[str, str] = {}
+        for k, v in value:
+            if k in out:
+                raise self._error(f"__metadata__ repeats the key '{k}'")
+            if not isinstance(v, str):
+                raise self._error(f"__metadata__ value for '{k}' must be a string, found {_kind(v)}")
+            out[k] = v
+        return out
+
+    def _entry(self, name: str, value: object) -> tuple[str, DType, tuple[int, ...], int, int]:
+        if not isinstance(value, _Pairs):
+            raise self._error(f"header entry must be an object with dtype, shape and data_offsets, found "
+                              f"{_kind(value)}", name)
+        fields: dict[str, object] = {}
+        for k, v in value:
+            if k in fields:
+                raise self._error(f"header entry repeats the field '{k}'", name)
+            fields[k] = v
+        missing = [f for f in _ENTRY_FIELDS if f not in fields]
+        unknown = sorted(set(fields) - set(_ENTRY_FIELDS))
+        if missing:
+            raise self._error(f"header entry lacks {', '.join(missing)}", name)
+        if unknown:
+            raise self._error(f"header entry has unknown field(s) {', '.join(unknown)} "
+                              "(expected exactly dtype, shape, data_offsets)", name)
+
+        spelled = fields["dtype"]
+        if not isinstance(spelled, str):
+            raise self._error(f"dtype must be a string, found {_kind(spelled)}", name)
+        dtype = dtypes.BY_SAFETENSORS.get(spelled)
+        if dtype is None:
+            known = ", ".join(LIBRARY_DTYPE_ORDER)
+            raise UnsupportedDTypeError(f"unknown SafeTensors dtype '{spelled}' (known: {known})",
+                                        file=self.label, tensor=name)
+
+        shape = fields["shape"]
+        if not isinstance(shape, list) or isinstance(shape, _Pairs) or not all(_is_uint(d) for d in shape):
+            raise self._error(f"shape must be a list of non-negative integers, found {_short(shape)}", name)
+        numel = 1
+        for d in shape:
+            if d > _U64_MAX:
+                raise LimitExceededError(f"shape {_short(shape)} has a dimension beyond 64 bits",
+                                         file=self.label, tensor=name)
+            numel *= d
+        assert dtype.bits is not None  # every SafeTensors dtype has a fixed width
+        if numel * dtype.bits > _U64_MAX:
+            raise LimitExceededError(f"shape {_short(shape)} of {spelled} overflows 64-bit sizes",
+                                     file=self.label, tensor=name)
+
+        offsets = fields["data_offsets"]
+        if (not isinstance(offsets, list) or isinstance(offsets, _Pairs) or len(offsets) != 2
+                or not all(_is_uint(o) for o in offsets)):
+            raise self._error(f"data_offsets must be [start, end] with non-negative integers, found "
+                              f"{_short(offsets)}", name)
+        start, end = offsets
+        if end < start:
+            raise self._error(f"data_offsets [{start}, {end}] end before they start", name)
+        return name, dtype, tuple(shape), start, end
+
+    def _layout(self, entries: list[tuple[str, DType, tuple[int, ...], int, int]]) -> list[LazyTensor]:
+        """Check the library's layout rules and build lazy tensors in data order."""
+        data_start = 8 + self.header_size
+        data_len = self.source.size - data_start
+        ordered = sorted(entries, key=lambda e: (e[3], e[4]))  # stable: ties keep header order
+        tensors: list[LazyTensor] = []
+        expected = 0
+        for name, dtype, shape, start, end in ordered:
+            if start != expected:
+                how = "leave a gap" if start > expected else "overlap the previous tensor"
+                raise self._error(f"data_offsets [{start}, {end}] {how}: data must be contiguous, this tensor "
+                                  f"should start at {expected}", name)
+            assert dtype.bits is not None
+            bits = _numel(shape) * dtype.bits
+            if bits % 8:
+                raise self._error(f"shape {list(shape)} of {dtype.safetensors} is {bits} bits, not a whole "
+                                  "number of bytes", name)
+            if end - start != bits // 8:
+                raise self._error(f"data_offsets [{start}, {end}] cover {end - start} bytes but shape {list(shape)} "
+                                  f"of {dtype.safetensors} needs {bits // 8}", name)
+            if end > data_len:
+                raise self._error(f"data_offsets [{start}, {end}] run past the end of the data section "
+                                  f"({data_len} bytes)", name)
+            tensors.append(stored(name, dtype, shape, self.source, data_start + start, end - start))
+            expected = end
+        if expected != data_len:
+            raise self._error(f"the data section has {data_len} bytes but the tensors cover {expected}; "
+                              "the file must end exactly at the last tensor")
+        return tensors
+
+    def _select(self, key: str) -> list[LazyTensor]:
+        prefix = key + "."
+        kept = [t.renamed(t.name[len(prefix):]) for t in self.tensors if t.name.startswith(prefix)]
+        if not kept:
+            raise TensorNotFoundError(f"top_level_key '{key}': no tensor is named '{prefix}*'",
+                                      file=self.label, tensor=key)
+        return kept
+
+    def extra(self) -> dict[str, Any]:
+        return {"header_size": self.header_size, "data_start": 8 + self.header_size}
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """A JSON value shortened for an error message (headers can be 100 MB)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class SafetensorsWriter(Writer):
+    """Plans a SafeTensors file in the constructor, then streams it tensor by tensor.
+
+    Dtype mapping: Burn's Flex32 is written as F32 (the same IEEE bits), and Burn's Bool(U8) and
+    Bool(U32) as U8 and U32, exactly as Burn saves them (they reload as integers). QFloat and the
+    FNUZ fp8 types have no SafeTensors name and are refused. SafeTensors has no scalars, so passing
+    any is a PlanError rather than a silent loss.
+
+    `order="library"` (default) writes tensors the way the `safetensors` library does (dtype rank
+    descending, then name), so without metadata the output equals `safetensors.numpy.save`'s
+    byte for byte; `order="given"` keeps the caller's order. Metadata keys are written sorted
+    (the library's own order comes from a hash map and is not reproducible); an empty mapping
+    writes no `__metadata__` at all.
+    """
+
+    format = "safetensors"
+    default_extension = ".safetensors"
+
+    def __init__(
+        self,
+        tensors: Sequence[LazyTensor],
+        *,
+        metadata: Mapping[str, str] | None = None,
+        scalars: Mapping[str, Scalar] | None = None,
+        order: Literal["library", "given"] = "library",
+    ) -> None:
+        super().__init__(tensors, metadata=metadata, scalars=scalars)
+        if order not in ("library", "given"):
+            raise PlanError(f"order must be 'library' or 'given', not {order!r}")
+        if self.scalars:
+            raise PlanError(f"SafeTensors cannot store scalars ({', '.join(sorted(self.scalars))}); "
+                            "drop them or store them as tensors")
+        self._check_metadata()
+        planned = self._check_tensors()
+        if order == "library":
+            planned.sort(key=lambda p: (-_RANK[p[1]], p[0].name))
+        self.plan: list[tuple[LazyTensor, str, int, int]] = []
+        offset = 0
+        for t, st_name in planned:
+            self.plan.append((t, st_name, offset, offset + t.nbytes))
+            offset += t.nbytes
+        self.data_size = offset
+        self.header = self._header()
+        if len(self.header) > MAX_HEADER_SIZE:
+            raise PlanError(f"the JSON header would take {len(self.header)} bytes; SafeTensors readers refuse "
+                            f"more than {MAX_HEADER_SIZE}")
+
+    def _check_metadata(self) -> None:
+        for k, v in self.metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise PlanError(f"SafeTensors metadata maps strings to strings; got {k!r}: {type(v).__name__} "
+                                f"{v!r}")
+            if not _utf8_ok(k) or not _utf8_ok(v):
+                raise PlanError(f"metadata {k!r} is not encodable as UTF-8")
+
+    def _check_tensors(self) -> list[tuple[LazyTensor, str]]:
+        seen: set[str] = set()
+        planned: list[tuple[LazyTensor, str]] = []
+        for t in self.tensors:
+            name = t.name
+            if not isinstance(name, str) or not _utf8_ok(name):
+                raise PlanError(f"tensor name {name!r} is not a UTF-8 encodable string")
+            if name == METADATA_KEY:
+                raise PlanError("the name is reserved for SafeTensors metadata", tensor=name)
+            if name in seen:
+                raise PlanError(f"Duplicate tensor name '{name}'", tensor=name)
+            seen.add(name)
+            st_name = safetensors_name(t.dtype, name)
+            bits = _numel(t.shape) * dtypes.BY_SAFETENSORS[st_name].bits  # type: ignore[operator]
+            if bits % 8:
+                raise PlanError(f"shape {list(t.shape)} of {t.dtype.display} is {bits} bits, not a whole number "
+                                "of bytes", tensor=name)
+            if t.nbytes != bits // 8:
+                raise PlanError(f"declares {t.nbytes} bytes but its shape {list(t.shape)} and dtype "
+                                f"{t.dtype.display} need {bits // 8}", tensor=name)
+            planned.append((t, st_name))
+        return planned
+
+    def _header(self) -> bytes:
+        """The JSON exactly as the library (serde_json) writes it, padded with spaces to 8 bytes."""
+        parts: list[str] = []
+        if self.metadata:
+            meta = {k: self.metadata[k] for k in sorted(self.metadata)}
+            parts.append(f"{_json(METADATA_KEY)}:{_json(meta)}")
+        for t, st_name, start, end in self.plan:
+            shape = ",".join(str(d) for d in t.shape)
+            parts.append(f'{_json(t.name)}:{{"dtype":"{st_name}","shape":[{shape}],'
+                         f'"data_offsets":[{start},{end}]}}')
+        body = ("{" + ",".join(parts) + "}").encode("utf-8")
+        return body + b" " * (-len(body) % 8)
+
+    @property
+    def total_size(self) -> int:
+        return 8 + len(self.header) + self.data_size
+
+    def write_to(self, sink: BinaryIO) -> None:
+        _write_all(sink, memoryview(struct.pack("<Q", len(self.header)) + self.header))
+        for t, _, _, _ in self.plan:
+            write_tensor(sink, t)
+
+
+def _json(value: object) -> str:
+    # Python's compact, non-ASCII-preserving JSON matches serde_json: only `"`, `\`, and control
+    # characters are escaped, with \b \f \n \r \t short forms and lowercase \u00XX otherwise.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _utf8_ok(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _write_all(sink: BinaryIO, data: memoryview) -> None:
+    while len(data):
+        n = sink.write(data)
+        if n is None:  # buffered writers take everything
+            return
+        data = data[n:]
