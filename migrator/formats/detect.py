@@ -38,7 +38,7 @@ def from_magic(source: ByteSource) -> str | None:
         return "pytorch"
     if len(head) >= 9:
         (n,) = struct.unpack("<Q", head[:8])
-        if head[8:9] == b"{" and 2 <= n <= source.size - 8:
+        if head[8:9] in (b"{", b" ", b"\t", b"\n", b"\r") and 2 <= n <= source.size - 8:
             return "safetensors"
     if head[:1] == b"\x80" and len(head) >= 2 and head[1] <= 5:
         return "pytorch"  # a bare pickle: the PyTorch reader gives the precise error

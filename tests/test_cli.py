@@ -1,0 +1,136 @@
+"""The `migrate` command: inspect and convert as a user runs them, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from migrator import from_numpy, open_file, save
+from migrator.cli import main
+from migrator.scalars import Scalar
+
+
+def migrate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "model.safetensors"
+    save([from_numpy("enc.weight", np.arange(6, dtype=np.float32).reshape(2, 3)),
+          from_numpy("enc.bias", np.ones(3, ml_dtypes.bfloat16)),
+          from_numpy("mask", np.array([True, False]))], path, metadata={"format": "pt"})
+    return path
+
+
+def test_inspect_json_lists_tensors_in_data_order(model: Path) -> None:
+    out = migrate("inspect", str(model), "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["format"] == "safetensors"
+    assert info["metadata"] == {"format": "pt"}
+    assert info["scalars"] == {}
+    by_name = {t["name"]: t for t in info["tensors"]}
+    assert by_name["enc.weight"] == {"name": "enc.weight", "dtype": "F32", "shape": [2, 3], "nbytes": 24,
+                                     "offset": by_name["enc.weight"]["offset"]}
+    assert by_name["enc.bias"]["dtype"] == "BF16" and by_name["mask"]["dtype"] == "BOOL"
+    offsets = [t["offset"] for t in info["tensors"]]
+    assert offsets == sorted(offsets)
+    assert info["totals"] == {"tensors": 3, "nbytes": 24 + 6 + 2}
+
+
+def test_inspect_table_shows_names_dtypes_and_scalars(tmp_path: Path) -> None:
+    p = tmp_path / "m.bpk"
+    save([from_numpy("layers.0.linear.weight", np.zeros((4, 2), np.float16), param_id=99)], p,
+         metadata={"producer": "burn"}, scalars={"epoch": Scalar("Int", 42), "loss": Scalar("Float", 0.123)})
+    out = migrate("inspect", str(p))
+    assert out.returncode == 0, out.stderr
+    for text in ("layers.0.linear.weight", "F16", "[4, 2]", "99", "epoch", "42", "0.123", "producer", "burn"):
+        assert text in out.stdout
+    info = json.loads(migrate("inspect", str(p), "--json").stdout)
+    assert info["scalars"] == {"epoch": {"Int": 42}, "loss": {"Float": 0.123}}
+    assert info["tensors"][0]["param_id"] == 99 and info["tensors"][0]["offset"] % 256 == 0
+
+
+def test_convert_round_trip_and_metadata(model: Path, tmp_path: Path) -> None:
+    bpk = tmp_path / "out"
+    out = migrate("convert", str(model), str(bpk))
+    assert out.returncode == 0, out.stderr
+    assert "out.bpk" in out.stdout
+    r = open_file(tmp_path / "out.bpk")
+    assert r.metadata == {"format": "burnpack", "producer": "migrator", "version": "0.1.0"}
+    back = tmp_path / "back.safetensors"
+    assert migrate("convert", str(tmp_path / "out.bpk"), str(back), "--no-metadata").returncode == 0
+    with open_file(model) as a, open_file(back) as b:
+        assert b.metadata == {}
+        for t in a.tensors:
+            assert bytes(t.data()) == bytes(b[t.name].data()) and t.dtype == b[t.name].dtype
+
+
+def test_convert_burnpack_to_burnpack_is_byte_identical(tmp_path: Path) -> None:
+    src = tmp_path / "a.bpk"
+    save([from_numpy("z", np.ones(3, np.float32), param_id=5), from_numpy("a", np.zeros(2, np.int8))], src,
+         metadata={"producer": "burn", "format": "burnpack", "version": "0.22.0-pre.2"},
+         scalars={"step": Scalar("UInt", 7)})
+    assert main(["convert", str(src), str(tmp_path / "b.bpk")]) == 0
+    assert (tmp_path / "b.bpk").read_bytes() == src.read_bytes()
+
+
+def test_convert_refuses_existing_target_and_keeps_it(model: Path, tmp_path: Path) -> None:
+    target = tmp_path / "t.bpk"
+    target.write_bytes(b"precious")
+    out = migrate("convert", str(model), str(target))
+    assert out.returncode == 1
+    assert "already exists" in out.stderr and str(target) in out.stderr
+    assert target.read_bytes() == b"precious"
+    assert migrate("convert", str(model), str(target), "--overwrite").returncode == 0
+    assert open_file(target).names()
+
+
+def test_convert_onto_itself_is_refused(model: Path) -> None:
+    out = migrate("convert", str(model), str(model), "--overwrite")
+    assert out.returncode == 1 and "being read" in out.stderr
+    assert open_file(model).names()
+
+
+def test_unsupported_dtype_is_a_clear_error_and_writes_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "f8.safetensors"
+    save([from_numpy("scale", np.zeros(4, ml_dtypes.float8_e5m2))], src)
+    out = migrate("convert", str(src), str(tmp_path / "x.bpk"))
+    assert out.returncode == 1
+    assert "'scale'" in out.stderr and "F8_E5M2" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f8.safetensors"]
+
+
+def test_corrupt_and_unknown_files_are_clear_errors(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.dat"
+    junk.write_bytes(b"hello world, not a model")
+    out = migrate("inspect", str(junk))
+    assert out.returncode == 1 and "unrecognised format" in out.stderr and str(junk) in out.stderr
+    missing = migrate("inspect", str(tmp_path / "nope.bpk"))
+    assert missing.returncode == 1 and "cannot open" in missing.stderr
+    truncated = tmp_path / "t.bpk"
+    save([from_numpy("w", np.ones(1000, np.float32))], truncated)
+    truncated.write_bytes(truncated.read_bytes()[:600])
+    out = migrate("inspect", str(truncated))
+    assert out.returncode == 1 and "truncated" in out.stderr and "'w'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert migrate().returncode == 2
+    assert migrate("convert", "only-one-arg").returncode == 2
+    assert migrate("convert", "a", "b", "--metadata", "novalue").returncode == 2
+
+
+def test_help_is_fast_and_does_not_import_numpy() -> None:
+    code = "import sys; from migrator.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass\n" \
+           "print('numpy' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("False False")
