@@ -1,0 +1,795 @@
+"""Tensor-name transforms and filters: key remapping, contiguous indices, enum-variant stripping.
+
+These are the pure building blocks of a recipe (no file I/O). Their semantics follow Burn's
+burn-store crate (spec §4) so that a recipe written against Burn's documentation renames tensors
+exactly as Burn would.
+
+Regex dialect
+-------------
+Patterns are Python ``re`` patterns with the Rust-only spellings translated so that patterns
+copied from Burn code behave the same:
+
+* a bare ``$`` outside a character class (and outside multi-line mode) becomes ``\\Z``: in Rust it
+  matches only at the very end, Python's ``$`` also matches before a trailing newline;
+* ``\\z`` becomes ``\\Z``; ``\\x{..}``, ``\\u{..}``, ``\\U{..}`` become Python code-point escapes;
+* ``(?<name>..)`` becomes ``(?P<name>..)``;
+* inline flags in the middle of a pattern (``a(?i)b``), which Python rejects, become scoped
+  groups covering the rest of the enclosing group;
+* ``\\<``, ``\\>`` and ``\\b{start}``/``\\b{end}``/``\\b{start-half}``/``\\b{end-half}`` become
+  look-around word boundaries; ``[[:alpha:]]``-style ASCII classes are expanded.
+
+Rust features with no faithful Python spelling are rejected with a `NamingError`: Unicode
+property classes (``\\p{..}``), nested classes and class set operations (``&&``, ``--``, ``~~``),
+and the ``U``/``R``/``-u`` flags. Python-only features (look-around, back-references) are
+accepted.
+
+Replacement syntax
+------------------
+A `RemapRule` has ``syntax``: ``"rust"`` (Burn's ``$1``/``${name}``/``$$`` rules, backslashes
+literal), ``"python"`` (``re.sub`` templates: ``\\1``, ``\\g<name>``, ``\\g<1>``) or ``"auto"``
+(default): Python when the replacement contains a backslash followed by a digit or ``\\g<``,
+otherwise Rust. An ``auto`` replacement that uses both styles of group reference is rejected as
+ambiguous. Whatever the syntax, matches are found with Rust's iteration rule (an empty match right
+after the previous match is skipped), which differs from ``re.sub`` since Python 3.7.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "KeyRemapper",
+    "NamingError",
+    "PathFilter",
+    "Predicate",
+    "RemapRule",
+    "ReplacementSyntax",
+    "compile_regex",
+    "find_collisions",
+    "map_indices_contiguous",
+    "parse_usize",
+    "strip_enum_variant",
+    "translate_regex",
+]
+
+ReplacementSyntax = Literal["rust", "python", "auto"]
+Predicate = Callable[[str, str], bool]
+
+_USIZE_MAX = 2**64 - 1
+
+
+class NamingError(ValueError):
+    """A bad regex or replacement in a name transform; the recipe layer wraps it with the file name.
+
+    ``position`` is an index into ``pattern`` (the text the user wrote), or None when unknown.
+    """
+
+    def __init__(self, message: str, *, pattern: str, position: int | None = None) -> None:
+        self.message = message
+        self.pattern = pattern
+        self.position = position
+        where = f" at position {position}" if position is not None else ""
+        super().__init__(f"{message} in {pattern!r}{where}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Regex translation (Rust `regex` spellings -> Python `re`)
+# ---------------------------------------------------------------------------------------------
+
+_POSIX_CLASSES = {
+    "alnum": "0-9A-Za-z",
+    "alpha": "A-Za-z",
+    "ascii": "\\x00-\\x7F",
+    "blank": "\\t ",
+    "cntrl": "\\x00-\\x1F\\x7F",
+    "digit": "0-9",
+    "graph": "!-~",
+    "lower": "a-z",
+    "print": " -~",
+    "punct": "!-/:-@\\[-`{-~",
+    "space": "\\t\\n\\v\\f\\r ",
+    "upper": "A-Z",
+    "word": "0-9A-Za-z_",
+    "xdigit": "0-9A-Fa-f",
+}
+
+_WORD_BOUNDARIES = {
+    "start": "\\b(?=\\w)",
+    "end": "\\b(?<=\\w)",
+    "start-half": "(?<!\\w)",
+    "end-half": "(?!\\w)",
+}
+
+_FLAG_GROUP = re.compile(r"\(\?([A-Za-z-]*)([:)])")
+_NAMED_GROUP = re.compile(r"\(\?P?<([^>=!]*)>")
+_POSIX = re.compile(r"\[:(\^?)([a-z]*):\]")
+_HEX_BRACED = re.compile(r"\{([0-9A-Fa-f]{1,8})\}")
+
+
+@dataclass
+class _Group:
+    """Flag state of one open group; `wrappers` are scoped-flag groups opened for bare `(?x)`."""
+
+    multiline: bool
+    verbose: bool
+    wrappers: list[str] = field(default_factory=list)
+
+
+class _Translator:
+    """Single pass over a Rust-style pattern, emitting Python text and a map back to source offsets."""
+
+    def __init__(self, pattern: str) -> None:
+        self.src = pattern
+        self.i = 0
+        self.out: list[str] = []
+        self.origin: list[int] = []
+        self.stack: list[_Group] = [_Group(multiline=False, verbose=False)]
+
+    def fail(self, message: str, position: int) -> NamingError:
+        return NamingError(message, pattern=self.src, position=position)
+
+    def emit(self, text: str, src_pos: int) -> None:
+        self.out.append(text)
+        self.origin.extend([src_pos] * len(text))
+
+    def run(self) -> tuple[str, list[int]]:
+        src = self.src
+        while self.i < len(src):
+            c = src[self.i]
+            top = self.stack[-1]
+            if c == "\\":
+                self.escape(in_class=False)
+            elif c == "[":
+                self.char_class()
+            elif c == "(":
+                self.open_group()
+            elif c == ")":
+                self.close_group()
+            elif c == "|":
+                self.alternation()
+            elif c == "$":
+                self.emit("$" if top.multiline else "\\Z", self.i)
+                self.i += 1
+            elif c == "#" and top.verbose:
+                end = src.find("\n", self.i)
+                end = len(src) if end < 0 else end
+                self.emit(src[self.i : end], self.i)
+                self.i = end
+            else:
+                self.emit(c, self.i)
+                self.i += 1
+        if self.stack[0].wrappers:
+            if self.stack[-1].verbose:  # a trailing (?x) comment would swallow the closing ')'
+                self.emit("\n", len(src))
+            self.emit(")" * len(self.stack[0].wrappers), len(src))
+        return "".join(self.out), [*self.origin, len(src)]
+
+    # -- escapes --------------------------------------------------------------------------------
+    def escape(self, *, in_class: bool) -> None:
+        src, start = self.src, self.i
+        if start + 1 >= len(src):
+            self.emit("\\", start)  # Python reports the dangling backslash
+            self.i += 1
+            return
+        c = src[start + 1]
+        if c in "pP":
+            raise self.fail(
+                "Unicode property classes (\\p{...}, \\P{...}) are Rust regex syntax that Python's re "
+                "does not support; write an explicit character class instead",
+                start,
+            )
+        if c in "xuU" and start + 2 < len(src) and src[start + 2] == "{":
+            m = _HEX_BRACED.match(src, start + 2)
+            if m is None:
+                raise self.fail(f"malformed \\{c}{{...}} escape", start)
+            value = int(m.group(1), 16)
+            if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
+                raise self.fail(f"\\{c}{{{m.group(1)}}} is not a Unicode scalar value", start)
+            self.emit(f"\\U{value:08X}", start)
+            self.i = m.end()
+            return
+        if not in_class:
+            if c == "z":
+                self.emit("\\Z", start)
+                self.i += 2
+                return
+            if c == "<":
+                self.emit(_WORD_BOUNDARIES["start"], start)
+                self.i += 2
+                return
+            if c == ">":
+                self.emit(_WORD_BOUNDARIES["end"], start)
+                self.i += 2
+                return
+            if c == "b" and start + 2 < len(src) and src[start + 2] == "{":
+                close = src.find("}", start + 3)
+                kind = src[start + 3 : close] if close > 0 else ""
+                if kind not in _WORD_BOUNDARIES:
+                    raise self.fail("unknown word boundary \\b{...} (expected start, end, start-half, end-half)", start)
+                self.emit(_WORD_BOUNDARIES[kind], start)
+                self.i = close + 1
+                return
+        self.emit(src[start : start + 2], start)
+        self.i += 2
+
+    # -- character classes ----------------------------------------------------------------------
+    def char_class(self) -> None:
+        src, open_pos = self.src, self.i
+        verbose = self.stack[-1].verbose
+        self.emit("[", open_pos)
+        self.i += 1
+        if self.i < len(src) and src[self.i] == "^":
+            self.emit("^", self.i)
+            self.i += 1
+        if self.i < len(src) and src[self.i] == "]":  # a leading ']' is literal in both dialects
+            self.emit("\\]", self.i)
+            self.i += 1
+        while self.i < len(src):
+            c = src[self.i]
+            if c == "]":
+                self.emit("]", self.i)
+                self.i += 1
+                return
+            if c == "\\":
+                self.escape(in_class=True)
+                continue
+            if c == "[":
+                m = _POSIX.match(src, self.i)
+                if m is None:
+                    raise self.fail(
+                        "nested character classes are Rust regex syntax; escape '[' as '\\[' or flatten the class",
+                        self.i,
+                    )
+                if m.group(1) or m.group(2) not in _POSIX_CLASSES:
+                    raise self.fail(f"unsupported ASCII class '{m.group(0)}'", self.i)
+                self.emit(_POSIX_CLASSES[m.group(2)], self.i)
+                self.i = m.end()
+                continue
+            pair = src[self.i : self.i + 2]
+            if pair in ("&&", "--", "~~"):
+                raise self.fail(
+                    f"'{pair}' inside a character class is a Rust set operation; escape the "
+                    "characters (e.g. '\\-') to mean them literally",
+                    self.i,
+                )
+            if c == "|":  # literal in both; escaped so Python does not warn about set union
+                self.emit("\\|", self.i)
+            elif verbose and c.isspace():  # Rust's x flag ignores whitespace inside classes too
+                pass
+            else:
+                self.emit(c, self.i)
+            self.i += 1
+        raise self.fail("unterminated character class", open_pos)
+
+    # -- groups and flags -----------------------------------------------------------------------
+    def open_group(self) -> None:
+        src, start = self.src, self.i
+        top = self.stack[-1]
+        m = _NAMED_GROUP.match(src, start)
+        if m is not None:
+            self.emit(f"(?P<{m.group(1)}>", start)
+            self.i = m.end()
+            self.stack.append(_Group(top.multiline, top.verbose))
+            return
+        m = _FLAG_GROUP.match(src, start)
+        if m is not None and m.group(1):
+            flags, terminator = m.group(1), m.group(2)
+            multiline, verbose = self.apply_flags(flags, start, top)
+            if terminator == ":":
+                self.emit(m.group(0), start)
+                self.stack.append(_Group(multiline, verbose))
+            else:  # bare (?flags): scope it over the rest of the enclosing group
+                self.emit(f"(?{flags}:", start)
+                top.wrappers.append(flags)
+                top.multiline, top.verbose = multiline, verbose
+            self.i = m.end()
+            return
+        if src.startswith("(?#", start):  # Python comment group: copy verbatim
+            end = src.find(")", start)
+            end = len(src) - 1 if end < 0 else end
+            self.emit(src[start : end + 1], start)
+            self.i = end + 1
+            return
+        self.emit("(", start)
+        self.i += 1
+        self.stack.append(_Group(top.multiline, top.verbose))
+
+    def apply_flags(self, flags: str, position: int, top: _Group) -> tuple[bool, bool]:
+        multiline, verbose = top.multiline, top.verbose
+        on = True
+        for ch in flags:
+            if ch == "-":
+                on = False
+            elif ch in "imsxa" or (ch == "u" and on):
+                if ch == "m":
+                    multiline = on
+                elif ch == "x":
+                    verbose = on
+            elif ch == "U":
+                raise self.fail(
+                    "the Rust flag U (swap greed) is not supported; use lazy quantifiers such as '*?'", position
+                )
+            elif ch == "u":
+                raise self.fail("(?-u) is not supported; use (?a) for ASCII-only classes", position)
+            else:
+                raise self.fail(f"unsupported regex flag {ch!r}", position)
+        return multiline, verbose
+
+    def close_group(self) -> None:
+        start = self.i
+        top = self.stack[-1]
+        self.emit(")" * len(top.wrappers), start)
+        if len(self.stack) > 1:
+            self.stack.pop()
+        else:
+            top.wrappers.clear()
+        self.emit(")", start)  # an unbalanced ')' is left for Python to report
+        self.i += 1
+
+    def alternation(self) -> None:
+        start = self.i
+        top = self.stack[-1]
+        self.emit(")" * len(top.wrappers), start)
+        self.emit("|", start)
+        for flags in top.wrappers:  # flags set by a bare (?x) persist into later branches
+            self.emit(f"(?{flags}:", start)
+        self.i += 1
+
+
+def translate_regex(pattern: str) -> str:
+    """The Python `re` spelling of a Rust-style pattern (see the module docstring)."""
+    return _Translator(pattern).run()[0]
+
+
+def compile_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a Rust-style pattern; every failure is a `NamingError` pointing into `pattern`."""
+    if not isinstance(pattern, str):
+        raise NamingError(f"pattern must be a string, not {type(pattern).__name__}", pattern=str(pattern))
+    translated, origin = _Translator(pattern).run()
+    try:
+        return re.compile(translated)
+    except re.error as exc:
+        pos = exc.pos
+        src_pos = origin[min(pos, len(origin) - 1)] if pos is not None else None
+        raise NamingError(f"invalid regex: {exc.msg}", pattern=pattern, position=src_pos) from None
+    except (OverflowError, RecursionError) as exc:
+        raise NamingError(f"invalid regex: {exc}", pattern=pattern) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Replacements
+# ---------------------------------------------------------------------------------------------
+
+_CAP_LETTERS = re.compile(r"[A-Za-z0-9_]+")
+_PY_GROUP_REF = re.compile(r"\\(?:[0-9]|g<)")
+_RUST_GROUP_REF = re.compile(r"\$(?:\{[^}]*\}|[A-Za-z0-9_])")
+
+
+def parse_usize(text: str) -> int | None:
+    """Rust's `str::parse::<usize>` on a 64-bit target: '+'? ASCII digits, no overflow; else None."""
+    digits = text[1:] if text.startswith("+") else text
+    if not digits or not digits.isascii() or not digits.isdigit():
+        return None
+    value = int(digits)
+    return value if value <= _USIZE_MAX else None
+
+
+def _parse_rust_replacement(replacement: str) -> list[str | int]:
+    """Split a Rust replacement into literal text (str) and group refs (int number or `_Name`).
+
+    Mirrors the regex crate's interpolation: `$$` is `$`; `${...}` takes everything up to `}`;
+    `$name` takes the longest `[A-Za-z0-9_]` run; a ref that parses as usize is a number, anything
+    else a name; a `$` starting no ref is literal. Backslashes carry no meaning.
+    """
+    parts: list[str | int] = []
+    literal: list[str] = []
+
+    def flush() -> None:
+        text = "".join(literal)
+        literal.clear()
+        if text:
+            parts.append(text)
+
+    i, n = 0, len(replacement)
+    while i < n:
+        dollar = replacement.find("$", i)
+        if dollar < 0:
+            literal.append(replacement[i:])
+            break
+        literal.append(replacement[i:dollar])
+        i = dollar
+        if replacement.startswith("$$", i):
+            literal.append("$")
+            i += 2
+            continue
+        ref: str | None = None
+        end = i + 1
+        if i + 1 < n and replacement[i + 1] == "{":
+            close = replacement.find("}", i + 2)
+            if close >= 0:
+                ref, end = replacement[i + 2 : close], close + 1
+        else:
+            m = _CAP_LETTERS.match(replacement, i + 1)
+            if m is not None:
+                ref, end = m.group(0), m.end()
+        if ref is None:
+            literal.append("$")
+            i += 1
+            continue
+        flush()
+        number = parse_usize(ref)
+        parts.append(number if number is not None else _Name(ref))
+        i = end
+    flush()
+    return parts
+
+
+class _Name(str):
+    """A group reference by name (distinguishes it from literal text in a parsed replacement)."""
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A group reference resolved to a group index of the compiled pattern."""
+
+    index: int
+
+
+def _resolve_syntax(replacement: str, syntax: str, pattern: str) -> Literal["rust", "python"]:
+    if syntax in ("rust", "python"):
+        return syntax  # type: ignore[return-value]
+    if syntax != "auto":
+        raise NamingError(f"unknown replacement syntax {syntax!r} (expected rust, python or auto)", pattern=pattern)
+    if not _PY_GROUP_REF.search(replacement):
+        return "rust"
+    if _RUST_GROUP_REF.search(replacement.replace("$$", "")):
+        raise NamingError(
+            f"replacement {replacement!r} mixes Rust ($1) and Python (\\1) group references; "
+            "set syntax to 'rust' or 'python'",
+            pattern=pattern,
+        )
+    return "python"
+
+
+@dataclass(frozen=True)
+class RemapRule:
+    """One `(regex, replacement)` pair of a `KeyRemapper`, compiled and validated on creation."""
+
+    pattern: str
+    replacement: str
+    syntax: ReplacementSyntax = "auto"
+    _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _resolved: Literal["rust", "python"] = field(init=False, repr=False, compare=False)
+    _parts: tuple[str | _Ref, ...] = field(init=False, repr=False, compare=False)
+    _missing: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        regex = compile_regex(self.pattern)
+        if not isinstance(self.replacement, str):
+            raise NamingError("replacement must be a string", pattern=self.pattern)
+        resolved = _resolve_syntax(self.replacement, self.syntax, self.pattern)
+        parts: list[str | _Ref] = []
+        missing: list[str] = []
+        if resolved == "rust":
+            for part in _parse_rust_replacement(self.replacement):
+                if isinstance(part, int):
+                    index: int | None = part if part <= regex.groups else None
+                elif isinstance(part, _Name):
+                    index = regex.groupindex.get(part)
+                else:
+                    parts.append(part)
+                    continue
+                if index is None:
+                    missing.append(str(part))  # Burn expands these to '' without complaint
+                else:
+                    parts.append(_Ref(index))
+        else:
+            try:
+                regex.sub(self.replacement, "")  # makes re parse and check the template now
+            except (re.error, IndexError) as exc:
+                raise NamingError(
+                    f"invalid Python replacement {self.replacement!r}: {exc}", pattern=self.pattern
+                ) from None
+        object.__setattr__(self, "_regex", regex)
+        object.__setattr__(self, "_resolved", resolved)
+        object.__setattr__(self, "_parts", tuple(parts))
+        object.__setattr__(self, "_missing", tuple(missing))
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        """The compiled (translated) pattern."""
+        return self._regex
+
+    @property
+    def resolved_syntax(self) -> Literal["rust", "python"]:
+        """The replacement syntax actually used (``auto`` resolved)."""
+        return self._resolved
+
+    @property
+    def missing_groups(self) -> tuple[str, ...]:
+        """Rust-syntax references to groups the pattern lacks (they expand to '').
+
+        Burn accepts these silently; the recipe layer may warn (the classic trap is ``$1_x``).
+        """
+        return self._missing
+
+    def apply(self, name: str) -> str:
+        """Replace every non-overlapping match in `name`, iterating matches the way Rust does."""
+        regex = self._regex
+        pieces: list[str] = []
+        last = pos = 0
+        last_end: int | None = None
+        n = len(name)
+        while pos <= n:
+            m = regex.search(name, pos)
+            if m is None:
+                break
+            if m.start() == m.end() == last_end:
+                # Rust skips an empty match touching the previous match and searches one further on.
+                if pos >= n:
+                    break
+                m = regex.search(name, pos + 1)
+                if m is None:
+                    break
+            pieces.append(name[last : m.start()])
+            pieces.append(self._expand(m))
+            last = pos = last_end = m.end()
+        if not pieces:
+            return name
+        pieces.append(name[last:])
+        return "".join(pieces)
+
+    def _expand(self, m: re.Match[str]) -> str:
+        if self._resolved == "python":
+            return m.expand(self.replacement)
+        return "".join(m.group(p.index) or "" if isinstance(p, _Ref) else p for p in self._parts)
+
+
+class KeyRemapper:
+    """Ordered remap rules; every rule applies to every name, each seeing the previous output."""
+
+    def __init__(self, rules: Iterable[RemapRule | tuple[str, str]] = ()) -> None:
+        self._rules: list[RemapRule] = []
+        for rule in rules:
+            if isinstance(rule, RemapRule):
+                self._rules.append(rule)
+            else:
+                self.add_pattern(*rule)
+
+    @classmethod
+    def from_patterns(cls, pairs: Iterable[tuple[str, str]], syntax: ReplacementSyntax = "auto") -> KeyRemapper:
+        """Build from `(pattern, replacement)` pairs; fails on the first invalid one."""
+        return cls(RemapRule(p, r, syntax) for p, r in pairs)
+
+    def add_pattern(self, pattern: str, replacement: str, syntax: ReplacementSyntax = "auto") -> KeyRemapper:
+        """Append a rule (compiled now, so a bad regex fails here); returns self for chaining."""
+        self._rules.append(RemapRule(pattern, replacement, syntax))
+        return self
+
+    @property
+    def rules(self) -> tuple[RemapRule, ...]:
+        return tuple(self._rules)
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def is_empty(self) -> bool:
+        return not self._rules
+
+    def remap_name(self, name: str) -> str:
+        """`name` after all rules, in insertion order (chaining, not first-match-wins)."""
+        for rule in self._rules:
+            name = rule.apply(name)
+        return name
+
+    def remap(self, names: Iterable[str]) -> list[tuple[str, str]]:
+        """`(new, original)` for every name, input order kept; unchanged names included."""
+        return [(self.remap_name(name), name) for name in names]
+
+
+# ---------------------------------------------------------------------------------------------
+# Contiguous indices, enum variants, collisions
+# ---------------------------------------------------------------------------------------------
+
+
+def map_indices_contiguous(names: Iterable[str]) -> list[tuple[str, str]]:
+    """Renumber every numeric path segment to 0, 1, 2, … per position key (spec §4.2).
+
+    Closes the gaps PyTorch's `nn.Sequential` leaves for parameter-free layers. The key of an index
+    is the *original* prefix before it, so renumbering one level never changes another's key.
+    """
+    originals = list(names)
+    split = [name.split(".") for name in originals]
+    seen: dict[str, set[int]] = {}
+    parsed: list[list[tuple[int, str, int] | None]] = []
+    for segments in split:
+        row: list[tuple[int, str, int] | None] = []
+        for i, segment in enumerate(segments):
+            value = parse_usize(segment)
+            if value is None:
+                row.append(None)
+                continue
+            key = ".".join(segments[:i]) + "." if i else ""
+            seen.setdefault(key, set()).add(value)
+            row.append((i, key, value))
+        parsed.append(row)
+    tables = {key: {v: new for new, v in enumerate(sorted(values))} for key, values in seen.items()}
+    result: list[tuple[str, str]] = []
+    for original, segments, row in zip(originals, split, parsed, strict=True):
+        renamed = [
+            segment if entry is None else str(tables[entry[1]][entry[2]])
+            for segment, entry in zip(segments, row, strict=True)
+        ]
+        result.append((".".join(renamed), original))
+    return result
+
+
+def _is_variant_segment(segment: str) -> bool:
+    """Burn's CamelCase heuristic for an enum variant name (e.g. `BaseConv`)."""
+    return (
+        bool(segment)
+        and segment[0].isupper()
+        and len(segment.encode("utf-8")) > 1
+        and any(ch.islower() for ch in segment[1:])
+    )
+
+
+def strip_enum_variant(path: str) -> str | None:
+    """`path` without its first inner CamelCase segment, or None when it has none (spec §5.8 step 1).
+
+    Used to suggest `feature.weight` for a missing `feature.BaseConv.weight`.
+    """
+    segments = path.split(".")
+    for i in range(1, len(segments) - 1):
+        if _is_variant_segment(segments[i]):
+            return ".".join(segments[:i] + segments[i + 1 :])
+    return None
+
+
+def find_collisions(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """New names that two or more originals map onto, with those originals in input order.
+
+    Burn lets the later tensor win silently; migrator reports instead.
+    """
+    by_new: dict[str, list[str]] = {}
+    for new, original in pairs:
+        by_new.setdefault(new, []).append(original)
+    return {new: originals for new, originals in by_new.items() if len(originals) > 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# PathFilter
+# ---------------------------------------------------------------------------------------------
+
+
+class PathFilter:
+    """Which tensors take part: exact paths, regexes (unanchored search), predicates, or all.
+
+    Immutable: every `with_*` returns a new filter. An empty filter matches nothing (whether that
+    means "no filtering" is the caller's policy, as in Burn's stores). Unlike Burn, which silently
+    drops an invalid regex, an invalid regex raises `NamingError`.
+    """
+
+    __slots__ = ("_exact", "_match_all", "_predicates", "_regexes")
+
+    def __init__(
+        self,
+        *,
+        regexes: Iterable[str] = (),
+        full_paths: Iterable[str] = (),
+        predicates: Iterable[Predicate] = (),
+        match_all: bool = False,
+    ) -> None:
+        self._regexes: tuple[tuple[str, re.Pattern[str]], ...] = tuple((p, compile_regex(p)) for p in regexes)
+        self._exact: tuple[str, ...] = tuple(dict.fromkeys(full_paths))
+        self._predicates: tuple[Predicate, ...] = tuple(predicates)
+        self._match_all = bool(match_all)
+
+    @classmethod
+    def all(cls) -> PathFilter:
+        """A filter matching every path."""
+        return cls(match_all=True)
+
+    @classmethod
+    def none(cls) -> PathFilter:
+        """A filter matching nothing."""
+        return cls()
+
+    def _replace(self, **changes: object) -> PathFilter:
+        new = PathFilter.__new__(PathFilter)
+        new._regexes = changes.get("regexes", self._regexes)  # type: ignore[assignment]
+        new._exact = changes.get("exact", self._exact)  # type: ignore[assignment]
+        new._predicates = changes.get("predicates", self._predicates)  # type: ignore[assignment]
+        new._match_all = changes.get("match_all", self._match_all)  # type: ignore[assignment]
+        return new
+
+    def with_regex(self, pattern: str) -> PathFilter:
+        return self.with_regexes([pattern])
+
+    def with_regexes(self, patterns: Iterable[str]) -> PathFilter:
+        added = tuple((p, compile_regex(p)) for p in patterns)
+        return self._replace(regexes=self._regexes + added)
+
+    def with_full_path(self, path: str) -> PathFilter:
+        return self.with_full_paths([path])
+
+    def with_full_paths(self, paths: Iterable[str]) -> PathFilter:
+        return self._replace(exact=tuple(dict.fromkeys((*self._exact, *paths))))
+
+    def with_predicate(self, predicate: Predicate) -> PathFilter:
+        return self._replace(predicates=(*self._predicates, predicate))
+
+    def match_all(self) -> PathFilter:
+        """This filter with the match-all flag set (other criteria are kept but irrelevant)."""
+        return self._replace(match_all=True)
+
+    def clear_regexes(self) -> PathFilter:
+        return self._replace(regexes=())
+
+    def clear_full_paths(self) -> PathFilter:
+        return self._replace(exact=())
+
+    def clear_predicates(self) -> PathFilter:
+        return self._replace(predicates=())
+
+    def clear(self) -> PathFilter:
+        """No criteria and no match-all: matches nothing."""
+        return PathFilter()
+
+    def or_(self, other: PathFilter) -> PathFilter:
+        """Union: match-all if either is, otherwise the criteria of both."""
+        if self._match_all or other._match_all:
+            return PathFilter.all()
+        return self._replace(
+            regexes=self._regexes + other._regexes,
+            exact=tuple(dict.fromkeys((*self._exact, *other._exact))),
+            predicates=self._predicates + other._predicates,
+        )
+
+    @property
+    def regexes(self) -> tuple[str, ...]:
+        return tuple(p for p, _ in self._regexes)
+
+    @property
+    def full_paths(self) -> tuple[str, ...]:
+        return self._exact
+
+    @property
+    def predicates(self) -> tuple[Predicate, ...]:
+        return self._predicates
+
+    @property
+    def is_match_all(self) -> bool:
+        return self._match_all
+
+    @property
+    def criteria_count(self) -> int:
+        """1 for match-all, else the number of regexes, exact paths and predicates."""
+        if self._match_all:
+            return 1
+        return len(self._regexes) + len(self._exact) + len(self._predicates)
+
+    def is_empty(self) -> bool:
+        """True when the filter matches nothing because it has no criteria."""
+        return self.criteria_count == 0
+
+    def matches(self, path: str, container_path: str = "") -> bool:
+        """Exact paths first, then regexes, then predicates `(path, container_path)`."""
+        if self._match_all:
+            return True
+        if path in self._exact:
+            return True
+        if any(rx.search(path) for _, rx in self._regexes):
+            return True
+        return any(pred(path, container_path) for pred in self._predicates)
+
+    def __repr__(self) -> str:
+        if self._match_all:
+            return "PathFilter.all()"
+        return (
+            f"PathFilter(regexes={list(self.regexes)!r}, full_paths={list(self._exact)!r}, "
+            f"predicates={len(self._predicates)})"
+        )

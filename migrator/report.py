@@ -1,0 +1,257 @@
+"""The outcome of applying source tensors to a target: Burn's `ApplyResult`, its text and JSON.
+
+The text of `ApplyReport.display()` reproduces Burn's `Display` for `ApplyResult` (spec §5.7)
+line for line, so users comparing migrator's output with Burn's see the same summary. The JSON
+form is migrator's own, for machines (CI checks, the CLI's `--json`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from .similarity import did_you_mean
+
+__all__ = ["ApplyReport", "ErrorKind", "ReportError", "error_display"]
+
+ErrorKind = Literal["shape_mismatch", "dtype_mismatch", "load_error", "adapter_error"]
+_KINDS: tuple[str, ...] = get_args(ErrorKind)
+
+Shape = tuple[int, ...]
+_LIST_LIMIT = 10
+_ENUM_EXAMPLE_REMAP = r'.with_key_remapping(r"field\.(\w+)", "field.BaseConv.$1")'
+
+
+def _shape_debug(value: Shape | str | None) -> str:
+    """Burn's `Debug` of a `Shape`: `Shape { dims: [2, 3] }`; strings pass through."""
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return value
+    return "Shape { dims: [" + ", ".join(str(d) for d in value) + "] }"
+
+
+def _as_shape_or_str(value: Any) -> Shape | str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Sequence) and all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+        return tuple(value)
+    raise ValueError(f"expected a shape (list of ints), a string or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ReportError:
+    """One failed parameter. `expected`/`found` are shapes (shape_mismatch) or dtype names.
+
+    `message` is the detail after the path in the displayed text; the factories fill it in.
+    """
+
+    path: str
+    kind: ErrorKind
+    message: str = ""
+    expected: Shape | str | None = None
+    found: Shape | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"unknown error kind {self.kind!r} (expected one of {', '.join(_KINDS)})")
+        object.__setattr__(self, "expected", _as_shape_or_str(self.expected))
+        object.__setattr__(self, "found", _as_shape_or_str(self.found))
+
+    @classmethod
+    def shape_mismatch(cls, path: str, expected: Sequence[int], found: Sequence[int]) -> ReportError:
+        exp, fnd = tuple(expected), tuple(found)
+        message = f"expected {_shape_debug(exp)}, found {_shape_debug(fnd)}"
+        return cls(path, "shape_mismatch", message, exp, fnd)
+
+    @classmethod
+    def dtype_mismatch(cls, path: str, expected: str, found: str) -> ReportError:
+        return cls(path, "dtype_mismatch", f"expected {expected}, found {found}", expected, found)
+
+    @classmethod
+    def load_error(cls, path: str, message: str) -> ReportError:
+        return cls(path, "load_error", message)
+
+    @classmethod
+    def adapter_error(cls, path: str, message: str) -> ReportError:
+        return cls(path, "adapter_error", message)
+
+    def display(self) -> str:
+        return error_display(self)
+
+    def __str__(self) -> str:
+        return error_display(self)
+
+    def to_json(self) -> dict[str, Any]:
+        def plain(v: Shape | str | None) -> list[int] | str | None:
+            return list(v) if isinstance(v, tuple) else v
+
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "message": self.message,
+            "expected": plain(self.expected),
+            "found": plain(self.found),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReportError:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"an error entry must be an object, got {data!r}")
+        try:
+            return cls(
+                path=str(data["path"]),
+                kind=data["kind"],
+                message=str(data.get("message", "")),
+                expected=data.get("expected"),
+                found=data.get("found"),
+            )
+        except KeyError as exc:
+            raise ValueError(f"error entry lacks {exc.args[0]!r}: {data!r}") from None
+
+
+def error_display(e: ReportError) -> str:
+    """Burn's `Display` of an `ApplyError` (spec §5.4)."""
+    if e.kind == "shape_mismatch" and e.expected is not None and e.found is not None:
+        detail = f"expected {_shape_debug(e.expected)}, found {_shape_debug(e.found)}"
+        return f"Shape mismatch for '{e.path}': {detail}"
+    if e.kind == "dtype_mismatch" and e.expected is not None and e.found is not None:
+        return f"DType mismatch for '{e.path}': expected {e.expected}, found {e.found}"
+    prefix = {
+        "shape_mismatch": "Shape mismatch",
+        "dtype_mismatch": "DType mismatch",
+        "adapter_error": "Adapter error",
+        "load_error": "Load error",
+    }[e.kind]
+    return f"{prefix} for '{e.path}': {e.message}"
+
+
+@dataclass
+class ApplyReport:
+    """What happened to each target parameter (spec §5.3).
+
+    `skipped`, `missing` and `unused` are kept sorted (normalised on construction and on output);
+    `applied` and `errors` keep traversal order. Success means no errors: missing and unused
+    tensors are policy decisions for the caller.
+    """
+
+    applied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    errors: list[ReportError] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.skipped = sorted(self.skipped)
+        self.missing = sorted((str(p), str(c)) for p, c in self.missing)
+        self.unused = sorted(self.unused)
+
+    def is_success(self) -> bool:
+        return not self.errors
+
+    def suggestion(self, missing_path: str) -> str | None:
+        """The "did you mean" hint for a missing path, from this report's unused names."""
+        return did_you_mean(missing_path, sorted(self.unused))
+
+    def display(self) -> str:
+        """Burn's multi-line summary (spec §5.7), without a trailing newline."""
+        skipped = sorted(self.skipped)
+        missing = sorted(self.missing)
+        unused = sorted(self.unused)
+        lines = [
+            "┌─ Tensor Loading Summary " + "─" * 25,
+            "│",
+            f"│ ✓ Successfully applied: {len(self.applied)} tensors",
+            f"│ ⊘ Skipped (filtered):  {len(skipped)} tensors",
+            f"│ ✗ Missing in source:    {len(missing)} tensors",
+            f"│ ? Unused in target:     {len(unused)} tensors",
+            f"│ ! Errors:               {len(self.errors)} errors",
+        ]
+        if missing:
+            lines += ["│", "├─ Missing Tensors (requested by model but not found in source)", "│"]
+            enum_paths = sum(1 for _, container in missing if "Enum:" in container)
+            if enum_paths:
+                lines += _enum_advisory(enum_paths)
+            lines.append("│  First 10 missing tensors:")
+            for path, _ in missing[:_LIST_LIMIT]:
+                lines.append(f"│    • {path}")
+                hint = did_you_mean(path, unused)
+                if hint is not None:
+                    lines.append(f"│        Did you mean: '{hint}'?")
+            if len(missing) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(missing) - _LIST_LIMIT} more")
+        if unused:
+            lines += ["│", "├─ Unused Tensors (in source but not used by model)", "│"]
+            lines.append("│  First 10 unused tensors:")
+            lines += [f"│    • {path}" for path in unused[:_LIST_LIMIT]]
+            if len(unused) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(unused) - _LIST_LIMIT} more")
+        if self.errors:
+            lines += ["│", "├─ Errors", "│"]
+            lines += [f"│  ⚠️  {error_display(e)}" for e in self.errors[:_LIST_LIMIT]]
+            if len(self.errors) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(self.errors) - _LIST_LIMIT} more")
+        lines += ["│", "└" + "─" * 51]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.display()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with exactly: applied, skipped, missing, unused, errors."""
+        unused = sorted(self.unused)
+        return {
+            "applied": list(self.applied),
+            "skipped": sorted(self.skipped),
+            "missing": [
+                {"path": p, "container_path": c, "did_you_mean": did_you_mean(p, unused)}
+                for p, c in sorted(self.missing)
+            ],
+            "unused": unused,
+            "errors": [e.to_json() for e in self.errors],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ApplyReport:
+        """Inverse of `to_json` (suggestions are recomputed, not read)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a report must be an object, got {type(data).__name__}")
+        keys = {"applied", "skipped", "missing", "unused", "errors"}
+        if set(data) != keys:
+            raise ValueError(f"a report needs exactly the keys {sorted(keys)}, got {sorted(data)}")
+        missing: list[tuple[str, str]] = []
+        for entry in data["missing"]:
+            if isinstance(entry, Mapping):
+                missing.append((str(entry["path"]), str(entry.get("container_path", ""))))
+            elif isinstance(entry, (list, tuple)) and len(entry) == 2:
+                missing.append((str(entry[0]), str(entry[1])))
+            else:
+                raise ValueError(f"bad missing entry {entry!r}")
+        return cls(
+            applied=[str(p) for p in data["applied"]],
+            skipped=[str(p) for p in data["skipped"]],
+            missing=missing,
+            unused=[str(p) for p in data["unused"]],
+            errors=[ReportError.from_json(e) for e in data["errors"]],
+        )
+
+
+def _enum_advisory(count: int) -> list[str]:
+    """Lines explaining that Burn paths name enum variants where PyTorch paths do not."""
+    return [
+        f"│  ⚠️  {count} paths contain enum variants (detected from container stack)",
+        "│     Burn puts enum variant names into paths (e.g. 'field.BaseConv.weight'),",
+        "│     PyTorch does not (e.g. 'field.weight'), so these names cannot line up.",
+        "│",
+        "│     Solution 1: leave variant names out with skip_enum_variants(true):",
+        "│",
+        '│       PytorchStore::from_file("model.pth")',
+        "│           .skip_enum_variants(true)",
+        "│",
+        "│     Solution 2: insert the variant name with a key remap:",
+        "│",
+        '│       SafetensorsStore::from_file("model.safetensors")',
+        f"│           {_ENUM_EXAMPLE_REMAP}",
+        "│",
+    ]

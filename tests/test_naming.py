@@ -1,0 +1,568 @@
+"""Name transforms: KeyRemapper (§4.1), map_indices_contiguous (§4.2), enum strip, PathFilter (§4.4)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from migrator.naming import (
+    KeyRemapper,
+    NamingError,
+    PathFilter,
+    RemapRule,
+    compile_regex,
+    find_collisions,
+    map_indices_contiguous,
+    parse_usize,
+    strip_enum_variant,
+    translate_regex,
+)
+
+# ---------------------------------------------------------------------------------------------
+# KeyRemapper: examples from §4.1
+# ---------------------------------------------------------------------------------------------
+
+
+def test_remap_basic_prefix() -> None:
+    remapper = KeyRemapper().add_pattern(r"^encoder\.", "transformer.encoder.")
+    assert remapper.remap(["encoder.layer1.weight", "decoder.layer1.weight"]) == [
+        ("transformer.encoder.layer1.weight", "encoder.layer1.weight"),
+        ("decoder.layer1.weight", "decoder.layer1.weight"),
+    ]
+
+
+def test_remap_two_chained_patterns() -> None:
+    remapper = KeyRemapper().add_pattern(r"^encoder\.", "transformer.encoder.").add_pattern(r"\.gamma$", ".weight")
+    assert remapper.remap_name("encoder.layer1.gamma") == "transformer.encoder.layer1.weight"
+    assert remapper.remap_name("decoder.layer1.gamma") == "decoder.layer1.weight"
+    assert remapper.remap_name("encoder.gamma_x") == "transformer.encoder.gamma_x"
+
+
+def test_remap_three_pattern_pytorch_chain() -> None:
+    remapper = KeyRemapper.from_patterns(
+        [
+            (r"(.+)\.block\.0\.(.+)", "$1.conv.$2"),
+            (r"(.+)\.block\.1\.(.+)", "$1.bn.$2"),
+            (r"layer\.([0-9])\.(.+)", "layer.blocks.$1.$2"),
+        ]
+    )
+    assert len(remapper) == 3
+    assert remapper.remap(["layer.0.block.1.running_mean", "layer.2.block.0.weight"]) == [
+        ("layer.blocks.0.bn.running_mean", "layer.0.block.1.running_mean"),
+        ("layer.blocks.2.conv.weight", "layer.2.block.0.weight"),
+    ]
+
+
+def test_chaining_each_pattern_sees_previous_output() -> None:
+    remapper = KeyRemapper([("a", "b"), ("b", "c")])
+    assert remapper.remap_name("a") == "c"  # not first-match-wins
+
+
+def test_empty_remapper_returns_identity_pairs() -> None:
+    remapper = KeyRemapper()
+    assert remapper.is_empty()
+    assert remapper.remap(["x.weight", "y"]) == [("x.weight", "x.weight"), ("y", "y")]
+
+
+def test_replaces_all_non_overlapping_matches() -> None:
+    assert RemapRule(r"aa", "b").apply("aaaaa") == "bba"
+    assert RemapRule(r"\.", "/").apply("a.b.c") == "a/b/c"
+
+
+def test_unanchored_search() -> None:
+    assert RemapRule("layer", "blk").apply("enc.layer.w") == "enc.blk.w"
+
+
+def test_empty_matches_follow_rust_iteration() -> None:
+    # Python's re.sub gives '-a-b--d-' (an empty match right after 'x'); Rust skips that one.
+    assert re.sub("x*", "-", "abxd") == "-a-b--d-"
+    assert RemapRule("x*", "-").apply("abxd") == "-a-b-d-"
+    assert RemapRule("", "-").apply("ab") == "-a-b-"
+    assert RemapRule("", "-").apply("") == "-"
+
+
+# ---------------------------------------------------------------------------------------------
+# Replacement syntax: Rust rules and traps
+# ---------------------------------------------------------------------------------------------
+
+GROUPS = r"(?P<name>a)(b)?(c)"
+
+
+@pytest.mark.parametrize(
+    ("replacement", "expected"),
+    [
+        ("$1_x", "[]"),  # group named '1_x' -> empty
+        ("${1}_x", "[a_x]"),
+        ("$$", "[$]"),
+        ("$$1", "[$1]"),
+        ("$", "[$]"),
+        ("a$", "[a$]"),
+        ("$-", "[$-]"),
+        ("${", "[${]"),
+        ("${1", "[${1]"),
+        ("$0", "[ac]"),
+        ("${0}", "[ac]"),
+        ("$3$1", "[ca]"),
+        ("$2", "[]"),  # non-participating group
+        ("$9", "[]"),  # missing group
+        ("$99999999999999999999999", "[]"),  # overflows usize -> a name, missing
+        ("$name", "[a]"),
+        ("${name}", "[a]"),
+        ("${name}s", "[as]"),
+        ("$names", "[]"),  # longest run: 'names'
+        ("$nope", "[]"),
+        ("${}", "[]"),
+        ("${+1}", "[a]"),  # braced refs are parsed as usize, which accepts '+'
+        ("${ 1}", "[]"),
+        ("é$1", "[éa]"),
+    ],
+)
+def test_rust_replacement(replacement: str, expected: str) -> None:
+    rule = RemapRule(GROUPS, replacement, "rust")
+    assert "[" + rule.apply("ac") + "]" == expected
+
+
+@pytest.mark.parametrize(
+    ("replacement", "expected"),
+    [
+        ("\\$1", "\\a"),
+        ("\\n", "\\n"),
+        ("a\\\\b", "a\\\\b"),
+        ("\\1", "\\1"),  # explicit rust syntax: backslash-digit is plain text
+        ("\\g<1>", "\\g<1>"),
+    ],
+)
+def test_rust_replacement_backslashes_are_literal(replacement: str, expected: str) -> None:
+    assert RemapRule("(a)", replacement, "rust").apply("a") == expected
+
+
+def test_rust_is_the_auto_default_without_python_refs() -> None:
+    rule = RemapRule("(a)", "\\n$1")
+    assert rule.resolved_syntax == "rust"
+    assert rule.apply("a") == "\\na"
+
+
+def test_missing_groups_are_reported() -> None:
+    assert RemapRule("(a)", "$1_x").missing_groups == ("1_x",)
+    assert RemapRule("(a)", "${1}_x").missing_groups == ()
+    assert RemapRule("(a)", "$2$foo").missing_groups == ("2", "foo")
+
+
+@pytest.mark.parametrize(
+    ("replacement", "expected"),
+    [
+        ("\\1-\\1", "x-x"),
+        ("\\g<1>0", "x0"),
+        ("\\g<word>!", "x!"),
+        ("\\g<0>\\g<0>", "xx"),
+        ("$1\\g<1>", "$1x"),
+    ],
+)
+def test_python_replacement(replacement: str, expected: str) -> None:
+    rule = RemapRule("(?P<word>x)", replacement, "python")
+    assert rule.resolved_syntax == "python"
+    assert rule.apply("x") == expected
+
+
+@pytest.mark.parametrize("replacement", ["\\1.", "pre.\\g<1>", "\\g<name>"])
+def test_auto_detects_python(replacement: str) -> None:
+    assert RemapRule("(?P<name>a)", replacement).resolved_syntax == "python"
+
+
+def test_python_non_participating_group_is_empty() -> None:
+    assert RemapRule("(a)|(b)", "[\\1]").apply("b") == "[]"
+
+
+def test_auto_rejects_mixed_reference_styles() -> None:
+    with pytest.raises(NamingError, match="mixes"):
+        RemapRule("(a)", "$1\\1")
+    assert RemapRule("(a)", "$$\\1").apply("a") == "$$a"  # '$$' is no group reference
+
+
+@pytest.mark.parametrize("replacement", ["\\2", "\\g<nope>", "\\g<1", "\\q"])
+def test_invalid_python_replacement(replacement: str) -> None:
+    with pytest.raises(NamingError):
+        RemapRule("(a)", replacement, "python")
+
+
+def test_unknown_syntax() -> None:
+    with pytest.raises(NamingError, match="syntax"):
+        RemapRule("a", "b", "perl")  # type: ignore[arg-type]
+
+
+def test_python_syntax_also_uses_rust_iteration() -> None:
+    assert RemapRule("(x*)", "<\\1>", "python").apply("axb") == "<>a<x>b<>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Regex dialect
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dollar_matches_only_at_the_very_end() -> None:
+    rule = RemapRule(r"\.gamma$", ".weight")
+    assert rule.apply("a.gamma") == "a.weight"
+    assert rule.apply("a.gamma\n") == "a.gamma\n"  # Python's bare $ would match here
+    assert translate_regex(r"a$") == r"a\Z"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "translated"),
+    [
+        (r"\$", r"\$"),
+        (r"\\$", r"\\\Z"),
+        (r"[$]", r"[$]"),
+        (r"[\]$]", r"[\]$]"),
+        (r"[]$]", r"[\]$]"),
+        (r"a\z", r"a\Z"),
+        (r"(?m)a$", r"(?m:a$)"),
+        (r"(?m:a$)b$", r"(?m:a$)b\Z"),
+        (r"(?<n>x)", r"(?P<n>x)"),
+        (r"(?P<n>x)", r"(?P<n>x)"),
+        (r"(?<=a)b", r"(?<=a)b"),
+        (r"(?<!a)b", r"(?<!a)b"),
+        (r"a(?i)b|c", r"a(?i:b)|(?i:c)"),
+        (r"(x(?i)y)z", r"(x(?i:y))z"),
+        (r"\x{1F600}", r"\U0001F600"),
+        (r"\u{e9}", r"\U000000E9"),
+        (r"[[:digit:]_]", r"[0-9_]"),
+        (r"[a|b]", r"[a\|b]"),
+        (r"\bx", r"\bx"),
+    ],
+)
+def test_translation(pattern: str, translated: str) -> None:
+    assert translate_regex(pattern) == translated
+    compile_regex(pattern)
+
+
+def test_translated_semantics() -> None:
+    assert compile_regex(r"a(?i)b|c").fullmatch("aB")
+    assert compile_regex(r"a(?i)b|c").fullmatch("C")
+    assert not compile_regex(r"(x(?i)y)z").fullmatch("xYZ")
+    assert compile_regex(r"(?<n>x)").fullmatch("x").group("n") == "x"
+    assert compile_regex(r"\<ab\>").search("x ab y")
+    assert not compile_regex(r"\<ab\>").search("xab")
+    assert compile_regex(r"\b{start}a").search(" a")
+    assert compile_regex(r"(?x) a b # trailing comment $ )").fullmatch("ab")
+    assert compile_regex(r"(?x)[a b]").fullmatch("a")
+    assert not compile_regex(r"(?x)[a b]").fullmatch(" ")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message", "position"),
+    [
+        (r"layer\p{L}", "Unicode property", 5),
+        (r"\pN", "Unicode property", 0),
+        (r"[a-z&&[^aeiou]]", "set operation", 4),
+        (r"[a--b]", "set operation", 2),
+        (r"[[a]]", "nested", 1),
+        (r"[[:^alpha:]]", "ASCII class", 1),
+        (r"(?U)a+", "swap greed", 0),
+        (r"(?-u)\w", "ASCII", 0),
+        (r"(?R)a", "flag", 0),
+        (r"(abc", "invalid regex", 0),
+        (r"abc)", "invalid regex", 3),
+        (r"ab[c", "unterminated character class", 2),
+        (r"a**", "invalid regex", 2),
+        (r"\b{middle}", "word boundary", 0),
+        (r"\x{110000}", "scalar", 0),
+        (r"(?<n>a)(?<n>b)", "invalid regex", None),
+    ],
+)
+def test_invalid_patterns(pattern: str, message: str, position: int | None) -> None:
+    with pytest.raises(NamingError, match=message) as info:
+        RemapRule(pattern, "x")
+    err = info.value
+    assert isinstance(err, ValueError)
+    assert err.pattern == pattern
+    if position is not None:
+        assert err.position == position
+    assert repr(pattern) in str(err)
+
+
+def test_key_remapper_add_pattern_fails_immediately() -> None:
+    remapper = KeyRemapper()
+    with pytest.raises(NamingError):
+        remapper.add_pattern("[invalid", "x")
+    assert remapper.is_empty()
+
+
+# ---------------------------------------------------------------------------------------------
+# map_indices_contiguous (§4.2)
+# ---------------------------------------------------------------------------------------------
+
+
+def _mapped(names: list[str]) -> list[str]:
+    pairs = map_indices_contiguous(names)
+    assert [orig for _, orig in pairs] == names
+    return [new for new, _ in pairs]
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (
+            ["fc.0.weight", "fc.0.bias", "fc.2.weight", "fc.2.bias", "fc.4.weight", "fc.4.bias"],
+            ["fc.0.weight", "fc.0.bias", "fc.1.weight", "fc.1.bias", "fc.2.weight", "fc.2.bias"],
+        ),
+        (["fc.0.weight", "fc.1.weight", "fc.2.weight"], ["fc.0.weight", "fc.1.weight", "fc.2.weight"]),
+        (
+            ["encoder.0.weight", "encoder.2.weight", "decoder.1.weight", "decoder.5.weight"],
+            ["encoder.0.weight", "encoder.1.weight", "decoder.0.weight", "decoder.1.weight"],
+        ),
+        (
+            [
+                "feature.layers.0.conv_block.0.weight",
+                "feature.layers.0.conv_block.2.weight",
+                "feature.layers.2.conv_block.0.weight",
+                "feature.layers.2.conv_block.2.weight",
+            ],
+            [
+                "feature.layers.0.conv_block.0.weight",
+                "feature.layers.0.conv_block.1.weight",
+                "feature.layers.1.conv_block.0.weight",
+                "feature.layers.1.conv_block.1.weight",
+            ],
+        ),
+        (
+            ["a.0.b.0.c.0.w", "a.0.b.0.c.2.w", "a.0.b.2.c.0.w", "a.2.b.0.c.0.w"],
+            ["a.0.b.0.c.0.w", "a.0.b.0.c.1.w", "a.0.b.1.c.0.w", "a.1.b.0.c.0.w"],
+        ),
+        (["output.weight"], ["output.weight"]),
+        ([], []),
+        (["fc.0.w", "fc.4.w", "head.weight"], ["fc.0.w", "fc.1.w", "head.weight"]),
+        (["layer.1.weight"], ["layer.0.weight"]),  # lone indices are renumbered too
+        (["5.w", "9.w"], ["0.w", "1.w"]),  # index at position 0: key ''
+        (["fc.01", "fc.1"], ["fc.0", "fc.0"]),  # two spellings collapse
+        (["fc.007.w", "fc.3.w", "fc.10.w"], ["fc.1.w", "fc.0.w", "fc.2.w"]),  # '007' is 7
+        (["x.+3", "x.1"], ["x.1", "x.0"]),  # Rust usize accepts a leading '+'
+        (["x.-1", "x.1"], ["x.-1", "x.0"]),
+        (["x.18446744073709551615", "x.2"], ["x.1", "x.0"]),  # u64::MAX is an index
+        (["x.18446744073709551616", "x.2"], ["x.18446744073709551616", "x.0"]),  # overflow: not
+        (["x.1_0", "x. 1", "x.١", "x.+", "x.", "x.2"], ["x.1_0", "x. 1", "x.١", "x.+", "x.", "x.0"]),
+        (["a.3.3", "a.5.3", "a.3.7"], ["a.0.0", "a.1.0", "a.0.1"]),  # keys use the original prefix
+    ],
+)
+def test_map_indices_contiguous(names: list[str], expected: list[str]) -> None:
+    assert _mapped(names) == expected
+
+
+def test_indices_after_remap_shift_rest_of_sequence() -> None:
+    remapped = [
+        new
+        for new, _ in KeyRemapper([(r"conv_blocks\.0\.(.*)", "conv1.$1")]).remap(
+            ["conv_blocks.0.weight", "conv_blocks.1.weight"]
+        )
+    ]
+    assert _mapped(remapped) == ["conv1.weight", "conv_blocks.0.weight"]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("007", 7),
+        ("+3", 3),
+        ("18446744073709551615", 2**64 - 1),
+        ("18446744073709551616", None),
+        ("", None),
+        ("+", None),
+        ("-1", None),
+        ("1_0", None),
+        (" 1", None),
+        ("١", None),
+        ("++1", None),
+    ],
+)
+def test_parse_usize(text: str, value: int | None) -> None:
+    assert parse_usize(text) == value
+
+
+_segment = st.one_of(
+    st.from_regex(r"[a-z_]{1,5}", fullmatch=True),
+    st.integers(min_value=0, max_value=30).map(str),
+)
+_names = st.lists(st.lists(_segment, min_size=1, max_size=5).map(".".join), max_size=30)
+
+
+@given(_names)
+def test_property_indices_keep_words_and_become_contiguous(names: list[str]) -> None:
+    pairs = map_indices_contiguous(names)
+    assert [orig for _, orig in pairs] == names
+    per_key: dict[str, set[int]] = {}
+    for new, orig in pairs:
+        new_segments, old_segments = new.split("."), orig.split(".")
+        assert len(new_segments) == len(old_segments)
+        for i, (n, o) in enumerate(zip(new_segments, old_segments, strict=True)):
+            if parse_usize(o) is None:
+                assert n == o
+            else:
+                per_key.setdefault(".".join(old_segments[:i]), set()).add(int(n))
+    for values in per_key.values():
+        assert values == set(range(len(values)))
+
+
+@given(_names)
+def test_property_empty_remapper_is_identity(names: list[str]) -> None:
+    assert KeyRemapper().remap(names) == [(n, n) for n in names]
+
+
+@given(st.text(max_size=20))
+def test_property_literal_rule_matches_str_replace(text: str) -> None:
+    assert RemapRule(re.escape("ab"), "X").apply(text) == text.replace("ab", "X")
+
+
+# ---------------------------------------------------------------------------------------------
+# Enum variants, collisions
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("feature.BaseConv.weight", "feature.weight"),
+        ("a.Foo.Bar.w", "a.Bar.w"),  # only the first variant-like segment
+        ("BaseConv.weight", None),  # first segment never
+        ("feature.BaseConv", None),  # last segment never
+        ("feature.CONV.weight", None),  # no lowercase after the first char
+        ("feature.A.weight", None),  # single character
+        ("feature.conv.weight", None),
+        ("feature.Éa.weight", "feature.weight"),  # Unicode upper/lower
+        ("a..b", None),
+        ("weight", None),
+    ],
+)
+def test_strip_enum_variant(path: str, expected: str | None) -> None:
+    assert strip_enum_variant(path) == expected
+
+
+def test_find_collisions() -> None:
+    pairs = [("fc.0", "fc.01"), ("fc.0", "fc.1"), ("x", "x"), ("y", "a"), ("y", "b"), ("y", "c")]
+    assert find_collisions(pairs) == {"fc.0": ["fc.01", "fc.1"], "y": ["a", "b", "c"]}
+    assert find_collisions([("a", "a"), ("b", "b")]) == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# PathFilter (§4.4)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_empty_filter_matches_nothing() -> None:
+    f = PathFilter()
+    assert f.is_empty()
+    assert f.criteria_count == 0
+    assert not f.matches("anything", "Struct:Net")
+    assert not PathFilter.none().matches("")
+
+
+def test_all_matches_everything() -> None:
+    f = PathFilter.all()
+    assert f.matches("x") and f.matches("", "")
+    assert f.criteria_count == 1
+    assert PathFilter().with_full_path("a").match_all().matches("b")
+
+
+def test_exact_paths() -> None:
+    f = PathFilter().with_full_path("encoder.weight").with_full_paths(["decoder.bias"])
+    assert f.matches("encoder.weight")
+    assert f.matches("decoder.bias")
+    assert not f.matches("encoder.weight.x")
+    assert not f.matches("encoder")
+
+
+def test_regexes_or_and_unanchored() -> None:
+    f = PathFilter().with_regexes([r"^encoder\.", r"\.bias$"])
+    assert f.matches("encoder.layer.weight")
+    assert f.matches("decoder.bias")
+    assert not f.matches("decoder.weight")
+    assert PathFilter().with_regex("layer").matches("enc.layer1.w")
+
+
+def test_common_patterns() -> None:
+    f = PathFilter().with_regex(r"(^|.*\.)layers\.0\.")
+    assert f.matches("layers.0.weight")
+    assert f.matches("model.layers.0.bias")
+    assert not f.matches("layers.1.weight")
+    assert not f.matches("mylayers.0.weight")
+
+
+def test_predicates_receive_path_and_container_path() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def pred(path: str, container: str) -> bool:
+        seen.append((path, container))
+        return container.split(".")[-1] == "Struct:Linear"
+
+    f = PathFilter().with_predicate(pred)
+    assert f.matches("fc.weight", "Struct:Net.Struct:Linear")
+    assert not f.matches("norm.gamma", "Struct:Net.Struct:LayerNorm")
+    assert seen == [("fc.weight", "Struct:Net.Struct:Linear"), ("norm.gamma", "Struct:Net.Struct:LayerNorm")]
+
+
+def test_container_predicates() -> None:
+    whole = PathFilter().with_predicate(lambda _p, c: "Vec" in c.split("."))
+    dotted = PathFilter().with_predicate(lambda _p, c: c.startswith("Struct:Net.Vec"))
+    stack = "Struct:Net.Vec.Struct:Block.Struct:LayerNorm"
+    assert whole.matches("blocks.1.norm.gamma", stack)
+    assert dotted.matches("blocks.1.norm.gamma", stack)
+    assert not whole.matches("fc.weight", "Struct:Net.Struct:Linear")
+
+
+def test_check_order_exact_then_regex_then_predicate() -> None:
+    calls: list[str] = []
+
+    def pred(path: str, _container: str) -> bool:
+        calls.append(path)
+        return False
+
+    f = PathFilter().with_full_path("a").with_regex("^b").with_predicate(pred)
+    assert f.matches("a") and f.matches("bx") and not f.matches("c")
+    assert calls == ["c"]
+
+
+def test_criteria_count_and_combined() -> None:
+    f = (
+        PathFilter()
+        .with_regex("^enc")
+        .with_regex("bias$")
+        .with_full_path("head.weight")
+        .with_predicate(lambda p, _c: p.endswith("gamma"))
+    )
+    assert f.criteria_count == 4
+    assert f.matches("encoder.w") and f.matches("x.bias") and f.matches("head.weight")
+    assert f.matches("norm.gamma") and not f.matches("norm.beta")
+
+
+def test_clear_operations() -> None:
+    f = PathFilter().with_regex("a").with_full_path("b").with_predicate(lambda _p, _c: True)
+    assert f.clear_regexes().criteria_count == 2
+    assert f.clear_full_paths().criteria_count == 2
+    assert f.clear_predicates().criteria_count == 2
+    assert f.clear().criteria_count == 0
+    assert PathFilter.all().clear().is_empty()
+    assert f.criteria_count == 3  # filters are immutable
+
+
+def test_or() -> None:
+    a = PathFilter().with_regex("^enc")
+    b = PathFilter().with_full_path("head.weight")
+    both = a.or_(b)
+    assert both.matches("encoder.x") and both.matches("head.weight") and not both.matches("dec.x")
+    assert both.criteria_count == 2
+    assert a.or_(PathFilter.all()).is_match_all
+    assert PathFilter.all().or_(a).criteria_count == 1
+    assert PathFilter().or_(PathFilter()).is_empty()
+
+
+def test_invalid_filter_regex_raises() -> None:
+    with pytest.raises(NamingError, match="invalid"):
+        PathFilter().with_regex("[invalid")
+    with pytest.raises(NamingError):
+        PathFilter(regexes=[r"\p{L}"])
+
+
+def test_filter_regex_uses_rust_dollar() -> None:
+    assert not PathFilter().with_regex(r"weight$").matches("fc.weight\n")
