@@ -1,0 +1,365 @@
+"""Writes a zip-format PyTorch state_dict that `torch.load(path, weights_only=True)` accepts.
+
+The layout mirrors what `torch.save` writes (torch 2.x, protocol-2 pickle): `archive/data.pkl`
+(an OrderedDict of `_rebuild_tensor_v2`/`_v3` calls whose persistent ids name storages),
+`archive/.format_version`, `archive/.storage_alignment`, `archive/byteorder` = little, one
+`archive/data/<i>` per storage, `archive/version`. Members are stored uncompressed with their data
+aligned to 64 bytes (so torch can mmap them) and correct CRC-32s; zip64 records are used when an
+offset or size needs them.
+
+Each CRC is computed just before its member is written, from one view of the tensor's bytes, so the
+local header is written in order (no seeking) and a file-backed tensor is still moved by
+`streaming.write_tensor` in the kernel.
+
+Only tensors are written: a state_dict must hold nothing else for `load_state_dict`, so metadata
+and scalars are not carried into `.pt` (they are listed in `dropped`).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from ..dtypes import DType
+from ..errors import PlanError, UnsupportedDTypeError
+from ..scalars import Scalar
+from ..streaming import write_tensor
+from ..tensor import LazyTensor
+from .base import Writer
+
+ARCHIVE = "archive"
+ALIGNMENT = 64
+_Z32 = 0xFFFFFFFF
+_CRC_CHUNK = 4 << 20
+
+# dtypes torch still pickles through a legacy typed storage class (_rebuild_tensor_v2)
+_TYPED_STORAGES = {
+    "float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
+    "bfloat16": "BFloat16Storage", "int64": "LongStorage", "int32": "IntStorage", "int16": "ShortStorage",
+    "int8": "CharStorage", "uint8": "ByteStorage", "bool": "BoolStorage", "complex64": "ComplexFloatStorage",
+}
+
+
+@dataclass
+class _Member:
+    name: str
+    offset: int  # local header
+    header: int  # bytes of local header + name + extra
+    size: int
+    payload: bytes | None = None  # small records
+    storage: int | None = None  # index into the storage table
+    crc: int = 0
+
+    @property
+    def zip64(self) -> bool:
+        return self.size >= _Z32
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.header + self.size
+
+
+class PytorchWriter(Writer):
+    """Plans a torch.save-compatible zip archive up front, then streams it."""
+
+    format = "pytorch"
+    default_extension = ".pt"
+
+    def __init__(
+        self,
+        tensors: Sequence[LazyTensor],
+        *,
+        metadata: Mapping[str, str] | None = None,
+        scalars: Mapping[str, Scalar] | None = None,
+        force_zip64: bool = False,
+    ) -> None:
+        super().__init__(tensors, metadata=metadata, scalars=scalars)
+        self.dropped = sorted(self.metadata) + sorted(self.scalars)
+        self._force_zip64 = force_zip64
+        seen: set[str] = set()
+        for t in self.tensors:
+            if t.name in seen:
+                raise PlanError("duplicate tensor name", tensor=t.name)
+            seen.add(t.name)
+            _torch_dtype(t)
+            expected = t.dtype.nbytes(t.shape)
+            if expected != t.nbytes:
+                raise PlanError(f"declares {t.nbytes} bytes but {t.dtype.display}{list(t.shape)} needs "
+                                f"{expected}", file=t.origin, tensor=t.name)
+            try:
+                t.name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise PlanError("name is not valid UTF-8 text", tensor=t.name) from None
+        # One storage per distinct byte range: tensors that were tied in the source stay tied.
+        self._storage_of: list[int] = []
+        self._storages: list[LazyTensor] = []
+        by_span: dict[tuple[int, int, int, str], int] = {}
+        for t in self.tensors:
+            key = (t.span.fd, t.span.offset, t.span.length, t.dtype.name) if t.span is not None else None
+            if key is not None and key in by_span:
+                self._storage_of.append(by_span[key])
+                continue
+            idx = len(self._storages)
+            self._storages.append(t)
+            self._storage_of.append(idx)
+            if key is not None:
+                by_span[key] = idx
+        self._pickle = self._build_pickle()
+        self._plan()
+
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def total_size(self) -> int:
+        return self._total
+
+    def shared_storages(self) -> list[list[str]]:
+        """Groups of tensor names written into one storage."""
+        groups: dict[int, list[str]] = {}
+        for t, s in zip(self.tensors, self._storage_of, strict=True):
+            groups.setdefault(s, []).append(t.name)
+        return [g for g in groups.values() if len(g) > 1]
+
+    def _plan(self) -> None:
+        records: list[tuple[str, bytes | None, int | None]] = [
+            (f"{ARCHIVE}/data.pkl", self._pickle, None),
+            (f"{ARCHIVE}/.format_version", b"1", None),
+            (f"{ARCHIVE}/.storage_alignment", str(ALIGNMENT).encode(), None),
+            (f"{ARCHIVE}/byteorder", b"little", None),
+        ]
+        records += [(f"{ARCHIVE}/data/{i}", None, i) for i in range(len(self._storages))]
+        records.append((f"{ARCHIVE}/version", b"3\n", None))
+        self._members: list[_Member] = []
+        pos = 0
+        for name, payload, storage in records:
+            size = len(payload) if payload is not None else self._storages[storage].nbytes  # type: ignore[index]
+            m = _Member(name, pos, 0, size, payload, storage)
+            if payload is not None:
+                m.crc = zlib.crc32(payload)
+            m.header = len(self._local_header(m))
+            self._members.append(m)
+            pos = m.end
+        self._cd_offset = pos
+        self._cd_size = sum(len(self._central_entry(m)) for m in self._members)
+        self._total = pos + self._cd_size + len(self._end_records())
+
+    # ------------------------------------------------------------------------------------------
+    # zip records
+
+    def _zip64_needed(self, m: _Member) -> bool:
+        return self._force_zip64 or m.zip64
+
+    def _local_header(self, m: _Member) -> bytes:
+        name = m.name.encode()
+        z64 = self._zip64_needed(m)
+        extra = struct.pack("<HHQQ", 1, 16, m.size, m.size) if z64 else b""
+        size32 = _Z32 if z64 else m.size
+        fixed = 30 + len(name) + len(extra)
+        start = m.offset + fixed
+        if start % ALIGNMENT:
+            pad = (-(start + 4)) % ALIGNMENT
+            extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # 'FB' padding field, as torch writes
+        return struct.pack("<IHHHHHIIIHH", 0x04034B50, 45 if z64 else 20, 0, 0, 0, 0, m.crc, size32, size32,
+                           len(name), len(extra)) + name + extra
+
+    def _central_entry(self, m: _Member) -> bytes:
+        name = m.name.encode()
+        big_size = self._force_zip64 or m.size >= _Z32
+        big_off = self._force_zip64 or m.offset >= _Z32
+        vals = ([m.size, m.size] if big_size else []) + ([m.offset] if big_off else [])
+        extra = struct.pack(f"<HH{len(vals)}Q", 1, 8 * len(vals), *vals) if vals else b""
+        size32 = _Z32 if big_size else m.size
+        return struct.pack(
+            "<IHHHHHHIIIHHHHHII", 0x02014B50, 45 if vals else 20, 45 if vals else 20, 0, 0, 0, 0, m.crc,
+            size32, size32, len(name), len(extra), 0, 0, 0, 0, _Z32 if big_off else m.offset,
+        ) + name + extra
+
+    def _end_records(self) -> bytes:
+        n = len(self._members)
+        cd_off, cd_size = self._cd_offset, self._cd_size
+        z64 = self._force_zip64 or n >= 0xFFFF or cd_off >= _Z32 or cd_size >= _Z32
+        out = b""
+        if z64:
+            z64_off = cd_off + cd_size
+            out += struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n, n, cd_size, cd_off)
+            out += struct.pack("<IIQI", 0x07064B50, 0, z64_off, 1)
+        out += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF),
+                           min(cd_size, _Z32), min(cd_off, _Z32), 0)
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # pickle
+
+    def _build_pickle(self) -> bytes:
+        p = _Pickle()
+        p.raw(b"\x80\x02")
+        p.global_("collections", "OrderedDict")
+        p.raw(b")R")
+        p.put()
+        for batch_start in range(0, len(self.tensors), 1000):
+            p.raw(b"(")
+            for i in range(batch_start, min(batch_start + 1000, len(self.tensors))):
+                t, s = self.tensors[i], self._storage_of[i]
+                storage = self._storages[s]
+                p.unicode(t.name)
+                dtype_name = _torch_dtype(t)
+                typed = _TYPED_STORAGES.get(dtype_name)
+                p.global_("torch._utils", "_rebuild_tensor_v2" if typed else "_rebuild_tensor_v3")
+                p.raw(b"((")
+                p.unicode("storage")
+                if typed:
+                    p.global_("torch", typed)
+                    numel = storage.nbytes // (storage.dtype.itemsize or 1)
+                else:
+                    p.global_("torch.storage", "UntypedStorage")
+                    numel = storage.nbytes
+                p.unicode(str(s))
+                p.unicode("cpu")
+                p.int(numel)
+                p.raw(b"tQ")
+                p.int(0)
+                p.tuple(t.shape)
+                p.tuple(_contiguous_strides(t.shape))
+                p.raw(b"\x89")  # requires_grad False
+                p.global_("collections", "OrderedDict")
+                p.raw(b")R")  # backward hooks: an empty OrderedDict, as torch writes
+                if not typed:
+                    p.global_("torch", dtype_name)
+                p.raw(b"tR")
+            p.raw(b"u")
+        p.raw(b".")
+        return p.getvalue()
+
+    # ------------------------------------------------------------------------------------------
+    # streaming
+
+    def write_to(self, sink: BinaryIO) -> None:
+        for m in self._members:
+            if m.payload is not None:
+                _write(sink, self._local_header(m))
+                _write(sink, m.payload)
+                continue
+            assert m.storage is not None
+            tensor = self._storages[m.storage]
+            if tensor.span is not None:
+                view = tensor.data()
+                try:
+                    m.crc = _crc(view)
+                finally:
+                    view.release()
+                _write(sink, self._local_header(m))
+                write_tensor(sink, tensor)  # file-backed: copied in the kernel where possible
+            else:
+                view = tensor.data()
+                try:
+                    m.crc = _crc(view)
+                    _write(sink, self._local_header(m))
+                    for start in range(0, len(view), _CRC_CHUNK):
+                        _write(sink, view[start : start + _CRC_CHUNK])
+                finally:
+                    view.release()
+        for m in self._members:
+            _write(sink, self._central_entry(m))
+        _write(sink, self._end_records())
+
+
+def _torch_dtype(t: LazyTensor) -> str:
+    dt: DType = t.dtype
+    if dt.torch_name is None:
+        raise UnsupportedDTypeError(f"PyTorch has no dtype for {dt.display}; cast it first (e.g. to F32 "
+                                    "or U8) before writing .pt", file=t.origin, tensor=t.name)
+    return dt.torch_name
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _crc(view: memoryview) -> int:
+    crc = 0
+    for start in range(0, len(view), _CRC_CHUNK):
+        crc = zlib.crc32(view[start : start + _CRC_CHUNK], crc)
+    return crc
+
+
+def _write(sink: BinaryIO, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while len(view):
+        n = sink.write(view)
+        if n is None:
+            return
+        view = view[n:]
+
+
+class _Pickle:
+    """A tiny protocol-2 pickle emitter with a memo for repeated globals and strings."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._memo: dict[tuple[str, str], int] = {}
+        self._next = 0
+
+    def raw(self, b: bytes) -> None:
+        self._parts.append(b)
+
+    def put(self) -> int:
+        idx = self._next
+        self._next += 1
+        self._parts.append(b"q" + bytes([idx]) if idx < 256 else b"r" + struct.pack("<I", idx))
+        return idx
+
+    def _get(self, idx: int) -> None:
+        self._parts.append(b"h" + bytes([idx]) if idx < 256 else b"j" + struct.pack("<I", idx))
+
+    def global_(self, module: str, name: str) -> None:
+        key = ("g", f"{module}\n{name}")
+        if key in self._memo:
+            self._get(self._memo[key])
+            return
+        self.raw(b"c" + f"{module}\n{name}\n".encode())
+        self._memo[key] = self.put()
+
+    def unicode(self, s: str) -> None:
+        key = ("s", s)
+        if key in self._memo:
+            self._get(self._memo[key])
+            return
+        b = s.encode("utf-8")
+        self.raw(b"X" + struct.pack("<I", len(b)) + b)
+        if s in ("storage", "cpu"):
+            self._memo[key] = self.put()
+
+    def int(self, v: int) -> None:
+        if 0 <= v < 256:
+            self.raw(b"K" + bytes([v]))
+        elif 0 <= v < 65536:
+            self.raw(b"M" + struct.pack("<H", v))
+        elif -(2**31) <= v < 2**31:
+            self.raw(b"J" + struct.pack("<i", v))
+        else:
+            n = (v.bit_length() + 8) // 8
+            self.raw(b"\x8a" + bytes([n]) + v.to_bytes(n, "little", signed=True))
+
+    def tuple(self, values: tuple[int, ...]) -> None:
+        if not values:
+            self.raw(b")")
+            return
+        if len(values) <= 3:
+            for v in values:
+                self.int(v)
+            self.raw(bytes([0x84 + len(values)]))
+            return
+        self.raw(b"(")
+        for v in values:
+            self.int(v)
+        self.raw(b"t")
+
+    def getvalue(self) -> bytes:
+        return b"".join(self._parts)

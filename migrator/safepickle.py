@@ -1,0 +1,1338 @@
+"""A restricted pickle interpreter: reads the data torch checkpoints hold and never runs code.
+
+Python's `pickle` imports every global a file names and calls whatever the file asks it to; even
+torch's `weights_only` mode imports torch. This module interprets the opcodes itself (protocols
+0-5) and resolves globals against an allow-list into inert placeholder objects, so the worst a
+hostile file can do is make the load fail with a typed error:
+
+* allow-listed globals (tensor rebuild functions, storage classes, dtypes, `OrderedDict`, a few
+  builtins and numpy scalar types) are replaced by handlers written here that only build data;
+* any other global becomes an `Opaque` placeholder: harmless as data, refused with
+  `UnsafePickleError` the moment something tries to call or instantiate it;
+* every size is bounded before anything is allocated (see `Limits`).
+
+Tensors are returned as `TensorRef` descriptions; the container format (zip, legacy, tar) turns
+the persistent ids into `StorageRef`s through the `persistent_load` callback.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import FormatError, LimitExceededError, UnsafePickleError
+
+__all__ = [
+    "ELEMENT_SIZES",
+    "Builtin",
+    "Device",
+    "Limits",
+    "NumpyArray",
+    "NumpyDtype",
+    "ODict",
+    "Opaque",
+    "StorageRef",
+    "StorageType",
+    "TensorRef",
+    "TorchDtype",
+    "TorchType",
+    "Unpickler",
+    "UnsupportedTensor",
+    "WholeModelPickleError",
+    "load",
+    "storage_type_dtype",
+]
+
+
+class WholeModelPickleError(UnsafePickleError):
+    """The pickle is a whole `torch.save(model)`: it needs the model's classes, so we refuse it."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on what one pickle may make the interpreter hold.
+
+    A memo fetch is a shared reference here (never a copy), so interpreter memory grows at most
+    linearly with the input; the exponential "memo bomb" can only appear when a consumer walks
+    the result, which is why `pytorch.py` counts the nodes it visits (1M, like Burn).
+    """
+
+    max_memo: int = 5_000_000  # memo entries
+    max_stack: int = 5_000_000  # values on the stack (one MARK frame)
+    max_marks: int = 1_000  # MARK frames open at once
+    max_objects: int = 20_000_000  # values pushed in total
+    max_long_bytes: int = 4096  # LONG1/LONG4 payloads and text integer digits
+    max_key_depth: int = 32  # tuple nesting inside dict keys and set members
+    max_dims: int = 64  # tensor rank
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# --------------------------------------------------------------------------------------------
+# Placeholder objects (what allow-listed globals and their calls turn into)
+
+
+@dataclass(eq=False)
+class Opaque:
+    """A global migrator does not know (or a value built only as data from one); never called."""
+
+    name: str
+    state: Any = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        return f"Opaque({self.name!r})"
+
+
+@dataclass(frozen=True)
+class TorchDtype:
+    """`torch.float32` and friends (pickled as GLOBAL 'torch' 'float32')."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class StorageType:
+    """A storage class such as `torch.FloatStorage`; `dtype` is None for unknown classes."""
+
+    name: str
+    dtype: str | None
+
+
+@dataclass(frozen=True)
+class TorchType:
+    """A harmless torch class referenced as data (`torch.Tensor`, `torch.nn.Parameter`)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Device:
+    """`torch.device(...)`, kept as its string form."""
+
+    spec: str
+
+
+@dataclass(eq=False)
+class NumpyDtype:
+    """`numpy.dtype(code)`; BUILD fills in the byte order. `known` is False for other codes."""
+
+    code: str
+    byteorder: str = "="
+    known: bool = True
+
+
+@dataclass(eq=False)
+class NumpyArray:
+    """A pickled numpy array, recorded (shape, dtype) but not exposed as a tensor."""
+
+    shape: tuple[int, ...] = ()
+    dtype: NumpyDtype | None = None
+
+
+@dataclass(eq=False)
+class StorageRef:
+    """One storage a tensor reads from, as named by a persistent id.
+
+    `numel` counts elements of `dtype` (None when the id does not say); `view` is the legacy
+    storage-view triple (view key, element offset, element count) or None.
+    """
+
+    key: str
+    storage_type: str
+    dtype: str | None
+    numel: int | None
+    location: str
+    view: tuple[str, int, int] | None = None
+
+
+@dataclass(eq=False)
+class TensorRef:
+    """A tensor as the pickle describes it: a strided window on a storage."""
+
+    storage: StorageRef
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str | None = None  # from _rebuild_tensor_v3; else the storage's dtype
+    requires_grad: bool = False
+
+    @property
+    def dtype_name(self) -> str | None:
+        return self.dtype if self.dtype is not None else self.storage.dtype
+
+
+@dataclass(eq=False)
+class UnsupportedTensor:
+    """A tensor migrator recognises but cannot read (quantized, sparse, nested, meta, ...)."""
+
+    kind: str
+    dtype: str | None = None
+
+
+class ODict(dict):  # type: ignore[type-arg]
+    """An `OrderedDict` (a state_dict); `attrs` keeps BUILD state such as `_metadata`."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.attrs: dict[str, Any] = {}
+
+
+Handler = Callable[["Unpickler", tuple, dict], Any]  # type: ignore[type-arg]
+
+
+@dataclass(frozen=True, eq=False)
+class Builtin:
+    """An allow-listed global; `call` builds data from the arguments (None: not callable)."""
+
+    name: str
+    call: Handler | None = field(default=None, repr=False)
+
+
+# --------------------------------------------------------------------------------------------
+# dtypes and storage classes
+
+ELEMENT_SIZES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+}
+"""Bytes per element of every torch dtype a checkpoint may name (needed to walk legacy data)."""
+
+_DTYPE_ALIASES = {
+    "float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
+    "short": "int16", "cfloat": "complex64", "cdouble": "complex128", "chalf": "complex32",
+}
+
+_STORAGE_DTYPES = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+    "ComplexDoubleStorage": "complex128", "ComplexFloatStorage": "complex64",
+    "QInt8Storage": "qint8", "QUInt8Storage": "quint8", "QInt32Storage": "qint32",
+    "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
+    "UntypedStorage": "uint8",  # raw bytes; _rebuild_tensor_v3 names the real dtype
+    "TypedStorage": None,
+}
+
+
+def storage_type_dtype(name: str) -> str | None:
+    """The dtype of a storage class name (`FloatStorage` -> float32), None if unknown."""
+    return _STORAGE_DTYPES.get(name)
+
+
+# --------------------------------------------------------------------------------------------
+# The interpreter
+
+_MARK = object()  # pushed by no opcode; the metastack holds MARK frames instead
+
+
+class Unpickler:
+    """Interprets one pickle from `data[start:end]`; `pos` is left just past its STOP."""
+
+    def __init__(
+        self,
+        data: bytes | bytearray | memoryview,
+        *,
+        label: str | None = None,
+        start: int = 0,
+        end: int | None = None,
+        persistent_load: Callable[[Any], Any] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        what: str = "pickle",
+    ) -> None:
+        self.data = data if isinstance(data, bytes) else memoryview(data).cast("B")
+        self.label = label
+        self.pos = start
+        self.end = len(self.data) if end is None else min(end, len(self.data))
+        self.persistent_load = persistent_load
+        self.limits = limits
+        self.what = what
+        self.protocol: int | None = None
+        self.opaque: set[str] = set()
+        self.stack: list[Any] = []
+        self.metastack: list[list[Any]] = []
+        self.memo: dict[int, Any] = {}
+        self.objects = 0
+        self._op_pos = start
+        self._result: Any = None
+        self._done = False
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def error(self, message: str) -> FormatError:
+        return FormatError(f"{self.what}: {message} (at byte {self._op_pos})", file=self.label)
+
+    def limit(self, message: str) -> LimitExceededError:
+        return LimitExceededError(f"{self.what}: {message} (at byte {self._op_pos})", file=self.label)
+
+    def unsafe(self, message: str) -> UnsafePickleError:
+        return UnsafePickleError(f"{self.what}: {message}", file=self.label)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def read(self, n: int, what: str) -> bytes:
+        if n < 0 or n > self.end - self.pos:
+            raise self.error(f"{what} declares {n} bytes but only {self.end - self.pos} remain (truncated?)")
+        p = self.pos
+        self.pos = p + n
+        return bytes(self.data[p : p + n])
+
+    def readline(self, what: str) -> bytes:
+        """Bytes up to the next newline (excluded); the newline must exist before the end."""
+        p, end = self.pos, self.end
+        if isinstance(self.data, bytes):
+            i = self.data.find(b"\n", p, end)
+        else:
+            i, q = -1, p
+            while q < end:
+                chunk = bytes(self.data[q : min(q + 65536, end)])
+                j = chunk.find(b"\n")
+                if j >= 0:
+                    i = q + j
+                    break
+                q += len(chunk)
+        if i < 0:
+            raise self.error(f"{what}: line not terminated before the end of the input (truncated?)")
+        self.pos = i + 1
+        return bytes(self.data[p:i])
+
+    def _u(self, fmt: str, n: int, what: str) -> int:
+        return int(struct.unpack(fmt, self.read(n, what))[0])
+
+    # -- stack -------------------------------------------------------------------------------
+
+    def push(self, value: Any) -> None:
+        stack = self.stack
+        if len(stack) >= self.limits.max_stack:
+            raise self.limit(f"more than {self.limits.max_stack} values on the stack")
+        self.objects += 1
+        if self.objects > self.limits.max_objects:
+            raise self.limit(f"more than {self.limits.max_objects} values in one pickle")
+        stack.append(value)
+
+    def pop(self) -> Any:
+        if not self.stack:
+            raise self.error("stack underflow (or a value popped across a MARK)")
+        return self.stack.pop()
+
+    def top(self) -> Any:
+        if not self.stack:
+            raise self.error("stack underflow")
+        return self.stack[-1]
+
+    def pop_mark(self) -> list[Any]:
+        if not self.metastack:
+            raise self.error("MARK expected but none is open")
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    # -- driver ------------------------------------------------------------------------------
+
+    def load(self) -> Any:
+        """Run until STOP and return the pickled value."""
+        table = _DISPATCH
+        data = self.data
+        while True:
+            p = self.pos
+            if p >= self.end:
+                raise self.error("input ended before STOP (truncated pickle)")
+            self._op_pos = p
+            code = data[p]
+            self.pos = p + 1
+            fn = table.get(code)
+            if fn is None:
+                raise self.error(f"unknown opcode 0x{code:02x}")
+            fn(self)
+            if self._done:
+                return self._result
+
+    # -- globals and calls -------------------------------------------------------------------
+
+    def resolve_global(self, module: str, name: str) -> Any:
+        module = _MODULE_ALIASES.get(module, module)
+        if len(module) > 256 or len(name) > 256:
+            raise self.error("global name too long")
+        value = _resolve(module, name)
+        if value is None:
+            qual = f"{module}.{name}"
+            self.opaque.add(qual)
+            return Opaque(qual)
+        return value
+
+    def call(self, callee: Any, args: Any, kwargs: Any, how: str) -> Any:
+        """Apply an allow-listed handler, or refuse with a typed error naming the callee."""
+        if isinstance(callee, Opaque) and callee.name in _COPYREG_CONSTRUCTORS and args:
+            first = args[0] if isinstance(args, (tuple, list)) else None
+            if isinstance(first, (Opaque, TorchType)):
+                raise self.refuse(first.name, f"{how} via {callee.name}")
+        if isinstance(args, list):
+            args = tuple(args)
+        elif not isinstance(args, tuple):
+            raise self.error(f"{how}: arguments must be a tuple, got {_tname(args)}")
+        if kwargs is None:
+            kwargs = {}
+        elif not isinstance(kwargs, dict):
+            raise self.error(f"{how}: keyword arguments must be a dict, got {_tname(kwargs)}")
+        if isinstance(callee, Builtin):
+            if callee.call is None:
+                raise self.unsafe(f"{how} asks to call {callee.name}, which is data, not a constructor")
+            return callee.call(self, args, kwargs)
+        if isinstance(callee, Opaque):
+            raise self.refuse(callee.name, how)
+        if isinstance(callee, (TorchType, StorageType, TorchDtype)):
+            if isinstance(callee, TorchType) and callee.name in _TENSOR_WRAPPERS and args:
+                return _as_tensor(self, args[0], callee.name)
+            raise self.refuse(callee.name, how)
+        raise self.unsafe(f"{how} asks to call a {_tname(callee)}, which is not callable")
+
+    def refuse(self, name: str, how: str) -> UnsafePickleError:
+        module, _, short = name.rpartition(".")
+        top = module.split(".")[0]
+        if module.startswith("torch.nn.modules") or top == "__main__":
+            whole_model = True
+        elif top in _DANGEROUS_MODULES or top == "torch":
+            whole_model = False
+        else:  # a user's class: instantiated, or called by a class-like name
+            whole_model = how.split()[0] in ("NEWOBJ", "NEWOBJ_EX", "OBJ", "INST") or short[:1].isupper()
+        if whole_model:
+            return WholeModelPickleError(
+                f"{self.what} constructs an instance of '{name}' ({how}): this looks like a whole "
+                "model saved with torch.save(model). migrator never runs pickled code; load it in "
+                "Python and save `model.state_dict()` instead (torch.save(model.state_dict(), path))",
+                file=self.label,
+            )
+        return self.unsafe(
+            f"refusing to call '{name}' ({how}): migrator never runs code from a pickle; only "
+            "tensors, containers and plain values are read"
+        )
+
+    # -- helpers for handlers ------------------------------------------------------------------
+
+    def check_key(self, key: Any) -> Any:
+        """Dict keys and set members must be plainly hashable, without deep tuple nesting."""
+        todo = [(key, 0)]
+        while todo:
+            k, depth = todo.pop()
+            if depth > self.limits.max_key_depth:
+                raise self.limit(f"dict key / set member nested deeper than {self.limits.max_key_depth}")
+            if isinstance(k, (tuple, frozenset)):
+                todo.extend((x, depth + 1) for x in k)
+            elif isinstance(k, (list, dict, set, bytearray)):
+                raise self.error(f"unhashable {_tname(k)} used as a dict key or set member")
+        try:
+            hash(key)
+        except TypeError as e:
+            raise self.error(f"unhashable dict key or set member: {e}") from None
+        return key
+
+
+def _tname(v: Any) -> str:
+    if isinstance(v, Opaque):
+        return f"opaque object {v.name}"
+    return type(v).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Opcode handlers
+
+
+def _op(code: bytes) -> Callable[[Callable[[Unpickler], None]], Callable[[Unpickler], None]]:
+    def deco(fn: Callable[[Unpickler], None]) -> Callable[[Unpickler], None]:
+        _DISPATCH[code[0]] = fn
+        return fn
+
+    return deco
+
+
+_DISPATCH: dict[int, Callable[[Unpickler], None]] = {}
+
+
+@_op(b"\x80")
+def _proto(m: Unpickler) -> None:
+    v = m.read(1, "PROTO")[0]
+    if v > 5:
+        raise m.error(f"unsupported pickle protocol {v} (0-5 are known)")
+    if m.protocol is None:
+        m.protocol = v
+
+
+@_op(b"\x95")
+def _frame(m: Unpickler) -> None:
+    n = m._u("<Q", 8, "FRAME")
+    if n > m.end - m.pos:
+        raise m.error(f"FRAME declares {n} bytes but only {m.end - m.pos} remain (truncated?)")
+
+
+@_op(b".")
+def _stop(m: Unpickler) -> None:
+    m._result = m.pop()
+    m._done = True
+
+
+@_op(b"(")
+def _mark(m: Unpickler) -> None:
+    if len(m.metastack) >= m.limits.max_marks:
+        raise m.limit(f"more than {m.limits.max_marks} nested MARKs")
+    m.metastack.append(m.stack)
+    m.stack = []
+
+
+@_op(b"0")
+def _pop(m: Unpickler) -> None:
+    if m.stack:
+        m.stack.pop()
+    else:
+        m.pop_mark()
+
+
+@_op(b"1")
+def _pop_mark(m: Unpickler) -> None:
+    m.pop_mark()
+
+
+@_op(b"2")
+def _dup(m: Unpickler) -> None:
+    m.push(m.top())
+
+
+# -- constants and numbers
+
+
+@_op(b"N")
+def _none(m: Unpickler) -> None:
+    m.push(None)
+
+
+@_op(b"\x88")
+def _true(m: Unpickler) -> None:
+    m.push(True)
+
+
+@_op(b"\x89")
+def _false(m: Unpickler) -> None:
+    m.push(False)
+
+
+def _parse_int(m: Unpickler, text: bytes, what: str) -> int:
+    if len(text) > m.limits.max_long_bytes:
+        raise m.limit(f"{what} has {len(text)} digits (limit {m.limits.max_long_bytes})")
+    try:
+        return int(text.decode("ascii"), 0)
+    except (UnicodeDecodeError, ValueError):
+        raise m.error(f"{what}: invalid integer literal") from None
+
+
+@_op(b"I")
+def _int(m: Unpickler) -> None:
+    text = m.readline("INT")
+    if text == b"00":
+        m.push(False)
+    elif text == b"01":
+        m.push(True)
+    else:
+        m.push(_parse_int(m, text, "INT"))
+
+
+@_op(b"L")
+def _long(m: Unpickler) -> None:
+    text = m.readline("LONG")
+    if text.endswith(b"L"):
+        text = text[:-1]
+    m.push(_parse_int(m, text, "LONG"))
+
+
+@_op(b"J")
+def _binint(m: Unpickler) -> None:
+    m.push(m._u("<i", 4, "BININT"))
+
+
+@_op(b"K")
+def _binint1(m: Unpickler) -> None:
+    m.push(m.read(1, "BININT1")[0])
+
+
+@_op(b"M")
+def _binint2(m: Unpickler) -> None:
+    m.push(m._u("<H", 2, "BININT2"))
+
+
+@_op(b"\x8a")
+def _long1(m: Unpickler) -> None:
+    n = m.read(1, "LONG1")[0]
+    m.push(int.from_bytes(m.read(n, "LONG1"), "little", signed=True))
+
+
+@_op(b"\x8b")
+def _long4(m: Unpickler) -> None:
+    n = m._u("<i", 4, "LONG4")
+    if n < 0:
+        raise m.error("LONG4 with a negative length")
+    if n > m.limits.max_long_bytes:
+        raise m.limit(f"LONG4 of {n} bytes (limit {m.limits.max_long_bytes})")
+    m.push(int.from_bytes(m.read(n, "LONG4"), "little", signed=True))
+
+
+@_op(b"F")
+def _float(m: Unpickler) -> None:
+    text = m.readline("FLOAT")
+    if len(text) > 1024:
+        raise m.limit("FLOAT literal longer than 1024 characters")
+    try:
+        m.push(float(text.decode("ascii")))
+    except (UnicodeDecodeError, ValueError):
+        raise m.error("FLOAT: invalid literal") from None
+
+
+@_op(b"G")
+def _binfloat(m: Unpickler) -> None:
+    m.push(struct.unpack(">d", m.read(8, "BINFLOAT"))[0])
+
+
+# -- strings and bytes
+
+
+def _decode(m: Unpickler, raw: bytes, what: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+    try:
+        return raw.decode(encoding, errors)
+    except UnicodeDecodeError:
+        raise m.error(f"{what}: invalid {encoding} text") from None
+
+
+@_op(b"S")
+def _string(m: Unpickler) -> None:
+    import codecs
+
+    raw = m.readline("STRING")
+    if len(raw) >= 2 and raw[0] == raw[-1] and raw[:1] in (b"'", b'"'):
+        raw = raw[1:-1]
+    else:
+        raise m.error("STRING: the literal is not quoted")
+    try:
+        value = codecs.escape_decode(raw)[0]
+    except ValueError:
+        raise m.error("STRING: invalid escape") from None
+    m.push(_decode(m, value, "STRING"))  # torch.load decodes Python 2 strings as UTF-8
+
+
+@_op(b"T")
+def _binstring(m: Unpickler) -> None:
+    n = m._u("<i", 4, "BINSTRING")
+    m.push(_decode(m, m.read(n, "BINSTRING"), "BINSTRING"))
+
+
+@_op(b"U")
+def _short_binstring(m: Unpickler) -> None:
+    n = m.read(1, "SHORT_BINSTRING")[0]
+    m.push(_decode(m, m.read(n, "SHORT_BINSTRING"), "SHORT_BINSTRING"))
+
+
+@_op(b"V")
+def _unicode(m: Unpickler) -> None:
+    m.push(_decode(m, m.readline("UNICODE"), "UNICODE", "raw-unicode-escape"))
+
+
+@_op(b"X")
+def _binunicode(m: Unpickler) -> None:
+    n = m._u("<I", 4, "BINUNICODE")
+    m.push(_decode(m, m.read(n, "BINUNICODE"), "BINUNICODE", errors="surrogatepass"))
+
+
+@_op(b"\x8c")
+def _short_binunicode(m: Unpickler) -> None:
+    n = m.read(1, "SHORT_BINUNICODE")[0]
+    m.push(_decode(m, m.read(n, "SHORT_BINUNICODE"), "SHORT_BINUNICODE", errors="surrogatepass"))
+
+
+@_op(b"\x8d")
+def _binunicode8(m: Unpickler) -> None:
+    n = m._u("<Q", 8, "BINUNICODE8")
+    m.push(_decode(m, m.read(n, "BINUNICODE8"), "BINUNICODE8", errors="surrogatepass"))
+
+
+@_op(b"B")
+def _binbytes(m: Unpickler) -> None:
+    m.push(m.read(m._u("<I", 4, "BINBYTES"), "BINBYTES"))
+
+
+@_op(b"C")
+def _short_binbytes(m: Unpickler) -> None:
+    m.push(m.read(m.read(1, "SHORT_BINBYTES")[0], "SHORT_BINBYTES"))
+
+
+@_op(b"\x8e")
+def _binbytes8(m: Unpickler) -> None:
+    m.push(m.read(m._u("<Q", 8, "BINBYTES8"), "BINBYTES8"))
+
+
+@_op(b"\x96")
+def _bytearray8(m: Unpickler) -> None:
+    m.push(bytearray(m.read(m._u("<Q", 8, "BYTEARRAY8"), "BYTEARRAY8")))
+
+
+@_op(b"\x97")
+def _next_buffer(m: Unpickler) -> None:
+    raise m.error("NEXT_BUFFER: out-of-band buffers are not supported in checkpoint files")
+
+
+@_op(b"\x98")
+def _readonly_buffer(m: Unpickler) -> None:
+    raise m.error("READONLY_BUFFER: out-of-band buffers are not supported in checkpoint files")
+
+
+# -- containers
+
+
+@_op(b")")
+def _empty_tuple(m: Unpickler) -> None:
+    m.push(())
+
+
+@_op(b"t")
+def _tuple(m: Unpickler) -> None:
+    m.push(tuple(m.pop_mark()))
+
+
+@_op(b"\x85")
+def _tuple1(m: Unpickler) -> None:
+    a = m.pop()
+    m.push((a,))
+
+
+@_op(b"\x86")
+def _tuple2(m: Unpickler) -> None:
+    b = m.pop()
+    a = m.pop()
+    m.push((a, b))
+
+
+@_op(b"\x87")
+def _tuple3(m: Unpickler) -> None:
+    c = m.pop()
+    b = m.pop()
+    a = m.pop()
+    m.push((a, b, c))
+
+
+@_op(b"]")
+def _empty_list(m: Unpickler) -> None:
+    m.push([])
+
+
+@_op(b"l")
+def _list(m: Unpickler) -> None:
+    m.push(m.pop_mark())
+
+
+@_op(b"a")
+def _append(m: Unpickler) -> None:
+    v = m.pop()
+    target = m.top()
+    if not isinstance(target, list):
+        raise m.error(f"APPEND to a {_tname(target)}")
+    target.append(v)
+
+
+@_op(b"e")
+def _appends(m: Unpickler) -> None:
+    items = m.pop_mark()
+    target = m.top()
+    if not isinstance(target, list):
+        raise m.error(f"APPENDS to a {_tname(target)}")
+    target.extend(items)
+
+
+@_op(b"}")
+def _empty_dict(m: Unpickler) -> None:
+    m.push({})
+
+
+def _set_pairs(m: Unpickler, target: dict, items: list[Any], what: str) -> None:  # type: ignore[type-arg]
+    if len(items) % 2:
+        raise m.error(f"{what} with an odd number of items")
+    for i in range(0, len(items), 2):
+        target[m.check_key(items[i])] = items[i + 1]
+
+
+@_op(b"d")
+def _dict(m: Unpickler) -> None:
+    d: dict[Any, Any] = {}
+    _set_pairs(m, d, m.pop_mark(), "DICT")
+    m.push(d)
+
+
+@_op(b"s")
+def _setitem(m: Unpickler) -> None:
+    value = m.pop()
+    key = m.pop()
+    target = m.top()
+    if not isinstance(target, dict):
+        raise m.error(f"SETITEM on a {_tname(target)}")
+    target[m.check_key(key)] = value
+
+
+@_op(b"u")
+def _setitems(m: Unpickler) -> None:
+    items = m.pop_mark()
+    target = m.top()
+    if not isinstance(target, dict):
+        raise m.error(f"SETITEMS on a {_tname(target)}")
+    _set_pairs(m, target, items, "SETITEMS")
+
+
+@_op(b"\x8f")
+def _empty_set(m: Unpickler) -> None:
+    m.push(set())
+
+
+@_op(b"\x90")
+def _additems(m: Unpickler) -> None:
+    items = m.pop_mark()
+    target = m.top()
+    if not isinstance(target, set):
+        raise m.error(f"ADDITEMS on a {_tname(target)}")
+    for x in items:
+        target.add(m.check_key(x))
+
+
+@_op(b"\x91")
+def _frozenset(m: Unpickler) -> None:
+    m.push(frozenset(m.check_key(x) for x in m.pop_mark()))
+
+
+# -- memo
+
+
+def _memo_put(m: Unpickler, idx: int) -> None:
+    if idx < 0:
+        raise m.error("negative memo index")
+    if idx not in m.memo and len(m.memo) >= m.limits.max_memo:
+        raise m.limit(f"more than {m.limits.max_memo} memo entries")
+    m.memo[idx] = m.top()
+
+
+def _memo_get(m: Unpickler, idx: int) -> None:
+    try:
+        value = m.memo[idx]
+    except KeyError:
+        raise m.error(f"memo entry {idx} read before it was written") from None
+    m.push(value)
+
+
+@_op(b"p")
+def _put(m: Unpickler) -> None:
+    _memo_put(m, _parse_int(m, m.readline("PUT"), "PUT"))
+
+
+@_op(b"q")
+def _binput(m: Unpickler) -> None:
+    _memo_put(m, m.read(1, "BINPUT")[0])
+
+
+@_op(b"r")
+def _long_binput(m: Unpickler) -> None:
+    _memo_put(m, m._u("<I", 4, "LONG_BINPUT"))
+
+
+@_op(b"\x94")
+def _memoize(m: Unpickler) -> None:
+    _memo_put(m, len(m.memo))
+
+
+@_op(b"g")
+def _get(m: Unpickler) -> None:
+    _memo_get(m, _parse_int(m, m.readline("GET"), "GET"))
+
+
+@_op(b"h")
+def _binget(m: Unpickler) -> None:
+    _memo_get(m, m.read(1, "BINGET")[0])
+
+
+@_op(b"j")
+def _long_binget(m: Unpickler) -> None:
+    _memo_get(m, m._u("<I", 4, "LONG_BINGET"))
+
+
+# -- globals, calls, objects
+
+
+def _line_name(m: Unpickler, what: str) -> str:
+    return _decode(m, m.readline(what), what)
+
+
+@_op(b"c")
+def _global(m: Unpickler) -> None:
+    module = _line_name(m, "GLOBAL")
+    name = _line_name(m, "GLOBAL")
+    m.push(m.resolve_global(module, name))
+
+
+@_op(b"\x93")
+def _stack_global(m: Unpickler) -> None:
+    name = m.pop()
+    module = m.pop()
+    if not isinstance(module, str) or not isinstance(name, str):
+        raise m.error("STACK_GLOBAL needs two strings")
+    m.push(m.resolve_global(module, name))
+
+
+@_op(b"R")
+def _reduce(m: Unpickler) -> None:
+    args = m.pop()
+    callee = m.pop()
+    m.push(m.call(callee, args, None, "REDUCE"))
+
+
+@_op(b"\x81")
+def _newobj(m: Unpickler) -> None:
+    args = m.pop()
+    cls = m.pop()
+    m.push(m.call(cls, args, None, "NEWOBJ"))
+
+
+@_op(b"\x92")
+def _newobj_ex(m: Unpickler) -> None:
+    kwargs = m.pop()
+    args = m.pop()
+    cls = m.pop()
+    m.push(m.call(cls, args, kwargs, "NEWOBJ_EX"))
+
+
+@_op(b"i")
+def _inst(m: Unpickler) -> None:
+    module = _line_name(m, "INST")
+    name = _line_name(m, "INST")
+    args = tuple(m.pop_mark())
+    m.push(m.call(m.resolve_global(module, name), args, None, "INST"))
+
+
+@_op(b"o")
+def _obj(m: Unpickler) -> None:
+    items = m.pop_mark()
+    if not items:
+        raise m.error("OBJ without a class")
+    m.push(m.call(items[0], tuple(items[1:]), None, "OBJ"))
+
+
+@_op(b"b")
+def _build(m: Unpickler) -> None:
+    state = m.pop()
+    obj = m.top()
+    _apply_state(m, obj, state)
+
+
+@_op(b"P")
+def _persid(m: Unpickler) -> None:
+    pid = _decode(m, m.readline("PERSID"), "PERSID", "ascii")
+    m.push(_persistent(m, pid))
+
+
+@_op(b"Q")
+def _binpersid(m: Unpickler) -> None:
+    m.push(_persistent(m, m.pop()))
+
+
+def _persistent(m: Unpickler, pid: Any) -> Any:
+    if m.persistent_load is None:
+        raise m.error("a persistent id references tensor data, but this pickle has no data section "
+                      "(a plain pickle is not a PyTorch checkpoint)")
+    return m.persistent_load(pid)
+
+
+for _code in (b"\x82", b"\x83", b"\x84"):
+
+    @_op(_code)
+    def _ext(m: Unpickler) -> None:
+        raise m.unsafe("extension-registry opcodes (EXT1/EXT2/EXT4) name code by number; refused")
+
+
+def _apply_state(m: Unpickler, obj: Any, state: Any) -> None:
+    """BUILD: only our own placeholders take state; nothing's __setstate__ is ever called."""
+    if isinstance(obj, ODict):
+        slots = None
+        if isinstance(state, tuple) and len(state) == 2:
+            state, slots = state
+        for part in (state, slots):
+            if part is None:
+                continue
+            if not isinstance(part, dict):
+                raise m.error(f"BUILD on an OrderedDict with a {_tname(part)} state")
+            for k, v in part.items():
+                if not isinstance(k, str):
+                    raise m.error("BUILD state keys must be strings")
+                obj.attrs[k] = v
+    elif isinstance(obj, (TensorRef, UnsupportedTensor)):
+        return  # Tensor.__setstate__ state (requires_grad, hooks) carries no data
+    elif isinstance(obj, NumpyDtype):
+        if isinstance(state, tuple) and len(state) >= 2 and state[1] in ("<", ">", "|", "="):
+            obj.byteorder = state[1]
+        else:
+            raise m.error("BUILD on numpy.dtype with an unexpected state")
+    elif isinstance(obj, NumpyArray):
+        if isinstance(state, tuple) and len(state) == 5 and isinstance(state[1], tuple):
+            obj.shape = tuple(int(d) for d in state[1] if isinstance(d, int))
+            obj.dtype = state[2] if isinstance(state[2], NumpyDtype) else None
+        else:
+            raise m.error("BUILD on numpy.ndarray with an unexpected state")
+    elif isinstance(obj, Opaque):
+        obj.state = state  # kept as data only
+    elif isinstance(obj, (Builtin, TorchDtype, StorageType, TorchType)):
+        raise m.unsafe(f"BUILD would modify the global {getattr(obj, 'name', '?')}; refused")
+    elif state is not None:
+        raise m.error(f"BUILD on a {_tname(obj)}")
+
+
+# --------------------------------------------------------------------------------------------
+# The allow-list
+
+
+_MODULE_ALIASES = {
+    "__builtin__": "builtins",
+    "copy_reg": "copyreg",
+    "numpy._core.multiarray": "numpy.core.multiarray",
+    "numpy.core.numeric": "numpy.core.multiarray",
+    "numpy._core.numeric": "numpy.core.multiarray",
+}
+
+_DANGEROUS_MODULES = frozenset({
+    "os", "posix", "nt", "sys", "subprocess", "builtins", "shutil", "socket", "importlib", "runpy",
+    "pty", "ctypes", "pickle", "_pickle", "marshal", "code", "codecs", "_codecs", "io", "_io", "pathlib",
+    "multiprocessing", "threading", "signal", "webbrowser", "urllib", "http", "tempfile", "types",
+    "functools", "operator", "copyreg", "inspect", "pdb", "timeit", "platform", "asyncio", "glob",
+    "zipimport", "pkgutil", "site", "sysconfig", "distutils", "setuptools", "pip",
+})
+
+_COPYREG_CONSTRUCTORS = frozenset({"copyreg._reconstructor", "copyreg.__newobj__", "copyreg.__newobj_ex__"})
+
+_TENSOR_WRAPPERS = frozenset({"torch.nn.parameter.Parameter", "torch.autograd.variable.Variable",
+                              "torch.nn.parameter.Buffer"})
+
+
+def _as_tensor(m: Unpickler, value: Any, what: str) -> TensorRef | UnsupportedTensor:
+    if isinstance(value, (TensorRef, UnsupportedTensor)):
+        return value
+    raise m.error(f"{what} expects a tensor, got {_tname(value)}")
+
+
+def _int_arg(m: Unpickler, v: Any, what: str, *, lo: int = 0) -> int:
+    if type(v) is not int or v < lo:
+        raise m.error(f"{what} must be an integer >= {lo}, got {_tname(v)}")
+    return v
+
+
+def _shape_arg(m: Unpickler, v: Any, what: str, *, lo: int = 0) -> tuple[int, ...]:
+    if not isinstance(v, (tuple, list)):
+        raise m.error(f"{what} must be a tuple of integers, got {_tname(v)}")
+    if len(v) > m.limits.max_dims:
+        raise m.limit(f"{what} has {len(v)} dimensions (limit {m.limits.max_dims})")
+    return tuple(_int_arg(m, d, what, lo=lo) for d in v)
+
+
+def _tensor(m: Unpickler, fn: str, storage: Any, offset: Any, size: Any, stride: Any,
+            dtype: Any = None) -> TensorRef:
+    if not isinstance(storage, StorageRef):
+        raise m.error(f"{fn}: the storage argument must come from a storage persistent id, "
+                      f"got {_tname(storage)}")
+    shape = _shape_arg(m, size, f"{fn} size")
+    strides = _shape_arg(m, stride, f"{fn} stride")
+    if len(strides) != len(shape):
+        raise m.error(f"{fn}: {len(shape)} sizes but {len(strides)} strides")
+    dname = None
+    if dtype is not None:
+        if not isinstance(dtype, TorchDtype):
+            raise m.error(f"{fn}: dtype must be a torch dtype, got {_tname(dtype)}")
+        dname = dtype.name
+    return TensorRef(storage, _int_arg(m, offset, f"{fn} storage_offset"), shape, strides, dname)
+
+
+def _h_rebuild_tensor(m: Unpickler, a: tuple, kw: dict) -> TensorRef:  # type: ignore[type-arg]
+    if len(a) != 4 or kw:
+        raise m.error("_rebuild_tensor expects (storage, offset, size, stride)")
+    return _tensor(m, "_rebuild_tensor", *a)
+
+
+def _h_rebuild_tensor_v2(m: Unpickler, a: tuple, kw: dict) -> TensorRef:  # type: ignore[type-arg]
+    if not 6 <= len(a) <= 7 or kw:
+        raise m.error("_rebuild_tensor_v2 expects 6 or 7 arguments")
+    t = _tensor(m, "_rebuild_tensor_v2", *a[:4])
+    t.requires_grad = a[4] is True
+    return t
+
+
+def _h_rebuild_tensor_v3(m: Unpickler, a: tuple, kw: dict) -> TensorRef:  # type: ignore[type-arg]
+    if not 7 <= len(a) <= 8 or kw:
+        raise m.error("_rebuild_tensor_v3 expects 7 or 8 arguments")
+    t = _tensor(m, "_rebuild_tensor_v3", *a[:4], dtype=a[6])
+    t.requires_grad = a[4] is True
+    return t
+
+
+def _h_rebuild_parameter(m: Unpickler, a: tuple, kw: dict) -> Any:  # type: ignore[type-arg]
+    if not 1 <= len(a) <= 4 or kw:
+        raise m.error("_rebuild_parameter expects (data, requires_grad, hooks[, state])")
+    return _as_tensor(m, a[0], "_rebuild_parameter")
+
+
+def _h_rebuild_from_type(m: Unpickler, a: tuple, kw: dict) -> Any:  # type: ignore[type-arg]
+    if len(a) != 4 or kw:
+        raise m.error("_rebuild_from_type(_v2) expects (func, type, args, state)")
+    func, new_type, args, _state = a
+    if not isinstance(new_type, (TorchType, Opaque)):
+        raise m.error(f"_rebuild_from_type: the type must be a class, got {_tname(new_type)}")
+    result = m.call(func, args, None, "_rebuild_from_type")
+    return _as_tensor(m, result, "_rebuild_from_type")
+
+
+def _unsupported(kind: str) -> Handler:
+    def handler(m: Unpickler, a: tuple, kw: dict) -> UnsupportedTensor:  # type: ignore[type-arg]
+        dtype = None
+        if a and isinstance(a[0], StorageRef):
+            dtype = a[0].dtype
+        return UnsupportedTensor(kind, dtype)
+
+    return handler
+
+
+def _h_ordered_dict(m: Unpickler, a: tuple, kw: dict) -> ODict:  # type: ignore[type-arg]
+    d = ODict()
+    if kw or len(a) > 1:
+        raise m.error("OrderedDict expects at most one argument")
+    if a:
+        _fill_pairs(m, d, a[0], "OrderedDict")
+    return d
+
+
+def _h_defaultdict(m: Unpickler, a: tuple, kw: dict) -> ODict:  # type: ignore[type-arg]
+    if kw or len(a) > 2:
+        raise m.error("defaultdict expects (factory[, items])")
+    d = ODict()  # the factory is never called: only stored items matter
+    if len(a) == 2:
+        _fill_pairs(m, d, a[1], "defaultdict")
+    return d
+
+
+def _fill_pairs(m: Unpickler, d: dict, src: Any, what: str) -> None:  # type: ignore[type-arg]
+    if isinstance(src, dict):
+        for k, v in src.items():
+            d[k] = v
+        return
+    if not isinstance(src, (list, tuple)):
+        raise m.error(f"{what} expects a list of pairs, got {_tname(src)}")
+    for pair in src:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise m.error(f"{what} expects (key, value) pairs")
+        d[m.check_key(pair[0])] = pair[1]
+
+
+def _sequence_arg(m: Unpickler, a: tuple, kw: dict, what: str) -> list[Any]:  # type: ignore[type-arg]
+    if kw or len(a) > 1:
+        raise m.error(f"{what} expects at most one argument")
+    if not a:
+        return []
+    src = a[0]
+    if isinstance(src, (list, tuple, set, frozenset)):
+        return list(src)
+    if isinstance(src, dict):
+        return list(src.keys())
+    raise m.error(f"{what} of a {_tname(src)} is not supported")
+
+
+def _h_set(m: Unpickler, a: tuple, kw: dict) -> set:  # type: ignore[type-arg]
+    return {m.check_key(x) for x in _sequence_arg(m, a, kw, "set")}
+
+
+def _h_frozenset(m: Unpickler, a: tuple, kw: dict) -> frozenset:  # type: ignore[type-arg]
+    return frozenset(m.check_key(x) for x in _sequence_arg(m, a, kw, "frozenset"))
+
+
+def _h_list(m: Unpickler, a: tuple, kw: dict) -> list:  # type: ignore[type-arg]
+    return _sequence_arg(m, a, kw, "list")
+
+
+def _h_tuple(m: Unpickler, a: tuple, kw: dict) -> tuple:  # type: ignore[type-arg]
+    return tuple(_sequence_arg(m, a, kw, "tuple"))
+
+
+def _h_dict(m: Unpickler, a: tuple, kw: dict) -> dict:  # type: ignore[type-arg]
+    d: dict[Any, Any] = {}
+    if len(a) > 1:
+        raise m.error("dict expects at most one argument")
+    if a:
+        _fill_pairs(m, d, a[0], "dict")
+    for k, v in kw.items():
+        d[k] = v
+    return d
+
+
+_TEXT_ENCODINGS = {"latin1": "latin-1", "latin-1": "latin-1", "utf-8": "utf-8", "utf8": "utf-8",
+                   "ascii": "ascii"}
+
+
+def _bytes_from(m: Unpickler, a: tuple, kw: dict, what: str) -> bytes:  # type: ignore[type-arg]
+    if kw:
+        raise m.error(f"{what} takes no keyword arguments here")
+    if not a:
+        return b""
+    if len(a) == 1 and isinstance(a[0], (bytes, bytearray)):
+        return bytes(a[0])
+    if len(a) == 2 and isinstance(a[0], str) and isinstance(a[1], str) and a[1].lower() in _TEXT_ENCODINGS:
+        try:
+            return a[0].encode(_TEXT_ENCODINGS[a[1].lower()])
+        except UnicodeEncodeError:
+            raise m.error(f"{what}: text does not fit encoding {a[1]}") from None
+    raise m.error(f"{what} accepts only bytes or (text, encoding) here")  # never bytes(n): no allocation bombs
+
+
+def _h_codecs_encode(m: Unpickler, a: tuple, kw: dict) -> bytes:  # type: ignore[type-arg]
+    if len(a) == 1 and isinstance(a[0], str):
+        a = (a[0], "utf-8")
+    return _bytes_from(m, a, kw, "_codecs.encode")
+
+
+def _h_bytes(m: Unpickler, a: tuple, kw: dict) -> bytes:  # type: ignore[type-arg]
+    return _bytes_from(m, a, kw, "bytes")
+
+
+def _h_bytearray(m: Unpickler, a: tuple, kw: dict) -> bytearray:  # type: ignore[type-arg]
+    return bytearray(_bytes_from(m, a, kw, "bytearray"))
+
+
+def _h_complex(m: Unpickler, a: tuple, kw: dict) -> complex:  # type: ignore[type-arg]
+    if kw or not 1 <= len(a) <= 2 or not all(type(x) in (int, float) for x in a):
+        raise m.error("complex expects one or two numbers")
+    return complex(*a)
+
+
+def _h_slice(m: Unpickler, a: tuple, kw: dict) -> slice:  # type: ignore[type-arg]
+    if kw or not 1 <= len(a) <= 3 or not all(x is None or type(x) is int for x in a):
+        raise m.error("slice expects up to three integers or None")
+    return slice(*a)
+
+
+def _h_size(m: Unpickler, a: tuple, kw: dict) -> tuple[int, ...]:  # type: ignore[type-arg]
+    if kw or len(a) > 1:
+        raise m.error("torch.Size expects one sequence")
+    return _shape_arg(m, a[0] if a else (), "torch.Size")
+
+
+def _h_device(m: Unpickler, a: tuple, kw: dict) -> Device:  # type: ignore[type-arg]
+    if kw or not 1 <= len(a) <= 2 or not isinstance(a[0], str) or (len(a) == 2 and type(a[1]) is not int):
+        raise m.error("torch.device expects (type[, index])")
+    return Device(a[0] if len(a) == 1 else f"{a[0]}:{a[1]}")
+
+
+_NUMPY_CODES = frozenset({"b1", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8"})
+
+
+def _h_numpy_dtype(m: Unpickler, a: tuple, kw: dict) -> NumpyDtype:  # type: ignore[type-arg]
+    if kw or not 1 <= len(a) <= 3 or not isinstance(a[0], str) or len(a[0]) > 64:
+        raise m.error("numpy.dtype expects (code, align, copy)")
+    return NumpyDtype(a[0], known=a[0] in _NUMPY_CODES)
+
+
+def _h_numpy_scalar(m: Unpickler, a: tuple, kw: dict) -> Any:  # type: ignore[type-arg]
+    """numpy.core.multiarray.scalar(dtype, raw): decoded from the raw bytes, numpy's pickle code unused."""
+    if kw or len(a) != 2 or not isinstance(a[0], NumpyDtype):
+        raise m.error("numpy scalar expects (dtype, bytes)")
+    dt, raw = a
+    if not dt.known or not isinstance(raw, (bytes, bytearray)):
+        return Opaque(f"numpy scalar of dtype {dt.code}")
+    order = "<" if dt.byteorder in ("|", "=") else dt.byteorder
+    npdt = np.dtype(order + dt.code)
+    if len(raw) != npdt.itemsize:
+        raise m.error(f"numpy scalar of dtype {dt.code} with {len(raw)} bytes")
+    return np.frombuffer(raw, dtype=npdt)[0].item()
+
+
+def _h_numpy_reconstruct(m: Unpickler, a: tuple, kw: dict) -> NumpyArray:  # type: ignore[type-arg]
+    if kw or len(a) != 3 or not isinstance(a[0], TorchType) or a[0].name != "numpy.ndarray":
+        raise m.error("numpy _reconstruct expects (numpy.ndarray, shape, typecode)")
+    return NumpyArray()
+
+
+def _builtin(name: str, fn: Handler | None) -> Builtin:
+    return Builtin(name, fn)
+
+
+def _make_table() -> dict[tuple[str, str], Any]:
+    t: dict[tuple[str, str], Any] = {}
+    u = "torch._utils"
+    for fname, fn in (("_rebuild_tensor", _h_rebuild_tensor), ("_rebuild_tensor_v2", _h_rebuild_tensor_v2),
+                      ("_rebuild_tensor_v3", _h_rebuild_tensor_v3),
+                      ("_rebuild_parameter", _h_rebuild_parameter),
+                      ("_rebuild_parameter_with_state", _h_rebuild_parameter)):
+        t[(u, fname)] = _builtin(f"{u}.{fname}", fn)
+    for kind, fname in (("quantized", "_rebuild_qtensor"), ("sparse", "_rebuild_sparse_tensor"),
+                        ("sparse CSR", "_rebuild_sparse_csr_tensor"), ("nested", "_rebuild_nested_tensor"),
+                        ("meta (no data)", "_rebuild_meta_tensor_no_storage"),
+                        ("wrapper subclass", "_rebuild_wrapper_subclass"),
+                        ("numpy-backed device", "_rebuild_device_tensor_from_numpy"),
+                        ("device", "_rebuild_device_tensor_from_cpu_tensor"),
+                        ("XLA", "_rebuild_xla_tensor"), ("MKL-DNN", "_rebuild_mkldnn_tensor")):
+        t[(u, fname)] = _builtin(f"{u}.{fname}", _unsupported(kind))
+    for mod in ("torch._tensor", "torch.tensor"):
+        t[(mod, "_rebuild_from_type_v2")] = _builtin(f"{mod}._rebuild_from_type_v2", _h_rebuild_from_type)
+        t[(mod, "_rebuild_from_type")] = _builtin(f"{mod}._rebuild_from_type", _h_rebuild_from_type)
+    for mod in ("torch", "torch.cuda", "torch.storage"):
+        for sname, dt in _STORAGE_DTYPES.items():
+            t[(mod, sname)] = StorageType(sname, dt)
+    for dname in ELEMENT_SIZES:
+        t[("torch", dname)] = TorchDtype(dname)
+    for alias, dname in _DTYPE_ALIASES.items():
+        t[("torch", alias)] = TorchDtype(dname)
+    t[("torch", "Size")] = _builtin("torch.Size", _h_size)
+    t[("torch", "device")] = _builtin("torch.device", _h_device)
+    for name in ("torch.Tensor", "torch.nn.parameter.Parameter", "torch.nn.parameter.Buffer",
+                 "torch.autograd.variable.Variable", "numpy.ndarray"):
+        mod, _, short = name.rpartition(".")
+        t[(mod, short)] = TorchType(name)
+    t[("torch.nn", "Parameter")] = TorchType("torch.nn.parameter.Parameter")
+    for prefix in ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool"):
+        for mod in ("torch", "torch.cuda"):  # legacy tar files name the tensor class
+            t[(mod, f"{prefix}Tensor")] = TorchType(f"{mod}.{prefix}Tensor")
+    t[("collections", "OrderedDict")] = _builtin("collections.OrderedDict", _h_ordered_dict)
+    t[("collections", "defaultdict")] = _builtin("collections.defaultdict", _h_defaultdict)
+    t[("builtins", "set")] = _builtin("builtins.set", _h_set)
+    t[("builtins", "frozenset")] = _builtin("builtins.frozenset", _h_frozenset)
+    t[("builtins", "list")] = _builtin("builtins.list", _h_list)
+    t[("builtins", "tuple")] = _builtin("builtins.tuple", _h_tuple)
+    t[("builtins", "dict")] = _builtin("builtins.dict", _h_dict)
+    t[("builtins", "bytes")] = _builtin("builtins.bytes", _h_bytes)
+    t[("builtins", "bytearray")] = _builtin("builtins.bytearray", _h_bytearray)
+    t[("builtins", "complex")] = _builtin("builtins.complex", _h_complex)
+    t[("builtins", "slice")] = _builtin("builtins.slice", _h_slice)
+    t[("_codecs", "encode")] = _builtin("_codecs.encode", _h_codecs_encode)
+    t[("numpy", "dtype")] = _builtin("numpy.dtype", _h_numpy_dtype)
+    t[("numpy.core.multiarray", "scalar")] = _builtin("numpy.core.multiarray.scalar", _h_numpy_scalar)
+    t[("numpy.core.multiarray", "_reconstruct")] = _builtin("numpy.core.multiarray._reconstruct",
+                                                            _h_numpy_reconstruct)
+    return t
+
+
+_TABLE = _make_table()
+
+
+def _resolve(module: str, name: str) -> Any:
+    return _TABLE.get((module, name))
+
+
+def load(
+    data: bytes | bytearray | memoryview,
+    *,
+    label: str | None = None,
+    persistent_load: Callable[[Any], Any] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> Any:
+    """Interpret one whole pickle held in memory."""
+    return Unpickler(data, label=label, persistent_load=persistent_load, limits=limits).load()
