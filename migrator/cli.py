@@ -34,11 +34,37 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--overwrite", action="store_true", help="replace an existing target")
     conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
     conv.add_argument("--to", dest="target_format", default="auto", help="target format (default: extension)")
-    conv.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path)")
+    conv.add_argument("--top-level-key", help="the nested dict (PyTorch) or name prefix holding the tensors")
+    conv.add_argument("--remap", action="append", default=[], metavar="REGEX=REPL", help="rename (repeatable, ordered)")
+    conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
+    conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
+    conv.add_argument("--adapter", action="append", default=[], metavar="NAME",
+                      help="pytorch_to_burn | burn_to_pytorch | half_precision (repeatable, chained in order)")
+    conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (e.g. F16, BF16)")
+    conv.add_argument("--contiguous-indices", action="store_true", help="renumber index segments 0,1,2,...")
     conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                       help="add a metadata entry (repeatable)")
-    conv.add_argument("--no-metadata", action="store_true", help="write no metadata at all")
+    conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
+    conv.add_argument("--emit-recipe", action="store_true", help="print the equivalent recipe as YAML; write nothing")
     conv.add_argument("--json", action="store_true", help="print the result as JSON")
+    conv.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    run = sub.add_parser("run", help="run a recipe: plan, stream, write atomically, report")
+    run.add_argument("recipe")
+    run.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing target")
+    run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
+    run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    plan = sub.add_parser("plan", help="show what a recipe would do (names, ops, dtypes, shapes); write nothing")
+    plan.add_argument("recipe")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    val = sub.add_parser("validate", help="validate recipes and check their sources parse (headers only)")
+    val.add_argument("recipes", nargs="+")
+
+    sub.add_parser("schema", help="print the recipe JSON Schema")
     return p
 
 
@@ -55,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inspect(args)
         if args.command == "convert":
             return _convert(args, parser)
+        if args.command in ("run", "plan", "validate", "schema"):
+            from . import recipe_cli
+
+            return int(getattr(recipe_cli, args.command)(args))
     except MigratorError as e:
         print(f"migrate: error: {e}", file=sys.stderr)
         return EXIT_MIGRATION
@@ -126,7 +156,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
 
 
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .convert import convert
+    from .convert import build_recipe, convert, emit_recipe
 
     extra: dict[str, str] = {}
     for item in args.metadata:
@@ -134,17 +164,29 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if not sep or not key:
             parser.error(f"--metadata expects KEY=VALUE, got {item!r}")
         extra[key] = value
-    result = convert(args.src, args.dst, source_format=args.source_format, target_format_name=args.target_format,
-                     overwrite=args.overwrite, metadata=extra, clear_metadata=args.no_metadata,
-                     reader_options=_reader_options(args))
+    for item in args.remap:
+        if "=" not in item or item.startswith("="):
+            parser.error(f"--remap expects REGEX=REPLACEMENT, got {item!r}")
+    options = dict(source_format=args.source_format, target_format_name=args.target_format,
+                   top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
+                   adapters=args.adapter, dtype=args.dtype, contiguous_indices=args.contiguous_indices,
+                   overwrite=args.overwrite, metadata=extra, clear_metadata=args.no_metadata)
+    try:
+        if args.emit_recipe:
+            sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))
+            return EXIT_OK
+        result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options)
+    except ValueError as e:  # pydantic's ValidationError: an option the recipe model refuses
+        print(f"migrate convert: invalid option: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         json.dump(result.__dict__, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(f"wrote {result.target} ({result.target_format}): {result.tensors} tensors, "
               f"{_human(result.nbytes)} from {result.source} ({result.source_format})")
-        for d in result.dropped:
-            print(f"  note: {d} has no place in {result.target_format} and was not written")
+        for note in result.notes:
+            print(f"  note: {note}")
     return EXIT_OK
 
 

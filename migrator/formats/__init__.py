@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, BinaryIO
 
 from ..atomic import atomic_output
 from ..bytesource import ByteSource, open_source
@@ -77,13 +78,21 @@ def save(
     scalars: Mapping[str, Scalar] | None = None,
     overwrite: bool = False,
     protect: Iterable[str | os.PathLike[str]] = (),
+    progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
 ) -> str:
-    """Write `tensors` to `path` atomically; returns the path written."""
+    """Write `tensors` to `path` atomically; returns the path written.
+
+    `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
+    """
     fmt = target_format(path, format)
     writer = writer_class(fmt)(tensors, metadata=metadata, scalars=scalars)
     out = writer.resolve_path(path)
     with atomic_output(out, overwrite=overwrite, protect=protect, expected_size=writer.total_size) as sink:
-        writer.write_to(sink)
+        if progress is None:
+            writer.write_to(sink)
+        else:
+            with progress(sink, writer.total_size):
+                writer.write_to(sink)
     return out
 
 

@@ -1,0 +1,65 @@
+"""Run a plan: stream every tensor into the target writer, atomically, with progress on a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from .errors import MigratorError
+from .formats import save
+from .plan import Plan
+
+
+class MigrationError(MigratorError):
+    """The plan has errors (missing tensors, shape mismatches, adapter failures): nothing was written."""
+
+
+@dataclass
+class RunResult:
+    target: str
+    tensors: int
+    nbytes: int
+
+
+def run_plan(plan: Plan, *, progress: bool | None = None) -> RunResult:
+    """Write the plan's output; refuses (writing nothing) when the plan has fatal problems."""
+    if plan.fatal:
+        raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
+    tensors = [e.tensor for e in plan.entries]
+    protect = [plan.source_path] + ([plan.template_path] if plan.template_path else [])
+    show = sys.stderr.isatty() if progress is None else progress
+    written = save(tensors, plan.target_path, format=plan.target_format, metadata=plan.metadata,
+                   scalars=plan.scalars, overwrite=plan.overwrite, protect=protect,
+                   progress=_progress_bar if show else None)
+    return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
+
+
+@contextlib.contextmanager
+def _progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
+    """Poll the output's file offset from a thread: works for in-kernel copies too, costs nothing."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    fd = sink.fileno()
+    stop = threading.Event()
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), transient=True, console=None) as bar:
+        task = bar.add_task("writing", total=total)
+
+        def poll() -> None:
+            while not stop.wait(0.1):
+                with contextlib.suppress(OSError):
+                    bar.update(task, completed=os.lseek(fd, 0, os.SEEK_CUR))
+
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            bar.update(task, completed=total)

@@ -1,0 +1,386 @@
+"""Compile a recipe into a lazy plan: per source tensor, name after remaps -> contiguous indices ->
+filter -> adapters -> template slot -> dtype policy. No tensor byte is read here.
+
+The plan also holds the report a run would give (applied, skipped, missing, unused, errors), so
+`migrate plan` can show it and `migrate run` can refuse to write anything when it has errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import dtypes
+from .dtypes import DType
+from .errors import MigratorError, PlanError
+from .formats import Reader, open_file, writer_class
+from .formats.detect import target_format
+from .metadata import (
+    RECIPE_HASH_KEY,
+    SOURCE_HASH_KEY,
+    TEMPLATE_HASH_KEY,
+    output_metadata,
+    sha256_file,
+)
+from .naming import KeyRemapper, NamingError, find_collisions, map_indices_contiguous, strip_enum_variant
+from .recipe import CastPolicy, Criterion, Recipe
+from .report import ApplyReport, ReportError
+from .scalars import Scalar
+from .tensor import LazyTensor
+
+if TYPE_CHECKING:
+    from .modules import ModuleType
+
+
+@dataclass
+class PlanEntry:
+    """One tensor of the output and how it is made."""
+
+    target: str
+    source: str | None  # name in the source file; None when a template value is kept
+    tensor: LazyTensor  # the final lazy tensor (target name, dtype, shape, param_id)
+    before: tuple[DType, tuple[int, ...]] | None
+    ops: list[str] = field(default_factory=list)
+    module: ModuleType | None = None
+    kept_from_template: bool = False
+
+
+@dataclass
+class Plan:
+    source_path: Path
+    source_format: str
+    target_path: Path
+    target_format: str
+    template_path: Path | None
+    entries: list[PlanEntry]
+    report: ApplyReport
+    metadata: dict[str, str]
+    scalars: dict[str, Scalar]
+    allow_partial: bool
+    validate: bool
+    overwrite: bool
+    notes: list[str] = field(default_factory=list)
+    fatal: list[str] = field(default_factory=list)  # problems that stop a run before writing
+    readers: list[Reader] = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.fatal
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def resolve_path(base_dir: Path, path: Path | str) -> Path:
+    p = Path(os.path.expanduser(str(path)))
+    return p if p.is_absolute() else base_dir / p
+
+
+def _reader_options(fmt: str, recipe: Recipe) -> dict[str, Any]:
+    if fmt == "pytorch" and recipe.source.top_level_key is not None:
+        return {"top_level_key": recipe.source.top_level_key}
+    return {}
+
+
+def _select_prefix(tensors: list[LazyTensor], key: str | list[str], label: str) -> list[LazyTensor]:
+    """`top_level_key` for flat formats: keep `key.*` and strip the prefix."""
+    prefix = (key if isinstance(key, str) else ".".join(key)) + "."
+    out = [t.renamed(t.name[len(prefix):]) for t in tensors if t.name.startswith(prefix)]
+    if not out:
+        roots = sorted({t.name.split(".", 1)[0] for t in tensors})
+        raise PlanError(f"top_level_key '{prefix[:-1]}' selects no tensor; top-level names: "
+                        f"{', '.join(roots[:20])}", file=label)
+    return out
+
+
+class _Matcher:
+    """A filter criterion list: regexes searched anywhere, exact paths, imported predicates."""
+
+    def __init__(self, criteria: Sequence[Criterion]) -> None:
+        from .naming import compile_regex
+
+        self.regexes = [compile_regex(c.regex) for c in criteria if c.regex is not None]
+        self.paths = {c.path for c in criteria if c.path is not None}
+        self.predicates = [_import_predicate(c.predicate) for c in criteria if c.predicate is not None]
+
+    def __call__(self, name: str) -> bool:
+        return (name in self.paths or any(r.search(name) for r in self.regexes)
+                or any(p(name) for p in self.predicates))
+
+
+def _import_predicate(spec: str) -> Callable[[str], bool]:
+    module, _, func = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as e:
+        raise PlanError(f"filter predicate '{spec}' cannot be imported: {e}") from None
+    if not callable(fn):
+        raise PlanError(f"filter predicate '{spec}' is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def _enum_free(name: str) -> str:
+    """The name with every enum-variant-looking segment removed (spec §4.3 without a live module)."""
+    while (stripped := strip_enum_variant(name)) is not None:
+        name = stripped
+    return name
+
+
+def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
+               overwrite: bool | None = None) -> Plan:
+    """Open the files (headers only) and compile the recipe; the returned plan owns the open readers."""
+    src_path = resolve_path(base_dir, recipe.source.path)
+    tgt_path = resolve_path(base_dir, recipe.target.path)
+    tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
+    out_fmt = target_format(tgt_path, recipe.target.format)
+    tgt_path = Path(writer_class(out_fmt).resolve_path(tgt_path))
+    fmt = recipe.source.format
+    reader = open_file(src_path, fmt, **_reader_options(fmt if fmt != "auto" else _sniff(src_path), recipe))
+    readers: list[Reader] = [reader]
+    try:
+        return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
+                        recipe_sha256=recipe_sha256, hash_sources=hash_sources,
+                        overwrite=recipe.target.overwrite if overwrite is None else overwrite)
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+
+
+def _sniff(path: Path) -> str:
+    from .bytesource import FileSource
+    from .formats.detect import detect
+
+    with FileSource(path) as s:
+        return detect(s, path)
+
+
+def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
+             readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool) -> Plan:
+    is_pytorch = reader.format == "pytorch"
+    tensors = list(reader.tensors)
+    if recipe.source.top_level_key is not None and not is_pytorch:
+        tensors = _select_prefix(tensors, recipe.source.top_level_key, reader.label)
+    names = [t.name for t in tensors]
+
+    # 1. names: remaps, then contiguous indices (defaults follow Burn's PyTorch store)
+    ops: dict[str, list[str]] = {n: [] for n in names}
+    remapper = KeyRemapper([(r.from_, r.to) for r in recipe.remap]) if recipe.remap else None
+    current = names
+    if remapper is not None:
+        try:
+            remapped = remapper.remap(current)
+        except NamingError as e:  # validated already; kept for safety
+            raise PlanError(f"remap: {e}") from None
+        for orig, (new, _) in zip(names, remapped, strict=True):
+            if new != orig:
+                ops[orig].append(f"remap {orig} -> {new}")
+        current = [new for new, _ in remapped]
+    contiguous = recipe.source.contiguous_indices
+    if contiguous is None:
+        contiguous = is_pytorch
+    if contiguous:
+        mapped = map_indices_contiguous(current)
+        for orig, before, (new, _) in zip(names, current, mapped, strict=True):
+            if new != before:
+                ops[orig].append(f"index {before} -> {new}")
+        current = [new for new, _ in mapped]
+    collisions = find_collisions(zip(current, names, strict=True))
+    if collisions:
+        lines = [f"'{new}' <- {', '.join(repr(o) for o in origs)}" for new, origs in sorted(collisions.items())]
+        raise PlanError("several source tensors map to the same name after remap/indices: " + "; ".join(lines),
+                        file=reader.label)
+    renamed = dict(zip(names, current, strict=True))
+
+    # 2. filter, on the renamed names
+    include = _Matcher(recipe.filter.include) if recipe.filter.include is not None else None
+    exclude = _Matcher(recipe.filter.exclude) if recipe.filter.exclude else None
+    kept: list[LazyTensor] = []
+    skipped: list[str] = []
+    for t in tensors:
+        new = renamed[t.name]
+        if (include is not None and not include(new)) or (exclude is not None and exclude(new)):
+            skipped.append(new)
+        else:
+            kept.append(t)
+
+    # 3. adapters, with module types resolved from declarations and the source's own names
+    errors: list[ReportError] = []
+    fatal: list[str] = []
+    adapted: list[tuple[LazyTensor, LazyTensor, list[str], Any]] = []  # (source, result, ops, module)
+    adapter = None
+    resolver = None
+    if recipe.adapters:
+        from .adapters import build_adapter
+        from .modules import ModuleResolver
+
+        adapter = build_adapter(recipe.adapters)
+        resolver = ModuleResolver(recipe.modules, [(renamed[t.name], t.shape) for t in tensors])
+    for t in kept:
+        new = renamed[t.name]
+        base = t.renamed(new)
+        if adapter is None or resolver is None:
+            adapted.append((t, base, list(ops[t.name]), None))
+            continue
+        try:
+            module = resolver.resolve(new)
+            result = adapter.adapt(base, module)
+        except MigratorError as e:
+            errors.append(ReportError.adapter_error(new, e.detail))
+            continue
+        adapted.append((t, result.tensor, [*ops[t.name], *result.ops], module))
+    by_name: dict[str, tuple[LazyTensor, LazyTensor, list[str], Any]] = {}
+    for item in adapted:
+        name = item[1].name
+        if name in by_name:
+            fatal.append(f"adapters map '{by_name[name][0].name}' and '{item[0].name}' onto the same name '{name}'")
+        by_name[name] = item
+
+    # 4. template slots, or the source order when there is no template
+    cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastPolicy) else None
+    entries: list[PlanEntry] = []
+    missing: list[tuple[str, str]] = []
+    unused: list[str] = []
+    applied: list[str] = []
+    if tpl_path is not None:
+        template = open_file(tpl_path, recipe.target.template_format)
+        readers.append(template)
+        skip_enum = recipe.source.skip_enum_variants
+        if skip_enum is None:
+            skip_enum = is_pytorch
+        enum_free = {_enum_free(n): n for n in by_name} if skip_enum else {}
+        used: set[str] = set()
+        for slot in template.tensors:
+            key = slot.name if slot.name in by_name else None
+            if key is None and skip_enum:
+                key = enum_free.get(_enum_free(slot.name)) or (slot.name if slot.name in by_name else None)
+            if key is None and adapter is not None:
+                key = _alternative(adapter, resolver, slot.name, by_name)
+            if key is None or key in used:
+                missing.append((slot.name, ""))
+                entries.append(PlanEntry(slot.name, None, slot, None, ["template value kept"], None, True))
+                continue
+            used.add(key)
+            src, result, t_ops, module = by_name[key]
+            entry = _fit_to_slot(slot, src, result, t_ops, module, recipe, cast_to, errors)
+            entries.append(entry)
+            if not entry.kept_from_template:
+                applied.append(slot.name)
+        unused = sorted(n for n in by_name if n not in used)
+        if missing and not recipe.allow_partial:
+            fatal.append(f"{len(missing)} template tensors have no source (set allow_partial to keep the template's "
+                         "values)")
+    else:
+        if recipe.dtype == "template":
+            fatal.append("dtype: template needs target.template")
+        for src, result, t_ops, module in adapted:
+            tensor, more = _apply_cast(result, cast_to)
+            entries.append(PlanEntry(result.name, src.name, tensor, (src.dtype, src.shape), [*t_ops, *more], module))
+            applied.append(result.name)
+
+    report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
+                         errors=errors)
+    for e in errors:
+        if e.kind != "shape_mismatch" or recipe.validate_shapes:
+            fatal.append(str(e))
+
+    # 5. metadata, scalars, and whether the target format can hold the result
+    meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
+                           clear=recipe.target.clear_metadata)
+    notes: list[str] = []
+    if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
+        if recipe_sha256:
+            meta[RECIPE_HASH_KEY] = recipe_sha256
+        if hash_sources:
+            meta[SOURCE_HASH_KEY] = sha256_file(src_path)
+            if tpl_path is not None:
+                meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
+    scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
+    plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars,
+                recipe.allow_partial, recipe.validate_shapes, overwrite, notes, fatal, readers)
+    if not fatal:
+        try:
+            writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
+        except MigratorError as e:
+            fatal.append(str(e))
+    return plan
+
+
+def _alternative(adapter: Any, resolver: Any, slot_name: str,
+                 by_name: dict[str, tuple[LazyTensor, LazyTensor, list[str], Any]]) -> str | None:
+    """Burn's alternative-name lookup: the template's `norm.gamma` may be the source's `norm.weight`."""
+    if resolver is None:
+        return None
+    module_path, _, param = slot_name.rpartition(".")
+    module = resolver.resolve(slot_name)
+    if module.name is None:
+        return None
+    alt = adapter.alternative_name(param, module)
+    if alt is None:
+        return None
+    key = f"{module_path}.{alt}" if module_path else alt
+    return key if key in by_name else None
+
+
+def _apply_cast(t: LazyTensor, to: DType | None) -> tuple[LazyTensor, list[str]]:
+    if to is None or not t.dtype.is_float or t.dtype == to:
+        return t, []
+    from .casts import cast
+
+    return cast(t, to), [f"cast {t.dtype.display} -> {to.display}"]
+
+
+def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: list[str], module: Any,
+                 recipe: Recipe, cast_to: DType | None, errors: list[ReportError]) -> PlanEntry:
+    """Put a source tensor into a template slot: shape check, dtype policy, param_id, name."""
+    if result.shape != slot.shape:
+        errors.append(ReportError.shape_mismatch(slot.name, slot.shape, result.shape))
+        return PlanEntry(slot.name, src.name, slot, (src.dtype, src.shape), [*ops, "shape mismatch: template value "
+                         "kept"], module, True)
+    tensor, more = _apply_cast(result, cast_to)
+    if recipe.dtype == "template" and tensor.dtype != slot.dtype:
+        if tensor.dtype.is_float and slot.dtype.is_float:
+            tensor, more = _apply_cast(tensor, slot.dtype)
+        else:
+            errors.append(ReportError.dtype_mismatch(slot.name, slot.dtype.display, tensor.dtype.display))
+            return PlanEntry(slot.name, src.name, slot, (src.dtype, src.shape), ops, module, True)
+    param_id = src.param_id if src.param_id is not None else slot.param_id
+    final = replace(tensor, name=slot.name, param_id=param_id)
+    return PlanEntry(slot.name, src.name, final, (src.dtype, src.shape), [*ops, *more], module)
+
+
+def _scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str], fatal: list[str]) -> dict[str, Scalar]:
+    spec = recipe.target.scalars
+    if spec == "none":
+        return {}
+    if spec == "keep":
+        if out_fmt != "burnpack":
+            if reader.scalars:
+                notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
+            return {}
+        return dict(reader.scalars)
+    if out_fmt != "burnpack":
+        fatal.append(f"target.scalars: {out_fmt} files cannot hold typed scalars (only burnpack can)")
+        return {}
+    out: dict[str, Scalar] = {}
+    for name, v in spec.items():
+        if v.int_ is not None:
+            out[name] = Scalar("Int", v.int_)
+        elif v.uint is not None:
+            out[name] = Scalar("UInt", v.uint)
+        elif v.float_ is not None:
+            out[name] = Scalar("Float", float(v.float_))
+        else:
+            out[name] = Scalar("Bool", bool(v.bool_))
+    return out

@@ -1,0 +1,159 @@
+"""`migrate run | plan | validate | schema`: recipes from the command line.
+
+Exit codes: 0 success, 1 migration errors (missing tensors, shape mismatches, unreadable files),
+2 invalid recipe or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import MigratorError
+from .plan import Plan, build_plan
+
+EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
+
+
+def _load(path: str) -> Any:
+    from .recipe_loader import load_recipe
+
+    return load_recipe(path)
+
+
+def _plan_for(loaded: Any, args: argparse.Namespace) -> Plan:
+    return build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+                      hash_sources=getattr(args, "hash_sources", False),
+                      overwrite=True if getattr(args, "overwrite", False) else None)
+
+
+def _recipe_error(e: Exception) -> int:
+    print(f"migrate: invalid recipe:\n{e}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _print_outcome(plan: Plan) -> None:
+    print(plan.report.display())
+    for note in plan.notes:
+        print(f"note: {note}")
+    for problem in plan.fatal:
+        print(f"error: {problem}", file=sys.stderr)
+
+
+def _write_report(path: str | None, plan: Plan) -> None:
+    if path:
+        Path(path).write_text(json.dumps(plan.report.to_json(), indent=2) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .execute import MigrationError, run_plan
+    from .recipe_loader import RecipeError
+
+    try:
+        loaded = _load(args.recipe)
+    except RecipeError as e:
+        return _recipe_error(e)
+    with _plan_for(loaded, args) as plan:
+        if args.json:
+            json.dump({"report": plan.report.to_json(), "errors": plan.fatal, "notes": plan.notes},
+                      sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_outcome(plan)
+        _write_report(args.report, plan)
+        try:
+            result = run_plan(plan, progress=False if args.no_progress else None)
+        except MigrationError:
+            print(f"migrate: nothing written to {plan.target_path}", file=sys.stderr)
+            return EXIT_MIGRATION
+        if not args.json:
+            print(f"wrote {result.target} ({plan.target_format}): {result.tensors} tensors, {result.nbytes:,} bytes")
+    return EXIT_OK
+
+
+def plan(args: argparse.Namespace) -> int:
+    from .recipe_loader import RecipeError
+
+    try:
+        loaded = _load(args.recipe)
+    except RecipeError as e:
+        return _recipe_error(e)
+    with _plan_for(loaded, args) as p:
+        if args.json:
+            json.dump(plan_json(p), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_plan_table(p)
+            _print_outcome(p)
+        return EXIT_OK if p.ok else EXIT_MIGRATION
+
+
+def plan_json(p: Plan) -> dict[str, Any]:
+    entries = []
+    for e in p.entries:
+        entries.append({
+            "source": e.source, "target": e.target, "ops": e.ops,
+            "before": None if e.before is None else {"dtype": e.before[0].display, "shape": list(e.before[1])},
+            "after": {"dtype": e.tensor.dtype.display, "shape": list(e.tensor.shape)},
+            "nbytes": e.tensor.nbytes,
+            "module": None if e.module is None else {"type": e.module.name, "how": e.module.how,
+                                                     "reason": e.module.reason},
+            "kept_from_template": e.kept_from_template,
+        })
+    return {"source": str(p.source_path), "source_format": p.source_format, "target": str(p.target_path),
+            "target_format": p.target_format, "template": None if p.template_path is None else str(p.template_path),
+            "entries": entries, "metadata": p.metadata, "scalars": {k: v.to_json() for k, v in p.scalars.items()},
+            "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes}
+
+
+def _print_plan_table(p: Plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{p.source_path} ({p.source_format}) -> {p.target_path} ({p.target_format})",
+                  title_justify="left")
+    for col in ("source", "target", "module", "ops", "before", "after", "bytes"):
+        table.add_column(col, overflow="fold", justify="right" if col == "bytes" else "left")
+    for e in p.entries:
+        module = "" if e.module is None else f"{e.module.name or '?'} ({e.module.how})"
+        before = "" if e.before is None else f"{e.before[0].display} {list(e.before[1])}"
+        after = f"{e.tensor.dtype.display} {list(e.tensor.shape)}"
+        table.add_row(e.source or "-", e.target, module, "; ".join(e.ops), before, after, f"{e.tensor.nbytes:,}")
+    Console().print(table)
+
+
+def validate(args: argparse.Namespace) -> int:
+    from .recipe_loader import RecipeError
+
+    worst = EXIT_OK
+    for path in args.recipes:
+        try:
+            loaded = _load(path)
+        except RecipeError as e:
+            print(f"{path}: invalid\n{e}", file=sys.stderr)
+            worst = EXIT_USAGE
+            continue
+        try:
+            with _plan_for(loaded, args) as p:
+                if p.fatal:
+                    print(f"{path}: sources parse, but the run would fail:", file=sys.stderr)
+                    for problem in p.fatal:
+                        print(f"  {problem}", file=sys.stderr)
+                    worst = max(worst, EXIT_MIGRATION)
+                else:
+                    print(f"{path}: ok ({len(p.entries)} tensors -> {p.target_path})")
+        except MigratorError as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            worst = max(worst, EXIT_MIGRATION)
+    return worst
+
+
+def schema(args: argparse.Namespace) -> int:
+    from .recipe_loader import recipe_json_schema
+
+    json.dump(recipe_json_schema(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return EXIT_OK
