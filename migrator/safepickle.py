@@ -1081,7 +1081,10 @@ def _h_rebuild_tensor_v3(m: Unpickler, a: tuple, kw: dict) -> TensorRef:  # type
 def _h_rebuild_parameter(m: Unpickler, a: tuple, kw: dict) -> Any:  # type: ignore[type-arg]
     if not 1 <= len(a) <= 4 or kw:
         raise m.error("_rebuild_parameter expects (data, requires_grad, hooks[, state])")
-    return _as_tensor(m, a[0], "_rebuild_parameter")
+    t = _as_tensor(m, a[0], "_rebuild_parameter")
+    if isinstance(t, TensorRef) and len(a) > 1:
+        t.requires_grad = a[1] is True
+    return t
 
 
 def _h_rebuild_from_type(m: Unpickler, a: tuple, kw: dict) -> Any:  # type: ignore[type-arg]
@@ -1261,6 +1264,14 @@ def _h_numpy_reconstruct(m: Unpickler, a: tuple, kw: dict) -> NumpyArray:  # typ
     return NumpyArray()
 
 
+def _h_numpy_frombuffer(m: Unpickler, a: tuple, kw: dict) -> NumpyArray:  # type: ignore[type-arg]
+    """numpy's protocol-5 reduction (buffer, dtype, shape, order): recorded, never rebuilt."""
+    if kw or len(a) != 4 or not isinstance(a[2], tuple):
+        raise m.error("numpy _frombuffer expects (buffer, dtype, shape, order)")
+    dtype = a[1] if isinstance(a[1], NumpyDtype) else None
+    return NumpyArray(_shape_arg(m, a[2], "numpy array shape"), dtype)
+
+
 def _builtin(name: str, fn: Handler | None) -> Builtin:
     return Builtin(name, fn)
 
@@ -1315,6 +1326,7 @@ def _make_table() -> dict[tuple[str, str], Any]:
     t[("_codecs", "encode")] = _builtin("_codecs.encode", _h_codecs_encode)
     t[("numpy", "dtype")] = _builtin("numpy.dtype", _h_numpy_dtype)
     t[("numpy.core.multiarray", "scalar")] = _builtin("numpy.core.multiarray.scalar", _h_numpy_scalar)
+    t[("numpy.core.multiarray", "_frombuffer")] = _builtin("numpy.core.numeric._frombuffer", _h_numpy_frombuffer)
     t[("numpy.core.multiarray", "_reconstruct")] = _builtin("numpy.core.multiarray._reconstruct",
                                                             _h_numpy_reconstruct)
     return t

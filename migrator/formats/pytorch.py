@@ -94,6 +94,7 @@ class PytorchReader(Reader):
         self._first_dtype: dict[str, str | None] = {}  # storage key -> dtype of its first reference
         self._ignored: list[str] = []
         self._groups: dict[str, list[str]] = {}
+        self._group_of: dict[int, str] = {}
         root = self._open()
         selected, prefix = self._select(root, top_level_key)
         self._flatten(selected, prefix)
@@ -467,6 +468,7 @@ class PytorchReader(Reader):
         if not isinstance(root, (dict, list, tuple)):
             raise self._err(f"the checkpoint holds a {_describe(root)}, not a dict of tensors")
         seen: set[str] = set()
+        built: dict[int, LazyTensor] = {}
         visits = 0
         stack: list[tuple[str, Iterator[tuple[str | None, Any]], int]] = [(prefix, _items(root), id(root))]
         on_path = {id(root)}
@@ -500,7 +502,13 @@ class PytorchReader(Reader):
                     raise self._err(f"two entries flatten to the same name '{name}'")
                 seen.add(name)
             if isinstance(value, sp.TensorRef):
-                self.tensors.append(self._tensor(name, value))
+                made = built.get(id(value))
+                if made is None:
+                    made = built[id(value)] = self._tensor(name, value)
+                else:  # the same tensor object under another name: same bytes
+                    self._groups[self._group_of[id(value)]].append(name)
+                    made = made.renamed(name)
+                self.tensors.append(made)
             elif isinstance(value, sp.UnsupportedTensor):
                 what = f"{value.kind} tensors" + (f" (storage dtype {value.dtype})" if value.dtype else "")
                 raise UnsupportedDTypeError(f"{what} are not supported", file=self.label, tensor=name)
@@ -555,6 +563,7 @@ class PytorchReader(Reader):
         assert itemsize is not None
         group, span = self._storage_span(ref.storage, name)
         self._groups.setdefault(group, []).append(name)
+        self._group_of[id(ref)] = group
         shape = ref.size
         nbytes = dt.nbytes(shape)
         assert nbytes is not None
