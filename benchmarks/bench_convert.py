@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import OUT, max_rss, median_wall, mib, pairs, ratio_median
+from harness import OUT, cp_jobs, mib, rounds, table
 from models import gpt2_shapes, lazy_random
 
 from migrator import save
@@ -23,7 +23,7 @@ from migrator import save
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--layers", type=int, default=24)
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -36,24 +36,21 @@ def main() -> None:
     migrate = str(Path(sys.executable).with_name("migrate"))
     bpk, back, copy = OUT / "bench.bpk", OUT / "bench-back.safetensors", OUT / "bench-copy.bin"
     rows = []
-    # Run in this order: the second job reads the burnpack the first one leaves behind.
+    # In this order: the second job reads the burnpack the first one leaves behind.
     jobs = [
-        ("SafeTensors -> burnpack", [migrate, "convert", str(src), str(bpk), "--overwrite"], src, bpk),
-        ("burnpack -> SafeTensors", [migrate, "convert", str(bpk), str(back), "--overwrite"], bpk, back),
+        ("SafeTensors -> burnpack", [migrate, "convert", str(src), str(bpk), "--overwrite", "--no-progress"], src, bpk),
+        ("burnpack -> SafeTensors", [migrate, "convert", str(bpk), str(back), "--overwrite", "--no-progress"], bpk,
+         back),
     ]
     for label, cmd, inp, out in jobs:
-        j, b = pairs(cmd, ["cp", str(inp), str(copy)], job_out=out, base_out=copy, n=args.pairs)
-        rows.append((label, median_wall(j), median_wall(b), ratio_median(j, b), max_rss(j), max_rss(b)))
+        runs = rounds({"migrator": (cmd, out), **cp_jobs(inp, copy)}, n=args.rounds)
+        rows.append((label, runs))
     for p in (bpk, back, copy):
         p.unlink(missing_ok=True)
     print(f"\nModel: GPT-2-medium shapes, {args.layers} layers, {size / 1e9:.2f} GB fp32, "
-          f"largest tensor {mib(largest)}; {args.pairs} pairs; {platform.machine()}, "
-          f"{platform.python_version()}\n")
-    print("| job | migrator (median s) | cp (median s) | ratio to cp (median of pairs) | peak RSS | cp peak RSS |"
-          " RSS - largest tensor |")
-    print("|---|---|---|---|---|---|---|")
-    for label, jw, bw, ratio, rss, brss in rows:
-        print(f"| {label} | {jw:.2f} | {bw:.2f} | {ratio:.2f}x | {mib(rss)} | {mib(brss)} | {mib(rss - largest)} |")
+          f"largest tensor {mib(largest)}; {args.rounds} rounds; {platform.machine()}, "
+          f"Python {platform.python_version()}\n")
+    print(table(rows, largest))
 
 
 if __name__ == "__main__":

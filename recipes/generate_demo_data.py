@@ -1,47 +1,106 @@
-"""Write a small BERT-shaped SafeTensors checkpoint for the demo (numpy only, deterministic)."""
+"""Write the small models the example recipes run on (numpy + migrator only; deterministic).
+
+    python recipes/generate_demo_data.py [OUT_DIR]      # default: demo-out/
+
+- tiny-bert.pt / tiny-bert.safetensors: a Hugging Face BertModel-shaped state_dict (PyTorch layouts:
+  Linear weights [out, in], LayerNorm weight/bias), fp32 with int64 position ids.
+- mlp.pt: an `nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)` state_dict under `model.`, i.e. the
+  index gaps (`net.0`, `net.2`, `net.4`) that Burn's contiguous-index mapping closes.
+- classifier-init.bpk: a freshly initialised Burn-side classifier (encoder + head) with param_ids:
+  the template the encoder-surgery recipe fills.
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from migrator import from_numpy, save
 
+HIDDEN, FFN, VOCAB, LAYERS, POSITIONS = 64, 128, 512, 2, 128
 
-def tiny_bert(layers: int = 2, hidden: int = 64, vocab: int = 512, ffn: int = 128) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def tiny_bert(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = _rng(seed)
 
     def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
+    def norm(prefix: str, t: dict[str, np.ndarray]) -> None:
+        t[prefix + ".weight"] = (1 + w(HIDDEN)).astype(np.float32)
+        t[prefix + ".bias"] = w(HIDDEN)
+
     t: dict[str, np.ndarray] = {
-        "embeddings.word_embeddings.weight": w(vocab, hidden),
-        "embeddings.position_embeddings.weight": w(128, hidden),
-        "embeddings.LayerNorm.weight": np.ones(hidden, np.float32),
-        "embeddings.LayerNorm.bias": np.zeros(hidden, np.float32),
-        "embeddings.position_ids": np.arange(128, dtype=np.int64)[None, :],
+        "embeddings.word_embeddings.weight": w(VOCAB, HIDDEN),
+        "embeddings.position_embeddings.weight": w(POSITIONS, HIDDEN),
+        "embeddings.token_type_embeddings.weight": w(2, HIDDEN),
+        "embeddings.position_ids": np.arange(POSITIONS, dtype=np.int64)[None, :],
     }
-    for i in range(layers):
+    norm("embeddings.LayerNorm", t)
+    for i in range(LAYERS):
         p = f"encoder.layer.{i}."
         for name in ("query", "key", "value"):
-            t[p + f"attention.self.{name}.weight"] = w(hidden, hidden)
-            t[p + f"attention.self.{name}.bias"] = w(hidden)
-        t[p + "attention.output.dense.weight"] = w(hidden, hidden)
-        t[p + "attention.output.LayerNorm.weight"] = np.ones(hidden, np.float32)
-        t[p + "intermediate.dense.weight"] = w(ffn, hidden)
-        t[p + "output.dense.weight"] = w(hidden, ffn).astype(ml_dtypes.bfloat16)
+            t[p + f"attention.self.{name}.weight"] = w(HIDDEN, HIDDEN)
+            t[p + f"attention.self.{name}.bias"] = w(HIDDEN)
+        t[p + "attention.output.dense.weight"] = w(HIDDEN, HIDDEN)
+        t[p + "attention.output.dense.bias"] = w(HIDDEN)
+        norm(p + "attention.output.LayerNorm", t)
+        t[p + "intermediate.dense.weight"] = w(FFN, HIDDEN)
+        t[p + "intermediate.dense.bias"] = w(FFN)
+        t[p + "output.dense.weight"] = w(HIDDEN, FFN)
+        t[p + "output.dense.bias"] = w(HIDDEN)
+        norm(p + "output.LayerNorm", t)
+    t["pooler.dense.weight"] = w(HIDDEN, HIDDEN)
+    t["pooler.dense.bias"] = w(HIDDEN)
     return t
 
 
-def main(out_dir: str) -> None:
-    path = Path(out_dir) / "tiny-bert.safetensors"
-    tensors = [from_numpy(name, arr) for name, arr in tiny_bert().items()]
-    save(tensors, path, metadata={"format": "pt"}, overwrite=True)
-    print(f"generated {path} ({len(tensors)} tensors)")
+def mlp(seed: int = 1) -> dict[str, np.ndarray]:
+    rng = _rng(seed)
+    sizes = [(16, 8), (16, 16), (4, 16)]
+    t: dict[str, np.ndarray] = {}
+    for i, (out, inp) in zip((0, 2, 4), sizes, strict=True):
+        t[f"model.net.{i}.weight"] = rng.standard_normal((out, inp)).astype(np.float32)
+        t[f"model.net.{i}.bias"] = rng.standard_normal(out).astype(np.float32)
+    return t
+
+
+def classifier_template(seed: int = 2) -> list:
+    """Burn-side names and layouts (Linear [in, out], norms gamma/beta), as a Burn model would save."""
+    rng = _rng(seed)
+    out = []
+    pid = 1000
+    for i in range(LAYERS):
+        for name, shape in (("query.weight", (HIDDEN, HIDDEN)), ("query.bias", (HIDDEN,)),
+                            ("key.weight", (HIDDEN, HIDDEN)), ("key.bias", (HIDDEN,)),
+                            ("value.weight", (HIDDEN, HIDDEN)), ("value.bias", (HIDDEN,)),
+                            ("output.weight", (HIDDEN, HIDDEN)), ("output.bias", (HIDDEN,))):
+            pid += 1
+            out.append(from_numpy(f"encoder.layers.{i}.mha.{name}", rng.standard_normal(shape).astype(np.float32),
+                                  param_id=pid))
+    for name, shape in (("classifier.weight", (HIDDEN, 3)), ("classifier.bias", (3,))):
+        pid += 1
+        out.append(from_numpy(name, np.zeros(shape, np.float32), param_id=pid))
+    return out
+
+
+def main(out_dir: str = "demo-out") -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bert = [from_numpy(k, v) for k, v in tiny_bert().items()]
+    save(bert, out / "tiny-bert.pt", overwrite=True)
+    save(bert, out / "tiny-bert.safetensors", metadata={"format": "pt"}, overwrite=True)
+    save([from_numpy(k, v) for k, v in mlp().items()], out / "mlp.pt", overwrite=True)
+    save(classifier_template(), out / "classifier-init.bpk", overwrite=True,
+         metadata={"format": "burnpack", "producer": "burn", "version": "0.22.0-pre.2"})
+    print(f"generated tiny-bert.pt, tiny-bert.safetensors, mlp.pt, classifier-init.bpk in {out}/")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "demo-out")
+    main(*sys.argv[1:2])
