@@ -320,6 +320,15 @@ def test_legacy_counts_are_read_not_inferred(tmp_path: Path) -> None:
         open_file(bad)
 
 
+def test_legacy_from_a_big_endian_machine_is_refused(tmp_path: Path) -> None:
+    raw = save({"a": torch.ones(2)}, tmp_path / "l.pt", fmt="legacy").read_bytes()
+    assert raw.count(b"little_endianq\x02\x88") == 1
+    bad = tmp_path / "be.pt"
+    bad.write_bytes(raw.replace(b"little_endianq\x02\x88", b"little_endianq\x02\x89"))
+    with pytest.raises(FormatError, match="big-endian"):
+        open_file(bad)
+
+
 def _pickle_with_pids(obj: Any, pid: Any) -> bytes:
     buf = io.BytesIO()
     p = pickle.Pickler(buf, protocol=2)

@@ -7,7 +7,8 @@ offset and strides torch recorded, so values equal `torch.load`'s exactly:
 * a C-contiguous tensor is a zero-copy window on the file (`tensor.stored`, kernel-copyable);
 * a strided view (transposed, sliced with steps, expanded) gathers its elements with numpy
   `as_strided` over only its own storage window when materialised;
-* big-endian checkpoints are byte-swapped when materialised.
+* big-endian zip checkpoints (`byteorder` = big) are byte-swapped when materialised; legacy and tar
+  files from big-endian machines are refused, since their data order depends on the torch version.
 
 Unsupported dtypes (complex128, quantized, sparse, ...) raise `UnsupportedDTypeError` at open
 naming the tensor, but only for tensors inside the selection (`top_level_key`), so a checkpoint
@@ -261,7 +262,10 @@ class PytorchReader(Reader):
         self._extra["sys_info"] = {k: v for k, v in sys_info.items() if isinstance(k, str)
                                    and isinstance(v, (int, bool, str))}
         if sys_info.get("little_endian", True) is False:
-            self._swap = True
+            # torch >= 1.x converts legacy data to little-endian when saving and never swaps when
+            # loading, but older versions wrote native order: the bytes' order cannot be known.
+            raise self._err("legacy checkpoint written on a big-endian machine: its data byte order is "
+                            "ambiguous; re-save it with torch.save (zip format) on that machine")
 
     def _locate_legacy(self, keys: list[Any], pos: int) -> None:
         """Walk the raw storages: each is an 8-byte LE element count, then count x element size."""

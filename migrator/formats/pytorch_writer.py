@@ -7,9 +7,10 @@ The layout mirrors what `torch.save` writes (torch 2.x, protocol-2 pickle): `arc
 aligned to 64 bytes (so torch can mmap them) and correct CRC-32s; zip64 records are used when an
 offset or size needs them.
 
-Each CRC is computed just before its member is written, from one view of the tensor's bytes, so the
-local header is written in order (no seeking) and a file-backed tensor is still moved by
-`streaming.write_tensor` in the kernel.
+Each CRC is computed just before its member is written, so local headers are written in order (no
+seeking, any sink works): a file-backed tensor is read once in chunks for its CRC and then moved by
+`streaming.write_tensor` in the kernel from the page cache; a computed tensor is produced once and
+its one buffer is both checksummed and written.
 
 Only tensors are written: a state_dict must hold nothing else for `load_state_dict`, so metadata
 and scalars are not carried into `.pt` (they are listed in `dropped`).
@@ -17,6 +18,7 @@ and scalars are not carried into `.pt` (they are listed in `dropped`).
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..dtypes import DType
-from ..errors import PlanError, UnsupportedDTypeError
+from ..errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
 from ..scalars import Scalar
 from ..streaming import write_tensor
 from ..tensor import LazyTensor
@@ -245,11 +247,7 @@ class PytorchWriter(Writer):
             assert m.storage is not None
             tensor = self._storages[m.storage]
             if tensor.span is not None:
-                view = tensor.data()
-                try:
-                    m.crc = _crc(view)
-                finally:
-                    view.release()
+                m.crc = _crc_span(tensor)
                 _write(sink, self._local_header(m))
                 write_tensor(sink, tensor)  # file-backed: copied in the kernel where possible
             else:
@@ -286,6 +284,24 @@ def _crc(view: memoryview) -> int:
     crc = 0
     for start in range(0, len(view), _CRC_CHUNK):
         crc = zlib.crc32(view[start : start + _CRC_CHUNK], crc)
+    return crc
+
+
+def _crc_span(tensor: LazyTensor) -> int:
+    """CRC-32 of a file-backed tensor read in chunks with pread: no mapping of the whole tensor stays
+    resident, and the kernel copy that follows finds the pages in the page cache."""
+    span = tensor.span
+    assert span is not None
+    crc, done = 0, 0
+    buf = bytearray(min(_CRC_CHUNK, span.length))
+    view = memoryview(buf)
+    while done < span.length:
+        n = os.preadv(span.fd, [view[: min(len(buf), span.length - done)]], span.offset + done)
+        if n <= 0:
+            raise TensorBytesSizeMismatchError(f"source ended after {done} of {span.length} bytes",
+                                               file=tensor.origin, tensor=tensor.name)
+        crc = zlib.crc32(view[:n], crc)
+        done += n
     return crc
 
 
