@@ -9,42 +9,114 @@ a new `version`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
 AdapterName = Literal["identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"]
+
+if TYPE_CHECKING:
+    from .naming import NamingError
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-def _check_dtype(value: str) -> str:
-    from .dtypes import parse
+class RecipeValueError(ValueError):
+    """A validator's complaint, carrying what a precise report needs.
 
+    Pydantic keeps the raised exception in the error's ``ctx``, so `recipe_loader` can point at
+    `key` (a sub-key of the object that failed, for checks that span several keys) and show `hint`
+    instead of parsing message text. ``str()`` is the message alone, so pydantic's own rendering
+    stays readable for callers that validate data without the loader.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.key = key
+        self.hint = hint
+
+
+def _castable_names() -> list[str]:
+    """Burn's float dtypes, the only ones `casts` converts (FP8/FP6/FP4 have no Burn equivalent)."""
+    from .casts import CASTABLE
+    from .dtypes import FLOAT_DTYPES
+
+    return [d.display for d in FLOAT_DTYPES if d.name in CASTABLE]
+
+
+def _check_float_dtype(value: str, what: str) -> str:
+    """A dtype a cast can target, checked now so that a run never stops at its first tensor."""
+    from .dtypes import parse
+    from .errors import UnsupportedDTypeError
+    from .similarity import did_you_mean
+
+    castable = _castable_names()
+    use = f"use one of {', '.join(castable)}"
     try:
-        parse(value)
-    except Exception as e:  # UnsupportedDTypeError; the message lists known dtypes
-        raise ValueError(str(e)) from None
+        dtype = parse(value)
+    except UnsupportedDTypeError:
+        guess = did_you_mean(value, castable)
+        raise RecipeValueError(f"unknown dtype '{value}'",
+                               hint=f"did you mean '{guess}'? {use}" if guess else use) from None
+    if not dtype.is_float:
+        raise RecipeValueError(f"{what} must be a float dtype, got {value}", hint=use)
+    if dtype.display not in castable:
+        raise RecipeValueError(f"{what} cannot be {value}: migrator casts to Burn's float dtypes only", hint=use)
     return value
 
 
 def _check_regex(value: str) -> str:
+    """Compile now so that a bad pattern is a validation error, never a crash mid-run."""
     from .naming import NamingError, compile_regex
 
     try:
         compile_regex(value)
     except NamingError as e:
-        raise ValueError(f"invalid regex: {e}") from None
+        raise RecipeValueError(regex_problem(e)) from e
     return value
+
+
+def regex_problem(e: NamingError) -> str:
+    """One line naming the pattern, the problem and where it is (0-based, like Python's re)."""
+    detail = e.message.removeprefix("invalid regex: ")
+    if e.position is None:
+        where = ""
+    elif e.position >= len(e.pattern):
+        where = " at the end"
+    else:
+        where = f" at position {e.position}"
+    return f"invalid regex '{e.pattern}'{where}: {detail}"
+
+
+def _nonempty_path(value: object) -> object:
+    """An empty path would silently mean the recipe's folder."""
+    if isinstance(value, str) and not value.strip():
+        raise RecipeValueError("path is empty")
+    return value
+
+
+def _no_bool(value: object) -> object:
+    """YAML `true` is not the number 1, whatever Python thinks."""
+    if isinstance(value, bool):
+        raise RecipeValueError(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+Regex = Annotated[str, AfterValidator(_check_regex)]
+"""A regex in migrator's dialect (see `naming`), checked at validation."""
+
+_Path = Annotated[Path, BeforeValidator(_nonempty_path)]
+_Number = BeforeValidator(_no_bool)
 
 
 class SourceSpec(_Strict):
     """The file tensors come from."""
 
-    path: Path = Field(description="File to read, relative to the recipe's folder.")
+    path: _Path = Field(description="File to read, relative to the recipe's folder.")
     format: FormatName = Field("auto", description="Detected from magic bytes when auto.")
     top_level_key: str | list[str] | None = Field(
         None, description="Nested dict holding the tensors: a dotted path ('model.state_dict') or a list of keys.")
@@ -58,47 +130,53 @@ class SourceSpec(_Strict):
 class RemapRule(_Strict):
     """One regex rename; every rule sees the previous rule's output."""
 
-    from_: str = Field(alias="from", description="Regex searched anywhere in the name (anchor with ^ and $).")
+    from_: Regex = Field(alias="from", description="Regex searched anywhere in the name (anchor with ^ and $).")
     to: str = Field(description="Replacement: $1 / ${name} (Burn style) or \\1 / \\g<name> (Python style).")
     syntax: Literal["auto", "rust", "python"] = Field(
         "auto", description="Replacement syntax; auto picks python when the text has \\<digit> or \\g<.")
 
     @model_validator(mode="after")
     def _compiles(self) -> RemapRule:
+        """The pattern is already checked (`Regex`); what is left to fail is the replacement."""
         from .naming import NamingError
         from .naming import RemapRule as CompiledRule
 
         try:
             CompiledRule(self.from_, self.to, self.syntax)
         except NamingError as e:
-            raise ValueError(f"invalid remap rule: {e}") from None
+            # naming quotes the replacement with repr(), which doubles every backslash the user wrote
+            raise RecipeValueError(e.message.replace(repr(self.to), f"'{self.to}'"), key="to") from e
         return self
 
 
 class Criterion(_Strict):
     """Exactly one of: a regex (searched in the name), an exact path, or a Python predicate."""
 
-    regex: str | None = None
+    regex: Regex | None = None
     path: str | None = None
     predicate: str | None = Field(None, description="'package.module:function', called with the tensor name.")
-
-    @field_validator("regex")
-    @classmethod
-    def _regex_ok(cls, v: str | None) -> str | None:
-        return None if v is None else _check_regex(v)
 
     @field_validator("predicate")
     @classmethod
     def _predicate_form(cls, v: str | None) -> str | None:
-        if v is not None and (v.count(":") != 1 or not all(v.split(":"))):
-            raise ValueError("predicate must look like 'package.module:function'")
+        """Checked for shape only: importing user code while validating would run it."""
+        if v is None:
+            return v
+        module, sep, func = v.partition(":")
+        dotted_ok = all(part.isidentifier() for part in module.split(".")) and all(
+            part.isidentifier() for part in func.split("."))
+        if not sep or not dotted_ok:
+            raise RecipeValueError(f"predicate '{v}' is not an import path",
+                                   hint="write 'package.module:function'")
         return v
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Criterion:
         given = [k for k in ("regex", "path", "predicate") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of regex, path, predicate (got {', '.join(given) or 'none'})")
+            hint = "put each in its own list entry" if given else None
+            raise RecipeValueError(
+                f"give exactly one of regex, path, predicate (got {', '.join(given) or 'none'})", hint=hint)
         return self
 
 
@@ -124,12 +202,7 @@ class FloatCastOptions(_Strict):
     @field_validator("to")
     @classmethod
     def _float_dtype(cls, v: str) -> str:
-        from .dtypes import parse
-
-        _check_dtype(v)
-        if not parse(v).is_float:
-            raise ValueError(f"float_cast target must be a float dtype, got {v}")
-        return v
+        return _check_float_dtype(v, "float_cast target")
 
 
 class FloatCastAdapter(_Strict):
@@ -145,12 +218,7 @@ class CastPolicy(_Strict):
     @field_validator("cast")
     @classmethod
     def _float_dtype(cls, v: str) -> str:
-        from .dtypes import parse
-
-        _check_dtype(v)
-        if not parse(v).is_float:
-            raise ValueError(f"dtype cast must name a float dtype, got {v}")
-        return v
+        return _check_float_dtype(v, "dtype cast")
 
 
 DTypePolicy = Literal["keep", "template"] | CastPolicy
@@ -159,29 +227,29 @@ DTypePolicy = Literal["keep", "template"] | CastPolicy
 class ScalarValue(_Strict):
     """A typed burnpack scalar: exactly one of int, uint, float, bool."""
 
-    int_: int | None = Field(None, alias="int")
-    uint: int | None = None
-    float_: float | None = Field(None, alias="float")
+    int_: Annotated[int | None, _Number] = Field(None, alias="int")
+    uint: Annotated[int | None, _Number] = None
+    float_: Annotated[float | None, _Number] = Field(None, alias="float")
     bool_: bool | None = Field(None, alias="bool")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ScalarValue:
         given = [k for k in ("int_", "uint", "float_", "bool_") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of int, uint, float, bool")
+            raise RecipeValueError("give exactly one of int, uint, float, bool", hint="e.g. {int: 42}")
         if self.uint is not None and not 0 <= self.uint < 2**64:
-            raise ValueError("uint must be in [0, 2**64)")
+            raise RecipeValueError("uint must be in [0, 2**64)", key="uint")
         if self.int_ is not None and not -(2**63) <= self.int_ < 2**63:
-            raise ValueError("int must fit in 64 bits")
+            raise RecipeValueError("int must fit in 64 bits", key="int")
         return self
 
 
 class TargetSpec(_Strict):
     """The file to write."""
 
-    path: Path = Field(description="File to write, relative to the recipe's folder (.bpk appended if no extension).")
+    path: _Path = Field(description="File to write, relative to the recipe's folder (.bpk appended if no extension).")
     format: FormatName = Field("auto", description="From the extension when auto.")
-    template: Path | None = Field(
+    template: _Path | None = Field(
         None, description="A file holding exactly the tensors the output must have (Burn's load-into-a-model).")
     template_format: FormatName = "auto"
     overwrite: bool = False
@@ -194,26 +262,18 @@ class TargetSpec(_Strict):
 class Recipe(_Strict):
     """A migration, version 1."""
 
-    version: Literal[1]
+    version: Annotated[Literal[1], BeforeValidator(_no_bool)]
     description: str | None = None
     source: SourceSpec
     remap: list[RemapRule] = Field(default_factory=list)
     filter: FilterSpec = Field(default_factory=FilterSpec)
-    modules: dict[str, list[str]] = Field(
+    modules: dict[str, list[Regex]] = Field(
         default_factory=dict, description="Module type -> regexes of module paths (tensor name minus last segment).")
     adapters: list[AdapterSpec] = Field(default_factory=list)
     dtype: DTypePolicy = "keep"
     target: TargetSpec
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")
     validate_shapes: bool = Field(True, alias="validate", description="Shape mismatches are errors.")
-
-    @field_validator("modules")
-    @classmethod
-    def _module_regexes(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
-        for patterns in v.values():
-            for p in patterns:
-                _check_regex(p)
-        return v
 
     def dump(self) -> dict[str, Any]:
         """Plain data with the YAML spellings (`from`, `validate`, `with`), defaults left out."""
