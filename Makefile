@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO := demo-out
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench schema clean
 
 install: $(STAMP)
 
@@ -18,14 +18,19 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert
+
 demo: install
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(PY) recipes/generate_demo_data.py $(DEMO)
-	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.safetensors --limit 8
-	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.safetensors $(DEMO)/tiny-bert.bpk
-	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.bpk --limit 8
-	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.bpk $(DEMO)/round-trip.safetensors
-	$(PY) recipes/check_round_trip.py $(DEMO)/tiny-bert.safetensors $(DEMO)/round-trip.safetensors
+	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.pt --limit 6
+	$(VENV)/bin/migrate validate $(addprefix recipes/,$(addsuffix .yaml,$(RECIPES)))
+	$(VENV)/bin/migrate plan recipes/bert-to-burn.yaml
+	for r in $(RECIPES); do $(VENV)/bin/migrate run recipes/$$r.yaml --no-progress || exit 1; done
+	$(PY) recipes/check_round_trip.py $(DEMO)/tiny-bert.safetensors $(DEMO)/tiny-bert-roundtrip.safetensors \
+		embeddings.position_ids
+	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk
+	cmp $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk && echo "burnpack -> burnpack convert: byte-identical"
 
 test: install
 	$(VENV)/bin/ruff check .
@@ -36,6 +41,9 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/bench_convert.py
+
+schema: install
+	$(PY) tools/gen_schema.py
 
 clean:
 	rm -rf $(DEMO) benchmarks/out .pytest_cache .ruff_cache

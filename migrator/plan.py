@@ -84,7 +84,7 @@ class Plan:
 
 def resolve_path(base_dir: Path, path: Path | str) -> Path:
     p = Path(os.path.expanduser(str(path)))
-    return p if p.is_absolute() else base_dir / p
+    return Path(os.path.normpath(p if p.is_absolute() else base_dir / p))
 
 
 def _reader_options(fmt: str, recipe: Recipe) -> dict[str, Any]:

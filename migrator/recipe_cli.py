@@ -121,8 +121,15 @@ def _print_plan_table(p: Plan) -> None:
         module = "" if e.module is None else f"{e.module.name or '?'} ({e.module.how})"
         before = "" if e.before is None else f"{e.before[0].display} {list(e.before[1])}"
         after = f"{e.tensor.dtype.display} {list(e.tensor.shape)}"
-        table.add_row(e.source or "-", e.target, module, "; ".join(e.ops), before, after, f"{e.tensor.nbytes:,}")
-    Console().print(table)
+        table.add_row(e.source or "-", e.target, module, "; ".join(_short_op(op) for op in e.ops), before, after,
+                      f"{e.tensor.nbytes:,}")
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def _short_op(op: str) -> str:
+    """Renames are visible in the source/target columns: the table keeps only their kind."""
+    kind = op.split(" ", 1)[0]
+    return kind if kind in ("remap", "index") else op
 
 
 def validate(args: argparse.Namespace) -> int:
@@ -152,8 +159,7 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def schema(args: argparse.Namespace) -> int:
-    from .recipe_loader import recipe_json_schema
+    from .recipe_loader import recipe_json_schema_text
 
-    json.dump(recipe_json_schema(), sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    sys.stdout.write(recipe_json_schema_text())
     return EXIT_OK
