@@ -64,7 +64,7 @@ class Limits:
     max_memo: int = 5_000_000  # memo entries
     max_stack: int = 5_000_000  # values on the stack (one MARK frame)
     max_marks: int = 1_000  # MARK frames open at once
-    max_objects: int = 20_000_000  # values pushed in total
+    max_objects: int = 10_000_000  # values pushed in total
     max_long_bytes: int = 4096  # LONG1/LONG4 payloads and text integer digits
     max_key_depth: int = 32  # tuple nesting inside dict keys and set members
     max_dims: int = 64  # tensor rank

@@ -471,6 +471,14 @@ def test_compressed_member_is_refused_before_inflating(tmp_path: Path) -> None:
         open_file(bomb)
 
 
+def test_corrupt_pickle_fails_its_crc(tmp_path: Path) -> None:
+    raw = save({"x": torch.zeros(3)}, tmp_path / "z.pt").read_bytes()
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(raw.replace(b"storage", b"storagf", 1))
+    with pytest.raises(FormatError, match="CRC-32"):
+        open_file(bad)
+
+
 def test_compressed_pickle_is_refused(tmp_path: Path) -> None:
     src = save({"x": torch.zeros(3)}, tmp_path / "z.pt")
     bad = tmp_path / "bad.pt"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,8 @@ LEGACY_PROTOCOL_VERSION = 1001
 
 MAX_PICKLE_BYTES = 1 << 30  # a data.pkl larger than this is not a state_dict
 MAX_ZIP_ENTRIES = 1_000_000
+MAX_ZIP_DIRECTORY = 256 << 20
+MAX_SMALL_RECORD = 1 << 20  # byteorder, version, sys_info
 MAX_TAR_MEMBERS = 100_000
 MAX_NODES = 1_000_000  # values visited while flattening (Burn's memo-bomb bound)
 MAX_DEPTH = 1_000  # nesting of dicts/lists while flattening
@@ -68,6 +71,7 @@ class _ZipMember:
     compressed_size: int
     method: int
     flags: int
+    crc: int
 
 
 class PytorchReader(Reader):
@@ -161,17 +165,14 @@ class PytorchReader(Reader):
         self._extra["archive_root"] = root.rstrip("/")
         for rec, key in ((".format_version", "format_version"), (".storage_alignment", "storage_alignment"),
                          ("version", "version")):
-            if root + rec in members and members[root + rec].size <= 64:
+            if root + rec in members and members[root + rec].size <= 256:
                 self._extra[key] = self._zip_read(members[root + rec]).decode("utf-8", "replace").strip()
         if root + "byteorder" in members:
             order = self._zip_read(members[root + "byteorder"]).strip()
             if order not in (b"little", b"big"):
                 raise self._err(f"unknown byteorder record {order[:20]!r}")
             self._swap = order == b"big"
-        m = members[pkl]
-        if m.size > MAX_PICKLE_BYTES:
-            raise LimitExceededError(f"data.pkl of {m.size} bytes (limit {MAX_PICKLE_BYTES})", file=self.label)
-        data = self._zip_read(m)
+        data = self._zip_read(members[pkl], MAX_PICKLE_BYTES)
         return self._run_main(self._unpickler(data, persistent=self._storage_pid, what=pkl))
 
     def _zip_data_offset(self, m: _ZipMember) -> int:
@@ -194,8 +195,14 @@ class PytorchReader(Reader):
                             f"has {src.size} bytes (truncated?)")
         return start
 
-    def _zip_read(self, m: _ZipMember) -> bytes:
-        return self.source.read(self._zip_data_offset(m), m.size, m.name)
+    def _zip_read(self, m: _ZipMember, limit: int = MAX_SMALL_RECORD) -> bytes:
+        """A small member, read whole and checked against its CRC-32 (tensor data is not read here)."""
+        if m.size > limit:
+            raise LimitExceededError(f"zip member {m.name} has {m.size} bytes (limit {limit})", file=self.label)
+        data = self.source.read(self._zip_data_offset(m), m.size, m.name)
+        if zlib.crc32(data) != m.crc:
+            raise self._err(f"zip member {m.name} fails its CRC-32 check (corrupt file)")
+        return data
 
     def _zip_span(self, key: str, tensor: str) -> _Span:
         span = self._spans.get(key)
@@ -298,6 +305,8 @@ class PytorchReader(Reader):
                 raise self._err(f"tar checkpoint without a '{needed}' member")
         if "sys_info" in members:
             off, size = members["sys_info"]
+            if size > MAX_SMALL_RECORD:
+                raise LimitExceededError(f"tar sys_info of {size} bytes", file=self.label)
             self._apply_sys_info(self._unpickler(self.source.read(off, size), what="sys_info").load())
         self._tar_storage_types: dict[str, sp.StorageType | str] = {}
         self._read_tar_storages(*members["storages"])
@@ -707,7 +716,7 @@ def _list_keys(node: Any) -> str:
         keys = [str(i) for i in range(len(node))]
     else:
         return f"none ({_describe(node)})"
-    shown = ", ".join(repr(k) for k in keys[:50])
+    shown = ", ".join(repr(k[:100]) for k in keys[:50])
     return shown + (f", ... ({len(keys)} in all)" if len(keys) > 50 else "") if keys else "none"
 
 
@@ -763,7 +772,7 @@ def _read_zip_directory(src: ByteSource) -> dict[str, _ZipMember]:
     if cd_off + cd_size > dir_end:
         raise FormatError(f"zip central directory [{cd_off}, {cd_off + cd_size}) runs past its end record",
                           file=label)
-    if n_total > MAX_ZIP_ENTRIES or n_total * 46 > cd_size:
+    if n_total > MAX_ZIP_ENTRIES or n_total * 46 > cd_size or cd_size > MAX_ZIP_DIRECTORY:
         raise LimitExceededError(f"zip declares {n_total} entries in a {cd_size}-byte directory", file=label)
     cd = src.read(cd_off, cd_size, "zip central directory")
     members: dict[str, _ZipMember] = {}
@@ -771,7 +780,7 @@ def _read_zip_directory(src: ByteSource) -> dict[str, _ZipMember]:
     for _ in range(n_total):
         if p + 46 > len(cd) or cd[p : p + 4] != b"PK\x01\x02":
             raise FormatError("corrupt zip central directory entry", file=label)
-        (_vm, _vn, flags, method, _t, _d, _crc, csize, usize, nlen, xlen, clen, dstart, _ia, _ea,
+        (_vm, _vn, flags, method, _t, _d, crc, csize, usize, nlen, xlen, clen, dstart, _ia, _ea,
          lho) = struct.unpack_from("<HHHHHHIIIHHHHHII", cd, p + 4)
         if p + 46 + nlen + xlen + clen > len(cd):
             raise FormatError("corrupt zip central directory entry (lengths)", file=label)
@@ -785,7 +794,7 @@ def _read_zip_directory(src: ByteSource) -> dict[str, _ZipMember]:
             raise FormatError(f"zip archive lists member {name} twice", file=label)
         if lho + 30 > cd_off or csize > src.size:
             raise FormatError(f"zip member {name} lies outside the archive data", file=label)
-        members[name] = _ZipMember(name, lho, usize, csize, method, flags)
+        members[name] = _ZipMember(name, lho, usize, csize, method, flags, crc)
     return members
 
 
