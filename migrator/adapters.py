@@ -1,0 +1,311 @@
+"""Adapters with Burn's semantics (spec §3), applied file to file.
+
+An adapter turns one tensor (plus its module type, see `modules`) into an `Adapted` tensor: maybe
+renamed (last segment only), maybe transposed or cast — lazily, as ops wrapped around the loader,
+so a plan costs no tensor bytes. Burn decides from the live module's container stack; here the
+module type comes from the recipe's ``modules:`` or from inference, and where Burn's decision
+would depend on a type migrator does not know, the adapter raises `AdapterError` instead of
+guessing (Burn itself would silently leave such a tensor unchanged).
+
+When an adapter needs the module type:
+
+* ``pytorch_to_burn``: a rank-2 ``weight`` (Linear -> transpose, anything else -> keep); a 1-D
+  ``weight``/``bias`` unless the siblings rule out a norm layer (norm -> rename to gamma/beta).
+* ``burn_to_pytorch``: a rank-2 ``weight``; a 1-D ``gamma``/``beta`` unless the siblings rule out a
+  norm layer.
+* ``half_precision``: every F32/F16 tensor (convert only in the module set). Burn leaves a tensor
+  with no container unchanged; a file has no containers at all, so an unresolved type is an error
+  here rather than a silent "keep F32".
+* ``float_cast`` and ``identity``: never.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from . import dtypes
+from .casts import CASTABLE, cast, transpose2d
+from .dtypes import DType
+from .errors import MigratorError
+from .modules import AdapterError, ModuleType, module_path, qualify
+from .tensor import LazyTensor
+
+__all__ = [
+    "DEFAULT_HALF_PRECISION_MODULES", "NORM_MODULES", "Adapted", "Adapter", "AdapterError", "BurnToPyTorchAdapter",
+    "ChainAdapter", "FloatCastAdapter", "HalfPrecisionAdapter", "IdentityAdapter", "PyTorchToBurnAdapter",
+    "build_adapter", "half_precision_module_set",
+]
+
+LINEAR = "Struct:Linear"
+NORM_MODULES: frozenset[str] = frozenset({"Struct:BatchNorm", "Struct:LayerNorm", "Struct:GroupNorm", "Struct:RmsNorm"})
+"""Module types whose weight/bias Burn renames to gamma/beta (not InstanceNorm: Burn's code does not)."""
+
+DEFAULT_HALF_PRECISION_MODULES: frozenset[str] = frozenset({
+    "Struct:Linear", "Struct:Embedding", "Struct:Conv1d", "Struct:Conv2d", "Struct:Conv3d",
+    "Struct:ConvTranspose1d", "Struct:ConvTranspose2d", "Struct:ConvTranspose3d", "Struct:DeformConv2d",
+    "Struct:LayerNorm", "Struct:GroupNorm", "Struct:InstanceNorm", "Struct:RmsNorm", "Struct:PRelu",
+})
+"""Burn's HalfPrecisionAdapter default set (14 entries); BatchNorm is left out because its running
+variance can underflow in F16."""
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """An adapter's result: the (lazy) tensor and what was done to it, for `migrate plan`."""
+
+    tensor: LazyTensor
+    ops: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    name: str
+
+    def adapt(self, tensor: LazyTensor, module: ModuleType) -> Adapted: ...
+
+    def alternative_name(self, param: str, module: ModuleType) -> str | None: ...
+
+
+def _param(tensor: LazyTensor) -> str:
+    return tensor.name.rpartition(".")[2]
+
+
+def _with_param(tensor: LazyTensor, param: str) -> LazyTensor:
+    path = module_path(tensor.name)
+    return tensor.renamed(f"{path}.{param}" if path else param)
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _declare_hint(tensor: LazyTensor, type_name: str, others: str) -> str:
+    """A `modules:` entry to copy; index segments become \\d+ so one entry covers every layer."""
+    path = module_path(tensor.name)
+    segments = (r"\d+" if seg.isdigit() else re.escape(seg) for seg in path.split("."))
+    rx = "^" + r"\.".join(segments) + "$" if path else "^$"
+    return f"declare its type in the recipe, e.g. modules: {{{type_name}: ['{rx}']}} ({others})"
+
+
+class IdentityAdapter:
+    """Burn's IdentityAdapter: every tensor unchanged, no alternative names."""
+
+    name = "identity"
+
+    def adapt(self, tensor: LazyTensor, module: ModuleType) -> Adapted:
+        return Adapted(tensor)
+
+    def alternative_name(self, param: str, module: ModuleType) -> str | None:
+        return None
+
+
+class _LayoutAdapter:
+    """Shared rules of PyTorchToBurn and BurnToPyTorch (spec §3.2); only rename direction differs."""
+
+    name: str
+    renames: ClassVar[dict[str, str]]  # applied by adapt on norm modules
+    alternatives: ClassVar[dict[str, str]]  # tried on load when the exact name is missing
+    expected_layout: str  # the Linear weight layout this direction reads
+    source_side: str
+
+    def adapt(self, tensor: LazyTensor, module: ModuleType) -> Adapted:
+        param = _param(tensor)
+        rank = len(tensor.shape)
+        qualified = module.qualified
+        if qualified is None:
+            self._check_unneeded(tensor, module, param, rank)
+            return Adapted(tensor)
+        if qualified == LINEAR and param == "weight" and rank == 2:
+            if module.weight_layout is not None and module.weight_layout != self.expected_layout:
+                have = "[in, out] (Burn's layout)" if module.weight_layout == "in_out" else "[out, in] (PyTorch's)"
+                raise AdapterError(
+                    f"{self.name}: Linear weight {_dims(tensor.shape)} already looks {have}: its bias matches "
+                    f"the other dimension; transposing would break the layer. If this is not a "
+                    f"{self.source_side} Linear (e.g. GPT-2's Conv1D), "
+                    f"{_declare_hint(tensor, 'Conv1D', 'any type name but Linear keeps the weight as it is')}",
+                    tensor=tensor.name)
+            out = transpose2d(tensor)
+            return Adapted(out, (f"transpose {_dims(tensor.shape)} -> {_dims(out.shape)}",))
+        if qualified in NORM_MODULES and param in self.renames:
+            new = self.renames[param]
+            return Adapted(_with_param(tensor, new), (f"rename {param} -> {new}",))
+        return Adapted(tensor)
+
+    def _check_unneeded(self, tensor: LazyTensor, module: ModuleType, param: str, rank: int) -> None:
+        """Raise when the unresolved type would change the outcome; otherwise Burn keeps the tensor."""
+        if param == "weight" and rank == 2:
+            raise AdapterError(
+                f"{self.name} must know if this 2-D weight is a Linear's (transpose) or not (e.g. an "
+                f"Embedding's: keep), but its module type is unresolved: {module.reason}; "
+                f"{_declare_hint(tensor, 'Linear', 'or Embedding, or any other type name, to keep it')}",
+                tensor=tensor.name)
+        if param in self.renames and rank == 1 and not module.norm_excluded:
+            raise AdapterError(
+                f"{self.name} must know if this is a norm layer's {param} (rename to {self.renames[param]}) "
+                f"or not (keep), but its module type is unresolved: {module.reason}; "
+                f"{_declare_hint(tensor, 'LayerNorm', 'or BatchNorm, GroupNorm, RmsNorm; any other type keeps it')}",
+                tensor=tensor.name)
+
+    def alternative_name(self, param: str, module: ModuleType) -> str | None:
+        if module.qualified in NORM_MODULES:
+            return self.alternatives.get(param)
+        return None
+
+
+class PyTorchToBurnAdapter(_LayoutAdapter):
+    """PyTorch -> Burn: Linear weight [out, in] -> [in, out]; norm weight/bias -> gamma/beta."""
+
+    name = "pytorch_to_burn"
+    renames: ClassVar[dict[str, str]] = {"weight": "gamma", "bias": "beta"}
+    alternatives: ClassVar[dict[str, str]] = {"gamma": "weight", "beta": "bias"}
+    expected_layout = "out_in"
+    source_side = "PyTorch"
+
+
+class BurnToPyTorchAdapter(_LayoutAdapter):
+    """Burn -> PyTorch: Linear weight [in, out] -> [out, in]; norm gamma/beta -> weight/bias."""
+
+    name = "burn_to_pytorch"
+    renames: ClassVar[dict[str, str]] = {"gamma": "weight", "beta": "bias"}
+    alternatives: ClassVar[dict[str, str]] = {"weight": "gamma", "bias": "beta"}
+    expected_layout = "in_out"
+    source_side = "Burn"
+
+
+_HALF_DTYPES = {"F32": dtypes.F16, "F16": dtypes.F32}
+
+
+class HalfPrecisionAdapter:
+    """Burn's HalfPrecisionAdapter: F32 <-> F16 (direction from the tensor's dtype) in a module set."""
+
+    name = "half_precision"
+
+    def __init__(self, modules: Iterable[str] = DEFAULT_HALF_PRECISION_MODULES) -> None:
+        self.modules = frozenset(qualify(m) for m in modules)
+
+    def adapt(self, tensor: LazyTensor, module: ModuleType) -> Adapted:
+        target = _HALF_DTYPES.get(tensor.dtype.name)
+        if target is None:  # F64, BF16, Flex32, ints, bools, QFloat: unchanged, whatever the module
+            return Adapted(tensor)
+        qualified = module.qualified
+        if qualified is None:
+            raise AdapterError(
+                f"half_precision converts {tensor.dtype.display} tensors only in modules of types "
+                f"{', '.join(sorted(m.removeprefix('Struct:') for m in self.modules))}, but this tensor's module "
+                f"type is unresolved: {module.reason}; "
+                f"{_declare_hint(tensor, 'Linear', 'a type outside the set keeps the tensor as it is')}",
+                tensor=tensor.name)
+        if qualified not in self.modules:
+            return Adapted(tensor)
+        return Adapted(cast(tensor, target), (f"cast {tensor.dtype.display} -> {target.display}",))
+
+    def alternative_name(self, param: str, module: ModuleType) -> str | None:
+        return None
+
+
+class FloatCastAdapter:
+    """Burn's FloatCastAdapter: every float tensor not already `to` is cast, whatever its module."""
+
+    name = "float_cast"
+
+    def __init__(self, to: DType) -> None:
+        if not to.is_float:
+            raise AdapterError(f"float_cast target must be a float dtype, got {to.display}")
+        if to.name not in CASTABLE:
+            raise AdapterError(f"float_cast target must be one of Burn's float dtypes "
+                               f"(F64, F32, Flex32, F16, BF16), got {to.display}")
+        self.to = to
+
+    def adapt(self, tensor: LazyTensor, module: ModuleType) -> Adapted:
+        if not tensor.dtype.is_float or tensor.dtype == self.to:
+            return Adapted(tensor)
+        return Adapted(cast(tensor, self.to), (f"cast {tensor.dtype.display} -> {self.to.display}",))
+
+    def alternative_name(self, param: str, module: ModuleType) -> str | None:
+        return None
+
+
+class ChainAdapter:
+    """Burn's ChainAdapter over several adapters, in order (a.chain(b).chain(c)...)."""
+
+    def __init__(self, adapters: Sequence[Adapter]) -> None:
+        self.adapters = tuple(adapters)
+        self.name = " -> ".join(a.name for a in self.adapters) or "identity"
+
+    def adapt(self, tensor: LazyTensor, module: ModuleType) -> Adapted:
+        ops: list[str] = []
+        for a in self.adapters:
+            step = a.adapt(tensor, module)
+            tensor = step.tensor
+            ops.extend(step.ops)
+        return Adapted(tensor, tuple(ops))
+
+    def alternative_name(self, param: str, module: ModuleType) -> str | None:
+        """Spec §3.5, folded left: each adapter is consulted exactly once."""
+        if not self.adapters:
+            return None
+        current = self.adapters[0].alternative_name(param, module)
+        for b in self.adapters[1:]:
+            if current is not None:
+                further = b.alternative_name(current, module)
+                current = further if further is not None else current
+            else:
+                current = b.alternative_name(param, module)
+        return current
+
+
+def half_precision_module_set(with_: Sequence[str] = (), without: Sequence[str] = ()) -> frozenset[str]:
+    """Burn's default set, plus `with_`, minus `without` (names qualified as Burn does).
+
+    `with_` is applied first, so `without` may remove what `with_` added. A `without` name not in
+    the set is a `ValueError`, as Burn's ``without_module`` panics.
+    """
+    modules = set(DEFAULT_HALF_PRECISION_MODULES)
+    modules.update(qualify(n) for n in with_)
+    for n in without:
+        key = qualify(n)
+        if key not in modules:
+            known = ", ".join(sorted(m.removeprefix("Struct:") for m in modules))
+            raise ValueError(f"without: '{n}' ({key}) is not in the module set ({known})")
+        modules.discard(key)
+    return frozenset(modules)
+
+
+def _one(spec: Any) -> Adapter:
+    from .recipe import FloatCastAdapter as FloatCastSpec
+    from .recipe import HalfPrecisionAdapter as HalfPrecisionSpec
+
+    if isinstance(spec, str):
+        simple: dict[str, type] = {"identity": IdentityAdapter, "pytorch_to_burn": PyTorchToBurnAdapter,
+                                   "burn_to_pytorch": BurnToPyTorchAdapter, "half_precision": HalfPrecisionAdapter}
+        if spec not in simple:
+            raise AdapterError(f"unknown adapter '{spec}' (known: {', '.join(simple)}, float_cast)")
+        return simple[spec]()
+    if isinstance(spec, HalfPrecisionSpec):
+        options = spec.half_precision
+        try:
+            return HalfPrecisionAdapter(half_precision_module_set(options.with_, options.without))
+        except ValueError as e:
+            raise AdapterError(f"half_precision: {e}") from None
+    if isinstance(spec, FloatCastSpec):
+        try:
+            to = dtypes.parse(spec.float_cast.to)
+        except MigratorError as e:
+            raise AdapterError(f"float_cast: {e.detail}") from None
+        return FloatCastAdapter(to)
+    if isinstance(spec, Adapter):
+        return spec
+    raise AdapterError(f"not an adapter spec: {spec!r}")
+
+
+def build_adapter(specs: Sequence[Any]) -> Adapter:
+    """The recipe's `adapters:` list as one adapter, chained in order; [] is the identity."""
+    built = [_one(s) for s in specs]
+    if not built:
+        return IdentityAdapter()
+    if len(built) == 1:
+        return built[0]
+    return ChainAdapter(built)

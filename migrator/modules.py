@@ -1,0 +1,307 @@
+"""Module types for file-to-file adapters: declared in the recipe, or inferred where unambiguous.
+
+Burn's adapters decide from the live module's type (`Struct:Linear` -> transpose the weight). A
+file has no live module: a 2-D ``weight`` may be a Linear (transpose) or an Embedding (never
+transpose), and guessing wrong silently corrupts a model. So every tensor's module type is either
+declared (the recipe's ``modules:`` map), inferred by one of the conservative rules below, or
+*unresolved* — and an adapter whose decision depends on an unresolved type refuses to guess.
+
+The module path is the tensor name minus its last segment, as Burn's path is (``''`` for a root
+tensor); ``modules:`` regexes are searched in it (Burn's regex dialect, see `naming`). All tensors
+of one module path share one type, decided from the module's own parameters (its *siblings*).
+
+Inference rules, first match wins (``name`` = last segment of the module path, case-insensitive;
+"params" = the module's own tensors):
+
+=====================  ===========================================================================
+type                   rule
+=====================  ===========================================================================
+BatchNorm              ``running_mean`` and ``running_var`` among params, all params 1-D of one
+                       length (plus ``num_batches_tracked``); InstanceNorm if the name says
+                       ``instance`` (PyTorch InstanceNorm with ``track_running_stats``)
+Conv{1,2,3}d           ``weight`` of rank 3/4/5, params within {weight, bias}; ConvTranspose{n}d
+                       when the name has ``transpose``/``deconv``. Conv and ConvTranspose have the
+                       same ranks, so the other is possible: no adapter treats them differently
+                       (neither is transposed or renamed; both are in half_precision's set)
+norm family            params {weight[, bias]} or {gamma[, beta]}, 1-D, one length, norm-like name
+                       (contains ``norm``; ``ln``/``bn``/``gn`` alone, with a number or a ``_x``
+                       suffix, or as a ``_ln`` suffix: ln_f, ln_1, bn1, attn_ln). The family is
+                       told apart by name (batch/bn -> BatchNorm, group/gn -> GroupNorm, rms ->
+                       RmsNorm, instance -> InstanceNorm), else LayerNorm: LayerNorm, GroupNorm and
+                       RmsNorm behave the same in every adapter. Burn-named ``gamma``[+``beta``]
+                       alone also counts (Burn uses those names only in norm layers)
+PRelu                  name contains ``prelu``, params {weight} or {alpha}, 1-D
+Embedding              params exactly {weight}, 2-D, embedding-like name (ends in embed, embeds,
+                       embedding, embeddings, emb, or is embed_tokens/embed_positions/wte/wpe)
+Linear                 ``weight`` 2-D, params within {weight, bias}, name not embedding-like and not
+                       GPT-2's Conv1D (``c_attn``/``c_fc``/``c_proj`` store ``[in, out]``, refused),
+                       and either a linear-like name (fc, dense, linear, proj, query, key, value,
+                       q_proj, lm_head, classifier, ... see ``LINEAR_LIKE``) or a 1-D bias whose
+                       length equals exactly one weight dimension
+(unresolved)           anything else, with the reason
+=====================  ===========================================================================
+
+A bias that matches exactly one weight dimension also records the weight's layout
+(`ModuleType.weight_layout`): PyTorch's Linear stores ``[out, in]`` (bias = dim 0), Burn's
+``[in, out]`` (bias = dim 1). The layout adapters refuse to transpose a weight already in their
+target layout. `ModuleType.norm_excluded` records that the siblings rule out every norm type
+(a weight that is not 1-D, a bias with no weight, extra params), so a lone ``bias`` of an
+unresolved module needs no decision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import MigratorError
+from .naming import NamingError, compile_regex
+
+
+class AdapterError(MigratorError):
+    """An adapter cannot decide what to do with a tensor (unknown or conflicting module type)."""
+
+
+BURN_MODULE_TYPES: tuple[str, ...] = (
+    "Struct:Linear", "Struct:BatchNorm", "Struct:LayerNorm", "Struct:GroupNorm", "Struct:Embedding",
+    "Struct:Conv1d", "Struct:Conv2d", "Struct:Conv3d", "Struct:ConvTranspose1d", "Struct:ConvTranspose2d",
+    "Struct:ConvTranspose3d", "Struct:DeformConv2d", "Struct:InstanceNorm", "Struct:RmsNorm", "Struct:PRelu",
+)
+"""The 15 module-type names Burn's adapters know (spec §10)."""
+
+
+def qualify(name: str) -> str:
+    """Burn's rule: a name with ':' is kept (``Enum:X``), else it is a struct (``Struct:X``)."""
+    return name if ":" in name else f"Struct:{name}"
+
+
+def module_path(tensor_name: str) -> str:
+    """The tensor name minus its last segment ('' for a root tensor)."""
+    return tensor_name.rpartition(".")[0]
+
+
+WeightLayout = Literal["out_in", "in_out"]
+
+
+@dataclass(frozen=True)
+class ModuleType:
+    """The type of the module a tensor belongs to, and how migrator knows it."""
+
+    name: str | None  # unqualified Burn type name ('Linear', user names); None = unresolved
+    how: Literal["declared", "inferred", "unresolved"]
+    reason: str
+    weight_layout: WeightLayout | None = None  # a 2-D weight's layout as its bias shows it
+    norm_excluded: bool = False  # the siblings rule out every norm type
+
+    @property
+    def qualified(self) -> str | None:
+        """``Struct:<name>`` (or the name as given when it has ':'), as Burn's container stack has it."""
+        return None if self.name is None else qualify(self.name)
+
+    def __str__(self) -> str:
+        return f"{self.name or '?'} ({self.how}: {self.reason})"
+
+
+def unresolved(reason: str, *, norm_excluded: bool = False) -> ModuleType:
+    return ModuleType(None, "unresolved", reason, norm_excluded=norm_excluded)
+
+
+# ---- name patterns (last segment of the module path) ------------------------------------------------
+
+NORM_LIKE = re.compile(r"norm|^(?:ln|bn|gn)(?:_?\d+|_[a-z0-9_]+)?\Z|_(?:ln|bn|gn)\d*\Z", re.IGNORECASE)
+EMBEDDING_LIKE = re.compile(
+    r"^(?:\w*(?:embed|embeds|embedding|embeddings|emb)|\w*embed_(?:tokens|positions)|wte|wpe)\d*\Z", re.IGNORECASE)
+LINEAR_LIKE = re.compile(
+    r"^(?:fc|dense|linear|lin|proj|proj_in|proj_out|in_proj|out_proj|q_proj|k_proj|v_proj|o_proj|qkv_proj"
+    r"|gate_proj|up_proj|down_proj|query|key|value|qkv|query_key_value|q|k|v|o|wq|wk|wv|wo|wi|wi_0|wi_1"
+    r"|w1|w2|w3|fc_in|fc_out|to_q|to_k|to_v|lm_head|classifier|head|score|decoder|dense_h_to_4h"
+    r"|dense_4h_to_h)(?:_?\d+)?\Z",
+    re.IGNORECASE)
+GPT2_CONV1D = re.compile(r"^c_(?:attn|fc|proj)\Z", re.IGNORECASE)
+TRANSPOSE_LIKE = re.compile(r"transpose|deconv", re.IGNORECASE)
+
+_TORCH_NORM = frozenset({"weight", "bias"})
+_BURN_NORM = frozenset({"gamma", "beta"})
+_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+
+
+_SAME = "; LayerNorm/GroupNorm/RmsNorm behave the same in every adapter"
+
+
+def _norm_family(name: str) -> tuple[str, str]:
+    """(type, why) for a norm-like module name."""
+    low = name.lower()
+    if "instance" in low:
+        return "InstanceNorm", ("name says instance norm; note Burn's adapters do not rename InstanceNorm "
+                                "weight/bias <-> gamma/beta")
+    if "batch" in low or re.match(r"bn(?:_|\d|\Z)", low) or re.search(r"_bn\d*\Z", low):
+        return "BatchNorm", "name says batch norm (no running statistics beside it)"
+    if "group" in low or re.match(r"gn(?:_|\d|\Z)", low) or re.search(r"_gn\d*\Z", low):
+        return "GroupNorm", "name says group norm" + _SAME
+    if "rms" in low:
+        return "RmsNorm", "name says RMS norm" + _SAME
+    if "layer" in low or re.match(r"ln(?:_|\d|\Z)", low) or re.search(r"_ln\d*\Z", low):
+        return "LayerNorm", "name says layer norm" + _SAME
+    return "LayerNorm", "norm family" + _SAME
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _norm_possible(params: Mapping[str, tuple[int, ...]]) -> bool:
+    """Could these params belong to a norm layer (PyTorch or Burn naming)?"""
+    keys = set(params)
+    w, g = params.get("weight"), params.get("gamma")
+    if not ((w is not None and keys <= _TORCH_NORM | _STATS) or (g is not None and keys <= _BURN_NORM | _STATS)):
+        return False
+    vectors = [params[k] for k in keys - {"num_batches_tracked"}]
+    return all(len(v) == 1 for v in vectors) and len(set(vectors)) == 1
+
+
+def _bias_layout(params: Mapping[str, tuple[int, ...]]) -> WeightLayout | None:
+    """Which dimension of a 2-D weight its 1-D bias matches, when that tells the layout."""
+    w, b = params.get("weight"), params.get("bias")
+    if w is None or b is None or len(w) != 2 or len(b) != 1 or w[0] == w[1]:
+        return None
+    if b[0] == w[0]:
+        return "out_in"
+    if b[0] == w[1]:
+        return "in_out"
+    return None
+
+
+_LAYOUT_TEXT = {"out_in": "bias matches dim 0: [out, in], PyTorch's layout",
+                "in_out": "bias matches dim 1: [in, out], Burn's layout"}
+
+
+def infer(path: str, params: Mapping[str, tuple[int, ...]]) -> ModuleType:
+    """Infer a module's type from its path and its own parameters (name -> shape); see module doc."""
+    name = path.rpartition(".")[2]
+    keys = set(params)
+    listing = ", ".join(f"{k} {_dims(s)}" for k, s in sorted(params.items())) or "no tensors"
+    norm_excluded = not _norm_possible(params)
+    layout = _bias_layout(params)
+
+    def found(type_name: str, why: str, *, with_layout: bool = False) -> ModuleType:
+        return ModuleType(type_name, "inferred", why, layout if with_layout else None, norm_excluded)
+
+    def refuse(why: str) -> ModuleType:
+        return unresolved(f"{why} (params: {listing})", norm_excluded=norm_excluded)
+
+    w = params.get("weight")
+    # BatchNorm: running statistics
+    if "running_mean" in keys and "running_var" in keys:
+        ones = [params[k] for k in keys - {"num_batches_tracked"}]
+        if keys <= _TORCH_NORM | _BURN_NORM | _STATS and all(len(s) == 1 for s in ones) and len(set(ones)) == 1:
+            if "instance" in name.lower():
+                return found("InstanceNorm", "running_mean/running_var with an instance-norm name; Burn's adapters "
+                                             "do not rename InstanceNorm weight/bias <-> gamma/beta")
+            return found("BatchNorm", "running_mean/running_var siblings")
+        return refuse("running_mean/running_var beside params a BatchNorm does not have")
+    # Conv: rank 3-5 weight
+    if w is not None and len(w) in (3, 4, 5):
+        n = len(w) - 2
+        if not keys <= _TORCH_NORM or ("bias" in keys and len(params["bias"]) != 1):
+            return refuse(f"rank-{len(w)} weight beside params a Conv{n}d does not have")
+        if TRANSPOSE_LIKE.search(name):
+            return found(f"ConvTranspose{n}d", f"rank-{len(w)} weight with a transposed-conv name")
+        return found(f"Conv{n}d", f"rank-{len(w)} weight (a ConvTranspose{n}d has the same rank; pytorch_to_burn "
+                                  "and half_precision treat both the same)")
+    # norm family
+    if not norm_excluded and not keys & _STATS:
+        burn_named = "gamma" in keys
+        if NORM_LIKE.search(name):
+            type_name, why = _norm_family(name)
+            return found(type_name, f"1-D {'gamma' if burn_named else 'weight'} under norm-like name '{name}': {why}")
+        if burn_named:
+            return found("LayerNorm", "1-D gamma[/beta]: Burn uses these names only in norm layers; "
+                                      "LayerNorm/GroupNorm/RmsNorm behave the same in every adapter")
+        if "prelu" in name.lower() and keys == {"weight"}:
+            return found("PRelu", "single 1-D weight under a PReLU name")
+    if "prelu" in name.lower() and keys == {"alpha"} and len(params["alpha"]) == 1:
+        return found("PRelu", "single 1-D alpha under a PReLU name")
+    # 2-D weight: Embedding or Linear
+    if w is not None and len(w) == 2:
+        if not keys <= _TORCH_NORM:
+            return refuse("2-D weight beside params a Linear or Embedding does not have")
+        b = params.get("bias")
+        if b is not None and len(b) != 1:
+            return refuse("2-D weight with a bias that is not 1-D")
+        if GPT2_CONV1D.match(name):
+            return refuse(f"'{name}' is GPT-2's Conv1D naming, which stores [in, out] though PyTorch calls it "
+                          "weight; declare its type (e.g. a non-Linear name such as Conv1D, so pytorch_to_burn "
+                          "does not transpose it)")
+        if EMBEDDING_LIKE.match(name):
+            if b is None:
+                return found("Embedding", f"2-D weight {_dims(w)} alone under embedding-like name '{name}'")
+            return refuse(f"embedding-like name '{name}' but with a bias, which an Embedding does not have")
+        if b is not None and b[0] not in w:
+            return refuse(f"bias {_dims(b)} matches neither dimension of weight {_dims(w)}")
+        if LINEAR_LIKE.match(name):
+            extra = f"; {_LAYOUT_TEXT[layout]}" if layout else ""
+            return found("Linear", f"2-D weight {_dims(w)} under linear-like name '{name}'{extra}", with_layout=True)
+        if layout is not None:
+            return found("Linear", f"2-D weight {_dims(w)} with bias {_dims(b or ())}; {_LAYOUT_TEXT[layout]}",
+                         with_layout=True)
+        if b is None:
+            return refuse(f"2-D weight {_dims(w)} without a bias under '{name or '<root>'}', a name that is "
+                          "neither linear- nor embedding-like: Linear (transpose) or Embedding (keep)?")
+        return refuse(f"square weight {_dims(w)}: its bias cannot tell [out, in] from [in, out], and "
+                      f"'{name or '<root>'}' is not a linear-like name")
+    return refuse("no inference rule applies")
+
+
+class ModuleResolver:
+    """Resolves each tensor's module type: declared (recipe `modules:`) wins over inferred."""
+
+    def __init__(self, declared: Mapping[str, Sequence[str]], tensors: Sequence[tuple[str, tuple[int, ...]]]) -> None:
+        self._declared: list[tuple[str, str, re.Pattern[str]]] = []
+        for type_name, patterns in declared.items():
+            if isinstance(patterns, str):
+                patterns = [patterns]
+            for p in patterns:
+                try:
+                    self._declared.append((type_name, p, compile_regex(p)))
+                except NamingError as e:
+                    raise AdapterError(f"modules: {type_name}: invalid regex '{p}': {e}") from None
+        self._params: dict[str, dict[str, tuple[int, ...]]] = {}
+        for name, shape in tensors:
+            path, _, param = name.rpartition(".")
+            self._params.setdefault(path, {})[param] = tuple(shape)
+        self._cache: dict[str, ModuleType] = {}
+
+    def params(self, path: str) -> dict[str, tuple[int, ...]]:
+        """The module's own tensors (last segment -> shape)."""
+        return dict(self._params.get(path, {}))
+
+    def resolve(self, tensor_name: str) -> ModuleType:
+        """The module type of `tensor_name`'s module; `AdapterError` if two declarations conflict."""
+        path = module_path(tensor_name)
+        try:
+            return self.resolve_path(path)
+        except AdapterError as e:
+            raise AdapterError(e.detail, tensor=tensor_name) from None
+
+    def resolve_path(self, path: str) -> ModuleType:
+        """The module type of a module path ('' for root tensors)."""
+        cached = self._cache.get(path)
+        if cached is None:
+            cached = self._cache[path] = self._resolve(path)
+        return cached
+
+    def _resolve(self, path: str) -> ModuleType:
+        params = self._params.get(path, {})
+        matches = [(t, p) for t, p, rx in self._declared if rx.search(path)]
+        if matches:
+            first_type, first_pattern = matches[0]
+            for t, p in matches[1:]:
+                if qualify(t) != qualify(first_type):
+                    raise AdapterError(
+                        f"module path '{path}' is matched by two module types: modules: {first_type}: "
+                        f"'{first_pattern}' and {t}: '{p}'; make the regexes exclusive")
+            return ModuleType(first_type, "declared", f"modules: {first_type}: '{first_pattern}'",
+                              _bias_layout(params), not _norm_possible(params))
+        return infer(path, params)
