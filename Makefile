@@ -24,9 +24,9 @@ demo: install
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(PY) recipes/generate_demo_data.py $(DEMO)
 	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.pt --limit 6
-	$(VENV)/bin/migrate validate $(addprefix recipes/,$(addsuffix .yaml,$(RECIPES)))
 	$(VENV)/bin/migrate plan recipes/bert-to-burn.yaml
 	for r in $(RECIPES); do $(VENV)/bin/migrate run recipes/$$r.yaml --no-progress || exit 1; done
+	$(VENV)/bin/migrate validate $(addprefix recipes/,$(addsuffix .yaml,$(RECIPES)))
 	$(PY) recipes/check_round_trip.py $(DEMO)/tiny-bert.safetensors $(DEMO)/tiny-bert-roundtrip.safetensors \
 		embeddings.position_ids
 	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk

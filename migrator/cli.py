@@ -124,7 +124,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)
     tensors = info["tensors"]
     with_ids = any("param_id" in t for t in tensors)
     table = Table(title=f"{info['path']} ({info['format']}, {_human(info['file_size'])})", title_justify="left")

@@ -323,7 +323,10 @@ def _alternative(adapter: Any, resolver: Any, slot_name: str,
     if resolver is None:
         return None
     module_path, _, param = slot_name.rpartition(".")
-    module = resolver.resolve(slot_name)
+    try:
+        module = resolver.resolve(slot_name)
+    except MigratorError:  # a conflicting declaration: reported where the source tensor is adapted
+        return None
     if module.name is None:
         return None
     alt = adapter.alternative_name(param, module)
