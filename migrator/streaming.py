@@ -17,7 +17,7 @@ _kernel_copy_ok = hasattr(os, "copy_file_range")
 def write_zeros(sink: BinaryIO, n: int) -> None:
     while n > 0:
         k = min(n, len(_ZEROS))
-        sink.write(_ZEROS[:k])
+        write_all(sink, memoryview(_ZEROS)[:k])
         n -= k
 
 
@@ -28,12 +28,13 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor) -> None:
     data = tensor.data()
     try:
         for start in range(0, len(data), CHUNK):
-            _write_all(sink, data[start : start + CHUNK])
+            write_all(sink, data[start : start + CHUNK])
     finally:
         data.release()
 
 
-def _write_all(sink: BinaryIO, chunk: memoryview) -> None:
+def write_all(sink: BinaryIO, chunk: memoryview) -> None:
+    """Write everything: a raw (unbuffered) file may accept only part of a large write."""
     while len(chunk):
         n = sink.write(chunk)
         if n is None:  # buffered writers write everything

@@ -16,7 +16,7 @@ from ..bytesource import ByteSource, FileSource
 from ..dtypes import DType, Kind
 from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
 from ..scalars import SCALAR_KINDS, Scalar
-from ..streaming import write_tensor, write_zeros
+from ..streaming import write_all, write_tensor, write_zeros
 from ..tensor import LazyTensor, stored
 from . import cbor
 from .base import Reader, Writer
@@ -323,8 +323,7 @@ class BurnpackWriter(Writer):
         return self.data_start + self._end
 
     def write_to(self, sink: BinaryIO) -> None:
-        sink.write(struct.pack("<IHI", MAGIC, VERSION, len(self._cbor)))
-        sink.write(self._cbor)
+        write_all(sink, memoryview(struct.pack("<IHI", MAGIC, VERSION, len(self._cbor)) + self._cbor))
         pos = HEADER_SIZE + len(self._cbor)
         for t, start in zip(self.tensors, self._starts, strict=True):
             gap = self.data_start + start - pos

@@ -20,7 +20,7 @@ from ..bytesource import ByteSource
 from ..dtypes import DType
 from ..errors import FormatError, LimitExceededError, PlanError, TensorNotFoundError, UnsupportedDTypeError
 from ..scalars import Scalar
-from ..streaming import write_tensor
+from ..streaming import write_all, write_tensor
 from ..tensor import LazyTensor, stored
 from .base import Reader, Writer
 
@@ -365,7 +365,7 @@ class SafetensorsWriter(Writer):
         return 8 + len(self.header) + self.data_size
 
     def write_to(self, sink: BinaryIO) -> None:
-        _write_all(sink, memoryview(struct.pack("<Q", len(self.header)) + self.header))
+        write_all(sink, memoryview(struct.pack("<Q", len(self.header)) + self.header))
         for t, _, _, _ in self.plan:
             write_tensor(sink, t)
 
@@ -382,11 +382,3 @@ def _utf8_ok(s: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _write_all(sink: BinaryIO, data: memoryview) -> None:
-    while len(data):
-        n = sink.write(data)
-        if n is None:  # buffered writers take everything
-            return
-        data = data[n:]
