@@ -10,6 +10,7 @@ from . import PRODUCER, __version__
 
 METADATA_FORMATS = ("burnpack", "safetensors")
 RECIPE_HASH_KEY = "migrator.recipe_sha256"
+VERSION_KEY = "migrator.version"
 SOURCE_HASH_KEY = "migrator.source_sha256"
 TEMPLATE_HASH_KEY = "migrator.template_sha256"
 

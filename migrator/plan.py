@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import dtypes
+from . import __version__, dtypes
 from .dtypes import DType
 from .errors import MigratorError, PlanError
 from .formats import Reader, open_file, writer_class
@@ -23,6 +23,7 @@ from .metadata import (
     RECIPE_HASH_KEY,
     SOURCE_HASH_KEY,
     TEMPLATE_HASH_KEY,
+    VERSION_KEY,
     output_metadata,
     sha256_file,
 )
@@ -302,6 +303,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
+            meta[VERSION_KEY] = __version__
         if hash_sources:
             meta[SOURCE_HASH_KEY] = sha256_file(src_path)
             if tpl_path is not None:

@@ -191,6 +191,17 @@ class HalfPrecisionOptions(_Strict):
     with_: list[str] = Field(default_factory=list, alias="with", description="Module types to add (e.g. BatchNorm).")
     without: list[str] = Field(default_factory=list, description="Module types to remove from the default set.")
 
+    @model_validator(mode="after")
+    def _without_known(self) -> HalfPrecisionOptions:
+        from .adapters import half_precision_module_set
+
+        try:
+            half_precision_module_set(self.with_, self.without)
+        except ValueError as e:
+            raise RecipeValueError(str(e), key="without",
+                                   hint="Burn's without_module accepts only names in the set") from None
+        return self
+
 
 class HalfPrecisionAdapter(_Strict):
     half_precision: HalfPrecisionOptions

@@ -786,3 +786,15 @@ def test_cast_to_a_float_burn_cannot_hold(errors) -> None:
         dtype: {cast: F8_E4M3}
     """) == ("recipe.yaml:4:15: dtype.cast: dtype cast cannot be F8_E4M3: migrator casts to Burn's float dtypes "
              f"only (hint: {USE_FLOAT})")
+
+
+def test_half_precision_without_unknown_module_is_an_error_at_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "hp.yaml"
+    path.write_text("version: 1\nsource: {path: a.safetensors}\nadapters:\n  - half_precision:\n"
+                    "      without: [LayerNorm, Batchnorm]\ntarget: {path: b.bpk}\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path)
+    text = str(e.value)
+    assert "hp.yaml:5:" in text and "adapters[0].half_precision.without" in text and "'Batchnorm'" in text
+    path.write_text(path.read_text().replace("Batchnorm", "GroupNorm"))
+    assert load_recipe(path).recipe.adapters
