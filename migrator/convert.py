@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import MigratorError
 from .execute import run_plan
 from .plan import Plan, build_plan
@@ -82,6 +80,8 @@ def build_recipe(
 
 
 def emit_recipe(recipe: Recipe) -> str:
+    import yaml
+
     header = "# yaml-language-server: $schema=schemas/recipe.schema.json\n"
     return header + yaml.safe_dump(recipe.dump(), sort_keys=False, allow_unicode=True)
 

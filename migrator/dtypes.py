@@ -9,10 +9,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from functools import cache
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .errors import UnsupportedDTypeError
+
+if TYPE_CHECKING:  # numpy is imported on first use: a pass-through copy never needs it
+    import numpy as np
 
 
 class Kind(enum.Enum):
@@ -88,6 +90,8 @@ class DType:
 
 @cache
 def _numpy_dtype(name: str) -> np.dtype:
+    import numpy as np
+
     if name in _NUMPY_NATIVE:
         return np.dtype(name).newbyteorder("<")
     import ml_dtypes
@@ -174,6 +178,8 @@ def parse(spelling: str) -> DType:
 
 def from_numpy(dtype: np.dtype) -> DType:
     """Canonical dtype of a numpy array (bf16/fp8 through ml_dtypes)."""
+    import numpy as np
+
     dt = np.dtype(dtype)
     if dt.byteorder == ">":
         raise UnsupportedDTypeError(f"big-endian numpy dtype {dt} (convert to little-endian first)")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .bytesource import ByteSource, FileSpan
 from .dtypes import DType
 from .errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
+
+if TYPE_CHECKING:  # imported on first use: a pass-through copy never needs numpy
+    import numpy as np
 
 Buffer = bytes | bytearray | memoryview
 Loader = Callable[[], Buffer]
@@ -50,6 +52,8 @@ class LazyTensor:
 
     def numpy(self) -> np.ndarray:
         """A numpy array over the bytes (zero-copy and read-only where the source allows)."""
+        import numpy as np
+
         if self.dtype.numpy_name is None:
             raise UnsupportedDTypeError(
                 f"{self.dtype.display} cannot be viewed as numpy", file=self.origin, tensor=self.name
@@ -85,6 +89,8 @@ def stored(name: str, dtype: DType, shape: tuple[int, ...], source: ByteSource, 
 def from_numpy(name: str, array: np.ndarray, *, dtype: DType | None = None,
                param_id: int | None = None) -> LazyTensor:
     """Wrap an in-memory array (made C-contiguous little-endian; bytes copied only if needed)."""
+    import numpy as np
+
     from . import dtypes
 
     dt = dtype or dtypes.from_numpy(array.dtype)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import numpy as np
-
 MAX_DEPTH = 128
 
 
@@ -59,16 +57,15 @@ def _head(major: int, n: int) -> bytes:
 
 def encode_float(x: float) -> bytes:
     """Shortest IEEE width that round-trips the exact f64 bit pattern (half, single, double)."""
-    d = np.float64(x)
-    bits = d.view(np.uint64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        h = d.astype(np.float16)
-        if h.astype(np.float64).view(np.uint64) == bits:
-            return b"\xf9" + h.view(np.uint16).item().to_bytes(2, "big")
-        s = d.astype(np.float32)
-        if s.astype(np.float64).view(np.uint64) == bits:
-            return b"\xfa" + s.view(np.uint32).item().to_bytes(4, "big")
-    return b"\xfb" + int(bits).to_bytes(8, "big")
+    bits = struct.pack(">d", x)
+    for code, head in (("e", b"\xf9"), ("f", b"\xfa")):
+        try:
+            narrow = struct.pack(">" + code, x)
+        except OverflowError:
+            continue
+        if struct.pack(">d", struct.unpack(">" + code, narrow)[0]) == bits:
+            return head + narrow
+    return b"\xfb" + bits
 
 
 def encode(value: Any) -> bytes:
