@@ -402,8 +402,13 @@ def test_build_adapter_specs() -> None:
     assert "Struct:BatchNorm" in hp.modules and "Struct:LayerNorm" not in hp.modules
     chain = build_adapter(["pytorch_to_burn", FloatCastSpec.model_validate({"float_cast": {"to": "f16"}})])
     assert isinstance(chain, ChainAdapter) and chain.name == "pytorch_to_burn -> float_cast"
-    with pytest.raises(AdapterError, match="not in the module set"):
-        build_adapter([HalfPrecisionSpec.model_validate({"half_precision": {"without": ["BatchNorm"]}})])
+    with pytest.raises(ValueError, match="not in the module set"):  # refused when the recipe is validated
+        HalfPrecisionSpec.model_validate({"half_precision": {"without": ["BatchNorm"]}})
+    unchecked = HalfPrecisionSpec.model_construct(
+        half_precision=HalfPrecisionSpec.model_fields["half_precision"].annotation.model_construct(  # type: ignore[union-attr]
+            with_=[], without=["BatchNorm"]))
+    with pytest.raises(AdapterError, match="not in the module set"):  # and by the adapter itself
+        build_adapter([unchecked])
     with pytest.raises(AdapterError, match="unknown adapter"):
         build_adapter(["pytorch_to_tf"])
 
