@@ -123,10 +123,10 @@ MEMORY_PROBE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("fmt", ["burnpack", "safetensors"])
-def test_reading_every_tensor_keeps_peak_rss_near_one_tensor(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "ext"), [("burnpack", "bpk"), ("safetensors", "safetensors"), ("pytorch", "pt")])
+def test_reading_every_tensor_keeps_peak_rss_near_one_tensor(tmp_path: Path, fmt: str, ext: str) -> None:
     tensor_mb = 16
-    path = tmp_path / f"m.{'bpk' if fmt == 'burnpack' else 'safetensors'}"
+    path = tmp_path / f"m.{ext}"
     save([from_numpy(f"t{i}", np.full(tensor_mb * 2**18, i, np.float32)) for i in range(16)], path)
     out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(path)], capture_output=True, text=True, check=True)
     growth = int(out.stdout)
