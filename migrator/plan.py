@@ -27,7 +27,14 @@ from .metadata import (
     output_metadata,
     sha256_file,
 )
-from .naming import KeyRemapper, NamingError, find_collisions, map_indices_contiguous, strip_enum_variant
+from .naming import (
+    KeyRemapper,
+    NamingError,
+    RemapRule,
+    find_collisions,
+    map_indices_contiguous,
+    strip_enum_variant,
+)
 from .recipe import CastPolicy, Criterion, Recipe
 from .report import ApplyReport, ReportError
 from .scalars import Scalar
@@ -177,7 +184,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
     # 1. names: remaps, then contiguous indices (defaults follow Burn's PyTorch store)
     ops: dict[str, list[str]] = {n: [] for n in names}
-    remapper = KeyRemapper([(r.from_, r.to) for r in recipe.remap]) if recipe.remap else None
+    remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in recipe.remap]) if recipe.remap else None
     current = names
     if remapper is not None:
         try:

@@ -177,3 +177,16 @@ def test_same_inputs_give_identical_bytes_and_existing_target_survives(src: Path
 def test_dtype_template_without_template_is_fatal(src: Path, tmp_path: Path) -> None:
     with build_plan(recipe(source={"path": str(src)}, dtype="template", target={"path": "o.bpk"}), tmp_path) as p:
         assert "dtype: template needs target.template" in p.fatal
+
+
+def test_remap_syntax_is_honoured(tmp_path: Path) -> None:
+    save([from_numpy("a.1.w", arr(2))], tmp_path / "s.safetensors")
+    # `syntax: rust` keeps backslashes literal; auto would read \1 as a Python group reference
+    r = recipe(source={"path": "s.safetensors"}, remap=[{"from": r"^a\.(\d)\.", "to": r"b\1.", "syntax": "rust"}],
+               target={"path": "o.bpk"})
+    with build_plan(r, tmp_path) as plan:
+        assert [e.target for e in plan.entries] == ["b\\1.w"]
+    r = recipe(source={"path": "s.safetensors"}, remap=[{"from": r"^a\.(\d)\.", "to": r"b\1."}],
+               target={"path": "o.bpk"})
+    with build_plan(r, tmp_path) as plan:
+        assert [e.target for e in plan.entries] == ["b1.w"]
