@@ -40,7 +40,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 bench: install
-	$(PY) benchmarks/bench_convert.py
+	$(PY) benchmarks/suite.py
 
 schema: install
 	$(PY) tools/gen_schema.py

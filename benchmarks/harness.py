@@ -1,7 +1,9 @@
-"""Measuring whole commands: wall time and peak RSS (incl. mapped file pages) from the kernel.
+"""Timing whole commands on a noisy shared disk: rotating rounds, medians of per-round ratios.
 
-Each job runs in its own process so its peak RSS is its own (`wait4` rusage). `sync` runs before
-and after every timed job, outside the timing, so dirty pages of one job do not bill the next.
+Each job runs in its own process. `sync` runs before and after every timed job, outside the
+timing, so dirty pages of one job do not bill the next; the job's input is read once beforehand
+(outside the timing) so every job starts from the same warm page cache; its output is deleted
+afterwards so the disk never holds more than one output.
 """
 
 from __future__ import annotations
@@ -11,86 +13,107 @@ import statistics
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-
-OUT = Path(__file__).resolve().parent / "out"
-
-
-@dataclass
-class Run:
-    wall: float
-    peak_rss: int  # bytes
-
 
 GNU_TIME = Path("/usr/bin/time")
 
 
-def run(cmd: Sequence[str], *, cleanup: Sequence[Path] = ()) -> Run:
-    """Run `cmd` once: remove `cleanup` paths first, sync, time it, sync again.
+@dataclass(frozen=True)
+class Job:
+    """A command to time; `output` is deleted before and after it, `warm` is read before it."""
 
-    Peak RSS comes from GNU time when present: a child forked by this (large) Python process
-    would inherit its high-water mark, so `wait4` here would overstate small jobs like `cp`.
+    label: str
+    cmd: Sequence[str]
+    output: Path | None = None
+    warm: Path | None = None
+
+
+@dataclass
+class Run:
+    wall: float  # seconds
+    peak_rss: int  # bytes
+
+
+@dataclass
+class Results:
+    """Runs per label, in round order, so round i of two labels can be compared."""
+
+    runs: dict[str, list[Run]] = field(default_factory=dict)
+
+    def wall(self, label: str) -> float:
+        return statistics.median(r.wall for r in self.runs[label])
+
+    def rss(self, label: str) -> int:
+        return max(r.peak_rss for r in self.runs[label])
+
+    def ratio(self, label: str, base: str) -> float:
+        """Median of per-round ratios: each run is compared with the baseline of its own round."""
+        return statistics.median(j.wall / b.wall for j, b in zip(self.runs[label], self.runs[base], strict=True))
+
+
+def warm(path: Path) -> None:
+    """Read a file through the page cache (cheap when it is cached already)."""
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(16 << 20)
+        while f.readinto(buf):
+            pass
+
+
+def run(job: Job, rss_file: Path) -> Run:
+    """Run one job: delete its output, warm its input, sync, time it, sync, delete the output.
+
+    Peak RSS (including mapped file pages) comes from GNU time: a child forked by this Python
+    process would inherit its high-water mark, so `wait4` of a direct child overstates small jobs.
     """
-    for p in cleanup:
-        p.unlink(missing_ok=True)
+    if job.output is not None:
+        job.output.unlink(missing_ok=True)
+    if job.warm is not None:
+        warm(job.warm)
     subprocess.run(["sync"], check=True)
-    rss_file = OUT / ".rss"
-    wrapped = [str(GNU_TIME), "-f", "%M", "-o", str(rss_file), *cmd] if GNU_TIME.exists() else list(cmd)
     start = time.perf_counter()
-    proc = subprocess.Popen(wrapped, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run([str(GNU_TIME), "-f", "%M", "-o", str(rss_file), *job.cmd],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise RuntimeError(f"{cmd} exited with {code}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{job.label}: {' '.join(map(str, job.cmd))} exited with {proc.returncode}:\n"
+                           f"{proc.stderr[-2000:]}")
     subprocess.run(["sync"], check=True)
-    peak_kib = int(rss_file.read_text().split()[-1]) if GNU_TIME.exists() else usage.ru_maxrss
-    return Run(wall, peak_kib * 1024)
+    if job.output is not None:
+        job.output.unlink(missing_ok=True)
+    return Run(wall, int(rss_file.read_text().split()[-1]) * 1024)
 
 
-def rounds(jobs: dict[str, tuple[Sequence[str], Path]], n: int = 4) -> dict[str, list[Run]]:
-    """`n` rounds of every job (label -> (command, output to delete first)), rotating the order."""
-    labels = list(jobs)
-    out: dict[str, list[Run]] = {label: [] for label in labels}
+def rounds(jobs: Sequence[Job], n: int, rss_file: Path, log: bool = True) -> Results:
+    """`n` rounds of every job, the order rotated by one each round (no job always runs first)."""
+    res = Results({j.label: [] for j in jobs})
     for i in range(n):
-        order = labels[i % len(labels):] + labels[: i % len(labels)]
-        for label in order:
-            cmd, target = jobs[label]
-            out[label].append(run(cmd, cleanup=[target]))
-    return out
+        k = i % len(jobs)
+        for job in [*jobs[k:], *jobs[:k]]:
+            r = run(job, rss_file)
+            res.runs[job.label].append(r)
+            if log:
+                print(f"  round {i + 1}/{n} {job.label}: {r.wall:.2f} s, {mib(r.peak_rss)}", flush=True)
+    return res
 
 
-def cp_jobs(src: Path, copy: Path) -> dict[str, tuple[Sequence[str], Path]]:
-    """The floor: `cp`, and `cp` followed by an fsync of the copy (migrator fsyncs its output)."""
-    return {"cp": (["cp", str(src), str(copy)], copy),
-            "cp+fsync": (["sh", "-c", 'cp "$1" "$2" && sync "$2"', "_", str(src), str(copy)], copy)}
-
-
-def median_wall(runs: Sequence[Run]) -> float:
-    return statistics.median(r.wall for r in runs)
-
-
-def max_rss(runs: Sequence[Run]) -> int:
-    return max(r.peak_rss for r in runs)
-
-
-def ratio_median(jobs: Sequence[Run], bases: Sequence[Run]) -> float:
-    """Median of per-round ratios: each job is compared with the baseline run next to it."""
-    return statistics.median(j.wall / b.wall for j, b in zip(jobs, bases, strict=True))
-
-
-def table(rows: Sequence[tuple[str, dict[str, list[Run]]]], largest: int) -> str:
-    """Markdown: per job, migrator's median wall time, its ratio to cp and to cp+fsync, peak RSS."""
-    lines = ["| job | migrator s | cp s | cp+fsync s | ratio to cp | ratio to cp+fsync | peak RSS | "
-             "RSS - largest tensor | cp peak RSS |", "|---|---|---|---|---|---|---|---|---|"]
-    for label, runs in rows:
-        m, cp, cps = runs["migrator"], runs["cp"], runs["cp+fsync"]
-        lines.append(f"| {label} | {median_wall(m):.2f} | {median_wall(cp):.2f} | {median_wall(cps):.2f} | "
-                     f"{ratio_median(m, cp):.2f}x | {ratio_median(m, cps):.2f}x | {mib(max_rss(m))} | "
-                     f"{mib(max_rss(m) - largest)} | {mib(max_rss(cp))} |")
-    return "\n".join(lines)
+def cp_jobs(src: Path, copy: Path) -> list[Job]:
+    """The floor: `cp`, and `cp` then an fsync of the copy (migrator fsyncs what it writes)."""
+    return [Job("cp", ["cp", str(src), str(copy)], copy, src),
+            Job("cp+fsync", ["sh", "-c", 'cp "$1" "$2" && sync "$2"', "_", str(src), str(copy)], copy, src)]
 
 
 def mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
+
+
+def machine() -> str:
+    """nproc, RAM, the filesystem of the outputs, Python: the facts a reader needs to compare."""
+    import platform
+
+    mem = next((int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal:")), 0)
+    fs = subprocess.run(["df", "--output=fstype,source", str(Path(__file__).parent)], capture_output=True,
+                        text=True).stdout.split("\n")[1:2]
+    return (f"{os.cpu_count()} cores, {mem / 2**30:.0f} GiB RAM, {' '.join(fs).split()[0] if fs else '?'} on a "
+            f"shared virtual disk, Linux {platform.release()}, Python {platform.python_version()}")

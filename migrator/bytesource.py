@@ -19,7 +19,7 @@ from .errors import FormatError
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileSpan:
     """Bytes that lie verbatim in an open file: lets a writer copy them in the kernel."""
 

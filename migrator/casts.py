@@ -23,17 +23,20 @@ no Burn equivalent and torch and ml_dtypes disagree on their overflow behaviour.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from . import dtypes
 from .dtypes import DType
-from .errors import UnsupportedDTypeError
-from .tensor import LazyTensor
+from .errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
+from .tensor import Buffer, LazyTensor
 
 CHUNK_ELEMENTS = 1 << 20
 """Elements converted per step: scratch stays a few times 4 MiB whatever the tensor's size."""
+CHUNK_BYTES = 8 << 20
+"""Bytes per piece a streamed transpose yields (at least one tile band)."""
 
 CASTABLE: frozenset[str] = frozenset({"F64", "F32", "FLEX32", "F16", "BF16"})
 
@@ -111,16 +114,59 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
     numel = tensor.numel
     convert = _converter(src_name, dst_name)
 
-    def load() -> memoryview:
-        src = np.frombuffer(tensor.data(), dtype=src_uint, count=numel)
-        out = np.empty(numel, dtype=dst_uint)
+    def chunks() -> Iterator[memoryview]:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and NaNs are intended
-            for start in range(0, numel, CHUNK_ELEMENTS):
-                stop = min(start + CHUNK_ELEMENTS, numel)
-                out[start:stop] = convert(src[start:stop])
-        return memoryview(out.view(np.uint8))
+            for piece in source_pieces(tensor, CHUNK_ELEMENTS * src_uint.itemsize):
+                yield memoryview(convert(np.frombuffer(piece, dtype=src_uint)).view(np.uint8))
 
-    return tensor.derived(dtype=to, shape=tensor.shape, loader=load)
+    def load() -> memoryview:
+        out = np.empty(numel * dst_uint.itemsize, dtype=np.uint8)
+        pos = 0
+        for piece in chunks():
+            out[pos:pos + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+            pos += len(piece)
+        return memoryview(out)
+
+    return tensor.derived(dtype=to, shape=tensor.shape, loader=load, chunks=chunks)
+
+
+def source_pieces(tensor: LazyTensor, step: int) -> Iterator[Buffer]:
+    """A tensor's bytes in whole-element pieces of about `step` bytes, holding one piece at a time.
+
+    A computed tensor streams its own pieces; a file-backed one is read with `pread` into fresh
+    buffers (no mapping stays resident, and a consumer may keep a piece while the next is read);
+    anything else is sliced from its `data()` view, which is released at the end.
+    """
+    if tensor.chunks is not None:
+        yield from tensor.chunks()
+        return
+    span = tensor.span
+    if span is not None:
+        done = 0
+        while done < span.length:
+            piece = _pread_full(span.fd, min(step, span.length - done), span.offset + done, tensor)
+            done += len(piece)
+            yield piece
+        return
+    data = tensor.data()
+    try:
+        for start in range(0, len(data), step):
+            yield data[start:start + step]
+    finally:
+        data.release()
+
+
+def _pread_full(fd: int, n: int, offset: int, tensor: LazyTensor) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = os.preadv(fd, [view[got:]], offset + got)
+        if k <= 0:
+            raise TensorBytesSizeMismatchError(f"source ended {n - got} bytes early", file=tensor.origin,
+                                               tensor=tensor.name)
+        got += k
+    return buf
 
 
 def _block_size(itemsize: int) -> int:
@@ -134,19 +180,43 @@ def transpose_bytes(raw: memoryview | bytes | bytearray, rows: int, cols: int, i
     A tiled copy: numpy's plain ``ascontiguousarray(a.T)`` strides through memory column by
     column and is 2-4x slower on large matrices (e.g. 50257x1024 f32: ~600 ms vs ~150 ms).
     """
-    if itemsize in _UINT:
-        src = np.frombuffer(raw, dtype=_UINT[itemsize], count=rows * cols).reshape(rows, cols)
-    else:  # e.g. 16-byte elements: move them as byte rows
-        src = np.frombuffer(raw, dtype=np.uint8, count=rows * cols * itemsize).reshape(rows, cols, itemsize)
-    block = _block_size(itemsize)
-    if rows <= block or cols <= block:
-        return np.ascontiguousarray(src.swapaxes(0, 1))
+    src = _matrix(raw, rows, cols, itemsize)
     out = np.empty((cols, rows, *src.shape[2:]), dtype=src.dtype)
+    _transpose_into(out, src)
+    return out
+
+
+def transpose_bands(raw: memoryview | bytes | bytearray, rows: int, cols: int,
+                    itemsize: int) -> Iterator[np.ndarray]:
+    """The `[cols, rows]` transpose as consecutive bands of output rows of about CHUNK_BYTES each."""
+    src = _matrix(raw, rows, cols, itemsize)
+    block = _block_size(itemsize)
+    band = max(block, CHUNK_BYTES // max(rows * itemsize, 1) // block * block)
+    for j in range(0, cols, band):
+        part = src[:, j:j + band]
+        out = np.empty((part.shape[1], rows, *src.shape[2:]), dtype=src.dtype)
+        _transpose_into(out, part)
+        yield out
+
+
+def _matrix(raw: memoryview | bytes | bytearray, rows: int, cols: int, itemsize: int) -> np.ndarray:
+    if itemsize in _UINT:
+        return np.frombuffer(raw, dtype=_UINT[itemsize], count=rows * cols).reshape(rows, cols)
+    # e.g. 16-byte elements: move them as byte rows
+    return np.frombuffer(raw, dtype=np.uint8, count=rows * cols * itemsize).reshape(rows, cols, itemsize)
+
+
+def _transpose_into(out: np.ndarray, src: np.ndarray) -> None:
+    """out = src.T, tile by tile so both sides stay in cache."""
+    rows, cols = src.shape[:2]
+    block = _block_size(src.dtype.itemsize * (src.shape[2] if src.ndim == 3 else 1))
+    if rows <= block or cols <= block:
+        out[...] = src.swapaxes(0, 1)
+        return
     for i in range(0, rows, block):
         tile_rows = src[i:i + block]
         for j in range(0, cols, block):
             out[j:j + block, i:i + block] = tile_rows[:, j:j + block].swapaxes(0, 1)
-    return out
 
 
 def transpose2d(tensor: LazyTensor) -> LazyTensor:
@@ -159,7 +229,12 @@ def transpose2d(tensor: LazyTensor) -> LazyTensor:
                                     file=tensor.origin, tensor=tensor.name)
     rows, cols = tensor.shape
 
+    def chunks() -> Iterator[memoryview]:
+        # A transpose reads its whole source; the source's map is dropped with the exhausted bands.
+        for band in transpose_bands(tensor.data(), rows, cols, itemsize):
+            yield memoryview(band.reshape(-1).view(np.uint8))
+
     def load() -> memoryview:
         return memoryview(transpose_bytes(tensor.data(), rows, cols, itemsize).reshape(-1).view(np.uint8))
 
-    return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=load)
+    return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=load, chunks=chunks)

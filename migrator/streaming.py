@@ -24,17 +24,38 @@ def write_zeros(sink: BinaryIO, n: int) -> None:
 
 
 def write_tensor(sink: BinaryIO, tensor: LazyTensor) -> None:
-    """Append the tensor's bytes to `sink`; exactly `tensor.nbytes` bytes or an error."""
+    """Append the tensor's bytes to `sink`; exactly `tensor.nbytes` bytes or an error.
+
+    In order of preference: a kernel copy of a verbatim file span, the tensor's own pieces (a
+    streamed cast or transpose), or its whole `data()` view written in chunks and then dropped.
+    Writeback of the output is started as each 32 MiB step completes.
+    """
     start = _position(sink)
-    if not (tensor.nbytes and tensor.span is not None and _copy_in_kernel(sink, tensor)):
-        data = tensor.data()
-        try:
-            for offset in range(0, len(data), CHUNK):
-                write_all(sink, data[offset : offset + CHUNK])
-        finally:
-            data.release()
-    if start is not None:
-        _start_writeback(sink, start, start + tensor.nbytes)
+    if tensor.nbytes and tensor.span is not None and _copy_in_kernel(sink, tensor, start):
+        return
+    pos = start
+    written = 0
+    if tensor.chunks is not None:
+        for piece in tensor.chunks():
+            view = memoryview(piece).cast("B")
+            write_all(sink, view)
+            written += len(view)
+            if pos is not None:
+                _start_writeback(sink, pos, pos + len(view))
+                pos += len(view)
+        if written != tensor.nbytes:
+            raise TensorBytesSizeMismatchError(f"produced {written} bytes but declares {tensor.nbytes}",
+                                               file=tensor.origin, tensor=tensor.name)
+        return
+    data = tensor.data()
+    try:
+        for offset in range(0, len(data), CHUNK):
+            write_all(sink, data[offset : offset + CHUNK])
+            if pos is not None:
+                _start_writeback(sink, pos, pos + min(CHUNK, len(data) - offset))
+                pos += CHUNK
+    finally:
+        data.release()
 
 
 def _position(sink: BinaryIO) -> int | None:
@@ -68,22 +89,22 @@ def write_all(sink: BinaryIO, chunk: memoryview) -> None:
         chunk = chunk[n:]
 
 
-def _copy_in_kernel(sink: BinaryIO, tensor: LazyTensor) -> bool:
-    """copy_file_range from the source file; False when the kernel or filesystem can't."""
+def _copy_in_kernel(sink: BinaryIO, tensor: LazyTensor, pos: int | None) -> bool:
+    """copy_file_range from the source file; False when the kernel or filesystem can't.
+
+    Copied in WRITEBACK_STEP pieces so writeback of a large tensor starts while it is copied.
+    """
     global _kernel_copy_ok
-    if not _kernel_copy_ok:
+    if not _kernel_copy_ok or pos is None:
         return False
-    try:
-        out_fd = sink.fileno()
-    except (AttributeError, OSError):
-        return False
+    out_fd = sink.fileno()
     span = tensor.span
     assert span is not None
     sink.flush()
     done = 0
     while done < span.length:
         try:
-            n = os.copy_file_range(span.fd, out_fd, span.length - done, span.offset + done)
+            n = os.copy_file_range(span.fd, out_fd, min(span.length - done, WRITEBACK_STEP), span.offset + done)
         except OSError as e:
             if done == 0 and e.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
                                          errno.EBADF, errno.EPERM):
@@ -94,5 +115,6 @@ def _copy_in_kernel(sink: BinaryIO, tensor: LazyTensor) -> bool:
             raise TensorBytesSizeMismatchError(
                 f"source ended after {done} of {span.length} bytes", file=tensor.origin, tensor=tensor.name
             )
+        _start_writeback(sink, pos + done, pos + done + n)
         done += n
     return True

@@ -1,0 +1,207 @@
+"""The benchmark suite: migrator beside `cp`, `cp` + fsync, and the tools users run today.
+
+    make bench                                   # every model, 4 rounds (~30-45 min, mostly GPT-2-XL)
+    .venv/bin/python benchmarks/suite.py --models 100k,gpt2-medium --rounds 2   # quicker
+
+Models (generated once into benchmarks/out/, see models.py): GPT-2-medium shapes (1.4 GB fp32),
+GPT-2-XL shapes (6.2 GB fp32), and 100,000 small tensors. Per model, every round runs each job
+once in a rotated order; a job's figures are medians over rounds of its ratio to the baseline run
+in the same round, because the shared disk makes absolute times vary several-fold between runs.
+Prints markdown tables and writes them with the raw runs to benchmarks/out/results.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import Job, Results, cp_jobs, machine, mib, rounds
+from models import MODELS, OUT, Model, burn_recipe, ensure
+
+PY = sys.executable
+MIGRATE = str(Path(PY).with_name("migrate"))
+PEERS = str(Path(__file__).resolve().parent / "peers.py")
+RSS_BUDGET = 150 * 2**20
+
+
+@dataclass(frozen=True)
+class Case:
+    """A migrator job and the peer doing the same work the way users do it today."""
+
+    label: str
+    kind: str  # "pass-through" or "transform"
+    job: Job
+    peer: Job
+
+
+def cases(model: Model) -> list[Case]:
+    st, pt, bpk, burn = (model.path(k) for k in ("safetensors", "pt", "bpk", "burn.bpk"))
+    out = {ext: OUT / f"job.{ext}" for ext in ("bpk", "safetensors", "peer.safetensors")}
+    to_burn = burn_recipe(model, source=pt.name, target=out["bpk"].name, adapter="pytorch_to_burn", cast="F16")
+    to_torch = burn_recipe(model, source=burn.name, target=out["safetensors"].name, adapter="burn_to_pytorch")
+    resave = Job("safetensors load_file + save_file", [PY, PEERS, "resave", str(st), str(out["peer.safetensors"])],
+                 out["peer.safetensors"], st)
+    torch_half = Job("torch.load(mmap) + transpose + half + save_file",
+                     [PY, PEERS, "torch", str(pt), str(out["peer.safetensors"]), "--half"], out["peer.safetensors"], pt)
+    torch_plain = Job("torch.load(mmap) + transpose + save_file",
+                      [PY, PEERS, "torch", str(pt), str(out["peer.safetensors"])], out["peer.safetensors"], pt)
+    convert = [MIGRATE, "convert", "--overwrite", "--no-progress"]
+    run = [MIGRATE, "run", "--no-progress"]
+    return [
+        Case("SafeTensors -> burnpack", "pass-through",
+             Job("st->bpk", [*convert, str(st), str(out["bpk"])], out["bpk"], st), resave),
+        Case("burnpack -> SafeTensors", "pass-through",
+             Job("bpk->st", [*convert, str(bpk), str(out["safetensors"])], out["safetensors"], bpk), resave),
+        Case("PyTorch -> burnpack, pytorch_to_burn + F16", "transform",
+             Job("pt->bpk", [*run, str(to_burn)], out["bpk"], pt), torch_half),
+        Case("burnpack -> SafeTensors, burn_to_pytorch", "transform",
+             Job("burn->st", [*run, str(to_torch)], out["safetensors"], burn), torch_plain),
+    ]
+
+
+def bench_model(model: Model, n: int, rss_file: Path) -> tuple[list[Case], Results]:
+    cs = cases(model)
+    peers = list({c.peer.label: c.peer for c in cs}.values())
+    jobs = [*(c.job for c in cs), *cp_jobs(model.path("safetensors"), OUT / "job.copy"), *peers]
+    print(f"{model.name}: {len(jobs)} jobs x {n} rounds", flush=True)
+    return cs, rounds(jobs, n, rss_file)
+
+
+def model_table(results: dict[str, tuple[Model, list[Case], Results]]) -> str:
+    lines = ["| model | job | migrator s | cp s | cp+fsync s | x cp | x cp+fsync | peer s | x peer | peak RSS | "
+             "RSS - largest tensor | peer peak RSS |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for model, cs, res in results.values():
+        for c in cs:
+            j, p = c.job.label, c.peer.label
+            lines.append(
+                f"| {model.name} | {c.label} | {res.wall(j):.2f} | {res.wall('cp'):.2f} | {res.wall('cp+fsync'):.2f} | "
+                f"{res.ratio(j, 'cp'):.2f} | {res.ratio(j, 'cp+fsync'):.2f} | {res.wall(p):.2f} | "
+                f"{res.ratio(j, p):.2f} | {mib(res.rss(j))} | {mib(res.rss(j) - model.largest)} | {mib(res.rss(p))} |")
+    return "\n".join(lines)
+
+
+def models_legend(results: dict[str, tuple[Model, list[Case], Results]]) -> str:
+    peers = {c.label: c.peer.label for _, cs, _ in results.values() for c in cs}
+    lines = [f"- **{m.name}**: {m.description}; {m.count:,} tensors, {m.nbytes / 1e9:.2f} GB, largest tensor "
+             f"{mib(m.largest)}" for m, _, _ in results.values()]
+    lines += [f"- peer of *{job}*: `{peer}`" for job, peer in peers.items()]
+    return "\n".join(lines)
+
+
+def linearity(results: dict[str, tuple[Model, list[Case], Results]]) -> str:
+    """Time ratio of the big model to the small one against their byte ratio; per-tensor overhead."""
+    lines = []
+    if "gpt2-medium" in results and "gpt2-xl" in results:
+        (m, cs, a), (x, _, b) = results["gpt2-medium"], results["gpt2-xl"]
+        lines += [f"Bytes ratio gpt2-xl / gpt2-medium: **{x.nbytes / m.nbytes:.2f}**.", "",
+                  "| job | gpt2-medium s | gpt2-xl s | time ratio | cp time ratio | cp+fsync time ratio |",
+                  "|---|--:|--:|--:|--:|--:|"]
+        for c in cs:
+            j = c.job.label
+            lines.append(f"| {c.label} | {a.wall(j):.2f} | {b.wall(j):.2f} | {b.wall(j) / a.wall(j):.2f} | "
+                         f"{b.wall('cp') / a.wall('cp'):.2f} | {b.wall('cp+fsync') / a.wall('cp+fsync'):.2f} |")
+        lines.append("")
+    if "100k" in results:
+        small, cs, r = results["100k"]
+        base = results.get("gpt2-medium")
+        lines += ["Per-tensor overhead on the 100k model: (migrator - cp+fsync of the same file) / 100,000"
+                  + (", and beside it the time gpt2-medium's per-byte rate predicts for these bytes" if base else "")
+                  + ".", "", "| job | 100k s | cp+fsync s | overhead per tensor | predicted from bytes |",
+                  "|---|--:|--:|--:|--:|"]
+        for c in cs:
+            j = c.job.label
+            per = (r.wall(j) - r.wall("cp+fsync")) / small.count * 1e6
+            pred = f"{base[2].wall(j) * small.nbytes / base[0].nbytes:.2f} s" if base else "-"
+            lines.append(f"| {c.label} | {r.wall(j):.2f} | {r.wall('cp+fsync'):.2f} | {per:.0f} us | {pred} |")
+    return "\n".join(lines)
+
+
+def startup(n: int, rss_file: Path) -> tuple[str, Results]:
+    """`migrate --help` and `migrate plan` on the 100k model (pass-through and transforming recipes)."""
+    model = MODELS["100k"]
+    st = model.path("safetensors")
+    plain = OUT / "100k.plan-convert.yaml"
+    plain.write_text(f"version: 1\nsource: {{path: {st.name}}}\ntarget: {{path: job.bpk}}\n")
+    to_burn = burn_recipe(model, source=model.path("pt").name, target="job.bpk", adapter="pytorch_to_burn",
+                          cast="F16")
+    jobs = [Job("migrate --help", [MIGRATE, "--help"]),
+            Job("migrate plan, 100k SafeTensors -> burnpack", [MIGRATE, "plan", str(plain)], warm=st),
+            Job("migrate plan, 100k PyTorch -> burnpack, pytorch_to_burn + F16", [MIGRATE, "plan", str(to_burn)],
+                warm=model.path("pt"))]
+    res = rounds(jobs, n, rss_file)
+    targets = {jobs[0].label: 0.3, jobs[1].label: 2.0, jobs[2].label: 2.0}
+    lines = ["| command | median s | min s | target | peak RSS |", "|---|--:|--:|--:|--:|"]
+    for label, target in targets.items():
+        best = min(r.wall for r in res.runs[label])
+        lines.append(f"| {label} | {res.wall(label):.2f} | {best:.2f} | <= {target} s | {mib(res.rss(label))} |")
+    return "\n".join(lines), res
+
+
+def verdicts(results: dict[str, tuple[Model, list[Case], Results]], start: Results | None) -> str:
+    lines = ["| target | worst measured | met |", "|---|--:|---|"]
+
+    def row(name: str, worst: float, limit: float, unit: str = "x") -> None:
+        lines.append(f"| {name} | {worst:.2f}{unit} | {'yes' if worst <= limit else 'no'} |")
+
+    for kind, limit in (("pass-through", 1.2), ("transform", 2.0)):
+        for base in ("cp", "cp+fsync"):
+            worst = max((res.ratio(c.job.label, base) for m, cs, res in results.values() for c in cs
+                         if c.kind == kind and m.nbytes > 1e9), default=math.nan)
+            row(f"{kind} <= {limit}x {base} (1.4 and 6.2 GB models)", worst, limit)
+    worst_rss = max((res.rss(c.job.label) - m.largest for m, cs, res in results.values() for c in cs), default=0)
+    lines.append(f"| peak RSS <= largest tensor + 150 MiB (every job, every model) | largest + {mib(worst_rss)} | "
+                 f"{'yes' if worst_rss <= RSS_BUDGET else 'no'} |")
+    if start is not None:
+        for label, limit in (("migrate --help", 0.3), ("migrate plan, 100k SafeTensors -> burnpack", 2.0),
+                             ("migrate plan, 100k PyTorch -> burnpack, pytorch_to_burn + F16", 2.0)):
+            row(label, start.wall(label), limit, " s")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="100k,gpt2-medium,gpt2-xl", help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--no-startup", action="store_true", help="skip the --help and plan timings")
+    args = ap.parse_args()
+    if not Path("/usr/bin/time").exists():
+        sys.exit("GNU time (/usr/bin/time) is needed for peak RSS: apt-get install time")
+    OUT.mkdir(parents=True, exist_ok=True)
+    rss_file = OUT / ".rss"
+    results: dict[str, tuple[Model, list[Case], Results]] = {}
+    for name in args.models.split(","):
+        model = MODELS[name]
+        if not ensure(model, spare=2 * model.nbytes + (1 << 30)):
+            continue
+        cs, res = bench_model(model, args.rounds, rss_file)
+        results[name] = (model, cs, res)
+    start_table, start = (None, None)
+    if not args.no_startup and ensure(MODELS["100k"], spare=1 << 30):
+        start_table, start = startup(max(args.rounds, 5), rss_file)
+    free = shutil.disk_usage(OUT).free
+    md = [f"Machine: {machine()}; {args.rounds} rounds per job; outputs removed between jobs "
+          f"({free / 1e9:.0f} GB free at the end).", "", models_legend(results), "",
+          model_table(results), "", linearity(results), ""]
+    if start_table:
+        md += [start_table, ""]
+    md += [verdicts(results, start)]
+    text = "\n".join(md)
+    print("\n" + text)
+    (OUT / "results.md").write_text(text + "\n")
+    raw = {name: {label: [asdict(r) for r in runs] for label, runs in res.runs.items()}
+           for name, (_, _, res) in results.items()}
+    if start is not None:
+        raw["startup"] = {label: [asdict(r) for r in runs] for label, runs in start.runs.items()}
+    (OUT / "results.json").write_text(json.dumps(raw, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
