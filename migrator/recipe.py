@@ -93,9 +93,11 @@ def regex_problem(e: NamingError) -> str:
 
 
 def _nonempty_path(value: object) -> object:
-    """An empty path would silently mean the recipe's folder."""
+    """An empty path would silently mean the recipe's folder; a NUL cannot be in any path."""
     if isinstance(value, str) and not value.strip():
         raise RecipeValueError("path is empty")
+    if isinstance(value, str) and "\0" in value:
+        raise RecipeValueError("path contains a NUL character", hint="no file name can hold one")
     return value
 
 

@@ -146,7 +146,8 @@ def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
 def parse_recipe(text: str, name: str = "<recipe>", base_dir: Path | None = None) -> LoadedRecipe:
     """Validate an in-memory recipe (`migrate convert --emit-recipe`); paths resolve from `base_dir`."""
     base = Path(os.path.abspath(base_dir if base_dir is not None else os.getcwd()))
-    return _load(text.encode("utf-8"), name, base / name, base)
+    # surrogatepass: a str holding lone surrogates becomes bytes that fail the UTF-8 check with a RecipeError
+    return _load(text.encode("utf-8", "surrogatepass"), name, base / name, base)
 
 
 def recipe_json_schema() -> dict[str, Any]:
@@ -231,7 +232,10 @@ def _yaml_issue(shown: str, e: yaml.YAMLError, text: str) -> RecipeIssue:
 
 def _parse_yaml(text: str, shown: str) -> tuple[MappingNode, Any, dict[int, Any], list[RecipeIssue]]:
     """Compose, check (size, cycles, duplicate keys, top-level mapping), then construct."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as e:  # the reader refuses unprintable characters (NUL, ...) up front
+        raise RecipeError([_yaml_issue(shown, e, text)]) from None
     try:
         try:
             root = loader.get_single_node()
@@ -308,6 +312,9 @@ class _Scan:
             elif isinstance(node, SequenceNode):
                 for i in range(len(node.value) - 1, -1, -1):
                     stack.append((node.value[i], (*path, i), False))
+            elif isinstance(node, ScalarNode) and _SURROGATE.search(node.value):
+                self._fail(node, "text holds a lone surrogate escape (such as \\ud800), which is not Unicode",
+                           "write the character itself, or a \\U escape of a real code point")
 
     def _fail(self, node: Node, message: str, hint: str | None) -> None:
         mark = node.start_mark
@@ -332,6 +339,9 @@ class _Scan:
                     self.shown, key.start_mark.line + 1, key.start_mark.column + 1, _render_loc((*path, value)),
                     f"duplicate key '{key.value}'",
                     f"first given at line {first.start_mark.line + 1}; YAML would silently keep the last"))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _children(node: Node) -> Iterator[Node]:

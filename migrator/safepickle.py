@@ -1028,7 +1028,12 @@ def _as_tensor(m: Unpickler, value: Any, what: str) -> TensorRef | UnsupportedTe
 def _int_arg(m: Unpickler, v: Any, what: str, *, lo: int = 0) -> int:
     if type(v) is not int or v < lo:
         raise m.error(f"{what} must be an integer >= {lo}, got {_tname(v)}")
+    if v >= _INT64_LIMIT:  # torch keeps sizes, strides and offsets in int64
+        raise m.error(f"{what} does not fit in 64 bits")
     return v
+
+
+_INT64_LIMIT = 1 << 63
 
 
 def _shape_arg(m: Unpickler, v: Any, what: str, *, lo: int = 0) -> tuple[int, ...]:

@@ -195,6 +195,14 @@ class BurnpackReader(Reader):
         if self.data_start + end > self.source.size:
             raise self._fail(f"Validation error: File truncated: data [{self.data_start + start}, "
                              f"{self.data_start + end}) is past the end ({self.source.size} bytes)", name)
+        if 0 not in shape:  # bounded product: a long list of huge dims would take quadratic time
+            numel = 1
+            for x in shape:
+                numel *= x
+                if numel > MAX_TENSOR_SIZE * 8:
+                    raise LimitExceededError(
+                        f"Validation error: shape of {len(shape)} dimensions has more than {MAX_TENSOR_SIZE * 8} "
+                        "elements", file=self.label, tensor=name)
         want = dt.nbytes(tuple(shape))
         if dt.kind is not Kind.QUANTIZED and want != end - start:
             raise self._fail(f"Validation error: holds {end - start} bytes but shape {list(shape)} of "
@@ -296,6 +304,7 @@ class BurnpackWriter(Writer):
         return starts
 
     def _plan_cbor(self) -> bytes:
+        _check_text(self.tensors, self.metadata, self.scalars)
         descriptors: dict[str, Any] = {}
         by_name = sorted(zip(self.tensors, self._starts, strict=True), key=lambda p: p[0].name.encode())
         for t, start in by_name:
@@ -336,6 +345,26 @@ class BurnpackWriter(Writer):
     def resolve_path(path: str | os.PathLike[str]) -> str:
         p = os.fspath(path)
         return p if has_extension(p) else p + EXTENSION
+
+
+def _check_text(tensors: Sequence[LazyTensor], metadata: Mapping[str, str], scalars: Mapping[str, Scalar]) -> None:
+    """Names and metadata become CBOR text: a lone surrogate (a pickle's BINUNICODE may hold one) cannot."""
+    for t in tensors:
+        if not _utf8_ok(t.name):
+            raise PlanError(f"tensor name {t.name!a} is not valid Unicode text (it cannot be written as UTF-8)",
+                            tensor=t.name)
+    for k, v in [*metadata.items(), *((k, "") for k in scalars)]:
+        if isinstance(k, str) and isinstance(v, str) and not (_utf8_ok(k) and _utf8_ok(v)):
+            raise PlanError(f"metadata or scalar entry {k!a} is not valid Unicode text (it cannot be written as "
+                            "UTF-8)")
+
+
+def _utf8_ok(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _dtype_to_cbor_checked(t: LazyTensor) -> None:

@@ -225,7 +225,7 @@ class PytorchReader(Reader):
         first = self._unpickler(view, what="pickle")
         try:
             magic = first.load()
-        except UnsafePickleError:
+        except (UnsafePickleError, LimitExceededError):  # keep the precise type
             raise
         except FormatError as e:
             raise self._err(f"not a PyTorch checkpoint: not a zip or tar archive, not a legacy torch.save "
@@ -266,8 +266,9 @@ class PytorchReader(Reader):
     def _apply_sys_info(self, sys_info: Any) -> None:
         if not isinstance(sys_info, dict):
             raise self._err("sys_info is not a dict")
+        # ints kept only within 64 bits: a 4 KiB pickled LONG would not even print (str() digit limit)
         self._extra["sys_info"] = {k: v for k, v in sys_info.items() if isinstance(k, str)
-                                   and isinstance(v, (int, bool, str))}
+                                   and (isinstance(v, (bool, str)) or (type(v) is int and -(1 << 63) <= v < 1 << 64))}
         if sys_info.get("little_endian", True) is False:
             # torch >= 1.x converts legacy data to little-endian when saving and never swaps when
             # loading, but older versions wrote native order: the bytes' order cannot be known.
@@ -434,15 +435,16 @@ class PytorchReader(Reader):
             raise self._err(f"persistent id storage type is {_type_name(stype)}, not a torch storage class")
         if type(key) not in (str, int) or not isinstance(location, (str, bytes)):
             raise self._err("persistent id: storage key / location have the wrong types")
-        if type(numel) is not int or numel < 0:
-            raise self._err("persistent id: storage size is not a non-negative integer")
+        if type(numel) is not int or not 0 <= numel < 1 << 63:
+            raise self._err("persistent id: storage size is not a non-negative 64-bit integer")
         key = str(key)
         dtype = _storage_dtype(stype)
         self._first_dtype.setdefault(key, dtype)
         view_t: tuple[str, int, int] | None = None
         if view is not None:
             if not (isinstance(view, tuple) and len(view) == 3 and type(view[0]) in (str, int)
-                    and type(view[1]) is int and type(view[2]) is int and view[1] >= 0 and view[2] >= 0):
+                    and type(view[1]) is int and type(view[2]) is int and 0 <= view[1] < 1 << 63
+                    and 0 <= view[2] < 1 << 63):
                 raise self._err("persistent id: storage view is not (key, offset, size)")
             view_t = (str(view[0]), view[1], view[2])
         loc = location.decode("ascii", "replace") if isinstance(location, bytes) else location

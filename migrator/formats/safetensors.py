@@ -191,11 +191,14 @@ class SafetensorsReader(Reader):
         if not isinstance(shape, list) or isinstance(shape, _Pairs) or not all(_is_uint(d) for d in shape):
             raise self._error(f"shape must be a list of non-negative integers, found {_short(shape)}", name)
         numel = 1
-        for d in shape:
+        for d in shape:  # checked per dimension, like the library's checked_mul (and never quadratic)
             if d > _U64_MAX:
                 raise LimitExceededError(f"shape {_short(shape)} has a dimension beyond 64 bits",
                                          file=self.label, tensor=name)
             numel *= d
+            if numel > _U64_MAX:
+                raise LimitExceededError(f"shape {_short(shape)} overflows 64-bit sizes (element count)",
+                                         file=self.label, tensor=name)
         assert dtype.bits is not None  # every SafeTensors dtype has a fixed width
         if numel * dtype.bits > _U64_MAX:
             raise LimitExceededError(f"shape {_short(shape)} of {spelled} overflows 64-bit sizes",

@@ -1,0 +1,893 @@
+"""Long-running mutation fuzzer for migrator's readers and its recipe loader.
+
+    .venv/bin/python tools/fuzz.py --reader burnpack --cases 100000
+
+Readers: burnpack, safetensors, pytorch-zip, pytorch-legacy, pytorch-tar, recipe. Seeds are made
+on the spot (migrator's own writers; torch for the legacy, TAR and torch-written zip seeds) and
+mutated by byte flips, truncations, insertions, deletions, splices and overwrites of length fields
+with huge or negative values; the zip and TAR mutators can also repair CRCs and header checksums
+so mutations reach the pickles behind them.
+
+Every case must end in a `MigratorError` subclass or a correct result (every tensor's bytes have
+the declared length, numpy views have the declared shape, and a re-encoded copy reads back equal).
+Anything else is a crash, saved under `tools/fuzz-crashes/` (gitignored):
+
+* another exception type (ValueError, IndexError, RecursionError, MemoryError, ...);
+* a hang: SIGALRM fails a case after `--timeout` seconds; a hang inside C code, which a Python
+  signal handler cannot interrupt, is ended by faulthandler's watchdog, and the input it was
+  working on is kept in `.inflight-*` and reported by the next run;
+* an allocation larger than the input justifies: tracemalloc's peak per case must stay below
+  `--alloc-factor` x input size + 64 MiB (+ 3x the largest tensor touched, which a reader only
+  declares within its limits). RLIMIT_AS is set as a backstop, so a runaway allocation becomes a
+  MemoryError crash instead of taking the machine down.
+
+This module is also imported by tests/test_fuzz.py, which runs the same seeds, mutations and
+checks under Hypothesis for a bounded number of cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import hashlib
+import io
+import json
+import os
+import pickle
+import random
+import re
+import resource
+import signal
+import struct
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+import tracemalloc
+import zipfile
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+import migrator  # noqa: E402
+from migrator import dtypes  # noqa: E402
+from migrator.errors import MigratorError  # noqa: E402
+from migrator.tensor import from_numpy  # noqa: E402
+
+READERS = ("burnpack", "safetensors", "pytorch-zip", "pytorch-legacy", "pytorch-tar", "recipe")
+FORMAT_OF = {"burnpack": "burnpack", "safetensors": "safetensors", "pytorch-zip": "pytorch",
+             "pytorch-legacy": "pytorch", "pytorch-tar": "pytorch"}
+CRASH_DIR = REPO / "tools" / "fuzz-crashes"
+ALLOC_SLACK = 64 << 20
+MATERIALISE_LIMIT = 256 << 20  # larger declared tensors are bound-checked, not materialised
+
+
+class CaseTimeout(BaseException):
+    """A case ran past its time limit."""
+
+
+class AllocationExceeded(Exception):
+    """A case allocated more than its input justifies."""
+
+
+class WrongResult(Exception):
+    """A case 'succeeded' with a result that contradicts itself."""
+
+
+# ----------------------------------------------------------------------------------------------
+# seeds
+
+
+def _tiny_tensors() -> list[Any]:
+    rng = np.random.default_rng(7)
+    return [
+        from_numpy("encoder.layer.0.weight", rng.standard_normal((3, 4)).astype(np.float32), param_id=5),
+        from_numpy("encoder.layer.0.bias", np.arange(3, dtype=np.float16)),
+        from_numpy("encoder.ids", np.array([1, -2, 3], dtype=np.int64)),
+        from_numpy("mask", np.array([True, False])),
+        from_numpy("scalar", np.array(2.5, dtype=np.float64)),
+        from_numpy("empty", np.zeros((0, 3), dtype=np.uint8)),
+    ]
+
+
+def burnpack_seeds() -> list[bytes]:
+    from migrator.scalars import Scalar
+
+    ts = _tiny_tensors()
+    bf16 = from_numpy("bf", np.arange(4, dtype=np.float32), dtype=dtypes.FLEX32)
+    return [
+        migrator.to_bytes(ts, "burnpack", metadata={"format": "burnpack", "producer": "fuzz"},
+                          scalars={"epoch": Scalar("Int", 3), "lr": Scalar("Float", 0.5),
+                                   "big": Scalar("UInt", 2**64 - 1), "flag": Scalar("Bool", True)}),
+        migrator.to_bytes([*ts[:2], bf16], "burnpack"),
+        migrator.to_bytes([], "burnpack"),
+    ]
+
+
+def safetensors_seeds() -> list[bytes]:
+    ts = _tiny_tensors()
+    return [
+        migrator.to_bytes(ts, "safetensors", metadata={"format": "pt", "note": "fuzz ✓"}),
+        migrator.to_bytes(ts[:2], "safetensors"),
+        migrator.to_bytes([from_numpy("c", np.array([1 + 2j], dtype=np.complex64))], "safetensors"),
+    ]
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is in the dev extra
+        raise SystemExit(f"torch is needed to make the legacy/TAR seeds: {e}") from None
+    return torch
+
+
+def _torch_state() -> dict[str, Any]:
+    torch = _torch()
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    return {
+        "w": base,
+        "wt": base.t(),  # strided view of a shared storage
+        "row": base[1],  # storage offset
+        "half": torch.tensor([1.5, -2.0], dtype=torch.float16),
+        "ids": torch.tensor([7, 8], dtype=torch.int64),
+        "nested": {"b": torch.ones(2, dtype=torch.bfloat16), "n": 3, "s": "text"},
+        "lst": [torch.zeros(1, dtype=torch.uint8)],
+        "exp": torch.ones(1).expand(4),  # stride 0
+    }
+
+
+def pytorch_zip_seeds() -> list[bytes]:
+    ts = _tiny_tensors()
+    out = [migrator.to_bytes([t for t in ts if t.name != "empty"], "pytorch")]
+    torch = _torch()
+    for proto in (2, 4):
+        buf = io.BytesIO()
+        torch.save(_torch_state(), buf, pickle_protocol=proto)
+        out.append(buf.getvalue())
+    return out
+
+
+def pytorch_legacy_seeds() -> list[bytes]:
+    torch = _torch()
+    out = []
+    for proto in (2, 1):
+        buf = io.BytesIO()
+        torch.save(_torch_state(), buf, pickle_protocol=proto, _use_new_zipfile_serialization=False)
+        out.append(buf.getvalue())
+    return out
+
+
+class _TensorMark:
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+
+def _pickle_with_pids(obj: Any, pid: Callable[[Any], Any]) -> bytes:
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=2)
+    p.persistent_id = pid  # type: ignore[method-assign]
+    p.dump(obj)
+    return buf.getvalue()
+
+
+def pytorch_tar_seeds() -> list[bytes]:
+    """The old tar layout as torch <= 0.3 wrote it (same construction as tests/test_pytorch_reader.py)."""
+    torch = _torch()
+    root_a = np.arange(24, dtype=np.float32)
+    root_b = np.array([7, -8, 9], dtype=np.int64)
+    storages = [(1001, torch.FloatStorage, root_a), (1002, torch.LongStorage, root_b)]
+    views = [(2001, 1001, 4, 12)]
+    tensors = [(11, 1001, (4, 6), (6, 1), 0), (12, 1001, (6, 4), (1, 6), 0), (13, 2001, (3, 2), (2, 1), 1),
+               (14, 1002, (3,), (1,), 0)]
+    obj = {"a": _TensorMark(11), "a_t": _TensorMark(12), "view": _TensorMark(13),
+           "sub": {"longs": _TensorMark(14)}, "epoch": 9}
+    sys_info = pickle.dumps({"protocol_version": 1001, "little_endian": True,
+                             "type_sizes": {"short": 2, "int": 4, "long": 8}}, protocol=2)
+    main = _pickle_with_pids(obj, lambda o: str(o.key) if isinstance(o, _TensorMark) else None)
+    tbl = pickle.dumps(len(tensors), protocol=2)
+    for key, sid, size, stride, off in tensors:
+        tbl += pickle.dumps((key, sid, torch.FloatTensor), protocol=2)
+        tbl += struct.pack("<i", len(size)) + b"\0" * 4
+        tbl += struct.pack(f"<{len(size)}q", *size) + struct.pack(f"<{len(size)}q", *stride)
+        tbl += struct.pack("<q", off)
+    st = pickle.dumps(len(storages), protocol=2)
+    for key, cls, arr in storages:
+        st += pickle.dumps((key, "cpu", cls), protocol=2) + struct.pack("<q", arr.size) + arr.tobytes()
+    st += pickle.dumps(views, protocol=2)
+    out = []
+    for fmt in (tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+            for name, data in (("sys_info", sys_info), ("pickle", main), ("tensors", tbl), ("storages", st)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        out.append(buf.getvalue())
+    return out
+
+
+RECIPE_FULL = r"""# a recipe using every key
+version: 1
+description: every key
+source:
+  path: weights/model.pt
+  format: auto
+  top_level_key: state_dict
+  contiguous_indices: true
+  skip_enum_variants: false
+remap:
+  - from: '^model\.'
+    to: ''
+  - from: '^transformer\.h\.(\d+)\.'
+    to: 'transformer.layer$1.'
+  - from: '^(?P<block>\w+)\.w$'
+    to: '\g<block>.weight'
+    syntax: python
+filter:
+  include: [{regex: '^encoder\.'}, {path: decoder.scale}, {predicate: 'pkg.module:func'}]
+  exclude: [{regex: '\.num_batches_tracked$'}]
+modules:
+  Linear: ['\.(query|key|value)$']
+  BatchNorm: ['\.bn\d+$']
+adapters: [pytorch_to_burn, {half_precision: {with: [BatchNorm], without: [Embedding]}}, {float_cast: {to: BF16}}]
+dtype: {cast: F16}
+target:
+  path: out/model.bpk
+  format: auto
+  template: init.bpk
+  template_format: burnpack
+  overwrite: false
+  metadata: {description: my model}
+  clear_metadata: false
+  scalars: {epoch: {int: 42}, lr: {float: 0.001}, n: {uint: 7}, ok: {bool: true}}
+allow_partial: false
+validate: true
+"""
+
+RECIPE_ANCHORS = """version: 1
+source: &src {path: a.safetensors, format: safetensors}
+remap: [{from: 'a', to: 'b'}, {from: '(?<x>y)', to: '${x}z'}]
+dtype: template
+target: {<<: *src, path: b.bpk, scalars: none, template: t.bpk}
+"""
+
+
+def recipe_seeds() -> list[bytes]:
+    out = [RECIPE_FULL.encode(), RECIPE_ANCHORS.encode(), b"version: 1\nsource: {path: a.pt}\ntarget: {path: b.bpk}\n"]
+    for p in sorted((REPO / "recipes").glob("*.yaml")):
+        out.append(p.read_bytes())
+    return out
+
+
+SEEDS: dict[str, Callable[[], list[bytes]]] = {
+    "burnpack": burnpack_seeds, "safetensors": safetensors_seeds, "pytorch-zip": pytorch_zip_seeds,
+    "pytorch-legacy": pytorch_legacy_seeds, "pytorch-tar": pytorch_tar_seeds, "recipe": recipe_seeds,
+}
+
+
+def build_seeds(reader: str) -> list[bytes]:
+    """Valid inputs for `reader`; each must pass `exercise` unchanged (checked by the tests)."""
+    return SEEDS[reader]()
+
+
+# ----------------------------------------------------------------------------------------------
+# mutations: each op is a plain tuple so Hypothesis and the random loop share one interpreter
+
+INTERESTING = (0, 1, 2, 7, 8, 0x7F, 0x80, 0xFF, 0x100, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000,
+               0xFFFFFFFF, 1 << 32, 1 << 40, 1 << 53, (1 << 62), (1 << 63) - 1, 1 << 63, (1 << 64) - 1, -1, -2,
+               -256, -(1 << 31), -(1 << 63))
+JSON_NUMBERS = ("-1", "0", "1", "18446744073709551615", "18446744073709551616", "9223372036854775808",
+                "1e400", "-0", "1.5", "99999999999999999999999999999999999999", "4294967296", "1" + "0" * 5000)
+YAML_TOKENS = ("", "~", "null", "true", "false", "0", "-1", "1.5", "1e999", ".nan", ".inf", "18446744073709551616",
+               "-9223372036854775809", "[]", "{}", "[a, b]", "{a: 1}", "'('", "'[z-a]'", "'\\p{L}'", "'(?<n>x)'",
+               "'a(?i)b'", "'$1'", "'\\g<9>'", "'\\1'", "&x 1", "*x", "*nope", "!!python/object/apply:os.system ['x']",
+               "!!binary aGk=", "!!set {a}", "!!timestamp 2001-01-01", "2001-01-01", "|\n  block", ">-", "'\\x00'",
+               "\"\\ud800\"", "{cast: F16}", "{cast: I8}", "{cast: F8_E4M3}", "{float_cast: {to: U8}}",
+               "[pytorch_to_burn, {half_precision: {without: [Foo]}}]", "{half_precision: {with: [1]}}",
+               "/dev/null", "..", "x.bpk", "a.pt", "'  '", "x" * 300, "[[[[[[[[1]]]]]]]]", "{? [a]: b}",
+               "{1: 2}", "{null: 1}", "{true: x}", "[*x, *x]", "<<: {a: 1}", "{regex: '^a'}", "{path: a, regex: b}",
+               "{predicate: 'os:system'}", "keep", "template", "none", "auto", "burnpack", "pytorch", "rust",
+               "python", "1", "2", "'1'", "0x1F", "0o17", "+1", "1_000", "1:20", "=", "? a", "- x", "\t", "\x00",
+               "\ufeff", "#", "%YAML 1.1", "---", "...")
+
+
+def _op_at(data: bytes, pos: int) -> int:
+    return pos % (len(data) + 1)
+
+
+def apply_op(data: bytes, op: tuple[Any, ...], reader: str, seeds: Sequence[bytes] = ()) -> bytes:
+    """Apply one mutation; ops whose positions exceed the input wrap around (never fail)."""
+    kind = op[0]
+    if kind == "flip":
+        if not data:
+            return data
+        p = op[1] % len(data)
+        return data[:p] + bytes([data[p] ^ (1 << (op[2] % 8))]) + data[p + 1 :]
+    if kind == "set":
+        if not data:
+            return data
+        p = op[1] % len(data)
+        return data[:p] + bytes([op[2] % 256]) + data[p + 1 :]
+    if kind == "truncate":
+        return data[: _op_at(data, op[1])]
+    if kind == "insert":
+        p = _op_at(data, op[1])
+        return data[:p] + op[2] + data[p:]
+    if kind == "delete":
+        p = _op_at(data, op[1])
+        return data[:p] + data[p + op[2] :]
+    if kind == "dup":  # copy a chunk over another place (repeats structure: duplicate names, entries)
+        if not data:
+            return data
+        p, n, q = op[1] % len(data), op[2], _op_at(data, op[3])
+        return data[:q] + data[p : p + n] + data[q:]
+    if kind == "int":  # overwrite `width` bytes at any position with an interesting integer
+        return _put_int(data, _op_at(data, op[1]), op[2], op[3], op[4])
+    if kind == "field":  # overwrite a length/offset/count field found by format-aware scanning
+        fields = length_fields(data, reader)
+        if not fields:
+            return data
+        pos, width, order = fields[op[1] % len(fields)]
+        return _put_int(data, pos, width, op[2], order)
+    if kind == "splice":
+        if not seeds:
+            return data
+        other = seeds[op[1] % len(seeds)]
+        return data[: _op_at(data, op[2])] + other[_op_at(other, op[3]) :]
+    if kind == "json-num":
+        return _replace_nth(data, rb"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", op[1], op[2].encode())
+    if kind == "zip-pkl":
+        return _mutate_zip_member(data, op[1], reader, seeds)
+    if kind == "tar-fix":
+        return fix_tar_checksums(data)
+    if kind == "tar-size":
+        return _tar_size(data, op[1], op[2])
+    if kind == "yaml-line":
+        return _yaml_line(data, op[1], op[2], op[3])
+    raise ValueError(f"unknown mutation {kind}")
+
+
+def apply_ops(data: bytes, ops: Sequence[tuple[Any, ...]], reader: str, seeds: Sequence[bytes] = ()) -> bytes:
+    for op in ops:
+        data = apply_op(data, op, reader, seeds)
+    return data
+
+
+def _put_int(data: bytes, pos: int, width: int, value: int, order: str) -> bytes:
+    raw = (value % (1 << (8 * width))).to_bytes(width, "little" if order == "<" else "big")
+    return data[:pos] + raw + data[pos + width :]
+
+
+def _replace_nth(data: bytes, pattern: bytes, n: int, repl: bytes) -> bytes:
+    matches = list(re.finditer(pattern, data[:4096]))
+    if not matches:
+        return data
+    m = matches[n % len(matches)]
+    return data[: m.start()] + repl + data[m.end() :]
+
+
+def length_fields(data: bytes, reader: str) -> list[tuple[int, int, str]]:
+    """(position, width, byte order) of fields that hold lengths, offsets or counts."""
+    if reader == "burnpack":
+        out = [(6, 4, "<"), (4, 2, "<")]
+        end = min(len(data), 10 + (int.from_bytes(data[6:10], "little") if len(data) >= 10 else 0), 8192)
+        for p in range(10, end):
+            info = data[p] & 31
+            if 24 <= info <= 27 and data[p] >> 5 != 7:
+                out.append((p + 1, 1 << (info - 24), ">"))
+        return out
+    if reader == "safetensors":
+        return [(0, 8, "<"), (0, 4, "<"), (4, 4, "<")]
+    if reader == "pytorch-zip":
+        return _zip_fields(data)
+    if reader == "pytorch-tar":
+        return _pickle_fields(data, 512) if len(data) > 512 else []
+    if reader == "pytorch-legacy":
+        return _pickle_fields(data, 0)
+    return []
+
+
+def _zip_fields(data: bytes) -> list[tuple[int, int, str]]:
+    out: list[tuple[int, int, str]] = []
+    for m in re.finditer(rb"PK\x01\x02", data):  # central directory: crc, sizes, name/extra/comment, offset
+        p = m.start()
+        out += [(p + 16, 4, "<"), (p + 20, 4, "<"), (p + 24, 4, "<"), (p + 28, 2, "<"), (p + 30, 2, "<"),
+                (p + 32, 2, "<"), (p + 42, 4, "<"), (p + 10, 2, "<"), (p + 8, 2, "<")]
+    for m in re.finditer(rb"PK\x03\x04", data):  # local header: sizes, name/extra lengths
+        p = m.start()
+        out += [(p + 18, 4, "<"), (p + 22, 4, "<"), (p + 26, 2, "<"), (p + 28, 2, "<")]
+    for m in re.finditer(rb"PK\x05\x06", data):  # end of central directory: counts, size, offset
+        p = m.start()
+        out += [(p + 8, 2, "<"), (p + 10, 2, "<"), (p + 12, 4, "<"), (p + 16, 4, "<"), (p + 20, 2, "<")]
+    return out
+
+
+def _pickle_fields(data: bytes, start: int) -> list[tuple[int, int, str]]:
+    """Argument fields of pickle opcodes (lengths, ints, memo indices) in consecutive pickles."""
+    import pickletools
+
+    widths = {-2: 1, -3: 4, -4: 4, -5: 8}
+    out: list[tuple[int, int, str]] = []
+    pos = start
+    for _ in range(8):  # a legacy file is several pickles in a row, then raw storages
+        if pos >= len(data):
+            break
+        try:
+            last = pos
+            for op, _arg, p in pickletools.genops(io.BytesIO(data[pos:])):
+                n = op.arg.n if op.arg is not None else 0
+                if n in widths:
+                    out.append((pos + p + 1, widths[n], "<"))
+                elif n in (1, 2, 4, 8):
+                    out.append((pos + p + 1, n, "<"))
+                last = pos + p
+            pos = last + 1
+            out.append((pos, 8, "<"))  # a legacy storage's element count follows the key list
+        except Exception:
+            break
+    return out
+
+
+def _zip_replace_member(data: bytes, name: str, payload: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as zin, zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            body = payload if info.filename == name else zin.read(info)
+            zout.writestr(zipfile.ZipInfo(info.filename), body)
+    return buf.getvalue()
+
+
+def _mutate_zip_member(data: bytes, inner: Sequence[tuple[Any, ...]], reader: str, seeds: Sequence[bytes]) -> bytes:
+    """Mutate data.pkl (or another small member) and rebuild the zip with correct CRCs."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            names = [n for n in z.namelist() if not re.search(r"/data/\d+$", n)]
+            pkl = next((n for n in names if n.endswith("data.pkl")), names[0] if names else None)
+            if pkl is None:
+                return data
+            body = z.read(pkl)
+        return _zip_replace_member(data, pkl, apply_ops(body, inner, "pytorch-legacy"))
+    except Exception:  # not a readable zip any more: leave it to the byte mutators
+        return data
+
+
+def _tar_headers(data: bytes) -> list[int]:
+    out, pos = [], 0
+    while pos + 512 <= len(data) and len(out) < 64:
+        hdr = data[pos : pos + 512]
+        if hdr == bytes(512):
+            break
+        out.append(pos)
+        try:
+            size = int(hdr[124:136].replace(b"\0", b" ").strip() or b"0", 8)
+        except ValueError:
+            break
+        pos += 512 + (size + 511) // 512 * 512
+    return out
+
+
+def fix_tar_checksums(data: bytes) -> bytes:
+    """Recompute every reachable TAR header checksum, so mutations get past it."""
+    buf = bytearray(data)
+    for pos in _tar_headers(data):
+        hdr = buf[pos : pos + 512]
+        hdr[148:156] = b" " * 8
+        buf[pos + 148 : pos + 156] = b"%06o\0 " % sum(hdr)
+    return bytes(buf)
+
+
+def _tar_size(data: bytes, k: int, value: int) -> bytes:
+    heads = _tar_headers(data)
+    if not heads:
+        return data
+    pos = heads[k % len(heads)]
+    if 0 <= value < 8**11:
+        field = b"%011o\0" % value
+    elif value >= 0:  # GNU base-256
+        field = b"\x80" + (value % (1 << 88)).to_bytes(11, "big")
+    else:
+        field = (value % (1 << 96)).to_bytes(12, "big")
+    return fix_tar_checksums(data[: pos + 124] + field[:12] + data[pos + 136 :])
+
+
+def _yaml_line(data: bytes, how: int, line: int, token: int) -> bytes:
+    """Line-level recipe edits: replace a value or a key, duplicate, drop, re-indent, insert."""
+    lines = data.split(b"\n")
+    i = line % len(lines)
+    tok = YAML_TOKENS[token % len(YAML_TOKENS)].encode("utf-8", "surrogatepass")
+    text = lines[i]
+    how %= 7
+    if how == 0 and b":" in text:  # value
+        key, _, _ = text.partition(b":")
+        lines[i] = key + b": " + tok
+    elif how == 1 and b":" in text:  # key
+        indent = len(text) - len(text.lstrip(b" -"))
+        _, _, value = text.partition(b":")
+        lines[i] = text[:indent] + tok + b":" + value
+    elif how == 2:
+        lines.insert(i, text)
+    elif how == 3:
+        del lines[i]
+    elif how == 4:
+        lines[i] = b" " * (token % 5) + text.lstrip(b" ")
+    elif how == 5:
+        lines.insert(i, tok)
+    else:  # a list item's value
+        lines[i] = re.sub(rb"\[[^\]]*\]", lambda m: b"[" + tok + b"]", text, count=1)
+    return b"\n".join(lines)
+
+
+def random_ops(rng: random.Random, data: bytes, reader: str) -> list[tuple[Any, ...]]:
+    """1-4 random mutations, weighted towards the ones that reach deep."""
+    ops: list[tuple[Any, ...]] = []
+    n = len(data) or 1
+    for _ in range(rng.choice((1, 1, 1, 2, 2, 3, 4))):
+        r = rng.random()
+        value = rng.choice((*INTERESTING, n, n - 1, n + 1, rng.getrandbits(64)))
+        if reader == "recipe" and r < 0.45:
+            ops.append(("yaml-line", rng.randrange(7), rng.randrange(1 << 16), rng.randrange(1 << 16)))
+        elif reader == "pytorch-zip" and r < 0.4:
+            ops.append(("zip-pkl", [_byte_op(rng, 512) for _ in range(rng.choice((1, 1, 2)))]))
+        elif reader == "pytorch-tar" and r < 0.15:
+            ops.append(("tar-size", rng.randrange(8), value))
+        elif reader == "safetensors" and r < 0.25:
+            ops.append(("json-num", rng.randrange(256), rng.choice(JSON_NUMBERS)))
+        elif r < 0.6:
+            ops.append(_byte_op(rng, n))
+        elif r < 0.8:
+            ops.append(("field", rng.randrange(1 << 16), value))
+        elif r < 0.9:
+            ops.append(("int", rng.randrange(n), rng.choice((1, 2, 4, 8)), value, rng.choice("<>")))
+        else:
+            ops.append(("splice", rng.randrange(64), rng.randrange(n), rng.randrange(1 << 16)))
+    if reader == "pytorch-tar" and rng.random() < 0.6:
+        ops.append(("tar-fix",))
+    return ops
+
+
+def _byte_op(rng: random.Random, n: int) -> tuple[Any, ...]:
+    k = rng.randrange(6)
+    pos = rng.randrange(max(n, 1))
+    if k == 0:
+        return ("flip", pos, rng.randrange(8))
+    if k == 1:
+        return ("set", pos, rng.choice((0, 0xFF, 0x7F, 0x80, rng.randrange(256))))
+    if k == 2:
+        return ("truncate", pos)
+    if k == 3:
+        return ("insert", pos, rng.randbytes(rng.choice((1, 1, 2, 4, 8, 64))))
+    if k == 4:
+        return ("delete", pos, rng.choice((1, 2, 4, 8, 64)))
+    return ("dup", pos, rng.choice((1, 4, 16, 64, 256)), rng.randrange(max(n, 1)))
+
+
+# ----------------------------------------------------------------------------------------------
+# running one case
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise CaseTimeout in the main thread after `seconds` (SIGALRM; main thread only)."""
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise CaseTimeout(f"case ran longer than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@dataclass
+class CaseResult:
+    outcome: str  # "ok" or the exception's class name
+    error: BaseException | None
+    peak: int  # tracemalloc peak above the case's start, bytes (0 when not measured)
+    budget: int
+
+
+def alloc_budget(size: int, factor: int, largest_tensor: int) -> int:
+    return factor * size + ALLOC_SLACK + 3 * largest_tensor
+
+
+def exercise(reader: str, data: bytes, *, path: Path | None = None, auto: bool = False,
+             largest: list[int] | None = None) -> None:
+    """Open `data` with the reader and touch everything; raises whatever the code under test raises.
+
+    `path`: write the input there and open the file (FileSource, mmaps) instead of the buffer.
+    `largest` (out): receives the largest tensor byte count touched (for the allocation budget).
+    """
+    if reader == "recipe":
+        _exercise_recipe(data, path)
+        return
+    fmt = "auto" if auto else FORMAT_OF[reader]
+    src: Any = data
+    if path is not None:
+        path.write_bytes(data)
+        src = path
+    with migrator.open_file(src, format=fmt) as r:
+        _check_reader(r, len(data), largest)
+        _round_trip(r)
+
+
+def _check_reader(r: Any, size: int, largest: list[int] | None) -> None:
+    from migrator.formats.pytorch import MAX_EXPANDED_BYTES
+    from migrator.inspect import summarize
+
+    json.dumps(summarize(r), default=str)  # what `migrate inspect --json` prints
+    assert isinstance(r.metadata, dict) and isinstance(r.scalars, dict)
+    names = r.names()
+    if len(set(names)) != len(names):
+        raise WrongResult(f"duplicate tensor names {names}")
+    for t in r.tensors:
+        want = t.dtype.nbytes(t.shape)
+        if want is not None and want != t.nbytes:
+            raise WrongResult(f"{t.name}: declares {t.nbytes} bytes, shape/dtype need {want}")
+        if t.nbytes > max(size, MAX_EXPANDED_BYTES):
+            raise WrongResult(f"{t.name}: declares {t.nbytes} bytes from a {size}-byte input")
+        if t.nbytes > MATERIALISE_LIMIT:
+            continue
+        if largest is not None:
+            largest[0] = max(largest[0], t.nbytes)
+        buf = t.data()
+        if len(buf) != t.nbytes:
+            raise WrongResult(f"{t.name}: {len(buf)} bytes, declared {t.nbytes}")
+        if t.dtype.numpy_name is not None:
+            arr = t.numpy()
+            if arr.shape != t.shape:
+                raise WrongResult(f"{t.name}: numpy shape {arr.shape} != {t.shape}")
+            del arr
+        del buf
+        _transforms(t)
+
+
+def _transforms(t: Any) -> None:
+    """What a recipe does to a tensor: a float cast (dtype: {cast: F16}) and a Linear transpose."""
+    from migrator import casts
+
+    made = []
+    if t.dtype.name in casts.CASTABLE:
+        made += [casts.cast(t, to) for to in (dtypes.F16, dtypes.BF16, dtypes.F64)]
+    if len(t.shape) == 2 and t.dtype.itemsize is not None:
+        made.append(casts.transpose2d(t))
+    for d in made:
+        whole = bytes(d.data())
+        if len(whole) != d.nbytes:
+            raise WrongResult(f"{t.name}: {d.dtype.display}{list(d.shape)} has {len(whole)} bytes, not {d.nbytes}")
+        if d.chunks is not None and b"".join(bytes(c) for c in d.chunks()) != whole:
+            raise WrongResult(f"{t.name}: streamed chunks differ from the whole for {d.dtype.display}")
+
+
+def _round_trip(r: Any) -> None:
+    """A file that opened must re-encode and read back equal (or be refused with a typed error).
+
+    Written again in its own format (metadata and scalars kept where the format holds them) and,
+    for SafeTensors and PyTorch sources, also as burnpack, which exercises the writers on whatever
+    names and values a hostile file can smuggle in.
+    """
+    fmt = r.format
+    targets = [fmt] if fmt == "burnpack" else [fmt, "burnpack"]
+    for out in targets:
+        same = out == fmt
+        meta = r.metadata if same and out != "pytorch" else None
+        scalars = r.scalars if out == "burnpack" else None
+        try:
+            blob = migrator.to_bytes(r.tensors, out, metadata=meta, scalars=scalars)
+        except MigratorError:
+            continue  # e.g. a dtype or name the writer refuses: fine, it is typed
+        with migrator.open_file(blob, format=out) as back:
+            a = {t.name: t for t in r.tensors}
+            b = {t.name: t for t in back.tensors}
+            if set(a) != set(b):
+                raise WrongResult(f"re-encoded ({out}) names differ: {sorted(set(a) ^ set(b))[:5]}")
+            for name, t in a.items():
+                u = b[name]
+                if (t.dtype.name, t.shape) != (u.dtype.name, u.shape) or bytes(t.data()) != bytes(u.data()):
+                    raise WrongResult(f"{name}: re-encoded ({out}) tensor differs")
+            if meta is not None and back.metadata != meta:
+                raise WrongResult(f"re-encoded ({out}) metadata differs")
+            if scalars is not None and _scalar_keys(back.scalars) != _scalar_keys(scalars):
+                raise WrongResult(f"re-encoded ({out}) scalars differ")
+
+
+def _scalar_keys(scalars: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Scalars compared bit for bit (a NaN equals itself)."""
+    return {k: (s.kind, struct.pack("<d", s.value) if isinstance(s.value, float) else s.value)
+            for k, s in scalars.items()}
+
+
+def _exercise_recipe(data: bytes, path: Path | None) -> None:
+    from migrator.recipe_loader import load_recipe, parse_recipe
+
+    if path is not None:
+        path.write_bytes(data)
+        loaded = load_recipe(path)
+    else:
+        loaded = parse_recipe(data.decode("utf-8", "replace"), base_dir=Path(tempfile.gettempdir()))
+    r = loaded.recipe
+    r.dump()
+    _ = (loaded.source_path, loaded.target_path, loaded.template_path, loaded.warnings)
+
+
+def _vm(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets VmHWM (peak RSS) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def run_case(reader: str, data: bytes, *, timeout: float = 5.0, alloc_factor: int = 16, measure: str = "tracemalloc",
+             path: Path | None = None, auto: bool = False) -> CaseResult:
+    """One case under a time limit and an allocation check; reports what happened, never raises.
+
+    measure: "tracemalloc" (peak of Python and numpy allocations during the case; precise, ~2x
+    slower), "rss" (peak resident set size during the case, reset through /proc/self/clear_refs;
+    cheap, counts every page touched) or "none".
+    """
+    largest = [0]
+    err: BaseException | None = None
+    started = False
+    base = 0
+    if measure == "tracemalloc":
+        if not tracemalloc.is_tracing():
+            tracemalloc.start()
+            started = True
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+    elif measure == "rss":
+        if not _reset_peak_rss():
+            measure = "none"
+        else:
+            base = _vm("VmRSS")
+    try:
+        with time_limit(timeout):
+            exercise(reader, data, path=path, auto=auto, largest=largest)
+    except (Exception, CaseTimeout) as e:  # KeyboardInterrupt/SystemExit still stop the run
+        err = e
+    peak = 0
+    if measure == "tracemalloc":
+        peak = tracemalloc.get_traced_memory()[1] - base
+        if started:
+            tracemalloc.stop()
+    elif measure == "rss":
+        peak = _vm("VmHWM") - base
+    budget = alloc_budget(len(data), alloc_factor, largest[0])
+    if peak > budget and (err is None or isinstance(err, MigratorError)):
+        err = AllocationExceeded(f"peak {peak} bytes > budget {budget} for a {len(data)}-byte input")
+    if err is None:
+        return CaseResult("ok", None, peak, budget)
+    return CaseResult(type(err).__name__, err, peak, budget)
+
+
+def is_failure(res: CaseResult) -> bool:
+    """Anything but success or a typed migrator error."""
+    return res.error is not None and not isinstance(res.error, MigratorError)
+
+
+# ----------------------------------------------------------------------------------------------
+# the loop
+
+
+def _signature(err: BaseException) -> str:
+    tb = traceback.extract_tb(err.__traceback__)
+    where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb) if "migrator" in f.filename),
+                 f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else "?")
+    return f"{type(err).__name__}@{where}"
+
+
+def _set_memory_backstop(extra: int) -> None:
+    """RLIMIT_AS = what the process maps now + `extra`: a runaway allocation fails as MemoryError."""
+    vm = _vm("VmSize")
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = vm + extra
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reader", choices=READERS, required=True)
+    p.add_argument("--cases", type=int, default=100_000)
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds per case")
+    p.add_argument("--alloc-factor", type=int, default=16, help="allowed peak = factor x input + 64 MiB")
+    p.add_argument("--measure", choices=("rss", "tracemalloc", "none"), default="rss",
+                   help="allocation check per case: peak RSS (default, cheap) or tracemalloc (precise, slower)")
+    p.add_argument("--memory-backstop", type=int, default=4 << 30, help="RLIMIT_AS headroom in bytes")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
+    p.add_argument("--report", type=Path, default=None, help="write the summary as JSON here too")
+    p.add_argument("--crash-dir", type=Path, default=CRASH_DIR)
+    args = p.parse_args(argv)
+
+    seed = args.seed if args.seed is not None else int(time.time())
+    rng = random.Random(seed)
+    crash_dir: Path = args.crash_dir
+    crash_dir.mkdir(parents=True, exist_ok=True)
+    inflight = crash_dir / f".inflight-{args.reader}-{os.getpid()}.bin"
+    for old in crash_dir.glob(f".inflight-{args.reader}-*.bin"):  # a previous run died inside a case
+        target = crash_dir / f"{args.reader}-died-{hashlib.sha1(old.read_bytes()).hexdigest()[:12]}.bin"
+        old.replace(target)
+        print(f"previous run died on an input (hang in C code or hard crash): saved {target}", file=sys.stderr)
+
+    seeds = build_seeds(args.reader)
+    for s in seeds:
+        res = run_case(args.reader, s, timeout=30, measure="none")
+        if res.error is not None:
+            raise SystemExit(f"seed does not pass: {res.outcome}: {res.error}")
+    _set_memory_backstop(args.memory_backstop)
+    if args.measure == "tracemalloc":
+        tracemalloc.start()
+    scratch = Path(tempfile.mkdtemp(prefix="migrator-fuzz-"))
+    pool = list(seeds)  # grows with mutated inputs that still open: deeper corpus
+    outcomes: Counter[str] = Counter()
+    signatures: dict[str, str] = {}
+    started = time.monotonic()
+    n = 0
+    try:
+        for n in range(1, args.cases + 1):
+            base = rng.choice(pool)
+            data = apply_ops(base, random_ops(rng, base, args.reader), args.reader, pool)
+            path = scratch / ("in.yaml" if args.reader == "recipe" else "in.bin") if n % 16 == 0 else None
+            inflight.write_bytes(data)
+            faulthandler.dump_traceback_later(args.timeout * 6 + 30, exit=True)
+            res = run_case(args.reader, data, timeout=args.timeout, alloc_factor=args.alloc_factor,
+                           measure=args.measure, path=path, auto=n % 8 == 0)
+            faulthandler.cancel_dump_traceback_later()
+            if res.error is None and len(pool) < 512 and data not in pool and rng.random() < 0.2:
+                pool.append(data)
+            key = res.outcome if not is_failure(res) else f"FAIL {res.outcome}"
+            outcomes[key] += 1
+            if is_failure(res):
+                assert res.error is not None
+                sig = _signature(res.error)
+                if sig not in signatures:
+                    name = f"{args.reader}-{res.outcome}-{hashlib.sha1(data).hexdigest()[:12]}.bin"
+                    (crash_dir / name).write_bytes(data)
+                    signatures[sig] = name
+                    print(f"[{n}] NEW FAILURE {sig}: {str(res.error)[:300]} -> {crash_dir / name}",
+                          file=sys.stderr, flush=True)
+            if n % 10_000 == 0:
+                rate = n / (time.monotonic() - started)
+                print(f"[{n}] {rate:.0f} cases/s {dict(outcomes.most_common(8))}", file=sys.stderr, flush=True)
+            if args.max_seconds and time.monotonic() - started > args.max_seconds:
+                break
+    finally:
+        with contextlib.suppress(OSError):
+            inflight.unlink()
+        for f in scratch.iterdir():
+            f.unlink()
+        scratch.rmdir()
+    elapsed = time.monotonic() - started
+    summary = {"reader": args.reader, "seed": seed, "cases": n, "seconds": round(elapsed, 1),
+               "outcomes": dict(outcomes.most_common()), "failures": sorted(signatures.items()),
+               "pool": len(pool)}
+    print(json.dumps(summary, indent=2))
+    if args.report:
+        args.report.write_text(json.dumps(summary, indent=2) + "\n")
+    return 1 if signatures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
