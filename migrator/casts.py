@@ -24,7 +24,10 @@ no Burn equivalent and torch and ml_dtypes disagree on their overflow behaviour.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
@@ -37,6 +40,34 @@ CHUNK_ELEMENTS = 1 << 20
 """Elements converted per step: scratch stays a few times 4 MiB whatever the tensor's size."""
 CHUNK_BYTES = 8 << 20
 """Bytes per piece a streamed transpose yields (at least one tile band)."""
+
+T = TypeVar("T")
+R = TypeVar("R")
+_pool: ThreadPoolExecutor | None = None
+
+
+def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int = 2) -> Iterator[R]:
+    """`map(fn, items)` computed up to `ahead` items in advance on worker threads, yielded in order.
+
+    numpy releases the GIL in casts and copies, and writing releases it in the syscall, so on two
+    cores the next pieces are computed while the current one is written. At most `ahead + 1`
+    results are alive at once, which keeps memory bounded.
+    """
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="migrator-cast")
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(_pool.submit(fn, item))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+
 
 CASTABLE: frozenset[str] = frozenset({"F64", "F32", "FLEX32", "F16", "BF16"})
 
@@ -114,10 +145,15 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
     numel = tensor.numel
     convert = _converter(src_name, dst_name)
 
-    def chunks() -> Iterator[memoryview]:
+    def convert_piece(piece: Buffer) -> memoryview:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and NaNs are intended
-            for piece in source_pieces(tensor, CHUNK_ELEMENTS * src_uint.itemsize):
-                yield memoryview(convert(np.frombuffer(piece, dtype=src_uint)).view(np.uint8))
+            return memoryview(convert(np.frombuffer(piece, dtype=src_uint)).view(np.uint8))
+
+    def chunks() -> Iterator[memoryview]:
+        pieces = source_pieces(tensor, CHUNK_ELEMENTS * src_uint.itemsize)
+        if tensor.nbytes <= CHUNK_ELEMENTS * src_uint.itemsize:  # one piece: no thread hand-off
+            return map(convert_piece, pieces)
+        return pipelined(convert_piece, pieces)
 
     def load() -> memoryview:
         out = np.empty(numel * dst_uint.itemsize, dtype=np.uint8)
@@ -192,11 +228,15 @@ def transpose_bands(raw: memoryview | bytes | bytearray, rows: int, cols: int,
     src = _matrix(raw, rows, cols, itemsize)
     block = _block_size(itemsize)
     band = max(block, CHUNK_BYTES // max(rows * itemsize, 1) // block * block)
-    for j in range(0, cols, band):
+
+    def one(j: int) -> np.ndarray:
         part = src[:, j:j + band]
         out = np.empty((part.shape[1], rows, *src.shape[2:]), dtype=src.dtype)
         _transpose_into(out, part)
-        yield out
+        return out
+
+    starts = range(0, cols, band)
+    return map(one, starts) if len(starts) == 1 else pipelined(one, starts)
 
 
 def _matrix(raw: memoryview | bytes | bytearray, rows: int, cols: int, itemsize: int) -> np.ndarray:
@@ -228,6 +268,9 @@ def transpose2d(tensor: LazyTensor) -> LazyTensor:
         raise UnsupportedDTypeError(f"cannot transpose {tensor.dtype.display} elements (not byte-sized)",
                                     file=tensor.origin, tensor=tensor.name)
     rows, cols = tensor.shape
+    if rows == 0 or cols == 0:  # nothing to move (and numpy refuses shapes like [2**62, 0])
+        return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=lambda: memoryview(b""),
+                              chunks=lambda: iter(()))
 
     def chunks() -> Iterator[memoryview]:
         # A transpose reads its whole source; the source's map is dropped with the exhausted bands.

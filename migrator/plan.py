@@ -237,7 +237,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         resolver = ModuleResolver(recipe.modules, [(renamed[t.name], t.shape) for t in tensors])
     for t in kept:
         new = renamed[t.name]
-        base = t.renamed(new)
+        base = t if new == t.name else t.renamed(new)
         if adapter is None or resolver is None:
             adapted.append((t, base, list(ops[t.name]), None))
             continue

@@ -109,21 +109,42 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes}
 
 
-def _print_plan_table(p: Plan) -> None:
-    from rich.console import Console
-    from rich.table import Table
+RICH_TABLE_ROWS = 2000
+"""Above this many rows the plan is printed as plain aligned text: rich measures every cell of
+every row for its layout (~1 ms a row: 100 s for a 100k-tensor model)."""
 
-    table = Table(title=f"{p.source_path} ({p.source_format}) -> {p.target_path} ({p.target_format})",
-                  title_justify="left")
-    for col in ("source", "target", "module", "ops", "before", "after", "bytes"):
-        table.add_column(col, overflow="fold", justify="right" if col == "bytes" else "left")
+
+def _print_plan_table(p: Plan) -> None:
+    title = f"{p.source_path} ({p.source_format}) -> {p.target_path} ({p.target_format})"
+    header = ("source", "target", "module", "ops", "before", "after", "bytes")
+    rows = []
     for e in p.entries:
         module = "" if e.module is None else f"{e.module.name or '?'} ({e.module.how})"
         before = "" if e.before is None else f"{e.before[0].display} {list(e.before[1])}"
         after = f"{e.tensor.dtype.display} {list(e.tensor.shape)}"
-        table.add_row(e.source or "-", e.target, module, "; ".join(_short_op(op) for op in e.ops), before, after,
-                      f"{e.tensor.nbytes:,}")
+        rows.append((e.source or "-", e.target, module, "; ".join(_short_op(op) for op in e.ops), before, after,
+                     f"{e.tensor.nbytes:,}"))
+    if len(rows) > RICH_TABLE_ROWS:
+        _print_plain_table(title, header, rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in header:
+        table.add_column(col, overflow="fold", justify="right" if col == "bytes" else "left")
+    for row in rows:
+        table.add_row(*row)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def _print_plain_table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell, the last (bytes) right-aligned; one write."""
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + f"  {{:>{widths[-1]}}}"
+    lines = [title, fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*r) for r in rows]
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def _short_op(op: str) -> str:

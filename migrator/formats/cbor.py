@@ -41,9 +41,12 @@ MISSING = _MISSING
 # ---------------------------------------------------------------------------------------- encode
 
 
+_SMALL_HEADS = tuple(tuple(bytes([(major << 5) | n]) for n in range(24)) for major in range(8))
+
+
 def _head(major: int, n: int) -> bytes:
     if n < 24:
-        return bytes([(major << 5) | n])
+        return _SMALL_HEADS[major][n]
     if n < 1 << 8:
         return bytes([(major << 5) | 24, n])
     if n < 1 << 16:
@@ -75,7 +78,37 @@ def encode(value: Any) -> bytes:
     return bytes(out)
 
 
+_TEXT: dict[str, bytes] = {}
+
+
 def _encode_into(out: bytearray, v: Any) -> None:
+    # Exact-type fast paths first (a 100k-tensor header is ~1M items); subclasses, bools, None,
+    # floats and RawCbor take the general chain below.
+    t = type(v)
+    if t is str:
+        b = _TEXT.get(v)
+        if b is None:
+            raw = v.encode("utf-8")
+            b = _head(3, len(raw)) + raw
+            if len(_TEXT) < 4096:  # field names and dtypes repeat once per tensor
+                _TEXT[v] = b
+        out += b
+    elif t is int:
+        out += _head(0, v) if v >= 0 else _head(1, -1 - v)
+    elif t is dict:
+        out += _head(5, len(v))
+        for k, item in v.items():
+            _encode_into(out, k)
+            _encode_into(out, item)
+    elif t is list or t is tuple:
+        out += _head(4, len(v))
+        for item in v:
+            _encode_into(out, item)
+    else:
+        _encode_other(out, v)
+
+
+def _encode_other(out: bytearray, v: Any) -> None:
     if isinstance(v, RawCbor):
         out += v
     elif v is None:
