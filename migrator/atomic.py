@@ -127,8 +127,9 @@ def _create_scratch(target: Path) -> tuple[Path, int]:
         except FileExistsError:
             continue
         except OSError as e:
-            raise OutputError(f"cannot create scratch file {scratch.name}: {_describe(e)}",
-                              file=str(target)) from e
+            why = " (the folder is not writable)" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
+            raise OutputError(f"cannot create scratch file {scratch.name} in folder {scratch.parent}: "
+                              f"{_describe(e)}{why}", file=str(target)) from e
     raise OutputError("cannot find a free scratch file name", file=str(target))
 
 

@@ -15,10 +15,12 @@ allocation bound.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import pickle
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -35,7 +37,7 @@ import pytest
 
 import migrator
 from migrator.errors import FormatError, LimitExceededError, MigratorError, UnsafePickleError
-from migrator.formats import burnpack, cbor, pytorch, safetensors  # noqa: F401 - imported now, not counted per case
+from migrator.formats import burnpack, cbor, pytorch, safetensors  # imported now, not counted per case
 from migrator.safepickle import WholeModelPickleError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -477,6 +479,7 @@ def rebuilt(transform: Callable[[zipfile.ZipInfo, bytes], tuple[bytes, int]]) ->
     return out.getvalue()
 
 
+@functools.cache
 def deflate_bomb() -> bytes:
     """Storage '0' replaced by 256 MiB of zeros, deflated to ~250 KB."""
     return rebuilt(lambda info, data: (bytes(256 * MiB), zipfile.ZIP_DEFLATED) if info.filename.endswith("data/0")
@@ -621,3 +624,93 @@ def test_crc_is_checked_before_unpickling(tmp_path: Path) -> None:
     path = tmp_path / "t.pt"
     path.write_bytes(tampered)
     assert "CRC-32" in str(outcome(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# the limits are what SECURITY.md says, and can be moved the way it says
+
+
+def test_documented_limit_values() -> None:
+    from migrator import recipe_loader, safepickle
+
+    actual = {m.__name__.rsplit(".", 1)[1] + "." + n: getattr(m, n) for m, names in (
+        (burnpack, ("MAX_METADATA_SIZE", "MAX_TENSOR_COUNT", "MAX_TENSOR_SIZE")), (cbor, ("MAX_DEPTH",)),
+        (safetensors, ("MAX_HEADER_SIZE",)),
+        (pytorch, ("MAX_PICKLE_BYTES", "MAX_ZIP_ENTRIES", "MAX_ZIP_DIRECTORY", "MAX_SMALL_RECORD", "MAX_TAR_MEMBERS",
+                   "MAX_NODES", "MAX_DEPTH", "MAX_EXPANDED_BYTES")),
+        (recipe_loader, ("MAX_RECIPE_BYTES", "MAX_YAML_NODES"))) for n in names}
+    actual["safepickle.DEFAULT_LIMITS"] = safepickle.DEFAULT_LIMITS
+    documented = {
+        "burnpack.MAX_METADATA_SIZE": 100 * MiB, "burnpack.MAX_TENSOR_COUNT": 100_000,
+        "burnpack.MAX_TENSOR_SIZE": 10 << 30, "cbor.MAX_DEPTH": 128, "safetensors.MAX_HEADER_SIZE": 100_000_000,
+        "pytorch.MAX_PICKLE_BYTES": 1 << 30, "pytorch.MAX_ZIP_ENTRIES": 1_000_000,
+        "pytorch.MAX_ZIP_DIRECTORY": 256 * MiB, "pytorch.MAX_SMALL_RECORD": MiB,
+        "pytorch.MAX_TAR_MEMBERS": 100_000, "pytorch.MAX_NODES": 1_000_000,
+        "pytorch.MAX_DEPTH": 1_000, "pytorch.MAX_EXPANDED_BYTES": 1 << 30, "recipe_loader.MAX_RECIPE_BYTES": 10 * MiB,
+        "recipe_loader.MAX_YAML_NODES": 100_000,
+        "safepickle.DEFAULT_LIMITS": safepickle.Limits(max_memo=5_000_000, max_stack=5_000_000, max_marks=1_000,
+                                                       max_objects=10_000_000, max_long_bytes=4096, max_key_depth=32,
+                                                       max_dims=64),
+    }
+    assert actual == documented
+    security = (REPO / "SECURITY.md").read_text()
+    for name in documented:
+        assert name.split(".", 1)[1] in security, name
+
+
+def test_limits_move_as_documented(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Module constants are read when a file is opened; pickle limits come from DEFAULT_LIMITS or `limits=`."""
+    from migrator import recipe_loader, safepickle
+
+    blob = migrator.to_bytes([migrator.from_numpy(f"t{i}", np.zeros(1, np.float32)) for i in range(3)], "burnpack")
+    monkeypatch.setattr(burnpack, "MAX_TENSOR_COUNT", 2)
+    with pytest.raises(LimitExceededError, match="limit of 2"):
+        migrator.open_file(blob)
+    st = migrator.to_bytes([migrator.from_numpy("t", np.zeros(1, np.float32))], "safetensors")
+    monkeypatch.setattr(safetensors, "MAX_HEADER_SIZE", 16)
+    with pytest.raises(LimitExceededError, match="at most 16"):
+        migrator.open_file(st)
+    pt = in_zip(with_tensor(b"N"))
+    assert len(migrator.open_file(pt)) == 1
+    with pytest.raises(LimitExceededError, match="values in one pickle"):
+        migrator.open_file(pt, limits=safepickle.Limits(max_objects=5))
+    monkeypatch.setattr(safepickle, "DEFAULT_LIMITS", safepickle.Limits(max_dims=0))
+    with pytest.raises(LimitExceededError, match=r"dimensions \(limit 0\)"):
+        migrator.open_file(pt)
+    monkeypatch.setattr(recipe_loader, "MAX_YAML_NODES", 5)
+    with pytest.raises(recipe_loader.RecipeError, match="more than 5 YAML nodes"):
+        recipe_loader.parse_recipe("version: 1\nsource: {path: a.pt}\ntarget: {path: b.bpk}\n")
+
+
+def test_file_truncated_under_a_reader(tmp_path: Path) -> None:
+    """What SECURITY.md says about files changed while read, shown in a subprocess each.
+
+    Writers read through pread / copy_file_range and fail typed; a numpy view taken before the
+    truncation dies with SIGBUS on access (no Python code can catch that).
+    """
+    script = textwrap.dedent("""
+        import os, sys
+        import numpy as np
+        from migrator import casts, dtypes, from_numpy, open_file, save
+        save([from_numpy("a", np.ones(1 << 18, np.float32))], "m.safetensors", overwrite=True)
+        r = open_file("m.safetensors")
+        mode = sys.argv[1]
+        if mode == "view-then-truncate":
+            v = r["a"].numpy()
+            os.truncate("m.safetensors", 4096)
+            print(float(v.sum()))
+        else:
+            os.truncate("m.safetensors", 4096)
+            tensors = r.tensors if mode == "copy" else [casts.cast(t, dtypes.F16) for t in r.tensors]
+            try:
+                save(tensors, "out.bpk", overwrite=True)
+            except Exception as e:
+                print(type(e).__name__, e)
+    """)
+    runs = {mode: subprocess.run([sys.executable, "-c", script, mode], cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=60) for mode in ("view-then-truncate", "copy", "cast")}
+    assert runs["view-then-truncate"].returncode == -signal.SIGBUS
+    for mode in ("copy", "cast"):
+        assert runs[mode].returncode == 0, runs[mode].stderr
+        assert runs[mode].stdout.startswith("TensorBytesSizeMismatchError"), runs[mode].stdout
+    assert not (tmp_path / "out.bpk").exists()

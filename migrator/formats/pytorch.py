@@ -84,13 +84,13 @@ class PytorchReader(Reader):
         source: ByteSource,
         *,
         top_level_key: str | list[str] | tuple[str, ...] | None = None,
-        limits: sp.Limits = sp.DEFAULT_LIMITS,
+        limits: sp.Limits | None = None,
     ) -> None:
         self.source = source
         self.tensors: list[LazyTensor] = []
         self.metadata: dict[str, str] = {}
         self.scalars: dict[str, Scalar] = {}
-        self._limits = limits
+        self._limits = limits if limits is not None else sp.DEFAULT_LIMITS  # read now: raisable (SECURITY.md)
         self._extra: dict[str, Any] = {}
         self._opaque: set[str] = set()
         self._protocol: int | None = None
