@@ -71,6 +71,16 @@ def encode_float(x: float) -> bytes:
     return b"\xfb" + bits
 
 
+def encode_into(out: bytearray, value: Any) -> None:
+    """Append the encoding of `value` to `out` (lets a writer encode a big map entry by entry)."""
+    _encode_into(out, value)
+
+
+def head(major: int, n: int) -> bytes:
+    """The shortest head of major type `major` with argument `n` (0 = uint, 4 = array, 5 = map)."""
+    return _head(major, n)
+
+
 def encode(value: Any) -> bytes:
     """Encode dicts (in insertion order), lists, str, int, float, bool, None and RawCbor."""
     out = bytearray()
