@@ -83,6 +83,8 @@ def _model(name: str, description: str, **kw: int) -> Model:
 MODELS: dict[str, Model] = {
     "gpt2-medium": _model("gpt2-medium", "GPT-2-medium shapes (24 layers, d=1024), fp32", layers=24, d=1024),
     "gpt2-xl": _model("gpt2-xl", "GPT-2-XL shapes (48 layers, d=1600), fp32", layers=48, d=1600),
+    "10k": _model("10k", "10,000 small tensors (GPT-2 names, 833 layers, d=16), fp32",
+                  layers=833, d=16, vocab=64, ctx=64),
     "100k": _model("100k", "100,000 small tensors (GPT-2 names, 8333 layers, d=16), fp32",
                    layers=8333, d=16, vocab=64, ctx=64),
 }

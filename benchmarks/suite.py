@@ -96,32 +96,38 @@ def models_legend(results: dict[str, tuple[Model, list[Case], Results]]) -> str:
     return "\n".join(lines)
 
 
-def linearity(results: dict[str, tuple[Model, list[Case], Results]]) -> str:
-    """Time ratio of the big model to the small one against their byte ratio; per-tensor overhead."""
-    lines = []
-    if "gpt2-medium" in results and "gpt2-xl" in results:
-        (m, cs, a), (x, _, b) = results["gpt2-medium"], results["gpt2-xl"]
-        lines += [f"Bytes ratio gpt2-xl / gpt2-medium: **{x.nbytes / m.nbytes:.2f}**.", "",
-                  "| job | gpt2-medium s | gpt2-xl s | time ratio | cp time ratio | cp+fsync time ratio |",
-                  "|---|--:|--:|--:|--:|--:|"]
+def linearity(results: dict[str, tuple[Model, list[Case], Results]]) -> tuple[str, dict[str, float]]:
+    """Time ratios of a bigger model to a smaller one against their byte (or tensor-count) ratio.
+
+    Returns the table and, per comparison, the worst job ratio divided by the yardstick: the
+    byte ratio, or cp+fsync's own time ratio when the disk itself slows down on the bigger file.
+    """
+    lines: list[str] = []
+    worst: dict[str, float] = {}
+    for small, big, what in (("gpt2-medium", "gpt2-xl", "bytes"), ("10k", "100k", "tensors")):
+        if small not in results or big not in results:
+            continue
+        (m, cs, a), (x, _, b) = results[small], results[big]
+        scale = x.nbytes / m.nbytes if what == "bytes" else x.count / m.count
+        disk = b.wall("cp+fsync") / a.wall("cp+fsync")
+        yardstick = max(scale, disk) if what == "bytes" else scale
+        lines += [f"{big} / {small}: {what} ratio **{scale:.2f}**, cp+fsync time ratio {disk:.2f}.", "",
+                  f"| job | {small} s | {big} s | time ratio | time ratio / {what} ratio |", "|---|--:|--:|--:|--:|"]
         for c in cs:
             j = c.job.label
-            lines.append(f"| {c.label} | {a.wall(j):.2f} | {b.wall(j):.2f} | {b.wall(j) / a.wall(j):.2f} | "
-                         f"{b.wall('cp') / a.wall('cp'):.2f} | {b.wall('cp+fsync') / a.wall('cp+fsync'):.2f} |")
+            r = b.wall(j) / a.wall(j)
+            worst[what] = max(worst.get(what, 0.0), r / yardstick)
+            lines.append(f"| {c.label} | {a.wall(j):.2f} | {b.wall(j):.2f} | {r:.2f} | {r / scale:.2f} |")
         lines.append("")
     if "100k" in results:
         small, cs, r = results["100k"]
-        base = results.get("gpt2-medium")
-        lines += ["Per-tensor overhead on the 100k model: (migrator - cp+fsync of the same file) / 100,000"
-                  + (", and beside it the time gpt2-medium's per-byte rate predicts for these bytes" if base else "")
-                  + ".", "", "| job | 100k s | cp+fsync s | overhead per tensor | predicted from bytes |",
-                  "|---|--:|--:|--:|--:|"]
+        lines += ["Per-tensor overhead on the 100k model: (migrator - cp+fsync of the same file) / 100,000.", "",
+                  "| job | 100k s | cp+fsync s | overhead per tensor |", "|---|--:|--:|--:|"]
         for c in cs:
             j = c.job.label
             per = (r.wall(j) - r.wall("cp+fsync")) / small.count * 1e6
-            pred = f"{base[2].wall(j) * small.nbytes / base[0].nbytes:.2f} s" if base else "-"
-            lines.append(f"| {c.label} | {r.wall(j):.2f} | {r.wall('cp+fsync'):.2f} | {per:.0f} us | {pred} |")
-    return "\n".join(lines)
+            lines.append(f"| {c.label} | {r.wall(j):.2f} | {r.wall('cp+fsync'):.2f} | {per:.0f} us |")
+    return "\n".join(lines), worst
 
 
 def startup(n: int, rss_file: Path) -> tuple[str, Results]:
@@ -145,20 +151,29 @@ def startup(n: int, rss_file: Path) -> tuple[str, Results]:
     return "\n".join(lines), res
 
 
-def verdicts(results: dict[str, tuple[Model, list[Case], Results]], start: Results | None) -> str:
+def verdicts(results: dict[str, tuple[Model, list[Case], Results]], start: Results | None,
+             linear: dict[str, float]) -> str:
     lines = ["| target | worst measured | met |", "|---|--:|---|"]
 
     def row(name: str, worst: float, limit: float, unit: str = "x") -> None:
-        lines.append(f"| {name} | {worst:.2f}{unit} | {'yes' if worst <= limit else 'no'} |")
+        if math.isnan(worst):
+            lines.append(f"| {name} | not measured | - |")
+        else:
+            lines.append(f"| {name} | {worst:.2f}{unit} | {'yes' if worst <= limit else 'no'} |")
 
     for kind, limit in (("pass-through", 1.2), ("transform", 2.0)):
         for base in ("cp", "cp+fsync"):
             worst = max((res.ratio(c.job.label, base) for m, cs, res in results.values() for c in cs
                          if c.kind == kind and m.nbytes > 1e9), default=math.nan)
             row(f"{kind} <= {limit}x {base} (1.4 and 6.2 GB models)", worst, limit)
-    worst_rss = max((res.rss(c.job.label) - m.largest for m, cs, res in results.values() for c in cs), default=0)
-    lines.append(f"| peak RSS <= largest tensor + 150 MiB (every job, every model) | largest + {mib(worst_rss)} | "
-                 f"{'yes' if worst_rss <= RSS_BUDGET else 'no'} |")
+    for m, cs, res in results.values():
+        worst_rss = max(res.rss(c.job.label) - m.largest for c in cs)
+        lines.append(f"| peak RSS <= largest tensor + 150 MiB, {m.name} (every job) | largest + {mib(worst_rss)} | "
+                     f"{'yes' if worst_rss <= RSS_BUDGET else 'no'} |")
+    for what, ratio in linear.items():
+        yardstick = "max(bytes, cp+fsync) ratio" if what == "bytes" else "tensor ratio"
+        lines.append(f"| cost linear in {what} (worst time ratio / {yardstick} <= 1.2) | {ratio:.2f} | "
+                     f"{'yes' if ratio <= 1.2 else 'no'} |")
     if start is not None:
         for label, limit in (("migrate --help", 0.3), ("migrate plan, 100k SafeTensors -> burnpack", 2.0),
                              ("migrate plan, 100k PyTorch -> burnpack, pytorch_to_burn + F16", 2.0)):
@@ -168,7 +183,7 @@ def verdicts(results: dict[str, tuple[Model, list[Case], Results]], start: Resul
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="100k,gpt2-medium,gpt2-xl", help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--models", default="10k,100k,gpt2-medium,gpt2-xl", help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--no-startup", action="store_true", help="skip the --help and plan timings")
     args = ap.parse_args()
@@ -186,13 +201,14 @@ def main() -> None:
     start_table, start = (None, None)
     if not args.no_startup and ensure(MODELS["100k"], spare=1 << 30):
         start_table, start = startup(max(args.rounds, 5), rss_file)
+    linear_table, linear = linearity(results)
     free = shutil.disk_usage(OUT).free
     md = [f"Machine: {machine()}; {args.rounds} rounds per job; outputs removed between jobs "
           f"({free / 1e9:.0f} GB free at the end).", "", models_legend(results), "",
-          model_table(results), "", linearity(results), ""]
+          model_table(results), "", linear_table, ""]
     if start_table:
         md += [start_table, ""]
-    md += [verdicts(results, start)]
+    md += [verdicts(results, start, linear)]
     text = "\n".join(md)
     print("\n" + text)
     (OUT / "results.md").write_text(text + "\n")
