@@ -87,7 +87,10 @@ class FileSource(ByteSource):
         if length == 0:
             return memoryview(b"")
         start = offset - offset % _PAGE
-        mm = mmap.mmap(self.fd, length + (offset - start), access=mmap.ACCESS_READ, offset=start)
+        try:
+            mm = mmap.mmap(self.fd, length + (offset - start), access=mmap.ACCESS_READ, offset=start)
+        except (ValueError, OSError) as e:  # e.g. the file was truncated after it was opened
+            raise FormatError(f"cannot map bytes [{offset}, {offset + length}): {e}", file=self.label) from None
         if hasattr(mm, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
             mm.madvise(mmap.MADV_SEQUENTIAL)
         # The view keeps the map alive; the map is unmapped when the last view is released.

@@ -131,3 +131,13 @@ def test_reading_every_tensor_keeps_peak_rss_near_one_tensor(tmp_path: Path, fmt
     out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(path)], capture_output=True, text=True, check=True)
     growth = int(out.stdout)
     assert growth < 3 * tensor_mb * 2**20, f"peak RSS grew {growth / 2**20:.0f} MiB for a 256 MiB file"
+
+
+def test_file_truncated_after_open_is_a_typed_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.bpk"
+    save([from_numpy("w", np.ones(100_000, np.float32))], path)
+    with open_file(path) as r:
+        with open(path, "r+b") as f:
+            f.truncate(1000)
+        with pytest.raises(FormatError, match="cannot map bytes"):
+            r["w"].data()
