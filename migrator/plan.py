@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__, dtypes
 from .dtypes import DType
-from .errors import MigratorError, PlanError
+from .errors import MigratorError, PlanError, TensorNotFoundError
 from .formats import Reader, open_file, writer_class
 from .formats.detect import target_format
 from .metadata import (
@@ -95,23 +95,6 @@ def resolve_path(base_dir: Path, path: Path | str) -> Path:
     return Path(os.path.normpath(p if p.is_absolute() else base_dir / p))
 
 
-def _reader_options(fmt: str, recipe: Recipe) -> dict[str, Any]:
-    if fmt == "pytorch" and recipe.source.top_level_key is not None:
-        return {"top_level_key": recipe.source.top_level_key}
-    return {}
-
-
-def _select_prefix(tensors: list[LazyTensor], key: str | list[str], label: str) -> list[LazyTensor]:
-    """`top_level_key` for flat formats: keep `key.*` and strip the prefix."""
-    prefix = (key if isinstance(key, str) else ".".join(key)) + "."
-    out = [t.renamed(t.name[len(prefix):]) for t in tensors if t.name.startswith(prefix)]
-    if not out:
-        roots = sorted({t.name.split(".", 1)[0] for t in tensors})
-        raise PlanError(f"top_level_key '{prefix[:-1]}' selects no tensor; top-level names: "
-                        f"{', '.join(roots[:20])}", file=label)
-    return out
-
-
 class _Matcher:
     """A filter criterion list: regexes searched anywhere, exact paths, imported predicates."""
 
@@ -153,8 +136,11 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
     out_fmt = target_format(tgt_path, recipe.target.format)
     tgt_path = Path(writer_class(out_fmt).resolve_path(tgt_path))
-    fmt = recipe.source.format
-    reader = open_file(src_path, fmt, **_reader_options(fmt if fmt != "auto" else _sniff(src_path), recipe))
+    key = recipe.source.top_level_key
+    try:
+        reader = open_file(src_path, recipe.source.format, **({} if key is None else {"top_level_key": key}))
+    except TensorNotFoundError as e:  # in a recipe, a wrong top_level_key is a planning problem
+        raise PlanError(e.detail, file=e.file) from None
     readers: list[Reader] = [reader]
     try:
         return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
@@ -166,20 +152,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         raise
 
 
-def _sniff(path: Path) -> str:
-    from .bytesource import FileSource
-    from .formats.detect import detect
-
-    with FileSource(path) as s:
-        return detect(s, path)
-
-
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool) -> Plan:
     is_pytorch = reader.format == "pytorch"
     tensors = list(reader.tensors)
-    if recipe.source.top_level_key is not None and not is_pytorch:
-        tensors = _select_prefix(tensors, recipe.source.top_level_key, reader.label)
     names = [t.name for t in tensors]
 
     # 1. names: remaps, then contiguous indices (defaults follow Burn's PyTorch store)

@@ -134,3 +134,13 @@ def test_help_is_fast_and_does_not_import_numpy() -> None:
            "print('numpy' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False False")
+
+
+def test_top_level_key_works_on_burnpack_too(tmp_path: Path) -> None:
+    p = tmp_path / "m.bpk"
+    save([from_numpy("enc.w", np.ones(2, np.float32)), from_numpy("dec.w", np.ones(2, np.float32))], p)
+    out = migrate("inspect", str(p), "--top-level-key", "enc", "--json")
+    assert out.returncode == 0, out.stderr
+    assert [t["name"] for t in json.loads(out.stdout)["tensors"]] == ["w"]
+    bad = migrate("inspect", str(p), "--top-level-key", "nope")
+    assert bad.returncode == 1 and "top-level names: dec, enc" in bad.stderr and "Traceback" not in bad.stderr

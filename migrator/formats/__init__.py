@@ -63,7 +63,12 @@ def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
     try:
         path = src if isinstance(src, str | os.PathLike) else None
         fmt = detect(source, path) if format == "auto" else format
-        return reader_class(fmt)(source, **options)
+        cls = reader_class(fmt)
+        key = options.pop("top_level_key", None) if not cls.nested_keys else None
+        reader = cls(source, **options)
+        if key is not None:
+            reader.select(key)
+        return reader
     except BaseException:
         source.close()
         raise

@@ -18,6 +18,7 @@ class Reader(ABC):
     """A parsed file header: every tensor listed (data order), no tensor bytes read yet."""
 
     format: ClassVar[str]
+    nested_keys: ClassVar[bool] = False  # True: the constructor takes `top_level_key` itself
     source: ByteSource
     tensors: list[LazyTensor]
     metadata: dict[str, str]
@@ -57,6 +58,11 @@ class Reader(ABC):
             self.__dict__["_by_name"] = idx
         return idx
 
+    def select(self, top_level_key: str | Sequence[str]) -> None:
+        """Keep only the tensors under `top_level_key` (flat formats: a name prefix), renamed without it."""
+        self.tensors = select_prefix(self.tensors, top_level_key, self.label)
+        self.__dict__.pop("_by_name", None)
+
     def extra(self) -> dict[str, Any]:
         """Format-specific facts for `inspect` (e.g. a burnpack's data-section start)."""
         return {}
@@ -70,6 +76,19 @@ class Reader(ABC):
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def select_prefix(tensors: Sequence[LazyTensor], key: str | Sequence[str], label: str) -> list[LazyTensor]:
+    """`top_level_key` for formats whose names are flat: keep `key.*`, named without the prefix."""
+    dotted = key if isinstance(key, str) else ".".join(key)
+    prefix = dotted + "."
+    kept = [t.renamed(t.name[len(prefix):]) for t in tensors if t.name.startswith(prefix)]
+    if not kept:
+        roots = sorted({t.name.split(".", 1)[0] for t in tensors})
+        raise TensorNotFoundError(f"top_level_key '{dotted}' selects no tensor; top-level names: "
+                                  f"{', '.join(roots[:20])}; no tensor is named '{prefix}*'",
+                                  file=label, tensor=dotted)
+    return kept
 
 
 class Writer(ABC):

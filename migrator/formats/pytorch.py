@@ -78,6 +78,7 @@ class PytorchReader(Reader):
     """Reads every torch.save container lazily; see the module docstring for the guarantees."""
 
     format = "pytorch"
+    nested_keys = True  # top_level_key walks the pickled dicts
 
     def __init__(
         self,

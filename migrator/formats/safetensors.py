@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Literal
 from .. import dtypes
 from ..bytesource import ByteSource
 from ..dtypes import DType
-from ..errors import FormatError, LimitExceededError, PlanError, TensorNotFoundError, UnsupportedDTypeError
+from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
 from ..scalars import Scalar
 from ..streaming import write_all, write_tensor
 from ..tensor import LazyTensor, stored
@@ -87,6 +87,7 @@ class SafetensorsReader(Reader):
     """
 
     format = "safetensors"
+    nested_keys = True
 
     def __init__(self, source: ByteSource, *, top_level_key: str | None = None) -> None:
         if top_level_key is not None and not isinstance(top_level_key, str):
@@ -99,7 +100,7 @@ class SafetensorsReader(Reader):
         self.metadata, entries = self._parse(header)
         self.tensors = self._layout(entries)
         if top_level_key is not None:
-            self.tensors = self._select(top_level_key)
+            self.select(top_level_key)
 
     # -- header ---------------------------------------------------------------------------------
 
@@ -243,14 +244,6 @@ class SafetensorsReader(Reader):
             raise self._error(f"the data section has {data_len} bytes but the tensors cover {expected}; "
                               "the file must end exactly at the last tensor")
         return tensors
-
-    def _select(self, key: str) -> list[LazyTensor]:
-        prefix = key + "."
-        kept = [t.renamed(t.name[len(prefix):]) for t in self.tensors if t.name.startswith(prefix)]
-        if not kept:
-            raise TensorNotFoundError(f"top_level_key '{key}': no tensor is named '{prefix}*'",
-                                      file=self.label, tensor=key)
-        return kept
 
     def extra(self) -> dict[str, Any]:
         return {"header_size": self.header_size, "data_start": 8 + self.header_size}
