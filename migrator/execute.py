@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from .errors import MigratorError
-from .formats import save
+from .formats import save_planned
 from .plan import Plan
 
 
@@ -28,14 +28,13 @@ class RunResult:
 
 def run_plan(plan: Plan, *, progress: bool | None = None) -> RunResult:
     """Write the plan's output; refuses (writing nothing) when the plan has fatal problems."""
-    if plan.fatal:
+    if plan.fatal or plan.writer is None:
         raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
-    tensors = [e.tensor for e in plan.entries]
+    tensors = plan.writer.tensors
     protect = [plan.source_path] + ([plan.template_path] if plan.template_path else [])
     show = sys.stderr.isatty() if progress is None else progress
-    written = save(tensors, plan.target_path, format=plan.target_format, metadata=plan.metadata,
-                   scalars=plan.scalars, overwrite=plan.overwrite, protect=protect,
-                   progress=_progress_bar if show else None)
+    written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=protect,
+                           progress=_progress_bar if show else None)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
 
 

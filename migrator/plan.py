@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__, dtypes
 from .dtypes import DType
 from .errors import MigratorError, PlanError, TensorNotFoundError
-from .formats import Reader, open_file, writer_class
+from .formats import Reader, Writer, open_file, writer_class
 from .formats.detect import target_format
 from .metadata import (
     RECIPE_HASH_KEY,
@@ -74,6 +74,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     fatal: list[str] = field(default_factory=list)  # problems that stop a run before writing
     readers: list[Reader] = field(default_factory=list, repr=False)
+    writer: Writer | None = field(default=None, repr=False)  # planned and checked; None when fatal
 
     @property
     def ok(self) -> bool:
@@ -296,7 +297,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 recipe.allow_partial, recipe.validate_shapes, overwrite, notes, fatal, readers)
     if not fatal:
         try:
-            writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
+            plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
         except MigratorError as e:
             fatal.append(str(e))
     return plan

@@ -16,7 +16,7 @@ from ..tensor import LazyTensor
 from .base import Reader, Writer
 from .detect import FORMATS, detect, target_format
 
-__all__ = ["FORMATS", "Reader", "Writer", "open_file", "save", "to_bytes", "writer_class"]
+__all__ = ["FORMATS", "Reader", "Writer", "open_file", "save", "save_planned", "to_bytes", "writer_class"]
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource
 
@@ -91,6 +91,18 @@ def save(
     """
     fmt = target_format(path, format)
     writer = writer_class(fmt)(tensors, metadata=metadata, scalars=scalars)
+    return save_planned(writer, path, overwrite=overwrite, protect=protect, progress=progress)
+
+
+def save_planned(
+    writer: Writer,
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    protect: Iterable[str | os.PathLike[str]] = (),
+    progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+) -> str:
+    """Write an already planned `writer` to `path` atomically (see `save`); returns the path written."""
     out = writer.resolve_path(path)
     with atomic_output(out, overwrite=overwrite, protect=protect, expected_size=writer.total_size) as sink:
         if progress is None:
