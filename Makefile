@@ -3,14 +3,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# Reinstall when the package definition or the compiled kernels change (pip builds migrator/_kernels.c).
+BUILD_INPUTS := pyproject.toml setup.py migrator/_kernels.c
+STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) | cksum | cut -d' ' -f1)
 DEMO := demo-out
 
 .PHONY: install demo test lint bench schema clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): $(BUILD_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned in the dev extra (2.13.0, the CPU build on this machine's disk): the test oracle only.

@@ -27,7 +27,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,20 @@ CHUNK_ELEMENTS = 1 << 20
 """Elements converted per step: scratch stays a few times 4 MiB whatever the tensor's size."""
 CHUNK_BYTES = 8 << 20
 """Bytes per piece a streamed transpose yields (at least one tile band)."""
+
+def _load_kernels() -> Any:
+    """The compiled loops (migrator/_kernels.c) if they were built; MIGRATOR_NO_KERNELS=1 turns them off."""
+    if os.environ.get("MIGRATOR_NO_KERNELS"):
+        return None
+    try:
+        from . import _kernels
+    except ImportError:  # installed without a C compiler: numpy does the same work, 3-8x slower
+        return None
+    return _kernels
+
+
+kernels = _load_kernels()
+"""`migrator._kernels` or None; tests switch it off to check both paths against torch."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -87,6 +101,10 @@ def _to_f32(bits: np.ndarray, src: str) -> np.ndarray:
         return bits.view(np.float64).astype(np.float32)
     if src == "BF16":
         return (bits.astype(np.uint32) << 16).view(np.float32)
+    if kernels is not None:
+        out = np.empty(bits.shape, dtype=np.uint32)
+        kernels.f16_to_f32(bits, out)
+        return out.view(np.float32)
     # F16: exact, but numpy keeps signalling NaNs signalling; the hardware quiets them
     out = bits.view(np.float16).astype(np.float32)
     nan = np.isnan(out)
@@ -97,6 +115,10 @@ def _to_f32(bits: np.ndarray, src: str) -> np.ndarray:
 
 
 def _f32_to_f16(f: np.ndarray) -> np.ndarray:
+    if kernels is not None:
+        out = np.empty(f.shape, dtype=np.uint16)
+        kernels.f32_to_f16(np.ascontiguousarray(f), out)
+        return out
     out = f.astype(np.float16).view(np.uint16)
     nan = np.isnan(f)
     if nan.any():
@@ -106,6 +128,10 @@ def _f32_to_f16(f: np.ndarray) -> np.ndarray:
 
 
 def _f32_to_bf16(f: np.ndarray, nan_bits: np.uint16) -> np.ndarray:
+    if kernels is not None:
+        out = np.empty(f.shape, dtype=np.uint16)
+        kernels.f32_to_bf16(np.ascontiguousarray(f), out, int(nan_bits))
+        return out
     u = f.view(np.uint32)
     # round to nearest even on the bit pattern: exact for finite values, overflows to inf
     rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
@@ -142,6 +168,14 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
                 file=tensor.origin, tensor=tensor.name)
     src_name, dst_name = tensor.dtype.name, to.name
     src_uint, dst_uint = _UINT[_BITS_OF[src_name]], _UINT[_BITS_OF[dst_name]]
+    transposed = tensor.chunks
+    if isinstance(transposed, _TransposedChunks) and dst_uint.itemsize < src_uint.itemsize:
+        # A cast is element-wise, so it commutes with a transpose bit for bit: narrow first and
+        # the transpose moves half (or a quarter) of the bytes.
+        inner = transposed.base
+        inner = LazyTensor(tensor.name, inner.dtype, inner.shape, inner.nbytes, inner.loader, inner.span,
+                           tensor.param_id, tensor.origin, inner.chunks)
+        return transpose2d(cast(inner, to))
     numel = tensor.numel
     convert = _converter(src_name, dst_name)
 
@@ -192,12 +226,12 @@ def source_pieces(tensor: LazyTensor, step: int) -> Iterator[Buffer]:
         data.release()
 
 
-def _pread_full(fd: int, n: int, offset: int, tensor: LazyTensor) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
+def _pread_full(fd: int, n: int, offset: int, tensor: LazyTensor) -> memoryview:
+    """Read exactly `n` bytes into a fresh, uninitialised buffer (no zero-filling pass)."""
+    buf = memoryview(np.empty(n, dtype=np.uint8))
     got = 0
     while got < n:
-        k = os.preadv(fd, [view[got:]], offset + got)
+        k = os.preadv(fd, [buf[got:]], offset + got)
         if k <= 0:
             raise TensorBytesSizeMismatchError(f"source ended {n - got} bytes early", file=tensor.origin,
                                                tensor=tensor.name)
@@ -216,10 +250,7 @@ def transpose_bytes(raw: memoryview | bytes | bytearray, rows: int, cols: int, i
     A tiled copy: numpy's plain ``ascontiguousarray(a.T)`` strides through memory column by
     column and is 2-4x slower on large matrices (e.g. 50257x1024 f32: ~600 ms vs ~150 ms).
     """
-    src = _matrix(raw, rows, cols, itemsize)
-    out = np.empty((cols, rows, *src.shape[2:]), dtype=src.dtype)
-    _transpose_into(out, src)
-    return out
+    return _band(raw, _matrix(raw, rows, cols, itemsize), 0, cols)
 
 
 def transpose_bands(raw: memoryview | bytes | bytearray, rows: int, cols: int,
@@ -228,14 +259,11 @@ def transpose_bands(raw: memoryview | bytes | bytearray, rows: int, cols: int,
     src = _matrix(raw, rows, cols, itemsize)
     block = _block_size(itemsize)
     band = max(block, CHUNK_BYTES // max(rows * itemsize, 1) // block * block)
+    starts = range(0, cols, band)
 
     def one(j: int) -> np.ndarray:
-        part = src[:, j:j + band]
-        out = np.empty((part.shape[1], rows, *src.shape[2:]), dtype=src.dtype)
-        _transpose_into(out, part)
-        return out
+        return _band(raw, src, j, min(band, cols - j))
 
-    starts = range(0, cols, band)
     return map(one, starts) if len(starts) == 1 else pipelined(one, starts)
 
 
@@ -244,6 +272,17 @@ def _matrix(raw: memoryview | bytes | bytearray, rows: int, cols: int, itemsize:
         return np.frombuffer(raw, dtype=_UINT[itemsize], count=rows * cols).reshape(rows, cols)
     # e.g. 16-byte elements: move them as byte rows
     return np.frombuffer(raw, dtype=np.uint8, count=rows * cols * itemsize).reshape(rows, cols, itemsize)
+
+
+def _band(raw: memoryview | bytes | bytearray, src: np.ndarray, first: int, width: int) -> np.ndarray:
+    """Columns [first, first + width) of `src` (a view of `raw`), transposed into a new array."""
+    rows, cols = src.shape[:2]
+    out = np.empty((width, rows, *src.shape[2:]), dtype=src.dtype)
+    if kernels is not None and src.ndim == 2 and len(raw) == src.nbytes:
+        kernels.transpose(raw, out, rows, cols, src.dtype.itemsize, first, width)
+    else:
+        _transpose_into(out, src[:, first:first + width])
+    return out
 
 
 def _transpose_into(out: np.ndarray, src: np.ndarray) -> None:
@@ -272,12 +311,23 @@ def transpose2d(tensor: LazyTensor) -> LazyTensor:
         return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=lambda: memoryview(b""),
                               chunks=lambda: iter(()))
 
-    def chunks() -> Iterator[memoryview]:
-        # A transpose reads its whole source; the source's map is dropped with the exhausted bands.
-        for band in transpose_bands(tensor.data(), rows, cols, itemsize):
-            yield memoryview(band.reshape(-1).view(np.uint8))
-
     def load() -> memoryview:
         return memoryview(transpose_bytes(tensor.data(), rows, cols, itemsize).reshape(-1).view(np.uint8))
 
-    return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=load, chunks=chunks)
+    return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=load, chunks=_TransposedChunks(tensor))
+
+
+class _TransposedChunks:
+    """The streamed bands of a 2-D transpose; keeps its `base` so a later narrowing cast can go first."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: LazyTensor) -> None:
+        self.base = base
+
+    def __call__(self) -> Iterator[memoryview]:
+        base = self.base
+        rows, cols = base.shape
+        # A transpose reads its whole source; the source's map is dropped with the exhausted bands.
+        for band in transpose_bands(base.data(), rows, cols, base.dtype.itemsize or 1):
+            yield memoryview(band.reshape(-1).view(np.uint8))

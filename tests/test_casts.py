@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -16,6 +20,25 @@ UINT = {"F64": np.uint64, "F32": np.uint32, "FLEX32": np.uint32, "F16": np.uint1
 SINT = {np.uint64: np.int64, np.uint32: np.int32, np.uint16: np.int16}
 TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 FLOATS = ("F64", "F32", "F16", "BF16")
+KERNELS = casts.kernels
+
+
+@pytest.fixture(autouse=True, params=["kernels", "portable-kernels", "numpy"])
+def cast_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every test here runs with the compiled loops (F16C, and the portable C loops other CPUs take)
+    when they are built, and with the numpy path."""
+    if request.param == "numpy":
+        monkeypatch.setattr(casts, "kernels", None)
+        yield request.param
+        return
+    if KERNELS is None:
+        pytest.skip("migrator._kernels not built (test_kernels_built_when_a_compiler_exists says why)")
+    monkeypatch.setattr(casts, "kernels", KERNELS)
+    KERNELS.use_f16c(request.param == "kernels")
+    try:
+        yield request.param
+    finally:
+        KERNELS.use_f16c(True)
 
 
 def _tensor(bits: np.ndarray, dtype: str) -> LazyTensor:
@@ -254,3 +277,60 @@ def test_transpose_is_lazy_and_rejects_bad_input() -> None:
         casts.transpose2d(from_numpy("v", np.zeros(3, dtype=np.float32)))
     with pytest.raises(UnsupportedDTypeError):
         casts.transpose2d(LazyTensor("q", dtypes.F4, (2, 2), 2, lambda: b"\0\0"))
+
+
+# ---- compiled kernels and streaming -------------------------------------------------------------------
+
+def test_kernels_built_when_a_compiler_exists(cast_path: str) -> None:
+    """The numpy fallback is for machines without a C compiler, not a silent way to lose 5x speed."""
+    if os.environ.get("MIGRATOR_NO_KERNELS"):
+        pytest.skip("MIGRATOR_NO_KERNELS is set")
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert KERNELS is not None, "a C compiler exists but migrator._kernels is missing: rerun the install"
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(300, 1000), (4100, 9), (9, 70000)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_streamed_transpose_bands(monkeypatch: pytest.MonkeyPatch, rows: int, cols: int, dtype: type) -> None:
+    monkeypatch.setattr(casts, "CHUNK_BYTES", 4096)  # many bands, each a column range of the source
+    a = np.random.default_rng(8).integers(0, 255, size=(rows, cols)).astype(dtype)
+    t = casts.transpose2d(from_numpy("w", a))
+    assert t.chunks is not None
+    streamed = b"".join(bytes(p) for p in t.chunks())
+    assert streamed == np.ascontiguousarray(a.T).tobytes() == bytes(t.data())
+
+
+@pytest.mark.parametrize("dst", ["F16", "BF16", "F64"])
+def test_cast_of_a_transpose_equals_transpose_of_the_cast(dst: str) -> None:
+    bits = f32_inputs()[: 64 * 1000].reshape(64, 1000)
+    x = from_numpy("w", bits, dtype=dtypes.F32)
+    t = LazyTensor("renamed.w", x.dtype, x.shape, x.nbytes, x.loader, param_id=3, origin="f.pt")
+    out = casts.cast(casts.transpose2d(t), dtypes.BY_NAME[dst])
+    assert (out.name, out.param_id, out.origin, out.shape, out.dtype.name) == ("renamed.w", 3, "f.pt", (1000, 64), dst)
+    want = np.ascontiguousarray(reference(bits.reshape(-1), "F32", dst).reshape(64, 1000).T)
+    assert np.array_equal(np.frombuffer(out.data(), dtype=UINT[dst]), want.reshape(-1))
+    assert np.array_equal(np.frombuffer(b"".join(bytes(p) for p in out.chunks()), dtype=UINT[dst]),
+                          want.reshape(-1))
+
+
+def test_kernel_rejects_mismatched_buffers() -> None:
+    if KERNELS is None:
+        pytest.skip("migrator._kernels not built")
+    with pytest.raises(ValueError, match="buffer sizes"):
+        KERNELS.f32_to_f16(np.zeros(4, np.uint32), np.zeros(3, np.uint16))
+    with pytest.raises(ValueError, match="does not match"):
+        KERNELS.transpose(np.zeros(12, np.uint8), np.zeros(12, np.uint8), 3, 5, 1, 0, 5)
+    with pytest.raises(ValueError, match="band"):
+        KERNELS.transpose(np.zeros(12, np.uint8), np.zeros(12, np.uint8), 3, 4, 1, 2, 3)
+    with pytest.raises(BufferError):  # read-only target
+        KERNELS.f32_to_f16(np.zeros(4, np.uint32), bytes(8))
+
+
+@pytest.mark.parametrize("n", [1, 7, 9, 1001])
+def test_odd_lengths_take_the_tail_loops(n: int) -> None:
+    """The vector loops work 8 at a time; the rest go through the scalar rules, checked here."""
+    bits = np.concatenate([f32_inputs()[-n:], f32_inputs()[:64]])[:n]
+    want = reference(_pad64(bits), "F32", "F16")[:n]
+    assert np.array_equal(ours(bits, "F32", "F16"), want)
+    h = ALL16[-n:]
+    assert np.array_equal(ours(h, "F16", "F32"), reference(_pad64(h), "F16", "F32")[:n])

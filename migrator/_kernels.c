@@ -1,0 +1,390 @@
+/* Optional compiled kernels for the hot loops of casts.py: float -> half conversions and 2-D
+ * transposes. numpy's float32 -> float16 cast is scalar code (~1 GB/s on the benchmark machine),
+ * which made every F16 migration CPU-bound; the F16C instructions do it at memory speed.
+ *
+ * Every function gives the same bits as the numpy path in casts.py, which follows torch's CPU
+ * kernels (tests/test_casts.py checks both paths against torch):
+ *   f32 -> f16:  round to nearest even; NaN keeps its sign, gets the quiet bit and the top 10
+ *                payload bits (exactly what vcvtps2ph does, and torch uses that instruction);
+ *   f16 -> f32:  exact; NaN keeps sign and payload and gets the quiet bit (vcvtph2ps);
+ *   f32 -> bf16: round to nearest even on the bit pattern; every NaN becomes `nan_bits`.
+ * The F16C paths are chosen at run time, with a portable scalar version of the same rules.
+ * Loops run without the GIL, so casts.py's worker threads use both cores.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define HAVE_X86_F16C 1
+#else
+#define HAVE_X86_F16C 0
+#endif
+
+/* ---- scalar reference rules ------------------------------------------------------------------ */
+
+static uint16_t f32_to_f16_bits(uint32_t u)
+{
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) /* NaN: quiet bit + top 10 payload bits */
+        return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+    if (a >= 0x477FF000u) /* rounds to 65536 or more, or is inf */
+        return (uint16_t)(sign | 0x7C00u);
+    if (a < 0x38800000u) { /* below 2^-14: f16 subnormal or zero */
+        if (a < 0x33000000u) /* below 2^-25, half the smallest subnormal: rounds to zero */
+            return (uint16_t)sign;
+        uint32_t exp = a >> 23;
+        uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
+        uint32_t shift = 126u - exp; /* value = mant * 2^(exp-150); f16 units are 2^-24 */
+        uint32_t q = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u)))
+            q += 1u;
+        return (uint16_t)(sign | q);
+    }
+    /* normal: rebias the exponent, round the 13 dropped bits to nearest even */
+    uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);
+    return (uint16_t)(sign | ((r >> 13) - (112u << 10)));
+}
+
+static uint32_t f16_to_f32_bits(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t mant = h & 0x3FFu;
+    if (exp == 0x1Fu) /* inf, or NaN with the quiet bit set */
+        return sign | 0x7F800000u | (mant << 13) | (mant ? 0x400000u : 0u);
+    if (exp != 0)
+        return sign | ((exp + 112u) << 23) | (mant << 13);
+    if (mant == 0)
+        return sign;
+    exp = 113u; /* subnormal: normalise */
+    while (!(mant & 0x400u)) {
+        mant <<= 1;
+        exp -= 1u;
+    }
+    return sign | (exp << 23) | ((mant & 0x3FFu) << 13);
+}
+
+/* ---- F16C versions ----------------------------------------------------------------------------- */
+
+#if HAVE_X86_F16C
+__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const uint32_t *src, uint16_t *dst, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; i++)
+        dst[i] = f32_to_f16_bits(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *src, uint32_t *dst, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_castps_si256(_mm256_cvtph_ps(h)));
+    }
+    for (; i < n; i++)
+        dst[i] = f16_to_f32_bits(src[i]);
+}
+
+static int has_f16c(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    }
+    return known;
+}
+#endif
+
+static int allow_f16c = 1; /* tests turn it off to check the portable loops against torch too */
+
+static void f32_to_f16_any(const uint32_t *src, uint16_t *dst, Py_ssize_t n)
+{
+#if HAVE_X86_F16C
+    if (allow_f16c && has_f16c()) {
+        f32_to_f16_f16c(src, dst, n);
+        return;
+    }
+#endif
+    for (Py_ssize_t i = 0; i < n; i++)
+        dst[i] = f32_to_f16_bits(src[i]);
+}
+
+static void f16_to_f32_any(const uint16_t *src, uint32_t *dst, Py_ssize_t n)
+{
+#if HAVE_X86_F16C
+    if (allow_f16c && has_f16c()) {
+        f16_to_f32_f16c(src, dst, n);
+        return;
+    }
+#endif
+    for (Py_ssize_t i = 0; i < n; i++)
+        dst[i] = f16_to_f32_bits(src[i]);
+}
+
+static void f32_to_bf16_any(const uint32_t *src, uint16_t *dst, Py_ssize_t n, uint16_t nan_bits)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t u = src[i];
+        uint16_t r = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        dst[i] = (u & 0x7FFFFFFFu) > 0x7F800000u ? nan_bits : r;
+    }
+}
+
+/* ---- tiled transpose ---------------------------------------------------------------------------- */
+
+/* Blocks of TILE x TILE elements keep both the rows read and the rows written in cache; inside a
+ * block, 2- and 4-byte elements move as 8x8 / 4x4 register transposes (SSE2, baseline on x86-64). */
+#define TILE 32
+
+#define DEFINE_SCALAR_BLOCK(NAME, T)                                                                 \
+    static void NAME(const T *src, T *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0, Py_ssize_t i1, \
+                     Py_ssize_t j0, Py_ssize_t j1)                                                   \
+    {                                                                                                \
+        for (Py_ssize_t i = i0; i < i1; i++)                                                         \
+            for (Py_ssize_t j = j0; j < j1; j++)                                                     \
+                dst[j * rows + i] = src[i * cols + j];                                               \
+    }
+
+DEFINE_SCALAR_BLOCK(block_1, uint8_t)
+DEFINE_SCALAR_BLOCK(block_2_scalar, uint16_t)
+DEFINE_SCALAR_BLOCK(block_4_scalar, uint32_t)
+DEFINE_SCALAR_BLOCK(block_8, uint64_t)
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+static void block_2(const uint16_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
+                    Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1)
+{
+    Py_ssize_t i8 = i0 + (i1 - i0) / 8 * 8, j8 = j0 + (j1 - j0) / 8 * 8;
+    for (Py_ssize_t i = i0; i < i8; i += 8) {
+        for (Py_ssize_t j = j0; j < j8; j += 8) {
+            const uint16_t *s = src + i * cols + j;
+            __m128i a0 = _mm_loadu_si128((const __m128i *)(s + 0 * cols));
+            __m128i a1 = _mm_loadu_si128((const __m128i *)(s + 1 * cols));
+            __m128i a2 = _mm_loadu_si128((const __m128i *)(s + 2 * cols));
+            __m128i a3 = _mm_loadu_si128((const __m128i *)(s + 3 * cols));
+            __m128i a4 = _mm_loadu_si128((const __m128i *)(s + 4 * cols));
+            __m128i a5 = _mm_loadu_si128((const __m128i *)(s + 5 * cols));
+            __m128i a6 = _mm_loadu_si128((const __m128i *)(s + 6 * cols));
+            __m128i a7 = _mm_loadu_si128((const __m128i *)(s + 7 * cols));
+            __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+            __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+            __m128i b4 = _mm_unpacklo_epi16(a4, a5), b5 = _mm_unpackhi_epi16(a4, a5);
+            __m128i b6 = _mm_unpacklo_epi16(a6, a7), b7 = _mm_unpackhi_epi16(a6, a7);
+            __m128i c0 = _mm_unpacklo_epi32(b0, b2), c1 = _mm_unpackhi_epi32(b0, b2);
+            __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);
+            __m128i c4 = _mm_unpacklo_epi32(b4, b6), c5 = _mm_unpackhi_epi32(b4, b6);
+            __m128i c6 = _mm_unpacklo_epi32(b5, b7), c7 = _mm_unpackhi_epi32(b5, b7);
+            uint16_t *d = dst + j * rows + i;
+            _mm_storeu_si128((__m128i *)(d + 0 * rows), _mm_unpacklo_epi64(c0, c4));
+            _mm_storeu_si128((__m128i *)(d + 1 * rows), _mm_unpackhi_epi64(c0, c4));
+            _mm_storeu_si128((__m128i *)(d + 2 * rows), _mm_unpacklo_epi64(c1, c5));
+            _mm_storeu_si128((__m128i *)(d + 3 * rows), _mm_unpackhi_epi64(c1, c5));
+            _mm_storeu_si128((__m128i *)(d + 4 * rows), _mm_unpacklo_epi64(c2, c6));
+            _mm_storeu_si128((__m128i *)(d + 5 * rows), _mm_unpackhi_epi64(c2, c6));
+            _mm_storeu_si128((__m128i *)(d + 6 * rows), _mm_unpacklo_epi64(c3, c7));
+            _mm_storeu_si128((__m128i *)(d + 7 * rows), _mm_unpackhi_epi64(c3, c7));
+        }
+    }
+    /* the ragged right and bottom edges */
+    block_2_scalar(src, dst, rows, cols, i0, i8, j8, j1);
+    block_2_scalar(src, dst, rows, cols, i8, i1, j0, j1);
+}
+
+static void block_4(const uint32_t *src, uint32_t *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
+                    Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1)
+{
+    Py_ssize_t i4 = i0 + (i1 - i0) / 4 * 4, j4 = j0 + (j1 - j0) / 4 * 4;
+    for (Py_ssize_t i = i0; i < i4; i += 4) {
+        for (Py_ssize_t j = j0; j < j4; j += 4) {
+            const uint32_t *s = src + i * cols + j;
+            __m128i a0 = _mm_loadu_si128((const __m128i *)(s + 0 * cols));
+            __m128i a1 = _mm_loadu_si128((const __m128i *)(s + 1 * cols));
+            __m128i a2 = _mm_loadu_si128((const __m128i *)(s + 2 * cols));
+            __m128i a3 = _mm_loadu_si128((const __m128i *)(s + 3 * cols));
+            __m128i b0 = _mm_unpacklo_epi32(a0, a1), b1 = _mm_unpackhi_epi32(a0, a1);
+            __m128i b2 = _mm_unpacklo_epi32(a2, a3), b3 = _mm_unpackhi_epi32(a2, a3);
+            uint32_t *d = dst + j * rows + i;
+            _mm_storeu_si128((__m128i *)(d + 0 * rows), _mm_unpacklo_epi64(b0, b2));
+            _mm_storeu_si128((__m128i *)(d + 1 * rows), _mm_unpackhi_epi64(b0, b2));
+            _mm_storeu_si128((__m128i *)(d + 2 * rows), _mm_unpacklo_epi64(b1, b3));
+            _mm_storeu_si128((__m128i *)(d + 3 * rows), _mm_unpackhi_epi64(b1, b3));
+        }
+    }
+    block_4_scalar(src, dst, rows, cols, i0, i4, j4, j1);
+    block_4_scalar(src, dst, rows, cols, i4, i1, j0, j1);
+}
+#else
+#define block_2 block_2_scalar
+#define block_4 block_4_scalar
+#endif
+
+/* dst[j][i] = src[i][first + j] for j < width: a band of `width` source columns, `cols` wide rows */
+#define DEFINE_TRANSPOSE(NAME, T, BLOCK)                                                             \
+    static void NAME(const T *src, T *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first,      \
+                     Py_ssize_t width)                                                               \
+    {                                                                                                \
+        src += first;                                                                                \
+        for (Py_ssize_t i0 = 0; i0 < rows; i0 += TILE) {                                             \
+            Py_ssize_t i1 = i0 + TILE < rows ? i0 + TILE : rows;                                     \
+            for (Py_ssize_t j0 = 0; j0 < width; j0 += TILE)                                          \
+                BLOCK(src, dst, rows, cols, i0, i1, j0, j0 + TILE < width ? j0 + TILE : width);      \
+        }                                                                                            \
+    }
+
+DEFINE_TRANSPOSE(transpose_1, uint8_t, block_1)
+DEFINE_TRANSPOSE(transpose_2, uint16_t, block_2)
+DEFINE_TRANSPOSE(transpose_4, uint32_t, block_4)
+DEFINE_TRANSPOSE(transpose_8, uint64_t, block_8)
+
+/* ---- Python glue -------------------------------------------------------------------------------- */
+
+/* Get a read buffer and a writable buffer of exactly the expected byte lengths. */
+static int get_buffers(PyObject *src, PyObject *dst, Py_buffer *in, Py_buffer *out, Py_ssize_t in_item,
+                       Py_ssize_t out_item, Py_ssize_t *n)
+{
+    if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(dst, out, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(in);
+        return -1;
+    }
+    if (in->len % in_item != 0 || out->len != in->len / in_item * out_item) {
+        PyErr_Format(PyExc_ValueError, "buffer sizes do not match: %zd source bytes, %zd target bytes", in->len,
+                     out->len);
+        PyBuffer_Release(in);
+        PyBuffer_Release(out);
+        return -1;
+    }
+    *n = in->len / in_item;
+    return 0;
+}
+
+static PyObject *py_f32_to_f16(PyObject *self, PyObject *args)
+{
+    PyObject *src, *dst;
+    Py_buffer in, out;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OO", &src, &dst) || get_buffers(src, dst, &in, &out, 4, 2, &n) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS f32_to_f16_any((const uint32_t *)in.buf, (uint16_t *)out.buf, n);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_f16_to_f32(PyObject *self, PyObject *args)
+{
+    PyObject *src, *dst;
+    Py_buffer in, out;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OO", &src, &dst) || get_buffers(src, dst, &in, &out, 2, 4, &n) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS f16_to_f32_any((const uint16_t *)in.buf, (uint32_t *)out.buf, n);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_f32_to_bf16(PyObject *self, PyObject *args)
+{
+    PyObject *src, *dst;
+    unsigned int nan_bits;
+    Py_buffer in, out;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOI", &src, &dst, &nan_bits) || get_buffers(src, dst, &in, &out, 4, 2, &n) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS f32_to_bf16_any((const uint32_t *)in.buf, (uint16_t *)out.buf, n, (uint16_t)nan_bits);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_transpose(PyObject *self, PyObject *args)
+{
+    PyObject *src, *dst;
+    Py_ssize_t rows, cols, itemsize, first, width;
+    Py_buffer in, out;
+    if (!PyArg_ParseTuple(args, "OOnnnnn", &src, &dst, &rows, &cols, &itemsize, &first, &width))
+        return NULL;
+    if (rows < 0 || cols < 0 || first < 0 || width < 0 || first > cols || width > cols - first ||
+        (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8)) {
+        PyErr_SetString(PyExc_ValueError, "bad transpose shape, band or item size");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(src, &in, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(dst, &out, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    /* rows * cols * itemsize == in.len, checked by division so that nothing can overflow */
+    int fits = (rows == 0 || cols == 0) ? in.len == 0
+                                        : (in.len % itemsize == 0 && in.len / itemsize % cols == 0 &&
+                                           in.len / itemsize / cols == rows);
+    if (!fits || out.len / itemsize != rows * width || out.len % itemsize != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "transpose of columns [%zd, %zd) of [%zd, %zd] x %zd bytes does not match buffers of %zd and %zd",
+                     first, first + width, rows, cols, itemsize, in.len, out.len);
+        PyBuffer_Release(&in);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS switch (itemsize)
+    {
+    case 1: transpose_1((const uint8_t *)in.buf, (uint8_t *)out.buf, rows, cols, first, width); break;
+    case 2: transpose_2((const uint16_t *)in.buf, (uint16_t *)out.buf, rows, cols, first, width); break;
+    case 4: transpose_4((const uint32_t *)in.buf, (uint32_t *)out.buf, rows, cols, first, width); break;
+    default: transpose_8((const uint64_t *)in.buf, (uint64_t *)out.buf, rows, cols, first, width); break;
+    }
+    Py_END_ALLOW_THREADS PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_has_f16c(PyObject *self, PyObject *args)
+{
+#if HAVE_X86_F16C
+    return PyBool_FromLong(allow_f16c && has_f16c());
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyObject *py_use_f16c(PyObject *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    allow_f16c = on;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"f32_to_f16", py_f32_to_f16, METH_VARARGS, "f32_to_f16(src, dst): float32 bits -> float16 bits (torch's rules)"},
+    {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 bits -> float32 bits (torch's rules)"},
+    {"f32_to_bf16", py_f32_to_bf16, METH_VARARGS, "f32_to_bf16(src, dst, nan_bits): float32 -> bfloat16 bits"},
+    {"transpose", py_transpose, METH_VARARGS, "transpose(src, dst, rows, cols, itemsize, first, width): columns [first, first+width) of a "
+     "[rows, cols] matrix -> [width, rows]"},
+    {"has_f16c", py_has_f16c, METH_NOARGS, "whether the F16C instructions are used"},
+    {"use_f16c", py_use_f16c, METH_O, "use_f16c(flag): allow the F16C loops (default) or force the portable ones"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "migrator._kernels", "Compiled cast and transpose loops (optional).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
