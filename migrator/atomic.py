@@ -3,12 +3,17 @@
 The target is either the old file or the complete new one after any failure, including kill -9
 and a full disk. Scratch files are named `<target>.migrator-<pid>-<n>.tmp`, so a later run can
 recognise the ones a dead process left behind and remove them.
+
+`fsync=False` skips both fsyncs (and the early writeback): the publish is still a rename of a
+complete file, so a crash of migrator never leaves a partial target, but a power loss or kernel
+crash soon after may lose the new file's data, like `cp` or `torch.save`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import itertools
 import os
 import re
@@ -82,6 +87,7 @@ def atomic_output(
     overwrite: bool = False,
     protect: Iterable[str | os.PathLike[str]] = (),
     expected_size: int | None = None,
+    fsync: bool = True,
 ) -> Iterator[BinaryIO]:
     """Yield an unbuffered binary file to write the whole output into; publish it on success.
 
@@ -98,7 +104,7 @@ def atomic_output(
     scratch, fd = _create_scratch(target)
     published = False
     try:
-        with os.fdopen(fd, "wb", buffering=0) as f:
+        with (ScratchFile if fsync else UnsyncedScratchFile)(fd, "wb") as f:
             if expected_size:
                 _reserve(fd, expected_size, target)
             yield f
@@ -106,7 +112,8 @@ def atomic_output(
             if expected_size is not None and written != expected_size:
                 raise OutputError(f"wrote {written} bytes, planned {expected_size}", file=str(target))
             os.ftruncate(fd, written)
-            os.fsync(fd)
+            if fsync:
+                os.fsync(fd)
         _publish(scratch, target, overwrite=overwrite)
         published = True
     except OSError as e:
@@ -115,7 +122,21 @@ def atomic_output(
         if not published:
             with contextlib.suppress(OSError):
                 scratch.unlink()
-    _fsync_dir(folder, target)
+    if fsync:
+        _fsync_dir(folder, target)
+
+
+class ScratchFile(io.FileIO):
+    """The unbuffered output file; `start_writeback` tells streaming.py to push pages to disk early,
+    so the final fsync has little left to wait for."""
+
+    start_writeback = True
+
+
+class UnsyncedScratchFile(ScratchFile):
+    """Without fsync there is nothing to wait for: leave writeback to the kernel, as `cp` does."""
+
+    start_writeback = False
 
 
 def _create_scratch(target: Path) -> tuple[Path, int]:

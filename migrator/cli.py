@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
+NO_FSYNC_HELP = ("publish without flushing to disk first (faster, like cp): never partial after a crash of "
+                 "migrator, but a power loss soon after may lose the new file")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("src")
     conv.add_argument("dst")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing target")
+    conv.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
     conv.add_argument("--to", dest="target_format", default="auto", help="target format (default: extension)")
     conv.add_argument("--top-level-key", help="the nested dict (PyTorch) or name prefix holding the tensors")
@@ -53,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("recipe")
     run.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
     run.add_argument("--overwrite", action="store_true", help="replace an existing target")
+    run.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -175,7 +179,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, contiguous_indices=args.contiguous_indices,
-                   overwrite=args.overwrite, metadata=extra, clear_metadata=args.no_metadata)
+                   overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     try:
         if args.emit_recipe:
             sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))

@@ -50,6 +50,7 @@ def build_recipe(
     dtype: str | None = None,
     contiguous_indices: bool = False,
     overwrite: bool = False,
+    fsync: bool = True,
     metadata: Mapping[str, str] | None = None,
     clear_metadata: bool = False,
 ) -> Recipe:
@@ -64,7 +65,7 @@ def build_recipe(
         "version": 1,
         "source": {"path": os.fspath(src), "format": source_format, "contiguous_indices": contiguous_indices},
         "remap": remap,
-        "target": {"path": os.fspath(dst), "format": target_format_name, "overwrite": overwrite,
+        "target": {"path": os.fspath(dst), "format": target_format_name, "overwrite": overwrite, "fsync": fsync,
                    "metadata": dict(metadata or {}), "clear_metadata": clear_metadata},
     }
     if top_level_key:

@@ -34,7 +34,7 @@ def run_plan(plan: Plan, *, progress: bool | None = None) -> RunResult:
     protect = [plan.source_path] + ([plan.template_path] if plan.template_path else [])
     show = sys.stderr.isatty() if progress is None else progress
     written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=protect,
-                           progress=_progress_bar if show else None)
+                           progress=_progress_bar if show else None, fsync=plan.fsync)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
 
 

@@ -71,6 +71,7 @@ class Plan:
     allow_partial: bool
     validate: bool
     overwrite: bool
+    fsync: bool = True
     notes: list[str] = field(default_factory=list)
     fatal: list[str] = field(default_factory=list)  # problems that stop a run before writing
     readers: list[Reader] = field(default_factory=list, repr=False)
@@ -130,7 +131,7 @@ def _enum_free(name: str) -> str:
 
 
 def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
-               overwrite: bool | None = None) -> Plan:
+               overwrite: bool | None = None, fsync: bool | None = None) -> Plan:
     """Open the files (headers only) and compile the recipe; the returned plan owns the open readers."""
     src_path = resolve_path(base_dir, recipe.source.path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
@@ -146,7 +147,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     try:
         return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources,
-                        overwrite=recipe.target.overwrite if overwrite is None else overwrite)
+                        overwrite=recipe.target.overwrite if overwrite is None else overwrite,
+                        fsync=recipe.target.fsync if fsync is None else fsync)
     except BaseException:
         for r in readers:
             r.close()
@@ -154,7 +156,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
 
 
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
-             readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool) -> Plan:
+             readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
+             fsync: bool) -> Plan:
     is_pytorch = reader.format == "pytorch"
     tensors = list(reader.tensors)
     names = [t.name for t in tensors]
@@ -294,7 +297,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
     scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars,
-                recipe.allow_partial, recipe.validate_shapes, overwrite, notes, fatal, readers)
+                recipe.allow_partial, recipe.validate_shapes, overwrite, fsync, notes, fatal, readers)
     if not fatal:
         try:
             plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)

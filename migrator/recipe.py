@@ -266,6 +266,9 @@ class TargetSpec(_Strict):
         None, description="A file holding exactly the tensors the output must have (Burn's load-into-a-model).")
     template_format: FormatName = "auto"
     overwrite: bool = False
+    fsync: bool = Field(
+        True, description="Flush the output to disk before publishing it. false is faster (like cp); the file is "
+        "still never partial after a crash of migrator, but a power loss soon after may lose it.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Entries added to the output's metadata.")
     clear_metadata: bool = Field(False, description="Write no metadata except the entries given here.")
     scalars: Literal["keep", "none"] | dict[str, ScalarValue] = Field(

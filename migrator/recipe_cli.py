@@ -27,7 +27,8 @@ def _load(path: str) -> Any:
 def _plan_for(loaded: Any, args: argparse.Namespace) -> Plan:
     return build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
                       hash_sources=getattr(args, "hash_sources", False),
-                      overwrite=True if getattr(args, "overwrite", False) else None)
+                      overwrite=True if getattr(args, "overwrite", False) else None,
+                      fsync=False if getattr(args, "no_fsync", False) else None)
 
 
 def _recipe_error(e: Exception) -> int:

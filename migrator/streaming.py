@@ -75,7 +75,7 @@ def _start_writeback(sink: BinaryIO, start: int, end: int) -> None:
     """
     first = start - start % WRITEBACK_STEP
     last = end - end % WRITEBACK_STEP
-    if last > first and hasattr(os, "posix_fadvise"):
+    if last > first and hasattr(os, "posix_fadvise") and getattr(sink, "start_writeback", True):
         with contextlib.suppress(OSError):  # advice only
             os.posix_fadvise(sink.fileno(), first, last - first, os.POSIX_FADV_DONTNEED)
 

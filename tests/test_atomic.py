@@ -31,7 +31,7 @@ SLOW_WRITER = textwrap.dedent("""
         return LazyTensor(f"t{i}", dtypes.F32, (4096,), 4096 * 4, load)
 
     print("start", flush=True)
-    save([slow(i) for i in range(40)], sys.argv[1], overwrite=True)
+    save([slow(i) for i in range(40)], sys.argv[1], overwrite=True, fsync=sys.argv[2] == "fsync")
     print("done", flush=True)
 """)
 
@@ -52,13 +52,14 @@ def _assert_old_or_complete_new(path: Path, old: bytes) -> str:
     return "new"
 
 
-def test_sigkill_at_random_moments_never_leaves_a_partial_target(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fsync", ["fsync", "no-fsync"])
+def test_sigkill_at_random_moments_never_leaves_a_partial_target(tmp_path: Path, fsync: str) -> None:
     target = tmp_path / "model.bpk"
     old = _old_target(target)
     rng = random.Random(1234)
     outcomes = []
     for _ in range(12):
-        proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target)], stdout=subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target), fsync], stdout=subprocess.PIPE)
         assert proc.stdout is not None
         proc.stdout.readline()  # imports done, writing starts
         time.sleep(rng.uniform(0.0, 1.0))
@@ -73,6 +74,34 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_target(tmp_path: Path)
     # The next write removes the scratch files of the dead writers.
     save([from_numpy("w", np.ones(2, np.float32))], target, overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["model.bpk"]
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_fsync_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool) -> None:
+    """Durable by default: the file and its folder are fsynced and writeback starts early;
+    fsync=False does neither, and still publishes a complete file under the target name."""
+    synced: list[str] = []
+    advised: list[int] = []
+    real_fsync, real_fadvise = os.fsync, os.posix_fadvise
+
+    def spy_fsync(fd: int) -> None:
+        synced.append("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        real_fsync(fd)
+
+    def spy_fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append(length)
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "posix_fadvise", spy_fadvise)
+    arrays = [np.full(9 << 20, i, np.float32) for i in range(3)]  # 108 MiB: several 32 MiB writeback steps
+    target = tmp_path / "m.safetensors"
+    save([from_numpy(f"t{i}", a) for i, a in enumerate(arrays)], target, fsync=fsync)
+    assert synced == (["file", "dir"] if fsync else [])
+    assert (sum(advised) >= 96 << 20) if fsync else advised == []
+    r = open_file(target)
+    assert [int(t.numpy()[0]) for t in r.tensors] == [0, 1, 2]
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
 
 
 def test_full_disk_keeps_target_and_leaves_no_scratch(tmp_path: Path) -> None:
@@ -99,7 +128,7 @@ def test_full_disk_keeps_target_and_leaves_no_scratch(tmp_path: Path) -> None:
 def test_concurrent_writers_leave_one_complete_file(tmp_path: Path) -> None:
     target = tmp_path / "model.bpk"
     old = _old_target(target)
-    procs = [subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target)], stdout=subprocess.DEVNULL)
+    procs = [subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target), "fsync"], stdout=subprocess.DEVNULL)
              for _ in range(2)]
     for p in procs:
         assert p.wait() == 0

@@ -67,6 +67,7 @@ target:
   template: init.bpk
   template_format: burnpack
   overwrite: false
+  fsync: true
   metadata:
     description: my model
   clear_metadata: false

@@ -144,3 +144,18 @@ def test_top_level_key_works_on_burnpack_too(tmp_path: Path) -> None:
     assert [t["name"] for t in json.loads(out.stdout)["tensors"]] == ["w"]
     bad = migrate("inspect", str(p), "--top-level-key", "nope")
     assert bad.returncode == 1 and "top-level names: dec, enc" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_no_fsync_writes_the_same_file_and_reaches_the_recipe(model: Path, tmp_path: Path) -> None:
+    durable, fast = tmp_path / "durable.bpk", tmp_path / "fast.bpk"
+    assert main(["convert", str(model), str(durable)]) == 0
+    assert main(["convert", str(model), str(fast), "--no-fsync"]) == 0
+    assert fast.read_bytes() == durable.read_bytes()
+    emitted = migrate("convert", str(model), str(fast), "--no-fsync", "--emit-recipe")
+    assert emitted.returncode == 0 and "fsync: false" in emitted.stdout
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(emitted.stdout.replace(str(fast), str(tmp_path / "from-recipe.bpk")))
+    assert main(["run", str(recipe), "--no-progress"]) == 0
+    assert main(["run", str(recipe), "--no-progress", "--no-fsync", "--overwrite"]) == 0
+    ran, want = open_file(tmp_path / "from-recipe.bpk"), open_file(durable)  # + the recipe's hash in metadata
+    assert [(t.name, bytes(t.data())) for t in ran.tensors] == [(t.name, bytes(t.data())) for t in want.tensors]

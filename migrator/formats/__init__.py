@@ -84,14 +84,16 @@ def save(
     overwrite: bool = False,
     protect: Iterable[str | os.PathLike[str]] = (),
     progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+    fsync: bool = True,
 ) -> str:
     """Write `tensors` to `path` atomically; returns the path written.
 
     `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
+    `fsync=False` publishes without flushing to disk first (see `migrator.atomic`).
     """
     fmt = target_format(path, format)
     writer = writer_class(fmt)(tensors, metadata=metadata, scalars=scalars)
-    return save_planned(writer, path, overwrite=overwrite, protect=protect, progress=progress)
+    return save_planned(writer, path, overwrite=overwrite, protect=protect, progress=progress, fsync=fsync)
 
 
 def save_planned(
@@ -101,10 +103,12 @@ def save_planned(
     overwrite: bool = False,
     protect: Iterable[str | os.PathLike[str]] = (),
     progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+    fsync: bool = True,
 ) -> str:
     """Write an already planned `writer` to `path` atomically (see `save`); returns the path written."""
     out = writer.resolve_path(path)
-    with atomic_output(out, overwrite=overwrite, protect=protect, expected_size=writer.total_size) as sink:
+    with atomic_output(out, overwrite=overwrite, protect=protect, expected_size=writer.total_size,
+                       fsync=fsync) as sink:
         if progress is None:
             writer.write_to(sink)
         else:
