@@ -72,6 +72,11 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
+FAST_PATH = True
+"""Interpret torch's tensor records (`_rebuild_tensor_v2(...)`) in one step when they have the exact
+shape torch.save writes; anything else (and any record that would hit a limit or an error) goes
+through the general opcode loop, which stays the reference. False: always the general loop."""
+
 
 # --------------------------------------------------------------------------------------------
 # Placeholder objects (what allow-listed globals and their calls turn into)
@@ -134,9 +139,9 @@ class NumpyArray:
     dtype: NumpyDtype | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class StorageRef:
-    """One storage a tensor reads from, as named by a persistent id.
+    """One storage a tensor reads from, as named by a persistent id (slotted: one per tensor).
 
     `numel` counts elements of `dtype` (None when the id does not say); `view` is the legacy
     storage-view triple (view key, element offset, element count) or None.
@@ -150,9 +155,9 @@ class StorageRef:
     view: tuple[str, int, int] | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class TensorRef:
-    """A tensor as the pickle describes it: a strided window on a storage."""
+    """A tensor as the pickle describes it: a strided window on a storage (slotted: one per tensor)."""
 
     storage: StorageRef
     offset: int
@@ -175,11 +180,24 @@ class UnsupportedTensor:
 
 
 class ODict(dict):  # type: ignore[type-arg]
-    """An `OrderedDict` (a state_dict); `attrs` keeps BUILD state such as `_metadata`."""
+    """An `OrderedDict` (a state_dict); `attrs` keeps BUILD state such as `_metadata`.
+
+    Slotted, with `attrs` made on first use: torch.save pickles an empty OrderedDict (the backward
+    hooks) for every tensor, so a 100k-tensor file builds 100k of these.
+    """
+
+    __slots__ = ("_attrs",)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.attrs: dict[str, Any] = {}
+        self._attrs: dict[str, Any] | None = None
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        a = self._attrs
+        if a is None:
+            a = self._attrs = {}
+        return a
 
 
 Handler = Callable[["Unpickler", tuple, dict], Any]  # type: ignore[type-arg]
@@ -249,8 +267,10 @@ class Unpickler:
         persistent_load: Callable[[Any], Any] | None = None,
         limits: Limits = DEFAULT_LIMITS,
         what: str = "pickle",
+        fast: bool | None = None,
     ) -> None:
         self.data = data if isinstance(data, bytes) else memoryview(data).cast("B")
+        self.fast = FAST_PATH if fast is None else fast
         self.label = label
         self.pos = start
         self.end = len(self.data) if end is None else min(end, len(self.data))
@@ -340,22 +360,29 @@ class Unpickler:
     # -- driver ------------------------------------------------------------------------------
 
     def load(self) -> Any:
-        """Run until STOP and return the pickled value."""
-        table = _DISPATCH
+        """Run until STOP and return the pickled value; the memo and stacks are dropped then."""
+        table = _OPS
         data = self.data
+        end = self.end
         while True:
             p = self.pos
-            if p >= self.end:
+            if p >= end:
                 raise self.error("input ended before STOP (truncated pickle)")
             self._op_pos = p
             code = data[p]
             self.pos = p + 1
-            fn = table.get(code)
+            fn = table[code]
             if fn is None:
                 raise self.error(f"unknown opcode 0x{code:02x}")
             fn(self)
             if self._done:
-                return self._result
+                result = self._result
+                self._result = None
+                # the result keeps what it references; the rest of the interpreter's objects go now
+                self.memo = {}
+                self.stack = []
+                self.metastack = []
+                return result
 
     # -- globals and calls -------------------------------------------------------------------
 
@@ -482,6 +509,12 @@ def _stop(m: Unpickler) -> None:
 
 @_op(b"(")
 def _mark(m: Unpickler) -> None:
+    stack = m.stack
+    if stack and stack[-1] is _REBUILD_V2 and m.fast:
+        q = _fast_rebuild_v2(m, m.pos - 1)
+        if q >= 0:
+            m.pos = q
+            return
     if len(m.metastack) >= m.limits.max_marks:
         raise m.limit(f"more than {m.limits.max_marks} nested MARKs")
     m.metastack.append(m.stack)
@@ -559,7 +592,12 @@ def _binint(m: Unpickler) -> None:
 
 @_op(b"K")
 def _binint1(m: Unpickler) -> None:
-    m.push(m.read(1, "BININT1")[0])
+    p = m.pos
+    if p < m.end:
+        m.pos = p + 1
+        m.push(m.data[p])
+    else:
+        m.push(m.read(1, "BININT1")[0])
 
 
 @_op(b"M")
@@ -644,6 +682,17 @@ def _unicode(m: Unpickler) -> None:
 
 @_op(b"X")
 def _binunicode(m: Unpickler) -> None:
+    p, data = m.pos, m.data
+    if p + 4 <= m.end:
+        q = p + 4 + _U32.unpack_from(data, p)[0]
+        if q <= m.end:  # in bounds: decode straight from the input, no intermediate copy
+            m.pos = q
+            try:
+                text = str(data[p + 4 : q], "utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                raise m.error("BINUNICODE: invalid utf-8 text") from None
+            m.push(text)
+            return
     n = m._u("<I", 4, "BINUNICODE")
     m.push(_decode(m, m.read(n, "BINUNICODE"), "BINUNICODE", errors="surrogatepass"))
 
@@ -836,6 +885,14 @@ def _put(m: Unpickler) -> None:
 
 @_op(b"q")
 def _binput(m: Unpickler) -> None:
+    p = m.pos
+    if p < m.end and m.stack:
+        idx = m.data[p]
+        memo = m.memo
+        if idx in memo or len(memo) < m.limits.max_memo:
+            m.pos = p + 1
+            memo[idx] = m.stack[-1]
+            return
     _memo_put(m, m.read(1, "BINPUT")[0])
 
 
@@ -856,7 +913,12 @@ def _get(m: Unpickler) -> None:
 
 @_op(b"h")
 def _binget(m: Unpickler) -> None:
-    _memo_get(m, m.read(1, "BINGET")[0])
+    p = m.pos
+    if p < m.end:
+        m.pos = p + 1
+        _memo_get(m, m.data[p])
+    else:
+        _memo_get(m, m.read(1, "BINGET")[0])
 
 
 @_op(b"j")
@@ -992,6 +1054,259 @@ def _apply_state(m: Unpickler, obj: Any, state: Any) -> None:
     elif state is not None:
         raise m.error(f"BUILD on a {_tname(obj)}")
 
+
+_OPS: list[Callable[[Unpickler], None] | None] = [_DISPATCH.get(i) for i in range(256)]
+"""`_DISPATCH` as a list indexed by opcode: the main loop's lookup."""
+
+
+# --------------------------------------------------------------------------------------------
+# The fast path for torch's tensor records
+#
+# torch.save writes every tensor as the same ~20 opcodes:
+#   <callee> ( ( 'storage' <StorageType> <key> <location> <numel> t Q <offset> <size> <stride>
+#   <requires_grad> <OrderedDict> ) R t R      (each value optionally followed by BINPUT)
+# `_fast_rebuild_v2` reads such a record in two phases. The scan touches no state: it parses the
+# bytes, resolves memo reads and allow-listed globals, and checks that no limit could be reached;
+# on anything unexpected it gives up (-1) and the general loop interprets the same bytes, raising
+# its own errors. The commit then does what the general loop would have done, in the same order:
+# persistent_load, the tensor's checks, the memo writes, the object count, the stack.
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+
+
+class _Reject(Exception):
+    """The record is not in the shape the fast path reads: interpret it op by op."""
+
+
+_REJECT = _Reject()
+_P_STORAGE, _P_HOOKS, _P_ARGS, _P_TENSOR = (object() for _ in range(4))  # values made by the commit
+_INT_OPS = frozenset({0x4B, 0x4D, 0x4A, 0x8A})
+
+
+def _scan_int(data: Any, p: int) -> tuple[int, int]:
+    c = data[p]
+    if c == 0x4B:  # BININT1
+        return data[p + 1], p + 2
+    if c == 0x4D:  # BININT2
+        return _U16.unpack_from(data, p + 1)[0], p + 3
+    if c == 0x4A:  # BININT
+        return _I32.unpack_from(data, p + 1)[0], p + 5
+    if c == 0x8A:  # LONG1 (at most 255 bytes)
+        n = data[p + 1]
+        return int.from_bytes(data[p + 2 : p + 2 + n], "little", signed=True), p + 2 + n
+    raise _REJECT
+
+
+def _scan_put(data: Any, p: int, puts: list[tuple[int, Any]], value: Any) -> int:
+    while True:
+        c = data[p]
+        if c == 0x71:  # BINPUT
+            puts.append((data[p + 1], value))
+            p += 2
+        elif c == 0x72:  # LONG_BINPUT
+            puts.append((_U32.unpack_from(data, p + 1)[0], value))
+            p += 5
+        elif c == 0x94:  # MEMOIZE: its index depends on the memo's size as it grows
+            raise _REJECT
+        else:
+            return p
+
+
+def _scan_get(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, Any]]) -> tuple[Any, int]:
+    if data[p] == 0x68:  # BINGET
+        idx, p = data[p + 1], p + 2
+    else:  # LONG_BINGET
+        idx, p = _U32.unpack_from(data, p + 1)[0], p + 5
+    if idx not in memo:
+        raise _REJECT
+    for i, _ in puts:  # written earlier in this record: not in the memo yet
+        if i == idx:
+            raise _REJECT
+    return memo[idx], p
+
+
+def _scan_global(data: Any, p: int, end: int) -> tuple[Any, int]:
+    """GLOBAL naming an allow-listed object (resolving others records them: the general loop does it)."""
+    if not isinstance(data, bytes):
+        raise _REJECT
+    i = data.find(b"\n", p + 1, end)
+    j = data.find(b"\n", i + 1, end) if i >= 0 else -1
+    if j < 0:
+        raise _REJECT
+    module = data[p + 1 : i].decode("utf-8")
+    name = data[i + 1 : j].decode("utf-8")
+    module = _MODULE_ALIASES.get(module, module)
+    if len(module) > 256 or len(name) > 256:
+        raise _REJECT
+    value = _TABLE.get((module, name))
+    if value is None:
+        raise _REJECT
+    return value, j + 1
+
+
+def _scan_item(data: Any, p: int, end: int, memo: dict[int, Any], puts: list[tuple[int, Any]]) -> tuple[Any, int]:
+    """One field of a persistent id: a string, an integer, None, a memo read or a global."""
+    c = data[p]
+    if c == 0x58:  # BINUNICODE
+        q = p + 5 + _U32.unpack_from(data, p + 1)[0]
+        if q > end:
+            raise _REJECT
+        return str(data[p + 5 : q], "utf-8", "surrogatepass"), q
+    if c == 0x8C:  # SHORT_BINUNICODE
+        q = p + 2 + data[p + 1]
+        if q > end:
+            raise _REJECT
+        return str(data[p + 2 : q], "utf-8", "surrogatepass"), q
+    if c == 0x68 or c == 0x6A:
+        return _scan_get(data, p, memo, puts)
+    if c == 0x63:
+        return _scan_global(data, p, end)
+    if c == 0x4E:  # NONE
+        return None, p + 1
+    return _scan_int(data, p)
+
+
+def _valid_dims(dims: Any, max_dims: int) -> bool:
+    """What `_shape_arg` accepts without an error, for tuples."""
+    if type(dims) is not tuple or len(dims) > max_dims:
+        return False
+    return all(type(d) is int and 0 <= d < _INT64_LIMIT for d in dims)
+
+
+def _scan_dims(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, Any]],
+               max_dims: int) -> tuple[tuple[int, ...], int, int]:
+    """A size or stride tuple: (value, next position, values the general loop would push)."""
+    c = data[p]
+    if c == 0x29:  # EMPTY_TUPLE
+        return (), p + 1, 1
+    if c == 0x68 or c == 0x6A:
+        dims, p = _scan_get(data, p, memo, puts)
+        pushes = 1
+    elif c == 0x28:  # MARK ints TUPLE (4 dimensions or more)
+        vals = []
+        p += 1
+        while data[p] != 0x74:
+            v, p = _scan_int(data, p)
+            vals.append(v)
+            if len(vals) > max_dims:
+                raise _REJECT
+        dims, p, pushes = tuple(vals), p + 1, len(vals) + 1
+    else:  # 1 to 3 ints, then TUPLE1/2/3
+        vals = []
+        while True:
+            c = data[p]
+            if c in _INT_OPS and len(vals) < 3:
+                v, p = _scan_int(data, p)
+                vals.append(v)
+            elif 0x85 <= c <= 0x87 and c - 0x84 == len(vals):
+                break
+            else:
+                raise _REJECT
+        dims, p, pushes = tuple(vals), p + 1, len(vals) + 1
+    if not _valid_dims(dims, max_dims):
+        raise _REJECT
+    return dims, p, pushes
+
+
+def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
+    """Interpret the `_rebuild_tensor_v2` record whose args MARK is at `p`; -1: use the general loop."""
+    lim = m.limits
+    stack = m.stack
+    if (m.persistent_load is None or len(m.metastack) + 3 > lim.max_marks or len(stack) + 1 > lim.max_stack
+            or lim.max_stack < 8):
+        return -1
+    data, end, memo = m.data, m.end, m.memo
+    puts: list[tuple[int, Any]] = []
+    try:
+        if data[p + 1] != 0x28:
+            return -1
+        q = p + 2
+        fields = []
+        while data[q] != 0x74:
+            v, q = _scan_item(data, q, end, memo, puts)
+            fields.append(v)
+            if len(fields) > 6:
+                return -1
+            q = _scan_put(data, q, puts, v)
+        pid = tuple(fields)
+        q = _scan_put(data, q + 1, puts, pid)
+        if data[q] != 0x51:  # BINPERSID
+            return -1
+        persid_pos = q
+        q = _scan_put(data, q + 1, puts, _P_STORAGE)
+        offset, q = _scan_int(data, q)
+        if offset < 0 or offset >= _INT64_LIMIT:
+            return -1
+        q = _scan_put(data, q, puts, offset)
+        size, q, n_size = _scan_dims(data, q, memo, puts, lim.max_dims)
+        q = _scan_put(data, q, puts, size)
+        stride, q, n_stride = _scan_dims(data, q, memo, puts, lim.max_dims)
+        q = _scan_put(data, q, puts, stride)
+        if len(size) != len(stride) or max(n_size, n_stride) > lim.max_stack:
+            return -1
+        c = data[q]
+        if c != 0x88 and c != 0x89:  # NEWTRUE / NEWFALSE
+            return -1
+        requires_grad = c == 0x88
+        q = _scan_put(data, q + 1, puts, requires_grad)
+        c = data[q]
+        if c == 0x68 or c == 0x6A:
+            callee, q = _scan_get(data, q, memo, puts)
+        elif c == 0x63:
+            callee, q = _scan_global(data, q, end)
+        else:
+            return -1
+        if callee is not _ORDERED_DICT:
+            return -1
+        q = _scan_put(data, q, puts, callee)
+        if data[q] != 0x29 or data[q + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
+            return -1
+        q = _scan_put(data, q + 2, puts, _P_HOOKS)
+        if data[q] != 0x74:  # TUPLE: the 6 arguments
+            return -1
+        q = _scan_put(data, q + 1, puts, _P_ARGS)
+        if data[q] != 0x52:  # REDUCE
+            return -1
+        reduce_pos = q
+        q = _scan_put(data, q + 1, puts, _P_TENSOR)
+    except (_Reject, IndexError, struct.error, UnicodeDecodeError):
+        return -1
+    if q > end:
+        return -1
+    pushes = len(fields) + n_size + n_stride + 11
+    if m.objects + pushes > lim.max_objects:
+        return -1
+    if puts and len(memo) + len({i for i, _ in puts if i not in memo}) > lim.max_memo:
+        return -1
+    # commit: what the general loop does at BINPERSID, the two REDUCEs and the BINPUTs
+    m.objects += pushes
+    m._op_pos = persid_pos
+    storage = m.persistent_load(pid)
+    hooks = args = None
+    if puts:
+        made = [v for _, v in puts]
+        if _P_HOOKS in made or _P_ARGS in made:
+            hooks = ODict()
+        if _P_ARGS in made:
+            args = (storage, offset, size, stride, requires_grad, hooks)
+    m._op_pos = reduce_pos
+    if not isinstance(storage, StorageRef):
+        _tensor(m, "_rebuild_tensor_v2", storage, offset, size, stride)  # raises the general loop's error
+    t = TensorRef(storage, offset, size, stride, None, requires_grad)
+    for idx, v in puts:
+        if v is _P_STORAGE:
+            v = storage
+        elif v is _P_HOOKS:
+            v = hooks
+        elif v is _P_ARGS:
+            v = args
+        elif v is _P_TENSOR:
+            v = t
+        memo[idx] = v
+    stack[-1] = t
+    return q
 
 # --------------------------------------------------------------------------------------------
 # The allow-list
@@ -1338,6 +1653,8 @@ def _make_table() -> dict[tuple[str, str], Any]:
 
 
 _TABLE = _make_table()
+_REBUILD_V2 = _TABLE[("torch._utils", "_rebuild_tensor_v2")]
+_ORDERED_DICT = _TABLE[("collections", "OrderedDict")]
 
 
 def _resolve(module: str, name: str) -> Any:

@@ -22,7 +22,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,9 +55,8 @@ MAX_EXPANDED_BYTES = 1 << 30  # a broadcast view may materialise to at most this
 _SUPPORTED = dict(BY_TORCH)
 
 
-@dataclass(frozen=True)
-class _Span:
-    """Where one storage's bytes lie in the source."""
+class _Span(NamedTuple):
+    """Where one storage's bytes lie in the source (a tuple: one per storage, made 100k times)."""
 
     offset: int
     nbytes: int
@@ -72,6 +71,13 @@ class _ZipMember:
     method: int
     flags: int
     crc: int
+
+
+_RawMember = tuple[int, int, int, int, int, int]
+"""A central-directory entry: (header_offset, size, compressed_size, method, flags, crc)."""
+
+_CD_ENTRY = struct.Struct("<8xHH4xIIIHHHH6xI")  # flags, method, crc, sizes, name/extra/comment lengths, disk, offset
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, name and extra lengths
 
 
 class PytorchReader(Reader):
@@ -99,11 +105,16 @@ class PytorchReader(Reader):
         self._spans: dict[str, _Span] = {}  # storage key -> bytes
         self._first_dtype: dict[str, str | None] = {}  # storage key -> dtype of its first reference
         self._ignored: list[str] = []
-        self._groups: dict[str, list[str]] = {}
-        self._group_of: dict[int, str] = {}
+        self._groups: dict[str, list[str]] = {}  # storage key -> names, for storages read by 2+ tensors
+        self._layouts: dict[tuple[Any, ...], tuple[Any, int, int, bool]] = {}
         root = self._open()
         selected, prefix = self._select(root, top_level_key)
         self._flatten(selected, prefix)
+        del root, selected
+        # what only the open needed (100k entries each for a 100k-tensor zip): the tensors keep the rest
+        self._spans, self._first_dtype, self._layouts = {}, {}, {}
+        self._zip_members: dict[str, _RawMember] = {}
+        self._tar_tensors: dict[str, sp.TensorRef] = {}
         self._extra.update(
             byteorder="big" if self._swap else "little",
             pickle_protocol=self._protocol,
@@ -166,15 +177,56 @@ class PytorchReader(Reader):
         self._extra["archive_root"] = root.rstrip("/")
         for rec, key in ((".format_version", "format_version"), (".storage_alignment", "storage_alignment"),
                          ("version", "version")):
-            if root + rec in members and members[root + rec].size <= 256:
-                self._extra[key] = self._zip_read(members[root + rec]).decode("utf-8", "replace").strip()
+            if root + rec in members and members[root + rec][1] <= 256:
+                self._extra[key] = self._zip_read(self._zip_member(root + rec)).decode("utf-8", "replace").strip()
         if root + "byteorder" in members:
-            order = self._zip_read(members[root + "byteorder"]).strip()
+            order = self._zip_read(self._zip_member(root + "byteorder")).strip()
             if order not in (b"little", b"big"):
                 raise self._err(f"unknown byteorder record {order[:20]!r}")
             self._swap = order == b"big"
-        data = self._zip_read(members[pkl], MAX_PICKLE_BYTES)
-        return self._run_main(self._unpickler(data, persistent=self._storage_pid, what=pkl))
+        data = self._zip_read(self._zip_member(pkl), MAX_PICKLE_BYTES)
+        result = self._run_main(self._unpickler(data, persistent=self._storage_pid, what=pkl))
+        del data
+        self._prefetch_zip_spans()
+        return result
+
+    def _zip_member(self, name: str) -> _ZipMember:
+        return _ZipMember(name, *self._zip_members[name])
+
+    def _prefetch_zip_spans(self) -> None:
+        """Locate every stored `data/` member's bytes with a few large reads instead of one per tensor.
+
+        Only members that pass every check of `_zip_data_offset` are recorded; the others are left
+        for `_zip_span`, which raises its precise error if a tensor needs them.
+        """
+        prefix = self._zip_root + "data/"
+        cut = len(prefix)
+        todo = sorted((raw[0], name[cut:], raw[1]) for name, raw in self._zip_members.items()
+                      if name.startswith(prefix) and raw[3] == 0 and not raw[4] & 1 and raw[1] == raw[2])
+        src, spans = self.source, self._spans
+        size = src.size
+        unpack = _LOCAL_HEADER.unpack_from
+        i, n = 0, len(todo)
+        while i < n:
+            first = todo[i][0]
+            j = i + 1  # headers less than 64 KiB apart share a read of at most 1 MiB
+            while j < n and todo[j][0] - todo[j - 1][0] <= 65536 and todo[j][0] + 30 - first <= 1 << 20:
+                j += 1
+            last = todo[j - 1][0]
+            length = min(last + 30, size) - first
+            try:
+                block = src.read(first, length, "zip local headers")
+            except FormatError:
+                return
+            for lho, key, nbytes in todo[i:j]:
+                at = lho - first
+                if at + 30 > len(block):
+                    continue
+                sig, nlen, xlen = unpack(block, at)
+                start = lho + 30 + nlen + xlen
+                if sig == b"PK\x03\x04" and start + nbytes <= size:
+                    spans[key] = _Span(start, nbytes)
+            i = j
 
     def _zip_data_offset(self, m: _ZipMember) -> int:
         """Validate a member (stored, in bounds) and return where its bytes start."""
@@ -209,9 +261,9 @@ class PytorchReader(Reader):
         span = self._spans.get(key)
         if span is None:
             name = f"{self._zip_root}data/{key}"
-            m = self._zip_members.get(name)
-            if m is None:
+            if name not in self._zip_members:
                 raise self._err(f"storage '{key}' is missing from the archive (no member {name})", tensor)
+            m = self._zip_member(name)
             span = _Span(self._zip_data_offset(m), m.size)
             self._spans[key] = span
         return span
@@ -430,6 +482,14 @@ class PytorchReader(Reader):
                 file=self.label)
         if tag != "storage" or len(pid) not in (5, 6):
             raise self._err(f"unknown persistent id {str(tag)[:40]!r} with {len(pid)} fields")
+        if len(pid) == 5:  # what torch.save writes for every tensor: checked without the general code
+            stype, key, location, numel = pid[1:]
+            if (type(stype) is sp.StorageType and type(key) is str and type(location) is str
+                    and type(numel) is int and 0 <= numel < 1 << 63):
+                dtype = stype.dtype
+                if key not in self._first_dtype:
+                    self._first_dtype[key] = dtype
+                return sp.StorageRef(key, stype.name, dtype, numel, location, None)
         stype, key, location, numel = pid[1:5]
         view = pid[5] if len(pid) == 6 else None
         if not isinstance(stype, (sp.StorageType, str)):
@@ -484,70 +544,90 @@ class PytorchReader(Reader):
         if not isinstance(root, (dict, list, tuple)):
             raise self._err(f"the checkpoint holds a {_describe(root)}, not a dict of tensors")
         seen: set[str] = set()
-        built: dict[int, LazyTensor] = {}
+        built: dict[int, tuple[LazyTensor, str]] = {}  # id(TensorRef) -> its tensor and storage group
+        groups: dict[str, str | list[str]] = {}  # storage group -> its name, or its names once shared
+        tensors = self.tensors
+        tensor_ref = sp.TensorRef
         visits = 0
-        stack: list[tuple[str, Iterator[tuple[str | None, Any]], int]] = [(prefix, _items(root), id(root))]
+        stack: list[tuple[str, Iterator[tuple[Any, Any]], int]] = [(prefix, _pairs(root), id(root))]
         on_path = {id(root)}
         while stack:
             base, it, cid = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
+            for key, value in it:  # the inner loop runs through a container's leaves without the stack
+                visits += 1
+                if visits > MAX_NODES:
+                    raise LimitExceededError(f"more than {MAX_NODES} values in the checkpoint structure "
+                                             "(shared references multiply; memo bomb?)", file=self.label)
+                if type(key) is not str:
+                    if type(key) is int:
+                        key = str(key)
+                    else:
+                        self._ignored.append(f"{base}.<non-string key>" if base else "<non-string key>")
+                        continue
+                name = f"{base}.{key}" if base else key
+                if type(value) is tensor_ref:
+                    if name in seen:
+                        raise self._err(f"two entries flatten to the same name '{name}'")
+                    seen.add(name)
+                    prior = built.get(id(value))
+                    if prior is None:
+                        made, group = self._tensor(name, value)
+                        built[id(value)] = (made, group)
+                    else:  # the same tensor object under another name: same bytes
+                        made, group = prior[0].renamed(name), prior[1]
+                    names = groups.get(group)
+                    if names is None:
+                        groups[group] = name
+                    elif type(names) is str:
+                        groups[group] = [names, name]
+                    else:
+                        names.append(name)
+                    tensors.append(made)
+                    continue
+                if isinstance(value, (dict, list, tuple)):
+                    if id(value) in on_path:
+                        raise self._err(f"'{name}' contains itself (cyclic structure)")
+                    if len(stack) >= MAX_DEPTH:
+                        raise LimitExceededError(f"'{name[:200]}' is nested more than {MAX_DEPTH} levels deep",
+                                                 file=self.label)
+                    on_path.add(id(value))
+                    stack.append((name, _pairs(value), id(value)))
+                    break
+                self._leaf(name, value, seen)
+            else:
                 stack.pop()
                 on_path.discard(cid)
-                continue
-            key, value = nxt
-            visits += 1
-            if visits > MAX_NODES:
-                raise LimitExceededError(f"more than {MAX_NODES} values in the checkpoint structure "
-                                         "(shared references multiply; memo bomb?)", file=self.label)
-            if key is None:
-                self._ignored.append(f"{base}.<non-string key>" if base else "<non-string key>")
-                continue
-            name = f"{base}.{key}" if base else key
-            if isinstance(value, (dict, list, tuple)):
-                if id(value) in on_path:
-                    raise self._err(f"'{name}' contains itself (cyclic structure)")
-                if len(stack) >= MAX_DEPTH:
-                    raise LimitExceededError(f"'{name[:200]}' is nested more than {MAX_DEPTH} levels deep",
-                                             file=self.label)
-                on_path.add(id(value))
-                stack.append((name, _items(value), id(value)))
-                continue
-            if isinstance(value, (sp.TensorRef, sp.UnsupportedTensor, str, bool, int, float)):
-                if name in seen:
-                    raise self._err(f"two entries flatten to the same name '{name}'")
-                seen.add(name)
-            if isinstance(value, sp.TensorRef):
-                made = built.get(id(value))
-                if made is None:
-                    made = built[id(value)] = self._tensor(name, value)
-                else:  # the same tensor object under another name: same bytes
-                    self._groups[self._group_of[id(value)]].append(name)
-                    made = made.renamed(name)
-                self.tensors.append(made)
-            elif isinstance(value, sp.UnsupportedTensor):
-                what = f"{value.kind} tensors" + (f" (storage dtype {value.dtype})" if value.dtype else "")
-                raise UnsupportedDTypeError(f"{what} are not supported", file=self.label, tensor=name)
-            elif isinstance(value, str):
-                self.metadata[name] = value
-            elif isinstance(value, (bool, int, float)):
-                try:
-                    self.scalars[name] = Scalar.of(value)
-                except ValueError:
-                    self._ignored.append(name)  # an integer beyond 64 bits
-            else:
-                self._ignored.append(name)
+        self._groups = {g: names for g, names in groups.items() if type(names) is list}
+
+    def _leaf(self, name: str, value: Any, seen: set[str]) -> None:
+        """Everything but tensors and containers: metadata strings, scalars, refusals, ignored values."""
+        if isinstance(value, (sp.UnsupportedTensor, str, bool, int, float)):
+            if name in seen:
+                raise self._err(f"two entries flatten to the same name '{name}'")
+            seen.add(name)
+        if isinstance(value, sp.UnsupportedTensor):
+            what = f"{value.kind} tensors" + (f" (storage dtype {value.dtype})" if value.dtype else "")
+            raise UnsupportedDTypeError(f"{what} are not supported", file=self.label, tensor=name)
+        elif isinstance(value, str):
+            self.metadata[name] = value
+        elif isinstance(value, (bool, int, float)):
+            try:
+                self.scalars[name] = Scalar.of(value)
+            except ValueError:
+                self._ignored.append(name)  # an integer beyond 64 bits
+        else:
+            self._ignored.append(name)
 
     # ------------------------------------------------------------------------------------------
     # tensors
 
     def _storage_span(self, ref: sp.StorageRef, tensor: str) -> tuple[str, _Span]:
         """The bytes a storage covers, resolving legacy storage views; checked against the declared size."""
-        if self._extra["container"] == "zip":
-            span = self._zip_span(ref.key, tensor)
-        else:
-            span = self._spans.get(ref.key)
-            if span is None:
+        span = self._spans.get(ref.key)  # zip members found by _prefetch_zip_spans, legacy and tar storages
+        if span is None:
+            if self._extra["container"] == "zip":
+                span = self._zip_span(ref.key, tensor)
+            else:
                 raise self._err(f"storage '{ref.key}' has no data in the file", tensor)
         group = ref.key
         esize = sp.ELEMENT_SIZES.get(ref.dtype or "")
@@ -556,7 +636,7 @@ class PytorchReader(Reader):
             if ref.view is None and declared > span.nbytes:
                 raise self._err(f"storage '{ref.key}' declares {declared} bytes but the file holds "
                                 f"{span.nbytes} (truncated?)", tensor)
-            if ref.view is None:
+            if ref.view is None and declared != span.nbytes:
                 span = _Span(span.offset, declared)
         if ref.view is not None:
             vkey, voff, vsize = ref.view
@@ -569,31 +649,53 @@ class PytorchReader(Reader):
             span = _Span(span.offset + start, nbytes)  # views of one root share its group
         return group, span
 
-    def _tensor(self, name: str, ref: sp.TensorRef) -> LazyTensor:
-        dname = ref.dtype_name
-        dt = _SUPPORTED.get(dname or "")
-        if dt is None:
-            what = f"torch dtype {dname}" if dname else f"storage type {ref.storage.storage_type}"
-            raise UnsupportedDTypeError(f"{what} is not supported", file=self.label, tensor=name)
-        itemsize = dt.itemsize
-        assert itemsize is not None
+    def _tensor(self, name: str, ref: sp.TensorRef) -> tuple[LazyTensor, str]:
+        """The lazy tensor for `ref` and its storage group (tensors of one group share bytes)."""
+        dname = ref.dtype if ref.dtype is not None else ref.storage.dtype
+        shape, stride = ref.size, ref.stride
+        layout = self._layouts.get((dname, shape, stride))
+        if layout is None:
+            layout = self._layout(name, ref, dname)
+        dt, nbytes, extent, contiguous = layout
         group, span = self._storage_span(ref.storage, name)
-        self._groups.setdefault(group, []).append(name)
-        self._group_of[id(ref)] = group
-        shape = ref.size
-        nbytes = dt.nbytes(shape)
-        assert nbytes is not None
-        numel = nbytes // itemsize
         label = self.label
-        if numel == 0:
-            return LazyTensor(name, dt, shape, 0, loader=lambda: b"", origin=label)
-        max_index = ref.offset + sum((s - 1) * st for s, st in zip(shape, ref.stride, strict=True))
+        if nbytes == 0:
+            return LazyTensor(name, dt, shape, 0, loader=_empty, origin=label), group
+        itemsize = dt.itemsize
+        max_index = ref.offset + extent
         if (max_index + 1) * itemsize > span.nbytes:
             raise self._err(
                 f"shape {list(shape)}, stride {list(ref.stride)} and offset {ref.offset} reach element "
                 f"{max_index} but storage '{ref.storage.key}' holds {span.nbytes // itemsize} {dname} elements",
                 name)
         start = span.offset + ref.offset * itemsize
+        src = self.source
+        if contiguous and not self._swap:
+            return stored(name, dt, shape, src, start, nbytes), group
+        return self._view_tensor(name, ref, dt, nbytes, start, max_index), group
+
+    def _layout(self, name: str, ref: sp.TensorRef, dname: str | None) -> tuple[Any, int, int, bool]:
+        """dtype, byte length, furthest element and contiguity of a (dtype, size, stride): cached, since a
+        model repeats a few shapes many times."""
+        dt = _SUPPORTED.get(dname or "")
+        if dt is None:
+            what = f"torch dtype {dname}" if dname else f"storage type {ref.storage.storage_type}"
+            raise UnsupportedDTypeError(f"{what} is not supported", file=self.label, tensor=name)
+        assert dt.itemsize is not None
+        shape, stride = ref.size, ref.stride
+        nbytes = dt.nbytes(shape)
+        assert nbytes is not None
+        extent = sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) if nbytes else 0
+        layout = (dt, nbytes, extent, _is_contiguous(shape, stride))
+        self._layouts[(dname, shape, stride)] = layout
+        return layout
+
+    def _view_tensor(self, name: str, ref: sp.TensorRef, dt: Any, nbytes: int, start: int,
+                     max_index: int) -> LazyTensor:
+        """A tensor that is not a verbatim byte range: big-endian, or a strided view."""
+        shape = ref.size
+        itemsize = dt.itemsize
+        label = self.label
         window = (max_index - ref.offset + 1) * itemsize
         src, swap = self.source, self._swap and itemsize > 1
         unit = itemsize // 2 if dt.kind.value == "complex" else itemsize
@@ -616,6 +718,15 @@ class PytorchReader(Reader):
 
 
 _MISSING = object()
+
+
+def _empty() -> bytes:
+    return b""
+
+
+def _pairs(node: Any) -> Iterator[tuple[Any, Any]]:
+    """(key, value) of a dict, (index, value) of a list or tuple."""
+    return iter(node.items()) if isinstance(node, dict) else enumerate(node)
 _UINTS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -739,7 +850,8 @@ def _find_data_pkl(names: list[str]) -> str | None:
 # zip central directory (parsed here so that member data can be mapped, never inflated or copied)
 
 
-def _read_zip_directory(src: ByteSource) -> dict[str, _ZipMember]:
+def _read_zip_directory(src: ByteSource) -> dict[str, _RawMember]:
+    """Every member as a plain tuple (see `_RawMember`): 100k entries are parsed in one loop."""
     label = src.label
     tail_len = min(src.size, 22 + 65535)
     tail = src.read(src.size - tail_len, tail_len, "zip end of central directory")
@@ -778,26 +890,27 @@ def _read_zip_directory(src: ByteSource) -> dict[str, _ZipMember]:
     if n_total > MAX_ZIP_ENTRIES or n_total * 46 > cd_size or cd_size > MAX_ZIP_DIRECTORY:
         raise LimitExceededError(f"zip declares {n_total} entries in a {cd_size}-byte directory", file=label)
     cd = src.read(cd_off, cd_size, "zip central directory")
-    members: dict[str, _ZipMember] = {}
+    members: dict[str, _RawMember] = {}
+    unpack = _CD_ENTRY.unpack_from
+    size = src.size
     p = 0
+    n_cd = len(cd)
     for _ in range(n_total):
-        if p + 46 > len(cd) or cd[p : p + 4] != b"PK\x01\x02":
+        if p + 46 > n_cd or not cd.startswith(b"PK\x01\x02", p):
             raise FormatError("corrupt zip central directory entry", file=label)
-        (_vm, _vn, flags, method, _t, _d, crc, csize, usize, nlen, xlen, clen, dstart, _ia, _ea,
-         lho) = struct.unpack_from("<HHHHHHIIIHHHHHII", cd, p + 4)
-        if p + 46 + nlen + xlen + clen > len(cd):
+        flags, method, crc, csize, usize, nlen, xlen, clen, dstart, lho = unpack(cd, p)
+        q = p + 46 + nlen
+        if q + xlen + clen > n_cd:
             raise FormatError("corrupt zip central directory entry (lengths)", file=label)
-        raw_name = cd[p + 46 : p + 46 + nlen]
-        extra = cd[p + 46 + nlen : p + 46 + nlen + xlen]
-        p += 46 + nlen + xlen + clen
-        name = raw_name.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+        name = cd[p + 46 : q].decode("utf-8" if flags & 0x800 else "cp437", "replace")
         if 0xFFFFFFFF in (csize, usize, lho) or dstart == 0xFFFF:
-            usize, csize, lho = _zip64_extra(extra, usize, csize, lho, name, label)
+            usize, csize, lho = _zip64_extra(cd[q : q + xlen], usize, csize, lho, name, label)
+        p = q + xlen + clen
         if name in members:
             raise FormatError(f"zip archive lists member {name} twice", file=label)
-        if lho + 30 > cd_off or csize > src.size:
+        if lho + 30 > cd_off or csize > size:
             raise FormatError(f"zip member {name} lies outside the archive data", file=label)
-        members[name] = _ZipMember(name, lho, usize, csize, method, flags, crc)
+        members[name] = (lho, usize, csize, method, flags, crc)
     return members
 
 
