@@ -1,0 +1,370 @@
+"""The readers' header fast paths against their full parsers.
+
+The fast paths accept only the common shape of a header and hand everything else to the full parser,
+so on any input both must give the same tensors (every slot), metadata and scalars, or the same error.
+Each case below is read both ways; the headers are generated, mutated at random, and built to hit
+each fallback condition.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save as st_save_numpy
+
+from migrator import dtypes
+from migrator.bytesource import FileSource, MemorySource
+from migrator.formats import safetensors as st_mod
+from migrator.formats import to_bytes
+from migrator.formats.safetensors import SafetensorsReader, SafetensorsWriter, stored_many
+from migrator.tensor import LazyTensor, stored
+
+ST_DTYPES = [d for d in dtypes.ALL if d.safetensors]
+
+
+class SlowSafetensors(SafetensorsReader):
+    fast_path = False
+
+
+def tensor_facts(t: LazyTensor) -> tuple[Any, ...]:
+    """Every slot of a stored tensor (the loader by what it maps), and its bytes."""
+    view = t.loader
+    return (type(t), t.name, t.dtype, t.shape, t.nbytes, t.span, t.param_id, t.origin, t.chunks, type(view),
+            view.source, view.offset, view.length, bytes(t.data()))  # type: ignore[attr-defined]
+
+
+def outcome(make: Callable[[], Any]) -> tuple[Any, ...]:
+    """What a reader gives: its tensors, metadata, scalars and extra(), or its error."""
+    try:
+        r = make()
+    except Exception as e:  # whatever either path raises, compared
+        return ("error", type(e), str(e), getattr(e, "tensor", None))
+    return ("ok", [tensor_facts(t) for t in r.tensors], r.metadata, r.scalars, r.extra())
+
+
+def st_both(data: bytes) -> tuple[Any, ...]:
+    """Read `data` with and without the fast path; they must agree. Returns the outcome."""
+    src = MemorySource(data)
+    fast = outcome(lambda: SafetensorsReader(src))
+    slow = outcome(lambda: SlowSafetensors(src))
+    assert fast == slow
+    return fast
+
+
+def st_fast_taken(data: bytes) -> bool:
+    """Whether the fast path (not the fallback) parses this valid file."""
+    r = SlowSafetensors(MemorySource(data))
+    return r._fast(data[8 : 8 + r.header_size]) is not None
+
+
+def frame(header: bytes | str, data: bytes = b"") -> bytes:
+    body = header.encode() if isinstance(header, str) else header
+    return struct.pack("<Q", len(body)) + body + data
+
+
+def st_bytes(tensors: list[LazyTensor], **options: Any) -> bytes:
+    buf = io.BytesIO()
+    SafetensorsWriter(tensors, **options).write_to(buf)
+    return buf.getvalue()
+
+
+def split(file: bytes) -> tuple[bytes, bytes]:
+    (n,) = struct.unpack("<Q", file[:8])
+    return file[8 : 8 + n], file[8 + n :]
+
+
+@pytest.fixture(params=[None, 40], ids=["chunk-default", "chunk-40"])
+def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run with the default chunk size and with chunks of about one entry (every boundary path)."""
+    if request.param is not None:
+        monkeypatch.setattr(st_mod, "_CHUNK", request.param)
+
+
+# -- generated models ------------------------------------------------------------------------------
+
+NAME_CHARS = "abcxyz019._-/:,{}[] é中😀"
+
+
+def random_tensors(rng: random.Random, n: int, *, plain_names: bool = False) -> dict[str, LazyTensor]:
+    out: dict[str, LazyTensor] = {}
+    for i in range(n):
+        name = f"t{i}" if plain_names else "".join(rng.choice(NAME_CHARS) for _ in range(rng.randrange(0, 12))) + str(i)
+        dt = rng.choice(ST_DTYPES)
+        shape = tuple(rng.choice([0, 1, 2, 3, 8]) for _ in range(rng.randrange(0, 4)))
+        numel = int(np.prod(shape)) if shape else 1
+        assert dt.bits is not None
+        if numel * dt.bits % 8:
+            shape = (*shape, 8)
+            numel *= 8
+        nbytes = numel * dt.bits // 8
+        data = rng.randbytes(nbytes)
+        out[name] = LazyTensor(name, dt, shape, nbytes, loader=lambda d=data: d)
+    return out
+
+
+@pytest.mark.usefixtures("chunk")
+@pytest.mark.parametrize("seed", range(12))
+def test_generated_headers_take_the_fast_path_and_agree(seed: int) -> None:
+    rng = random.Random(seed)
+    tensors = list(random_tensors(rng, rng.randrange(1, 40)).values())
+    meta = {"format": "pt", "k" + str(seed): "v } , \" é"[: rng.randrange(0, 9)]} if seed % 2 else None
+    for order in ("library", "given"):
+        data = st_bytes(tensors, metadata=meta, order=order)
+        res = st_both(data)
+        assert res[0] == "ok"
+        names = [f[1] for f in res[1]]
+        assert sorted(names) == sorted(t.name for t in tensors)
+        quoted = meta is not None and '"' in meta["k" + str(seed)]
+        assert st_fast_taken(data) == (not quoted)  # an escaped quote in the metadata takes the full parser
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_library_files_take_the_fast_path_and_match_safe_open(tmp_path: Path, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    arrays: dict[str, np.ndarray] = {}
+    for i in range(int(rng.integers(1, 30))):
+        dt = rng.choice(["float32", "float16", "int64", "uint8", "bool", "float64", "int8"])
+        shape = tuple(int(x) for x in rng.integers(0, 4, size=int(rng.integers(0, 4))))
+        arrays[f"layer.{i}.w{rng.integers(0, 99)}"] = rng.standard_normal(shape).astype(dt)
+    meta = {"format": "np", "seed": str(seed)} if seed % 2 else None
+    data = st_save_numpy(arrays, metadata=meta)
+    assert st_fast_taken(data)
+    res = st_both(data)
+    path = tmp_path / "lib.safetensors"
+    path.write_bytes(data)
+    with safe_open(str(path), framework="numpy") as f:
+        assert sorted(f.keys()) == sorted(fact[1] for fact in res[1])
+        assert (f.metadata() or {}) == res[2]
+        by_name = {fact[1]: fact for fact in res[1]}
+        for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+            sl = f.get_slice(name)
+            assert tuple(sl.get_shape()) == by_name[name][3]
+            assert sl.get_dtype() == by_name[name][2].safetensors
+            assert np.array_equal(f.get_tensor(name), arrays[name])
+            assert by_name[name][-1] == arrays[name].tobytes()
+
+
+def test_file_source_spans_agree(tmp_path: Path) -> None:
+    tensors = list(random_tensors(random.Random(7), 25).values())
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(to_bytes(tensors, "safetensors"))
+    with FileSource(path) as src:
+        fast = outcome(lambda: SafetensorsReader(src))
+        slow = outcome(lambda: SlowSafetensors(src))
+        assert fast == slow
+        assert all(f[5] is not None and f[5].fd == src.fd for f in fast[1])  # kernel-copyable spans
+
+
+def test_stored_many_equals_stored(tmp_path: Path) -> None:
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    with FileSource(path) as fsrc:
+        for src in (fsrc, MemorySource(bytes(1024), "mem")):
+            names, dts, shapes = ["a", "b", "c"], [dtypes.F32, dtypes.U8, dtypes.I16], [(2,), (3, 1), ()]
+            offsets, lengths, pids = [0, 8, 11], [8, 3, 2], [None, 7, 2**64 - 1]
+            bulk = stored_many(src, names, dts, shapes, offsets, lengths, pids)
+            one = [stored(*args, param_id=p) for *args, p in
+                   zip(names, dts, shapes, [src] * 3, offsets, lengths, pids, strict=True)]
+            assert [tensor_facts(t) for t in bulk] == [tensor_facts(t) for t in one]
+
+
+def test_stored_many_without_bulk_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(st_mod, "_SLOTTED", False)
+    src = MemorySource(bytes(16))
+    bulk = stored_many(src, ["a", "b"], [dtypes.U8] * 2, [(4,), (4,)], [0, 4], [4, 4])
+    assert [tensor_facts(t) for t in bulk] == [tensor_facts(stored(n, dtypes.U8, (4,), src, o, 4))
+                                              for n, o in (("a", 0), ("b", 4))]
+
+
+def test_a_header_over_several_chunks() -> None:
+    tensors = list(random_tensors(random.Random(3), 36_000, plain_names=True).values())
+    data = to_bytes(tensors, "safetensors")
+    assert len(split(data)[0]) > 2 * st_mod._CHUNK
+    assert st_fast_taken(data)
+    st_both(data)
+
+
+# -- every fallback condition ----------------------------------------------------------------------
+
+BASE = {"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "U8", "shape": [1, 3], "data_offsets": [8, 11]}}
+DATA = bytes(range(11))
+COMPACT = json.dumps(BASE, separators=(",", ":"))
+
+
+def compact(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def e(dtype: str, shape: list[Any], start: Any, end: Any) -> str:
+    return f'{{"dtype":"{dtype}","shape":{compact(shape)},"data_offsets":[{start},{end}]}}'
+
+
+A, B = e("F32", [2], 0, 8), e("U8", [1, 3], 8, 11)
+# (case, header text, data, whether it is valid) -- every one must agree fast vs full; the valid ones
+# that the fast path must leave to the full parser are asserted to do so.
+FALLBACKS: list[tuple[str, str, bytes, bool]] = [
+    ("escaped name", '{"\\u0061":' + A + ',"b":' + B + "}", DATA, True),
+    ("escaped slash in name", '{"a\\/x":' + A + ',"b":' + B + "}", DATA, True),
+    ("control char in name", '{"a\x01":' + A + ',"b":' + B + "}", DATA, False),
+    ("raw tab in name", '{"a\t":' + A + ',"b":' + B + "}", DATA, False),
+    ("duplicate name", '{"a":' + A + ',"a":' + B + "}", DATA, False),
+    ("space after colon", '{"a": ' + A + ',"b":' + B + "}", DATA, True),
+    ("space after comma", '{"a":' + A + ', "b":' + B + "}", DATA, True),
+    ("newline inside", '{"a":' + A + ',\n"b":' + B + "}", DATA, True),
+    ("leading space", ' {"a":' + A + ',"b":' + B + "}", DATA, True),
+    ("trailing tab", '{"a":' + A + ',"b":' + B + "}\t", DATA, True),
+    ("eight trailing spaces", '{"a":' + A + ',"b":' + B + "}" + " " * 8, DATA, True),
+    ("seven trailing spaces", '{"a":' + A + ',"b":' + B + "}" + " " * 7, DATA, True),
+    ("trailing comma", '{"a":' + A + ',"b":' + B + ",}", DATA, False),
+    ("trailing garbage", '{"a":' + A + ',"b":' + B + "}x", DATA, False),
+    ("two objects", '{"a":' + A + '}{"b":' + B + "}", DATA, False),
+    ("missing comma", '{"a":' + A + '"b":' + B + "}", DATA, False),
+    ("unknown field", '{"a":' + A[:-1] + ',"x":1},"b":' + B + "}", DATA, False),
+    ("fields reordered", '{"a":{"shape":[2],"dtype":"F32","data_offsets":[0,8]},"b":' + B + "}", DATA, True),
+    ("missing field", '{"a":{"dtype":"F32","shape":[2]},"b":' + B + "}", DATA, False),
+    ("repeated field", '{"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":' + B + "}",
+     DATA, False),
+    ("entries out of data order", '{"b":' + B + ',"a":' + A + "}", DATA, True),
+    ("metadata last", '{"a":' + A + ',"b":' + B + ',"__metadata__":{"format":"pt"}}', DATA, True),
+    ("metadata null", '{"__metadata__":null,"a":' + A + ',"b":' + B + "}", DATA, True),
+    ("metadata empty", '{"__metadata__":{},"a":' + A + ',"b":' + B + "}", DATA, True),
+    ("metadata only", '{"__metadata__":{"k":"v"}}', b"", True),
+    ("metadata escaped", '{"__metadata__":{"k":"a\\nb"},"a":' + A + ',"b":' + B + "}", DATA, True),
+    ("metadata duplicate key", '{"__metadata__":{"k":"v","k":"w"},"a":' + A + "}", DATA[:8], False),
+    ("metadata twice", '{"__metadata__":{},"__metadata__":{},"a":' + A + "}", DATA[:8], False),
+    ("metadata int", '{"__metadata__":{"k":1},"a":' + A + "}", DATA[:8], False),
+    ("metadata then nothing", '{"__metadata__":{},}', b"", False),
+    ("metadata as entry", '{"__metadata__":' + A + "}", DATA[:8], False),
+    ("entry named like metadata", '{"a":' + A + ',"__metadata__":' + e("U8", [3], 8, 11) + "}", DATA, False),
+    ("empty header", "{}", b"", True),
+    ("empty header with data", "{}", b"x", False),
+    ("empty with spaces", "{}      ", b"", True),
+    ("leading zero", '{"a":' + e("F32", ["02"], 0, 8) + "}", DATA[:8], False),
+    ("leading zero offset", '{"a":' + e("F32", [2], "00", 8) + "}", DATA[:8], False),
+    ("negative dim", '{"a":' + e("F32", [-2], 0, 8) + "}", DATA[:8], False),
+    ("float dim", '{"a":' + e("F32", [2.0], 0, 8) + "}", DATA[:8], False),
+    ("exponent dim", '{"a":{"dtype":"F32","shape":[2e0],"data_offsets":[0,8]}}', DATA[:8], False),
+    ("bool dim", '{"a":' + e("F32", [True], 0, 4) + "}", DATA[:4], False),
+    ("17 dims", '{"a":' + e("U8", [1] * 17, 0, 1) + "}", b"x", True),
+    ("16 dims", '{"a":' + e("U8", [1] * 16, 0, 1) + "}", b"x", True),
+    ("20-digit dim", '{"a":' + e("U8", [0, 10**19], 0, 0) + "}", b"", True),
+    ("19-digit dims overflow", '{"a":' + e("F64", [10**18, 10**18], 0, 0) + "}", b"", False),
+    ("dim beyond 64 bits", '{"a":' + e("U8", [0, 2**64], 0, 0) + "}", b"", False),
+    ("offset beyond 64 bits", '{"a":' + e("U8", [1], 2**64, 2**64 + 1) + "}", b"x", False),
+    ("unknown dtype", '{"a":' + e("F128", [2], 0, 8) + "}", DATA[:8], False),
+    ("lowercase dtype", '{"a":' + e("f32", [2], 0, 8) + "}", DATA[:8], False),
+    ("dtype not a string", '{"a":{"dtype":3,"shape":[2],"data_offsets":[0,8]}}', DATA[:8], False),
+    ("sub-byte", '{"a":' + e("F4", [3], 0, 1) + "}", b"x", False),
+    ("sub-byte whole", '{"a":' + e("F4", [4], 0, 2) + "}", b"xy", True),
+    ("f6 whole", '{"a":' + e("F6_E3M2", [4], 0, 3) + "}", b"xyz", True),
+    ("gap at start", '{"a":' + e("F32", [2], 1, 9) + "}", DATA[:9], False),
+    ("gap between", '{"a":' + A + ',"b":' + e("U8", [1, 3], 9, 12) + "}", DATA + b"z", False),
+    ("overlap", '{"a":' + A + ',"b":' + e("U8", [1, 3], 7, 10) + "}", DATA, False),
+    ("size mismatch", '{"a":' + e("F32", [3], 0, 8) + "}", DATA[:8], False),
+    ("end before start", '{"a":' + e("U8", [0], 1, 0) + "}", b"x", False),
+    ("data too long", '{"a":' + A + "}", DATA[:9], False),
+    ("data too short", '{"a":' + A + ',"b":' + B + "}", DATA[:10], False),
+    ("zero-length tensors", '{"z":' + e("F32", [0], 0, 0) + ',"y":' + e("I8", [2, 0], 0, 0) + ',"a":' + A
+     + ',"w":' + e("U8", [0], 8, 8) + "}", DATA[:8], True),
+    ("zero-length last", '{"a":' + A + ',"z":' + e("U8", [0], 8, 8) + "}", DATA[:8], True),
+    ("zero-length after", '{"a":' + A + ',"z":' + e("U8", [0], 0, 0) + "}", DATA[:8], True),
+    ("name with brace comma quote", '{"a},":' + A + ',"b":' + B + "}", DATA, True),
+    ("name with brace comma", '{"a},":' + A + ',"},":' + B + "}", DATA, True),
+    ("unicode names", '{"é":' + A + ',"😀":' + B + "}", DATA, True),
+    ("empty name", '{"":' + A + ',"b":' + B + "}", DATA, True),
+    ("nan", '{"__metadata__":NaN}', b"", False),
+    ("not an object", '["a"]', b"", False),
+    ("bom", "\ufeff" + COMPACT, b"", False),
+]
+
+
+@pytest.mark.usefixtures("chunk")
+@pytest.mark.parametrize(("case", "text", "data", "valid"), FALLBACKS, ids=[c[0] for c in FALLBACKS])
+def test_each_fallback_condition_agrees(case: str, text: str, data: bytes, valid: bool) -> None:
+    res = st_both(frame(text, data))
+    assert (res[0] == "ok") == valid, res
+
+
+def test_invalid_utf8_in_name_and_metadata() -> None:
+    for header in (b'{"a\xff":' + A.encode() + b"}", b'{"__metadata__":{"k":"\xc3"},"a":' + A.encode() + b"}",
+                   b'{"a":' + A.encode() + b',"\xed\xa0\x80":' + B.encode() + b"}"):
+        res = st_both(frame(header, DATA))
+        assert res[0] == "error" and "not UTF-8" in res[2]
+
+
+def test_the_fast_path_leaves_unusual_valid_headers_to_the_full_parser() -> None:
+    for case, text, data, valid in FALLBACKS:
+        if valid and case not in {"empty header", "empty with spaces", "seven trailing spaces", "16 dims",
+                                  "sub-byte whole", "f6 whole", "zero-length tensors", "zero-length last",
+                                  "unicode names", "empty name", "name with brace comma quote",
+                                  "name with brace comma", "metadata empty", "metadata only"}:
+            assert not st_fast_taken(frame(text, data)), case
+    for case in ("empty header", "seven trailing spaces", "zero-length tensors", "unicode names", "metadata only"):
+        text, data = next((t, d) for c, t, d, _ in FALLBACKS if c == case)
+        assert st_fast_taken(frame(text, data)), case
+
+
+# -- random mutations ------------------------------------------------------------------------------
+
+TOKENS = [b",", b":", b"{", b"}", b"[", b"]", b'"', b"\\", b" ", b"0", b"1", b"9", b"-", b".", b"e",
+          b"\x00", b"\xff", b"\xc3\xa9", b"__metadata__", b'"dtype"', b'"F32"', b'"U8"', b'"F4"', b"null",
+          b"18446744073709551616", b"99999999999999999999", b"}," + b'"', b'"shape":[', b"true"]
+
+
+def mutate(rng: random.Random, header: bytes) -> bytes:
+    out = bytearray(header)
+    for _ in range(rng.randrange(1, 4)):
+        pos = rng.randrange(0, len(out) + 1)
+        op = rng.random()
+        if op < 0.35 and out:
+            del out[pos : pos + rng.randrange(1, 4)]
+        elif op < 0.7:
+            out[pos:pos] = rng.choice(TOKENS)
+        elif out:
+            out[min(pos, len(out) - 1)] = rng.randrange(256) if rng.random() < 0.3 else rng.choice(b'0123456789,:{}[]"')
+    return bytes(out)
+
+
+@pytest.mark.usefixtures("chunk")
+def test_random_mutations_agree() -> None:
+    rng = random.Random(2024)
+    seeds = [to_bytes(list(random_tensors(random.Random(s), 6).values()), "safetensors",
+                      metadata={"m": "v"} if s % 2 else None) for s in range(8)]
+    seeds.append(st_save_numpy({"x": np.zeros((2, 3), np.float32), "y": np.arange(4, dtype=np.int16)}))
+    outcomes = {"ok": 0, "error": 0, "fast": 0}
+    for i in range(3000):
+        header, data = split(seeds[i % len(seeds)])
+        new = mutate(rng, header)
+        if rng.random() < 0.3:  # keep the library's 8-byte padding
+            new += b" " * (-len(new) % 8)
+        file = frame(new, data)
+        kind = st_both(file)[0]
+        outcomes[kind] += 1
+        outcomes["fast"] += kind == "ok" and st_fast_taken(file)
+    # every kind was exercised: errors, mutants the full parser accepts, mutants the fast path accepts
+    assert outcomes["error"] > 1000 and outcomes["ok"] > 50 and outcomes["fast"] > 20, outcomes
+
+
+def test_size_overflow_is_refused_even_where_the_file_could_hold_it() -> None:
+    # U8 x 2**61 is 2**64 bits: the library's checked_mul refuses it, whatever the file size says
+    header = frame('{"a":' + e("U8", [2**61], 0, 2**61) + "}")
+
+    class Huge(MemorySource):
+        def __init__(self) -> None:
+            super().__init__(header)
+            self.size = len(header) + 2**61
+
+    fast = outcome(lambda: SafetensorsReader(Huge()))
+    slow = outcome(lambda: SlowSafetensors(Huge()))
+    assert fast == slow
+    assert fast[0] == "error" and "overflows 64-bit sizes" in fast[2]
