@@ -26,7 +26,7 @@ class Kind(enum.Enum):
     QUANTIZED = "quantized"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
     """A tensor element type.
 
@@ -46,6 +46,22 @@ class DType:
 
     def __repr__(self) -> str:
         return self.display
+
+    # Hand-written: the generated ones build 8-field tuples, and 100k-tensor plans compare and hash
+    # dtypes several times per tensor. Same semantics: equal when every field is equal.
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DType):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.scheme))
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.name, self.bits, self.kind, self.safetensors, self.numpy_name, self.torch_name,
+                self.burn_text, self.scheme)
 
     @property
     def display(self) -> str:

@@ -44,17 +44,23 @@ if TYPE_CHECKING:
     from .modules import ModuleType
 
 
-@dataclass
+@dataclass(slots=True)
 class PlanEntry:
-    """One tensor of the output and how it is made."""
+    """One tensor of the output and how it is made (slotted: a 100k-tensor plan holds 100k)."""
 
     target: str
     source: str | None  # name in the source file; None when a template value is kept
     tensor: LazyTensor  # the final lazy tensor (target name, dtype, shape, param_id)
-    before: tuple[DType, tuple[int, ...]] | None
-    ops: list[str] = field(default_factory=list)
+    source_tensor: LazyTensor | None  # as read from the source file
+    ops: tuple[str, ...] = ()
     module: ModuleType | None = None
     kept_from_template: bool = False
+
+    @property
+    def before(self) -> tuple[DType, tuple[int, ...]] | None:
+        """The source tensor's dtype and shape."""
+        t = self.source_tensor
+        return None if t is None else (t.dtype, t.shape)
 
 
 @dataclass
@@ -163,7 +169,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     names = [t.name for t in tensors]
 
     # 1. names: remaps, then contiguous indices (defaults follow Burn's PyTorch store)
-    ops: dict[str, list[str]] = {n: [] for n in names}
+    ops: dict[str, list[str]] = {}  # only for renamed tensors: most names pass unchanged
     remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in recipe.remap]) if recipe.remap else None
     current = names
     if remapper is not None:
@@ -173,7 +179,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
             raise PlanError(f"remap: {e}") from None
         for orig, (new, _) in zip(names, remapped, strict=True):
             if new != orig:
-                ops[orig].append(f"remap {orig} -> {new}")
+                ops.setdefault(orig, []).append(f"remap {orig} -> {new}")
         current = [new for new, _ in remapped]
     contiguous = recipe.source.contiguous_indices
     if contiguous is None:
@@ -182,7 +188,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         mapped = map_indices_contiguous(current)
         for orig, before, (new, _) in zip(names, current, mapped, strict=True):
             if new != before:
-                ops[orig].append(f"index {before} -> {new}")
+                ops.setdefault(orig, []).append(f"index {before} -> {new}")
         current = [new for new, _ in mapped]
     collisions = find_collisions(zip(current, names, strict=True))
     if collisions:
@@ -206,7 +212,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     # 3. adapters, with module types resolved from declarations and the source's own names
     errors: list[ReportError] = []
     fatal: list[str] = []
-    adapted: list[tuple[LazyTensor, LazyTensor, list[str], Any]] = []  # (source, result, ops, module)
+    adapted: list[tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]] = []  # (source, result, ops, module)
     adapter = None
     resolver = None
     if recipe.adapters:
@@ -219,7 +225,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         new = renamed[t.name]
         base = t if new == t.name else t.renamed(new)
         if adapter is None or resolver is None:
-            adapted.append((t, base, list(ops[t.name]), None))
+            adapted.append((t, base, tuple(ops.get(t.name, ())), None))
             continue
         try:
             module = resolver.resolve(new)
@@ -227,8 +233,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         except MigratorError as e:
             errors.append(ReportError.adapter_error(new, e.detail))
             continue
-        adapted.append((t, result.tensor, [*ops[t.name], *result.ops], module))
-    by_name: dict[str, tuple[LazyTensor, LazyTensor, list[str], Any]] = {}
+        adapted.append((t, result.tensor, (*ops.get(t.name, ()), *result.ops), module))
+    by_name: dict[str, tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]] = {}
     for item in adapted:
         name = item[1].name
         if name in by_name:
@@ -257,7 +263,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 key = _alternative(adapter, resolver, slot.name, by_name)
             if key is None or key in used:
                 missing.append((slot.name, ""))
-                entries.append(PlanEntry(slot.name, None, slot, None, ["template value kept"], None, True))
+                entries.append(PlanEntry(slot.name, None, slot, None, ("template value kept",), None, True))
                 continue
             used.add(key)
             src, result, t_ops, module = by_name[key]
@@ -274,7 +280,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
             fatal.append("dtype: template needs target.template")
         for src, result, t_ops, module in adapted:
             tensor, more = _apply_cast(result, cast_to)
-            entries.append(PlanEntry(result.name, src.name, tensor, (src.dtype, src.shape), [*t_ops, *more], module))
+            entries.append(PlanEntry(result.name, src.name, tensor, src, t_ops + more if more else t_ops, module))
             applied.append(result.name)
 
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
@@ -307,7 +313,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
 
 def _alternative(adapter: Any, resolver: Any, slot_name: str,
-                 by_name: dict[str, tuple[LazyTensor, LazyTensor, list[str], Any]]) -> str | None:
+                 by_name: dict[str, tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]]) -> str | None:
     """Burn's alternative-name lookup: the template's `norm.gamma` may be the source's `norm.weight`."""
     if resolver is None:
         return None
@@ -325,31 +331,30 @@ def _alternative(adapter: Any, resolver: Any, slot_name: str,
     return key if key in by_name else None
 
 
-def _apply_cast(t: LazyTensor, to: DType | None) -> tuple[LazyTensor, list[str]]:
+def _apply_cast(t: LazyTensor, to: DType | None) -> tuple[LazyTensor, tuple[str, ...]]:
     if to is None or not t.dtype.is_float or t.dtype == to:
-        return t, []
+        return t, ()
     from .casts import cast
 
-    return cast(t, to), [f"cast {t.dtype.display} -> {to.display}"]
+    return cast(t, to), (f"cast {t.dtype.display} -> {to.display}",)
 
 
-def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: list[str], module: Any,
+def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tuple[str, ...], module: Any,
                  recipe: Recipe, cast_to: DType | None, errors: list[ReportError]) -> PlanEntry:
     """Put a source tensor into a template slot: shape check, dtype policy, param_id, name."""
     if result.shape != slot.shape:
         errors.append(ReportError.shape_mismatch(slot.name, slot.shape, result.shape))
-        return PlanEntry(slot.name, src.name, slot, (src.dtype, src.shape), [*ops, "shape mismatch: template value "
-                         "kept"], module, True)
+        return PlanEntry(slot.name, src.name, slot, src, (*ops, "shape mismatch: template value kept"), module, True)
     tensor, more = _apply_cast(result, cast_to)
     if recipe.dtype == "template" and tensor.dtype != slot.dtype:
         if tensor.dtype.is_float and slot.dtype.is_float:
             tensor, more = _apply_cast(tensor, slot.dtype)
         else:
             errors.append(ReportError.dtype_mismatch(slot.name, slot.dtype.display, tensor.dtype.display))
-            return PlanEntry(slot.name, src.name, slot, (src.dtype, src.shape), ops, module, True)
+            return PlanEntry(slot.name, src.name, slot, src, ops, module, True)
     param_id = src.param_id if src.param_id is not None else slot.param_id
     final = replace(tensor, name=slot.name, param_id=param_id)
-    return PlanEntry(slot.name, src.name, final, (src.dtype, src.shape), [*ops, *more], module)
+    return PlanEntry(slot.name, src.name, final, src, (*ops, *more), module)
 
 
 def _scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str], fatal: list[str]) -> dict[str, Scalar]:

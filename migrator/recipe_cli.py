@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +119,23 @@ every row for its layout (~1 ms a row: 100 s for a 100k-tensor model)."""
 def _print_plan_table(p: Plan) -> None:
     title = f"{p.source_path} ({p.source_format}) -> {p.target_path} ({p.target_format})"
     header = ("source", "target", "module", "ops", "before", "after", "bytes")
+    described: dict[tuple[Any, ...], str] = {}  # most tensors share a few dtype/shape/module texts
+
+    def describe(key: tuple[Any, ...], make: Callable[[], str]) -> str:
+        text = described.get(key)
+        if text is None:
+            text = described[key] = make()
+        return text
+
     rows = []
     for e in p.entries:
-        module = "" if e.module is None else f"{e.module.name or '?'} ({e.module.how})"
-        before = "" if e.before is None else f"{e.before[0].display} {list(e.before[1])}"
-        after = f"{e.tensor.dtype.display} {list(e.tensor.shape)}"
-        rows.append((e.source or "-", e.target, module, "; ".join(_short_op(op) for op in e.ops), before, after,
-                     f"{e.tensor.nbytes:,}"))
+        m, src, t = e.module, e.source_tensor, e.tensor
+        module = "" if m is None else describe(("m", m.name, m.how), lambda m=m: f"{m.name or '?'} ({m.how})")
+        before = "" if src is None else describe((src.dtype, src.shape),
+                                                 lambda s=src: f"{s.dtype.display} {list(s.shape)}")
+        after = describe((t.dtype, t.shape), lambda t=t: f"{t.dtype.display} {list(t.shape)}")
+        ops = "; ".join(map(_short_op, e.ops)) if e.ops else ""
+        rows.append((e.source or "-", e.target, module, ops, before, after, f"{t.nbytes:,}"))
     if len(rows) > RICH_TABLE_ROWS:
         _print_plain_table(title, header, rows)
         return
@@ -141,7 +152,8 @@ def _print_plan_table(p: Plan) -> None:
 
 def _print_plain_table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """Columns padded to their widest cell, the last (bytes) right-aligned; one write."""
-    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    columns = zip(*rows, strict=True)
+    widths = [max(len(name), max(map(len, column))) for name, column in zip(header, columns, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + f"  {{:>{widths[-1]}}}"
     lines = [title, fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*r) for r in rows]
