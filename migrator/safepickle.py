@@ -1275,7 +1275,8 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
         return -1
     if q > end:
         return -1
-    pushes = len(fields) + n_size + n_stride + 11
+    # fields + their tuple, storage, offset, size, stride, requires_grad, OrderedDict + () + REDUCE, args, REDUCE
+    pushes = len(fields) + n_size + n_stride + 9
     if m.objects + pushes > lim.max_objects:
         return -1
     if puts and len(memo) + len({i for i, _ in puts if i not in memo}) > lim.max_memo:
