@@ -15,6 +15,7 @@ import gc
 import json
 import re
 import struct
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -78,15 +79,19 @@ def _entry_pattern(capture: bool) -> bytes:
             + rb'\],"data_offsets":\[' + o + _UINT + c + b"," + o + _UINT + c + rb"\]\}")
 
 
-# A run of entries separated by commas (possessive: linear, no backtracking stack), and one entry
-# with its name, "dtype+shape" key, start and end captured.
-_ENTRIES = re.compile(rb"(?:" + _entry_pattern(False) + rb",)*+" + _entry_pattern(False))
+# Possessive repeats (Python 3.11+) match runs of entries in linear time and constant memory; a
+# plain repeat keeps ~100 bytes of backtracking state per item, so 3.10 parses smaller chunks.
+_POSSESSIVE = sys.version_info >= (3, 11)
+_MANY = b"*+" if _POSSESSIVE else b"*"
+_CHUNK = 1 << 20 if _POSSESSIVE else 1 << 16  # entries are parsed a chunk at a time (~10k tensors)
+# A run of entries separated by commas, and one entry with its name, "dtype+shape" key, start and
+# end captured.
+_ENTRIES = re.compile(rb"(?:" + _entry_pattern(False) + rb",)" + _MANY + _entry_pattern(False))
 _ENTRY = re.compile(_entry_pattern(True))
 _KEY = re.compile(rb'([A-Z0-9_]+)","shape":\[(.*)')
 _META = re.compile(rb'\{"__metadata__":\{((?:"' + _STR + rb'":"' + _STR + rb'"(?:,"' + _STR + rb'":"' + _STR
-                   + rb'")*+)?)\}')
+                   + rb'")' + _MANY + rb")?)\}")
 _META_PAIR = re.compile(rb'"(' + _STR + rb')":"(' + _STR + rb')"')
-_CHUNK = 1 << 20  # entries are parsed a chunk at a time: transient objects for ~10k tensors, not all
 
 
 @contextmanager
@@ -306,7 +311,7 @@ class SafetensorsReader(Reader):
         metadata: dict[str, str] = {}
         pos = 1
         if raw.startswith(b'{"__metadata__":'):
-            m = _META.match(raw, 0, end)
+            m = _META.match(raw, 0, end if _POSSESSIVE else min(end, _CHUNK))  # bounded state on 3.10
             if m is None:
                 return None
             pairs = _META_PAIR.findall(raw, *m.span(1))
