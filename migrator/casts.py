@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dtypes
-from .dtypes import DType
+from .dtypes import DType, Kind
 from .errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
 from .tensor import Buffer, LazyTensor
 
@@ -141,8 +141,18 @@ def _f32_to_bf16(f: np.ndarray, nan_bits: np.uint16) -> np.ndarray:
     return rounded
 
 
+_CONVERTERS: dict[tuple[str, str], Callable[[np.ndarray], np.ndarray]] = {}
+
+
 def _converter(src: str, dst: str) -> Callable[[np.ndarray], np.ndarray]:
-    """A function from a chunk of source bit patterns to a chunk of target bit patterns."""
+    """A function from a chunk of source bit patterns to a chunk of target bit patterns (one per pair)."""
+    fn = _CONVERTERS.get((src, dst))
+    if fn is None:
+        fn = _CONVERTERS[(src, dst)] = _make_converter(src, dst)
+    return fn
+
+
+def _make_converter(src: str, dst: str) -> Callable[[np.ndarray], np.ndarray]:
     if dst == "F64":
         return lambda b: _to_f32(b, src).astype(np.float64).view(np.uint64)
     if dst in ("F32", "FLEX32"):
@@ -155,49 +165,69 @@ def _converter(src: str, dst: str) -> Callable[[np.ndarray], np.ndarray]:
 
 def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
     """A lazy float -> float cast; non-float tensors and tensors already `to` come back unchanged."""
-    if not tensor.dtype.is_float or tensor.dtype == to:
+    src = tensor.dtype
+    if src.kind is not Kind.FLOAT or src == to:
         return tensor
-    if not to.is_float:
+    if to.kind is not Kind.FLOAT:
         raise UnsupportedDTypeError(f"cast target must be a float dtype, got {to.display}",
                                     file=tensor.origin, tensor=tensor.name)
-    for d in (tensor.dtype, to):
-        if d.name not in CASTABLE:
-            raise UnsupportedDTypeError(
-                f"cannot cast {tensor.dtype.display} to {to.display}: only "
-                f"{', '.join(dtypes.BY_NAME[n].display for n in sorted(CASTABLE))} are castable",
-                file=tensor.origin, tensor=tensor.name)
-    src_name, dst_name = tensor.dtype.name, to.name
-    src_uint, dst_uint = _UINT[_BITS_OF[src_name]], _UINT[_BITS_OF[dst_name]]
+    if src.name not in CASTABLE or to.name not in CASTABLE:
+        raise UnsupportedDTypeError(
+            f"cannot cast {src.display} to {to.display}: only "
+            f"{', '.join(dtypes.BY_NAME[n].display for n in sorted(CASTABLE))} are castable",
+            file=tensor.origin, tensor=tensor.name)
     transposed = tensor.chunks
-    if isinstance(transposed, _TransposedChunks) and dst_uint.itemsize < src_uint.itemsize:
+    if isinstance(transposed, _TransposedChunks) and _BITS_OF[to.name] < _BITS_OF[src.name]:
         # A cast is element-wise, so it commutes with a transpose bit for bit: narrow first and
         # the transpose moves half (or a quarter) of the bytes.
         inner = transposed.base
         inner = LazyTensor(tensor.name, inner.dtype, inner.shape, inner.nbytes, inner.loader, inner.span,
                            tensor.param_id, tensor.origin, inner.chunks)
         return transpose2d(cast(inner, to))
-    numel = tensor.numel
-    convert = _converter(src_name, dst_name)
+    job = _Cast(tensor, src.name, to.name)
+    return tensor.derived(dtype=to, shape=tensor.shape, loader=job, chunks=_CastChunks(job))
 
-    def convert_piece(piece: Buffer) -> memoryview:
+
+class _Cast:
+    """The loader of a cast tensor (slotted, not closures: a 100k-tensor plan makes 100k of these)."""
+
+    __slots__ = ("convert", "dst_uint", "src_uint", "tensor")
+
+    def __init__(self, tensor: LazyTensor, src: str, dst: str) -> None:
+        self.tensor = tensor
+        self.src_uint, self.dst_uint = _UINT[_BITS_OF[src]], _UINT[_BITS_OF[dst]]
+        self.convert = _converter(src, dst)
+
+    def convert_piece(self, piece: Buffer) -> memoryview:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and NaNs are intended
-            return memoryview(convert(np.frombuffer(piece, dtype=src_uint)).view(np.uint8))
+            return memoryview(self.convert(np.frombuffer(piece, dtype=self.src_uint)).view(np.uint8))
 
-    def chunks() -> Iterator[memoryview]:
-        pieces = source_pieces(tensor, CHUNK_ELEMENTS * src_uint.itemsize)
-        if tensor.nbytes <= CHUNK_ELEMENTS * src_uint.itemsize:  # one piece: no thread hand-off
-            return map(convert_piece, pieces)
-        return pipelined(convert_piece, pieces)
+    def pieces(self) -> Iterator[memoryview]:
+        step = CHUNK_ELEMENTS * self.src_uint.itemsize
+        pieces = source_pieces(self.tensor, step)
+        if self.tensor.nbytes <= step:  # one piece: no thread hand-off
+            return map(self.convert_piece, pieces)
+        return pipelined(self.convert_piece, pieces)
 
-    def load() -> memoryview:
-        out = np.empty(numel * dst_uint.itemsize, dtype=np.uint8)
+    def __call__(self) -> memoryview:
+        out = np.empty(self.tensor.numel * self.dst_uint.itemsize, dtype=np.uint8)
         pos = 0
-        for piece in chunks():
+        for piece in self.pieces():
             out[pos:pos + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
             pos += len(piece)
         return memoryview(out)
 
-    return tensor.derived(dtype=to, shape=tensor.shape, loader=load, chunks=chunks)
+
+class _CastChunks:
+    """The streamed pieces of a cast tensor."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: _Cast) -> None:
+        self.job = job
+
+    def __call__(self) -> Iterator[memoryview]:
+        return self.job.pieces()
 
 
 def source_pieces(tensor: LazyTensor, step: int) -> Iterator[Buffer]:
@@ -311,21 +341,30 @@ def transpose2d(tensor: LazyTensor) -> LazyTensor:
         return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=lambda: memoryview(b""),
                               chunks=lambda: iter(()))
 
-    def load() -> memoryview:
-        return memoryview(transpose_bytes(tensor.data(), rows, cols, itemsize).reshape(-1).view(np.uint8))
-
-    return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=load, chunks=_TransposedChunks(tensor))
+    return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=_Transposed(tensor),
+                          chunks=_TransposedChunks(tensor))
 
 
-class _TransposedChunks:
-    """The streamed bands of a 2-D transpose; keeps its `base` so a later narrowing cast can go first."""
+class _Transposed:
+    """The loader of a transposed tensor: the whole `[cols, rows]` result at once."""
 
     __slots__ = ("base",)
 
     def __init__(self, base: LazyTensor) -> None:
         self.base = base
 
-    def __call__(self) -> Iterator[memoryview]:
+    def __call__(self) -> memoryview:
+        base = self.base
+        rows, cols = base.shape
+        return memoryview(transpose_bytes(base.data(), rows, cols, base.dtype.itemsize or 1).reshape(-1).view(np.uint8))
+
+
+class _TransposedChunks(_Transposed):
+    """The streamed bands of a 2-D transpose; keeps its `base` so a later narrowing cast can go first."""
+
+    __slots__ = ()
+
+    def __call__(self) -> Iterator[memoryview]:  # type: ignore[override]
         base = self.base
         rows, cols = base.shape
         # A transpose reads its whole source; the source's map is dropped with the exhausted bands.

@@ -595,6 +595,10 @@ class KeyRemapper:
 # ---------------------------------------------------------------------------------------------
 
 
+_MAY_HAVE_INDEX = re.compile(r"(?:^|\.)\+?[0-9]")
+"""A segment that parse_usize accepts starts like this; names without one are left alone quickly."""
+
+
 def map_indices_contiguous(names: Iterable[str]) -> list[tuple[str, str]]:
     """Renumber every numeric path segment to 0, 1, 2, … per position key (spec §4.2).
 
@@ -602,28 +606,34 @@ def map_indices_contiguous(names: Iterable[str]) -> list[tuple[str, str]]:
     is the *original* prefix before it, so renumbering one level never changes another's key.
     """
     originals = list(names)
-    split = [name.split(".") for name in originals]
     seen: dict[str, set[int]] = {}
-    parsed: list[list[tuple[int, str, int] | None]] = []
-    for segments in split:
-        row: list[tuple[int, str, int] | None] = []
+    parsed: list[list[tuple[int, str, int]] | None] = []  # per name: (segment, key, value) of its indices
+    for name in originals:
+        if _MAY_HAVE_INDEX.search(name) is None:
+            parsed.append(None)
+            continue
+        segments = name.split(".")
+        entries: list[tuple[int, str, int]] = []
         for i, segment in enumerate(segments):
+            if not segment or not (segment[0].isdigit() or segment[0] == "+"):
+                continue
             value = parse_usize(segment)
             if value is None:
-                row.append(None)
                 continue
             key = ".".join(segments[:i]) + "." if i else ""
             seen.setdefault(key, set()).add(value)
-            row.append((i, key, value))
-        parsed.append(row)
+            entries.append((i, key, value))
+        parsed.append(entries or None)
     tables = {key: {v: new for new, v in enumerate(sorted(values))} for key, values in seen.items()}
     result: list[tuple[str, str]] = []
-    for original, segments, row in zip(originals, split, parsed, strict=True):
-        renamed = [
-            segment if entry is None else str(tables[entry[1]][entry[2]])
-            for segment, entry in zip(segments, row, strict=True)
-        ]
-        result.append((".".join(renamed), original))
+    for original, entries in zip(originals, parsed, strict=True):
+        if entries is None:
+            result.append((original, original))
+            continue
+        segments = original.split(".")
+        for i, key, value in entries:
+            segments[i] = str(tables[key][value])
+        result.append((".".join(segments), original))
     return result
 
 
