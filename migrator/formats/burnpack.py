@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, islice, repeat
+from operator import add, and_, is_not, lt, ne, sub
 from typing import Any, BinaryIO, ClassVar
 
 from .. import dtypes
@@ -20,6 +23,7 @@ from ..streaming import write_all, write_tensor, write_zeros
 from ..tensor import LazyTensor, stored
 from . import cbor
 from .base import Reader, Writer
+from .safetensors import no_gc, stored_many
 
 MAGIC = 0x4255524E  # "BURN" big-endian, stored little-endian: the file starts with b"NRUB"
 VERSION = 1
@@ -93,6 +97,91 @@ def describe_qfloat(dt: DType) -> Any:
     return _plain(cbor.decode(dt.scheme))
 
 
+# ------------------------------------------------------------------------------ reader fast path
+# The metadata as Burn writes it: {"tensors": {name: {dtype, shape, data_offsets[, param_id]}},
+# "metadata"?, "scalars"?}, "tensors" first, each descriptor's fields in that order. A specialised
+# matcher reads the descriptor map without building a CborMap per tensor; its match is exactly what
+# the generic decoder would decode (each CBOR head's length is checked against what was matched),
+# and anything else (QFloat, tags, indefinite lengths, unknown fields, repeated names, any error)
+# goes to the generic decoder and its messages. The rest of the root map always goes through it.
+
+_UINT = rb"(?:[\x00-\x17]|\x18.|\x19..|\x1a.{4}|\x1b.{8})"  # a CBOR unsigned integer, any head width
+_UINT_BIAS = {1: 0, 2: 0x18 << 8, 3: 0x19 << 16, 5: 0x1A << 32, 9: 0x1B << 64}  # head's share of the bytes
+_TEXT_DTYPES: dict[bytes, DType] = {
+    **{cbor.encode(dt.burn_text): dt for dt in dtypes.ALL if dt.burn_text and dt.kind is not Kind.QUANTIZED},
+    **{cbor.encode({"Bool": store}): dt for store, dt in dtypes.BURN_BOOL_STORES.items()},
+}
+_DTYPE = b"|".join(re.escape(k) for k in _TEXT_DTYPES)
+# name head, name (the shortest before a descriptor; its length is checked against the head), then
+# map head + dtype + shape as one key (few distinct ones), start, end, param_id
+_DESCRIPTOR = re.compile(
+    rb"([\x60-\x77]|\x78.|\x79..)(.{0,65535}?)"
+    rb"([\xa3\xa4]\x65dtype(?:" + _DTYPE + rb")\x65shape[\x80-\x97]" + _UINT + rb"{0,23})"
+    rb"\x6cdata_offsets\x82(" + _UINT + rb")(" + _UINT + rb")(?:\x68param_id(" + _UINT + rb"))?", re.S)
+_KEY = re.compile(rb"([\xa3\xa4])\x65dtype(" + _DTYPE + rb")\x65shape(.*)", re.S)
+_SHAPE_ITEM = re.compile(_UINT, re.S)
+_ROOT = re.compile(rb"[\xa1-\xa3]\x67tensors([\xa0-\xb7]|\xb8.|\xb9..|\xba.{4})", re.S)
+_BATCH = 8192  # descriptors matched per batch: transient match objects for 8k tensors, not all
+
+
+class _Unusual(Exception):
+    """Metadata the fast path leaves to the generic decoder."""
+
+
+class _HeadLengths(dict[bytes, int]):
+    """A CBOR text head -> the length it declares, computed once per distinct head."""
+
+    def __missing__(self, head: bytes) -> int:
+        n = head[0] - 0x60 if len(head) == 1 else int.from_bytes(head[1:], "big")
+        self[head] = n
+        return n
+
+
+def _uints(encoded: Iterable[bytes]) -> list[int]:
+    """Values of CBOR unsigned integers given as their bytes (head included), in C-level passes."""
+    col = list(encoded)
+    return list(map(sub, map(int.from_bytes, col, repeat("big")), map(_UINT_BIAS.__getitem__, map(len, col))))
+
+
+def _describe(key: bytes) -> tuple[bool, DType, tuple[int, ...], int]:
+    """(has param_id, dtype, shape, byte length) of a descriptor key, with the checks `_descriptor`
+    makes on them; _Unusual for anything else."""
+    m = _KEY.fullmatch(key)
+    assert m is not None  # the descriptor pattern guarantees it
+    head, dims = m[3][0] - 0x80, _SHAPE_ITEM.findall(m[3], 1)
+    if len(dims) != head or sum(map(len, dims)) != len(m[3]) - 1:
+        raise _Unusual  # the array head declares another count: the generic decoder reads it otherwise
+    shape = tuple(_uints(dims))
+    if 0 not in shape:
+        numel = 1
+        for x in shape:  # at most 23 dimensions of 64 bits: bounded, but keep `_descriptor`'s rule
+            numel *= x
+            if numel > MAX_TENSOR_SIZE * 8:
+                raise _Unusual
+    dt = _TEXT_DTYPES[m[2]]
+    nbytes = dt.nbytes(shape)
+    if nbytes is None or nbytes > MAX_TENSOR_SIZE:
+        raise _Unusual
+    return m[1] == b"\xa4", dt, shape, nbytes
+
+
+def _match_descriptors(raw: bytes, pos: int, count: int) -> tuple[list[Any], int]:
+    """The `count` descriptors from `pos` as columns (name heads, names, keys, starts, ends, param_ids),
+    matched back to back, and the position after them; _Unusual if they are not all there."""
+    columns: list[list[Any]] = [[], [], [], [], [], []]
+    scanner = _DESCRIPTOR.scanner(raw, pos)  # each match() starts exactly where the last one ended
+    left = count
+    while left:
+        batch = list(islice(iter(scanner.match, None), min(left, _BATCH)))
+        if not batch:
+            raise _Unusual
+        for column, values in zip(columns, zip(*map(re.Match.groups, batch), strict=True), strict=True):
+            column += values
+        left -= len(batch)
+        pos = batch[-1].end()
+    return columns, pos
+
+
 # ---------------------------------------------------------------------------------------- reader
 
 
@@ -100,6 +189,7 @@ class BurnpackReader(Reader):
     """Parses the header and metadata; tensor bytes stay in the file until asked for."""
 
     format: ClassVar[str] = "burnpack"
+    fast_path: ClassVar[bool] = True  # False: always the generic decoder (tests compare the two)
 
     def __init__(self, source: ByteSource) -> None:
         self.source = source
@@ -126,11 +216,79 @@ class BurnpackReader(Reader):
         self.version = version
         self.metadata_size = meta_size
         self.data_start = align(HEADER_SIZE + meta_size)
+        raw = source.read(HEADER_SIZE, meta_size, "metadata")
+        with no_gc():
+            fast = self._fast(raw) if self.fast_path else None
+            if fast is not None:
+                del raw  # before the tensors are made: the peak is the metadata or the tensors, not both
+                self.metadata, self.scalars, columns = fast
+                self.tensors = stored_many(source, *columns)
+                return
+            try:
+                root = cbor.decode(raw)
+            except cbor.CborError as e:
+                raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
+            del raw
+            self.tensors, self.metadata, self.scalars = self._parse_root(root)
+
+    def _fast(self, raw: bytes) -> tuple[dict[str, str], dict[str, Scalar], tuple[list[Any], ...]] | None:
+        """Metadata, scalars and tensor columns (for `stored_many`, in data order) of metadata in Burn's
+        shape, with every check `_parse_root` makes; None to leave it to the generic decoder."""
+        root = _ROOT.match(raw)
+        if root is None:
+            return None
+        head = root[1]
+        count = int.from_bytes(head[1:], "big") if len(head) > 1 else head[0] - 0xA0
+        if count > MAX_TENSOR_COUNT:
+            return None
         try:
-            root = cbor.decode(source.read(HEADER_SIZE, meta_size, "metadata"))
-        except cbor.CborError as e:
-            raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
-        self.tensors, self.metadata, self.scalars = self._parse_root(root)
+            (heads, names_b, keys, starts_b, ends_b, pids_b), pos = _match_descriptors(raw, root.end(), count)
+            if list(map(len, names_b)) != list(map(_HeadLengths().__getitem__, heads)):
+                return None
+            names = list(map(bytes.decode, names_b))
+            info = {key: _describe(key) for key in set(keys)}
+            del heads, names_b
+            metadata, scalars = self._fast_rest(raw, pos, raw[0] - 0xA1)
+        except (_Unusual, UnicodeDecodeError, cbor.CborError, FormatError):
+            return None
+        if len(set(names)) != count:  # a repeated name: the last one wins, as the generic path says
+            return None
+        has_pid, dts, shapes, lengths = zip(*map(info.__getitem__, keys), strict=True) if count else ((),) * 4
+        del keys, info
+        if list(has_pid) != list(map(is_not, pids_b, repeat(None))):
+            return None  # a map head that does not count the param_id field
+        starts, ends = _uints(starts_b), _uints(ends_b)
+        del starts_b, ends_b
+        if (list(map(sub, ends, starts)) != list(lengths) or any(map(and_, starts, repeat(ALIGNMENT - 1)))
+                or (count and self.data_start + max(ends) > self.source.size)):
+            return None
+        # data order, as `_parse_root` sorts (by start, then end: zero-length tensors can share a start)
+        key = starts if len(set(starts)) == count else list(zip(starts, ends, strict=True))
+        order = sorted(range(count), key=key.__getitem__)
+        del key
+        starts = list(map(starts.__getitem__, order))
+        ends = list(map(ends.__getitem__, order))
+        nonempty = list(map(ne, starts, ends))
+        s_ne, e_ne = list(compress(starts, nonempty)), list(compress(ends, nonempty))
+        if any(map(lt, islice(s_ne, 1, None), e_ne)):  # no two non-empty tensors overlap
+            return None
+        del ends, nonempty, s_ne, e_ne
+        pids = None if has_pid.count(True) == 0 else [None if b is None else _uints([b])[0]
+                                                      for b in map(pids_b.__getitem__, order)]
+        offsets = list(map(add, starts, repeat(self.data_start)))
+        names, dts, shapes, lengths = ([*map(column.__getitem__, order)] for column in (names, dts, shapes, lengths))
+        return metadata, scalars, (names, dts, shapes, offsets, lengths, pids)
+
+    def _fast_rest(self, raw: bytes, pos: int, fields: int) -> tuple[dict[str, str], dict[str, Scalar]]:
+        """The root map's other fields ("metadata", "scalars"), by the generic decoder."""
+        rest: dict[str, Any] = {}
+        for _ in range(fields):
+            key, pos = cbor.decode_at(raw, pos, 1)
+            if key not in ("metadata", "scalars") or key in rest:
+                raise _Unusual
+            rest[key], pos = cbor.decode_at(raw, pos, 1)
+        return (self._parse_metadata(rest.get("metadata", cbor.MISSING)),
+                self._parse_scalars(rest.get("scalars", cbor.MISSING)))
 
     def _fail(self, msg: str, tensor: str | None = None) -> FormatError:
         return FormatError(msg, file=self.label, tensor=tensor)

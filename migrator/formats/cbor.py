@@ -162,6 +162,17 @@ def decode(data: bytes | memoryview, max_depth: int = MAX_DEPTH) -> Any:
     return dec.item(0)
 
 
+def decode_at(data: bytes, pos: int, depth: int, max_depth: int = MAX_DEPTH) -> tuple[Any, int]:
+    """Decode the item at `pos` as if nested `depth` levels deep; returns it and the position after it.
+
+    Lets a reader parse the common part of a document itself and leave the rest to this decoder,
+    with the same bounds, depth limit and errors as a whole-document `decode`.
+    """
+    dec = _Decoder(data, max_depth)
+    dec.pos = pos
+    return dec.item(depth), dec.pos
+
+
 class _Decoder:
     def __init__(self, data: bytes, max_depth: int) -> None:
         self.data = data
