@@ -54,7 +54,7 @@ class DType:
             return True
         if not isinstance(other, DType):
             return NotImplemented
-        return self._fields() == other._fields()
+        return self.name == other.name and self._fields() == other._fields()
 
     def __hash__(self) -> int:
         return hash((self.name, self.scheme))
