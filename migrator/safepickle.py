@@ -1181,110 +1181,147 @@ def _scan_dims(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, An
     c = data[p]
     if c == 0x29:  # EMPTY_TUPLE
         return (), p + 1, 1
+    if c == 0x4B and data[p + 2] == 0x85 and max_dims >= 1:  # BININT1 TUPLE1: torch's small 1-D shape
+        return (data[p + 1],), p + 3, 2
     if c == 0x68 or c == 0x6A:
         dims, p = _scan_get(data, p, memo, puts)
-        pushes = 1
-    elif c == 0x28:  # MARK ints TUPLE (4 dimensions or more)
-        vals = []
+        if not _valid_dims(dims, max_dims):
+            raise _REJECT
+        return dims, p, 1
+    vals = []
+    if c == 0x28:  # MARK ints TUPLE (4 dimensions or more)
         p += 1
         while data[p] != 0x74:
             v, p = _scan_int(data, p)
             vals.append(v)
             if len(vals) > max_dims:
                 raise _REJECT
-        dims, p, pushes = tuple(vals), p + 1, len(vals) + 1
     else:  # 1 to 3 ints, then TUPLE1/2/3
-        vals = []
         while True:
             c = data[p]
-            if c in _INT_OPS and len(vals) < 3:
+            if c == 0x4B and len(vals) < 3:
+                vals.append(data[p + 1])
+                p += 2
+            elif c in _INT_OPS and len(vals) < 3:
                 v, p = _scan_int(data, p)
                 vals.append(v)
             elif 0x85 <= c <= 0x87 and c - 0x84 == len(vals):
                 break
             else:
                 raise _REJECT
-        dims, p, pushes = tuple(vals), p + 1, len(vals) + 1
+    dims = tuple(vals)
     if not _valid_dims(dims, max_dims):
         raise _REJECT
-    return dims, p, pushes
+    return dims, p + 1, len(vals) + 1
 
 
-def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
-    """Interpret the `_rebuild_tensor_v2` record whose args MARK is at `p`; -1: use the general loop."""
-    lim = m.limits
-    stack = m.stack
-    if (m.persistent_load is None or len(m.metastack) + 3 > lim.max_marks or len(stack) + 1 > lim.max_stack
-            or lim.max_stack < 8):
-        return -1
+_PUT_OPS = frozenset({0x71, 0x72, 0x94})
+_NAME_OPS = frozenset({0x58, 0x8C})
+_Plan = tuple[int, tuple[Any, ...], int, int, tuple[int, ...], tuple[int, ...], bool, int, int]
+
+
+def _scan_record(m: Unpickler, p: int, puts: list[tuple[int, Any]]) -> _Plan:
+    """Phase 1 for the record whose args MARK is at `p`: parse only, raising _Reject on anything unusual.
+
+    Returns (end, persistent id, its position, offset, size, stride, requires_grad, REDUCE position,
+    values pushed); memo writes are appended to `puts`.
+    """
     data, end, memo = m.data, m.end, m.memo
-    puts: list[tuple[int, Any]] = []
-    try:
-        if data[p + 1] != 0x28:
-            return -1
-        q = p + 2
-        fields = []
-        while data[q] != 0x74:
-            v, q = _scan_item(data, q, end, memo, puts)
-            fields.append(v)
-            if len(fields) > 6:
-                return -1
+    max_dims = m.limits.max_dims
+    if data[p + 1] != 0x28:
+        raise _REJECT
+    q = p + 2
+    fields = []
+    while data[q] != 0x74:
+        v, q = _scan_item(data, q, end, memo, puts)
+        fields.append(v)
+        if len(fields) > 6:
+            raise _REJECT
+        if data[q] in _PUT_OPS:
             q = _scan_put(data, q, puts, v)
-        pid = tuple(fields)
-        q = _scan_put(data, q + 1, puts, pid)
-        if data[q] != 0x51:  # BINPERSID
-            return -1
-        persid_pos = q
-        q = _scan_put(data, q + 1, puts, _P_STORAGE)
+    pid = tuple(fields)
+    q += 1
+    if data[q] in _PUT_OPS:
+        q = _scan_put(data, q, puts, pid)
+    if data[q] != 0x51:  # BINPERSID
+        raise _REJECT
+    persid_pos = q
+    q += 1
+    if data[q] in _PUT_OPS:
+        q = _scan_put(data, q, puts, _P_STORAGE)
+    c = data[q]
+    if c == 0x4B:  # BININT1: torch's usual offset 0
+        offset = data[q + 1]
+        q += 2
+    else:
         offset, q = _scan_int(data, q)
         if offset < 0 or offset >= _INT64_LIMIT:
-            return -1
+            raise _REJECT
+    if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, offset)
-        size, q, n_size = _scan_dims(data, q, memo, puts, lim.max_dims)
+    size, q, n_size = _scan_dims(data, q, memo, puts, max_dims)
+    if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, size)
-        stride, q, n_stride = _scan_dims(data, q, memo, puts, lim.max_dims)
+    stride, q, n_stride = _scan_dims(data, q, memo, puts, max_dims)
+    if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, stride)
-        if len(size) != len(stride) or max(n_size, n_stride) > lim.max_stack:
-            return -1
-        c = data[q]
-        if c != 0x88 and c != 0x89:  # NEWTRUE / NEWFALSE
-            return -1
-        requires_grad = c == 0x88
-        q = _scan_put(data, q + 1, puts, requires_grad)
-        c = data[q]
-        if c == 0x68 or c == 0x6A:
-            callee, q = _scan_get(data, q, memo, puts)
-        elif c == 0x63:
-            callee, q = _scan_global(data, q, end)
-        else:
-            return -1
-        if callee is not _ORDERED_DICT:
-            return -1
+    if len(size) != len(stride) or max(n_size, n_stride) > m.limits.max_stack:
+        raise _REJECT
+    c = data[q]
+    if c != 0x88 and c != 0x89:  # NEWTRUE / NEWFALSE
+        raise _REJECT
+    requires_grad = c == 0x88
+    q += 1
+    if data[q] in _PUT_OPS:
+        q = _scan_put(data, q, puts, requires_grad)
+    c = data[q]
+    if c == 0x68 or c == 0x6A:
+        callee, q = _scan_get(data, q, memo, puts)
+    elif c == 0x63:
+        callee, q = _scan_global(data, q, end)
+    else:
+        raise _REJECT
+    if callee is not _ORDERED_DICT:
+        raise _REJECT
+    if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, callee)
-        if data[q] != 0x29 or data[q + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
-            return -1
-        q = _scan_put(data, q + 2, puts, _P_HOOKS)
-        if data[q] != 0x74:  # TUPLE: the 6 arguments
-            return -1
-        q = _scan_put(data, q + 1, puts, _P_ARGS)
-        if data[q] != 0x52:  # REDUCE
-            return -1
-        reduce_pos = q
-        q = _scan_put(data, q + 1, puts, _P_TENSOR)
-    except (_Reject, IndexError, struct.error, UnicodeDecodeError):
-        return -1
+    if data[q] != 0x29 or data[q + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
+        raise _REJECT
+    q += 2
+    if data[q] in _PUT_OPS:
+        q = _scan_put(data, q, puts, _P_HOOKS)
+    if data[q] != 0x74:  # TUPLE: the 6 arguments
+        raise _REJECT
+    q += 1
+    if data[q] in _PUT_OPS:
+        q = _scan_put(data, q, puts, _P_ARGS)
+    if data[q] != 0x52:  # REDUCE
+        raise _REJECT
+    reduce_pos = q
+    q += 1
+    if data[q] in _PUT_OPS:
+        q = _scan_put(data, q, puts, _P_TENSOR)
     if q > end:
-        return -1
+        raise _REJECT
     # fields + their tuple, storage, offset, size, stride, requires_grad, OrderedDict + () + REDUCE, args, REDUCE
-    pushes = len(fields) + n_size + n_stride + 9
+    return (q, pid, persid_pos, offset, size, stride, requires_grad, reduce_pos,
+            len(fields) + n_size + n_stride + 9)
+
+
+def _room(m: Unpickler, pushes: int, puts: list[tuple[int, Any]]) -> bool:
+    """No limit can be reached by `pushes` more values and these memo writes."""
+    lim, memo = m.limits, m.memo
     if m.objects + pushes > lim.max_objects:
-        return -1
-    if puts and len(memo) + len({i for i, _ in puts if i not in memo}) > lim.max_memo:
-        return -1
-    # commit: what the general loop does at BINPERSID, the two REDUCEs and the BINPUTs
+        return False
+    return not puts or len(memo) + len({i for i, _ in puts if i not in memo}) <= lim.max_memo
+
+
+def _commit(m: Unpickler, plan: _Plan, puts: list[tuple[int, Any]]) -> None:
+    """Phase 2: what the general loop does at BINPERSID, the two REDUCEs and the memo writes, in order."""
+    _end, pid, persid_pos, offset, size, stride, requires_grad, reduce_pos, pushes = plan
     m.objects += pushes
     m._op_pos = persid_pos
-    storage = m.persistent_load(pid)
+    storage = m.persistent_load(pid)  # type: ignore[misc]
     hooks = args = None
     if puts:
         made = [v for _, v in puts]
@@ -1296,6 +1333,7 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
     if not isinstance(storage, StorageRef):
         _tensor(m, "_rebuild_tensor_v2", storage, offset, size, stride)  # raises the general loop's error
     t = TensorRef(storage, offset, size, stride, None, requires_grad)
+    memo = m.memo
     for idx, v in puts:
         if v is _P_STORAGE:
             v = storage
@@ -1306,8 +1344,56 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
         elif v is _P_TENSOR:
             v = t
         memo[idx] = v
-    stack[-1] = t
-    return q
+    m.stack[-1] = t
+
+
+_SCAN_ERRORS = (_Reject, IndexError, struct.error, UnicodeDecodeError)
+
+
+def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
+    """Interpret the `_rebuild_tensor_v2` record whose args MARK is at `p`, then any records that follow
+    it as `name, callee, record` pairs of a state_dict; returns where the general loop resumes, or -1
+    when it must interpret the record at `p` itself."""
+    lim = m.limits
+    if (m.persistent_load is None or len(m.metastack) + 3 > lim.max_marks or len(m.stack) + 1 > lim.max_stack
+            or lim.max_stack < 8):
+        return -1
+    puts: list[tuple[int, Any]] = []
+    try:
+        plan = _scan_record(m, p, puts)
+    except _SCAN_ERRORS:
+        return -1
+    if not _room(m, plan[-1], puts):
+        return -1
+    _commit(m, plan, puts)
+    q = plan[0]
+    data, end, memo, stack = m.data, m.end, m.memo, m.stack
+    while True:  # the next pair: name [put] callee ( record
+        if q + 8 > end or data[q] not in _NAME_OPS or len(stack) + 3 > lim.max_stack:
+            return q
+        puts = []
+        try:
+            name, r = _scan_item(data, q, end, memo, puts)
+            if data[r] in _PUT_OPS:
+                r = _scan_put(data, r, puts, name)
+            c = data[r]
+            if c != 0x68 and c != 0x6A:
+                return q
+            callee, r = _scan_get(data, r, memo, puts)
+            if callee is not _REBUILD_V2 or data[r] != 0x28:
+                return q
+            plan = _scan_record(m, r, puts)
+        except _SCAN_ERRORS:
+            return q
+        if not _room(m, plan[-1] + 2, puts):
+            return q
+        # the general loop's pushes of the name and the callee (its memo writes come with the record's)
+        m.objects += 2
+        stack.append(name)
+        stack.append(callee)
+        _commit(m, plan, puts)
+        q = plan[0]
+
 
 # --------------------------------------------------------------------------------------------
 # The allow-list
