@@ -23,10 +23,14 @@ from safetensors.numpy import save as st_save_numpy
 
 from migrator import dtypes
 from migrator.bytesource import FileSource, MemorySource
+from migrator.formats import burnpack, cbor, to_bytes
 from migrator.formats import safetensors as st_mod
-from migrator.formats import to_bytes
+from migrator.formats.burnpack import BurnpackReader
 from migrator.formats.safetensors import SafetensorsReader, SafetensorsWriter, stored_many
+from migrator.scalars import Scalar
 from migrator.tensor import LazyTensor, stored
+
+REPO = Path(__file__).resolve().parents[1]
 
 ST_DTYPES = [d for d in dtypes.ALL if d.safetensors]
 
@@ -368,3 +372,280 @@ def test_size_overflow_is_refused_even_where_the_file_could_hold_it() -> None:
     slow = outcome(lambda: SlowSafetensors(Huge()))
     assert fast == slow
     assert fast[0] == "error" and "overflows 64-bit sizes" in fast[2]
+
+
+# == burnpack ======================================================================================
+
+BURN_DTYPES = [d for d in dtypes.ALL if d.burn_text or d.kind is dtypes.Kind.BOOL]
+
+
+class SlowBurnpack(BurnpackReader):
+    fast_path = False
+
+
+def bp_both(data: bytes) -> tuple[Any, ...]:
+    src = MemorySource(data)
+    fast = outcome(lambda: BurnpackReader(src))
+    slow = outcome(lambda: SlowBurnpack(src))
+    assert fast == slow
+    return fast
+
+
+def bp_fast_taken(data: bytes) -> bool:
+    r = SlowBurnpack(MemorySource(data))
+    return r._fast(data[burnpack.HEADER_SIZE : burnpack.HEADER_SIZE + r.metadata_size]) is not None
+
+
+def bp_pack(meta: bytes, data: bytes = b"") -> bytes:
+    body = struct.pack("<IHI", burnpack.MAGIC, 1, len(meta)) + meta
+    return body + bytes(burnpack.align(len(body)) - len(body)) + data
+
+
+def bp_split(file: bytes) -> tuple[bytes, bytes]:
+    (n,) = struct.unpack("<I", file[6:10])
+    return file[10 : 10 + n], file[burnpack.align(10 + n) :]
+
+
+def random_burn_tensors(rng: random.Random, n: int) -> list[LazyTensor]:
+    out = []
+    for i in range(n):
+        kind = rng.random()
+        if kind < 0.1:
+            name = "long." * rng.randrange(5, 80) + str(i)  # 1- and 2-byte length heads
+        elif kind < 0.15:
+            name = "x" * 300 + str(i)
+        else:
+            name = "".join(rng.choice(NAME_CHARS + "£¤") for _ in range(rng.randrange(0, 10))) + str(i)
+        dt = rng.choice(BURN_DTYPES)
+        shape = tuple(rng.choice([0, 1, 2, 3, 300]) for _ in range(rng.randrange(0, 4)))
+        nbytes = dt.nbytes(shape)
+        assert nbytes is not None
+        data = rng.randbytes(nbytes)
+        pid = rng.choice([None, rng.randrange(2**64), rng.randrange(30)])
+        out.append(LazyTensor(name, dt, shape, nbytes, loader=lambda d=data: d, param_id=pid))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_burnpack_generated_files_take_the_fast_path_and_agree(seed: int) -> None:
+    rng = random.Random(seed)
+    tensors = random_burn_tensors(rng, rng.randrange(0, 40))
+    meta = {"format": "burnpack", "k": "v £"} if seed % 2 else None
+    scalars = {"lr": Scalar("Float", 0.5), "step": Scalar("UInt", 3)} if seed % 3 == 0 else None
+    data = to_bytes(tensors, "burnpack", metadata=meta, scalars=scalars)
+    res = bp_both(data)
+    assert res[0] == "ok"
+    assert sorted(f[1] for f in res[1]) == sorted(t.name for t in tensors)
+    assert bp_fast_taken(data)
+
+
+def test_burnpack_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(burnpack, "_BATCH", 3)
+    data = to_bytes(random_burn_tensors(random.Random(5), 20), "burnpack")
+    assert bp_fast_taken(data)
+    bp_both(data)
+
+
+@pytest.mark.parametrize("name", ["10k.burn.bpk", "10k.bpk"])
+def test_benchmark_models_agree(name: str) -> None:
+    path = REPO / "benchmarks" / "out" / name
+    if not path.exists():
+        pytest.skip(f"{path} not generated (make bench)")
+    with FileSource(path) as src:
+        fast = outcome(lambda: BurnpackReader(src))
+        assert fast == outcome(lambda: SlowBurnpack(src))
+    assert bp_fast_taken(path.read_bytes())
+
+
+def enc(*items: Any) -> bytes:
+    """CBOR of the items one after another (dicts keep their order)."""
+    return b"".join(cbor.encode(i) for i in items)
+
+
+def root(entries: bytes, count: int, *rest: bytes, fields: int | None = None) -> bytes:
+    n = 1 + len(rest) // 2 if fields is None else fields
+    return cbor.head(5, n) + enc("tensors") + cbor.head(5, count) + entries + b"".join(rest)
+
+
+def d(dtype: Any = "F32", shape: list[int] | None = None, offsets: tuple[int, int] = (0, 16), **more: Any) -> dict:
+    return {"dtype": dtype, "shape": [2, 2] if shape is None else shape, "data_offsets": list(offsets), **more}
+
+
+W16 = bytes(range(16))
+TWO = enc("a", d(), "b", d("U8", [3], (256, 259)))
+TWO_DATA = W16 + bytes(240) + b"xyz"
+HUGE_NAME = "n" * 70_000
+FAKE = b"z\xa3\x65dtype\x63F32\x65shape\x82\x02\x02\x6cdata_offsets\x82\x00\x10"
+QFLOAT_SCHEME = bytes.fromhex("a5 65 76616c7565 63 513846 65 73746f7265 a1 69 5061636b6564553332 00 64 6d6f6465"
+                              " 69 53796d6d6574726963 66 74656e736f72 f6 65 626c6f636b f6".replace(" ", ""))
+
+# (case, metadata bytes, data, valid)
+BP_FALLBACKS: list[tuple[str, bytes, bytes, bool]] = [
+    ("plain", root(TWO, 2), TWO_DATA, True),
+    ("with param_id", root(enc("a", d(param_id=7), "b", d("U8", [3], (256, 259), param_id=2**64 - 1)), 2),
+     TWO_DATA, True),
+    ("param_id null", root(enc("a", d(param_id=None)), 1), W16, True),
+    ("param_id negative", root(enc("a", d(param_id=-1)), 1), W16, False),
+    ("param_id text", root(enc("a", d(param_id="x")), 1), W16, False),
+    # the descriptor ends after 3 fields; "param_id", 1 are then trailing bytes of the 1-entry root
+    ("map head 3 with param_id", root(enc("a") + b"\xa3" + enc("dtype", "F32", "shape", [2, 2], "data_offsets",
+                                                             [0, 16], "param_id", 1), 1), W16, True),
+    ("map head 4 without param_id", root(enc("a") + b"\xa4" + enc("dtype", "F32", "shape", [2, 2], "data_offsets",
+                                                                 [0, 16]) + enc("b", d("U8", [3], (256, 259))), 2),
+     TWO_DATA, False),
+    ("fields reordered", root(enc("a", {"shape": [2, 2], "dtype": "F32", "data_offsets": [0, 16]}), 1), W16, True),
+    ("unknown field", root(enc("a", d(extra=1)), 1), W16, True),
+    ("repeated field", root(enc("a") + b"\xa4" + enc("dtype", "F32", "dtype", "F32", "shape", [2, 2],
+                                                     "data_offsets", [0, 16]), 1), W16, False),
+    ("missing field", root(enc("a", {"dtype": "F32", "shape": [2, 2]}), 1), W16, False),
+    ("repeated name keeps last", root(enc("a", d("U8", [3], (256, 259)), "a", d()), 2), TWO_DATA, True),
+    ("repeated name valid", root(enc("a", d("U8", [3], (0, 3)), "a", d()), 2), W16, True),
+    ("tensors not first", cbor.head(5, 2) + enc("metadata", {"k": "v"}, "tensors", {"a": d()}), W16, True),
+    ("unknown root key", root(TWO, 2, enc("other"), enc(1)), TWO_DATA, True),
+    ("tensors twice", root(TWO, 2, enc("tensors"), enc({})), TWO_DATA, False),
+    ("metadata twice", root(TWO, 2, enc("metadata"), enc({}), enc("metadata"), enc({})), TWO_DATA, False),
+    ("metadata and scalars", root(TWO, 2, enc("metadata"), enc({"k": "v"}), enc("scalars"),
+                                  enc({"s": {"Float": 0.5}, "i": {"Int": -3}})), TWO_DATA, True),
+    ("metadata null", root(TWO, 2, enc("metadata"), enc(None)), TWO_DATA, True),
+    ("metadata not text", root(TWO, 2, enc("metadata"), enc({"k": 1})), TWO_DATA, False),
+    ("scalars unknown variant", root(TWO, 2, enc("scalars"), enc({"s": {"Complex": 1}})), TWO_DATA, False),
+    ("root head counts too many", root(TWO, 2, fields=2), TWO_DATA, False),
+    ("root head counts too few", root(TWO, 2, enc("metadata"), enc({"k": "v"}), fields=1), TWO_DATA, True),
+    ("trailing bytes after root", root(TWO, 2) + b"\xff\x00junk", TWO_DATA, True),
+    ("truncated metadata", root(TWO, 2, enc("metadata"), enc({"k": "v"}))[:-2], TWO_DATA, False),
+    ("tensors count too high", root(TWO, 3), TWO_DATA, False),
+    ("tensors count too low", root(TWO, 1), TWO_DATA, True),  # the rest is trailing bytes
+    ("tensors empty", root(b"", 0), b"", True),
+    ("tensors empty with metadata", root(b"", 0, enc("metadata"), enc({"a": "b"})), b"", True),
+    ("no tensors", cbor.head(5, 0), b"", False),
+    ("tensors not a map", root(b"", 0)[:-1] + b"\x80", b"", False),
+    ("indefinite descriptor", root(enc("a") + b"\xbf" + enc("dtype", "F32", "shape", [2, 2], "data_offsets",
+                                                             [0, 16]) + b"\xff", 1), W16, True),
+    ("indefinite tensors map", b"\xa1" + enc("tensors") + b"\xbf" + enc("a", d()) + b"\xff", W16, True),
+    ("indefinite shape", root(enc("a") + b"\xa3" + enc("dtype", "F32", "shape") + b"\x9f\x02\x02\xff"
+                              + enc("data_offsets", [0, 16]), 1), W16, True),
+    ("non-minimal ints", root(enc("a") + b"\xa3" + enc("dtype", "F32", "shape") + b"\x82\x18\x02\x19\x00\x02"
+                              + enc("data_offsets") + b"\x82\x1a\x00\x00\x00\x00\x1b" + (16).to_bytes(8, "big"), 1),
+     W16, True),
+    ("non-minimal name head", root(b"\x78\x01a" + enc(d()), 1), W16, True),
+    ("non-minimal count", b"\xa1" + enc("tensors") + b"\xb9\x00\x01" + enc("a", d()), W16, True),
+    ("tag on descriptor", root(enc("a") + b"\xc0" + enc(d()), 1), W16, True),
+    ("tag on offset", root(enc("a") + b"\xa3" + enc("dtype", "F32", "shape", [2, 2], "data_offsets")
+                           + b"\x82\xc1\x00\x10", 1), W16, True),
+    ("shape head counts more", root(enc("a") + b"\xa3" + enc("dtype", "F32", "shape") + b"\x83\x02\x02"
+                                    + enc("data_offsets", [0, 16]), 1), W16, False),
+    ("shape head counts fewer", root(enc("a") + b"\xa3" + enc("dtype", "F32", "shape") + b"\x81\x02\x02"
+                                     + enc("data_offsets", [0, 16]), 1), W16, False),
+    ("negative dim", root(enc("a", d(shape=[-2, 2])), 1), W16, False),
+    ("float dim", root(enc("a", d(shape=[2.0, 2])), 1), W16, False),
+    ("24 dims", root(enc("a", d("U8", [1] * 24, (0, 1))), 1), b"x", True),
+    ("23 dims", root(enc("a", d("U8", [1] * 23, (0, 1))), 1), b"x", True),
+    ("shape bomb", root(enc("a", d("U8", [2**64 - 1] * 20, (0, 1))), 1), b"x", False),
+    ("huge empty shape", root(enc("a", d("U8", [2**64 - 1] * 20 + [0], (0, 0))), 1), b"", True),
+    ("unknown dtype", root(enc("a", d("F128")), 1), W16, False),
+    ("qfloat text dtype", root(enc("a", d("QFloat")), 1), W16, False),
+    ("lowercase dtype", root(enc("a", d("f32")), 1), W16, False),
+    ("bool stores", root(enc("n", d({"Bool": "Native"}, [3], (0, 3)), "u", d({"Bool": "U32"}, [1], (256, 260)),
+                              "e", d({"Bool": "U8"}, [0], (256, 256))), 3), b"abc" + bytes(253) + b"abcd", True),
+    ("bad bool store", root(enc("a", d({"Bool": "U16"}, [1], (0, 2))), 1), b"xy", False),
+    ("qfloat", root(enc("q") + b"\xa3" + enc("dtype") + b"\xa1\x66QFloat" + QFLOAT_SCHEME
+                    + enc("shape", [4], "data_offsets", [0, 8]), 1), bytes(8), True),
+    ("misaligned", root(enc("a", d(offsets=(8, 24))), 1), W16 + W16, False),
+    ("size mismatch", root(enc("a", d(offsets=(0, 12))), 1), W16, False),
+    ("end before start", root(enc("a", d("U8", [0], (256, 0))), 1), W16, False),
+    ("over the tensor limit", root(enc("a", d("U8", [11 * 1024**3], (0, 11 * 1024**3))), 1), W16, False),
+    ("truncated data", root(TWO, 2), TWO_DATA[:-1], False),
+    ("overlap", root(enc("a", d(), "b", d("U8", [8], (0, 8))), 2), W16, False),
+    ("zero-length tensors share a start", root(enc("z", d("U8", [0], (256, 256)), "a", d(), "y",
+                                                   d("F32", [0, 3], (0, 0)), "b", d("U8", [3], (256, 259))), 4),
+     TWO_DATA, True),
+    ("names out of data order", root(enc("b", d("U8", [3], (0, 3)), "a", d(offsets=(256, 272))), 2),
+     b"xyz" + bytes(253) + W16, True),
+    ("name with descriptor bytes", root(enc("x\xa3" + "\x65dtype", d()), 1), W16, True),
+    # UTF-8 text cannot hold a descriptor's bytes (a shape head is a continuation byte after ASCII) ...
+    ("name with descriptor-like text", root(enc("£edtypecF32eshape\x82\x02\x02ldata_offsets\x82\x00\x10", d()), 1),
+     W16, True),
+    # ... so a name that does is not UTF-8: the matcher stops early, the head disagrees, the decoder refuses it
+    ("name holding a descriptor", root(cbor.head(3, len(FAKE)) + FAKE + enc(d()), 1), W16, False),
+    ("name of 70000 bytes", root(enc(HUGE_NAME, d()), 1), W16, True),
+    ("invalid utf-8 name", root(b"\x62\xc3\x28" + enc(d()), 1), W16, False),
+    ("surrogate name", root(b"\x63\xed\xa0\x80" + enc(d()), 1), W16, False),
+    ("byte-string name", root(b"\x41a" + enc(d()), 1), W16, False),
+    ("int name", root(b"\x01" + enc(d()), 1), W16, False),
+    ("truncated descriptor", root(TWO, 2)[:-3], TWO_DATA, False),
+]
+
+
+@pytest.mark.parametrize(("case", "meta", "data", "valid"), BP_FALLBACKS, ids=[c[0] for c in BP_FALLBACKS])
+def test_burnpack_each_fallback_condition_agrees(case: str, meta: bytes, data: bytes, valid: bool) -> None:
+    res = bp_both(bp_pack(meta, data))
+    assert (res[0] == "ok") == valid, res
+
+
+def test_burnpack_fast_path_takes_burn_shapes_only() -> None:
+    fast = {"plain", "with param_id", "metadata and scalars", "metadata null", "tensors empty", "bool stores",
+            "tensors empty with metadata", "non-minimal ints", "non-minimal name head", "non-minimal count",
+            "23 dims", "huge empty shape", "zero-length tensors share a start", "names out of data order",
+            "name with descriptor bytes", "trailing bytes after root", "root head counts too few",
+            "tensors count too low", "name with descriptor-like text"}
+    for case, meta, data, valid in BP_FALLBACKS:
+        if valid:
+            assert bp_fast_taken(bp_pack(meta, data)) == (case in fast), case
+
+
+def test_burnpack_count_limit_agrees() -> None:
+    n = burnpack.MAX_TENSOR_COUNT + 1
+    entry = cbor.encode({"dtype": "U8", "shape": [0], "data_offsets": [0, 0]})
+    body = b"\xa1\x67tensors\xba" + n.to_bytes(4, "big") + b"".join(cbor.encode(f"t{i}") + entry for i in range(n))
+    res = bp_both(bp_pack(body))
+    assert res[0] == "error" and "100001 tensors" in res[2]
+
+
+BP_TOKENS = [b"\x00", b"\x17", b"\x18", b"\x19\x01", b"\x1b", b"\x60", b"\x61a", b"\x78", b"\x80", b"\x82",
+             b"\x97", b"\x98", b"\x9f", b"\xa0", b"\xa3", b"\xa4", b"\xb9", b"\xbf", b"\xc0", b"\xf6", b"\xff",
+             b"\x68param_id\x01", b"\x65dtype", b"\x63F32", b"\x62U8", b"\xa1\x64Bool\x62U8", b"\x65shape",
+             b"\x6cdata_offsets", b"\x19\x01\x00", b"\x61a\xa3\x65dtype\x62U8\x65shape\x80\x6cdata_offsets\x82\x00\x01"]
+
+
+def bp_mutate(rng: random.Random, meta: bytes) -> bytes:
+    out = bytearray(meta)
+    for _ in range(rng.randrange(1, 4)):
+        pos = rng.randrange(0, len(out) + 1)
+        op = rng.random()
+        if op < 0.3 and out:
+            del out[pos : pos + rng.randrange(1, 3)]
+        elif op < 0.6:
+            out[pos:pos] = rng.choice(BP_TOKENS)
+        elif out:
+            i = min(pos, len(out) - 1)
+            out[i] = rng.randrange(256) if rng.random() < 0.5 else out[i] ^ (1 << rng.randrange(8))
+    return bytes(out)
+
+
+def test_burnpack_random_mutations_agree() -> None:
+    rng = random.Random(99)
+    seeds = [to_bytes(random_burn_tensors(random.Random(s), 5), "burnpack",
+                      metadata={"m": "v"} if s % 2 else None,
+                      scalars={"x": Scalar("Bool", True)} if s % 3 == 0 else None) for s in range(8)]
+    outcomes = {"ok": 0, "error": 0, "fast": 0}
+    for i in range(3000):
+        meta, data = bp_split(seeds[i % len(seeds)])
+        file = bp_pack(bp_mutate(rng, meta), data)
+        kind = bp_both(file)[0]
+        outcomes[kind] += 1
+        outcomes["fast"] += kind == "ok" and bp_fast_taken(file)
+    assert outcomes["error"] > 1000 and outcomes["ok"] > 50 and outcomes["fast"] > 20, outcomes
+
+
+def test_burnpack_tensor_size_limit_even_where_the_file_could_hold_it() -> None:
+    n = burnpack.MAX_TENSOR_SIZE + 256
+    file = bp_pack(root(enc("a", d("U8", [n], (0, n))), 1))
+
+    class Huge(MemorySource):
+        def __init__(self) -> None:
+            super().__init__(file)
+            self.size = len(file) + n
+
+    fast = outcome(lambda: BurnpackReader(Huge()))
+    assert fast == outcome(lambda: SlowBurnpack(Huge()))
+    assert fast[0] == "error" and "tensor limit" in fast[2]

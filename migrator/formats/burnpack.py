@@ -152,13 +152,9 @@ def _describe(key: bytes) -> tuple[bool, DType, tuple[int, ...], int]:
     if len(dims) != head or sum(map(len, dims)) != len(m[3]) - 1:
         raise _Unusual  # the array head declares another count: the generic decoder reads it otherwise
     shape = tuple(_uints(dims))
-    if 0 not in shape:
-        numel = 1
-        for x in shape:  # at most 23 dimensions of 64 bits: bounded, but keep `_descriptor`'s rule
-            numel *= x
-            if numel > MAX_TENSOR_SIZE * 8:
-                raise _Unusual
     dt = _TEXT_DTYPES[m[2]]
+    # at most 23 dimensions of 64 bits: the product is cheap; every dtype here takes >= 1 byte per
+    # element, so this also refuses what `_descriptor`'s element-count bound refuses
     nbytes = dt.nbytes(shape)
     if nbytes is None or nbytes > MAX_TENSOR_SIZE:
         raise _Unusual
