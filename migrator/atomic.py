@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 from .errors import OutputError, SameFileError, TargetExistsError
 
+WRITE_BUFFER = 1 << 20
 SCRATCH_RE = re.compile(r"^(?P<target>.+)\.migrator-(?P<pid>\d+)-(?P<n>\d+)\.tmp$")
 _counter = itertools.count()
 
@@ -89,7 +90,7 @@ def atomic_output(
     expected_size: int | None = None,
     fsync: bool = True,
 ) -> Iterator[BinaryIO]:
-    """Yield an unbuffered binary file to write the whole output into; publish it on success.
+    """Yield a binary file (buffered; `.raw` is the file) to write the whole output into; publish it on success.
 
     `expected_size`, when known, is reserved up front (a full disk fails before any data is
     written) and checked at the end.
@@ -107,7 +108,11 @@ def atomic_output(
         with (ScratchFile if fsync else UnsyncedScratchFile)(fd, "wb") as f:
             if expected_size:
                 _reserve(fd, expected_size, target)
-            yield f
+            # Small pieces (headers, padding, small tensors) gather in one buffer: a 100k-tensor model
+            # would otherwise cost several syscalls per tensor. Large writes pass straight through.
+            sink = io.BufferedWriter(f, buffer_size=WRITE_BUFFER)
+            yield sink
+            sink.flush()
             written = f.tell()
             if expected_size is not None and written != expected_size:
                 raise OutputError(f"wrote {written} bytes, planned {expected_size}", file=str(target))

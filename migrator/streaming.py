@@ -12,6 +12,7 @@ from .tensor import LazyTensor
 
 CHUNK = 8 << 20  # 8 MiB, like Burn's windowed writes
 WRITEBACK_STEP = 32 << 20  # start writing back every 32 MiB instead of leaving it all to the final fsync
+SMALL_READ = 256 << 10  # smaller spans are read and buffered: one syscall instead of a flush + a copy
 _ZEROS = bytes(4096)
 _kernel_copy_ok = hasattr(os, "copy_file_range")
 
@@ -28,10 +29,16 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor) -> None:
 
     In order of preference: a kernel copy of a verbatim file span, the tensor's own pieces (a
     streamed cast or transpose), or its whole `data()` view written in chunks and then dropped.
-    Writeback of the output is started as each 32 MiB step completes.
+    Writeback of the output is started as each 32 MiB step completes; small tensors skip that
+    bookkeeping (a position query is a syscall) and leave their few pages to the final fsync.
     """
-    start = _position(sink)
-    if tensor.nbytes and tensor.span is not None and _copy_in_kernel(sink, tensor, start):
+    span = tensor.span
+    small = tensor.nbytes <= SMALL_READ
+    if span is not None and small and tensor.nbytes:
+        _write_small_span(sink, tensor)
+        return
+    start = None if small else _position(sink)
+    if tensor.nbytes and span is not None and _copy_in_kernel(sink, tensor, start):
         return
     pos = start
     written = 0
@@ -58,6 +65,16 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor) -> None:
         data.release()
 
 
+def _write_small_span(sink: BinaryIO, tensor: LazyTensor) -> None:
+    span = tensor.span
+    assert span is not None
+    data = os.pread(span.fd, span.length, span.offset)
+    if len(data) != span.length:
+        raise TensorBytesSizeMismatchError(f"source ended after {len(data)} of {span.length} bytes",
+                                           file=tensor.origin, tensor=tensor.name)
+    write_all(sink, memoryview(data))
+
+
 def _position(sink: BinaryIO) -> int | None:
     try:
         sink.fileno()
@@ -75,7 +92,8 @@ def _start_writeback(sink: BinaryIO, start: int, end: int) -> None:
     """
     first = start - start % WRITEBACK_STEP
     last = end - end % WRITEBACK_STEP
-    if last > first and hasattr(os, "posix_fadvise") and getattr(sink, "start_writeback", True):
+    raw = getattr(sink, "raw", sink)
+    if last > first and hasattr(os, "posix_fadvise") and getattr(raw, "start_writeback", True):
         with contextlib.suppress(OSError):  # advice only
             os.posix_fadvise(sink.fileno(), first, last - first, os.POSIX_FADV_DONTNEED)
 
@@ -104,7 +122,8 @@ def _copy_in_kernel(sink: BinaryIO, tensor: LazyTensor, pos: int | None) -> bool
     done = 0
     while done < span.length:
         try:
-            n = os.copy_file_range(span.fd, out_fd, min(span.length - done, WRITEBACK_STEP), span.offset + done)
+            n = os.copy_file_range(span.fd, out_fd, min(span.length - done, WRITEBACK_STEP), span.offset + done,
+                                   pos + done)
         except OSError as e:
             if done == 0 and e.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
                                          errno.EBADF, errno.EPERM):
@@ -117,4 +136,5 @@ def _copy_in_kernel(sink: BinaryIO, tensor: LazyTensor, pos: int | None) -> bool
             )
         _start_writeback(sink, pos + done, pos + done + n)
         done += n
+    sink.seek(pos + done)  # explicit offsets leave the file position alone: a buffered sink must know it moved
     return True
