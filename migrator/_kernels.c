@@ -231,6 +231,80 @@ static void block_4(const uint32_t *src, uint32_t *dst, Py_ssize_t rows, Py_ssiz
 #define block_4 block_4_scalar
 #endif
 
+/* ---- fused transpose + f32 -> f16 --------------------------------------------------------------- */
+
+/* dst[j][i] = half(src[i][j]) over a block: a Linear weight cast to F16 is read once, converted in
+ * registers and written transposed, with no intermediate F16 copy of the whole tensor. */
+static void tcast_block_scalar(const uint32_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
+                               Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1)
+{
+    for (Py_ssize_t i = i0; i < i1; i++)
+        for (Py_ssize_t j = j0; j < j1; j++)
+            dst[j * rows + i] = f32_to_f16_bits(src[i * cols + j]);
+}
+
+#if HAVE_X86_F16C
+__attribute__((target("avx,f16c"))) static void tcast_block_f16c(const uint32_t *src, uint16_t *dst, Py_ssize_t rows,
+                                                                Py_ssize_t cols, Py_ssize_t i0, Py_ssize_t i1,
+                                                                Py_ssize_t j0, Py_ssize_t j1)
+{
+    Py_ssize_t i8 = i0 + (i1 - i0) / 8 * 8, j8 = j0 + (j1 - j0) / 8 * 8;
+    for (Py_ssize_t i = i0; i < i8; i += 8) {
+        for (Py_ssize_t j = j0; j < j8; j += 8) {
+            const uint32_t *s = src + i * cols + j;
+#define ROW(k) _mm256_cvtps_ph(_mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(s + (k) * cols))), \
+                               _MM_FROUND_TO_NEAREST_INT)
+            __m128i a0 = ROW(0), a1 = ROW(1), a2 = ROW(2), a3 = ROW(3);
+            __m128i a4 = ROW(4), a5 = ROW(5), a6 = ROW(6), a7 = ROW(7);
+#undef ROW
+            __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+            __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+            __m128i b4 = _mm_unpacklo_epi16(a4, a5), b5 = _mm_unpackhi_epi16(a4, a5);
+            __m128i b6 = _mm_unpacklo_epi16(a6, a7), b7 = _mm_unpackhi_epi16(a6, a7);
+            __m128i c0 = _mm_unpacklo_epi32(b0, b2), c1 = _mm_unpackhi_epi32(b0, b2);
+            __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);
+            __m128i c4 = _mm_unpacklo_epi32(b4, b6), c5 = _mm_unpackhi_epi32(b4, b6);
+            __m128i c6 = _mm_unpacklo_epi32(b5, b7), c7 = _mm_unpackhi_epi32(b5, b7);
+            uint16_t *d = dst + j * rows + i;
+            _mm_storeu_si128((__m128i *)(d + 0 * rows), _mm_unpacklo_epi64(c0, c4));
+            _mm_storeu_si128((__m128i *)(d + 1 * rows), _mm_unpackhi_epi64(c0, c4));
+            _mm_storeu_si128((__m128i *)(d + 2 * rows), _mm_unpacklo_epi64(c1, c5));
+            _mm_storeu_si128((__m128i *)(d + 3 * rows), _mm_unpackhi_epi64(c1, c5));
+            _mm_storeu_si128((__m128i *)(d + 4 * rows), _mm_unpacklo_epi64(c2, c6));
+            _mm_storeu_si128((__m128i *)(d + 5 * rows), _mm_unpackhi_epi64(c2, c6));
+            _mm_storeu_si128((__m128i *)(d + 6 * rows), _mm_unpacklo_epi64(c3, c7));
+            _mm_storeu_si128((__m128i *)(d + 7 * rows), _mm_unpackhi_epi64(c3, c7));
+        }
+    }
+    tcast_block_scalar(src, dst, rows, cols, i0, i8, j8, j1);
+    tcast_block_scalar(src, dst, rows, cols, i8, i1, j0, j1);
+}
+#endif
+
+static void transpose_f32_to_f16(const uint32_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssize_t cols,
+                                 Py_ssize_t first, Py_ssize_t width)
+{
+    int vector = 0;
+#if HAVE_X86_F16C
+    vector = allow_f16c && has_f16c();
+#endif
+    src += first;
+    for (Py_ssize_t i0 = 0; i0 < rows; i0 += TILE) {
+        Py_ssize_t i1 = i0 + TILE < rows ? i0 + TILE : rows;
+        for (Py_ssize_t j0 = 0; j0 < width; j0 += TILE) {
+            Py_ssize_t j1 = j0 + TILE < width ? j0 + TILE : width;
+#if HAVE_X86_F16C
+            if (vector) {
+                tcast_block_f16c(src, dst, rows, cols, i0, i1, j0, j1);
+                continue;
+            }
+#endif
+            (void)vector;
+            tcast_block_scalar(src, dst, rows, cols, i0, i1, j0, j1);
+        }
+    }
+}
+
 /* dst[j][i] = src[i][first + j] for j < width: a band of `width` source columns, `cols` wide rows */
 #define DEFINE_TRANSPOSE(NAME, T, BLOCK)                                                             \
     static void NAME(const T *src, T *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first,      \
@@ -312,36 +386,65 @@ static PyObject *py_f32_to_bf16(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_transpose(PyObject *self, PyObject *args)
+/* Parse (src, dst, rows, cols, first, width) and check that src holds [rows, cols] items of
+ * `in_item` bytes and dst [width, rows] items of `out_item` bytes. */
+static int get_band(PyObject *args, Py_ssize_t in_item, Py_ssize_t out_item, Py_buffer *in, Py_buffer *out,
+                    Py_ssize_t *rows, Py_ssize_t *cols, Py_ssize_t *first, Py_ssize_t *width)
 {
     PyObject *src, *dst;
-    Py_ssize_t rows, cols, itemsize, first, width;
-    Py_buffer in, out;
-    if (!PyArg_ParseTuple(args, "OOnnnnn", &src, &dst, &rows, &cols, &itemsize, &first, &width))
-        return NULL;
-    if (rows < 0 || cols < 0 || first < 0 || width < 0 || first > cols || width > cols - first ||
-        (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8)) {
-        PyErr_SetString(PyExc_ValueError, "bad transpose shape, band or item size");
-        return NULL;
+    if (!PyArg_ParseTuple(args, "OOnnnn", &src, &dst, rows, cols, first, width))
+        return -1;
+    if (*rows < 0 || *cols < 0 || *first < 0 || *width < 0 || *first > *cols || *width > *cols - *first) {
+        PyErr_SetString(PyExc_ValueError, "bad transpose shape or band");
+        return -1;
     }
-    if (PyObject_GetBuffer(src, &in, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(dst, &out, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&in);
-        return NULL;
+    if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(dst, out, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(in);
+        return -1;
     }
-    /* rows * cols * itemsize == in.len, checked by division so that nothing can overflow */
-    int fits = (rows == 0 || cols == 0) ? in.len == 0
-                                        : (in.len % itemsize == 0 && in.len / itemsize % cols == 0 &&
-                                           in.len / itemsize / cols == rows);
-    if (!fits || out.len / itemsize != rows * width || out.len % itemsize != 0) {
+    /* rows * cols * in_item == in->len, checked by division so that nothing can overflow */
+    int fits = (*rows == 0 || *cols == 0) ? in->len == 0
+                                          : (in->len % in_item == 0 && in->len / in_item % *cols == 0 &&
+                                             in->len / in_item / *cols == *rows);
+    if (!fits || out->len % out_item != 0 || out->len / out_item != *rows * *width) {
         PyErr_Format(PyExc_ValueError,
-                     "transpose of columns [%zd, %zd) of [%zd, %zd] x %zd bytes does not match buffers of %zd and %zd",
-                     first, first + width, rows, cols, itemsize, in.len, out.len);
-        PyBuffer_Release(&in);
-        PyBuffer_Release(&out);
+                     "transpose of columns [%zd, %zd) of [%zd, %zd] does not match buffers of %zd and %zd bytes",
+                     *first, *first + *width, *rows, *cols, in->len, out->len);
+        PyBuffer_Release(in);
+        PyBuffer_Release(out);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_transpose(PyObject *self, PyObject *args)
+{
+    Py_ssize_t rows, cols, first, width, itemsize;
+    Py_buffer in, out;
+    PyObject *rest;
+    /* the item size is the last argument; the rest are get_band's */
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (n != 7) {
+        PyErr_SetString(PyExc_TypeError, "transpose(src, dst, rows, cols, itemsize, first, width)");
         return NULL;
     }
+    itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(args, 4));
+    if (itemsize == -1 && PyErr_Occurred())
+        return NULL;
+    if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) {
+        PyErr_SetString(PyExc_ValueError, "bad transpose item size");
+        return NULL;
+    }
+    rest = Py_BuildValue("(OOOOOO)", PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1), PyTuple_GET_ITEM(args, 2),
+                         PyTuple_GET_ITEM(args, 3), PyTuple_GET_ITEM(args, 5), PyTuple_GET_ITEM(args, 6));
+    if (rest == NULL)
+        return NULL;
+    int bad = get_band(rest, itemsize, itemsize, &in, &out, &rows, &cols, &first, &width);
+    Py_DECREF(rest);
+    if (bad)
+        return NULL;
     Py_BEGIN_ALLOW_THREADS switch (itemsize)
     {
     case 1: transpose_1((const uint8_t *)in.buf, (uint8_t *)out.buf, rows, cols, first, width); break;
@@ -349,6 +452,18 @@ static PyObject *py_transpose(PyObject *self, PyObject *args)
     case 4: transpose_4((const uint32_t *)in.buf, (uint32_t *)out.buf, rows, cols, first, width); break;
     default: transpose_8((const uint64_t *)in.buf, (uint64_t *)out.buf, rows, cols, first, width); break;
     }
+    Py_END_ALLOW_THREADS PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_transpose_f32_to_f16(PyObject *self, PyObject *args)
+{
+    Py_ssize_t rows, cols, first, width;
+    Py_buffer in, out;
+    if (get_band(args, 4, 2, &in, &out, &rows, &cols, &first, &width) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS transpose_f32_to_f16((const uint32_t *)in.buf, (uint16_t *)out.buf, rows, cols, first, width);
     Py_END_ALLOW_THREADS PyBuffer_Release(&in);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
@@ -378,6 +493,9 @@ static PyMethodDef methods[] = {
     {"f32_to_bf16", py_f32_to_bf16, METH_VARARGS, "f32_to_bf16(src, dst, nan_bits): float32 -> bfloat16 bits"},
     {"transpose", py_transpose, METH_VARARGS, "transpose(src, dst, rows, cols, itemsize, first, width): columns [first, first+width) of a "
      "[rows, cols] matrix -> [width, rows]"},
+    {"transpose_f32_to_f16", py_transpose_f32_to_f16, METH_VARARGS,
+     "transpose_f32_to_f16(src, dst, rows, cols, first, width): columns [first, first+width) of a [rows, cols] "
+     "float32 matrix -> [width, rows] float16 bits (torch's rounding and NaN rules)"},
     {"has_f16c", py_has_f16c, METH_NOARGS, "whether the F16C instructions are used"},
     {"use_f16c", py_use_f16c, METH_O, "use_f16c(flag): allow the F16C loops (default) or force the portable ones"},
     {NULL, NULL, 0, NULL},

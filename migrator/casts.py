@@ -183,6 +183,10 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
         inner = transposed.base
         inner = LazyTensor(tensor.name, inner.dtype, inner.shape, inner.nbytes, inner.loader, inner.span,
                            tensor.param_id, tensor.origin, inner.chunks)
+        if kernels is not None and src.name in ("F32", "FLEX32") and to.name == "F16":
+            # the commonest case (a Linear weight saved as F16) in one pass: read, convert, transpose
+            return inner.derived(dtype=to, shape=tensor.shape, loader=_TransposedHalf(inner),
+                                 chunks=_TransposedHalfChunks(inner))
         return transpose2d(cast(inner, to))
     job = _Cast(tensor, src.name, to.name)
     return tensor.derived(dtype=to, shape=tensor.shape, loader=job, chunks=_CastChunks(job))
@@ -297,6 +301,13 @@ def transpose_bands(raw: memoryview | bytes | bytearray, rows: int, cols: int,
     return map(one, starts) if len(starts) == 1 else pipelined(one, starts)
 
 
+def _half_band(raw: memoryview, rows: int, cols: int, first: int, width: int) -> np.ndarray:
+    """Columns [first, first + width) of a `[rows, cols]` F32 matrix, transposed and cast to F16 bits."""
+    out = np.empty((width, rows), dtype=np.uint16)
+    kernels.transpose_f32_to_f16(raw, out, rows, cols, first, width)
+    return out
+
+
 def _matrix(raw: memoryview | bytes | bytearray, rows: int, cols: int, itemsize: int) -> np.ndarray:
     if itemsize in _UINT:
         return np.frombuffer(raw, dtype=_UINT[itemsize], count=rows * cols).reshape(rows, cols)
@@ -370,3 +381,33 @@ class _TransposedChunks(_Transposed):
         # A transpose reads its whole source; the source's map is dropped with the exhausted bands.
         for band in transpose_bands(base.data(), rows, cols, base.dtype.itemsize or 1):
             yield memoryview(band.reshape(-1).view(np.uint8))
+
+
+class _TransposedHalf:
+    """The loader of an F32 matrix transposed and cast to F16 by the compiled kernel in one pass."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: LazyTensor) -> None:
+        self.base = base
+
+    def __call__(self) -> memoryview:
+        rows, cols = self.base.shape
+        return memoryview(_half_band(self.base.data(), rows, cols, 0, cols).reshape(-1).view(np.uint8))
+
+
+class _TransposedHalfChunks(_TransposedHalf):
+    """Its streamed bands of about CHUNK_BYTES of output, computed on the worker threads."""
+
+    __slots__ = ()
+
+    def __call__(self) -> Iterator[memoryview]:  # type: ignore[override]
+        rows, cols = self.base.shape
+        raw = self.base.data()  # a map of the source tensor, dropped with the exhausted bands
+        band = max(8, CHUNK_BYTES // max(rows * 2, 1) // 8 * 8)
+        starts = range(0, cols, band)
+
+        def one(j: int) -> memoryview:
+            return memoryview(_half_band(raw, rows, cols, j, min(band, cols - j)).reshape(-1).view(np.uint8))
+
+        yield from (map(one, starts) if len(starts) == 1 else pipelined(one, starts))
