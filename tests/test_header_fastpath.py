@@ -649,3 +649,61 @@ def test_burnpack_tensor_size_limit_even_where_the_file_could_hold_it() -> None:
     fast = outcome(lambda: BurnpackReader(Huge()))
     assert fast == outcome(lambda: SlowBurnpack(Huge()))
     assert fast[0] == "error" and "tensor limit" in fast[2]
+
+
+# == writers: the per-distinct-value checks against the per-tensor ones ===========================
+
+
+def writer_outcome(make: Callable[[], Any]) -> tuple[Any, ...]:
+    try:
+        w = make()
+    except Exception as e:  # whatever either path raises, compared
+        return ("error", type(e), str(e), getattr(e, "tensor", None))
+    buf = io.BytesIO()
+    try:
+        w.write_to(buf)
+    except Exception as e:  # a tensor whose loader contradicts its declared length
+        return ("write error", w.total_size, type(e), str(e), buf.getvalue())
+    return ("ok", w.total_size, buf.getvalue())
+
+
+def bad_tensor_lists() -> list[list[LazyTensor]]:
+    ok = [LazyTensor(f"t{i}", dtypes.F32, (2,), 8, loader=lambda: bytes(8)) for i in range(5)]
+    lt = LazyTensor
+    return [
+        ok,
+        [],
+        [*ok, lt("t1", dtypes.U8, (1,), 1, loader=lambda: b"x")],  # duplicate
+        [*ok, lt("__metadata__", dtypes.U8, (1,), 1, loader=lambda: b"x")],
+        [*ok, lt("bad\ud800", dtypes.U8, (1,), 1, loader=lambda: b"x")],  # lone surrogate
+        [*ok, lt("q", dtypes.F32, (3,), 8, loader=lambda: bytes(8))],  # wrong length
+        [*ok, lt("f4", dtypes.F4, (3,), 2, loader=lambda: bytes(2))],  # partial byte
+        [*ok, lt("f4", dtypes.F4, (3,), 1, loader=lambda: bytes(1))],  # partial byte, length rounded down
+        [*ok, lt("fnuz", dtypes.F8_E4M3FNUZ, (1,), 1, loader=lambda: b"x")],  # no SafeTensors name
+        [*ok, lt("flex", dtypes.FLEX32, (1,), 4, loader=lambda: bytes(4)), lt("b", dtypes.BOOL_U8, (2,), 2,
+                                                                            loader=lambda: bytes(2))],
+        [*ok, lt("qf", dtypes.qfloat(b"\xa0"), (4,), 8, loader=lambda: bytes(8))],
+        [*ok, lt("big", dtypes.F64, (2**40, 2**40), 2**83, loader=lambda: b"")],
+        [lt("z", dtypes.F32, (2, 0), 0, loader=lambda: b""), *ok, lt("\x01é", dtypes.I8, (), 1, loader=lambda: b"x")],
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(bad_tensor_lists())))
+@pytest.mark.parametrize("order", ["library", "given"])
+def test_safetensors_writer_fast_checks_agree(case: int, order: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tensors = bad_tensor_lists()[case]
+    meta = {"format": "pt"} if case % 2 else None
+    fast = writer_outcome(lambda: SafetensorsWriter(tensors, metadata=meta, order=order))  # type: ignore[arg-type]
+    monkeypatch.setattr(SafetensorsWriter, "_fast_checks", lambda self: None)
+    slow = writer_outcome(lambda: SafetensorsWriter(tensors, metadata=meta, order=order))  # type: ignore[arg-type]
+    assert fast == slow
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_safetensors_writer_matches_the_library_on_generated_models(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    arrays = {f"m.{i}.{'é' if i % 7 == 0 else 'w'}": rng.standard_normal(tuple(rng.integers(0, 4, size=2)))
+              .astype(rng.choice(["float32", "float16", "int8", "bool", "uint64"])) for i in range(300)}
+    from migrator.tensor import from_numpy
+
+    assert st_bytes([from_numpy(k, v) for k, v in arrays.items()]) == st_save_numpy(arrays)

@@ -19,8 +19,8 @@ import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from itertools import islice, repeat
-from operator import add, eq, sub
+from itertools import accumulate, islice, repeat
+from operator import add, attrgetter, eq, itemgetter, sub
 from typing import Any, BinaryIO, ClassVar, Literal
 
 from .. import dtypes
@@ -512,16 +512,21 @@ class SafetensorsWriter(Writer):
             raise PlanError(f"SafeTensors cannot store scalars ({', '.join(sorted(self.scalars))}); "
                             "drop them or store them as tensors")
         self._check_metadata()
-        planned = self._check_tensors()
-        if order == "library":
-            planned.sort(key=lambda p: (-_RANK[p[1]], p[0].name))
-        self.plan: list[tuple[LazyTensor, str, int, int]] = []
-        offset = 0
-        for t, st_name in planned:
-            self.plan.append((t, st_name, offset, offset + t.nbytes))
-            offset += t.nbytes
-        self.data_size = offset
-        self.header = self._header()
+        tensors = self.tensors
+        with no_gc():
+            st_names = self._fast_checks()
+            if st_names is None:  # some tensor is wrong: the per-tensor checks find it and say what
+                st_names = [st for _, st in self._check_tensors()]
+            if order == "library":  # dtype rank descending, then name
+                keys = list(zip(map(_NEG_RANK.__getitem__, st_names), map(_NAME, tensors), strict=True))
+                by = sorted(range(len(tensors)), key=keys.__getitem__)
+                del keys
+                tensors, st_names = list(map(tensors.__getitem__, by)), list(map(st_names.__getitem__, by))
+            ends = list(accumulate(map(_NBYTES, tensors)))
+            starts = [0, *ends[:-1]] if ends else []
+            self.plan: list[tuple[LazyTensor, str, int, int]] = list(zip(tensors, st_names, starts, ends, strict=True))
+            self.data_size = ends[-1] if ends else 0
+            self.header = self._header()
         if len(self.header) > MAX_HEADER_SIZE:
             raise PlanError(f"the JSON header would take {len(self.header)} bytes; SafeTensors readers refuse "
                             f"more than {MAX_HEADER_SIZE}")
@@ -533,6 +538,37 @@ class SafetensorsWriter(Writer):
                                 f"{v!r}")
             if not _utf8_ok(k) or not _utf8_ok(v):
                 raise PlanError(f"metadata {k!r} is not encodable as UTF-8")
+
+    def _fast_checks(self) -> list[str] | None:
+        """Each tensor's SafeTensors dtype name when every tensor passes `_check_tensors`, checked per
+        distinct name set, dtype and shape rather than per tensor; None when any tensor fails."""
+        tensors = self.tensors
+        names = list(map(_NAME, tensors))
+        unique = set(names)
+        if len(unique) != len(names) or METADATA_KEY in unique or not set(map(type, names)) <= {str}:
+            return None
+        try:
+            "".join(names).encode("utf-8")  # a lone surrogate in any name
+        except UnicodeEncodeError:
+            return None
+        del unique
+        dts = list(map(_DTYPE, tensors))
+        by_id = dict(zip(map(id, dts), dts, strict=True))  # DType hashes every field: key on identity
+        try:
+            st_of = {i: safetensors_name(dt) for i, dt in by_id.items()}
+        except UnsupportedDTypeError:
+            return None
+        keys = list(zip(map(id, dts), map(_SHAPE, tensors), strict=True))
+        del dts
+        need: dict[tuple[int, tuple[int, ...]], int] = {}
+        for key in set(keys):
+            bits = _numel(key[1]) * dtypes.BY_SAFETENSORS[st_of[key[0]]].bits  # type: ignore[operator]
+            if bits % 8:
+                return None
+            need[key] = bits // 8
+        if list(map(need.__getitem__, keys)) != list(map(_NBYTES, tensors)):
+            return None
+        return list(map(st_of.__getitem__, map(itemgetter(0), keys)))
 
     def _check_tensors(self) -> list[tuple[LazyTensor, str]]:
         seen: set[str] = set()
@@ -558,17 +594,31 @@ class SafetensorsWriter(Writer):
         return planned
 
     def _header(self) -> bytes:
-        """The JSON exactly as the library (serde_json) writes it, padded with spaces to 8 bytes."""
-        parts: list[str] = []
+        """The JSON exactly as the library (serde_json) writes it, padded with spaces to 8 bytes.
+
+        Entries are formatted and encoded a batch at a time and joined once: the transient memory is
+        one batch of strings plus the encoded header, not a string per tensor plus two copies.
+        """
+        parts: list[bytes] = [b"{"]
         if self.metadata:
             meta = {k: self.metadata[k] for k in sorted(self.metadata)}
-            parts.append(f"{_json(METADATA_KEY)}:{_json(meta)}")
-        for t, st_name, start, end in self.plan:
-            shape = ",".join(str(d) for d in t.shape)
-            parts.append(f'{_json(t.name)}:{{"dtype":"{st_name}","shape":[{shape}],'
-                         f'"data_offsets":[{start},{end}]}}')
-        body = ("{" + ",".join(parts) + "}").encode("utf-8")
-        return body + b" " * (-len(body) % 8)
+            parts += (f"{_json(METADATA_KEY)}:{_json(meta)}".encode(), b",")
+        tensors, st_names, starts, ends = zip(*self.plan, strict=True) if self.plan else ((),) * 4
+        shapes = list(map(_SHAPE, tensors))
+        shape_json = {shape: "[" + ",".join(map(str, shape)) + "]" for shape in set(shapes)}
+        entries = map('%s:{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'.__mod__,
+                      zip(map(_JSON_STR, map(_NAME, tensors)), st_names, map(shape_json.__getitem__, shapes), starts,
+                          ends, strict=True))
+        del tensors, shapes
+        while batch := ",".join(islice(entries, 8192)):
+            parts += (batch.encode("utf-8"), b",")
+        if len(parts) > 1:
+            parts[-1] = b"}"  # in place of the last separator
+        else:
+            parts.append(b"}")
+        size = sum(map(len, parts))
+        parts.append(b" " * (-size % 8))
+        return b"".join(parts)
 
     @property
     def total_size(self) -> int:
@@ -578,6 +628,12 @@ class SafetensorsWriter(Writer):
         write_all(sink, memoryview(struct.pack("<Q", len(self.header)) + self.header))
         for t, _, _, _ in self.plan:
             write_tensor(sink, t)
+
+
+_NAME, _DTYPE, _SHAPE, _NBYTES = (attrgetter(f) for f in ("name", "dtype", "shape", "nbytes"))
+_NEG_RANK = {name: -rank for name, rank in _RANK.items()}
+# json.dumps(s, ensure_ascii=False) for a str (what JSONEncoder.encode calls), without an encoder per call
+_JSON_STR = json.encoder.encode_basestring
 
 
 def _json(value: object) -> str:
