@@ -8,11 +8,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from .errors import MigratorError
 from .formats import save_planned
-from .plan import Plan
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 
 class MigrationError(MigratorError):
@@ -34,12 +36,12 @@ def run_plan(plan: Plan, *, progress: bool | None = None) -> RunResult:
     protect = [plan.source_path] + ([plan.template_path] if plan.template_path else [])
     show = sys.stderr.isatty() if progress is None else progress
     written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=protect,
-                           progress=_progress_bar if show else None, fsync=plan.fsync)
+                           progress=progress_bar if show else None, fsync=plan.fsync)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
 
 
 @contextlib.contextmanager
-def _progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
+def progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
     """Poll the output's file offset from a thread: works for in-kernel copies too, costs nothing."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 

@@ -1,0 +1,112 @@
+"""A plain `convert` (nothing renamed, filtered, adapted or cast) skips the recipe machinery; it must
+write exactly what the recipe path writes, report the same, and fail the same way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from migrator import convert as convert_module
+from migrator import from_numpy, save
+from migrator.errors import MigratorError
+from migrator.scalars import Scalar
+
+torch = pytest.importorskip("torch")
+
+
+def _recipe_path(src: Path, dst: Path, **options: Any) -> convert_module.ConvertResult:
+    """The general path, whatever the options."""
+    from migrator.execute import run_plan
+    from migrator.plan import build_plan
+
+    recipe = convert_module.build_recipe(src, dst, **options)
+    with build_plan(recipe, Path.cwd()) as plan:
+        return convert_module._result(plan, run_plan(plan, progress=False).target)
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> dict[str, Path]:
+    tensors = [from_numpy("enc.0.weight", np.arange(12, dtype=np.float32).reshape(3, 4), param_id=3),
+               from_numpy("enc.0.bias", np.ones(3, ml_dtypes.bfloat16)),
+               from_numpy("steps", np.array([1, 2], np.int64)),
+               from_numpy("mask", np.array([True, False, True]))]
+    out = {"bpk": tmp_path / "src.bpk", "safetensors": tmp_path / "src.safetensors", "pt": tmp_path / "src.pt"}
+    save(tensors, out["bpk"], metadata={"producer": "burn", "format": "burnpack", "note": "x"},
+         scalars={"epoch": Scalar("UInt", 7), "lr": Scalar("Float", 0.5)})
+    save(tensors, out["safetensors"], metadata={"format": "pt", "note": "y"})
+    torch.save({"enc.0.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+                "enc.0.bias": torch.ones(3, dtype=torch.bfloat16), "steps": torch.tensor([1, 2]),
+                "mask": torch.tensor([True, False, True]), "epoch": 3}, out["pt"])
+    return out
+
+
+OPTION_SETS: list[dict[str, Any]] = [
+    {},
+    {"clear_metadata": True},
+    {"metadata": {"k": "v", "format": "mine"}},
+    {"fsync": False, "overwrite": True},
+    {"remaps": [], "includes": [], "adapters": [], "dtype": None, "contiguous_indices": False},  # all unset
+]
+
+
+@pytest.mark.parametrize("options", OPTION_SETS)
+@pytest.mark.parametrize("target", ["bpk", "safetensors", "pt"])
+@pytest.mark.parametrize("source", ["bpk", "safetensors", "pt"])
+def test_plain_copy_writes_and_reports_what_the_recipe_path_does(
+        sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, target: str,
+        options: dict[str, Any]) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[str] = []
+    real = convert_module._plain_copy
+
+    def spy(*args: Any, **kwargs: Any) -> convert_module.ConvertResult:
+        calls.append("plain")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(convert_module, "_plain_copy", spy)
+    plain = convert_module.convert(sources[source], f"plain.{target}", progress=False, **options)
+    general = _recipe_path(sources[source], tmp_path / f"general.{target}", **options)
+    assert calls == ["plain"]
+    assert Path(plain.target).read_bytes() == Path(general.target).read_bytes()
+    mine, theirs = dict(vars(plain)), dict(vars(general))
+    assert Path(mine.pop("target")).name == "plain." + target
+    assert Path(theirs.pop("target")).name == "general." + target
+    assert mine == theirs
+
+
+def test_options_that_need_a_recipe_take_the_recipe_path(sources: dict[str, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(convert_module, "_plain_copy", lambda *a, **k: pytest.fail("plain path taken"))
+    result = convert_module.convert(sources["safetensors"], tmp_path / "o.bpk", progress=False,
+                                    remaps=["^enc=encoder"])
+    assert result.tensors == 4
+
+
+def test_plain_copy_fails_like_the_recipe_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "f8.safetensors"
+    save([from_numpy("scale", np.zeros(4, ml_dtypes.float8_e5m2))], src)
+    errors = []
+    for run in (lambda: convert_module.convert(src, "a.bpk", progress=False),
+                lambda: _recipe_path(src, Path("b.bpk"))):
+        with pytest.raises(MigratorError) as e:
+            run()
+        errors.append((type(e.value), e.value.detail.replace("b.bpk", "a.bpk")))
+    assert errors[0] == errors[1] and "'scale'" in errors[0][1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f8.safetensors"]
+
+
+def test_plain_convert_imports_no_pydantic(sources: dict[str, Path], tmp_path: Path) -> None:
+    """The point of the plain path: a copy starts in a fraction of the recipe path's time."""
+    code = ("import sys\nfrom migrator.cli import main\nrc = main(sys.argv[1:])\n"
+            "assert rc == 0, rc\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('pydantic', 'yaml', 'rich', 'numpy')))")
+    out = subprocess.run([sys.executable, "-c", code, "convert", "--no-progress", str(sources["safetensors"]),
+                          str(tmp_path / "o.bpk")], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
