@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__)
 #include <immintrin.h>
 #define HAVE_X86_F16C 1
 #else
@@ -164,6 +164,28 @@ DEFINE_SCALAR_BLOCK(block_8, uint64_t)
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
+/* Rows a0..a7 of eight 16-bit items each -> stored as the 8x8 transpose at d, one row every `stride` items. */
+static inline void store_8x8_u16(__m128i a0, __m128i a1, __m128i a2, __m128i a3, __m128i a4, __m128i a5,
+                                 __m128i a6, __m128i a7, uint16_t *d, Py_ssize_t stride)
+{
+    __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+    __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+    __m128i b4 = _mm_unpacklo_epi16(a4, a5), b5 = _mm_unpackhi_epi16(a4, a5);
+    __m128i b6 = _mm_unpacklo_epi16(a6, a7), b7 = _mm_unpackhi_epi16(a6, a7);
+    __m128i c0 = _mm_unpacklo_epi32(b0, b2), c1 = _mm_unpackhi_epi32(b0, b2);
+    __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);
+    __m128i c4 = _mm_unpacklo_epi32(b4, b6), c5 = _mm_unpackhi_epi32(b4, b6);
+    __m128i c6 = _mm_unpacklo_epi32(b5, b7), c7 = _mm_unpackhi_epi32(b5, b7);
+    _mm_storeu_si128((__m128i *)(d + 0 * stride), _mm_unpacklo_epi64(c0, c4));
+    _mm_storeu_si128((__m128i *)(d + 1 * stride), _mm_unpackhi_epi64(c0, c4));
+    _mm_storeu_si128((__m128i *)(d + 2 * stride), _mm_unpacklo_epi64(c1, c5));
+    _mm_storeu_si128((__m128i *)(d + 3 * stride), _mm_unpackhi_epi64(c1, c5));
+    _mm_storeu_si128((__m128i *)(d + 4 * stride), _mm_unpacklo_epi64(c2, c6));
+    _mm_storeu_si128((__m128i *)(d + 5 * stride), _mm_unpackhi_epi64(c2, c6));
+    _mm_storeu_si128((__m128i *)(d + 6 * stride), _mm_unpacklo_epi64(c3, c7));
+    _mm_storeu_si128((__m128i *)(d + 7 * stride), _mm_unpackhi_epi64(c3, c7));
+}
+
 static void block_2(const uint16_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
                     Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1)
 {
@@ -179,23 +201,7 @@ static void block_2(const uint16_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssiz
             __m128i a5 = _mm_loadu_si128((const __m128i *)(s + 5 * cols));
             __m128i a6 = _mm_loadu_si128((const __m128i *)(s + 6 * cols));
             __m128i a7 = _mm_loadu_si128((const __m128i *)(s + 7 * cols));
-            __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
-            __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
-            __m128i b4 = _mm_unpacklo_epi16(a4, a5), b5 = _mm_unpackhi_epi16(a4, a5);
-            __m128i b6 = _mm_unpacklo_epi16(a6, a7), b7 = _mm_unpackhi_epi16(a6, a7);
-            __m128i c0 = _mm_unpacklo_epi32(b0, b2), c1 = _mm_unpackhi_epi32(b0, b2);
-            __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);
-            __m128i c4 = _mm_unpacklo_epi32(b4, b6), c5 = _mm_unpackhi_epi32(b4, b6);
-            __m128i c6 = _mm_unpacklo_epi32(b5, b7), c7 = _mm_unpackhi_epi32(b5, b7);
-            uint16_t *d = dst + j * rows + i;
-            _mm_storeu_si128((__m128i *)(d + 0 * rows), _mm_unpacklo_epi64(c0, c4));
-            _mm_storeu_si128((__m128i *)(d + 1 * rows), _mm_unpackhi_epi64(c0, c4));
-            _mm_storeu_si128((__m128i *)(d + 2 * rows), _mm_unpacklo_epi64(c1, c5));
-            _mm_storeu_si128((__m128i *)(d + 3 * rows), _mm_unpackhi_epi64(c1, c5));
-            _mm_storeu_si128((__m128i *)(d + 4 * rows), _mm_unpacklo_epi64(c2, c6));
-            _mm_storeu_si128((__m128i *)(d + 5 * rows), _mm_unpackhi_epi64(c2, c6));
-            _mm_storeu_si128((__m128i *)(d + 6 * rows), _mm_unpacklo_epi64(c3, c7));
-            _mm_storeu_si128((__m128i *)(d + 7 * rows), _mm_unpackhi_epi64(c3, c7));
+            store_8x8_u16(a0, a1, a2, a3, a4, a5, a6, a7, dst + j * rows + i, rows);
         }
     }
     /* the ragged right and bottom edges */
@@ -257,23 +263,7 @@ __attribute__((target("avx,f16c"))) static void tcast_block_f16c(const uint32_t 
             __m128i a0 = ROW(0), a1 = ROW(1), a2 = ROW(2), a3 = ROW(3);
             __m128i a4 = ROW(4), a5 = ROW(5), a6 = ROW(6), a7 = ROW(7);
 #undef ROW
-            __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
-            __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
-            __m128i b4 = _mm_unpacklo_epi16(a4, a5), b5 = _mm_unpackhi_epi16(a4, a5);
-            __m128i b6 = _mm_unpacklo_epi16(a6, a7), b7 = _mm_unpackhi_epi16(a6, a7);
-            __m128i c0 = _mm_unpacklo_epi32(b0, b2), c1 = _mm_unpackhi_epi32(b0, b2);
-            __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);
-            __m128i c4 = _mm_unpacklo_epi32(b4, b6), c5 = _mm_unpackhi_epi32(b4, b6);
-            __m128i c6 = _mm_unpacklo_epi32(b5, b7), c7 = _mm_unpackhi_epi32(b5, b7);
-            uint16_t *d = dst + j * rows + i;
-            _mm_storeu_si128((__m128i *)(d + 0 * rows), _mm_unpacklo_epi64(c0, c4));
-            _mm_storeu_si128((__m128i *)(d + 1 * rows), _mm_unpackhi_epi64(c0, c4));
-            _mm_storeu_si128((__m128i *)(d + 2 * rows), _mm_unpacklo_epi64(c1, c5));
-            _mm_storeu_si128((__m128i *)(d + 3 * rows), _mm_unpackhi_epi64(c1, c5));
-            _mm_storeu_si128((__m128i *)(d + 4 * rows), _mm_unpacklo_epi64(c2, c6));
-            _mm_storeu_si128((__m128i *)(d + 5 * rows), _mm_unpackhi_epi64(c2, c6));
-            _mm_storeu_si128((__m128i *)(d + 6 * rows), _mm_unpacklo_epi64(c3, c7));
-            _mm_storeu_si128((__m128i *)(d + 7 * rows), _mm_unpackhi_epi64(c3, c7));
+            store_8x8_u16(a0, a1, a2, a3, a4, a5, a6, a7, dst + j * rows + i, rows);
         }
     }
     tcast_block_scalar(src, dst, rows, cols, i0, i8, j8, j1);
