@@ -707,3 +707,58 @@ def test_safetensors_writer_matches_the_library_on_generated_models(seed: int) -
     from migrator.tensor import from_numpy
 
     assert st_bytes([from_numpy(k, v) for k, v in arrays.items()]) == st_save_numpy(arrays)
+
+
+def burn_reference_cbor(w: burnpack.BurnpackWriter) -> bytes:
+    """The writer's CBOR built the plain way: a dict tree through the generic encoder."""
+    descs = {}
+    for t, start in sorted(zip(w.tensors, w._starts, strict=True), key=lambda p: p[0].name.encode()):
+        desc = {"dtype": burnpack._dtype_to_cbor(t.dtype), "shape": list(t.shape),
+                "data_offsets": [start, start + t.nbytes]}
+        if t.param_id is not None:
+            desc["param_id"] = t.param_id
+        descs[t.name] = desc
+    root = {"tensors": descs}
+    if w.metadata:
+        root["metadata"] = {k: w.metadata[k] for k in sorted(w.metadata)}
+    if w.scalars:
+        root["scalars"] = {k: {v.kind: v.value} for k, v in sorted(w.scalars.items())}
+    return cbor.encode(root)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_burnpack_writer_cbor_equals_the_plain_encoding(seed: int) -> None:
+    rng = random.Random(seed)
+    tensors = random_burn_tensors(rng, rng.randrange(0, 300))
+    if seed % 2:
+        tensors.append(LazyTensor("qf", dtypes.qfloat(QFLOAT_SCHEME), (4,), 13, loader=lambda: bytes(13)))
+    w = burnpack.BurnpackWriter(tensors, metadata={"b": "1", "a": "é"} if seed % 3 else None,
+                                scalars={"lr": Scalar("Float", 1e-3)} if seed % 4 == 0 else None)
+    assert w._cbor == burn_reference_cbor(w)
+    monkey = burnpack.BurnpackWriter._fast_offsets
+    try:
+        burnpack.BurnpackWriter._fast_offsets = lambda self: None  # type: ignore[method-assign]
+        assert burnpack.BurnpackWriter(tensors, metadata=w.metadata, scalars=w.scalars)._starts == w._starts
+    finally:
+        burnpack.BurnpackWriter._fast_offsets = monkey  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("case", range(len(bad_tensor_lists())))
+def test_burnpack_writer_fast_checks_agree(case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    tensors = bad_tensor_lists()[case]
+    if case == 1:
+        tensors = [LazyTensor(f"p{i}", dtypes.U8, (1,), 1, loader=lambda: b"x", param_id=i) for i in range(3)]
+    extra = [LazyTensor("huge", dtypes.U8, (burnpack.MAX_TENSOR_SIZE + 1,), burnpack.MAX_TENSOR_SIZE + 1,
+                        loader=lambda: b"")] if case == 2 else []
+    fast = writer_outcome(lambda: burnpack.BurnpackWriter(tensors + extra))
+    monkeypatch.setattr(burnpack.BurnpackWriter, "_fast_offsets", lambda self: None)
+    assert fast == writer_outcome(lambda: burnpack.BurnpackWriter(tensors + extra))
+
+
+def test_burnpack_writer_names_the_tensor_that_cannot_be_utf8() -> None:
+    from migrator.errors import PlanError
+
+    ok = [LazyTensor(f"t{i}", dtypes.U8, (1,), 1, loader=lambda: b"x") for i in range(3)]
+    with pytest.raises(PlanError, match="not valid Unicode text") as info:
+        burnpack.BurnpackWriter([*ok, LazyTensor("b\udc80d", dtypes.U8, (1,), 1, loader=lambda: b"x")])
+    assert info.value.tensor == "b\udc80d"  # type: ignore[attr-defined]

@@ -58,6 +58,24 @@ def _head(major: int, n: int) -> bytes:
     raise CborError(f"integer {n} does not fit in 64 bits")
 
 
+_PACK_U8, _PACK_U16, _PACK_U32, _PACK_U64 = (struct.Struct(f">B{c}").pack for c in "BHIQ")
+
+
+def encode_uint(n: int) -> bytes:
+    """The shortest encoding of an unsigned integer below 2**64 (`encode(n)`, in one call)."""
+    if n < 24:
+        return _SMALL_HEADS[0][n]
+    if n < 1 << 8:
+        return _PACK_U8(0x18, n)
+    if n < 1 << 16:
+        return _PACK_U16(0x19, n)
+    if n < 1 << 32:
+        return _PACK_U32(0x1A, n)
+    if n < 1 << 64:
+        return _PACK_U64(0x1B, n)
+    raise CborError(f"integer {n} does not fit in 64 bits")
+
+
 def encode_float(x: float) -> bytes:
     """Shortest IEEE width that round-trips the exact f64 bit pattern (half, single, double)."""
     bits = struct.pack(">d", x)
