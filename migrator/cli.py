@@ -78,6 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A run makes a few objects per tensor that live until the end: with the default threshold
     # (700) the collector rescans them over and over, ~30% of a 100k-tensor conversion.
     gc.set_threshold(100_000, 50, 100)
+    # numpy starts an OpenBLAS thread pool at import whose threads spin between calls; migrator
+    # does no linear algebra, so one thread (none started) is enough. A user's setting wins.
+    import os
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
