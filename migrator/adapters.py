@@ -69,10 +69,6 @@ class Adapter(Protocol):
     def alternative_name(self, param: str, module: ModuleType) -> str | None: ...
 
 
-def _param(tensor: LazyTensor) -> str:
-    return tensor.name.rpartition(".")[2]
-
-
 def _with_param(tensor: LazyTensor, param: str) -> LazyTensor:
     path = module_path(tensor.name)
     return tensor.renamed(f"{path}.{param}" if path else param)
@@ -80,6 +76,29 @@ def _with_param(tensor: LazyTensor, param: str) -> LazyTensor:
 
 def _dims(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+_OPS_TEXTS: dict[tuple[object, ...], tuple[str, ...]] = {}
+"""Ops texts by what they say: models repeat a few shapes thousands of times, so format each once."""
+_OPS_TEXTS_MAX = 4096
+
+
+def _transpose_ops(before: tuple[int, ...], after: tuple[int, ...]) -> tuple[str, ...]:
+    key = ("transpose", before, after)
+    text = _OPS_TEXTS.get(key)
+    if text is None:
+        text = (f"transpose {_dims(before)} -> {_dims(after)}",)
+        if len(_OPS_TEXTS) < _OPS_TEXTS_MAX:  # bounded: a long-lived process may see many shapes
+            _OPS_TEXTS[key] = text
+    return text
+
+
+def _rename_ops(param: str, new: str) -> tuple[str, ...]:
+    key = ("rename", param, new)
+    text = _OPS_TEXTS.get(key)
+    if text is None:
+        text = _OPS_TEXTS[key] = (f"rename {param} -> {new}",)
+    return text
 
 
 def _declare_hint(tensor: LazyTensor, type_name: str, others: str) -> str:
@@ -112,13 +131,12 @@ class _LayoutAdapter:
     source_side: str
 
     def adapt(self, tensor: LazyTensor, module: ModuleType) -> Adapted:
-        param = _param(tensor)
-        rank = len(tensor.shape)
+        param = tensor.name.rpartition(".")[2]
         qualified = module.qualified
         if qualified is None:
-            self._check_unneeded(tensor, module, param, rank)
+            self._check_unneeded(tensor, module, param, len(tensor.shape))
             return Adapted(tensor)
-        if qualified == LINEAR and param == "weight" and rank == 2:
+        if qualified == LINEAR and param == "weight" and len(tensor.shape) == 2:
             if module.weight_layout is not None and module.weight_layout != self.expected_layout:
                 have = "[in, out] (Burn's layout)" if module.weight_layout == "in_out" else "[out, in] (PyTorch's)"
                 raise AdapterError(
@@ -128,10 +146,10 @@ class _LayoutAdapter:
                     f"{_declare_hint(tensor, 'Conv1D', 'any type name but Linear keeps the weight as it is')}",
                     tensor=tensor.name)
             out = transpose2d(tensor)
-            return Adapted(out, (f"transpose {_dims(tensor.shape)} -> {_dims(out.shape)}",))
+            return Adapted(out, _transpose_ops(tensor.shape, out.shape))
         if qualified in NORM_MODULES and param in self.renames:
             new = self.renames[param]
-            return Adapted(_with_param(tensor, new), (f"rename {param} -> {new}",))
+            return Adapted(_with_param(tensor, new), _rename_ops(param, new))
         return Adapted(tensor)
 
     def _check_unneeded(self, tensor: LazyTensor, module: ModuleType, param: str, rank: int) -> None:

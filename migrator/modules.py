@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import MigratorError
@@ -94,11 +94,17 @@ class ModuleType:
     reason: str
     weight_layout: WeightLayout | None = None  # a 2-D weight's layout as its bias shows it
     norm_excluded: bool = False  # the siblings rule out every norm type
+    # computed once: adapters ask for it for every tensor of a 100k-tensor plan
+    _qualified: str | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            object.__setattr__(self, "_qualified", qualify(self.name))
 
     @property
     def qualified(self) -> str | None:
         """``Struct:<name>`` (or the name as given when it has ':'), as Burn's container stack has it."""
-        return None if self.name is None else qualify(self.name)
+        return self._qualified
 
     def __str__(self) -> str:
         return f"{self.name or '?'} ({self.how}: {self.reason})"
@@ -268,10 +274,18 @@ class ModuleResolver:
                 except NamingError as e:
                     raise AdapterError(f"modules: {type_name}: invalid regex '{p}': {e}") from None
         self._params: dict[str, dict[str, tuple[int, ...]]] = {}
+        params = self._params
         for name, shape in tensors:
             path, _, param = name.rpartition(".")
-            self._params.setdefault(path, {})[param] = tuple(shape)
+            own = params.get(path)
+            if own is None:
+                own = params[path] = {}
+            own[param] = shape if type(shape) is tuple else tuple(shape)
         self._cache: dict[str, ModuleType] = {}
+        # Many modules look alike (every layer's `attn.c_attn`: same params, same shapes), and a
+        # type depends only on the declaration or the last path segment plus the params, so the
+        # work (and the ModuleType object) is shared per (declaration or name, params) signature.
+        self._by_signature: dict[tuple[object, ...], ModuleType] = {}
 
     def params(self, path: str) -> dict[str, tuple[int, ...]]:
         """The module's own tensors (last segment -> shape)."""
@@ -279,7 +293,10 @@ class ModuleResolver:
 
     def resolve(self, tensor_name: str) -> ModuleType:
         """The module type of `tensor_name`'s module; `AdapterError` if two declarations conflict."""
-        path = module_path(tensor_name)
+        path = tensor_name.rpartition(".")[0]
+        cached = self._cache.get(path)
+        if cached is not None:  # siblings (weight, bias) share their module's type
+            return cached
         try:
             return self.resolve_path(path)
         except AdapterError as e:
@@ -294,7 +311,8 @@ class ModuleResolver:
 
     def _resolve(self, path: str) -> ModuleType:
         params = self._params.get(path, {})
-        matches = [(t, p) for t, p, rx in self._declared if rx.search(path)]
+        matches = [(t, p) for t, p, rx in self._declared if rx.search(path)] if self._declared else None
+        signature: tuple[object, ...]
         if matches:
             first_type, first_pattern = matches[0]
             for t, p in matches[1:]:
@@ -302,6 +320,15 @@ class ModuleResolver:
                     raise AdapterError(
                         f"module path '{path}' is matched by two module types: modules: {first_type}: "
                         f"'{first_pattern}' and {t}: '{p}'; make the regexes exclusive")
-            return ModuleType(first_type, "declared", f"modules: {first_type}: '{first_pattern}'",
-                              _bias_layout(params), not _norm_possible(params))
-        return infer(path, params)
+            signature = (True, first_type, first_pattern, *params.items())
+            found = self._by_signature.get(signature)
+            if found is None:
+                found = self._by_signature[signature] = ModuleType(
+                    first_type, "declared", f"modules: {first_type}: '{first_pattern}'", _bias_layout(params),
+                    not _norm_possible(params))
+            return found
+        signature = (False, path.rpartition(".")[2], *params.items())  # infer reads only the last segment
+        found = self._by_signature.get(signature)
+        if found is None:
+            found = self._by_signature[signature] = infer(path, params)
+        return found

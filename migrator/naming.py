@@ -48,6 +48,7 @@ __all__ = [
     "RemapRule",
     "ReplacementSyntax",
     "compile_regex",
+    "contiguous_names",
     "find_collisions",
     "map_indices_contiguous",
     "parse_usize",
@@ -606,35 +607,65 @@ def map_indices_contiguous(names: Iterable[str]) -> list[tuple[str, str]]:
     is the *original* prefix before it, so renumbering one level never changes another's key.
     """
     originals = list(names)
+    return list(zip(contiguous_names(originals), originals, strict=True))
+
+
+def contiguous_names(names: list[str]) -> list[str]:
+    """The names of `map_indices_contiguous`, in input order; an unchanged name is the same object.
+
+    Why per prefix: the sibling tensors of a model share most of their path (``h.7.attn.c_attn`` is
+    the head of both ``.weight`` and ``.bias``), so each distinct path prefix is split, parsed and
+    renumbered once, not once per tensor and segment.
+    """
     seen: dict[str, set[int]] = {}
-    parsed: list[list[tuple[int, str, int]] | None] = []  # per name: (segment, key, value) of its indices
-    for name in originals:
-        if _MAY_HAVE_INDEX.search(name) is None:
-            parsed.append(None)
+    # prefix -> (parent prefix or None at the root, index value of its last segment or None)
+    nodes: dict[str, tuple[str | None, int | None]] = {}
+    may_have_index = _MAY_HAVE_INDEX.search
+    respelled = False
+    for name in names:
+        if may_have_index(name) is None:
             continue
-        segments = name.split(".")
-        entries: list[tuple[int, str, int]] = []
-        for i, segment in enumerate(segments):
-            if not segment or not (segment[0].isdigit() or segment[0] == "+"):
-                continue
-            value = parse_usize(segment)
-            if value is None:
-                continue
-            key = ".".join(segments[:i]) + "." if i else ""
-            seen.setdefault(key, set()).add(value)
-            entries.append((i, key, value))
-        parsed.append(entries or None)
+        path = name
+        while path not in nodes:
+            head, sep, last = path.rpartition(".")
+            value = parse_usize(last) if last and (last[0].isdigit() or last[0] == "+") else None
+            if value is not None:
+                seen.setdefault(head + "." if sep else "", set()).add(value)
+                respelled = respelled or last != str(value)  # '01', '+2': renumbering rewrites them
+            if not sep:
+                nodes[path] = (None, value)
+                break
+            nodes[path] = (head, value)
+            path = head
+    if not respelled and all(max(values) == len(values) - 1 for values in seen.values()):
+        return list(names)  # every key already numbers 0..n-1 (distinct values): nothing moves
     tables = {key: {v: new for new, v in enumerate(sorted(values))} for key, values in seen.items()}
-    result: list[tuple[str, str]] = []
-    for original, entries in zip(originals, parsed, strict=True):
-        if entries is None:
-            result.append((original, original))
-            continue
-        segments = original.split(".")
-        for i, key, value in entries:
-            segments[i] = str(tables[key][value])
-        result.append((".".join(segments), original))
-    return result
+    renamed: dict[str, str] = {}
+
+    def rename(path: str) -> str:
+        """`path` with its indices renumbered (memoised; iterative up to the first known ancestor)."""
+        chain: list[str] = []
+        while path not in renamed:
+            chain.append(path)
+            parent = nodes[path][0]
+            if parent is None:
+                break
+            path = parent
+        for p in reversed(chain):
+            parent, value = nodes[p]
+            if parent is None:
+                new = p if value is None else str(tables[""][value])
+                renamed[p] = p if new == p else new
+            else:
+                new_parent = renamed[parent]
+                if value is None:
+                    renamed[p] = p if new_parent is parent else f"{new_parent}.{p.rpartition('.')[2]}"
+                else:
+                    new = f"{new_parent}.{tables[parent + '.'][value]}"
+                    renamed[p] = p if new == p else new
+        return renamed[chain[0]] if chain else renamed[path]
+
+    return [rename(name) if name in nodes else name for name in names]
 
 
 def _is_variant_segment(segment: str) -> bool:

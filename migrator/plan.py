@@ -31,8 +31,8 @@ from .naming import (
     KeyRemapper,
     NamingError,
     RemapRule,
+    contiguous_names,
     find_collisions,
-    map_indices_contiguous,
     strip_enum_variant,
 )
 from .recipe import CastPolicy, Criterion, Recipe
@@ -185,29 +185,33 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     if contiguous is None:
         contiguous = is_pytorch
     if contiguous:
-        mapped = map_indices_contiguous(current)
-        for orig, before, (new, _) in zip(names, current, mapped, strict=True):
-            if new != before:
-                ops.setdefault(orig, []).append(f"index {before} -> {new}")
-        current = [new for new, _ in mapped]
-    collisions = find_collisions(zip(current, names, strict=True))
+        mapped = contiguous_names(current)
+        if mapped is not current:
+            for orig, before, new in zip(names, current, mapped, strict=True):
+                if new is not before and new != before:  # unchanged names come back as the same object
+                    ops.setdefault(orig, []).append(f"index {before} -> {new}")
+        current = mapped
+    # a set is enough to know there is no collision; find_collisions only names them
+    collisions = find_collisions(zip(current, names, strict=True)) if len(set(current)) != len(current) else None
     if collisions:
         lines = [f"'{new}' <- {', '.join(repr(o) for o in origs)}" for new, origs in sorted(collisions.items())]
         raise PlanError("several source tensors map to the same name after remap/indices: " + "; ".join(lines),
                         file=reader.label)
-    renamed = dict(zip(names, current, strict=True))
 
-    # 2. filter, on the renamed names
+    # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)
     include = _Matcher(recipe.filter.include) if recipe.filter.include is not None else None
     exclude = _Matcher(recipe.filter.exclude) if recipe.filter.exclude else None
-    kept: list[LazyTensor] = []
+    kept: list[LazyTensor] = tensors
+    kept_names: list[str] = current
     skipped: list[str] = []
-    for t in tensors:
-        new = renamed[t.name]
-        if (include is not None and not include(new)) or (exclude is not None and exclude(new)):
-            skipped.append(new)
-        else:
-            kept.append(t)
+    if include is not None or exclude is not None:
+        kept, kept_names = [], []
+        for t, new in zip(tensors, current, strict=True):
+            if (include is not None and not include(new)) or (exclude is not None and exclude(new)):
+                skipped.append(new)
+            else:
+                kept.append(t)
+                kept_names.append(new)
 
     # 3. adapters, with module types resolved from declarations and the source's own names
     errors: list[ReportError] = []
@@ -220,26 +224,33 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         from .modules import ModuleResolver
 
         adapter = build_adapter(recipe.adapters)
-        resolver = ModuleResolver(recipe.modules, [(renamed[t.name], t.shape) for t in tensors])
-    for t in kept:
-        new = renamed[t.name]
-        base = t if new == t.name else t.renamed(new)
-        if adapter is None or resolver is None:
-            adapted.append((t, base, tuple(ops.get(t.name, ())), None))
-            continue
-        try:
-            module = resolver.resolve(new)
-            result = adapter.adapt(base, module)
-        except MigratorError as e:
-            errors.append(ReportError.adapter_error(new, e.detail))
-            continue
-        adapted.append((t, result.tensor, (*ops.get(t.name, ()), *result.ops), module))
+        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)))
+    append = adapted.append
+    if adapter is None or resolver is None:
+        for t, new in zip(kept, kept_names, strict=True):
+            pre = ops.get(t.name) if ops else None
+            append((t, t if new is t.name or new == t.name else t.renamed(new), () if pre is None else tuple(pre),
+                    None))
+    else:
+        resolve, adapt = resolver.resolve, adapter.adapt
+        for t, new in zip(kept, kept_names, strict=True):
+            base = t if new is t.name or new == t.name else t.renamed(new)
+            try:
+                module = resolve(new)
+                result = adapt(base, module)
+            except MigratorError as e:
+                errors.append(ReportError.adapter_error(new, e.detail))
+                continue
+            pre = ops.get(t.name) if ops else None
+            append((t, result.tensor, result.ops if pre is None else (*pre, *result.ops), module))
     by_name: dict[str, tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]] = {}
-    for item in adapted:
-        name = item[1].name
-        if name in by_name:
-            fatal.append(f"adapters map '{by_name[name][0].name}' and '{item[0].name}' onto the same name '{name}'")
-        by_name[name] = item
+    if tpl_path is not None or len({item[1].name for item in adapted}) != len(adapted):
+        for item in adapted:  # a template looks sources up by name; otherwise only to name a clash
+            name = item[1].name
+            if name in by_name:
+                fatal.append(f"adapters map '{by_name[name][0].name}' and '{item[0].name}' onto the same name "
+                             f"'{name}'")
+            by_name[name] = item
 
     # 4. template slots, or the source order when there is no template
     cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastPolicy) else None
@@ -278,10 +289,12 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     else:
         if recipe.dtype == "template":
             fatal.append("dtype: template needs target.template")
+        append_entry, append_applied = entries.append, applied.append
         for src, result, t_ops, module in adapted:
             tensor, more = _apply_cast(result, cast_to)
-            entries.append(PlanEntry(result.name, src.name, tensor, src, t_ops + more if more else t_ops, module))
-            applied.append(result.name)
+            name = result.name
+            append_entry(PlanEntry(name, src.name, tensor, src, t_ops + more if more else t_ops, module))
+            append_applied(name)
 
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
                          errors=errors)
@@ -331,12 +344,22 @@ def _alternative(adapter: Any, resolver: Any, slot_name: str,
     return key if key in by_name else None
 
 
+_CAST_OPS: dict[tuple[DType, DType], tuple[str, ...]] = {}
+"""The ops text of each (from, to) cast, made once: a 100k-tensor plan would format it 100k times."""
+
+
 def _apply_cast(t: LazyTensor, to: DType | None) -> tuple[LazyTensor, tuple[str, ...]]:
-    if to is None or not t.dtype.is_float or t.dtype == to:
+    if to is None:
+        return t, ()
+    dtype = t.dtype
+    if not dtype.is_float or dtype == to:
         return t, ()
     from .casts import cast
 
-    return cast(t, to), (f"cast {t.dtype.display} -> {to.display}",)
+    text = _CAST_OPS.get((dtype, to))
+    if text is None:
+        text = _CAST_OPS[(dtype, to)] = (f"cast {dtype.display} -> {to.display}",)
+    return cast(t, to), text
 
 
 def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tuple[str, ...], module: Any,

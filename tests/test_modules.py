@@ -294,3 +294,43 @@ def test_resolution_is_per_module_and_cached() -> None:
     assert r.resolve("fc.weight") is r.resolve("fc.bias")
     assert r.params("fc") == {"weight": (3, 2), "bias": (3,)}
     assert r.resolve("unknown.weight").how == "unresolved"  # not among the tensors: no siblings
+
+
+# ---- the per-signature cache against resolving every module from scratch ------------------------------
+
+def _reference_type(declared: dict[str, list[str]], tensors: Shapes, name: str) -> ModuleType:
+    """One module resolved alone, with nothing shared: the first matching declaration, else `infer`."""
+    from migrator.modules import _bias_layout, _norm_possible, infer
+    from migrator.naming import compile_regex
+
+    path = module_path(name)
+    params = {n.rpartition(".")[2]: s for n, s in tensors if module_path(n) == path}
+    for type_name, patterns in declared.items():
+        for p in patterns:
+            if compile_regex(p).search(path):
+                return ModuleType(type_name, "declared", f"modules: {type_name}: '{p}'", _bias_layout(params),
+                                  not _norm_possible(params))
+    return infer(path, params)
+
+
+_PARAM_SETS: list[list[tuple[str, tuple[int, ...]]]] = [
+    [("weight", (4, 3)), ("bias", (4,))], [("bias", (4,)), ("weight", (4, 3))], [("weight", (4, 3)), ("bias", (3,))],
+    [("weight", (5,)), ("bias", (5,))], [("weight", (4, 4))], [("gamma", (4,)), ("beta", (4,))],
+    [("weight", (8, 3, 3, 3)), ("bias", (8,))],
+    [("weight", (6,)), ("bias", (6,)), ("running_mean", (6,)), ("running_var", (6,)), ("num_batches_tracked", ())],
+]
+
+
+@pytest.mark.parametrize("declared", [{}, {"Linear": [r"\.(fc|c_fc)$"], "LayerNorm": [r"ln_\d$"]}])
+def test_shared_signatures_resolve_like_each_module_alone(declared: dict[str, list[str]]) -> None:
+    names = ["fc", "c_fc", "ln_1", "ln_f", "wte", "norm", "bn1", "conv", "head", "blk"]
+    tensors: Shapes = []
+    for layer in range(3):
+        for i, name in enumerate(names):
+            for param, shape in _PARAM_SETS[(i + layer) % len(_PARAM_SETS)]:
+                tensors.append((f"h.{layer}.{name}.{param}", shape))
+    tensors += [("fc.weight", (4, 3)), ("fc.bias", (4,)), ("weight", (2, 2))]
+    resolver = ModuleResolver(declared, tensors)
+    for name, _ in tensors:
+        got, want = resolver.resolve(name), _reference_type(declared, tensors, name)
+        assert (got, got.qualified) == (want, want.qualified), name

@@ -14,6 +14,7 @@ from migrator.naming import (
     PathFilter,
     RemapRule,
     compile_regex,
+    contiguous_names,
     find_collisions,
     map_indices_contiguous,
     parse_usize,
@@ -566,3 +567,49 @@ def test_invalid_filter_regex_raises() -> None:
 
 def test_filter_regex_uses_rust_dollar() -> None:
     assert not PathFilter().with_regex(r"weight$").matches("fc.weight\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# map_indices_contiguous: the per-prefix implementation against a plain per-segment reference
+# ---------------------------------------------------------------------------------------------
+
+
+def _reference_contiguous(names: list[str]) -> list[str]:
+    """Spec §4.2 spelled out: collect every index value per original prefix, then renumber by rank."""
+    def indices(name: str) -> list[tuple[int, str, int]]:
+        segments = name.split(".")
+        found = []
+        for i, seg in enumerate(segments):
+            value = parse_usize(seg)
+            if value is not None:
+                found.append((i, ".".join(segments[:i]) + "." if i else "", value))
+        return found
+
+    values: dict[str, set[int]] = {}
+    for name in names:
+        for _, key, value in indices(name):
+            values.setdefault(key, set()).add(value)
+    out = []
+    for name in names:
+        segments = name.split(".")
+        for i, key, value in indices(name):
+            segments[i] = str(sorted(values[key]).index(value))
+        out.append(".".join(segments))
+    return out
+
+
+_SEGMENT = st.sampled_from(["0", "1", "2", "3", "7", "10", "01", "+2", "+", "", "a", "b", "w", "x1", "1x", "²",
+                            "99999999999999999999999", "18446744073709551615", "Conv"])
+
+
+@given(st.lists(st.lists(_SEGMENT, min_size=1, max_size=5).map(".".join), max_size=30))
+def test_contiguous_fast_path_matches_reference(names: list[str]) -> None:
+    assert [new for new, _ in map_indices_contiguous(names)] == _reference_contiguous(names)
+    assert contiguous_names(names) == _reference_contiguous(names)
+
+
+def test_contiguous_keeps_unchanged_names_and_handles_deep_gaps() -> None:
+    names = [f"h.{i}.blocks.{j}.w" for i in (0, 2, 5) for j in (1, 3)] + ["top", "h.2.x", "0", ".4.w"]
+    assert contiguous_names(names) == _reference_contiguous(names)
+    already = ["a.0.w", "a.1.w", "b"]
+    assert all(new is old for new, old in zip(contiguous_names(already), already, strict=True))
