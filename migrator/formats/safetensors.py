@@ -73,21 +73,18 @@ _UINT = rb"(?:0|[1-9][0-9]{0,18})"  # at most 19 digits: always below 2**64
 _DIMS = rb"(?:" + _UINT + rb"(?:," + _UINT + rb"){0,15})?"  # at most 16 dimensions: bounded products
 
 
-def _entry_pattern(capture: bool) -> bytes:
-    o, c = (b"(", b")") if capture else (b"", b"")
-    return (b'"' + o + _STR + c + rb'":\{"dtype":"' + o + rb'[A-Z0-9_]{1,16}","shape":\[' + _DIMS + c
-            + rb'\],"data_offsets":\[' + o + _UINT + c + b"," + o + _UINT + c + rb"\]\}")
-
-
-# Possessive repeats (Python 3.11+) match runs of entries in linear time and constant memory; a
-# plain repeat keeps ~100 bytes of backtracking state per item, so 3.10 parses smaller chunks.
+# One entry with its name, "dtype+shape" key, start, end and what follows it (a comma, or nothing at
+# the end of the chunk) captured: every byte of an entry is a captured group or one of _ENTRY_FIXED
+# literal bytes, so the entries found tile a chunk exactly when their lengths add up to it.
+_ENTRY = re.compile(b'"(' + _STR + rb')":\{"dtype":"([A-Z0-9_]{1,16}","shape":\[' + _DIMS
+                    + rb')\],"data_offsets":\[(' + _UINT + b"),(" + _UINT + rb")\]\}(,|\Z)")
+_SAMPLE = b'"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+_ENTRY_FIXED = len(_SAMPLE) - sum(map(len, _ENTRY.fullmatch(_SAMPLE).groups()))  # type: ignore[union-attr]
+_CHUNK = 1 << 20  # entries are parsed a chunk at a time (~10k tensors): bounded transient objects
+# Possessive repeats (Python 3.11+) match the metadata's pairs in constant memory; a plain repeat
+# keeps ~100 bytes of backtracking state per pair, so 3.10 looks for it in the first _CHUNK only.
 _POSSESSIVE = sys.version_info >= (3, 11)
 _MANY = b"*+" if _POSSESSIVE else b"*"
-_CHUNK = 1 << 20 if _POSSESSIVE else 1 << 16  # entries are parsed a chunk at a time (~10k tensors)
-# A run of entries separated by commas, and one entry with its name, "dtype+shape" key, start and
-# end captured.
-_ENTRIES = re.compile(rb"(?:" + _entry_pattern(False) + rb",)" + _MANY + _entry_pattern(False))
-_ENTRY = re.compile(_entry_pattern(True))
 _KEY = re.compile(rb'([A-Z0-9_]+)","shape":\[(.*)')
 _META = re.compile(rb'\{"__metadata__":\{((?:"' + _STR + rb'":"' + _STR + rb'"(?:,"' + _STR + rb'":"' + _STR
                    + rb'")' + _MANY + rb")?)\}")
@@ -189,9 +186,15 @@ def _fast_entries(raw: bytes, pos: int, end: int, data_start: int
     while pos < end:
         cut = raw.find(b'},"', pos + _CHUNK, end)
         stop = end if cut < 0 else cut + 1
-        if _ENTRIES.fullmatch(raw, pos, stop) is None:
+        found = _ENTRY.findall(raw, pos, stop)
+        if not found:
             raise _Unusual
-        name_b, key_b, start_b, end_b = zip(*_ENTRY.findall(raw, pos, stop), strict=True)
+        name_b, key_b, start_b, end_b, sep_b = zip(*found, strict=True)
+        del found
+        # the entries tile raw[pos:stop] (no byte skipped), each but the last followed by a comma
+        if (len(name_b) * _ENTRY_FIXED + sum(map(len, name_b)) + sum(map(len, key_b)) + sum(map(len, start_b))
+                + sum(map(len, end_b)) + sum(map(len, sep_b)) != stop - pos or sep_b[-1]):
+            raise _Unusual
         if start_b[0] != previous_end or start_b[1:] != end_b[:-1]:  # data order, contiguous
             raise _Unusual
         previous_end = end_b[-1]
