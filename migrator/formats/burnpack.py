@@ -244,37 +244,38 @@ class BurnpackReader(Reader):
                 return None
             names = list(map(bytes.decode, names_b))
             info = {key: _describe(key) for key in set(keys)}
+            info_values = list(info.values())
             del heads, names_b
             metadata, scalars = self._fast_rest(raw, pos, raw[0] - 0xA1)
         except (_Unusual, UnicodeDecodeError, cbor.CborError, FormatError):
             return None
         if len(set(names)) != count:  # a repeated name: the last one wins, as the generic path says
             return None
-        has_pid, dts, shapes, lengths = zip(*map(info.__getitem__, keys), strict=True) if count else ((),) * 4
+        described = list(map(info.__getitem__, keys))
         del keys, info
-        if list(has_pid) != list(map(is_not, pids_b, repeat(None))):
+        if [d[0] for d in described] != list(map(is_not, pids_b, repeat(None))):
             return None  # a map head that does not count the param_id field
         starts, ends = _uints(starts_b), _uints(ends_b)
         del starts_b, ends_b
-        if (list(map(sub, ends, starts)) != list(lengths) or any(map(and_, starts, repeat(ALIGNMENT - 1)))
+        if (list(map(sub, ends, starts)) != [d[3] for d in described]
+                or any(map(and_, starts, repeat(ALIGNMENT - 1)))
                 or (count and self.data_start + max(ends) > self.source.size)):
             return None
         # data order, as `_parse_root` sorts (by start, then end: zero-length tensors can share a start)
-        key = starts if len(set(starts)) == count else list(zip(starts, ends, strict=True))
-        order = sorted(range(count), key=key.__getitem__)
-        del key
-        starts = list(map(starts.__getitem__, order))
-        ends = list(map(ends.__getitem__, order))
+        if not all(map(lt, starts, islice(starts, 1, None))):  # not already in data order
+            key = starts if len(set(starts)) == count else list(zip(starts, ends, strict=True))
+            order = sorted(range(count), key=key.__getitem__)
+            del key
+            starts, ends, names, described, pids_b = ([*map(column.__getitem__, order)] for column in
+                                                      (starts, ends, names, described, pids_b))
         nonempty = list(map(ne, starts, ends))
         s_ne, e_ne = list(compress(starts, nonempty)), list(compress(ends, nonempty))
         if any(map(lt, islice(s_ne, 1, None), e_ne)):  # no two non-empty tensors overlap
             return None
         del ends, nonempty, s_ne, e_ne
-        pids = None if has_pid.count(True) == 0 else [None if b is None else _uints([b])[0]
-                                                      for b in map(pids_b.__getitem__, order)]
-        offsets = list(map(add, starts, repeat(self.data_start)))
-        names, dts, shapes, lengths = ([*map(column.__getitem__, order)] for column in (names, dts, shapes, lengths))
-        return metadata, scalars, (names, dts, shapes, offsets, lengths, pids)
+        pids = None if not any(d[0] for d in info_values) else [None if b is None else _uints([b])[0] for b in pids_b]
+        _, dts, shapes, lengths = zip(*described, strict=True) if count else ((),) * 4
+        return metadata, scalars, (names, dts, shapes, list(map(add, starts, repeat(self.data_start))), lengths, pids)
 
     def _fast_rest(self, raw: bytes, pos: int, fields: int) -> tuple[dict[str, str], dict[str, Scalar]]:
         """The root map's other fields ("metadata", "scalars"), by the generic decoder."""
