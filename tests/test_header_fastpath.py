@@ -52,7 +52,7 @@ def outcome(make: Callable[[], Any]) -> tuple[Any, ...]:
         r = make()
     except Exception as e:  # whatever either path raises, compared
         return ("error", type(e), str(e), getattr(e, "tensor", None))
-    return ("ok", [tensor_facts(t) for t in r.tensors], r.metadata, r.scalars, r.extra())
+    return ("ok", [tensor_facts(t) for t in r.tensors], r.metadata, repr(r.scalars), r.extra())  # repr: NaN
 
 
 def st_both(data: bytes) -> tuple[Any, ...]:
