@@ -762,3 +762,22 @@ def test_burnpack_writer_names_the_tensor_that_cannot_be_utf8() -> None:
     with pytest.raises(PlanError, match="not valid Unicode text") as info:
         burnpack.BurnpackWriter([*ok, LazyTensor("b\udc80d", dtypes.U8, (1,), 1, loader=lambda: b"x")])
     assert info.value.tensor == "b\udc80d"  # type: ignore[attr-defined]
+
+
+def test_a_header_without_entry_boundaries_is_not_scanned_whole() -> None:
+    # 4 MB of entries the entry pattern finds (each followed by ", ": no `},"` anywhere) behind an
+    # error json.loads stops at at once: the fast path must give up within a couple of chunks rather
+    # than collect ~80k matches first
+    import tracemalloc
+
+    one = '"a":' + e("U8", [1], 0, 1)
+    header = "{x " + ", ".join([one] * 80_000) + "}"
+    data = frame(header, b"x")
+    tracemalloc.start()
+    try:
+        res = outcome(lambda: SafetensorsReader(MemorySource(data)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert res[0] == "error" and "not valid JSON" in res[2]
+    assert peak < 3 * len(data)  # the header, its text for json.loads, little else

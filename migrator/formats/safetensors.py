@@ -186,6 +186,8 @@ def _fast_entries(raw: bytes, pos: int, end: int, data_start: int
     while pos < end:
         cut = raw.find(b'},"', pos + _CHUNK, end)
         stop = end if cut < 0 else cut + 1
+        if stop - pos > 2 * _CHUNK:  # no entry boundary for 1 MiB: not the common shape; bounded memory
+            raise _Unusual
         found = _ENTRY.findall(raw, pos, stop)
         if not found:
             raise _Unusual
