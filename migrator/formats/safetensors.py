@@ -81,6 +81,7 @@ _ENTRY = re.compile(b'"(' + _STR + rb')":\{"dtype":"([A-Z0-9_]{1,16}","shape":\[
 _SAMPLE = b'"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
 _ENTRY_FIXED = len(_SAMPLE) - sum(map(len, _ENTRY.fullmatch(_SAMPLE).groups()))  # type: ignore[union-attr]
 _CHUNK = 1 << 20  # entries are parsed a chunk at a time (~10k tensors): bounded transient objects
+_STRETCH = 1 << 20  # the most bytes without an entry boundary past a chunk (bounds a chunk, so memory)
 # Possessive repeats (Python 3.11+) match the metadata's pairs in constant memory; a plain repeat
 # keeps ~100 bytes of backtracking state per pair, so 3.10 looks for it in the first _CHUNK only.
 _POSSESSIVE = sys.version_info >= (3, 11)
@@ -186,7 +187,7 @@ def _fast_entries(raw: bytes, pos: int, end: int, data_start: int
     while pos < end:
         cut = raw.find(b'},"', pos + _CHUNK, end)
         stop = end if cut < 0 else cut + 1
-        if stop - pos > 2 * _CHUNK:  # no entry boundary for 1 MiB: not the common shape; bounded memory
+        if stop - pos > _CHUNK + _STRETCH:  # no entry boundary for that long: not the common shape
             raise _Unusual
         found = _ENTRY.findall(raw, pos, stop)
         if not found:
