@@ -290,10 +290,19 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         if recipe.dtype == "template":
             fatal.append("dtype: template needs target.template")
         append_entry, append_applied = entries.append, applied.append
+        joined: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}  # few distinct op lists
         for src, result, t_ops, module in adapted:
             tensor, more = _apply_cast(result, cast_to)
             name = result.name
-            append_entry(PlanEntry(name, src.name, tensor, src, t_ops + more if more else t_ops, module))
+            if more and t_ops:  # e.g. transpose + cast: one shared tuple per distinct pair, not one per tensor
+                all_ops = joined.get((t_ops, more))
+                if all_ops is None:
+                    all_ops = t_ops + more
+                    if len(joined) < 4096:
+                        joined[(t_ops, more)] = all_ops
+            else:
+                all_ops = more or t_ops
+            append_entry(PlanEntry(name, src.name, tensor, src, all_ops, module))
             append_applied(name)
 
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
