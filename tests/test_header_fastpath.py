@@ -781,3 +781,13 @@ def test_a_header_without_entry_boundaries_is_not_scanned_whole() -> None:
         tracemalloc.stop()
     assert res[0] == "error" and "not valid JSON" in res[2]
     assert peak < 3 * len(data)  # the header, its text for json.loads, little else
+
+
+def test_writers_take_list_shapes_like_before() -> None:
+    # LazyTensor declares a tuple, but a list (unhashable) was always accepted by the writers
+    tensors = [LazyTensor("a", dtypes.F32, [2, 2], 16, loader=lambda: bytes(16)),  # type: ignore[arg-type]
+               LazyTensor("b", dtypes.U8, (3,), 3, loader=lambda: b"xyz")]
+    st = st_bytes(tensors)
+    assert [(t.name, t.shape) for t in SafetensorsReader(MemorySource(st)).tensors] == [("a", (2, 2)), ("b", (3,))]
+    bp = to_bytes(tensors, "burnpack")
+    assert [(t.name, t.shape) for t in BurnpackReader(MemorySource(bp)).tensors] == [("a", (2, 2)), ("b", (3,))]

@@ -24,7 +24,7 @@ from ..streaming import write_all, write_tensor, write_zeros
 from ..tensor import LazyTensor, stored
 from . import cbor
 from .base import Reader, Writer
-from .safetensors import no_gc, stored_many
+from .safetensors import no_gc, shapes_of, stored_many
 
 MAGIC = 0x4255524E  # "BURN" big-endian, stored little-endian: the file starts with b"NRUB"
 VERSION = 1
@@ -405,8 +405,7 @@ class BurnpackReader(Reader):
         return {"version": self.version, "metadata_size": self.metadata_size, "data_start": self.data_start}
 
 
-_NAME, _DTYPE, _SHAPE, _NBYTES, _PARAM_ID = (attrgetter(f) for f in ("name", "dtype", "shape", "nbytes",
-                                                                    "param_id"))
+_NAME, _DTYPE, _NBYTES, _PARAM_ID = (attrgetter(f) for f in ("name", "dtype", "nbytes", "param_id"))
 
 
 def _is_u64(x: Any) -> bool:
@@ -466,7 +465,7 @@ class BurnpackWriter(Writer):
         if any(dt.kind is Kind.QUANTIZED for dt in by_id.values()):
             return None  # QFloat lengths are not shape x size: the per-tensor loop
         # shape x bytes per element (every dtype here is whole bytes), compared as a stream
-        shapes = list(map(_SHAPE, tensors))
+        shapes = shapes_of(tensors)
         numel = {shape: math.prod(shape) for shape in set(shapes)}
         item = {i: dt.itemsize for i, dt in by_id.items()}
         if not all(map(eq, map(mul, map(numel.__getitem__, shapes), map(item.__getitem__, map(id, dts))), nbytes)):
@@ -516,8 +515,8 @@ class BurnpackWriter(Writer):
         encoded_dtypes: dict[tuple[str, Any], bytes] = {}
         prefixes: dict[tuple[int, tuple[int, ...], bool], bytes] = {}
 
-        def prefix(t: LazyTensor) -> bytes:
-            key = (id(t.dtype), t.shape, t.param_id is not None)
+        def prefix(t: LazyTensor, shape: tuple[int, ...]) -> bytes:
+            key = (id(t.dtype), shape, t.param_id is not None)
             found = prefixes.get(key)
             if found is None:
                 dt_key = (t.dtype.name, t.dtype.scheme)
@@ -544,7 +543,7 @@ class BurnpackWriter(Writer):
             for n in set(map(len, name_b)).difference(text_heads):
                 text_heads[n] = cbor.head(3, n)
             out += b"".join(chain.from_iterable(zip(
-                map(text_heads.__getitem__, map(len, name_b)), name_b, map(prefix, tensors),
+                map(text_heads.__getitem__, map(len, name_b)), name_b, map(prefix, tensors, shapes_of(tensors)),
                 map(cbor.encode_uint, starts), map(cbor.encode_uint, map(add, starts, map(_NBYTES, tensors))),
                 map(param_id, tensors) if pids else repeat(b""), strict=False)))
         if self.metadata:

@@ -564,7 +564,7 @@ class SafetensorsWriter(Writer):
             st_of = {i: safetensors_name(dt) for i, dt in by_id.items()}
         except UnsupportedDTypeError:
             return None
-        keys = list(zip(map(id, dts), map(_SHAPE, tensors), strict=True))
+        keys = list(zip(map(id, dts), shapes_of(tensors), strict=True))
         del dts
         need: dict[tuple[int, tuple[int, ...]], int] = {}
         for key in set(keys):
@@ -610,7 +610,7 @@ class SafetensorsWriter(Writer):
             meta = {k: self.metadata[k] for k in sorted(self.metadata)}
             parts += (f"{_json(METADATA_KEY)}:{_json(meta)}".encode(), b",")
         tensors, st_names, starts, ends = zip(*self.plan, strict=True) if self.plan else ((),) * 4
-        shapes = list(map(_SHAPE, tensors))
+        shapes = shapes_of(tensors)
         shape_json = {shape: "[" + ",".join(map(str, shape)) + "]" for shape in set(shapes)}
         entries = map('%s:{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'.__mod__,
                       zip(map(_JSON_STR, map(_NAME, tensors)), st_names, map(shape_json.__getitem__, shapes), starts,
@@ -637,6 +637,12 @@ class SafetensorsWriter(Writer):
 
 
 _NAME, _DTYPE, _SHAPE, _NBYTES = (attrgetter(f) for f in ("name", "dtype", "shape", "nbytes"))
+
+
+def shapes_of(tensors: Iterable[LazyTensor]) -> list[tuple[int, ...]]:
+    """Each tensor's shape as a (hashable) tuple, for tables keyed by shape."""
+    shapes = list(map(_SHAPE, tensors))
+    return shapes if set(map(type, shapes)) <= {tuple} else list(map(tuple, shapes))
 _NEG_RANK = {name: -rank for name, rank in _RANK.items()}
 # json.dumps(s, ensure_ascii=False) for a str (what JSONEncoder.encode calls), without an encoder per call
 _JSON_STR = json.encoder.encode_basestring
