@@ -791,3 +791,20 @@ def test_writers_take_list_shapes_like_before() -> None:
     assert [(t.name, t.shape) for t in SafetensorsReader(MemorySource(st)).tensors] == [("a", (2, 2)), ("b", (3,))]
     bp = to_bytes(tensors, "burnpack")
     assert [(t.name, t.shape) for t in BurnpackReader(MemorySource(bp)).tensors] == [("a", (2, 2)), ("b", (3,))]
+
+
+def test_the_collector_is_paused_only_while_parsing() -> None:
+    import gc
+
+    good = to_bytes(list(random_tensors(random.Random(1), 5).values()), "safetensors")
+    for data in (good, frame("{x}")):
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            try:
+                outcome(lambda d=data: SafetensorsReader(MemorySource(d)))  # type: ignore[misc]
+                outcome(lambda: BurnpackReader(MemorySource(to_bytes([], "burnpack"))))
+                writer_outcome(lambda: st_mod.SafetensorsWriter([]))
+                writer_outcome(lambda: burnpack.BurnpackWriter([]))
+                assert gc.isenabled() == enabled
+            finally:
+                gc.enable()
