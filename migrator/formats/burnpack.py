@@ -10,6 +10,7 @@ import math
 import os
 import re
 import struct
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain, compress, islice, repeat
 from operator import add, and_, attrgetter, eq, is_not, lt, mul, ne, sub
@@ -113,10 +114,13 @@ _TEXT_DTYPES: dict[bytes, DType] = {
     **{cbor.encode({"Bool": store}): dt for store, dt in dtypes.BURN_BOOL_STORES.items()},
 }
 _DTYPE = b"|".join(re.escape(k) for k in _TEXT_DTYPES)
-# name head, name (the shortest before a descriptor; its length is checked against the head), then
-# map head + dtype + shape as one key (few distinct ones), start, end, param_id
+# name head, name (up to the first byte pair that starts a descriptor, so a name holding one goes to
+# the generic decoder; its length is checked against the head), then map head + dtype + shape as one
+# key (few distinct ones), start, end, param_id. Possessive on 3.11+ (the same match, no backtracking).
+_MANY = b"*+" if sys.version_info >= (3, 11) else b"*"
 _DESCRIPTOR = re.compile(
-    rb"([\x60-\x77]|\x78.|\x79..)(.{0,65535}?)"
+    rb"([\x60-\x77]|\x78.|\x79..)([^\xa3\xa4]" + _MANY + rb"(?:[\xa3\xa4](?!\x65dtype)[^\xa3\xa4]" + _MANY + rb")"
+    + _MANY + rb")"
     rb"([\xa3\xa4]\x65dtype(?:" + _DTYPE + rb")\x65shape[\x80-\x97]" + _UINT + rb"{0,23})"
     rb"\x6cdata_offsets\x82(" + _UINT + rb")(" + _UINT + rb")(?:\x68param_id(" + _UINT + rb"))?", re.S)
 _KEY = re.compile(rb"([\xa3\xa4])\x65dtype(" + _DTYPE + rb")\x65shape(.*)", re.S)
