@@ -116,11 +116,12 @@ _TEXT_DTYPES: dict[bytes, DType] = {
 _DTYPE = b"|".join(re.escape(k) for k in _TEXT_DTYPES)
 # name head, name (up to the first byte pair that starts a descriptor, so a name holding one goes to
 # the generic decoder; its length is checked against the head), then map head + dtype + shape as one
-# key (few distinct ones), start, end, param_id. Possessive on 3.11+ (the same match, no backtracking).
-_MANY = b"*+" if sys.version_info >= (3, 11) else b"*"
+# key (few distinct ones), start, end, param_id. Possessive on 3.11+ (the same match, no backtracking
+# state); 3.10 keeps state per repetition of the group, so it allows at most 4096 of them.
+_POSSESSIVE = sys.version_info >= (3, 11)
 _DESCRIPTOR = re.compile(
-    rb"([\x60-\x77]|\x78.|\x79..)([^\xa3\xa4]" + _MANY + rb"(?:[\xa3\xa4](?!\x65dtype)[^\xa3\xa4]" + _MANY + rb")"
-    + _MANY + rb")"
+    rb"([\x60-\x77]|\x78.|\x79..)([^\xa3\xa4]*" + (b"+" if _POSSESSIVE else b"")
+    + rb"(?:[\xa3\xa4](?!\x65dtype)[^\xa3\xa4]*" + (b"+)*+" if _POSSESSIVE else b"){0,4096}") + rb")"
     rb"([\xa3\xa4]\x65dtype(?:" + _DTYPE + rb")\x65shape[\x80-\x97]" + _UINT + rb"{0,23})"
     rb"\x6cdata_offsets\x82(" + _UINT + rb")(" + _UINT + rb")(?:\x68param_id(" + _UINT + rb"))?", re.S)
 _KEY = re.compile(rb"([\xa3\xa4])\x65dtype(" + _DTYPE + rb")\x65shape(.*)", re.S)
