@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,21 +118,21 @@ every row for its layout (~1 ms a row: 100 s for a 100k-tensor model)."""
 def _print_plan_table(p: Plan) -> None:
     title = f"{p.source_path} ({p.source_format}) -> {p.target_path} ({p.target_format})"
     header = ("source", "target", "module", "ops", "before", "after", "bytes")
-    described: dict[tuple[Any, ...], str] = {}  # most tensors share a few dtype/shape/module texts
-
-    def describe(key: tuple[Any, ...], make: Callable[[], str]) -> str:
-        text = described.get(key)
-        if text is None:
-            text = described[key] = make()
-        return text
-
+    # Most tensors share a few dtype/shape/module texts: memoised by identity (a DType hashes slowly).
+    shapes: dict[tuple[int, tuple[int, ...]], str] = {}
+    modules: dict[int, str] = {}
     rows = []
     for e in p.entries:
         m, src, t = e.module, e.source_tensor, e.tensor
-        module = "" if m is None else describe(("m", m.name, m.how), lambda m=m: f"{m.name or '?'} ({m.how})")
-        before = "" if src is None else describe((src.dtype, src.shape),
-                                                 lambda s=src: f"{s.dtype.display} {list(s.shape)}")
-        after = describe((t.dtype, t.shape), lambda t=t: f"{t.dtype.display} {list(t.shape)}")
+        module = ""
+        if m is not None:
+            module = modules.get(id(m)) or modules.setdefault(id(m), f"{m.name or '?'} ({m.how})")
+        before = ""
+        if src is not None:
+            key = (id(src.dtype), src.shape)
+            before = shapes.get(key) or shapes.setdefault(key, f"{src.dtype.display} {list(src.shape)}")
+        key = (id(t.dtype), t.shape)
+        after = shapes.get(key) or shapes.setdefault(key, f"{t.dtype.display} {list(t.shape)}")
         ops = "; ".join(map(_short_op, e.ops)) if e.ops else ""
         rows.append((e.source or "-", e.target, module, ops, before, after, f"{t.nbytes:,}"))
     if len(rows) > RICH_TABLE_ROWS:
