@@ -83,6 +83,7 @@ def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int = 2) -> Itera
             f.cancel()
 
 
+_FLOAT = Kind.FLOAT  # a module global is read faster than an enum member
 CASTABLE: frozenset[str] = frozenset({"F64", "F32", "FLEX32", "F16", "BF16"})
 
 _UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
@@ -166,9 +167,9 @@ def _make_converter(src: str, dst: str) -> Callable[[np.ndarray], np.ndarray]:
 def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
     """A lazy float -> float cast; non-float tensors and tensors already `to` come back unchanged."""
     src = tensor.dtype
-    if src.kind is not Kind.FLOAT or src == to:
+    if src.kind is not _FLOAT or src == to:
         return tensor
-    if to.kind is not Kind.FLOAT:
+    if to.kind is not _FLOAT:
         raise UnsupportedDTypeError(f"cast target must be a float dtype, got {to.display}",
                                     file=tensor.origin, tensor=tensor.name)
     if src.name not in CASTABLE or to.name not in CASTABLE:
@@ -181,15 +182,18 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
         # A cast is element-wise, so it commutes with a transpose bit for bit: narrow first and
         # the transpose moves half (or a quarter) of the bytes.
         inner = transposed.base
-        inner = LazyTensor(tensor.name, inner.dtype, inner.shape, inner.nbytes, inner.loader, inner.span,
-                           tensor.param_id, tensor.origin, inner.chunks)
         if kernels is not None and src.name in ("F32", "FLEX32") and to.name == "F16":
             # the commonest case (a Linear weight saved as F16) in one pass: read, convert, transpose
-            return inner.derived(dtype=to, shape=tensor.shape, loader=_TransposedHalf(inner),
-                                 chunks=_TransposedHalfChunks(inner))
+            return LazyTensor(tensor.name, to, tensor.shape, tensor.nbytes // 2, _TransposedHalf(inner), None,
+                              tensor.param_id, tensor.origin, _TransposedHalfChunks(inner))
+        inner = LazyTensor(tensor.name, inner.dtype, inner.shape, inner.nbytes, inner.loader, inner.span,
+                           tensor.param_id, tensor.origin, inner.chunks)
         return transpose2d(cast(inner, to))
     job = _Cast(tensor, src.name, to.name)
-    return tensor.derived(dtype=to, shape=tensor.shape, loader=job, chunks=_CastChunks(job))
+    # element count x new width; direct construction: a 100k-tensor plan makes 100k of these
+    nbytes = tensor.nbytes // _BITS_OF[src.name] * _BITS_OF[to.name]
+    return LazyTensor(tensor.name, to, tensor.shape, nbytes, job, None, tensor.param_id, tensor.origin,
+                      _CastChunks(job))
 
 
 class _Cast:
@@ -352,8 +356,8 @@ def transpose2d(tensor: LazyTensor) -> LazyTensor:
         return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=lambda: memoryview(b""),
                               chunks=lambda: iter(()))
 
-    return tensor.derived(dtype=tensor.dtype, shape=(cols, rows), loader=_Transposed(tensor),
-                          chunks=_TransposedChunks(tensor))
+    return LazyTensor(tensor.name, tensor.dtype, (cols, rows), tensor.nbytes, _Transposed(tensor), None,
+                      tensor.param_id, tensor.origin, _TransposedChunks(tensor))
 
 
 class _Transposed:
