@@ -264,6 +264,18 @@ def source_pieces(tensor: LazyTensor, step: int) -> Iterator[Buffer]:
         data.release()
 
 
+SMALL_READ = 256 << 10
+"""Below this, a stored tensor is read with one pread: mapping and unmapping it costs more."""
+
+
+def whole(tensor: LazyTensor) -> memoryview:
+    """All of a tensor's bytes: read when small and stored in a file, else its `data()` view (a map)."""
+    span = tensor.span
+    if span is not None and span.length <= SMALL_READ:
+        return _pread_full(span.fd, span.length, span.offset, tensor)
+    return tensor.data()
+
+
 def _pread_full(fd: int, n: int, offset: int, tensor: LazyTensor) -> memoryview:
     """Read exactly `n` bytes into a fresh, uninitialised buffer (no zero-filling pass)."""
     buf = memoryview(np.empty(n, dtype=np.uint8))
@@ -371,7 +383,8 @@ class _Transposed:
     def __call__(self) -> memoryview:
         base = self.base
         rows, cols = base.shape
-        return memoryview(transpose_bytes(base.data(), rows, cols, base.dtype.itemsize or 1).reshape(-1).view(np.uint8))
+        raw = whole(base)
+        return memoryview(transpose_bytes(raw, rows, cols, base.dtype.itemsize or 1).reshape(-1).view(np.uint8))
 
 
 class _TransposedChunks(_Transposed):
@@ -383,7 +396,7 @@ class _TransposedChunks(_Transposed):
         base = self.base
         rows, cols = base.shape
         # A transpose reads its whole source; the source's map is dropped with the exhausted bands.
-        for band in transpose_bands(base.data(), rows, cols, base.dtype.itemsize or 1):
+        for band in transpose_bands(whole(base), rows, cols, base.dtype.itemsize or 1):
             yield memoryview(band.reshape(-1).view(np.uint8))
 
 
@@ -397,7 +410,7 @@ class _TransposedHalf:
 
     def __call__(self) -> memoryview:
         rows, cols = self.base.shape
-        return memoryview(_half_band(self.base.data(), rows, cols, 0, cols).reshape(-1).view(np.uint8))
+        return memoryview(_half_band(whole(self.base), rows, cols, 0, cols).reshape(-1).view(np.uint8))
 
 
 class _TransposedHalfChunks(_TransposedHalf):
@@ -407,7 +420,7 @@ class _TransposedHalfChunks(_TransposedHalf):
 
     def __call__(self) -> Iterator[memoryview]:  # type: ignore[override]
         rows, cols = self.base.shape
-        raw = self.base.data()  # a map of the source tensor, dropped with the exhausted bands
+        raw = whole(self.base)  # a map of the source tensor, dropped with the exhausted bands
         band = max(8, CHUNK_BYTES // max(rows * 2, 1) // 8 * 8)
         starts = range(0, cols, band)
 

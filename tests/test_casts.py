@@ -338,3 +338,24 @@ def test_odd_lengths_take_the_tail_loops(n: int) -> None:
     assert np.array_equal(ours(bits, "F32", "F16"), want)
     h = ALL16[-n:]
     assert np.array_equal(ours(h, "F16", "F32"), reference(_pad64(h), "F16", "F32")[:n])
+
+
+@pytest.mark.parametrize("small_read", [0, 1 << 20])  # mapped, or read with pread
+@pytest.mark.parametrize("dst", [None, "F16", "BF16"])
+def test_file_backed_transposes_read_or_map_the_same(tmp_path, monkeypatch: pytest.MonkeyPatch, small_read: int,
+                                                     dst: str | None) -> None:
+    from migrator import open_file, save
+
+    monkeypatch.setattr(casts, "SMALL_READ", small_read)
+    a = np.random.default_rng(4).standard_normal((33, 70)).astype(np.float32)
+    save([from_numpy("w", a)], tmp_path / "m.safetensors")
+    with open_file(tmp_path / "m.safetensors") as r:
+        t = casts.transpose2d(r["w"])
+        if dst is not None:
+            t = casts.cast(t, dtypes.BY_NAME[dst])
+        want = torch.from_numpy(a).t().contiguous()
+        if dst is not None:
+            want = want.to(getattr(torch, TORCH[dst]))
+        want_bytes = want.view(torch.int16 if dst else torch.int32).numpy().tobytes()
+        assert bytes(t.data()) == want_bytes
+        assert b"".join(bytes(p) for p in t.chunks()) == want_bytes
