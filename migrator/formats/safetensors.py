@@ -523,10 +523,9 @@ class SafetensorsWriter(Writer):
             st_names = self._fast_checks()
             if st_names is None:  # some tensor is wrong: the per-tensor checks find it and say what
                 st_names = [st for _, st in self._check_tensors()]
-            if order == "library":  # dtype rank descending, then name
-                keys = list(zip(map(_NEG_RANK.__getitem__, st_names), map(_NAME, tensors), strict=True))
-                by = sorted(range(len(tensors)), key=keys.__getitem__)
-                del keys
+            if order == "library":  # dtype rank descending, then name: two stable sorts, no key tuples
+                by = sorted(range(len(tensors)), key=list(map(_NAME, tensors)).__getitem__)
+                by.sort(key=list(map(_NEG_RANK.__getitem__, st_names)).__getitem__)
                 tensors, st_names = list(map(tensors.__getitem__, by)), list(map(st_names.__getitem__, by))
             ends = list(accumulate(map(_NBYTES, tensors)))
             starts = [0, *ends[:-1]] if ends else []
