@@ -643,3 +643,87 @@ def test_fixture_weights_with_config() -> None:
     assert reader.metadata["my_config.some_list_str.1"] == "world"
     assert reader.scalars["my_config.some_bool"] == Scalar("Bool", True)
     assert reader.scalars["my_config.some_list_float.2"] == Scalar("Float", 0.3)
+
+
+# ----------------------------------------------------------------------------------------------
+# the compact zip directory (numbered storages as arrays) against the general one
+
+
+def _state_dict_for_layouts() -> dict[str, Any]:
+    """Tied weights, views at offsets, a transposed view, an empty tensor and 30 plain tensors."""
+    w = random_tensor("float16", (10, 4))
+    base = torch.arange(100, dtype=torch.float32)
+    sd: dict[str, Any] = {"embed.weight": w, "head.weight": w, "v1": base[10:20], "v2": base[50:60],
+                          "t": random_tensor("float32", (3, 5), seed=1).t(), "empty": torch.zeros(0, 3)}
+    for i in range(30):
+        sd[f"layer.{i}.w"] = random_tensor("bfloat16" if i % 2 else "int64", (i % 4 + 1, 3), seed=i + 2)
+    return sd
+
+
+def _rezip(src: Path, dst: Path, rename: Any, *, order: Any = None, compress: Any = ()) -> Path:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        infos = zin.infolist()
+        for info in (order(infos) if order else infos):
+            method = zipfile.ZIP_DEFLATED if info.filename.split("/")[-1] in compress else zipfile.ZIP_STORED
+            zout.writestr(rename(info.filename), zin.read(info), compress_type=method)
+    return dst
+
+
+def _snapshot(reader: Any) -> list[tuple[Any, ...]]:
+    return [(t.name, t.dtype, t.shape, t.nbytes, bytes(t.data()), t.span is None, t.origin == reader.label,
+             t.param_id) for t in reader.tensors] + [sorted(sorted(g) for g in reader.shared_storages())]
+
+
+def test_zip_directory_layouts_read_the_same(tmp_path: Path) -> None:
+    sd = _state_dict_for_layouts()
+    path = save(sd, tmp_path / "ref.pt")
+    reference = assert_matches_torch(path, original=sd)
+    expected = _snapshot(reference)
+    assert expected[-1] == [["embed.weight", "head.weight"], ["v1", "v2"]]
+    tail = lambda n: n.split("/", 1)[1]  # noqa: E731
+    variants = {
+        # storages in reverse file order (headers not sorted by index)
+        "reversed": dict(rename=lambda n: n, order=lambda infos: infos[:1] + infos[1:][::-1]),
+        "no root": dict(rename=tail),
+        "nested root": dict(rename=lambda n: "a/b/" + tail(n)),  # general directory entries
+    }
+    for label, kw in variants.items():
+        out = _rezip(path, tmp_path / f"{label}.pt", **kw)
+        reader = open_file(out)
+        assert _snapshot(reader) == expected, label
+        for t in reader.tensors:
+            if t.span is not None:
+                assert (t.span.offset, t.span.length) == (t.loader.offset, t.loader.length)
+                with open(out, "rb") as f:
+                    f.seek(t.span.offset)
+                    assert f.read(t.span.length) == bytes(t.data()), (label, t.name)
+
+
+def test_zip_directory_odd_members(tmp_path: Path) -> None:
+    sd = _state_dict_for_layouts()
+    path = save(sd, tmp_path / "ref.pt")
+    # a numbered storage that is compressed is refused by name, when the open locates it
+    storage = max(n.rsplit("/", 1)[1] for n in zipfile.ZipFile(path).namelist() if "/data/" in n)
+    bad = _rezip(path, tmp_path / "deflated.pt", rename=lambda n: n, compress=(storage,))
+    with pytest.raises(FormatError, match=rf"data/{storage} is compressed"):
+        open_file(bad)
+    # a numbered storage listed twice
+    with zipfile.ZipFile(path) as zin:
+        infos = zin.infolist()
+        dup = next(i for i in infos if i.filename.endswith("/data/0"))
+        twice = tmp_path / "twice.pt"
+        with pytest.warns(UserWarning), zipfile.ZipFile(twice, "w") as zout:
+            for info in [*infos, dup]:
+                zout.writestr(info.filename, zin.read(info))
+    with pytest.raises(FormatError, match=r"lists member .*data/0 twice"):
+        open_file(twice)
+    # a missing storage
+    missing = _rezip(path, tmp_path / "missing.pt", rename=lambda n: n.replace("/data/0", "/data/x0"))
+    with pytest.raises(FormatError, match="storage '0' is missing"):
+        open_file(missing)
+    # storage numbers beyond the entry count and with leading zeros stay general entries (unreferenced)
+    extra = _rezip(path, tmp_path / "extra.pt", rename=lambda n: n)
+    with zipfile.ZipFile(extra, "a") as z:
+        z.writestr("archive/data/999999", b"x")
+        z.writestr("archive/data/01", b"y")
+    assert _snapshot(open_file(extra))[0][:5] == _snapshot(open_file(path))[0][:5]

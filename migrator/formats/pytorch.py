@@ -21,6 +21,7 @@ import contextlib
 import gc
 import struct
 import zlib
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -77,6 +78,16 @@ class _ZipMember:
 _RawMember = tuple[int, int, int, int, int, int]
 """A central-directory entry: (header_offset, size, compressed_size, method, flags, crc)."""
 
+class _ZipDirectory(NamedTuple):
+    """A parsed central directory. `data` maps a root folder ("archive/", or "") to two arrays indexed by
+    storage number: header offset (-1: no such member) and size of `<root>data/<n>`, all stored, unencrypted
+    members (16 bytes a storage instead of a name, a tuple and a dict slot); `members` holds the others."""
+
+    members: dict[str, _RawMember]
+    data: dict[str, tuple[array, array]]
+    first: str | None  # the first entry's name (torch's root folder)
+
+
 _CD_ENTRY = struct.Struct("<8xHH4xIIIHHHH6xI")  # flags, method, crc, sizes, name/extra/comment lengths, disk, offset
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, name and extra lengths
 
@@ -108,6 +119,9 @@ class PytorchReader(Reader):
         self._ignored: list[str] = []
         self._groups: dict[str, list[str]] = {}  # storage key -> names, for storages read by 2+ tensors
         self._layouts: dict[tuple[Any, ...], tuple[Any, int, int, bool]] = {}
+        self._zip_data: tuple[array, array] | None = None  # see _ZipDirectory.data
+        self._zip_found = bytearray()  # 1: _zip_data holds that storage's data offset, checked
+        self._zip = False
         with _gc_paused():
             root = self._open()
             selected, prefix = self._select(root, top_level_key)
@@ -116,6 +130,7 @@ class PytorchReader(Reader):
         # what only the open needed (100k entries each for a 100k-tensor zip): the tensors keep the rest
         self._spans, self._first_dtype, self._layouts = {}, {}, {}
         self._zip_members: dict[str, _RawMember] = {}
+        self._zip_data, self._zip_found = None, bytearray()
         self._tar_tensors: dict[str, sp.TensorRef] = {}
         self._extra.update(
             byteorder="big" if self._swap else "little",
@@ -145,6 +160,7 @@ class PytorchReader(Reader):
         head = src.read(0, min(src.size, 512), "header")
         if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
             self._extra["container"] = "zip"
+            self._zip = True
             return self._open_zip()
         if len(head) >= 262 and head[257:262] == b"ustar":
             self._extra["container"] = "tar"
@@ -165,17 +181,19 @@ class PytorchReader(Reader):
     # -- zip -----------------------------------------------------------------------------------
 
     def _open_zip(self) -> Any:
-        members = _read_zip_directory(self.source)
-        names = list(members)
-        pkl = _find_data_pkl(names)
+        directory = _read_zip_directory(self.source)
+        members = directory.members
+        pkl = _find_data_pkl(directory.first, members)
         if pkl is None:
             raise self._err("zip archive without data.pkl: not a torch.save checkpoint")
         root = pkl[: -len("data.pkl")]
-        if any(n.startswith(root + "code/") for n in names) or root + "constants.pkl" in members:
+        if any(n.startswith(root + "code/") for n in members) or root + "constants.pkl" in members:
             raise self._err("this is a TorchScript archive (torch.jit.save), which holds code; load it with "
                             "torch.jit.load and save `model.state_dict()` with torch.save instead")
         self._zip_members = members
         self._zip_root = root
+        self._zip_data = directory.data.get(root)
+        del directory
         self._extra["archive_root"] = root.rstrip("/")
         for rec, key in ((".format_version", "format_version"), (".storage_alignment", "storage_alignment"),
                          ("version", "version")):
@@ -199,37 +217,72 @@ class PytorchReader(Reader):
         """Locate every stored `data/` member's bytes with a few large reads instead of one per tensor.
 
         Only members that pass every check of `_zip_data_offset` are recorded; the others are left
-        for `_zip_span`, which raises its precise error if a tensor needs them.
+        for `_zip_span`, which raises its precise error if a tensor needs them. torch's numbered members
+        (`_zip_data`) get their data offset written over their header offset, and their bit set in
+        `_zip_found`; the others go to `_spans`.
         """
         prefix = self._zip_root + "data/"
         cut = len(prefix)
-        todo = sorted((raw[0], name[cut:], raw[1]) for name, raw in self._zip_members.items()
-                      if name.startswith(prefix) and raw[3] == 0 and not raw[4] & 1 and raw[1] == raw[2])
-        src, spans, members = self.source, self._spans, self._zip_members
+        members = self._zip_members
+        # (header offset, key or -1 - index, size), in file order
+        todo: list[tuple[int, Any, int]] = [
+            (raw[0], name[cut:], raw[1]) for name, raw in members.items()
+            if name.startswith(prefix) and raw[3] == 0 and not raw[4] & 1 and raw[1] == raw[2]]
+        compact = self._zip_data
+        if compact is not None:
+            lhos = compact[0]
+            self._zip_found = found = bytearray(len(lhos))
+        order: Any = range(len(lhos)) if compact is not None else ()
+        if compact is not None and any(lhos[i] > lhos[i + 1] for i in range(len(lhos) - 1)):
+            order = sorted(order, key=lhos.__getitem__)
+        todo.sort()
+        src, spans = self.source, self._spans
         size = src.size
         unpack = _LOCAL_HEADER.unpack_from
-        i, n = 0, len(todo)
-        while i < n:
-            first = todo[i][0]
-            j = i + 1  # headers less than 64 KiB apart share a read of at most 1 MiB
-            while j < n and todo[j][0] - todo[j - 1][0] <= 65536 and todo[j][0] + 30 - first <= 1 << 20:
-                j += 1
-            last = todo[j - 1][0]
-            length = min(last + 30, size) - first
-            try:
-                block = src.read(first, length, "zip local headers")
-            except FormatError:
-                return
-            for lho, key, nbytes in todo[i:j]:
-                at = lho - first
-                if at + 30 > len(block):
-                    continue
-                sig, nlen, xlen = unpack(block, at)
-                start = lho + 30 + nlen + xlen
-                if sig == b"PK\x03\x04" and start + nbytes <= size:
-                    spans[key] = _Span(start, nbytes)
-                    del members[prefix + key]  # located: only the others may still need their entry
-            i = j
+        for run in (order, todo):
+            it = iter(run)
+            pending = next(it, None)
+            while pending is not None:
+                group = []  # headers less than 64 KiB apart share a read of at most 1 MiB
+                first = prev = -1
+                while pending is not None:
+                    if type(pending) is int:
+                        lho = lhos[pending]
+                        if lho < 0:
+                            pending = next(it, None)
+                            continue
+                    else:
+                        lho = pending[0]
+                    if first >= 0 and (lho - prev > 65536 or lho + 30 - first > 1 << 20):
+                        break
+                    if first < 0:
+                        first = lho
+                    prev = lho
+                    group.append(pending)
+                    pending = next(it, None)
+                if not group:
+                    break
+                try:
+                    block = src.read(first, min(prev + 30, size) - first, "zip local headers")
+                except FormatError:
+                    return
+                for item in group:
+                    if type(item) is int:
+                        lho, nbytes = lhos[item], compact[1][item]  # type: ignore[index]
+                    else:
+                        lho, nbytes = item[0], item[2]
+                    at = lho - first
+                    if at + 30 > len(block):
+                        continue
+                    sig, nlen, xlen = unpack(block, at)
+                    start = lho + 30 + nlen + xlen
+                    if sig == b"PK\x03\x04" and start + nbytes <= size:
+                        if type(item) is int:
+                            lhos[item] = start
+                            found[item] = 1
+                        else:
+                            spans[item[1]] = _Span(start, nbytes)
+                            del members[prefix + item[1]]  # located: only the others may still need their entry
 
     def _zip_data_offset(self, m: _ZipMember) -> int:
         """Validate a member (stored, in bounds) and return where its bytes start."""
@@ -261,6 +314,18 @@ class PytorchReader(Reader):
         return data
 
     def _zip_span(self, key: str, tensor: str) -> _Span:
+        compact = self._zip_data
+        if (compact is not None and key.isascii() and key.isdigit() and len(key) <= 9
+                and (key[0] != "0" or len(key) == 1) and int(key) < len(compact[0])):
+            i = int(key)
+            if self._zip_found[i]:
+                return _Span(compact[0][i], compact[1][i])
+            if compact[0][i] >= 0:
+                m = _ZipMember(f"{self._zip_root}data/{key}", compact[0][i], compact[1][i], compact[1][i], 0, 0, 0)
+                start = self._zip_data_offset(m)
+                compact[0][i] = start
+                self._zip_found[i] = 1
+                return _Span(start, m.size)
         span = self._spans.get(key)
         if span is None:
             name = f"{self._zip_root}data/{key}"
@@ -626,11 +691,11 @@ class PytorchReader(Reader):
 
     def _storage_span(self, ref: sp.StorageRef, tensor: str) -> tuple[str, _Span]:
         """The bytes a storage covers, resolving legacy storage views; checked against the declared size."""
-        span = self._spans.get(ref.key)  # zip members found by _prefetch_zip_spans, legacy and tar storages
-        if span is None:
-            if self._extra["container"] == "zip":
-                span = self._zip_span(ref.key, tensor)
-            else:
+        if self._zip:
+            span = self._zip_span(ref.key, tensor)
+        else:
+            span = self._spans.get(ref.key)  # legacy and tar storages
+            if span is None:
                 raise self._err(f"storage '{ref.key}' has no data in the file", tensor)
         group = ref.key
         esize = sp.ELEMENT_SIZES.get(ref.dtype or "")
@@ -855,10 +920,10 @@ def _list_keys(node: Any) -> str:
     return shown + (f", ... ({len(keys)} in all)" if len(keys) > 50 else "") if keys else "none"
 
 
-def _find_data_pkl(names: list[str]) -> str | None:
+def _find_data_pkl(first: str | None, names: dict[str, Any]) -> str | None:
     """torch names the root folder after the file; take the first entry's folder, as torch does."""
-    if names:
-        first_root = names[0].split("/", 1)[0] + "/" if "/" in names[0] else ""
+    if first is not None:
+        first_root = first.split("/", 1)[0] + "/" if "/" in first else ""
         if first_root + "data.pkl" in names:
             return first_root + "data.pkl"
     if "data.pkl" in names:
@@ -871,8 +936,10 @@ def _find_data_pkl(names: list[str]) -> str | None:
 # zip central directory (parsed here so that member data can be mapped, never inflated or copied)
 
 
-def _read_zip_directory(src: ByteSource) -> dict[str, _RawMember]:
-    """Every member as a plain tuple (see `_RawMember`): 100k entries are parsed in one loop."""
+def _read_zip_directory(src: ByteSource) -> _ZipDirectory:
+    """Every member, parsed in one loop: torch's `<root>/data/<n>` storages (stored, unencrypted, with a
+    canonical decimal `n` below the entry count) go to `_ZipDirectory.data` as two integers each; the
+    others are plain tuples (see `_RawMember`) keyed by name."""
     label = src.label
     tail_len = min(src.size, 22 + 65535)
     tail = src.read(src.size - tail_len, tail_len, "zip end of central directory")
@@ -912,6 +979,8 @@ def _read_zip_directory(src: ByteSource) -> dict[str, _RawMember]:
         raise LimitExceededError(f"zip declares {n_total} entries in a {cd_size}-byte directory", file=label)
     cd = src.read(cd_off, cd_size, "zip central directory")
     members: dict[str, _RawMember] = {}
+    compact: dict[bytes, tuple[array, array]] = {}  # root (b"archive/") -> header offsets, sizes by index
+    first: str | None = None
     unpack = _CD_ENTRY.unpack_from
     size = src.size
     p = 0
@@ -923,16 +992,41 @@ def _read_zip_directory(src: ByteSource) -> dict[str, _RawMember]:
         q = p + 46 + nlen
         if q + xlen + clen > n_cd:
             raise FormatError("corrupt zip central directory entry (lengths)", file=label)
-        name = cd[p + 46 : q].decode("utf-8" if flags & 0x800 else "cp437", "replace")
+        raw = cd[p + 46 : q]
         if 0xFFFFFFFF in (csize, usize, lho) or dstart == 0xFFFF:
+            name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
             usize, csize, lho = _zip64_extra(cd[q : q + xlen], usize, csize, lho, name, label)
         p = q + xlen + clen
+        if lho + 30 > cd_off or csize > size:
+            name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+            raise FormatError(f"zip member {name} lies outside the archive data", file=label)
+        if first is None:
+            first = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+        # torch's storages: "<root>/data/<n>", one ASCII folder (or none), n canonical and < n_total
+        cut = raw.rfind(b"/data/")
+        digits = raw[cut + 6 :] if cut >= 0 else raw[5:] if raw.startswith(b"data/") else b""
+        if (digits.isdigit() and len(digits) <= 9 and (digits[0] != 0x30 or len(digits) == 1)
+                and method == 0 and not flags & 1 and usize == csize):
+            root = raw[: cut + 1] if cut >= 0 else b""
+            idx = int(digits)
+            if idx < n_total and root.count(b"/") <= 1 and root.isascii():
+                arrays = compact.get(root)
+                if arrays is None:
+                    if len(compact) >= 4:  # a few roots at most (torch writes one): the rest as tuples
+                        arrays = None
+                    else:
+                        arrays = compact[root] = (array("q", [-1]) * n_total, array("q", [0]) * n_total)
+                if arrays is not None:
+                    if arrays[0][idx] >= 0:
+                        raise FormatError(f"zip archive lists member {raw.decode('ascii')} twice", file=label)
+                    arrays[0][idx] = lho
+                    arrays[1][idx] = usize
+                    continue
+        name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
         if name in members:
             raise FormatError(f"zip archive lists member {name} twice", file=label)
-        if lho + 30 > cd_off or csize > size:
-            raise FormatError(f"zip member {name} lies outside the archive data", file=label)
         members[name] = (lho, usize, csize, method, flags, crc)
-    return members
+    return _ZipDirectory(members, {r.decode("ascii"): a for r, a in compact.items()}, first)
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, lho: int, name: str, label: str) -> tuple[int, int, int]:
