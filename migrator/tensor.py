@@ -6,11 +6,14 @@ declared lengths, then asks each tensor for its bytes once, in write order, and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from itertools import repeat
+from typing import TYPE_CHECKING, Any
 
-from .bytesource import ByteSource, FileSpan
+from .bytesource import ByteSource, FileSource, FileSpan
 from .dtypes import DType
 from .errors import MigratorError, TensorBytesSizeMismatchError, UnsupportedDTypeError
 
@@ -150,3 +153,45 @@ def from_numpy(name: str, array: np.ndarray, *, dtype: DType | None = None,
     nbytes = arr.nbytes
     return LazyTensor(name, dt, shape, nbytes, loader=lambda: memoryview(arr.reshape(-1).view(np.uint8)),
                       param_id=param_id)
+
+
+# Building 100k tensors through their dataclass constructors costs ~0.3 s: a frozen dataclass sets
+# each field with a Python-level object.__setattr__. `stored_many` makes the very same objects and
+# fills each slot for all tensors in one C-level pass, when the classes still have exactly the fields
+# it knows (no __post_init__); otherwise it uses the constructors.
+_LAZY_FIELDS = ("name", "dtype", "shape", "nbytes", "loader", "span", "param_id", "origin", "chunks")
+_SLOTTED = (tuple(f.name for f in dataclasses.fields(LazyTensor)) == _LAZY_FIELDS
+            and tuple(f.name for f in dataclasses.fields(FileSpan)) == ("fd", "offset", "length")
+            and sorted(_View.__slots__) == ["length", "offset", "source"]
+            and not any(hasattr(c, "__post_init__") for c in (LazyTensor, FileSpan)))
+
+
+def _fill(cls: type, n: int, **columns: Iterable[Any]) -> list[Any]:
+    """n instances of a slotted class, every slot set from its column (one C-level pass per slot)."""
+    objs = list(map(object.__new__, repeat(cls, n)))
+    for slot, values in columns.items():
+        deque(map(getattr(cls, slot).__set__, objs, values), maxlen=0)
+    return objs
+
+
+def stored_many(source: ByteSource, names: Sequence[str], dtypes_: Sequence[DType],
+                shapes: Sequence[tuple[int, ...]], offsets: Sequence[int], lengths: Sequence[int],
+                param_ids: Sequence[int | None] | None = None) -> list[LazyTensor]:
+    """`[tensor.stored(...) for ...]` for many tensors at once: equal objects, ~3x faster."""
+    n = len(names)
+    pids: Iterable[int | None] = param_ids if param_ids is not None else repeat(None)
+    span = type(source).span
+    if span is FileSource.span:  # what FileSource.span returns, without a method call per tensor
+        fd = source.fd  # type: ignore[attr-defined]
+        spans: Iterable[FileSpan | None] = (_fill(FileSpan, n, fd=repeat(fd), offset=offsets, length=lengths)
+                                            if _SLOTTED else map(FileSpan, repeat(fd), offsets, lengths))
+    elif span is ByteSource.span:
+        spans = repeat(None)
+    else:
+        spans = map(source.span, offsets, lengths)
+    if not _SLOTTED:
+        return list(map(LazyTensor, names, dtypes_, shapes, lengths, map(_View, repeat(source), offsets, lengths),
+                        spans, pids, repeat(source.label)))
+    views = _fill(_View, n, source=repeat(source), offset=offsets, length=lengths)
+    return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views, span=spans,
+                 param_id=pids, origin=repeat(source.label), chunks=repeat(None))

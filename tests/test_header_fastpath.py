@@ -22,13 +22,14 @@ from safetensors import safe_open
 from safetensors.numpy import save as st_save_numpy
 
 from migrator import dtypes
+from migrator import tensor as tensor_mod
 from migrator.bytesource import FileSource, MemorySource
 from migrator.formats import burnpack, cbor, to_bytes
 from migrator.formats import safetensors as st_mod
 from migrator.formats.burnpack import BurnpackReader
-from migrator.formats.safetensors import SafetensorsReader, SafetensorsWriter, stored_many
+from migrator.formats.safetensors import SafetensorsReader, SafetensorsWriter
 from migrator.scalars import Scalar
-from migrator.tensor import LazyTensor, stored
+from migrator.tensor import LazyTensor, stored, stored_many
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,7 +183,7 @@ def test_stored_many_equals_stored(tmp_path: Path) -> None:
 
 
 def test_stored_many_without_bulk_slots(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(st_mod, "_SLOTTED", False)
+    monkeypatch.setattr(tensor_mod, "_SLOTTED", False)
     src = MemorySource(bytes(16))
     bulk = stored_many(src, ["a", "b"], [dtypes.U8] * 2, [(4,), (4,)], [0, 4], [4, 4])
     assert [tensor_facts(t) for t in bulk] == [tensor_facts(stored(n, dtypes.U8, (4,), src, o, 4))

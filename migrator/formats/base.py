@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from operator import attrgetter
 from types import TracebackType
 from typing import Any, BinaryIO, ClassVar
 
@@ -125,3 +128,29 @@ class Writer(ABC):
     def resolve_path(path: str | os.PathLike[str]) -> str:
         """The path actually written (burnpack appends `.bpk` to extension-less paths)."""
         return os.fspath(path)
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic collector while a header is parsed.
+
+    A header makes a few acyclic objects per tensor; at 100k tensors the collector would rescan
+    them over and over (a third of the parse) and free nothing.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+_SHAPE = attrgetter("shape")
+
+
+def shapes_of(tensors: Iterable[LazyTensor]) -> list[tuple[int, ...]]:
+    """Each tensor's shape as a (hashable) tuple, for tables keyed by shape."""
+    shapes = list(map(_SHAPE, tensors))
+    return shapes if set(map(type, shapes)) <= {tuple} else list(map(tuple, shapes))

@@ -22,10 +22,9 @@ from ..dtypes import DType, Kind
 from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
 from ..scalars import SCALAR_KINDS, Scalar
 from ..streaming import write_all, write_tensor, write_zeros
-from ..tensor import LazyTensor, stored
+from ..tensor import LazyTensor, stored, stored_many
 from . import cbor
-from .base import Reader, Writer
-from .safetensors import no_gc, shapes_of, stored_many
+from .base import Reader, Writer, no_gc, shapes_of
 
 MAGIC = 0x4255524E  # "BURN" big-endian, stored little-endian: the file starts with b"NRUB"
 VERSION = 1

@@ -10,27 +10,23 @@ so a file we write is indistinguishable from one `safetensors.numpy.save_file` w
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import json
 import re
 import struct
 import sys
-from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from itertools import accumulate, islice, repeat
 from operator import add, attrgetter, eq, itemgetter, sub
 from typing import Any, BinaryIO, ClassVar, Literal
 
 from .. import dtypes
-from ..bytesource import ByteSource, FileSource, FileSpan
+from ..bytesource import ByteSource
 from ..dtypes import DType
 from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
 from ..scalars import Scalar
 from ..streaming import write_all, write_tensor
-from ..tensor import LazyTensor, _View, stored
-from .base import Reader, Writer
+from ..tensor import LazyTensor, stored, stored_many
+from .base import Reader, Writer, no_gc, shapes_of
 
 MAX_HEADER_SIZE = 100_000_000  # the library's limit; a reader must refuse larger headers
 METADATA_KEY = "__metadata__"
@@ -90,65 +86,6 @@ _KEY = re.compile(rb'([A-Z0-9_]+)","shape":\[(.*)')
 _META = re.compile(rb'\{"__metadata__":\{((?:"' + _STR + rb'":"' + _STR + rb'"(?:,"' + _STR + rb'":"' + _STR
                    + rb'")' + _MANY + rb")?)\}")
 _META_PAIR = re.compile(rb'"(' + _STR + rb')":"(' + _STR + rb')"')
-
-
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """Pause the cyclic collector while a header is parsed.
-
-    A header makes a few acyclic objects per tensor; at 100k tensors the collector would rescan
-    them over and over (a third of the parse) and free nothing.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-# Building 100k tensors through their dataclass constructors costs ~0.3 s: a frozen dataclass sets
-# each field with a Python-level object.__setattr__. `stored_many` makes the very same objects and
-# fills each slot for all tensors in one C-level pass, when the classes still have exactly the fields
-# it knows (no __post_init__); otherwise it uses the constructors.
-_LAZY_FIELDS = ("name", "dtype", "shape", "nbytes", "loader", "span", "param_id", "origin", "chunks")
-_SLOTTED = (tuple(f.name for f in dataclasses.fields(LazyTensor)) == _LAZY_FIELDS
-            and tuple(f.name for f in dataclasses.fields(FileSpan)) == ("fd", "offset", "length")
-            and sorted(_View.__slots__) == ["length", "offset", "source"]
-            and not any(hasattr(c, "__post_init__") for c in (LazyTensor, FileSpan)))
-
-
-def _fill(cls: type, n: int, **columns: Iterable[Any]) -> list[Any]:
-    """n instances of a slotted class, every slot set from its column (one C-level pass per slot)."""
-    objs = list(map(object.__new__, repeat(cls, n)))
-    for slot, values in columns.items():
-        deque(map(getattr(cls, slot).__set__, objs, values), maxlen=0)
-    return objs
-
-
-def stored_many(source: ByteSource, names: Sequence[str], dtypes_: Sequence[DType],
-                shapes: Sequence[tuple[int, ...]], offsets: Sequence[int], lengths: Sequence[int],
-                param_ids: Sequence[int | None] | None = None) -> list[LazyTensor]:
-    """`[tensor.stored(...) for ...]` for many tensors at once: equal objects, ~3x faster."""
-    n = len(names)
-    pids: Iterable[int | None] = param_ids if param_ids is not None else repeat(None)
-    span = type(source).span
-    if span is FileSource.span:  # what FileSource.span returns, without a method call per tensor
-        fd = source.fd  # type: ignore[attr-defined]
-        spans: Iterable[FileSpan | None] = (_fill(FileSpan, n, fd=repeat(fd), offset=offsets, length=lengths)
-                                            if _SLOTTED else map(FileSpan, repeat(fd), offsets, lengths))
-    elif span is ByteSource.span:
-        spans = repeat(None)
-    else:
-        spans = map(source.span, offsets, lengths)
-    if not _SLOTTED:
-        return list(map(LazyTensor, names, dtypes_, shapes, lengths, map(_View, repeat(source), offsets, lengths),
-                        spans, pids, repeat(source.label)))
-    views = _fill(_View, n, source=repeat(source), offset=offsets, length=lengths)
-    return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views, span=spans,
-                 param_id=pids, origin=repeat(source.label), chunks=repeat(None))
 
 
 class _Unusual(Exception):
@@ -638,10 +575,6 @@ class SafetensorsWriter(Writer):
 _NAME, _DTYPE, _SHAPE, _NBYTES = (attrgetter(f) for f in ("name", "dtype", "shape", "nbytes"))
 
 
-def shapes_of(tensors: Iterable[LazyTensor]) -> list[tuple[int, ...]]:
-    """Each tensor's shape as a (hashable) tuple, for tables keyed by shape."""
-    shapes = list(map(_SHAPE, tensors))
-    return shapes if set(map(type, shapes)) <= {tuple} else list(map(tuple, shapes))
 _NEG_RANK = {name: -rank for name, rank in _RANK.items()}
 # json.dumps(s, ensure_ascii=False) for a str (what JSONEncoder.encode calls), without an encoder per call
 _JSON_STR = json.encoder.encode_basestring
