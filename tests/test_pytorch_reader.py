@@ -727,3 +727,15 @@ def test_zip_directory_odd_members(tmp_path: Path) -> None:
         z.writestr("archive/data/999999", b"x")
         z.writestr("archive/data/01", b"y")
     assert _snapshot(open_file(extra))[0][:5] == _snapshot(open_file(path))[0][:5]
+
+
+def test_tensors_of_one_layout_share_their_shape(tmp_path: Path) -> None:
+    """Shapes are shared per (dtype, shape, stride): values still equal torch's for every tensor."""
+    m = random_tensor("float32", (3, 2), seed=5)
+    sd = {"a": random_tensor("float32", (2, 3)), "b": random_tensor("float32", (2, 3), seed=1), "t": m.t(),
+          "c": random_tensor("float16", (2, 3), seed=2), "d": random_tensor("float32", (3, 2), seed=3),
+          "e": random_tensor("float32", (6,), seed=4)}
+    for fmt in FORMATS:
+        reader = assert_matches_torch(save(sd, tmp_path / f"shapes-{fmt}.pt", fmt=fmt))
+        assert reader["a"].shape is reader["b"].shape
+        assert reader["t"].shape == (2, 3) and reader["c"].shape == (2, 3) and reader["d"].shape == (3, 2)

@@ -118,7 +118,7 @@ class PytorchReader(Reader):
         self._first_dtype: dict[str, str | None] = {}  # storage key -> dtype of its first reference
         self._ignored: list[str] = []
         self._groups: dict[str, list[str]] = {}  # storage key -> names, for storages read by 2+ tensors
-        self._layouts: dict[tuple[Any, ...], tuple[Any, int, int, bool]] = {}
+        self._layouts: dict[tuple[Any, ...], tuple[Any, int, int, bool, tuple[int, ...]]] = {}
         self._zip_data: tuple[array, array] | None = None  # see _ZipDirectory.data
         self._zip_found = bytearray()  # 1: _zip_data holds that storage's data offset, checked
         self._zip = False
@@ -555,7 +555,7 @@ class PytorchReader(Reader):
             if (type(stype) is sp.StorageType and type(key) is str and type(location) is str
                     and type(numel) is int and 0 <= numel < 1 << 63):
                 dtype = stype.dtype
-                if key not in self._first_dtype:
+                if not self._zip and key not in self._first_dtype:  # zip storages are located by name
                     self._first_dtype[key] = dtype
                 return sp.StorageRef(key, stype.name, dtype, numel, location, None)
         stype, key, location, numel = pid[1:5]
@@ -568,7 +568,8 @@ class PytorchReader(Reader):
             raise self._err("persistent id: storage size is not a non-negative 64-bit integer")
         key = str(key)
         dtype = _storage_dtype(stype)
-        self._first_dtype.setdefault(key, dtype)
+        if not self._zip:
+            self._first_dtype.setdefault(key, dtype)
         view_t: tuple[str, int, int] | None = None
         if view is not None:
             if not (isinstance(view, tuple) and len(view) == 3 and type(view[0]) in (str, int)
@@ -724,7 +725,7 @@ class PytorchReader(Reader):
         layout = self._layouts.get((dname, shape, stride))
         if layout is None:
             layout = self._layout(name, ref, dname)
-        dt, nbytes, extent, contiguous = layout
+        dt, nbytes, extent, contiguous, shape = layout  # one shape tuple for all tensors of that layout
         group, span = self._storage_span(ref.storage, name)
         label = self.label
         if nbytes == 0:
@@ -742,9 +743,10 @@ class PytorchReader(Reader):
             return stored(name, dt, shape, src, start, nbytes), group
         return self._view_tensor(name, ref, dt, nbytes, start, max_index), group
 
-    def _layout(self, name: str, ref: sp.TensorRef, dname: str | None) -> tuple[Any, int, int, bool]:
-        """dtype, byte length, furthest element and contiguity of a (dtype, size, stride): cached, since a
-        model repeats a few shapes many times."""
+    def _layout(self, name: str, ref: sp.TensorRef, dname: str | None) -> tuple[Any, int, int, bool,
+                                                                                 tuple[int, ...]]:
+        """dtype, byte length, furthest element, contiguity and shape of a (dtype, size, stride): cached,
+        since a model repeats a few shapes many times (and the tensors share the first one's shape tuple)."""
         dt = _SUPPORTED.get(dname or "")
         if dt is None:
             what = f"torch dtype {dname}" if dname else f"storage type {ref.storage.storage_type}"
@@ -754,7 +756,7 @@ class PytorchReader(Reader):
         nbytes = dt.nbytes(shape)
         assert nbytes is not None
         extent = sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) if nbytes else 0
-        layout = (dt, nbytes, extent, _is_contiguous(shape, stride))
+        layout = (dt, nbytes, extent, _is_contiguous(shape, stride), shape)
         self._layouts[(dname, shape, stride)] = layout
         return layout
 
