@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import gc
 import hashlib
 import io
 import json
@@ -756,6 +757,9 @@ def run_case(reader: str, data: bytes, *, timeout: float = 5.0, alloc_factor: in
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
     elif measure == "rss":
+        # Garbage of earlier cases freed during this one would lower RSS and hide an allocation
+        # (the peak only counts what rises above the starting RSS): collect it first.
+        gc.collect()
         if not _reset_peak_rss():
             measure = "none"
         else:
