@@ -466,9 +466,10 @@ class SafetensorsWriter(Writer):
                 tensors, st_names = list(map(tensors.__getitem__, by)), list(map(st_names.__getitem__, by))
             ends = list(accumulate(map(_NBYTES, tensors)))
             starts = [0, *ends[:-1]] if ends else []
-            self.plan: list[tuple[LazyTensor, str, int, int]] = list(zip(tensors, st_names, starts, ends, strict=True))
+            self.order: list[LazyTensor] = list(tensors)  # data order; offsets live only in the header
             self.data_size = ends[-1] if ends else 0
-            self.header = self._header()
+            self.header = self._header(st_names, starts, ends)
+            del st_names, starts, ends
         if len(self.header) > MAX_HEADER_SIZE:
             raise PlanError(f"the JSON header would take {len(self.header)} bytes; SafeTensors readers refuse "
                             f"more than {MAX_HEADER_SIZE}")
@@ -535,7 +536,7 @@ class SafetensorsWriter(Writer):
             planned.append((t, st_name))
         return planned
 
-    def _header(self) -> bytes:
+    def _header(self, st_names: Sequence[str], starts: Sequence[int], ends: Sequence[int]) -> bytes:
         """The JSON exactly as the library (serde_json) writes it, padded with spaces to 8 bytes.
 
         Entries are formatted and encoded a batch at a time and joined once: the transient memory is
@@ -545,13 +546,13 @@ class SafetensorsWriter(Writer):
         if self.metadata:
             meta = {k: self.metadata[k] for k in sorted(self.metadata)}
             parts += (f"{_json(METADATA_KEY)}:{_json(meta)}".encode(), b",")
-        tensors, st_names, starts, ends = zip(*self.plan, strict=True) if self.plan else ((),) * 4
+        tensors = self.order
         shapes = shapes_of(tensors)
         shape_json = {shape: "[" + ",".join(map(str, shape)) + "]" for shape in set(shapes)}
         entries = map('%s:{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'.__mod__,
                       zip(map(_JSON_STR, map(_NAME, tensors)), st_names, map(shape_json.__getitem__, shapes), starts,
                           ends, strict=True))
-        del tensors, shapes
+        del shapes
         while batch := ",".join(islice(entries, 8192)):
             parts += (batch.encode("utf-8"), b",")
         if len(parts) > 1:
@@ -568,7 +569,7 @@ class SafetensorsWriter(Writer):
 
     def write_to(self, sink: BinaryIO) -> None:
         write_all(sink, memoryview(struct.pack("<Q", len(self.header)) + self.header))
-        for t, _, _, _ in self.plan:
+        for t in self.order:
             write_tensor(sink, t)
 
 
