@@ -33,7 +33,8 @@ import numpy as np
 
 from . import dtypes
 from .dtypes import DType, Kind
-from .errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
+from .errors import UnsupportedDTypeError
+from .streaming import SMALL_READ, read_span
 from .tensor import Buffer, LazyTensor
 
 CHUNK_ELEMENTS = 1 << 20
@@ -285,11 +286,8 @@ def source_pieces(tensor: LazyTensor, step: int) -> Iterator[Buffer]:
         return
     span = tensor.span
     if span is not None:
-        done = 0
-        while done < span.length:
-            piece = _pread_full(span.fd, min(step, span.length - done), span.offset + done, tensor)
-            done += len(piece)
-            yield piece
+        for start in range(0, span.length, step):
+            yield read_span(tensor, start, min(step, span.length - start))
         return
     data = tensor.data()
     try:
@@ -299,29 +297,12 @@ def source_pieces(tensor: LazyTensor, step: int) -> Iterator[Buffer]:
         data.release()
 
 
-SMALL_READ = 256 << 10
-"""Below this, a stored tensor is read with one pread: mapping and unmapping it costs more."""
-
-
 def whole(tensor: LazyTensor) -> memoryview:
     """All of a tensor's bytes: read when small and stored in a file, else its `data()` view (a map)."""
     span = tensor.span
     if span is not None and span.length <= SMALL_READ:
-        return _pread_full(span.fd, span.length, span.offset, tensor)
+        return read_span(tensor)
     return tensor.data()
-
-
-def _pread_full(fd: int, n: int, offset: int, tensor: LazyTensor) -> memoryview:
-    """Read exactly `n` bytes into a fresh, uninitialised buffer (no zero-filling pass)."""
-    buf = memoryview(np.empty(n, dtype=np.uint8))
-    got = 0
-    while got < n:
-        k = os.preadv(fd, [buf[got:]], offset + got)
-        if k <= 0:
-            raise TensorBytesSizeMismatchError(f"source ended {n - got} bytes early", file=tensor.origin,
-                                               tensor=tensor.name)
-        got += k
-    return buf
 
 
 def _block_size(itemsize: int) -> int:

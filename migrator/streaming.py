@@ -12,7 +12,9 @@ from .tensor import LazyTensor
 
 CHUNK = 8 << 20  # 8 MiB, like Burn's windowed writes
 WRITEBACK_STEP = 32 << 20  # start writing back every 32 MiB instead of leaving it all to the final fsync
-SMALL_READ = 256 << 10  # smaller spans are read and buffered: one syscall instead of a flush + a copy
+SMALL_READ = 256 << 10
+"""Stored spans up to this size are read with one pread: cheaper than mapping them (casts.py), or
+than a flush + kernel copy (write_tensor)."""
 _ZEROS = bytes(4096)
 _kernel_copy_ok = hasattr(os, "copy_file_range")
 
@@ -35,7 +37,7 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor) -> None:
     span = tensor.span
     small = tensor.nbytes <= SMALL_READ
     if span is not None and small and tensor.nbytes:
-        _write_small_span(sink, tensor)
+        write_all(sink, read_span(tensor))
         return
     start = None if small else _position(sink)
     if tensor.nbytes and span is not None and _copy_in_kernel(sink, tensor, start):
@@ -65,14 +67,17 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor) -> None:
         data.release()
 
 
-def _write_small_span(sink: BinaryIO, tensor: LazyTensor) -> None:
+def read_span(tensor: LazyTensor, start: int = 0, length: int | None = None) -> memoryview:
+    """`length` bytes (default: to the end) of a file-backed tensor's span from `start`, read with one
+    pread into a fresh buffer: nothing stays mapped, and the caller may keep it."""
     span = tensor.span
     assert span is not None
-    data = os.pread(span.fd, span.length, span.offset)
-    if len(data) != span.length:
-        raise TensorBytesSizeMismatchError(f"source ended after {len(data)} of {span.length} bytes",
+    n = span.length - start if length is None else length
+    data = os.pread(span.fd, n, span.offset + start)
+    if len(data) != n:
+        raise TensorBytesSizeMismatchError(f"source ended after {start + len(data)} of {span.length} bytes",
                                            file=tensor.origin, tensor=tensor.name)
-    write_all(sink, memoryview(data))
+    return memoryview(data)
 
 
 def _position(sink: BinaryIO) -> int | None:
