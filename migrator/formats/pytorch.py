@@ -815,6 +815,8 @@ def _gc_paused() -> Iterator[None]:
 def _pairs(node: Any) -> Iterator[tuple[Any, Any]]:
     """(key, value) of a dict, (index, value) of a list or tuple."""
     return iter(node.items()) if isinstance(node, dict) else enumerate(node)
+
+
 _UINTS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -873,20 +875,6 @@ def _describe(v: Any) -> str:
     if isinstance(v, sp.Opaque):
         return f"opaque object {v.name}"
     return type(v).__name__
-
-
-def _items(node: Any) -> Iterator[tuple[str | None, Any]]:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if isinstance(k, str):
-                yield k, v
-            elif type(k) is int:
-                yield str(k), v
-            else:
-                yield None, v
-    else:
-        for i, v in enumerate(node):
-            yield str(i), v
 
 
 def _child(node: Any, seg: str) -> Any:
