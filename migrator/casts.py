@@ -194,7 +194,7 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
     # element count x new width; direct construction: a 100k-tensor plan makes 100k of these
     nbytes = tensor.nbytes // _BITS_OF[src.name] * _BITS_OF[to.name]
     return LazyTensor(tensor.name, to, tensor.shape, nbytes, job, None, tensor.param_id, tensor.origin,
-                      _CastChunks(job))
+                      job.pieces)
 
 
 class _Cast:
@@ -236,42 +236,26 @@ def _out_buffer(n: int) -> memoryview:
     return memoryview(bytearray(n) if n <= 65536 else np.empty(n, dtype=np.uint8))
 
 
-def _direct_f32_to_f16(k: Any, piece: Buffer, n: int) -> memoryview:
-    out = _out_buffer(n)
-    k.f32_to_f16(piece, out)
-    return out
+def _direct(kernel: str, *extra: int) -> Callable[[Any, Buffer, int], memoryview]:
+    """piece -> a fresh n-byte buffer filled by the compiled `kernel(piece, out, *extra)`."""
+
+    def run(k: Any, piece: Buffer, n: int) -> memoryview:
+        out = _out_buffer(n)
+        getattr(k, kernel)(piece, out, *extra)
+        return out
+
+    return run
 
 
-def _direct_f16_to_f32(k: Any, piece: Buffer, n: int) -> memoryview:
-    out = _out_buffer(n)
-    k.f16_to_f32(piece, out)
-    return out
-
-
-def _direct_f32_to_bf16(k: Any, piece: Buffer, n: int) -> memoryview:
-    out = _out_buffer(n)
-    k.f32_to_bf16(piece, out, int(_BF16_NAN_FROM_F32))
-    return out
-
-
+_f32_to_f16_direct = _direct("f32_to_f16")
+_f16_to_f32_direct = _direct("f16_to_f32")
+_f32_to_bf16_direct = _direct("f32_to_bf16", int(_BF16_NAN_FROM_F32))
 _DIRECT: dict[tuple[str, str], Callable[[Any, Buffer, int], memoryview]] = {
-    ("F32", "F16"): _direct_f32_to_f16, ("FLEX32", "F16"): _direct_f32_to_f16,
-    ("F16", "F32"): _direct_f16_to_f32, ("F16", "FLEX32"): _direct_f16_to_f32,
-    ("F32", "BF16"): _direct_f32_to_bf16, ("FLEX32", "BF16"): _direct_f32_to_bf16,
+    ("F32", "F16"): _f32_to_f16_direct, ("FLEX32", "F16"): _f32_to_f16_direct,
+    ("F16", "F32"): _f16_to_f32_direct, ("F16", "FLEX32"): _f16_to_f32_direct,
+    ("F32", "BF16"): _f32_to_bf16_direct, ("FLEX32", "BF16"): _f32_to_bf16_direct,
 }
 """Casts the compiled kernels do straight from the source bytes (the same functions the numpy path calls)."""
-
-
-class _CastChunks:
-    """The streamed pieces of a cast tensor."""
-
-    __slots__ = ("job",)
-
-    def __init__(self, job: _Cast) -> None:
-        self.job = job
-
-    def __call__(self) -> Iterator[memoryview]:
-        return self.job.pieces()
 
 
 def source_pieces(tensor: LazyTensor, step: int) -> Iterator[Buffer]:
@@ -325,12 +309,18 @@ def transpose_bands(raw: memoryview | bytes | bytearray, rows: int, cols: int,
     src = _matrix(raw, rows, cols, itemsize)
     block = _block_size(itemsize)
     band = max(block, CHUNK_BYTES // max(rows * itemsize, 1) // block * block)
+    return _map_bands(lambda first, width: _band(raw, src, first, width), cols, band)
+
+
+def _map_bands(one: Callable[[int, int], R], cols: int, band: int) -> Iterator[R]:
+    """`one(first, width)` over consecutive bands of `band` columns: on the worker threads when
+    there are several, inline (no thread hand-off) when there is one."""
     starts = range(0, cols, band)
 
-    def one(j: int) -> np.ndarray:
-        return _band(raw, src, j, min(band, cols - j))
+    def run(j: int) -> R:
+        return one(j, min(band, cols - j))
 
-    return map(one, starts) if len(starts) == 1 else pipelined(one, starts)
+    return map(run, starts) if len(starts) == 1 else pipelined(run, starts)
 
 
 def _half_band(raw: memoryview, rows: int, cols: int, first: int, width: int) -> np.ndarray:
@@ -416,13 +406,10 @@ class _TransposedChunks(_Transposed):
             yield memoryview(band.reshape(-1).view(np.uint8))
 
 
-class _TransposedHalf:
+class _TransposedHalf(_Transposed):
     """The loader of an F32 matrix transposed and cast to F16 by the compiled kernel in one pass."""
 
-    __slots__ = ("base",)
-
-    def __init__(self, base: LazyTensor) -> None:
-        self.base = base
+    __slots__ = ()
 
     def __call__(self) -> memoryview:
         rows, cols = self.base.shape
@@ -438,9 +425,5 @@ class _TransposedHalfChunks(_TransposedHalf):
         rows, cols = self.base.shape
         raw = whole(self.base)  # a map of the source tensor, dropped with the exhausted bands
         band = max(8, CHUNK_BYTES // max(rows * 2, 1) // 8 * 8)
-        starts = range(0, cols, band)
-
-        def one(j: int) -> memoryview:
-            return memoryview(_half_band(raw, rows, cols, j, min(band, cols - j)).reshape(-1).view(np.uint8))
-
-        yield from (map(one, starts) if len(starts) == 1 else pipelined(one, starts))
+        for half in _map_bands(lambda first, width: _half_band(raw, rows, cols, first, width), cols, band):
+            yield memoryview(half.reshape(-1).view(np.uint8))
