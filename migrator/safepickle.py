@@ -1136,12 +1136,8 @@ def _scan_global(data: Any, p: int, end: int) -> tuple[Any, int]:
     if j < 0:
         raise _REJECT
     module = data[p + 1 : i].decode("utf-8")
-    name = data[i + 1 : j].decode("utf-8")
-    module = _MODULE_ALIASES.get(module, module)
-    if len(module) > 256 or len(name) > 256:
-        raise _REJECT
-    value = _TABLE.get((module, name))
-    if value is None:
+    value = _resolve(_MODULE_ALIASES.get(module, module), data[i + 1 : j].decode("utf-8"))
+    if value is None:  # not allow-listed, or too long to be (the general loop raises or records it)
         raise _REJECT
     return value, j + 1
 
