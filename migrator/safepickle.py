@@ -1318,18 +1318,13 @@ def _commit(m: Unpickler, plan: _Plan, puts: list[tuple[int, Any]]) -> None:
     m.objects += pushes
     m._op_pos = persid_pos
     storage = m.persistent_load(pid)  # type: ignore[misc]
-    hooks = args = None
-    if puts:
-        made = [v for _, v in puts]
-        if _P_HOOKS in made or _P_ARGS in made:
-            hooks = ODict()
-        if _P_ARGS in made:
-            args = (storage, offset, size, stride, requires_grad, hooks)
     m._op_pos = reduce_pos
     if not isinstance(storage, StorageRef):
         _tensor(m, "_rebuild_tensor_v2", storage, offset, size, stride)  # raises the general loop's error
     t = TensorRef(storage, offset, size, stride, None, requires_grad)
     memo = m.memo
+    hooks = ODict()  # torch memoizes both, so they are made whether or not a write below needs them
+    args = (storage, offset, size, stride, requires_grad, hooks)
     for idx, v in puts:
         if v is _P_STORAGE:
             v = storage
