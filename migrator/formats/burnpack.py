@@ -24,7 +24,7 @@ from ..scalars import SCALAR_KINDS, Scalar
 from ..streaming import write_all, write_tensor, write_zeros
 from ..tensor import LazyTensor, stored, stored_many
 from . import cbor
-from .base import Reader, Writer, no_gc, shapes_of
+from .base import Reader, Writer, get_dtype, get_name, get_nbytes, no_gc, shapes_of, utf8_ok
 
 MAGIC = 0x4255524E  # "BURN" big-endian, stored little-endian: the file starts with b"NRUB"
 VERSION = 1
@@ -409,7 +409,7 @@ class BurnpackReader(Reader):
         return {"version": self.version, "metadata_size": self.metadata_size, "data_start": self.data_start}
 
 
-_NAME, _DTYPE, _NBYTES, _PARAM_ID = (attrgetter(f) for f in ("name", "dtype", "nbytes", "param_id"))
+_PARAM_ID = attrgetter("param_id")
 
 
 def _is_u64(x: Any) -> bool:
@@ -441,7 +441,7 @@ class BurnpackWriter(Writer):
             self._starts = self._plan_offsets()
             self._cbor = self._plan_cbor()
         self.data_start = align(HEADER_SIZE + len(self._cbor))
-        self._end = max(map(add, self._starts, map(_NBYTES, self.tensors)), default=0)
+        self._end = max(map(add, self._starts, map(get_nbytes, self.tensors)), default=0)
 
     def _plan_offsets(self) -> list[int]:
         if len(self.tensors) > MAX_TENSOR_COUNT:
@@ -453,17 +453,17 @@ class BurnpackWriter(Writer):
         """`_checked_offsets` per distinct name set, dtype and shape instead of per tensor; None when
         any tensor fails (the per-tensor loop then says which and why)."""
         tensors = self.tensors
-        names = list(map(_NAME, tensors))
+        names = list(map(get_name, tensors))
         if not set(map(type, names)) <= {str} or len(set(names)) != len(names):
             return None
-        dts = list(map(_DTYPE, tensors))
+        dts = list(map(get_dtype, tensors))
         by_id = dict(zip(map(id, dts), dts, strict=True))  # DType hashes every field: key on identity
         try:
             for dt in by_id.values():
                 _dtype_to_cbor(dt)
         except UnsupportedDTypeError:
             return None
-        nbytes = list(map(_NBYTES, tensors))
+        nbytes = list(map(get_nbytes, tensors))
         if nbytes and max(nbytes) > MAX_TENSOR_SIZE:
             return None
         if any(dt.kind is Kind.QUANTIZED for dt in by_id.values()):
@@ -535,7 +535,7 @@ class BurnpackWriter(Writer):
             return b"" if t.param_id is None else k_param_id + cbor.encode(t.param_id)
 
         # UTF-8 byte order is code point order: sorting the (checked) names sorts their encodings
-        names = list(map(_NAME, self.tensors))
+        names = list(map(get_name, self.tensors))
         order = sorted(range(len(names)), key=names.__getitem__)
         text_heads: dict[int, bytes] = {}
         pids = any(map(is_not, map(_PARAM_ID, self.tensors), repeat(None)))
@@ -548,7 +548,7 @@ class BurnpackWriter(Writer):
                 text_heads[n] = cbor.head(3, n)
             out += b"".join(chain.from_iterable(zip(
                 map(text_heads.__getitem__, map(len, name_b)), name_b, map(prefix, tensors, shapes_of(tensors)),
-                map(cbor.encode_uint, starts), map(cbor.encode_uint, map(add, starts, map(_NBYTES, tensors))),
+                map(cbor.encode_uint, starts), map(cbor.encode_uint, map(add, starts, map(get_nbytes, tensors))),
                 map(param_id, tensors) if pids else repeat(b""), strict=False)))
         if self.metadata:
             cbor.encode_into(out, "metadata")
@@ -584,24 +584,16 @@ class BurnpackWriter(Writer):
 
 def _check_text(tensors: Sequence[LazyTensor], metadata: Mapping[str, str], scalars: Mapping[str, Scalar]) -> None:
     """Names and metadata become CBOR text: a lone surrogate (a pickle's BINUNICODE may hold one) cannot."""
-    names = list(map(_NAME, tensors))
-    if not (set(map(type, names)) <= {str} and _utf8_ok("".join(names))):  # all at once; then find which
+    names = list(map(get_name, tensors))
+    if not (set(map(type, names)) <= {str} and utf8_ok("".join(names))):  # all at once; then find which
         for t in tensors:
-            if not _utf8_ok(t.name):
+            if not utf8_ok(t.name):
                 raise PlanError(f"tensor name {t.name!a} is not valid Unicode text (it cannot be written as "
                                 "UTF-8)", tensor=t.name)
     for k, v in [*metadata.items(), *((k, "") for k in scalars)]:
-        if isinstance(k, str) and isinstance(v, str) and not (_utf8_ok(k) and _utf8_ok(v)):
+        if isinstance(k, str) and isinstance(v, str) and not (utf8_ok(k) and utf8_ok(v)):
             raise PlanError(f"metadata or scalar entry {k!a} is not valid Unicode text (it cannot be written as "
                             "UTF-8)")
-
-
-def _utf8_ok(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _dtype_to_cbor_checked(t: LazyTensor) -> None:

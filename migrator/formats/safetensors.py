@@ -16,7 +16,7 @@ import struct
 import sys
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, islice, repeat
-from operator import add, attrgetter, eq, itemgetter, sub
+from operator import add, eq, itemgetter, sub
 from typing import Any, BinaryIO, ClassVar, Literal
 
 from .. import dtypes
@@ -26,7 +26,7 @@ from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTyp
 from ..scalars import Scalar
 from ..streaming import write_all, write_tensor
 from ..tensor import LazyTensor, stored, stored_many
-from .base import Reader, Writer, no_gc, shapes_of
+from .base import Reader, Writer, get_dtype, get_name, get_nbytes, no_gc, shapes_of, utf8_ok
 
 MAX_HEADER_SIZE = 100_000_000  # the library's limit; a reader must refuse larger headers
 METADATA_KEY = "__metadata__"
@@ -461,10 +461,10 @@ class SafetensorsWriter(Writer):
             if st_names is None:  # some tensor is wrong: the per-tensor checks find it and say what
                 st_names = [st for _, st in self._check_tensors()]
             if order == "library":  # dtype rank descending, then name: two stable sorts, no key tuples
-                by = sorted(range(len(tensors)), key=list(map(_NAME, tensors)).__getitem__)
+                by = sorted(range(len(tensors)), key=list(map(get_name, tensors)).__getitem__)
                 by.sort(key=list(map(_NEG_RANK.__getitem__, st_names)).__getitem__)
                 tensors, st_names = list(map(tensors.__getitem__, by)), list(map(st_names.__getitem__, by))
-            ends = list(accumulate(map(_NBYTES, tensors)))
+            ends = list(accumulate(map(get_nbytes, tensors)))
             starts = [0, *ends[:-1]] if ends else []
             self.order: list[LazyTensor] = list(tensors)  # data order; offsets live only in the header
             self.data_size = ends[-1] if ends else 0
@@ -479,14 +479,14 @@ class SafetensorsWriter(Writer):
             if not isinstance(k, str) or not isinstance(v, str):
                 raise PlanError(f"SafeTensors metadata maps strings to strings; got {k!r}: {type(v).__name__} "
                                 f"{v!r}")
-            if not _utf8_ok(k) or not _utf8_ok(v):
+            if not utf8_ok(k) or not utf8_ok(v):
                 raise PlanError(f"metadata {k!r} is not encodable as UTF-8")
 
     def _fast_checks(self) -> list[str] | None:
         """Each tensor's SafeTensors dtype name when every tensor passes `_check_tensors`, checked per
         distinct name set, dtype and shape rather than per tensor; None when any tensor fails."""
         tensors = self.tensors
-        names = list(map(_NAME, tensors))
+        names = list(map(get_name, tensors))
         unique = set(names)
         if len(unique) != len(names) or METADATA_KEY in unique or not set(map(type, names)) <= {str}:
             return None
@@ -495,7 +495,7 @@ class SafetensorsWriter(Writer):
         except UnicodeEncodeError:
             return None
         del unique
-        dts = list(map(_DTYPE, tensors))
+        dts = list(map(get_dtype, tensors))
         by_id = dict(zip(map(id, dts), dts, strict=True))  # DType hashes every field: key on identity
         try:
             st_of = {i: safetensors_name(dt) for i, dt in by_id.items()}
@@ -509,7 +509,7 @@ class SafetensorsWriter(Writer):
             if bits % 8:
                 return None
             need[key] = bits // 8
-        if list(map(need.__getitem__, keys)) != list(map(_NBYTES, tensors)):
+        if list(map(need.__getitem__, keys)) != list(map(get_nbytes, tensors)):
             return None
         return list(map(st_of.__getitem__, map(itemgetter(0), keys)))
 
@@ -518,7 +518,7 @@ class SafetensorsWriter(Writer):
         planned: list[tuple[LazyTensor, str]] = []
         for t in self.tensors:
             name = t.name
-            if not isinstance(name, str) or not _utf8_ok(name):
+            if not isinstance(name, str) or not utf8_ok(name):
                 raise PlanError(f"tensor name {name!r} is not a UTF-8 encodable string")
             if name == METADATA_KEY:
                 raise PlanError("the name is reserved for SafeTensors metadata", tensor=name)
@@ -550,7 +550,7 @@ class SafetensorsWriter(Writer):
         shapes = shapes_of(tensors)
         shape_json = {shape: "[" + ",".join(map(str, shape)) + "]" for shape in set(shapes)}
         entries = map('%s:{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'.__mod__,
-                      zip(map(_JSON_STR, map(_NAME, tensors)), st_names, map(shape_json.__getitem__, shapes), starts,
+                      zip(map(_JSON_STR, map(get_name, tensors)), st_names, map(shape_json.__getitem__, shapes), starts,
                           ends, strict=True))
         del shapes
         while batch := ",".join(islice(entries, 8192)):
@@ -573,9 +573,6 @@ class SafetensorsWriter(Writer):
             write_tensor(sink, t)
 
 
-_NAME, _DTYPE, _SHAPE, _NBYTES = (attrgetter(f) for f in ("name", "dtype", "shape", "nbytes"))
-
-
 _NEG_RANK = {name: -rank for name, rank in _RANK.items()}
 # json.dumps(s, ensure_ascii=False) for a str (what JSONEncoder.encode calls), without an encoder per call
 _JSON_STR = json.encoder.encode_basestring
@@ -585,11 +582,3 @@ def _json(value: object) -> str:
     # Python's compact, non-ASCII-preserving JSON matches serde_json: only `"`, `\`, and control
     # characters are escaped, with \b \f \n \r \t short forms and lowercase \u00XX otherwise.
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _utf8_ok(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
