@@ -315,9 +315,8 @@ DEFINE_TRANSPOSE(transpose_8, uint64_t, block_8)
 
 /* ---- Python glue -------------------------------------------------------------------------------- */
 
-/* Get a read buffer and a writable buffer of exactly the expected byte lengths. */
-static int get_buffers(PyObject *src, PyObject *dst, Py_buffer *in, Py_buffer *out, Py_ssize_t in_item,
-                       Py_ssize_t out_item, Py_ssize_t *n)
+/* Get a read buffer of src and a writable buffer of dst (both or neither). */
+static int acquire(PyObject *src, PyObject *dst, Py_buffer *in, Py_buffer *out)
 {
     if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
         return -1;
@@ -325,6 +324,15 @@ static int get_buffers(PyObject *src, PyObject *dst, Py_buffer *in, Py_buffer *o
         PyBuffer_Release(in);
         return -1;
     }
+    return 0;
+}
+
+/* Get a read buffer and a writable buffer of exactly the expected byte lengths. */
+static int get_buffers(PyObject *src, PyObject *dst, Py_buffer *in, Py_buffer *out, Py_ssize_t in_item,
+                       Py_ssize_t out_item, Py_ssize_t *n)
+{
+    if (acquire(src, dst, in, out) < 0)
+        return -1;
     if (in->len % in_item != 0 || out->len != in->len / in_item * out_item) {
         PyErr_Format(PyExc_ValueError, "buffer sizes do not match: %zd source bytes, %zd target bytes", in->len,
                      out->len);
@@ -376,32 +384,25 @@ static PyObject *py_f32_to_bf16(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Parse (src, dst, rows, cols, first, width) and check that src holds [rows, cols] items of
- * `in_item` bytes and dst [width, rows] items of `out_item` bytes. */
-static int get_band(PyObject *args, Py_ssize_t in_item, Py_ssize_t out_item, Py_buffer *in, Py_buffer *out,
-                    Py_ssize_t *rows, Py_ssize_t *cols, Py_ssize_t *first, Py_ssize_t *width)
+/* Check that (rows, cols, first, width) is a band of columns, that src holds [rows, cols] items of
+ * `in_item` bytes and dst [width, rows] items of `out_item` bytes; get both buffers. */
+static int get_band(PyObject *src, PyObject *dst, Py_ssize_t in_item, Py_ssize_t out_item, Py_buffer *in,
+                    Py_buffer *out, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first, Py_ssize_t width)
 {
-    PyObject *src, *dst;
-    if (!PyArg_ParseTuple(args, "OOnnnn", &src, &dst, rows, cols, first, width))
-        return -1;
-    if (*rows < 0 || *cols < 0 || *first < 0 || *width < 0 || *first > *cols || *width > *cols - *first) {
+    if (rows < 0 || cols < 0 || first < 0 || width < 0 || first > cols || width > cols - first) {
         PyErr_SetString(PyExc_ValueError, "bad transpose shape or band");
         return -1;
     }
-    if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
+    if (acquire(src, dst, in, out) < 0)
         return -1;
-    if (PyObject_GetBuffer(dst, out, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(in);
-        return -1;
-    }
     /* rows * cols * in_item == in->len, checked by division so that nothing can overflow */
-    int fits = (*rows == 0 || *cols == 0) ? in->len == 0
-                                          : (in->len % in_item == 0 && in->len / in_item % *cols == 0 &&
-                                             in->len / in_item / *cols == *rows);
-    if (!fits || out->len % out_item != 0 || out->len / out_item != *rows * *width) {
+    int fits = (rows == 0 || cols == 0) ? in->len == 0
+                                        : (in->len % in_item == 0 && in->len / in_item % cols == 0 &&
+                                           in->len / in_item / cols == rows);
+    if (!fits || out->len % out_item != 0 || out->len / out_item != rows * width) {
         PyErr_Format(PyExc_ValueError,
                      "transpose of columns [%zd, %zd) of [%zd, %zd] does not match buffers of %zd and %zd bytes",
-                     *first, *first + *width, *rows, *cols, in->len, out->len);
+                     first, first + width, rows, cols, in->len, out->len);
         PyBuffer_Release(in);
         PyBuffer_Release(out);
         return -1;
@@ -411,29 +412,16 @@ static int get_band(PyObject *args, Py_ssize_t in_item, Py_ssize_t out_item, Py_
 
 static PyObject *py_transpose(PyObject *self, PyObject *args)
 {
-    Py_ssize_t rows, cols, first, width, itemsize;
+    PyObject *src, *dst;
+    Py_ssize_t rows, cols, itemsize, first, width;
     Py_buffer in, out;
-    PyObject *rest;
-    /* the item size is the last argument; the rest are get_band's */
-    Py_ssize_t n = PyTuple_GET_SIZE(args);
-    if (n != 7) {
-        PyErr_SetString(PyExc_TypeError, "transpose(src, dst, rows, cols, itemsize, first, width)");
-        return NULL;
-    }
-    itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(args, 4));
-    if (itemsize == -1 && PyErr_Occurred())
+    if (!PyArg_ParseTuple(args, "OOnnnnn:transpose", &src, &dst, &rows, &cols, &itemsize, &first, &width))
         return NULL;
     if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) {
         PyErr_SetString(PyExc_ValueError, "bad transpose item size");
         return NULL;
     }
-    rest = Py_BuildValue("(OOOOOO)", PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1), PyTuple_GET_ITEM(args, 2),
-                         PyTuple_GET_ITEM(args, 3), PyTuple_GET_ITEM(args, 5), PyTuple_GET_ITEM(args, 6));
-    if (rest == NULL)
-        return NULL;
-    int bad = get_band(rest, itemsize, itemsize, &in, &out, &rows, &cols, &first, &width);
-    Py_DECREF(rest);
-    if (bad)
+    if (get_band(src, dst, itemsize, itemsize, &in, &out, rows, cols, first, width) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS switch (itemsize)
     {
@@ -449,9 +437,11 @@ static PyObject *py_transpose(PyObject *self, PyObject *args)
 
 static PyObject *py_transpose_f32_to_f16(PyObject *self, PyObject *args)
 {
+    PyObject *src, *dst;
     Py_ssize_t rows, cols, first, width;
     Py_buffer in, out;
-    if (get_band(args, 4, 2, &in, &out, &rows, &cols, &first, &width) < 0)
+    if (!PyArg_ParseTuple(args, "OOnnnn:transpose_f32_to_f16", &src, &dst, &rows, &cols, &first, &width) ||
+        get_band(src, dst, 4, 2, &in, &out, rows, cols, first, width) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS transpose_f32_to_f16((const uint32_t *)in.buf, (uint16_t *)out.buf, rows, cols, first, width);
     Py_END_ALLOW_THREADS PyBuffer_Release(&in);
