@@ -293,7 +293,7 @@ class ModuleResolver:
 
     def resolve(self, tensor_name: str) -> ModuleType:
         """The module type of `tensor_name`'s module; `AdapterError` if two declarations conflict."""
-        path = tensor_name.rpartition(".")[0]
+        path = module_path(tensor_name)
         cached = self._cache.get(path)
         if cached is not None:  # siblings (weight, bias) share their module's type
             return cached
