@@ -23,6 +23,7 @@ no Burn equivalent and torch and ml_dtypes disagree on their overflow behaviour.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -223,9 +224,14 @@ class _Cast:
         return pipelined(self.convert_piece, pieces)
 
     def __call__(self) -> memoryview:
+        pieces = self.pieces()
+        first = next(pieces, None)
+        second = None if first is None else next(pieces, None)
+        if second is None:  # zero or one piece (every small tensor): it is the result, no copy
+            return memoryview(b"") if first is None else first
         out = np.empty(self.tensor.numel * self.dst_uint.itemsize, dtype=np.uint8)
         pos = 0
-        for piece in self.pieces():
+        for piece in itertools.chain((first, second), pieces):
             out[pos:pos + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
             pos += len(piece)
         return memoryview(out)
