@@ -103,7 +103,7 @@ def _start_writeback(sink: BinaryIO, start: int, end: int) -> None:
             os.posix_fadvise(sink.fileno(), first, last - first, os.POSIX_FADV_DONTNEED)
 
 
-def write_all(sink: BinaryIO, chunk: memoryview) -> None:
+def write_all(sink: BinaryIO, chunk: bytes | bytearray | memoryview) -> None:
     """Write everything: a raw (unbuffered) file may accept only part of a large write."""
     while len(chunk):
         n = sink.write(chunk)

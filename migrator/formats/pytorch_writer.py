@@ -28,7 +28,7 @@ from typing import BinaryIO
 from ..dtypes import DType
 from ..errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
 from ..scalars import Scalar
-from ..streaming import write_tensor
+from ..streaming import write_all, write_tensor
 from ..tensor import LazyTensor
 from .base import Writer
 
@@ -241,27 +241,27 @@ class PytorchWriter(Writer):
     def write_to(self, sink: BinaryIO) -> None:
         for m in self._members:
             if m.payload is not None:
-                _write(sink, self._local_header(m))
-                _write(sink, m.payload)
+                write_all(sink, self._local_header(m))
+                write_all(sink, m.payload)
                 continue
             assert m.storage is not None
             tensor = self._storages[m.storage]
             if tensor.span is not None:
                 m.crc = _crc_span(tensor)
-                _write(sink, self._local_header(m))
+                write_all(sink, self._local_header(m))
                 write_tensor(sink, tensor)  # file-backed: copied in the kernel where possible
             else:
                 view = tensor.data()
                 try:
                     m.crc = _crc(view)
-                    _write(sink, self._local_header(m))
+                    write_all(sink, self._local_header(m))
                     for start in range(0, len(view), _CRC_CHUNK):
-                        _write(sink, view[start : start + _CRC_CHUNK])
+                        write_all(sink, view[start : start + _CRC_CHUNK])
                 finally:
                     view.release()
         for m in self._members:
-            _write(sink, self._central_entry(m))
-        _write(sink, self._end_records())
+            write_all(sink, self._central_entry(m))
+        write_all(sink, self._end_records())
 
 
 def _torch_dtype(t: LazyTensor) -> str:
@@ -303,15 +303,6 @@ def _crc_span(tensor: LazyTensor) -> int:
         crc = zlib.crc32(view[:n], crc)
         done += n
     return crc
-
-
-def _write(sink: BinaryIO, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while len(view):
-        n = sink.write(view)
-        if n is None:
-            return
-        view = view[n:]
 
 
 class _Pickle:
