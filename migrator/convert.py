@@ -128,8 +128,9 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     from .formats import open_file, save_planned, writer_class
     from .formats.detect import target_format
     from .metadata import output_metadata
+    from .paths import resolve_path
 
-    src_path, dst_path = _absolute(src), _absolute(dst)
+    src_path, dst_path = resolve_path(Path.cwd(), src), resolve_path(Path.cwd(), dst)
     out_fmt = target_format(dst_path, target_format_name)
     dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format) as reader:
@@ -149,12 +150,6 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         return ConvertResult(source=str(src_path), source_format=reader.format, target=written,
                              target_format=out_fmt, tensors=len(tensors), nbytes=sum(t.nbytes for t in tensors),
                              metadata=meta, scalars_written=len(scalars), notes=notes)
-
-
-def _absolute(path: str | os.PathLike[str]) -> Path:
-    """As the plan resolves recipe paths: user folder expanded, relative to the current folder, normalised."""
-    p = Path(os.path.expanduser(os.fspath(path)))
-    return Path(os.path.normpath(p if p.is_absolute() else Path.cwd() / p))
 
 
 def _result(plan: Plan, written: str) -> ConvertResult:

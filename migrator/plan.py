@@ -8,7 +8,6 @@ The plan also holds the report a run would give (applied, skipped, missing, unus
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from .naming import (
     find_collisions,
     strip_enum_variant,
 )
+from .paths import resolve_path
 from .recipe import CastPolicy, Criterion, Recipe
 from .report import ApplyReport, ReportError
 from .scalars import Scalar
@@ -96,11 +96,6 @@ class Plan:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def resolve_path(base_dir: Path, path: Path | str) -> Path:
-    p = Path(os.path.expanduser(str(path)))
-    return Path(os.path.normpath(p if p.is_absolute() else base_dir / p))
 
 
 class _Matcher:
