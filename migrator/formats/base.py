@@ -5,13 +5,14 @@ from __future__ import annotations
 import gc
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
 from types import TracebackType
 from typing import Any, BinaryIO, ClassVar
 
 from ..bytesource import ByteSource
+from ..dtypes import DType
 from ..errors import TensorNotFoundError
 from ..scalars import Scalar
 from ..tensor import LazyTensor
@@ -155,6 +156,25 @@ def shapes_of(tensors: Iterable[LazyTensor]) -> list[tuple[int, ...]]:
     """Each tensor's shape as a (hashable) tuple, for tables keyed by shape."""
     shapes = list(map(get_shape, tensors))
     return shapes if set(map(type, shapes)) <= {tuple} else list(map(tuple, shapes))
+
+
+def distinct_str_names(tensors: Sequence[LazyTensor]) -> list[str] | None:
+    """The tensors' names when every one is a str and no two are equal, else None."""
+    names = list(map(get_name, tensors))
+    if not set(map(type, names)) <= {str} or len(set(names)) != len(names):
+        return None
+    return names
+
+
+def lengths_match(tensors: Sequence[LazyTensor], dtypes: Sequence[DType],
+                  nbytes: Callable[[DType, tuple[int, ...]], int | None] = DType.nbytes) -> bool:
+    """Whether each tensor declares `nbytes(dtype, shape)` bytes (`dtypes` one per tensor), computed
+    once per distinct dtype and shape, not per tensor. Dtypes are keyed on identity: a C-level id()
+    rather than a Python-level DType.__hash__ per tensor."""
+    by_id = dict(zip(map(id, dtypes), dtypes, strict=True))
+    keys = list(zip(map(id, dtypes), shapes_of(tensors), strict=True))
+    need = {key: nbytes(by_id[key[0]], key[1]) for key in set(keys)}
+    return list(map(need.__getitem__, keys)) == list(map(get_nbytes, tensors))
 
 
 def utf8_ok(s: str) -> bool:

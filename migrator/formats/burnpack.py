@@ -6,14 +6,13 @@ Byte-compatible with burn-pack's writer and at least as strict as its reader (sp
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import re
 import struct
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain, compress, islice, repeat
-from operator import add, and_, attrgetter, eq, is_not, lt, mul, ne, sub
+from operator import add, and_, attrgetter, is_not, lt, ne, sub
 from typing import Any, BinaryIO, ClassVar
 
 from .. import dtypes
@@ -24,7 +23,18 @@ from ..scalars import SCALAR_KINDS, Scalar
 from ..streaming import write_all, write_tensor, write_zeros
 from ..tensor import LazyTensor, stored, stored_many
 from . import cbor
-from .base import Reader, Writer, get_dtype, get_name, get_nbytes, no_gc, shapes_of, utf8_ok
+from .base import (
+    Reader,
+    Writer,
+    distinct_str_names,
+    get_dtype,
+    get_name,
+    get_nbytes,
+    lengths_match,
+    no_gc,
+    shapes_of,
+    utf8_ok,
+)
 
 MAGIC = 0x4255524E  # "BURN" big-endian, stored little-endian: the file starts with b"NRUB"
 VERSION = 1
@@ -453,26 +463,21 @@ class BurnpackWriter(Writer):
         """`_checked_offsets` per distinct name set, dtype and shape instead of per tensor; None when
         any tensor fails (the per-tensor loop then says which and why)."""
         tensors = self.tensors
-        names = list(map(get_name, tensors))
-        if not set(map(type, names)) <= {str} or len(set(names)) != len(names):
+        if distinct_str_names(tensors) is None:
             return None
         dts = list(map(get_dtype, tensors))
-        by_id = dict(zip(map(id, dts), dts, strict=True))  # DType hashes every field: key on identity
+        distinct = dict(zip(map(id, dts), dts, strict=True)).values()  # each distinct dtype once
         try:
-            for dt in by_id.values():
+            for dt in distinct:
                 _dtype_to_cbor(dt)
         except UnsupportedDTypeError:
             return None
         nbytes = list(map(get_nbytes, tensors))
         if nbytes and max(nbytes) > MAX_TENSOR_SIZE:
             return None
-        if any(dt.kind is Kind.QUANTIZED for dt in by_id.values()):
+        if any(dt.kind is Kind.QUANTIZED for dt in distinct):
             return None  # QFloat lengths are not shape x size: the per-tensor loop
-        # shape x bytes per element (every dtype here is whole bytes), compared as a stream
-        shapes = shapes_of(tensors)
-        numel = {shape: math.prod(shape) for shape in set(shapes)}
-        item = {i: dt.itemsize for i, dt in by_id.items()}
-        if not all(map(eq, map(mul, map(numel.__getitem__, shapes), map(item.__getitem__, map(id, dts))), nbytes)):
+        if not lengths_match(tensors, dts):
             return None
         aligned = {nb: align(nb) for nb in set(nbytes)}  # each start is aligned, so the next is start + align(n)
         return list(accumulate(map(aligned.__getitem__, nbytes[:-1]), initial=0)) if nbytes else []

@@ -16,7 +16,7 @@ import struct
 import sys
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, islice, repeat
-from operator import add, eq, itemgetter, sub
+from operator import add, eq, sub
 from typing import Any, BinaryIO, ClassVar, Literal
 
 from .. import dtypes
@@ -26,7 +26,18 @@ from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTyp
 from ..scalars import Scalar
 from ..streaming import write_all, write_tensor
 from ..tensor import LazyTensor, stored, stored_many
-from .base import Reader, Writer, get_dtype, get_name, get_nbytes, no_gc, shapes_of, utf8_ok
+from .base import (
+    Reader,
+    Writer,
+    distinct_str_names,
+    get_dtype,
+    get_name,
+    get_nbytes,
+    lengths_match,
+    no_gc,
+    shapes_of,
+    utf8_ok,
+)
 
 MAX_HEADER_SIZE = 100_000_000  # the library's limit; a reader must refuse larger headers
 METADATA_KEY = "__metadata__"
@@ -486,32 +497,19 @@ class SafetensorsWriter(Writer):
         """Each tensor's SafeTensors dtype name when every tensor passes `_check_tensors`, checked per
         distinct name set, dtype and shape rather than per tensor; None when any tensor fails."""
         tensors = self.tensors
-        names = list(map(get_name, tensors))
-        unique = set(names)
-        if len(unique) != len(names) or METADATA_KEY in unique or not set(map(type, names)) <= {str}:
+        names = distinct_str_names(tensors)
+        if names is None or METADATA_KEY in names or not utf8_ok("".join(names)):  # utf8: a lone surrogate
             return None
-        try:
-            "".join(names).encode("utf-8")  # a lone surrogate in any name
-        except UnicodeEncodeError:
-            return None
-        del unique
         dts = list(map(get_dtype, tensors))
-        by_id = dict(zip(map(id, dts), dts, strict=True))  # DType hashes every field: key on identity
+        by_id = dict(zip(map(id, dts), dts, strict=True))  # each distinct dtype once
         try:
             st_of = {i: safetensors_name(dt) for i, dt in by_id.items()}
         except UnsupportedDTypeError:
             return None
-        keys = list(zip(map(id, dts), shapes_of(tensors), strict=True))
-        del dts
-        need: dict[tuple[int, tuple[int, ...]], int] = {}
-        for key in set(keys):
-            bits = _numel(key[1]) * dtypes.BY_SAFETENSORS[st_of[key[0]]].bits  # type: ignore[operator]
-            if bits % 8:
-                return None
-            need[key] = bits // 8
-        if list(map(need.__getitem__, keys)) != list(map(get_nbytes, tensors)):
+        # lengths as `_check_tensors` computes them: from the dtype SafeTensors names
+        if not lengths_match(tensors, dts, lambda dt, shape: dtypes.BY_SAFETENSORS[st_of[id(dt)]].nbytes(shape)):
             return None
-        return list(map(st_of.__getitem__, map(itemgetter(0), keys)))
+        return list(map(st_of.__getitem__, map(id, dts)))
 
     def _check_tensors(self) -> list[tuple[LazyTensor, str]]:
         seen: set[str] = set()
