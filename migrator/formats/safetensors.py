@@ -470,14 +470,14 @@ class SafetensorsWriter(Writer):
         with no_gc():
             st_names = self._fast_checks()
             if st_names is None:  # some tensor is wrong: the per-tensor checks find it and say what
-                st_names = [st for _, st in self._check_tensors()]
+                st_names = self._check_tensors()
             if order == "library":  # dtype rank descending, then name: two stable sorts, no key tuples
                 by = sorted(range(len(tensors)), key=list(map(get_name, tensors)).__getitem__)
                 by.sort(key=list(map(_NEG_RANK.__getitem__, st_names)).__getitem__)
                 tensors, st_names = list(map(tensors.__getitem__, by)), list(map(st_names.__getitem__, by))
             ends = list(accumulate(map(get_nbytes, tensors)))
             starts = [0, *ends[:-1]] if ends else []
-            self.order: list[LazyTensor] = list(tensors)  # data order; offsets live only in the header
+            self.order: list[LazyTensor] = tensors  # data order (no copy); offsets live only in the header
             self.data_size = ends[-1] if ends else 0
             self.header = self._header(st_names, starts, ends)
             del st_names, starts, ends
@@ -511,9 +511,10 @@ class SafetensorsWriter(Writer):
             return None
         return list(map(st_of.__getitem__, map(id, dts)))
 
-    def _check_tensors(self) -> list[tuple[LazyTensor, str]]:
+    def _check_tensors(self) -> list[str]:
+        """Each tensor's SafeTensors dtype name, or PlanError for the first tensor that fails."""
         seen: set[str] = set()
-        planned: list[tuple[LazyTensor, str]] = []
+        planned: list[str] = []
         for t in self.tensors:
             name = t.name
             if not isinstance(name, str) or not utf8_ok(name):
@@ -531,7 +532,7 @@ class SafetensorsWriter(Writer):
             if t.nbytes != bits // 8:
                 raise PlanError(f"declares {t.nbytes} bytes but its shape {list(t.shape)} and dtype "
                                 f"{t.dtype.display} need {bits // 8}", tensor=name)
-            planned.append((t, st_name))
+            planned.append(st_name)
         return planned
 
     def _header(self, st_names: Sequence[str], starts: Sequence[int], ends: Sequence[int]) -> bytes:
