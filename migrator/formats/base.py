@@ -133,10 +133,11 @@ class Writer(ABC):
 
 @contextmanager
 def no_gc() -> Iterator[None]:
-    """Pause the cyclic collector while a header is parsed.
+    """Pause the cyclic collector while a header or pickle is parsed.
 
     A header makes a few acyclic objects per tensor; at 100k tensors the collector would rescan
-    them over and over (a third of the parse) and free nothing.
+    them over and over (a third of the parse) and free nothing. Cycles a hostile pickle makes are
+    bounded by the pickle limits and collected once the parse ends.
     """
     if not gc.isenabled():
         yield

@@ -18,7 +18,6 @@ can still be read for the parts that are supported.
 from __future__ import annotations
 
 import contextlib
-import gc
 import struct
 import zlib
 from array import array
@@ -40,7 +39,7 @@ from ..errors import (
 )
 from ..scalars import Scalar
 from ..tensor import LazyTensor, stored
-from .base import Reader
+from .base import Reader, no_gc
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL_VERSION = 1001
@@ -122,7 +121,7 @@ class PytorchReader(Reader):
         self._zip_data: tuple[array, array] | None = None  # see _ZipDirectory.data
         self._zip_found = bytearray()  # 1: _zip_data holds that storage's data offset, checked
         self._zip = False
-        with _gc_paused():
+        with no_gc():  # ~1M container objects stay alive until the end: rescans would cost ~30%
             root = self._open()
             selected, prefix = self._select(root, top_level_key)
             self._flatten(selected, prefix)
@@ -792,24 +791,6 @@ _MISSING = object()
 
 def _empty() -> bytes:
     return b""
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while the pickle's graph is built and flattened.
-
-    Opening 100k tensors creates about a million container objects that all stay alive until the end:
-    each automatic collection would re-scan them (~30% of the open). Nothing an open builds needs the
-    collector (the graph is freed by reference counting); cycles a hostile pickle makes are bounded by
-    the pickle limits and collected once the open ends.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _pairs(node: Any) -> Iterator[tuple[Any, Any]]:
