@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
+from collections import deque
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 from .errors import TensorBytesSizeMismatchError
@@ -15,6 +18,9 @@ WRITEBACK_STEP = 32 << 20  # start writing back every 32 MiB instead of leaving 
 SMALL_READ = 256 << 10
 """Stored spans up to this size are read with one pread: cheaper than mapping them (casts.py), or
 than a flush + kernel copy (write_tensor)."""
+AHEAD_BYTES = 8 << 20
+"""Computed bytes `Ahead` may hold beyond the piece being written. Kept well inside the L3 cache, so
+the writer copies pieces from cache, not DRAM: 32 MiB was measurably slower."""
 _ZEROS = bytes(4096)
 _kernel_copy_ok = hasattr(os, "copy_file_range")
 
@@ -26,13 +32,14 @@ def write_zeros(sink: BinaryIO, n: int) -> None:
         n -= k
 
 
-def write_tensor(sink: BinaryIO, tensor: LazyTensor) -> None:
+def write_tensor(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = None) -> None:
     """Append the tensor's bytes to `sink`; exactly `tensor.nbytes` bytes or an error.
 
     In order of preference: a kernel copy of a verbatim file span, the tensor's own pieces (a
     streamed cast or transpose), or its whole `data()` view written in chunks and then dropped.
     Writeback of the output is started as each 32 MiB step completes; small tensors skip that
     bookkeeping (a position query is a syscall) and leave their few pages to the final fsync.
+    With `ahead`, a computed tensor's pieces come from its thread, made while earlier ones were written.
     """
     span = tensor.span
     small = tensor.nbytes <= SMALL_READ
@@ -45,7 +52,8 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor) -> None:
     pos = start
     written = 0
     if tensor.chunks is not None:
-        for piece in tensor.chunks():
+        pieces = ahead.take(tensor) if ahead is not None else None
+        for piece in tensor.chunks() if pieces is None else pieces:
             view = memoryview(piece).cast("B")
             write_all(sink, view)
             written += len(view)
@@ -143,3 +151,100 @@ def _copy_in_kernel(sink: BinaryIO, tensor: LazyTensor, pos: int | None) -> bool
         done += n
     sink.seek(pos + done)  # explicit offsets leave the file position alone: a buffered sink must know it moved
     return True
+
+
+class Ahead:
+    """Computes the pieces of the coming large computed tensors on a thread while earlier ones are written.
+
+    A writer that handles tensors one at a time leaves a core idle: a transpose or cast (which
+    releases the GIL in numpy or the kernels) waits for the previous tensor's write (which releases
+    it in the syscall), and the other way round. This thread runs the computed tensors' `chunks()` in
+    write order, at most AHEAD_BYTES ahead of the writer; the writer `take`s each one's pieces in the
+    same order. Tensors the writer copies from a file span, and small computed ones (a thread
+    hand-off per tensor costs more than it saves), stay on the writer's thread.
+
+    Errors raised while computing a tensor are raised by `take` for that tensor, so they surface at
+    the same point as without this thread. `close` (on any exit: a write error, an interrupt) stops
+    the thread and waits for it, so no source is read after the writer returns.
+    """
+
+    def __init__(self, tensors: Sequence[LazyTensor], budget: int = AHEAD_BYTES) -> None:
+        self._wanted = [t for t in tensors if t.span is None and t.chunks is not None and t.nbytes > SMALL_READ]
+        self._budget = budget
+        self._next = 0
+        self._items: deque[tuple[int, memoryview | BaseException | None]] = deque()
+        self._held = 0
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        if len(self._wanted) > 1:  # one computed tensor: nothing to overlap with
+            self._thread = threading.Thread(target=self._produce, name="migrator-ahead", daemon=True)
+            self._thread.start()
+
+    def __enter__(self) -> Ahead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._items.clear()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _put(self, index: int, item: memoryview | BaseException | None) -> bool:
+        """Queue one item, waiting while the budget is spent; False once the writer has stopped."""
+        size = len(item) if isinstance(item, memoryview) else 0
+        with self._cond:
+            while self._held and self._held + size > self._budget and not self._stop:
+                self._cond.wait()
+            if self._stop:
+                return False
+            self._items.append((index, item))
+            self._held += size
+            self._cond.notify_all()
+        return True
+
+    def _produce(self) -> None:
+        for index, tensor in enumerate(self._wanted):
+            assert tensor.chunks is not None
+            try:  # a generator left unfinished is closed (its source map dropped) as this frame ends
+                for piece in tensor.chunks():
+                    if not self._put(index, memoryview(piece).cast("B")):
+                        return
+            except BaseException as e:  # handed to the writer, raised when it reaches this tensor
+                self._put(index, e)
+                return
+            if not self._put(index, None):
+                return
+
+    def _alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def take(self, tensor: LazyTensor) -> Iterator[memoryview] | None:
+        """The tensor's pieces, if this thread computes it (the writer asks in write order); else None."""
+        index = self._next
+        if self._thread is None or index >= len(self._wanted) or self._wanted[index] is not tensor:
+            return None
+        self._next += 1
+        return self._pieces(index)
+
+    def _pieces(self, index: int) -> Iterator[memoryview]:
+        while True:
+            with self._cond:
+                while not self._items:
+                    if not self._cond.wait(1.0) and not self._items and not self._alive():
+                        raise RuntimeError("migrator-ahead thread ended without its pieces")  # a bug, not input
+                got, item = self._items.popleft()
+                assert got == index, (got, index)
+                if isinstance(item, memoryview):
+                    self._held -= len(item)
+                    self._cond.notify_all()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item

@@ -20,7 +20,7 @@ from ..bytesource import ByteSource, FileSource
 from ..dtypes import DType, Kind
 from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
 from ..scalars import SCALAR_KINDS, Scalar
-from ..streaming import write_all, write_tensor, write_zeros
+from ..streaming import Ahead, write_all, write_tensor, write_zeros
 from ..tensor import LazyTensor, stored, stored_many
 from . import cbor
 from .base import (
@@ -574,11 +574,11 @@ class BurnpackWriter(Writer):
     def write_to(self, sink: BinaryIO) -> None:
         write_all(sink, memoryview(struct.pack("<IHI", MAGIC, VERSION, len(self._cbor)) + self._cbor))
         pos = HEADER_SIZE + len(self._cbor)
-        for t, start in zip(self.tensors, self._starts, strict=True):
-            gap = self.data_start + start - pos
-            write_zeros(sink, gap)
-            write_tensor(sink, t)
-            pos = self.data_start + start + t.nbytes
+        with Ahead(self.tensors) as ahead:
+            for t, start in zip(self.tensors, self._starts, strict=True):
+                write_zeros(sink, self.data_start + start - pos)
+                write_tensor(sink, t, ahead)
+                pos = self.data_start + start + t.nbytes
         write_zeros(sink, self.total_size - pos)  # an empty pack is still padded to the data start
 
     @staticmethod

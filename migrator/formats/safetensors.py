@@ -24,7 +24,7 @@ from ..bytesource import ByteSource
 from ..dtypes import DType
 from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
 from ..scalars import Scalar
-from ..streaming import write_all, write_tensor
+from ..streaming import Ahead, write_all, write_tensor
 from ..tensor import LazyTensor, stored, stored_many
 from .base import (
     Reader,
@@ -568,8 +568,9 @@ class SafetensorsWriter(Writer):
 
     def write_to(self, sink: BinaryIO) -> None:
         write_all(sink, memoryview(struct.pack("<Q", len(self.header)) + self.header))
-        for t in self.order:
-            write_tensor(sink, t)
+        with Ahead(self.order) as ahead:
+            for t in self.order:
+                write_tensor(sink, t, ahead)
 
 
 _NEG_RANK = {name: -rank for name, rank in _RANK.items()}
