@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
 NO_FSYNC_HELP = ("publish without flushing to disk first (faster, like cp): never partial after a crash of "
                  "migrator, but a power loss soon after may lose the new file")
 
@@ -105,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("migrate: interrupted; no output was published", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `migrate plan r.yaml | head`: the reader left; stop quietly, as `cat` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not fail too
+        return EXIT_BROKEN_PIPE
     parser.error(f"unknown command {args.command}")
     return EXIT_USAGE
 

@@ -159,3 +159,16 @@ def test_no_fsync_writes_the_same_file_and_reaches_the_recipe(model: Path, tmp_p
     assert main(["run", str(recipe), "--no-progress", "--no-fsync", "--overwrite"]) == 0
     ran, want = open_file(tmp_path / "from-recipe.bpk"), open_file(durable)  # + the recipe's hash in metadata
     assert [(t.name, bytes(t.data())) for t in ran.tensors] == [(t.name, bytes(t.data())) for t in want.tensors]
+
+
+def test_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
+    """`migrate inspect big.safetensors | head -1`: no traceback, the shell's SIGPIPE status."""
+    save([from_numpy(f"t{i:05d}", np.zeros(2, np.float32)) for i in range(20_000)], tmp_path / "many.safetensors")
+    proc = subprocess.Popen([sys.executable, "-m", "migrator.cli", "inspect", str(tmp_path / "many.safetensors"),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert err == ""
