@@ -11,6 +11,9 @@ DEMO := demo-out
 .PHONY: install demo test lint bench schema clean
 
 install: $(STAMP)
+	# Bytecode for the package, as a wheel install writes it: with PYTHONDONTWRITEBYTECODE set (it is
+	# on this machine) an editable install otherwise recompiles every module on every run (~50 ms).
+	$(PY) -m compileall -q migrator
 
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
