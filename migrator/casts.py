@@ -197,33 +197,73 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
         inner = LazyTensor(tensor.name, inner.dtype, inner.shape, inner.nbytes, inner.loader, inner.span,
                            tensor.param_id, tensor.origin, inner.chunks)
         return transpose2d(cast(inner, to))
-    job = _Cast(tensor, src.name, to.name)
-    # element count x new width; direct construction: a 100k-tensor plan makes 100k of these
-    nbytes = tensor.nbytes // _BITS_OF[src.name] * _BITS_OF[to.name]
-    return LazyTensor(tensor.name, to, tensor.shape, nbytes, job, None, tensor.param_id, tensor.origin,
-                      job.pieces)
+    return _cast_kind(src.name, to.name).make(tensor, to)
+
+
+def caster(src: DType, to: DType) -> Callable[[LazyTensor], LazyTensor] | None:
+    """`cast(t, to)` for many tensors of dtype `src`, checked once for the pair rather than per tensor.
+
+    None when `cast` must decide per tensor: the pair is not a plain float cast (no-op or an error
+    naming the tensor). The function still hands a transposed tensor to `cast`, which narrows first.
+    """
+    if src.kind is not _FLOAT or src == to or to.kind is not _FLOAT or src.name not in CASTABLE \
+            or to.name not in CASTABLE:
+        return None
+    make = _cast_kind(src.name, to.name).make
+
+    def one(tensor: LazyTensor) -> LazyTensor:
+        if isinstance(tensor.chunks, _TransposedChunks):
+            return cast(tensor, to)
+        return make(tensor, to)
+
+    return one
+
+
+class _CastKind:
+    """What every cast between two dtypes shares (one per pair): element widths and converters."""
+
+    __slots__ = ("convert", "direct", "dst_uint", "src_uint")
+
+    def __init__(self, src: str, dst: str) -> None:
+        self.src_uint, self.dst_uint = _UINT[_BITS_OF[src]], _UINT[_BITS_OF[dst]]
+        self.convert = _converter(src, dst)
+        self.direct = _DIRECT.get((src, dst))
+
+    def make(self, tensor: LazyTensor, to: DType) -> LazyTensor:
+        """The cast tensor (the pair already checked); direct construction: 100k-tensor plans make 100k."""
+        job = _Cast(tensor, self)
+        nbytes = tensor.nbytes // self.src_uint.itemsize * self.dst_uint.itemsize  # element count x new width
+        return LazyTensor(tensor.name, to, tensor.shape, nbytes, job, None, tensor.param_id, tensor.origin,
+                          job.pieces)
+
+
+_CAST_KINDS: dict[tuple[str, str], _CastKind] = {}
+
+
+def _cast_kind(src: str, dst: str) -> _CastKind:
+    kind = _CAST_KINDS.get((src, dst))
+    if kind is None:
+        kind = _CAST_KINDS[(src, dst)] = _CastKind(src, dst)
+    return kind
 
 
 class _Cast:
     """The loader of a cast tensor (slotted, not closures: a 100k-tensor plan makes 100k of these)."""
 
-    __slots__ = ("convert", "direct", "dst_uint", "src_uint", "tensor")
+    __slots__ = ("kind", "tensor")
 
-    def __init__(self, tensor: LazyTensor, src: str, dst: str) -> None:
-        self.tensor = tensor
-        self.src_uint, self.dst_uint = _UINT[_BITS_OF[src]], _UINT[_BITS_OF[dst]]
-        self.convert = _converter(src, dst)
-        self.direct = _DIRECT.get((src, dst))
+    def __init__(self, tensor: LazyTensor, kind: _CastKind) -> None:
+        self.tensor, self.kind = tensor, kind
 
     def convert_piece(self, piece: Buffer) -> memoryview:
-        k = kernels
-        if k is not None and self.direct is not None:  # no numpy: small tensors cost ~1 us, not ~15
-            return self.direct(k, piece, len(piece) // self.src_uint.itemsize * self.dst_uint.itemsize)
+        k, kind = kernels, self.kind
+        if k is not None and kind.direct is not None:  # no numpy: small tensors cost ~1 us, not ~15
+            return kind.direct(k, piece, len(piece) // kind.src_uint.itemsize * kind.dst_uint.itemsize)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and NaNs are intended
-            return memoryview(self.convert(np.frombuffer(piece, dtype=self.src_uint)).view(np.uint8))
+            return memoryview(kind.convert(np.frombuffer(piece, dtype=kind.src_uint)).view(np.uint8))
 
     def pieces(self) -> Iterator[memoryview]:
-        step = CHUNK_ELEMENTS * self.src_uint.itemsize
+        step = CHUNK_ELEMENTS * self.kind.src_uint.itemsize
         pieces = source_pieces(self.tensor, step)
         if self.tensor.nbytes <= step:  # one piece: no thread hand-off
             return map(self.convert_piece, pieces)
@@ -235,7 +275,7 @@ class _Cast:
         second = None if first is None else next(pieces, None)
         if second is None:  # zero or one piece (every small tensor): it is the result, no copy
             return memoryview(b"") if first is None else first
-        out = np.empty(self.tensor.numel * self.dst_uint.itemsize, dtype=np.uint8)
+        out = np.empty(self.tensor.numel * self.kind.dst_uint.itemsize, dtype=np.uint8)
         pos = 0
         for piece in itertools.chain((first, second), pieces):
             out[pos:pos + len(piece)] = np.frombuffer(piece, dtype=np.uint8)

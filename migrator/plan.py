@@ -8,8 +8,9 @@ The plan also holds the report a run would give (applied, skipped, missing, unus
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,14 +157,102 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         raise
 
 
+_Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
+"""A kept source tensor after renames and adapters: (source, result, ops, module)."""
+
+
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
              fsync: bool) -> Plan:
-    is_pytorch = reader.format == "pytorch"
-    tensors = list(reader.tensors)
-    names = [t.name for t in tensors]
+    fatal: list[str] = []
+    # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
+    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal)
+    for e in report.errors:
+        if e.kind != "shape_mismatch" or recipe.validate_shapes:
+            fatal.append(str(e))
 
-    # 1. names: remaps, then contiguous indices (defaults follow Burn's PyTorch store)
+    # 5. metadata, scalars, and whether the target format can hold the result
+    meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
+                           clear=recipe.target.clear_metadata)
+    notes: list[str] = []
+    if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
+        if recipe_sha256:
+            meta[RECIPE_HASH_KEY] = recipe_sha256
+            meta[VERSION_KEY] = __version__
+        if hash_sources:
+            meta[SOURCE_HASH_KEY] = sha256_file(src_path)
+            if tpl_path is not None:
+                meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
+    scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
+    plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars,
+                recipe.allow_partial, recipe.validate_shapes, overwrite, fsync, notes, fatal, readers)
+    if not fatal:
+        try:
+            plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
+        except MigratorError as e:
+            fatal.append(str(e))
+    return plan
+
+
+def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
+                  fatal: list[str]) -> tuple[list[PlanEntry], ApplyReport]:
+    """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`."""
+    is_pytorch = reader.format == "pytorch"
+    tensors = reader.tensors
+    names = [t.name for t in tensors]
+    current, ops = _renamed(recipe, names, is_pytorch, reader.label)
+
+    # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)
+    include = _Matcher(recipe.filter.include) if recipe.filter.include is not None else None
+    exclude = _Matcher(recipe.filter.exclude) if recipe.filter.exclude else None
+    kept: list[LazyTensor] = tensors
+    kept_names: list[str] = current
+    skipped: list[str] = []
+    if include is not None or exclude is not None:
+        kept, kept_names = [], []
+        for t, new in zip(tensors, current, strict=True):
+            if (include is not None and not include(new)) or (exclude is not None and exclude(new)):
+                skipped.append(new)
+            else:
+                kept.append(t)
+                kept_names.append(new)
+
+    # 3. adapters, with module types resolved from declarations and the source's own names
+    errors: list[ReportError] = []
+    adapter = resolver = None
+    if recipe.adapters:
+        from .adapters import build_adapter
+        from .modules import ModuleResolver
+
+        adapter = build_adapter(recipe.adapters)
+        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)))
+    del names, current
+    items = _adapted(kept, kept_names, ops, adapter, resolver, errors)
+
+    # 4. template slots, or the source order when there is no template
+    cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastPolicy) else None
+    missing: list[tuple[str, str]] = []
+    unused: list[str] = []
+    if tpl_path is not None:
+        by_name = _by_name(list(items), fatal)  # a template looks sources up by name
+        entries, applied, missing, unused = _fill_template(recipe, tpl_path, readers, is_pytorch, by_name, adapter,
+                                                           resolver, cast_to, errors, fatal)
+    else:
+        resolver = None  # the generator holds it only while it runs: 100k modules' params are freed with it
+        entries, applied = _in_source_order(items, cast_to)
+        if len(set(applied)) != len(applied):  # only to name the clash
+            _by_name([(e.source_tensor, e.tensor, e.ops, e.module) for e in entries], fatal)  # type: ignore[misc]
+        if recipe.dtype == "template":
+            fatal.append("dtype: template needs target.template")
+    report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
+                         errors=errors)
+    return entries, report
+
+
+def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool,
+             label: str) -> tuple[list[str], dict[str, list[str]]]:
+    """Step 1, names: remaps, then contiguous indices (defaults follow Burn's PyTorch store). Returns the
+    new names (`names` itself when none changes) and the ops of the renamed tensors only."""
     ops: dict[str, list[str]] = {}  # only for renamed tensors: most names pass unchanged
     remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in recipe.remap]) if recipe.remap else None
     current = names
@@ -191,142 +280,103 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     if collisions:
         lines = [f"'{new}' <- {', '.join(repr(o) for o in origs)}" for new, origs in sorted(collisions.items())]
         raise PlanError("several source tensors map to the same name after remap/indices: " + "; ".join(lines),
-                        file=reader.label)
+                        file=label)
+    return current, ops
 
-    # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)
-    include = _Matcher(recipe.filter.include) if recipe.filter.include is not None else None
-    exclude = _Matcher(recipe.filter.exclude) if recipe.filter.exclude else None
-    kept: list[LazyTensor] = tensors
-    kept_names: list[str] = current
-    skipped: list[str] = []
-    if include is not None or exclude is not None:
-        kept, kept_names = [], []
-        for t, new in zip(tensors, current, strict=True):
-            if (include is not None and not include(new)) or (exclude is not None and exclude(new)):
-                skipped.append(new)
-            else:
-                kept.append(t)
-                kept_names.append(new)
 
-    # 3. adapters, with module types resolved from declarations and the source's own names
-    errors: list[ReportError] = []
-    fatal: list[str] = []
-    adapted: list[tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]] = []  # (source, result, ops, module)
-    adapter = None
-    resolver = None
-    if recipe.adapters:
-        from .adapters import build_adapter
-        from .modules import ModuleResolver
-
-        adapter = build_adapter(recipe.adapters)
-        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)))
-    append = adapted.append
+def _adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[str]], adapter: Any, resolver: Any,
+             errors: list[ReportError]) -> Iterator[_Item]:
+    """Each kept tensor renamed, then adapted; a tensor whose adapter fails is reported in `errors` and
+    left out. Lazy, so a plan without a template never holds these tuples for all tensors at once."""
     if adapter is None or resolver is None:
         for t, new in zip(kept, kept_names, strict=True):
             pre = ops.get(t.name) if ops else None
-            append((t, t if new is t.name or new == t.name else t.renamed(new), () if pre is None else tuple(pre),
-                    None))
-    else:
-        resolve, adapt = resolver.resolve, adapter.adapt
-        for t, new in zip(kept, kept_names, strict=True):
-            base = t if new is t.name or new == t.name else t.renamed(new)
-            try:
-                module = resolve(new)
-                result = adapt(base, module)
-            except MigratorError as e:
-                errors.append(ReportError.adapter_error(new, e.detail))
-                continue
-            pre = ops.get(t.name) if ops else None
-            append((t, result.tensor, result.ops if pre is None else (*pre, *result.ops), module))
-    by_name: dict[str, tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]] = {}
-    if tpl_path is not None or len({item[1].name for item in adapted}) != len(adapted):
-        for item in adapted:  # a template looks sources up by name; otherwise only to name a clash
-            name = item[1].name
-            if name in by_name:
-                fatal.append(f"adapters map '{by_name[name][0].name}' and '{item[0].name}' onto the same name "
-                             f"'{name}'")
-            by_name[name] = item
+            yield t, t if new is t.name or new == t.name else t.renamed(new), () if pre is None else tuple(pre), None
+        return
+    resolve, adapt = resolver.resolve, adapter.adapt
+    for t, new in zip(kept, kept_names, strict=True):
+        base = t if new is t.name or new == t.name else t.renamed(new)
+        try:
+            module = resolve(new)
+            result = adapt(base, module)
+        except MigratorError as e:
+            errors.append(ReportError.adapter_error(new, e.detail))
+            continue
+        pre = ops.get(t.name) if ops else None
+        yield t, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
 
-    # 4. template slots, or the source order when there is no template
-    cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastPolicy) else None
+
+def _by_name(items: list[_Item], fatal: list[str]) -> dict[str, _Item]:
+    """Results by name; two results with one name are fatal (the later one is kept)."""
+    by_name: dict[str, _Item] = {}
+    for item in items:
+        name = item[1].name
+        if name in by_name:
+            fatal.append(f"adapters map '{by_name[name][0].name}' and '{item[0].name}' onto the same name "
+                         f"'{name}'")
+        by_name[name] = item
+    return by_name
+
+
+def _in_source_order(items: Iterator[_Item], cast_to: DType | None) -> tuple[list[PlanEntry], list[str]]:
+    """An entry per adapted tensor, cast by the dtype policy, and the names applied."""
+    entries: list[PlanEntry] = []
+    applied: list[str] = []
+    append_entry, append_applied = entries.append, applied.append
+    cast = _Casts(cast_to)
+    joined: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}  # few distinct op lists
+    for src, result, t_ops, module in items:
+        tensor, more = cast(result)
+        name = result.name
+        if more and t_ops:  # e.g. transpose + cast: one shared tuple per distinct pair, not one per tensor
+            all_ops = joined.get((t_ops, more))
+            if all_ops is None:
+                all_ops = t_ops + more
+                if len(joined) < 4096:
+                    joined[(t_ops, more)] = all_ops
+        else:
+            all_ops = more or t_ops
+        append_entry(PlanEntry(name, src.name, tensor, src, all_ops, module))
+        append_applied(name)
+    return entries, applied
+
+
+def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pytorch: bool,
+                   by_name: dict[str, _Item], adapter: Any, resolver: Any, cast_to: DType | None,
+                   errors: list[ReportError], fatal: list[str]
+                   ) -> tuple[list[PlanEntry], list[str], list[tuple[str, str]], list[str]]:
+    """An entry per template slot: entries, applied, missing and unused names."""
     entries: list[PlanEntry] = []
     missing: list[tuple[str, str]] = []
-    unused: list[str] = []
     applied: list[str] = []
-    if tpl_path is not None:
-        template = open_file(tpl_path, recipe.target.template_format)
-        readers.append(template)
-        skip_enum = recipe.source.skip_enum_variants
-        if skip_enum is None:
-            skip_enum = is_pytorch
-        enum_free = {_enum_free(n): n for n in by_name} if skip_enum else {}
-        used: set[str] = set()
-        for slot in template.tensors:
-            key = slot.name if slot.name in by_name else None
-            if key is None and skip_enum:
-                key = enum_free.get(_enum_free(slot.name)) or (slot.name if slot.name in by_name else None)
-            if key is None and adapter is not None:
-                key = _alternative(adapter, resolver, slot.name, by_name)
-            if key is None or key in used:
-                missing.append((slot.name, ""))
-                entries.append(PlanEntry(slot.name, None, slot, None, ("template value kept",), None, True))
-                continue
-            used.add(key)
-            src, result, t_ops, module = by_name[key]
-            entry = _fit_to_slot(slot, src, result, t_ops, module, recipe, cast_to, errors)
-            entries.append(entry)
-            if not entry.kept_from_template:
-                applied.append(slot.name)
-        unused = sorted(n for n in by_name if n not in used)
-        if missing and not recipe.allow_partial:
-            fatal.append(f"{len(missing)} template tensors have no source (set allow_partial to keep the template's "
-                         "values)")
-    else:
-        if recipe.dtype == "template":
-            fatal.append("dtype: template needs target.template")
-        append_entry, append_applied = entries.append, applied.append
-        joined: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}  # few distinct op lists
-        for src, result, t_ops, module in adapted:
-            tensor, more = _apply_cast(result, cast_to)
-            name = result.name
-            if more and t_ops:  # e.g. transpose + cast: one shared tuple per distinct pair, not one per tensor
-                all_ops = joined.get((t_ops, more))
-                if all_ops is None:
-                    all_ops = t_ops + more
-                    if len(joined) < 4096:
-                        joined[(t_ops, more)] = all_ops
-            else:
-                all_ops = more or t_ops
-            append_entry(PlanEntry(name, src.name, tensor, src, all_ops, module))
-            append_applied(name)
-
-    report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
-                         errors=errors)
-    for e in errors:
-        if e.kind != "shape_mismatch" or recipe.validate_shapes:
-            fatal.append(str(e))
-
-    # 5. metadata, scalars, and whether the target format can hold the result
-    meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
-                           clear=recipe.target.clear_metadata)
-    notes: list[str] = []
-    if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
-        if recipe_sha256:
-            meta[RECIPE_HASH_KEY] = recipe_sha256
-            meta[VERSION_KEY] = __version__
-        if hash_sources:
-            meta[SOURCE_HASH_KEY] = sha256_file(src_path)
-            if tpl_path is not None:
-                meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
-    scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
-    plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars,
-                recipe.allow_partial, recipe.validate_shapes, overwrite, fsync, notes, fatal, readers)
-    if not fatal:
-        try:
-            plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
-        except MigratorError as e:
-            fatal.append(str(e))
-    return plan
+    template = open_file(tpl_path, recipe.target.template_format)
+    readers.append(template)
+    skip_enum = recipe.source.skip_enum_variants
+    if skip_enum is None:
+        skip_enum = is_pytorch
+    enum_free = {_enum_free(n): n for n in by_name} if skip_enum else {}
+    used: set[str] = set()
+    for slot in template.tensors:
+        key = slot.name if slot.name in by_name else None
+        if key is None and skip_enum:
+            key = enum_free.get(_enum_free(slot.name)) or (slot.name if slot.name in by_name else None)
+        if key is None and adapter is not None:
+            key = _alternative(adapter, resolver, slot.name, by_name)
+        if key is None or key in used:
+            missing.append((slot.name, ""))
+            entries.append(PlanEntry(slot.name, None, slot, None, ("template value kept",), None, True))
+            continue
+        used.add(key)
+        src, result, t_ops, module = by_name[key]
+        entry = _fit_to_slot(slot, src, result, t_ops, module, recipe, cast_to, errors)
+        entries.append(entry)
+        if not entry.kept_from_template:
+            applied.append(slot.name)
+    unused = sorted(n for n in by_name if n not in used)
+    if missing and not recipe.allow_partial:
+        fatal.append(f"{len(missing)} template tensors have no source (set allow_partial to keep the template's "
+                     "values)")
+    return entries, applied, missing, unused
 
 
 def _alternative(adapter: Any, resolver: Any, slot_name: str,
@@ -360,10 +410,53 @@ def _apply_cast(t: LazyTensor, to: DType | None) -> tuple[LazyTensor, tuple[str,
         return t, ()
     from .casts import cast
 
+    return cast(t, to), _cast_ops(dtype, to)
+
+
+def _cast_ops(dtype: DType, to: DType) -> tuple[str, ...]:
     text = _CAST_OPS.get((dtype, to))
     if text is None:
         text = _CAST_OPS[(dtype, to)] = (f"cast {dtype.display} -> {to.display}",)
-    return cast(t, to), text
+    return text
+
+
+class _Casts:
+    """The dtype policy's cast for one plan's tensors, decided once per source dtype, not per tensor.
+
+    Keyed by the dtype's identity (a C-level id() rather than DType's Python-level hash): the plan's
+    tensors keep their dtypes alive, and the entry keeps it too, so an id is never reused meanwhile.
+    """
+
+    def __init__(self, to: DType | None) -> None:
+        self.to = to
+        self.by_dtype: dict[int, tuple[DType, Callable[[LazyTensor], LazyTensor] | None, tuple[str, ...]]] = {}
+
+    def __call__(self, t: LazyTensor) -> tuple[LazyTensor, tuple[str, ...]]:
+        """As `_apply_cast(t, to)`."""
+        if self.to is None:
+            return t, ()
+        how = self.by_dtype.get(id(t.dtype))
+        if how is None:
+            how = self.by_dtype[id(t.dtype)] = self._decide(t.dtype, self.to)
+        _, fn, text = how
+        return (t, ()) if fn is None else (fn(t), text)
+
+    @staticmethod
+    def _decide(dtype: DType, to: DType) -> tuple[DType, Callable[[LazyTensor], LazyTensor] | None, tuple[str, ...]]:
+        if not dtype.is_float or dtype == to:
+            return dtype, None, ()
+        from .casts import caster
+
+        one = caster(dtype, to)
+        if one is None:  # not a plain float cast: `cast` decides (and names the tensor in its error)
+            one = partial(_cast_to, to=to)
+        return dtype, one, _cast_ops(dtype, to)
+
+
+def _cast_to(t: LazyTensor, to: DType) -> LazyTensor:
+    from .casts import cast
+
+    return cast(t, to)
 
 
 def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tuple[str, ...], module: Any,
