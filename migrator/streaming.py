@@ -51,26 +51,29 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = None)
         return
     pos = start
     written = 0
+    for view in computed_pieces(tensor, ahead):
+        write_all(sink, view)
+        written += len(view)
+        if pos is not None:
+            _start_writeback(sink, pos, pos + len(view))
+            pos += len(view)
+    if written != tensor.nbytes:
+        raise TensorBytesSizeMismatchError(f"produced {written} bytes but declares {tensor.nbytes}",
+                                           file=tensor.origin, tensor=tensor.name)
+
+
+def computed_pieces(tensor: LazyTensor, ahead: Ahead | None = None) -> Iterator[memoryview]:
+    """A tensor's bytes as it computes them: from `ahead`'s thread, from its own streamed pieces
+    (a cast or transpose), or as CHUNK slices of its whole `data()` view, released at the end."""
     if tensor.chunks is not None:
         pieces = ahead.take(tensor) if ahead is not None else None
         for piece in tensor.chunks() if pieces is None else pieces:
-            view = memoryview(piece).cast("B")
-            write_all(sink, view)
-            written += len(view)
-            if pos is not None:
-                _start_writeback(sink, pos, pos + len(view))
-                pos += len(view)
-        if written != tensor.nbytes:
-            raise TensorBytesSizeMismatchError(f"produced {written} bytes but declares {tensor.nbytes}",
-                                               file=tensor.origin, tensor=tensor.name)
+            yield memoryview(piece).cast("B")
         return
     data = tensor.data()
     try:
         for offset in range(0, len(data), CHUNK):
-            write_all(sink, data[offset : offset + CHUNK])
-            if pos is not None:
-                _start_writeback(sink, pos, pos + min(CHUNK, len(data) - offset))
-                pos += CHUNK
+            yield data[offset : offset + CHUNK]
     finally:
         data.release()
 

@@ -198,3 +198,56 @@ def test_load_state_dict_accepts_output(tmp_path: Path) -> None:
     fresh.load_state_dict(torch.load(out, weights_only=True))
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+class _PipeSink(io.RawIOBase):
+    """A sink that cannot seek back (a pipe, a socket): the writer must not need to."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        self.buf += bytes(b)
+        return len(b)
+
+
+@pytest.mark.parametrize("force_zip64", [False, True])
+def test_streamed_computed_tensors_match_torch_seekable_or_not(tmp_path: Path, force_zip64: bool) -> None:
+    """Large transposes and casts are streamed (several on the Ahead thread) and their CRCs patched in;
+    a sink that cannot seek gets the same bytes the whole-tensor way."""
+    from migrator import casts
+
+    rng = np.random.default_rng(3)
+    arrays = {f"l{i}.weight": rng.standard_normal((300 + i, 700)).astype(np.float32) for i in range(4)}
+    arrays["emb"] = rng.standard_normal((2000, 96)).astype(np.float32)
+    planned = [casts.transpose2d(from_numpy(n, a)) for n, a in arrays.items() if n != "emb"]
+    planned.append(casts.cast(from_numpy("emb", arrays["emb"]), dtypes.BY_NAME["F16"]))
+    planned.append(from_numpy("tiny", np.arange(5, dtype=np.int64)))
+    writer = PytorchWriter(planned, force_zip64=force_zip64)
+    path = tmp_path / "s.pt"
+    with open(path, "wb") as f:
+        writer.write_to(f)
+    assert path.stat().st_size == writer.total_size
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None  # every patched CRC-32 right
+    loaded = torch.load(path, weights_only=True)
+    for n, a in arrays.items():
+        want = torch.from_numpy(a).half() if n == "emb" else torch.from_numpy(a).T
+        assert torch.equal(loaded[n], want), n
+    pipe = _PipeSink()
+    PytorchWriter(planned, force_zip64=force_zip64).write_to(pipe)  # type: ignore[arg-type]
+    assert bytes(pipe.buf) == path.read_bytes()
+
+
+def test_a_computed_tensor_of_the_wrong_length_is_refused(tmp_path: Path) -> None:
+    good = from_numpy("good", np.ones((600, 600), np.float32))
+    short = LazyTensor("short", dtypes.F32, (600, 600), 600 * 600 * 4, lambda: b"", None, None, "test",
+                       lambda: iter([bytes(600 * 600 * 4 - 4)]))
+    target = tmp_path / "bad.pt"
+    with pytest.raises(Exception, match="produced 1439996 bytes") as err:
+        save([good, short], target)
+    assert getattr(err.value, "tensor", None) == "short"
+    assert not target.exists()

@@ -7,10 +7,11 @@ The layout mirrors what `torch.save` writes (torch 2.x, protocol-2 pickle): `arc
 aligned to 64 bytes (so torch can mmap them) and correct CRC-32s; zip64 records are used when an
 offset or size needs them.
 
-Each CRC is computed just before its member is written, so local headers are written in order (no
-seeking, any sink works): a file-backed tensor is read once in chunks for its CRC and then moved by
-`streaming.write_tensor` in the kernel from the page cache; a computed tensor is produced once and
-its one buffer is both checksummed and written.
+A zip local header holds its member's CRC-32. A file-backed tensor is read once in chunks for its
+CRC just before its header, then moved by `streaming.write_tensor` in the kernel from the page
+cache. A computed tensor (cast, transpose) is streamed piece by piece, made ahead on a thread
+(`streaming.Ahead`) and checksummed as written; its header's CRC field is filled in afterwards. A
+sink that cannot seek back gets each computed tensor whole, checksummed before its header.
 
 Only tensors are written: a state_dict must hold nothing else for `load_state_dict`, so metadata
 and scalars are not carried into `.pt` (they are listed in `dropped`).
@@ -28,7 +29,7 @@ from typing import BinaryIO
 from ..dtypes import DType
 from ..errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
 from ..scalars import Scalar
-from ..streaming import write_all, write_tensor
+from ..streaming import Ahead, computed_pieces, write_all, write_tensor
 from ..tensor import LazyTensor
 from .base import Writer
 
@@ -36,6 +37,7 @@ ARCHIVE = "archive"
 ALIGNMENT = 64
 _Z32 = 0xFFFFFFFF
 _CRC_CHUNK = 4 << 20
+_LOCAL_CRC_AT = 14  # offset of the CRC-32 field in a zip local file header
 
 # dtypes torch still pickles through a legacy typed storage class (_rebuild_tensor_v2)
 _TYPED_STORAGES = {
@@ -239,29 +241,62 @@ class PytorchWriter(Writer):
     # streaming
 
     def write_to(self, sink: BinaryIO) -> None:
-        for m in self._members:
-            if m.payload is not None:
-                write_all(sink, self._local_header(m))
-                write_all(sink, m.payload)
-                continue
-            assert m.storage is not None
-            tensor = self._storages[m.storage]
-            if tensor.span is not None:
-                m.crc = _crc_span(tensor)
-                write_all(sink, self._local_header(m))
-                write_tensor(sink, tensor)  # file-backed: copied in the kernel where possible
-            else:
-                view = tensor.data()
-                try:
-                    m.crc = _crc(view)
+        seekable = _seekable(sink)
+        with Ahead(self._storages if seekable else ()) as ahead:
+            for m in self._members:
+                if m.payload is not None:
                     write_all(sink, self._local_header(m))
-                    for start in range(0, len(view), _CRC_CHUNK):
-                        write_all(sink, view[start : start + _CRC_CHUNK])
-                finally:
-                    view.release()
+                    write_all(sink, m.payload)
+                    continue
+                assert m.storage is not None
+                tensor = self._storages[m.storage]
+                if tensor.span is not None:
+                    m.crc = _crc_span(tensor)
+                    write_all(sink, self._local_header(m))
+                    write_tensor(sink, tensor)  # file-backed: copied in the kernel where possible
+                elif seekable:
+                    self._stream_computed(sink, m, tensor, ahead)
+                else:
+                    self._write_computed_whole(sink, m, tensor)
         for m in self._members:
             write_all(sink, self._central_entry(m))
         write_all(sink, self._end_records())
+
+
+    def _stream_computed(self, sink: BinaryIO, m: _Member, tensor: LazyTensor, ahead: Ahead) -> None:
+        """Stream a computed tensor piece by piece (made ahead on a thread), checksumming as it goes,
+        then fill in its local header's CRC field: no whole-tensor buffer, no second pass."""
+        write_all(sink, self._local_header(m))  # CRC 0 for now
+        crc = written = 0
+        for view in computed_pieces(tensor, ahead):
+            crc = zlib.crc32(view, crc)
+            write_all(sink, view)
+            written += len(view)
+        if written != m.size:
+            raise TensorBytesSizeMismatchError(f"produced {written} bytes but declares {m.size}",
+                                               file=tensor.origin, tensor=tensor.name)
+        m.crc = crc
+        sink.seek(m.offset + _LOCAL_CRC_AT)
+        write_all(sink, struct.pack("<I", crc))
+        sink.seek(m.end)
+
+    def _write_computed_whole(self, sink: BinaryIO, m: _Member, tensor: LazyTensor) -> None:
+        """For a sink that cannot seek back: the whole tensor at once, checksummed before its header."""
+        view = tensor.data()
+        try:
+            m.crc = _crc(view)
+            write_all(sink, self._local_header(m))
+            for start in range(0, len(view), _CRC_CHUNK):
+                write_all(sink, view[start : start + _CRC_CHUNK])
+        finally:
+            view.release()
+
+
+def _seekable(sink: BinaryIO) -> bool:
+    try:
+        return bool(sink.seekable())
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _torch_dtype(t: LazyTensor) -> str:
