@@ -28,6 +28,30 @@ class FileSpan:
     length: int
 
 
+class FileView(FileSpan):
+    """A file span that is also the loader of the tensor stored there (`LazyTensor.loader`, `.span`).
+
+    One object per stored tensor rather than a span plus a loader: a 100k-tensor model keeps
+    100k of these. Equal to another FileView over the same bytes, as spans compare.
+    """
+
+    __slots__ = ("source",)
+    source: ByteSource
+
+    def __call__(self) -> memoryview:
+        return self.source.view(self.offset, self.length)
+
+
+def file_view(source: ByteSource, fd: int, offset: int, length: int) -> FileView:
+    """A FileView of `length` bytes at `offset` in `source`, whose descriptor is `fd`."""
+    view = FileView(fd, offset, length)
+    _set_source(view, source)
+    return view
+
+
+_set_source = FileView.source.__set__  # type: ignore[attr-defined]  # frozen: plain assignment raises
+
+
 class ByteSource(ABC):
     """Bounded reads and zero-copy views over some bytes."""
 

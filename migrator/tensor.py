@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from .bytesource import ByteSource, FileSource, FileSpan
+from .bytesource import ByteSource, FileSource, FileSpan, FileView, file_view
 from .dtypes import DType
 from .errors import MigratorError, TensorBytesSizeMismatchError, UnsupportedDTypeError
 
@@ -126,6 +126,9 @@ class _View:
 def stored(name: str, dtype: DType, shape: tuple[int, ...], source: ByteSource, offset: int, nbytes: int,
            *, param_id: int | None = None) -> LazyTensor:
     """A tensor whose bytes lie verbatim at `offset` in `source`."""
+    if type(source).span is FileSource.span:  # its span is its loader: one object, not two
+        view = file_view(source, source.fd, offset, nbytes)  # type: ignore[attr-defined]
+        return LazyTensor(name, dtype, shape, nbytes, view, view, param_id, source.label)
     return LazyTensor(
         name=name,
         dtype=dtype,
@@ -162,6 +165,7 @@ def from_numpy(name: str, array: np.ndarray, *, dtype: DType | None = None,
 _LAZY_FIELDS = ("name", "dtype", "shape", "nbytes", "loader", "span", "param_id", "origin", "chunks")
 _SLOTTED = (tuple(f.name for f in dataclasses.fields(LazyTensor)) == _LAZY_FIELDS
             and tuple(f.name for f in dataclasses.fields(FileSpan)) == ("fd", "offset", "length")
+            and FileView.__slots__ == ("source",)
             and sorted(_View.__slots__) == ["length", "offset", "source"]
             and not any(hasattr(c, "__post_init__") for c in (LazyTensor, FileSpan)))
 
@@ -180,18 +184,20 @@ def stored_many(source: ByteSource, names: Sequence[str], dtypes_: Sequence[DTyp
     """`[tensor.stored(...) for ...]` for many tensors at once: equal objects, ~3x faster."""
     n = len(names)
     pids: Iterable[int | None] = param_ids if param_ids is not None else repeat(None)
+    label = repeat(source.label)
     span = type(source).span
-    if span is FileSource.span:  # what FileSource.span returns, without a method call per tensor
+    if span is FileSource.span:  # each tensor's span is its loader (`stored`), made without a call per tensor
         fd = source.fd  # type: ignore[attr-defined]
-        spans: Iterable[FileSpan | None] = (_fill(FileSpan, n, fd=repeat(fd), offset=offsets, length=lengths)
-                                            if _SLOTTED else map(FileSpan, repeat(fd), offsets, lengths))
-    elif span is ByteSource.span:
-        spans = repeat(None)
-    else:
-        spans = map(source.span, offsets, lengths)
+        if not _SLOTTED:
+            views = list(map(file_view, repeat(source), repeat(fd), offsets, lengths))
+            return list(map(LazyTensor, names, dtypes_, shapes, lengths, views, views, pids, label))
+        views = _fill(FileView, n, fd=repeat(fd), offset=offsets, length=lengths, source=repeat(source))
+        return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views,
+                     span=views, param_id=pids, origin=label, chunks=repeat(None))
+    spans: Iterable[FileSpan | None] = repeat(None) if span is ByteSource.span else map(source.span, offsets, lengths)
     if not _SLOTTED:
         return list(map(LazyTensor, names, dtypes_, shapes, lengths, map(_View, repeat(source), offsets, lengths),
-                        spans, pids, repeat(source.label)))
+                        spans, pids, label))
     views = _fill(_View, n, source=repeat(source), offset=offsets, length=lengths)
     return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views, span=spans,
-                 param_id=pids, origin=repeat(source.label), chunks=repeat(None))
+                 param_id=pids, origin=label, chunks=repeat(None))

@@ -72,3 +72,48 @@ def test_plan_ops_and_names_match_a_step_by_step_account(tmp_path: Path) -> None
         ops.append("cast F32 -> F16")
         want[t.name] = (name, ops, module)
     assert got == want
+
+
+def test_stored_tensors_of_a_file_are_one_view_object_per_tensor(tmp_path: Path) -> None:
+    """`stored` and `stored_many` over a file: the span is the loader, and both give the file's bytes."""
+    from migrator.bytesource import FileSource, FileSpan
+    from migrator.tensor import stored, stored_many
+
+    path = tmp_path / "raw.bin"
+    payload = bytes(range(256)) * 40
+    path.write_bytes(payload)
+    f32 = dtypes.parse("F32")
+    offsets, lengths = [0, 16, 1024, 4096], [16, 1000, 0, 4000]
+    with FileSource(path) as src:
+        pairs = enumerate(zip(offsets, lengths, strict=True))
+        one = [stored(f"t{i}", f32, (n // 4,), src, o, n) for i, (o, n) in pairs]
+        many = stored_many(src, [t.name for t in one], [f32] * 4, [t.shape for t in one], offsets, lengths)
+        for a, b, o, n in zip(one, many, offsets, lengths, strict=True):
+            assert _slots(a)[:4] == _slots(b)[:4] and a.span == b.span and a.origin == b.origin == str(path)
+            assert a.loader is a.span and b.loader is b.span and isinstance(a.span, FileSpan)
+            assert (a.span.fd, a.span.offset, a.span.length) == (src.fd, o, n)
+            assert bytes(a.data()) == bytes(b.data()) == payload[o:o + n]
+        assert one[0].span != one[1].span and one[0].span != FileSpan(src.fd, 0, 16)  # spans compare by type
+
+
+@pytest.mark.parametrize("src_name", ["F64", "F32", "F16", "BF16"])
+@pytest.mark.parametrize("to_name", ["F64", "F32", "F16", "BF16", "I32"])
+def test_caster_matches_cast_per_tensor(src_name: str, to_name: str) -> None:
+    """The per-dtype-pair caster gives what `cast` gives, for plain and transposed tensors, or declines."""
+    from migrator.casts import cast, caster, transpose2d
+
+    src, to = dtypes.parse(src_name), dtypes.parse(to_name)
+    values = np.linspace(-3.5, 70000.0, 6 * 5).astype(np.float64).reshape(6, 5)
+    arr = values.astype(src.numpy()) if src.numpy_name else values.astype(np.float32)
+    base = from_numpy("w", arr, dtype=src) if src.numpy_name else from_numpy("w", arr)
+    one = caster(src, to)
+    if src == to or not to.is_float:
+        assert one is None
+        return
+    assert one is not None
+    for t in (base, transpose2d(base)):
+        got, want = one(t), cast(t, to)
+        assert (got.name, got.dtype, got.shape, got.nbytes, got.span) == (want.name, want.dtype, want.shape,
+                                                                           want.nbytes, want.span)
+        assert bytes(got.data()) == bytes(want.data())
+        assert b"".join(map(bytes, got.chunks())) == bytes(want.data())  # type: ignore[misc]
