@@ -117,3 +117,34 @@ def test_caster_matches_cast_per_tensor(src_name: str, to_name: str) -> None:
                                                                            want.nbytes, want.span)
         assert bytes(got.data()) == bytes(want.data())
         assert b"".join(map(bytes, got.chunks())) == bytes(want.data())  # type: ignore[misc]
+
+
+def test_plain_plan_table_matches_a_cell_by_cell_rendering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The large-plan table (memoised cells, `%` rows) prints what formatting each cell afresh prints."""
+    from migrator import recipe_cli
+
+    tensors = [from_numpy(f"h.{i}.fc.weight", np.ones((4, 3 + i % 2), np.float32)) for i in range(4)]
+    tensors += [from_numpy(f"h.{i}.ln.weight", np.ones(3 + i, np.float32)) for i in range(3)]
+    tensors.append(from_numpy("ids", np.arange(5, dtype=np.int64)))
+    save(tensors, tmp_path / "src.safetensors")
+    r = Recipe.model_validate({"version": 1, "source": {"path": "src.safetensors", "contiguous_indices": True},
+                               "remap": [{"from": r"^h\.3\.", "to": "h.9."}], "adapters": ["pytorch_to_burn"],
+                               "dtype": {"cast": "F16"}, "target": {"path": "out.bpk"}})
+    monkeypatch.setattr(recipe_cli, "RICH_TABLE_ROWS", 0)
+    with build_plan(r, tmp_path) as plan:
+        recipe_cli._print_plan_table(plan)
+        rows = []
+        for e in plan.entries:
+            short = [op.split(" ", 1)[0] if op.split(" ", 1)[0] in ("remap", "index") else op for op in e.ops]
+            before = "" if e.source_tensor is None else f"{e.source_tensor.dtype.display} {list(e.source_tensor.shape)}"
+            module = "" if e.module is None else f"{e.module.name or '?'} ({e.module.how})"
+            rows.append([e.source or "-", e.target, module, "; ".join(short), before,
+                         f"{e.tensor.dtype.display} {list(e.tensor.shape)}", f"{e.tensor.nbytes:,}"])
+        title = f"{plan.source_path} ({plan.source_format}) -> {plan.target_path} ({plan.target_format})"
+    header = ["source", "target", "module", "ops", "before", "after", "bytes"]
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    want = [title] + ["  ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)),
+                                 row[-1].rjust(widths[-1])])
+                      for row in [header, ["-" * w for w in widths], *rows]]
+    assert capsys.readouterr().out == "\n".join(want) + "\n"
