@@ -282,6 +282,8 @@ class Unpickler:
         self.stack: list[Any] = []
         self.metastack: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
+        self._dims: dict[bytes, tuple[tuple[int, ...], int]] = {}  # see _quick_dims
+        self._tails: dict[bytes, _Tail] = {}  # see _quick_key
         self.objects = 0
         self._op_pos = start
         self._result: Any = None
@@ -380,6 +382,8 @@ class Unpickler:
                 self._result = None
                 # the result keeps what it references; the rest of the interpreter's objects go now
                 self.memo = {}
+                self._dims = {}
+                self._tails = {}
                 self.stack = []
                 self.metastack = []
                 return result
@@ -1309,7 +1313,9 @@ def _room(m: Unpickler, pushes: int, puts: list[tuple[int, Any]]) -> bool:
     lim, memo = m.limits, m.memo
     if m.objects + pushes > lim.max_objects:
         return False
-    return not puts or len(memo) + len({i for i, _ in puts if i not in memo}) <= lim.max_memo
+    if not puts or len(memo) + len(puts) <= lim.max_memo:  # the common case, without counting new indices
+        return True
+    return len(memo) + len({i for i, _ in puts if i not in memo}) <= lim.max_memo
 
 
 def _commit(m: Unpickler, plan: _Plan, puts: list[tuple[int, Any]]) -> None:
@@ -1322,23 +1328,265 @@ def _commit(m: Unpickler, plan: _Plan, puts: list[tuple[int, Any]]) -> None:
     if not isinstance(storage, StorageRef):
         _tensor(m, "_rebuild_tensor_v2", storage, offset, size, stride)  # raises the general loop's error
     t = TensorRef(storage, offset, size, stride, None, requires_grad)
-    memo = m.memo
-    hooks = ODict()  # torch memoizes both, so they are made whether or not a write below needs them
-    args = (storage, offset, size, stride, requires_grad, hooks)
-    for idx, v in puts:
-        if v is _P_STORAGE:
-            v = storage
-        elif v is _P_HOOKS:
-            v = hooks
-        elif v is _P_ARGS:
-            v = args
-        elif v is _P_TENSOR:
-            v = t
-        memo[idx] = v
+    if puts:
+        _write_memo(m.memo, puts, storage, t)
     m.stack[-1] = t
 
 
+def _write_memo(memo: dict[int, Any], puts: list[tuple[int, Any]], storage: StorageRef, t: TensorRef) -> None:
+    """The record's memo writes, in order; the hooks dict and args tuple are made only if written
+    (torch memoizes both; migrator's writer neither, and they are garbage then)."""
+    hooks: ODict | None = None
+    args: tuple[Any, ...] | None = None
+    for idx, v in puts:
+        if v is _P_STORAGE:
+            v = storage
+        elif v is _P_TENSOR:
+            v = t
+        elif v is _P_HOOKS or v is _P_ARGS:
+            if hooks is None:
+                hooks = ODict()
+            if v is _P_ARGS:
+                if args is None:
+                    args = (storage, t.offset, t.size, t.stride, t.requires_grad, hooks)
+                v = args
+            else:
+                v = hooks
+        memo[idx] = v
+
+
+
+# -- the quick scanner: the two record forms seen in practice, in few Python operations
+#
+# After its first record, a state_dict from torch.save (protocol 2/3) or from migrator's writer repeats
+#   <name> [put] h<callee> ( ( h<'storage'> h<class> X<key> [put] h<location> <numel> t [put] Q
+#   <offset> <size> [put] <stride> [put] <bool> h<OrderedDict> ) R [put] t [put] R [put]
+# with ints as BININT1/BININT2/BININT and memo access by (LONG_)BINGET/(LONG_)BINPUT. The quick
+# functions read exactly that and nothing else (they raise _Reject, and `_scan_record` takes over);
+# for what they read, their plan and memo writes equal `_scan_record`'s (test_pickle_fastpath).
+#
+# The part after the key (the "tail") repeats byte for byte between tensors of one shape when it
+# holds no memo writes (migrator's writer): a tail parsed once is kept, keyed by its bytes, with
+# what it means. Parsing is deterministic, so bytes equal to a parsed tail parse the same way; only
+# the memo reads are looked up again for each record.
+
+_QUICK_INTS = frozenset({0x4B, 0x4D, 0x4A})
+_QUICK_CACHE = 4096  # distinct tails (and dims) kept per pickle: a few shapes in practice
+_TAIL_END = b")RtR"  # OrderedDict() REDUCE, TUPLE, REDUCE: how a tail without memo writes ends
+_TAIL_WINDOW = 128  # longest tail looked up (a 5-d shape with BININT sizes takes ~70 bytes)
+
+_Tail = tuple[int, int, int, int, tuple[int, ...], tuple[int, ...], bool, int, int, int]
+"""A parsed tail: (location memo index, numel, BINPERSID offset, storage offset, size, stride, requires_grad,
+OrderedDict memo index, REDUCE offset, values pushed); offsets are from the tail's start."""
+
+
+def _quick_pair(m: Unpickler, q: int) -> tuple[str, Any, _Plan, list[tuple[int, Any]]]:
+    """The `name, callee, record` pair at `q`: (name, callee, plan, memo writes), or _Reject."""
+    data, memo = m.data, m.memo
+    puts: list[tuple[int, Any]] = []
+    taken: list[int] = []  # indices written so far in this pair: a read of one must see the new value
+    if data[q] != 0x58:  # BINUNICODE
+        raise _REJECT
+    r = q + 5 + _U32.unpack_from(data, q + 1)[0]
+    if r > m.end:
+        raise _REJECT
+    name = str(data[q + 5 : r], "utf-8", "surrogatepass")
+    r = _quick_put(data, r, name, puts, taken)
+    # h<callee> ( ( h<tag> h<class>: torch's first memo entries, read by BINGET
+    if (data[r] == 0x68 and data[r + 2] == 0x28 and data[r + 3] == 0x28 and data[r + 4] == 0x68
+            and data[r + 6] == 0x68):
+        ci, ti, si = data[r + 1], data[r + 5], data[r + 7]
+        if taken and (ci in taken or ti in taken or si in taken):
+            raise _REJECT
+        callee = memo[ci]
+        if callee is not _REBUILD_V2:
+            raise _REJECT
+        return name, callee, _quick_key(m, r + 8, memo[ti], memo[si], puts, taken), puts
+    callee, r = _quick_get(data, r, memo, taken)
+    if callee is not _REBUILD_V2 or data[r] != 0x28:
+        raise _REJECT
+    return name, callee, _quick_record(m, r, puts, taken), puts
+
+
+def _quick_record(m: Unpickler, p: int, puts: list[tuple[int, Any]], taken: list[int]) -> _Plan:
+    """`_scan_record` for the record at `p` (its args MARK), in the two usual forms only."""
+    data, memo = m.data, m.memo
+    if data[p + 1] != 0x28:
+        raise _REJECT
+    tag, q = _quick_get(data, p + 2, memo, taken)
+    q = _quick_put(data, q, tag, puts, taken)
+    stype, q = _quick_get(data, q, memo, taken)
+    q = _quick_put(data, q, stype, puts, taken)
+    return _quick_key(m, q, tag, stype, puts, taken)
+
+
+def _quick_key(m: Unpickler, q: int, tag: Any, stype: Any, puts: list[tuple[int, Any]], taken: list[int]) -> _Plan:
+    """From the storage key (BINUNICODE) to the record's end; the tail from `m._tails` when known."""
+    data = m.data
+    if data[q] != 0x58:
+        raise _REJECT
+    r = q + 5 + _U32.unpack_from(data, q + 1)[0]
+    if r > m.end:
+        raise _REJECT
+    key = str(data[q + 5 : r], "utf-8", "surrogatepass")
+    s = _quick_put(data, r, key, puts, taken)
+    e = data.find(_TAIL_END, s, min(s + _TAIL_WINDOW, m.end)) if type(data) is bytes else -1
+    tail = m._tails.get(data[s : e + 4]) if e >= 0 else None
+    if tail is None:
+        return _quick_tail(m, s, tag, stype, key, puts, taken)
+    if data[e + 4] in _PUT_OPS:  # the tensor is memoized: `_scan_record` records that write
+        raise _REJECT
+    loc_i, numel, persid_at, offset, size, stride, requires_grad, od_i, reduce_at, pushes = tail
+    if taken and (loc_i in taken or od_i in taken):
+        raise _REJECT
+    memo = m.memo
+    if memo[od_i] is not _ORDERED_DICT:
+        raise _REJECT
+    pid = (tag, stype, key, memo[loc_i], numel)
+    return (e + 4, pid, s + persid_at, offset, size, stride, requires_grad, s + reduce_at, pushes)
+
+
+def _quick_tail(m: Unpickler, s: int, tag: Any, stype: Any, key: str, puts: list[tuple[int, Any]],
+                taken: list[int]) -> _Plan:
+    """Parse the tail at `s` (after the key and its memo write); kept in `m._tails` if it writes nothing."""
+    data, memo = m.data, m.memo
+    n = len(puts)
+    loc_i, q = _quick_index(data, s, 0x68, 0x6A)
+    if loc_i in taken:
+        raise _REJECT
+    location = memo[loc_i]
+    q = _quick_put(data, q, location, puts, taken)
+    numel, q = _quick_int(data, q)
+    q = _quick_put(data, q, numel, puts, taken)
+    if data[q] != 0x74:  # TUPLE: the persistent id
+        raise _REJECT
+    pid = (tag, stype, key, location, numel)
+    q = _quick_put(data, q + 1, pid, puts, taken)
+    if data[q] != 0x51:  # BINPERSID
+        raise _REJECT
+    persid_pos = q
+    q = _quick_put(data, q + 1, _P_STORAGE, puts, taken)
+    offset, q = _quick_int(data, q)
+    if offset < 0:
+        raise _REJECT
+    q = _quick_put(data, q, offset, puts, taken)
+    known, max_dims = m._dims, m.limits.max_dims
+    size, q, n_size = _quick_dims(data, q, max_dims, known)
+    q = _quick_put(data, q, size, puts, taken)
+    stride, q, n_stride = _quick_dims(data, q, max_dims, known)
+    q = _quick_put(data, q, stride, puts, taken)
+    if len(size) != len(stride) or max(n_size, n_stride) > m.limits.max_stack:
+        raise _REJECT
+    c = data[q]
+    if c != 0x88 and c != 0x89:  # NEWTRUE / NEWFALSE
+        raise _REJECT
+    requires_grad = c == 0x88
+    q = _quick_put(data, q + 1, requires_grad, puts, taken)
+    od_i, q = _quick_index(data, q, 0x68, 0x6A)
+    if od_i in taken or memo[od_i] is not _ORDERED_DICT:
+        raise _REJECT
+    q = _quick_put(data, q, _ORDERED_DICT, puts, taken)
+    if data[q] != 0x29 or data[q + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
+        raise _REJECT
+    q = _quick_put(data, q + 2, _P_HOOKS, puts, taken)
+    if data[q] != 0x74:  # TUPLE: the 6 arguments
+        raise _REJECT
+    q = _quick_put(data, q + 1, _P_ARGS, puts, taken)
+    if data[q] != 0x52:  # REDUCE
+        raise _REJECT
+    reduce_pos = q
+    q = _quick_put(data, q + 1, _P_TENSOR, puts, taken)
+    if q > m.end or data[q] in _PUT_OPS:  # a second write of the tensor: `_scan_record` reads those
+        raise _REJECT
+    pushes = n_size + n_stride + 14  # 5 fields + their tuple, and what `_scan_record` counts besides
+    if len(puts) == n and q - s <= _TAIL_WINDOW and len(m._tails) < _QUICK_CACHE:
+        m._tails[bytes(data[s:q])] = (loc_i, numel, persid_pos - s, offset, size, stride, requires_grad, od_i,
+                                      reduce_pos - s, pushes)
+    return (q, pid, persid_pos, offset, size, stride, requires_grad, reduce_pos, pushes)
+
+
+def _quick_put(data: Any, q: int, value: Any, puts: list[tuple[int, Any]], taken: list[int]) -> int:
+    """An optional BINPUT / LONG_BINPUT of `value` at `q`."""
+    c = data[q]
+    if c == 0x71:
+        i, q = data[q + 1], q + 2
+    elif c == 0x72:
+        i, q = _U32.unpack_from(data, q + 1)[0], q + 5
+    else:
+        return q
+    puts.append((i, value))
+    taken.append(i)
+    return q
+
+
+def _quick_int(data: Any, q: int) -> tuple[int, int]:
+    c = data[q]
+    if c == 0x4B:
+        return data[q + 1], q + 2
+    if c == 0x4D:
+        return _U16.unpack_from(data, q + 1)[0], q + 3
+    if c == 0x4A:
+        return _I32.unpack_from(data, q + 1)[0], q + 5
+    raise _REJECT
+
+
+def _quick_get(data: Any, q: int, memo: dict[int, Any], taken: list[int]) -> tuple[Any, int]:
+    i, q = _quick_index(data, q, 0x68, 0x6A)
+    if i in taken:
+        raise _REJECT
+    return memo[i], q  # KeyError: read before written, the general loop's error
+
+
+def _quick_index(data: Any, q: int, short: int, long: int) -> tuple[int, int]:
+    c = data[q]
+    if c == short:
+        return data[q + 1], q + 2
+    if c == long:
+        return _U32.unpack_from(data, q + 1)[0], q + 5
+    raise _REJECT
+
+
+def _quick_dims(data: Any, q: int, max_dims: int, known: dict[bytes, tuple[tuple[int, ...], int]]
+                ) -> tuple[tuple[int, ...], int, int]:
+    """A size or stride: (dims, next position, values pushed); equal dims share one tuple (`known`)."""
+    c = data[q]
+    if c == 0x29:  # EMPTY_TUPLE
+        return (), q + 1, 1
+    if c == 0x28:  # MARK ints TUPLE
+        r = q + 1
+        n = 0
+        while data[r] != 0x74:
+            _, r = _quick_int(data, r)
+            n += 1
+            if n > max_dims:
+                raise _REJECT
+        r += 1
+    else:  # 1 to 3 ints, then TUPLE1/2/3
+        r, n = q, 0
+        while n < 3 and data[r] in _QUICK_INTS:
+            _, r = _quick_int(data, r)
+            n += 1
+        if n == 0 or data[r] != 0x84 + n:
+            raise _REJECT
+        r += 1
+    raw = bytes(data[q:r])  # a memoryview slice would not hash
+    hit = known.get(raw)
+    if hit is not None:
+        return hit[0], r, hit[1]
+    vals = []
+    s = q + 1 if c == 0x28 else q
+    for _ in range(n):
+        v, s = _quick_int(data, s)
+        vals.append(v)
+    dims = tuple(vals)
+    if not _valid_dims(dims, max_dims):
+        raise _REJECT
+    if len(known) < _QUICK_CACHE:
+        known[raw] = (dims, n + 1)
+    return dims, r, n + 1
+
 _SCAN_ERRORS = (_Reject, IndexError, struct.error, UnicodeDecodeError)
+_QUICK_ERRORS = (*_SCAN_ERRORS, KeyError)  # KeyError: a memo read before its write
 
 
 def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
@@ -1351,9 +1599,13 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
         return -1
     puts: list[tuple[int, Any]] = []
     try:
-        plan = _scan_record(m, p, puts)
-    except _SCAN_ERRORS:
-        return -1
+        plan = _quick_record(m, p, puts, [])
+    except _QUICK_ERRORS:
+        puts = []
+        try:
+            plan = _scan_record(m, p, puts)
+        except _SCAN_ERRORS:
+            return -1
     if not _room(m, plan[-1], puts):
         return -1
     _commit(m, plan, puts)
@@ -1362,6 +1614,19 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
     while True:  # the next pair: name [put] callee ( record
         if q + 8 > end or data[q] not in _NAME_OPS or len(stack) + 3 > lim.max_stack:
             return q
+        try:
+            name, callee, plan, puts = _quick_pair(m, q)
+        except _QUICK_ERRORS:
+            pass
+        else:
+            if not _room(m, plan[-1] + 2, puts):
+                return q
+            m.objects += 2
+            stack.append(name)
+            stack.append(callee)
+            _commit(m, plan, puts)
+            q = plan[0]
+            continue
         puts = []
         try:
             name, r = _scan_item(data, q, end, memo, puts)
