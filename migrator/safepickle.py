@@ -1081,10 +1081,12 @@ _I32 = struct.Struct("<i")
 
 
 class _Reject(Exception):
-    """The record is not in the shape the fast path reads: interpret it op by op."""
+    """The record is not in the shape the fast path reads: interpret it op by op.
 
+    XRaised each time: a shared one would keep the traceback of its last raise, and
+    with it the frames of the whole open (the reader's frame holds the unpickled root until it returns).
+    """
 
-_REJECT = _Reject()
 _P_STORAGE, _P_HOOKS, _P_ARGS, _P_TENSOR = (object() for _ in range(4))  # values made by the commit
 _INT_OPS = frozenset({0x4B, 0x4D, 0x4A, 0x8A})
 
@@ -1100,7 +1102,7 @@ def _scan_int(data: Any, p: int) -> tuple[int, int]:
     if c == 0x8A:  # LONG1 (at most 255 bytes)
         n = data[p + 1]
         return int.from_bytes(data[p + 2 : p + 2 + n], "little", signed=True), p + 2 + n
-    raise _REJECT
+    raise _Reject
 
 
 def _scan_put(data: Any, p: int, puts: list[tuple[int, Any]], value: Any) -> int:
@@ -1113,7 +1115,7 @@ def _scan_put(data: Any, p: int, puts: list[tuple[int, Any]], value: Any) -> int
             puts.append((_U32.unpack_from(data, p + 1)[0], value))
             p += 5
         elif c == 0x94:  # MEMOIZE: its index depends on the memo's size as it grows
-            raise _REJECT
+            raise _Reject
         else:
             return p
 
@@ -1124,25 +1126,25 @@ def _scan_get(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, Any
     else:  # LONG_BINGET
         idx, p = _U32.unpack_from(data, p + 1)[0], p + 5
     if idx not in memo:
-        raise _REJECT
+        raise _Reject
     for i, _ in puts:  # written earlier in this record: not in the memo yet
         if i == idx:
-            raise _REJECT
+            raise _Reject
     return memo[idx], p
 
 
 def _scan_global(data: Any, p: int, end: int) -> tuple[Any, int]:
     """GLOBAL naming an allow-listed object (resolving others records them: the general loop does it)."""
     if not isinstance(data, bytes):
-        raise _REJECT
+        raise _Reject
     i = data.find(b"\n", p + 1, end)
     j = data.find(b"\n", i + 1, end) if i >= 0 else -1
     if j < 0:
-        raise _REJECT
+        raise _Reject
     module = data[p + 1 : i].decode("utf-8")
     value = _resolve(_MODULE_ALIASES.get(module, module), data[i + 1 : j].decode("utf-8"))
     if value is None:  # not allow-listed, or too long to be (the general loop raises or records it)
-        raise _REJECT
+        raise _Reject
     return value, j + 1
 
 
@@ -1152,12 +1154,12 @@ def _scan_item(data: Any, p: int, end: int, memo: dict[int, Any], puts: list[tup
     if c == 0x58:  # BINUNICODE
         q = p + 5 + _U32.unpack_from(data, p + 1)[0]
         if q > end:
-            raise _REJECT
+            raise _Reject
         return str(data[p + 5 : q], "utf-8", "surrogatepass"), q
     if c == 0x8C:  # SHORT_BINUNICODE
         q = p + 2 + data[p + 1]
         if q > end:
-            raise _REJECT
+            raise _Reject
         return str(data[p + 2 : q], "utf-8", "surrogatepass"), q
     if c == 0x68 or c == 0x6A:
         return _scan_get(data, p, memo, puts)
@@ -1186,7 +1188,7 @@ def _scan_dims(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, An
     if c == 0x68 or c == 0x6A:
         dims, p = _scan_get(data, p, memo, puts)
         if not _valid_dims(dims, max_dims):
-            raise _REJECT
+            raise _Reject
         return dims, p, 1
     vals = []
     if c == 0x28:  # MARK ints TUPLE (4 dimensions or more)
@@ -1195,7 +1197,7 @@ def _scan_dims(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, An
             v, p = _scan_int(data, p)
             vals.append(v)
             if len(vals) > max_dims:
-                raise _REJECT
+                raise _Reject
     else:  # 1 to 3 ints, then TUPLE1/2/3
         while True:
             c = data[p]
@@ -1208,10 +1210,10 @@ def _scan_dims(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, An
             elif 0x85 <= c <= 0x87 and c - 0x84 == len(vals):
                 break
             else:
-                raise _REJECT
+                raise _Reject
     dims = tuple(vals)
     if not _valid_dims(dims, max_dims):
-        raise _REJECT
+        raise _Reject
     return dims, p + 1, len(vals) + 1
 
 
@@ -1229,14 +1231,14 @@ def _scan_record(m: Unpickler, p: int, puts: list[tuple[int, Any]]) -> _Plan:
     data, end, memo = m.data, m.end, m.memo
     max_dims = m.limits.max_dims
     if data[p + 1] != 0x28:
-        raise _REJECT
+        raise _Reject
     q = p + 2
     fields = []
     while data[q] != 0x74:
         v, q = _scan_item(data, q, end, memo, puts)
         fields.append(v)
         if len(fields) > 6:
-            raise _REJECT
+            raise _Reject
         if data[q] in _PUT_OPS:
             q = _scan_put(data, q, puts, v)
     pid = tuple(fields)
@@ -1244,7 +1246,7 @@ def _scan_record(m: Unpickler, p: int, puts: list[tuple[int, Any]]) -> _Plan:
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, pid)
     if data[q] != 0x51:  # BINPERSID
-        raise _REJECT
+        raise _Reject
     persid_pos = q
     q += 1
     if data[q] in _PUT_OPS:
@@ -1256,7 +1258,7 @@ def _scan_record(m: Unpickler, p: int, puts: list[tuple[int, Any]]) -> _Plan:
     else:
         offset, q = _scan_int(data, q)
         if offset < 0 or offset >= _INT64_LIMIT:
-            raise _REJECT
+            raise _Reject
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, offset)
     size, q, n_size = _scan_dims(data, q, memo, puts, max_dims)
@@ -1266,10 +1268,10 @@ def _scan_record(m: Unpickler, p: int, puts: list[tuple[int, Any]]) -> _Plan:
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, stride)
     if len(size) != len(stride) or max(n_size, n_stride) > m.limits.max_stack:
-        raise _REJECT
+        raise _Reject
     c = data[q]
     if c != 0x88 and c != 0x89:  # NEWTRUE / NEWFALSE
-        raise _REJECT
+        raise _Reject
     requires_grad = c == 0x88
     q += 1
     if data[q] in _PUT_OPS:
@@ -1280,29 +1282,29 @@ def _scan_record(m: Unpickler, p: int, puts: list[tuple[int, Any]]) -> _Plan:
     elif c == 0x63:
         callee, q = _scan_global(data, q, end)
     else:
-        raise _REJECT
+        raise _Reject
     if callee is not _ORDERED_DICT:
-        raise _REJECT
+        raise _Reject
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, callee)
     if data[q] != 0x29 or data[q + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
-        raise _REJECT
+        raise _Reject
     q += 2
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, _P_HOOKS)
     if data[q] != 0x74:  # TUPLE: the 6 arguments
-        raise _REJECT
+        raise _Reject
     q += 1
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, _P_ARGS)
     if data[q] != 0x52:  # REDUCE
-        raise _REJECT
+        raise _Reject
     reduce_pos = q
     q += 1
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, _P_TENSOR)
     if q > end:
-        raise _REJECT
+        raise _Reject
     # fields + their tuple, storage, offset, size, stride, requires_grad, OrderedDict + () + REDUCE, args, REDUCE
     return (q, pid, persid_pos, offset, size, stride, requires_grad, reduce_pos,
             len(fields) + n_size + n_stride + 9)
@@ -1386,10 +1388,10 @@ def _quick_pair(m: Unpickler, q: int) -> tuple[str, Any, _Plan, list[tuple[int, 
     puts: list[tuple[int, Any]] = []
     taken: list[int] = []  # indices written so far in this pair: a read of one must see the new value
     if data[q] != 0x58:  # BINUNICODE
-        raise _REJECT
+        raise _Reject
     r = q + 5 + _U32.unpack_from(data, q + 1)[0]
     if r > m.end:
-        raise _REJECT
+        raise _Reject
     name = str(data[q + 5 : r], "utf-8", "surrogatepass")
     r = _quick_put(data, r, name, puts, taken)
     # h<callee> ( ( h<tag> h<class>: torch's first memo entries, read by BINGET
@@ -1397,14 +1399,14 @@ def _quick_pair(m: Unpickler, q: int) -> tuple[str, Any, _Plan, list[tuple[int, 
             and data[r + 6] == 0x68):
         ci, ti, si = data[r + 1], data[r + 5], data[r + 7]
         if taken and (ci in taken or ti in taken or si in taken):
-            raise _REJECT
+            raise _Reject
         callee = memo[ci]
         if callee is not _REBUILD_V2:
-            raise _REJECT
+            raise _Reject
         return name, callee, _quick_key(m, r + 8, memo[ti], memo[si], puts, taken), puts
     callee, r = _quick_get(data, r, memo, taken)
     if callee is not _REBUILD_V2 or data[r] != 0x28:
-        raise _REJECT
+        raise _Reject
     return name, callee, _quick_record(m, r, puts, taken), puts
 
 
@@ -1412,7 +1414,7 @@ def _quick_record(m: Unpickler, p: int, puts: list[tuple[int, Any]], taken: list
     """`_scan_record` for the record at `p` (its args MARK), in the two usual forms only."""
     data, memo = m.data, m.memo
     if data[p + 1] != 0x28:
-        raise _REJECT
+        raise _Reject
     tag, q = _quick_get(data, p + 2, memo, taken)
     q = _quick_put(data, q, tag, puts, taken)
     stype, q = _quick_get(data, q, memo, taken)
@@ -1424,10 +1426,10 @@ def _quick_key(m: Unpickler, q: int, tag: Any, stype: Any, puts: list[tuple[int,
     """From the storage key (BINUNICODE) to the record's end; the tail from `m._tails` when known."""
     data = m.data
     if data[q] != 0x58:
-        raise _REJECT
+        raise _Reject
     r = q + 5 + _U32.unpack_from(data, q + 1)[0]
     if r > m.end:
-        raise _REJECT
+        raise _Reject
     key = str(data[q + 5 : r], "utf-8", "surrogatepass")
     s = _quick_put(data, r, key, puts, taken)
     e = data.find(_TAIL_END, s, min(s + _TAIL_WINDOW, m.end)) if type(data) is bytes else -1
@@ -1435,13 +1437,13 @@ def _quick_key(m: Unpickler, q: int, tag: Any, stype: Any, puts: list[tuple[int,
     if tail is None:
         return _quick_tail(m, s, tag, stype, key, puts, taken)
     if data[e + 4] in _PUT_OPS:  # the tensor is memoized: `_scan_record` records that write
-        raise _REJECT
+        raise _Reject
     loc_i, numel, persid_at, offset, size, stride, requires_grad, od_i, reduce_at, pushes = tail
     if taken and (loc_i in taken or od_i in taken):
-        raise _REJECT
+        raise _Reject
     memo = m.memo
     if memo[od_i] is not _ORDERED_DICT:
-        raise _REJECT
+        raise _Reject
     pid = (tag, stype, key, memo[loc_i], numel)
     return (e + 4, pid, s + persid_at, offset, size, stride, requires_grad, s + reduce_at, pushes)
 
@@ -1453,22 +1455,22 @@ def _quick_tail(m: Unpickler, s: int, tag: Any, stype: Any, key: str, puts: list
     n = len(puts)
     loc_i, q = _quick_index(data, s, 0x68, 0x6A)
     if loc_i in taken:
-        raise _REJECT
+        raise _Reject
     location = memo[loc_i]
     q = _quick_put(data, q, location, puts, taken)
     numel, q = _quick_int(data, q)
     q = _quick_put(data, q, numel, puts, taken)
     if data[q] != 0x74:  # TUPLE: the persistent id
-        raise _REJECT
+        raise _Reject
     pid = (tag, stype, key, location, numel)
     q = _quick_put(data, q + 1, pid, puts, taken)
     if data[q] != 0x51:  # BINPERSID
-        raise _REJECT
+        raise _Reject
     persid_pos = q
     q = _quick_put(data, q + 1, _P_STORAGE, puts, taken)
     offset, q = _quick_int(data, q)
     if offset < 0:
-        raise _REJECT
+        raise _Reject
     q = _quick_put(data, q, offset, puts, taken)
     known, max_dims = m._dims, m.limits.max_dims
     size, q, n_size = _quick_dims(data, q, max_dims, known)
@@ -1476,28 +1478,28 @@ def _quick_tail(m: Unpickler, s: int, tag: Any, stype: Any, key: str, puts: list
     stride, q, n_stride = _quick_dims(data, q, max_dims, known)
     q = _quick_put(data, q, stride, puts, taken)
     if len(size) != len(stride) or max(n_size, n_stride) > m.limits.max_stack:
-        raise _REJECT
+        raise _Reject
     c = data[q]
     if c != 0x88 and c != 0x89:  # NEWTRUE / NEWFALSE
-        raise _REJECT
+        raise _Reject
     requires_grad = c == 0x88
     q = _quick_put(data, q + 1, requires_grad, puts, taken)
     od_i, q = _quick_index(data, q, 0x68, 0x6A)
     if od_i in taken or memo[od_i] is not _ORDERED_DICT:
-        raise _REJECT
+        raise _Reject
     q = _quick_put(data, q, _ORDERED_DICT, puts, taken)
     if data[q] != 0x29 or data[q + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
-        raise _REJECT
+        raise _Reject
     q = _quick_put(data, q + 2, _P_HOOKS, puts, taken)
     if data[q] != 0x74:  # TUPLE: the 6 arguments
-        raise _REJECT
+        raise _Reject
     q = _quick_put(data, q + 1, _P_ARGS, puts, taken)
     if data[q] != 0x52:  # REDUCE
-        raise _REJECT
+        raise _Reject
     reduce_pos = q
     q = _quick_put(data, q + 1, _P_TENSOR, puts, taken)
     if q > m.end or data[q] in _PUT_OPS:  # a second write of the tensor: `_scan_record` reads those
-        raise _REJECT
+        raise _Reject
     pushes = n_size + n_stride + 14  # 5 fields + their tuple, and what `_scan_record` counts besides
     if len(puts) == n and q - s <= _TAIL_WINDOW and len(m._tails) < _QUICK_CACHE:
         m._tails[bytes(data[s:q])] = (loc_i, numel, persid_pos - s, offset, size, stride, requires_grad, od_i,
@@ -1527,13 +1529,13 @@ def _quick_int(data: Any, q: int) -> tuple[int, int]:
         return _U16.unpack_from(data, q + 1)[0], q + 3
     if c == 0x4A:
         return _I32.unpack_from(data, q + 1)[0], q + 5
-    raise _REJECT
+    raise _Reject
 
 
 def _quick_get(data: Any, q: int, memo: dict[int, Any], taken: list[int]) -> tuple[Any, int]:
     i, q = _quick_index(data, q, 0x68, 0x6A)
     if i in taken:
-        raise _REJECT
+        raise _Reject
     return memo[i], q  # KeyError: read before written, the general loop's error
 
 
@@ -1543,7 +1545,7 @@ def _quick_index(data: Any, q: int, short: int, long: int) -> tuple[int, int]:
         return data[q + 1], q + 2
     if c == long:
         return _U32.unpack_from(data, q + 1)[0], q + 5
-    raise _REJECT
+    raise _Reject
 
 
 def _quick_dims(data: Any, q: int, max_dims: int, known: dict[bytes, tuple[tuple[int, ...], int]]
@@ -1559,7 +1561,7 @@ def _quick_dims(data: Any, q: int, max_dims: int, known: dict[bytes, tuple[tuple
             _, r = _quick_int(data, r)
             n += 1
             if n > max_dims:
-                raise _REJECT
+                raise _Reject
         r += 1
     else:  # 1 to 3 ints, then TUPLE1/2/3
         r, n = q, 0
@@ -1567,7 +1569,7 @@ def _quick_dims(data: Any, q: int, max_dims: int, known: dict[bytes, tuple[tuple
             _, r = _quick_int(data, r)
             n += 1
         if n == 0 or data[r] != 0x84 + n:
-            raise _REJECT
+            raise _Reject
         r += 1
     raw = bytes(data[q:r])  # a memoryview slice would not hash
     hit = known.get(raw)
@@ -1580,7 +1582,7 @@ def _quick_dims(data: Any, q: int, max_dims: int, known: dict[bytes, tuple[tuple
         vals.append(v)
     dims = tuple(vals)
     if not _valid_dims(dims, max_dims):
-        raise _REJECT
+        raise _Reject
     if len(known) < _QUICK_CACHE:
         known[raw] = (dims, n + 1)
     return dims, r, n + 1

@@ -362,10 +362,10 @@ def reference_pair(m: sp.Unpickler, q: int) -> Any:
     if data[r] in sp._PUT_OPS:
         r = sp._scan_put(data, r, puts, name)
     if data[r] not in (0x68, 0x6A):
-        raise sp._REJECT
+        raise sp._Reject
     callee, r = sp._scan_get(data, r, m.memo, puts)
     if callee is not sp._REBUILD_V2 or data[r] != 0x28:
-        raise sp._REJECT
+        raise sp._Reject
     return name, callee, sp._scan_record(m, r, puts), puts
 
 

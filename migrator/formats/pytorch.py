@@ -38,7 +38,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..scalars import Scalar
-from ..tensor import LazyTensor, stored
+from ..tensor import LazyTensor, stored, stored_many
 from .base import Reader, no_gc
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -124,8 +124,10 @@ class PytorchReader(Reader):
         with no_gc():  # ~1M container objects stay alive until the end: rescans would cost ~30%
             root = self._open()
             selected, prefix = self._select(root, top_level_key)
-            self._flatten(selected, prefix)
-            del root, selected
+            pending = self._flatten(selected, prefix)
+            del root, selected  # the pickle's objects go before the tensors are made: a lower peak
+            self.tensors = pending.build(self.source)
+            del pending
         # what only the open needed (100k entries each for a 100k-tensor zip): the tensors keep the rest
         self._spans, self._first_dtype, self._layouts = {}, {}, {}
         self._zip_members: dict[str, _RawMember] = {}
@@ -605,16 +607,18 @@ class PytorchReader(Reader):
             raise self._err(f"top-level key '{'.'.join(path)}' is a {_describe(node)}, not a dict of tensors")
         return node, ""
 
-    def _flatten(self, root: Any, prefix: str) -> None:
+    def _flatten(self, root: Any, prefix: str) -> _Pending:
+        """Walk the selection in order, checking every tensor; the tensors are made later (`_Pending`)."""
         if isinstance(root, (sp.TensorRef, sp.UnsupportedTensor)):
             raise self._err("the file holds a single tensor, not a dict of tensors (a state_dict); "
                             "save {'name': tensor} instead")
         if not isinstance(root, (dict, list, tuple)):
             raise self._err(f"the checkpoint holds a {_describe(root)}, not a dict of tensors")
         seen: set[str] = set()
-        built: dict[int, LazyTensor] = {}  # id(TensorRef) -> its tensor
+        built: dict[int, int] = {}  # id(TensorRef) -> its place in `pending`
         groups: dict[str, str | list[str]] = {}  # storage group -> its name, or its names once shared
-        tensors = self.tensors
+        pending = _Pending()
+        entries = pending.entries
         tensor_ref = sp.TensorRef
         visits = 0
         stack: list[tuple[str, Iterator[tuple[Any, Any]], int]] = [(prefix, _pairs(root), id(root))]
@@ -639,10 +643,11 @@ class PytorchReader(Reader):
                     seen.add(name)
                     prior = built.get(id(value))
                     if prior is None:
-                        made, group = self._tensor(name, value)
-                        built[id(value)] = made
+                        built[id(value)] = len(entries)
+                        group = self._tensor(name, value, pending)
                     else:  # the same tensor object under another name: same bytes, same group
-                        made, group = prior.renamed(name), value.storage.key
+                        entries.append((prior, name))
+                        group = value.storage.key
                     names = groups.get(group)
                     if names is None:
                         groups[group] = name
@@ -650,7 +655,6 @@ class PytorchReader(Reader):
                         groups[group] = [names, name]
                     else:
                         names.append(name)
-                    tensors.append(made)
                     continue
                 if isinstance(value, (dict, list, tuple)):
                     if id(value) in on_path:
@@ -666,6 +670,7 @@ class PytorchReader(Reader):
                 stack.pop()
                 on_path.discard(cid)
         self._groups = {g: names for g, names in groups.items() if type(names) is list}
+        return pending
 
     def _leaf(self, name: str, value: Any, seen: set[str]) -> None:
         """Everything but tensors and containers: metadata strings, scalars, refusals, ignored values."""
@@ -717,8 +722,8 @@ class PytorchReader(Reader):
             span = _Span(span.offset + start, nbytes)  # views of one root share its group
         return group, span
 
-    def _tensor(self, name: str, ref: sp.TensorRef) -> tuple[LazyTensor, str]:
-        """The lazy tensor for `ref` and its storage group (tensors of one group share bytes)."""
+    def _tensor(self, name: str, ref: sp.TensorRef, pending: _Pending) -> str:
+        """Check `ref` and add its lazy tensor to `pending`; returns its storage group (one group shares bytes)."""
         dname = ref.dtype if ref.dtype is not None else ref.storage.dtype
         shape, stride = ref.size, ref.stride
         layout = self._layouts.get((dname, shape, stride))
@@ -726,9 +731,9 @@ class PytorchReader(Reader):
             layout = self._layout(name, ref, dname)
         dt, nbytes, extent, contiguous, shape = layout  # one shape tuple for all tensors of that layout
         group, span = self._storage_span(ref.storage, name)
-        label = self.label
         if nbytes == 0:
-            return LazyTensor(name, dt, shape, 0, loader=_empty, origin=label), group
+            pending.entries.append(LazyTensor(name, dt, shape, 0, loader=_empty, origin=self.label))
+            return group
         itemsize = dt.itemsize
         max_index = ref.offset + extent
         if (max_index + 1) * itemsize > span.nbytes:
@@ -737,10 +742,11 @@ class PytorchReader(Reader):
                 f"{max_index} but storage '{ref.storage.key}' holds {span.nbytes // itemsize} {dname} elements",
                 name)
         start = span.offset + ref.offset * itemsize
-        src = self.source
         if contiguous and not self._swap:
-            return stored(name, dt, shape, src, start, nbytes), group
-        return self._view_tensor(name, ref, dt, nbytes, start, max_index), group
+            pending.add_stored(name, dt, shape, start, nbytes)
+        else:
+            pending.entries.append(self._view_tensor(name, ref, dt, nbytes, start, max_index))
+        return group
 
     def _layout(self, name: str, ref: sp.TensorRef, dname: str | None) -> tuple[Any, int, int, bool,
                                                                                  tuple[int, ...]]:
@@ -784,6 +790,48 @@ class PytorchReader(Reader):
 
 # ----------------------------------------------------------------------------------------------
 # helpers
+
+
+class _Pending:
+    """The selection's tensors in order, as checked by `_flatten` but not made yet.
+
+    A verbatim byte range (nearly every tensor) is a row of five columns, made by `stored_many` in one
+    pass once the pickle's objects are gone; `entries` holds, per tensor, None (the next row), a tensor
+    made already (views, empty, big-endian) or (i, name): entry i again under another name.
+    """
+
+    __slots__ = ("dtypes", "entries", "lengths", "names", "offsets", "shapes")
+
+    def __init__(self) -> None:
+        self.entries: list[Any] = []
+        self.names: list[str] = []
+        self.dtypes: list[Any] = []
+        self.shapes: list[tuple[int, ...]] = []
+        self.offsets: list[int] = []
+        self.lengths: list[int] = []
+
+    def add_stored(self, name: str, dtype: Any, shape: tuple[int, ...], offset: int, nbytes: int) -> None:
+        self.entries.append(None)
+        self.names.append(name)
+        self.dtypes.append(dtype)
+        self.shapes.append(shape)
+        self.offsets.append(offset)
+        self.lengths.append(nbytes)
+
+    def build(self, source: ByteSource) -> list[LazyTensor]:
+        rows = iter(stored_many(source, self.names, self.dtypes, self.shapes, self.offsets, self.lengths))
+        self.names = self.dtypes = self.shapes = self.offsets = self.lengths = []
+        if all(e is None for e in self.entries):
+            return list(rows)
+        out: list[LazyTensor] = []
+        for e in self.entries:
+            if e is None:
+                out.append(next(rows))
+            elif type(e) is tuple:
+                out.append(out[e[0]].renamed(e[1]))
+            else:
+                out.append(e)
+        return out
 
 
 _MISSING = object()
