@@ -7,12 +7,14 @@ these tests check the result against torch and that nothing of the pickle outliv
 from __future__ import annotations
 
 import gc
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from migrator import safepickle as sp
+from migrator.errors import FormatError
 from migrator.formats import open_file
 
 torch = pytest.importorskip("torch")
@@ -66,3 +68,30 @@ def test_no_pickle_object_outlives_the_open(tmp_path: Path) -> None:
         assert len(r.tensors) == 2000 + 6
         left = [o for o in gc.get_objects() if type(o) in (sp.TensorRef, sp.StorageRef, sp.ODict)]
         assert left == []
+
+
+def test_storages_far_apart_and_in_many_reads(tmp_path: Path) -> None:
+    """Local headers are read in groups (64 KiB gaps, 1 MiB a read): big tensors between small ones."""
+    g = torch.Generator().manual_seed(2)
+    sd = {f"small.{i}": torch.randn(3, generator=g) for i in range(12000)}  # > 1 MiB of headers
+    for i in range(0, 12000, 2500):
+        sd[f"small.{i}"] = torch.randn(70_000, generator=g)  # 280 KB: a gap between headers
+    path = tmp_path / "m.pt"
+    torch.save(sd, path)
+    with open_file(path) as r:
+        assert [t.name for t in r.tensors] == list(sd)
+        for t in r.tensors:
+            assert bytes(t.data()) == sd[t.name].numpy().tobytes(), t.name
+
+
+def test_a_bad_local_header_is_reported_for_its_tensor(tmp_path: Path) -> None:
+    sd = {f"t.{i}": torch.full((4,), float(i)) for i in range(50)}
+    path = tmp_path / "m.pt"
+    torch.save(sd, path)
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/data/7"))
+    raw[info.header_offset : info.header_offset + 4] = b"PK\x09\x09"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match="zip member m/data/7: bad local header signature"):
+        open_file(path)

@@ -225,65 +225,87 @@ class PytorchReader(Reader):
         prefix = self._zip_root + "data/"
         cut = len(prefix)
         members = self._zip_members
-        # (header offset, key or -1 - index, size), in file order
+        # (header offset, key, size) of the members not numbered in `_zip_data`
         todo: list[tuple[int, Any, int]] = [
             (raw[0], name[cut:], raw[1]) for name, raw in members.items()
             if name.startswith(prefix) and raw[3] == 0 and not raw[4] & 1 and raw[1] == raw[2]]
         compact = self._zip_data
         if compact is not None:
-            lhos = compact[0]
-            self._zip_found = found = bytearray(len(lhos))
-        order: Any = range(len(lhos)) if compact is not None else ()
-        if compact is not None and any(lhos[i] > lhos[i + 1] for i in range(len(lhos) - 1)):
-            order = sorted(order, key=lhos.__getitem__)
+            self._zip_found = bytearray(len(compact[0]))
+            if not self._prefetch_numbered(compact):
+                return
         todo.sort()
         src, spans = self.source, self._spans
         size = src.size
         unpack = _LOCAL_HEADER.unpack_from
-        for run in (order, todo):
-            it = iter(run)
-            pending = next(it, None)
+        it = iter(todo)
+        pending = next(it, None)
+        while pending is not None:
+            group = []  # headers less than 64 KiB apart share a read of at most 1 MiB
+            first = prev = -1
             while pending is not None:
-                group = []  # headers less than 64 KiB apart share a read of at most 1 MiB
-                first = prev = -1
-                while pending is not None:
-                    if type(pending) is int:
-                        lho = lhos[pending]
-                        if lho < 0:
-                            pending = next(it, None)
-                            continue
-                    else:
-                        lho = pending[0]
-                    if first >= 0 and (lho - prev > 65536 or lho + 30 - first > 1 << 20):
-                        break
-                    if first < 0:
-                        first = lho
-                    prev = lho
-                    group.append(pending)
-                    pending = next(it, None)
-                if not group:
+                lho = pending[0]
+                if first >= 0 and (lho - prev > 65536 or lho + 30 - first > 1 << 20):
                     break
-                try:
-                    block = src.read(first, min(prev + 30, size) - first, "zip local headers")
-                except FormatError:
-                    return
-                for item in group:
-                    if type(item) is int:
-                        lho, nbytes = lhos[item], compact[1][item]  # type: ignore[index]
-                    else:
-                        lho, nbytes = item[0], item[2]
-                    at = lho - first
-                    if at + 30 > len(block):
-                        continue
-                    sig, nlen, xlen = unpack(block, at)
-                    start = lho + 30 + nlen + xlen
-                    if sig == b"PK\x03\x04" and start + nbytes <= size:
-                        if type(item) is int:
-                            lhos[item] = start
-                            found[item] = 1
-                        else:
-                            spans[item[1]] = _Span(start, nbytes)
-                            del members[prefix + item[1]]  # located: only the others may still need their entry
+                if first < 0:
+                    first = lho
+                prev = lho
+                group.append(pending)
+                pending = next(it, None)
+            try:
+                block = src.read(first, min(prev + 30, size) - first, "zip local headers")
+            except FormatError:
+                return
+            for lho, key, nbytes in group:
+                at = lho - first
+                if at + 30 > len(block):
+                    continue
+                sig, nlen, xlen = unpack(block, at)
+                start = lho + 30 + nlen + xlen
+                if sig == b"PK\x03\x04" and start + nbytes <= size:
+                    spans[key] = _Span(start, nbytes)
+                    del members[prefix + key]  # located: only the others may still need their entry
+
+    def _prefetch_numbered(self, compact: tuple[array, array]) -> bool:
+        """`_prefetch_zip_spans` for torch's numbered members, each read's headers parsed at once by numpy.
+
+        The same reads (headers in file order, less than 64 KiB apart, at most 1 MiB a read) and checks;
+        False when a read failed (nothing after it is located, as in the per-member loop).
+        """
+        lhos = np.frombuffer(compact[0], dtype=np.int64)  # writable views: located offsets go back in place
+        sizes = np.frombuffer(compact[1], dtype=np.int64)
+        found = np.frombuffer(self._zip_found, dtype=np.uint8)
+        items = np.flatnonzero(lhos >= 0)
+        at_hdr = lhos[items]
+        if len(at_hdr) > 1 and bool(np.any(at_hdr[1:] < at_hdr[:-1])):
+            by_offset = np.argsort(at_hdr, kind="stable")
+            items, at_hdr = items[by_offset], at_hdr[by_offset]
+        gaps = np.flatnonzero(np.diff(at_hdr) > 65536) + 1  # a read ends before each of these
+        src = self.source
+        size = src.size
+        i, n = 0, len(items)
+        while i < n:
+            first = int(at_hdr[i])
+            g = int(np.searchsorted(gaps, i, "right"))
+            j = min(int(gaps[g]) if g < len(gaps) else n,
+                    int(np.searchsorted(at_hdr, first + (1 << 20) - 30, "right")))
+            try:
+                block = src.read(first, min(int(at_hdr[j - 1]) + 30, size) - first, "zip local headers")
+            except FormatError:
+                return False
+            at = at_hdr[i:j] - first
+            whole = np.flatnonzero(at + 30 <= len(block))
+            at, idx = at[whole], items[i:j][whole]
+            raw = np.frombuffer(block, dtype=np.uint8)
+            sig = (raw[at] == 0x50) & (raw[at + 1] == 0x4B) & (raw[at + 2] == 3) & (raw[at + 3] == 4)
+            names = raw[at + 26].astype(np.int64) | raw[at + 27].astype(np.int64) << 8
+            extras = raw[at + 28].astype(np.int64) | raw[at + 29].astype(np.int64) << 8
+            start = at + first + 30 + names + extras
+            ok = sig & (start + sizes[idx] <= size)
+            lhos[idx[ok]] = start[ok]
+            found[idx[ok]] = 1
+            i = j
+        return True
 
     def _zip_data_offset(self, m: _ZipMember) -> int:
         """Validate a member (stored, in bounds) and return where its bytes start."""
