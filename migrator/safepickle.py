@@ -452,6 +452,8 @@ class Unpickler:
 
     def check_key(self, key: Any) -> Any:
         """Dict keys and set members must be plainly hashable, without deep tuple nesting."""
+        if type(key) is str:  # nearly every key (and always hashable)
+            return key
         todo = [(key, 0)]
         while todo:
             k, depth = todo.pop()
@@ -813,6 +815,10 @@ def _empty_dict(m: Unpickler) -> None:
 def _set_pairs(m: Unpickler, target: dict, items: list[Any], what: str) -> None:  # type: ignore[type-arg]
     if len(items) % 2:
         raise m.error(f"{what} with an odd number of items")
+    keys = items[::2]
+    if all(type(k) is str for k in keys):  # a state_dict's batch: nothing to check, one C-level update
+        target.update(zip(keys, items[1::2], strict=True))
+        return
     for i in range(0, len(items), 2):
         target[m.check_key(items[i])] = items[i + 1]
 
@@ -1613,15 +1619,16 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
     _commit(m, plan, puts)
     q = plan[0]
     data, end, memo, stack = m.data, m.end, m.memo, m.stack
+    max_stack, max_objects = lim.max_stack, lim.max_objects
     while True:  # the next pair: name [put] callee ( record
-        if q + 8 > end or data[q] not in _NAME_OPS or len(stack) + 3 > lim.max_stack:
+        if q + 8 > end or data[q] not in _NAME_OPS or len(stack) + 3 > max_stack:
             return q
         try:
             name, callee, plan, puts = _quick_pair(m, q)
         except _QUICK_ERRORS:
             pass
         else:
-            if not _room(m, plan[-1] + 2, puts):
+            if m.objects + plan[-1] + 2 > max_objects or (puts and not _room(m, plan[-1] + 2, puts)):
                 return q
             m.objects += 2
             stack.append(name)

@@ -563,6 +563,13 @@ class PytorchReader(Reader):
 
     def _storage_pid(self, pid: Any) -> sp.StorageRef:
         """('storage', StorageType, key, location, numel[, view_metadata]) -> a StorageRef."""
+        if type(pid) is tuple and len(pid) == 5 and pid[0] == "storage":  # every torch.save tensor
+            _, stype, key, location, numel = pid
+            if (type(stype) is sp.StorageType and type(key) is str and type(location) is str
+                    and type(numel) is int and 0 <= numel < 1 << 63):
+                if not self._zip and key not in self._first_dtype:  # zip storages are located by name
+                    self._first_dtype[key] = stype.dtype
+                return sp.StorageRef(key, stype.name, stype.dtype, numel, location, None)
         if not isinstance(pid, tuple) or not pid:
             raise self._err(f"persistent id is a {type(pid).__name__}, expected a tuple")
         tag = pid[0].decode("ascii", "replace") if isinstance(pid[0], bytes) else pid[0]
@@ -716,6 +723,21 @@ class PytorchReader(Reader):
     # ------------------------------------------------------------------------------------------
     # tensors
 
+    def _numbered_span(self, ref: sp.StorageRef) -> tuple[str, tuple[int, int]] | None:
+        """`_storage_span` for what torch.save writes (a numbered zip member the prefetch located, its
+        declared size within it, no view), without its checks' function calls; None for anything else."""
+        key, found, numel = ref.key, self._zip_found, ref.numel
+        if (ref.view is None and numel is not None and len(key) <= 9 and key.isdigit() and key.isascii()
+                and (key[0] != "0" or len(key) == 1)):
+            i = int(key)
+            esize = sp.ELEMENT_SIZES.get(ref.dtype or "")
+            if i < len(found) and found[i] and esize is not None:
+                declared = numel * esize
+                compact = self._zip_data
+                if compact is not None and declared <= compact[1][i]:
+                    return key, (compact[0][i], declared)
+        return None
+
     def _storage_span(self, ref: sp.StorageRef, tensor: str) -> tuple[str, _Span]:
         """The bytes a storage covers, resolving legacy storage views; checked against the declared size."""
         if self._zip:
@@ -752,18 +774,19 @@ class PytorchReader(Reader):
         if layout is None:
             layout = self._layout(name, ref, dname)
         dt, nbytes, extent, contiguous, shape = layout  # one shape tuple for all tensors of that layout
-        group, span = self._storage_span(ref.storage, name)
+        located = self._numbered_span(ref.storage)
+        group, (span_offset, span_nbytes) = located if located is not None else self._storage_span(ref.storage, name)
         if nbytes == 0:
             pending.entries.append(LazyTensor(name, dt, shape, 0, loader=_empty, origin=self.label))
             return group
         itemsize = dt.itemsize
         max_index = ref.offset + extent
-        if (max_index + 1) * itemsize > span.nbytes:
+        if (max_index + 1) * itemsize > span_nbytes:
             raise self._err(
                 f"shape {list(shape)}, stride {list(ref.stride)} and offset {ref.offset} reach element "
-                f"{max_index} but storage '{ref.storage.key}' holds {span.nbytes // itemsize} {dname} elements",
+                f"{max_index} but storage '{ref.storage.key}' holds {span_nbytes // itemsize} {dname} elements",
                 name)
-        start = span.offset + ref.offset * itemsize
+        start = span_offset + ref.offset * itemsize
         if contiguous and not self._swap:
             pending.add_stored(name, dt, shape, start, nbytes)
         else:
