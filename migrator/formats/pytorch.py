@@ -1042,11 +1042,16 @@ def _read_zip_directory(src: ByteSource) -> _ZipDirectory:
     if n_total > MAX_ZIP_ENTRIES or n_total * 46 > cd_size or cd_size > MAX_ZIP_DIRECTORY:
         raise LimitExceededError(f"zip declares {n_total} entries in a {cd_size}-byte directory", file=label)
     cd = src.read(cd_off, cd_size, "zip central directory")
+    quick = _numbered_directory(cd, n_total, cd_off, src.size)
+    return quick if quick is not None else _directory_entries(cd, n_total, cd_off, src.size, label)
+
+
+def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: str) -> _ZipDirectory:
+    """The central directory's entries, one by one (the reference for `_numbered_directory`)."""
     members: dict[str, _RawMember] = {}
     compact: dict[bytes, tuple[array, array]] = {}  # root (b"archive/") -> header offsets, sizes by index
     first: str | None = None
     unpack = _CD_ENTRY.unpack_from
-    size = src.size
     p = 0
     n_cd = len(cd)
     for _ in range(n_total):
@@ -1066,31 +1071,113 @@ def _read_zip_directory(src: ByteSource) -> _ZipDirectory:
             raise FormatError(f"zip member {name} lies outside the archive data", file=label)
         if first is None:
             first = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
-        # torch's storages: "<root>/data/<n>", one ASCII folder (or none), n canonical and < n_total
-        cut = raw.rfind(b"/data/")
-        digits = raw[cut + 6 :] if cut >= 0 else raw[5:] if raw.startswith(b"data/") else b""
-        if (digits.isdigit() and len(digits) <= 9 and (digits[0] != 0x30 or len(digits) == 1)
-                and method == 0 and not flags & 1 and usize == csize):
-            root = raw[: cut + 1] if cut >= 0 else b""
-            idx = int(digits)
-            if idx < n_total and root.count(b"/") <= 1 and root.isascii():
-                arrays = compact.get(root)
-                if arrays is None:
-                    if len(compact) >= 4:  # a few roots at most (torch writes one): the rest as tuples
-                        arrays = None
-                    else:
-                        arrays = compact[root] = (array("q", [-1]) * n_total, array("q", [0]) * n_total)
-                if arrays is not None:
-                    if arrays[0][idx] >= 0:
-                        raise FormatError(f"zip archive lists member {raw.decode('ascii')} twice", file=label)
-                    arrays[0][idx] = lho
-                    arrays[1][idx] = usize
-                    continue
+        numbered = _numbered(raw, method, flags, usize, csize, n_total)
+        if numbered is not None:
+            root, idx = numbered
+            arrays = compact.get(root)
+            if arrays is None and len(compact) < 4:  # a few roots at most (torch writes one): the rest as tuples
+                arrays = compact[root] = (array("q", [-1]) * n_total, array("q", [0]) * n_total)
+            if arrays is not None:
+                if arrays[0][idx] >= 0:
+                    raise FormatError(f"zip archive lists member {raw.decode('ascii')} twice", file=label)
+                arrays[0][idx] = lho
+                arrays[1][idx] = usize
+                continue
         name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
         if name in members:
             raise FormatError(f"zip archive lists member {name} twice", file=label)
         members[name] = (lho, usize, csize, method, flags, crc)
     return _ZipDirectory(members, {r.decode("ascii"): a for r, a in compact.items()}, first)
+
+
+def _numbered(raw: bytes, method: int, flags: int, usize: int, csize: int, n_total: int) -> tuple[bytes, int] | None:
+    """(root, n) for torch's storages, "<root>/data/<n>": one ASCII folder (or none), n canonical and < n_total,
+    stored and unencrypted; None for any other member."""
+    cut = raw.rfind(b"/data/")
+    digits = raw[cut + 6 :] if cut >= 0 else raw[5:] if raw.startswith(b"data/") else b""
+    if (digits.isdigit() and len(digits) <= 9 and (digits[0] != 0x30 or len(digits) == 1)
+            and method == 0 and not flags & 1 and usize == csize):
+        root = raw[: cut + 1] if cut >= 0 else b""
+        idx = int(digits)
+        if idx < n_total and root.count(b"/") <= 1 and root.isascii():
+            return root, idx
+    return None
+
+
+def _numbered_directory(cd: bytes, n_total: int, cd_off: int, size: int) -> _ZipDirectory | None:
+    """`_read_zip_directory`'s loop for a directory as torch writes it, with numpy: the storages under the
+    first entry's folder are parsed all at once, the few other entries one by one.
+
+    None whenever the loop could do anything else (raise, see zip64 fields, a second root or a name that
+    holds an entry signature), and the loop then runs: the result, when there is one, is the loop's.
+    """
+    buf = np.frombuffer(cd, dtype=np.uint8)
+    n_cd = len(buf)
+    if n_total == 0 or n_cd < 46:
+        return None
+    at = np.flatnonzero(buf[: n_cd - 3] == 0x50)
+    at = at[(buf[at + 1] == 0x4B) & (buf[at + 2] == 1) & (buf[at + 3] == 2)]
+    at = at[at + 46 <= n_cd]
+    if len(at) < n_total or at[0] != 0:
+        return None
+    at = at[:n_total]
+
+    def u16(off: int) -> np.ndarray:
+        return buf[at + off].astype(np.int64) | buf[at + off + 1].astype(np.int64) << 8
+
+    def u32(off: int) -> np.ndarray:
+        return u16(off) | u16(off + 2) << 16
+
+    flags, method, csize, usize, nlen = u16(8), u16(10), u32(20), u32(24), u16(28)
+    ends = at + 46 + nlen + u16(30) + u16(32)
+    lho = u32(42)
+    if (not np.array_equal(ends[:-1], at[1:]) or ends[-1] > n_cd  # one entry after another, no stray signature
+            or np.any((csize == 0xFFFFFFFF) | (usize == 0xFFFFFFFF) | (lho == 0xFFFFFFFF) | (u16(34) == 0xFFFF))
+            or np.any((lho + 30 > cd_off) | (csize > size))):
+        return None
+    first_raw = cd[46 : 46 + int(nlen[0])]
+    first = first_raw.decode("utf-8" if flags[0] & 0x800 else "cp437", "replace")
+    root = first_raw.split(b"/", 1)[0] + b"/" if b"/" in first_raw else b""
+    if not root.isascii():
+        return None
+    prefix = root + b"data/"
+    # digits after the prefix: 1 to 9, canonical, below n_total (bytes past the end are masked out)
+    ndig = nlen - len(prefix)
+    cols = np.arange(max(len(prefix), 9))
+    name_at = at + 46
+    head = buf[np.minimum(name_at[:, None] + cols[: len(prefix)], n_cd - 1)]
+    digit = buf[np.minimum(name_at[:, None] + len(prefix) + cols[:9], n_cd - 1)].astype(np.int64) - 0x30
+    used = cols[:9] < ndig[:, None]
+    value = np.where(used, digit, 0)
+    for_pow = np.where(used, ndig[:, None] - 1 - cols[:9], 0)
+    number = (value * 10 ** for_pow).sum(axis=1)
+    ok = ((ndig >= 1) & (ndig <= 9) & np.all(head == np.frombuffer(prefix, dtype=np.uint8), axis=1)
+          & np.all(~used | ((digit >= 0) & (digit <= 9)), axis=1) & ((digit[:, 0] != 0) | (ndig == 1))
+          & (method == 0) & (flags & 1 == 0) & (usize == csize) & (number < n_total))
+    numbered = np.flatnonzero(ok)
+    idx = number[numbered]
+    if len(idx) and np.bincount(idx).max() > 1:  # a storage listed twice: the loop names it
+        return None
+    members: dict[str, _RawMember] = {}
+    for k in np.flatnonzero(~ok).tolist():
+        p, q = int(at[k]) + 46, int(at[k]) + 46 + int(nlen[k])
+        raw = cd[p:q]
+        f, m, c, u = int(flags[k]), int(method[k]), int(csize[k]), int(usize[k])
+        name = raw.decode("utf-8" if f & 0x800 else "cp437", "replace")
+        if _numbered(raw, m, f, u, c, n_total) is not None or name in members:
+            return None
+        members[name] = (int(lho[k]), u, c, m, f, _U32.unpack_from(cd, p - 30)[0])
+    data: dict[str, tuple[array, array]] = {}
+    if len(idx):
+        offsets = np.full(n_total, -1, dtype=np.int64)
+        sizes = np.zeros(n_total, dtype=np.int64)
+        offsets[idx] = lho[numbered]
+        sizes[idx] = usize[numbered]
+        data[root.decode("ascii")] = (array("q", offsets.tobytes()), array("q", sizes.tobytes()))
+    return _ZipDirectory(members, data, first)
+
+
+_U32 = struct.Struct("<I")
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, lho: int, name: str, label: str) -> tuple[int, int, int]:
