@@ -1141,19 +1141,21 @@ def _numbered_directory(cd: bytes, n_total: int, cd_off: int, size: int) -> _Zip
     if not root.isascii():
         return None
     prefix = root + b"data/"
-    # digits after the prefix: 1 to 9, canonical, below n_total (bytes past the end are masked out)
-    ndig = nlen - len(prefix)
-    cols = np.arange(max(len(prefix), 9))
+    # the prefix, then 1 to 9 digits, canonical, below n_total: column by column (a few MB at most)
     name_at = at + 46
-    head = buf[np.minimum(name_at[:, None] + cols[: len(prefix)], n_cd - 1)]
-    digit = buf[np.minimum(name_at[:, None] + len(prefix) + cols[:9], n_cd - 1)].astype(np.int64) - 0x30
-    used = cols[:9] < ndig[:, None]
-    value = np.where(used, digit, 0)
-    for_pow = np.where(used, ndig[:, None] - 1 - cols[:9], 0)
-    number = (value * 10 ** for_pow).sum(axis=1)
-    ok = ((ndig >= 1) & (ndig <= 9) & np.all(head == np.frombuffer(prefix, dtype=np.uint8), axis=1)
-          & np.all(~used | ((digit >= 0) & (digit <= 9)), axis=1) & ((digit[:, 0] != 0) | (ndig == 1))
-          & (method == 0) & (flags & 1 == 0) & (usize == csize) & (number < n_total))
+    ndig = nlen - len(prefix)
+    ok = (ndig >= 1) & (ndig <= 9) & (method == 0) & (flags & 1 == 0) & (usize == csize)
+    for j, byte in enumerate(prefix):
+        ok &= buf[np.minimum(name_at + j, n_cd - 1)] == byte
+    number = np.zeros(len(at), dtype=np.int64)
+    for j in range(9):
+        digit = buf[np.minimum(name_at + len(prefix) + j, n_cd - 1)].astype(np.int64) - 0x30
+        used = j < ndig
+        ok &= ~used | ((digit >= 0) & (digit <= 9))
+        if j == 0:
+            ok &= (digit != 0) | (ndig == 1)
+        number = np.where(used, number * 10 + digit, number)
+    ok &= number < n_total
     numbered = np.flatnonzero(ok)
     idx = number[numbered]
     if len(idx) and np.bincount(idx).max() > 1:  # a storage listed twice: the loop names it
