@@ -9,9 +9,9 @@ offset or size needs them.
 
 A zip local header holds its member's CRC-32. A file-backed tensor is read once in chunks for its
 CRC just before its header, then moved by `streaming.write_tensor` in the kernel from the page
-cache. A computed tensor (cast, transpose) is streamed piece by piece, made ahead on a thread
+cache. A large computed tensor (cast, transpose) is streamed piece by piece, made ahead on a thread
 (`streaming.Ahead`) and checksummed as written; its header's CRC field is filled in afterwards. A
-sink that cannot seek back gets each computed tensor whole, checksummed before its header.
+small one, or any on a sink that cannot seek back, is made whole and checksummed before its header.
 
 Only tensors are written: a state_dict must hold nothing else for `load_state_dict`, so metadata
 and scalars are not carried into `.pt` (they are listed in `dropped`).
@@ -29,7 +29,7 @@ from typing import BinaryIO
 from ..dtypes import DType
 from ..errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
 from ..scalars import Scalar
-from ..streaming import Ahead, computed_pieces, write_all, write_tensor
+from ..streaming import SMALL_READ, Ahead, computed_pieces, unbuffered, write_all, write_tensor
 from ..tensor import LazyTensor
 from .base import Writer
 
@@ -254,7 +254,7 @@ class PytorchWriter(Writer):
                     m.crc = _crc_span(tensor)
                     write_all(sink, self._local_header(m))
                     write_tensor(sink, tensor)  # file-backed: copied in the kernel where possible
-                elif seekable:
+                elif seekable and tensor.nbytes > SMALL_READ:  # a small one: cheaper whole than seeking back
                     self._stream_computed(sink, m, tensor, ahead)
                 else:
                     self._write_computed_whole(sink, m, tensor)
@@ -267,10 +267,11 @@ class PytorchWriter(Writer):
         """Stream a computed tensor piece by piece (made ahead on a thread), checksumming as it goes,
         then fill in its local header's CRC field: no whole-tensor buffer, no second pass."""
         write_all(sink, self._local_header(m))  # CRC 0 for now
+        out = unbuffered(sink)  # the seeks below tell a buffered sink where the file is
         crc = written = 0
         for view in computed_pieces(tensor, ahead):
             crc = zlib.crc32(view, crc)
-            write_all(sink, view)
+            write_all(out, view)
             written += len(view)
         if written != m.size:
             raise TensorBytesSizeMismatchError(f"produced {written} bytes but declares {m.size}",
