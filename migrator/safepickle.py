@@ -17,6 +17,7 @@ the persistent ids into `StorageRef`s through the `persistent_load` callback.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1379,6 +1380,7 @@ def _write_memo(memo: dict[int, Any], puts: list[tuple[int, Any]], storage: Stor
 # the memo reads are looked up again for each record.
 
 _QUICK_INTS = frozenset({0x4B, 0x4D, 0x4A})
+_PUTS = frozenset({0x71, 0x72})  # BINPUT, LONG_BINPUT (checked before calling _quick_put: most values have none)
 _QUICK_CACHE = 4096  # distinct tails (and dims) kept per pickle: a few shapes in practice
 _TAIL_END = b")RtR"  # OrderedDict() REDUCE, TUPLE, REDUCE: how a tail without memo writes ends
 _TAIL_WINDOW = 128  # longest tail looked up (a 5-d shape with BININT sizes takes ~70 bytes)
@@ -1399,7 +1401,8 @@ def _quick_pair(m: Unpickler, q: int) -> tuple[str, Any, _Plan, list[tuple[int, 
     if r > m.end:
         raise _Reject
     name = str(data[q + 5 : r], "utf-8", "surrogatepass")
-    r = _quick_put(data, r, name, puts, taken)
+    if data[r] in _PUTS:
+        r = _quick_put(data, r, name, puts, taken)
     # h<callee> ( ( h<tag> h<class>: torch's first memo entries, read by BINGET
     if (data[r] == 0x68 and data[r + 2] == 0x28 and data[r + 3] == 0x28 and data[r + 4] == 0x68
             and data[r + 6] == 0x68):
@@ -1422,9 +1425,11 @@ def _quick_record(m: Unpickler, p: int, puts: list[tuple[int, Any]], taken: list
     if data[p + 1] != 0x28:
         raise _Reject
     tag, q = _quick_get(data, p + 2, memo, taken)
-    q = _quick_put(data, q, tag, puts, taken)
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, tag, puts, taken)
     stype, q = _quick_get(data, q, memo, taken)
-    q = _quick_put(data, q, stype, puts, taken)
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, stype, puts, taken)
     return _quick_key(m, q, tag, stype, puts, taken)
 
 
@@ -1437,10 +1442,16 @@ def _quick_key(m: Unpickler, q: int, tag: Any, stype: Any, puts: list[tuple[int,
     if r > m.end:
         raise _Reject
     key = str(data[q + 5 : r], "utf-8", "surrogatepass")
-    s = _quick_put(data, r, key, puts, taken)
+    s = r
+    if data[s] in _PUTS:
+        s = _quick_put(data, s, key, puts, taken)
     e = data.find(_TAIL_END, s, min(s + _TAIL_WINDOW, m.end)) if type(data) is bytes else -1
     tail = m._tails.get(data[s : e + 4]) if e >= 0 else None
     if tail is None:
+        if type(data) is bytes and data[s] == 0x68 and data[s + 2] in _QUICK_INTS:
+            found = _TORCH_TAIL.match(data, s, m.end)
+            if found is not None:
+                return _torch_tail(m, found, tag, stype, key, puts, taken)
         return _quick_tail(m, s, tag, stype, key, puts, taken)
     if data[e + 4] in _PUT_OPS:  # the tensor is memoized: `_scan_record` records that write
         raise _Reject
@@ -1454,6 +1465,46 @@ def _quick_key(m: Unpickler, q: int, tag: Any, stype: Any, puts: list[tuple[int,
     return (e + 4, pid, s + persid_at, offset, size, stride, requires_grad, s + reduce_at, pushes)
 
 
+_INT = rb"(?:K.|M..|J....)"
+_DIMS = rb"(\)|" + _INT + rb"\x85|" + _INT + rb"{2}\x86|" + _INT + rb"{3}\x87)"
+_TORCH_TAIL = re.compile(
+    rb"h(.)(" + _INT + rb")tr(....)Q(" + _INT + rb")" + _DIMS + rb"r(....)" + _DIMS + rb"r(....)([\x88\x89])"
+    rb"h(.)\)Rr(....)tr(....)Rr(....)", re.DOTALL)
+"""A tail as torch.save writes it once its memo passes 255 entries: every value memoized by LONG_BINPUT,
+ints as BININT1/2/BININT, up to 3 dimensions; the fields and memo indices are its groups."""
+
+
+def _torch_tail(m: Unpickler, found: re.Match[bytes], tag: Any, stype: Any, key: str,
+                puts: list[tuple[int, Any]], taken: list[int]) -> _Plan:
+    """`_quick_tail` for a `_TORCH_TAIL` match (one C-level match instead of ~30 reads and calls)."""
+    loc, numel_raw, pid_at, offset_raw, size_raw, size_at, stride_raw, stride_at, grad, od, *writes = found.groups()
+    loc_i, od_i = loc[0], od[0]
+    u32 = _U32.unpack
+    pid_i, size_i, stride_i = u32(pid_at)[0], u32(size_at)[0], u32(stride_at)[0]
+    if loc_i in taken or od_i in taken or od_i in (pid_i, size_i, stride_i):
+        raise _Reject
+    memo = m.memo
+    location = memo[loc_i]
+    if memo[od_i] is not _ORDERED_DICT:
+        raise _Reject
+    offset = _quick_int(offset_raw, 0)[0]
+    q = found.end()
+    if offset < 0 or m.data[q] in _PUT_OPS:  # a second write of the tensor: `_scan_record` reads those
+        raise _Reject
+    known, max_dims = m._dims, m.limits.max_dims
+    size, _, n_size = _quick_dims(size_raw, 0, max_dims, known)
+    stride, _, n_stride = _quick_dims(stride_raw, 0, max_dims, known)
+    if len(size) != len(stride) or max(n_size, n_stride) > m.limits.max_stack:
+        raise _Reject
+    pid = (tag, stype, key, location, _quick_int(numel_raw, 0)[0])
+    hooks_i, args_i, tensor_i = (u32(w)[0] for w in writes)
+    puts += ((pid_i, pid), (size_i, size), (stride_i, stride), (hooks_i, _P_HOOKS), (args_i, _P_ARGS),
+             (tensor_i, _P_TENSOR))
+    # BINPERSID follows the persistent id's write; the last REDUCE precedes the tensor's write
+    return (q, pid, found.end(3), offset, size, stride, grad == b"\x88", found.start(13) - 2,
+            n_size + n_stride + 14)
+
+
 def _quick_tail(m: Unpickler, s: int, tag: Any, stype: Any, key: str, puts: list[tuple[int, Any]],
                 taken: list[int]) -> _Plan:
     """Parse the tail at `s` (after the key and its memo write); kept in `m._tails` if it writes nothing."""
@@ -1463,47 +1514,65 @@ def _quick_tail(m: Unpickler, s: int, tag: Any, stype: Any, key: str, puts: list
     if loc_i in taken:
         raise _Reject
     location = memo[loc_i]
-    q = _quick_put(data, q, location, puts, taken)
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, location, puts, taken)
     numel, q = _quick_int(data, q)
-    q = _quick_put(data, q, numel, puts, taken)
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, numel, puts, taken)
     if data[q] != 0x74:  # TUPLE: the persistent id
         raise _Reject
     pid = (tag, stype, key, location, numel)
-    q = _quick_put(data, q + 1, pid, puts, taken)
+    q += 1
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, pid, puts, taken)
     if data[q] != 0x51:  # BINPERSID
         raise _Reject
     persid_pos = q
-    q = _quick_put(data, q + 1, _P_STORAGE, puts, taken)
+    q += 1
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, _P_STORAGE, puts, taken)
     offset, q = _quick_int(data, q)
     if offset < 0:
         raise _Reject
-    q = _quick_put(data, q, offset, puts, taken)
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, offset, puts, taken)
     known, max_dims = m._dims, m.limits.max_dims
     size, q, n_size = _quick_dims(data, q, max_dims, known)
-    q = _quick_put(data, q, size, puts, taken)
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, size, puts, taken)
     stride, q, n_stride = _quick_dims(data, q, max_dims, known)
-    q = _quick_put(data, q, stride, puts, taken)
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, stride, puts, taken)
     if len(size) != len(stride) or max(n_size, n_stride) > m.limits.max_stack:
         raise _Reject
     c = data[q]
     if c != 0x88 and c != 0x89:  # NEWTRUE / NEWFALSE
         raise _Reject
     requires_grad = c == 0x88
-    q = _quick_put(data, q + 1, requires_grad, puts, taken)
+    q += 1
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, requires_grad, puts, taken)
     od_i, q = _quick_index(data, q, 0x68, 0x6A)
     if od_i in taken or memo[od_i] is not _ORDERED_DICT:
         raise _Reject
-    q = _quick_put(data, q, _ORDERED_DICT, puts, taken)
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, _ORDERED_DICT, puts, taken)
     if data[q] != 0x29 or data[q + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
         raise _Reject
-    q = _quick_put(data, q + 2, _P_HOOKS, puts, taken)
+    q += 2
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, _P_HOOKS, puts, taken)
     if data[q] != 0x74:  # TUPLE: the 6 arguments
         raise _Reject
-    q = _quick_put(data, q + 1, _P_ARGS, puts, taken)
+    q += 1
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, _P_ARGS, puts, taken)
     if data[q] != 0x52:  # REDUCE
         raise _Reject
     reduce_pos = q
-    q = _quick_put(data, q + 1, _P_TENSOR, puts, taken)
+    q += 1
+    if data[q] in _PUTS:
+        q = _quick_put(data, q, _P_TENSOR, puts, taken)
     if q > m.end or data[q] in _PUT_OPS:  # a second write of the tensor: `_scan_record` reads those
         raise _Reject
     pushes = n_size + n_stride + 14  # 5 fields + their tuple, and what `_scan_record` counts besides

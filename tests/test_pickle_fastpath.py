@@ -12,6 +12,7 @@ import importlib.util
 import io
 import pickle
 import random
+import re
 import struct
 import sys
 import zipfile
@@ -433,6 +434,21 @@ def test_a_memo_write_before_a_known_tail_is_seen_by_its_reads() -> None:
     checked = 0
     for index in range(12):
         edited = data[:at] + bytes([0x71, index]) + data[at:]
+        fast, general = run_pickle(edited, True), run_pickle(edited, False)
+        assert fast == general, index
+        checked += fast[0] == "ok"
+    assert checked
+
+
+def test_a_memo_write_inside_a_torch_record_is_seen_by_its_later_reads() -> None:
+    """torch's records past 255 memo entries: a persistent id written over what the record reads next
+    (in the last record: in an earlier one, the next record would read it too and fail either way)."""
+    data = data_pkl(torch_file())
+    at = [m.start() + 2 for m in re.finditer(rb"tr.{4}Q", data, re.DOTALL) if m.start() > len(data) // 2]
+    assert at
+    checked = 0
+    for index in range(16):
+        edited = data[: at[-1]] + struct.pack("<I", index) + data[at[-1] + 4 :]  # the last record
         fast, general = run_pickle(edited, True), run_pickle(edited, False)
         assert fast == general, index
         checked += fast[0] == "ok"
