@@ -1487,17 +1487,19 @@ def _torch_tail(m: Unpickler, found: re.Match[bytes], tag: Any, stype: Any, key:
     location = memo[loc_i]
     if memo[od_i] is not _ORDERED_DICT:
         raise _Reject
-    offset = _quick_int(offset_raw, 0)[0]
+    offset = offset_raw[1] if len(offset_raw) == 2 else _quick_int(offset_raw, 0)[0]  # BININT1: most offsets
     q = found.end()
     if offset < 0 or m.data[q] in _PUT_OPS:  # a second write of the tensor: `_scan_record` reads those
         raise _Reject
-    known, max_dims = m._dims, m.limits.max_dims
-    size, _, n_size = _quick_dims(size_raw, 0, max_dims, known)
-    stride, _, n_stride = _quick_dims(stride_raw, 0, max_dims, known)
+    known = m._dims
+    size_n = known.get(size_raw) or _quick_dims(size_raw, 0, m.limits.max_dims, known)[::2]
+    stride_n = known.get(stride_raw) or _quick_dims(stride_raw, 0, m.limits.max_dims, known)[::2]
+    size, n_size = size_n
+    stride, n_stride = stride_n
     if len(size) != len(stride) or max(n_size, n_stride) > m.limits.max_stack:
         raise _Reject
-    pid = (tag, stype, key, location, _quick_int(numel_raw, 0)[0])
-    hooks_i, args_i, tensor_i = (u32(w)[0] for w in writes)
+    pid = (tag, stype, key, location, numel_raw[1] if len(numel_raw) == 2 else _quick_int(numel_raw, 0)[0])
+    hooks_i, args_i, tensor_i = u32(writes[0])[0], u32(writes[1])[0], u32(writes[2])[0]
     puts += ((pid_i, pid), (size_i, size), (stride_i, stride), (hooks_i, _P_HOOKS), (args_i, _P_ARGS),
              (tensor_i, _P_TENSOR))
     # BINPERSID follows the persistent id's write; the last REDUCE precedes the tensor's write
