@@ -644,7 +644,7 @@ class PytorchReader(Reader):
         if not isinstance(root, (dict, list, tuple)):
             raise self._err(f"the checkpoint holds a {_describe(root)}, not a dict of tensors")
         seen: set[str] = set()
-        built: dict[int, int] = {}  # id(TensorRef) -> its place in `pending`
+        built: dict[sp.TensorRef, int] = {}  # TensorRef (hashed by identity) -> its place in `pending`
         groups: dict[str, str | list[str]] = {}  # storage group -> its name, or its names once shared
         pending = _Pending()
         entries = pending.entries
@@ -670,9 +670,9 @@ class PytorchReader(Reader):
                     if name in seen:
                         raise self._err(f"two entries flatten to the same name '{name}'")
                     seen.add(name)
-                    prior = built.get(id(value))
+                    prior = built.get(value)
                     if prior is None:
-                        built[id(value)] = len(entries)
+                        built[value] = len(entries)
                         group = self._tensor(name, value, pending)
                     else:  # the same tensor object under another name: same bytes, same group
                         entries.append((prior, name))
