@@ -41,6 +41,8 @@ from .tensor import Buffer, LazyTensor
 
 CHUNK_ELEMENTS = 1 << 20
 """Elements converted per step: scratch stays a few times 4 MiB whatever the tensor's size."""
+STREAMED_ABOVE = 256 << 10
+"""Casts larger than this get streamed `chunks`; a smaller one is written from its loader's one piece."""
 CHUNK_BYTES = 1 << 20
 """Bytes per piece a streamed transpose yields (at least one tile band). Small enough that a band is
 still in the shared L3 cache when the writer copies it into the page cache: 1 MiB bands made a
@@ -192,8 +194,10 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
         inner = transposed.base
         if kernels is not None and src.name in ("F32", "FLEX32") and to.name == "F16":
             # the commonest case (a Linear weight saved as F16) in one pass: read, convert, transpose
-            return LazyTensor(tensor.name, to, tensor.shape, tensor.nbytes // 2, _TransposedHalf(inner), None,
-                              tensor.param_id, tensor.origin, _TransposedHalfChunks(inner))
+            nbytes = tensor.nbytes // 2
+            chunks = _TransposedHalfChunks(inner) if nbytes > STREAMED_ABOVE else None
+            return LazyTensor(tensor.name, to, tensor.shape, nbytes, _TransposedHalf(inner), None,
+                              tensor.param_id, tensor.origin, chunks)
         inner = LazyTensor(tensor.name, inner.dtype, inner.shape, inner.nbytes, inner.loader, inner.span,
                            tensor.param_id, tensor.origin, inner.chunks)
         return transpose2d(cast(inner, to))
@@ -234,7 +238,13 @@ class _CastKind:
         job = _Cast(tensor, self)
         nbytes = tensor.nbytes // self.src_uint.itemsize * self.dst_uint.itemsize  # element count x new width
         return LazyTensor(tensor.name, to, tensor.shape, nbytes, job, None, tensor.param_id, tensor.origin,
-                          job.pieces)
+                          _streamed(job.pieces, nbytes))
+
+
+def _streamed(pieces: Callable[[], Iterator[memoryview]], nbytes: int) -> Callable[[], Iterator[memoryview]] | None:
+    """A cast tensor's `chunks`, or None up to STREAMED_ABOVE bytes: its loader's one piece is written
+    as is, and a 100k-tensor plan keeps no bound method per tensor (~4 MiB)."""
+    return pieces if nbytes > STREAMED_ABOVE else None
 
 
 _CAST_KINDS: dict[tuple[str, str], _CastKind] = {}

@@ -306,6 +306,7 @@ def test_cast_of_a_transpose_equals_transpose_of_the_cast(monkeypatch: pytest.Mo
                                                           chunk: int) -> None:
     """Narrowing casts go before the transpose (F32 -> F16: one fused kernel pass); same bits as torch."""
     monkeypatch.setattr(casts, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(casts, "STREAMED_ABOVE", 0)  # small as it is, stream it
     bits = f32_inputs()[: 67 * 1001].reshape(67, 1001)
     x = from_numpy("w", bits, dtype=dtypes.F32)
     t = LazyTensor("renamed.w", x.dtype, x.shape, x.nbytes, x.loader, param_id=3, origin="f.pt")
@@ -347,6 +348,7 @@ def test_file_backed_transposes_read_or_map_the_same(tmp_path, monkeypatch: pyte
     from migrator import open_file, save
 
     monkeypatch.setattr(casts, "SMALL_READ", small_read)
+    monkeypatch.setattr(casts, "STREAMED_ABOVE", 0)
     a = np.random.default_rng(4).standard_normal((33, 70)).astype(np.float32)
     save([from_numpy("w", a)], tmp_path / "m.safetensors")
     with open_file(tmp_path / "m.safetensors") as r:
@@ -359,3 +361,21 @@ def test_file_backed_transposes_read_or_map_the_same(tmp_path, monkeypatch: pyte
         want_bytes = want.view(torch.int16 if dst else torch.int32).numpy().tobytes()
         assert bytes(t.data()) == want_bytes
         assert b"".join(bytes(p) for p in t.chunks()) == want_bytes
+
+
+def test_small_casts_have_no_chunks_and_large_ones_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small cast is written from its loader (no per-tensor chunks object); a large one streams."""
+    monkeypatch.setattr(casts, "CHUNK_ELEMENTS", 1000)  # several pieces for the large one
+    small = casts.cast(from_numpy("s", np.ones((16, 16), np.float32)), dtypes.BY_NAME["F16"])
+    fused = casts.cast(casts.transpose2d(from_numpy("t", np.ones((16, 16), np.float32))), dtypes.BY_NAME["F16"])
+    assert small.chunks is None
+    if casts.kernels is not None:  # without them the narrowed tensor is transposed, which keeps its chunks
+        assert fused.chunks is None
+    assert bytes(fused.data()) == np.ones((16, 16), np.float16).tobytes()
+    big = f32_inputs()[: casts.STREAMED_ABOVE // 2 + 8]
+    large = casts.cast(from_numpy("l", big, dtype=dtypes.F32), dtypes.BY_NAME["F16"])
+    assert large.chunks is not None
+    pieces = [bytes(p) for p in large.chunks()]
+    assert len(pieces) > 1
+    want = reference(_pad64(big), "F32", "F16")[: big.size].tobytes()
+    assert b"".join(pieces) == bytes(large.data()) == want
