@@ -54,7 +54,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from .errors import MigratorError
 from .naming import NamingError, compile_regex
@@ -273,14 +273,19 @@ class ModuleResolver:
                     self._declared.append((type_name, p, compile_regex(p)))
                 except NamingError as e:
                     raise AdapterError(f"modules: {type_name}: invalid regex '{p}': {e}") from None
-        self._params: dict[str, dict[str, tuple[int, ...]]] = {}
-        params = self._params
+        # path -> its params as a flat (name, shape, name, shape, ...) tuple, in source order: a 100k-tensor
+        # model has ~50k module paths, and a dict per path cost ~10 MiB more than these tuples
+        building: dict[str, list[Any]] = {}
+        names: dict[str, str] = {}  # one string per distinct param name ("weight", "bias"), not one per tensor
         for name, shape in tensors:
             path, _, param = name.rpartition(".")
-            own = params.get(path)
+            own = building.get(path)
             if own is None:
-                own = params[path] = {}
-            own[param] = shape if type(shape) is tuple else tuple(shape)
+                own = building[path] = []
+            own += (names.setdefault(param, param), shape if type(shape) is tuple else tuple(shape))
+        for path, own in building.items():  # each list is freed as its tuple replaces it
+            building[path] = tuple(own)  # type: ignore[assignment]
+        self._params: dict[str, tuple[Any, ...]] = building  # type: ignore[assignment]
         self._cache: dict[str, ModuleType] = {}
         # Many modules look alike (every layer's `attn.c_attn`: same params, same shapes), and a
         # type depends only on the declaration or the last path segment plus the params, so the
@@ -289,7 +294,7 @@ class ModuleResolver:
 
     def params(self, path: str) -> dict[str, tuple[int, ...]]:
         """The module's own tensors (last segment -> shape)."""
-        return dict(self._params.get(path, {}))
+        return _as_dict(self._params.get(path, ()))
 
     def resolve(self, tensor_name: str) -> ModuleType:
         """The module type of `tensor_name`'s module; `AdapterError` if two declarations conflict."""
@@ -310,7 +315,7 @@ class ModuleResolver:
         return cached
 
     def _resolve(self, path: str) -> ModuleType:
-        params = self._params.get(path, {})
+        flat = self._params.get(path, ())
         matches = [(t, p) for t, p, rx in self._declared if rx.search(path)] if self._declared else None
         signature: tuple[object, ...]
         if matches:
@@ -320,15 +325,21 @@ class ModuleResolver:
                     raise AdapterError(
                         f"module path '{path}' is matched by two module types: modules: {first_type}: "
                         f"'{first_pattern}' and {t}: '{p}'; make the regexes exclusive")
-            signature = (True, first_type, first_pattern, *params.items())
+            signature = (True, first_type, first_pattern, flat)
             found = self._by_signature.get(signature)
             if found is None:
+                params = _as_dict(flat)
                 found = self._by_signature[signature] = ModuleType(
                     first_type, "declared", f"modules: {first_type}: '{first_pattern}'", _bias_layout(params),
                     not _norm_possible(params))
             return found
-        signature = (False, path.rpartition(".")[2], *params.items())  # infer reads only the last segment
+        signature = (False, path.rpartition(".")[2], flat)  # infer reads only the last segment
         found = self._by_signature.get(signature)
         if found is None:
-            found = self._by_signature[signature] = infer(path, params)
+            found = self._by_signature[signature] = infer(path, _as_dict(flat))
         return found
+
+
+def _as_dict(flat: tuple[Any, ...]) -> dict[str, tuple[int, ...]]:
+    """A module's params (last segment -> shape) from the resolver's flat tuple."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
