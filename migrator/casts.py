@@ -152,18 +152,8 @@ def _f32_to_bf16(f: np.ndarray, nan_bits: np.uint16) -> np.ndarray:
     return rounded
 
 
-_CONVERTERS: dict[tuple[str, str], Callable[[np.ndarray], np.ndarray]] = {}
-
-
 def _converter(src: str, dst: str) -> Callable[[np.ndarray], np.ndarray]:
-    """A function from a chunk of source bit patterns to a chunk of target bit patterns (one per pair)."""
-    fn = _CONVERTERS.get((src, dst))
-    if fn is None:
-        fn = _CONVERTERS[(src, dst)] = _make_converter(src, dst)
-    return fn
-
-
-def _make_converter(src: str, dst: str) -> Callable[[np.ndarray], np.ndarray]:
+    """A function from a chunk of source bit patterns to a chunk of target bit patterns."""
     if dst == "F64":
         return lambda b: _to_f32(b, src).astype(np.float64).view(np.uint64)
     if dst in ("F32", "FLEX32"):
