@@ -78,7 +78,8 @@ def check_target(target: Path, *, overwrite: bool, protect: Iterable[str | os.Pa
     if target.is_dir():
         raise OutputError("the target is a folder", file=str(target))
     if (target.exists() or target.is_symlink()) and not overwrite:
-        raise TargetExistsError("already exists; pass overwrite to replace it", file=str(target))
+        raise TargetExistsError("already exists; to replace it pass --overwrite (or set target.overwrite: true in the "
+                                "recipe, overwrite=True in Python)", file=str(target))
 
 
 @contextlib.contextmanager
