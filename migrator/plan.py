@@ -445,18 +445,12 @@ class _Casts:
     def _decide(dtype: DType, to: DType) -> tuple[DType, Callable[[LazyTensor], LazyTensor] | None, tuple[str, ...]]:
         if not dtype.is_float or dtype == to:
             return dtype, None, ()
-        from .casts import caster
+        from .casts import cast, caster
 
         one = caster(dtype, to)
         if one is None:  # not a plain float cast: `cast` decides (and names the tensor in its error)
-            one = partial(_cast_to, to=to)
+            one = partial(cast, to=to)
         return dtype, one, _cast_ops(dtype, to)
-
-
-def _cast_to(t: LazyTensor, to: DType) -> LazyTensor:
-    from .casts import cast
-
-    return cast(t, to)
 
 
 def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tuple[str, ...], module: Any,
