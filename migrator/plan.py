@@ -8,7 +8,7 @@ The plan also holds the report a run would give (applied, skipped, missing, unus
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -234,14 +234,14 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     missing: list[tuple[str, str]] = []
     unused: list[str] = []
     if tpl_path is not None:
-        by_name = _by_name(list(items), fatal)  # a template looks sources up by name
+        by_name = _by_name(items, fatal)  # a template looks sources up by name
         entries, applied, missing, unused = _fill_template(recipe, tpl_path, readers, is_pytorch, by_name, adapter,
                                                            resolver, cast_to, errors, fatal)
     else:
         resolver = None  # the generator holds it only while it runs: 100k modules' params are freed with it
         entries, applied = _in_source_order(items, cast_to)
         if len(set(applied)) != len(applied):  # only to name the clash
-            _by_name([(e.source_tensor, e.tensor, e.ops, e.module) for e in entries], fatal)  # type: ignore[misc]
+            _by_name(((e.source_tensor, e.tensor, e.ops, e.module) for e in entries), fatal)  # type: ignore[misc]
         if recipe.dtype == "template":
             fatal.append("dtype: template needs target.template")
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
@@ -306,7 +306,7 @@ def _adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[
         yield t, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
 
 
-def _by_name(items: list[_Item], fatal: list[str]) -> dict[str, _Item]:
+def _by_name(items: Iterable[_Item], fatal: list[str]) -> dict[str, _Item]:
     """Results by name; two results with one name are fatal (the later one is kept)."""
     by_name: dict[str, _Item] = {}
     for item in items:
