@@ -6,7 +6,6 @@ declared lengths, then asks each tensor for its bytes once, in write order, and 
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
@@ -163,8 +162,8 @@ def from_numpy(name: str, array: np.ndarray, *, dtype: DType | None = None,
 # fills each slot for all tensors in one C-level pass, when the classes still have exactly the fields
 # it knows (no __post_init__); otherwise it uses the constructors.
 _LAZY_FIELDS = ("name", "dtype", "shape", "nbytes", "loader", "span", "param_id", "origin", "chunks")
-_SLOTTED = (tuple(f.name for f in dataclasses.fields(LazyTensor)) == _LAZY_FIELDS
-            and tuple(f.name for f in dataclasses.fields(FileSpan)) == ("fd", "offset", "length")
+_SLOTTED = (tuple(f.name for f in fields(LazyTensor)) == _LAZY_FIELDS
+            and tuple(f.name for f in fields(FileSpan)) == ("fd", "offset", "length")
             and FileView.__slots__ == ("source",)
             and sorted(_View.__slots__) == ["length", "offset", "source"]
             and not any(hasattr(c, "__post_init__") for c in (LazyTensor, FileSpan)))
