@@ -29,7 +29,7 @@ from typing import BinaryIO
 from ..dtypes import DType
 from ..errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
 from ..scalars import Scalar
-from ..streaming import SMALL_READ, Ahead, computed_pieces, unbuffered, write_all, write_tensor
+from ..streaming import SMALL_READ, Ahead, write_all, write_computed, write_tensor
 from ..tensor import LazyTensor
 from .base import Writer
 
@@ -262,20 +262,17 @@ class PytorchWriter(Writer):
             write_all(sink, self._central_entry(m))
         write_all(sink, self._end_records())
 
-
     def _stream_computed(self, sink: BinaryIO, m: _Member, tensor: LazyTensor, ahead: Ahead) -> None:
         """Stream a computed tensor piece by piece (made ahead on a thread), checksumming as it goes,
         then fill in its local header's CRC field: no whole-tensor buffer, no second pass."""
         write_all(sink, self._local_header(m))  # CRC 0 for now
-        out = unbuffered(sink)  # the seeks below tell a buffered sink where the file is
-        crc = written = 0
-        for view in computed_pieces(tensor, ahead):
+        crc = 0
+
+        def checksum(view: memoryview) -> None:
+            nonlocal crc
             crc = zlib.crc32(view, crc)
-            write_all(out, view)
-            written += len(view)
-        if written != m.size:
-            raise TensorBytesSizeMismatchError(f"produced {written} bytes but declares {m.size}",
-                                               file=tensor.origin, tensor=tensor.name)
+
+        write_computed(sink, tensor, ahead, checksum)
         m.crc = crc
         sink.seek(m.offset + _LOCAL_CRC_AT)
         write_all(sink, struct.pack("<I", crc))
