@@ -122,9 +122,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
 
     (No collision check: every reader refuses files that name a tensor twice.)
     """
-    import sys
-
-    from .execute import MigrationError, progress_bar
+    from .execute import MigrationError, progress_for
     from .formats import open_file, save_planned, writer_class
     from .formats.detect import target_format
     from .metadata import output_metadata
@@ -144,9 +142,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
-        show = sys.stderr.isatty() if progress is None else progress
         written = save_planned(writer, dst_path, overwrite=overwrite, protect=[src_path],
-                               progress=progress_bar if show else None, fsync=fsync)
+                               progress=progress_for(progress), fsync=fsync)
         return ConvertResult(source=str(src_path), source_format=reader.format, target=written,
                              target_format=out_fmt, tensors=len(tensors), nbytes=sum(t.nbytes for t in tensors),
                              metadata=meta, scalars_written=len(scalars), notes=notes)

@@ -6,7 +6,8 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -34,10 +35,15 @@ def run_plan(plan: Plan, *, progress: bool | None = None) -> RunResult:
         raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
     protect = [plan.source_path] + ([plan.template_path] if plan.template_path else [])
-    show = sys.stderr.isatty() if progress is None else progress
     written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=protect,
-                           progress=progress_bar if show else None, fsync=plan.fsync)
+                           progress=progress_for(progress), fsync=plan.fsync)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
+
+
+def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractContextManager[None]] | None:
+    """The progress bar when asked for (None: when stderr is a terminal), else nothing."""
+    show = sys.stderr.isatty() if progress is None else progress
+    return progress_bar if show else None
 
 
 @contextlib.contextmanager
