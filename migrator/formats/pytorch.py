@@ -580,14 +580,6 @@ class PytorchReader(Reader):
                 file=self.label)
         if tag != "storage" or len(pid) not in (5, 6):
             raise self._err(f"unknown persistent id {str(tag)[:40]!r} with {len(pid)} fields")
-        if len(pid) == 5:  # what torch.save writes for every tensor: checked without the general code
-            stype, key, location, numel = pid[1:]
-            if (type(stype) is sp.StorageType and type(key) is str and type(location) is str
-                    and type(numel) is int and 0 <= numel < 1 << 63):
-                dtype = stype.dtype
-                if not self._zip and key not in self._first_dtype:  # zip storages are located by name
-                    self._first_dtype[key] = dtype
-                return sp.StorageRef(key, stype.name, dtype, numel, location, None)
         stype, key, location, numel = pid[1:5]
         view = pid[5] if len(pid) == 6 else None
         if not isinstance(stype, (sp.StorageType, str)):
