@@ -359,9 +359,13 @@ def transpose_bands(raw: memoryview | bytes | bytearray, rows: int, cols: int,
                     itemsize: int) -> Iterator[np.ndarray]:
     """The `[cols, rows]` transpose as consecutive bands of output rows of about CHUNK_BYTES each."""
     src = _matrix(raw, rows, cols, itemsize)
-    block = _block_size(itemsize)
-    band = max(block, CHUNK_BYTES // max(rows * itemsize, 1) // block * block)
+    band = _band_columns(rows, itemsize, _block_size(itemsize))
     return _map_bands(lambda first, width: _band(raw, src, first, width), cols, band)
+
+
+def _band_columns(rows: int, itemsize: int, block: int) -> int:
+    """Source columns per band: about CHUNK_BYTES of `[cols, rows]` output, a multiple of `block`."""
+    return max(block, CHUNK_BYTES // max(rows * itemsize, 1) // block * block)
 
 
 def _map_bands(one: Callable[[int, int], R], cols: int, band: int) -> Iterator[R]:
@@ -476,6 +480,6 @@ class _TransposedHalfChunks(_TransposedHalf):
     def __call__(self) -> Iterator[memoryview]:  # type: ignore[override]
         rows, cols = self.base.shape
         raw = whole(self.base)  # a map of the source tensor, dropped with the exhausted bands
-        band = max(8, CHUNK_BYTES // max(rows * 2, 1) // 8 * 8)
+        band = _band_columns(rows, 2, 8)
         for half in _map_bands(lambda first, width: _half_band(raw, rows, cols, first, width), cols, band):
             yield memoryview(half.reshape(-1).view(np.uint8))
