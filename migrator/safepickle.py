@@ -1689,7 +1689,7 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
         return -1
     _commit(m, plan, puts)
     q = plan[0]
-    data, end, memo, stack = m.data, m.end, m.memo, m.stack
+    data, end, stack = m.data, m.end, m.stack
     max_stack, max_objects = lim.max_stack, lim.max_objects
     while True:  # the next pair: name [put] callee ( record
         if q + 8 > end or data[q] not in _NAME_OPS or len(stack) + 3 > max_stack:
@@ -1697,31 +1697,11 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
         try:
             name, callee, plan, puts = _quick_pair(m, q)
         except _QUICK_ERRORS:
-            pass
-        else:
-            if m.objects + plan[-1] + 2 > max_objects or (puts and not _room(m, plan[-1] + 2, puts)):
+            try:
+                name, callee, plan, puts = _scan_pair(m, q)
+            except _SCAN_ERRORS:
                 return q
-            m.objects += 2
-            stack.append(name)
-            stack.append(callee)
-            _commit(m, plan, puts)
-            q = plan[0]
-            continue
-        puts = []
-        try:
-            name, r = _scan_item(data, q, end, memo, puts)
-            if data[r] in _PUT_OPS:
-                r = _scan_put(data, r, puts, name)
-            c = data[r]
-            if c != 0x68 and c != 0x6A:
-                return q
-            callee, r = _scan_get(data, r, memo, puts)
-            if callee is not _REBUILD_V2 or data[r] != 0x28:
-                return q
-            plan = _scan_record(m, r, puts)
-        except _SCAN_ERRORS:
-            return q
-        if not _room(m, plan[-1] + 2, puts):
+        if m.objects + plan[-1] + 2 > max_objects or (puts and not _room(m, plan[-1] + 2, puts)):
             return q
         # the general loop's pushes of the name and the callee (its memo writes come with the record's)
         m.objects += 2
@@ -1729,6 +1709,22 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
         stack.append(callee)
         _commit(m, plan, puts)
         q = plan[0]
+
+
+def _scan_pair(m: Unpickler, q: int) -> tuple[str, Any, _Plan, list[tuple[int, Any]]]:
+    """`_quick_pair` for every pair `_scan_record` reads (the name at `q` a string), or _Reject."""
+    data, memo = m.data, m.memo
+    puts: list[tuple[int, Any]] = []
+    name, r = _scan_item(data, q, m.end, memo, puts)
+    if data[r] in _PUT_OPS:
+        r = _scan_put(data, r, puts, name)
+    c = data[r]
+    if c != 0x68 and c != 0x6A:
+        raise _Reject
+    callee, r = _scan_get(data, r, memo, puts)
+    if callee is not _REBUILD_V2 or data[r] != 0x28:
+        raise _Reject
+    return name, callee, _scan_record(m, r, puts), puts
 
 
 # --------------------------------------------------------------------------------------------
