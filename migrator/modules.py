@@ -52,7 +52,7 @@ unresolved module needs no decision.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -263,7 +263,7 @@ def infer(path: str, params: Mapping[str, tuple[int, ...]]) -> ModuleType:
 class ModuleResolver:
     """Resolves each tensor's module type: declared (recipe `modules:`) wins over inferred."""
 
-    def __init__(self, declared: Mapping[str, Sequence[str]], tensors: Iterable[tuple[str, tuple[int, ...]]]) -> None:
+    def __init__(self, declared: Mapping[str, Sequence[str]], tensors: Sequence[tuple[str, tuple[int, ...]]]) -> None:
         self._declared: list[tuple[str, str, re.Pattern[str]]] = []
         for type_name, patterns in declared.items():
             if isinstance(patterns, str):

@@ -225,7 +225,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         from .modules import ModuleResolver
 
         adapter = build_adapter(recipe.adapters)
-        resolver = ModuleResolver(recipe.modules, zip(current, [t.shape for t in tensors], strict=True))
+        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)))
     del names, current
     items = _adapted(kept, kept_names, ops, adapter, resolver, errors)
 
