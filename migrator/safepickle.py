@@ -1190,8 +1190,6 @@ def _scan_dims(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, An
     c = data[p]
     if c == 0x29:  # EMPTY_TUPLE
         return (), p + 1, 1
-    if c == 0x4B and data[p + 2] == 0x85 and max_dims >= 1:  # BININT1 TUPLE1: torch's small 1-D shape
-        return (data[p + 1],), p + 3, 2
     if c == 0x68 or c == 0x6A:
         dims, p = _scan_get(data, p, memo, puts)
         if not _valid_dims(dims, max_dims):
@@ -1208,10 +1206,7 @@ def _scan_dims(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, An
     else:  # 1 to 3 ints, then TUPLE1/2/3
         while True:
             c = data[p]
-            if c == 0x4B and len(vals) < 3:
-                vals.append(data[p + 1])
-                p += 2
-            elif c in _INT_OPS and len(vals) < 3:
+            if c in _INT_OPS and len(vals) < 3:
                 v, p = _scan_int(data, p)
                 vals.append(v)
             elif 0x85 <= c <= 0x87 and c - 0x84 == len(vals):
@@ -1258,14 +1253,9 @@ def _scan_record(m: Unpickler, p: int, puts: list[tuple[int, Any]]) -> _Plan:
     q += 1
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, _P_STORAGE)
-    c = data[q]
-    if c == 0x4B:  # BININT1: torch's usual offset 0
-        offset = data[q + 1]
-        q += 2
-    else:
-        offset, q = _scan_int(data, q)
-        if offset < 0 or offset >= _INT64_LIMIT:
-            raise _Reject
+    offset, q = _scan_int(data, q)
+    if offset < 0 or offset >= _INT64_LIMIT:
+        raise _Reject
     if data[q] in _PUT_OPS:
         q = _scan_put(data, q, puts, offset)
     size, q, n_size = _scan_dims(data, q, memo, puts, max_dims)
