@@ -1090,7 +1090,7 @@ _I32 = struct.Struct("<i")
 class _Reject(Exception):
     """The record is not in the shape the fast path reads: interpret it op by op.
 
-    XRaised each time: a shared one would keep the traceback of its last raise, and
+    Raised each time: a shared one would keep the traceback of its last raise, and
     with it the frames of the whole open (the reader's frame holds the unpickled root until it returns).
     """
 
