@@ -856,10 +856,11 @@ class _Pending:
         self.lengths.append(nbytes)
 
     def build(self, source: ByteSource) -> list[LazyTensor]:
-        rows = iter(stored_many(source, self.names, self.dtypes, self.shapes, self.offsets, self.lengths))
+        made = stored_many(source, self.names, self.dtypes, self.shapes, self.offsets, self.lengths)
         self.names = self.dtypes = self.shapes = self.offsets = self.lengths = []
-        if all(e is None for e in self.entries):
-            return list(rows)
+        if len(made) == len(self.entries):  # every entry a row (None): the rows are the tensors
+            return made
+        rows = iter(made)
         out: list[LazyTensor] = []
         for e in self.entries:
             if e is None:
