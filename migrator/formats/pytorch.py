@@ -1056,14 +1056,14 @@ def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: s
             raise FormatError("corrupt zip central directory entry (lengths)", file=label)
         raw = cd[p + 46 : q]
         if 0xFFFFFFFF in (csize, usize, lho) or dstart == 0xFFFF:
-            name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+            name = _member_name(raw, flags)
             usize, csize, lho = _zip64_extra(cd[q : q + xlen], usize, csize, lho, name, label)
         p = q + xlen + clen
         if lho + 30 > cd_off or csize > size:
-            name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+            name = _member_name(raw, flags)
             raise FormatError(f"zip member {name} lies outside the archive data", file=label)
         if first is None:
-            first = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+            first = _member_name(raw, flags)
         numbered = _numbered(raw, method, flags, usize, csize, n_total)
         if numbered is not None:
             root, idx = numbered
@@ -1076,11 +1076,16 @@ def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: s
                 arrays[0][idx] = lho
                 arrays[1][idx] = usize
                 continue
-        name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+        name = _member_name(raw, flags)
         if name in members:
             raise FormatError(f"zip archive lists member {name} twice", file=label)
         members[name] = (lho, usize, csize, method, flags, crc)
     return _ZipDirectory(members, {r.decode("ascii"): a for r, a in compact.items()}, first)
+
+
+def _member_name(raw: bytes, flags: int) -> str:
+    """A central-directory name: UTF-8 if the entry says so (flag bit 11), else cp437."""
+    return raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
 
 
 def _numbered(raw: bytes, method: int, flags: int, usize: int, csize: int, n_total: int) -> tuple[bytes, int] | None:
@@ -1129,7 +1134,7 @@ def _numbered_directory(cd: bytes, n_total: int, cd_off: int, size: int) -> _Zip
             or np.any((lho + 30 > cd_off) | (csize > size))):
         return None
     first_raw = cd[46 : 46 + int(nlen[0])]
-    first = first_raw.decode("utf-8" if flags[0] & 0x800 else "cp437", "replace")
+    first = _member_name(first_raw, int(flags[0]))
     root = first_raw.split(b"/", 1)[0] + b"/" if b"/" in first_raw else b""
     if not root.isascii():
         return None
@@ -1158,7 +1163,7 @@ def _numbered_directory(cd: bytes, n_total: int, cd_off: int, size: int) -> _Zip
         p, q = int(at[k]) + 46, int(at[k]) + 46 + int(nlen[k])
         raw = cd[p:q]
         f, m, c, u = int(flags[k]), int(method[k]), int(csize[k]), int(usize[k])
-        name = raw.decode("utf-8" if f & 0x800 else "cp437", "replace")
+        name = _member_name(raw, f)
         if _numbered(raw, m, f, u, c, n_total) is not None or name in members:
             return None
         members[name] = (int(lho[k]), u, c, m, f, _U32.unpack_from(cd, p - 30)[0])
