@@ -665,10 +665,10 @@ class PytorchReader(Reader):
                     prior = built.get(value)
                     if prior is None:
                         built[value] = len(entries)
-                        group = self._tensor(name, value, pending)
-                    else:  # the same tensor object under another name: same bytes, same group
+                        self._tensor(name, value, pending)
+                    else:  # the same tensor object under another name: same bytes
                         entries.append((prior, name))
-                        group = value.storage.key
+                    group = value.storage.key  # the tensors of one storage share bytes
                     names = groups.get(group)
                     if names is None:
                         groups[group] = name
@@ -715,7 +715,7 @@ class PytorchReader(Reader):
     # ------------------------------------------------------------------------------------------
     # tensors
 
-    def _numbered_span(self, ref: sp.StorageRef) -> tuple[str, tuple[int, int]] | None:
+    def _numbered_span(self, ref: sp.StorageRef) -> tuple[int, int] | None:
         """`_storage_span` for what torch.save writes (a numbered zip member the prefetch located, its
         declared size within it, no view), without its checks' function calls; None for anything else."""
         key, found, numel = ref.key, self._zip_found, ref.numel
@@ -727,10 +727,10 @@ class PytorchReader(Reader):
                 declared = numel * esize
                 compact = self._zip_data
                 if compact is not None and declared <= compact[1][i]:
-                    return key, (compact[0][i], declared)
+                    return compact[0][i], declared
         return None
 
-    def _storage_span(self, ref: sp.StorageRef, tensor: str) -> tuple[str, _Span]:
+    def _storage_span(self, ref: sp.StorageRef, tensor: str) -> _Span:
         """The bytes a storage covers, resolving legacy storage views; checked against the declared size."""
         if self._zip:
             span = self._zip_span(ref.key, tensor)
@@ -738,7 +738,6 @@ class PytorchReader(Reader):
             span = self._spans.get(ref.key)  # legacy and tar storages
             if span is None:
                 raise self._err(f"storage '{ref.key}' has no data in the file", tensor)
-        group = ref.key
         esize = sp.ELEMENT_SIZES.get(ref.dtype or "")
         if ref.numel is not None and esize is not None:
             declared = ref.numel * esize
@@ -755,11 +754,11 @@ class PytorchReader(Reader):
             start, nbytes = voff * esize, vsize * esize
             if start + nbytes > span.nbytes:
                 raise self._err(f"storage view '{vkey}' exceeds its storage '{ref.key}'", tensor)
-            span = _Span(span.offset + start, nbytes)  # views of one root share its group
-        return group, span
+            span = _Span(span.offset + start, nbytes)  # views of one root share its key
+        return span
 
-    def _tensor(self, name: str, ref: sp.TensorRef, pending: _Pending) -> str:
-        """Check `ref` and add its lazy tensor to `pending`; returns its storage group (one group shares bytes)."""
+    def _tensor(self, name: str, ref: sp.TensorRef, pending: _Pending) -> None:
+        """Check `ref` and add its lazy tensor to `pending`."""
         dname = ref.dtype if ref.dtype is not None else ref.storage.dtype
         shape, stride = ref.size, ref.stride
         layout = self._layouts.get((dname, shape, stride))
@@ -767,10 +766,10 @@ class PytorchReader(Reader):
             layout = self._layout(name, ref, dname)
         dt, nbytes, extent, contiguous, shape = layout  # one shape tuple for all tensors of that layout
         located = self._numbered_span(ref.storage)
-        group, (span_offset, span_nbytes) = located if located is not None else self._storage_span(ref.storage, name)
+        span_offset, span_nbytes = located if located is not None else self._storage_span(ref.storage, name)
         if nbytes == 0:
             pending.entries.append(LazyTensor(name, dt, shape, 0, loader=_empty, origin=self.label))
-            return group
+            return
         itemsize = dt.itemsize
         max_index = ref.offset + extent
         if (max_index + 1) * itemsize > span_nbytes:
@@ -783,7 +782,6 @@ class PytorchReader(Reader):
             pending.add_stored(name, dt, shape, start, nbytes)
         else:
             pending.entries.append(self._view_tensor(name, ref, dt, nbytes, start, max_index))
-        return group
 
     def _layout(self, name: str, ref: sp.TensorRef, dname: str | None) -> tuple[Any, int, int, bool,
                                                                                  tuple[int, ...]]:
