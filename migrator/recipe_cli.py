@@ -7,12 +7,16 @@ Exit codes: 0 success, 1 migration errors (missing tensors, shape mismatches, un
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .errors import MigratorError
+from .formats.base import no_gc
 from .plan import Plan, build_plan
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
@@ -24,11 +28,25 @@ def _load(path: str) -> Any:
     return load_recipe(path)
 
 
-def _plan_for(loaded: Any, args: argparse.Namespace) -> Plan:
-    return build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
-                      hash_sources=getattr(args, "hash_sources", False),
-                      overwrite=True if getattr(args, "overwrite", False) else None,
-                      fsync=False if getattr(args, "no_fsync", False) else None)
+@contextmanager
+def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
+    """The recipe's plan, open for the block.
+
+    A 100k-tensor plan is ~1M objects that all live until the command ends. The cyclic collector
+    would rescan them at each young-generation pass and free nothing (~6% of `migrate plan`), so
+    the plan is built with it paused, then frozen out of its scans (O(1)) until the block ends.
+    Cycles left by a parse are collected then, at the latest.
+    """
+    with no_gc(then_freeze=True):
+        plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+                          hash_sources=getattr(args, "hash_sources", False),
+                          overwrite=True if getattr(args, "overwrite", False) else None,
+                          fsync=False if getattr(args, "no_fsync", False) else None)
+    try:
+        with plan:
+            yield plan
+    finally:
+        gc.unfreeze()
 
 
 def _recipe_error(e: Exception) -> int:

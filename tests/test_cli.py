@@ -172,3 +172,25 @@ def test_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert err == ""
+
+
+def test_recipe_commands_freeze_their_plan_only_while_it_is_open(model: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan is kept out of the collector's scans while a command uses it, and given back after,
+    also when the run fails: a library caller's process must not keep everything frozen."""
+    import gc
+
+    from migrator import recipe_cli
+
+    seen: list[int] = []
+    print_outcome = recipe_cli._print_outcome
+    monkeypatch.setattr(recipe_cli, "_print_outcome", lambda plan: (seen.append(gc.get_freeze_count()),
+                                                                     print_outcome(plan)))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsource: {{path: {model}}}\ntarget: {{path: {tmp_path / 'out.bpk'}}}\n")
+    before = gc.get_freeze_count()
+    assert main(["plan", str(recipe)]) == 0
+    assert main(["run", str(recipe), "--no-progress"]) == 0
+    assert main(["run", str(recipe), "--no-progress"]) == 1  # the target exists: refused
+    assert gc.get_freeze_count() == before and gc.isenabled()
+    assert len(seen) == 3 and all(n > before for n in seen)

@@ -24,6 +24,7 @@ from safetensors.numpy import save as st_save_numpy
 from migrator import dtypes
 from migrator import tensor as tensor_mod
 from migrator.bytesource import FileSource, MemorySource
+from migrator.errors import PlanError
 from migrator.formats import burnpack, cbor, to_bytes
 from migrator.formats import safetensors as st_mod
 from migrator.formats.burnpack import BurnpackReader
@@ -736,7 +737,8 @@ def test_burnpack_writer_cbor_equals_the_plain_encoding(seed: int) -> None:
         tensors.append(LazyTensor("qf", dtypes.qfloat(QFLOAT_SCHEME), (4,), 13, loader=lambda: bytes(13)))
     w = burnpack.BurnpackWriter(tensors, metadata={"b": "1", "a": "é"} if seed % 3 else None,
                                 scalars={"lr": Scalar("Float", 1e-3)} if seed % 4 == 0 else None)
-    assert w._cbor == burn_reference_cbor(w)
+    assert w.header == burn_reference_cbor(w)
+    assert w.header_bound([t.name for t in tensors]) >= len(w.header)
     monkey = burnpack.BurnpackWriter._fast_offsets
     try:
         burnpack.BurnpackWriter._fast_offsets = lambda self: None  # type: ignore[method-assign]
@@ -810,3 +812,34 @@ def test_the_collector_is_paused_only_while_parsing() -> None:
                 assert gc.isenabled() == enabled
             finally:
                 gc.enable()
+
+
+def widest_entries(n: int) -> list[LazyTensor]:
+    """Tensors whose header entries take the most bytes each: 8-byte dims, offsets and param_ids."""
+    dim = 2**40
+    return [LazyTensor(f"t{i}.é", dtypes.F64, (dim, 0, dim, 0), 0, loader=bytes, param_id=2**64 - 1 - i)
+            for i in range(n)]
+
+
+def test_burnpack_header_bound_holds_for_the_widest_entries() -> None:
+    tensors = widest_entries(50)
+    w = burnpack.BurnpackWriter(tensors, metadata={"k" * 300: "v" * 70_000},
+                                scalars={"s": Scalar("Int", -(2**63)), "f": Scalar("Float", 1e300)})
+    assert w.header == burn_reference_cbor(w)
+    assert w.header_bound([t.name for t in tensors]) >= len(w.header)
+
+
+@pytest.mark.parametrize("over", [False, True])
+def test_burnpack_writer_checks_the_header_limit_when_constructed(over: bool, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    """The header is encoded lazily, but a header over the limit still fails in the constructor, and one
+    whose bound is over the limit but whose bytes are not is accepted."""
+    tensors = widest_entries(40)
+    size = len(burnpack.BurnpackWriter(tensors).header)
+    monkeypatch.setattr(burnpack, "MAX_METADATA_SIZE", size - 1 if over else size)
+    if over:
+        with pytest.raises(PlanError, match="exceeds the"):
+            burnpack.BurnpackWriter(tensors)
+    else:
+        assert burnpack.BurnpackWriter(tensors).header_bound([t.name for t in tensors]) > size
+        assert len(burnpack.BurnpackWriter(tensors).header) == size

@@ -132,12 +132,17 @@ class Writer(ABC):
 
 
 @contextmanager
-def no_gc() -> Iterator[None]:
+def no_gc(*, then_freeze: bool = False) -> Iterator[None]:
     """Pause the cyclic collector while a header or pickle is parsed.
 
     A header makes a few acyclic objects per tensor; at 100k tensors the collector would rescan
     them over and over (a third of the parse) and free nothing. Cycles a hostile pickle makes are
     bounded by the pickle limits and collected once the parse ends.
+
+    `then_freeze`: when the block succeeds, move every object to the collector's permanent
+    generation (`gc.freeze`, O(1)) before it resumes, so it never scans what the block built; the
+    caller undoes it with `gc.unfreeze()`. Frozen before resuming: the first pass after resuming
+    would otherwise scan all of it once.
     """
     if not gc.isenabled():
         yield
@@ -145,6 +150,8 @@ def no_gc() -> Iterator[None]:
     gc.disable()
     try:
         yield
+        if then_freeze:
+            gc.freeze()
     finally:
         gc.enable()
 

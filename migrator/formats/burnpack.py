@@ -421,6 +421,10 @@ class BurnpackReader(Reader):
 
 
 _PARAM_ID = attrgetter("param_id")
+_DESCRIPTOR_ROOM = 96
+"""Most bytes a tensor's header entry takes besides its name, dtype and shape dims: the name's head (9),
+the descriptor's map head and keys (1 + 6 + 6 + 13 + 9), the shape's and offsets' heads (9 + 1), two
+offsets and a param_id (3 x 9): 81, rounded up."""
 
 
 def _is_u64(x: Any) -> bool:
@@ -448,11 +452,44 @@ class BurnpackWriter(Writer):
         scalars: Mapping[str, Scalar] | None = None,
     ) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
+        self._cbor: bytearray | None = None
         with no_gc():
             self._starts = self._plan_offsets()
-            self._cbor = self._plan_cbor()
-        self.data_start = align(HEADER_SIZE + len(self._cbor))
+            self._check_header()
         self._end = max(map(add, self._starts, map(get_nbytes, self.tensors)), default=0)
+
+    def _check_header(self) -> None:
+        """What encoding the header could fail on, without encoding it (`migrate plan` never needs its
+        bytes: ~0.5 s at 100k tensors). Its size is bounded from above; only a header that might pass
+        the limit is encoded now, to know."""
+        names = _check_text(self.tensors, self.metadata, self.scalars)
+        for k, v in self.metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise PlanError(f"metadata entry {k!r}: {v!r} is not text -> text")
+        if self.header_bound(names) > MAX_METADATA_SIZE:
+            self._cbor = self._plan_cbor()  # raises when it is over the limit
+
+    def header_bound(self, names: list[str]) -> int:
+        """At least the header's length in bytes, from the names' UTF-8 length and the widest entry."""
+        dts = list(map(get_dtype, self.tensors))
+        distinct = dict(zip(map(id, dts), dts, strict=True)).values()  # each distinct dtype once
+        per_tensor = (max((len(cbor.encode(_dtype_to_cbor(dt))) for dt in distinct), default=0)
+                      + 9 * max(map(len, shapes_of(self.tensors)), default=0) + _DESCRIPTOR_ROOM)
+        text = sum(len(k.encode()) + len(v.encode()) + 18 for k, v in self.metadata.items())
+        text += sum(len(k.encode()) + len(s.kind) + 40 for k, s in self.scalars.items())
+        return 64 + len("".join(names).encode()) + len(self.tensors) * per_tensor + text
+
+    @property
+    def header(self) -> bytearray:
+        """The CBOR metadata, encoded on first use."""
+        if self._cbor is None:
+            with no_gc():
+                self._cbor = self._plan_cbor()
+        return self._cbor
+
+    @property
+    def data_start(self) -> int:
+        return align(HEADER_SIZE + len(self.header))
 
     def _plan_offsets(self) -> array[int]:
         if len(self.tensors) > MAX_TENSOR_COUNT:
@@ -510,10 +547,7 @@ class BurnpackWriter(Writer):
         return starts
 
     def _plan_cbor(self) -> bytearray:
-        _check_text(self.tensors, self.metadata, self.scalars)
-        for k, v in self.metadata.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise PlanError(f"metadata entry {k!r}: {v!r} is not text -> text")
+        """The header; `_check_header` has checked what it needs (names and metadata are text)."""
         # The root map {"tensors": {name: descriptor}, "metadata"?, "scalars"?} is encoded entry by
         # entry: per tensor, its name, a descriptor prefix {dtype, shape, data_offsets: [ shared by all
         # tensors of one dtype, shape and param_id presence (serde's field order), its offsets and its
@@ -573,9 +607,10 @@ class BurnpackWriter(Writer):
         return self.data_start + self._end
 
     def write_to(self, sink: BinaryIO) -> None:
-        write_all(sink, memoryview(struct.pack("<IHI", MAGIC, VERSION, len(self._cbor))))
-        write_all(sink, memoryview(self._cbor))
-        pos = HEADER_SIZE + len(self._cbor)
+        header = self.header
+        write_all(sink, memoryview(struct.pack("<IHI", MAGIC, VERSION, len(header))))
+        write_all(sink, memoryview(header))
+        pos = HEADER_SIZE + len(header)
         with Ahead(self.tensors) as ahead:
             for t, start in zip(self.tensors, self._starts, strict=True):
                 write_zeros(sink, self.data_start + start - pos)
@@ -589,8 +624,10 @@ class BurnpackWriter(Writer):
         return p if has_extension(p) else p + EXTENSION
 
 
-def _check_text(tensors: Sequence[LazyTensor], metadata: Mapping[str, str], scalars: Mapping[str, Scalar]) -> None:
-    """Names and metadata become CBOR text: a lone surrogate (a pickle's BINUNICODE may hold one) cannot."""
+def _check_text(tensors: Sequence[LazyTensor], metadata: Mapping[str, str],
+                scalars: Mapping[str, Scalar]) -> list[str]:
+    """Names and metadata become CBOR text: a lone surrogate (a pickle's BINUNICODE may hold one) cannot.
+    Returns the tensors' names."""
     names = list(map(get_name, tensors))
     if not (set(map(type, names)) <= {str} and utf8_ok("".join(names))):  # all at once; then find which
         for t in tensors:
@@ -601,6 +638,7 @@ def _check_text(tensors: Sequence[LazyTensor], metadata: Mapping[str, str], scal
         if isinstance(k, str) and isinstance(v, str) and not (utf8_ok(k) and utf8_ok(v)):
             raise PlanError(f"metadata or scalar entry {k!a} is not valid Unicode text (it cannot be written as "
                             "UTF-8)")
+    return names
 
 
 def _dtype_to_cbor_checked(t: LazyTensor) -> None:
