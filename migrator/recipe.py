@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # defer_build: a model's validator is built when first used, not at import. Validating a recipe
+    # then builds one validator for the whole tree instead of one per model (~35 ms of start-up).
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
 class RecipeValueError(ValueError):
