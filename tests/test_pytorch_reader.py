@@ -192,6 +192,26 @@ def test_shared_storages(tmp_path: Path, fmt: str) -> None:
     assert reader["v2"].numpy().tolist() == list(range(50, 60))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_tensor_object_under_several_names(tmp_path: Path, fmt: str) -> None:
+    """A tensor pickled once and referenced again (memo) reads under each name, whatever kind it is:
+    a verbatim row, a strided view, an empty tensor; before and after other kinds, nested or not."""
+    row = random_tensor("float32", (4, 3))
+    view = random_tensor("int16", (3, 5), seed=1).t()
+    empty = torch.zeros(0, 2)
+    sd = {"a.row": row, "a.view": view, "a.empty": empty, "b": {"row": row, "view": view, "empty": empty},
+          "c": [view, row], "d.row": row}
+    reader = assert_matches_torch(save(sd, tmp_path / "again.pt", fmt=fmt))
+    assert reader.names() == ["a.row", "a.view", "a.empty", "b.row", "b.view", "b.empty", "c.0", "c.1", "d.row"]
+    first = {t.name: t for t in reader.tensors}
+    for name, again in (("a.row", ("b.row", "c.1", "d.row")), ("a.view", ("b.view", "c.0")),
+                        ("a.empty", ("b.empty",))):
+        for other in again:
+            assert first[other].loader is first[name].loader and first[other].span is first[name].span
+    assert sorted(sorted(g) for g in reader.shared_storages()) == [
+        ["a.empty", "b.empty"], ["a.row", "b.row", "c.1", "d.row"], ["a.view", "b.view", "c.0"]]
+
+
 def test_nested_lists_tuples_and_metadata_attribute(tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
     sd = model.state_dict()
