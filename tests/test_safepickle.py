@@ -116,6 +116,35 @@ def test_tensor_rebuilds_into_descriptions() -> None:
     assert isinstance(pids[0][1], sp.StorageType) and pids[0][1].name == "FloatStorage"
 
 
+def test_a_pickle_that_ends_before_its_buffer_reads_only_up_to_its_end() -> None:
+    """`end` bounds the fast path's cached tails: a tensor record cut by `end`, with more record bytes
+    (and tail end marks) after it in the buffer, reads as the general loop reads it, for every cut."""
+    import zipfile
+
+    from migrator import formats, from_numpy
+
+    tensors = [from_numpy(f"h.{i}.w", np.ones((i % 3 + 1, 2), np.float32)) for i in range(12)]
+    with zipfile.ZipFile(io.BytesIO(formats.to_bytes(tensors, "pytorch"))) as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    buf = data + b")RtR" * 40  # what a tail lookup past `end` would find
+
+    def persistent(pid: Any) -> sp.StorageRef:
+        return sp.StorageRef(pid[2], pid[1].name, pid[1].dtype, pid[4], pid[3])
+
+    def outcome(end: int, fast: bool) -> Any:
+        u = sp.Unpickler(buf, end=end, persistent_load=persistent, fast=fast)
+        try:
+            root = u.load()
+        except FormatError as e:
+            return "error", str(e)
+        return "ok", u.pos, [(k, t.storage.key, t.size, t.stride) for k, t in root.items()]
+
+    full = outcome(len(data), True)
+    assert full[0] == "ok" and len(full[2]) == 12
+    for end in range(len(data) - 300, len(data) + 1):
+        assert outcome(end, True) == outcome(end, False), end
+
+
 # ----------------------------------------------------------------------------------------------
 # hostile pickles: a typed error and no side effect
 
