@@ -31,6 +31,7 @@ from .base import (
     get_dtype,
     get_name,
     get_nbytes,
+    get_shape,
     lengths_match,
     no_gc,
     shapes_of,
@@ -471,10 +472,9 @@ class BurnpackWriter(Writer):
 
     def header_bound(self, names: list[str]) -> int:
         """At least the header's length in bytes, from the names' UTF-8 length and the widest entry."""
-        dts = list(map(get_dtype, self.tensors))
-        distinct = dict(zip(map(id, dts), dts, strict=True)).values()  # each distinct dtype once
+        distinct = {id(dt): dt for dt in map(get_dtype, self.tensors)}.values()  # each distinct dtype once
         per_tensor = (max((len(cbor.encode(_dtype_to_cbor(dt))) for dt in distinct), default=0)
-                      + 9 * max(map(len, shapes_of(self.tensors)), default=0) + _DESCRIPTOR_ROOM)
+                      + 9 * max(map(len, map(get_shape, self.tensors)), default=0) + _DESCRIPTOR_ROOM)
         text = sum(len(k.encode()) + len(v.encode()) + 18 for k, v in self.metadata.items())
         text += sum(len(k.encode()) + len(s.kind) + 40 for k, s in self.scalars.items())
         return 64 + len("".join(names).encode()) + len(self.tensors) * per_tensor + text
