@@ -611,12 +611,13 @@ class BurnpackWriter(Writer):
         write_all(sink, memoryview(struct.pack("<IHI", MAGIC, VERSION, len(header))))
         write_all(sink, memoryview(header))
         pos = HEADER_SIZE + len(header)
+        data_start = self.data_start  # a property: read once, not twice per tensor
         with Ahead(self.tensors) as ahead:
             for t, start in zip(self.tensors, self._starts, strict=True):
-                write_zeros(sink, self.data_start + start - pos)
+                write_zeros(sink, data_start + start - pos)
                 write_tensor(sink, t, ahead)
-                pos = self.data_start + start + t.nbytes
-        write_zeros(sink, self.total_size - pos)  # an empty pack is still padded to the data start
+                pos = data_start + start + t.nbytes
+        write_zeros(sink, data_start + self._end - pos)  # an empty pack is still padded to the data start
 
     @staticmethod
     def resolve_path(path: str | os.PathLike[str]) -> str:
