@@ -318,24 +318,6 @@ def test_cast_of_a_transpose_equals_transpose_of_the_cast(monkeypatch: pytest.Mo
                           want.reshape(-1))
 
 
-@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
-def test_kernel_transposes_random_bands(cast_path: str, itemsize: int) -> None:
-    """Bands at any offset and width, rows and columns around the 8x8 / 4x4 register blocks and the
-    32-item tiles, through the loop the fixture selects (AVX or SSE2 for 4-byte items)."""
-    if cast_path == "numpy":
-        pytest.skip("a kernel test")
-    rng = np.random.default_rng(itemsize)
-    dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
-    for _ in range(60):
-        rows, cols = (int(n) for n in rng.choice([1, 3, 7, 8, 9, 15, 16, 31, 33, 64, 65, 130], size=2))
-        first = int(rng.integers(0, cols))
-        width = int(rng.integers(1, cols - first + 1))
-        a = rng.integers(0, 2**(8 * itemsize) - 1, size=(rows, cols), dtype=np.uint64).astype(dtype)
-        out = np.full(width * rows, 7, dtype=dtype)
-        KERNELS.transpose(a, out, rows, cols, itemsize, first, width)
-        assert np.array_equal(out.reshape(width, rows), a[:, first:first + width].T), (rows, cols, first, width)
-
-
 def test_kernel_rejects_mismatched_buffers() -> None:
     if KERNELS is None:
         pytest.skip("migrator._kernels not built")
