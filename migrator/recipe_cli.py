@@ -37,6 +37,7 @@ def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
     the plan is built with it paused, then frozen out of its scans (O(1)) until the block ends.
     Cycles left by a parse are collected then, at the latest.
     """
+    freezes = gc.isenabled()  # no_gc leaves a collector someone else paused as it is: nothing to undo
     with no_gc(then_freeze=True):
         plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
                           hash_sources=getattr(args, "hash_sources", False),
@@ -46,7 +47,8 @@ def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
         with plan:
             yield plan
     finally:
-        gc.unfreeze()
+        if freezes:
+            gc.unfreeze()
 
 
 def _recipe_error(e: Exception) -> int:
