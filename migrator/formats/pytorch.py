@@ -1168,14 +1168,13 @@ def _numbered_directory(cd: bytes, n_total: int, cd_off: int, size: int) -> _Zip
     if len(idx) and np.bincount(idx).max() > 1:  # a storage listed twice: the loop names it
         return None
     members: dict[str, _RawMember] = {}
-    for k in np.flatnonzero(~ok).tolist():
-        p, q = int(at[k]) + 46, int(at[k]) + 46 + int(nlen[k])
-        raw = cd[p:q]
-        f, m, c, u = int(flags[k]), int(method[k]), int(csize[k]), int(usize[k])
+    for p in at[~ok].tolist():
+        f, m, crc, c, u, n, _, _, _, h = _CD_ENTRY.unpack_from(cd, p)
+        raw = cd[p + 46 : p + 46 + n]
         name = _member_name(raw, f)
         if _numbered(raw, m, f, u, c, n_total) is not None or name in members:
             return None
-        members[name] = (int(lho[k]), u, c, m, f, _U32.unpack_from(cd, p - 30)[0])
+        members[name] = (h, u, c, m, f, crc)
     data: dict[str, tuple[array, array]] = {}
     if len(idx):
         offsets = np.full(n_total, -1, dtype=np.int64)
@@ -1184,9 +1183,6 @@ def _numbered_directory(cd: bytes, n_total: int, cd_off: int, size: int) -> _Zip
         sizes[idx] = usize[numbered]
         data[root.decode("ascii")] = (array("q", offsets.tobytes()), array("q", sizes.tobytes()))
     return _ZipDirectory(members, data, first)
-
-
-_U32 = struct.Struct("<I")
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, lho: int, name: str, label: str) -> tuple[int, int, int]:
