@@ -1578,14 +1578,11 @@ def _quick_tail(m: Unpickler, s: int, tag: Any, stype: Any, key: str, puts: list
 
 
 def _quick_put(data: Any, q: int, value: Any, puts: list[tuple[int, Any]], taken: list[int]) -> int:
-    """An optional BINPUT / LONG_BINPUT of `value` at `q`."""
-    c = data[q]
-    if c == 0x71:
+    """The BINPUT / LONG_BINPUT of `value` at `q` (callers check `_PUTS` first)."""
+    if data[q] == 0x71:
         i, q = data[q + 1], q + 2
-    elif c == 0x72:
-        i, q = _U32.unpack_from(data, q + 1)[0], q + 5
     else:
-        return q
+        i, q = _U32.unpack_from(data, q + 1)[0], q + 5
     puts.append((i, value))
     taken.append(i)
     return q
