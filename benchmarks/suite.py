@@ -78,10 +78,14 @@ def cases(model: Model) -> list[Case]:
 def bench_model(model: Model, n: int, rss_file: Path) -> tuple[list[Case], Results]:
     cs = cases(model)
     peers = list({c.peer.label: c.peer for c in cs}.values())
-    jobs = [*(c.job for c in cs), *(c.fast for c in cs), *cp_jobs(model.path("safetensors"), OUT / "job.copy"),
-            *peers]
-    print(f"{model.name}: {len(jobs)} jobs x {n} rounds", flush=True)
-    return cs, rounds(jobs, n, rss_file)
+    jobs = [*(c.job for c in cs), *(c.fast for c in cs), *cp_jobs(model.path("safetensors"), OUT / "job.copy")]
+    # The peers run in rounds of their own, after migrator's and cp's: a job run right after a peer
+    # (which held up to 12 GB and wrote a whole model) was measured up to 2x slower, and with 13 jobs
+    # rotated over 4 rounds only the first few jobs ever took that slot (the durable pass-through ones).
+    print(f"{model.name}: {len(jobs)} jobs x {n} rounds, then {len(peers)} peers x {n} rounds", flush=True)
+    res = rounds(jobs, n, rss_file)
+    res.runs.update(rounds(peers, n, rss_file).runs)
+    return cs, res
 
 
 def model_table(results: dict[str, tuple[Model, list[Case], Results]]) -> str:
