@@ -50,7 +50,7 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = None)
     start = None if small else _position(sink)
     if tensor.nbytes and span is not None and _copy_in_kernel(sink, tensor, start):
         return
-    write_computed(sink, tensor, ahead)
+    _write_pieces(sink, tensor, ahead, None, start)
 
 
 def write_computed(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = None,
@@ -62,7 +62,12 @@ def write_computed(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = Non
     copy each piece in and out again: ~6% of a 1.4 GB transposing run's writer thread), with
     writeback started every 32 MiB. Small ones, or any on an in-memory sink, go through the sink.
     """
-    start = None if tensor.nbytes <= SMALL_READ else _position(sink)
+    _write_pieces(sink, tensor, ahead, each, None if tensor.nbytes <= SMALL_READ else _position(sink))
+
+
+def _write_pieces(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None,
+                  each: Callable[[memoryview], object] | None, start: int | None) -> None:
+    """`write_computed` from a known file position (None: small, or a sink without one)."""
     out = sink if start is None else _unbuffered(sink)
     pos = start
     written = 0
