@@ -9,8 +9,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from .atomic import check_target
 from .errors import MigratorError
 from .formats import save_planned
 
@@ -34,10 +36,22 @@ def run_plan(plan: Plan, *, progress: bool | None = None) -> RunResult:
     if plan.fatal or plan.writer is None:
         raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
-    protect = [plan.source_path] + ([plan.template_path] if plan.template_path else [])
-    written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=protect,
+    written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=_read_by(plan),
                            progress=progress_for(progress), fsync=plan.fsync)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
+
+
+def check_plan_target(plan: Plan) -> None:
+    """Refuse up front what the write would refuse about its target (it exists and overwrite is off,
+    it is a folder, it is a file the plan reads), so `migrate run` says so before its report."""
+    if plan.writer is not None:
+        check_target(Path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
+                     protect=_read_by(plan))
+
+
+def _read_by(plan: Plan) -> list[Path]:
+    """The files the plan reads: the write must not replace them."""
+    return [plan.source_path] + ([plan.template_path] if plan.template_path else [])
 
 
 def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractContextManager[None]] | None:

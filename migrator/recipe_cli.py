@@ -70,7 +70,7 @@ def _write_report(path: str | None, plan: Plan) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .execute import MigrationError, run_plan
+    from .execute import MigrationError, check_plan_target, run_plan
     from .recipe_loader import RecipeError
 
     try:
@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     except RecipeError as e:
         return _recipe_error(e)
     with _plan_for(loaded, args) as plan:
+        check_plan_target(plan)  # an existing target is refused before a report that reads like success
         if args.json:
             json.dump({"report": plan.report.to_json(), "errors": plan.fatal, "notes": plan.notes},
                       sys.stdout, indent=2)

@@ -93,6 +93,22 @@ def test_convert_refuses_existing_target_and_keeps_it(model: Path, tmp_path: Pat
     assert open_file(target).names()
 
 
+def test_run_refuses_existing_target_before_its_report(model: Path, tmp_path: Path) -> None:
+    """A refused run prints no summary that reads like success, only the refusal and how to override it."""
+    target = tmp_path / "t.bpk"
+    target.write_bytes(b"precious")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsource: {{path: {model}}}\ntarget: {{path: {target}}}\n")
+    out = migrate("run", str(recipe), "--no-progress")
+    assert out.returncode == 1
+    assert "already exists" in out.stderr and "--overwrite" in out.stderr
+    assert "applied" not in out.stdout.lower()
+    assert target.read_bytes() == b"precious"
+    ok = migrate("run", str(recipe), "--no-progress", "--overwrite")
+    assert ok.returncode == 0 and "applied" in ok.stdout.lower()
+    assert open_file(target).names()
+
+
 def test_convert_onto_itself_is_refused(model: Path) -> None:
     out = migrate("convert", str(model), str(model), "--overwrite")
     assert out.returncode == 1 and "being read" in out.stderr
@@ -180,12 +196,15 @@ def test_recipe_commands_freeze_their_plan_only_while_it_is_open(model: Path, tm
     also when the run fails: a library caller's process must not keep everything frozen."""
     import gc
 
-    from migrator import recipe_cli
+    from migrator import execute, recipe_cli
 
     seen: list[int] = []
     print_outcome = recipe_cli._print_outcome
     monkeypatch.setattr(recipe_cli, "_print_outcome", lambda plan: (seen.append(gc.get_freeze_count()),
                                                                      print_outcome(plan)))
+    check_plan_target = execute.check_plan_target  # a refused run stops there, before the outcome
+    monkeypatch.setattr(execute, "check_plan_target", lambda plan: (seen.append(gc.get_freeze_count()),
+                                                                     check_plan_target(plan)))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"version: 1\nsource: {{path: {model}}}\ntarget: {{path: {tmp_path / 'out.bpk'}}}\n")
     before = gc.get_freeze_count()
@@ -193,4 +212,4 @@ def test_recipe_commands_freeze_their_plan_only_while_it_is_open(model: Path, tm
     assert main(["run", str(recipe), "--no-progress"]) == 0
     assert main(["run", str(recipe), "--no-progress"]) == 1  # the target exists: refused
     assert gc.get_freeze_count() == before and gc.isenabled()
-    assert len(seen) == 3 and all(n > before for n in seen)
+    assert len(seen) == 4 and all(n > before for n in seen)  # plan: outcome; run: check, outcome; refused: check
