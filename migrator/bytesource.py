@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,16 +96,24 @@ class FileSource(ByteSource):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.label = str(path)
+        # A FIFO would block open() until a writer comes, and opening a device can act on it
+        # (rewind a tape): refuse special files by stat first, and open without blocking in case
+        # the path was swapped since; fstat of what was opened is what counts.
         try:
-            self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            mode = os.stat(self.path).st_mode
+            if not _is_regular(mode):
+                raise FormatError(_not_regular(mode), file=self.label)
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
             raise FormatError(f"cannot open: {e.strerror}", file=self.label) from e
         st = os.fstat(self.fd)
         if not _is_regular(st.st_mode):
             os.close(self.fd)
-            raise FormatError("not a regular file", file=self.label)
+            raise FormatError(_not_regular(st.st_mode), file=self.label)
+        os.set_blocking(self.fd, True)
         self.size = st.st_size
         self.identity = (st.st_dev, st.st_ino)
+        self.mode = st.st_mode
 
     def view(self, offset: int, length: int) -> memoryview:
         self.check_range(offset, length, "view")
@@ -150,9 +159,14 @@ class MemorySource(ByteSource):
 
 
 def _is_regular(mode: int) -> bool:
-    import stat
-
     return stat.S_ISREG(mode)
+
+
+def _not_regular(mode: int) -> str:
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "a special file")
+    return f"not a regular file ({kind}); only regular files are read"
 
 
 def open_source(src: str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource) -> ByteSource:

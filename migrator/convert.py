@@ -122,6 +122,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
 
     (No collision check: every reader refuses files that name a tensor twice.)
     """
+    from .atomic import Protected
     from .execute import MigrationError, progress_for
     from .formats import open_file, save_planned, writer_class
     from .formats.detect import target_format
@@ -142,8 +143,11 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
-        written = save_planned(writer, dst_path, overwrite=overwrite, protect=[src_path],
-                               progress=progress_for(progress), fsync=fsync)
+        source = reader.source
+        read: list[Protected] = [src_path] + ([source.identity] if hasattr(source, "identity") else [])
+        written = save_planned(writer, dst_path, overwrite=overwrite, protect=read, progress=progress_for(progress),
+                               fsync=fsync, mode_from=[source.mode] if hasattr(source, "mode") else [],
+                               make_folders=True)
         return ConvertResult(source=str(src_path), source_format=reader.format, target=written,
                              target_format=out_fmt, tensors=len(tensors), nbytes=sum(t.nbytes for t in tensors),
                              metadata=meta, scalars_written=len(scalars), notes=notes)

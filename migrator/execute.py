@@ -6,15 +6,15 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from .atomic import check_target
+from .atomic import Protected, check_target, target_problems
 from .errors import MigratorError
-from .formats import save_planned
+from .formats import save_planned, writer_class
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -31,27 +31,50 @@ class RunResult:
     nbytes: int
 
 
-def run_plan(plan: Plan, *, progress: bool | None = None) -> RunResult:
-    """Write the plan's output; refuses (writing nothing) when the plan has fatal problems."""
+def run_plan(plan: Plan, *, progress: bool | None = None,
+             outputs: Iterable[str | os.PathLike[str]] = ()) -> RunResult:
+    """Write the plan's output; refuses (writing nothing) when the plan has fatal problems.
+
+    `outputs` are the run's other outputs (a `--report` file): the target may not be one of them.
+    A missing target folder is created.
+    """
     if plan.fatal or plan.writer is None:
         raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
-    written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=_read_by(plan),
-                           progress=progress_for(progress), fsync=plan.fsync)
+    written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
+                           outputs=outputs, progress=progress_for(progress), fsync=plan.fsync,
+                           mode_from=source_modes(plan), make_folders=True)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
 
 
-def check_plan_target(plan: Plan) -> None:
+def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()) -> None:
     """Refuse up front what the write would refuse about its target (it exists and overwrite is off,
-    it is a folder, it is a file the plan reads), so `migrate run` says so before its report."""
+    it is a folder or a special file, it is a file the plan reads or another output of the run), so
+    `migrate run` says so before anything is written."""
     if plan.writer is not None:
         check_target(Path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
-                     protect=_read_by(plan))
+                     protect=read_by(plan), outputs=outputs)
 
 
-def _read_by(plan: Plan) -> list[Path]:
-    """The files the plan reads: the write must not replace them."""
-    return [plan.source_path] + ([plan.template_path] if plan.template_path else [])
+def plan_target_problems(plan: Plan) -> list[str]:
+    """What a run of `plan` would refuse about its target, as messages (for `validate`, `plan`)."""
+    target = Path(writer_class(plan.target_format).resolve_path(plan.target_path))
+    return target_problems(target, overwrite=plan.overwrite, protect=read_by(plan))
+
+
+def read_by(plan: Plan) -> list[Protected]:
+    """The files the plan reads, by path and by the inode each reader holds open: no output may
+    replace them (a symlink or hard link to one included)."""
+    files: list[Protected] = [plan.source_path]
+    if plan.template_path is not None:
+        files.append(plan.template_path)
+    files += [r.source.identity for r in plan.readers if hasattr(r.source, "identity")]
+    return files
+
+
+def source_modes(plan: Plan) -> list[int]:
+    """The permission bits of the files the plan reads: a new output gets no more than they share."""
+    return [r.source.mode for r in plan.readers if hasattr(r.source, "mode")]
 
 
 def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractContextManager[None]] | None:

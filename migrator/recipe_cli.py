@@ -64,31 +64,74 @@ def _print_outcome(plan: Plan) -> None:
         print(f"error: {problem}", file=sys.stderr)
 
 
-def _write_report(path: str | None, plan: Plan) -> None:
-    if path:
-        Path(path).write_text(json.dumps(plan.report.to_json(), indent=2) + "\n")
+def report_document(plan: Plan, failure: str | None = None, written: str | None = None) -> dict[str, Any]:
+    """The `--report` JSON: the apply report, the target and whether the run published it.
+
+    A failed run says so: `status` is "failed" and every problem that stopped it is in `errors`
+    (as a `run_error` when the apply report has no entry for it), never `"errors": []`.
+    """
+    doc = plan.report.to_json()
+    problems = list(plan.fatal) + ([failure] if failure else [])
+    known = {str(e) for e in plan.report.errors}
+    doc["errors"] += [{"path": str(plan.target_path), "kind": "run_error", "message": m, "expected": None,
+                       "found": None} for m in problems if m not in known]
+    ok = not problems
+    doc["status"] = "ok" if ok else "failed"
+    doc["target"] = written if ok and written else str(plan.target_path)
+    doc["written"] = ok
+    return doc
+
+
+def _write_report(path: Path, plan: Plan, doc: dict[str, Any]) -> None:
+    """Written through the same atomic path as the output, after it: never onto a file the run
+    read or wrote, never over an existing file without overwrite."""
+    from .atomic import write_file
+    from .execute import read_by, source_modes
+
+    write_file(path, (json.dumps(doc, indent=2) + "\n").encode(), overwrite=plan.overwrite, protect=read_by(plan),
+               outputs=[plan.target_path], fsync=plan.fsync, mode_from=source_modes(plan), make_folders=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .execute import MigrationError, check_plan_target, run_plan
+    from .atomic import check_target
+    from .execute import check_plan_target, read_by, run_plan
     from .recipe_loader import RecipeError
 
     try:
         loaded = _load(args.recipe)
     except RecipeError as e:
         return _recipe_error(e)
+    report_path = Path(args.report) if args.report else None
     with _plan_for(loaded, args) as plan:
-        check_plan_target(plan)  # an existing target is refused before a report that reads like success
+        # Everything the writes would refuse is refused before anything is written.
+        outputs = [report_path] if report_path else []
+        check_plan_target(plan)
+        if report_path:  # not a file the run reads, not the target (by path or inode), not over a file
+            check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=[plan.target_path])
+        result = None
+        failure: str | None = None
+        if plan.ok:
+            try:
+                result = run_plan(plan, progress=False if args.no_progress else None, outputs=outputs)
+            except MigratorError as e:  # the write failed (disk full, source truncated...): nothing published
+                failure = str(e)
+        # The summary comes after the output is published (or the run failed), never before.
         if args.json:
-            json.dump({"report": plan.report.to_json(), "errors": plan.fatal, "notes": plan.notes},
-                      sys.stdout, indent=2)
+            json.dump({"report": plan.report.to_json(), "errors": plan.fatal + ([failure] if failure else []),
+                       "notes": plan.notes}, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
             _print_outcome(plan)
-        _write_report(args.report, plan)
-        try:
-            result = run_plan(plan, progress=False if args.no_progress else None)
-        except MigrationError:
+        if report_path:
+            try:
+                _write_report(report_path, plan, report_document(plan, failure, result and result.target))
+            except MigratorError as e:
+                done = f"wrote {result.target}, but " if result else ""
+                print(f"migrate: error: {done}the report was not written: {e}", file=sys.stderr)
+                return EXIT_MIGRATION
+        if result is None:
+            if failure:
+                print(f"migrate: error: {failure}", file=sys.stderr)
             print(f"migrate: nothing written to {plan.target_path}", file=sys.stderr)
             return EXIT_MIGRATION
         if not args.json:

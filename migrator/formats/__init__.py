@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO
 
-from ..atomic import atomic_output
+from ..atomic import Protected, atomic_output
 from ..bytesource import ByteSource, open_source
 from ..errors import UnknownFormatError
 from ..scalars import Scalar
@@ -101,14 +101,20 @@ def save_planned(
     path: str | os.PathLike[str],
     *,
     overwrite: bool = False,
-    protect: Iterable[str | os.PathLike[str]] = (),
+    protect: Iterable[Protected] = (),
     progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
     fsync: bool = True,
+    outputs: Iterable[str | os.PathLike[str]] = (),
+    mode_from: Iterable[str | os.PathLike[str] | int] = (),
+    make_folders: bool = False,
 ) -> str:
-    """Write an already planned `writer` to `path` atomically (see `save`); returns the path written."""
+    """Write an already planned `writer` to `path` atomically (see `save`); returns the path written.
+
+    `protect`, `outputs`, `mode_from`, `make_folders`: see `migrator.atomic.atomic_output`.
+    """
     out = writer.resolve_path(path)
-    with atomic_output(out, overwrite=overwrite, protect=protect, expected_size=writer.total_size,
-                       fsync=fsync) as sink:
+    with atomic_output(out, overwrite=overwrite, protect=protect, outputs=outputs, expected_size=writer.total_size,
+                       fsync=fsync, mode_from=mode_from, make_folders=make_folders) as sink:
         if progress is None:
             writer.write_to(sink)
         else:
