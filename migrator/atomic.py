@@ -136,7 +136,7 @@ def check_target(target: Path, *, overwrite: bool, protect: Iterable[Protected] 
     check_distinct(target, protect, outputs)
     try:
         st = os.lstat(target)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there yet (a missing folder is the folder's problem)
         return
     except OSError as e:
         raise OutputError(f"cannot check the target: {_describe(e)}", file=str(target)) from e

@@ -65,9 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="show what a recipe would do (names, ops, dtypes, shapes); write nothing")
     plan.add_argument("recipe")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would")
 
     val = sub.add_parser("validate", help="validate recipes and check their sources parse (headers only)")
     val.add_argument("recipes", nargs="+")
+    val.add_argument("--overwrite", action="store_true", help="check the targets as `run --overwrite` would")
 
     sub.add_parser("schema", help="print the recipe JSON Schema")
     return p

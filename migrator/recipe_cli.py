@@ -115,13 +115,16 @@ def run(args: argparse.Namespace) -> int:
                 result = run_plan(plan, progress=False if args.no_progress else None, outputs=outputs)
             except MigratorError as e:  # the write failed (disk full, source truncated...): nothing published
                 failure = str(e)
-        # The summary comes after the output is published (or the run failed), never before.
+        # The summary comes after the output is published, never before; a failed write has none
+        # (it would list as applied what was not written): its error follows.
         if args.json:
             json.dump({"report": plan.report.to_json(), "errors": plan.fatal + ([failure] if failure else []),
                        "notes": plan.notes}, sys.stdout, indent=2)
             sys.stdout.write("\n")
-        else:
+        elif failure is None:
             _print_outcome(plan)
+        if failure:
+            print(f"migrate: error: {failure}", file=sys.stderr)
         if report_path:
             try:
                 _write_report(report_path, plan, report_document(plan, failure, result and result.target))
@@ -130,8 +133,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"migrate: error: {done}the report was not written: {e}", file=sys.stderr)
                 return EXIT_MIGRATION
         if result is None:
-            if failure:
-                print(f"migrate: error: {failure}", file=sys.stderr)
             print(f"migrate: nothing written to {plan.target_path}", file=sys.stderr)
             return EXIT_MIGRATION
         if not args.json:
@@ -147,6 +148,7 @@ def plan(args: argparse.Namespace) -> int:
     except RecipeError as e:
         return _recipe_error(e)
     with _plan_for(loaded, args) as p:
+        _add_target_problems(p)
         if args.json:
             json.dump(plan_json(p), sys.stdout, indent=2)
             sys.stdout.write("\n")
@@ -154,6 +156,14 @@ def plan(args: argparse.Namespace) -> int:
             _print_plan_table(p)
             _print_outcome(p)
         return EXIT_OK if p.ok else EXIT_MIGRATION
+
+
+def _add_target_problems(p: Plan) -> None:
+    """What a run would refuse about the target (it exists without overwrite, it is a folder or a
+    special file, its folder is not writable): a problem of the plan, seen before any run."""
+    from .execute import plan_target_problems
+
+    p.fatal.extend(plan_target_problems(p))
 
 
 def plan_json(p: Plan) -> dict[str, Any]:
@@ -249,6 +259,7 @@ def validate(args: argparse.Namespace) -> int:
             continue
         try:
             with _plan_for(loaded, args) as p:
+                _add_target_problems(p)
                 if p.fatal:
                     print(f"{path}: sources parse, but the run would fail:", file=sys.stderr)
                     for problem in p.fatal:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,10 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "tpl.yaml").write_text("version: 1\nsource:\n  path: src.safetensors\n" + target
                                        + "  template: tpl.safetensors\n")
     return tmp_path
+
+
+def _recipe(path: Path, target: str) -> None:
+    path.write_text(f"version: 1\nsource:\n  path: src.safetensors\ntarget:\n  path: {target}\n")
 
 
 def _bytes(folder: Path) -> dict[str, bytes]:
@@ -121,3 +127,128 @@ def test_report_goes_to_a_new_folder_after_the_output(ws: Path, capsys: pytest.C
     doc = json.loads((ws / "reports" / "today" / "r.json").read_text())
     assert doc["status"] == "ok" and Path(doc["target"]).read_bytes() == (ws / "out.safetensors").read_bytes()
     _assert_output_is_source(ws / "out.safetensors")
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 20 item 7: missing folders, target problems seen by validate/plan, honest reports
+
+
+def test_missing_target_folders_are_created(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _recipe(ws / "deep.yaml", "a/b/c/out.safetensors")
+    code, _, err = _run(capsys, "deep.yaml")
+    assert code == 0, err
+    _assert_output_is_source(ws / "a" / "b" / "c" / "out.safetensors")
+    # convert: the plain copy and the recipe path (any renaming option) both create the folder
+    assert main(["convert", "src.safetensors", "x/plain.safetensors", "--no-progress"]) == 0
+    _assert_output_is_source(ws / "x" / "plain.safetensors")
+    assert main(["convert", "src.safetensors", "y/z/renamed.safetensors", "--remap", "^w$=w", "--no-progress"]) == 0
+    _assert_output_is_source(ws / "y" / "z" / "renamed.safetensors")
+
+
+def _truncate_source_after_the_checks(monkeypatch: pytest.MonkeyPatch, src: Path) -> None:
+    """The source loses its tensor bytes after the plan was built and checked: the write fails for
+    real (the bytes are not there), as with a file changed under a run."""
+    from migrator import execute
+
+    check = execute.check_plan_target
+
+    def then_truncate(plan: object) -> None:
+        check(plan)  # type: ignore[arg-type]
+        os.truncate(src, 16)
+
+    monkeypatch.setattr(execute, "check_plan_target", then_truncate)
+
+
+def test_failed_write_reports_the_failure_and_leaves_no_folder(
+        ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _recipe(ws / "deep.yaml", "new/out.safetensors")
+    _truncate_source_after_the_checks(monkeypatch, ws / "src.safetensors")
+    code, out, err = _run(capsys, "deep.yaml", "--report", "r.json")
+    assert code == 1, (out, err)
+    assert "nothing written" in err and "Traceback" not in err
+    assert "Successfully applied" not in out  # no summary of a write that failed
+    assert not (ws / "new").exists()  # the folder made for the output is removed again
+    doc = json.loads((ws / "r.json").read_text())
+    assert doc["status"] == "failed" and doc["written"] is False
+    last = doc["errors"][-1]
+    assert last["kind"] == "run_error" and "src.safetensors" in last["message"]
+
+
+def test_failed_plan_report_is_not_errors_empty(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_file({"w": W, "other": B}, str(ws / "tpl.safetensors"))  # the template wants a tensor the source lacks
+    code, _, err = _run(capsys, "tpl.yaml", "--report", "r.json")
+    assert code == 1 and "nothing written" in err, err
+    doc = json.loads((ws / "r.json").read_text())
+    assert doc["status"] == "failed" and doc["errors"] and not (ws / "out.safetensors").exists()
+    assert [m["path"] for m in doc["missing"]] == ["other"]
+
+
+def test_summary_is_printed_after_the_output_is_published(
+        ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from migrator import recipe_cli
+
+    seen: list[bool] = []
+    outcome = recipe_cli._print_outcome
+    monkeypatch.setattr(recipe_cli, "_print_outcome",
+                        lambda plan: (seen.append((ws / "out.safetensors").exists()), outcome(plan)))
+    assert _run(capsys, "plain.yaml")[0] == 0
+    assert seen == [True]
+
+
+def _validate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(["validate", *args])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def test_validate_and_plan_report_target_problems(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _validate(capsys, "plain.yaml")[0] == 0
+    (ws / "out.safetensors").write_bytes(b"old")
+    code, text = _validate(capsys, "plain.yaml")
+    assert code == 1 and "already exists" in text and "--overwrite" in text, text
+    assert _validate(capsys, "plain.yaml", "--overwrite")[0] == 0
+    code = main(["plan", "plain.yaml", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and any("already exists" in e for e in doc["errors"])
+    assert main(["plan", "plain.yaml", "--overwrite", "--json"]) == 0
+    capsys.readouterr()
+    assert (ws / "out.safetensors").read_bytes() == b"old"  # validate and plan write nothing
+
+    (ws / "out.safetensors").unlink()
+    (ws / "out.safetensors").mkdir()
+    code, text = _validate(capsys, "plain.yaml", "--overwrite")
+    assert code == 1 and "is a folder" in text, text
+    (ws / "out.safetensors").rmdir()
+
+    (ws / "file").write_text("")
+    _recipe(ws / "under.yaml", "file/x/out.safetensors")
+    code, text = _validate(capsys, "under.yaml")
+    assert code == 1 and "is not a folder" in text, text
+    assert main(["plan", "under.yaml"]) == 1
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def _without_dac_override() -> None:
+    """As root, chmod does not stop writes: drop the capabilities that bypass permissions from the
+    child's bounding set (gone from the exec'd process)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2, 3):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_validate_reports_an_unwritable_folder(ws: Path) -> None:
+    (ws / "ro").mkdir()
+    _recipe(ws / "ro.yaml", "ro/new/out.safetensors")
+    (ws / "ro").chmod(0o555)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "migrator.cli", "validate", "ro.yaml"], capture_output=True,
+                              text=True, cwd=ws, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
+                              preexec_fn=_without_dac_override if os.geteuid() == 0 else None)
+    except subprocess.SubprocessError as e:  # prctl refused (no CAP_SETPCAP in this container)
+        pytest.skip(f"cannot drop CAP_DAC_OVERRIDE for the child: {e}")
+    finally:
+        (ws / "ro").chmod(0o755)
+    assert proc.returncode == 1 and "not writable" in proc.stderr and str(ws / "ro") in proc.stderr, proc.stderr
