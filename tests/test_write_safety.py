@@ -252,3 +252,34 @@ def test_validate_reports_an_unwritable_folder(ws: Path) -> None:
     finally:
         (ws / "ro").chmod(0o755)
     assert proc.returncode == 1 and "not writable" in proc.stderr and str(ws / "ro") in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 19 item 11: scratch names with pids no process can have are someone else's files
+
+
+@pytest.mark.parametrize("pid", ["99999999999999999999", str(2**63), "4194305", "0", "000123", "1" * 200])
+def test_scratch_names_with_impossible_pids_are_left_alone(tmp_path: Path, pid: str) -> None:
+    from migrator import from_numpy, save
+
+    target = tmp_path / "out.bpk"
+    foreign = tmp_path / f"out.bpk.migrator-{pid}-0.tmp"
+    foreign.write_bytes(b"not ours")
+    save([from_numpy("w", W)], target)  # crashed with OverflowError from os.kill before
+    save([from_numpy("w", W)], target, overwrite=True)
+    assert foreign.read_bytes() == b"not ours"
+    assert sorted(os.listdir(tmp_path)) == sorted(["out.bpk", foreign.name])
+
+
+def test_stale_scratch_cleanup_removes_only_files(tmp_path: Path) -> None:
+    from migrator import from_numpy, save
+    from migrator.atomic import scratch_name
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    target = tmp_path / "out.bpk"
+    stale_file, stale_dir = scratch_name(target, dead.pid, 0), scratch_name(target, dead.pid, 1)
+    stale_file.write_bytes(b"x")
+    stale_dir.mkdir()
+    save([from_numpy("w", W)], target)
+    assert not stale_file.exists() and stale_dir.is_dir()
