@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -283,3 +284,86 @@ def test_stale_scratch_cleanup_removes_only_files(tmp_path: Path) -> None:
     stale_dir.mkdir()
     save([from_numpy("w", W)], target)
     assert not stale_file.exists() and stale_dir.is_dir()
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 19 item 13: permissions follow the sources and the replaced file, as `cp` does
+
+
+@pytest.fixture
+def umask022() -> object:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _cp_mode(src: Path, dst: Path) -> int:
+    """The oracle: the mode `cp` gives `dst` (a new file, or the one it overwrites)."""
+    subprocess.run(["cp", str(src), str(dst)], check=True)
+    return _mode(dst)
+
+
+@pytest.mark.parametrize("src_mode", [0o600, 0o644, 0o400], ids=oct)
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=oct)
+def test_new_output_gets_the_source_mode_masked_by_the_umask(
+        ws: Path, capsys: pytest.CaptureFixture[str], src_mode: int, umask: int) -> None:
+    src = ws / "src.safetensors"
+    src.chmod(src_mode)
+    old = os.umask(umask)
+    try:
+        want = _cp_mode(src, ws / "cp-copy")
+        assert main(["convert", "src.safetensors", "plain.bpk", "--no-progress"]) == 0
+        assert main(["convert", "src.safetensors", "renamed.bpk", "--remap", "^w$=v", "--no-progress"]) == 0
+        assert _run(capsys, "plain.yaml", "--report", "r.json")[0] == 0
+    finally:
+        os.umask(old)
+    got = {p: _mode(ws / p) for p in ("plain.bpk", "renamed.bpk", "out.safetensors", "r.json")}
+    assert got == dict.fromkeys(got, want & 0o666)
+
+
+def test_several_sources_give_the_most_restrictive_mode(ws: Path, capsys: pytest.CaptureFixture[str],
+                                                        umask022: object) -> None:
+    (ws / "src.safetensors").chmod(0o644)
+    (ws / "tpl.safetensors").chmod(0o640)
+    assert _run(capsys, "tpl.yaml", "--report", "r.json")[0] == 0
+    assert _mode(ws / "out.safetensors") == _mode(ws / "r.json") == 0o640
+    (ws / "tpl.safetensors").chmod(0o600)
+    assert _run(capsys, "tpl.yaml", "--report", "r2.json", "--overwrite")[0] == 0
+    assert _mode(ws / "out.safetensors") == 0o640  # replaced: keeps the mode of the file it replaces
+    assert _mode(ws / "r2.json") == 0o600
+
+
+@pytest.mark.parametrize("old_mode", [0o600, 0o640, 0o664], ids=oct)
+def test_overwrite_keeps_the_replaced_file_mode(ws: Path, umask022: object, old_mode: int) -> None:
+    src = ws / "src.safetensors"
+    src.chmod(0o644)
+    for name in ("out.bpk", "cp-copy"):
+        (ws / name).write_bytes(b"old")
+        (ws / name).chmod(old_mode)
+    want = _cp_mode(src, ws / "cp-copy")
+    assert want == old_mode
+    assert main(["convert", "src.safetensors", "out.bpk", "--overwrite", "--no-progress"]) == 0
+    assert _mode(ws / "out.bpk") == want
+
+
+def test_scratch_file_is_private_while_written(tmp_path: Path, umask022: object) -> None:
+    import contextlib
+
+    from migrator import from_numpy, save
+
+    seen: list[int] = []
+
+    @contextlib.contextmanager
+    def watch(sink: object, total: int) -> object:
+        seen.append(stat.S_IMODE(os.fstat(sink.fileno()).st_mode))  # type: ignore[attr-defined]
+        yield
+
+    save([from_numpy("w", W)], tmp_path / "out.bpk", progress=watch)  # type: ignore[arg-type]
+    assert seen == [0o600]
+    assert _mode(tmp_path / "out.bpk") == 0o644  # no sources: 0666 masked by the umask, as a new file
