@@ -367,3 +367,61 @@ def test_scratch_file_is_private_while_written(tmp_path: Path, umask022: object)
     save([from_numpy("w", W)], tmp_path / "out.bpk", progress=watch)  # type: ignore[arg-type]
     assert seen == [0o600]
     assert _mode(tmp_path / "out.bpk") == 0o644  # no sources: 0666 masked by the umask, as a new file
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 19 item 12: FIFOs and other special files are refused, as sources and as targets
+
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child; the timeout is only a safety net against a hang (asserts are on the error)."""
+    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_fifo_sources_are_refused_without_blocking(ws: Path) -> None:
+    os.mkfifo(ws / "fifo.safetensors")
+    os.mkfifo(ws / "fifo.bpk")
+    _recipe(ws / "fifo.yaml", "out.safetensors")
+    (ws / "fifo.yaml").write_text((ws / "fifo.yaml").read_text().replace("src.safetensors", "fifo.safetensors"))
+    (ws / "fifotpl.yaml").write_text((ws / "tpl.yaml").read_text().replace("tpl.safetensors", "fifo.bpk"))
+    for args in (["inspect", "fifo.safetensors"], ["convert", "fifo.safetensors", "out.bpk"], ["validate", "fifo.yaml"],
+                 ["run", "fifo.yaml"], ["validate", "fifotpl.yaml"], ["run", "fifotpl.yaml"]):
+        proc = _cli(ws, *args)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert "not a regular file (a FIFO)" in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+    assert not (ws / "out.bpk").exists() and not (ws / "out.safetensors").exists()
+
+
+def test_folder_source_is_refused(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (ws / "dir.safetensors").mkdir()
+    assert main(["inspect", "dir.safetensors"]) == 1
+    assert "not a regular file (a folder)" in capsys.readouterr().err
+
+
+def _special_targets(ws: Path) -> list[Path]:
+    import socket
+
+    os.mkfifo(ws / "fifo.bpk")
+    (ws / "null.bpk").symlink_to("/dev/null")
+    (ws / "tofifo.bpk").symlink_to("fifo.bpk")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(ws / "sock.bpk"))
+    sock.close()
+    return [ws / n for n in ("fifo.bpk", "null.bpk", "tofifo.bpk", "sock.bpk")]
+
+
+def test_overwrite_onto_a_special_file_is_refused(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    specials = _special_targets(ws)
+    kinds = {p: stat.S_IFMT(os.lstat(p).st_mode) for p in specials}
+    for target in specials:
+        assert main(["convert", "src.safetensors", target.name, "--overwrite", "--no-progress"]) == 1
+        err = capsys.readouterr().err
+        assert "refusing to replace it" in err and target.name in err, err
+        code, _, err = _run(capsys, "plain.yaml", "--overwrite", "--report", target.name)
+        assert code == 1 and "refusing to replace it" in err, err
+    assert {p: stat.S_IFMT(os.lstat(p).st_mode) for p in specials} == kinds  # none replaced
+    assert not (ws / "out.safetensors").exists()
+    (ws / "special.yaml").write_text((ws / "plain.yaml").read_text().replace("out.safetensors", "fifo.bpk"))
+    code, text = _validate(capsys, "special.yaml", "--overwrite")
+    assert code == 1 and "is a FIFO" in text, text
