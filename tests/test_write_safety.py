@@ -425,3 +425,84 @@ def test_overwrite_onto_a_special_file_is_refused(ws: Path, capsys: pytest.Captu
     (ws / "special.yaml").write_text((ws / "plain.yaml").read_text().replace("out.safetensors", "fifo.bpk"))
     code, text = _validate(capsys, "special.yaml", "--overwrite")
     assert code == 1 and "is a FIFO" in text, text
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 19 item 14: no writer writes what the format's reference loader cannot read
+
+SHAPES = [(2**64 - 1, 0), (2**63 - 1, 0), (2**63, 0), (0, 2**63 - 1), (2**62, 2, 0), (2**40, 2**40, 0),
+          (0, 2**40, 2**40), (2**32, 2**31, 0), (2**32, 2**32, 0), (0, 2**62, 2), (0, 2**63 - 1, 1), (2**64, 0)]
+
+
+def _empty(shape: tuple[int, ...]) -> object:
+    from migrator import dtypes
+    from migrator.tensor import LazyTensor
+
+    return LazyTensor("enc.w", dtypes.F32, shape, 0, lambda: b"")
+
+
+def _torch_load(data: bytes) -> tuple[int, ...]:
+    import io
+
+    import torch
+
+    return tuple(torch.load(io.BytesIO(data), weights_only=True)["enc.w"].shape)
+
+
+def _safetensors_shape(data: bytes, tmp_path: Path) -> tuple[int, ...]:
+    from safetensors import safe_open
+
+    path = tmp_path / "probe.safetensors"
+    path.write_bytes(data)
+    with safe_open(str(path), framework="numpy") as f:
+        return tuple(f.get_slice("enc.w").get_shape())
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("fmt", ["pytorch", "safetensors"])
+def test_writers_write_only_what_the_reference_loader_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            fmt: str, shape: tuple[int, ...]) -> None:
+    from migrator import to_bytes
+    from migrator.errors import PlanError
+    from migrator.formats import pytorch_writer, safetensors
+
+    def load(data: bytes) -> tuple[int, ...]:
+        return _torch_load(data) if fmt == "pytorch" else _safetensors_shape(data, tmp_path)
+
+    try:
+        data = to_bytes([_empty(shape)], fmt)  # type: ignore[list-item]
+    except PlanError as e:
+        assert e.tensor == "enc.w" and str(list(shape)) in str(e), e
+        # the refusal is right: the same file written without the check is one the loader refuses
+        monkeypatch.setattr(pytorch_writer, "_check_torch_sizes", lambda t: None)
+        monkeypatch.setattr(safetensors, "_check_u64_sizes", lambda ts: None)
+        try:
+            unchecked = to_bytes([_empty(shape)], fmt)  # type: ignore[list-item]
+        except PlanError:
+            return  # refused by an older check too (e.g. a size beyond 64 bits): nothing to load
+        with pytest.raises(Exception):  # noqa: B017 - whatever the loader raises, it does not load
+            load(unchecked)
+        return
+    assert load(data) == shape
+
+
+@pytest.mark.parametrize("shape", [(2**40, 2**40, 0), (2**32, 2**32, 0), (2**64, 0)], ids=str)
+def test_burnpack_writer_refuses_sizes_beyond_64_bits(shape: tuple[int, ...]) -> None:
+    from migrator import to_bytes
+    from migrator.errors import PlanError
+
+    with pytest.raises(PlanError, match="64-bit") as info:
+        to_bytes([_empty(shape)], "burnpack")  # type: ignore[list-item]
+    assert info.value.tensor == "enc.w"
+
+
+def test_convert_refuses_a_pt_output_torch_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from migrator import to_bytes
+
+    src = tmp_path / "huge-empty.safetensors"
+    src.write_bytes(to_bytes([_empty((2**64 - 1, 0))], "safetensors"))  # type: ignore[list-item]
+    assert _safetensors_shape(src.read_bytes(), tmp_path) == (2**64 - 1, 0)  # a valid SafeTensors file
+    assert main(["convert", str(src), str(tmp_path / "out.pt"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "tensor 'enc.w'" in err and "int64" in err, err
+    assert not (tmp_path / "out.pt").exists()

@@ -93,6 +93,8 @@ class PytorchWriter(Writer):
             if expected != t.nbytes:
                 raise PlanError(f"declares {t.nbytes} bytes but {t.dtype.display}{list(t.shape)} needs "
                                 f"{expected}", file=t.origin, tensor=t.name)
+            if expected == 0:  # only an empty tensor can declare sizes torch cannot hold (see below)
+                _check_torch_sizes(t)
             try:
                 t.name.encode("utf-8")
             except UnicodeEncodeError:
@@ -303,6 +305,27 @@ def _torch_dtype(t: LazyTensor) -> str:
         raise UnsupportedDTypeError(f"PyTorch has no dtype for {dt.display}; cast it first (e.g. to F32 "
                                     "or U8) before writing .pt", file=t.origin, tensor=t.name)
     return dt.torch_name
+
+
+_I64_MAX, _U64_MAX = (1 << 63) - 1, (1 << 64) - 1
+
+
+def _check_torch_sizes(t: LazyTensor) -> None:
+    """Refuse what torch.load cannot rebuild: sizes and strides are int64, and the element count is
+    multiplied out left to right in uint64, so an overflow before a 0 still fails ([2**40, 2**40, 0]).
+    A tensor with bytes has sizes bounded by its byte count; only empty ones need this."""
+    numel = 1
+    for d in t.shape:
+        if d > _I64_MAX:
+            raise PlanError(f"shape {list(t.shape)}: dimension {d} does not fit torch's int64 sizes (torch.load "
+                            "could not read the file)", file=t.origin, tensor=t.name)
+        numel *= d
+        if numel > _U64_MAX:
+            raise PlanError(f"shape {list(t.shape)}: torch's element count overflows 64 bits (torch.load "
+                            "could not read the file)", file=t.origin, tensor=t.name)
+    if max(_contiguous_strides(t.shape), default=0) > _I64_MAX:
+        raise PlanError(f"shape {list(t.shape)}: its strides do not fit torch's int64 (torch.load could not "
+                        "read the file)", file=t.origin, tensor=t.name)
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
