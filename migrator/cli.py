@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("recipes", nargs="+")
     val.add_argument("--overwrite", action="store_true", help="check the targets as `run --overwrite` would")
 
-    sub.add_parser("schema", help="print the recipe JSON Schema")
+    sch = sub.add_parser("schema", help="print the recipe JSON Schema")
+    sch.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (atomically) instead of stdout")
+    sch.add_argument("--overwrite", action="store_true", help="replace an existing FILE")
     return p
 
 

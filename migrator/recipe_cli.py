@@ -276,5 +276,12 @@ def validate(args: argparse.Namespace) -> int:
 def schema(args: argparse.Namespace) -> int:
     from .recipe_loader import recipe_json_schema_text
 
-    sys.stdout.write(recipe_json_schema_text())
+    text = recipe_json_schema_text()
+    if getattr(args, "output", None):
+        from .atomic import write_file
+
+        write_file(args.output, text.encode(), overwrite=args.overwrite, make_folders=True)
+        print(f"wrote {args.output}")
+        return EXIT_OK
+    sys.stdout.write(text)
     return EXIT_OK

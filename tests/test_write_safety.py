@@ -506,3 +506,20 @@ def test_convert_refuses_a_pt_output_torch_cannot_read(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert "tensor 'enc.w'" in err and "int64" in err, err
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_schema_output_file_goes_through_the_atomic_path(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+    printed = capsys.readouterr().out
+    assert main(["schema", "-o", "schemas/recipe.schema.json"]) == 0
+    assert (ws / "schemas" / "recipe.schema.json").read_text() == printed
+    json.loads(printed)
+    (ws / "schemas" / "recipe.schema.json").write_text("keep")
+    assert main(["schema", "-o", "schemas/recipe.schema.json"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert (ws / "schemas" / "recipe.schema.json").read_text() == "keep"
+    os.mkfifo(ws / "fifo.json")
+    assert main(["schema", "-o", "fifo.json", "--overwrite"]) == 1
+    assert "FIFO" in capsys.readouterr().err and stat.S_ISFIFO(os.lstat(ws / "fifo.json").st_mode)
+    assert main(["schema", "-o", "schemas/recipe.schema.json", "--overwrite"]) == 0
+    assert (ws / "schemas" / "recipe.schema.json").read_text() == printed
