@@ -373,23 +373,37 @@ def test_scratch_file_is_private_while_written(tmp_path: Path, umask022: object)
 # issue 19 item 12: FIFOs and other special files are refused, as sources and as targets
 
 
-def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child; the timeout is only a safety net against a hang (asserts are on the error)."""
-    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, stdin=subprocess.DEVNULL)
+_EACH_COMMAND = """
+import contextlib, io, json, sys
+from migrator.cli import main
+results = []
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(args)
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
 
 
 def test_fifo_sources_are_refused_without_blocking(ws: Path) -> None:
+    """All commands in one child (one interpreter start); its timeout is only a safety net against a
+    hang, the asserts are on each command's exit code and error."""
     os.mkfifo(ws / "fifo.safetensors")
     os.mkfifo(ws / "fifo.bpk")
     _recipe(ws / "fifo.yaml", "out.safetensors")
     (ws / "fifo.yaml").write_text((ws / "fifo.yaml").read_text().replace("src.safetensors", "fifo.safetensors"))
     (ws / "fifotpl.yaml").write_text((ws / "tpl.yaml").read_text().replace("tpl.safetensors", "fifo.bpk"))
-    for args in (["inspect", "fifo.safetensors"], ["convert", "fifo.safetensors", "out.bpk"], ["validate", "fifo.yaml"],
-                 ["run", "fifo.yaml"], ["validate", "fifotpl.yaml"], ["run", "fifotpl.yaml"]):
-        proc = _cli(ws, *args)
-        assert proc.returncode == 1, (args, proc.stderr)
-        assert "not a regular file (a FIFO)" in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+    commands = [["inspect", "fifo.safetensors"], ["inspect", "fifo.bpk", "--json"],
+                ["convert", "fifo.safetensors", "out.bpk"], ["validate", "fifo.yaml"], ["plan", "fifo.yaml"],
+                ["run", "fifo.yaml"], ["validate", "fifotpl.yaml"], ["run", "fifotpl.yaml"]]
+    proc = subprocess.run([sys.executable, "-c", _EACH_COMMAND, json.dumps(commands)], capture_output=True,
+                          text=True, cwd=ws, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    for args, (code, err) in zip(commands, json.loads(proc.stdout), strict=True):
+        assert code == 1, (args, err)
+        assert "not a regular file (a FIFO)" in err and "Traceback" not in err, (args, err)
     assert not (ws / "out.bpk").exists() and not (ws / "out.safetensors").exists()
 
 
@@ -523,3 +537,24 @@ def test_schema_output_file_goes_through_the_atomic_path(ws: Path, capsys: pytes
     assert "FIFO" in capsys.readouterr().err and stat.S_ISFIFO(os.lstat(ws / "fifo.json").st_mode)
     assert main(["schema", "-o", "schemas/recipe.schema.json", "--overwrite"]) == 0
     assert (ws / "schemas" / "recipe.schema.json").read_text() == printed
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink", "dotted"])
+def test_output_onto_the_source_is_refused_with_overwrite(ws: Path, capsys: pytest.CaptureFixture[str],
+                                                          how: str) -> None:
+    target = {"same": "src.safetensors", "symlink": "l.safetensors", "hardlink": "h.safetensors",
+              "dotted": "./x/../src.safetensors"}[how]
+    if how == "symlink":
+        (ws / target).symlink_to("src.safetensors")
+    elif how == "hardlink":
+        os.link(ws / "src.safetensors", ws / target)
+    elif how == "dotted":
+        (ws / "x").mkdir()
+    (ws / "onto.yaml").write_text((ws / "plain.yaml").read_text().replace("out.safetensors", target))
+    before = _bytes(ws)
+    assert main(["convert", "src.safetensors", target, "--overwrite", "--no-progress"]) == 1
+    assert "refusing to write onto a file being read" in capsys.readouterr().err
+    code, _, err = _run(capsys, "onto.yaml", "--overwrite")  # the recipe loader sees it first
+    assert code == 2 and "onto.yaml:5:9: target.path: the target is the same file as source.path" in err, err
+    assert _bytes(ws) == before
+    _assert_output_is_source(ws / "src.safetensors")
