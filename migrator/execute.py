@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .atomic import check_target
 from .errors import MigratorError
@@ -62,13 +62,26 @@ def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractCon
 
 @contextlib.contextmanager
 def progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
-    """Poll the output's file offset from a thread: works for in-kernel copies too, costs nothing."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+    """Poll the output's file offset from a thread: works for in-kernel copies too, costs nothing.
+    Sizes in IEC units (MiB), as everywhere in migrator; the label is literal text, never markup."""
+    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    from .display import human_bytes
+
+    class Done(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            return Text(f"{human_bytes(int(task.completed))}/{human_bytes(int(task.total or 0))}")
+
+    class Speed(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("?" if speed is None else f"{human_bytes(int(speed))}/s")
 
     fd = sink.fileno()
     stop = threading.Event()
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), transient=True, console=None) as bar:
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), Done(), Speed(),
+                  TimeRemainingColumn(), transient=True, console=None) as bar:
         task = bar.add_task("writing", total=total)
 
         def poll() -> None:
