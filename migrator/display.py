@@ -169,26 +169,41 @@ def fit_table(widths: Sequence[int], wrap_cols: Collection[int], width: int | No
 def plain_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: Collection[int] = (),
                 wrap_cols: Collection[int] = (0,), width: int | None = None) -> list[str]:
     """Aligned text lines, no trailing spaces. Cells are escaped here; rows too long for `width`
-    get their wrap columns broken over several lines (at dots, see `wrap`)."""
+    get their wrap columns broken over several lines (at dots, see `wrap`).
+
+    Linear and column-wise: each column is checked once (printable? ASCII? wider than its
+    share?), so only the rows that need it are escaped, measured or wrapped cell by cell."""
     ncols = len(header)
-    cells = [tuple(map(escape, row)) for row in rows]
     head = tuple(map(escape, header))
-    natural = [cell_width(h) for h in head]
-    for col in range(ncols):
-        column = [row[col] for row in cells]
-        if column:
-            if all(map(str.isascii, column)):
-                natural[col] = max(natural[col], max(map(len, column)))
-            else:
-                natural[col] = max(natural[col], max(map(cell_width, column)))
-    widths = fit_table(natural, wrap_cols, width)
-    fmt = "  ".join(f"%{w}s" if i in right else f"%-{w}s" for i, w in enumerate(widths))
-    lines = [(fmt % head).rstrip(), ("  ".join("-" * w for w in widths))]
-    for row in cells:
-        if all(len(c) <= w for c, w in zip(row, widths, strict=True)) and "".join(row).isascii():
-            lines.append((fmt % row).rstrip())
+    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in header]
+    slow: set[int] = set()  # rows with a wide character or a cell to wrap
+    natural = []
+    for col, column in enumerate(columns):
+        joined = "".join(column)
+        if not joined.isprintable():
+            column[:] = map(escape, column)
+            joined = "".join(column)
+        if joined.isascii():
+            natural.append(max([len(head[col]), *map(len, column)]))
         else:
+            slow.update(i for i, c in enumerate(column) if not c.isascii())
+            natural.append(max([cell_width(head[col]), *map(cell_width, column)]))
+    widths = fit_table(natural, wrap_cols, width)
+    for col in wrap_cols:
+        if widths[col] < natural[col]:
+            w = widths[col]
+            slow.update(i for i, c in enumerate(columns[col]) if len(c) > w or cell_width(c) > w)
+    cells = list(zip(*columns, strict=True)) if rows else []
+    fmt = "  ".join(f"%{w}s" if i in right else f"%-{w}s" for i, w in enumerate(widths[:ncols]))
+    lines = [(fmt % head).rstrip(), ("  ".join("-" * w for w in widths))]
+    if not slow:
+        lines += [line.rstrip() for line in map(fmt.__mod__, cells)]  # `%`: cheaper than str.format
+        return lines
+    for i, row in enumerate(cells):
+        if i in slow:
             lines += _slow_row(row, widths, right, wrap_cols)
+        else:
+            lines.append((fmt % row).rstrip())
     return lines
 
 
