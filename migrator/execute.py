@@ -64,23 +64,12 @@ def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractCon
 def progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
     """Poll the output's file offset from a thread: works for in-kernel copies too, costs nothing.
     Sizes in IEC units (MiB), as everywhere in migrator; the label is literal text, never markup."""
-    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-    from rich.text import Text
-
-    from .display import human_bytes
-
-    class Done(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            return Text(f"{human_bytes(int(task.completed))}/{human_bytes(int(task.total or 0))}")
-
-    class Speed(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            speed = task.finished_speed or task.speed
-            return Text("?" if speed is None else f"{human_bytes(int(speed))}/s")
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     fd = sink.fileno()
     stop = threading.Event()
-    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), Done(), Speed(),
+    done, speed = progress_columns()
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), done, speed,
                   TimeRemainingColumn(), transient=True, console=None) as bar:
         task = bar.add_task("writing", total=total)
 
@@ -97,3 +86,22 @@ def progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
             stop.set()
             thread.join()
             bar.update(task, completed=total)
+
+
+def progress_columns() -> tuple[Any, Any]:
+    """Rich columns for bytes done/total and speed in IEC units (Rich's own are SI: MB)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    from .display import human_bytes
+
+    class Done(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            return Text(f"{human_bytes(int(task.completed))}/{human_bytes(int(task.total or 0))}")
+
+    class Speed(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            rate = task.finished_speed or task.speed
+            return Text("?" if rate is None else f"{human_bytes(int(rate))}/s")
+
+    return Done(), Speed()

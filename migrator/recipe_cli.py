@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     with _plan_for(loaded, args) as plan:
         check_plan_target(plan)  # an existing target is refused before a report that reads like success
         if args.json:
-            json.dump({"report": plan.report.to_json(), "errors": plan.fatal, "notes": plan.notes},
-                      sys.stdout, indent=2)
+            json.dump({"report": plan.report.to_json(), "errors": plan.fatal, "notes": plan.notes,
+                       **_plan_error(plan)}, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
             _print_outcome(plan)
@@ -134,7 +134,15 @@ def plan_json(p: Plan) -> dict[str, Any]:
     return {"source": str(p.source_path), "source_format": p.source_format, "target": str(p.target_path),
             "target_format": p.target_format, "template": None if p.template_path is None else str(p.template_path),
             "entries": entries, "metadata": p.metadata, "scalars": {k: v.to_json() for k, v in p.scalars.items()},
-            "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes}
+            "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes, **_plan_error(p)}
+
+
+def _plan_error(p: Plan) -> dict[str, Any]:
+    """`{"error": ...}` when the plan cannot run (as every failing `--json` command prints), else {}."""
+    if not p.fatal:
+        return {}
+    return {"error": {"kind": "MigrationError", "message": "migration not written:\n  " + "\n  ".join(p.fatal),
+                      "file": str(p.target_path), "tensor": None}}
 
 
 def _print_plan_table(p: Plan) -> None:

@@ -343,3 +343,33 @@ def test_validate_json_is_one_document_with_a_result_per_recipe(tmp_path: Path,
     assert code == 0 and json.loads(out)["ok"] is True
     code, out, err = run(capsys, "validate", *paths)
     assert code == 2 and f"{paths[0]}: ok (1 tensor -> " in out and f"{paths[1]}: invalid" in err
+
+
+def test_failing_plan_and_run_json_carry_an_error_object(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_file({"w": np.ones(2, np.float32)}, str(tmp_path / "s.safetensors"))
+    save_file({"w": np.ones(3, np.float32)}, str(tmp_path / "tpl.safetensors"))  # shape mismatch
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("version: 1\nsource: {path: s.safetensors}\n"
+                      "target: {path: o.safetensors, template: tpl.safetensors}\n")
+    for command in ("plan", "run"):
+        code, out, _ = run(capsys, command, str(recipe), "--json", *(["--no-progress"] if command == "run" else []))
+        doc = json.loads(out)
+        assert code == 1 and doc["errors"] and doc["error"]["kind"] == "MigrationError"
+        assert doc["error"]["file"] == str(tmp_path / "o.safetensors")
+    assert not (tmp_path / "o.safetensors").exists()
+    (tmp_path / "ok.yaml").write_text("version: 1\nsource: {path: s.safetensors}\ntarget: {path: o.bpk}\n")
+    code, out, _ = run(capsys, "plan", str(tmp_path / "ok.yaml"), "--json")
+    assert code == 0 and "error" not in json.loads(out)
+
+
+def test_progress_columns_use_iec_units() -> None:
+    from types import SimpleNamespace
+
+    from migrator.execute import progress_columns
+
+    done, speed = progress_columns()
+    task = SimpleNamespace(completed=3 * 1024**2 + 512 * 1024, total=5 * 1024**3, finished_speed=None,
+                           speed=2.5 * 1024**2)
+    assert str(done.render(task)) == "3.5 MiB/5.0 GiB"
+    assert str(speed.render(task)) == "2.5 MiB/s"
+    assert str(speed.render(SimpleNamespace(finished_speed=None, speed=None))) == "?"
