@@ -146,23 +146,31 @@ def _split_at(s: str, width: int) -> tuple[str, str]:
 
 
 MIN_WRAP_WIDTH = 12
+LAST_RESORT_WIDTH = 4
 GAP = 2
 
 
 def fit_table(widths: Sequence[int], wrap_cols: Collection[int], width: int | None,
               overhead: int | None = None) -> list[int]:
-    """Column widths that fit `width`: only the wrap columns shrink, in proportion to their natural
-    width and never below MIN_WRAP_WIDTH; `overhead` is what borders and gaps take."""
+    """Column widths that fit `width` (`overhead`: what gaps or borders take). Only wrap columns
+    shrink, the widest first, down to MIN_WRAP_WIDTH; if that is not enough, down to
+    LAST_RESORT_WIDTH. A table that cannot fit even then keeps those floors."""
     fitted = list(widths)
     if overhead is None:
         overhead = GAP * (len(widths) - 1)
-    if width is None or sum(widths) + overhead <= width or not wrap_cols:
+    excess = sum(widths) + overhead - (width or 0)
+    if width is None or excess <= 0:
         return fitted
-    fixed = sum(w for i, w in enumerate(widths) if i not in wrap_cols)
-    room = width - overhead - fixed
-    natural = sum(widths[i] for i in wrap_cols)
-    for i in wrap_cols:
-        fitted[i] = min(widths[i], max(MIN_WRAP_WIDTH, room * widths[i] // max(natural, 1)))
+    for floor in (MIN_WRAP_WIDTH, LAST_RESORT_WIDTH):
+        while excess > 0:
+            shrinkable = [i for i in wrap_cols if fitted[i] > floor]
+            if not shrinkable:
+                break
+            widest = max(shrinkable, key=lambda i: fitted[i])
+            second = max([fitted[i] for i in shrinkable if i != widest] + [floor])
+            step = max(1, min(excess, fitted[widest] - second))  # down to the next widest at once
+            fitted[widest] -= step
+            excess -= step
     return fitted
 
 
@@ -230,7 +238,7 @@ every cell of every row for its layout (~1 ms a row)."""
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, right: Collection[int] = (),
                 wrap_cols: Collection[int] = (0,), stream: TextIO | None = None,
                 rich: bool | None = None) -> None:
-    """A table on `stream`: Rich's (boxed) on a terminal for up to RICH_TABLE_ROWS rows, plain
+    """A table on `stream`: Rich's (bold header) on a terminal for up to RICH_TABLE_ROWS rows, plain
     aligned text otherwise. Both fit `terminal_width()` by wrapping the wrap columns at dots.
     Every cell and the title are escaped and shown literally (no Rich markup)."""
     stream = sys.stdout if stream is None else stream
@@ -254,6 +262,7 @@ def _isatty(stream: Any) -> bool:
 
 def _rich_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int],
                 wrap_cols: Collection[int], width: int | None, stream: TextIO) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -261,11 +270,11 @@ def _rich_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
     cells = [tuple(map(escape, row)) for row in rows]
     head = [escape(h) for h in header]
     natural = [max([cell_width(h)] + [cell_width(r[i]) for r in cells]) for i, h in enumerate(head)]
-    widths = fit_table(natural, wrap_cols, width, overhead=3 * len(head) + 1)  # "│ " ... " │" per column
-    table = Table(title=Text(escape(title)), title_justify="left")
+    widths = fit_table(natural, wrap_cols, width)  # the box below takes GAP columns between cells, like plain
+    table = Table(title=Text(escape(title)), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, padding=(0, 1, 0, 0))
     for i, h in enumerate(head):
-        table.add_column(Text(h), justify="right" if i in right else "left", overflow="fold",
-                         min_width=widths[i] if i in wrap_cols else None)
+        table.add_column(Text(h), justify="right" if i in right else "left", overflow="fold")
     for row in cells:
         # Pre-wrapped at dots; Rich would fold mid-word. Text: literal, never parsed as markup.
         table.add_row(*(Text("\n".join(wrap(c, widths[i])) if i in wrap_cols else c) for i, c in enumerate(row)))

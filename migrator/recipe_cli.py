@@ -172,8 +172,9 @@ def _print_plan_table(p: Plan) -> None:
         nbytes = t.nbytes
         size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
         rows.append((e.source or "-", e.target, module, ops_text, before, after, size))
-    # Names and ops wrap (at dots) to fit the terminal; every cell is shown literally (display.escape).
-    print_table(title, header, rows, right=(6,), wrap_cols=(0, 1, 3),
+    # Every column but the size wraps (names at dots, the rest at spaces) to fit the terminal;
+    # every cell is shown literally (display.escape).
+    print_table(title, header, rows, right=(6,), wrap_cols=(0, 1, 2, 3, 4, 5),
                 rich=len(rows) <= RICH_TABLE_ROWS and sys.stdout.isatty())
 
 

@@ -118,6 +118,31 @@ def test_tables_fit_the_width_by_wrapping_names_at_dots(rich: bool, monkeypatch:
     assert joined == "".join(names)
 
 
+def test_fit_table_shrinks_the_widest_wrap_columns_first() -> None:
+    from migrator.display import fit_table
+
+    assert fit_table([40, 5, 30], (0, 2), None) == [40, 5, 30]  # piped: no limit
+    assert fit_table([40, 5, 30], (0, 2), 100) == [40, 5, 30]  # fits already
+    assert fit_table([40, 5, 30], (0, 2), 60) == [25, 5, 26]  # 4 columns of gaps; the widest shrinks first
+    assert fit_table([40, 5, 30], (0, 2), 20) == [5, 5, 6]  # below the usual floor: the last resort
+    assert fit_table([40, 5, 30], (0,), 30) == [4, 5, 30]  # cannot fit: the last-resort floor, the rest as is
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_plan_table_fits_the_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str], columns: int) -> None:
+    save_file({f"model.encoder.layers.{i}.self_attn.q_proj.weight": np.ones((4, 3), np.float32) for i in range(3)},
+              str(tmp_path / "p.safetensors"))
+    (tmp_path / "p.yaml").write_text("version: 1\nsource: {path: p.safetensors}\nadapters: [pytorch_to_burn]\n"
+                                     "modules: {Linear: ['q_proj$']}\ndtype: {cast: F16}\ntarget: {path: p.bpk}\n")
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, err = run(capsys, "plan", str(tmp_path / "p.yaml"))
+    assert code == 0, err
+    table = out.split("┌─ Tensor Loading Summary")[0].splitlines()
+    assert max(map(len, table)) <= columns
+    assert "self_attn." in out and "self_att\n" not in out  # broken at dots only
+
+
 # --- the commands ----------------------------------------------------------------------------------
 
 @pytest.fixture
