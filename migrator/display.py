@@ -17,7 +17,8 @@ import unicodedata
 from collections.abc import Collection, Sequence
 from typing import Any, TextIO
 
-__all__ = ["count", "escape", "fit_table", "human_bytes", "print_table", "terminal_width", "wrap"]
+__all__ = ["count", "escape", "fit_table", "human_bytes", "print_table", "terminal_width", "wrap",
+           "write_lines"]
 
 
 def _escape_char(ch: str) -> str:
@@ -248,9 +249,16 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
     if not rich:
         lines = wrap(escape(title), width or 0)
         lines += plain_table(header, rows, right=right, wrap_cols=wrap_cols, width=width)
-        stream.write("\n".join(lines) + "\n")
+        write_lines(stream, lines)
         return
     _rich_table(title, header, rows, right, wrap_cols, width, stream)
+
+
+def write_lines(stream: TextIO, lines: Sequence[str], chunk: int = 1000) -> None:
+    """Each line and a newline, a chunk of lines a write. One huge write into a pipe whose reader
+    left (`| head`) can end silently part way; later writes raise BrokenPipeError as they should."""
+    for start in range(0, len(lines), chunk):
+        stream.write("\n".join(lines[start:start + chunk]) + "\n")
 
 
 def _isatty(stream: Any) -> bool:

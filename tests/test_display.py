@@ -398,3 +398,31 @@ def test_progress_columns_use_iec_units() -> None:
     assert str(done.render(task)) == "3.5 MiB/5.0 GiB"
     assert str(speed.render(task)) == "2.5 MiB/s"
     assert str(speed.render(SimpleNamespace(finished_speed=None, speed=None))) == "?"
+
+
+def test_inspect_json_is_the_summary_exactly_one_tensor_a_line(hostile: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from migrator.inspect import inspect_file
+
+    empty = tmp_path / "empty.safetensors"
+    save_file({}, str(empty), metadata={"format": "pt"})
+    for path in (hostile, empty):
+        code, out, _ = run(capsys, "inspect", str(path), "--json")
+        assert code == 0 and json.loads(out) == json.loads(json.dumps(inspect_file(path), default=str))
+        tensor_lines = [line for line in out.splitlines() if line.startswith('    {"name": ')]
+        assert len(tensor_lines) == len(file_names(path))
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_inspect_into_a_closed_pipe_stops_with_sigpipe_status(tmp_path: Path, extra: list[str]) -> None:
+    """`migrate inspect big | head -1`: the table and the JSON are written a chunk at a time, so the
+    reader leaving is noticed (one huge write could end silently part way, exit 0)."""
+    path = tmp_path / "many.safetensors"
+    _many(path, 20_000)
+    proc = subprocess.Popen([sys.executable, "-m", "migrator.cli", "inspect", str(path), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == ""
