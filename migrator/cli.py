@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
@@ -14,26 +14,55 @@ NO_FSYNC_HELP = ("publish without flushing to disk first (faster, like cp): neve
                  "migrator, but a power loss soon after may lose the new file")
 
 
-def _parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as a JSON `{"error": ...}` object on stdout under `--json`."""
+
+    json_errors = False  # set by main() from its argv, before parsing
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            _print_json_error({"kind": "UsageError", "message": message, "usage": self.format_usage().strip()})
+            sys.exit(EXIT_USAGE)
+        super().error(message)
+
+
+def _command(sub: Any, name: str, help: str, description: str, examples: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=description, epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     from . import __version__
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="migrate",
         description="Move neural-network weights between burnpack (.bpk), SafeTensors and PyTorch files.",
+        epilog="run `migrate COMMAND --help` for a command's arguments and examples",
     )
     p.add_argument("--version", action="version", version=f"migrator {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    ins = sub.add_parser("inspect", help="list the tensors, metadata and scalars of a file")
-    ins.add_argument("file")
+    ins = _command(sub, "inspect", "list the tensors, metadata and scalars of a file",
+                   "List a file's tensors (name, dtype, shape, size, offset in data order), its metadata and "
+                   "scalars.\nReads headers only. Names from the file are shown literally, unprintable "
+                   "characters escaped (\\x1b); --json keeps the exact strings.",
+                   "  migrate inspect model.safetensors --limit 20\n"
+                   "  migrate inspect ckpt.pt --top-level-key state_dict --json")
+    ins.add_argument("file", help="a .bpk, .safetensors or PyTorch file")
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     ins.add_argument("--format", default="auto", help="auto | burnpack | safetensors | pytorch")
     ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path)")
     ins.add_argument("--limit", type=int, default=None, help="show at most N tensors in the table")
 
-    conv = sub.add_parser("convert", help="convert a file to another format (format from each path)")
-    conv.add_argument("src")
-    conv.add_argument("dst")
+    conv = _command(sub, "convert", "convert a file to another format (format from each path)",
+                    "Convert SRC to DST in one step (a one-off recipe): formats from the paths' extensions, "
+                    "written\natomically, an existing DST refused without --overwrite.",
+                    "  migrate convert model.safetensors model.bpk\n"
+                    "  migrate convert ckpt.pt model.bpk --top-level-key state_dict --adapter pytorch_to_burn")
+    conv.add_argument("src", help="the file to read")
+    conv.add_argument("dst", help="the file to write (its extension picks the format)")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing target")
     conv.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
@@ -50,31 +79,54 @@ def _parser() -> argparse.ArgumentParser:
                       help="add a metadata entry (repeatable)")
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
     conv.add_argument("--emit-recipe", action="store_true", help="print the equivalent recipe as YAML; write nothing")
-    conv.add_argument("--json", action="store_true", help="print the result as JSON")
+    conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    run = sub.add_parser("run", help="run a recipe: plan, stream, write atomically, report")
-    run.add_argument("recipe")
+    run = _command(sub, "run", "run a recipe: plan, stream, write atomically, report",
+                   "Run a recipe: plan it, stream every tensor into the target, publish it atomically, print "
+                   "the\nloading summary. Exit 0 success, 1 migration error, 2 invalid recipe.",
+                   "  migrate run recipes/mlp-to-burn.yaml\n"
+                   "  migrate run r.yaml --overwrite --report report.json --json")
+    run.add_argument("recipe", help="the recipe YAML file")
     run.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
     run.add_argument("--overwrite", action="store_true", help="replace an existing target")
     run.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
-    run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    plan = sub.add_parser("plan", help="show what a recipe would do (names, ops, dtypes, shapes); write nothing")
-    plan.add_argument("recipe")
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan = _command(sub, "plan", "show what a recipe would do (names, ops, dtypes, shapes); write nothing",
+                    "Show what a recipe would do, tensor by tensor (source and target names, module, ops, "
+                    "dtypes,\nshapes, sizes), and the loading summary; writes nothing. Recipes with "
+                    "`predicate` filters\nimport and run that code.",
+                    "  migrate plan recipes/mlp-to-burn.yaml\n"
+                    "  migrate plan r.yaml --json | jq '.entries[] | .target'")
+    plan.add_argument("recipe", help="the recipe YAML file")
+    plan.add_argument("--json", action="store_true", help="print the plan (or the error) as JSON")
     plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would")
 
-    val = sub.add_parser("validate", help="validate recipes and check their sources parse (headers only)")
-    val.add_argument("recipes", nargs="+")
+    val = _command(sub, "validate", "validate recipes and check their sources parse (headers only)",
+                   "Check recipes (schema, regexes, paths) and that their sources parse (headers only), "
+                   "for CI.\nRecipes with `predicate` filters import and run that code. Exit code: the "
+                   "worst of all recipes.",
+                   "  migrate validate recipes/*.yaml\n"
+                   "  migrate validate a.yaml b.yaml --json")
+    val.add_argument("recipes", nargs="+", help="recipe YAML files")
+    val.add_argument("--json", action="store_true", help="print one JSON document with a result per recipe")
     val.add_argument("--overwrite", action="store_true", help="check the targets as `run --overwrite` would")
 
-    sch = sub.add_parser("schema", help="print the recipe JSON Schema")
+    sch = _command(sub, "schema", "print the recipe JSON Schema",
+                   "Print the recipe JSON Schema (for editors: yaml-language-server, VS Code).",
+                   "  migrate schema -o recipe.schema.json\n"
+                   "  migrate schema | jq '.properties | keys'")
     sch.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (atomically) instead of stdout")
     sch.add_argument("--overwrite", action="store_true", help="replace an existing FILE")
-    return p
+    return p, dict(sub.choices)
+
+
+def _print_json_error(error: dict[str, Any]) -> None:
+    json.dump({"error": error}, sys.stdout, indent=2)
+    sys.stdout.write("\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,13 +140,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    parser = _parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in argv
+    parser, commands = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # an unknown option of a subcommand: that subcommand's usage, not the top-level one
+        commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    from .errors import MigratorError
+    from .errors import MigratorError, error_json
 
+    as_json = getattr(args, "json", False)
     try:
         if args.command == "inspect":
             return _inspect(args)
@@ -105,9 +162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return int(getattr(recipe_cli, args.command)(args))
     except MigratorError as e:
-        print(f"migrate: error: {e}", file=sys.stderr)
-        return EXIT_MIGRATION
+        code = _exit_code(e)
+        if as_json:
+            _print_json_error(error_json(e))
+        else:
+            from .display import escape
+
+            print(f"migrate: error: {escape(e, keep_newlines=True)}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
+        if as_json:
+            _print_json_error({"kind": "Interrupted", "message": "interrupted; no output was published"})
         print("migrate: interrupted; no output was published", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `migrate plan r.yaml | head`: the reader left; stop quietly, as `cat` does
@@ -115,6 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     parser.error(f"unknown command {args.command}")
     return EXIT_USAGE
+
+
+def _exit_code(e: Exception) -> int:
+    """2 for a recipe the loader refuses, 1 for every other migrator error."""
+    from .recipe_loader import RecipeError
+
+    return EXIT_USAGE if isinstance(e, RecipeError) else EXIT_MIGRATION
 
 
 def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -126,55 +198,61 @@ def _inspect(args: argparse.Namespace) -> int:
 
     info = inspect_file(args.file, format=args.format, **_reader_options(args))
     if args.json:
-        json.dump(info, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        _write_inspect_json(info, sys.stdout)
         return EXIT_OK
     _print_inspect(info, args.limit)
     return EXIT_OK
 
 
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+def _write_inspect_json(info: dict[str, Any], out: Any) -> None:
+    """`info` as indented JSON, one tensor a line: `indent` makes `json` use its pure-Python
+    encoder (~30 us a tensor), while each compact tensor line is encoded in C."""
+    from .display import write_lines
+
+    encode = json.JSONEncoder(default=str).encode  # one encoder: json.dumps(default=...) builds one a call
+    lines = ["{"]
+    for n, (key, value) in enumerate(info.items()):
+        comma = "," if n < len(info) - 1 else ""
+        if key == "tensors" and value:
+            lines.append(f"  {json.dumps(key)}: [")
+            lines += [f"    {encode(t)}," for t in value]
+            lines[-1] = lines[-1][:-1]
+            lines.append("  ]" + comma)
+        else:
+            lines.append(f"  {json.dumps(key)}: " + json.dumps(value, indent=2, default=str).replace("\n", "\n  ")
+                         + comma)
+    lines.append("}")
+    write_lines(out, lines)
 
 
 def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from .display import count, human_bytes, print_table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
     tensors = info["tensors"]
     with_ids = any("param_id" in t for t in tensors)
-    table = Table(title=f"{info['path']} ({info['format']}, {_human(info['file_size'])})", title_justify="left")
-    for col, just in (("name", "left"), ("dtype", "left"), ("shape", "left"), ("bytes", "right"),
-                      ("offset", "right")):
-        table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
-    if with_ids:
-        table.add_column("param_id", justify="right")
+    header = ["name", "dtype", "shape", "size", "offset"] + (["param_id"] if with_ids else [])
     shown = tensors if limit is None else tensors[:limit]
+    sizes: dict[int, str] = {}
+    rows = []
     for t in shown:
-        row = [t["name"], t["dtype"], str(t["shape"]), f"{t['nbytes']:,}",
-               "-" if t["offset"] is None else f"{t['offset']:,}"]
+        nbytes = t["nbytes"]
+        size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
+        row = [t["name"], t["dtype"], str(t["shape"]), size, "-" if t["offset"] is None else str(t["offset"])]
         if with_ids:
             row.append(str(t.get("param_id", "")))
-        table.add_row(*row)
-    console.print(table)
+        rows.append(row)
+    title = f"{info['path']} ({info['format']}, {human_bytes(info['file_size'])})"
+    print_table(title, header, rows, right=(3, 4, 5))
+    out = sys.stdout
     if len(shown) < len(tensors):
-        console.print(f"... and {len(tensors) - len(shown)} more tensors (use --limit or --json)")
+        out.write(f"... and {count(len(tensors) - len(shown), 'more tensor')} (use --limit or --json)\n")
     totals = info["totals"]
-    console.print(f"{totals['tensors']} tensors, {totals['nbytes']:,} bytes ({_human(totals['nbytes'])})")
+    out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
         if mapping:
-            t = Table(title=title, title_justify="left")
-            t.add_column("key")
-            t.add_column("value")
-            for k, v in mapping.items():
-                t.add_row(k, json.dumps(v) if not isinstance(v, str) else v)
-            console.print(t)
+            pairs = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in mapping.items()]
+            out.write("\n")
+            print_table(title, ("key", "value"), pairs, wrap_cols=(0, 1))
 
 
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -199,16 +277,23 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return EXIT_OK
         result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options)
     except ValueError as e:  # pydantic's ValidationError: an option the recipe model refuses
-        print(f"migrate convert: invalid option: {e}", file=sys.stderr)
+        if args.json:
+            _print_json_error({"kind": "UsageError", "message": f"invalid option: {e}"})
+        else:
+            from .display import escape
+
+            print(f"migrate convert: invalid option: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         json.dump(result.__dict__, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"wrote {result.target} ({result.target_format}): {result.tensors} tensors, "
-              f"{_human(result.nbytes)} from {result.source} ({result.source_format})")
+        from .display import count, escape, human_bytes
+
+        print(f"wrote {escape(result.target)} ({result.target_format}): {count(result.tensors, 'tensor')}, "
+              f"{human_bytes(result.nbytes)} from {escape(result.source)} ({result.source_format})")
         for note in result.notes:
-            print(f"  note: {note}")
+            print(f"  note: {escape(note, keep_newlines=True)}")
     return EXIT_OK
 
 

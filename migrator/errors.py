@@ -1,9 +1,13 @@
 """Typed errors. Every message names the file and, where there is one, the tensor.
 
-Callers catch `MigratorError` to tell a user's bad input from a bug in migrator.
+Callers catch `MigratorError` to tell a user's bad input from a bug in migrator. Messages hold
+names and paths from files exactly; the CLI escapes them for a terminal (`display.escape`) and
+`--json` prints them exactly (`error_json`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class MigratorError(Exception):
@@ -20,6 +24,19 @@ class MigratorError(Exception):
             parts.append(f"tensor '{tensor}'")
         parts.append(message)
         super().__init__(": ".join(parts))
+
+
+def error_json(e: BaseException) -> dict[str, Any]:
+    """An error as the CLI's `--json` prints it: `kind` (the class name), `message` (the full text,
+    exact: not escaped for a terminal), `file` and `tensor` where known, and a recipe's `issues`."""
+    out: dict[str, Any] = {"kind": type(e).__name__, "message": str(e),
+                           "file": None if getattr(e, "file", None) is None else str(e.file),  # type: ignore[attr-defined]
+                           "tensor": getattr(e, "tensor", None)}
+    issues = getattr(e, "issues", None)
+    if issues is not None:
+        out["issues"] = [{"file": i.file, "line": i.line, "col": i.col, "loc": i.loc, "message": i.message,
+                          "hint": i.hint} for i in issues]
+    return out
 
 
 class FormatError(MigratorError):

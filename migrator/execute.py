@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .atomic import Protected, check_target, target_problems
 from .errors import MigratorError
@@ -85,13 +85,15 @@ def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractCon
 
 @contextlib.contextmanager
 def progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
-    """Poll the output's file offset from a thread: works for in-kernel copies too, costs nothing."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+    """Poll the output's file offset from a thread: works for in-kernel copies too, costs nothing.
+    Sizes in IEC units (MiB), as everywhere in migrator; the label is literal text, never markup."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     fd = sink.fileno()
     stop = threading.Event()
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), transient=True, console=None) as bar:
+    done, speed = progress_columns()
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), done, speed,
+                  TimeRemainingColumn(), transient=True, console=None) as bar:
         task = bar.add_task("writing", total=total)
 
         def poll() -> None:
@@ -107,3 +109,22 @@ def progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
             stop.set()
             thread.join()
             bar.update(task, completed=total)
+
+
+def progress_columns() -> tuple[Any, Any]:
+    """Rich columns for bytes done/total and speed in IEC units (Rich's own are SI: MB)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    from .display import human_bytes
+
+    class Done(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            return Text(f"{human_bytes(int(task.completed))}/{human_bytes(int(task.total or 0))}")
+
+    class Speed(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            rate = task.finished_speed or task.speed
+            return Text("?" if rate is None else f"{human_bytes(int(rate))}/s")
+
+    return Done(), Speed()

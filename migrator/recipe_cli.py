@@ -15,7 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import MigratorError
+from .display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
+from .errors import MigratorError, error_json
 from .formats.base import no_gc
 from .plan import Plan, build_plan
 
@@ -51,17 +52,21 @@ def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
             gc.unfreeze()
 
 
-def _recipe_error(e: Exception) -> int:
-    print(f"migrate: invalid recipe:\n{e}", file=sys.stderr)
+def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
+    if getattr(args, "json", False):
+        json.dump({"error": error_json(e)}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"migrate: invalid recipe:\n{escape(e, keep_newlines=True)}", file=sys.stderr)
     return EXIT_USAGE
 
 
 def _print_outcome(plan: Plan) -> None:
-    print(plan.report.display())
+    print(plan.report.display())  # escapes the names it shows
     for note in plan.notes:
-        print(f"note: {note}")
+        print(f"note: {escape(note, keep_newlines=True)}")
     for problem in plan.fatal:
-        print(f"error: {problem}", file=sys.stderr)
+        print(f"error: {escape(problem, keep_newlines=True)}", file=sys.stderr)
 
 
 def report_document(plan: Plan, failure: str | None = None, written: str | None = None) -> dict[str, Any]:
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         loaded = _load(args.recipe)
     except RecipeError as e:
-        return _recipe_error(e)
+        return _recipe_error(e, args)
     report_path = Path(args.report) if args.report else None
     with _plan_for(loaded, args) as plan:
         # Everything the writes would refuse is refused before anything is written.
@@ -118,13 +123,17 @@ def run(args: argparse.Namespace) -> int:
         # The summary comes after the output is published, never before; a failed write has none
         # (it would list as applied what was not written): its error follows.
         if args.json:
-            json.dump({"report": plan.report.to_json(), "errors": plan.fatal + ([failure] if failure else []),
-                       "notes": plan.notes}, sys.stdout, indent=2)
+            errors = plan.fatal + ([failure] if failure else [])
+            error = _plan_error(plan) or ({"error": {"kind": "OutputError", "message": failure,
+                                                     "file": str(plan.target_path), "tensor": None}}
+                                          if failure else {})
+            json.dump({"report": plan.report.to_json(), "errors": errors, "notes": plan.notes, **error},
+                      sys.stdout, indent=2)
             sys.stdout.write("\n")
         elif failure is None:
             _print_outcome(plan)
         if failure:
-            print(f"migrate: error: {failure}", file=sys.stderr)
+            print(f"migrate: error: {escape(failure, keep_newlines=True)}", file=sys.stderr)
         if report_path:
             try:
                 _write_report(report_path, plan, report_document(plan, failure, result and result.target))
@@ -133,10 +142,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"migrate: error: {done}the report was not written: {e}", file=sys.stderr)
                 return EXIT_MIGRATION
         if result is None:
-            print(f"migrate: nothing written to {plan.target_path}", file=sys.stderr)
+            print(f"migrate: nothing written to {escape(plan.target_path)}", file=sys.stderr)
             return EXIT_MIGRATION
         if not args.json:
-            print(f"wrote {result.target} ({plan.target_format}): {result.tensors} tensors, {result.nbytes:,} bytes")
+            print(f"wrote {escape(result.target)} ({plan.target_format}): {count(result.tensors, 'tensor')}, "
+                  f"{human_bytes(result.nbytes)}")
     return EXIT_OK
 
 
@@ -146,7 +156,7 @@ def plan(args: argparse.Namespace) -> int:
     try:
         loaded = _load(args.recipe)
     except RecipeError as e:
-        return _recipe_error(e)
+        return _recipe_error(e, args)
     with _plan_for(loaded, args) as p:
         _add_target_problems(p)
         if args.json:
@@ -181,17 +191,20 @@ def plan_json(p: Plan) -> dict[str, Any]:
     return {"source": str(p.source_path), "source_format": p.source_format, "target": str(p.target_path),
             "target_format": p.target_format, "template": None if p.template_path is None else str(p.template_path),
             "entries": entries, "metadata": p.metadata, "scalars": {k: v.to_json() for k, v in p.scalars.items()},
-            "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes}
+            "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes, **_plan_error(p)}
 
 
-RICH_TABLE_ROWS = 2000
-"""Above this many rows the plan is printed as plain aligned text: rich measures every cell of
-every row for its layout (~1 ms a row: 100 s for a 100k-tensor model)."""
+def _plan_error(p: Plan) -> dict[str, Any]:
+    """`{"error": ...}` when the plan cannot run (as every failing `--json` command prints), else {}."""
+    if not p.fatal:
+        return {}
+    return {"error": {"kind": "MigrationError", "message": "migration not written:\n  " + "\n  ".join(p.fatal),
+                      "file": str(p.target_path), "tensor": None}}
 
 
 def _print_plan_table(p: Plan) -> None:
     title = f"{p.source_path} ({p.source_format}) -> {p.target_path} ({p.target_format})"
-    header = ("source", "target", "module", "ops", "before", "after", "bytes")
+    header = ("source", "target", "module", "ops", "before", "after", "size")
     # Most tensors share a few dtype/shape/module/ops/size texts: memoised, by identity where the
     # object is shared (a DType hashes slowly); the plan keeps every keyed object alive meanwhile.
     shapes: dict[tuple[int, tuple[int, ...]], str] = {}
@@ -214,30 +227,12 @@ def _print_plan_table(p: Plan) -> None:
         if ops_text is None:
             ops_text = ops_texts[id(ops)] = "; ".join(map(_short_op, ops)) if ops else ""
         nbytes = t.nbytes
-        size = sizes.get(nbytes) or sizes.setdefault(nbytes, f"{nbytes:,}")
+        size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
         rows.append((e.source or "-", e.target, module, ops_text, before, after, size))
-    if len(rows) > RICH_TABLE_ROWS:
-        _print_plain_table(title, header, rows)
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for col in header:
-        table.add_column(col, overflow="fold", justify="right" if col == "bytes" else "left")
-    for row in rows:
-        table.add_row(*row)
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
-
-
-def _print_plain_table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """Columns padded to their widest cell, the last (bytes) right-aligned; one write."""
-    columns = zip(*rows, strict=True)
-    widths = [max(len(name), max(map(len, column))) for name, column in zip(header, columns, strict=True)]
-    fmt = "  ".join(f"%-{w}s" for w in widths[:-1]) + f"  %{widths[-1]}s"  # `%`: cheaper than str.format
-    lines = [title, fmt % header, fmt % tuple("-" * w for w in widths)]
-    lines += map(fmt.__mod__, rows)
-    sys.stdout.write("\n".join(lines) + "\n")
+    # Every column but the size wraps (names at dots, the rest at spaces) to fit the terminal;
+    # every cell is shown literally (display.escape).
+    print_table(title, header, rows, right=(6,), wrap_cols=(0, 1, 2, 3, 4, 5),
+                rich=len(rows) <= RICH_TABLE_ROWS and sys.stdout.isatty())
 
 
 def _short_op(op: str) -> str:
@@ -247,30 +242,46 @@ def _short_op(op: str) -> str:
 
 
 def validate(args: argparse.Namespace) -> int:
+    """Each recipe: ok, invalid (exit 2) or would fail (exit 1); the exit code is the worst.
+    With `--json`, one document: {"ok": bool, "exit_code": N, "recipes": [one result per recipe]}."""
+    results = [_validate_one(path, args) for path in args.recipes]
+    worst = max(r["exit_code"] for r in results)
+    if getattr(args, "json", False):
+        json.dump({"ok": worst == EXIT_OK, "exit_code": worst, "recipes": results}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return worst
+    for r in results:
+        shown = escape(r["recipe"])
+        if r["status"] == "ok":
+            print(f"{shown}: ok ({count(r['tensors'], 'tensor')} -> {escape(r['target'])})")
+        elif r["status"] == "invalid":
+            print(f"{shown}: invalid\n{escape(r['error']['message'], keep_newlines=True)}", file=sys.stderr)
+        elif r["status"] == "would_fail":
+            print(f"{shown}: sources parse, but the run would fail:", file=sys.stderr)
+            for problem in r["errors"]:
+                print(f"  {escape(problem, keep_newlines=True)}", file=sys.stderr)
+        else:
+            print(f"{shown}: {escape(r['error']['message'], keep_newlines=True)}", file=sys.stderr)
+    return worst
+
+
+def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     from .recipe_loader import RecipeError
 
-    worst = EXIT_OK
-    for path in args.recipes:
-        try:
-            loaded = _load(path)
-        except RecipeError as e:
-            print(f"{path}: invalid\n{e}", file=sys.stderr)
-            worst = EXIT_USAGE
-            continue
-        try:
-            with _plan_for(loaded, args) as p:
-                _add_target_problems(p)
-                if p.fatal:
-                    print(f"{path}: sources parse, but the run would fail:", file=sys.stderr)
-                    for problem in p.fatal:
-                        print(f"  {problem}", file=sys.stderr)
-                    worst = max(worst, EXIT_MIGRATION)
-                else:
-                    print(f"{path}: ok ({len(p.entries)} tensors -> {p.target_path})")
-        except MigratorError as e:
-            print(f"{path}: {e}", file=sys.stderr)
-            worst = max(worst, EXIT_MIGRATION)
-    return worst
+    result: dict[str, Any] = {"recipe": path}
+    try:
+        loaded = _load(path)
+    except RecipeError as e:
+        return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
+    try:
+        with _plan_for(loaded, args) as p:
+            _add_target_problems(p)
+            result.update(tensors=len(p.entries), target=str(p.target_path))
+            if p.fatal:
+                return {**result, "status": "would_fail", "exit_code": EXIT_MIGRATION, "errors": list(p.fatal)}
+            return {**result, "status": "ok", "exit_code": EXIT_OK}
+    except MigratorError as e:
+        return {**result, "status": "error", "exit_code": EXIT_MIGRATION, "error": error_json(e)}
 
 
 def schema(args: argparse.Namespace) -> int:

@@ -210,8 +210,11 @@ def _yaml_issue(shown: str, e: yaml.YAMLError, text: str) -> RecipeIssue:
         hint = None
         if e.context and e.context_mark is not None and e.problem_mark is not None:
             hint = f"{e.context} at line {e.context_mark.line + 1}, column {e.context_mark.column + 1}"
+        indentation = _indentation_hint(e, text)
         if "'\\t'" in problem:
             hint = "indent with spaces; YAML does not allow tabs there"
+        elif indentation is not None:
+            hint = indentation
         elif problem.startswith("mapping values are not allowed"):
             hint = "quote a value that contains ': '"
         elif e.context == "expected a single document in the stream":
@@ -228,6 +231,44 @@ def _yaml_issue(shown: str, e: yaml.YAMLError, text: str) -> RecipeIssue:
         return RecipeIssue(shown, line, col, "", f"invalid YAML: unacceptable character #x{e.character:04x}",
                            "YAML allows printable characters only")
     return RecipeIssue(shown, 0, 0, "", f"invalid YAML: {e}")
+
+
+def _indentation_hint(e: yaml.MarkedYAMLError, text: str) -> str | None:
+    """A hint when PyYAML's problem is really a line indented to the wrong column, else None.
+
+    Two shapes: a line dedented out of its block (PyYAML: "expected <block end>"), and a line
+    indented under a `key: value` line, which cannot hold children (PyYAML: "mapping values are
+    not allowed here", the same words as for an unquoted ': ' inside a value)."""
+    mark, problem = e.problem_mark, e.problem or ""
+    if mark is None:
+        return None
+    if problem.startswith("expected <block end>") and e.context_mark is not None:
+        block = e.context_mark
+        return (f"check the indentation: line {mark.line + 1} starts at column {mark.column + 1}, the block it "
+                f"is in (line {block.line + 1}) at column {block.column + 1}; indent the entries of one "
+                "block to the same column, with spaces")
+    if not problem.startswith("mapping values are not allowed"):
+        return None
+    lines = text.splitlines()
+    if mark.line >= len(lines):
+        return None
+    line = lines[mark.line]
+    indent = len(line) - len(line.lstrip(" "))
+    for above in range(mark.line - 1, -1, -1):
+        prev = lines[above]
+        body = prev.lstrip(" ")
+        if not body or body.startswith("#"):
+            continue
+        key_col = len(prev) - len(body)
+        while body.startswith("- "):  # `- key: value`: the key sits after the dash
+            key_col, body = key_col + 2, body[2:].lstrip(" ")
+        _, colon, value = body.partition(": ")
+        if indent > key_col and colon and value.strip() and not value.lstrip().startswith("#"):
+            return (f"check the indentation: line {mark.line + 1} is indented deeper (column {indent + 1}) than "
+                    f"the key on line {above + 1} (column {key_col + 1}), which already has a value; align it "
+                    "with that key, or end that line with ':' to nest under it")
+        return None
+    return None
 
 
 def _parse_yaml(text: str, shown: str) -> tuple[MappingNode, Any, dict[int, Any], list[RecipeIssue]]:

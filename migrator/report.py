@@ -1,8 +1,11 @@
 """The outcome of applying source tensors to a target: Burn's `ApplyResult`, its text and JSON.
 
-The text of `ApplyReport.display()` reproduces Burn's `Display` for `ApplyResult` (spec §5.7)
-line for line, so users comparing migrator's output with Burn's see the same summary. The JSON
-form is migrator's own, for machines (CI checks, the CLI's `--json`).
+The text of `ApplyReport.display()` follows Burn's `Display` for `ApplyResult` (spec §5.7) line
+for line, so users comparing migrator's output with Burn's see the same summary, with three
+differences: counts are singular or plural as they should be ("1 tensor"), the source tensors no
+target uses are "Unused in source" (Burn: "Unused in target"), and names are escaped for the
+terminal (`display.escape`: a name from a file never reaches it raw). The JSON form is
+migrator's own, for machines (CI checks, the CLI's `--json`), with the exact names.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from .display import count as _count
+from .display import escape
 from .similarity import did_you_mean
 
 __all__ = ["ApplyReport", "ErrorKind", "ReportError", "error_display"]
@@ -162,11 +167,11 @@ class ApplyReport:
         lines = [
             "┌─ Tensor Loading Summary " + "─" * 25,
             "│",
-            f"│ ✓ Successfully applied: {len(self.applied)} tensors",
-            f"│ ⊘ Skipped (filtered):  {len(skipped)} tensors",
-            f"│ ✗ Missing in source:    {len(missing)} tensors",
-            f"│ ? Unused in target:     {len(unused)} tensors",
-            f"│ ! Errors:               {len(self.errors)} errors",
+            f"│ ✓ Successfully applied: {_count(len(self.applied), 'tensor')}",
+            f"│ ⊘ Skipped (filtered):  {_count(len(skipped), 'tensor')}",
+            f"│ ✗ Missing in source:    {_count(len(missing), 'tensor')}",
+            f"│ ? Unused in source:     {_count(len(unused), 'tensor')}",  # Burn: "Unused in target"
+            f"│ ! Errors:               {_count(len(self.errors), 'error')}",
         ]
         if missing:
             lines += ["│", "├─ Missing Tensors (requested by model but not found in source)", "│"]
@@ -175,21 +180,21 @@ class ApplyReport:
                 lines += _enum_advisory(enum_paths)
             lines.append("│  First 10 missing tensors:")
             for path, _ in missing[:_LIST_LIMIT]:
-                lines.append(f"│    • {path}")
+                lines.append(f"│    • {escape(path)}")
                 hint = did_you_mean(path, unused)
                 if hint is not None:
-                    lines.append(f"│        Did you mean: '{hint}'?")
+                    lines.append(f"│        Did you mean: '{escape(hint)}'?")
             if len(missing) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(missing) - _LIST_LIMIT} more")
         if unused:
             lines += ["│", "├─ Unused Tensors (in source but not used by model)", "│"]
             lines.append("│  First 10 unused tensors:")
-            lines += [f"│    • {path}" for path in unused[:_LIST_LIMIT]]
+            lines += [f"│    • {escape(path)}" for path in unused[:_LIST_LIMIT]]
             if len(unused) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(unused) - _LIST_LIMIT} more")
         if self.errors:
             lines += ["│", "├─ Errors", "│"]
-            lines += [f"│  ⚠️  {error_display(e)}" for e in self.errors[:_LIST_LIMIT]]
+            lines += [f"│  ⚠️  {escape(error_display(e), keep_newlines=True)}" for e in self.errors[:_LIST_LIMIT]]
             if len(self.errors) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(self.errors) - _LIST_LIMIT} more")
         lines += ["│", "└" + "─" * 51]

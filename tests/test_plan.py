@@ -97,7 +97,7 @@ def test_template_missing_is_fatal_without_allow_partial(src: Path, template: Pa
         assert plan.report.unused == ["bn.num_batches_tracked", "head.weight"]
         assert plan.fatal and "allow_partial" in plan.fatal[0]
         text = plan.report.display()
-        assert "✗ Missing in source:    1 tensors" in text and "decoder.weight" in text
+        assert "✗ Missing in source:    1 tensor" in text and "decoder.weight" in text
         with pytest.raises(MigrationError, match="no source"):
             run_plan(plan, progress=False)
     assert not (tmp_path / "o.bpk").exists()

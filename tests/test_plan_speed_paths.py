@@ -136,6 +136,7 @@ def test_plain_plan_table_matches_a_cell_by_cell_rendering(tmp_path: Path, monke
                                "remap": [{"from": r"^h\.3\.", "to": "h.9."}], "adapters": ["pytorch_to_burn"],
                                "dtype": {"cast": "F16"}, "target": {"path": "out.bpk"}})
     monkeypatch.setattr(recipe_cli, "RICH_TABLE_ROWS", 0)
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped and no COLUMNS: no width limit
     with build_plan(r, tmp_path) as plan:
         recipe_cli._print_plan_table(plan)
         rows = []
@@ -144,11 +145,11 @@ def test_plain_plan_table_matches_a_cell_by_cell_rendering(tmp_path: Path, monke
             before = "" if e.source_tensor is None else f"{e.source_tensor.dtype.display} {list(e.source_tensor.shape)}"
             module = "" if e.module is None else f"{e.module.name or '?'} ({e.module.how})"
             rows.append([e.source or "-", e.target, module, "; ".join(short), before,
-                         f"{e.tensor.dtype.display} {list(e.tensor.shape)}", f"{e.tensor.nbytes:,}"])
+                         f"{e.tensor.dtype.display} {list(e.tensor.shape)}", f"{e.tensor.nbytes} B"])  # all < 1 KiB
         title = f"{plan.source_path} ({plan.source_format}) -> {plan.target_path} ({plan.target_format})"
-    header = ["source", "target", "module", "ops", "before", "after", "bytes"]
+    header = ["source", "target", "module", "ops", "before", "after", "size"]
     widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
     want = [title] + ["  ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)),
-                                 row[-1].rjust(widths[-1])])
+                                 row[-1].rjust(widths[-1])]).rstrip()
                       for row in [header, ["-" * w for w in widths], *rows]]
     assert capsys.readouterr().out == "\n".join(want) + "\n"

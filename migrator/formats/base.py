@@ -15,6 +15,7 @@ from ..bytesource import ByteSource
 from ..dtypes import DType
 from ..errors import TensorNotFoundError
 from ..scalars import Scalar
+from ..similarity import did_you_mean
 from ..tensor import LazyTensor
 
 
@@ -89,9 +90,12 @@ def select_prefix(tensors: Sequence[LazyTensor], key: str | Sequence[str], label
     kept = [t.renamed(t.name[len(prefix):]) for t in tensors if t.name.startswith(prefix)]
     if not kept:
         roots = sorted({t.name.split(".", 1)[0] for t in tensors})
+        depth = dotted.count(".") + 1  # a typo is looked for among the prefixes as deep as the key
+        prefixes = sorted({".".join(t.name.split(".")[:depth]) for t in tensors if t.name.count(".") >= depth})
+        hint = did_you_mean(dotted, prefixes)
         raise TensorNotFoundError(f"top_level_key '{dotted}' selects no tensor; top-level names: "
-                                  f"{', '.join(roots[:20])}; no tensor is named '{prefix}*'",
-                                  file=label, tensor=dotted)
+                                  f"{', '.join(roots[:20])}; no tensor is named '{prefix}*'"
+                                  + (f"; did you mean '{hint}'?" if hint else ""), file=label, tensor=dotted)
     return kept
 
 
