@@ -378,10 +378,10 @@ import contextlib, io, json, sys
 from migrator.cli import main
 results = []
 for args in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         code = main(args)
-    results.append([code, err.getvalue()])
+    results.append([code, err.getvalue() + out.getvalue()])  # --json puts the error object on stdout
 print(json.dumps(results))
 """
 
