@@ -45,6 +45,8 @@ EXAMPLES = int(os.environ.get("MIGRATOR_FUZZ_EXAMPLES", "400"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SEEDS = {r: fuzz.build_seeds(r) for r in fuzz.READERS}
+# SIGALRM per case: catches a hang, and is far above any case's time on a busy machine (cases take ms).
+CASE_TIMEOUT = 30.0
 CASES: Counter[str] = Counter()
 OUTCOMES: dict[str, Counter[str]] = {r: Counter() for r in fuzz.READERS}
 
@@ -81,7 +83,7 @@ def ops_for(reader: str) -> st.SearchStrategy[list[tuple[Any, ...]]]:
 
 
 def check(reader: str, data: bytes, **options: Any) -> None:
-    res = fuzz.run_case(reader, data, timeout=5.0, measure="tracemalloc", **options)
+    res = fuzz.run_case(reader, data, timeout=CASE_TIMEOUT, measure="tracemalloc", **options)
     CASES[reader] += 1
     OUTCOMES[reader][res.outcome] += 1
     if fuzz.is_failure(res):
@@ -289,8 +291,9 @@ def test_fuzz_tool_smoke(tmp_path: Path) -> None:
     for reader in ("burnpack", "pytorch-legacy"):  # the harness is under test here, not the readers: few cases
         report = tmp_path / f"{reader}.json"
         out = subprocess.run([sys.executable, str(REPO / "tools" / "fuzz.py"), "--reader", reader, "--cases", "20",
+                              "--timeout", str(CASE_TIMEOUT),
                               "--seed", "5", "--report", str(report), "--crash-dir", str(tmp_path / "crashes")],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         summary = json.loads(report.read_text())
         assert summary["cases"] == 20 and summary["failures"] == []
