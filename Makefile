@@ -40,9 +40,12 @@ demo: install
 	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk
 	cmp $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk && echo "burnpack -> burnpack convert: byte-identical"
 
+# The suite in TEST_JOBS processes (pytest-xdist; 0 runs it in this process). Tests share no files
+# or fixed paths, and --dist loadfile keeps each file's tests, and its module fixtures, in one worker.
+TEST_JOBS ?= 2
 test: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_JOBS) --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check .

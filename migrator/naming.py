@@ -1,4 +1,4 @@
-"""Tensor-name transforms and filters: key remapping, contiguous indices, enum-variant stripping.
+"""Tensor-name transforms: key remapping, contiguous indices, enum-variant stripping, collisions.
 
 These are the pure building blocks of a recipe (no file I/O). Their semantics follow Burn's
 burn-store crate (spec §4) so that a recipe written against Burn's documentation renames tensors
@@ -36,15 +36,13 @@ after the previous match is skipped), which differs from ``re.sub`` since Python
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
     "KeyRemapper",
     "NamingError",
-    "PathFilter",
-    "Predicate",
     "RemapRule",
     "ReplacementSyntax",
     "compile_regex",
@@ -57,7 +55,6 @@ __all__ = [
 ]
 
 ReplacementSyntax = Literal["rust", "python", "auto"]
-Predicate = Callable[[str, str], bool]
 
 _USIZE_MAX = 2**64 - 1
 
@@ -505,11 +502,6 @@ class RemapRule:
         return self._regex
 
     @property
-    def resolved_syntax(self) -> Literal["rust", "python"]:
-        """The replacement syntax actually used (``auto`` resolved)."""
-        return self._resolved
-
-    @property
     def missing_groups(self) -> tuple[str, ...]:
         """Rust-syntax references to groups the pattern lacks (they expand to '').
 
@@ -560,11 +552,6 @@ class KeyRemapper:
             else:
                 self.add_pattern(*rule)
 
-    @classmethod
-    def from_patterns(cls, pairs: Iterable[tuple[str, str]], syntax: ReplacementSyntax = "auto") -> KeyRemapper:
-        """Build from `(pattern, replacement)` pairs; fails on the first invalid one."""
-        return cls(RemapRule(p, r, syntax) for p, r in pairs)
-
     def add_pattern(self, pattern: str, replacement: str, syntax: ReplacementSyntax = "auto") -> KeyRemapper:
         """Append a rule (compiled now, so a bad regex fails here); returns self for chaining."""
         self._rules.append(RemapRule(pattern, replacement, syntax))
@@ -576,9 +563,6 @@ class KeyRemapper:
 
     def __len__(self) -> int:
         return len(self._rules)
-
-    def is_empty(self) -> bool:
-        return not self._rules
 
     def remap_name(self, name: str) -> str:
         """`name` after all rules, in insertion order (chaining, not first-match-wins)."""
@@ -699,138 +683,3 @@ def find_collisions(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     for new, original in pairs:
         by_new.setdefault(new, []).append(original)
     return {new: originals for new, originals in by_new.items() if len(originals) > 1}
-
-
-# ---------------------------------------------------------------------------------------------
-# PathFilter
-# ---------------------------------------------------------------------------------------------
-
-
-class PathFilter:
-    """Which tensors take part: exact paths, regexes (unanchored search), predicates, or all.
-
-    Immutable: every `with_*` returns a new filter. An empty filter matches nothing (whether that
-    means "no filtering" is the caller's policy, as in Burn's stores). Unlike Burn, which silently
-    drops an invalid regex, an invalid regex raises `NamingError`.
-    """
-
-    __slots__ = ("_exact", "_match_all", "_predicates", "_regexes")
-
-    def __init__(
-        self,
-        *,
-        regexes: Iterable[str] = (),
-        full_paths: Iterable[str] = (),
-        predicates: Iterable[Predicate] = (),
-        match_all: bool = False,
-    ) -> None:
-        self._regexes: tuple[tuple[str, re.Pattern[str]], ...] = tuple((p, compile_regex(p)) for p in regexes)
-        self._exact: tuple[str, ...] = tuple(dict.fromkeys(full_paths))
-        self._predicates: tuple[Predicate, ...] = tuple(predicates)
-        self._match_all = bool(match_all)
-
-    @classmethod
-    def all(cls) -> PathFilter:
-        """A filter matching every path."""
-        return cls(match_all=True)
-
-    @classmethod
-    def none(cls) -> PathFilter:
-        """A filter matching nothing."""
-        return cls()
-
-    def _replace(self, **changes: object) -> PathFilter:
-        new = PathFilter.__new__(PathFilter)
-        new._regexes = changes.get("regexes", self._regexes)  # type: ignore[assignment]
-        new._exact = changes.get("exact", self._exact)  # type: ignore[assignment]
-        new._predicates = changes.get("predicates", self._predicates)  # type: ignore[assignment]
-        new._match_all = changes.get("match_all", self._match_all)  # type: ignore[assignment]
-        return new
-
-    def with_regex(self, pattern: str) -> PathFilter:
-        return self.with_regexes([pattern])
-
-    def with_regexes(self, patterns: Iterable[str]) -> PathFilter:
-        added = tuple((p, compile_regex(p)) for p in patterns)
-        return self._replace(regexes=self._regexes + added)
-
-    def with_full_path(self, path: str) -> PathFilter:
-        return self.with_full_paths([path])
-
-    def with_full_paths(self, paths: Iterable[str]) -> PathFilter:
-        return self._replace(exact=tuple(dict.fromkeys((*self._exact, *paths))))
-
-    def with_predicate(self, predicate: Predicate) -> PathFilter:
-        return self._replace(predicates=(*self._predicates, predicate))
-
-    def match_all(self) -> PathFilter:
-        """This filter with the match-all flag set (other criteria are kept but irrelevant)."""
-        return self._replace(match_all=True)
-
-    def clear_regexes(self) -> PathFilter:
-        return self._replace(regexes=())
-
-    def clear_full_paths(self) -> PathFilter:
-        return self._replace(exact=())
-
-    def clear_predicates(self) -> PathFilter:
-        return self._replace(predicates=())
-
-    def clear(self) -> PathFilter:
-        """No criteria and no match-all: matches nothing."""
-        return PathFilter()
-
-    def or_(self, other: PathFilter) -> PathFilter:
-        """Union: match-all if either is, otherwise the criteria of both."""
-        if self._match_all or other._match_all:
-            return PathFilter.all()
-        return self._replace(
-            regexes=self._regexes + other._regexes,
-            exact=tuple(dict.fromkeys((*self._exact, *other._exact))),
-            predicates=self._predicates + other._predicates,
-        )
-
-    @property
-    def regexes(self) -> tuple[str, ...]:
-        return tuple(p for p, _ in self._regexes)
-
-    @property
-    def full_paths(self) -> tuple[str, ...]:
-        return self._exact
-
-    @property
-    def predicates(self) -> tuple[Predicate, ...]:
-        return self._predicates
-
-    @property
-    def is_match_all(self) -> bool:
-        return self._match_all
-
-    @property
-    def criteria_count(self) -> int:
-        """1 for match-all, else the number of regexes, exact paths and predicates."""
-        if self._match_all:
-            return 1
-        return len(self._regexes) + len(self._exact) + len(self._predicates)
-
-    def is_empty(self) -> bool:
-        """True when the filter matches nothing because it has no criteria."""
-        return self.criteria_count == 0
-
-    def matches(self, path: str, container_path: str = "") -> bool:
-        """Exact paths first, then regexes, then predicates `(path, container_path)`."""
-        if self._match_all:
-            return True
-        if path in self._exact:
-            return True
-        if any(rx.search(path) for _, rx in self._regexes):
-            return True
-        return any(pred(path, container_path) for pred in self._predicates)
-
-    def __repr__(self) -> str:
-        if self._match_all:
-            return "PathFilter.all()"
-        return (
-            f"PathFilter(regexes={list(self.regexes)!r}, full_paths={list(self._exact)!r}, "
-            f"predicates={len(self._predicates)})"
-        )

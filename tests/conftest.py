@@ -1,4 +1,9 @@
-"""Shared test helpers: where the reference files live, and skipping cleanly without them."""
+"""Shared test helpers: where the reference files live, and skipping cleanly without them.
+
+Hypothesis runs derandomized (the same examples every run), with no example database (nothing is
+written into the checkout, and a run does not depend on what an earlier run found) and no per-example
+deadline (a wall-clock limit fails on a busy machine; the fuzz tests bound time with SIGALRM instead).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = Path(os.environ.get("MIGRATOR_SHARED_FIXTURES", REPO.parent / "shared" / "fixtures"))
+
+settings.register_profile("migrator", derandomize=True, database=None, deadline=None)
+settings.load_profile("migrator")
 
 
 @pytest.fixture

@@ -3,37 +3,49 @@
 from __future__ import annotations
 
 import os
-import random
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from migrator import from_numpy, open_file, save
-from migrator.atomic import SCRATCH_RE, atomic_output, clean_stale_scratch, scratch_name
+from migrator.atomic import atomic_output, clean_stale_scratch, scratch_name
 from migrator.errors import OutputError, TargetExistsError
 
-SLOW_WRITER = textwrap.dedent("""
-    import sys, time
+# A writer of 40 tensors that pauses in the loader of each: it prints "load i" and waits for a line on
+# stdin, so the test decides exactly how far the write has got when it kills the process.
+STEPPED_WRITER = textwrap.dedent("""
+    import sys
     import numpy as np
     from migrator import dtypes, save
     from migrator.tensor import LazyTensor
 
-    def slow(i):
+    def stepped(i):
         def load():
-            time.sleep(0.02)
+            print("load", i, flush=True)
+            sys.stdin.readline()
             return np.full(4096, i, np.float32).tobytes()
         return LazyTensor(f"t{i}", dtypes.F32, (4096,), 4096 * 4, load)
 
-    print("start", flush=True)
-    save([slow(i) for i in range(40)], sys.argv[1], overwrite=True, fsync=sys.argv[2] == "fsync")
+    save([stepped(i) for i in range(40)], sys.argv[1], overwrite=True, fsync=sys.argv[2] == "fsync")
     print("done", flush=True)
 """)
+
+
+def stepped_writer(target: Path, fsync: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", STEPPED_WRITER, str(target), fsync], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def step(proc: subprocess.Popen[str]) -> str:
+    """Let `proc` load one tensor; return its next line ("load i" or "done")."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
 
 
 def _old_target(path: Path) -> bytes:
@@ -41,36 +53,38 @@ def _old_target(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _assert_old_or_complete_new(path: Path, old: bytes) -> str:
-    data = path.read_bytes()
-    if data == old:
-        return "old"
+def _assert_complete_new(path: Path) -> None:
     r = open_file(path)
     assert r.names() == [f"t{i}" for i in range(40)]
     for i, t in enumerate(r.tensors):
         assert (t.numpy() == i).all()
-    return "new"
 
 
 @pytest.mark.parametrize("fsync", ["fsync", "no-fsync"])
-def test_sigkill_at_random_moments_never_leaves_a_partial_target(tmp_path: Path, fsync: str) -> None:
+def test_sigkill_mid_write_never_leaves_a_partial_target(tmp_path: Path, fsync: str) -> None:
+    """SIGKILL while the writer waits in the loader of tensor k: the old target stays, whole."""
     target = tmp_path / "model.bpk"
     old = _old_target(target)
-    rng = random.Random(1234)
-    outcomes = []
-    for _ in range(12):
-        proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target), fsync], stdout=subprocess.PIPE)
+    for k in (0, 1, 17, 39):
+        proc = stepped_writer(target, fsync)
         assert proc.stdout is not None
-        proc.stdout.readline()  # imports done, writing starts
-        time.sleep(rng.uniform(0.0, 1.0))
-        proc.send_signal(signal.SIGKILL)
+        line = proc.stdout.readline().strip()  # the first loader runs: the scratch file is open
+        while line != f"load {k}":
+            assert line.startswith("load"), line
+            line = step(proc)
+        proc.kill()
         proc.wait()
-        outcomes.append(_assert_old_or_complete_new(target, old))
-        if outcomes[-1] == "new":
-            old = target.read_bytes()
-    leftovers = [p for p in tmp_path.iterdir() if p.name != "model.bpk"]
-    assert all(SCRATCH_RE.match(p.name) for p in leftovers), leftovers
-    assert "old" in outcomes  # at least one kill landed mid-write
+        assert target.read_bytes() == old, f"killed while loading tensor {k}: the target changed"
+        # the dead run's scratch file stays; the one before it was removed when this run started writing
+        scratch = scratch_name(target, proc.pid, 0)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.bpk", scratch.name])
+    # A run let through to the end publishes the complete new file.
+    proc = stepped_writer(target, fsync)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline().strip()] + [step(proc) for _ in range(40)]
+    assert lines == [f"load {i}" for i in range(40)] + ["done"]
+    assert proc.wait() == 0
+    _assert_complete_new(target)
     # The next write removes the scratch files of the dead writers.
     save([from_numpy("w", np.ones(2, np.float32))], target, overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["model.bpk"]
@@ -126,13 +140,17 @@ def test_full_disk_keeps_target_and_leaves_no_scratch(tmp_path: Path) -> None:
 
 
 def test_concurrent_writers_leave_one_complete_file(tmp_path: Path) -> None:
+    """Two writers of one target, stepped in turn so that both are mid-write at once."""
     target = tmp_path / "model.bpk"
-    old = _old_target(target)
-    procs = [subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target), "fsync"], stdout=subprocess.DEVNULL)
-             for _ in range(2)]
+    _old_target(target)
+    procs = [stepped_writer(target, "fsync") for _ in range(2)]
     for p in procs:
-        assert p.wait() == 0
-    assert _assert_old_or_complete_new(target, old) == "new"
+        assert p.stdout is not None and p.stdout.readline().strip() == "load 0"
+    assert all(scratch_name(target, p.pid, 0).exists() for p in procs)
+    for i in range(1, 41):
+        assert [step(p) for p in procs] == [f"load {i}" if i < 40 else "done"] * 2
+    assert [p.wait() for p in procs] == [0, 0]
+    _assert_complete_new(target)
     assert [p.name for p in tmp_path.iterdir()] == ["model.bpk"]
 
 

@@ -1,11 +1,13 @@
 """`migrate run` under crashes, full disks, read-only folders and races: existing files survive.
 
 A real recipe (SafeTensors -> burnpack with `dtype: {cast: F16}`, so the data is computed, not
-copied in the kernel) writes ~200 MB through `python -m migrator.cli run`:
+copied in the kernel) writes ~100 MB through `python -m migrator.cli run`:
 
-* SIGKILL at 50 random moments: afterwards the target is the old file or byte for byte the
-  complete new one (the output is reproducible, so it is compared with a reference run); the only
-  other files are scratch files matching `SCRATCH_RE`, and the next run removes them;
+* SIGKILL with the scratch file part-written (the run is stopped with SIGSTOP at chosen points
+  and looked at before the kill): the target is the old file, the run's scratch file is the only
+  other file; SIGKILL at moments spread over whole runs: the target is the old file or byte for
+  byte the complete new one (the output is reproducible, so it is compared with a reference run);
+  the next run removes the scratch files the killed ones left;
 * a full disk (a small tmpfs, when this process may mount one; RLIMIT_FSIZE otherwise and as
   well): a clear error, the target intact, no scratch file left;
 * a read-only target folder: a clear error naming the target, the target intact;
@@ -34,8 +36,11 @@ import pytest
 from migrator import dtypes, from_numpy, open_file, save
 from migrator.atomic import SCRATCH_RE
 
-KILLS = 50
-ROWS, COLS, LAYERS = 1024, 4096, 24  # 24 x 16 MiB of F32 in, 24 x 8 MiB of F16 out (~200 MB written)
+RANDOM_KILLS = 12
+ROWS, COLS, LAYERS = 1024, 4096, 12  # 12 x 16 MiB of F32 in, 12 x 8 MiB of F16 out (~100 MB written)
+PAGE = 4096
+SAMPLES = 48  # pages of the output compared, spread over the whole file
+SAFETY_TIMEOUT = 120  # seconds; only a hung run gets near it
 
 
 def recipe_text(target: str, *, overwrite: bool = True, tag: str | None = None, source: str = "src.safetensors") -> str:
@@ -86,8 +91,90 @@ def reference(workdir: Path, recipe: Path, target: Path, keep: Path) -> float:
     return elapsed
 
 
+class Progress:
+    """How much of the reference output a scratch file already holds, from pages sampled across it.
+
+    The scratch file is reserved at its full size up front, so its size says nothing; a sampled page
+    counts as written when it equals the reference's (none of which is all zeros, as reserved space is).
+    """
+
+    def __init__(self, ref: Path) -> None:
+        size = ref.stat().st_size
+        self.offsets = [size * i // SAMPLES // PAGE * PAGE for i in range(SAMPLES)]
+        with open(ref, "rb") as f:
+            self.pages = [os.pread(f.fileno(), PAGE, o) for o in self.offsets]
+        assert all(p.count(0) < len(p) for p in self.pages)
+
+    def __call__(self, scratch: Path) -> float | None:
+        """The fraction of sampled pages written; None when there is no scratch file."""
+        try:
+            fd = os.open(scratch, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return sum(os.pread(fd, PAGE, o) == p for o, p in zip(self.offsets, self.pages, strict=True)) / SAMPLES
+        finally:
+            os.close(fd)
+
+
+def stop(proc: subprocess.Popen[str]) -> bool:
+    """SIGSTOP `proc` and wait until all its threads have stopped; False when it exited first."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    if os.WIFSTOPPED(status):
+        return True
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    return False
+
+
+def kill_part_written(recipe: Path, progress: Progress, at: float) -> tuple[int, float]:
+    """Start a run and SIGKILL it once its scratch file holds at least `at` of the output but not all.
+
+    Every look is taken while the run is stopped, so the state seen is the state the kill leaves. A
+    run that gets past the window between two looks (~1 ms of its time: the whole write takes far
+    longer) is replaced by a new one. Returns the killed run's pid and the fraction it had written.
+    """
+    deadline = time.monotonic() + SAFETY_TIMEOUT
+    while time.monotonic() < deadline:
+        proc = run_cli(recipe)
+        scratch = recipe.parent / f"out.bpk.migrator-{proc.pid}-0.tmp"
+        seen = False
+        while time.monotonic() < deadline and stop(proc):
+            done = progress(scratch)
+            seen |= done is not None
+            if done is not None and done >= at:
+                proc.kill()
+                proc.wait()
+                if done < 1:
+                    return proc.pid, done
+                break  # wrote everything between two looks: try again
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(0.001)
+        else:
+            if proc.returncode is None:  # the deadline passed
+                proc.kill()
+            code, err = finish(proc)
+            assert code in (0, -signal.SIGKILL), err
+            assert seen, f"the run finished, and no look saw its scratch file {scratch.name}"
+    pytest.fail(f"no run was caught with {at:.0%}-100% of its output written within {SAFETY_TIMEOUT} s")
+
+
+def check_after_kill(folder: Path, target: Path, old: bytes, ref: Path, killed: list[int]) -> str:
+    """What killed runs may leave: the old target or the complete new one, and one scratch file.
+
+    Each run removes the dead runs' scratch files before it writes, so at most one remains: the last
+    killed run's, or an earlier one's when the last was killed before it got that far.
+    """
+    leftovers = sorted(set(os.listdir(folder)) - {"out.bpk", "src.safetensors", "recipe.yaml"})
+    assert len(leftovers) <= 1 and set(leftovers) <= {f"out.bpk.migrator-{pid}-0.tmp" for pid in killed}, leftovers
+    if target.stat().st_size == len(old) and target.read_bytes() == old:
+        return "old"
+    assert filecmp.cmp(target, ref, shallow=False), "the target is neither the old file nor the complete new one"
+    return "new"
+
+
 @pytest.mark.slow
-def test_sigkill_at_random_moments_of_migrate_run(workdir: Path) -> None:
+def test_sigkill_of_migrate_run_leaves_the_old_target_or_the_new_one(workdir: Path) -> None:
     folder = workdir / "kill"
     folder.mkdir()
     os.link(workdir / "src.safetensors", folder / "src.safetensors")
@@ -97,45 +184,38 @@ def test_sigkill_at_random_moments_of_migrate_run(workdir: Path) -> None:
     duration = reference(workdir, recipe, target, ref)
     with open_file(ref) as r:
         assert len(r) == LAYERS and {t.dtype for t in r.tensors} == {dtypes.F16}
-        assert r.source.size > 200_000_000
+        assert r.source.size > 100_000_000
     old = old_target(target)
-    expected = {"out.bpk", "src.safetensors", "recipe.yaml"}
+    progress = Progress(ref)
+    # Killed with the scratch file part-written, at chosen points: the old target stays.
+    killed: list[int] = []
+    part_written: list[float] = []
+    for at in (0.0, 0.3, 0.6, 0.9):
+        pid, done = kill_part_written(recipe, progress, at)
+        killed.append(pid)
+        part_written.append(done)
+        assert check_after_kill(folder, target, old, ref, killed) == "old", done
+        assert scratch_files(folder, "out.bpk") == [f"out.bpk.migrator-{pid}-0.tmp"], done
+    # Killed at moments spread over a whole run (start-up, writing, fsync, rename, clean-up), whatever
+    # they hit: the target is always whole, old or new.
     rng = random.Random(2026)
     outcomes: list[str] = []
-    mid_write = 0
-    for _ in range(KILLS):
+    for _ in range(RANDOM_KILLS):
         proc = run_cli(recipe)
         time.sleep(rng.uniform(0, duration * 1.05))
-        proc.send_signal(signal.SIGKILL)
+        proc.kill()
         proc.wait()
-        leftovers = sorted(set(os.listdir(folder)) - expected)
-        assert all(SCRATCH_RE.match(n) and SCRATCH_RE.match(n)["target"] == "out.bpk" for n in leftovers), leftovers
-        assert len(leftovers) <= 1, leftovers  # each run removes the dead runs' scratch files before writing
-        mid_write += f"out.bpk.migrator-{proc.pid}-0.tmp" in leftovers
-        if target.stat().st_size == len(old) and target.read_bytes() == old:
-            outcomes.append("old")
-            continue
-        assert filecmp.cmp(target, ref, shallow=False), "the target is neither the old file nor the complete new one"
-        outcomes.append("new")
-        old_target(target)  # back to the old file, so the next kill tests a replacement again
-    assert len(outcomes) == KILLS
-    assert mid_write >= KILLS // 5, f"only {mid_write} kills landed while the scratch file existed: {outcomes}"
-    # One more kill once writing has surely started, then the next run removes what it left behind.
-    proc = run_cli(recipe)
-    scratch = f"out.bpk.migrator-{proc.pid}-0.tmp"
-    deadline = time.monotonic() + 60
-    while scratch not in os.listdir(folder) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert scratch_files(folder, "out.bpk") == [scratch]
-    assert target.read_bytes() == old
+        killed.append(proc.pid)
+        outcomes.append(check_after_kill(folder, target, old, ref, killed))
+        if outcomes[-1] == "new":
+            old_target(target)  # back to the old file, so the next kill tests a replacement again
+    # The next run removes what the killed ones left behind.
     code, err = finish(run_cli(recipe))
     assert code == 0, err
-    assert sorted(os.listdir(folder)) == sorted(expected)
+    assert sorted(os.listdir(folder)) == ["out.bpk", "recipe.yaml", "src.safetensors"]
     assert filecmp.cmp(target, ref, shallow=False)
-    print(f"{KILLS} kills: {outcomes.count('old')} old, {outcomes.count('new')} new, {mid_write} mid-write")
+    print(f"killed with {', '.join(f'{d:.0%}' for d in part_written)} written; {RANDOM_KILLS} kills at random "
+          f"moments: {outcomes.count('old')} old, {outcomes.count('new')} new")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ import sys
 import time
 import traceback
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +42,11 @@ import fuzz  # noqa: E402
 pytest.importorskip("torch")  # legacy, TAR and torch-zip seeds
 
 EXAMPLES = int(os.environ.get("MIGRATOR_FUZZ_EXAMPLES", "400"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=timedelta(seconds=20), derandomize=True, database=None,
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SEEDS = {r: fuzz.build_seeds(r) for r in fuzz.READERS}
+# SIGALRM per case: catches a hang, and is far above any case's time on a busy machine (cases take ms).
+CASE_TIMEOUT = 30.0
 CASES: Counter[str] = Counter()
 OUTCOMES: dict[str, Counter[str]] = {r: Counter() for r in fuzz.READERS}
 
@@ -82,7 +83,7 @@ def ops_for(reader: str) -> st.SearchStrategy[list[tuple[Any, ...]]]:
 
 
 def check(reader: str, data: bytes, **options: Any) -> None:
-    res = fuzz.run_case(reader, data, timeout=5.0, measure="tracemalloc", **options)
+    res = fuzz.run_case(reader, data, timeout=CASE_TIMEOUT, measure="tracemalloc", **options)
     CASES[reader] += 1
     OUTCOMES[reader][res.outcome] += 1
     if fuzz.is_failure(res):
@@ -91,15 +92,21 @@ def check(reader: str, data: bytes, **options: Any) -> None:
         pytest.fail(f"{reader}: {res.outcome} on a {len(data)}-byte input {data[:64]!r}...:\n{tb}")
 
 
-def fuzz_reader(reader: str) -> Any:
+def fuzz_reader(reader: str) -> None:
+    """EXAMPLES mutated seeds through `reader`; the outcomes are printed (`pytest -rP` shows them)."""
     seeds = SEEDS[reader]
+    before = CASES[reader]
+    outcomes_before = Counter(OUTCOMES[reader])
 
     @SETTINGS
     @given(seed=st.integers(0, len(seeds) - 1), ops=ops_for(reader), auto=st.booleans())
     def run(seed: int, ops: list[tuple[Any, ...]], auto: bool) -> None:
         check(reader, fuzz.apply_ops(seeds[seed], ops, reader, seeds), auto=auto)
 
-    return run
+    run()
+    print(json.dumps({"reader": reader, "cases": CASES[reader] - before,
+                      "outcomes": dict((OUTCOMES[reader] - outcomes_before).most_common())}))
+    assert CASES[reader] - before >= EXAMPLES, (reader, CASES[reader] - before)
 
 
 @pytest.mark.parametrize("reader", fuzz.READERS)
@@ -112,7 +119,7 @@ def test_seeds_are_valid_inputs(reader: str) -> None:
 
 @pytest.mark.parametrize("reader", [r for r in fuzz.READERS if r != "recipe"])
 def test_fuzz_reader(reader: str) -> None:
-    fuzz_reader(reader)()
+    fuzz_reader(reader)
 
 
 def test_fuzz_files_through_the_file_source(tmp_path: Path) -> None:
@@ -130,7 +137,7 @@ def test_fuzz_files_through_the_file_source(tmp_path: Path) -> None:
 
 
 def test_fuzz_recipe_text() -> None:
-    fuzz_reader("recipe")()
+    fuzz_reader("recipe")
 
 
 # Recipe values of every YAML type, placed anywhere in a valid recipe.
@@ -182,26 +189,14 @@ def test_fuzz_recipe_values(where: tuple[Any, ...], value: Any, drop: bool) -> N
             assert any(i.line > 0 for i in e.issues), str(e)  # a top-level value is always locatable
 
 
-def test_fuzz_case_counts() -> None:
-    """Runs after the fuzz tests (file order): every target ran its cases. Shown with `pytest -rP`."""
-    print(json.dumps({"examples_per_target": EXAMPLES, "cases": dict(CASES),
-                      "outcomes": {r: dict(c.most_common()) for r, c in OUTCOMES.items()}}, indent=1))
-    if len(CASES) < len(fuzz.READERS):
-        pytest.skip("run with the fuzz tests to see the counts")
-    for reader in fuzz.READERS:
-        assert CASES[reader] >= EXAMPLES, (reader, CASES[reader])  # recipe: text cases plus value cases
-
-
 # ----------------------------------------------------------------------------------------------
 # the guards can fail
 
 
 def test_harness_catches_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fuzz, "exercise", lambda *a, **k: time.sleep(30))
-    started = time.monotonic()
     res = fuzz.run_case("burnpack", b"x", timeout=0.3)
-    assert res.outcome == "CaseTimeout" and fuzz.is_failure(res)
-    assert time.monotonic() - started < 5
+    assert res.outcome == "CaseTimeout" and fuzz.is_failure(res)  # the alarm cut the sleep short
 
 
 def test_harness_catches_an_allocation_bomb(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,13 +288,14 @@ def test_transpose_of_an_empty_tensor_with_a_huge_dimension() -> None:
 
 def test_fuzz_tool_smoke(tmp_path: Path) -> None:
     """tools/fuzz.py end to end (RLIMIT_AS backstop, peak-RSS budget, crash directory, JSON summary)."""
-    for reader in ("burnpack", "pytorch-legacy"):
+    for reader in ("burnpack", "pytorch-legacy"):  # the harness is under test here, not the readers: few cases
         report = tmp_path / f"{reader}.json"
-        out = subprocess.run([sys.executable, str(REPO / "tools" / "fuzz.py"), "--reader", reader, "--cases", "300",
+        out = subprocess.run([sys.executable, str(REPO / "tools" / "fuzz.py"), "--reader", reader, "--cases", "20",
+                              "--timeout", str(CASE_TIMEOUT),
                               "--seed", "5", "--report", str(report), "--crash-dir", str(tmp_path / "crashes")],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         summary = json.loads(report.read_text())
-        assert summary["cases"] == 300 and summary["failures"] == []
-        assert sum(summary["outcomes"].values()) == 300
+        assert summary["cases"] == 20 and summary["failures"] == []
+        assert sum(summary["outcomes"].values()) == 20
         assert list((tmp_path / "crashes").iterdir()) == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import pickle
 import re
 import signal
@@ -25,7 +26,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 import tracemalloc
 import zipfile
 from collections.abc import Callable
@@ -256,6 +256,19 @@ def test_the_corpus_is_big_enough() -> None:
     assert len({a.name for a in ATTACKS}) == len(ATTACKS)
 
 
+def child_pids() -> set[int]:
+    """The processes whose parent is this one, exited ones not yet waited for included."""
+    me, found = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == me:
+            found.add(int(stat.parent.name))
+    return found
+
+
 @pytest.mark.parametrize("container", list(CONTAINERS))
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
 def test_pickle_attack_is_refused_and_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -264,6 +277,7 @@ def test_pickle_attack_is_refused_and_runs_nothing(tmp_path: Path, monkeypatch: 
     sentinel = tmp_path / "pwned"
     path = tmp_path / f"evil-{container}.pt"
     path.write_bytes(CONTAINERS[container](attack.build(sentinel)))
+    before = child_pids()
     err = outcome(path, budget="pickle")
     expect = attack.bare_expect if container == "bare" and attack.bare_expect else attack.expect
     assert isinstance(err, expect), f"{type(err).__name__}: {err}"
@@ -271,7 +285,8 @@ def test_pickle_attack_is_refused_and_runs_nothing(tmp_path: Path, monkeypatch: 
         assert "refus" in str(err) or isinstance(err, WholeModelPickleError), err
     if attack.match and container != "bare":
         assert re.search(attack.match, str(err)), err
-    time.sleep(0.05 if attack.live else 0)  # a Popen would finish by now
+    # os.system and friends would have created the sentinel before returning; a Popen would still be a child
+    assert child_pids() <= before, "the payload started a process"
     assert not sentinel.exists()
 
 
@@ -293,7 +308,7 @@ def test_memo_bomb_memory_grows_with_the_node_limit_not_the_paths(tmp_path: Path
 
 
 LIVE_CONTROL = textwrap.dedent("""
-    import json, os, pickle, sys, time
+    import json, os, pickle, sys
 
     class Evil:  # what a whole-model pickle's class could do
         def __init__(self, cmd=None):
@@ -313,11 +328,13 @@ LIVE_CONTROL = textwrap.dedent("""
                 pickle.loads(open(path, "rb").read())
         except Exception as e:
             print("control:", path, type(e).__name__, e, file=sys.stderr)
-        for _ in range(100):
-            if os.path.exists(sentinel):
-                created.append(path)
+        while True:  # wait for what the payload started (subprocess.Popen runs `touch` in a child)
+            try:
+                os.wait()
+            except ChildProcessError:
                 break
-            time.sleep(0.02)
+        if os.path.exists(sentinel):
+            created.append(path)
     print(json.dumps(created))
 """)
 
@@ -387,10 +404,8 @@ def test_safetensors_header_bombs(tmp_path: Path, case: str) -> None:
     data, expect = SAFETENSORS_BOMBS[case]
     path = tmp_path / "bomb.safetensors"
     path.write_bytes(data)
-    started = time.monotonic()
     err = outcome(path, fmt="safetensors")
     assert isinstance(err, expect), f"{type(err).__name__}: {err}"
-    assert time.monotonic() - started < 5
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,10 +457,8 @@ def test_burnpack_bombs(tmp_path: Path, case: str) -> None:
     data, expect = BURNPACK_BOMBS[case]
     path = tmp_path / "bomb.bpk"
     path.write_bytes(data)
-    started = time.monotonic()
     err = outcome(path, fmt="burnpack")
     assert isinstance(err, expect), f"{type(err).__name__}: {err}"
-    assert time.monotonic() - started < 5
 
 
 def test_burnpack_duplicate_names_keep_the_last_like_burn(tmp_path: Path) -> None:
@@ -544,10 +557,8 @@ ZIP_BOMBS: dict[str, Callable[[], bytes]] = {
 def test_zip_bombs_and_absurd_member_sizes(tmp_path: Path, case: str) -> None:
     path = tmp_path / "bomb.pt"
     path.write_bytes(ZIP_BOMBS[case]())
-    started = time.monotonic()
     err = outcome(path)
     assert isinstance(err, FormatError), f"{type(err).__name__}: {err}"
-    assert time.monotonic() - started < 5
 
 
 def test_zip_bomb_is_refused_before_inflating(tmp_path: Path) -> None:

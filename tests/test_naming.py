@@ -1,4 +1,4 @@
-"""Name transforms: KeyRemapper (§4.1), map_indices_contiguous (§4.2), enum strip, PathFilter (§4.4)."""
+"""Name transforms: KeyRemapper (§4.1), map_indices_contiguous (§4.2), enum strip, filter regexes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from migrator.naming import (
     KeyRemapper,
     NamingError,
-    PathFilter,
     RemapRule,
     compile_regex,
     contiguous_names,
@@ -43,7 +42,7 @@ def test_remap_two_chained_patterns() -> None:
 
 
 def test_remap_three_pattern_pytorch_chain() -> None:
-    remapper = KeyRemapper.from_patterns(
+    remapper = KeyRemapper(
         [
             (r"(.+)\.block\.0\.(.+)", "$1.conv.$2"),
             (r"(.+)\.block\.1\.(.+)", "$1.bn.$2"),
@@ -64,7 +63,7 @@ def test_chaining_each_pattern_sees_previous_output() -> None:
 
 def test_empty_remapper_returns_identity_pairs() -> None:
     remapper = KeyRemapper()
-    assert remapper.is_empty()
+    assert len(remapper) == 0
     assert remapper.remap(["x.weight", "y"]) == [("x.weight", "x.weight"), ("y", "y")]
 
 
@@ -141,9 +140,7 @@ def test_rust_replacement_backslashes_are_literal(replacement: str, expected: st
 
 
 def test_rust_is_the_auto_default_without_python_refs() -> None:
-    rule = RemapRule("(a)", "\\n$1")
-    assert rule.resolved_syntax == "rust"
-    assert rule.apply("a") == "\\na"
+    assert RemapRule("(a)", "\\n$1").apply("a") == "\\na"  # `$1` expanded, the backslash kept
 
 
 def test_missing_groups_are_reported() -> None:
@@ -163,14 +160,12 @@ def test_missing_groups_are_reported() -> None:
     ],
 )
 def test_python_replacement(replacement: str, expected: str) -> None:
-    rule = RemapRule("(?P<word>x)", replacement, "python")
-    assert rule.resolved_syntax == "python"
-    assert rule.apply("x") == expected
+    assert RemapRule("(?P<word>x)", replacement, "python").apply("x") == expected
 
 
-@pytest.mark.parametrize("replacement", ["\\1.", "pre.\\g<1>", "\\g<name>"])
-def test_auto_detects_python(replacement: str) -> None:
-    assert RemapRule("(?P<name>a)", replacement).resolved_syntax == "python"
+@pytest.mark.parametrize(("replacement", "expected"), [("\\1.", "a."), ("pre.\\g<1>", "pre.a"), ("\\g<name>", "a")])
+def test_auto_detects_python(replacement: str, expected: str) -> None:
+    assert RemapRule("(?P<name>a)", replacement).apply("a") == expected
 
 
 def test_python_non_participating_group_is_empty() -> None:
@@ -288,7 +283,7 @@ def test_key_remapper_add_pattern_fails_immediately() -> None:
     remapper = KeyRemapper()
     with pytest.raises(NamingError):
         remapper.add_pattern("[invalid", "x")
-    assert remapper.is_empty()
+    assert len(remapper) == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,126 +442,27 @@ def test_find_collisions() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# PathFilter (§4.4)
+# regexes as recipe filters use them (plan.py compiles them with compile_regex)
 # ---------------------------------------------------------------------------------------------
 
 
-def test_empty_filter_matches_nothing() -> None:
-    f = PathFilter()
-    assert f.is_empty()
-    assert f.criteria_count == 0
-    assert not f.matches("anything", "Struct:Net")
-    assert not PathFilter.none().matches("")
-
-
-def test_all_matches_everything() -> None:
-    f = PathFilter.all()
-    assert f.matches("x") and f.matches("", "")
-    assert f.criteria_count == 1
-    assert PathFilter().with_full_path("a").match_all().matches("b")
-
-
-def test_exact_paths() -> None:
-    f = PathFilter().with_full_path("encoder.weight").with_full_paths(["decoder.bias"])
-    assert f.matches("encoder.weight")
-    assert f.matches("decoder.bias")
-    assert not f.matches("encoder.weight.x")
-    assert not f.matches("encoder")
-
-
-def test_regexes_or_and_unanchored() -> None:
-    f = PathFilter().with_regexes([r"^encoder\.", r"\.bias$"])
-    assert f.matches("encoder.layer.weight")
-    assert f.matches("decoder.bias")
-    assert not f.matches("decoder.weight")
-    assert PathFilter().with_regex("layer").matches("enc.layer1.w")
-
-
-def test_common_patterns() -> None:
-    f = PathFilter().with_regex(r"(^|.*\.)layers\.0\.")
-    assert f.matches("layers.0.weight")
-    assert f.matches("model.layers.0.bias")
-    assert not f.matches("layers.1.weight")
-    assert not f.matches("mylayers.0.weight")
-
-
-def test_predicates_receive_path_and_container_path() -> None:
-    seen: list[tuple[str, str]] = []
-
-    def pred(path: str, container: str) -> bool:
-        seen.append((path, container))
-        return container.split(".")[-1] == "Struct:Linear"
-
-    f = PathFilter().with_predicate(pred)
-    assert f.matches("fc.weight", "Struct:Net.Struct:Linear")
-    assert not f.matches("norm.gamma", "Struct:Net.Struct:LayerNorm")
-    assert seen == [("fc.weight", "Struct:Net.Struct:Linear"), ("norm.gamma", "Struct:Net.Struct:LayerNorm")]
-
-
-def test_container_predicates() -> None:
-    whole = PathFilter().with_predicate(lambda _p, c: "Vec" in c.split("."))
-    dotted = PathFilter().with_predicate(lambda _p, c: c.startswith("Struct:Net.Vec"))
-    stack = "Struct:Net.Vec.Struct:Block.Struct:LayerNorm"
-    assert whole.matches("blocks.1.norm.gamma", stack)
-    assert dotted.matches("blocks.1.norm.gamma", stack)
-    assert not whole.matches("fc.weight", "Struct:Net.Struct:Linear")
-
-
-def test_check_order_exact_then_regex_then_predicate() -> None:
-    calls: list[str] = []
-
-    def pred(path: str, _container: str) -> bool:
-        calls.append(path)
-        return False
-
-    f = PathFilter().with_full_path("a").with_regex("^b").with_predicate(pred)
-    assert f.matches("a") and f.matches("bx") and not f.matches("c")
-    assert calls == ["c"]
-
-
-def test_criteria_count_and_combined() -> None:
-    f = (
-        PathFilter()
-        .with_regex("^enc")
-        .with_regex("bias$")
-        .with_full_path("head.weight")
-        .with_predicate(lambda p, _c: p.endswith("gamma"))
-    )
-    assert f.criteria_count == 4
-    assert f.matches("encoder.w") and f.matches("x.bias") and f.matches("head.weight")
-    assert f.matches("norm.gamma") and not f.matches("norm.beta")
-
-
-def test_clear_operations() -> None:
-    f = PathFilter().with_regex("a").with_full_path("b").with_predicate(lambda _p, _c: True)
-    assert f.clear_regexes().criteria_count == 2
-    assert f.clear_full_paths().criteria_count == 2
-    assert f.clear_predicates().criteria_count == 2
-    assert f.clear().criteria_count == 0
-    assert PathFilter.all().clear().is_empty()
-    assert f.criteria_count == 3  # filters are immutable
-
-
-def test_or() -> None:
-    a = PathFilter().with_regex("^enc")
-    b = PathFilter().with_full_path("head.weight")
-    both = a.or_(b)
-    assert both.matches("encoder.x") and both.matches("head.weight") and not both.matches("dec.x")
-    assert both.criteria_count == 2
-    assert a.or_(PathFilter.all()).is_match_all
-    assert PathFilter.all().or_(a).criteria_count == 1
-    assert PathFilter().or_(PathFilter()).is_empty()
+def test_filter_regex_is_an_unanchored_search() -> None:
+    assert compile_regex(r"^encoder\.").search("encoder.layer.weight")
+    assert compile_regex("layer").search("enc.layer1.w")
+    assert compile_regex(r"(^|.*\.)layers\.0\.").search("model.layers.0.bias")
+    assert not compile_regex(r"(^|.*\.)layers\.0\.").search("mylayers.0.weight")
 
 
 def test_invalid_filter_regex_raises() -> None:
     with pytest.raises(NamingError, match="invalid"):
-        PathFilter().with_regex("[invalid")
+        compile_regex("[invalid")
     with pytest.raises(NamingError):
-        PathFilter(regexes=[r"\p{L}"])
+        compile_regex(r"\p{L}")
 
 
 def test_filter_regex_uses_rust_dollar() -> None:
-    assert not PathFilter().with_regex(r"weight$").matches("fc.weight\n")
+    assert not compile_regex(r"weight$").search("fc.weight\n")
+    assert compile_regex(r"weight$").search("fc.weight")
 
 
 # ---------------------------------------------------------------------------------------------
