@@ -8,7 +8,7 @@ The plan also holds the report a run would give (applied, skipped, missing, unus
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -133,8 +133,11 @@ def _enum_free(name: str) -> str:
 
 
 def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
-               overwrite: bool | None = None, fsync: bool | None = None) -> Plan:
-    """Open the files (headers only) and compile the recipe; the returned plan owns the open readers."""
+               overwrite: bool | None = None, fsync: bool | None = None,
+               module_origins: Mapping[tuple[str, int], str] | None = None) -> Plan:
+    """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
+
+    `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line."""
     src_path = resolve_path(base_dir, recipe.source.path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
@@ -148,7 +151,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     readers: list[Reader] = [reader]
     try:
         return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
-                        recipe_sha256=recipe_sha256, hash_sources=hash_sources,
+                        recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync)
     except BaseException:
@@ -163,10 +166,10 @@ _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
-             fsync: bool) -> Plan:
+             fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
-    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal)
+    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -195,7 +198,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
 
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
-                  fatal: list[str]) -> tuple[list[PlanEntry], ApplyReport]:
+                  fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None
+                  ) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`."""
     is_pytorch = reader.format == "pytorch"
     tensors = reader.tensors
@@ -225,7 +229,8 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         from .modules import ModuleResolver
 
         adapter = build_adapter(recipe.adapters)
-        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)))
+        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)),
+                                  module_origins)
     del names, current
     items = _adapted(kept, kept_names, ops, adapter, resolver, errors)
 

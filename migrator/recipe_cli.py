@@ -42,7 +42,8 @@ def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
         plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
                           hash_sources=getattr(args, "hash_sources", False),
                           overwrite=True if getattr(args, "overwrite", False) else None,
-                          fsync=False if getattr(args, "no_fsync", False) else None)
+                          fsync=False if getattr(args, "no_fsync", False) else None,
+                          module_origins=loaded.module_origins)
     try:
         with plan:
             yield plan

@@ -110,6 +110,8 @@ class LoadedRecipe:
     text: str
     sha256: str
     warnings: tuple[RecipeIssue, ...] = field(default=())
+    # (type, index) of each `modules:` regex -> 'recipe.yaml:LINE:COL', for errors found when planning
+    module_origins: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def resolve(self, path: str | os.PathLike[str]) -> Path:
         """A recipe path made absolute: `~` expanded, relative ones taken from the recipe's folder."""
@@ -189,7 +191,8 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
         issues.extend(_path_issues(loaded, shown, root, keys))
     if issues or loaded is None:
         raise RecipeError(_sorted_unique(issues))
-    return dataclasses.replace(loaded, warnings=tuple(_warnings(loaded.recipe, shown, root, keys)))
+    return dataclasses.replace(loaded, warnings=tuple(_warnings(loaded.recipe, shown, root, keys)),
+                               module_origins=_module_origins(loaded.recipe, shown, root, keys))
 
 
 def _decode(raw: bytes, shown: str) -> str:
@@ -930,6 +933,19 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _module_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, Any]) -> dict[tuple[str, int], str]:
+    """Where each `modules:` regex is written, so a plan's misfit error can name the recipe line."""
+    mapper = _Mapper(shown, root, keys)
+    out: dict[tuple[str, int], str] = {}
+    for type_name, patterns in recipe.modules.items():
+        for i in range(len(patterns)):
+            node, _, found = mapper._locate(("modules", type_name, i))
+            if found:
+                issue = mapper._render(_Issue((), node, ""))
+                out[(type_name, i)] = f"{issue.file}:{issue.line}:{issue.col}"
+    return out
 
 
 def _warnings(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, Any]) -> list[RecipeIssue]:

@@ -298,19 +298,24 @@ def test_resolution_is_per_module_and_cached() -> None:
 
 # ---- the per-signature cache against resolving every module from scratch ------------------------------
 
-def _reference_type(declared: dict[str, list[str]], tensors: Shapes, name: str) -> ModuleType:
-    """One module resolved alone, with nothing shared: the first matching declaration, else `infer`."""
-    from migrator.modules import _bias_layout, _norm_possible, infer
+def _reference_type(declared: dict[str, list[str]], tensors: Shapes,
+                    name: str) -> ModuleType | tuple[str, str, str]:
+    """One module resolved alone, with nothing shared: the first matching declaration, else `infer`;
+    the misfit (type, param, rule) when the type does not fit the module's tensors."""
+    from migrator.modules import _bias_layout, _norm_possible, fit_problem, infer
     from migrator.naming import compile_regex
 
     path = module_path(name)
     params = {n.rpartition(".")[2]: s for n, s in tensors if module_path(n) == path}
+    found = None
     for type_name, patterns in declared.items():
         for p in patterns:
-            if compile_regex(p).search(path):
-                return ModuleType(type_name, "declared", f"modules: {type_name}: '{p}'", _bias_layout(params),
-                                  not _norm_possible(params))
-    return infer(path, params)
+            if found is None and compile_regex(p).search(path):
+                found = ModuleType(type_name, "declared", f"modules: {type_name}: '{p}'", _bias_layout(params),
+                                   not _norm_possible(params))
+    found = found or infer(path, params)
+    problem = found.name and fit_problem(found.name, params)
+    return (found.name, *problem) if problem else found  # type: ignore[return-value]
 
 
 _PARAM_SETS: list[list[tuple[str, tuple[int, ...]]]] = [
@@ -332,5 +337,12 @@ def test_shared_signatures_resolve_like_each_module_alone(declared: dict[str, li
     tensors += [("fc.weight", (4, 3)), ("fc.bias", (4,)), ("weight", (2, 2))]
     resolver = ModuleResolver(declared, tensors)
     for name, _ in tensors:
-        got, want = resolver.resolve(name), _reference_type(declared, tensors, name)
+        want = _reference_type(declared, tensors, name)
+        if isinstance(want, tuple):
+            with pytest.raises(AdapterError) as e:
+                resolver.resolve(name)
+            type_name, param, rule = want
+            assert f"module type {type_name}: {rule}" in str(e.value) and f".{param}' " in str(e.value), name
+            continue
+        got = resolver.resolve(name)
         assert (got, got.qualified) == (want, want.qualified), name
