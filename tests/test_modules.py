@@ -185,6 +185,19 @@ def test_gpt2_conv1d_names_are_refused(path: str) -> None:
     assert m.name is None and "Conv1D" in m.reason and "[in, out]" in m.reason
 
 
+def test_gpt2_conv1d_candidates_are_conv1d_first_and_square_only_conv1d() -> None:
+    m = resolve([("attn.c_attn.weight", (8, 24)), ("attn.c_attn.bias", (24,))], "attn.c_attn.weight")
+    assert m.candidates == ("Conv1D", "Linear") and m.weight_layout == "in_out"
+    m = resolve([("attn.c_proj.weight", (8, 8)), ("attn.c_proj.bias", (8,))], "attn.c_proj.weight")
+    assert m.name is None and m.candidates == ("Conv1D",) and "square" in m.reason
+
+
+def test_gpt2_names_with_a_dim_0_bias_are_pytorch_linears() -> None:
+    # OpenAI CLIP's MLP: nn.Linear named c_fc/c_proj, [out, in]; a Conv1D's bias would match dim 1
+    m = resolve([("mlp.c_fc.weight", (32, 8)), ("mlp.c_fc.bias", (32,))], "mlp.c_fc.weight")
+    assert (m.name, m.how, m.weight_layout) == ("Linear", "inferred", "out_in")
+
+
 def test_root_and_raw_tensors_are_unresolved() -> None:
     t = [("tensor", (3,)), ("buffer", (3, 3))]
     assert resolve(t, "tensor").how == "unresolved"
