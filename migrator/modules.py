@@ -231,22 +231,23 @@ def fit_problem(type_name: str, params: Mapping[str, tuple[int, ...]]) -> tuple[
     if qualified not in _KNOWN or not params:  # no tensors (a template-only path): nothing to check
         return None
     t = qualified.removeprefix("Struct:")
+    a = "an" if t[0] in "AEIOU" else "a"
     keys = set(params)
     w = params.get("weight")
 
     def extra(allowed: frozenset[str], what: str) -> tuple[str, str] | None:
         other = sorted(keys - allowed)
-        return (other[0], f"a {t} has only {what}") if other else None
+        return (other[0], f"{a} {t} has only {what}") if other else None
 
     def one_d(names: Sequence[str]) -> tuple[str, str] | None:
         for k in names:
             if k in params and len(params[k]) != 1:
-                return k, f"a {t}'s {k} is 1-D"
+                return k, f"{a} {t}'s {k} is 1-D"
         lengths = {params[k] for k in names if k in params}
         if len(lengths) > 1:
             first = next(k for k in names if k in params)
             other = next(k for k in names if k in params and params[k] != params[first])
-            return other, f"a {t}'s {first} and {other} have one length"
+            return other, f"{a} {t}'s {first} and {other} have one length"
         return None
 
     if t in ("Linear", "Conv1D"):
@@ -256,15 +257,15 @@ def fit_problem(type_name: str, params: Mapping[str, tuple[int, ...]]) -> tuple[
         if problem:
             return problem
         if w is None:
-            return sorted(keys)[0], f"a {t} has a weight"
+            return sorted(keys)[0], f"{a} {t} has a weight"
         if len(w) != 2:
-            return "weight", f"a {t}'s weight is 2-D ({layout})"
+            return "weight", f"{a} {t}'s weight is 2-D ({layout})"
         b = params.get("bias")
         if b is not None:
             if len(b) != 1:
-                return "bias", f"a {t}'s bias is 1-D"
+                return "bias", f"{a} {t}'s bias is 1-D"
             if (t == "Conv1D" and b[0] != w[1]) or b[0] not in w:
-                return "bias", f"a {t}'s bias has the length of its out dim (weight {layout})"
+                return "bias", f"{a} {t}'s bias has the length of its out dim (weight {layout})"
         return None
     if t == "Embedding":
         problem = extra(frozenset({"weight"}), "a weight")
@@ -277,11 +278,11 @@ def fit_problem(type_name: str, params: Mapping[str, tuple[int, ...]]) -> tuple[
         if problem:
             return problem
         if w is None:
-            return sorted(keys)[0], f"a {t} has a weight"
+            return sorted(keys)[0], f"{a} {t} has a weight"
         if len(w) != rank:
-            return "weight", f"a {t}'s weight is {rank}-D"
+            return "weight", f"{a} {t}'s weight is {rank}-D"
         b = params.get("bias")
-        return ("bias", f"a {t}'s bias is 1-D") if b is not None and len(b) != 1 else None
+        return ("bias", f"{a} {t}'s bias is 1-D") if b is not None and len(b) != 1 else None
     if t == "PRelu":
         return extra(frozenset({"weight", "alpha"}), "weight (PyTorch) or alpha (Burn)") or one_d(["weight", "alpha"])
     vectors = ["weight", "bias", "gamma", "beta"]
@@ -295,10 +296,10 @@ def fit_problem(type_name: str, params: Mapping[str, tuple[int, ...]]) -> tuple[
     stats = keys & {"running_mean", "running_var"}
     if len(stats) == 1:  # PyTorch keeps both (track_running_stats) or neither; Burn's BatchNorm both
         (have,) = stats
-        return have, f"a {t} has running_mean and running_var together (this module has only {have})"
+        return have, f"{a} {t} has running_mean and running_var together (this module has only {have})"
     count = params.get("num_batches_tracked")
     if count is not None and count not in ((), (1,)):
-        return "num_batches_tracked", f"a {t}'s num_batches_tracked is a scalar"
+        return "num_batches_tracked", f"{a} {t}'s num_batches_tracked is a scalar"
     return one_d([*vectors, "running_mean", "running_var"])
 
 

@@ -462,7 +462,8 @@ def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tup
                  recipe: Recipe, cast_to: DType | None, errors: list[ReportError]) -> PlanEntry:
     """Put a source tensor into a template slot: shape check, dtype policy, param_id, name."""
     if result.shape != slot.shape:
-        errors.append(ReportError.shape_mismatch(slot.name, slot.shape, result.shape))
+        errors.append(ReportError.shape_mismatch(slot.name, slot.shape, result.shape, source=src.name,
+                                                 hint=_shape_hint(result, slot.shape, ops, recipe)))
         return PlanEntry(slot.name, src.name, slot, src, (*ops, "shape mismatch: template value kept"), module, True)
     tensor, more = _apply_cast(result, cast_to)
     if recipe.dtype == "template" and tensor.dtype != slot.dtype:
@@ -474,6 +475,26 @@ def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tup
     param_id = src.param_id if src.param_id is not None else slot.param_id
     final = replace(tensor, name=slot.name, param_id=param_id)
     return PlanEntry(slot.name, src.name, final, src, (*ops, *more), module)
+
+
+def _shape_hint(result: LazyTensor, expected: tuple[int, ...], ops: tuple[str, ...], recipe: Recipe) -> str | None:
+    """What likely fixes a 2-D weight that arrives transposed (the one mismatch with a usual cause)."""
+    found = result.shape
+    if len(found) != 2 or found[::-1] != tuple(expected):
+        return None
+    from .modules import GPT2_CONV1D, exact_regex, module_path, yaml_quoted
+
+    path = module_path(result.name)
+    entry = "modules: {%s: [" + yaml_quoted(exact_regex(path)) + "]}"
+    if GPT2_CONV1D.match(path.rpartition(".")[2]):
+        return (f"GPT-2's Conv1D is stored [in, out], already Burn's Linear layout: declare {entry % 'Conv1D'} "
+                "(kept as stored)")
+    if any(op.startswith("transpose") for op in ops):
+        return "an adapter transposed it as a Linear's weight; if it is none, declare its module's type in modules:"
+    layout = [a for a in recipe.adapters if a in ("pytorch_to_burn", "burn_to_pytorch")]
+    if layout:
+        return f"{layout[0]} transposes only Linear weights: declare it a Linear, {entry % 'Linear'}"
+    return "the shape is transposed: add pytorch_to_burn to adapters: (burn_to_pytorch from a Burn file)"
 
 
 def _scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str], fatal: list[str]) -> dict[str, Scalar]:

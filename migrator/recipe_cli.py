@@ -61,8 +61,10 @@ def _print_outcome(plan: Plan) -> None:
     print(plan.report.display())
     for note in plan.notes:
         print(f"note: {note}")
+    shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary just printed
     for problem in plan.fatal:
-        print(f"error: {problem}", file=sys.stderr)
+        if problem not in shown:
+            print(f"error: {problem}", file=sys.stderr)
 
 
 def _write_report(path: str | None, plan: Plan) -> None:

@@ -1,8 +1,10 @@
 """The outcome of applying source tensors to a target: Burn's `ApplyResult`, its text and JSON.
 
 The text of `ApplyReport.display()` reproduces Burn's `Display` for `ApplyResult` (spec §5.7)
-line for line, so users comparing migrator's output with Burn's see the same summary. The JSON
-form is migrator's own, for machines (CI checks, the CLI's `--json`).
+line for line, so users comparing migrator's output with Burn's see the same summary, with one
+deliberate difference: a shape mismatch prints its shapes as `[256, 32]` (Burn: its Debug form
+`Shape { dims: [256, 32] }`), names the source tensor it came from, and may end in a hint. The
+JSON form is migrator's own, for machines (CI checks, the CLI's `--json`).
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ _LIST_LIMIT = 10
 _ENUM_EXAMPLE_REMAP = r'.with_key_remapping(r"field\.(\w+)", "field.BaseConv.$1")'
 
 
-def _shape_debug(value: Shape | str | None) -> str:
-    """Burn's `Debug` of a `Shape`: `Shape { dims: [2, 3] }`; strings pass through."""
+def _shape_text(value: Shape | str | None) -> str:
+    """A shape as `[2, 3]` (Burn prints its Debug form, `Shape { dims: [2, 3] }`); strings pass through."""
     if value is None:
         return "None"
     if isinstance(value, str):
         return value
-    return "Shape { dims: [" + ", ".join(str(d) for d in value) + "] }"
+    return "[" + ", ".join(str(d) for d in value) + "]"
 
 
 def _as_shape_or_str(value: Any) -> Shape | str | None:
@@ -60,9 +62,15 @@ class ReportError:
         object.__setattr__(self, "found", _as_shape_or_str(self.found))
 
     @classmethod
-    def shape_mismatch(cls, path: str, expected: Sequence[int], found: Sequence[int]) -> ReportError:
+    def shape_mismatch(cls, path: str, expected: Sequence[int], found: Sequence[int], *, source: str | None = None,
+                       hint: str | None = None) -> ReportError:
+        """`path` is the target's name, `source` the source tensor's (as the source file names it)."""
         exp, fnd = tuple(expected), tuple(found)
-        message = f"expected {_shape_debug(exp)}, found {_shape_debug(fnd)}"
+        message = f"expected {_shape_text(exp)}, found {_shape_text(fnd)}"
+        if source is not None:
+            message += f" in source tensor '{source}'"
+        if hint:
+            message += f" (hint: {hint})"
         return cls(path, "shape_mismatch", message, exp, fnd)
 
     @classmethod
@@ -113,9 +121,8 @@ class ReportError:
 
 def error_display(e: ReportError) -> str:
     """Burn's `Display` of an `ApplyError` (spec §5.4)."""
-    if e.kind == "shape_mismatch" and e.expected is not None and e.found is not None:
-        detail = f"expected {_shape_debug(e.expected)}, found {_shape_debug(e.found)}"
-        return f"Shape mismatch for '{e.path}': {detail}"
+    if e.kind == "shape_mismatch" and not e.message and e.expected is not None and e.found is not None:
+        return f"Shape mismatch for '{e.path}': expected {_shape_text(e.expected)}, found {_shape_text(e.found)}"
     if e.kind == "dtype_mismatch" and e.expected is not None and e.found is not None:
         return f"DType mismatch for '{e.path}': expected {e.expected}, found {e.found}"
     prefix = {
@@ -149,6 +156,11 @@ class ApplyReport:
 
     def is_success(self) -> bool:
         return not self.errors
+
+    def displayed_errors(self) -> list[ReportError]:
+        """The errors `display()` lists (the first 10, as Burn's summary), so a caller printing every
+        error can leave these out instead of printing them twice."""
+        return self.errors[:_LIST_LIMIT]
 
     def suggestion(self, missing_path: str) -> str | None:
         """The "did you mean" hint for a missing path, from this report's unused names."""
