@@ -238,9 +238,9 @@ class HalfPrecisionAdapter:
             raise AdapterError(
                 f"half_precision converts {tensor.dtype.display} tensors only in modules of types "
                 f"{', '.join(sorted(m.removeprefix('Struct:') for m in self.modules))}, but this tensor's module "
-                f"type is unresolved: {module.reason}; "
-                f"{_declare_hint(tensor, 'Linear', 'a type outside the set keeps the tensor as it is')}",
-                tensor=tensor.name)
+                f"type is unresolved: {module.reason}; declare its type in the recipe: a type name of your own, "
+                f"e.g. {_entry(tensor, 'Kept')}, keeps it as it is, as Burn keeps a tensor outside the set; a "
+                f"type in the set that fits the module's tensors converts it", tensor=tensor.name)
         if qualified == CONV1D:  # GPT-2's Conv1D is a Linear in Burn, and converts when Linear does
             qualified = LINEAR
         if qualified not in self.modules:

@@ -251,3 +251,24 @@ def test_norm_renames_of_a_non_vector_are_refused_by_the_adapter_too() -> None:
     m = ModuleType("LayerNorm", "declared", "modules: LayerNorm: 'x'")
     with pytest.raises(AdapterError, match=r"1-D, this one is \[4, 4\]"):
         PyTorchToBurnAdapter().adapt(from_numpy("x.weight", np.zeros((4, 4), np.float32)), m)
+
+
+def test_an_inferred_type_that_does_not_fit_names_the_inference_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    import migrator.modules as modules
+
+    wrong = modules.ModuleType("LayerNorm", "inferred", "a rule that went wrong")
+    monkeypatch.setattr(modules, "infer", lambda path, params: wrong)
+    with pytest.raises(AdapterError) as e:
+        ModuleResolver({}, [("fc.weight", (4, 3))]).resolve("fc.weight")
+    assert "tensor 'fc.weight' [4, 3] does not fit module type LayerNorm" in str(e.value)
+    assert "the type comes from inference: a rule that went wrong" in str(e.value)
+
+
+def test_half_precision_hint_suggests_a_type_that_keeps_it_and_fits() -> None:
+    t = from_numpy("scale", np.zeros(3, np.float32))
+    resolver = ModuleResolver({}, [("scale", (3,))])
+    with pytest.raises(AdapterError) as e:
+        HalfPrecisionAdapter().adapt(t, resolver.resolve("scale"))
+    (type_name, rx), = HINT.findall(str(e.value))
+    declared = ModuleResolver({type_name: [rx]}, [("scale", (3,))]).resolve("scale")  # pasted: no misfit
+    assert HalfPrecisionAdapter().adapt(t, declared).tensor is t
