@@ -47,9 +47,9 @@ Linear                 ``weight`` 2-D, params within {weight, bias}, name not em
 Every declared or inferred type that migrator knows (Burn's 15 and ``Conv1D``) must also fit the
 module's tensors (`fit_problem`: a norm's params are 1-D of one length, a Linear's weight 2-D with
 a 1-D bias of one of its dims, an Embedding's weight 2-D and alone, a Conv{n}d's weight of rank
-n+2, a BatchNorm's running_mean comes with its running_var, ...); a misfit is an `AdapterError` naming the tensor, its
-shape and the declaration (with its recipe LINE:COL) or inference rule. A wrong ``modules:`` regex
-thus fails the plan instead of renaming a Linear's weight ``gamma``.
+n+2, a BatchNorm's running_mean comes with its running_var, ...); a misfit is an `AdapterError`
+naming the tensor, its shape and the declaration (with its recipe LINE:COL) or inference rule. A
+wrong ``modules:`` regex thus fails the plan instead of renaming a Linear's weight ``gamma``.
 
 A bias that matches exactly one weight dimension also records the weight's layout
 (`ModuleType.weight_layout`): PyTorch's Linear stores ``[out, in]`` (bias = dim 0), Burn's
@@ -426,7 +426,7 @@ class ModuleResolver:
 
     def __init__(self, declared: Mapping[str, Sequence[str]], tensors: Sequence[tuple[str, tuple[int, ...]]],
                  origins: Mapping[tuple[str, int], str] | None = None) -> None:
-        self._declared: list[tuple[str, str, re.Pattern[str], str]] = []
+        self._declared: list[tuple[str, re.Pattern[str], str]] = []  # (type, regex, how the recipe says it)
         for type_name, patterns in declared.items():
             if isinstance(patterns, str):
                 patterns = [patterns]
@@ -434,7 +434,7 @@ class ModuleResolver:
                 where = (origins or {}).get((type_name, i))
                 rule = f"modules: {type_name}: '{p}'" + (f" ({where})" if where else "")
                 try:
-                    self._declared.append((type_name, p, compile_regex(p), rule))
+                    self._declared.append((type_name, compile_regex(p), rule))
                 except NamingError as e:
                     raise AdapterError(f"{rule}: invalid regex: {e}") from None
         # path -> its params as a flat (name, shape, name, shape, ...) tuple, in source order: a 100k-tensor
@@ -480,15 +480,14 @@ class ModuleResolver:
 
     def _resolve(self, path: str) -> ModuleType:
         flat = self._params.get(path, ())
-        matches = [(t, p, r) for t, p, rx, r in self._declared if rx.search(path)] if self._declared else None
+        matches = [(t, r) for t, rx, r in self._declared if rx.search(path)] if self._declared else None
         signature: tuple[object, ...]
         if matches:
-            first_type, first_pattern, first_rule = matches[0]
-            for t, p, _ in matches[1:]:
+            first_type, first_rule = matches[0]
+            for t, rule in matches[1:]:
                 if qualify(t) != qualify(first_type):
-                    raise AdapterError(
-                        f"module path '{path}' is matched by two module types: modules: {first_type}: "
-                        f"'{first_pattern}' and {t}: '{p}'; make the regexes exclusive")
+                    raise AdapterError(f"module path '{path}' is matched by two module types: {first_rule} and "
+                                       f"{rule.removeprefix('modules: ')}; make the regexes exclusive")
             signature = (True, first_type, first_rule, flat)
             found = self._by_signature.get(signature)
             if found is None:
