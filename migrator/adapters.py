@@ -13,6 +13,8 @@ When an adapter needs the module type:
   ``weight``/``bias`` unless the siblings rule out a norm layer (norm -> rename to gamma/beta).
 * ``burn_to_pytorch``: a rank-2 ``weight``; a 1-D ``gamma``/``beta`` unless the siblings rule out a
   norm layer.
+* ``Conv1D`` (GPT-2's, ``[in, out]``, already Burn's Linear layout) is kept as stored by both layout
+  adapters; ``half_precision`` converts it when its set holds Linear (in Burn it is a Linear).
 * ``half_precision``: every F32/F16 tensor (convert only in the module set). Burn leaves a tensor
   with no container unchanged; a file has no containers at all, so an unresolved type is an error
   here rather than a silent "keep F32".
@@ -21,7 +23,6 @@ When an adapter needs the module type:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -30,7 +31,7 @@ from . import dtypes
 from .casts import CASTABLE, cast, transpose2d
 from .dtypes import DType
 from .errors import MigratorError
-from .modules import AdapterError, ModuleType, module_path, qualify
+from .modules import CONV1D, AdapterError, ModuleType, exact_regex, module_path, qualify, yaml_quoted
 from .tensor import LazyTensor
 
 __all__ = [
@@ -101,12 +102,17 @@ def _rename_ops(param: str, new: str) -> tuple[str, ...]:
     return text
 
 
+def _entry(tensor: LazyTensor, type_name: str) -> str:
+    """A ``modules:`` entry to paste that matches exactly this tensor's module, nothing else."""
+    return f"modules: {{{type_name}: [{yaml_quoted(exact_regex(module_path(tensor.name)))}]}}"
+
+
 def _declare_hint(tensor: LazyTensor, type_name: str, others: str) -> str:
-    """A `modules:` entry to copy; index segments become \\d+ so one entry covers every layer."""
-    path = module_path(tensor.name)
-    segments = (r"\d+" if seg.isdigit() else re.escape(seg) for seg in path.split("."))
-    rx = "^" + r"\.".join(segments) + "$" if path else "^$"
-    return f"declare its type in the recipe, e.g. modules: {{{type_name}: ['{rx}']}} ({others})"
+    return f"declare its type in the recipe, e.g. {_entry(tensor, type_name)} ({others})"
+
+
+_WHAT_IT_DOES = {"Linear": "transposed", "Conv1D": "GPT-2's Conv1D, kept as stored",
+                 "Embedding": "kept"}
 
 
 class IdentityAdapter:
@@ -139,15 +145,20 @@ class _LayoutAdapter:
         if qualified == LINEAR and param == "weight" and len(tensor.shape) == 2:
             if module.weight_layout is not None and module.weight_layout != self.expected_layout:
                 have = "[in, out] (Burn's layout)" if module.weight_layout == "in_out" else "[out, in] (PyTorch's)"
+                if module.weight_layout == "in_out":  # what GPT-2's Conv1D stores, in either file
+                    advice = (f"if this is GPT-2's Conv1D, declare {_entry(tensor, 'Conv1D')} (kept as stored); "
+                              "any other type name but Linear also keeps it")
+                else:
+                    advice = f"it is not a {self.source_side} Linear: declare the module's real type in modules:"
                 raise AdapterError(
                     f"{self.name}: Linear weight {_dims(tensor.shape)} already looks {have}: its bias matches "
-                    f"the other dimension; transposing would break the layer. If this is not a "
-                    f"{self.source_side} Linear (e.g. GPT-2's Conv1D), "
-                    f"{_declare_hint(tensor, 'Conv1D', 'any type name but Linear keeps the weight as it is')}",
-                    tensor=tensor.name)
+                    f"the other dimension; transposing would break the layer; {advice}", tensor=tensor.name)
             out = transpose2d(tensor)
             return Adapted(out, _transpose_ops(tensor.shape, out.shape))
         if qualified in NORM_MODULES and param in self.renames:
+            if len(tensor.shape) != 1:  # the resolver refuses such modules; no rename ever passes unchecked
+                raise AdapterError(f"{self.name}: a {module.name}'s {param} is 1-D, this one is "
+                                   f"{_dims(tensor.shape)} ({module.how}: {module.reason})", tensor=tensor.name)
             new = self.renames[param]
             return Adapted(_with_param(tensor, new), _rename_ops(param, new))
         return Adapted(tensor)
@@ -158,14 +169,28 @@ class _LayoutAdapter:
             raise AdapterError(
                 f"{self.name} must know if this 2-D weight is a Linear's (transpose) or not (e.g. an "
                 f"Embedding's: keep), but its module type is unresolved: {module.reason}; "
-                f"{_declare_hint(tensor, 'Linear', 'or Embedding, or any other type name, to keep it')}",
-                tensor=tensor.name)
+                f"{self._two_d_hint(tensor, module)}", tensor=tensor.name)
         if param in self.renames and rank == 1 and not module.norm_excluded:
             raise AdapterError(
                 f"{self.name} must know if this is a norm layer's {param} (rename to {self.renames[param]}) "
                 f"or not (keep), but its module type is unresolved: {module.reason}; "
-                f"{_declare_hint(tensor, 'LayerNorm', 'or BatchNorm, GroupNorm, RmsNorm; any other type keeps it')}",
+                f"{_declare_hint(tensor, 'LayerNorm', 'or GroupNorm, RmsNorm: the same here; other types keep it')}",
                 tensor=tensor.name)
+
+    def _two_d_hint(self, tensor: LazyTensor, module: ModuleType) -> str:
+        """Only the types that fit the module's tensors and this direction: never one that would write
+        wrong weights (a Linear whose bias shows the other layout; GPT-2's square c_proj as a Linear)."""
+        if module.candidates is None:  # not worked out by the resolver: the generic choice
+            return _declare_hint(tensor, "Linear", "or Embedding, or any other type name, to keep it")
+        fitting = [t for t in module.candidates
+                   if not (t == "Linear" and module.weight_layout not in (None, self.expected_layout))]
+        if not fitting:
+            return ("no module type migrator knows fits these tensors; check the names (a remap gone wrong?) "
+                    "or declare a type name of your own to keep them as they are")
+        if len(fitting) == 1:
+            return f"declare its type in the recipe: {_entry(tensor, fitting[0])} ({_WHAT_IT_DOES[fitting[0]]})"
+        return "declare its type in the recipe, one of: " + "; ".join(
+            f"{_entry(tensor, t)} ({_WHAT_IT_DOES[t]})" for t in fitting)
 
     def alternative_name(self, param: str, module: ModuleType) -> str | None:
         if module.qualified in NORM_MODULES:
@@ -213,9 +238,11 @@ class HalfPrecisionAdapter:
             raise AdapterError(
                 f"half_precision converts {tensor.dtype.display} tensors only in modules of types "
                 f"{', '.join(sorted(m.removeprefix('Struct:') for m in self.modules))}, but this tensor's module "
-                f"type is unresolved: {module.reason}; "
-                f"{_declare_hint(tensor, 'Linear', 'a type outside the set keeps the tensor as it is')}",
-                tensor=tensor.name)
+                f"type is unresolved: {module.reason}; declare its type in the recipe: a type name of your own, "
+                f"e.g. {_entry(tensor, 'Kept')}, keeps it as it is, as Burn keeps a tensor outside the set; a "
+                f"type in the set that fits the module's tensors converts it", tensor=tensor.name)
+        if qualified == CONV1D:  # GPT-2's Conv1D is a Linear in Burn, and converts when Linear does
+            qualified = LINEAR
         if qualified not in self.modules:
             return Adapted(tensor)
         return Adapted(cast(tensor, target), (f"cast {tensor.dtype.display} -> {target.display}",))

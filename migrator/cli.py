@@ -255,6 +255,24 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
             print_table(title, ("key", "value"), pairs, wrap_cols=(0, 1))
 
 
+def _remap_problem(pattern: str, replacement: str) -> str | None:
+    """What a recipe would refuse in this remap (bad regex or replacement, a group that does not exist)."""
+    from .naming import NamingError, RemapRule
+
+    try:
+        problem = RemapRule(pattern, replacement).missing_group_problem()
+    except NamingError as e:
+        if e.message.startswith("invalid regex"):
+            from .recipe import regex_problem
+
+            return regex_problem(e)
+        return e.message.replace(repr(replacement), f"'{replacement}'")  # as the user wrote it
+    if problem is None:
+        return None
+    message, hint = problem
+    return f"{message} (hint: {hint})" if hint else message
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .convert import build_recipe, convert, emit_recipe
 
@@ -267,6 +285,9 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for item in args.remap:
         if "=" not in item or item.startswith("="):
             parser.error(f"--remap expects REGEX=REPLACEMENT, got {item!r}")
+        problem = _remap_problem(*item.split("=", 1))
+        if problem:
+            parser.error(f"--remap '{item}': {problem}")
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, contiguous_indices=args.contiguous_indices,

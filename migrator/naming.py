@@ -36,7 +36,7 @@ after the previous match is skipped), which differs from ``re.sub`` since Python
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -425,6 +425,47 @@ def _parse_rust_replacement(replacement: str) -> list[str | int]:
     return parts
 
 
+def _python_refs(replacement: str) -> list[tuple[str | int, str]]:
+    """The group references of a Python `re` template (``\\1``, ``\\12``, ``\\g<n>``, ``\\g<name>``),
+    as `re` reads them, each with its spelling: ``\\0`` and three octal digits are character escapes."""
+    refs: list[tuple[str | int, str]] = []
+    i, n = 0, len(replacement)
+    while i < n - 1:
+        if replacement[i] != "\\":
+            i += 1
+            continue
+        nxt = replacement[i + 1]
+        if nxt == "g":
+            m = re.match(r"g<([^>]*)>", replacement[i + 1 :])
+            if m is not None:
+                ref = m.group(1)
+                refs.append((int(ref) if ref.isascii() and ref.isdigit() else ref, "\\" + m.group(0)))
+                i += 1 + m.end()
+                continue
+        elif nxt.isascii() and nxt.isdigit() and nxt != "0" and not re.match(r"[0-7]{3}", replacement[i + 1 :]):
+            digits = re.match(r"\d\d?", replacement[i + 1 :]).group(0)  # type: ignore[union-attr]
+            refs.append((int(digits), "\\" + digits))
+            i += 1 + len(digits)
+            continue
+        i += 2
+    return refs
+
+
+def _has_group(regex: re.Pattern[str], ref: str | int) -> bool:
+    return ref <= regex.groups if isinstance(ref, int) else ref in regex.groupindex
+
+
+def _absent_text(refs: Sequence[tuple[str | int, str]], regex: re.Pattern[str]) -> str:
+    """"$2: group 2 does not exist; the pattern has 1 group" (and which are named), for each (ref, spelling)."""
+    count = regex.groups
+    has = f"the pattern has {count} group{'' if count == 1 else 's'}"
+    if regex.groupindex:
+        has += " (named: " + ", ".join(regex.groupindex) + ")"
+    parts = [f"{spelled}: group {ref if isinstance(ref, int) else repr(ref)} does not exist"
+             for ref, spelled in dict.fromkeys(refs)]
+    return "; ".join(parts) + f"; {has}"
+
+
 class _Name(str):
     """A group reference by name (distinguishes it from literal text in a parsed replacement)."""
 
@@ -485,6 +526,9 @@ class RemapRule:
                 else:
                     parts.append(_Ref(index))
         else:
+            absent = [(ref, spelled) for ref, spelled in _python_refs(self.replacement) if not _has_group(regex, ref)]
+            if absent:  # re would say "invalid group reference 2 at position 8"
+                raise NamingError(_absent_text(absent, regex), pattern=self.pattern)
             try:
                 regex.sub(self.replacement, "")  # makes re parse and check the template now
             except (re.error, IndexError) as exc:
@@ -505,9 +549,27 @@ class RemapRule:
     def missing_groups(self) -> tuple[str, ...]:
         """Rust-syntax references to groups the pattern lacks (they expand to '').
 
-        Burn accepts these silently; the recipe layer may warn (the classic trap is ``$1_x``).
+        Burn accepts these silently; recipes and ``migrate convert --remap`` refuse them
+        (`missing_group_problem`; the classic trap is ``$1_x``, group ``1_x``).
         """
         return self._missing
+
+    def missing_group_problem(self) -> tuple[str, str | None] | None:
+        """(message, hint) when the replacement refers to a group the pattern does not have.
+
+        Python-syntax replacements never get here: such a rule does not compile (`NamingError`)."""
+        if not self._missing:
+            return None
+        refs: list[tuple[str | int, str]] = [
+            (int(m), f"${m}") if m.isdigit() else (m, f"${m}" if _CAP_LETTERS.fullmatch(m) else f"${{{m}}}")
+            for m in self._missing]
+        glued = next((m for m in self._missing if re.match(r"\d+\w", m)), None)
+        hint = None
+        if glued is not None:
+            digits = re.match(r"\d+", glued).group(0)  # type: ignore[union-attr]
+            rest = glued[len(digits):]
+            hint = f"write ${{{digits}}}{rest} for group {digits} followed by '{rest}'"
+        return _absent_text(refs, self._regex), hint
 
     def apply(self, name: str) -> str:
         """Replace every non-overlapping match in `name`, iterating matches the way Rust does."""

@@ -8,7 +8,7 @@ The plan also holds the report a run would give (applied, skipped, missing, unus
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -133,8 +133,11 @@ def _enum_free(name: str) -> str:
 
 
 def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
-               overwrite: bool | None = None, fsync: bool | None = None) -> Plan:
-    """Open the files (headers only) and compile the recipe; the returned plan owns the open readers."""
+               overwrite: bool | None = None, fsync: bool | None = None,
+               module_origins: Mapping[tuple[str, int], str] | None = None) -> Plan:
+    """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
+
+    `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line."""
     src_path = resolve_path(base_dir, recipe.source.path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
@@ -148,7 +151,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     readers: list[Reader] = [reader]
     try:
         return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
-                        recipe_sha256=recipe_sha256, hash_sources=hash_sources,
+                        recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync)
     except BaseException:
@@ -163,10 +166,10 @@ _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
-             fsync: bool) -> Plan:
+             fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
-    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal)
+    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -195,7 +198,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
 
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
-                  fatal: list[str]) -> tuple[list[PlanEntry], ApplyReport]:
+                  fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None
+                  ) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`."""
     is_pytorch = reader.format == "pytorch"
     tensors = reader.tensors
@@ -225,7 +229,8 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         from .modules import ModuleResolver
 
         adapter = build_adapter(recipe.adapters)
-        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)))
+        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)),
+                                  module_origins)
     del names, current
     items = _adapted(kept, kept_names, ops, adapter, resolver, errors)
 
@@ -457,7 +462,8 @@ def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tup
                  recipe: Recipe, cast_to: DType | None, errors: list[ReportError]) -> PlanEntry:
     """Put a source tensor into a template slot: shape check, dtype policy, param_id, name."""
     if result.shape != slot.shape:
-        errors.append(ReportError.shape_mismatch(slot.name, slot.shape, result.shape))
+        errors.append(ReportError.shape_mismatch(slot.name, slot.shape, result.shape, source=src.name,
+                                                 hint=_shape_hint(result, slot.shape, ops, recipe)))
         return PlanEntry(slot.name, src.name, slot, src, (*ops, "shape mismatch: template value kept"), module, True)
     tensor, more = _apply_cast(result, cast_to)
     if recipe.dtype == "template" and tensor.dtype != slot.dtype:
@@ -469,6 +475,26 @@ def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tup
     param_id = src.param_id if src.param_id is not None else slot.param_id
     final = replace(tensor, name=slot.name, param_id=param_id)
     return PlanEntry(slot.name, src.name, final, src, (*ops, *more), module)
+
+
+def _shape_hint(result: LazyTensor, expected: tuple[int, ...], ops: tuple[str, ...], recipe: Recipe) -> str | None:
+    """What likely fixes a 2-D weight that arrives transposed (the one mismatch with a usual cause)."""
+    found = result.shape
+    if len(found) != 2 or found[::-1] != tuple(expected):
+        return None
+    from .modules import GPT2_CONV1D, exact_regex, module_path, yaml_quoted
+
+    path = module_path(result.name)
+    entry = "modules: {%s: [" + yaml_quoted(exact_regex(path)) + "]}"
+    if GPT2_CONV1D.match(path.rpartition(".")[2]):
+        return (f"GPT-2's Conv1D is stored [in, out], already Burn's Linear layout: declare {entry % 'Conv1D'} "
+                "(kept as stored)")
+    if any(op.startswith("transpose") for op in ops):
+        return "an adapter transposed it as a Linear's weight; if it is none, declare its module's type in modules:"
+    layout = [a for a in recipe.adapters if a in ("pytorch_to_burn", "burn_to_pytorch")]
+    if layout:
+        return f"{layout[0]} transposes only Linear weights: declare it a Linear, {entry % 'Linear'}"
+    return "the shape is transposed: add pytorch_to_burn to adapters: (burn_to_pytorch from a Burn file)"
 
 
 def _scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str], fatal: list[str]) -> dict[str, Scalar]:

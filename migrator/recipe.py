@@ -146,10 +146,15 @@ class RemapRule(_Strict):
         from .naming import RemapRule as CompiledRule
 
         try:
-            CompiledRule(self.from_, self.to, self.syntax)
+            compiled = CompiledRule(self.from_, self.to, self.syntax)
         except NamingError as e:
             # naming quotes the replacement with repr(), which doubles every backslash the user wrote
             raise RecipeValueError(e.message.replace(repr(self.to), f"'{self.to}'"), key="to") from e
+        # Burn expands a reference to a missing group to '' and then, typically, two names collide:
+        # refused here, at the line of `to`, instead of as a collision when planning
+        problem = compiled.missing_group_problem()
+        if problem is not None:
+            raise RecipeValueError(problem[0], key="to", hint=problem[1])
         return self
 
 

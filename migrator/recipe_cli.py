@@ -43,7 +43,8 @@ def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
         plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
                           hash_sources=getattr(args, "hash_sources", False),
                           overwrite=True if getattr(args, "overwrite", False) else None,
-                          fsync=False if getattr(args, "no_fsync", False) else None)
+                          fsync=False if getattr(args, "no_fsync", False) else None,
+                          module_origins=loaded.module_origins)
     try:
         with plan:
             yield plan
@@ -65,8 +66,10 @@ def _print_outcome(plan: Plan) -> None:
     print(plan.report.display())  # escapes the names it shows
     for note in plan.notes:
         print(f"note: {escape(note, keep_newlines=True)}")
+    shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary just printed
     for problem in plan.fatal:
-        print(f"error: {escape(problem, keep_newlines=True)}", file=sys.stderr)
+        if problem not in shown:
+            print(f"error: {escape(problem, keep_newlines=True)}", file=sys.stderr)
 
 
 def report_document(plan: Plan, failure: str | None = None, written: str | None = None) -> dict[str, Any]:

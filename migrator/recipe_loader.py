@@ -110,6 +110,8 @@ class LoadedRecipe:
     text: str
     sha256: str
     warnings: tuple[RecipeIssue, ...] = field(default=())
+    # (type, index) of each `modules:` regex -> 'recipe.yaml:LINE:COL', for errors found when planning
+    module_origins: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def resolve(self, path: str | os.PathLike[str]) -> Path:
         """A recipe path made absolute: `~` expanded, relative ones taken from the recipe's folder."""
@@ -189,7 +191,7 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
         issues.extend(_path_issues(loaded, shown, root, keys))
     if issues or loaded is None:
         raise RecipeError(_sorted_unique(issues))
-    return dataclasses.replace(loaded, warnings=tuple(_warnings(loaded.recipe, shown, root, keys)))
+    return dataclasses.replace(loaded, module_origins=_module_origins(loaded.recipe, shown, root, keys))
 
 
 def _decode(raw: bytes, shown: str) -> str:
@@ -973,24 +975,14 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-def _warnings(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, Any]) -> list[RecipeIssue]:
-    """Accepted, but probably not meant: Rust replacements naming groups the pattern lacks."""
-    from .naming import RemapRule as CompiledRule
-
+def _module_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, Any]) -> dict[tuple[str, int], str]:
+    """Where each `modules:` regex is written, so a plan's misfit error can name the recipe line."""
     mapper = _Mapper(shown, root, keys)
-    out: list[RecipeIssue] = []
-    for i, rule in enumerate(recipe.remap):
-        missing = CompiledRule(rule.from_, rule.to, rule.syntax).missing_groups
-        if not missing:
-            continue
-        data = ("remap", i, "to")
-        node, _, _ = mapper._locate(data)
-        names = ", ".join(f"${m}" for m in missing)
-        glued = next((m for m in missing if re.match(r"\d+\w", m)), None)
-        hint = None
-        if glued is not None:
-            digits = re.match(r"\d+", glued).group(0)  # type: ignore[union-attr]
-            hint = f"write ${{{digits}}}{glued[len(digits):]} for group {digits} followed by '{glued[len(digits):]}'"
-        out.append(mapper._render(_Issue(data, node, f"{names} names no group of the pattern and expands to ''",
-                                         hint)))
+    out: dict[tuple[str, int], str] = {}
+    for type_name, patterns in recipe.modules.items():
+        for i in range(len(patterns)):
+            node, _, found = mapper._locate(("modules", type_name, i))
+            if found:
+                issue = mapper._render(_Issue((), node, ""))
+                out[(type_name, i)] = f"{issue.file}:{issue.line}:{issue.col}"
     return out

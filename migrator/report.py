@@ -1,11 +1,13 @@
 """The outcome of applying source tensors to a target: Burn's `ApplyResult`, its text and JSON.
 
 The text of `ApplyReport.display()` follows Burn's `Display` for `ApplyResult` (spec §5.7) line
-for line, so users comparing migrator's output with Burn's see the same summary, with three
-differences: counts are singular or plural as they should be ("1 tensor"), the source tensors no
-target uses are "Unused in source" (Burn: "Unused in target"), and names are escaped for the
-terminal (`display.escape`: a name from a file never reaches it raw). The JSON form is
-migrator's own, for machines (CI checks, the CLI's `--json`), with the exact names.
+for line, so users comparing migrator's output with Burn's see the same summary, with these
+deliberate differences: counts are singular or plural as they should be ("1 tensor"), the source
+tensors no target uses are "Unused in source" (Burn: "Unused in target"), names are escaped for
+the terminal (`display.escape`: a name from a file never reaches it raw), and a shape mismatch
+prints its shapes as `[256, 32]` (Burn: its Debug form `Shape { dims: [256, 32] }`), names the
+source tensor it came from, and may end in a hint. The JSON form is migrator's own, for machines
+(CI checks, the CLI's `--json`), with the exact names.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ _LIST_LIMIT = 10
 _ENUM_EXAMPLE_REMAP = r'.with_key_remapping(r"field\.(\w+)", "field.BaseConv.$1")'
 
 
-def _shape_debug(value: Shape | str | None) -> str:
-    """Burn's `Debug` of a `Shape`: `Shape { dims: [2, 3] }`; strings pass through."""
+def _shape_text(value: Shape | str | None) -> str:
+    """A shape as `[2, 3]` (Burn prints its Debug form, `Shape { dims: [2, 3] }`); strings pass through."""
     if value is None:
         return "None"
     if isinstance(value, str):
         return value
-    return "Shape { dims: [" + ", ".join(str(d) for d in value) + "] }"
+    return "[" + ", ".join(str(d) for d in value) + "]"
 
 
 def _as_shape_or_str(value: Any) -> Shape | str | None:
@@ -65,9 +67,15 @@ class ReportError:
         object.__setattr__(self, "found", _as_shape_or_str(self.found))
 
     @classmethod
-    def shape_mismatch(cls, path: str, expected: Sequence[int], found: Sequence[int]) -> ReportError:
+    def shape_mismatch(cls, path: str, expected: Sequence[int], found: Sequence[int], *, source: str | None = None,
+                       hint: str | None = None) -> ReportError:
+        """`path` is the target's name, `source` the source tensor's (as the source file names it)."""
         exp, fnd = tuple(expected), tuple(found)
-        message = f"expected {_shape_debug(exp)}, found {_shape_debug(fnd)}"
+        message = f"expected {_shape_text(exp)}, found {_shape_text(fnd)}"
+        if source is not None:
+            message += f" in source tensor '{source}'"
+        if hint:
+            message += f" (hint: {hint})"
         return cls(path, "shape_mismatch", message, exp, fnd)
 
     @classmethod
@@ -118,9 +126,8 @@ class ReportError:
 
 def error_display(e: ReportError) -> str:
     """Burn's `Display` of an `ApplyError` (spec §5.4)."""
-    if e.kind == "shape_mismatch" and e.expected is not None and e.found is not None:
-        detail = f"expected {_shape_debug(e.expected)}, found {_shape_debug(e.found)}"
-        return f"Shape mismatch for '{e.path}': {detail}"
+    if e.kind == "shape_mismatch" and not e.message and e.expected is not None and e.found is not None:
+        return f"Shape mismatch for '{e.path}': expected {_shape_text(e.expected)}, found {_shape_text(e.found)}"
     if e.kind == "dtype_mismatch" and e.expected is not None and e.found is not None:
         return f"DType mismatch for '{e.path}': expected {e.expected}, found {e.found}"
     prefix = {
@@ -154,6 +161,11 @@ class ApplyReport:
 
     def is_success(self) -> bool:
         return not self.errors
+
+    def displayed_errors(self) -> list[ReportError]:
+        """The errors `display()` lists (the first 10, as Burn's summary), so a caller printing every
+        error can leave these out instead of printing them twice."""
+        return self.errors[:_LIST_LIMIT]
 
     def suggestion(self, missing_path: str) -> str | None:
         """The "did you mean" hint for a missing path, from this report's unused names."""

@@ -185,6 +185,19 @@ def test_gpt2_conv1d_names_are_refused(path: str) -> None:
     assert m.name is None and "Conv1D" in m.reason and "[in, out]" in m.reason
 
 
+def test_gpt2_conv1d_candidates_are_conv1d_first_and_square_only_conv1d() -> None:
+    m = resolve([("attn.c_attn.weight", (8, 24)), ("attn.c_attn.bias", (24,))], "attn.c_attn.weight")
+    assert m.candidates == ("Conv1D", "Linear") and m.weight_layout == "in_out"
+    m = resolve([("attn.c_proj.weight", (8, 8)), ("attn.c_proj.bias", (8,))], "attn.c_proj.weight")
+    assert m.name is None and m.candidates == ("Conv1D",) and "square" in m.reason
+
+
+def test_gpt2_names_with_a_dim_0_bias_are_pytorch_linears() -> None:
+    # OpenAI CLIP's MLP: nn.Linear named c_fc/c_proj, [out, in]; a Conv1D's bias would match dim 1
+    m = resolve([("mlp.c_fc.weight", (32, 8)), ("mlp.c_fc.bias", (32,))], "mlp.c_fc.weight")
+    assert (m.name, m.how, m.weight_layout) == ("Linear", "inferred", "out_in")
+
+
 def test_root_and_raw_tensors_are_unresolved() -> None:
     t = [("tensor", (3,)), ("buffer", (3, 3))]
     assert resolve(t, "tensor").how == "unresolved"
@@ -298,19 +311,24 @@ def test_resolution_is_per_module_and_cached() -> None:
 
 # ---- the per-signature cache against resolving every module from scratch ------------------------------
 
-def _reference_type(declared: dict[str, list[str]], tensors: Shapes, name: str) -> ModuleType:
-    """One module resolved alone, with nothing shared: the first matching declaration, else `infer`."""
-    from migrator.modules import _bias_layout, _norm_possible, infer
+def _reference_type(declared: dict[str, list[str]], tensors: Shapes,
+                    name: str) -> ModuleType | tuple[str, str, str]:
+    """One module resolved alone, with nothing shared: the first matching declaration, else `infer`;
+    the misfit (type, param, rule) when the type does not fit the module's tensors."""
+    from migrator.modules import _bias_layout, _norm_possible, fit_problem, infer
     from migrator.naming import compile_regex
 
     path = module_path(name)
     params = {n.rpartition(".")[2]: s for n, s in tensors if module_path(n) == path}
+    found = None
     for type_name, patterns in declared.items():
         for p in patterns:
-            if compile_regex(p).search(path):
-                return ModuleType(type_name, "declared", f"modules: {type_name}: '{p}'", _bias_layout(params),
-                                  not _norm_possible(params))
-    return infer(path, params)
+            if found is None and compile_regex(p).search(path):
+                found = ModuleType(type_name, "declared", f"modules: {type_name}: '{p}'", _bias_layout(params),
+                                   not _norm_possible(params))
+    found = found or infer(path, params)
+    problem = found.name and fit_problem(found.name, params)
+    return (found.name, *problem) if problem else found  # type: ignore[return-value]
 
 
 _PARAM_SETS: list[list[tuple[str, tuple[int, ...]]]] = [
@@ -332,5 +350,12 @@ def test_shared_signatures_resolve_like_each_module_alone(declared: dict[str, li
     tensors += [("fc.weight", (4, 3)), ("fc.bias", (4,)), ("weight", (2, 2))]
     resolver = ModuleResolver(declared, tensors)
     for name, _ in tensors:
-        got, want = resolver.resolve(name), _reference_type(declared, tensors, name)
+        want = _reference_type(declared, tensors, name)
+        if isinstance(want, tuple):
+            with pytest.raises(AdapterError) as e:
+                resolver.resolve(name)
+            type_name, param, rule = want
+            assert f"module type {type_name}: {rule}" in str(e.value) and f".{param}' " in str(e.value), name
+            continue
+        got = resolver.resolve(name)
         assert (got, got.qualified) == (want, want.qualified), name

@@ -121,7 +121,7 @@ def test_shape_mismatch_fatal_when_validating_reported_otherwise(tmp_path: Path)
     base = {"source": {"path": "s.safetensors"}, "target": {"path": "o.bpk", "template": "t.bpk"}}
     with build_plan(recipe(**base), tmp_path) as plan:
         assert plan.report.errors[0].kind == "shape_mismatch"
-        assert "Shape mismatch for 'w': expected Shape { dims: [2, 2] }, found Shape { dims: [3, 3] }" in plan.fatal
+        assert "Shape mismatch for 'w': expected [2, 2], found [3, 3] in source tensor 'w'" in plan.fatal
     plan, out = run(recipe(**base, validate=False), tmp_path)
     assert len(plan.report.errors) == 1
     np.testing.assert_array_equal(open_file(out)["w"].numpy(), np.ones((2, 2), np.float32))

@@ -297,17 +297,16 @@ def test_anchors_and_merge_keys_are_fine(load) -> None:
     assert len(r.remap) == 2
 
 
-def test_rust_replacement_with_a_missing_group_warns(load) -> None:
-    loaded = load(r"""
+def test_rust_replacement_with_a_missing_group_is_an_error(errors) -> None:
+    # issue 20 item 3: was a warning (Burn expands it to ''), and the run then failed on a name collision
+    assert errors(r"""
         version: 1
         source: {path: a}
         target: {path: b}
         remap:
           - {from: '^l(\d+)\.', to: 'layer$1_x.'}
-    """)
-    assert [str(w) for w in loaded.warnings] == [
-        "recipe.yaml:5:29: remap[0].to: $1_x names no group of the pattern and expands to '' "
-        "(hint: write ${1}_x for group 1 followed by '_x')"]
+    """) == ("recipe.yaml:5:29: remap[0].to: $1_x: group '1_x' does not exist; the pattern has 1 group "
+             "(hint: write ${1}_x for group 1 followed by '_x')")
 
 
 def test_checked_in_recipes_are_valid() -> None:
@@ -435,7 +434,7 @@ def test_invalid_python_replacement_points_at_to(errors) -> None:
         target: {path: b.bpk}
         remap:
           - {from: 'a(b)', to: '\2'}
-    """) == "recipe.yaml:5:24: remap[0].to: invalid Python replacement '\\2': invalid group reference 2 at position 1"
+    """) == "recipe.yaml:5:24: remap[0].to: \\2: group 2 does not exist; the pattern has 1 group"
 
 
 def test_missing_required_field_points_at_the_parent_mapping(errors) -> None:

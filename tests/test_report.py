@@ -97,8 +97,7 @@ def _big_report() -> ApplyReport:
 
 def test_display_golden_with_enum_advisory_and_overflowing_lists() -> None:
     shape_lines = [
-        f"│  ⚠️  Shape mismatch for 'blk.{i:02d}.weight': expected Shape {{ dims: [2, 3] }}, "
-        "found Shape { dims: [3, 3] }"
+        f"│  ⚠️  Shape mismatch for 'blk.{i:02d}.weight': expected [2, 3], found [3, 3]"
         for i in range(10)
     ]
     expected = "\n".join(
@@ -183,11 +182,11 @@ def test_missing_sorted_by_path_and_fields_normalised() -> None:
     [
         (
             ReportError.shape_mismatch("fc.weight", [2, 3], [3, 3]),
-            "Shape mismatch for 'fc.weight': expected Shape { dims: [2, 3] }, found Shape { dims: [3, 3] }",
+            "Shape mismatch for 'fc.weight': expected [2, 3], found [3, 3]",
         ),
         (
             ReportError.shape_mismatch("s", [], [1]),
-            "Shape mismatch for 's': expected Shape { dims: [] }, found Shape { dims: [1] }",
+            "Shape mismatch for 's': expected [], found [1]",
         ),
         (ReportError.dtype_mismatch("b", "F32", "F16"), "DType mismatch for 'b': expected F32, found F16"),
         (ReportError.adapter_error("c", "bad transpose"), "Adapter error for 'c': bad transpose"),
@@ -229,7 +228,7 @@ def test_to_json_shape_and_round_trip() -> None:
     assert data["errors"][0] == {
         "path": "x",
         "kind": "shape_mismatch",
-        "message": "expected Shape { dims: [2] }, found Shape { dims: [3] }",
+        "message": "expected [2], found [3]",
         "expected": [2],
         "found": [3],
     }
