@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"migrate: error: {escape(failure, keep_newlines=True)}", file=sys.stderr)
         if report_path:
             try:
-                _write_report(report_path, plan, report_document(plan, failure, result and result.target))
+                _write_report(report_path, plan, report_document(plan, failure, result.target if result else None))
             except MigratorError as e:
                 done = f"wrote {result.target}, but " if result else ""
                 print(f"migrate: error: {done}the report was not written: {e}", file=sys.stderr)

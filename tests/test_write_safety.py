@@ -558,3 +558,14 @@ def test_output_onto_the_source_is_refused_with_overwrite(ws: Path, capsys: pyte
     assert code == 2 and "onto.yaml:5:9: target.path: the target is the same file as source.path" in err, err
     assert _bytes(ws) == before
     _assert_output_is_source(ws / "src.safetensors")
+
+
+def test_python_save_takes_the_mode_of_the_files_the_tensors_came_from(ws: Path, umask022: object) -> None:
+    from migrator import from_numpy, open_file, save
+
+    (ws / "src.safetensors").chmod(0o600)
+    want = _cp_mode(ws / "src.safetensors", ws / "cp-copy")
+    with open_file(ws / "src.safetensors") as r:
+        save(r.tensors, ws / "stored.bpk")
+        save([t.renamed(t.name + "2") for t in r.tensors] + [from_numpy("extra", W)], ws / "mixed.bpk")
+    assert _mode(ws / "stored.bpk") == _mode(ws / "mixed.bpk") == want == 0o600

@@ -6,6 +6,7 @@ import io
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from operator import attrgetter
 from typing import Any, BinaryIO
 
 from ..atomic import Protected, atomic_output
@@ -93,7 +94,10 @@ def save(
     """
     fmt = target_format(path, format)
     writer = writer_class(fmt)(tensors, metadata=metadata, scalars=scalars)
-    return save_planned(writer, path, overwrite=overwrite, protect=protect, progress=progress, fsync=fsync)
+    # a new file's permissions: those the files the tensors came from share (see migrator.atomic)
+    origins = sorted(o for o in set(map(attrgetter("origin"), tensors)) if o and not o.startswith("<"))
+    return save_planned(writer, path, overwrite=overwrite, protect=protect, progress=progress, fsync=fsync,
+                        mode_from=origins)
 
 
 def save_planned(
