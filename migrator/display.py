@@ -187,11 +187,13 @@ def plain_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: 
     columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in header]
     slow: set[int] = set()  # rows with a wide character or a cell to wrap
     natural = []
+    escaped = False
     for col, column in enumerate(columns):
         joined = "".join(column)
         if not joined.isprintable():
             column[:] = map(escape, column)
             joined = "".join(column)
+            escaped = True
         if joined.isascii():
             natural.append(max([len(head[col]), *map(len, column)]))
         else:
@@ -202,11 +204,17 @@ def plain_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: 
         if widths[col] < natural[col]:
             w = widths[col]
             slow.update(i for i, c in enumerate(columns[col]) if len(c) > w or cell_width(c) > w)
-    cells = list(zip(*columns, strict=True)) if rows else []
-    fmt = "  ".join(f"%{w}s" if i in right else f"%-{w}s" for i, w in enumerate(widths[:ncols]))
+    tuples = all(type(row) is tuple for row in rows)  # `%` takes a tuple
+    cells = rows if tuples and not escaped else list(zip(*columns, strict=True))
+    last = ncols - 1
+    # A left-aligned last column is not padded; only an empty last cell leaves a gap to strip.
+    fmt = "  ".join(f"%{w}s" if i in right else ("%s" if i == last else f"%-{w}s") for i, w in enumerate(widths))
     lines = [(fmt % head).rstrip(), ("  ".join("-" * w for w in widths))]
     if not slow:
-        lines += [line.rstrip() for line in map(fmt.__mod__, cells)]  # `%`: cheaper than str.format
+        if "" in columns[last]:
+            lines += [line.rstrip() for line in map(fmt.__mod__, cells)]
+        else:
+            lines += map(fmt.__mod__, cells)  # `%`: cheaper than str.format
         return lines
     for i, row in enumerate(cells):
         if i in slow:

@@ -411,6 +411,10 @@ def test_inspect_json_is_the_summary_exactly_one_tensor_a_line(hostile: Path, tm
         assert code == 0 and json.loads(out) == json.loads(json.dumps(inspect_file(path), default=str))
         tensor_lines = [line for line in out.splitlines() if line.startswith('    {"name": ')]
         assert len(tensor_lines) == len(file_names(path))
+    code, out, _ = run(capsys, "inspect", str(empty))
+    assert code == 0 and out.splitlines()[1:] == [
+        "name  dtype  shape  size  offset", "----  -----  -----  ----  ------", "0 tensors, 0 B", "",
+        "metadata", "key     value", "------  -----", "format  pt"]
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]])
