@@ -104,7 +104,6 @@ class FileSource(ByteSource):
             os.close(self.fd)
             raise FormatError("not a regular file", file=self.label)
         self.size = st.st_size
-        self.identity = (st.st_dev, st.st_ino)
 
     def view(self, offset: int, length: int) -> memoryview:
         self.check_range(offset, length, "view")
