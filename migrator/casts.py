@@ -3,7 +3,7 @@
 Both wrap a `LazyTensor`'s loader, so nothing is read or computed until a writer asks for the
 bytes; a plan can describe a cast or a transpose of a 10 GB model without touching it.
 
-Casts equal torch's ``tensor.to(dtype)`` bit for bit (measured against torch 2.x on x86-64 CPU),
+Casts equal torch's ``tensor.to(dtype)`` bit for bit (tests/test_casts.py checks it on x86-64 CPU),
 which is what a user who round-trips through PyTorch will compare against:
 
 * finite values round to nearest, ties to even; overflow gives ±inf; subnormals and -0.0 are kept;
@@ -45,8 +45,8 @@ STREAMED_ABOVE = 256 << 10
 """Casts larger than this get streamed `chunks`; a smaller one is written from its loader's one piece."""
 CHUNK_BYTES = 1 << 20
 """Bytes per piece a streamed transpose yields (at least one tile band). Small enough that a band is
-still in the shared L3 cache when the writer copies it into the page cache: 1 MiB bands made a
-1.4 GB `burn_to_pytorch` run ~1.6 s where 8 MiB bands took ~2.5 s (with streaming.Ahead)."""
+still in the shared L3 cache when the writer copies it into the page cache, while streaming.Ahead
+computes the next ones (larger bands were slower: benchmarks/RESULTS.md)."""
 
 def _load_kernels() -> Any:
     """The compiled loops (migrator/_kernels.c) if they were built; MIGRATOR_NO_KERNELS=1 turns them off."""
@@ -54,7 +54,7 @@ def _load_kernels() -> Any:
         return None
     try:
         from . import _kernels
-    except ImportError:  # installed without a C compiler: numpy does the same work, 3-8x slower
+    except ImportError:  # installed without a C compiler: numpy does the same work, bit for bit, slower
         return None
     return _kernels
 
@@ -257,7 +257,7 @@ class _Cast:
 
     def convert_piece(self, piece: Buffer) -> memoryview:
         k, kind = kernels, self.kind
-        if k is not None and kind.direct is not None:  # no numpy: small tensors cost ~1 us, not ~15
+        if k is not None and kind.direct is not None:  # no numpy: its per-call cost dominates small tensors
             return kind.direct(k, piece, len(piece) // kind.src_uint.itemsize * kind.dst_uint.itemsize)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and NaNs are intended
             return memoryview(kind.convert(np.frombuffer(piece, dtype=kind.src_uint)).view(np.uint8))
@@ -350,7 +350,7 @@ def transpose_bytes(raw: memoryview | bytes | bytearray, rows: int, cols: int, i
     """`[rows, cols]` elements of `itemsize` bytes -> a C-contiguous `[cols, rows]` array.
 
     A tiled copy: numpy's plain ``ascontiguousarray(a.T)`` strides through memory column by
-    column and is 2-4x slower on large matrices (e.g. 50257x1024 f32: ~600 ms vs ~150 ms).
+    column, which is several times slower on large matrices (benchmarks/RESULTS.md).
     """
     return _band(raw, _matrix(raw, rows, cols, itemsize), 0, cols)
 

@@ -48,10 +48,8 @@ __all__ = [
     "compile_regex",
     "contiguous_names",
     "find_collisions",
-    "map_indices_contiguous",
     "parse_usize",
     "strip_enum_variant",
-    "translate_regex",
 ]
 
 ReplacementSyntax = Literal["rust", "python", "auto"]
@@ -335,11 +333,6 @@ class _Translator:
         for flags in top.wrappers:  # flags set by a bare (?x) persist into later branches
             self.emit(f"(?{flags}:", start)
         self.i += 1
-
-
-def translate_regex(pattern: str) -> str:
-    """The Python `re` spelling of a Rust-style pattern (see the module docstring)."""
-    return _Translator(pattern).run()[0]
 
 
 def compile_regex(pattern: str) -> re.Pattern[str]:
@@ -646,18 +639,12 @@ _MAY_HAVE_INDEX = re.compile(r"(?:^|\.)\+?[0-9]")
 """A segment that parse_usize accepts starts like this; names without one are left alone quickly."""
 
 
-def map_indices_contiguous(names: Iterable[str]) -> list[tuple[str, str]]:
-    """Renumber every numeric path segment to 0, 1, 2, … per position key (spec §4.2).
+def contiguous_names(names: list[str]) -> list[str]:
+    """Every numeric path segment renumbered to 0, 1, 2, … per position key (spec §4.2), in input order.
 
     Closes the gaps PyTorch's `nn.Sequential` leaves for parameter-free layers. The key of an index
-    is the *original* prefix before it, so renumbering one level never changes another's key.
-    """
-    originals = list(names)
-    return list(zip(contiguous_names(originals), originals, strict=True))
-
-
-def contiguous_names(names: list[str]) -> list[str]:
-    """The names of `map_indices_contiguous`, in input order; an unchanged name is the same object.
+    is the *original* prefix before it, so renumbering one level never changes another's key. An
+    unchanged name is the same object.
 
     Why per prefix: the sibling tensors of a model share most of their path (``h.7.attn.c_attn`` is
     the head of both ``.weight`` and ``.bias``), so each distinct path prefix is split, parsed and

@@ -75,8 +75,6 @@ class Plan:
     report: ApplyReport
     metadata: dict[str, str]
     scalars: dict[str, Scalar]
-    allow_partial: bool
-    validate: bool
     overwrite: bool
     fsync: bool = True
     notes: list[str] = field(default_factory=list)
@@ -187,8 +185,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
             if tpl_path is not None:
                 meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
     scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
-    plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars,
-                recipe.allow_partial, recipe.validate_shapes, overwrite, fsync, notes, fatal, readers)
+    plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
+                notes, fatal, readers)
     if not fatal:
         try:
             plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)

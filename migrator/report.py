@@ -83,10 +83,6 @@ class ReportError:
         return cls(path, "dtype_mismatch", f"expected {expected}, found {found}", expected, found)
 
     @classmethod
-    def load_error(cls, path: str, message: str) -> ReportError:
-        return cls(path, "load_error", message)
-
-    @classmethod
     def adapter_error(cls, path: str, message: str) -> ReportError:
         return cls(path, "adapter_error", message)
 

@@ -21,7 +21,7 @@ SMALL_READ = 256 << 10
 than a flush + kernel copy (write_tensor)."""
 AHEAD_BYTES = 8 << 20
 """Computed bytes `Ahead` may hold beyond the piece being written. Kept well inside the L3 cache, so
-the writer copies pieces from cache, not DRAM: 32 MiB was measurably slower."""
+the writer copies pieces from cache, not DRAM (a larger budget was slower: benchmarks/RESULTS.md)."""
 _ZEROS = bytes(4096)
 _kernel_copy_ok = hasattr(os, "copy_file_range")
 
@@ -59,8 +59,8 @@ def write_computed(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = Non
     (a checksum); exactly `tensor.nbytes` bytes or an error.
 
     A large tensor's pieces go past a buffered writer straight to its raw file (the buffer would
-    copy each piece in and out again: ~6% of a 1.4 GB transposing run's writer thread), with
-    writeback started every 32 MiB. Small ones, or any on an in-memory sink, go through the sink.
+    copy each piece in and out again), with writeback started every 32 MiB. Small ones, or any on
+    an in-memory sink, go through the sink.
     """
     _write_pieces(sink, tensor, ahead, each, None if tensor.nbytes <= SMALL_READ else _position(sink))
 
@@ -136,8 +136,8 @@ def _start_writeback(sink: BinaryIO, start: int, end: int) -> None:
     """Ask the kernel to start writing back each completed 32 MiB step of the output.
 
     The final fsync then has little left to wait for: device writes overlap with copying
-    (measured: write + fsync of 1.4 GB 0.93 s instead of 1.35 s). POSIX_FADV_DONTNEED starts
-    asynchronous writeback of dirty pages and drops only pages already clean.
+    (benchmarks/RESULTS.md). POSIX_FADV_DONTNEED starts asynchronous writeback of dirty pages and
+    drops only pages already clean.
     """
     first = start - start % WRITEBACK_STEP
     last = end - end % WRITEBACK_STEP

@@ -62,7 +62,7 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder with the ~400 MB F32 source (made once for the module)."""
+    """A folder with the ~200 MB F32 source (made once for the module)."""
     folder = tmp_path_factory.mktemp("crash")
     rng = np.random.default_rng(0)
     tensors = [from_numpy(f"layers.{i}.weight", rng.random((ROWS, COLS), dtype=np.float32)) for i in range(LAYERS)]

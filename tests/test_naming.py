@@ -1,4 +1,4 @@
-"""Name transforms: KeyRemapper (§4.1), map_indices_contiguous (§4.2), enum strip, filter regexes."""
+"""Name transforms: KeyRemapper (§4.1), contiguous indices (§4.2), enum strip, filter regexes."""
 
 from __future__ import annotations
 
@@ -15,10 +15,8 @@ from migrator.naming import (
     compile_regex,
     contiguous_names,
     find_collisions,
-    map_indices_contiguous,
     parse_usize,
     strip_enum_variant,
-    translate_regex,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +200,7 @@ def test_dollar_matches_only_at_the_very_end() -> None:
     rule = RemapRule(r"\.gamma$", ".weight")
     assert rule.apply("a.gamma") == "a.weight"
     assert rule.apply("a.gamma\n") == "a.gamma\n"  # Python's bare $ would match here
-    assert translate_regex(r"a$") == r"a\Z"
+    assert compile_regex(r"a$").pattern == r"a\Z"
 
 
 @pytest.mark.parametrize(
@@ -230,8 +228,7 @@ def test_dollar_matches_only_at_the_very_end() -> None:
     ],
 )
 def test_translation(pattern: str, translated: str) -> None:
-    assert translate_regex(pattern) == translated
-    compile_regex(pattern)
+    assert compile_regex(pattern).pattern == translated
 
 
 def test_translated_semantics() -> None:
@@ -287,14 +284,12 @@ def test_key_remapper_add_pattern_fails_immediately() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# map_indices_contiguous (§4.2)
+# contiguous_names (§4.2)
 # ---------------------------------------------------------------------------------------------
 
 
 def _mapped(names: list[str]) -> list[str]:
-    pairs = map_indices_contiguous(names)
-    assert [orig for _, orig in pairs] == names
-    return [new for new, _ in pairs]
+    return contiguous_names(names)
 
 
 @pytest.mark.parametrize(
@@ -342,7 +337,7 @@ def _mapped(names: list[str]) -> list[str]:
         (["a.3.3", "a.5.3", "a.3.7"], ["a.0.0", "a.1.0", "a.0.1"]),  # keys use the original prefix
     ],
 )
-def test_map_indices_contiguous(names: list[str], expected: list[str]) -> None:
+def test_contiguous_names(names: list[str], expected: list[str]) -> None:
     assert _mapped(names) == expected
 
 
@@ -386,8 +381,7 @@ _names = st.lists(st.lists(_segment, min_size=1, max_size=5).map(".".join), max_
 
 @given(_names)
 def test_property_indices_keep_words_and_become_contiguous(names: list[str]) -> None:
-    pairs = map_indices_contiguous(names)
-    assert [orig for _, orig in pairs] == names
+    pairs = list(zip(contiguous_names(names), names, strict=True))
     per_key: dict[str, set[int]] = {}
     for new, orig in pairs:
         new_segments, old_segments = new.split("."), orig.split(".")
@@ -466,7 +460,7 @@ def test_filter_regex_uses_rust_dollar() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# map_indices_contiguous: the per-prefix implementation against a plain per-segment reference
+# contiguous_names: the per-prefix implementation against a plain per-segment reference
 # ---------------------------------------------------------------------------------------------
 
 
@@ -500,7 +494,6 @@ _SEGMENT = st.sampled_from(["0", "1", "2", "3", "7", "10", "01", "+2", "+", "", 
 
 @given(st.lists(st.lists(_SEGMENT, min_size=1, max_size=5).map(".".join), max_size=30))
 def test_contiguous_fast_path_matches_reference(names: list[str]) -> None:
-    assert [new for new, _ in map_indices_contiguous(names)] == _reference_contiguous(names)
     assert contiguous_names(names) == _reference_contiguous(names)
 
 

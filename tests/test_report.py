@@ -90,7 +90,7 @@ def _big_report() -> ApplyReport:
     missing += [(f"head.{i:02d}.bias", "Struct:Net.Vec.Struct:Linear") for i in range(9)]
     unused = ["feature.layer00.weight"] + [f"extra.t{i:02d}" for i in range(11)]
     errors = [ReportError.shape_mismatch(f"blk.{i:02d}.weight", [2, 3], [3, 3]) for i in range(10)]
-    errors.append(ReportError.load_error("blk.10.weight", 'Data("corrupt")'))
+    errors.append(ReportError("blk.10.weight", "load_error", 'Data("corrupt")'))
     errors.append(ReportError.dtype_mismatch("blk.11.weight", "F32", "F16"))
     return ApplyReport(applied=["x"], missing=missing, unused=unused, errors=errors)
 
@@ -191,7 +191,7 @@ def test_missing_sorted_by_path_and_fields_normalised() -> None:
         (ReportError.dtype_mismatch("b", "F32", "F16"), "DType mismatch for 'b': expected F32, found F16"),
         (ReportError.adapter_error("c", "bad transpose"), "Adapter error for 'c': bad transpose"),
         (
-            ReportError.load_error("d", 'Failed to load tensor data: Io("eof")'),
+            ReportError("d", "load_error", 'Failed to load tensor data: Io("eof")'),
             "Load error for 'd': Failed to load tensor data: Io(\"eof\")",
         ),
         (ReportError("e", "load_error", "plain"), "Load error for 'e': plain"),
@@ -216,7 +216,7 @@ def test_to_json_shape_and_round_trip() -> None:
         skipped=["s"],
         missing=[("fc.weight", "Struct:Net.Struct:Linear"), ("embed.table", "Struct:Net.Struct:Embedding")],
         unused=["fc1.weight", "classifier.weight"],
-        errors=[ReportError.shape_mismatch("x", [2], [3]), ReportError.load_error("y", "boom")],
+        errors=[ReportError.shape_mismatch("x", [2], [3]), ReportError("y", "load_error", "boom")],
     )
     data = report.to_json()
     assert list(data) == ["applied", "skipped", "missing", "unused", "errors"]
