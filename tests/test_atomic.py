@@ -73,20 +73,19 @@ def test_sigkill_mid_write_never_leaves_a_partial_target(tmp_path: Path, fsync: 
             assert line.startswith("load"), line
             line = step(proc)
         proc.kill()
-        proc.wait()
+        proc.communicate()
         assert target.read_bytes() == old, f"killed while loading tensor {k}: the target changed"
         # the dead run's scratch file stays; the one before it was removed when this run started writing
         scratch = scratch_name(target, proc.pid, 0)
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.bpk", scratch.name])
-    # A run let through to the end publishes the complete new file.
+    # A run let through to the end publishes the complete new file, and removed the dead run's scratch.
     proc = stepped_writer(target, fsync)
     assert proc.stdout is not None
     lines = [proc.stdout.readline().strip()] + [step(proc) for _ in range(40)]
+    proc.communicate()
     assert lines == [f"load {i}" for i in range(40)] + ["done"]
-    assert proc.wait() == 0
+    assert proc.returncode == 0
     _assert_complete_new(target)
-    # The next write removes the scratch files of the dead writers.
-    save([from_numpy("w", np.ones(2, np.float32))], target, overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["model.bpk"]
 
 
@@ -149,7 +148,9 @@ def test_concurrent_writers_leave_one_complete_file(tmp_path: Path) -> None:
     assert all(scratch_name(target, p.pid, 0).exists() for p in procs)
     for i in range(1, 41):
         assert [step(p) for p in procs] == [f"load {i}" if i < 40 else "done"] * 2
-    assert [p.wait() for p in procs] == [0, 0]
+    for p in procs:
+        p.communicate()
+    assert [p.returncode for p in procs] == [0, 0]
     _assert_complete_new(target)
     assert [p.name for p in tmp_path.iterdir()] == ["model.bpk"]
 

@@ -144,7 +144,7 @@ def kill_part_written(recipe: Path, progress: Progress, at: float) -> tuple[int,
             seen |= done is not None
             if done is not None and done >= at:
                 proc.kill()
-                proc.wait()
+                proc.communicate()
                 if done < 1:
                     return proc.pid, done
                 break  # wrote everything between two looks: try again
@@ -204,7 +204,7 @@ def test_sigkill_of_migrate_run_leaves_the_old_target_or_the_new_one(workdir: Pa
         proc = run_cli(recipe)
         time.sleep(rng.uniform(0, duration * 1.05))
         proc.kill()
-        proc.wait()
+        proc.communicate()
         killed.append(proc.pid)
         outcomes.append(check_after_kill(folder, target, old, ref, killed))
         if outcomes[-1] == "new":
