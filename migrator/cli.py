@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -151,18 +152,24 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
         table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     if with_ids:
         table.add_column("param_id", justify="right")
+    sharded = any("file" in t for t in tensors)
+    if sharded:
+        table.add_column("shard", overflow="fold")
     shown = tensors if limit is None else tensors[:limit]
     for t in shown:
         row = [t["name"], t["dtype"], str(t["shape"]), f"{t['nbytes']:,}",
                "-" if t["offset"] is None else f"{t['offset']:,}"]
         if with_ids:
             row.append(str(t.get("param_id", "")))
+        if sharded:
+            row.append(os.path.basename(t.get("file", "")))
         table.add_row(*row)
     console.print(table)
     if len(shown) < len(tensors):
         console.print(f"... and {len(tensors) - len(shown)} more tensors (use --limit or --json)")
     totals = info["totals"]
     console.print(f"{totals['tensors']} tensors, {totals['nbytes']:,} bytes ({_human(totals['nbytes'])})")
+    _print_shards(console, info)
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
         if mapping:
             t = Table(title=title, title_justify="left")
@@ -171,6 +178,22 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
             for k, v in mapping.items():
                 t.add_row(k, json.dumps(v) if not isinstance(v, str) else v)
             console.print(t)
+
+
+def _print_shards(console: Any, info: dict[str, Any]) -> None:
+    """A sharded source's per-shard summary: file, tensors, tensor bytes, file size."""
+    from rich.table import Table
+
+    shards = info.get("details", {}).get("shards")
+    if not shards:
+        return
+    index = info["details"].get("index")
+    t = Table(title=f"{len(shards)} shards" + (f" (index {index})" if index else ""), title_justify="left")
+    for col, just in (("shard", "left"), ("tensors", "right"), ("bytes", "right"), ("file size", "right")):
+        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    for s in shards:
+        t.add_row(os.path.basename(s["file"]), str(s["tensors"]), f"{s['nbytes']:,}", _human(s["file_size"]))
+    console.print(t)
 
 
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -54,7 +54,16 @@ def writer_class(fmt: str) -> type[Writer]:
 
 
 def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
-    """Open a file or buffer lazily; `options` go to the format's reader (e.g. `top_level_key`)."""
+    """Open a file or buffer lazily; `options` go to the format's reader (e.g. `top_level_key`).
+
+    A path may also name a model folder, an index (`*.index.json`) or a glob of shards: all its
+    shards are then read as one source (`formats.sharded`).
+    """
+    if isinstance(src, str | os.PathLike):
+        from .sharded import is_sharded_path
+
+        if is_sharded_path(src):
+            return _open_sharded(src, format, options)
     if isinstance(src, str | os.PathLike) and format in ("auto", "burnpack"):
         from .burnpack import resolve_read_path
 
@@ -72,6 +81,22 @@ def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
     except BaseException:
         source.close()
         raise
+
+
+def _open_sharded(src: str | os.PathLike[str], format: str, options: dict[str, Any]) -> Reader:
+    from .sharded import ShardedReader
+
+    key = options.pop("top_level_key", None)
+    if options:
+        raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
+    reader = ShardedReader(src, format)
+    try:
+        if key is not None:
+            reader.select(key)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
 
 
 def save(
