@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                       help="add a metadata entry (repeatable)")
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
+    conv.add_argument("--max-shard-size", metavar="SIZE",
+                      help="write DST as a folder of shards of at most SIZE (5GB = 5*10^9 bytes, 5GiB = 5*2^30, "
+                      "an integer = bytes) plus an index; a DST ending with '/' is sharded at 5GB")
+    conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
+                      help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
+                      "sharded DST (repeatable)")
     conv.add_argument("--emit-recipe", action="store_true", help="print the equivalent recipe as YAML; write nothing")
     conv.add_argument("--json", action="store_true", help="print the result as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -212,6 +218,8 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, contiguous_indices=args.contiguous_indices,
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
+    if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
+        options.update(max_shard_size=args.max_shard_size, copy=args.copy)
     try:
         if args.emit_recipe:
             sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))

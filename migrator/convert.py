@@ -58,6 +58,8 @@ def build_recipe(
     fsync: bool = True,
     metadata: Mapping[str, str] | None = None,
     clear_metadata: bool = False,
+    max_shard_size: str | int | None = None,
+    copy: Sequence[str] = (),
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe)."""
     remap = []
@@ -75,6 +77,10 @@ def build_recipe(
     }
     if top_level_key:
         data["source"]["top_level_key"] = top_level_key
+    if max_shard_size is not None:
+        data["target"]["shard"] = {"max_size": max_shard_size}
+    if copy:
+        data["target"]["copy"] = list(copy)
     if includes or excludes:
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
@@ -103,7 +109,8 @@ top-level key) goes through a recipe."""
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
             **options: Any) -> ConvertResult:
     """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options)."""
-    if all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
+    folder = os.fspath(dst).endswith(("/", os.sep))  # a sharded target goes through the recipe
+    if not folder and all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
         return _plain_copy(src, dst, progress=progress, **options)
     from .execute import run_plan
     from .plan import build_plan

@@ -44,7 +44,11 @@ def run_plan(plan: Plan, *, progress: bool | None = None) -> RunResult:
 def check_plan_target(plan: Plan) -> None:
     """Refuse up front what the write would refuse about its target (it exists and overwrite is off,
     it is a folder, it is a file the plan reads), so `migrate run` says so before its report."""
-    if plan.writer is not None:
+    if getattr(plan.writer, "sharded", False):
+        from .atomic_folder import check_folder_target
+
+        check_folder_target(plan.target_path, overwrite=plan.overwrite)
+    elif plan.writer is not None:
         check_target(Path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
                      protect=_read_by(plan))
 

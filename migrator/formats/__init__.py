@@ -130,7 +130,14 @@ def save_planned(
     progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
     fsync: bool = True,
 ) -> str:
-    """Write an already planned `writer` to `path` atomically (see `save`); returns the path written."""
+    """Write an already planned `writer` to `path` atomically (see `save`); returns the path written.
+
+    A `ShardedWriter` writes a folder, published whole (`migrator.atomic_folder`).
+    """
+    if getattr(writer, "sharded", False):
+        from ..atomic_folder import save_sharded
+
+        return save_sharded(writer, path, overwrite=overwrite, progress=progress, fsync=fsync)
     out = writer.resolve_path(path)
     with atomic_output(out, overwrite=overwrite, protect=protect, expected_size=writer.total_size,
                        fsync=fsync) as sink:
