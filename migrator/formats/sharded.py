@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..bytesource import ByteSource
+from ..bytesource import ByteSource, FileSource
 from ..errors import FormatError, LimitExceededError, UnknownFormatError
 from ..scalars import Scalar
 from ..tensor import LazyTensor
@@ -238,28 +238,32 @@ class ShardedReader(Reader):
         self.source = ShardSet(text, sum(s.size for s in self.shards))
 
     def _open_shards(self, files: Sequence[Path], fmt: str) -> None:
-        from . import open_file
+        from . import reader_class
+        from .detect import detect
 
         formats: dict[str, Path] = {}
         metas: dict[str, set[str]] = {}
         scalar_from: dict[str, Path] = {}
         for i, path in enumerate(files):
+            source = FileSource(path)
             try:
-                st = os.stat(path)
-            except OSError as e:
-                raise FormatError(f"cannot read shard: {e.strerror}", file=str(path)) from None
-            try:
-                reader = open_file(path, fmt)
+                shard_fmt = detect(source, path) if fmt == "auto" else fmt
+                reader = reader_class(shard_fmt)(source)
             except UnknownFormatError as e:
+                source.close()
                 raise FormatError(f"shard of {self.given}: {e.detail}", file=str(path)) from None
+            except BaseException:
+                source.close()
+                raise
             with reader:
                 formats.setdefault(reader.format, path)
                 if len(formats) > 1:
                     (f1, p1), (f2, p2) = list(formats.items())[:2]
                     raise FormatError(f"mixed formats in one source: {p1} is {f1}, {p2} is {f2}", file=self.given)
-                shard = _Shard(Path(path), st.st_size, (st.st_dev, st.st_ino))
+                shard = _Shard(path, source.size, source.identity)
                 self.shards.append(shard)
-                fd = getattr(reader.source, "fd", None)
+                fd = source.fd
+                origin = str(path)
                 for t in reader.tensors:
                     other = self.shard_of.get(t.name)
                     if other is not None:
@@ -274,7 +278,7 @@ class ShardedReader(Reader):
                         loader = _Reopened(shard, reader.format, t.name)
                         self.locations.append((i, None))
                     self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, None, t.param_id,
-                                                   str(path)))
+                                                   origin))
                 for k, v in reader.metadata.items():
                     metas.setdefault(k, set()).add(v)
                 for k, s in reader.scalars.items():
@@ -341,13 +345,18 @@ def _index_files(index: Path, weight_map: Mapping[str, str]) -> list[Path]:
     folder = index.parent
     real_folder = os.path.realpath(folder)
     files: list[Path] = []
+    seen: set[str] = set()
     for rel in sorted(set(weight_map.values())):
+        if os.path.normpath(rel) in seen:  # `./a` and `a`: one file
+            continue
+        seen.add(os.path.normpath(rel))
         parts = rel.replace("\\", "/").split("/")
         if os.path.isabs(rel) or rel.startswith(("/", "\\")) or ".." in parts or rel == "":
             raise FormatError(f"shard path '{rel}' leaves the index's folder {folder}", file=str(index))
         path = folder / rel
-        real = os.path.realpath(path)
-        if os.path.commonpath([real_folder, real]) != real_folder:
+        # a flat name can leave the folder only as a symlink: resolve just those, and nested names
+        real = os.path.realpath(path) if "/" in rel or os.path.islink(path) else None
+        if real is not None and os.path.commonpath([real_folder, real]) != real_folder:
             raise FormatError(f"shard path '{rel}' leaves the index's folder {folder} (it resolves to {real})",
                               file=str(index))
         if not path.is_file():
@@ -360,12 +369,13 @@ def _index_files(index: Path, weight_map: Mapping[str, str]) -> list[Path]:
 
 def _check_against_index(index: Path, weight_map: Mapping[str, str], reader: ShardedReader) -> None:
     folder = index.parent
+    shard_rel = [os.path.normpath(os.path.relpath(s.path, folder)) for s in reader.shards]
     for name, i in reader.shard_of.items():
         rel = weight_map.get(name)
         shard = reader.shards[i].path
         if rel is None:
             raise FormatError(f"shard {shard} holds tensor '{name}', which the index does not list", file=str(index))
-        if folder / rel != shard:
+        if rel != shard_rel[i] and os.path.normpath(rel) != shard_rel[i]:
             raise FormatError(f"the index puts tensor '{name}' in {folder / rel}, but it is in {shard}",
                               file=str(index))
     for name, rel in weight_map.items():
