@@ -107,3 +107,33 @@ def test_sigkill_never_leaves_a_mixed_folder(work: Path, overwrite: bool) -> Non
     assert proc.wait(timeout=120) == 0
     assert same_folder(out, work / "ref-new")
     assert scratch_dirs(work, target) == []
+
+
+def _small_files() -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, 3 << 20))
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_full_disk_leaves_the_target_as_it_was(work: Path, overwrite: bool) -> None:
+    """Files over 3 MiB fail (RLIMIT_FSIZE, the full-disk stand-in any process can set): the old
+    folder or no folder, and no scratch folder left."""
+    target = f"full-{overwrite}"
+    out = work / target
+    shutil.rmtree(out, ignore_errors=True)
+    if overwrite:
+        shutil.copytree(work / "ref-old", out)
+    proc = subprocess.Popen([sys.executable, "-m", "migrator.cli", "convert", "src/model.safetensors", target + "/",
+                             "--max-shard-size", "4MiB", "--no-progress", *(["--overwrite"] if overwrite else [])],
+                            cwd=work, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_small_files)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert b"File too large" in err or b"not enough space" in err
+    if overwrite:
+        assert same_folder(out, work / "ref-old")
+    else:
+        assert not out.exists()
+    assert scratch_dirs(work, target) == []
