@@ -278,3 +278,18 @@ def test_python_api_errors(tmp_path: Path) -> None:
         check_folder_target(tmp_path / "f", overwrite=True)
     with pytest.raises(PlanError, match="Burn has one file per model"):
         ShardedWriter("burnpack", [])
+
+
+def test_python_save_writes_a_folder(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    from migrator import save
+
+    arrays = {f"w{i}": np.full((25,), i, np.float32) for i in range(5)}
+    save([from_numpy(k, v) for k, v in arrays.items()], tmp_path / "m", max_shard_size=200)
+    index = json.loads((tmp_path / "m" / "model.safetensors.index.json").read_text())
+    got = {}
+    for shard in set(index["weight_map"].values()):
+        got.update(load_file(str(tmp_path / "m" / shard)))
+    assert sorted(got) == sorted(arrays) and all(np.array_equal(got[k], arrays[k]) for k in arrays)
+    assert len(set(index["weight_map"].values())) == 3  # 100 bytes each, two per 200-byte shard

@@ -110,12 +110,21 @@ def save(
     protect: Iterable[str | os.PathLike[str]] = (),
     progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
     fsync: bool = True,
+    max_shard_size: int | str | None = None,
 ) -> str:
     """Write `tensors` to `path` atomically; returns the path written.
 
     `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
     `fsync=False` publishes without flushing to disk first (see `migrator.atomic`).
+    `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
+    (`format` auto means SafeTensors there; see `formats.sharded_writer`).
     """
+    if max_shard_size is not None:
+        from .sharded_writer import ShardedWriter
+
+        shard_fmt = format if format != "auto" else "safetensors"
+        sharded = ShardedWriter(shard_fmt, tensors, metadata=metadata, scalars=scalars, max_size=max_shard_size)
+        return save_planned(sharded, path, overwrite=overwrite, progress=progress, fsync=fsync)
     fmt = target_format(path, format)
     writer = writer_class(fmt)(tensors, metadata=metadata, scalars=scalars)
     return save_planned(writer, path, overwrite=overwrite, protect=protect, progress=progress, fsync=fsync)
