@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
 from migrator.errors import FormatError  # noqa: E402
-from migrator.formats import open_file  # noqa: E402
+from migrator.formats import open_file, save  # noqa: E402
+from migrator.formats.sharded import OPEN_SHARDS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -251,6 +252,15 @@ def test_many_shards_hold_few_descriptors(tmp_path: Path) -> None:
             assert np.array_equal(t.numpy(), arrays[t.name])
             most = max(most, _fds() - before)
         assert most <= 5
+        # every shard holds one tensor at the same offset: the descriptor numbers the writers see are
+        # reused from shard to shard, and must never make two tensors look like one (PyTorch ties)
+        for name in ("one.pt", "one.safetensors", "one.bpk"):
+            save(list(r.tensors), tmp_path / name)
+            assert len(r.fds) <= OPEN_SHARDS + 1
+            with open_file(tmp_path / name) as out:
+                assert len(out) == n
+                for t in out.tensors:
+                    assert np.array_equal(t.numpy(), arrays[t.name]), (name, t.name)
     assert _fds() == before
 
 
@@ -275,3 +285,27 @@ def test_cli_bad_index_exits_1(tmp_path: Path, st_folder: Path) -> None:
                        capture_output=True, text=True, env=env)
     assert p.returncode == 1 and "index is not JSON" in p.stderr
     assert not (tmp_path / "o.bpk").exists()
+
+
+def test_shards_read_by_two_threads(tmp_path: Path) -> None:
+    """A cast to F16 computes the float tensors on the writer's look-ahead thread while the int ones
+    are copied in the kernel on the writer's: both open and close shard descriptors at once."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from migrator.convert import convert
+
+    rng = np.random.default_rng(2)
+    arrays = {}
+    for i in range(3 * OPEN_SHARDS):
+        shard = {f"l{i}.w": rng.standard_normal(80_000).astype(np.float32),
+                 f"l{i}.n": rng.integers(0, 1000, 80_000).astype(np.int32)}
+        save_file(shard, str(tmp_path / f"m-{i:03d}.safetensors"))
+        arrays.update(shard)
+    out = tmp_path / "out.bpk"
+    convert(str(tmp_path / "m-*.safetensors"), str(out), dtype="F16", progress=False)
+    with open_file(out) as r:
+        assert sorted(r.names()) == sorted(arrays)
+        for t in r.tensors:
+            want = arrays[t.name]
+            assert np.array_equal(t.numpy(), want.astype(np.float16) if want.dtype == np.float32 else want), t.name

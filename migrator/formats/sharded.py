@@ -6,8 +6,13 @@ with an index (`model.safetensors.index.json`) whose `weight_map` names each ten
 header and closes the shard again: a tensor's bytes are read by opening its shard when they are
 asked for (at most `OPEN_SHARDS` descriptors stay open, kept by this module alone, so no descriptor
 number is ever handed out that a later eviction could close or reuse), so a 1,000-shard model never
-holds 1,000 descriptors. Tensors of a sharded source therefore carry no `span`: their bytes come
-from a map (or a pread for small ones) of a freshly checked shard.
+holds 1,000 descriptors.
+
+A shard tensor's `span` is a `_ShardView` whose `fd` opens its shard on demand, so unchanged bytes
+are still copied in the kernel. A descriptor is closed only when it is none thread's most recently
+asked-for one: every user of `span.fd` (streaming, casts, the PyTorch writer's CRC) asks for it
+again right before each syscall, so the descriptor a thread is using is never closed (nor its number
+reused) under it. The soft limit is OPEN_SHARDS plus one per thread reading.
 
 What holds after opening, each checked with an error naming the files: no tensor is in two shards;
 with an index, every `weight_map` entry names a shard inside the folder that holds that tensor, and
@@ -26,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..bytesource import ByteSource, FileSource
+from ..bytesource import ByteSource, FileSource, FileSpan, FileView
 from ..errors import FormatError, LimitExceededError, UnknownFormatError
 from ..scalars import Scalar
 from ..tensor import LazyTensor
@@ -85,21 +90,29 @@ def folder_weights(folder: Path) -> Path:
 
 
 class _Shard:
-    """One shard file: its identity when its header was read, and its descriptor while open."""
+    """One shard file: its identity when its header was read, and the reader's descriptor table."""
 
-    __slots__ = ("identity", "path", "size")
+    __slots__ = ("fds", "identity", "label", "path", "size")
 
-    def __init__(self, path: Path, size: int, identity: tuple[int, int]) -> None:
-        self.path, self.size, self.identity = path, size, identity
+    def __init__(self, path: Path, size: int, identity: tuple[int, int], fds: _Descriptors) -> None:
+        self.path, self.size, self.identity, self.fds = path, size, identity, fds
+        self.label = str(path)
 
 
 class _Descriptors:
-    """The few shard descriptors open at a time; only this class ever uses or closes them."""
+    """The few shard descriptors open at a time; only this class closes them."""
 
     def __init__(self, limit: int = OPEN_SHARDS) -> None:
         self.limit = limit
         self.open: OrderedDict[int, int] = OrderedDict()  # shard id -> fd
+        self.pinned: dict[int, int] = {}  # thread id -> the shard id it asked for last
         self.lock = threading.Lock()
+
+    def fd_for(self, shard: _Shard) -> int:
+        """The shard's descriptor, kept open until this thread asks for another shard's."""
+        with self.lock:
+            self.pinned[threading.get_ident()] = id(shard)
+            return self._fd(shard)
 
     def _fd(self, shard: _Shard) -> int:
         fd = self.open.get(id(shard))
@@ -115,8 +128,10 @@ class _Descriptors:
             os.close(fd)
             raise FormatError("the shard changed since its header was read", file=str(shard.path))
         self.open[id(shard)] = fd
-        while len(self.open) > self.limit:
-            os.close(self.open.popitem(last=False)[1])
+        if len(self.open) > self.limit:
+            keep = set(self.pinned.values()) | {id(shard)}
+            for key in [k for k in self.open if k not in keep][: len(self.open) - self.limit]:
+                os.close(self.open.pop(key))
         return fd
 
     def read(self, shard: _Shard, offset: int, length: int, label: str, name: str) -> memoryview:
@@ -143,6 +158,7 @@ class _Descriptors:
 
     def close(self) -> None:
         with self.lock:
+            self.pinned.clear()
             while self.open:
                 os.close(self.open.popitem()[1])
 
@@ -151,16 +167,41 @@ class _Descriptors:
 
 
 
-class _ShardView:
-    """The loader of a tensor stored verbatim in a shard."""
+class _ShardView(FileView):
+    """A tensor stored verbatim in a shard: its loader and its span (`source` is the `_Shard`).
 
-    __slots__ = ("fds", "length", "name", "offset", "shard")
+    `fd` is a property (it shadows FileSpan's slot, which stays unset): the shard is opened when a
+    writer asks. Equality and hashing use the shard, never a descriptor number.
+    """
 
-    def __init__(self, fds: _Descriptors, shard: _Shard, offset: int, length: int, name: str) -> None:
-        self.fds, self.shard, self.offset, self.length, self.name = fds, shard, offset, length, name
+    __slots__ = ()
+
+    @property  # type: ignore[override]
+    def fd(self) -> int:
+        shard: _Shard = self.source  # type: ignore[assignment]
+        return shard.fds.fd_for(shard)
 
     def __call__(self) -> memoryview:
-        return self.fds.read(self.shard, self.offset, self.length, str(self.shard.path), self.name)
+        shard: _Shard = self.source  # type: ignore[assignment]
+        return shard.fds.read(shard, self.offset, self.length, str(shard.path), "")
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is _ShardView and other.source is self.source and other.offset == self.offset
+                and other.length == self.length)
+
+    def __hash__(self) -> int:
+        return hash((id(self.source), self.offset, self.length))
+
+
+_set_offset, _set_length, _set_view_source = FileSpan.offset.__set__, FileSpan.length.__set__, FileView.source.__set__  # type: ignore[attr-defined]
+
+
+def _shard_view(shard: _Shard, offset: int, length: int) -> _ShardView:
+    view = object.__new__(_ShardView)
+    _set_offset(view, offset)
+    _set_length(view, length)
+    _set_view_source(view, shard)
+    return view
 
 
 class _Reopened:
@@ -260,7 +301,7 @@ class ShardedReader(Reader):
                 if len(formats) > 1:
                     (f1, p1), (f2, p2) = list(formats.items())[:2]
                     raise FormatError(f"mixed formats in one source: {p1} is {f1}, {p2} is {f2}", file=self.given)
-                shard = _Shard(path, source.size, source.identity)
+                shard = _Shard(path, source.size, source.identity, self.fds)
                 self.shards.append(shard)
                 fd = source.fd
                 origin = str(path)
@@ -271,13 +312,14 @@ class ShardedReader(Reader):
                                           file=self.given)
                     self.shard_of[t.name] = i
                     span = t.span
-                    if span is not None and fd is not None and span.fd == fd:
-                        loader: Any = _ShardView(self.fds, shard, span.offset, span.length, t.name)
+                    if span is not None and span.fd == fd:
+                        view: _ShardView | None = _shard_view(shard, span.offset, span.length)
+                        loader: Any = view
                         self.locations.append((i, span.offset))
                     else:
-                        loader = _Reopened(shard, reader.format, t.name)
+                        view, loader = None, _Reopened(shard, reader.format, t.name)
                         self.locations.append((i, None))
-                    self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, None, t.param_id,
+                    self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, view, t.param_id,
                                                    origin))
                 for k, v in reader.metadata.items():
                     metas.setdefault(k, set()).add(v)
