@@ -116,6 +116,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
     from .plan import build_plan
 
     recipe = build_recipe(src, dst, **options)
+    if recipe.target.shard is not None:  # an existing folder is refused before any source is opened
+        from .atomic_folder import check_folder_target
+        from .paths import resolve_path
+
+        check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
     with build_plan(recipe, Path.cwd()) as plan:
         result = run_plan(plan, progress=progress)
         return _result(plan, result.target)

@@ -293,3 +293,28 @@ def test_python_save_writes_a_folder(tmp_path: Path) -> None:
         got.update(load_file(str(tmp_path / "m" / shard)))
     assert sorted(got) == sorted(arrays) and all(np.array_equal(got[k], arrays[k]) for k in arrays)
     assert len(set(index["weight_map"].values())) == 3  # 100 bytes each, two per 200-byte shard
+
+
+def test_convert_refuses_an_existing_folder_before_reading(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    p = migrate("convert", str(tmp_path / "no-such-source"), f"{tmp_path}/out/", check=False)
+    assert p.returncode == 1 and "already exists; to replace it pass --overwrite" in p.stderr
+
+
+def test_template_may_be_a_folder(tmp_path: Path, small_src: Path) -> None:
+    from safetensors.numpy import load_file
+
+    migrate("convert", str(small_src), f"{tmp_path}/tpl/", "--max-shard-size", "100")
+    migrate("run", str(_recipe(tmp_path, "  path: out.safetensors\n  template: tpl/")))
+    got = load_file(str(tmp_path / "out.safetensors"))
+    assert sorted(got) == [f"w{i}" for i in range(6)] and np.array_equal(got["w3"], np.full((10,), 3, np.float32))
+
+
+def test_top_level_key_on_a_sharded_source(tmp_path: Path, small_src: Path) -> None:
+    from migrator.formats import save
+
+    save([from_numpy(f"model.w{i}", np.full((10,), i, np.float32)) for i in range(4)], tmp_path / "m",
+         max_shard_size=80)
+    with open_file(tmp_path / "m", top_level_key="model") as r:
+        assert r.names() == ["w0", "w1", "w2", "w3"]
+        assert [len(set(r.file_of(i) for i in range(4)))] == [2]
