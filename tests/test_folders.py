@@ -309,3 +309,11 @@ def test_shards_read_by_two_threads(tmp_path: Path) -> None:
         for t in r.tensors:
             want = arrays[t.name]
             assert np.array_equal(t.numpy(), want.astype(np.float16) if want.dtype == np.float32 else want), t.name
+
+
+def test_read_after_close_is_an_error(st_folder: Path) -> None:
+    r = open_file(st_folder)
+    t = r.tensors[0]
+    r.close()
+    with pytest.raises(FormatError, match="read after the sharded source was closed"):
+        t.data()

@@ -107,6 +107,7 @@ class _Descriptors:
         self.open: OrderedDict[int, int] = OrderedDict()  # shard id -> fd
         self.pinned: dict[int, int] = {}  # thread id -> the shard id it asked for last
         self.lock = threading.Lock()
+        self.closed = False
 
     def fd_for(self, shard: _Shard) -> int:
         """The shard's descriptor, kept open until this thread asks for another shard's."""
@@ -115,6 +116,8 @@ class _Descriptors:
             return self._fd(shard)
 
     def _fd(self, shard: _Shard) -> int:
+        if self.closed:
+            raise FormatError("read after the sharded source was closed", file=str(shard.path))
         fd = self.open.get(id(shard))
         if fd is not None:
             self.open.move_to_end(id(shard))
@@ -129,12 +132,14 @@ class _Descriptors:
             raise FormatError("the shard changed since its header was read", file=str(shard.path))
         self.open[id(shard)] = fd
         if len(self.open) > self.limit:
+            alive = {t.ident for t in threading.enumerate()}  # a finished thread's pin is dropped
+            self.pinned = {k: v for k, v in self.pinned.items() if k in alive}
             keep = set(self.pinned.values()) | {id(shard)}
             for key in [k for k in self.open if k not in keep][: len(self.open) - self.limit]:
                 os.close(self.open.pop(key))
         return fd
 
-    def read(self, shard: _Shard, offset: int, length: int, label: str, name: str) -> memoryview:
+    def read(self, shard: _Shard, offset: int, length: int, label: str) -> memoryview:
         """`length` bytes at `offset`: a pread when small, else a map (which holds its own reference
         to the file, so the descriptor may be closed while the view lives)."""
         if length == 0:
@@ -144,27 +149,26 @@ class _Descriptors:
             if length <= SMALL_READ:
                 data = os.pread(fd, length, offset)
                 if len(data) != length:
-                    raise FormatError(f"tensor '{name}': short read at offset {offset}", file=label)
+                    raise FormatError(f"short read at offset {offset}", file=label)
                 return memoryview(data)
             start = offset - offset % mmap.ALLOCATIONGRANULARITY
             try:
                 mm = mmap.mmap(fd, length + offset - start, access=mmap.ACCESS_READ, offset=start)
             except (ValueError, OSError) as e:
-                raise FormatError(f"tensor '{name}': cannot map bytes [{offset}, {offset + length}): {e}",
-                                  file=label) from None
+                raise FormatError(f"cannot map bytes [{offset}, {offset + length}): {e}", file=label) from None
         if hasattr(mm, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
             mm.madvise(mmap.MADV_SEQUENTIAL)
         return memoryview(mm)[offset - start: offset - start + length]
 
     def close(self) -> None:
         with self.lock:
+            self.closed = True
             self.pinned.clear()
             while self.open:
                 os.close(self.open.popitem()[1])
 
     def __len__(self) -> int:
         return len(self.open)
-
 
 
 class _ShardView(FileView):
@@ -183,7 +187,7 @@ class _ShardView(FileView):
 
     def __call__(self) -> memoryview:
         shard: _Shard = self.source  # type: ignore[assignment]
-        return shard.fds.read(shard, self.offset, self.length, str(shard.path), "")
+        return shard.fds.read(shard, self.offset, self.length, shard.label)
 
     def __eq__(self, other: object) -> bool:
         return (type(other) is _ShardView and other.source is self.source and other.offset == self.offset
