@@ -317,3 +317,16 @@ def test_read_after_close_is_an_error(st_folder: Path) -> None:
     r.close()
     with pytest.raises(FormatError, match="read after the sharded source was closed"):
         t.data()
+
+
+def test_a_shard_being_read_is_never_the_target(tmp_path: Path, st_folder: Path) -> None:
+    from migrator.errors import SameFileError
+
+    f = _copy(st_folder, tmp_path / "m")
+    before = (f / "model-00002-of-00005.safetensors").read_bytes()
+    for src in (f, f / "model.safetensors.index.json", f / "model-*.safetensors"):
+        with pytest.raises(SameFileError, match="refusing to write onto a file being read"):
+            from migrator.convert import convert
+
+            convert(str(src), str(f / "model-00002-of-00005.safetensors"), overwrite=True, progress=False)
+    assert (f / "model-00002-of-00005.safetensors").read_bytes() == before

@@ -148,13 +148,33 @@ def save_planned(
 
         return save_sharded(writer, path, overwrite=overwrite, progress=progress, fsync=fsync)
     out = writer.resolve_path(path)
-    with atomic_output(out, overwrite=overwrite, protect=protect, expected_size=writer.total_size,
+    with atomic_output(out, overwrite=overwrite, protect=_protected_files(protect), expected_size=writer.total_size,
                        fsync=fsync) as sink:
         if progress is None:
             writer.write_to(sink)
         else:
             with progress(sink, writer.total_size):
                 writer.write_to(sink)
+    return out
+
+
+def _protected_files(protect: Iterable[str | os.PathLike[str]]) -> list[str | os.PathLike[str]]:
+    """The files a write must not replace: a sharded source (folder, index, glob) stands for every
+    file of its folder (or every match of its glob), so no shard or index is replaced while read."""
+    import glob as globlib
+
+    from .sharded import INDEX_SUFFIX, is_sharded_path
+
+    out: list[str | os.PathLike[str]] = []
+    for p in protect:
+        text = os.fspath(p)
+        if not is_sharded_path(text):
+            out.append(p)
+            continue
+        folder = text if os.path.isdir(text) else os.path.dirname(text) or "."
+        names = globlib.glob(text) if not os.path.isdir(text) and not text.endswith(INDEX_SUFFIX) else \
+            [os.path.join(folder, n) for n in os.listdir(folder)]
+        out += names
     return out
 
 
