@@ -22,12 +22,12 @@ from pathlib import Path
 PY = sys.executable
 
 
-def timed(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of `cmd`, from /usr/bin/time -v."""
+def timed(cmd: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (KiB) and CPU seconds (user + system) of `cmd`, from /usr/bin/time -v."""
     p = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{cmd} failed:\n{p.stderr}")
-    wall = rss = 0.0
+    wall = rss = cpu = 0.0
     for line in p.stderr.splitlines():
         line = line.strip()
         if line.startswith("Elapsed (wall clock) time"):
@@ -35,7 +35,9 @@ def timed(cmd: list[str]) -> tuple[float, int]:
             wall = sum(float(x) * 60 ** i for i, x in enumerate(reversed(parts)))
         elif line.startswith("Maximum resident set size"):
             rss = float(line.rsplit(" ", 1)[1])
-    return wall, int(rss)
+        elif line.startswith(("User time", "System time")):
+            cpu += float(line.rsplit(" ", 1)[1])
+    return wall, int(rss), cpu
 
 
 def main() -> None:
@@ -76,7 +78,7 @@ def main() -> None:
         "cp file": ["cp", str(single), str(out)],
         "cp file + sync": ["sh", "-c", f'cp "{single}" "{out}" && sync "{out}"'],
     }
-    results: dict[str, list[tuple[float, int]]] = {k: [] for k in jobs}
+    results: dict[str, list[tuple[float, int, float]]] = {k: [] for k in jobs}
     for _ in range(args.runs):
         for name, cmd in jobs.items():
             _clean(out, bpk)
@@ -84,11 +86,11 @@ def main() -> None:
             results[name].append(timed(cmd))
     _clean(out, bpk)
     print(f"{total / 2**30:.2f} GiB, {n_tensors} tensors of {total // n_tensors / 2**20:.0f} MiB, {args.runs} runs")
-    print("| job | wall s (median) | peak RSS MiB |")
-    print("|---|--:|--:|")
+    print("| job | wall s (median) | CPU s (median) | peak RSS MiB |")
+    print("|---|--:|--:|--:|")
     for name, rs in results.items():
-        print(f"| {name} | {statistics.median(w for w, _ in rs):.2f} | "
-              f"{statistics.median(r for _, r in rs) / 1024:.0f} |")
+        wall, cpu = statistics.median(w for w, _, _ in rs), statistics.median(c for _, _, c in rs)
+        print(f"| {name} | {wall:.2f} | {cpu:.2f} | {statistics.median(r for _, r, _ in rs) / 1024:.0f} |")
     many = work / "s1000"
     if not many.exists():
         import numpy as np
