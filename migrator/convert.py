@@ -101,7 +101,7 @@ def emit_recipe(recipe: Recipe) -> str:
 
 
 PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
-                           "clear_metadata"})
+                           "clear_metadata", "max_shard_size", "copy"})
 """Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, indices,
 top-level key) goes through a recipe."""
 
@@ -109,8 +109,7 @@ top-level key) goes through a recipe."""
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
             **options: Any) -> ConvertResult:
     """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options)."""
-    folder = os.fspath(dst).endswith(("/", os.sep))  # a sharded target goes through the recipe
-    if not folder and all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
+    if all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
         return _plain_copy(src, dst, progress=progress, **options)
     from .execute import run_plan
     from .plan import build_plan
@@ -129,7 +128,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
 def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None,
                 source_format: str = "auto", target_format_name: str = "auto", overwrite: bool = False,
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
-                **_: Any) -> ConvertResult:
+                max_shard_size: str | int | None = None, copy: Sequence[str] = (), **_: Any) -> ConvertResult:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
 
     (No collision check: every reader refuses files that name a tensor twice.)
@@ -141,8 +140,19 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     from .paths import resolve_path
 
     src_path, dst_path = resolve_path(Path.cwd(), src), resolve_path(Path.cwd(), dst)
-    out_fmt = target_format(dst_path, target_format_name)
-    dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
+    sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
+    if sharded:  # as a recipe's sharded target: format named, else from a suffix, else SafeTensors
+        from .atomic_folder import check_folder_target
+        from .formats.detect import from_extension
+        from .formats.sharded_writer import DEFAULT_MAX_SIZE, ShardedWriter
+
+        out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
+        check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
+    else:
+        if copy:
+            raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
+        out_fmt = target_format(dst_path, target_format_name)
+        dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format) as reader:
         tensors = list(reader.tensors)
         meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
@@ -151,7 +161,13 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         if reader.scalars and out_fmt != "burnpack":
             notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
         try:
-            writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
+            if sharded:
+                writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
+                                       max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
+                                       copies=[(c, False) for c in copy],
+                                       copy_from=getattr(reader, "folder", None) or src_path.parent)
+            else:
+                writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
         written = save_planned(writer, dst_path, overwrite=overwrite, protect=[src_path],
