@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import MigratorError
 
 if TYPE_CHECKING:
+    from .formats import Writer
     from .plan import Plan
     from .recipe import Recipe
 
@@ -160,6 +161,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         scalars = dict(reader.scalars) if out_fmt == "burnpack" else {}
         if reader.scalars and out_fmt != "burnpack":
             notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
+        writer: Writer
         try:
             if sharded:
                 writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,

@@ -197,7 +197,8 @@ class _ShardView(FileView):
         return hash((id(self.source), self.offset, self.length))
 
 
-_set_offset, _set_length, _set_view_source = FileSpan.offset.__set__, FileSpan.length.__set__, FileView.source.__set__  # type: ignore[attr-defined]
+_set_offset, _set_length, _set_view_source = (FileSpan.offset.__set__, FileSpan.length.__set__,  # type: ignore[attr-defined, misc]
+                                              FileView.source.__set__)  # type: ignore[attr-defined]
 
 
 def _shard_view(shard: _Shard, offset: int, length: int) -> _ShardView:
@@ -238,8 +239,6 @@ class ShardSet(ByteSource):
 
 class ShardedReader(Reader):
     """Every shard's tensors as one source (shard order, then each shard's data order)."""
-
-    format: str  # the shards' format, set per instance
 
     def __init__(self, path: str | os.PathLike[str], format: str = "auto") -> None:
         text = os.fspath(path)
@@ -293,7 +292,7 @@ class ShardedReader(Reader):
             source = FileSource(path)
             try:
                 shard_fmt = detect(source, path) if fmt == "auto" else fmt
-                reader = reader_class(shard_fmt)(source)
+                reader = reader_class(shard_fmt)(source)  # type: ignore[call-arg]
             except UnknownFormatError as e:
                 source.close()
                 raise FormatError(f"shard of {self.given}: {e.detail}", file=str(path)) from None
@@ -332,7 +331,7 @@ class ShardedReader(Reader):
                         raise FormatError(f"scalar '{k}' differs between shards {scalar_from[k]} and {path}",
                                           file=self.given)
                     self.scalars[k], scalar_from[k] = s, Path(path)
-        self.format = next(iter(formats)) if formats else "safetensors"
+        self.format = next(iter(formats)) if formats else "safetensors"  # type: ignore[misc]  # the shards' format
         # each shard's own metadata where the shards agree (e.g. `format: pt`); a key they disagree on is dropped
         self._shard_metadata = {k: next(iter(v)) for k, v in metas.items() if len(v) == 1}
 

@@ -106,7 +106,7 @@ class ShardedWriter(Writer):
         if fmt not in PATTERNS:
             raise PlanError(f"a sharded target cannot be {fmt}: Burn has one file per model (a burnpack holds the "
                             "whole model); write safetensors or pytorch shards")
-        self.format = fmt
+        self.format = fmt  # type: ignore[misc]  # the shards' format
         self.max_size = parse_size(max_size)
         pattern, index_name = PATTERNS[fmt]
         groups = split_shards(self.tensors, self.max_size) or [[]]
