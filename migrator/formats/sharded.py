@@ -4,9 +4,8 @@ Hugging Face ships every large model as a folder of shards (`model-00001-of-0000
 with an index (`model.safetensors.index.json`) whose `weight_map` names each tensor's shard.
 `ShardedReader` lists the tensors of every shard as one logical source. Opening parses each shard's
 header and closes the shard again: a tensor's bytes are read by opening its shard when they are
-asked for (at most `OPEN_SHARDS` descriptors stay open, kept by this module alone, so no descriptor
-number is ever handed out that a later eviction could close or reuse), so a 1,000-shard model never
-holds 1,000 descriptors.
+asked for, and only a few shards stay open (`OPEN_SHARDS`, least recently used closed first), so a
+1,000-shard model never holds 1,000 descriptors.
 
 A shard tensor's `span` is a `_ShardView` whose `fd` opens its shard on demand, so unchanged bytes
 are still copied in the kernel. A descriptor is closed only when it is none thread's most recently
