@@ -147,6 +147,14 @@ class FolderScratch:
 
     def __init__(self, path: Path, target: Path, fsync: bool) -> None:
         self.path, self.target, self.fsync = path, target, fsync
+        self.written: list[Path] = []  # flushed together by `sync`, before the publish
+
+    def sync(self) -> None:
+        """fsync every file written, then the folder. Deferred to the end so that a shard's last
+        writeback overlaps with writing the next one instead of stalling it."""
+        for path in self.written:
+            _fsync_path(path)
+        _fsync_path(self.path)
 
     @contextlib.contextmanager
     def file(self, name: str, expected_size: int | None = None) -> Iterator[BinaryIO]:
@@ -165,16 +173,14 @@ class FolderScratch:
             if expected_size is not None and written != expected_size:
                 raise OutputError(f"wrote {written} bytes, planned {expected_size}", file=str(self.target / name))
             os.ftruncate(fd, written)
-            if self.fsync:
-                os.fsync(fd)
+        self.written.append(path)
 
     def copy(self, src: Path, name: str) -> None:
         """A companion file, byte for byte."""
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, path)
-        if self.fsync:
-            _fsync_path(path)
+        self.written.append(path)
 
 
 @contextlib.contextmanager
@@ -205,9 +211,10 @@ def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False,
     old: Path | None = None
     published = False
     try:
-        yield FolderScratch(scratch, target, fsync)
+        folder = FolderScratch(scratch, target, fsync)
+        yield folder
         if fsync:
-            _fsync_path(scratch)
+            folder.sync()
         old = _publish(scratch, target, overwrite=overwrite)
         published = True
     except OSError as e:
