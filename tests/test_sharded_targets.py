@@ -320,3 +320,25 @@ def test_top_level_key_on_a_sharded_source(tmp_path: Path, small_src: Path) -> N
     with open_file(tmp_path / "m", top_level_key="model") as r:
         assert r.names() == ["w0", "w1", "w2", "w3"]
         assert [len(set(r.file_of(i) for i in range(4)))] == [2]
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_overwrite_replaces_the_folder_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool) -> None:
+    """With renameat2 (swap) and without it (the old folder renamed aside first, as on other systems)."""
+    import migrator.atomic_folder as af
+    from migrator.formats import save
+
+    if not exchange:
+        monkeypatch.setattr(af, "_renameat2", lambda *a: False)
+    old = [from_numpy(f"old{i}", np.zeros(30, np.float32)) for i in range(4)]
+    new = [from_numpy(f"new{i}", np.ones(30, np.float32)) for i in range(2)]
+    save(old, tmp_path / "m", max_shard_size=200)
+    assert len(list((tmp_path / "m").glob("model-*-of-00004.safetensors"))) == 4
+    with pytest.raises(TargetExistsError):
+        save(new, tmp_path / "m", max_shard_size=200)
+    save(new, tmp_path / "m", max_shard_size=200, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    with open_file(tmp_path / "m") as r:
+        assert r.names() == ["new0", "new1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # the old folder is gone, no scratch left
