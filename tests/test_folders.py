@@ -330,3 +330,14 @@ def test_a_shard_being_read_is_never_the_target(tmp_path: Path, st_folder: Path)
 
             convert(str(src), str(f / "model-00002-of-00005.safetensors"), overwrite=True, progress=False)
     assert (f / "model-00002-of-00005.safetensors").read_bytes() == before
+
+
+def test_gpt2_shards_equal_torch(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2Model(cfg).eval()
+    model.save_pretrained(tmp_path, max_shard_size="15KB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 2
+    for src in (tmp_path, tmp_path / "model.safetensors.index.json", tmp_path / "model-*.safetensors"):
+        with open_file(src) as r:
+            _check_equal(r, model.state_dict())
