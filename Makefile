@@ -26,19 +26,21 @@ $(STAMP): $(BUILD_INPUTS)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert
+RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard
 
 demo: install
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(PY) recipes/generate_demo_data.py $(DEMO)
 	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.pt --limit 6
 	$(VENV)/bin/migrate plan recipes/bert-to-burn.yaml
+	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert-hf --limit 4
 	for r in $(RECIPES); do $(VENV)/bin/migrate run recipes/$$r.yaml --no-progress || exit 1; done
 	$(VENV)/bin/migrate validate $(addprefix recipes/,$(addsuffix .yaml,$(RECIPES)))
 	$(PY) recipes/check_round_trip.py $(DEMO)/tiny-bert.safetensors $(DEMO)/tiny-bert-roundtrip.safetensors \
 		embeddings.position_ids
 	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk
 	cmp $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk && echo "burnpack -> burnpack convert: byte-identical"
+	ls $(DEMO)/tiny-bert-resharded
 
 # The suite in TEST_JOBS processes (pytest-xdist; 0 runs it in this process). Tests share no files
 # or fixed paths, and --dist loadfile keeps each file's tests, and its module fixtures, in one worker.

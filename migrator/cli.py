@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -78,6 +79,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                       help="add a metadata entry (repeatable)")
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
+    conv.add_argument("--max-shard-size", metavar="SIZE",
+                      help="write DST as a folder of shards of at most SIZE (5GB = 5*10^9 bytes, 5GiB = 5*2^30, "
+                      "an integer = bytes) plus an index; a DST ending with '/' is sharded at 5GB")
+    conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
+                      help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
+                      "sharded DST (repeatable)")
     conv.add_argument("--emit-recipe", action="store_true", help="print the equivalent recipe as YAML; write nothing")
     conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -230,7 +237,9 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
 
     tensors = info["tensors"]
     with_ids = any("param_id" in t for t in tensors)
-    header = ["name", "dtype", "shape", "size", "offset"] + (["param_id"] if with_ids else [])
+    sharded = any("file" in t for t in tensors)
+    header = (["name", "dtype", "shape", "size", "offset"] + (["param_id"] if with_ids else [])
+              + (["shard"] if sharded else []))
     shown = tensors if limit is None else tensors[:limit]
     sizes: dict[int, str] = {}
     rows = []
@@ -240,14 +249,17 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
         row = [t["name"], t["dtype"], str(t["shape"]), size, "-" if t["offset"] is None else str(t["offset"])]
         if with_ids:
             row.append(str(t.get("param_id", "")))
+        if sharded:
+            row.append(os.path.basename(t.get("file", "")))
         rows.append(row)
     title = f"{info['path']} ({info['format']}, {human_bytes(info['file_size'])})"
-    print_table(title, header, rows, right=(3, 4, 5))
+    print_table(title, header, rows, right=(3, 4, 5) if with_ids else (3, 4))
     out = sys.stdout
     if len(shown) < len(tensors):
         out.write(f"... and {count(len(tensors) - len(shown), 'more tensor')} (use --limit or --json)\n")
     totals = info["totals"]
     out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
+    _print_shards(info)
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
         if mapping:
             pairs = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in mapping.items()]
@@ -273,6 +285,21 @@ def _remap_problem(pattern: str, replacement: str) -> str | None:
     return f"{message} (hint: {hint})" if hint else message
 
 
+def _print_shards(info: dict[str, Any]) -> None:
+    """A sharded source's per-shard summary: file, tensors, tensor bytes, file size."""
+    from .display import human_bytes, print_table
+
+    shards = info.get("details", {}).get("shards")
+    if not shards:
+        return
+    index = info["details"].get("index")
+    rows = [(os.path.basename(s["file"]), str(s["tensors"]), human_bytes(s["nbytes"]), human_bytes(s["file_size"]))
+            for s in shards]
+    sys.stdout.write("\n")
+    print_table(f"{len(shards)} shards" + (f" (index {index})" if index else ""),
+                ("shard", "tensors", "size", "file size"), rows, right=(1, 2, 3))
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .convert import build_recipe, convert, emit_recipe
 
@@ -292,6 +319,8 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, contiguous_indices=args.contiguous_indices,
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
+    if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
+        options.update(max_shard_size=args.max_shard_size, copy=args.copy)
     try:
         if args.emit_recipe:
             sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import MigratorError
 
 if TYPE_CHECKING:
+    from .formats import Writer
     from .plan import Plan
     from .recipe import Recipe
 
@@ -58,6 +59,8 @@ def build_recipe(
     fsync: bool = True,
     metadata: Mapping[str, str] | None = None,
     clear_metadata: bool = False,
+    max_shard_size: str | int | None = None,
+    copy: Sequence[str] = (),
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe)."""
     remap = []
@@ -75,6 +78,10 @@ def build_recipe(
     }
     if top_level_key:
         data["source"]["top_level_key"] = top_level_key
+    if max_shard_size is not None:
+        data["target"]["shard"] = {"max_size": max_shard_size}
+    if copy:
+        data["target"]["copy"] = list(copy)
     if includes or excludes:
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
@@ -95,7 +102,7 @@ def emit_recipe(recipe: Recipe) -> str:
 
 
 PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
-                           "clear_metadata"})
+                           "clear_metadata", "max_shard_size", "copy"})
 """Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, indices,
 top-level key) goes through a recipe."""
 
@@ -109,6 +116,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
     from .plan import build_plan
 
     recipe = build_recipe(src, dst, **options)
+    if recipe.target.shard is not None:  # an existing folder is refused before any source is opened
+        from .atomic_folder import check_folder_target
+        from .paths import resolve_path
+
+        check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
     with build_plan(recipe, Path.cwd()) as plan:
         result = run_plan(plan, progress=progress)
         return _result(plan, result.target)
@@ -117,7 +129,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
 def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None,
                 source_format: str = "auto", target_format_name: str = "auto", overwrite: bool = False,
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
-                **_: Any) -> ConvertResult:
+                max_shard_size: str | int | None = None, copy: Sequence[str] = (), **_: Any) -> ConvertResult:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
 
     (No collision check: every reader refuses files that name a tensor twice.)
@@ -130,8 +142,19 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     from .paths import resolve_path
 
     src_path, dst_path = resolve_path(Path.cwd(), src), resolve_path(Path.cwd(), dst)
-    out_fmt = target_format(dst_path, target_format_name)
-    dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
+    sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
+    if sharded:  # as a recipe's sharded target: format named, else from a suffix, else SafeTensors
+        from .atomic_folder import check_folder_target
+        from .formats.detect import from_extension
+        from .formats.sharded_writer import DEFAULT_MAX_SIZE, ShardedWriter
+
+        out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
+        check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
+    else:
+        if copy:
+            raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
+        out_fmt = target_format(dst_path, target_format_name)
+        dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format) as reader:
         tensors = list(reader.tensors)
         meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
@@ -139,8 +162,15 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         scalars = dict(reader.scalars) if out_fmt == "burnpack" else {}
         if reader.scalars and out_fmt != "burnpack":
             notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
+        writer: Writer
         try:
-            writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
+            if sharded:
+                writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
+                                       max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
+                                       copies=[(c, False) for c in copy],
+                                       copy_from=getattr(reader, "folder", None) or src_path.parent)
+            else:
+                writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
         source = reader.source

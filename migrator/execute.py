@@ -51,7 +51,11 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     """Refuse up front what the write would refuse about its target (it exists and overwrite is off,
     it is a folder or a special file, it is a file the plan reads or another output of the run), so
     `migrate run` says so before anything is written."""
-    if plan.writer is not None:
+    if getattr(plan.writer, "sharded", False):
+        from .atomic_folder import check_folder_target
+
+        check_folder_target(plan.target_path, overwrite=plan.overwrite)
+    elif plan.writer is not None:
         check_target(Path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
                      protect=read_by(plan), outputs=outputs)
 

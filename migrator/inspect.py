@@ -13,9 +13,14 @@ from .formats.burnpack import describe_qfloat
 def summarize(reader: Reader) -> dict[str, Any]:
     """A JSON-ready description: format, tensors in data order, metadata, scalars, totals."""
     tensors = []
-    for t in reader.tensors:
+    locations = getattr(reader, "locations", None)  # a sharded source: each tensor's shard and offset
+    shards = getattr(reader, "shards", None)
+    for i, t in enumerate(reader.tensors):
         entry: dict[str, Any] = {"name": t.name, "dtype": t.dtype.display, "shape": list(t.shape),
                                  "nbytes": t.nbytes, "offset": t.span.offset if t.span else None}
+        if locations is not None and shards is not None:
+            shard, entry["offset"] = locations[i]
+            entry["file"] = str(shards[shard].path)
         if t.param_id is not None:
             entry["param_id"] = t.param_id
         if t.dtype.kind is Kind.QUANTIZED:

@@ -139,8 +139,13 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     src_path = resolve_path(base_dir, recipe.source.path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
-    out_fmt = target_format(tgt_path, recipe.target.format)
-    tgt_path = Path(writer_class(out_fmt).resolve_path(tgt_path))
+    if recipe.target.shard is not None:  # a folder of shards: the format is named, or the shards' default
+        from .formats.detect import from_extension
+
+        out_fmt = recipe.target.format if recipe.target.format != "auto" else from_extension(tgt_path) or "safetensors"
+    else:
+        out_fmt = target_format(tgt_path, recipe.target.format)
+        tgt_path = Path(writer_class(out_fmt).resolve_path(tgt_path))
     key = recipe.source.top_level_key
     try:
         reader = open_file(src_path, recipe.source.format, **({} if key is None else {"top_level_key": key}))
@@ -180,7 +185,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
             meta[VERSION_KEY] = __version__
-        if hash_sources:
+        if hash_sources and src_path.is_file():  # a sharded source has no one file to hash
             meta[SOURCE_HASH_KEY] = sha256_file(src_path)
             if tpl_path is not None:
                 meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
@@ -189,7 +194,14 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 notes, fatal, readers)
     if not fatal:
         try:
-            plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
+            if recipe.target.shard is not None:
+                from .formats.sharded_writer import ShardedWriter
+
+                plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
+                                            max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
+                                            copy_from=getattr(reader, "folder", None) or src_path.parent)
+            else:
+                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
         except MigratorError as e:
             fatal.append(str(e))
     return plan

@@ -264,8 +264,34 @@ class ScalarValue(_Strict):
         return self
 
 
+class ShardSpec(_Strict):
+    """Write a folder of shards in Hugging Face's layout (`model-00001-of-0000N.safetensors` + index)."""
+
+    max_size: Annotated[int | str, _Number] = Field(
+        "5GB", description="Largest shard, as Hugging Face reads sizes: 5GB = 5*10^9 bytes, 5GiB = 5*2^30, an "
+        "integer = bytes. A tensor larger than this gets a shard of its own.")
+
+    @field_validator("max_size")
+    @classmethod
+    def _size(cls, v: int | str) -> int | str:
+        from .formats.sharded_writer import parse_size
+
+        try:
+            parse_size(v)
+        except ValueError as e:
+            raise RecipeValueError(str(e), hint="e.g. 5GB, 500MB, 2GiB or 1000000") from None
+        return v
+
+
+class CopyEntry(_Strict):
+    """A companion file (or glob) copied byte for byte into the output folder."""
+
+    path: str = Field(description="Glob relative to the source's folder (e.g. 'tokenizer*').")
+    optional: bool = Field(False, description="No matching file is not an error.")
+
+
 class TargetSpec(_Strict):
-    """The file to write."""
+    """The file (or, for a sharded output, the folder) to write."""
 
     path: _Path = Field(description="File to write, relative to the recipe's folder (.bpk appended if no extension).")
     format: FormatName = Field("auto", description="From the extension when auto.")
@@ -280,6 +306,42 @@ class TargetSpec(_Strict):
     clear_metadata: bool = Field(False, description="Write no metadata except the entries given here.")
     scalars: Literal["keep", "none"] | dict[str, ScalarValue] = Field(
         "keep", description="burnpack scalars: keep the source's, none, or declare them.")
+    shard: ShardSpec | None = Field(
+        None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "
+        "with '/'.")
+    copy_: list[str | CopyEntry] = Field(
+        default_factory=list, alias="copy",
+        description="Companion files copied byte for byte from the source's folder into a sharded output folder "
+        "(e.g. [config.json, 'tokenizer*', {path: generation_config.json, optional: true}]); an entry matching no "
+        "file is an error unless optional.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _folder_path(cls, data: Any) -> Any:
+        """A path ending with '/' names a folder: a sharded output (the slash is lost once it is a Path)."""
+        if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"].endswith(("/", "\\")) \
+                and data.get("shard") is None:
+            return {**data, "shard": {}}
+        return data
+
+    @model_validator(mode="after")
+    def _sharded_format(self) -> TargetSpec:
+        if self.shard is not None:
+            from .formats.detect import from_extension
+
+            fmt = self.format if self.format != "auto" else from_extension(self.path)
+            if fmt == "burnpack":
+                raise RecipeValueError("a sharded target cannot be burnpack: Burn has one file per model (a .bpk "
+                                       "holds the whole model)", key="shard",
+                                       hint="write format: safetensors or pytorch shards, or drop target.shard")
+        elif self.copy_:
+            raise RecipeValueError("target.copy needs a folder target", key="copy",
+                                   hint="end target.path with '/' or set target.shard")
+        return self
+
+    def copies(self) -> list[tuple[str, bool]]:
+        """(glob, optional) per `copy` entry."""
+        return [(c, False) if isinstance(c, str) else (c.path, c.optional) for c in self.copy_]
 
 
 class Recipe(_Strict):

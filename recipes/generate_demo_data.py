@@ -6,12 +6,15 @@
   Linear weights [out, in], LayerNorm weight/bias), fp32 with int64 position ids.
 - mlp.pt: an `nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)` state_dict under `model.`, i.e. the
   index gaps (`net.0`, `net.2`, `net.4`) that Burn's contiguous-index mapping closes.
+- tiny-bert-hf/: the same tensors as a Hugging Face model folder: 40 KB shards, an index and a
+  config.json (what `save_pretrained(max_shard_size="40KB")` writes), for the sharded demo recipe.
 - classifier-init.bpk: a freshly initialised Burn-side classifier (encoder + head) with param_ids:
   the template the encoder-surgery recipe fills.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,6 +23,11 @@ import numpy as np
 from migrator import from_numpy, save
 
 HIDDEN, FFN, VOCAB, LAYERS, POSITIONS = 64, 128, 512, 2, 128
+
+
+BERT_CONFIG = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": HIDDEN, "intermediate_size": FFN,
+               "vocab_size": VOCAB, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+               "max_position_embeddings": POSITIONS, "type_vocab_size": 2}
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -96,10 +104,12 @@ def main(out_dir: str = "demo-out") -> None:
     bert = [from_numpy(k, v) for k, v in tiny_bert().items()]
     save(bert, out / "tiny-bert.pt", overwrite=True)
     save(bert, out / "tiny-bert.safetensors", metadata={"format": "pt"}, overwrite=True)
+    save(bert, out / "tiny-bert-hf", metadata={"format": "pt"}, overwrite=True, max_shard_size="40KB")
+    (out / "tiny-bert-hf" / "config.json").write_text(json.dumps(BERT_CONFIG, indent=2) + "\n")
     save([from_numpy(k, v) for k, v in mlp().items()], out / "mlp.pt", overwrite=True)
     save(classifier_template(), out / "classifier-init.bpk", overwrite=True,
          metadata={"format": "burnpack", "producer": "burn", "version": "0.22.0-pre.2"})
-    print(f"generated tiny-bert.pt, tiny-bert.safetensors, mlp.pt, classifier-init.bpk in {out}/")
+    print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, classifier-init.bpk in {out}/")
 
 
 if __name__ == "__main__":

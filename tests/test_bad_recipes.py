@@ -63,7 +63,7 @@ dtype:
   cast: F16
 target:
   path: out/model.bpk
-  format: auto
+  format: safetensors
   template: init.bpk
   template_format: burnpack
   overwrite: false
@@ -80,6 +80,12 @@ target:
       float: 0.001
     best:
       bool: true
+  shard:
+    max_size: 5GB
+  copy:
+    - config.json
+    - path: 'tokenizer*'
+      optional: true
 allow_partial: false
 validate: true
 """

@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 ADAPTERS = ("valid adapters: identity, pytorch_to_burn, burn_to_pytorch, half_precision, "
             "{half_precision: {...}}, {float_cast: {to: DTYPE}}")
 USE_FLOAT = "use one of F64, F32, Flex32, F16, BF16"
-TARGET_KEYS = "path, format, template, template_format, overwrite, fsync, metadata, clear_metadata, scalars"
+TARGET_KEYS = ("path, format, template, template_format, overwrite, fsync, metadata, clear_metadata, scalars, shard, "
+               "copy")
 TOP_KEYS = "version, description, source, remap, filter, modules, adapters, dtype, target, allow_partial, validate"
 
 

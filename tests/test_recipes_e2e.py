@@ -16,7 +16,8 @@ from migrator.cli import main
 from migrator.recipe_loader import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert"]
+ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",
+         "hf-folder-reshard"]
 
 
 @pytest.fixture
@@ -36,6 +37,16 @@ def test_all_recipes_run_and_round_trip(workspace: Path) -> None:
     out = workspace / "demo-out"
     for name in ORDER:
         assert main(["run", str(workspace / "recipes" / f"{name}.yaml"), "--no-progress"]) == 0, name
+    # a model folder re-sharded: the same tensors (safetensors' own reader), config.json copied
+    from safetensors.numpy import load_file
+
+    resharded: dict[str, np.ndarray] = {}
+    for shard in sorted((out / "tiny-bert-resharded").glob("model-*.safetensors")):
+        resharded.update(load_file(str(shard)))
+    original = load_file(str(out / "tiny-bert.safetensors"))
+    assert sorted(resharded) == sorted(original) and all(np.array_equal(resharded[k], original[k]) for k in original)
+    config = (out / "tiny-bert-resharded" / "config.json").read_bytes()
+    assert config == (out / "tiny-bert-hf" / "config.json").read_bytes()
     # MLP: index gaps closed, Linear weights transposed to Burn's [in, out]
     with open_file(out / "mlp.pt") as pt, open_file(out / "mlp.bpk") as bpk:
         assert bpk.names() == [f"layers.{i}.{p}" for i in range(3) for p in ("weight", "bias")]

@@ -55,7 +55,16 @@ def writer_class(fmt: str) -> type[Writer]:
 
 
 def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
-    """Open a file or buffer lazily; `options` go to the format's reader (e.g. `top_level_key`)."""
+    """Open a file or buffer lazily; `options` go to the format's reader (e.g. `top_level_key`).
+
+    A path may also name a model folder, an index (`*.index.json`) or a glob of shards: all its
+    shards are then read as one source (`formats.sharded`).
+    """
+    if isinstance(src, str | os.PathLike):
+        from .sharded import is_sharded_path
+
+        if is_sharded_path(src):
+            return _open_sharded(src, format, options)
     if isinstance(src, str | os.PathLike) and format in ("auto", "burnpack"):
         from .burnpack import resolve_read_path
 
@@ -75,6 +84,22 @@ def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
         raise
 
 
+def _open_sharded(src: str | os.PathLike[str], format: str, options: dict[str, Any]) -> Reader:
+    from .sharded import ShardedReader
+
+    key = options.pop("top_level_key", None)
+    if options:
+        raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
+    reader = ShardedReader(src, format)
+    try:
+        if key is not None:
+            reader.select(key)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
 def save(
     tensors: Sequence[LazyTensor],
     path: str | os.PathLike[str],
@@ -86,12 +111,21 @@ def save(
     protect: Iterable[str | os.PathLike[str]] = (),
     progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
     fsync: bool = True,
+    max_shard_size: int | str | None = None,
 ) -> str:
     """Write `tensors` to `path` atomically; returns the path written.
 
     `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
     `fsync=False` publishes without flushing to disk first (see `migrator.atomic`).
+    `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
+    (`format` auto means SafeTensors there; see `formats.sharded_writer`).
     """
+    if max_shard_size is not None:
+        from .sharded_writer import ShardedWriter
+
+        shard_fmt = format if format != "auto" else "safetensors"
+        sharded = ShardedWriter(shard_fmt, tensors, metadata=metadata, scalars=scalars, max_size=max_shard_size)
+        return save_planned(sharded, path, overwrite=overwrite, progress=progress, fsync=fsync)
     fmt = target_format(path, format)
     writer = writer_class(fmt)(tensors, metadata=metadata, scalars=scalars)
     # a new file's permissions: those the files the tensors came from share (see migrator.atomic)
@@ -115,15 +149,44 @@ def save_planned(
     """Write an already planned `writer` to `path` atomically (see `save`); returns the path written.
 
     `protect`, `outputs`, `mode_from`, `make_folders`: see `migrator.atomic.atomic_output`.
+    A `ShardedWriter` writes a folder, published whole (`migrator.atomic_folder`).
     """
+    if getattr(writer, "sharded", False):
+        from ..atomic_folder import save_sharded
+
+        return save_sharded(writer, path, overwrite=overwrite, progress=progress, fsync=fsync)
     out = writer.resolve_path(path)
-    with atomic_output(out, overwrite=overwrite, protect=protect, outputs=outputs, expected_size=writer.total_size,
-                       fsync=fsync, mode_from=mode_from, make_folders=make_folders) as sink:
+    with atomic_output(out, overwrite=overwrite, protect=_protected_files(protect), outputs=outputs,
+                       expected_size=writer.total_size, fsync=fsync, mode_from=mode_from,
+                       make_folders=make_folders) as sink:
         if progress is None:
             writer.write_to(sink)
         else:
             with progress(sink, writer.total_size):
                 writer.write_to(sink)
+    return out
+
+
+def _protected_files(protect: Iterable[Protected]) -> list[Protected]:
+    """The files a write must not replace: a sharded source (folder, index, glob) stands for every
+    file of its folder (or every match of its glob), so no shard or index is replaced while read."""
+    import glob as globlib
+
+    from .sharded import INDEX_SUFFIX, is_sharded_path
+
+    out: list[Protected] = []
+    for p in protect:
+        if isinstance(p, tuple):  # a (device, inode) identity of a file held open
+            out.append(p)
+            continue
+        text = os.fspath(p)
+        if not is_sharded_path(text):
+            out.append(p)
+            continue
+        folder = text if os.path.isdir(text) else os.path.dirname(text) or "."
+        names = globlib.glob(text) if not os.path.isdir(text) and not text.endswith(INDEX_SUFFIX) else \
+            [os.path.join(folder, n) for n in os.listdir(folder)]
+        out += names
     return out
 
 

@@ -102,9 +102,9 @@ class PytorchWriter(Writer):
         # One storage per distinct byte range: tensors that were tied in the source stay tied.
         self._storage_of: list[int] = []
         self._storages: list[LazyTensor] = []
-        by_span: dict[tuple[int, int, int, str], int] = {}
+        by_span: dict[tuple[object, int, int, str], int] = {}
         for t in self.tensors:
-            key = (t.span.fd, t.span.offset, t.span.length, t.dtype.name) if t.span is not None else None
+            key = _span_key(t) if t.span is not None else None
             if key is not None and key in by_span:
                 self._storage_of.append(by_span[key])
                 continue
@@ -341,6 +341,15 @@ def _crc(view: memoryview) -> int:
     for start in range(0, len(view), _CRC_CHUNK):
         crc = zlib.crc32(view[start : start + _CRC_CHUNK], crc)
     return crc
+
+
+def _span_key(t: LazyTensor) -> tuple[object, int, int, str]:
+    """Which stored bytes a tensor is: its span's source object where it has one (a sharded source's
+    descriptors are opened and closed per shard, so their numbers are reused), else the descriptor."""
+    span = t.span
+    assert span is not None
+    source = getattr(span, "source", None)
+    return (span.fd if source is None else source, span.offset, span.length, t.dtype.name)
 
 
 def _crc_span(tensor: LazyTensor) -> int:

@@ -1,0 +1,140 @@
+"""Sharded outputs: Hugging Face's model-folder layout, split exactly as `huggingface_hub` splits.
+
+`split_shards` walks the tensors in output order and starts a new shard when the next tensor would
+push the current one past the limit; a tensor larger than the limit gets a shard of its own, placed
+where it is met, while the current shard keeps filling (huggingface_hub's
+`split_state_dict_into_shards_factory`, whose result the tests compare against). Shards are named
+`model-00001-of-00003.safetensors` (`pytorch_model-...bin` for PyTorch) with an index
+`model.safetensors.index.json`; a model that fits one shard is one `model.safetensors` and no index,
+as `save_pretrained` writes it.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..errors import PlanError
+from ..scalars import Scalar
+from ..tensor import LazyTensor
+from .base import Writer
+
+DEFAULT_MAX_SIZE = "5GB"  # huggingface_hub's and save_pretrained's default
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+PATTERNS = {"safetensors": ("model{suffix}.safetensors", "model.safetensors.index.json"),
+            "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json")}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from `5GB` (5*10^9), `5GiB` (5*2^30) or a bare integer, as Hugging Face reads sizes."""
+    if isinstance(size, bool):
+        raise ValueError(f"expected a size, got {str(size).lower()}")
+    if isinstance(size, int):
+        value = size
+    else:
+        m = _SIZE.match(size)
+        if m is None or (m[2] and m[2][-1] == "b"):
+            raise ValueError(f"cannot read size '{size}': write an integer (bytes) or one with a unit, "
+                             "e.g. 5GB (5*10^9 bytes) or 5GiB (5*2^30 bytes)")
+        value = int(m[1]) * _UNITS[(m[2] or "").upper()]
+    if value <= 0:
+        raise ValueError(f"a shard size must be positive, got {size}")
+    return value
+
+
+def split_shards(tensors: Sequence[LazyTensor], max_size: int) -> list[list[LazyTensor]]:
+    """huggingface_hub's split of `tensors` (in order) into shards of at most `max_size` bytes."""
+    shards: list[list[LazyTensor]] = []
+    current: list[LazyTensor] = []
+    size = 0
+    for t in tensors:
+        if t.nbytes > max_size:
+            shards.append([t])
+            continue
+        if size + t.nbytes > max_size:
+            shards.append(current)
+            current, size = [], 0
+        current.append(t)
+        size += t.nbytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: set[str]) -> list[tuple[Path, str]]:
+    """Companion files to copy: (file, name in the output) per match of each (glob, optional) entry.
+
+    Globs are relative to the source's folder and may not leave it; a required entry matching no
+    file, and a match that would replace a written shard or index, are errors.
+    """
+    out: dict[str, Path] = {}
+    for pattern, optional in entries:
+        parts = pattern.replace("\\", "/").split("/")
+        if os.path.isabs(pattern) or ".." in parts:
+            raise PlanError(f"target.copy: '{pattern}' leaves the source folder {folder}")
+        matches = sorted(p for p in globlib.glob(globlib.escape(str(folder)) + "/" + pattern) if os.path.isfile(p))
+        if not matches and not optional:
+            raise PlanError(f"target.copy: no file in {folder} matches '{pattern}' (mark it optional: "
+                            f"{{path: '{pattern}', optional: true}} if it may be absent)")
+        for match in matches:
+            rel = os.path.relpath(match, folder)
+            if rel in reserved:
+                raise PlanError(f"target.copy: '{rel}' would replace a file migrator writes in the output folder")
+            out[rel] = Path(match)
+    return [(p, rel) for rel, p in out.items()]
+
+
+class ShardedWriter(Writer):
+    """A folder of shard files (each planned by its format's writer), an index and companion files."""
+
+    default_extension = ""
+    sharded = True
+
+    def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
+                 scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
+                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None) -> None:
+        super().__init__(tensors, metadata=metadata, scalars=scalars)
+        from . import writer_class
+
+        if fmt not in PATTERNS:
+            raise PlanError(f"a sharded target cannot be {fmt}: Burn has one file per model (a burnpack holds the "
+                            "whole model); write safetensors or pytorch shards")
+        self.format = fmt  # type: ignore[misc]  # the shards' format
+        self.max_size = parse_size(max_size)
+        pattern, index_name = PATTERNS[fmt]
+        groups = split_shards(self.tensors, self.max_size) or [[]]
+        n = len(groups)
+        names = [pattern.format(suffix="")] if n == 1 else [pattern.format(suffix=f"-{i + 1:05d}-of-{n:05d}")
+                                                             for i in range(n)]
+        cls = writer_class(fmt)
+        self.files: list[tuple[str, Writer]] = [(name, cls(group, metadata=metadata, scalars=scalars))
+                                                for name, group in zip(names, groups, strict=True)]
+        self.index: dict[str, Any] | None = None
+        self.index_name = index_name
+        if n > 1:
+            weight_map = {t.name: name for name, group in zip(names, groups, strict=True) for t in group}
+            self.index = {"metadata": {"total_size": sum(t.nbytes for t in self.tensors)}, "weight_map": weight_map}
+        reserved = set(names) | ({index_name} if self.index is not None else set())
+        self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
+
+    def index_bytes(self) -> bytes:
+        """The index as `save_pretrained` writes it: sorted keys, two-space indent."""
+        return (json.dumps(self.index, indent=2, sort_keys=True) + "\n").encode()
+
+    @property
+    def total_size(self) -> int:
+        return sum(w.total_size for _, w in self.files)
+
+    def write_to(self, sink: BinaryIO) -> None:
+        raise TypeError("a sharded output is a folder: save it with formats.save_planned")
+
+    @staticmethod
+    def resolve_path(path: str | os.PathLike[str]) -> str:
+        return os.path.normpath(os.fspath(path))
