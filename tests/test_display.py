@@ -66,7 +66,7 @@ def test_printable_text_and_markup_are_kept_as_they_are() -> None:
         assert escape(text) == text
     assert escape("line1\nline2\x1b", keep_newlines=True) == "line1\nline2\\x1b"
     assert escape("\U000e0001") == "\\U000e0001"  # a tag character outside the BMP
-    assert escape(ReportError.load_error("x", "y")) == "Load error for 'x': y"  # any object, by str()
+    assert escape(ReportError("x", "load_error", "y")) == "Load error for 'x': y"  # any object, by str()
 
 
 def test_sizes_are_iec_with_one_decimal_and_counts_agree_in_number() -> None:
@@ -211,7 +211,7 @@ def test_plan_and_run_output_is_inert(hostile: Path, tmp_path: Path, capsys: pyt
 def test_summary_escapes_missing_unused_and_error_names() -> None:
     missing, unused = "dec\x1b[2J[/].w", "enc\x07[bold].w"
     report = ApplyReport(applied=["a"], missing=[(missing, "")], unused=[unused, "dec\x1b[2J[/].x"],
-                         errors=[ReportError.load_error("e\u202e.w", "boom\x1b]52;c;eA==\x07")])
+                         errors=[ReportError("e\u202e.w", "load_error", "boom\x1b]52;c;eA==\x07")])
     text = report.display()
     assert inert(text)
     for name in (missing, unused, "e\u202e.w", "boom\x1b]52;c;eA==\x07"):

@@ -407,10 +407,12 @@ def test_fifo_sources_are_refused_without_blocking(ws: Path) -> None:
     assert not (ws / "out.bpk").exists() and not (ws / "out.safetensors").exists()
 
 
-def test_folder_source_is_refused(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_folder_without_weights_is_refused(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder is a model folder source; one with no weights file in it is a clear error."""
     (ws / "dir.safetensors").mkdir()
     assert main(["inspect", "dir.safetensors"]) == 1
-    assert "not a regular file (a folder)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "dir.safetensors: not a model folder" in err and "Traceback" not in err
 
 
 def _special_targets(ws: Path) -> list[Path]:
