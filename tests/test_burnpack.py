@@ -417,3 +417,33 @@ def test_writing_onto_the_source_is_refused(tmp_path: Path) -> None:
     save([from_numpy("w", W)], p)
     with open_file(p) as r, pytest.raises(MigratorError, match="being read"):
         save(r.tensors, p, overwrite=True, protect=[p])
+
+
+# ---------------------------------------------------------------- text that is not UTF-8 (surrogates)
+
+_SURROGATE = b"\xed\xa0\x80"  # what a lone \ud800 would be as (invalid) UTF-8; CBOR text must be UTF-8
+
+
+def _text(raw: bytes) -> bytes:
+    return bytes([0x60 + len(raw)]) + raw
+
+
+@pytest.mark.parametrize("where", ["name", "metadata key", "metadata value", "dtype", "scalar name"])
+def test_lone_surrogates_in_cbor_text_are_refused(where: str) -> None:
+    """Burn (serde/ciborium) refuses such text; cbor2 agrees; the reader gives a FormatError naming the file."""
+    bad = _text(b"w" + _SURROGATE)
+    name = bad if where == "name" else _text(b"w")
+    dtype = bad if where == "dtype" else cbor.encode("F32")
+    descriptor = b"\xa3\x65dtype" + dtype + b"\x65shape\x82\x02\x02\x6cdata_offsets\x82\x00\x10"
+    rest, fields = b"", 1
+    if where.startswith("metadata"):
+        rest, fields = b"\x68metadata\xa1" + (bad + _text(b"v") if where == "metadata key" else _text(b"k") + bad), 2
+    if where == "scalar name":
+        rest, fields = b"\x67scalars\xa1" + bad + cbor.encode({"UInt": 1}), 2
+    meta = bytes([0xA0 + fields]) + b"\x67tensors\xa1" + name + descriptor + rest
+    with pytest.raises(cbor2.CBORDecodeError):
+        cbor2.loads(meta)
+    with pytest.raises(FormatError, match="UTF-8") as e:
+        open_file(pack(None, bytes(16), raw_meta=meta))
+    assert e.value.file is not None
+    str(e.value).encode("utf-8")  # printable

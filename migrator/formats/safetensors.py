@@ -14,7 +14,7 @@ import json
 import re
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import accumulate, islice, repeat
 from operator import add, eq, sub
 from typing import Any, BinaryIO, ClassVar, Literal
@@ -250,7 +250,28 @@ class SafetensorsReader(Reader):
             raise self._error(f"the header is not valid JSON: {e}") from None
         if not isinstance(value, _Pairs):
             raise self._error(f"the header must be a JSON object, found {_kind(value)}")
+        if "\\u" in text:  # only a \u escape can spell a surrogate (raw UTF-8 cannot hold one)
+            self._refuse_surrogates(value)
         return value
+
+    def _refuse_surrogates(self, header: _Pairs) -> None:
+        """A FormatError for the first string holding a lone surrogate escape (`\\ud800`): the format
+        is UTF-8 text and the library (serde_json) refuses it; such a name could not be printed,
+        written or compared with what other tools read."""
+        for name, value in header:
+            where = None
+            if not utf8_ok(name):
+                where = "a tensor name" if name != METADATA_KEY else "a key"
+            elif name == METADATA_KEY and isinstance(value, _Pairs):
+                for k, v in value:
+                    if not utf8_ok(k) or (isinstance(v, str) and not utf8_ok(v)):
+                        where = f"__metadata__ {'key' if not utf8_ok(k) else f'value of {k!a}'}"
+                        break
+            elif not all(map(utf8_ok, _strings(value))):
+                where = f"the entry of tensor {name!a}"
+            if where is not None:
+                raise self._error(f"{where} holds a lone surrogate escape ({_surrogate(name, value)}): "
+                                  "SafeTensors headers are UTF-8 text, which cannot hold one")
 
     def _fast(self, raw: bytes) -> _FastHeader | None:
         """Metadata and entries of a header in the common shape, with every check of the full parser;
@@ -415,6 +436,31 @@ class SafetensorsReader(Reader):
 
     def extra(self) -> dict[str, Any]:
         return {"header_size": self.header_size, "data_start": 8 + self.header_size}
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string in a decoded JSON value, keys included (iteratively: nesting is bounded by json)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, _Pairs):
+            for k, item in v:
+                yield k
+                stack.append(item)
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+def _surrogate(*values: object) -> str:
+    """The first lone surrogate among the strings of `values`, as its escape (`\\ud800`)."""
+    for v in values:
+        for text in _strings(v):
+            for ch in text:
+                if 0xD800 <= ord(ch) <= 0xDFFF:
+                    return f"\\u{ord(ch):04x}"
+    return "?"
 
 
 def _numel(shape: Sequence[int]) -> int:
