@@ -163,6 +163,8 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
         console.print(f"... and {len(tensors) - len(shown)} more tensors (use --limit or --json)")
     totals = info["totals"]
     console.print(f"{totals['tensors']} tensors, {totals['nbytes']:,} bytes ({_human(totals['nbytes'])})")
+    for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
+        print(f"warning: {warning}", file=sys.stderr)
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
         if mapping:
             t = Table(title=title, title_justify="left")

@@ -447,3 +447,50 @@ def test_lone_surrogates_in_cbor_text_are_refused(where: str) -> None:
         open_file(pack(None, bytes(16), raw_meta=meta))
     assert e.value.file is not None
     str(e.value).encode("utf-8")  # printable
+
+
+# ------------------------------------------------------------------- a tensor name twice (Burn: last wins)
+
+
+def _twice(*names: bytes) -> bytes:
+    """A tensor map holding each of `names` in turn, with shapes [1], [2], ... (the last is read)."""
+    body = b"".join(_text(n) + cbor.encode(desc(shape=[i + 1], offsets=[256 * i, 256 * i + 4 * (i + 1)]))
+                    for i, n in enumerate(names))
+    return b"\xa1\x67tensors" + bytes([0xA0 + len(names)]) + body
+
+
+def test_a_repeated_name_keeps_the_last_entry_and_is_reported() -> None:
+    r = open_file(pack(None, bytes(768), raw_meta=_twice(b"w", b"v", b"w")))
+    assert r["w"].shape == (3,) and sorted(r.names()) == ["v", "w"]
+    assert r.duplicate_names == ["w"]
+    (warning,) = r.extra()["warnings"]
+    assert "1 tensor name(s)" in warning and "'w'" in warning and "last" in warning
+
+
+def test_repeated_names_reported_escaped_and_capped() -> None:
+    names = [b"a\x1b[2J", b"b", b"c", b"d", b"e", b"f", b"g"]
+    r = open_file(pack(None, bytes(256 * 14), raw_meta=_twice(*names, *names)))
+    assert r.duplicate_names == [n.decode() for n in names]
+    (warning,) = r.extra()["warnings"]
+    assert warning.isascii() and "'a\\x1b[2J'" in warning and "and 2 more" in warning
+
+
+def test_no_warning_without_repeats() -> None:
+    assert "warnings" not in open_file(pack(None, bytes(512), raw_meta=_twice(b"w", b"v"))).extra()
+
+
+def test_inspect_prints_the_warning(tmp_path: Path) -> None:
+    import contextlib
+    import io
+
+    from migrator.cli import main
+
+    path = tmp_path / "dup.bpk"
+    path.write_bytes(pack(None, bytes(512), raw_meta=_twice(b"w", b"w")))
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        assert main(["inspect", str(path)]) == 0
+    assert "warning: 1 tensor name(s) appear more than once" in err.getvalue()
+    with contextlib.redirect_stdout(out := io.StringIO()):
+        assert main(["inspect", "--json", str(path)]) == 0
+    assert "appear more than once" in out.getvalue()
