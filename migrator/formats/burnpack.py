@@ -243,6 +243,8 @@ class BurnpackReader(Reader):
                 return
             try:
                 root = cbor.decode(raw)
+            except cbor.CborLimitError as e:
+                raise LimitExceededError(f"Metadata deserialization error: {e}", file=label) from None
             except cbor.CborError as e:
                 raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
             del raw

@@ -40,6 +40,15 @@ from .base import (
 )
 
 MAX_HEADER_SIZE = 100_000_000  # the library's limit; a reader must refuse larger headers
+BUDGET_PER_BYTE = 14
+BUDGET_BASE = 56 << 20
+"""A header may build at most BUDGET_PER_BYTE x its size + BUDGET_BASE bytes of Python objects (with the
+header itself: within SECURITY.md's 16 x input + 64 MiB); see `SafetensorsReader._check_budget`."""
+# Upper bounds, in bytes, of what one `{`/`[`, one `:` and one `"` lets json.loads build (CPython
+# 64-bit, GC headers included): a list or _Pairs; a (key, value) tuple and its slot; half a string.
+_CONTAINER_COST = 88
+_PAIR_COST = 80
+_QUOTE_COST = 36
 METADATA_KEY = "__metadata__"
 _ENTRY_FIELDS = ("dtype", "shape", "data_offsets")
 _U64_MAX = 2**64 - 1
@@ -203,6 +212,7 @@ class SafetensorsReader(Reader):
         self.source = source
         self.scalars: dict[str, Scalar] = {}
         self.header_size, raw = self._read_raw()
+        self._check_budget(raw)
         with no_gc():
             fast = self._fast(raw) if self.fast_path else None
             if fast is not None:
@@ -236,6 +246,21 @@ class SafetensorsReader(Reader):
         if n > size - 8:
             raise self._error(f"declares a {n}-byte JSON header but only {size - 8} bytes follow the length")
         return n, self.source.read(8, n, "SafeTensors header")
+
+    def _check_budget(self, raw: bytes) -> None:
+        """Refuse a header whose parse could build more than BUDGET_PER_BYTE x its size + BUDGET_BASE
+        bytes of Python objects, before parsing it. Every object, array, pair and string the JSON
+        parser creates needs at least one `{`, `[`, `:` or two `"` bytes of its own, so counting those
+        bytes (in C) bounds what parsing builds; it overcounts such bytes inside strings, which real
+        headers have few of."""
+        cost = (_CONTAINER_COST * (raw.count(b"{") + raw.count(b"[")) + _PAIR_COST * raw.count(b":")
+                + _QUOTE_COST * raw.count(b'"'))
+        budget = BUDGET_PER_BYTE * len(raw) + BUDGET_BASE
+        if cost > budget:
+            raise LimitExceededError(
+                f"the {len(raw)}-byte JSON header could build ~{cost} bytes of objects (from its count of "
+                f"objects, arrays, pairs and strings), over the budget of {BUDGET_PER_BYTE} x its size + 56 MiB",
+                file=self.label)
 
     def _decode(self, raw: bytes) -> _Pairs:
         try:
