@@ -389,3 +389,31 @@ def test_real_headers_fit_the_budget_with_room() -> None:
         buf = io.BytesIO()
         writer.write_to(buf)
         assert len(open_file(buf.getvalue()).tensors) == 20_000
+
+
+@pytest.mark.parametrize("reader", fuzz.DIFFERENTIAL_READERS)
+def test_differential_fuzz_finds_no_difference(reader: str, tmp_path: Path) -> None:
+    """A short `tools/fuzz.py --differential` run: the fast path and the reference parser agree on
+    every mutated input, and the fast path is exercised (not only its fallback)."""
+    import random
+
+    summary = fuzz.run_differential(reader, 150, random.Random(3), 30.0, tmp_path, None)
+    assert summary["differences"] == 0 and summary["timeouts"] == 0, summary
+    assert summary["outcomes"].get("fast path", 0) > 0, summary
+
+
+def test_differential_outcome_sees_a_difference() -> None:
+    """The comparison can fail: a reader whose fast path drops the metadata differs from the reference."""
+    from migrator.formats.safetensors import SafetensorsReader
+
+    class Lossy(SafetensorsReader):
+        def _fast(self, raw: bytes) -> Any:
+            got = super()._fast(raw)
+            return None if got is None else ({}, *got[1:])
+
+    data = fuzz.build_seeds("safetensors")
+    with_meta = [d for d in data if b"__metadata__" in d and fuzz.fast_path_taken("safetensors", d)]
+    assert with_meta
+    shipped, reference = fuzz._header_reader_classes("safetensors")
+    assert fuzz.differential_outcome(Lossy, with_meta[0]) != fuzz.differential_outcome(reference, with_meta[0])
+    assert fuzz.differential_outcome(shipped, with_meta[0]) == fuzz.differential_outcome(reference, with_meta[0])
