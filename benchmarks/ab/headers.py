@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys
 variant = sys.argv[1]
-if variant != "default":
+if variant in ("fast", "full"):
     import migrator.formats.safetensors as st, migrator.formats.burnpack as bp
     for cls in (st.SafetensorsReader, bp.BurnpackReader):
         setattr(cls, "fast_path", variant == "fast")
@@ -100,8 +100,11 @@ def commands(st: Path, bpk: Path, folder: Path, wanted: set[str]) -> Iterator[tu
                                                   "--no-fsync"]
 
 
+TREES: dict[str, str] = {}  # variant -> the package tree it runs (default: this checkout)
+
+
 def run(variant: str, args: list[str]) -> float:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": TREES.get(variant, str(REPO))}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", CHILD, variant, *args], check=True, env=env, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
@@ -113,13 +116,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", default="fast,full", help="comma-separated, e.g. fast,full or default")
     ap.add_argument("--commands", default="inspect,plan,convert")
+    ap.add_argument("--formats", default="safetensors,burnpack")
+    ap.add_argument("--tree", action="append", default=[], metavar="VARIANT=PATH",
+                    help="run VARIANT (as 'default') from another checkout's package, e.g. old=/tmp/old")
     a = ap.parse_args()
+    for spec in a.tree:
+        name, _, path = spec.partition("=")
+        TREES[name] = path
     a.folder.mkdir(parents=True, exist_ok=True)
     st, bpk = make_models(a.folder)
     variants = a.variants.split(",")
     print(f"{len(list(deepseek_shapes()))} tensors; SafeTensors {st.stat().st_size >> 20} MiB, "
           f"burnpack {bpk.stat().st_size >> 20} MiB; {a.rounds} alternating rounds, wall seconds (median, min)")
+    formats = set(a.formats.split(","))
     for label, args in commands(st, bpk, a.folder, set(a.commands.split(","))):
+        if ("SafeTensors" in label.split(", ")[-1]) != ("safetensors" in formats) and len(formats) == 1:
+            continue
         times: dict[str, list[float]] = {v: [] for v in variants}
         run(variants[0], args)  # warm the page cache
         for r in range(a.rounds):
