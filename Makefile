@@ -2,14 +2,14 @@
 # Both create .venv and install everything on a fresh machine.
 PYTHON ?= python3
 VENV ?= .venv
-PY := $(VENV)/bin/python
+PY := $(abspath $(VENV))/bin/python
 # Reinstall when the package definition, the compiled kernels (pip builds migrator/_kernels.c) or
 # these install steps change.
 BUILD_INPUTS := pyproject.toml setup.py migrator/_kernels.c Makefile
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) | cksum | cut -d' ' -f1)
 DEMO := demo-out
 
-.PHONY: install demo test lint bench schema clean
+.PHONY: install demo test lint ubsan bench schema clean
 
 install: $(STAMP)
 	# Bytecode for the package, as a wheel install writes it: with PYTHONDONTWRITEBYTECODE set (it is
@@ -51,6 +51,20 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# The kernels built with UndefinedBehaviorSanitizer and AddressSanitizer (any finding aborts) into
+# build/ubsan, beside a copy of the package, and their tests run against that copy. ASan must be the
+# first library loaded into the (uninstrumented) Python: LD_PRELOAD; leak checks would report
+# Python's own allocations.
+UBSAN := build/ubsan
+SANITIZE := -fsanitize=undefined,address -fno-sanitize-recover=all -fno-omit-frame-pointer -g
+ubsan: install
+	rm -rf $(UBSAN) && mkdir -p $(UBSAN)/tmp
+	cp -r migrator $(UBSAN)/ && rm -f $(UBSAN)/migrator/_kernels*.so
+	CFLAGS="$(SANITIZE)" LDFLAGS="$(SANITIZE)" $(PY) setup.py -q build_ext --build-lib $(UBSAN) --build-temp $(UBSAN)/tmp
+	cd $(UBSAN) && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+		MIGRATOR_SHARED_FIXTURES=$(CURDIR)/../shared/fixtures PYTHONPATH=$(CURDIR)/$(UBSAN) \
+		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_casts.py
 
 bench: install
 	$(PY) benchmarks/suite.py

@@ -23,32 +23,56 @@
 #define HAVE_X86_F16C 0
 #endif
 
+/* Buffers arrive at any byte address (a tensor in a mapped SafeTensors file starts right after a
+ * header of any length), so an item is never read or written through a typed pointer: every access
+ * goes through memcpy on byte pointers, which is defined for any alignment and compiles to one plain
+ * load or store. The SIMD loads and stores are the unaligned (`loadu`/`storeu`) forms. */
+typedef unsigned char byte;
+
+#define DEFINE_ITEM(BITS)                                                                            \
+    static inline uint##BITS##_t ld##BITS(const byte *p, Py_ssize_t i)                              \
+    {                                                                                                \
+        uint##BITS##_t v;                                                                            \
+        memcpy(&v, p + i * (Py_ssize_t)sizeof v, sizeof v);                                          \
+        return v;                                                                                    \
+    }                                                                                                \
+    static inline void st##BITS(byte *p, Py_ssize_t i, uint##BITS##_t v)                            \
+    {                                                                                                \
+        memcpy(p + i * (Py_ssize_t)sizeof v, &v, sizeof v);                                          \
+    }
+
+DEFINE_ITEM(8)
+DEFINE_ITEM(16)
+DEFINE_ITEM(32)
+DEFINE_ITEM(64)
+
 /* ---- scalar reference rules ------------------------------------------------------------------ */
 
 static uint16_t f32_to_f16_bits(uint32_t u)
 {
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t a = u & 0x7FFFFFFFu;
+    /* the common case first, as one unsigned compare: [2^-14, 65520) rounds to a normal f16 */
+    if (__builtin_expect(a - 0x38800000u < 0x477FF000u - 0x38800000u, 1)) {
+        uint32_t r = a + 0xFFFu + ((a >> 13) & 1u); /* rebias, round the 13 dropped bits to even */
+        return (uint16_t)(sign | ((r >> 13) - (112u << 10)));
+    }
     if (a > 0x7F800000u) /* NaN: quiet bit + top 10 payload bits */
         return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
     if (a >= 0x477FF000u) /* rounds to 65536 or more, or is inf */
         return (uint16_t)(sign | 0x7C00u);
-    if (a < 0x38800000u) { /* below 2^-14: f16 subnormal or zero */
-        if (a < 0x33000000u) /* below 2^-25, half the smallest subnormal: rounds to zero */
-            return (uint16_t)sign;
-        uint32_t exp = a >> 23;
-        uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
-        uint32_t shift = 126u - exp; /* value = mant * 2^(exp-150); f16 units are 2^-24 */
-        uint32_t q = mant >> shift;
-        uint32_t rem = mant & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1u);
-        if (rem > half || (rem == half && (q & 1u)))
-            q += 1u;
-        return (uint16_t)(sign | q);
-    }
-    /* normal: rebias the exponent, round the 13 dropped bits to nearest even */
-    uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);
-    return (uint16_t)(sign | ((r >> 13) - (112u << 10)));
+    /* what is left below 2^-14: an f16 subnormal or zero */
+    if (a < 0x33000000u) /* below 2^-25, half the smallest subnormal: rounds to zero */
+        return (uint16_t)sign;
+    uint32_t exp = a >> 23;
+    uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 126u - exp; /* value = mant * 2^(exp-150); f16 units are 2^-24 */
+    uint32_t q = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u)))
+        q += 1u;
+    return (uint16_t)(sign | q);
 }
 
 static uint32_t f16_to_f32_bits(uint16_t h)
@@ -56,10 +80,10 @@ static uint32_t f16_to_f32_bits(uint16_t h)
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1Fu;
     uint32_t mant = h & 0x3FFu;
+    if (__builtin_expect(exp - 1u < 0x1Eu, 1)) /* normal: exp in [1, 30] */
+        return sign | ((exp + 112u) << 23) | (mant << 13);
     if (exp == 0x1Fu) /* inf, or NaN with the quiet bit set */
         return sign | 0x7F800000u | (mant << 13) | (mant ? 0x400000u : 0u);
-    if (exp != 0)
-        return sign | ((exp + 112u) << 23) | (mant << 13);
     if (mant == 0)
         return sign;
     exp = 113u; /* subnormal: normalise */
@@ -73,26 +97,26 @@ static uint32_t f16_to_f32_bits(uint16_t h)
 /* ---- F16C versions ----------------------------------------------------------------------------- */
 
 #if HAVE_X86_F16C
-__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const uint32_t *src, uint16_t *dst, Py_ssize_t n)
+__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const byte *restrict src, byte *restrict dst, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
-        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        __m256 x = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i_u *)(src + 4 * i)));
+        _mm_storeu_si128((__m128i_u *)(dst + 2 * i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
     }
     for (; i < n; i++)
-        dst[i] = f32_to_f16_bits(src[i]);
+        st16(dst, i, f32_to_f16_bits(ld32(src, i)));
 }
 
-__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *src, uint32_t *dst, Py_ssize_t n)
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const byte *restrict src, byte *restrict dst, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_castps_si256(_mm256_cvtph_ps(h)));
+        __m128i h = _mm_loadu_si128((const __m128i_u *)(src + 2 * i));
+        _mm256_storeu_si256((__m256i_u *)(dst + 4 * i), _mm256_castps_si256(_mm256_cvtph_ps(h)));
     }
     for (; i < n; i++)
-        dst[i] = f16_to_f32_bits(src[i]);
+        st32(dst, i, f16_to_f32_bits(ld16(src, i)));
 }
 
 static int has_f16c(void)
@@ -108,7 +132,15 @@ static int has_f16c(void)
 
 static int allow_f16c = 1; /* tests turn it off to check the portable loops against torch too */
 
-static void f32_to_f16_any(const uint32_t *src, uint16_t *dst, Py_ssize_t n)
+/* The portable loops are not inlined into their dispatchers: each then starts at an aligned
+ * function entry, and its speed does not depend on where the dispatcher's code happens to fall. */
+static __attribute__((noinline)) void f32_to_f16_portable(const byte *restrict src, byte *restrict dst, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        st16(dst, i, f32_to_f16_bits(ld32(src, i)));
+}
+
+static void f32_to_f16_any(const byte *restrict src, byte *restrict dst, Py_ssize_t n)
 {
 #if HAVE_X86_F16C
     if (allow_f16c && has_f16c()) {
@@ -116,11 +148,16 @@ static void f32_to_f16_any(const uint32_t *src, uint16_t *dst, Py_ssize_t n)
         return;
     }
 #endif
-    for (Py_ssize_t i = 0; i < n; i++)
-        dst[i] = f32_to_f16_bits(src[i]);
+    f32_to_f16_portable(src, dst, n);
 }
 
-static void f16_to_f32_any(const uint16_t *src, uint32_t *dst, Py_ssize_t n)
+static __attribute__((noinline)) void f16_to_f32_portable(const byte *restrict src, byte *restrict dst, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        st32(dst, i, f16_to_f32_bits(ld16(src, i)));
+}
+
+static void f16_to_f32_any(const byte *restrict src, byte *restrict dst, Py_ssize_t n)
 {
 #if HAVE_X86_F16C
     if (allow_f16c && has_f16c()) {
@@ -128,16 +165,15 @@ static void f16_to_f32_any(const uint16_t *src, uint32_t *dst, Py_ssize_t n)
         return;
     }
 #endif
-    for (Py_ssize_t i = 0; i < n; i++)
-        dst[i] = f16_to_f32_bits(src[i]);
+    f16_to_f32_portable(src, dst, n);
 }
 
-static void f32_to_bf16_any(const uint32_t *src, uint16_t *dst, Py_ssize_t n, uint16_t nan_bits)
+static __attribute__((noinline)) void f32_to_bf16_any(const byte *restrict src, byte *restrict dst, Py_ssize_t n, uint16_t nan_bits)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t u = src[i];
+        uint32_t u = ld32(src, i);
         uint16_t r = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-        dst[i] = (u & 0x7FFFFFFFu) > 0x7F800000u ? nan_bits : r;
+        st16(dst, i, (u & 0x7FFFFFFFu) > 0x7F800000u ? nan_bits : r);
     }
 }
 
@@ -147,26 +183,26 @@ static void f32_to_bf16_any(const uint32_t *src, uint16_t *dst, Py_ssize_t n, ui
  * block, 2- and 4-byte elements move as 8x8 / 4x4 register transposes (SSE2, baseline on x86-64). */
 #define TILE 32
 
-#define DEFINE_SCALAR_BLOCK(NAME, T)                                                                 \
-    static void NAME(const T *src, T *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0, Py_ssize_t i1, \
-                     Py_ssize_t j0, Py_ssize_t j1)                                                   \
+#define DEFINE_SCALAR_BLOCK(NAME, BITS)                                                              \
+    static void NAME(const byte *restrict src, byte *restrict dst, Py_ssize_t rows, Py_ssize_t cols,  \
+                     Py_ssize_t i0, Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1)                     \
     {                                                                                                \
         for (Py_ssize_t i = i0; i < i1; i++)                                                         \
             for (Py_ssize_t j = j0; j < j1; j++)                                                     \
-                dst[j * rows + i] = src[i * cols + j];                                               \
+                st##BITS(dst, j * rows + i, ld##BITS(src, i * cols + j));                            \
     }
 
-DEFINE_SCALAR_BLOCK(block_1, uint8_t)
-DEFINE_SCALAR_BLOCK(block_2_scalar, uint16_t)
-DEFINE_SCALAR_BLOCK(block_4_scalar, uint32_t)
-DEFINE_SCALAR_BLOCK(block_8, uint64_t)
+DEFINE_SCALAR_BLOCK(block_1, 8)
+DEFINE_SCALAR_BLOCK(block_2_scalar, 16)
+DEFINE_SCALAR_BLOCK(block_4_scalar, 32)
+DEFINE_SCALAR_BLOCK(block_8, 64)
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
 /* Rows a0..a7 of eight 16-bit items each -> stored as the 8x8 transpose at d, one row every `stride` items. */
 static inline void store_8x8_u16(__m128i a0, __m128i a1, __m128i a2, __m128i a3, __m128i a4, __m128i a5,
-                                 __m128i a6, __m128i a7, uint16_t *d, Py_ssize_t stride)
+                                 __m128i a6, __m128i a7, byte *d, Py_ssize_t stride)
 {
     __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
     __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
@@ -176,32 +212,32 @@ static inline void store_8x8_u16(__m128i a0, __m128i a1, __m128i a2, __m128i a3,
     __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);
     __m128i c4 = _mm_unpacklo_epi32(b4, b6), c5 = _mm_unpackhi_epi32(b4, b6);
     __m128i c6 = _mm_unpacklo_epi32(b5, b7), c7 = _mm_unpackhi_epi32(b5, b7);
-    _mm_storeu_si128((__m128i *)(d + 0 * stride), _mm_unpacklo_epi64(c0, c4));
-    _mm_storeu_si128((__m128i *)(d + 1 * stride), _mm_unpackhi_epi64(c0, c4));
-    _mm_storeu_si128((__m128i *)(d + 2 * stride), _mm_unpacklo_epi64(c1, c5));
-    _mm_storeu_si128((__m128i *)(d + 3 * stride), _mm_unpackhi_epi64(c1, c5));
-    _mm_storeu_si128((__m128i *)(d + 4 * stride), _mm_unpacklo_epi64(c2, c6));
-    _mm_storeu_si128((__m128i *)(d + 5 * stride), _mm_unpackhi_epi64(c2, c6));
-    _mm_storeu_si128((__m128i *)(d + 6 * stride), _mm_unpacklo_epi64(c3, c7));
-    _mm_storeu_si128((__m128i *)(d + 7 * stride), _mm_unpackhi_epi64(c3, c7));
+    _mm_storeu_si128((__m128i_u *)(d + 0 * 2 * stride), _mm_unpacklo_epi64(c0, c4));
+    _mm_storeu_si128((__m128i_u *)(d + 1 * 2 * stride), _mm_unpackhi_epi64(c0, c4));
+    _mm_storeu_si128((__m128i_u *)(d + 2 * 2 * stride), _mm_unpacklo_epi64(c1, c5));
+    _mm_storeu_si128((__m128i_u *)(d + 3 * 2 * stride), _mm_unpackhi_epi64(c1, c5));
+    _mm_storeu_si128((__m128i_u *)(d + 4 * 2 * stride), _mm_unpacklo_epi64(c2, c6));
+    _mm_storeu_si128((__m128i_u *)(d + 5 * 2 * stride), _mm_unpackhi_epi64(c2, c6));
+    _mm_storeu_si128((__m128i_u *)(d + 6 * 2 * stride), _mm_unpacklo_epi64(c3, c7));
+    _mm_storeu_si128((__m128i_u *)(d + 7 * 2 * stride), _mm_unpackhi_epi64(c3, c7));
 }
 
-static void block_2(const uint16_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
+static void block_2(const byte *restrict src, byte *restrict dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
                     Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1)
 {
     Py_ssize_t i8 = i0 + (i1 - i0) / 8 * 8, j8 = j0 + (j1 - j0) / 8 * 8;
     for (Py_ssize_t i = i0; i < i8; i += 8) {
         for (Py_ssize_t j = j0; j < j8; j += 8) {
-            const uint16_t *s = src + i * cols + j;
-            __m128i a0 = _mm_loadu_si128((const __m128i *)(s + 0 * cols));
-            __m128i a1 = _mm_loadu_si128((const __m128i *)(s + 1 * cols));
-            __m128i a2 = _mm_loadu_si128((const __m128i *)(s + 2 * cols));
-            __m128i a3 = _mm_loadu_si128((const __m128i *)(s + 3 * cols));
-            __m128i a4 = _mm_loadu_si128((const __m128i *)(s + 4 * cols));
-            __m128i a5 = _mm_loadu_si128((const __m128i *)(s + 5 * cols));
-            __m128i a6 = _mm_loadu_si128((const __m128i *)(s + 6 * cols));
-            __m128i a7 = _mm_loadu_si128((const __m128i *)(s + 7 * cols));
-            store_8x8_u16(a0, a1, a2, a3, a4, a5, a6, a7, dst + j * rows + i, rows);
+            const byte *s = src + 2 * (i * cols + j);
+            __m128i a0 = _mm_loadu_si128((const __m128i_u *)(s + 0 * 2 * cols));
+            __m128i a1 = _mm_loadu_si128((const __m128i_u *)(s + 1 * 2 * cols));
+            __m128i a2 = _mm_loadu_si128((const __m128i_u *)(s + 2 * 2 * cols));
+            __m128i a3 = _mm_loadu_si128((const __m128i_u *)(s + 3 * 2 * cols));
+            __m128i a4 = _mm_loadu_si128((const __m128i_u *)(s + 4 * 2 * cols));
+            __m128i a5 = _mm_loadu_si128((const __m128i_u *)(s + 5 * 2 * cols));
+            __m128i a6 = _mm_loadu_si128((const __m128i_u *)(s + 6 * 2 * cols));
+            __m128i a7 = _mm_loadu_si128((const __m128i_u *)(s + 7 * 2 * cols));
+            store_8x8_u16(a0, a1, a2, a3, a4, a5, a6, a7, dst + 2 * (j * rows + i), rows);
         }
     }
     /* the ragged right and bottom edges */
@@ -209,24 +245,24 @@ static void block_2(const uint16_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssiz
     block_2_scalar(src, dst, rows, cols, i8, i1, j0, j1);
 }
 
-static void block_4(const uint32_t *src, uint32_t *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
+static void block_4(const byte *restrict src, byte *restrict dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
                     Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1)
 {
     Py_ssize_t i4 = i0 + (i1 - i0) / 4 * 4, j4 = j0 + (j1 - j0) / 4 * 4;
     for (Py_ssize_t i = i0; i < i4; i += 4) {
         for (Py_ssize_t j = j0; j < j4; j += 4) {
-            const uint32_t *s = src + i * cols + j;
-            __m128i a0 = _mm_loadu_si128((const __m128i *)(s + 0 * cols));
-            __m128i a1 = _mm_loadu_si128((const __m128i *)(s + 1 * cols));
-            __m128i a2 = _mm_loadu_si128((const __m128i *)(s + 2 * cols));
-            __m128i a3 = _mm_loadu_si128((const __m128i *)(s + 3 * cols));
+            const byte *s = src + 4 * (i * cols + j);
+            __m128i a0 = _mm_loadu_si128((const __m128i_u *)(s + 0 * 4 * cols));
+            __m128i a1 = _mm_loadu_si128((const __m128i_u *)(s + 1 * 4 * cols));
+            __m128i a2 = _mm_loadu_si128((const __m128i_u *)(s + 2 * 4 * cols));
+            __m128i a3 = _mm_loadu_si128((const __m128i_u *)(s + 3 * 4 * cols));
             __m128i b0 = _mm_unpacklo_epi32(a0, a1), b1 = _mm_unpackhi_epi32(a0, a1);
             __m128i b2 = _mm_unpacklo_epi32(a2, a3), b3 = _mm_unpackhi_epi32(a2, a3);
-            uint32_t *d = dst + j * rows + i;
-            _mm_storeu_si128((__m128i *)(d + 0 * rows), _mm_unpacklo_epi64(b0, b2));
-            _mm_storeu_si128((__m128i *)(d + 1 * rows), _mm_unpackhi_epi64(b0, b2));
-            _mm_storeu_si128((__m128i *)(d + 2 * rows), _mm_unpacklo_epi64(b1, b3));
-            _mm_storeu_si128((__m128i *)(d + 3 * rows), _mm_unpackhi_epi64(b1, b3));
+            byte *d = dst + 4 * (j * rows + i);
+            _mm_storeu_si128((__m128i_u *)(d + 0 * 4 * rows), _mm_unpacklo_epi64(b0, b2));
+            _mm_storeu_si128((__m128i_u *)(d + 1 * 4 * rows), _mm_unpackhi_epi64(b0, b2));
+            _mm_storeu_si128((__m128i_u *)(d + 2 * 4 * rows), _mm_unpacklo_epi64(b1, b3));
+            _mm_storeu_si128((__m128i_u *)(d + 3 * 4 * rows), _mm_unpackhi_epi64(b1, b3));
         }
     }
     block_4_scalar(src, dst, rows, cols, i0, i4, j4, j1);
@@ -241,29 +277,29 @@ static void block_4(const uint32_t *src, uint32_t *dst, Py_ssize_t rows, Py_ssiz
 
 /* dst[j][i] = half(src[i][j]) over a block: a Linear weight cast to F16 is read once, converted in
  * registers and written transposed, with no intermediate F16 copy of the whole tensor. */
-static void tcast_block_scalar(const uint32_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
+static void tcast_block_scalar(const byte *restrict src, byte *restrict dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t i0,
                                Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1)
 {
     for (Py_ssize_t i = i0; i < i1; i++)
         for (Py_ssize_t j = j0; j < j1; j++)
-            dst[j * rows + i] = f32_to_f16_bits(src[i * cols + j]);
+            st16(dst, j * rows + i, f32_to_f16_bits(ld32(src, i * cols + j)));
 }
 
 #if HAVE_X86_F16C
-__attribute__((target("avx,f16c"))) static void tcast_block_f16c(const uint32_t *src, uint16_t *dst, Py_ssize_t rows,
+__attribute__((target("avx,f16c"))) static void tcast_block_f16c(const byte *restrict src, byte *restrict dst, Py_ssize_t rows,
                                                                 Py_ssize_t cols, Py_ssize_t i0, Py_ssize_t i1,
                                                                 Py_ssize_t j0, Py_ssize_t j1)
 {
     Py_ssize_t i8 = i0 + (i1 - i0) / 8 * 8, j8 = j0 + (j1 - j0) / 8 * 8;
     for (Py_ssize_t i = i0; i < i8; i += 8) {
         for (Py_ssize_t j = j0; j < j8; j += 8) {
-            const uint32_t *s = src + i * cols + j;
-#define ROW(k) _mm256_cvtps_ph(_mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(s + (k) * cols))), \
+            const byte *s = src + 4 * (i * cols + j);
+#define ROW(k) _mm256_cvtps_ph(_mm256_castsi256_ps(_mm256_loadu_si256((const __m256i_u *)(s + 4 * (k) * cols))), \
                                _MM_FROUND_TO_NEAREST_INT)
             __m128i a0 = ROW(0), a1 = ROW(1), a2 = ROW(2), a3 = ROW(3);
             __m128i a4 = ROW(4), a5 = ROW(5), a6 = ROW(6), a7 = ROW(7);
 #undef ROW
-            store_8x8_u16(a0, a1, a2, a3, a4, a5, a6, a7, dst + j * rows + i, rows);
+            store_8x8_u16(a0, a1, a2, a3, a4, a5, a6, a7, dst + 2 * (j * rows + i), rows);
         }
     }
     tcast_block_scalar(src, dst, rows, cols, i0, i8, j8, j1);
@@ -271,14 +307,14 @@ __attribute__((target("avx,f16c"))) static void tcast_block_f16c(const uint32_t 
 }
 #endif
 
-static void transpose_f32_to_f16(const uint32_t *src, uint16_t *dst, Py_ssize_t rows, Py_ssize_t cols,
+static void transpose_f32_to_f16(const byte *restrict src, byte *restrict dst, Py_ssize_t rows, Py_ssize_t cols,
                                  Py_ssize_t first, Py_ssize_t width)
 {
     int vector = 0;
 #if HAVE_X86_F16C
     vector = allow_f16c && has_f16c();
 #endif
-    src += first;
+    src += 4 * first;
     for (Py_ssize_t i0 = 0; i0 < rows; i0 += TILE) {
         Py_ssize_t i1 = i0 + TILE < rows ? i0 + TILE : rows;
         for (Py_ssize_t j0 = 0; j0 < width; j0 += TILE) {
@@ -296,11 +332,11 @@ static void transpose_f32_to_f16(const uint32_t *src, uint16_t *dst, Py_ssize_t 
 }
 
 /* dst[j][i] = src[i][first + j] for j < width: a band of `width` source columns, `cols` wide rows */
-#define DEFINE_TRANSPOSE(NAME, T, BLOCK)                                                             \
-    static void NAME(const T *src, T *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first,      \
-                     Py_ssize_t width)                                                               \
+#define DEFINE_TRANSPOSE(NAME, ITEM, BLOCK)                                                          \
+    static void NAME(const byte *restrict src, byte *restrict dst, Py_ssize_t rows, Py_ssize_t cols,  \
+                     Py_ssize_t first, Py_ssize_t width)                                             \
     {                                                                                                \
-        src += first;                                                                                \
+        src += (ITEM) * first;                                                                       \
         for (Py_ssize_t i0 = 0; i0 < rows; i0 += TILE) {                                             \
             Py_ssize_t i1 = i0 + TILE < rows ? i0 + TILE : rows;                                     \
             for (Py_ssize_t j0 = 0; j0 < width; j0 += TILE)                                          \
@@ -308,20 +344,29 @@ static void transpose_f32_to_f16(const uint32_t *src, uint16_t *dst, Py_ssize_t 
         }                                                                                            \
     }
 
-DEFINE_TRANSPOSE(transpose_1, uint8_t, block_1)
-DEFINE_TRANSPOSE(transpose_2, uint16_t, block_2)
-DEFINE_TRANSPOSE(transpose_4, uint32_t, block_4)
-DEFINE_TRANSPOSE(transpose_8, uint64_t, block_8)
+DEFINE_TRANSPOSE(transpose_1, 1, block_1)
+DEFINE_TRANSPOSE(transpose_2, 2, block_2)
+DEFINE_TRANSPOSE(transpose_4, 4, block_4)
+DEFINE_TRANSPOSE(transpose_8, 8, block_8)
 
 /* ---- Python glue -------------------------------------------------------------------------------- */
 
-/* Get a read buffer of src and a writable buffer of dst (both or neither). */
+/* Get a read buffer of src and a writable buffer of dst (both or neither). The loops take their
+ * pointers as `restrict` (no store can change a later load, so they vectorise), which holds only
+ * for buffers that do not overlap: overlapping ones are refused. */
 static int acquire(PyObject *src, PyObject *dst, Py_buffer *in, Py_buffer *out)
 {
     if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
         return -1;
     if (PyObject_GetBuffer(dst, out, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(in);
+        return -1;
+    }
+    uintptr_t a = (uintptr_t)in->buf, b = (uintptr_t)out->buf;
+    if (in->len > 0 && out->len > 0 && a < b + (uintptr_t)out->len && b < a + (uintptr_t)in->len) {
+        PyErr_SetString(PyExc_ValueError, "source and target buffers overlap");
+        PyBuffer_Release(in);
+        PyBuffer_Release(out);
         return -1;
     }
     return 0;
@@ -351,7 +396,7 @@ static PyObject *py_f32_to_f16(PyObject *self, PyObject *args)
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "OO", &src, &dst) || get_buffers(src, dst, &in, &out, 4, 2, &n) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS f32_to_f16_any((const uint32_t *)in.buf, (uint16_t *)out.buf, n);
+    Py_BEGIN_ALLOW_THREADS f32_to_f16_any((const byte *)in.buf, (byte *)out.buf, n);
     Py_END_ALLOW_THREADS PyBuffer_Release(&in);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
@@ -364,7 +409,7 @@ static PyObject *py_f16_to_f32(PyObject *self, PyObject *args)
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "OO", &src, &dst) || get_buffers(src, dst, &in, &out, 2, 4, &n) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS f16_to_f32_any((const uint16_t *)in.buf, (uint32_t *)out.buf, n);
+    Py_BEGIN_ALLOW_THREADS f16_to_f32_any((const byte *)in.buf, (byte *)out.buf, n);
     Py_END_ALLOW_THREADS PyBuffer_Release(&in);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
@@ -378,7 +423,7 @@ static PyObject *py_f32_to_bf16(PyObject *self, PyObject *args)
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "OOI", &src, &dst, &nan_bits) || get_buffers(src, dst, &in, &out, 4, 2, &n) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS f32_to_bf16_any((const uint32_t *)in.buf, (uint16_t *)out.buf, n, (uint16_t)nan_bits);
+    Py_BEGIN_ALLOW_THREADS f32_to_bf16_any((const byte *)in.buf, (byte *)out.buf, n, (uint16_t)nan_bits);
     Py_END_ALLOW_THREADS PyBuffer_Release(&in);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
@@ -425,10 +470,10 @@ static PyObject *py_transpose(PyObject *self, PyObject *args)
         return NULL;
     Py_BEGIN_ALLOW_THREADS switch (itemsize)
     {
-    case 1: transpose_1((const uint8_t *)in.buf, (uint8_t *)out.buf, rows, cols, first, width); break;
-    case 2: transpose_2((const uint16_t *)in.buf, (uint16_t *)out.buf, rows, cols, first, width); break;
-    case 4: transpose_4((const uint32_t *)in.buf, (uint32_t *)out.buf, rows, cols, first, width); break;
-    default: transpose_8((const uint64_t *)in.buf, (uint64_t *)out.buf, rows, cols, first, width); break;
+    case 1: transpose_1((const byte *)in.buf, (byte *)out.buf, rows, cols, first, width); break;
+    case 2: transpose_2((const byte *)in.buf, (byte *)out.buf, rows, cols, first, width); break;
+    case 4: transpose_4((const byte *)in.buf, (byte *)out.buf, rows, cols, first, width); break;
+    default: transpose_8((const byte *)in.buf, (byte *)out.buf, rows, cols, first, width); break;
     }
     Py_END_ALLOW_THREADS PyBuffer_Release(&in);
     PyBuffer_Release(&out);
@@ -443,7 +488,7 @@ static PyObject *py_transpose_f32_to_f16(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOnnnn:transpose_f32_to_f16", &src, &dst, &rows, &cols, &first, &width) ||
         get_band(src, dst, 4, 2, &in, &out, rows, cols, first, width) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS transpose_f32_to_f16((const uint32_t *)in.buf, (uint16_t *)out.buf, rows, cols, first, width);
+    Py_BEGIN_ALLOW_THREADS transpose_f32_to_f16((const byte *)in.buf, (byte *)out.buf, rows, cols, first, width);
     Py_END_ALLOW_THREADS PyBuffer_Release(&in);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;

@@ -260,6 +260,8 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     totals = info["totals"]
     out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
     _print_shards(info)
+    for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
+        print(f"warning: {warning}", file=sys.stderr)
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
         if mapping:
             pairs = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in mapping.items()]

@@ -417,3 +417,80 @@ def test_writing_onto_the_source_is_refused(tmp_path: Path) -> None:
     save([from_numpy("w", W)], p)
     with open_file(p) as r, pytest.raises(MigratorError, match="being read"):
         save(r.tensors, p, overwrite=True, protect=[p])
+
+
+# ---------------------------------------------------------------- text that is not UTF-8 (surrogates)
+
+_SURROGATE = b"\xed\xa0\x80"  # what a lone \ud800 would be as (invalid) UTF-8; CBOR text must be UTF-8
+
+
+def _text(raw: bytes) -> bytes:
+    return bytes([0x60 + len(raw)]) + raw
+
+
+@pytest.mark.parametrize("where", ["name", "metadata key", "metadata value", "dtype", "scalar name"])
+def test_lone_surrogates_in_cbor_text_are_refused(where: str) -> None:
+    """Burn (serde/ciborium) refuses such text; cbor2 agrees; the reader gives a FormatError naming the file."""
+    bad = _text(b"w" + _SURROGATE)
+    name = bad if where == "name" else _text(b"w")
+    dtype = bad if where == "dtype" else cbor.encode("F32")
+    descriptor = b"\xa3\x65dtype" + dtype + b"\x65shape\x82\x02\x02\x6cdata_offsets\x82\x00\x10"
+    rest, fields = b"", 1
+    if where.startswith("metadata"):
+        rest, fields = b"\x68metadata\xa1" + (bad + _text(b"v") if where == "metadata key" else _text(b"k") + bad), 2
+    if where == "scalar name":
+        rest, fields = b"\x67scalars\xa1" + bad + cbor.encode({"UInt": 1}), 2
+    meta = bytes([0xA0 + fields]) + b"\x67tensors\xa1" + name + descriptor + rest
+    with pytest.raises(cbor2.CBORDecodeError):
+        cbor2.loads(meta)
+    with pytest.raises(FormatError, match="UTF-8") as e:
+        open_file(pack(None, bytes(16), raw_meta=meta))
+    assert e.value.file is not None
+    str(e.value).encode("utf-8")  # printable
+
+
+# ------------------------------------------------------------------- a tensor name twice (Burn: last wins)
+
+
+def _twice(*names: bytes) -> bytes:
+    """A tensor map holding each of `names` in turn, with shapes [1], [2], ... (the last is read)."""
+    body = b"".join(_text(n) + cbor.encode(desc(shape=[i + 1], offsets=[256 * i, 256 * i + 4 * (i + 1)]))
+                    for i, n in enumerate(names))
+    return b"\xa1\x67tensors" + bytes([0xA0 + len(names)]) + body
+
+
+def test_a_repeated_name_keeps_the_last_entry_and_is_reported() -> None:
+    r = open_file(pack(None, bytes(768), raw_meta=_twice(b"w", b"v", b"w")))
+    assert r["w"].shape == (3,) and sorted(r.names()) == ["v", "w"]
+    assert r.duplicate_names == ["w"]
+    (warning,) = r.extra()["warnings"]
+    assert "1 tensor name(s)" in warning and "'w'" in warning and "last" in warning
+
+
+def test_repeated_names_reported_escaped_and_capped() -> None:
+    names = [b"a\x1b[2J", b"b", b"c", b"d", b"e", b"f", b"g"]
+    r = open_file(pack(None, bytes(256 * 14), raw_meta=_twice(*names, *names)))
+    assert r.duplicate_names == [n.decode() for n in names]
+    (warning,) = r.extra()["warnings"]
+    assert warning.isascii() and "'a\\x1b[2J'" in warning and "and 2 more" in warning
+
+
+def test_no_warning_without_repeats() -> None:
+    assert "warnings" not in open_file(pack(None, bytes(512), raw_meta=_twice(b"w", b"v"))).extra()
+
+
+def test_inspect_prints_the_warning(tmp_path: Path) -> None:
+    import contextlib
+    import io
+
+    from migrator.cli import main
+
+    path = tmp_path / "dup.bpk"
+    path.write_bytes(pack(None, bytes(512), raw_meta=_twice(b"w", b"w")))
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        assert main(["inspect", str(path)]) == 0
+    assert "warning: 1 tensor name(s) appear more than once" in err.getvalue()
+    with contextlib.redirect_stdout(out := io.StringIO()):
+        assert main(["inspect", "--json", str(path)]) == 0
+    assert "appear more than once" in out.getvalue()

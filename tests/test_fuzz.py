@@ -14,12 +14,16 @@ run more cases per reader.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
 import traceback
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,7 @@ from hypothesis import strategies as st
 
 from migrator import casts, dtypes
 from migrator.errors import FormatError, MigratorError
+from migrator.formats import open_file
 from migrator.recipe_loader import RecipeError, parse_recipe
 from migrator.tensor import LazyTensor
 
@@ -299,3 +304,112 @@ def test_fuzz_tool_smoke(tmp_path: Path) -> None:
         assert summary["cases"] == 20 and summary["failures"] == []
         assert sum(summary["outcomes"].values()) == 20
         assert list((tmp_path / "crashes").iterdir()) == []
+
+
+# ---- memory per created object, per container kind (SafeTensors JSON, burnpack CBOR) ---------------
+# Each input repeats one small item until it is ~100 KB; opening it (or refusing it) must stay within
+# the budget per input byte that SECURITY.md states. The readers' fixed allowances (BUDGET_BASE) are
+# set to 0 here so that ~100 KB show the per-byte rate; tracemalloc counts exactly.
+
+_ITEMS = 100_000
+
+
+def _peak(monkeypatch: pytest.MonkeyPatch, data: bytes) -> int:
+    from migrator.formats import cbor, safetensors
+
+    monkeypatch.setattr(cbor, "BUDGET_BASE", 0, raising=False)
+    monkeypatch.setattr(safetensors, "BUDGET_BASE", 0, raising=False)
+    tracemalloc.start()
+    try:
+        with contextlib.suppress(FormatError):  # refused (LimitExceededError, or after parsing): fine
+            open_file(data).close()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _within_budget(data: bytes, peak: int) -> None:
+    """16 x the input (SECURITY.md), plus 1 MiB for the interpreter's own allocations meanwhile."""
+    assert peak <= 16 * len(data) + (1 << 20), f"{peak / len(data):.1f} bytes per input byte"
+
+
+@pytest.mark.parametrize("item", [
+    b"\xa0", b"\x80", b"\xbf\xff", b"\x9f\xff", b"\xa1\x00\x00", b"\x81\x00", b"\x60", b"\x40",
+    b"\xc0\xa0", b"\xd8\x20\x80", b"\xf9\x3c\x00", b"\x19\x01\x00", b"\x1a\x00\x01\x00\x00",
+], ids=lambda b: b.hex())
+def test_cbor_memory_per_byte_within_budget(monkeypatch: pytest.MonkeyPatch, item: bytes) -> None:
+    from migrator.formats import burnpack
+
+    n = _ITEMS // len(item)
+    junk = b"\x9a" + n.to_bytes(4, "big") + item * n
+    meta = b"\xa2\x67tensors\xa0\x64junk" + junk
+    body = b"NRUB" + struct.pack("<HI", 1, len(meta)) + meta
+    data = body + bytes(burnpack.align(len(body)) - len(body))
+    _within_budget(data, _peak(monkeypatch, data))
+
+
+def test_cbor_distinct_texts_within_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two-byte texts, all different (so none is shared): ~50 bytes of str per 3 input bytes."""
+    from migrator.formats import burnpack
+
+    n = 30_000
+    junk = b"\x9a" + n.to_bytes(4, "big") + b"".join(b"\x62" + i.to_bytes(2, "big") for i in range(n))
+    meta = b"\xa2\x67tensors\xa0\x64junk" + junk
+    body = b"NRUB" + struct.pack("<HI", 1, len(meta)) + meta
+    data = body + bytes(burnpack.align(len(body)) - len(body))
+    _within_budget(data, _peak(monkeypatch, data))
+
+
+@pytest.mark.parametrize("item", [b'"%d":{},', b'"%d":[],', b'"%d":[[],[],[]],', b'"%d":"",', b'"%d":[1000,1000],',
+                                  b'"%d":[{},{}],', b'"%d":[""," ",""],'], ids=lambda b: b.decode())
+def test_json_metadata_memory_per_byte_within_budget(monkeypatch: pytest.MonkeyPatch, item: bytes) -> None:
+    """Values in `__metadata__` that are not strings are refused, but only after json.loads built them."""
+    parts, size, i = [], 0, 0
+    while size < _ITEMS:
+        parts.append(item % i)
+        size += len(parts[-1])
+        i += 1
+    text = b'{"__metadata__":{' + b"".join(parts)[:-1] + b"}}"
+    text += b" " * (-len(text) % 8)
+    data = struct.pack("<Q", len(text)) + text
+    _within_budget(data, _peak(monkeypatch, data))
+
+
+def test_real_headers_fit_the_budget_with_room() -> None:
+    """A 20k-tensor header of each format opens with the fixed allowance as it is (no refusal)."""
+    from migrator.formats import burnpack, safetensors
+
+    ts = [LazyTensor(f"model.layers.{i // 100}.mlp.experts.{i % 100}.w", dtypes.F32, (1,), 4, lambda: b"\0" * 4)
+          for i in range(20_000)]
+    for writer in (safetensors.SafetensorsWriter(ts), burnpack.BurnpackWriter(ts)):
+        buf = io.BytesIO()
+        writer.write_to(buf)
+        assert len(open_file(buf.getvalue()).tensors) == 20_000
+
+
+@pytest.mark.parametrize("reader", fuzz.DIFFERENTIAL_READERS)
+def test_differential_fuzz_finds_no_difference(reader: str, tmp_path: Path) -> None:
+    """A short `tools/fuzz.py --differential` run: the fast path and the reference parser agree on
+    every mutated input, and the fast path is exercised (not only its fallback)."""
+    import random
+
+    summary = fuzz.run_differential(reader, 150, random.Random(3), 30.0, tmp_path, None)
+    assert summary["differences"] == 0 and summary["timeouts"] == 0, summary
+    assert summary["outcomes"].get("fast path", 0) > 0, summary
+
+
+def test_differential_outcome_sees_a_difference() -> None:
+    """The comparison can fail: a reader whose fast path drops the metadata differs from the reference."""
+    from migrator.formats.safetensors import SafetensorsReader
+
+    class Lossy(SafetensorsReader):
+        def _bulk(self, header: Any) -> Any:
+            got = super()._bulk(header)
+            return None if got is None else ({}, *got[1:])
+
+    data = fuzz.build_seeds("safetensors")
+    with_meta = [d for d in data if b"__metadata__" in d and fuzz.fast_path_taken("safetensors", d)]
+    assert with_meta
+    shipped, reference = fuzz._header_reader_classes("safetensors")
+    assert fuzz.differential_outcome(Lossy, with_meta[0]) != fuzz.differential_outcome(reference, with_meta[0])
+    assert fuzz.differential_outcome(shipped, with_meta[0]) == fuzz.differential_outcome(reference, with_meta[0])

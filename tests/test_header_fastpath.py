@@ -86,13 +86,6 @@ def split(file: bytes) -> tuple[bytes, bytes]:
     return file[8 : 8 + n], file[8 + n :]
 
 
-@pytest.fixture(params=[None, 40], ids=["chunk-default", "chunk-40"])
-def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run with the default chunk size and with chunks of about one entry (every boundary path)."""
-    if request.param is not None:
-        monkeypatch.setattr(st_mod, "_CHUNK", request.param)
-
-
 # -- generated models ------------------------------------------------------------------------------
 
 NAME_CHARS = "abcxyz019._-/:,{}[] é中😀"
@@ -115,7 +108,6 @@ def random_tensors(rng: random.Random, n: int, *, plain_names: bool = False) -> 
     return out
 
 
-@pytest.mark.usefixtures("chunk")
 @pytest.mark.parametrize("seed", range(12))
 def test_generated_headers_take_the_fast_path_and_agree(seed: int) -> None:
     rng = random.Random(seed)
@@ -127,8 +119,7 @@ def test_generated_headers_take_the_fast_path_and_agree(seed: int) -> None:
         assert res[0] == "ok"
         names = [f[1] for f in res[1]]
         assert sorted(names) == sorted(t.name for t in tensors)
-        quoted = meta is not None and '"' in meta["k" + str(seed)]
-        assert st_fast_taken(data) == (not quoted)  # an escaped quote in the metadata takes the full parser
+        assert st_fast_taken(data)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -189,10 +180,9 @@ def test_stored_many_without_bulk_slots(monkeypatch: pytest.MonkeyPatch) -> None
                                               for n, o in (("a", 0), ("b", 4))]
 
 
-def test_a_header_over_several_chunks() -> None:
+def test_a_large_header() -> None:
     tensors = list(random_tensors(random.Random(3), 36_000, plain_names=True).values())
     data = to_bytes(tensors, "safetensors")
-    assert len(split(data)[0]) > 2 * st_mod._CHUNK
     assert st_fast_taken(data)
     st_both(data)
 
@@ -292,7 +282,6 @@ FALLBACKS: list[tuple[str, str, bytes, bool]] = [
 ]
 
 
-@pytest.mark.usefixtures("chunk")
 @pytest.mark.parametrize(("case", "text", "data", "valid"), FALLBACKS, ids=[c[0] for c in FALLBACKS])
 def test_each_fallback_condition_agrees(case: str, text: str, data: bytes, valid: bool) -> None:
     res = st_both(frame(text, data))
@@ -306,16 +295,10 @@ def test_invalid_utf8_in_name_and_metadata() -> None:
         assert res[0] == "error" and "not UTF-8" in res[2]
 
 
-def test_the_fast_path_leaves_unusual_valid_headers_to_the_full_parser() -> None:
+def test_the_bulk_checks_take_every_valid_header_in_the_common_field_order() -> None:
     for case, text, data, valid in FALLBACKS:
-        if valid and case not in {"empty header", "empty with spaces", "seven trailing spaces", "16 dims",
-                                  "sub-byte whole", "f6 whole", "zero-length tensors", "zero-length last",
-                                  "unicode names", "empty name", "name with brace comma quote",
-                                  "name with brace comma", "metadata empty", "metadata only"}:
-            assert not st_fast_taken(frame(text, data)), case
-    for case in ("empty header", "seven trailing spaces", "zero-length tensors", "unicode names", "metadata only"):
-        text, data = next((t, d) for c, t, d, _ in FALLBACKS if c == case)
-        assert st_fast_taken(frame(text, data)), case
+        if valid:  # fields in another order than dtype, shape, data_offsets: the per-entry checks
+            assert st_fast_taken(frame(text, data)) == (case != "fields reordered"), case
 
 
 # -- random mutations ------------------------------------------------------------------------------
@@ -339,7 +322,6 @@ def mutate(rng: random.Random, header: bytes) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.usefixtures("chunk")
 def test_random_mutations_agree() -> None:
     rng = random.Random(2024)
     seeds = [to_bytes(list(random_tensors(random.Random(s), 6).values()), "safetensors",
@@ -784,9 +766,8 @@ def test_burnpack_writer_names_the_tensor_that_cannot_be_utf8() -> None:
 
 
 def test_a_header_without_entry_boundaries_is_not_scanned_whole() -> None:
-    # 4 MB of entries the entry pattern finds (each followed by ", ": no `},"` anywhere) behind an
-    # error json.loads stops at at once: the fast path must give up within a couple of chunks rather
-    # than collect ~80k matches first
+    # 4 MB of well-formed entries behind an error json.loads stops at at once: nothing is built
+    # from the entries before the header is refused
     import tracemalloc
 
     one = '"a":' + e("U8", [1], 0, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import REPO, fixture_file
 from safetensors import safe_open
+from safetensors.numpy import load as st_load_bytes
 from safetensors.numpy import save as st_save_numpy
 from safetensors.numpy import save_file as st_save_file_numpy
 
@@ -776,3 +778,34 @@ def test_reader_context_closes_the_file(tmp_path: Path) -> None:
         source = r.source
         assert isinstance(source, FileSource) and source.fd >= 0
     assert source.fd == -1
+
+
+# -- lone surrogates (`\ud800`): the library refuses them, and so does the reader ------------------
+
+_ONE = {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}
+
+
+@pytest.mark.parametrize(("header", "where"), [
+    ({"a\ud800": _ONE}, "a tensor name"),
+    ({"x": _ONE, "\udfffb": {**_ONE, "data_offsets": [1, 2]}}, "a tensor name"),
+    ({"__metadata__": {"k\udc00": "v"}, "a": _ONE}, "__metadata__ key"),
+    ({"__metadata__": {"k": "v\ud800"}, "a": _ONE}, "__metadata__ value of 'k'"),
+    ({"__metadata__": {"k": "\udbff"}, "a": _ONE}, "__metadata__ value of 'k'"),
+    ({"a": {**_ONE, "dtype": "U8\ud800"}}, "the entry of tensor 'a'"),
+])
+def test_lone_surrogate_escapes_are_refused_like_the_library(header: dict, where: str) -> None:
+    data = craft(header, bytes(2 if len(header) - ("__metadata__" in header) > 1 else 1))
+    with pytest.raises(Exception, match="Error while deserializing"):  # the library's own refusal
+        st_load_bytes(data)
+    with pytest.raises(FormatError, match=f"{re.escape(where)} holds a lone surrogate escape") as e:
+        read_bytes(data)
+    assert e.value.file is not None and "\\u" in str(e.value)  # printable: the escape, not the character
+    str(e.value).encode("utf-8")
+
+
+def test_surrogate_pairs_are_text_and_read() -> None:
+    data = craft({"__metadata__": {"k": "\U0001f600"}, "\U0001f600": _ONE}, b"\x07")  # json.dumps escapes them
+    assert b"\\ud83d\\ude00" in data
+    r = read_bytes(data)
+    assert r.metadata == {"k": "\U0001f600"} and r.names() == ["\U0001f600"]
+    assert st_load_bytes(data)["\U0001f600"].tolist() == [7]

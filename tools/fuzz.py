@@ -1,6 +1,7 @@
 """Long-running mutation fuzzer for migrator's readers and its recipe loader.
 
     .venv/bin/python tools/fuzz.py --reader burnpack --cases 100000
+    .venv/bin/python tools/fuzz.py --reader safetensors --differential --cases 100000
 
 Readers: burnpack, safetensors, pytorch-zip, pytorch-legacy, pytorch-tar, recipe. Seeds are made
 on the spot (migrator's own writers; torch for the legacy, TAR and torch-written zip seeds) and
@@ -20,6 +21,10 @@ Anything else is a crash, saved under `tools/fuzz-crashes/` (gitignored):
   `--alloc-factor` x input size + 64 MiB (+ 3x the largest tensor touched, which a reader only
   declares within its limits). RLIMIT_AS is set as a backstop, so a runaway allocation becomes a
   MemoryError crash instead of taking the machine down.
+
+`--differential` (safetensors, burnpack) reads every mutated input with the reader's header fast
+path and with the reference parser alone, and counts any difference in tensors (bytes included),
+metadata, scalars, extra() or error (type, message, tensor) as a failure.
 
 This module is also imported by tests/test_fuzz.py, which runs the same seeds, mutations and
 checks under Hypothesis for a bounded number of cases.
@@ -810,6 +815,92 @@ def _set_memory_backstop(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (want, hard))
 
 
+# ----------------------------------------------------------------------------------------------
+# --differential: the header fast paths against the reference parsers (SafeTensors, burnpack)
+
+DIFFERENTIAL_READERS = ("safetensors", "burnpack")
+
+
+def _header_reader_classes(reader: str) -> tuple[type, type]:
+    """(the reader as shipped, the same reader with its fast path switched off)."""
+    from migrator.formats.burnpack import BurnpackReader
+    from migrator.formats.safetensors import SafetensorsReader
+
+    base: type = SafetensorsReader if reader == "safetensors" else BurnpackReader
+    return base, type(f"Reference{base.__name__}", (base,), {"fast_path": False})
+
+
+def _stored_facts(t: Any) -> tuple[Any, ...]:
+    view = t.loader
+    return (t.name, t.dtype, t.shape, t.nbytes, t.span, t.param_id, t.origin, type(view),
+            getattr(view, "offset", None), getattr(view, "length", None), bytes(t.data()))
+
+
+def differential_outcome(cls: type, data: bytes) -> tuple[Any, ...]:
+    """Everything a header reader gives for `data`: tensors (with their bytes), metadata, scalars and
+    extra(), or its error's type, message and tensor. A non-MigratorError is returned too: the two
+    paths must then fail the same way (and the ordinary fuzz mode reports it as a crash)."""
+    from migrator.bytesource import MemorySource
+
+    try:
+        r = cls(MemorySource(data))
+    except Exception as e:
+        return ("error", type(e).__name__, str(e), getattr(e, "tensor", None))
+    return ("ok", [_stored_facts(t) for t in r.tensors], r.metadata, repr(r.scalars), r.extra())
+
+
+def fast_path_taken(reader: str, data: bytes) -> bool:
+    """Whether the fast path itself (not its fallback) accepted `data`."""
+    from migrator.bytesource import MemorySource
+
+    _, reference = _header_reader_classes(reader)
+    try:
+        r = reference(MemorySource(data))
+    except Exception:
+        return False
+    start = 8 if reader == "safetensors" else 10
+    size = r.header_size if reader == "safetensors" else r.metadata_size
+    return r._fast(data[start:start + size]) is not None
+
+
+def run_differential(reader: str, cases: int, rng: random.Random, timeout: float, crash_dir: Path,
+                     max_seconds: float | None) -> dict[str, Any]:
+    """Mutated inputs read by both paths; every difference is saved and counted."""
+    shipped, reference = _header_reader_classes(reader)
+    pool = list(build_seeds(reader))
+    counts: Counter[str] = Counter()
+    started = time.monotonic()
+    n = 0
+    for n in range(1, cases + 1):
+        base = rng.choice(pool)
+        data = apply_ops(base, random_ops(rng, base, reader), reader, pool)
+        try:
+            with time_limit(timeout):
+                fast, full = differential_outcome(shipped, data), differential_outcome(reference, data)
+                taken = fast[0] == "ok" and fast_path_taken(reader, data)
+        except CaseTimeout:
+            counts["timeout"] += 1
+            (crash_dir / f"{reader}-differential-timeout-{hashlib.sha1(data).hexdigest()[:12]}.bin").write_bytes(data)
+            continue
+        if fast != full:
+            counts["different"] += 1
+            name = f"{reader}-differential-{hashlib.sha1(data).hexdigest()[:12]}.bin"
+            (crash_dir / name).write_bytes(data)
+            print(f"[{n}] DIFFERENT -> {crash_dir / name}\n  fast: {str(fast)[:300]}\n  full: {str(full)[:300]}",
+                  file=sys.stderr, flush=True)
+        counts["fast path" if taken else ("fallback, ok" if fast[0] == "ok" else f"error {fast[1]}")] += 1
+        if fast[0] == "ok" and len(pool) < 512 and data not in pool and rng.random() < 0.2:
+            pool.append(data)
+        if n % 10_000 == 0:
+            print(f"[{n}] {n / (time.monotonic() - started):.0f} cases/s {dict(counts.most_common(6))}",
+                  file=sys.stderr, flush=True)
+        if max_seconds and time.monotonic() - started > max_seconds:
+            break
+    return {"reader": reader, "mode": "differential", "cases": n, "seconds": round(time.monotonic() - started, 1),
+            "differences": counts["different"], "timeouts": counts["timeout"],
+            "outcomes": dict(counts.most_common())}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reader", choices=READERS, required=True)
@@ -823,12 +914,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
     p.add_argument("--report", type=Path, default=None, help="write the summary as JSON here too")
     p.add_argument("--crash-dir", type=Path, default=CRASH_DIR)
+    p.add_argument("--differential", action="store_true",
+                   help="safetensors, burnpack: compare each reader's fast path with its reference parser")
     args = p.parse_args(argv)
 
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
     crash_dir: Path = args.crash_dir
     crash_dir.mkdir(parents=True, exist_ok=True)
+    if args.differential:
+        if args.reader not in DIFFERENTIAL_READERS:
+            p.error(f"--differential compares header fast paths: --reader {' or '.join(DIFFERENTIAL_READERS)}")
+        _set_memory_backstop(args.memory_backstop)
+        summary = {"seed": seed, **run_differential(args.reader, args.cases, rng, args.timeout, crash_dir,
+                                                    args.max_seconds)}
+        print(json.dumps(summary, indent=2))
+        print(f"differential {args.reader}: {summary['cases']} cases, {summary['differences']} differences, "
+              f"{summary['timeouts']} timeouts, fast path taken in {summary['outcomes'].get('fast path', 0)}")
+        if args.report:
+            args.report.write_text(json.dumps(summary, indent=2) + "\n")
+        return 1 if summary["differences"] or summary["timeouts"] else 0
     inflight = crash_dir / f".inflight-{args.reader}-{os.getpid()}.bin"
     for old in crash_dir.glob(f".inflight-{args.reader}-*.bin"):  # a previous run died inside a case
         target = crash_dir / f"{args.reader}-died-{hashlib.sha1(old.read_bytes()).hexdigest()[:12]}.bin"

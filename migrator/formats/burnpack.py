@@ -203,9 +203,13 @@ class BurnpackReader(Reader):
 
     format: ClassVar[str] = "burnpack"
     fast_path: ClassVar[bool] = True  # False: always the generic decoder (tests compare the two)
+    duplicate_names: list[Any]
+    """Names the tensor map holds more than once, in first-seen order; the last entry of each is the
+    one read (Burn's `BTreeMap` keeps the last too). `extra()` turns them into a warning."""
 
     def __init__(self, source: ByteSource) -> None:
         self.source = source
+        self.duplicate_names = []
         label = source.label
         size = source.size
         if isinstance(source, FileSource) and size > MAX_FILE_SIZE:
@@ -239,6 +243,8 @@ class BurnpackReader(Reader):
                 return
             try:
                 root = cbor.decode(raw)
+            except cbor.CborLimitError as e:
+                raise LimitExceededError(f"Metadata deserialization error: {e}", file=label) from None
             except cbor.CborError as e:
                 raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
             del raw
@@ -321,6 +327,8 @@ class BurnpackReader(Reader):
         if not isinstance(tensors, cbor.CborMap):
             raise self._fail("Metadata deserialization error: 'tensors' is not a map")
         entries = tensors.last_wins()
+        if len(entries) != len(tensors):
+            self.duplicate_names = _repeated(name for name, _ in tensors)
         if len(entries) > MAX_TENSOR_COUNT:
             raise LimitExceededError(
                 f"Validation error: {len(entries)} tensors exceed the limit of {MAX_TENSOR_COUNT}", file=self.label)
@@ -418,7 +426,25 @@ class BurnpackReader(Reader):
         return out
 
     def extra(self) -> dict[str, Any]:
-        return {"version": self.version, "metadata_size": self.metadata_size, "data_start": self.data_start}
+        out: dict[str, Any] = {"version": self.version, "metadata_size": self.metadata_size,
+                               "data_start": self.data_start}
+        if self.duplicate_names:
+            dups = self.duplicate_names
+            shown = ", ".join(map(ascii, dups[:5])) + (f" and {len(dups) - 5} more" if len(dups) > 5 else "")
+            out["warnings"] = [f"{len(dups)} tensor name(s) appear more than once in the metadata ({shown}): "
+                               "for each, only the last entry is read, as Burn does"]
+        return out
+
+
+def _repeated(names: Iterable[Any]) -> list[Any]:
+    """The values seen more than once, each once, in first-seen order."""
+    seen: set[Any] = set()
+    repeated: dict[Any, None] = {}
+    for n in names:
+        if n in seen:
+            repeated[n] = None
+        seen.add(n)
+    return list(repeated)
 
 
 _PARAM_ID = attrgetter("param_id")

@@ -8,13 +8,26 @@ lengths before allocating anything for a hostile file.
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Any
 
 MAX_DEPTH = 128
+BUDGET_PER_BYTE = 14
+BUDGET_BASE = 56 << 20
+"""What decoding may build: BUDGET_PER_BYTE x the input + BUDGET_BASE bytes of Python objects,
+counted per object created (an empty map is one byte of CBOR and ~80 bytes of Python), charged
+before each container is allocated. With the input itself this keeps a header within SECURITY.md's
+16 x input + 64 MiB."""
+_TEXT_CACHE = 4096  # distinct short texts shared per document (field names, dtypes repeat per tensor)
+_SHORT_TEXT = 64
 
 
 class CborError(ValueError):
     """Malformed or over-deep CBOR."""
+
+
+class CborLimitError(CborError):
+    """Well-formed CBOR that would build more objects than its size justifies."""
 
 
 class RawCbor(bytes):
@@ -23,6 +36,8 @@ class RawCbor(bytes):
 
 class CborMap(list[tuple[Any, Any]]):
     """A decoded map as its (key, value) pairs in file order, so repeated keys stay visible."""
+
+    __slots__ = ()  # no per-map __dict__: a hostile header can hold millions of maps
 
     def get_unique(self, key: str, where: str) -> Any:
         found = [v for k, v in self if k == key]
@@ -191,11 +206,28 @@ def decode_at(data: bytes, pos: int, depth: int, max_depth: int = MAX_DEPTH) -> 
     return dec.item(depth), dec.pos
 
 
+# Bytes charged per object, from CPython's sizes on 64-bit builds, GC header included (rounded up).
+_INT_COST = 40  # ints below 256 are shared and free
+_FLOAT_COST = 24
+_LIST_COST = 80  # a list or CborMap, plus 8 bytes per item
+_PAIR_COST = 80  # a map's (key, value) tuple, plus its slot in the map
+
+
 class _Decoder:
     def __init__(self, data: bytes, max_depth: int) -> None:
         self.data = data
         self.pos = 0
         self.max_depth = max_depth
+        self.budget = BUDGET_PER_BYTE * len(data) + BUDGET_BASE
+        self.left = self.budget
+        self.texts: dict[bytes, str] = {}
+
+    def _charge(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise CborLimitError(f"the CBOR would build more than {self.budget} bytes of objects from "
+                                 f"{len(self.data)} bytes (at byte {self.pos}); the budget is {BUDGET_PER_BYTE} x "
+                                 "its size + 56 MiB")
 
     def _take(self, n: int) -> bytes:
         if n > len(self.data) - self.pos:
@@ -235,39 +267,51 @@ class _Decoder:
         if major == 7:
             return self._simple(info)
         n = self._arg(info)
-        if major == 0:
+        if major == 0 or major == 1:
             if n is None:
                 raise CborError("indefinite-length integer")
-            return n
-        if major == 1:
-            if n is None:
-                raise CborError("indefinite-length integer")
-            return -1 - n
+            if n > 255:
+                self._charge(_INT_COST)
+            return n if major == 0 else -1 - n
         if major in (2, 3):
             raw = self._chunks(major) if n is None else self._take(n)
             if major == 2:
+                self._charge(sys.getsizeof(raw))
                 return raw
+            text = self.texts.get(raw)
+            if text is not None:
+                return text
             try:
-                return raw.decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise CborError(f"invalid UTF-8 in text string: {e}") from None
+            self._charge(sys.getsizeof(text))
+            if len(raw) <= _SHORT_TEXT and len(self.texts) < _TEXT_CACHE:
+                self.texts[raw] = text
+            return text
         if major == 4:
             items = []
             if n is None:
+                self._charge(_LIST_COST)
                 while not self._at_break():
+                    self._charge(8)
                     items.append(self.item(depth + 1))
             else:
                 self._bound(n, 1)
+                self._charge(_LIST_COST + 8 * n)
                 items = [self.item(depth + 1) for _ in range(n)]
             return items
         if major == 5:
             pairs = CborMap()
             if n is None:
+                self._charge(_LIST_COST)
                 while not self._at_break():
+                    self._charge(_PAIR_COST)
                     k = self.item(depth + 1)
                     pairs.append((k, self.item(depth + 1)))
             else:
                 self._bound(n, 2)
+                self._charge(_LIST_COST + _PAIR_COST * n)
                 for _ in range(n):
                     k = self.item(depth + 1)
                     pairs.append((k, self.item(depth + 1)))
@@ -304,11 +348,12 @@ class _Decoder:
             return True
         if info in (22, 23):
             return None
-        if info == 25:
-            return struct.unpack(">e", self._take(2))[0]
-        if info == 26:
-            return struct.unpack(">f", self._take(4))[0]
-        if info == 27:
+        if info in (25, 26, 27):
+            self._charge(_FLOAT_COST)
+            if info == 25:
+                return struct.unpack(">e", self._take(2))[0]
+            if info == 26:
+                return struct.unpack(">f", self._take(4))[0]
             return struct.unpack(">d", self._take(8))[0]
         if info == 24:
             self._take(1)

@@ -11,12 +11,10 @@ so a file we write is indistinguishable from one `safetensors.numpy.save_file` w
 from __future__ import annotations
 
 import json
-import re
 import struct
-import sys
-from collections.abc import Mapping, Sequence
-from itertools import accumulate, islice, repeat
-from operator import add, eq, sub
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import accumulate, chain, islice, repeat
+from operator import add, itemgetter, lt, sub
 from typing import Any, BinaryIO, ClassVar, Literal
 
 from .. import dtypes
@@ -40,6 +38,15 @@ from .base import (
 )
 
 MAX_HEADER_SIZE = 100_000_000  # the library's limit; a reader must refuse larger headers
+BUDGET_PER_BYTE = 14
+BUDGET_BASE = 56 << 20
+"""A header may build at most BUDGET_PER_BYTE x its size + BUDGET_BASE bytes of Python objects (with the
+header itself: within SECURITY.md's 16 x input + 64 MiB); see `SafetensorsReader._check_budget`."""
+# Upper bounds, in bytes, of what one `{`/`[`, one `:` and one `"` lets json.loads build (CPython
+# 64-bit, GC headers included): a list or _Pairs; a (key, value) tuple and its slot; half a string.
+_CONTAINER_COST = 88
+_PAIR_COST = 80
+_QUOTE_COST = 36
 METADATA_KEY = "__metadata__"
 _ENTRY_FIELDS = ("dtype", "shape", "data_offsets")
 _U64_MAX = 2**64 - 1
@@ -68,94 +75,44 @@ def safetensors_name(dtype: DType, tensor: str | None = None) -> str:
     )
 
 
-# -- the fast path ------------------------------------------------------------------------------
-# What the library (serde_json) and this module's writer emit: compact JSON, `__metadata__` first
-# if at all, each entry's fields in the order dtype, shape, data_offsets, names and metadata without
-# escapes, entries in data order, at most 7 spaces of padding. The grammar below is a strict subset
-# of JSON on which json.loads gives exactly what the fast path builds; a header outside it, and every
-# invalid one, goes to the full parser, which produces every error message.
+# -- checks in bulk ---------------------------------------------------------------------------------
+# One parser: json.loads. A header is then checked either entry by entry (`_parse`, `_layout`: every
+# rule, every error message) or, when it has the common shape (each entry's fields in the order
+# dtype, shape, data_offsets), column by column with C-level passes over the parsed values and one
+# computation per distinct (dtype, shape). The bulk checks accept exactly what the per-entry checks
+# accept and build the same tensors; on any doubt they return None, and the per-entry checks decide
+# and explain. tools/fuzz.py --differential compares the two on mutated headers.
 
-_STR = rb'[^"\\\x00-\x1f]*'  # string content without escapes (raw control characters are not JSON)
-_UINT = rb"(?:0|[1-9][0-9]{0,18})"  # at most 19 digits: always below 2**64
-_DIMS = rb"(?:" + _UINT + rb"(?:," + _UINT + rb"){0,15})?"  # at most 16 dimensions: bounded products
-
-
-# One entry with its name, "dtype+shape" key, start, end and what follows it (a comma, or nothing at
-# the end of the chunk) captured: every byte of an entry is a captured group or one of _ENTRY_FIXED
-# literal bytes, so the entries found tile a chunk exactly when their lengths add up to it.
-_ENTRY = re.compile(b'"(' + _STR + rb')":\{"dtype":"([A-Z0-9_]{1,16}","shape":\[' + _DIMS
-                    + rb')\],"data_offsets":\[(' + _UINT + b"),(" + _UINT + rb")\]\}(,|\Z)")
-_SAMPLE = b'"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
-_ENTRY_FIXED = len(_SAMPLE) - sum(map(len, _ENTRY.fullmatch(_SAMPLE).groups()))  # type: ignore[union-attr]
-_CHUNK = 1 << 20  # entries are parsed a chunk at a time (~10k tensors): bounded transient objects
-_STRETCH = 1 << 20  # the most bytes without an entry boundary past a chunk (bounds a chunk, so memory)
-# Possessive repeats (Python 3.11+) match the metadata's pairs in constant memory; a plain repeat
-# keeps ~100 bytes of backtracking state per pair, so 3.10 looks for it in the first _CHUNK only.
-_POSSESSIVE = sys.version_info >= (3, 11)
-_MANY = b"*+" if _POSSESSIVE else b"*"
-_KEY = re.compile(rb'([A-Z0-9_]+)","shape":\[(.*)')
-_META = re.compile(rb'\{"__metadata__":\{((?:"' + _STR + rb'":"' + _STR + rb'"(?:,"' + _STR + rb'":"' + _STR
-                   + rb'")' + _MANY + rb")?)\}")
-_META_PAIR = re.compile(rb'"(' + _STR + rb')":"(' + _STR + rb')"')
-
-
-class _Unusual(Exception):
-    """A header the fast path leaves to the full parser."""
-
-
-def _describe(key: bytes) -> tuple[DType, tuple[int, ...], int]:
-    """dtype, shape and byte length for a `dtype","shape":[dims` key, or _Unusual for anything the
-    full parser must judge (unknown dtype, overflow, a partial byte)."""
-    m = _KEY.fullmatch(key)
-    assert m is not None  # the entry grammar guarantees the shape of the key
-    dtype = dtypes.BY_SAFETENSORS.get(m[1].decode("ascii"))
-    if dtype is None or dtype.bits is None:
-        raise _Unusual
-    shape = tuple(map(int, m[2].split(b","))) if m[2] else ()
-    numel = _numel(shape)  # at most 16 dimensions of 19 digits: cheap
-    bits = numel * dtype.bits
-    if numel > _U64_MAX or bits > _U64_MAX or bits % 8:
-        raise _Unusual
-    return dtype, shape, bits // 8
-
+_FIELDS = {"dtype": 0, "shape": 1, "data_offsets": 2}
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 # metadata; per tensor in data order its name and (dtype, shape, nbytes); data_start, then each tensor's end
 _FastHeader = tuple[dict[str, str], list[str], list[tuple[DType, tuple[int, ...], int]], list[int]]
 
 
-def _fast_entries(raw: bytes, pos: int, end: int, data_start: int
-                  ) -> tuple[list[str], list[tuple[DType, tuple[int, ...], int]], list[int]]:
-    """Names, (dtype, shape, nbytes) and absolute bounds of the entries in raw[pos:end], a chunk at a
-    time, checked against the grammar and for contiguous data in header order (else _Unusual)."""
-    names: list[str] = []
-    described: list[tuple[DType, tuple[int, ...], int]] = []
-    bounds = [data_start]
-    info: dict[bytes, tuple[DType, tuple[int, ...], int]] = {}
-    previous_end = b"0"
-    while pos < end:
-        cut = raw.find(b'},"', pos + _CHUNK, end)
-        stop = end if cut < 0 else cut + 1
-        if stop - pos > _CHUNK + _STRETCH:  # no entry boundary for that long: not the common shape
-            raise _Unusual
-        found = _ENTRY.findall(raw, pos, stop)
-        if not found:
-            raise _Unusual
-        name_b, key_b, start_b, end_b, sep_b = zip(*found, strict=True)
-        del found
-        # the entries tile raw[pos:stop] (no byte skipped), each but the last followed by a comma
-        if (len(name_b) * _ENTRY_FIXED + sum(map(len, name_b)) + sum(map(len, key_b)) + sum(map(len, start_b))
-                + sum(map(len, end_b)) + sum(map(len, sep_b)) != stop - pos or sep_b[-1]):
-            raise _Unusual
-        if start_b[0] != previous_end or start_b[1:] != end_b[:-1]:  # data order, contiguous
-            raise _Unusual
-        previous_end = end_b[-1]
-        for key in set(key_b).difference(info):
-            info[key] = _describe(key)
-        names += map(bytes.decode, name_b)
-        described += map(info.__getitem__, key_b)
-        bounds += map(add, map(int, end_b), repeat(data_start))
-        pos = stop + 1  # past the comma
-    return names, described, bounds
+def _bulk_metadata(value: object) -> dict[str, str] | None:
+    if value is None:
+        return {}
+    if type(value) is not _Pairs:
+        return None
+    metadata = dict(value)
+    if len(metadata) != len(value) or not set(map(type, metadata.values())) <= {str}:
+        return None
+    return metadata
+
+
+def _bulk_size(dtype: DType, shape: tuple[int, ...]) -> int | None:
+    """Byte length of a [shape] tensor of dtype, or None where `_entry`/`_layout` would refuse it."""
+    assert dtype.bits is not None
+    numel = 1
+    for d in shape:
+        if d < 0 or d > _U64_MAX:
+            return None
+        numel *= d
+        if numel > _U64_MAX:
+            return None
+    bits = numel * dtype.bits
+    return None if bits > _U64_MAX or bits % 8 else bits // 8
 
 
 class _Pairs(list):  # type: ignore[type-arg]
@@ -193,7 +150,7 @@ class SafetensorsReader(Reader):
 
     format = "safetensors"
     nested_keys = True
-    fast_path: ClassVar[bool] = True  # False: always the full parser (tests compare the two)
+    fast_path: ClassVar[bool] = True  # False: always the per-entry checks (tests compare the two)
 
     def __init__(self, source: ByteSource, *, top_level_key: str | None = None) -> None:
         if top_level_key is not None and not isinstance(top_level_key, str):
@@ -203,17 +160,20 @@ class SafetensorsReader(Reader):
         self.source = source
         self.scalars: dict[str, Scalar] = {}
         self.header_size, raw = self._read_raw()
+        self._check_budget(raw)
         with no_gc():
-            fast = self._fast(raw) if self.fast_path else None
+            header = self._decode(raw)
+            del raw
+            fast = self._bulk(header) if self.fast_path else None
             if fast is not None:
-                del raw  # before the tensors are made: the peak is the header or the tensors, not both
+                del header  # before the tensors are made
                 self.metadata, names, described, bounds = fast
                 del fast
                 self.tensors = stored_many(source, names, [d[0] for d in described], [d[1] for d in described],
                                            bounds[:-1], [d[2] for d in described])
-            else:  # anything unusual, including every invalid header: the full parser and its messages
-                self.metadata, entries = self._parse(self._decode(raw))
-                del raw
+            else:  # anything unusual, including every invalid header: the per-entry checks and their messages
+                self.metadata, entries = self._parse(header)
+                del header
                 self.tensors = self._layout(entries)
         if top_level_key is not None:
             self.select(top_level_key)
@@ -237,6 +197,21 @@ class SafetensorsReader(Reader):
             raise self._error(f"declares a {n}-byte JSON header but only {size - 8} bytes follow the length")
         return n, self.source.read(8, n, "SafeTensors header")
 
+    def _check_budget(self, raw: bytes) -> None:
+        """Refuse a header whose parse could build more than BUDGET_PER_BYTE x its size + BUDGET_BASE
+        bytes of Python objects, before parsing it. Every object, array, pair and string the JSON
+        parser creates needs at least one `{`, `[`, `:` or two `"` bytes of its own, so counting those
+        bytes (in C) bounds what parsing builds; it overcounts such bytes inside strings, which real
+        headers have few of."""
+        cost = (_CONTAINER_COST * (raw.count(b"{") + raw.count(b"[")) + _PAIR_COST * raw.count(b":")
+                + _QUOTE_COST * raw.count(b'"'))
+        budget = BUDGET_PER_BYTE * len(raw) + BUDGET_BASE
+        if cost > budget:
+            raise LimitExceededError(
+                f"the {len(raw)}-byte JSON header could build ~{cost} bytes of objects (from its count of "
+                f"objects, arrays, pairs and strings), over the budget of {BUDGET_PER_BYTE} x its size + 56 MiB",
+                file=self.label)
+
     def _decode(self, raw: bytes) -> _Pairs:
         try:
             text = raw.decode("utf-8")
@@ -250,56 +225,94 @@ class SafetensorsReader(Reader):
             raise self._error(f"the header is not valid JSON: {e}") from None
         if not isinstance(value, _Pairs):
             raise self._error(f"the header must be a JSON object, found {_kind(value)}")
+        if "\\u" in text:  # only a \u escape can spell a surrogate (raw UTF-8 cannot hold one)
+            self._refuse_surrogates(value)
         return value
 
+    def _refuse_surrogates(self, header: _Pairs) -> None:
+        """A FormatError for the first string holding a lone surrogate escape (`\\ud800`): the format
+        is UTF-8 text and the library (serde_json) refuses it; such a name could not be printed,
+        written or compared with what other tools read."""
+        for name, value in header:
+            where = None
+            if not utf8_ok(name):
+                where = "a tensor name" if name != METADATA_KEY else "a key"
+            elif name == METADATA_KEY and isinstance(value, _Pairs):
+                for k, v in value:
+                    if not utf8_ok(k) or (isinstance(v, str) and not utf8_ok(v)):
+                        where = f"__metadata__ {'key' if not utf8_ok(k) else f'value of {k!a}'}"
+                        break
+            elif not all(map(utf8_ok, _strings(value))):
+                where = f"the entry of tensor {name!a}"
+            if where is not None:
+                raise self._error(f"{where} holds a lone surrogate escape ({_surrogate(name, value)}): "
+                                  "SafeTensors headers are UTF-8 text, which cannot hold one")
+
     def _fast(self, raw: bytes) -> _FastHeader | None:
-        """Metadata and entries of a header in the common shape, with every check of the full parser;
-        None when anything is unusual or wrong (the full parser then decides and explains)."""
-        end = len(raw)
-        stop = max(end - 7, 0)
-        while end > stop and raw[end - 1] == 0x20:  # the library's padding
-            end -= 1
-        if end < 2 or raw[end - 1] != 0x7D:  # "}"
+        """`_bulk` of the parsed header (None also when it does not parse); for tests and the fuzzer."""
+        try:
+            return self._bulk(self._decode(raw))
+        except FormatError:
             return None
-        end -= 1
+
+    def _bulk(self, header: _Pairs) -> _FastHeader | None:
+        """Metadata and entries of a header in the common shape, with every check `_parse` and `_layout`
+        make; None when anything is unusual or wrong (the per-entry checks then decide and explain)."""
+        names = list(map(_FIRST, header))
+        values = list(map(_SECOND, header))
         metadata: dict[str, str] = {}
-        pos = 1
-        if raw.startswith(b'{"__metadata__":'):
-            m = _META.match(raw, 0, end if _POSSESSIVE else min(end, _CHUNK))  # bounded state on 3.10
-            if m is None:
+        if METADATA_KEY in names:
+            i = names.index(METADATA_KEY)
+            found = _bulk_metadata(values[i])
+            if found is None:
                 return None
-            pairs = _META_PAIR.findall(raw, *m.span(1))
-            try:
-                metadata = {k.decode(): v.decode() for k, v in pairs}
-            except UnicodeDecodeError:
-                return None
-            if len(metadata) != len(pairs):  # a repeated key
-                return None
-            pos = m.end()
-            if pos < end:
-                if raw[pos] != 0x2C:  # ","
-                    return None
-                pos += 1
-                if pos == end:
-                    return None
-        elif raw[0] != 0x7B:  # "{"
+            metadata = found
+            del names[i], values[i]
+        if len(set(names)) != len(names) or METADATA_KEY in names:  # a repeat, or a second __metadata__
             return None
         data_start = 8 + self.header_size
-        if pos == end:
-            return (metadata, [], [], [data_start]) if self.source.size == data_start else None
-        try:
-            names, described, bounds = _fast_entries(raw, pos, end, data_start)
-        except (_Unusual, UnicodeDecodeError):
+        data_len = self.source.size - data_start
+        if not names:
+            return (metadata, [], [], [data_start]) if data_len == 0 else None
+        if set(map(type, values)) != {_Pairs} or set(map(len, values)) != {3}:
             return None
-        if bounds[-1] != self.source.size:  # the file ends exactly at the last tensor
+        dtype_f, shape_f, offsets_f = zip(*values, strict=True)
+        keys = (set(map(_FIRST, dtype_f)), set(map(_FIRST, shape_f)), set(map(_FIRST, offsets_f)))
+        if keys != ({"dtype"}, {"shape"}, {"data_offsets"}):
             return None
-        seen = set(names)
-        if len(seen) != len(names) or METADATA_KEY in seen:
+        spelled, shapes, offsets = (list(map(_SECOND, f)) for f in (dtype_f, shape_f, offsets_f))
+        del dtype_f, shape_f, offsets_f, values
+        if (set(map(type, spelled)) != {str} or set(map(type, shapes)) != {list}
+                or set(map(type, offsets)) != {list} or set(map(len, offsets)) != {2}
+                or not set(map(type, chain.from_iterable(shapes))) <= {int}
+                or set(map(type, chain.from_iterable(offsets))) != {int}):
+            return None  # type(), not isinstance: bools and _Pairs (a list) are not taken
+        dts = {k: dtypes.BY_SAFETENSORS.get(k) for k in set(spelled)}
+        if None in dts.values():
             return None
-        # end - start == shape x dtype for every tensor (starts are the previous ends)
-        if not all(map(eq, map(sub, islice(bounds, 1, None), bounds), [d[2] for d in described])):
+        dt_col = list(map(dts.__getitem__, spelled))
+        shape_col = list(map(tuple, shapes))
+        del spelled, shapes
+        sizes = {key: _bulk_size(*key) for key in set(zip(dt_col, shape_col, strict=True))}
+        if None in sizes.values():
             return None
-        return metadata, names, described, bounds
+        lengths = list(map(sizes.__getitem__, zip(dt_col, shape_col, strict=True)))
+        starts, ends = (list(col) for col in zip(*offsets, strict=True))
+        del offsets
+        if min(starts) < 0 or min(ends) < 0:
+            return None
+        if not all(map(lt, starts, islice(starts, 1, None))):  # not plainly in data order: sort as `_layout`
+            key = list(zip(starts, ends, strict=True))
+            order = sorted(range(len(key)), key=key.__getitem__)
+            del key
+            names, dt_col, shape_col, lengths, starts, ends = ([*map(col.__getitem__, order)] for col in
+                                                              (names, dt_col, shape_col, lengths, starts, ends))
+        # contiguous from 0 to the end of the file, each tensor exactly shape x dtype long
+        if (starts[0] != 0 or starts[1:] != ends[:-1] or ends[-1] != data_len
+                or list(map(sub, ends, starts)) != lengths):
+            return None
+        bounds = [data_start, *map(add, ends, repeat(data_start))]
+        return metadata, names, list(zip(dt_col, shape_col, lengths, strict=True)), bounds
 
     def _parse(self, header: _Pairs) -> tuple[dict[str, str], list[tuple[str, DType, tuple[int, ...], int, int]]]:
         metadata: dict[str, str] = {}
@@ -415,6 +428,31 @@ class SafetensorsReader(Reader):
 
     def extra(self) -> dict[str, Any]:
         return {"header_size": self.header_size, "data_start": 8 + self.header_size}
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string in a decoded JSON value, keys included (iteratively: nesting is bounded by json)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, _Pairs):
+            for k, item in v:
+                yield k
+                stack.append(item)
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+def _surrogate(*values: object) -> str:
+    """The first lone surrogate among the strings of `values`, as its escape (`\\ud800`)."""
+    for v in values:
+        for text in _strings(v):
+            for ch in text:
+                if 0xD800 <= ord(ch) <= 0xDFFF:
+                    return f"\\u{ord(ch):04x}"
+    return "?"
 
 
 def _numel(shape: Sequence[int]) -> int:
