@@ -18,7 +18,8 @@ import pytest
 
 from migrator import safepickle as sp
 from migrator.errors import FormatError
-from migrator.formats import open_file, pytorch
+from migrator.formats import open_file
+from migrator.formats.pytorch import zip as pytorch_zip
 
 torch = pytest.importorskip("torch")
 
@@ -113,9 +114,9 @@ def directory_of(raw: bytes) -> tuple[bytes, int, int]:
 
 def compare_directories(cd: bytes, n_total: int, cd_off: int, size: int) -> bool:
     """True when the numpy parse answered; it must then equal the loop's result exactly."""
-    quick = pytorch._numbered_directory(cd, n_total, cd_off, size)
+    quick = pytorch_zip._numbered_directory(cd, n_total, cd_off, size)
     try:
-        loop: Any = pytorch._directory_entries(cd, n_total, cd_off, size, "x")
+        loop: Any = pytorch_zip._directory_entries(cd, n_total, cd_off, size, "x")
     except FormatError as e:
         loop = e
     if quick is None:
