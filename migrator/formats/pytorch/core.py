@@ -35,6 +35,7 @@ class ReaderCore(Reader):
     _zip_found: bytearray
     _zip: bool
     _zip_root: str
+    _storage_refs: dict[Any, sp.StorageRef]  # a storage key -> its first reference (see _storage_pid)
 
     def _err(self, message: str, tensor: str | None = None) -> FormatError:
         return FormatError(message, file=self.label, tensor=tensor)
@@ -54,14 +55,31 @@ class ReaderCore(Reader):
     # -- persistent ids ---------------------------------------------------------------------------
 
     def _storage_pid(self, pid: Any) -> sp.StorageRef:
-        """('storage', StorageType, key, location, numel[, view_metadata]) -> a StorageRef."""
+        """('storage', StorageType, key, location, numel[, view_metadata]) -> a StorageRef.
+
+        A key's first reference fixes its storage, as in torch.load: a later reference to that key
+        with another storage type or size gets the first one's (torch keeps the storage it loaded
+        first and ignores the later id's type and size). Exceptions, also torch's: a first storage of
+        0 bytes is not kept (zip: the next reference is loaded anew; legacy: each later reference gets
+        an empty storage of its own type), and a legacy storage view is typed by its own id.
+        """
         if type(pid) is tuple and len(pid) == 5 and pid[0] == "storage":  # every torch.save tensor
             _, stype, key, location, numel = pid
             if (type(stype) is sp.StorageType and type(key) is str and type(location) is str
                     and type(numel) is int and 0 <= numel < 1 << 63):
+                first = self._storage_refs.get(key)
+                if first is not None and first.numel:
+                    return first
                 if not self._zip and key not in self._first_dtype:  # zip storages are located by name
                     self._first_dtype[key] = stype.dtype
-                return sp.StorageRef(key, stype.name, stype.dtype, numel, location, None)
+                ref = sp.StorageRef(key, stype.name, stype.dtype, numel, location, None)
+                if first is None or self._zip:
+                    self._storage_refs[key] = ref
+                return ref
+        return self._slow_storage_pid(pid)
+
+    def _slow_storage_pid(self, pid: Any) -> sp.StorageRef:
+        """`_storage_pid` for every other shape of persistent id (legacy ids, bytes, int keys, refusals)."""
         if not isinstance(pid, tuple) or not pid:
             raise self._err(f"persistent id is a {type(pid).__name__}, expected a tuple")
         tag = pid[0].decode("ascii", "replace") if isinstance(pid[0], bytes) else pid[0]
@@ -80,7 +98,10 @@ class ReaderCore(Reader):
             raise self._err("persistent id: storage key / location have the wrong types")
         if type(numel) is not int or not 0 <= numel < 1 << 63:
             raise self._err("persistent id: storage size is not a non-negative 64-bit integer")
-        key = str(key)
+        raw_key, key = key, str(key)
+        first = self._storage_refs.get(raw_key)
+        if first is not None and first.numel and view is None:
+            return first
         dtype = _storage_dtype(stype)
         if not self._zip:
             self._first_dtype.setdefault(key, dtype)
@@ -92,6 +113,8 @@ class ReaderCore(Reader):
                 raise self._err("persistent id: storage view is not (key, offset, size)")
             view_t = (str(view[0]), view[1], view[2])
         loc = location.decode("ascii", "replace") if isinstance(location, bytes) else location
+        if first is None or (self._zip and not first.numel):
+            self._storage_refs[raw_key] = sp.StorageRef(key, _type_name(stype), dtype, numel, loc, None)
         return sp.StorageRef(key, _type_name(stype), dtype, numel, loc, view_t)
 
 

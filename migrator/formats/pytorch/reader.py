@@ -41,6 +41,7 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
         self._swap = False
         self._spans: dict[str, _Span] = {}  # storage key -> bytes
         self._first_dtype: dict[str, str | None] = {}  # storage key -> dtype of its first reference
+        self._storage_refs = {}
         self._ignored: list[str] = []
         self._groups: dict[str, list[str]] = {}  # storage key -> names, for storages read by 2+ tensors
         self._layouts: dict[tuple[Any, ...], tuple[Any, int, int, bool, tuple[int, ...]]] = {}
@@ -55,7 +56,7 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
             self.tensors = pending.build(self.source)
             del pending
         # what only the open needed (100k entries each for a 100k-tensor zip): the tensors keep the rest
-        self._spans, self._first_dtype, self._layouts = {}, {}, {}
+        self._spans, self._first_dtype, self._layouts, self._storage_refs = {}, {}, {}, {}
         self._zip_members: dict[str, _RawMember] = {}
         self._zip_data, self._zip_found = None, bytearray()
         self._tar_tensors: dict[str, sp.TensorRef] = {}

@@ -57,8 +57,7 @@ class TensorBuilder(ZipContainer):
         if layout is None:
             layout = self._layout(name, ref, dname)
         dt, nbytes, extent, contiguous, shape = layout  # one shape tuple for all tensors of that layout
-        located = self._numbered_span(ref.storage)
-        span_offset, span_nbytes = located if located is not None else self._storage_span(ref.storage, name)
+        span_offset, span_nbytes = self._storage_span(ref.storage, name)
         if nbytes == 0:
             pending.entries.append(LazyTensor(name, dt, shape, 0, loader=_empty, origin=self.label))
             return

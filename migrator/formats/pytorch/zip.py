@@ -8,12 +8,12 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ... import safepickle as sp
 from ...bytesource import ByteSource
 from ...errors import FormatError, LimitExceededError
 from .. import pytorch as _pkg  # the MAX_* knobs are the package's attributes (SECURITY.md), read at open
@@ -37,147 +37,110 @@ _RawMember = tuple[int, int, int, int, int, int]
 class _ZipDirectory(NamedTuple):
     """A parsed central directory. `data` maps a root folder ("archive/", or "") to two arrays indexed by
     storage number: header offset (-1: no such member) and size of `<root>data/<n>`, all stored, unencrypted
-    members (16 bytes a storage instead of a name, a tuple and a dict slot); `members` holds the others."""
+    members (16 bytes a storage instead of a name, a tuple and a dict slot); `members` holds the others.
+
+    torch looks names up ignoring ASCII case, so no two names here differ only in case (the parse refuses
+    such an archive); `folded` maps each member name, ASCII-lowercased, to its name."""
 
     members: dict[str, _RawMember]
     data: dict[str, tuple[array, array]]
     first: str | None  # the first entry's name (torch's root folder)
+    folded: dict[str, str]
 
 
 _CD_ENTRY = struct.Struct("<8xHH4xIIIHHHH6xI")  # flags, method, crc, sizes, name/extra/comment lengths, disk, offset
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, name and extra lengths
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_READ_GAP = 65536  # local headers less than this apart share a read ...
+_READ_MAX = 1 << 20  # ... of at most this many bytes
+
+
+def _fold(name: str) -> str:
+    """A name as torch's (miniz's) lookup compares it: ASCII letters lowercased, nothing else changed."""
+    return name.translate(_ASCII_LOWER)
 
 
 class ZipContainer(ReaderCore):
     """Opens a zip checkpoint and locates its storages' bytes."""
 
     _zip_members: dict[str, _RawMember]
+    _zip_folded: dict[str, str]
 
     def _open_zip(self) -> Any:
         directory = _read_zip_directory(self.source)
         members = directory.members
-        pkl = _find_data_pkl(directory.first, members)
+        self._zip_members = members
+        self._zip_folded = directory.folded
+        pkl = _find_data_pkl(directory.first, members, self._zip_name)
         if pkl is None:
             raise self._err("zip archive without data.pkl: not a torch.save checkpoint")
         root = pkl[: -len("data.pkl")]
         if any(n.startswith(root + "code/") for n in members) or root + "constants.pkl" in members:
             raise self._err("this is a TorchScript archive (torch.jit.save), which holds code; load it with "
                             "torch.jit.load and save `model.state_dict()` with torch.save instead")
-        self._zip_members = members
         self._zip_root = root
-        self._zip_data = directory.data.get(root)
+        folded_root = _fold(root)
+        self._zip_data = next((a for r, a in directory.data.items() if _fold(r) == folded_root), None)
         del directory
         self._extra["archive_root"] = root.rstrip("/")
         for rec, key in ((".format_version", "format_version"), (".storage_alignment", "storage_alignment"),
                          ("version", "version")):
-            if root + rec in members and members[root + rec][1] <= 256:
-                self._extra[key] = self._zip_read(self._zip_member(root + rec)).decode("utf-8", "replace").strip()
-        if root + "byteorder" in members:
-            order = self._zip_read(self._zip_member(root + "byteorder")).strip()
+            name = self._zip_name(root + rec)
+            if name is not None and members[name][1] <= 256:
+                self._extra[key] = self._zip_read(self._zip_member(name)).decode("utf-8", "replace").strip()
+        name = self._zip_name(root + "byteorder")
+        if name is not None:
+            order = self._zip_read(self._zip_member(name)).strip()
             if order not in (b"little", b"big"):
                 raise self._err(f"unknown byteorder record {order[:20]!r}")
             self._swap = order == b"big"
         data = self._zip_read(self._zip_member(pkl), _pkg.MAX_PICKLE_BYTES)
         result = self._run_main(self._unpickler(data, persistent=self._storage_pid, what=pkl))
         del data
-        self._prefetch_zip_spans()
+        self._locate_storages()
         return result
+
+    def _zip_name(self, name: str) -> str | None:
+        """The member torch's lookup finds for `name` (ASCII case ignored), or None."""
+        if name in self._zip_members:
+            return name
+        found = self._zip_folded.get(_fold(name))
+        return found if found is not None and found in self._zip_members else None
 
     def _zip_member(self, name: str) -> _ZipMember:
         return _ZipMember(name, *self._zip_members[name])
 
-    def _prefetch_zip_spans(self) -> None:
-        """Locate every stored `data/` member's bytes with a few large reads instead of one per tensor.
+    def _locate_storages(self) -> None:
+        """Locate every stored `data/` member's bytes at once (`_local_starts`: a few large reads).
 
-        Only members that pass every check of `_zip_data_offset` are recorded; the others are left
-        for `_zip_span`, which raises its precise error if a tensor needs them. torch's numbered members
-        (`_zip_data`) get their data offset written over their header offset, and their bit set in
-        `_zip_found`; the others go to `_spans`.
+        Members whose local header is unreadable or bad are left for `_zip_span`, which raises the
+        precise error only if a tensor needs them (torch reads only the members the pickle names).
+        torch's numbered members (`_zip_data`) get their data offset written over their header offset,
+        and their bit set in `_zip_found`; the others go to `_spans`.
         """
-        prefix = self._zip_root + "data/"
-        cut = len(prefix)
-        members = self._zip_members
-        # (header offset, key, size) of the members not numbered in `_zip_data`
-        todo: list[tuple[int, Any, int]] = [
-            (raw[0], name[cut:], raw[1]) for name, raw in members.items()
-            if name.startswith(prefix) and raw[3] == 0 and not raw[4] & 1 and raw[1] == raw[2]]
+        size = self.source.size
         compact = self._zip_data
         if compact is not None:
             self._zip_found = bytearray(len(compact[0]))
-            if not self._prefetch_numbered(compact):
-                return
-        todo.sort()
-        src, spans = self.source, self._spans
-        size = src.size
-        unpack = _LOCAL_HEADER.unpack_from
-        it = iter(todo)
-        pending = next(it, None)
-        while pending is not None:
-            group = []  # headers less than 64 KiB apart share a read of at most 1 MiB
-            first = prev = -1
-            while pending is not None:
-                lho = pending[0]
-                if first >= 0 and (lho - prev > 65536 or lho + 30 - first > 1 << 20):
-                    break
-                if first < 0:
-                    first = lho
-                prev = lho
-                group.append(pending)
-                pending = next(it, None)
-            try:
-                block = src.read(first, min(prev + 30, size) - first, "zip local headers")
-            except FormatError:
-                return
-            for lho, key, nbytes in group:
-                at = lho - first
-                if at + 30 > len(block):
-                    continue
-                sig, nlen, xlen = unpack(block, at)
-                start = lho + 30 + nlen + xlen
-                if sig == b"PK\x03\x04" and start + nbytes <= size:
-                    spans[key] = _Span(start, nbytes)
-                    del members[prefix + key]  # located: only the others may still need their entry
-
-    def _prefetch_numbered(self, compact: tuple[array, array]) -> bool:
-        """`_prefetch_zip_spans` for torch's numbered members, each read's headers parsed at once by numpy.
-
-        The same reads (headers in file order, less than 64 KiB apart, at most 1 MiB a read) and checks;
-        False when a read failed (nothing after it is located, as in the per-member loop).
-        """
-        lhos = np.frombuffer(compact[0], dtype=np.int64)  # writable views: located offsets go back in place
-        sizes = np.frombuffer(compact[1], dtype=np.int64)
-        found = np.frombuffer(self._zip_found, dtype=np.uint8)
-        items = np.flatnonzero(lhos >= 0)
-        at_hdr = lhos[items]
-        if len(at_hdr) > 1 and bool(np.any(at_hdr[1:] < at_hdr[:-1])):
-            by_offset = np.argsort(at_hdr, kind="stable")
-            items, at_hdr = items[by_offset], at_hdr[by_offset]
-        gaps = np.flatnonzero(np.diff(at_hdr) > 65536) + 1  # a read ends before each of these
-        src = self.source
-        size = src.size
-        i, n = 0, len(items)
-        while i < n:
-            first = int(at_hdr[i])
-            g = int(np.searchsorted(gaps, i, "right"))
-            j = min(int(gaps[g]) if g < len(gaps) else n,
-                    int(np.searchsorted(at_hdr, first + (1 << 20) - 30, "right")))
-            try:
-                block = src.read(first, min(int(at_hdr[j - 1]) + 30, size) - first, "zip local headers")
-            except FormatError:
-                return False
-            at = at_hdr[i:j] - first
-            whole = np.flatnonzero(at + 30 <= len(block))
-            at, idx = at[whole], items[i:j][whole]
-            raw = np.frombuffer(block, dtype=np.uint8)
-            sig = (raw[at] == 0x50) & (raw[at + 1] == 0x4B) & (raw[at + 2] == 3) & (raw[at + 3] == 4)
-            names = raw[at + 26].astype(np.int64) | raw[at + 27].astype(np.int64) << 8
-            extras = raw[at + 28].astype(np.int64) | raw[at + 29].astype(np.int64) << 8
-            start = at + first + 30 + names + extras
-            ok = sig & (start + sizes[idx] <= size)
-            lhos[idx[ok]] = start[ok]
-            found[idx[ok]] = 1
-            i = j
-        return True
+            lhos = np.frombuffer(compact[0], dtype=np.int64)  # writable views: located offsets go in place
+            sizes = np.frombuffer(compact[1], dtype=np.int64)
+            found = np.frombuffer(self._zip_found, dtype=np.uint8)
+            items = np.flatnonzero(lhos >= 0)
+            starts = _local_starts(self.source, lhos[items])
+            ok = (starts >= 0) & (starts + sizes[items] <= size)
+            lhos[items[ok]] = starts[ok]
+            found[items[ok]] = 1
+        prefix = self._zip_root + "data/"
+        cut = len(prefix)
+        members = self._zip_members
+        named = [(name, raw) for name, raw in members.items()
+                 if name.startswith(prefix) and raw[3] == 0 and not raw[4] & 1 and raw[1] == raw[2]]
+        if not named:
+            return
+        starts = _local_starts(self.source, np.array([raw[0] for _, raw in named], dtype=np.int64))
+        for (name, raw), start in zip(named, starts.tolist(), strict=True):
+            if start >= 0 and start + raw[1] <= size:
+                self._spans[name[cut:]] = _Span(start, raw[1])
+                del members[name]  # located: only the others may still need their entry
 
     def _zip_data_offset(self, m: _ZipMember) -> int:
         """Validate a member (stored, in bounds) and return where its bytes start."""
@@ -189,18 +152,20 @@ class ZipContainer(ReaderCore):
         if m.compressed_size != m.size:
             raise self._err(f"zip member {m.name}: stored size {m.compressed_size} != size {m.size}")
         src = self.source
-        hdr = src.read(m.header_offset, 30, f"zip local header of {m.name}")
-        if hdr[:4] != b"PK\x03\x04":
+        start = int(_local_starts(src, np.array([m.header_offset], dtype=np.int64))[0])
+        if start == _HEADER_PAST_END:
+            raise self._err(f"zip member {m.name}: local header at byte {m.header_offset} is past the end of "
+                            f"the file ({src.size} bytes; truncated?)")
+        if start == _HEADER_BAD:
             raise self._err(f"zip member {m.name}: bad local header signature")
-        nlen, xlen = struct.unpack_from("<HH", hdr, 26)
-        start = m.header_offset + 30 + nlen + xlen
         if start + m.size > src.size:
             raise self._err(f"zip member {m.name} needs bytes [{start}, {start + m.size}) but the file "
                             f"has {src.size} bytes (truncated?)")
         return start
 
-    def _zip_read(self, m: _ZipMember, limit: int = _pkg.MAX_SMALL_RECORD) -> bytes:
+    def _zip_read(self, m: _ZipMember, limit: int | None = None) -> bytes:
         """A small member, read whole and checked against its CRC-32 (tensor data is not read here)."""
+        limit = _pkg.MAX_SMALL_RECORD if limit is None else limit
         if m.size > limit:
             raise LimitExceededError(f"zip member {m.name} has {m.size} bytes (limit {limit})", file=self.label)
         data = self.source.read(self._zip_data_offset(m), m.size, m.name)
@@ -209,8 +174,9 @@ class ZipContainer(ReaderCore):
         return data
 
     def _zip_span(self, key: str, tensor: str) -> _Span:
+        """The bytes of member `<root>data/<key>`: located at open, or located (and checked) now."""
         compact = self._zip_data
-        if (compact is not None and key.isascii() and key.isdigit() and len(key) <= 9
+        if (compact is not None and len(key) <= 9 and key.isascii() and key.isdigit()
                 and (key[0] != "0" or len(key) == 1) and int(key) < len(compact[0])):
             i = int(key)
             if self._zip_found[i]:
@@ -223,79 +189,96 @@ class ZipContainer(ReaderCore):
                 return _Span(start, m.size)
         span = self._spans.get(key)
         if span is None:
-            name = f"{self._zip_root}data/{key}"
-            if name not in self._zip_members:
-                raise self._err(f"storage '{key}' is missing from the archive (no member {name})", tensor)
+            name = self._zip_name(f"{self._zip_root}data/{key}")
+            if name is None:
+                raise self._err(f"storage '{key}' is missing from the archive (no member "
+                                f"{self._zip_root}data/{key})", tensor)
             m = self._zip_member(name)
             span = _Span(self._zip_data_offset(m), m.size)
             self._spans[key] = span
         return span
 
-    def _numbered_span(self, ref: sp.StorageRef) -> tuple[int, int] | None:
-        """`_storage_span` for what torch.save writes (a numbered zip member the prefetch located, its
-        declared size within it, no view), without its checks' function calls; None for anything else."""
-        key, found, numel = ref.key, self._zip_found, ref.numel
-        if (ref.view is None and numel is not None and len(key) <= 9 and key.isdigit() and key.isascii()
-                and (key[0] != "0" or len(key) == 1)):
-            i = int(key)
-            esize = sp.ELEMENT_SIZES.get(ref.dtype or "")
-            if i < len(found) and found[i] and esize is not None:
-                declared = numel * esize
-                compact = self._zip_data
-                if compact is not None and declared <= compact[1][i]:
-                    return compact[0][i], declared
-        return None
+
+_HEADER_PAST_END = -1  # `_local_starts`: the 30-byte local header does not fit in the file
+_HEADER_BAD = -2  # ... the local header's signature is wrong
 
 
+def _local_starts(src: ByteSource, lhos: np.ndarray) -> np.ndarray:
+    """The local-header parser: where each member's data starts, given its local header offsets.
 
-def _find_data_pkl(first: str | None, names: dict[str, Any]) -> str | None:
-    """torch names the root folder after the file; take the first entry's folder, as torch does."""
+    The data follows the 30-byte header, its name and its extra field (their lengths are the local
+    header's, as in torch's reader). Headers are read in file order, those less than `_READ_GAP` apart
+    in one read of at most `_READ_MAX` bytes; an offset whose header cannot be read gives
+    `_HEADER_PAST_END`, a wrong signature `_HEADER_BAD`.
+    """
+    out = np.full(len(lhos), _HEADER_PAST_END, dtype=np.int64)
+    size = src.size
+    inside = np.flatnonzero((lhos >= 0) & (lhos + 30 <= size))
+    if not len(inside):
+        return out
+    at_hdr = lhos[inside]
+    if len(at_hdr) > 1 and bool(np.any(at_hdr[1:] < at_hdr[:-1])):
+        by_offset = np.argsort(at_hdr, kind="stable")
+        inside, at_hdr = inside[by_offset], at_hdr[by_offset]
+    gaps = np.flatnonzero(np.diff(at_hdr) > _READ_GAP) + 1  # a read ends before each of these
+    i, n = 0, len(inside)
+    while i < n:
+        first = int(at_hdr[i])
+        g = int(np.searchsorted(gaps, i, "right"))
+        j = min(int(gaps[g]) if g < len(gaps) else n,
+                max(i + 1, int(np.searchsorted(at_hdr, first + _READ_MAX - 30, "right"))))
+        block = np.frombuffer(src.read(first, int(at_hdr[j - 1]) + 30 - first, "zip local headers"),
+                              dtype=np.uint8)
+        at = at_hdr[i:j] - first
+        sig = (block[at] == 0x50) & (block[at + 1] == 0x4B) & (block[at + 2] == 3) & (block[at + 3] == 4)
+        names = block[at + 26].astype(np.int64) | block[at + 27].astype(np.int64) << 8
+        extras = block[at + 28].astype(np.int64) | block[at + 29].astype(np.int64) << 8
+        out[inside[i:j]] = np.where(sig, at + first + 30 + names + extras, _HEADER_BAD)
+        i = j
+    return out
+
+
+def _find_data_pkl(first: str | None, names: dict[str, Any], lookup: Callable[[str], str | None]) -> str | None:
+    """torch names the root folder after the file; take the first entry's folder, as torch does.
+
+    `lookup` finds a member as torch's lookup does (ASCII case ignored). torch refuses an archive
+    whose first entry is not in a folder or whose folder has no data.pkl; migrator then also reads
+    `data.pkl` at the top, or the shallowest `*/data.pkl`.
+    """
     if first is not None:
         first_root = first.split("/", 1)[0] + "/" if "/" in first else ""
-        if first_root + "data.pkl" in names:
-            return first_root + "data.pkl"
-    if "data.pkl" in names:
-        return "data.pkl"
-    candidates = sorted((n for n in names if n.endswith("/data.pkl")), key=lambda n: (n.count("/"), n))
+        found = lookup(first_root + "data.pkl")
+        if found is not None:
+            return found
+    found = lookup("data.pkl")
+    if found is not None:
+        return found
+    candidates = sorted((n for n in names if _fold(n).endswith("/data.pkl")), key=lambda n: (n.count("/"), n))
     return candidates[0] if candidates else None
 
 
-
-
 def _read_zip_directory(src: ByteSource) -> _ZipDirectory:
-    """Every member, parsed in one loop: torch's `<root>/data/<n>` storages (stored, unencrypted, with a
-    canonical decimal `n` below the entry count) go to `_ZipDirectory.data` as two integers each; the
-    others are plain tuples (see `_RawMember`) keyed by name."""
+    """Find the end records as torch's reader does, check them, and parse the central directory.
+
+    The end-of-central-directory record is the last signature with 22 bytes after it in the file's
+    last 64 KiB + 22 (its comment length is not checked: a comment may hold another signature, and
+    torch takes the last one). A zip64 locator right before it that points to a zip64 end record makes
+    that record's counts and offsets the ones used, saturated or not, as in torch's reader.
+    """
     label = src.label
     tail_len = min(src.size, 22 + 65535)
     tail = src.read(src.size - tail_len, tail_len, "zip end of central directory")
-    eocd = -1
-    i = tail.rfind(b"PK\x05\x06")
-    while i >= 0:
-        if i + 22 <= len(tail):
-            (clen,) = struct.unpack_from("<H", tail, i + 20)
-            if i + 22 + clen <= len(tail):
-                eocd = i
-                break
-        i = tail.rfind(b"PK\x05\x06", 0, i)
+    eocd = tail.rfind(b"PK\x05\x06", 0, len(tail) - 18)  # a signature in the last 21 bytes has no room
     if eocd < 0:
         raise FormatError("zip archive without an end-of-central-directory record (truncated?)", file=label)
     eocd_pos = src.size - tail_len + eocd
     disk, cd_disk, n_disk, n_total, cd_size, cd_off, _ = struct.unpack_from("<HHHHIIH", tail, eocd + 4)
     dir_end = eocd_pos
-    if 0xFFFF in (n_disk, n_total) or 0xFFFFFFFF in (cd_size, cd_off):
-        loc_pos = eocd_pos - 20
-        loc = src.read(loc_pos, 20, "zip64 locator") if loc_pos >= 0 else b""
-        if loc[:4] != b"PK\x06\x07":
-            raise FormatError("zip64 archive without a zip64 locator", file=label)
-        _, z64_off, _ = struct.unpack_from("<IQI", loc, 4)
-        if z64_off + 56 > loc_pos:
-            raise FormatError("zip64 end record offset out of range", file=label)
-        rec = src.read(z64_off, 56, "zip64 end of central directory")
-        if rec[:4] != b"PK\x06\x06":
-            raise FormatError("bad zip64 end-of-central-directory signature", file=label)
-        disk, cd_disk, n_disk, n_total, cd_size, cd_off = struct.unpack_from("<IIQQQQ", rec, 16)
-        dir_end = z64_off
+    zip64 = _zip64_end(src, eocd_pos)
+    if zip64 is not None:
+        disk, cd_disk, n_disk, n_total, cd_size, cd_off, dir_end = zip64
+    elif 0xFFFF in (n_disk, n_total) or 0xFFFFFFFF in (cd_size, cd_off):
+        raise FormatError("zip64 archive without a readable zip64 end record", file=label)
     if disk != 0 or cd_disk != 0 or n_disk != n_total:
         raise FormatError("multi-part zip archives are not supported", file=label)
     if cd_off + cd_size > dir_end:
@@ -304,13 +287,32 @@ def _read_zip_directory(src: ByteSource) -> _ZipDirectory:
     if n_total > _pkg.MAX_ZIP_ENTRIES or n_total * 46 > cd_size or cd_size > _pkg.MAX_ZIP_DIRECTORY:
         raise LimitExceededError(f"zip declares {n_total} entries in a {cd_size}-byte directory", file=label)
     cd = src.read(cd_off, cd_size, "zip central directory")
-    quick = _numbered_directory(cd, n_total, cd_off, src.size)
-    return quick if quick is not None else _directory_entries(cd, n_total, cd_off, src.size, label)
+    return _directory_entries(cd, n_total, cd_off, src.size, label)
+
+
+def _zip64_end(src: ByteSource, eocd_pos: int) -> tuple[int, int, int, int, int, int, int] | None:
+    """(disk, directory disk, entries here, entries, directory size, directory offset, record offset) of
+    the zip64 end record, when a locator just before the end record points to one; else None."""
+    loc_pos = eocd_pos - 20
+    if loc_pos < 0:
+        return None
+    loc = src.read(loc_pos, 20, "zip64 locator")
+    if loc[:4] != b"PK\x06\x07":
+        return None
+    _, z64_off, _ = struct.unpack_from("<IQI", loc, 4)
+    if z64_off + 56 > loc_pos:
+        return None
+    rec = src.read(z64_off, 56, "zip64 end of central directory")
+    if rec[:4] != b"PK\x06\x06":
+        return None
+    disk, cd_disk, n_disk, n_total, cd_size, cd_off = struct.unpack_from("<IIQQQQ", rec, 16)
+    return disk, cd_disk, n_disk, n_total, cd_size, cd_off, z64_off
 
 
 def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: str) -> _ZipDirectory:
-    """The central directory's entries, one by one (the reference for `_numbered_directory`)."""
+    """The central directory's entries, one by one; names that differ only in ASCII case are refused."""
     members: dict[str, _RawMember] = {}
+    folded: dict[str, str] = {}
     compact: dict[bytes, tuple[array, array]] = {}  # root (b"archive/") -> header offsets, sizes by index
     first: str | None = None
     unpack = _CD_ENTRY.unpack_from
@@ -348,8 +350,37 @@ def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: s
         name = _member_name(raw, flags)
         if name in members:
             raise FormatError(f"zip archive lists member {name} twice", file=label)
+        key = _fold(name)
+        if key in folded:
+            raise _ambiguous(folded[key], name, label)
         members[name] = (lho, usize, csize, method, flags, crc)
-    return _ZipDirectory(members, {r.decode("ascii"): a for r, a in compact.items()}, first)
+        folded[key] = name
+    roots = {r.decode("ascii"): a for r, a in compact.items()}
+    _check_case(roots, folded, n_total, label)
+    return _ZipDirectory(members, roots, first, folded)
+
+
+def _ambiguous(a: str, b: str, label: str) -> FormatError:
+    return FormatError(f"ambiguous zip: members {a!r} and {b!r} differ only in case (torch's lookup ignores "
+                       "case, and which one it reads is not defined)", file=label)
+
+
+def _check_case(roots: dict[str, tuple[array, array]], folded: dict[str, str], n_total: int, label: str) -> None:
+    """Refuse numbered storages whose names differ only in case from another member's."""
+    seen: dict[str, str] = {}
+    for root in roots:
+        if _fold(root) in seen:
+            raise FormatError(f"ambiguous zip: folders {seen[_fold(root)]!r} and {root!r} differ only in case "
+                              "(torch's lookup ignores case)", file=label)
+        seen[_fold(root)] = root
+    for key, name in folded.items():
+        cut = key.rfind("/data/")
+        top = key[5:] if key.startswith("data/") else ""
+        root, digits = (key[: cut + 1], key[cut + 6 :]) if cut >= 0 else ("", top)
+        if (root in seen and digits.isascii() and digits.isdigit() and len(digits) <= 9
+                and (digits[0] != "0" or len(digits) == 1) and int(digits) < n_total
+                and roots[seen[root]][0][int(digits)] >= 0):
+            raise _ambiguous(f"{seen[root]}data/{digits}", name, label)
 
 
 def _member_name(raw: bytes, flags: int) -> str:
@@ -369,80 +400,6 @@ def _numbered(raw: bytes, method: int, flags: int, usize: int, csize: int, n_tot
         if idx < n_total and root.count(b"/") <= 1 and root.isascii():
             return root, idx
     return None
-
-
-def _numbered_directory(cd: bytes, n_total: int, cd_off: int, size: int) -> _ZipDirectory | None:
-    """`_read_zip_directory`'s loop for a directory as torch writes it, with numpy: the storages under the
-    first entry's folder are parsed all at once, the few other entries one by one.
-
-    None whenever the loop could do anything else (raise, see zip64 fields, a second root or a name that
-    holds an entry signature), and the loop then runs: the result, when there is one, is the loop's.
-    """
-    buf = np.frombuffer(cd, dtype=np.uint8)
-    n_cd = len(buf)
-    if n_total == 0 or n_cd < 46:
-        return None
-    at = np.flatnonzero(buf[: n_cd - 3] == 0x50)
-    at = at[(buf[at + 1] == 0x4B) & (buf[at + 2] == 1) & (buf[at + 3] == 2)]
-    at = at[at + 46 <= n_cd]
-    if len(at) < n_total or at[0] != 0:
-        return None
-    at = at[:n_total]
-
-    def u16(off: int) -> np.ndarray:
-        return buf[at + off].astype(np.int64) | buf[at + off + 1].astype(np.int64) << 8
-
-    def u32(off: int) -> np.ndarray:
-        return u16(off) | u16(off + 2) << 16
-
-    flags, method, csize, usize, nlen = u16(8), u16(10), u32(20), u32(24), u16(28)
-    ends = at + 46 + nlen + u16(30) + u16(32)
-    lho = u32(42)
-    if (not np.array_equal(ends[:-1], at[1:]) or ends[-1] > n_cd  # one entry after another, no stray signature
-            or np.any((csize == 0xFFFFFFFF) | (usize == 0xFFFFFFFF) | (lho == 0xFFFFFFFF) | (u16(34) == 0xFFFF))
-            or np.any((lho + 30 > cd_off) | (csize > size))):
-        return None
-    first_raw = cd[46 : 46 + int(nlen[0])]
-    first = _member_name(first_raw, int(flags[0]))
-    root = first_raw.split(b"/", 1)[0] + b"/" if b"/" in first_raw else b""
-    if not root.isascii():
-        return None
-    prefix = root + b"data/"
-    # the prefix, then 1 to 9 digits, canonical, below n_total: column by column (a few MB at most)
-    name_at = at + 46
-    ndig = nlen - len(prefix)
-    ok = (ndig >= 1) & (ndig <= 9) & (method == 0) & (flags & 1 == 0) & (usize == csize)
-    for j, byte in enumerate(prefix):
-        ok &= buf[np.minimum(name_at + j, n_cd - 1)] == byte
-    number = np.zeros(len(at), dtype=np.int64)
-    for j in range(9):
-        digit = buf[np.minimum(name_at + len(prefix) + j, n_cd - 1)].astype(np.int64) - 0x30
-        used = j < ndig
-        ok &= ~used | ((digit >= 0) & (digit <= 9))
-        if j == 0:
-            ok &= (digit != 0) | (ndig == 1)
-        number = np.where(used, number * 10 + digit, number)
-    ok &= number < n_total
-    numbered = np.flatnonzero(ok)
-    idx = number[numbered]
-    if len(idx) and np.bincount(idx).max() > 1:  # a storage listed twice: the loop names it
-        return None
-    members: dict[str, _RawMember] = {}
-    for p in at[~ok].tolist():
-        f, m, crc, c, u, n, _, _, _, h = _CD_ENTRY.unpack_from(cd, p)
-        raw = cd[p + 46 : p + 46 + n]
-        name = _member_name(raw, f)
-        if _numbered(raw, m, f, u, c, n_total) is not None or name in members:
-            return None
-        members[name] = (h, u, c, m, f, crc)
-    data: dict[str, tuple[array, array]] = {}
-    if len(idx):
-        offsets = np.full(n_total, -1, dtype=np.int64)
-        sizes = np.zeros(n_total, dtype=np.int64)
-        offsets[idx] = lho[numbered]
-        sizes[idx] = usize[numbered]
-        data[root.decode("ascii")] = (array("q", offsets.tobytes()), array("q", sizes.tobytes()))
-    return _ZipDirectory(members, data, first)
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, lho: int, name: str, label: str) -> tuple[int, int, int]:
