@@ -27,9 +27,10 @@ class TensorBuilder(ZipContainer):
         if self._zip:
             span = self._zip_span(ref.key, tensor)
         else:
-            span = self._spans.get(ref.key)  # legacy and tar storages
-            if span is None:
+            found = self._spans.get(ref.key)  # legacy and tar storages
+            if found is None:
                 raise self._err(f"storage '{ref.key}' has no data in the file", tensor)
+            span = found
         esize = sp.ELEMENT_SIZES.get(ref.dtype or "")
         if ref.numel is not None and esize is not None:
             declared = ref.numel * esize
@@ -142,7 +143,7 @@ class _Pending:
 
     def build(self, source: ByteSource) -> list[LazyTensor]:
         made = stored_many(source, self.names, self.dtypes, self.shapes, self.offsets, self.lengths)
-        self.names = self.dtypes = self.shapes = self.offsets = self.lengths = []
+        self.names, self.dtypes, self.shapes, self.offsets, self.lengths = [], [], [], [], []
         if len(made) == len(self.entries):  # every entry a row (None): the rows are the tensors
             return made
         rows = iter(made)
@@ -181,7 +182,7 @@ def _gather(src: ByteSource, start: int, window: int, itemsize: int, shape: tupl
     out = np.ascontiguousarray(arr)
     if swap:
         out = _swap_array(out.reshape(-1).view(np.uint8), unit)
-    return memoryview(out.reshape(-1).view(np.uint8))
+    return memoryview(out.reshape(-1).view(np.uint8).data)
 
 
 def _swap_array(raw: np.ndarray, unit: int) -> np.ndarray:
@@ -190,7 +191,7 @@ def _swap_array(raw: np.ndarray, unit: int) -> np.ndarray:
 
 def _swapped(view: memoryview, unit: int) -> memoryview:
     """Big-endian storage bytes as the little-endian bytes migrator hands out."""
-    return memoryview(_swap_array(np.frombuffer(view, dtype=np.uint8), unit))
+    return memoryview(_swap_array(np.frombuffer(view, dtype=np.uint8), unit).data)
 
 
 def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
