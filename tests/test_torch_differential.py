@@ -247,3 +247,18 @@ def test_fuzz_corpus_reads_as_torch_or_is_refused(reader: str) -> None:
     outcomes, differ = run(reader, 300, seed=19)
     assert [(case, what) for case, _, what in differ] == []
     assert outcomes.get("same", 0) >= 5, outcomes  # the sample reaches files both read
+
+
+@pytest.mark.filterwarnings("ignore:Duplicate name")
+def test_a_storage_listed_stored_and_deflated_is_refused() -> None:
+    """The same name twice, once as torch's stored storage and once compressed: which one torch's lookup
+    finds is not defined, so neither is read."""
+    a = members_of(saved(state(1.0)))
+    root = a[0][0].split("/", 1)[0]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in a:
+            z.writestr(name, data)
+        z.writestr(f"{root}/data/0", bytes(48), compress_type=zipfile.ZIP_DEFLATED)
+    with pytest.raises(FormatError, match=f"lists member {root}/data/0 twice"):
+        migrator.open_file(buf.getvalue(), format="pytorch")

@@ -361,6 +361,8 @@ def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: s
 
 
 def _ambiguous(a: str, b: str, label: str) -> FormatError:
+    if a == b:  # a numbered storage and a member of the same name that is not one (compressed, ...)
+        return FormatError(f"zip archive lists member {a} twice", file=label)
     return FormatError(f"ambiguous zip: members {a!r} and {b!r} differ only in case (torch's lookup ignores "
                        "case, and which one it reads is not defined)", file=label)
 
