@@ -262,3 +262,18 @@ def test_a_storage_listed_stored_and_deflated_is_refused() -> None:
         z.writestr(f"{root}/data/0", bytes(48), compress_type=zipfile.ZIP_DEFLATED)
     with pytest.raises(FormatError, match=f"lists member {root}/data/0 twice"):
         migrator.open_file(buf.getvalue(), format="pytorch")
+
+
+@pytest.mark.parametrize("attr", [0x10, 0xFFFF, 0x41ED0010])
+def test_a_storage_marked_as_a_directory_is_refused(attr: int) -> None:
+    """torch's reader reads no bytes for a member whose DOS attributes say directory, and hands out
+    the storage's buffer uninitialised; migrator refuses it instead of reading the bytes."""
+    raw = bytearray(saved(state(1.0)))
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as z:
+        name = next(i.filename for i in z.infolist() if i.filename.endswith("/data/0")).encode()
+    at = next(p for p in range(len(raw)) if raw.startswith(b"PK\x01\x02", p)
+              and raw[p + 46 : p + 46 + len(name)] == name)
+    struct.pack_into("<I", raw, at + 38, attr)
+    assert torch_load(bytes(raw)) is not None
+    with pytest.raises(FormatError, match="data/0 is marked as a directory"):
+        migrator.open_file(bytes(raw), format="pytorch")

@@ -29,10 +29,12 @@ class _ZipMember:
     method: int
     flags: int
     crc: int
+    external_attr: int = 0
 
 
-_RawMember = tuple[int, int, int, int, int, int]
-"""A central-directory entry: (header_offset, size, compressed_size, method, flags, crc)."""
+_RawMember = tuple[int, int, int, int, int, int, int]
+"""A central-directory entry: (header_offset, size, compressed_size, method, flags, crc, external attributes)."""
+_DOS_DIRECTORY = 0x10  # external attribute bit: torch's reader (miniz) then reads no bytes for the member
 
 class _ZipDirectory(NamedTuple):
     """A parsed central directory. `data` maps a root folder ("archive/", or "") to two arrays indexed by
@@ -48,7 +50,8 @@ class _ZipDirectory(NamedTuple):
     folded: dict[str, str]
 
 
-_CD_ENTRY = struct.Struct("<8xHH4xIIIHHHH6xI")  # flags, method, crc, sizes, name/extra/comment lengths, disk, offset
+# flags, method, crc, sizes, name/extra/comment lengths, disk, external attributes, offset
+_CD_ENTRY = struct.Struct("<8xHH4xIIIHHHH2xII")
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _READ_GAP = 65536  # local headers less than this apart share a read ...
 _READ_MAX = 1 << 20  # ... of at most this many bytes
@@ -133,7 +136,8 @@ class ZipContainer(ReaderCore):
         cut = len(prefix)
         members = self._zip_members
         named = [(name, raw) for name, raw in members.items()
-                 if name.startswith(prefix) and raw[3] == 0 and not raw[4] & 1 and raw[1] == raw[2]]
+                 if name.startswith(prefix) and raw[3] == 0 and not raw[4] & 1 and raw[1] == raw[2]
+                 and not raw[6] & _DOS_DIRECTORY]
         if not named:
             return
         starts = _local_starts(self.source, np.array([raw[0] for _, raw in named], dtype=np.int64))
@@ -146,6 +150,8 @@ class ZipContainer(ReaderCore):
         """Validate a member (stored, in bounds) and return where its bytes start."""
         if m.flags & 1:
             raise self._err(f"zip member {m.name} is encrypted")
+        if m.external_attr & _DOS_DIRECTORY or m.name.endswith("/"):
+            raise self._err(f"zip member {m.name} is marked as a directory (torch reads no bytes for it)")
         if m.method != 0:
             raise self._err(f"zip member {m.name} is compressed (method {m.method}); torch.save stores "
                             "members uncompressed and migrator refuses to inflate them (zip-bomb guard)")
@@ -321,7 +327,7 @@ def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: s
     for _ in range(n_total):
         if p + 46 > n_cd or not cd.startswith(b"PK\x01\x02", p):
             raise FormatError("corrupt zip central directory entry", file=label)
-        flags, method, crc, csize, usize, nlen, xlen, clen, dstart, lho = unpack(cd, p)
+        flags, method, crc, csize, usize, nlen, xlen, clen, dstart, attr, lho = unpack(cd, p)
         q = p + 46 + nlen
         if q + xlen + clen > n_cd:
             raise FormatError("corrupt zip central directory entry (lengths)", file=label)
@@ -335,7 +341,7 @@ def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: s
             raise FormatError(f"zip member {name} lies outside the archive data", file=label)
         if first is None:
             first = _member_name(raw, flags)
-        numbered = _numbered(raw, method, flags, usize, csize, n_total)
+        numbered = None if attr & _DOS_DIRECTORY else _numbered(raw, method, flags, usize, csize, n_total)
         if numbered is not None:
             root, idx = numbered
             arrays = compact.get(root)
@@ -353,7 +359,7 @@ def _directory_entries(cd: bytes, n_total: int, cd_off: int, size: int, label: s
         key = _fold(name)
         if key in folded:
             raise _ambiguous(folded[key], name, label)
-        members[name] = (lho, usize, csize, method, flags, crc)
+        members[name] = (lho, usize, csize, method, flags, crc, attr)
         folded[key] = name
     roots = {r.decode("ascii"): a for r, a in compact.items()}
     _check_case(roots, folded, n_total, label)
