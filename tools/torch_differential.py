@@ -66,7 +66,12 @@ def torch_tensors(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def torch_bytes(t: Any) -> bytes:
-    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    if t.numel() == 0:
+        return b""
+    # a fresh tensor with C strides: contiguous() keeps a stride of 0 on a size-1 dimension, and
+    # view(uint8) then refuses it
+    dense = torch.empty(tuple(t.shape), dtype=t.dtype).copy_(t.detach())
+    return bytes(dense.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 def torch_load(raw: bytes) -> Any:
