@@ -517,12 +517,17 @@ def patch_central(raw: bytes, suffix: str, **fields: int) -> bytes:
 
 
 def patch_eocd(raw: bytes, **fields: int) -> bytes:
+    """Patch the end record and, when there is one (torch.save always writes one), the zip64 end record:
+    torch's reader, like migrator's, takes the zip64 record's values when its locator is present."""
     buf = bytearray(raw)
     i = buf.rfind(b"PK\x05\x06")
-    offsets = {"n_disk": (8, "<H"), "n_total": (10, "<H"), "cd_size": (12, "<I"), "cd_off": (16, "<I")}
+    z64 = buf.rfind(b"PK\x06\x06", 0, i)
+    offsets = {"n_disk": (8, "<H", 24), "n_total": (10, "<H", 32), "cd_size": (12, "<I", 40), "cd_off": (16, "<I", 48)}
     for k, v in fields.items():
-        off, fmt = offsets[k]
+        off, fmt, off64 = offsets[k]
         struct.pack_into(fmt, buf, i + off, v)
+        if z64 >= 0 and buf[i - 20 : i - 16] == b"PK\x06\x07":
+            struct.pack_into("<Q", buf, z64 + off64, v)
     return bytes(buf)
 
 
