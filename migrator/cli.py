@@ -171,6 +171,16 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
             for k, v in mapping.items():
                 t.add_row(k, json.dumps(v) if not isinstance(v, str) else v)
             console.print(t)
+    placeholders = info["details"].get("placeholders")
+    if placeholders:  # objects of classes migrator does not build (a checkpoint's args, configs, callbacks)
+        from rich.text import Text
+
+        t = Table(title="objects not built (placeholders)", title_justify="left")
+        t.add_column("key", overflow="fold")
+        t.add_column("class", overflow="fold")
+        for p in placeholders:
+            t.add_row(Text(p["key"] or "(root)"), Text(p["class"]))
+        console.print(t)
 
 
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

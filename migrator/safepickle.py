@@ -7,8 +7,12 @@ hostile file can do is make the load fail with a typed error:
 
 * allow-listed globals (tensor rebuild functions, storage classes, dtypes, `OrderedDict`, a few
   builtins and numpy scalar types) are replaced by handlers written here that only build data;
-* any other global becomes an `Opaque` placeholder: harmless as data, refused with
-  `UnsafePickleError` the moment something tries to call or instantiate it;
+* any other global becomes an `Opaque` placeholder; calling or instantiating it builds an inert
+  `Placeholder` that records only the class name (nothing is imported, called or built, and its
+  arguments and state are dropped), so a training checkpoint's `args`, `hyper_parameters` or
+  callbacks do not stop the weights beside them from loading: the reader refuses a placeholder only
+  inside the selected part of the checkpoint. Globals of code-running modules (`os`, `subprocess`,
+  `builtins`, `functools`, ...) are refused the moment something calls them;
 * every size is bounded before anything is allocated (see `Limits`).
 
 Tensors are returned as `TensorRef` descriptions; the container format (zip, legacy, tar) turns
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +41,7 @@ __all__ = [
     "NumpyDtype",
     "ODict",
     "Opaque",
+    "Placeholder",
     "StorageRef",
     "StorageType",
     "TensorRef",
@@ -44,6 +50,7 @@ __all__ = [
     "Unpickler",
     "UnsupportedTensor",
     "WholeModelPickleError",
+    "describe",
     "load",
     "storage_type_dtype",
 ]
@@ -67,8 +74,10 @@ class Limits:
     max_marks: int = 1_000  # MARK frames open at once
     max_objects: int = 10_000_000  # values pushed in total
     max_long_bytes: int = 4096  # LONG1/LONG4 payloads and text integer digits
-    max_key_depth: int = 32  # tuple nesting inside dict keys and set members
+    max_key_depth: int = 32  # tuple nesting inside dict keys and set members; nested rebuild calls
     max_dims: int = 64  # tensor rank
+    max_same_hash: int = 64  # non-string keys of one dict (members of one set) with one hash value
+    max_object_bytes: int = 80  # bytes of containers built per pickle byte (plus 1 MiB), see `charge`
 
 
 DEFAULT_LIMITS = Limits()
@@ -89,9 +98,26 @@ class Opaque:
 
     name: str
     state: Any = field(default=None, repr=False)
+    module: bool = False  # a class a legacy persistent id names as an nn.Module's
 
     def __repr__(self) -> str:
         return f"Opaque({self.name!r})"
+
+
+@dataclass(eq=False, slots=True)
+class Placeholder:
+    """An object of a class migrator does not build: only the class name is kept (never called).
+
+    `module` is True when it looks like an `nn.Module` (a `torch.nn` class, a class a legacy
+    persistent id names as a module, or BUILD state holding `_parameters`/`_modules`): that is a
+    whole pickled model, and the reader gives the advice to save a state_dict.
+    """
+
+    name: str
+    module: bool = False
+
+    def __repr__(self) -> str:
+        return f"Placeholder({self.name!r})"
 
 
 @dataclass(frozen=True)
@@ -253,6 +279,9 @@ def storage_type_dtype(name: str) -> str | None:
 # The interpreter
 
 _MARK = object()  # pushed by no opcode; the metastack holds MARK frames instead
+_SET_SIZE = sys.getsizeof(set())  # what `charge` counts for a set or frozenset (216 bytes on CPython 3.11)
+_PLACEHOLDER_SIZE = sys.getsizeof(Placeholder("x")) + 16  # and for a Placeholder (+ its GC header)
+_BUDGET_BASE = 1 << 20  # bytes of objects any pickle may build, whatever its size
 
 
 class Unpickler:
@@ -286,6 +315,11 @@ class Unpickler:
         self._dims: dict[bytes, tuple[tuple[int, ...], int]] = {}  # see _quick_dims
         self._tails: dict[bytes, _Tail] = {}  # see _quick_key
         self.objects = 0
+        self.placeholders = 0  # Placeholder objects made (the reader walks for their key paths if any)
+        self.spent = 0  # bytes of the containers made so far (see `charge`)
+        self.budget = limits.max_object_bytes * max(self.end - start, 0) + _BUDGET_BASE
+        self._hashes: dict[int, tuple[Any, dict[int, int]]] = {}  # id(container) -> (it, hash counts)
+        self._depth = 0  # nested calls of allow-listed handlers (`call`)
         self._op_pos = start
         self._result: Any = None
         self._done = False
@@ -343,6 +377,14 @@ class Unpickler:
             raise self.limit(f"more than {self.limits.max_objects} values in one pickle")
         stack.append(value)
 
+    def charge(self, nbytes: int) -> None:
+        """Count `nbytes` of objects made: a container can cost far more than the opcode that makes it
+        (an empty set is 216 bytes from one byte), so the memory budget counts objects, not input."""
+        self.spent += nbytes
+        if self.spent > self.budget:
+            raise self.limit(f"the pickle builds more than {self.limits.max_object_bytes} bytes of objects "
+                             f"per input byte ({self.spent} bytes so far)")
+
     def pop(self) -> Any:
         if not self.stack:
             raise self.error("stack underflow (or a value popped across a MARK)")
@@ -383,6 +425,7 @@ class Unpickler:
                 self._result = None
                 # the result keeps what it references; the rest of the interpreter's objects go now
                 self.memo = {}
+                self._hashes = {}
                 self._dims = {}
                 self._tails = {}
                 self.stack = []
@@ -403,11 +446,21 @@ class Unpickler:
         return value
 
     def call(self, callee: Any, args: Any, kwargs: Any, how: str) -> Any:
-        """Apply an allow-listed handler, or refuse with a typed error naming the callee."""
-        if isinstance(callee, Opaque) and callee.name in _COPYREG_CONSTRUCTORS and args:
-            first = args[0] if isinstance(args, (tuple, list)) else None
-            if isinstance(first, (Opaque, TorchType)):
-                raise self.refuse(first.name, f"{how} via {callee.name}")
+        """Apply an allow-listed handler, make a `Placeholder` for another class, or refuse with a
+        typed error naming the callee."""
+        if isinstance(callee, Opaque):
+            if callee.name in _COPYREG_CONSTRUCTORS:  # copyreg builds an instance of its first argument
+                first = args[0] if isinstance(args, (tuple, list)) and args else None
+                if isinstance(first, Opaque) and not _is_gadget(first.name):
+                    return self.placeholder(first)
+                raise self.refuse(first.name if isinstance(first, (Opaque, TorchType)) else callee.name,
+                                  f"{how} via {callee.name}")
+            if _is_gadget(callee.name):
+                raise self.refuse(callee.name, how)
+            return self.placeholder(callee)
+        if isinstance(callee, Placeholder):
+            raise self.unsafe(f"refusing to call a '{callee.name}' object ({how}): migrator never runs code "
+                              "from a pickle")
         if isinstance(args, list):
             args = tuple(args)
         elif not isinstance(args, tuple):
@@ -420,36 +473,52 @@ class Unpickler:
             if callee.call is None:
                 raise self.unsafe(f"{how} asks to call {callee.name}, which is data, not a constructor")
             return callee.call(self, args, kwargs)
-        if isinstance(callee, Opaque):
-            raise self.refuse(callee.name, how)
         if isinstance(callee, (TorchType, StorageType, TorchDtype)):
             if isinstance(callee, TorchType) and callee.name in _TENSOR_WRAPPERS and args:
                 return _as_tensor(self, args[0], callee.name)
             raise self.refuse(callee.name, how)
         raise self.unsafe(f"{how} asks to call a {_tname(callee)}, which is not callable")
 
+    def placeholder(self, cls: Opaque) -> Placeholder:
+        """The inert stand-in for an instance of `cls` (its arguments are dropped, never used)."""
+        self.placeholders += 1
+        self.charge(_PLACEHOLDER_SIZE)
+        return Placeholder(cls.name, cls.module or cls.name.startswith("torch.nn.modules."))
+
     def refuse(self, name: str, how: str) -> UnsafePickleError:
-        module, _, short = name.rpartition(".")
-        top = module.split(".")[0]
-        if module.startswith("torch.nn.modules") or top == "__main__":
-            whole_model = True
-        elif top in _DANGEROUS_MODULES or top == "torch":
-            whole_model = False
-        else:  # a user's class: instantiated, or called by a class-like name
-            whole_model = how.split()[0] in ("NEWOBJ", "NEWOBJ_EX", "OBJ", "INST") or short[:1].isupper()
-        if whole_model:
-            return WholeModelPickleError(
-                f"{self.what} constructs an instance of '{name}' ({how}): this looks like a whole "
-                "model saved with torch.save(model). migrator never runs pickled code; load it in "
-                "Python and save `model.state_dict()` instead (torch.save(model.state_dict(), path))",
-                file=self.label,
-            )
         return self.unsafe(
             f"refusing to call '{name}' ({how}): migrator never runs code from a pickle; only "
             "tensors, containers and plain values are read"
         )
 
     # -- helpers for handlers ------------------------------------------------------------------
+
+    def hash_counts(self, target: Any) -> dict[int, int]:
+        """How many non-string keys of `target` (a dict or set being filled) have each hash value.
+
+        Python's dict and set cost grows with the square of the keys sharing one hash, and a file can
+        choose integers (multiples of 2**61-1), floats or tuples that do; strings and bytes hash with a
+        per-process secret. The entry keeps `target` alive, so its id cannot be reused meanwhile.
+        """
+        entry = self._hashes.get(id(target))
+        if entry is None:
+            entry = self._hashes[id(target)] = (target, {})
+        return entry[1]
+
+    def key(self, key: Any, counts: dict[int, int]) -> Any:
+        """`check_key`, and at most `max_same_hash` keys with one hash value per container."""
+        if type(key) is str:
+            return key
+        self.check_key(key)
+        if type(key) is bytes:
+            return key
+        h = hash(key)
+        n = counts.get(h, 0) + 1
+        if n > self.limits.max_same_hash:
+            raise self.limit(f"more than {self.limits.max_same_hash} keys of one dict or set share a hash "
+                             "value (a hash-collision attack?)")
+        counts[h] = n
+        return key
 
     def check_key(self, key: Any) -> Any:
         """Dict keys and set members must be plainly hashable, without deep tuple nesting."""
@@ -474,7 +543,34 @@ class Unpickler:
 def _tname(v: Any) -> str:
     if isinstance(v, Opaque):
         return f"opaque object {v.name}"
+    if isinstance(v, Placeholder):
+        return f"'{v.name}' object"
     return type(v).__name__
+
+
+def _is_gadget(name: str) -> bool:
+    """Globals whose call could run code under pickle: refused at once, never a placeholder.
+
+    Anything in a code-running module of the standard library, and torch's functions (torch's
+    classes outside the allow-list, such as `torch.nn` modules, become placeholders).
+    """
+    module, _, short = name.rpartition(".")
+    top = module.split(".")[0]
+    if top in _DANGEROUS_MODULES:
+        return True
+    return top == "torch" and not short[:1].isupper()
+
+
+def describe(v: Any) -> str:
+    """A short description of a pickled value for error messages: never formats a big integer or
+    a nested value (str() of either can raise or take unbounded time)."""
+    if type(v) is str:
+        return repr(v[:40]) + ("..." if len(v) > 40 else "")
+    if type(v) is int:
+        return str(v) if -(1 << 63) <= v < 1 << 63 else f"a {v.bit_length()}-bit integer"
+    if isinstance(v, (Opaque, Placeholder, StorageType, TorchType, TorchDtype)):
+        return v.name if not isinstance(v, Placeholder) else f"a '{v.name}' object"
+    return f"a {type(v).__name__}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -795,6 +891,8 @@ def _append(m: Unpickler) -> None:
     v = m.pop()
     target = m.top()
     if not isinstance(target, list):
+        if isinstance(target, Placeholder):
+            return  # a list subclass's items: dropped with the object
         raise m.error(f"APPEND to a {_tname(target)}")
     target.append(v)
 
@@ -804,6 +902,8 @@ def _appends(m: Unpickler) -> None:
     items = m.pop_mark()
     target = m.top()
     if not isinstance(target, list):
+        if isinstance(target, Placeholder):
+            return
         raise m.error(f"APPENDS to a {_tname(target)}")
     target.extend(items)
 
@@ -820,8 +920,9 @@ def _set_pairs(m: Unpickler, target: dict, items: list[Any], what: str) -> None:
     if all(type(k) is str for k in keys):  # a state_dict's batch: nothing to check, one C-level update
         target.update(zip(keys, items[1::2], strict=True))
         return
+    counts = m.hash_counts(target)
     for i in range(0, len(items), 2):
-        target[m.check_key(items[i])] = items[i + 1]
+        target[m.key(items[i], counts)] = items[i + 1]
 
 
 @_op(b"d")
@@ -837,8 +938,10 @@ def _setitem(m: Unpickler) -> None:
     key = m.pop()
     target = m.top()
     if not isinstance(target, dict):
+        if isinstance(target, Placeholder):
+            return  # a dict subclass's items (Lightning's AttributeDict): dropped with the object
         raise m.error(f"SETITEM on a {_tname(target)}")
-    target[m.check_key(key)] = value
+    target[m.key(key, m.hash_counts(target)) if type(key) is not str else key] = value
 
 
 @_op(b"u")
@@ -846,12 +949,15 @@ def _setitems(m: Unpickler) -> None:
     items = m.pop_mark()
     target = m.top()
     if not isinstance(target, dict):
+        if isinstance(target, Placeholder):
+            return
         raise m.error(f"SETITEMS on a {_tname(target)}")
     _set_pairs(m, target, items, "SETITEMS")
 
 
 @_op(b"\x8f")
 def _empty_set(m: Unpickler) -> None:
+    m.charge(_SET_SIZE)
     m.push(set())
 
 
@@ -860,22 +966,31 @@ def _additems(m: Unpickler) -> None:
     items = m.pop_mark()
     target = m.top()
     if not isinstance(target, set):
+        if isinstance(target, Placeholder):
+            return
         raise m.error(f"ADDITEMS on a {_tname(target)}")
+    counts = m.hash_counts(target)
     for x in items:
-        target.add(m.check_key(x))
+        target.add(m.key(x, counts))
 
 
 @_op(b"\x91")
 def _frozenset(m: Unpickler) -> None:
-    m.push(frozenset(m.check_key(x) for x in m.pop_mark()))
+    m.push(_make_frozenset(m, m.pop_mark()))
+
+
+def _make_frozenset(m: Unpickler, items: list[Any]) -> frozenset:  # type: ignore[type-arg]
+    m.charge(_SET_SIZE)
+    counts: dict[int, int] = {}
+    return frozenset([m.key(x, counts) for x in items])
 
 
 # -- memo
 
 
 def _memo_put(m: Unpickler, idx: int) -> None:
-    if idx < 0:
-        raise m.error("negative memo index")
+    if not 0 <= idx < 1 << 32:  # what LONG_BINPUT can write; also below 2**61-1, so no two share a hash
+        raise m.error("memo index outside 0..2**32-1")
     if idx not in m.memo and len(m.memo) >= m.limits.max_memo:
         raise m.limit(f"more than {m.limits.max_memo} memo entries")
     m.memo[idx] = m.top()
@@ -885,7 +1000,7 @@ def _memo_get(m: Unpickler, idx: int) -> None:
     try:
         value = m.memo[idx]
     except KeyError:
-        raise m.error(f"memo entry {idx} read before it was written") from None
+        raise m.error(f"memo entry {describe(idx)} read before it was written") from None
     m.push(value)
 
 
@@ -1054,10 +1169,15 @@ def _apply_state(m: Unpickler, obj: Any, state: Any) -> None:
             raise m.error("BUILD on numpy.dtype with an unexpected state")
     elif isinstance(obj, NumpyArray):
         if isinstance(state, tuple) and len(state) == 5 and isinstance(state[1], tuple):
-            obj.shape = tuple(int(d) for d in state[1] if isinstance(d, int))
+            obj.shape = _shape_arg(m, state[1], "numpy.ndarray shape")
             obj.dtype = state[2] if isinstance(state[2], NumpyDtype) else None
         else:
             raise m.error("BUILD on numpy.ndarray with an unexpected state")
+    elif isinstance(obj, Placeholder):  # the state is dropped: only whether it is a module's matters
+        if isinstance(state, tuple) and len(state) == 2:
+            state = state[0]
+        if isinstance(state, dict) and ("_modules" in state or "_parameters" in state):
+            obj.module = True
     elif isinstance(obj, Opaque):
         obj.state = state  # kept as data only
     elif isinstance(obj, (Builtin, TorchDtype, StorageType, TorchType)):
@@ -1731,10 +1851,11 @@ _MODULE_ALIASES = {
 
 _DANGEROUS_MODULES = frozenset({
     "os", "posix", "nt", "sys", "subprocess", "builtins", "shutil", "socket", "importlib", "runpy",
-    "pty", "ctypes", "pickle", "_pickle", "marshal", "code", "codecs", "_codecs", "io", "_io", "pathlib",
+    "pty", "ctypes", "pickle", "_pickle", "marshal", "code", "codecs", "_codecs", "io", "_io",
     "multiprocessing", "threading", "signal", "webbrowser", "urllib", "http", "tempfile", "types",
     "functools", "operator", "copyreg", "inspect", "pdb", "timeit", "platform", "asyncio", "glob",
     "zipimport", "pkgutil", "site", "sysconfig", "distutils", "setuptools", "pip",
+    "commands", "popen2", "cPickle",  # Python 2 names (pickle maps subprocess to commands below protocol 3)
 })
 
 _COPYREG_CONSTRUCTORS = frozenset({"copyreg._reconstructor", "copyreg.__newobj__", "copyreg.__newobj_ex__"})
@@ -1822,7 +1943,13 @@ def _h_rebuild_from_type(m: Unpickler, a: tuple, kw: dict) -> Any:  # type: igno
     func, new_type, args, _state = a
     if not isinstance(new_type, (TorchType, Opaque)):
         raise m.error(f"_rebuild_from_type: the type must be a class, got {_tname(new_type)}")
-    result = m.call(func, args, None, "_rebuild_from_type")
+    if m._depth >= m.limits.max_key_depth:  # each level is Python frames: bounded before recursion is
+        raise m.limit(f"_rebuild_from_type calls nested deeper than {m.limits.max_key_depth}")
+    m._depth += 1
+    try:
+        result = m.call(func, args, None, "_rebuild_from_type")
+    finally:
+        m._depth -= 1
     return _as_tensor(m, result, "_rebuild_from_type")
 
 
@@ -1861,10 +1988,11 @@ def _fill_pairs(m: Unpickler, d: dict, src: Any, what: str) -> None:  # type: ig
         return
     if not isinstance(src, (list, tuple)):
         raise m.error(f"{what} expects a list of pairs, got {_tname(src)}")
+    counts = m.hash_counts(d)
     for pair in src:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise m.error(f"{what} expects (key, value) pairs")
-        d[m.check_key(pair[0])] = pair[1]
+        d[m.key(pair[0], counts)] = pair[1]
 
 
 def _sequence_arg(m: Unpickler, a: tuple, kw: dict, what: str) -> list[Any]:  # type: ignore[type-arg]
@@ -1881,11 +2009,13 @@ def _sequence_arg(m: Unpickler, a: tuple, kw: dict, what: str) -> list[Any]:  # 
 
 
 def _h_set(m: Unpickler, a: tuple, kw: dict) -> set:  # type: ignore[type-arg]
-    return {m.check_key(x) for x in _sequence_arg(m, a, kw, "set")}
+    m.charge(_SET_SIZE)
+    counts: dict[int, int] = {}
+    return {m.key(x, counts) for x in _sequence_arg(m, a, kw, "set")}
 
 
 def _h_frozenset(m: Unpickler, a: tuple, kw: dict) -> frozenset:  # type: ignore[type-arg]
-    return frozenset(m.check_key(x) for x in _sequence_arg(m, a, kw, "frozenset"))
+    return _make_frozenset(m, _sequence_arg(m, a, kw, "frozenset"))
 
 
 def _h_list(m: Unpickler, a: tuple, kw: dict) -> list:  # type: ignore[type-arg]
@@ -1943,7 +2073,12 @@ def _h_bytearray(m: Unpickler, a: tuple, kw: dict) -> bytearray:  # type: ignore
 def _h_complex(m: Unpickler, a: tuple, kw: dict) -> complex:  # type: ignore[type-arg]
     if kw or not 1 <= len(a) <= 2 or not all(type(x) in (int, float) for x in a):
         raise m.error("complex expects one or two numbers")
+    if any(type(x) is int and not -_FLOAT_INT_LIMIT < x < _FLOAT_INT_LIMIT for x in a):
+        raise m.error("complex: an integer argument does not fit in a float")
     return complex(*a)
+
+
+_FLOAT_INT_LIMIT = 1 << 1023  # integers below this convert to a finite float
 
 
 def _h_slice(m: Unpickler, a: tuple, kw: dict) -> slice:  # type: ignore[type-arg]
@@ -1959,8 +2094,9 @@ def _h_size(m: Unpickler, a: tuple, kw: dict) -> tuple[int, ...]:  # type: ignor
 
 
 def _h_device(m: Unpickler, a: tuple, kw: dict) -> Device:  # type: ignore[type-arg]
-    if kw or not 1 <= len(a) <= 2 or not isinstance(a[0], str) or (len(a) == 2 and type(a[1]) is not int):
-        raise m.error("torch.device expects (type[, index])")
+    if (kw or not 1 <= len(a) <= 2 or not isinstance(a[0], str) or len(a[0]) > 64
+            or (len(a) == 2 and (type(a[1]) is not int or not -1 <= a[1] < 1 << 16))):
+        raise m.error("torch.device expects (type[, index]) with a short type name and a small index")
     return Device(a[0] if len(a) == 1 else f"{a[0]}:{a[1]}")
 
 

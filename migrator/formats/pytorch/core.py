@@ -49,11 +49,13 @@ class ReaderCore(Reader):
         root = u.load()
         self._protocol = u.protocol  # None: protocol 0/1 pickles carry no PROTO opcode
         self._opaque |= u.opaque
+        if isinstance(root, (sp.Placeholder, sp.Opaque)):  # whatever is selected is inside it: say so first
+            raise self._placeholder_error("", root)
         return root
 
     # -- persistent ids ---------------------------------------------------------------------------
 
-    def _storage_pid(self, pid: Any) -> sp.StorageRef:
+    def _storage_pid(self, pid: Any) -> Any:
         """('storage', StorageType, key, location, numel[, view_metadata]) -> a StorageRef."""
         if type(pid) is tuple and len(pid) == 5 and pid[0] == "storage":  # every torch.save tensor
             _, stype, key, location, numel = pid
@@ -65,19 +67,20 @@ class ReaderCore(Reader):
         if not isinstance(pid, tuple) or not pid:
             raise self._err(f"persistent id is a {type(pid).__name__}, expected a tuple")
         tag = pid[0].decode("ascii", "replace") if isinstance(pid[0], bytes) else pid[0]
-        if tag == "module":
-            name = pid[1].name if len(pid) > 1 and hasattr(pid[1], "name") else "a module"
-            raise sp.WholeModelPickleError(
-                f"the checkpoint pickles {name} (a whole nn.Module); save `model.state_dict()` instead",
-                file=self.label)
+        if tag == "module":  # legacy torch.save(model) names each module class so: a class, never loaded
+            name = pid[1].name if len(pid) > 1 and isinstance(pid[1], sp.Opaque) else "an nn.Module class"
+            self._opaque.add(name)
+            return sp.Opaque(name, module=True)  # only an error where the selection holds its instances
         if tag != "storage" or len(pid) not in (5, 6):
-            raise self._err(f"unknown persistent id {str(tag)[:40]!r} with {len(pid)} fields")
+            raise self._err(f"unknown persistent id {sp.describe(tag)} with {len(pid)} fields")
         stype, key, location, numel = pid[1:5]
         view = pid[5] if len(pid) == 6 else None
         if not isinstance(stype, (sp.StorageType, str)):
             raise self._err(f"persistent id storage type is {_type_name(stype)}, not a torch storage class")
         if type(key) not in (str, int) or not isinstance(location, (str, bytes)):
             raise self._err("persistent id: storage key / location have the wrong types")
+        if type(key) is int and not 0 <= key < 1 << 63:  # str() of a 4 KiB integer raises ValueError
+            raise self._err("persistent id: storage key is an integer outside 0..2**63-1")
         if type(numel) is not int or not 0 <= numel < 1 << 63:
             raise self._err("persistent id: storage size is not a non-negative 64-bit integer")
         key = str(key)
