@@ -279,8 +279,12 @@ def storage_type_dtype(name: str) -> str | None:
 # The interpreter
 
 _MARK = object()  # pushed by no opcode; the metastack holds MARK frames instead
-_SET_SIZE = sys.getsizeof(set())  # what `charge` counts for a set or frozenset (216 bytes on CPython 3.11)
-_PLACEHOLDER_SIZE = sys.getsizeof(Placeholder("x")) + 16  # and for a Placeholder (+ its GC header)
+# What `charge` counts per object: its size and two references to it (stack, memo). Only objects that can
+# cost more than the budget per input byte are charged: a set or frozenset (216 bytes on CPython 3.11)
+# from 1-2 bytes; the rest stay below it (an empty dict, 64 bytes, is the largest from one byte).
+_SET_SIZE = sys.getsizeof(set()) + 16
+_PLACEHOLDER_SIZE = sys.getsizeof(Placeholder("x")) + 16
+_MEMO_ENTRY = 112  # a new memo entry at the peak of the memo dict's resize: its int key, old and new slots
 _BUDGET_BASE = 1 << 20  # bytes of objects any pickle may build, whatever its size
 
 
@@ -505,12 +509,13 @@ class Unpickler:
             entry = self._hashes[id(target)] = (target, {})
         return entry[1]
 
-    def key(self, key: Any, counts: dict[int, int]) -> Any:
-        """`check_key`, and at most `max_same_hash` keys with one hash value per container."""
+    def key(self, key: Any, counts: dict[int, int], target: Any) -> Any:
+        """`check_key`, and at most `max_same_hash` distinct keys with one hash value in `target`
+        (a key already in it adds nothing; looking it up costs at most that many probes)."""
         if type(key) is str:
             return key
         self.check_key(key)
-        if type(key) is bytes:
+        if type(key) is bytes or key in target:
             return key
         h = hash(key)
         n = counts.get(h, 0) + 1
@@ -922,7 +927,7 @@ def _set_pairs(m: Unpickler, target: dict, items: list[Any], what: str) -> None:
         return
     counts = m.hash_counts(target)
     for i in range(0, len(items), 2):
-        target[m.key(items[i], counts)] = items[i + 1]
+        target[m.key(items[i], counts, target)] = items[i + 1]
 
 
 @_op(b"d")
@@ -941,7 +946,7 @@ def _setitem(m: Unpickler) -> None:
         if isinstance(target, Placeholder):
             return  # a dict subclass's items (Lightning's AttributeDict): dropped with the object
         raise m.error(f"SETITEM on a {_tname(target)}")
-    target[m.key(key, m.hash_counts(target)) if type(key) is not str else key] = value
+    target[m.key(key, m.hash_counts(target), target) if type(key) is not str else key] = value
 
 
 @_op(b"u")
@@ -971,7 +976,7 @@ def _additems(m: Unpickler) -> None:
         raise m.error(f"ADDITEMS on a {_tname(target)}")
     counts = m.hash_counts(target)
     for x in items:
-        target.add(m.key(x, counts))
+        target.add(m.key(x, counts, target))
 
 
 @_op(b"\x91")
@@ -982,7 +987,10 @@ def _frozenset(m: Unpickler) -> None:
 def _make_frozenset(m: Unpickler, items: list[Any]) -> frozenset:  # type: ignore[type-arg]
     m.charge(_SET_SIZE)
     counts: dict[int, int] = {}
-    return frozenset([m.key(x, counts) for x in items])
+    members: set[Any] = set()
+    for x in items:
+        members.add(m.key(x, counts, members))
+    return frozenset(members)
 
 
 # -- memo
@@ -1029,6 +1037,7 @@ def _long_binput(m: Unpickler) -> None:
 
 @_op(b"\x94")
 def _memoize(m: Unpickler) -> None:
+    m.charge(_MEMO_ENTRY)  # one byte, one new memo entry: the only memo write that can outgrow the budget
     _memo_put(m, len(m.memo))
 
 
@@ -1992,7 +2001,7 @@ def _fill_pairs(m: Unpickler, d: dict, src: Any, what: str) -> None:  # type: ig
     for pair in src:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise m.error(f"{what} expects (key, value) pairs")
-        d[m.key(pair[0], counts)] = pair[1]
+        d[m.key(pair[0], counts, d)] = pair[1]
 
 
 def _sequence_arg(m: Unpickler, a: tuple, kw: dict, what: str) -> list[Any]:  # type: ignore[type-arg]
@@ -2011,7 +2020,10 @@ def _sequence_arg(m: Unpickler, a: tuple, kw: dict, what: str) -> list[Any]:  # 
 def _h_set(m: Unpickler, a: tuple, kw: dict) -> set:  # type: ignore[type-arg]
     m.charge(_SET_SIZE)
     counts: dict[int, int] = {}
-    return {m.key(x, counts) for x in _sequence_arg(m, a, kw, "set")}
+    members: set[Any] = set()
+    for x in _sequence_arg(m, a, kw, "set"):
+        members.add(m.key(x, counts, members))
+    return members
 
 
 def _h_frozenset(m: Unpickler, a: tuple, kw: dict) -> frozenset:  # type: ignore[type-arg]

@@ -651,7 +651,7 @@ def test_documented_limit_values() -> None:
         "recipe_loader.MAX_YAML_NODES": 100_000,
         "safepickle.DEFAULT_LIMITS": safepickle.Limits(max_memo=5_000_000, max_stack=5_000_000, max_marks=1_000,
                                                        max_objects=10_000_000, max_long_bytes=4096, max_key_depth=32,
-                                                       max_dims=64),
+                                                       max_dims=64, max_same_hash=64, max_object_bytes=80),
     }
     assert actual == documented
     security = (REPO / "SECURITY.md").read_text()

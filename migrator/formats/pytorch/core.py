@@ -89,7 +89,8 @@ class ReaderCore(Reader):
             self._first_dtype.setdefault(key, dtype)
         view_t: tuple[str, int, int] | None = None
         if view is not None:
-            if not (isinstance(view, tuple) and len(view) == 3 and type(view[0]) in (str, int)
+            if not (isinstance(view, tuple) and len(view) == 3
+                    and (type(view[0]) is str or (type(view[0]) is int and 0 <= view[0] < 1 << 63))
                     and type(view[1]) is int and type(view[2]) is int and 0 <= view[1] < 1 << 63
                     and 0 <= view[2] < 1 << 63):
                 raise self._err("persistent id: storage view is not (key, offset, size)")

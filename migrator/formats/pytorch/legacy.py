@@ -37,7 +37,7 @@ class LegacyContainer(ReaderCore):
         u = self._unpickler(view, start=first.pos, what="legacy protocol version")
         version = u.load()
         if version != LEGACY_PROTOCOL_VERSION:
-            raise self._err(f"legacy checkpoint with protocol version {version!r} (expected 1001)")
+            raise self._err(f"legacy checkpoint with protocol version {sp.describe(version)} (expected 1001)")
         u = self._unpickler(view, start=u.pos, what="legacy sys_info")
         sys_info = u.load()
         self._apply_sys_info(sys_info)
