@@ -1,6 +1,6 @@
-"""The tensor-record fast path of `safepickle` must change nothing but the speed.
+"""The tensor-record scanner of `safepickle` (`safepickle.records`) must change nothing but the speed.
 
-Every check here runs the same input twice, with `safepickle.FAST_PATH` on and off (the general
+Every check here runs the same input twice, with the scanner on and off (`Unpickler(fast=...)`; the
 opcode loop is the reference), and compares everything observable: the pickled graph, the values
 pushed (the `max_objects` count), the reader's tensors, bytes and extras, and the exact error of a
 broken or hostile input. torch.load is the oracle for the values.
@@ -8,6 +8,7 @@ broken or hostile input. torch.load is the oracle for the values.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import pickle
@@ -108,13 +109,13 @@ class Counting:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.taken = 0
-        inner = sp._commit
+        inner = sp.records._commit
 
         def wrapped(*args: Any) -> None:
             self.taken += 1
             inner(*args)
 
-        monkeypatch.setattr(sp, "_commit", wrapped)
+        monkeypatch.setattr(sp.records, "_commit", wrapped)
 
 
 def norm(v: Any, seen: dict[int, int] | None = None) -> Any:
@@ -172,13 +173,13 @@ def reader_facts(path: Path) -> Any:
 
 
 def both_ways(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> tuple[Any, Any]:
-    with monkeypatch.context() as m:
-        m.setattr(sp, "FAST_PATH", True)
-        fast = fn()
-    with monkeypatch.context() as m:
-        m.setattr(sp, "FAST_PATH", False)
-        general = fn()
-    return fast, general
+    """`fn()` with the readers' unpicklers made with the scanner on, then off."""
+    results = []
+    for on in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(sp, "Unpickler", functools.partial(sp.vm.Unpickler, fast=on))
+            results.append(fn())
+    return results[0], results[1]
 
 
 def flat(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -353,76 +354,7 @@ def test_pickle_dumps_of_rebuild_records_match() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# the quick scanner against the reference scanner, record by record
-
-
-def reference_pair(m: sp.Unpickler, q: int) -> Any:
-    """What `_fast_rebuild_v2` reads at a `name, callee, record` pair with the reference scanner."""
-    data, puts = m.data, []
-    name, r = sp._scan_item(data, q, m.end, m.memo, puts)
-    if data[r] in sp._PUT_OPS:
-        r = sp._scan_put(data, r, puts, name)
-    if data[r] not in (0x68, 0x6A):
-        raise sp._Reject
-    callee, r = sp._scan_get(data, r, m.memo, puts)
-    if callee is not sp._REBUILD_V2 or data[r] != 0x28:
-        raise sp._Reject
-    return name, callee, sp._scan_record(m, r, puts), puts
-
-
-def attempt(errors: tuple[type[BaseException], ...], fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except errors:
-        return None
-
-
-def record_and_puts(scan: Callable[..., Any], *args: Any) -> Any:
-    puts: list[Any] = []
-    return scan(*args[:2], puts, *args[2:]), puts
-
-
-def quick_vs_reference(data: bytes, limits: sp.Limits = sp.DEFAULT_LIMITS) -> int:
-    """Step the general loop; wherever the quick scanner reads a record, the reference must read the same."""
-    u = sp.Unpickler(data, persistent_load=storage_pid, limits=limits, fast=False)
-    agreed = 0
-    while not u._done and u.pos < u.end:
-        p = u.pos
-        quick = attempt(sp._QUICK_ERRORS, sp._quick_pair, u, p)
-        if quick is not None:
-            assert quick == attempt(sp._SCAN_ERRORS, reference_pair, u, p), p
-            agreed += 1
-        if data[p] == 0x28 and u.stack and u.stack[-1] is sp._REBUILD_V2:
-            record = attempt(sp._QUICK_ERRORS, record_and_puts, sp._quick_record, u, p, [])
-            if record is not None:
-                assert record == attempt(sp._SCAN_ERRORS, record_and_puts, sp._scan_record, u, p), p
-                agreed += 1
-        u._op_pos = p
-        u.pos = p + 1
-        op = sp._OPS[data[p]]
-        if op is None:  # an unknown opcode: the general loop stops there
-            break
-        try:
-            op(u)
-        except MigratorError:
-            break
-    return agreed
-
-
-@pytest.mark.parametrize("variant", ["zip-p2", "zip-p3", "migrator"])
-def test_quick_scanner_reads_records_as_the_reference_does(variant: str) -> None:
-    data = data_pkl(VARIANTS[variant]())
-    assert quick_vs_reference(data) >= 300
-
-
-@pytest.mark.parametrize("variant", ["zip-p2", "migrator"])
-def test_quick_scanner_agrees_on_mutated_records(variant: str) -> None:
-    data = data_pkl(VARIANTS[variant]())
-    # records from the start, and from where torch's memo indices need LONG_BINPUT
-    heads = [data[:1500], data[:200] + data[len(data) // 2 : len(data) // 2 + 1200]]
-    rng = random.Random(99)
-    for case in range(600):
-        quick_vs_reference(mutations(heads[case % 2], rng), TIGHT[case % len(TIGHT)])
+# memo writes inside records
 
 
 def test_a_memo_write_before_a_known_tail_is_seen_by_its_reads() -> None:

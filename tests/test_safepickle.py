@@ -91,7 +91,7 @@ def test_stack_manipulation_opcodes() -> None:
 
 
 def test_every_pickle_opcode_is_handled_or_refused() -> None:
-    handled = set(sp._DISPATCH)
+    handled = set(sp.opcodes._DISPATCH)
     for op in pickletools.opcodes:
         assert op.code.encode("latin-1")[0] in handled, op.name
 
