@@ -49,14 +49,16 @@ def _scan_int(data: Any, p: int) -> tuple[int, int]:
         return _U16.unpack_from(data, p + 1)[0], p + 3
     if c == 0x4A:  # BININT
         return _I32.unpack_from(data, p + 1)[0], p + 5
-    if c == 0x8A:  # LONG1 (at most 255 bytes)
+    if c == 0x8A:  # LONG1: 8 bytes at most (anything longer is no size, offset or numel)
         n = data[p + 1]
+        if n > 8:
+            raise _Reject
         return int.from_bytes(data[p + 2 : p + 2 + n], "little", signed=True), p + 2 + n
     raise _Reject
 
 
 def _scan_put(data: Any, p: int, puts: list[tuple[int, Any]], value: Any) -> int:
-    while True:
+    for _ in range(_MAX_PUTS + 1):
         c = data[p]
         if c == 0x71:  # BINPUT
             puts.append((data[p + 1], value))
@@ -68,6 +70,10 @@ def _scan_put(data: Any, p: int, puts: list[tuple[int, Any]], value: Any) -> int
             raise _Reject
         else:
             return p
+    raise _Reject
+
+
+_MAX_PUTS = 4  # memo writes of one value the scanner reads (torch and pickle write one)
 
 
 def _scan_get(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, Any]]) -> tuple[Any, int]:
@@ -85,6 +91,8 @@ def _scan_get(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, Any
 
 def _scan_global(data: Any, p: int, end: int) -> tuple[Any, int]:
     """GLOBAL naming an allow-listed object (resolving others records them: the general loop does it)."""
+    if not isinstance(data, bytes):  # a memoryview has no find(): the opcode loop reads it
+        raise _Reject
     i = data.find(b"\n", p + 1, end)
     j = data.find(b"\n", i + 1, end) if i >= 0 else -1
     if j < 0:
@@ -149,7 +157,7 @@ def _scan_dims(data: Any, p: int, memo: dict[int, Any], puts: list[tuple[int, An
         while data[p] != 0x74:
             v, p = _scan_int(data, p)
             vals.append(v)
-            if len(vals) > max_dims:
+            if len(vals) > max_dims or len(vals) > 64:  # more: the opcode loop (the bound `_MARGIN` needs)
                 raise _Reject
     else:  # 1 to 3 ints, then TUPLE1/2/3
         while True:
@@ -172,8 +180,8 @@ _NAME_OPS = frozenset({0x58, 0x8C})
 _Plan = tuple[int, tuple[Any, ...], int, int, tuple[int, ...], tuple[int, ...], bool, int, int]
 
 
-def _scan_record(m: Unpickler, data: bytes, p: int, end: int, puts: list[tuple[int, Any]]) -> _Plan:
-    """Phase 1 for the record whose args MARK is at `p` of a window (`_window`, `end` its own bytes):
+def _scan_record(m: Unpickler, data: Any, p: int, end: int, puts: list[tuple[int, Any]]) -> _Plan:
+    """Phase 1 for the record whose args MARK is at `p` of a window (`_window`, `end` its end):
     parse only, raising _Reject on anything unusual.
 
     Returns (end, persistent id, its position, offset, size, stride, requires_grad, REDUCE position,
@@ -303,16 +311,21 @@ def _write_memo(memo: dict[int, Any], puts: list[tuple[int, Any]], storage: Stor
         memo[idx] = v
 
 
+# Every step of a scan moves a bounded number of bytes (strings and names are checked against the
+# window's end; LONG1 is at most 8 bytes; puts, fields and dimensions are counted), so a scan reads
+# less than `_MARGIN` bytes past its window. The window is read in place when that many bytes of the
+# pickle follow it, else from a copy followed by `_MARGIN` zero bytes, which no rule accepts: a scan
+# never indexes past its input, and a record that does not fit is "not my shape" (_Reject).
 _WINDOW = 1024  # bytes of one record the scanner reads (a 64-d shape with BININT sizes takes ~700)
-_PAD = bytes(300)  # zeros after a window: no rule accepts 0x00, and one step moves at most 257 bytes
-# So a scan never indexes past its window: a record that does not fit is "not my shape" (_Reject).
+_MARGIN = 8192
 
 
-def _window(m: Unpickler, p: int) -> tuple[bytes, int]:
-    """The bytes from `p` (at most `_WINDOW`, never past the pickle's end) with `_PAD` after them, and
-    how many of them are the pickle's."""
+def _window(m: Unpickler, p: int) -> tuple[Any, int, int]:
+    """(data, start, end) to scan the record at pickle position `p` in."""
+    if p + _WINDOW + _MARGIN <= m.end:
+        return m.data, p, p + _WINDOW
     n = min(m.end - p, _WINDOW)
-    return bytes(m.data[p : p + n]) + _PAD, n
+    return bytes(m.data[p : p + n]) + bytes(_MARGIN), 0, n
 
 
 def _shifted(plan: _Plan, base: int) -> _Plan:
@@ -333,14 +346,15 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
             or lim.max_stack < 8):
         return -1
     puts: list[tuple[int, Any]] = []
-    data, n = _window(m, p)
+    data, start, n = _window(m, p)
     try:
-        plan = _scan_record(m, data, 0, n, puts)
+        plan = _scan_record(m, data, start, n, puts)
     except _Reject:
         return -1
     if not _room(m, plan[-1], puts):
         return -1
-    plan = _shifted(plan, p)
+    if start != p:
+        plan = _shifted(plan, p - start)
     _commit(m, plan, puts)
     q = plan[0]
     end, stack = m.end, m.stack
@@ -348,9 +362,9 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
     while True:  # the next pair: name [put] callee ( record
         if q + 8 > end or m.data[q] not in _NAME_OPS or len(stack) + 3 > max_stack:
             return q
-        data, n = _window(m, q)
+        data, start, n = _window(m, q)
         try:
-            name, callee, plan, puts = _scan_pair(m, data, n)
+            name, callee, plan, puts = _scan_pair(m, data, start, n)
         except _Reject:
             return q
         if m.objects + plan[-1] + 2 > max_objects or (puts and not _room(m, plan[-1] + 2, puts)):
@@ -359,16 +373,17 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
         m.objects += 2
         stack.append(name)
         stack.append(callee)
-        plan = _shifted(plan, q)
+        if start != q:
+            plan = _shifted(plan, q - start)
         _commit(m, plan, puts)
         q = plan[0]
 
 
-def _scan_pair(m: Unpickler, data: bytes, end: int) -> tuple[str, Any, _Plan, list[tuple[int, Any]]]:
-    """A state_dict's next `name [put] callee [put] ( record` at the start of `data`, or _Reject."""
+def _scan_pair(m: Unpickler, data: Any, start: int, end: int) -> tuple[str, Any, _Plan, list[tuple[int, Any]]]:
+    """A state_dict's next `name [put] callee [put] ( record` at `start` of `data`, or _Reject."""
     memo = m.memo
     puts: list[tuple[int, Any]] = []
-    name, r = _scan_item(data, 0, end, memo, puts)
+    name, r = _scan_item(data, start, end, memo, puts)
     if type(name) is not str:
         raise _Reject
     if data[r] in _PUT_OPS:
