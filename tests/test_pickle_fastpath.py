@@ -385,3 +385,14 @@ def test_a_memo_write_inside_a_torch_record_is_seen_by_its_later_reads() -> None
         assert fast == general, index
         checked += fast[0] == "ok"
     assert checked
+
+
+def test_a_pickle_cut_after_a_record_fails_at_the_same_byte() -> None:
+    """The end-of-input error names where the input ended, however many opcodes the scanner read."""
+    data = data_pkl(torch_file())
+    cuts = [m.end() + (1 if m.group()[-1:] == b"q" else 4) for m in re.finditer(rb"R[qr]", data)]
+    cuts = cuts[:10] + cuts[-10:]
+    assert cuts
+    for cut in cuts:
+        fast, general = run_pickle(data[:cut], True), run_pickle(data[:cut], False)
+        assert fast[0] == "error" and fast == general, cut

@@ -156,6 +156,7 @@ class Unpickler:
         while True:
             p = self.pos
             if p >= end:
+                self._op_pos = p  # where the input ended (not the last opcode's start: the scanner reads many)
                 raise self.error("input ended before STOP (truncated pickle)")
             self._op_pos = p
             code = data[p]
