@@ -267,6 +267,11 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
             pairs = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in mapping.items()]
             out.write("\n")
             print_table(title, ("key", "value"), pairs, wrap_cols=(0, 1))
+    placeholders = info["details"].get("placeholders")
+    if placeholders:  # objects of classes migrator does not build (a checkpoint's args, configs, callbacks)
+        out.write("\n")
+        print_table("objects not built (placeholders)", ("key", "class"),
+                    [(p["key"] or "(root)", p["class"]) for p in placeholders], wrap_cols=(0, 1))
 
 
 def _remap_problem(pattern: str, replacement: str) -> str | None:

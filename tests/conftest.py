@@ -20,6 +20,14 @@ settings.register_profile("migrator", derandomize=True, database=None, deadline=
 settings.load_profile("migrator")
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text output fits `COLUMNS` when it is set: tests (and the commands they start) run without an
+    inherited one (pytest-xdist workers can have it), so a table's layout never depends on where the
+    suite runs. Tests about widths set it themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture
 def shared_fixtures() -> Path:
     """`../shared/fixtures` (files written by PyTorch, safetensors and Burn); skip when absent."""

@@ -161,13 +161,14 @@ ATTACKS: list[Attack] = [
     Attack("OBJ os.system", lambda s: b"(cos\nsystem\n" + s0(_cmd(s)) + b"o.", live=True),
     Attack("NEWOBJ subprocess.Popen",
            lambda s: P2 + b"csubprocess\nPopen\n](" + u("touch") + u(str(s)) + b"e\x85\x81."),
-    Attack("NEWOBJ_EX of a user class", lambda s: P4 + b"c__main__\nEvil\n)}\x92."),
-    Attack("REDUCE on a user class", lambda s: b"c__main__\nEvil\n(" + s0(_cmd(s)) + b"tR.", live=True),
+    Attack("NEWOBJ_EX of a user class", lambda s: P4 + b"c__main__\nEvil\n)}\x92.", bare_expect=FormatError),
+    Attack("REDUCE on a user class", lambda s: b"c__main__\nEvil\n(" + s0(_cmd(s)) + b"tR.", live=True,
+           bare_expect=FormatError),
     Attack("BUILD with __setstate__", lambda s: P2 + b"c__main__\nEvil\n)\x81}" + u("cmd") + u(_cmd(s)) + b"sb.",
-           live=True),
+           live=True, bare_expect=FormatError),
     Attack("copyreg._reconstructor + BUILD",
            lambda s: b"ccopy_reg\n_reconstructor\n(c__main__\nEvil\nc__builtin__\nobject\nNtR}" + s0("cmd")
-           + s0(_cmd(s)) + b"sb.", live=True),
+           + s0(_cmd(s)) + b"sb.", live=True, bare_expect=FormatError),
     Attack("BUILD on an allow-listed global (__code__)",
            lambda s: P2 + b"ctorch._utils\n_rebuild_tensor_v2\n}" + u("__code__") + b"K\x01sb."),
     Attack("functools.partial(os.system)", lambda s: P2 + b"cfunctools\npartial\ncos\nsystem\n" + u(_cmd(s))
@@ -177,7 +178,7 @@ ATTACKS: list[Attack] = [
            + b"tRtR(" + s0(_cmd(s)) + b"tR.", live=True),
     Attack("numpy.testing runstring gadget",
            lambda s: b"cnumpy.testing._private.utils\nrunstring\n(S\"import os; os.system('" + _cmd(s).encode()
-           + b"')\"\n}tR.", live=True),
+           + b"')\"\n}tR.", live=True, bare_expect=FormatError),
     Attack("nested pickle via _codecs.encode + _pickle.loads", _nested_pickle, live=True),
     Attack("_rebuild_from_type_v2 calling os.system",
            lambda s: P2 + b"ctorch._tensor\n_rebuild_from_type_v2\n(cos\nsystem\nctorch\nTensor\n(" + u(_cmd(s))
@@ -666,7 +667,7 @@ def test_documented_limit_values() -> None:
         "recipe_loader.MAX_YAML_NODES": 100_000,
         "safepickle.DEFAULT_LIMITS": safepickle.Limits(max_memo=5_000_000, max_stack=5_000_000, max_marks=1_000,
                                                        max_objects=10_000_000, max_long_bytes=4096, max_key_depth=32,
-                                                       max_dims=64),
+                                                       max_dims=64, max_same_hash=64, max_object_bytes=80),
     }
     assert actual == documented
     security = (REPO / "SECURITY.md").read_text()

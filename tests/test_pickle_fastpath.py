@@ -1,6 +1,6 @@
-"""The tensor-record fast path of `safepickle` must change nothing but the speed.
+"""The tensor-record scanner of `safepickle` (`safepickle.records`) must change nothing but the speed.
 
-Every check here runs the same input twice, with `safepickle.FAST_PATH` on and off (the general
+Every check here runs the same input twice, with the scanner on and off (`Unpickler(fast=...)`; the
 opcode loop is the reference), and compares everything observable: the pickled graph, the values
 pushed (the `max_objects` count), the reader's tensors, bytes and extras, and the exact error of a
 broken or hostile input. torch.load is the oracle for the values.
@@ -8,6 +8,7 @@ broken or hostile input. torch.load is the oracle for the values.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import pickle
@@ -108,13 +109,13 @@ class Counting:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.taken = 0
-        inner = sp._commit
+        inner = sp.records._commit
 
         def wrapped(*args: Any) -> None:
             self.taken += 1
             inner(*args)
 
-        monkeypatch.setattr(sp, "_commit", wrapped)
+        monkeypatch.setattr(sp.records, "_commit", wrapped)
 
 
 def norm(v: Any, seen: dict[int, int] | None = None) -> Any:
@@ -172,13 +173,13 @@ def reader_facts(path: Path) -> Any:
 
 
 def both_ways(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> tuple[Any, Any]:
-    with monkeypatch.context() as m:
-        m.setattr(sp, "FAST_PATH", True)
-        fast = fn()
-    with monkeypatch.context() as m:
-        m.setattr(sp, "FAST_PATH", False)
-        general = fn()
-    return fast, general
+    """`fn()` with the readers' unpicklers made with the scanner on, then off."""
+    results = []
+    for on in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(sp, "Unpickler", functools.partial(sp.vm.Unpickler, fast=on))
+            results.append(fn())
+    return results[0], results[1]
 
 
 def flat(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -368,6 +369,10 @@ def test_mutated_records_past_256_memo_entries_read_the_same_both_ways(variant: 
         assert run_pickle(edited, True, limits) == run_pickle(edited, False, limits), f"case {case}: {edited!r}"
 
 
+# ----------------------------------------------------------------------------------------------
+# memo writes inside records
+
+
 def test_a_memo_write_before_a_known_tail_is_seen_by_its_reads() -> None:
     """A name's memo write that overwrites what the record reads next (location, OrderedDict, callee)."""
     data = data_pkl(migrator_file())
@@ -396,3 +401,14 @@ def test_a_memo_write_inside_a_torch_record_is_seen_by_its_later_reads() -> None
         assert fast == general, index
         checked += fast[0] == "ok"
     assert checked
+
+
+def test_a_pickle_cut_after_a_record_fails_at_the_same_byte() -> None:
+    """The end-of-input error names where the input ended, however many opcodes the scanner read."""
+    data = data_pkl(torch_file())
+    cuts = [m.end() + (1 if m.group()[-1:] == b"q" else 4) for m in re.finditer(rb"R[qr]", data)]
+    cuts = cuts[:10] + cuts[-10:]
+    assert cuts
+    for cut in cuts:
+        fast, general = run_pickle(data[:cut], True), run_pickle(data[:cut], False)
+        assert fast[0] == "error" and fast == general, cut

@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/fuzz.py --reader burnpack --cases 100000
     .venv/bin/python tools/fuzz.py --reader safetensors --differential --cases 100000
+    .venv/bin/python tools/fuzz.py --reader pytorch-zip --differential --cases 100000
 
 Readers: burnpack, safetensors, pytorch-zip, pytorch-legacy, pytorch-tar, recipe. Seeds are made
 on the spot (migrator's own writers; torch for the legacy, TAR and torch-written zip seeds) and
@@ -901,6 +902,143 @@ def run_differential(reader: str, cases: int, rng: random.Random, timeout: float
             "outcomes": dict(counts.most_common())}
 
 
+# ----------------------------------------------------------------------------------------------
+# differential: the pickle record scanner against the opcode loop
+
+
+PICKLE_TIGHT_LIMITS = (  # limits a record can hit half-way, so the scanner's "room" checks are exercised too
+    None, {"max_objects": 500}, {"max_memo": 20}, {"max_marks": 2}, {"max_marks": 3}, {"max_stack": 7},
+    {"max_stack": 9}, {"max_dims": 1},
+)
+PICKLE_OPS = b"()tQRqrhjKMJ\x8a\x85\x86\x87\x88\x89NXcu.\x94\x8c0"  # what the record scanner parses
+
+
+def pickle_seeds() -> list[bytes]:
+    """The main pickles (data.pkl) of the zip seeds and of a 300-tensor torch.save (LONG_BINPUT memo)."""
+    out = []
+    torch = _torch()
+    big = {f"m.{i}": torch.full((i % 3 + 1,), float(i)) for i in range(300)}
+    buf = io.BytesIO()
+    torch.save(big, buf)
+    for raw in [*pytorch_zip_seeds(), buf.getvalue()]:
+        with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            out.append(z.read(next(n for n in z.namelist() if n.endswith("data.pkl"))))
+    return out
+
+
+def mutate_pickle(data: bytes, rng: random.Random) -> bytes:
+    """A few edits biased towards what the record scanner parses: opcodes, lengths, memo indices."""
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(buf))
+        kind = rng.random()
+        if kind < 0.35:
+            buf[i] = rng.choice(PICKLE_OPS)
+        elif kind < 0.6:
+            buf[i] = rng.randrange(256)
+        elif kind < 0.75:
+            del buf[i : i + rng.randint(1, 8)]
+        elif kind < 0.9:
+            j = rng.randrange(len(buf))
+            buf[i:i] = buf[j : j + rng.randint(1, 16)]
+        else:
+            buf[i : i + 4] = struct.pack("<I", rng.choice([0, 1, 255, 256, 65535, 1 << 31, (1 << 32) - 1]))
+    return bytes(buf)
+
+
+def _pickle_storage(pid: Any) -> Any:
+    """A persistent_load like the zip reader's: a StorageRef for storage ids, a typed error otherwise."""
+    from migrator import safepickle as sp
+
+    if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
+        raise migrator.errors.FormatError(f"bad persistent id {sp.describe(pid)}")
+    stype, key = pid[1], pid[2]
+    return sp.StorageRef(key if type(key) is str else "?", getattr(stype, "name", "?"),
+                         getattr(stype, "dtype", None), pid[4] if type(pid[4]) is int else None, "cpu")
+
+
+def pickle_graph(v: Any, seen: dict[int, int] | None = None) -> Any:
+    """A comparable form of an unpickled value (shared references become back-references)."""
+    from migrator import safepickle as sp
+
+    seen = {} if seen is None else seen
+    todo: list[Any] = []  # iterative: mutated inputs nest deeply
+    out: list[Any] = []
+
+    def visit(x: Any) -> Any:
+        if isinstance(x, (sp.TensorRef, sp.StorageRef, dict, list, tuple)):
+            if id(x) in seen:
+                return ("ref", seen[id(x)])
+            seen[id(x)] = len(seen)
+        if isinstance(x, sp.TensorRef):
+            return ("T", visit(x.storage), x.offset, x.size, x.stride, x.dtype, x.requires_grad)
+        if isinstance(x, sp.StorageRef):
+            return ("S", x.key, x.storage_type, x.dtype, x.numel, x.location, x.view)
+        if isinstance(x, dict):
+            attrs = x.attrs if isinstance(x, sp.ODict) else {}
+            node: list[Any] = [type(x).__name__, len(x), sorted(attrs)]
+            todo.extend((node, k, val) for k, val in x.items())
+            return node
+        if isinstance(x, (list, tuple)):
+            node = [type(x).__name__, len(x)]
+            todo.extend((node, None, val) for val in x)
+            return node
+        if isinstance(x, (sp.Opaque, sp.Placeholder, sp.UnsupportedTensor, sp.NumpyArray, sp.NumpyDtype)):
+            return (type(x).__name__, repr(x), getattr(x, "module", None))
+        if isinstance(x, float) and x != x:
+            return ("nan",)
+        return (type(x).__name__, x if not isinstance(x, int) else sp.describe(x))
+
+    out.append(visit(v))
+    while todo:
+        node, k, val = todo.pop()
+        node.append((visit(k) if k is not None else None, visit(val)))
+    return out
+
+
+def pickle_outcome(data: bytes, fast: bool, limits: dict[str, int] | None) -> Any:
+    """What one run of the interpreter gives: the value, counts and position, or the error."""
+    from migrator import safepickle as sp
+
+    u = sp.Unpickler(data, persistent_load=_pickle_storage, limits=sp.Limits(**limits) if limits else sp.DEFAULT_LIMITS,
+                     fast=fast)
+    try:
+        result = u.load()
+    except migrator.errors.MigratorError as e:
+        return ("error", type(e).__name__, str(e))
+    return ("ok", pickle_graph(result), u.objects, u.spent, u.placeholders, u.pos, u.protocol, sorted(u.opaque))
+
+
+def differential_pickle(cases: int, seed: int, timeout: float) -> dict[str, Any]:
+    """`cases` mutated pickles, each run with the record scanner and without: the same value, counts and
+    position, or the same error (type and message), else a difference (saved under CRASH_DIR)."""
+    rng = random.Random(seed)
+    seeds = pickle_seeds()
+    outcomes: Counter[str] = Counter()
+    differences: list[str] = []
+    started = time.monotonic()
+    for n in range(cases):
+        data = mutate_pickle(rng.choice(seeds), rng) if n else seeds[0]
+        limits = PICKLE_TIGHT_LIMITS[n % len(PICKLE_TIGHT_LIMITS)]
+        try:
+            with time_limit(timeout):
+                fast, general = pickle_outcome(data, True, limits), pickle_outcome(data, False, limits)
+        except Exception as e:  # any other exception is a crash of one of the paths
+            fast, general = ("crash", type(e).__name__, str(e)[:200]), None
+        if fast == general:
+            outcomes["same " + fast[0]] += 1
+            continue
+        outcomes["DIFFERENT"] += 1
+        name = f"pickle-differential-{hashlib.sha1(data).hexdigest()[:12]}.bin"
+        CRASH_DIR.mkdir(parents=True, exist_ok=True)
+        (CRASH_DIR / name).write_bytes(data)
+        differences.append(name)
+        print(f"[{n}] DIFFERENT (limits {limits}): scanner {str(fast)[:200]} / loop {str(general)[:200]} -> {name}",
+              file=sys.stderr, flush=True)
+    return {"differential": "pickle", "seed": seed, "cases": cases, "seconds": round(time.monotonic() - started, 1),
+            "outcomes": dict(outcomes.most_common()), "differences": len(differences)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reader", choices=READERS, required=True)
@@ -915,10 +1053,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", type=Path, default=None, help="write the summary as JSON here too")
     p.add_argument("--crash-dir", type=Path, default=CRASH_DIR)
     p.add_argument("--differential", action="store_true",
-                   help="safetensors, burnpack: compare each reader's fast path with its reference parser")
+                   help="compare fast and reference paths on every mutated input (safetensors, burnpack: the "
+                        "header fast path against the reference parser; pytorch-*: the pickle record scanner "
+                        "against the opcode loop)")
     args = p.parse_args(argv)
 
     seed = args.seed if args.seed is not None else int(time.time())
+    if args.differential and args.reader.startswith("pytorch"):
+        summary = differential_pickle(args.cases, seed, args.timeout)
+        print(json.dumps(summary))
+        return 1 if summary["differences"] else 0
     rng = random.Random(seed)
     crash_dir: Path = args.crash_dir
     crash_dir.mkdir(parents=True, exist_ok=True)

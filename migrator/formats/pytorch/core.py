@@ -50,11 +50,13 @@ class ReaderCore(Reader):
         root = u.load()
         self._protocol = u.protocol  # None: protocol 0/1 pickles carry no PROTO opcode
         self._opaque |= u.opaque
+        if isinstance(root, (sp.Placeholder, sp.Opaque)):  # whatever is selected is inside it: say so first
+            raise self._placeholder_error("", root)
         return root
 
     # -- persistent ids ---------------------------------------------------------------------------
 
-    def _storage_pid(self, pid: Any) -> sp.StorageRef:
+    def _storage_pid(self, pid: Any) -> Any:
         """('storage', StorageType, key, location, numel[, view_metadata]) -> a StorageRef.
 
         A key's first reference fixes its storage, as in torch.load: a later reference to that key
@@ -83,19 +85,20 @@ class ReaderCore(Reader):
         if not isinstance(pid, tuple) or not pid:
             raise self._err(f"persistent id is a {type(pid).__name__}, expected a tuple")
         tag = pid[0].decode("ascii", "replace") if isinstance(pid[0], bytes) else pid[0]
-        if tag == "module":
-            name = pid[1].name if len(pid) > 1 and hasattr(pid[1], "name") else "a module"
-            raise sp.WholeModelPickleError(
-                f"the checkpoint pickles {name} (a whole nn.Module); save `model.state_dict()` instead",
-                file=self.label)
+        if tag == "module":  # legacy torch.save(model) names each module class so: a class, never loaded
+            name = pid[1].name if len(pid) > 1 and isinstance(pid[1], sp.Opaque) else "an nn.Module class"
+            self._opaque.add(name)
+            return sp.Opaque(name, module=True)  # only an error where the selection holds its instances
         if tag != "storage" or len(pid) not in (5, 6):
-            raise self._err(f"unknown persistent id {str(tag)[:40]!r} with {len(pid)} fields")
+            raise self._err(f"unknown persistent id {sp.describe(tag)} with {len(pid)} fields")
         stype, key, location, numel = pid[1:5]
         view = pid[5] if len(pid) == 6 else None
         if not isinstance(stype, (sp.StorageType, str)):
             raise self._err(f"persistent id storage type is {_type_name(stype)}, not a torch storage class")
         if type(key) not in (str, int) or not isinstance(location, (str, bytes)):
             raise self._err("persistent id: storage key / location have the wrong types")
+        if type(key) is int and not 0 <= key < 1 << 63:  # str() of a 4 KiB integer raises ValueError
+            raise self._err("persistent id: storage key is an integer outside 0..2**63-1")
         if type(numel) is not int or not 0 <= numel < 1 << 63:
             raise self._err("persistent id: storage size is not a non-negative 64-bit integer")
         raw_key, key = key, str(key)
@@ -107,7 +110,8 @@ class ReaderCore(Reader):
             self._first_dtype.setdefault(key, dtype)
         view_t: tuple[str, int, int] | None = None
         if view is not None:
-            if not (isinstance(view, tuple) and len(view) == 3 and type(view[0]) in (str, int)
+            if not (isinstance(view, tuple) and len(view) == 3
+                    and (type(view[0]) is str or (type(view[0]) is int and 0 <= view[0] < 1 << 63))
                     and type(view[1]) is int and type(view[2]) is int and 0 <= view[1] < 1 << 63
                     and 0 <= view[2] < 1 << 63):
                 raise self._err("persistent id: storage view is not (key, offset, size)")

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ... import safepickle as sp
-from ...errors import LimitExceededError, TensorNotFoundError, UnsupportedDTypeError
+from ...errors import FormatError, LimitExceededError, TensorNotFoundError, UnsafePickleError, UnsupportedDTypeError
 from ...scalars import Scalar
 from .. import pytorch as _pkg  # the MAX_* knobs are the package's attributes (SECURITY.md), read at open
 from .views import TensorBuilder, _Pending
@@ -15,8 +15,22 @@ from .views import TensorBuilder, _Pending
 class Flattener(TensorBuilder):
     """Picks the selection and walks it in order, checking every tensor (`_tensor`)."""
 
+    _whole = True  # no top-level key (set by `_select`)
+    _root: Any = None
+    _selected = ""  # the key path of the selection, which names inside it are relative to
+
     def _select(self, root: Any, key: str | list[str] | tuple[str, ...] | None) -> tuple[Any, str]:
-        if key is None or key == "" or key == []:
+        """The part of the pickle `key` names (all of it without a key); objects the pickle builds
+        from classes migrator does not know (`sp.Placeholder`) are listed in `extra()["placeholders"]`
+        wherever they are, and are an error only inside the selection (`_placeholder_error`)."""
+        self._whole = key is None or key == "" or key == []
+        if self._opaque:  # only a pickle naming a global outside the allow-list can hold placeholders
+            found = _find_placeholders(root, _pkg.MAX_NODES)
+            self._extra["placeholders"] = [{"key": path, "class": cls} for path, cls in found]
+        self._root = root
+        if isinstance(root, (sp.Placeholder, sp.Opaque)):
+            raise self._placeholder_error("", root)
+        if self._whole:
             return root, ""
         segments = [key] if isinstance(key, str) else [str(k) for k in key]
         node, path = root, []
@@ -34,6 +48,9 @@ class Flattener(TensorBuilder):
                     f"key '{seg}' not found at {where}; available keys: {_list_keys(node)}", file=self.label)
             node = child
             path.append(seg)
+            if isinstance(node, sp.Placeholder):
+                raise self._placeholder_error(".".join(path), node)
+        self._selected = ".".join(path)
         if not isinstance(node, (dict, list, tuple)):
             raise self._err(f"top-level key '{'.'.join(path)}' is a {_describe(node)}, not a dict of tensors")
         return node, ""
@@ -70,7 +87,7 @@ class Flattener(TensorBuilder):
                     raise LimitExceededError(f"more than {_pkg.MAX_NODES} values in the checkpoint structure "
                                              "(shared references multiply; memo bomb?)", file=self.label)
                 if type(key) is not str:
-                    if type(key) is int:
+                    if type(key) is int and -_INT64 <= key < _INT64:  # str() of a 4 KiB int raises
                         key = str(key)
                     else:
                         self._ignored.append(f"{base}.<non-string key>" if base else "<non-string key>")
@@ -127,11 +144,92 @@ class Flattener(TensorBuilder):
                 self.scalars[name] = Scalar.of(value)
             except ValueError:
                 self._ignored.append(name)  # an integer beyond 64 bits
+        elif isinstance(value, sp.Placeholder):
+            raise self._placeholder_error(name, value)
         else:
             self._ignored.append(name)
 
+    def _placeholder_error(self, name: str, value: sp.Placeholder | sp.Opaque) -> FormatError:
+        """A placeholder where tensors are read: a whole model gets the state_dict advice; any other
+        object names its key path, and without a top-level key, the keys that hold tensors."""
+        if self._selected and not name.startswith(self._selected):
+            name = f"{self._selected}.{name}"
+        where = f"{name}: " if name else "the checkpoint holds "
+        if value.module:
+            what = f"'{value.name}'" + (" object" if isinstance(value, sp.Placeholder) else " (an nn.Module class)")
+            return sp.WholeModelPickleError(
+                f"{where}a {what}: this looks like a whole model saved with torch.save(model) (a whole "
+                "nn.Module). migrator never runs pickled code; load it in Python and save "
+                "`model.state_dict()` instead (torch.save(model.state_dict(), path))", file=self.label)
+        if isinstance(value, sp.Opaque):
+            return self._err(f"{where}{_describe(value)}, not a dict of tensors")
+        message = (f"{where}a '{value.name}' object, which migrator refuses to build: it never runs code "
+                   "from a pickle, so objects of classes outside its allow-list are kept as inert placeholders")
+        if self._whole:
+            keys = _tensor_keys(self._root, _pkg.MAX_NODES)
+            message += (f"; the keys that hold tensors are {', '.join(repr(k[:100]) for k in keys[:20])}: pick "
+                        "one with --top-level-key (top_level_key in a recipe)" if keys else "; no key holds tensors")
+        return UnsafePickleError(message, file=self.label)
+
 
 _MISSING = object()
+_INT64 = 1 << 63
+
+
+def _key_text(key: Any) -> str | None:
+    """A dict key as a name segment: strings, and integers that print (str() of a 4 KiB one raises)."""
+    if type(key) is str:
+        return key
+    if type(key) is int and -_INT64 <= key < _INT64:
+        return str(key)
+    return None
+
+
+def _find_placeholders(root: Any, max_nodes: int) -> list[tuple[str, str]]:
+    """(key path, class name) of each placeholder in the pickle, in order, the first 1000; shared
+    containers are walked once (a memo bomb costs its distinct containers, not its paths)."""
+    found: list[tuple[str, str]] = []
+    seen: set[int] = set()
+    todo: list[tuple[str, Any]] = [("", root)]
+    visits = 0
+    while todo and len(found) < 1000 and visits < max_nodes:
+        base, node = todo.pop()
+        visits += 1
+        if isinstance(node, sp.Placeholder):
+            found.append((base, node.name))
+        elif isinstance(node, (dict, list, tuple)) and id(node) not in seen:
+            seen.add(id(node))
+            children = []
+            for k, v in _pairs(node):
+                if isinstance(v, (dict, list, tuple, sp.Placeholder)):
+                    text = _key_text(k) if isinstance(node, dict) else str(k)
+                    seg = text if text is not None else "<non-string key>"
+                    children.append((f"{base}.{seg}" if base else seg, v))
+            todo.extend(reversed(children))
+    return found
+
+
+def _tensor_keys(root: Any, max_nodes: int) -> list[str]:
+    """The top-level keys whose values hold at least one tensor."""
+    if not isinstance(root, dict):
+        return []
+    keys = []
+    visits = 0
+    for k, v in root.items():
+        text = _key_text(k)
+        if text is None:
+            continue
+        todo, seen = [v], set()
+        while todo and visits < max_nodes:
+            node = todo.pop()
+            visits += 1
+            if isinstance(node, sp.TensorRef):
+                keys.append(text)
+                break
+            if isinstance(node, (dict, list, tuple)) and id(node) not in seen:
+                seen.add(id(node))
+                todo.extend(node.values() if isinstance(node, dict) else node)
+    return keys
 
 
 
@@ -145,6 +243,8 @@ def _describe(v: Any) -> str:
         return "tensor"
     if isinstance(v, sp.Opaque):
         return f"opaque object {v.name}"
+    if isinstance(v, sp.Placeholder):
+        return f"'{v.name}' object"
     return type(v).__name__
 
 
@@ -152,10 +252,10 @@ def _child(node: Any, seg: str) -> Any:
     if isinstance(node, dict):
         if seg in node:
             return node[seg]
-        if seg.lstrip("-").isdigit() and int(seg) in node:
+        if len(seg) <= 20 and seg.lstrip("-").isdigit() and int(seg) in node:
             return node[int(seg)]
         return _MISSING
-    if isinstance(node, (list, tuple)) and seg.isdigit() and int(seg) < len(node):
+    if isinstance(node, (list, tuple)) and len(seg) <= 20 and seg.isdigit() and int(seg) < len(node):
         return node[int(seg)]
     return _MISSING
 
@@ -172,7 +272,7 @@ def _take_key(node: Any, segments: list[str]) -> tuple[str, list[str]]:
 
 def _list_keys(node: Any) -> str:
     if isinstance(node, dict):
-        keys = [str(k) for k in node if isinstance(k, (str, int))]
+        keys = [t for t in map(_key_text, node) if t is not None]
     elif isinstance(node, (list, tuple)):
         keys = [str(i) for i in range(len(node))]
     else:

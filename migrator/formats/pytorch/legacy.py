@@ -37,7 +37,7 @@ class LegacyContainer(ReaderCore):
         u = self._unpickler(view, start=first.pos, what="legacy protocol version")
         version = u.load()
         if version != LEGACY_PROTOCOL_VERSION:
-            raise self._err(f"legacy checkpoint with protocol version {version!r} (expected 1001)")
+            raise self._err(f"legacy checkpoint with protocol version {sp.describe(version)} (expected 1001)")
         u = self._unpickler(view, start=u.pos, what="legacy sys_info")
         sys_info = u.load()
         self._apply_sys_info(sys_info)
@@ -45,7 +45,8 @@ class LegacyContainer(ReaderCore):
         root = self._run_main(main)
         u = self._unpickler(view, start=main.pos, what="legacy storage key list")
         keys = u.load()
-        if not isinstance(keys, list) or not all(isinstance(k, (str, int)) for k in keys):
+        if not isinstance(keys, list) or not all(type(k) is str or (type(k) is int and 0 <= k < 1 << 63)
+                                                 for k in keys):  # str() of a 4 KiB int raises
             raise self._err("legacy checkpoint: the storage key list is not a list of keys")
         self._locate_legacy(keys, u.pos)
         return root
