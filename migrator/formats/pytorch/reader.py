@@ -53,6 +53,7 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
             selected, prefix = self._select(root, top_level_key)
             pending = self._flatten(selected, prefix)
             del root, selected  # the pickle's objects go before the tensors are made: a lower peak
+            self._root = None  # kept by _select only for the errors of _flatten
             self.tensors = pending.build(self.source)
             del pending
         # what only the open needed (100k entries each for a 100k-tensor zip): the tensors keep the rest
