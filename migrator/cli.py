@@ -94,6 +94,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
     run.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
+                    "(relative to the current folder)")
+    run.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
+                    "(relative to the current folder)")
 
     plan = _command(sub, "plan", "show what a recipe would do (names, ops, dtypes, shapes); write nothing",
                     "Show what a recipe would do, tensor by tensor (source and target names, module, ops, "
@@ -104,6 +108,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     plan.add_argument("recipe", help="the recipe YAML file")
     plan.add_argument("--json", action="store_true", help="print the plan (or the error) as JSON")
     plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would")
+    plan.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
+                    "(relative to the current folder)")
+    plan.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
+                    "(relative to the current folder)")
 
     val = _command(sub, "validate", "validate recipes and check their sources parse (headers only)",
                    "Check recipes (schema, regexes, paths) and that their sources parse (headers only), "
@@ -114,6 +122,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     val.add_argument("recipes", nargs="+", help="recipe YAML files")
     val.add_argument("--json", action="store_true", help="print one JSON document with a result per recipe")
     val.add_argument("--overwrite", action="store_true", help="check the targets as `run --overwrite` would")
+    val.add_argument("--source", metavar="PATH", help="(one recipe only) read PATH instead of "
+                    "the recipe's source.path (relative to the current folder)")
+    val.add_argument("--target", metavar="PATH", help="(one recipe only) write PATH instead of "
+                    "the recipe's target.path (relative to the current folder)")
 
     sch = _command(sub, "schema", "print the recipe JSON Schema",
                    "Print the recipe JSON Schema (for editors: yaml-language-server, VS Code).",
@@ -158,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "convert":
             return _convert(args, parser)
         if args.command in ("run", "plan", "validate", "schema"):
+            recipes = getattr(args, "recipes", None) or []
+            if len(recipes) > 1 and (getattr(args, "source", None) or getattr(args, "target", None)):
+                commands[args.command].error("--source and --target apply to one recipe only")
             from . import recipe_cli
 
             return int(getattr(recipe_cli, args.command)(args))
