@@ -74,7 +74,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--adapter", action="append", default=[], metavar="NAME",
                       help="pytorch_to_burn | burn_to_pytorch | half_precision (repeatable, chained in order)")
     conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (e.g. F16, BF16)")
-    conv.add_argument("--contiguous-indices", action="store_true", help="renumber index segments 0,1,2,...")
+    conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
+                      help="renumber index segments 0,1,2,... (default: on for PyTorch sources, as in recipes "
+                           "and Burn; --no-contiguous-indices keeps the names)")
     conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                       help="add a metadata entry (repeatable)")
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")

@@ -1,12 +1,15 @@
 """`migrate convert`: a one-off conversion that builds a recipe in memory and runs it.
 
-Plain by default (every tensor, same names, same bytes): PyTorch index renumbering is off unless
-asked for, and burnpack -> burnpack with nothing changed is byte-identical. `emit_recipe` gives the
+Plain by default (every tensor, same bytes): burnpack -> burnpack with nothing changed is
+byte-identical. PyTorch index renumbering follows the recipe default (on for PyTorch sources, as
+Burn's PyTorch store does: `features.0, features.2` become `features.0, features.1`);
+`contiguous_indices=False` keeps the names, True renumbers any source. `emit_recipe` gives the
 YAML to check in, so a one-off can become a recipe.
 
 A conversion with nothing to rename, filter, adapt or cast skips the recipe machinery (pydantic
 alone costs ~0.2 s of start-up, a third of copying a 1.4 GB model): `_plain_copy` does exactly
 what the plan would do for such a recipe, which tests/test_convert_plain.py checks file by file.
+A PyTorch source whose names renumbering would change is handed to the recipe path instead.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def build_recipe(
     excludes: Sequence[str] = (),
     adapters: Sequence[str] = (),
     dtype: str | None = None,
-    contiguous_indices: bool = False,
+    contiguous_indices: bool | None = None,
     overwrite: bool = False,
     fsync: bool = True,
     metadata: Mapping[str, str] | None = None,
@@ -68,11 +71,13 @@ def build_recipe(
         remap.append({"from": pattern, "to": repl})
     data: dict[str, Any] = {
         "version": 1,
-        "source": {"path": os.fspath(src), "format": source_format, "contiguous_indices": contiguous_indices},
+        "source": {"path": os.fspath(src), "format": source_format},
         "remap": remap,
         "target": {"path": os.fspath(dst), "format": target_format_name, "overwrite": overwrite, "fsync": fsync,
                    "metadata": dict(metadata or {}), "clear_metadata": clear_metadata},
     }
+    if contiguous_indices is not None:  # None: the recipe's default (on for PyTorch sources)
+        data["source"]["contiguous_indices"] = contiguous_indices
     if top_level_key:
         data["source"]["top_level_key"] = top_level_key
     if includes or excludes:
@@ -96,15 +101,17 @@ def emit_recipe(recipe: Recipe) -> str:
 
 PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
                            "clear_metadata"})
-"""Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, indices,
-top-level key) goes through a recipe."""
+"""Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, forced
+indices, top-level key) goes through a recipe. `contiguous_indices` None/False is understood too."""
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
             **options: Any) -> ConvertResult:
     """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options)."""
     if all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
-        return _plain_copy(src, dst, progress=progress, **options)
+        done = _plain_copy(src, dst, progress=progress, **options)
+        if done is not None:
+            return done
     from .execute import run_plan
     from .plan import build_plan
 
@@ -117,8 +124,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
 def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None,
                 source_format: str = "auto", target_format_name: str = "auto", overwrite: bool = False,
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
-                **_: Any) -> ConvertResult:
+                contiguous_indices: bool | None = None, **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
+    None (nothing written) for a PyTorch source that the default renumbering would rename: the
+    recipe path does that.
 
     (No collision check: every reader refuses files that name a tensor twice.)
     """
@@ -134,6 +143,12 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format) as reader:
         tensors = list(reader.tensors)
+        if reader.format == "pytorch" and contiguous_indices is None:
+            from .naming import contiguous_names
+
+            names = [t.name for t in tensors]
+            if contiguous_names(names) != names:
+                return None
         meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
         notes: list[str] = []
         scalars = dict(reader.scalars) if out_fmt == "burnpack" else {}
