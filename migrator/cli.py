@@ -72,8 +72,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
     conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
     conv.add_argument("--adapter", action="append", default=[], metavar="NAME",
-                      help="pytorch_to_burn | burn_to_pytorch | half_precision (repeatable, chained in order)")
-    conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (e.g. F16, BF16)")
+                      help="pytorch_to_burn | burn_to_pytorch | half_precision | float_cast:DTYPE (repeatable, "
+                           "chained in order)")
+    conv.add_argument("--modules", action="append", default=[], metavar="TYPE=REGEX",
+                      help="declare the module type of matching module paths, as a recipe's modules: "
+                           "(repeatable; e.g. Linear='^fc\\d+$')")
+    conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
     conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
                       help="renumber index segments 0,1,2,... (default: on for PyTorch sources, as in recipes "
                            "and Burn; --no-contiguous-indices keeps the names)")
@@ -170,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "inspect":
             return _inspect(args)
         if args.command == "convert":
-            return _convert(args, parser)
+            return _convert(args, commands["convert"])
         if args.command in ("run", "plan", "validate", "schema"):
             recipes = getattr(args, "recipes", None) or []
             if len(recipes) > 1 and (getattr(args, "source", None) or getattr(args, "target", None)):
@@ -291,7 +295,7 @@ def _remap_problem(pattern: str, replacement: str) -> str | None:
 
 
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .convert import build_recipe, convert, emit_recipe
+    from .convert import ConvertUsageError, build_recipe, convert, emit_recipe
 
     extra: dict[str, str] = {}
     for item in args.metadata:
@@ -307,20 +311,21 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--remap '{item}': {problem}")
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
-                   adapters=args.adapter, dtype=args.dtype, contiguous_indices=args.contiguous_indices,
+                   adapters=args.adapter, dtype=args.dtype, modules=args.modules,
+                   contiguous_indices=args.contiguous_indices,
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     try:
         if args.emit_recipe:
             sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))
             return EXIT_OK
         result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options)
-    except ValueError as e:  # pydantic's ValidationError: an option the recipe model refuses
+    except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
         if args.json:
-            _print_json_error({"kind": "UsageError", "message": f"invalid option: {e}"})
+            _print_json_error({"kind": "UsageError", "message": str(e)})
         else:
             from .display import escape
 
-            print(f"migrate convert: invalid option: {escape(e, keep_newlines=True)}", file=sys.stderr)
+            print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         json.dump(result.__dict__, sys.stdout, indent=2)

@@ -56,13 +56,18 @@ def build_recipe(
     excludes: Sequence[str] = (),
     adapters: Sequence[str] = (),
     dtype: str | None = None,
+    modules: Sequence[str] = (),
     contiguous_indices: bool | None = None,
     overwrite: bool = False,
     fsync: bool = True,
     metadata: Mapping[str, str] | None = None,
     clear_metadata: bool = False,
 ) -> Recipe:
-    """The recipe equivalent to a `migrate convert` command line (validated like any recipe)."""
+    """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
+
+    `adapters` are names or `float_cast:DTYPE`; `modules` are `TYPE=REGEX`. A value the recipe
+    model refuses raises ConvertUsageError with the recipe's message and hint, naming the option.
+    """
     remap = []
     for item in remaps:
         pattern, sep, repl = item.partition("=")
@@ -84,12 +89,90 @@ def build_recipe(
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
     if adapters:
-        data["adapters"] = list(adapters)
+        data["adapters"] = [_adapter_spec(a) for a in adapters]
     if dtype:
         data["dtype"] = {"cast": dtype}
+    declared: dict[str, list[str]] = {}
+    module_options: list[tuple[str, int, str]] = []  # (type, index in its list, option as given)
+    for item in modules:
+        type_name, sep, pattern = item.partition("=")
+        if not sep or not type_name.strip() or not pattern:
+            raise ConvertUsageError(f"--modules expects TYPE=REGEX (e.g. Linear='^fc\\d+$'), got {item!r}")
+        module_options.append((type_name, len(declared.setdefault(type_name, [])), item))
+        declared[type_name].append(pattern)
+    if declared:
+        data["modules"] = declared
+    from pydantic import ValidationError
+
     from .recipe import Recipe
 
-    return Recipe.model_validate(data)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError:
+        raise _usage_error(data, module_options) from None
+
+
+_ADAPTER_FORMS = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision", "float_cast:DTYPE")
+
+
+def _adapter_spec(value: str) -> str | dict[str, Any]:
+    """`--adapter NAME` or `--adapter float_cast:DTYPE` as the recipe spells it."""
+    name, sep, arg = value.partition(":")
+    if name == "float_cast":
+        if not arg:
+            raise ConvertUsageError(f"--adapter '{value}': float_cast needs a dtype, e.g. --adapter float_cast:BF16 "
+                                    "(or --dtype BF16, the recipe's dtype cast of every float tensor)")
+        return {"float_cast": {"to": arg}}
+    if sep or name not in _ADAPTER_FORMS:
+        from .similarity import did_you_mean
+
+        guess = did_you_mean(value, list(_ADAPTER_FORMS))
+        lead = f"did you mean '{guess}'? " if guess else ""
+        raise ConvertUsageError(f"--adapter: unknown adapter '{value}' (hint: {lead}valid adapters: "
+                                f"{', '.join(_ADAPTER_FORMS)})")
+    return name
+
+
+def _usage_error(data: dict[str, Any], module_options: list[tuple[str, int, str]]) -> ConvertUsageError:
+    """The recipe loader's messages for what the model refused (the same words as for a recipe
+    file: "did you mean 'F16'?"), each naming the command-line option instead of a recipe line."""
+    import yaml
+
+    from .recipe_loader import RecipeError, parse_recipe
+
+    try:
+        parse_recipe(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    except RecipeError as e:
+        lines = [f"{_option_for(issue.loc, data, module_options)}: {issue.message}"
+                 + (f" (hint: {issue.hint})" if issue.hint else "") for issue in e.issues]
+        return ConvertUsageError("invalid option:\n  " + "\n  ".join(lines))
+    return ConvertUsageError("invalid option")  # the loader accepts what the model refused: not expected
+
+
+def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, int, str]]) -> str:
+    """The option (and value) a recipe location comes from, e.g. 'adapters[1].float_cast.to' -> --adapter."""
+    import re
+
+    head = re.match(r"([a-z_]+)(?:\.([^.\[]+))?(?:\[(\d+)\])?", loc)
+    if head is None:
+        return "option"
+    first, second, index = head.group(1), head.group(2), head.group(3)
+    n = int(index) if index is not None else None
+    if first == "adapters" and n is not None:
+        spec = data["adapters"][n]
+        return "--adapter '" + (spec if isinstance(spec, str) else f"float_cast:{spec['float_cast']['to']}") + "'"
+    if first == "modules" and second is not None and n is not None:
+        given = [item for type_name, i, item in module_options if type_name == second and i == n]
+        return f"--modules '{given[0]}'" if given else "--modules"
+    if first == "remap" and n is not None:
+        rule = data["remap"][n]
+        return f"--remap '{rule['from']}={rule['to']}'"
+    if first == "filter" and second in ("include", "exclude") and n is not None:
+        return f"--{second} '{data['filter'][second][n]['regex']}'"
+    names = {"dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
+             "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
+    found = names.get(first, first)
+    return found.get(second or "", first) if isinstance(found, dict) else found
 
 
 def emit_recipe(recipe: Recipe) -> str:
