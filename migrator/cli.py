@@ -60,9 +60,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "Convert SRC to DST in one step (a one-off recipe): formats from the paths' extensions, "
                     "written\natomically, an existing DST refused without --overwrite.",
                     "  migrate convert model.safetensors model.bpk\n"
-                    "  migrate convert ckpt.pt model.bpk --top-level-key state_dict --adapter pytorch_to_burn")
+                    "  migrate convert ckpt.pt model.bpk --top-level-key state_dict --adapter pytorch_to_burn\n"
+                    "  migrate convert ckpt.pt out/ --to burnpack   # writes out/ckpt.bpk")
     conv.add_argument("src", help="the file to read")
-    conv.add_argument("dst", help="the file to write (its extension picks the format)")
+    conv.add_argument("dst", help="the file to write (its extension picks the format; none: burnpack, .bpk "
+                      "appended); a folder (existing, or ending in '/'): one file in it named after SRC, "
+                      "format from --to")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing target")
     conv.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
@@ -294,6 +297,28 @@ def _remap_problem(pattern: str, replacement: str) -> str | None:
     return f"{message} (hint: {hint})" if hint else message
 
 
+def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """`convert SRC DIR/` (an existing folder, or a path ending in '/'): one file in DIR, named after
+    the source with the --to format's extension (`DIR/model.bpk`). --to is required there: a folder
+    has no extension to take the format from. Any other DST is used as given."""
+    import os
+
+    dst: str = args.dst
+    if not (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
+        return dst
+    if args.target_format == "auto":
+        parser.error(f"'{dst}' is a folder: give the format with --to (burnpack, safetensors or pytorch); "
+                     "the file is named after the source")
+    from pathlib import Path
+
+    from .formats import writer_class
+    from .formats.detect import FORMATS
+
+    if args.target_format not in FORMATS:
+        parser.error(f"--to: unknown format '{args.target_format}' (use one of {', '.join(FORMATS)})")
+    return os.path.join(dst, Path(args.src).stem + writer_class(args.target_format).default_extension)
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .convert import ConvertUsageError, build_recipe, convert, emit_recipe
 
@@ -309,6 +334,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         problem = _remap_problem(*item.split("=", 1))
         if problem:
             parser.error(f"--remap '{item}': {problem}")
+    args.dst = _folder_target(args, parser)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, modules=args.modules,

@@ -79,3 +79,34 @@ def test_bad_values_get_the_recipe_message_and_exit_2(ckpt: Path, tmp_path: Path
     assert main(["convert", str(ckpt), str(out), "--no-progress", "--json", *flags]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["error"]["kind"] == "UsageError" and words[0] in doc["error"]["message"]
+
+
+def test_a_folder_target_gets_one_file_named_after_the_source(ckpt: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    assert main(["convert", str(ckpt), str(existing), "--to", "safetensors", "--no-progress"]) == 0
+    want = torch.load(ckpt, weights_only=True)
+    got = load_file(str(existing / "m.safetensors"))
+    np.testing.assert_array_equal(got["proj.weight"], want["proj.weight"].numpy())
+    assert f"wrote {existing / 'm.safetensors'} " in capsys.readouterr().out  # the exact path
+    new = str(tmp_path / "new") + "/"  # not there yet: created
+    assert main(["convert", str(ckpt), new, "--to", "burnpack", "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["target"] == str(tmp_path / "new" / "m.bpk")
+    assert (tmp_path / "new" / "m.bpk").is_file()
+
+
+def test_a_folder_target_needs_to(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["convert", str(ckpt), str(tmp_path) + "/", "--no-progress"])
+    assert e.value.code == 2 and "--to" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+def test_an_extensionless_target_gets_bpk_only_for_burnpack(ckpt: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert", str(ckpt), str(tmp_path / "plain"), "--to", "safetensors", "--no-progress"]) == 0
+    assert f"wrote {tmp_path / 'plain'} " in capsys.readouterr().out
+    assert "proj.weight" in load_file(str(tmp_path / "plain"))
+    assert main(["convert", str(ckpt), str(tmp_path / "burn"), "--no-progress"]) == 0
+    assert f"wrote {tmp_path / 'burn.bpk'} " in capsys.readouterr().out and (tmp_path / "burn.bpk").is_file()
