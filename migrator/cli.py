@@ -61,9 +61,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "Convert SRC to DST in one step (a one-off recipe): formats from the paths' extensions, "
                     "written\natomically, an existing DST refused without --overwrite.",
                     "  migrate convert model.safetensors model.bpk\n"
-                    "  migrate convert ckpt.pt model.bpk --top-level-key state_dict --adapter pytorch_to_burn")
+                    "  migrate convert ckpt.pt model.bpk --top-level-key state_dict --adapter pytorch_to_burn\n"
+                    "  migrate convert ckpt.pt out/ --to burnpack   # writes out/ckpt.bpk")
     conv.add_argument("src", help="the file to read")
-    conv.add_argument("dst", help="the file to write (its extension picks the format)")
+    conv.add_argument("dst", help="the file to write (its extension picks the format; none: burnpack, .bpk "
+                      "appended); a folder (existing, or ending in '/'): one file in it named after SRC, "
+                      "format from --to")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing target")
     conv.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
@@ -73,15 +76,22 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
     conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
     conv.add_argument("--adapter", action="append", default=[], metavar="NAME",
-                      help="pytorch_to_burn | burn_to_pytorch | half_precision (repeatable, chained in order)")
-    conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (e.g. F16, BF16)")
-    conv.add_argument("--contiguous-indices", action="store_true", help="renumber index segments 0,1,2,...")
+                      help="pytorch_to_burn | burn_to_pytorch | half_precision | float_cast:DTYPE (repeatable, "
+                           "chained in order)")
+    conv.add_argument("--modules", action="append", default=[], metavar="TYPE=REGEX",
+                      help="declare the module type of matching module paths, as a recipe's modules: "
+                           "(repeatable; e.g. Linear='^fc\\d+$')")
+    conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
+    conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
+                      help="renumber index segments 0,1,2,... (default: on for PyTorch sources, as in recipes "
+                           "and Burn; --no-contiguous-indices keeps the names)")
     conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                       help="add a metadata entry (repeatable)")
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
     conv.add_argument("--max-shard-size", metavar="SIZE",
                       help="write DST as a folder of shards of at most SIZE (5GB = 5*10^9 bytes, 5GiB = 5*2^30, "
-                      "an integer = bytes) plus an index; a DST ending with '/' is sharded at 5GB")
+                      "an integer = bytes) plus an index (with --copy alone: 5GB shards); without either, "
+                      "DST/ gets one file")
     conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
                       help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
                       "sharded DST (repeatable)")
@@ -101,6 +111,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
     run.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
+                    "(relative to the current folder)")
+    run.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
+                    "(relative to the current folder)")
 
     plan = _command(sub, "plan", "show what a recipe would do (names, ops, dtypes, shapes); write nothing",
                     "Show what a recipe would do, tensor by tensor (source and target names, module, ops, "
@@ -111,6 +125,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     plan.add_argument("recipe", help="the recipe YAML file")
     plan.add_argument("--json", action="store_true", help="print the plan (or the error) as JSON")
     plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would")
+    plan.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
+                    "(relative to the current folder)")
+    plan.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
+                    "(relative to the current folder)")
 
     val = _command(sub, "validate", "validate recipes and check their sources parse (headers only)",
                    "Check recipes (schema, regexes, paths) and that their sources parse (headers only), "
@@ -121,6 +139,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     val.add_argument("recipes", nargs="+", help="recipe YAML files")
     val.add_argument("--json", action="store_true", help="print one JSON document with a result per recipe")
     val.add_argument("--overwrite", action="store_true", help="check the targets as `run --overwrite` would")
+    val.add_argument("--source", metavar="PATH", help="(one recipe only) read PATH instead of "
+                    "the recipe's source.path (relative to the current folder)")
+    val.add_argument("--target", metavar="PATH", help="(one recipe only) write PATH instead of "
+                    "the recipe's target.path (relative to the current folder)")
 
     sch = _command(sub, "schema", "print the recipe JSON Schema",
                    "Print the recipe JSON Schema (for editors: yaml-language-server, VS Code).",
@@ -163,8 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "inspect":
             return _inspect(args)
         if args.command == "convert":
-            return _convert(args, parser)
+            return _convert(args, commands["convert"])
         if args.command in ("run", "plan", "validate", "schema"):
+            recipes = getattr(args, "recipes", None) or []
+            if len(recipes) > 1 and (getattr(args, "source", None) or getattr(args, "target", None)):
+                commands[args.command].error("--source and --target apply to one recipe only")
             from . import recipe_cli
 
             return int(getattr(recipe_cli, args.command)(args))
@@ -307,8 +332,31 @@ def _print_shards(info: dict[str, Any]) -> None:
                 ("shard", "tensors", "size", "file size"), rows, right=(1, 2, 3))
 
 
+def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """`convert SRC DIR/` (an existing folder, or a path ending in '/') without a shard option: one
+    file in DIR, named after the source with the --to format's extension (`DIR/model.bpk`). --to is
+    required there: a folder has no extension to take the format from. With --max-shard-size or
+    --copy, DIR/ is a Hugging Face model folder of shards instead. Any other DST is used as given."""
+    dst: str = args.dst
+    if args.max_shard_size or args.copy:
+        return dst
+    if not (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
+        return dst
+    if args.target_format == "auto":
+        parser.error(f"'{dst}' is a folder: give the format with --to (burnpack, safetensors or pytorch); "
+                     "the file is named after the source")
+    from pathlib import Path
+
+    from .formats import writer_class
+    from .formats.detect import FORMATS
+
+    if args.target_format not in FORMATS:
+        parser.error(f"--to: unknown format '{args.target_format}' (use one of {', '.join(FORMATS)})")
+    return os.path.join(dst, Path(args.src).stem + writer_class(args.target_format).default_extension)
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .convert import build_recipe, convert, emit_recipe
+    from .convert import ConvertUsageError, build_recipe, convert, emit_recipe
 
     extra: dict[str, str] = {}
     for item in args.metadata:
@@ -322,9 +370,11 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         problem = _remap_problem(*item.split("=", 1))
         if problem:
             parser.error(f"--remap '{item}': {problem}")
+    args.dst = _folder_target(args, parser)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
-                   adapters=args.adapter, dtype=args.dtype, contiguous_indices=args.contiguous_indices,
+                   adapters=args.adapter, dtype=args.dtype, modules=args.modules,
+                   contiguous_indices=args.contiguous_indices,
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
@@ -333,13 +383,13 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))
             return EXIT_OK
         result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options)
-    except ValueError as e:  # pydantic's ValidationError: an option the recipe model refuses
+    except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
         if args.json:
-            _print_json_error({"kind": "UsageError", "message": f"invalid option: {e}"})
+            _print_json_error({"kind": "UsageError", "message": str(e)})
         else:
             from .display import escape
 
-            print(f"migrate convert: invalid option: {escape(e, keep_newlines=True)}", file=sys.stderr)
+            print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         json.dump(result.__dict__, sys.stdout, indent=2)

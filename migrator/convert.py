@@ -1,12 +1,15 @@
 """`migrate convert`: a one-off conversion that builds a recipe in memory and runs it.
 
-Plain by default (every tensor, same names, same bytes): PyTorch index renumbering is off unless
-asked for, and burnpack -> burnpack with nothing changed is byte-identical. `emit_recipe` gives the
+Plain by default (every tensor, same bytes): burnpack -> burnpack with nothing changed is
+byte-identical. PyTorch index renumbering follows the recipe default (on for PyTorch sources, as
+Burn's PyTorch store does: `features.0, features.2` become `features.0, features.1`);
+`contiguous_indices=False` keeps the names, True renumbers any source. `emit_recipe` gives the
 YAML to check in, so a one-off can become a recipe.
 
 A conversion with nothing to rename, filter, adapt or cast skips the recipe machinery (pydantic
 alone costs ~0.2 s of start-up, a third of copying a 1.4 GB model): `_plain_copy` does exactly
 what the plan would do for such a recipe, which tests/test_convert_plain.py checks file by file.
+A PyTorch source whose names renumbering would change is handed to the recipe path instead.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def build_recipe(
     excludes: Sequence[str] = (),
     adapters: Sequence[str] = (),
     dtype: str | None = None,
-    contiguous_indices: bool = False,
+    modules: Sequence[str] = (),
+    contiguous_indices: bool | None = None,
     overwrite: bool = False,
     fsync: bool = True,
     metadata: Mapping[str, str] | None = None,
@@ -62,7 +66,11 @@ def build_recipe(
     max_shard_size: str | int | None = None,
     copy: Sequence[str] = (),
 ) -> Recipe:
-    """The recipe equivalent to a `migrate convert` command line (validated like any recipe)."""
+    """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
+
+    `adapters` are names or `float_cast:DTYPE`; `modules` are `TYPE=REGEX`. A value the recipe
+    model refuses raises ConvertUsageError with the recipe's message and hint, naming the option.
+    """
     remap = []
     for item in remaps:
         pattern, sep, repl = item.partition("=")
@@ -71,11 +79,13 @@ def build_recipe(
         remap.append({"from": pattern, "to": repl})
     data: dict[str, Any] = {
         "version": 1,
-        "source": {"path": os.fspath(src), "format": source_format, "contiguous_indices": contiguous_indices},
+        "source": {"path": os.fspath(src), "format": source_format},
         "remap": remap,
         "target": {"path": os.fspath(dst), "format": target_format_name, "overwrite": overwrite, "fsync": fsync,
                    "metadata": dict(metadata or {}), "clear_metadata": clear_metadata},
     }
+    if contiguous_indices is not None:  # None: the recipe's default (on for PyTorch sources)
+        data["source"]["contiguous_indices"] = contiguous_indices
     if top_level_key:
         data["source"]["top_level_key"] = top_level_key
     if max_shard_size is not None:
@@ -86,12 +96,90 @@ def build_recipe(
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
     if adapters:
-        data["adapters"] = list(adapters)
+        data["adapters"] = [_adapter_spec(a) for a in adapters]
     if dtype:
         data["dtype"] = {"cast": dtype}
+    declared: dict[str, list[str]] = {}
+    module_options: list[tuple[str, int, str]] = []  # (type, index in its list, option as given)
+    for item in modules:
+        type_name, sep, pattern = item.partition("=")
+        if not sep or not type_name.strip() or not pattern:
+            raise ConvertUsageError(f"--modules expects TYPE=REGEX (e.g. Linear='^fc\\d+$'), got {item!r}")
+        module_options.append((type_name, len(declared.setdefault(type_name, [])), item))
+        declared[type_name].append(pattern)
+    if declared:
+        data["modules"] = declared
+    from pydantic import ValidationError
+
     from .recipe import Recipe
 
-    return Recipe.model_validate(data)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError:
+        raise _usage_error(data, module_options) from None
+
+
+_ADAPTER_FORMS = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision", "float_cast:DTYPE")
+
+
+def _adapter_spec(value: str) -> str | dict[str, Any]:
+    """`--adapter NAME` or `--adapter float_cast:DTYPE` as the recipe spells it."""
+    name, sep, arg = value.partition(":")
+    if name == "float_cast":
+        if not arg:
+            raise ConvertUsageError(f"--adapter '{value}': float_cast needs a dtype, e.g. --adapter float_cast:BF16 "
+                                    "(or --dtype BF16, the recipe's dtype cast of every float tensor)")
+        return {"float_cast": {"to": arg}}
+    if sep or name not in _ADAPTER_FORMS:
+        from .similarity import did_you_mean
+
+        guess = did_you_mean(value, list(_ADAPTER_FORMS))
+        lead = f"did you mean '{guess}'? " if guess else ""
+        raise ConvertUsageError(f"--adapter: unknown adapter '{value}' (hint: {lead}valid adapters: "
+                                f"{', '.join(_ADAPTER_FORMS)})")
+    return name
+
+
+def _usage_error(data: dict[str, Any], module_options: list[tuple[str, int, str]]) -> ConvertUsageError:
+    """The recipe loader's messages for what the model refused (the same words as for a recipe
+    file: "did you mean 'F16'?"), each naming the command-line option instead of a recipe line."""
+    import yaml
+
+    from .recipe_loader import RecipeError, parse_recipe
+
+    try:
+        parse_recipe(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    except RecipeError as e:
+        lines = [f"{_option_for(issue.loc, data, module_options)}: {issue.message}"
+                 + (f" (hint: {issue.hint})" if issue.hint else "") for issue in e.issues]
+        return ConvertUsageError("invalid option:\n  " + "\n  ".join(lines))
+    return ConvertUsageError("invalid option")  # the loader accepts what the model refused: not expected
+
+
+def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, int, str]]) -> str:
+    """The option (and value) a recipe location comes from, e.g. 'adapters[1].float_cast.to' -> --adapter."""
+    import re
+
+    head = re.match(r"([a-z_]+)(?:\.([^.\[]+))?(?:\[(\d+)\])?", loc)
+    if head is None:
+        return "option"
+    first, second, index = head.group(1), head.group(2), head.group(3)
+    n = int(index) if index is not None else None
+    if first == "adapters" and n is not None:
+        spec = data["adapters"][n]
+        return "--adapter '" + (spec if isinstance(spec, str) else f"float_cast:{spec['float_cast']['to']}") + "'"
+    if first == "modules" and second is not None and n is not None:
+        given = [item for type_name, i, item in module_options if type_name == second and i == n]
+        return f"--modules '{given[0]}'" if given else "--modules"
+    if first == "remap" and n is not None:
+        rule = data["remap"][n]
+        return f"--remap '{rule['from']}={rule['to']}'"
+    if first == "filter" and second in ("include", "exclude") and n is not None:
+        return f"--{second} '{data['filter'][second][n]['regex']}'"
+    names = {"dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
+             "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
+    found = names.get(first, first)
+    return found.get(second or "", first) if isinstance(found, dict) else found
 
 
 def emit_recipe(recipe: Recipe) -> str:
@@ -103,15 +191,17 @@ def emit_recipe(recipe: Recipe) -> str:
 
 PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
                            "clear_metadata", "max_shard_size", "copy"})
-"""Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, indices,
-top-level key) goes through a recipe."""
+"""Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, forced
+indices, top-level key) goes through a recipe. `contiguous_indices` None/False is understood too."""
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
             **options: Any) -> ConvertResult:
     """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options)."""
     if all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
-        return _plain_copy(src, dst, progress=progress, **options)
+        done = _plain_copy(src, dst, progress=progress, **options)
+        if done is not None:
+            return done
     from .execute import run_plan
     from .plan import build_plan
 
@@ -129,8 +219,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
 def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None,
                 source_format: str = "auto", target_format_name: str = "auto", overwrite: bool = False,
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
-                max_shard_size: str | int | None = None, copy: Sequence[str] = (), **_: Any) -> ConvertResult:
+                max_shard_size: str | int | None = None, copy: Sequence[str] = (),
+                contiguous_indices: bool | None = None, **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
+    None (nothing written) for a PyTorch source that the default renumbering would rename: the
+    recipe path does that.
 
     (No collision check: every reader refuses files that name a tensor twice.)
     """
@@ -157,6 +250,12 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format) as reader:
         tensors = list(reader.tensors)
+        if reader.format == "pytorch" and contiguous_indices is None:
+            from .naming import contiguous_names
+
+            names = [t.name for t in tensors]
+            if contiguous_names(names) != names:
+                return None
         meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
         notes: list[str] = []
         scalars = dict(reader.scalars) if out_fmt == "burnpack" else {}

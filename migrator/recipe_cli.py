@@ -23,10 +23,46 @@ from .plan import Plan, build_plan
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 
 
-def _load(path: str) -> Any:
+def _load(path: str, args: argparse.Namespace | None = None) -> Any:
+    """The recipe, with the command line's `--source` / `--target` (if any) in place of its paths."""
     from .recipe_loader import load_recipe
 
-    return load_recipe(path)
+    loaded = load_recipe(path)
+    overrides = _overrides(args)
+    return _with_paths(loaded, overrides) if overrides else loaded
+
+
+def _overrides(args: argparse.Namespace | None) -> dict[str, str]:
+    """{"source": PATH, "target": PATH} as given on the command line (either may be absent)."""
+    return {k: v for k in ("source", "target") if (v := getattr(args, k, None))}
+
+
+def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
+    """`loaded` reading/writing the given paths instead of its own.
+
+    Command-line paths are taken from the current folder (as every shell path is), not from the
+    recipe's: they are made absolute here, so the recipe's folder no longer applies to them. The
+    loader's "target is the source" check is repeated for the new pair: the run would destroy its input.
+    """
+    import dataclasses
+    import os
+
+    from .recipe_loader import RecipeError, RecipeIssue, _read_candidates, _same_file, _written_candidates
+
+    recipe = loaded.recipe
+    absolute = {k: Path(os.path.abspath(os.path.expanduser(v))) for k, v in overrides.items()}
+    if "source" in absolute:
+        recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
+    if "target" in absolute:
+        recipe = recipe.model_copy(update={"target": recipe.target.model_copy(update={"path": absolute["target"]})})
+    out = dataclasses.replace(loaded, recipe=recipe)
+    reads = [out.source_path] + ([out.template_path] if out.template_path is not None else [])
+    written = _written_candidates(out.target_path, recipe.target.format)
+    if any(_same_file(w, c) for w in written for r in reads for c in _read_candidates(r)):
+        raise RecipeError([RecipeIssue(str(loaded.path), 0, 0, "--target",
+                                       f"the target {out.target_path} is the same file as the source or template",
+                                       "write the output to a new file")])
+    return out
 
 
 @contextmanager
@@ -72,8 +108,10 @@ def _print_outcome(plan: Plan) -> None:
             print(f"error: {escape(problem, keep_newlines=True)}", file=sys.stderr)
 
 
-def report_document(plan: Plan, failure: str | None = None, written: str | None = None) -> dict[str, Any]:
-    """The `--report` JSON: the apply report, the target and whether the run published it.
+def report_document(plan: Plan, failure: str | None = None, written: str | None = None,
+                    overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The `--report` JSON: the apply report, the target and whether the run published it; with
+    `--source` / `--target`, also `"overrides"`: the paths as given and the `source` read.
 
     A failed run says so: `status` is "failed" and every problem that stopped it is in `errors`
     (as a `run_error` when the apply report has no entry for it), never `"errors": []`.
@@ -87,6 +125,9 @@ def report_document(plan: Plan, failure: str | None = None, written: str | None 
     doc["status"] = "ok" if ok else "failed"
     doc["target"] = written if ok and written else str(plan.target_path)
     doc["written"] = ok
+    if overrides:
+        doc["source"] = str(plan.source_path)
+        doc["overrides"] = dict(overrides)
     return doc
 
 
@@ -106,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from .recipe_loader import RecipeError
 
     try:
-        loaded = _load(args.recipe)
+        loaded = _load(args.recipe, args)
     except RecipeError as e:
         return _recipe_error(e, args)
     report_path = Path(args.report) if args.report else None
@@ -139,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"migrate: error: {escape(failure, keep_newlines=True)}", file=sys.stderr)
         if report_path:
             try:
-                _write_report(report_path, plan, report_document(plan, failure, result.target if result else None))
+                _write_report(report_path, plan, report_document(plan, failure, result.target if result else None,
+                                                                    _overrides(args)))
             except MigratorError as e:
                 done = f"wrote {result.target}, but " if result else ""
                 print(f"migrate: error: {done}the report was not written: {e}", file=sys.stderr)
@@ -157,7 +199,7 @@ def plan(args: argparse.Namespace) -> int:
     from .recipe_loader import RecipeError
 
     try:
-        loaded = _load(args.recipe)
+        loaded = _load(args.recipe, args)
     except RecipeError as e:
         return _recipe_error(e, args)
     with _plan_for(loaded, args) as p:
@@ -273,7 +315,7 @@ def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
 
     result: dict[str, Any] = {"recipe": path}
     try:
-        loaded = _load(path)
+        loaded = _load(path, args)
     except RecipeError as e:
         return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
     try:

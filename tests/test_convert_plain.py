@@ -110,3 +110,60 @@ def test_plain_convert_imports_no_pydantic(sources: dict[str, Path], tmp_path: P
     out = subprocess.run([sys.executable, "-c", code, "convert", "--no-progress", str(sources["safetensors"]),
                           str(tmp_path / "o.bpk")], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.fixture
+def sequential_pt(tmp_path: Path) -> Path:
+    """nn.Sequential(Linear, ReLU, Linear): torch names the second Linear `2`, leaving a gap at 1."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    path = tmp_path / "seq.pt"
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def test_pytorch_convert_renumbers_by_default_like_a_recipe(sequential_pt: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from safetensors.numpy import load_file
+
+    monkeypatch.chdir(tmp_path)
+    result = convert_module.convert(sequential_pt, "plain.safetensors", progress=False)
+    general = _recipe_path(sequential_pt, tmp_path / "general.safetensors")  # the recipe's default
+    got = load_file("plain.safetensors")
+    want = torch.load(sequential_pt, weights_only=True)
+    assert sorted(got) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    np.testing.assert_array_equal(got["1.weight"], want["2.weight"].numpy())
+    assert Path(result.target).read_bytes() == Path(general.target).read_bytes()
+    kept = convert_module.convert(sequential_pt, "kept.safetensors", progress=False, contiguous_indices=False)
+    assert sorted(load_file(kept.target)) == sorted(want)
+
+
+def test_cli_no_contiguous_indices_keeps_the_names_and_emits_what_ran(sequential_pt: Path, tmp_path: Path) -> None:
+    import yaml
+    from safetensors.numpy import load_file
+
+    from migrator.cli import main
+
+    assert main(["convert", str(sequential_pt), str(tmp_path / "a.safetensors"), "--no-progress"]) == 0
+    assert "1.weight" in load_file(str(tmp_path / "a.safetensors"))
+    assert main(["convert", str(sequential_pt), str(tmp_path / "b.safetensors"), "--no-progress",
+                 "--no-contiguous-indices"]) == 0
+    assert sorted(load_file(str(tmp_path / "b.safetensors"))) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    for flag, want in (([], None), (["--no-contiguous-indices"], False), (["--contiguous-indices"], True)):
+        out = subprocess.run([sys.executable, "-m", "migrator.cli", "convert", str(sequential_pt),
+                              str(tmp_path / "c.bpk"), "--emit-recipe", *flag], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert yaml.safe_load(out.stdout)["source"].get("contiguous_indices") == want
+
+
+def test_non_pytorch_sources_keep_the_plain_path_and_their_names(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "gap.safetensors"
+    save([from_numpy("seq.0.weight", np.zeros(2, np.float32)), from_numpy("seq.2.weight", np.ones(2, np.float32))],
+         src)
+    monkeypatch.setattr(convert_module, "build_recipe", lambda *a, **k: pytest.fail("recipe path taken"))
+    result = convert_module.convert(src, tmp_path / "o.bpk", progress=False)
+    from migrator import open_file
+
+    with open_file(result.target) as r:
+        assert sorted(t.name for t in r.tensors) == ["seq.0.weight", "seq.2.weight"]

@@ -299,7 +299,8 @@ def test_python_save_writes_a_folder(tmp_path: Path) -> None:
 
 def test_convert_refuses_an_existing_folder_before_reading(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
-    p = migrate("convert", str(tmp_path / "no-such-source"), f"{tmp_path}/out/", check=False)
+    p = migrate("convert", str(tmp_path / "no-such-source"), f"{tmp_path}/out/", "--max-shard-size", "5GB",
+                check=False)
     assert p.returncode == 1 and "already exists; to replace it pass --overwrite" in p.stderr
 
 
