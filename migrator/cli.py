@@ -84,7 +84,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
     conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
                       help="renumber index segments 0,1,2,... (default: on for PyTorch sources, as in recipes "
-                           "and Burn; --no-contiguous-indices keeps the names)")
+                           "and Burn; the no- form keeps the names)")
     conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                       help="add a metadata entry (repeatable)")
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
