@@ -24,6 +24,7 @@ from .metadata import (
     SOURCE_HASH_KEY,
     TEMPLATE_HASH_KEY,
     VERSION_KEY,
+    loadable_metadata,
     output_metadata,
     sha256_file,
 )
@@ -184,6 +185,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
             meta[SOURCE_HASH_KEY] = sha256_file(src_path)
             if tpl_path is not None:
                 meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
+        loadable_metadata(meta, out_fmt)  # the provenance keys alone must not make it unloadable
     scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers)
