@@ -242,15 +242,17 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         by_name = _by_name(items, fatal)  # a template looks sources up by name
         entries, applied, missing, unused = _fill_template(recipe, tpl_path, readers, is_pytorch, by_name, adapter,
                                                            resolver, cast_to, errors, fatal)
+        sources = [e.source for e in entries if e.source is not None and not e.kept_from_template]
     else:
         resolver = None  # the generator holds it only while it runs: 100k modules' params are freed with it
         entries, applied = _in_source_order(items, cast_to)
+        sources = [e.source for e in entries]  # type: ignore[misc]  # every entry has a source here
         if len(set(applied)) != len(applied):  # only to name the clash
             _by_name(((e.source_tensor, e.tensor, e.ops, e.module) for e in entries), fatal)  # type: ignore[misc]
         if recipe.dtype == "template":
             fatal.append("dtype: template needs target.template")
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
-                         errors=errors)
+                         errors=errors, sources=sources)
     return entries, report
 
 
@@ -305,7 +307,7 @@ def _adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[
             module = resolve(new)
             result = adapt(base, module)
         except MigratorError as e:
-            errors.append(ReportError.adapter_error(new, e.detail))
+            errors.append(ReportError.adapter_error(new, e.detail, source=t.name))
             continue
         pre = ops.get(t.name) if ops else None
         yield t, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
@@ -470,7 +472,8 @@ def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tup
         if tensor.dtype.is_float and slot.dtype.is_float:
             tensor, more = _apply_cast(tensor, slot.dtype)
         else:
-            errors.append(ReportError.dtype_mismatch(slot.name, slot.dtype.display, tensor.dtype.display))
+            errors.append(ReportError.dtype_mismatch(slot.name, slot.dtype.display, tensor.dtype.display,
+                                                     source=src.name))
             return PlanEntry(slot.name, src.name, slot, src, ops, module, True)
     param_id = src.param_id if src.param_id is not None else slot.param_id
     final = replace(tensor, name=slot.name, param_id=param_id)
