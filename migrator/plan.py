@@ -24,6 +24,7 @@ from .metadata import (
     SOURCE_HASH_KEY,
     TEMPLATE_HASH_KEY,
     VERSION_KEY,
+    loadable_metadata,
     output_metadata,
     sha256_file,
 )
@@ -189,6 +190,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
             meta[SOURCE_HASH_KEY] = sha256_file(src_path)
             if tpl_path is not None:
                 meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
+        loadable_metadata(meta, out_fmt)  # the provenance keys alone must not make it unloadable
     scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers)
@@ -252,15 +254,17 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         by_name = _by_name(items, fatal)  # a template looks sources up by name
         entries, applied, missing, unused = _fill_template(recipe, tpl_path, readers, is_pytorch, by_name, adapter,
                                                            resolver, cast_to, errors, fatal)
+        sources = [e.source for e in entries if e.source is not None and not e.kept_from_template]
     else:
         resolver = None  # the generator holds it only while it runs: 100k modules' params are freed with it
         entries, applied = _in_source_order(items, cast_to)
+        sources = [e.source for e in entries]  # type: ignore[misc]  # every entry has a source here
         if len(set(applied)) != len(applied):  # only to name the clash
             _by_name(((e.source_tensor, e.tensor, e.ops, e.module) for e in entries), fatal)  # type: ignore[misc]
         if recipe.dtype == "template":
             fatal.append("dtype: template needs target.template")
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
-                         errors=errors)
+                         errors=errors, sources=sources)
     return entries, report
 
 
@@ -315,7 +319,7 @@ def _adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[
             module = resolve(new)
             result = adapt(base, module)
         except MigratorError as e:
-            errors.append(ReportError.adapter_error(new, e.detail))
+            errors.append(ReportError.adapter_error(new, e.detail, source=t.name))
             continue
         pre = ops.get(t.name) if ops else None
         yield t, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
@@ -480,7 +484,8 @@ def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tup
         if tensor.dtype.is_float and slot.dtype.is_float:
             tensor, more = _apply_cast(tensor, slot.dtype)
         else:
-            errors.append(ReportError.dtype_mismatch(slot.name, slot.dtype.display, tensor.dtype.display))
+            errors.append(ReportError.dtype_mismatch(slot.name, slot.dtype.display, tensor.dtype.display,
+                                                     source=src.name))
             return PlanEntry(slot.name, src.name, slot, src, ops, module, True)
     param_id = src.param_id if src.param_id is not None else slot.param_id
     final = replace(tensor, name=slot.name, param_id=param_id)

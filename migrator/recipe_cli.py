@@ -171,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
             error = _plan_error(plan) or ({"error": {"kind": "OutputError", "message": failure,
                                                      "file": str(plan.target_path), "tensor": None}}
                                           if failure else {})
-            json.dump({"report": plan.report.to_json(), "errors": errors, "notes": plan.notes, **error},
+            report = report_document(plan, failure, result.target if result else None)
+            json.dump({"report": report, "errors": errors, "notes": plan.notes, **error},
                       sys.stdout, indent=2)
             sys.stdout.write("\n")
         elif failure is None:

@@ -22,7 +22,7 @@ from .similarity import did_you_mean
 
 __all__ = ["ApplyReport", "ErrorKind", "ReportError", "error_display"]
 
-ErrorKind = Literal["shape_mismatch", "dtype_mismatch", "load_error", "adapter_error"]
+ErrorKind = Literal["shape_mismatch", "dtype_mismatch", "load_error", "adapter_error", "run_error"]
 _KINDS: tuple[str, ...] = get_args(ErrorKind)
 
 Shape = tuple[int, ...]
@@ -52,6 +52,9 @@ class ReportError:
     """One failed parameter. `expected`/`found` are shapes (shape_mismatch) or dtype names.
 
     `message` is the detail after the path in the displayed text; the factories fill it in.
+    `path` is the target's name; `source` the source tensor's name as the source file spells it
+    (before remaps and renumbering), when the error is about one. `run_error` is a problem that
+    stopped a run without belonging to one tensor (the `--report` of a failed run lists them).
     """
 
     path: str
@@ -59,6 +62,7 @@ class ReportError:
     message: str = ""
     expected: Shape | str | None = None
     found: Shape | str | None = None
+    source: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -76,15 +80,18 @@ class ReportError:
             message += f" in source tensor '{source}'"
         if hint:
             message += f" (hint: {hint})"
-        return cls(path, "shape_mismatch", message, exp, fnd)
+        return cls(path, "shape_mismatch", message, exp, fnd, source)
 
     @classmethod
-    def dtype_mismatch(cls, path: str, expected: str, found: str) -> ReportError:
-        return cls(path, "dtype_mismatch", f"expected {expected}, found {found}", expected, found)
+    def dtype_mismatch(cls, path: str, expected: str, found: str, *, source: str | None = None) -> ReportError:
+        return cls(path, "dtype_mismatch", f"expected {expected}, found {found}", expected, found, source)
 
     @classmethod
-    def adapter_error(cls, path: str, message: str) -> ReportError:
-        return cls(path, "adapter_error", message)
+    def adapter_error(cls, path: str, message: str, *, source: str | None = None) -> ReportError:
+        """`source` (when it differs from `path`) is named in the message: the user finds it in the file."""
+        if source is not None and source != path:
+            message += f" (source tensor '{source}')"
+        return cls(path, "adapter_error", message, source=source)
 
     def display(self) -> str:
         return error_display(self)
@@ -96,13 +103,16 @@ class ReportError:
         def plain(v: Shape | str | None) -> list[int] | str | None:
             return list(v) if isinstance(v, tuple) else v
 
-        return {
+        data = {
             "path": self.path,
             "kind": self.kind,
             "message": self.message,
             "expected": plain(self.expected),
             "found": plain(self.found),
         }
+        if self.source is not None:
+            data["source"] = self.source
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ReportError:
@@ -115,6 +125,7 @@ class ReportError:
                 message=str(data.get("message", "")),
                 expected=data.get("expected"),
                 found=data.get("found"),
+                source=None if data.get("source") is None else str(data["source"]),
             )
         except KeyError as exc:
             raise ValueError(f"error entry lacks {exc.args[0]!r}: {data!r}") from None
@@ -131,6 +142,7 @@ def error_display(e: ReportError) -> str:
         "dtype_mismatch": "DType mismatch",
         "adapter_error": "Adapter error",
         "load_error": "Load error",
+        "run_error": "Run error",
     }[e.kind]
     return f"{prefix} for '{e.path}': {e.message}"
 
@@ -142,6 +154,11 @@ class ApplyReport:
     `skipped`, `missing` and `unused` are kept sorted (normalised on construction and on output);
     `applied` and `errors` keep traversal order. Success means no errors: missing and unused
     tensors are policy decisions for the caller.
+
+    `sources` runs parallel to `applied`: the source tensor each applied target name came from, as
+    the source file spells it (so renumbering reads `features.4.weight -> features.3.weight`);
+    empty when not recorded. `target`, `status` (`ok`/`failed`) and `written` describe the run that
+    used the report (a `--report` file has them); None when the report is only a plan's.
     """
 
     applied: list[str] = field(default_factory=list)
@@ -149,11 +166,21 @@ class ApplyReport:
     missing: list[tuple[str, str]] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)
     errors: list[ReportError] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    target: str | None = None
+    status: str | None = None
+    written: bool | None = None
 
     def __post_init__(self) -> None:
         self.skipped = sorted(self.skipped)
         self.missing = sorted((str(p), str(c)) for p, c in self.missing)
         self.unused = sorted(self.unused)
+        if self.sources and len(self.sources) != len(self.applied):
+            raise ValueError(f"sources has {len(self.sources)} names for {len(self.applied)} applied tensors")
+
+    def renames(self) -> list[tuple[str, str]]:
+        """(source name, target name) per applied tensor, in applied order (needs `sources`)."""
+        return list(zip(self.sources, self.applied, strict=True))
 
     def is_success(self) -> bool:
         return not self.errors
@@ -212,9 +239,11 @@ class ApplyReport:
         return self.display()
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict with exactly: applied, skipped, missing, unused, errors."""
+        """A JSON-ready dict: applied, skipped, missing, unused, errors; then `tensors` (a
+        `{"source", "target"}` object per applied tensor) when sources are recorded, and `status`,
+        `target`, `written` when set."""
         unused = sorted(self.unused)
-        return {
+        data: dict[str, Any] = {
             "applied": list(self.applied),
             "skipped": sorted(self.skipped),
             "missing": [
@@ -224,15 +253,33 @@ class ApplyReport:
             "unused": unused,
             "errors": [e.to_json() for e in self.errors],
         }
+        if self.sources:
+            data["tensors"] = [{"source": s, "target": t} for s, t in zip(self.sources, self.applied, strict=True)]
+        for key in _RUN_KEYS:
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ApplyReport:
-        """Inverse of `to_json` (suggestions are recomputed, not read)."""
+        """Inverse of `to_json` (suggestions are recomputed, not read); reads `--report` files too."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a report must be an object, got {type(data).__name__}")
         keys = {"applied", "skipped", "missing", "unused", "errors"}
-        if set(data) != keys:
-            raise ValueError(f"a report needs exactly the keys {sorted(keys)}, got {sorted(data)}")
+        if not keys <= set(data) or not set(data) <= keys | _OPTIONAL_KEYS:
+            raise ValueError(f"a report needs the keys {sorted(keys)} and may have {sorted(_OPTIONAL_KEYS)}, "
+                             f"got {sorted(data)}")
+        applied = [str(p) for p in data["applied"]]
+        sources: list[str] = []
+        for i, entry in enumerate(data.get("tensors", [])):
+            if not isinstance(entry, Mapping) or i >= len(applied) or str(entry.get("target")) != applied[i]:
+                raise ValueError(f"tensors entry {i} does not match applied: {entry!r}")
+            sources.append(str(entry["source"]))
+        status, target, written = data.get("status"), data.get("target"), data.get("written")
+        if status is not None and status not in ("ok", "failed"):
+            raise ValueError(f"status must be 'ok' or 'failed', got {status!r}")
+        if written is not None and not isinstance(written, bool):
+            raise ValueError(f"written must be true or false, got {written!r}")
         missing: list[tuple[str, str]] = []
         for entry in data["missing"]:
             if isinstance(entry, Mapping):
@@ -242,12 +289,20 @@ class ApplyReport:
             else:
                 raise ValueError(f"bad missing entry {entry!r}")
         return cls(
-            applied=[str(p) for p in data["applied"]],
+            applied=applied,
             skipped=[str(p) for p in data["skipped"]],
             missing=missing,
             unused=[str(p) for p in data["unused"]],
             errors=[ReportError.from_json(e) for e in data["errors"]],
+            sources=sources,
+            target=None if target is None else str(target),
+            status=status,
+            written=written,
         )
+
+
+_RUN_KEYS = ("status", "target", "written")
+_OPTIONAL_KEYS = frozenset({"tensors", *_RUN_KEYS})
 
 
 def _enum_advisory(count: int) -> list[str]:

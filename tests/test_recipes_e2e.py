@@ -105,7 +105,7 @@ def test_exit_codes_report_file_and_untouched_target(workspace: Path) -> None:
     assert "classifier.weight" in out.stdout and "allow_partial" in out.stderr
     assert target.read_bytes() == b"keep me"
     data = json.loads(report.read_text())
-    assert set(data) == {"applied", "skipped", "missing", "unused", "errors", "status", "target", "written"}
+    assert set(data) == {"applied", "skipped", "missing", "unused", "errors", "status", "target", "written", "tensors"}
     assert data["status"] == "failed" and data["written"] is False  # a failed run's report says so
     assert data["errors"] and any("allow_partial" in e["message"] for e in data["errors"])
     assert [m["path"] for m in data["missing"]] == ["classifier.bias", "classifier.weight"]
