@@ -35,6 +35,7 @@ from .recipe import CastPolicy, FloatCastAdapter, HalfPrecisionAdapter, Recipe, 
 from .similarity import did_you_mean
 
 __all__ = [
+    "MAX_NONSTRING_KEYS",
     "MAX_RECIPE_BYTES",
     "MAX_YAML_NODES",
     "LoadedRecipe",
@@ -48,11 +49,17 @@ __all__ = [
 
 MAX_RECIPE_BYTES = 10 * 1024 * 1024
 MAX_YAML_NODES = 100_000
+# Keys that are not strings are always an error (every mapping of a recipe is keyed by names), but
+# ints, floats, bools and null hash predictably: thousands of keys that collide (multiples of
+# 2**61-1 all hash to 0) make building a dict quadratic. Past this many the loader stops, before
+# any dict holding them is built.
+MAX_NONSTRING_KEYS = 100
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_REGENERATE = ".venv/bin/python tools/gen_schema.py"
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
 _ADAPTER_SPELLINGS = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision",
                       "{half_precision: {...}}", "{float_cast: {to: DTYPE}}")
 _ADAPTER_NAMES = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision", "float_cast")
@@ -402,6 +409,7 @@ class _Scan:
         self.keys: dict[int, Any] = {}
         self.issues: list[RecipeIssue] = []
         self._constructor = _Constructor()
+        self._nonstring_keys = 0
 
     def run(self, root: Node) -> None:
         sizes: dict[int, int] = {}
@@ -445,6 +453,12 @@ class _Scan:
         for key, _ in node.value:
             if key.tag == _MERGE_TAG or not isinstance(key, ScalarNode):
                 continue
+            if key.tag != _STR_TAG:
+                self._nonstring_keys += 1
+                if self._nonstring_keys > MAX_NONSTRING_KEYS:
+                    shown = key.value if len(key.value) <= 40 else key.value[:37] + "..."
+                    self._fail(key, f"keys must be strings, got {shown}; the recipe has more than "
+                               f"{MAX_NONSTRING_KEYS} keys that are not", "a recipe's keys are names: quote them")
             try:
                 value = self._constructor.construct_object(key, deep=True)
             except Exception:  # a malformed key scalar; construction reports it with its mark

@@ -5,15 +5,17 @@ from the CLI, no traceback), and never make the loader do unbounded work."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from migrator import from_numpy, save
-from migrator.recipe_loader import RecipeError, parse_recipe
+from migrator.recipe_loader import MAX_NONSTRING_KEYS, RecipeError, parse_recipe
 
 HEAD = "version: 1\nsource: {path: src.safetensors}\n"
 
@@ -105,3 +107,66 @@ def test_the_cli_exits_2_with_the_line_and_no_traceback(files: Path, command: st
     for i in range(len(CLI_CASES)):
         assert f"r{i}.yaml:5:8: invalid" in out.stderr, out.stderr
     assert not (files / "out.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# keys whose hashes collide: multiples of 2**61-1 all hash to 0 in CPython
+
+COLLIDING = [k * (2**61 - 1) for k in range(1, 3_001)]  # the report had 20k; the cap is what counts
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    """A safety net, not a timing assert: a quadratic regression fails the test instead of hanging it."""
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError("the loader took more than 30 s")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def refused_at(text: str) -> str:
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(text, "recipe.yaml")
+    assert len(info.value.issues) == 1, str(info.value)[:500]
+    return str(info.value)
+
+
+@pytest.mark.usefixtures("alarm")
+def test_colliding_integer_metadata_keys_are_refused_before_a_dict_is_built() -> None:
+    body = "".join(f"    {k}: x\n" for k in COLLIDING)
+    text = HEAD + "target:\n  path: out.safetensors\n  metadata:\n" + body
+    message = refused_at(text)
+    assert message.startswith(f"recipe.yaml:{5 + MAX_NONSTRING_KEYS + 1}:5: keys must be strings, got "
+                              f"{COLLIDING[MAX_NONSTRING_KEYS]}; the recipe has more than "), message
+
+
+@pytest.mark.usefixtures("alarm")
+def test_colliding_keys_in_hex_in_a_model_mapping_are_refused() -> None:
+    body = "".join(f"  {hex(k)}: 1\n" for k in COLLIDING)
+    message = refused_at(HEAD + "target: {path: out.safetensors}\nfilter:\n" + body)
+    assert f"recipe.yaml:{4 + MAX_NONSTRING_KEYS + 1}:3: keys must be strings" in message, message
+
+
+@pytest.mark.usefixtures("alarm")
+def test_colliding_keys_spread_over_merged_mappings_count_together() -> None:
+    """Each anchored mapping stays under the cap; the mapping merging them all would not."""
+    per = MAX_NONSTRING_KEYS // 4
+    anchors = "".join(
+        f"a{i}: &a{i} {{{', '.join(f'{k}: x' for k in COLLIDING[i * per:(i + 1) * per])}}}\n" for i in range(200))
+    merged = ", ".join(f"*a{i}" for i in range(200))
+    text = HEAD + anchors + "target:\n  path: out.safetensors\n  metadata: {<<: [" + merged + "]}\n"
+    message = refused_at(text)
+    assert "keys must be strings" in message and "more than" in message, message
+
+
+def test_a_few_nonstring_keys_still_get_the_usual_message() -> None:
+    """Below the cap nothing changes: pydantic's error, placed at the key, with its hint."""
+    body = "".join(f"    {k}: x\n" for k in COLLIDING[:3])
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(HEAD + "target:\n  path: out.safetensors\n  metadata:\n" + body, "recipe.yaml")
+    assert str(info.value).splitlines() == [
+        f"recipe.yaml:{6 + i}:5: target.metadata: keys must be strings, got {k} (hint: quote it: '{k}')"
+        for i, k in enumerate(COLLIDING[:3])]
