@@ -35,6 +35,7 @@ from .recipe import CastPolicy, FloatCastAdapter, HalfPrecisionAdapter, Recipe, 
 from .similarity import did_you_mean
 
 __all__ = [
+    "MAX_NONSTRING_KEYS",
     "MAX_RECIPE_BYTES",
     "MAX_YAML_NODES",
     "LoadedRecipe",
@@ -48,11 +49,17 @@ __all__ = [
 
 MAX_RECIPE_BYTES = 10 * 1024 * 1024
 MAX_YAML_NODES = 100_000
+# Keys that are not strings are always an error (every mapping of a recipe is keyed by names), but
+# ints, floats, bools and null hash predictably: thousands of keys that collide (multiples of
+# 2**61-1 all hash to 0) make building a dict quadratic. Past this many the loader stops, before
+# any dict holding them is built.
+MAX_NONSTRING_KEYS = 100
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_REGENERATE = ".venv/bin/python tools/gen_schema.py"
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
 _ADAPTER_SPELLINGS = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision",
                       "{half_precision: {...}}", "{float_cast: {to: DTYPE}}")
 _ADAPTER_NAMES = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision", "float_cast")
@@ -276,7 +283,7 @@ def _indentation_hint(e: yaml.MarkedYAMLError, text: str) -> str | None:
 def _parse_yaml(text: str, shown: str) -> tuple[MappingNode, Any, dict[int, Any], list[RecipeIssue]]:
     """Compose, check (size, cycles, duplicate keys, top-level mapping), then construct."""
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text)
     except yaml.YAMLError as e:  # the reader refuses unprintable characters (NUL, ...) up front
         raise RecipeError([_yaml_issue(shown, e, text)]) from None
     try:
@@ -300,9 +307,86 @@ def _parse_yaml(text: str, shown: str) -> tuple[MappingNode, Any, dict[int, Any]
             data = loader.construct_document(root)
         except yaml.YAMLError as e:
             raise RecipeError([_yaml_issue(shown, e, text)]) from None
+        except _BadScalar as e:
+            raise RecipeError([e.issue(shown, text)]) from None
     finally:
         loader.dispose()
     return root, data, scan.keys, scan.issues
+
+
+MAX_INT_TEXT = 400
+MAX_INT_BITS = 256
+
+_INT_TAG = "tag:yaml.org,2002:int"
+_TAG_WORDS = {
+    _INT_TAG: "integer",
+    "tag:yaml.org,2002:float": "number",
+    "tag:yaml.org,2002:bool": "boolean",
+    "tag:yaml.org,2002:timestamp": "date",
+    "tag:yaml.org,2002:binary": "binary value",
+}
+
+
+class _BadScalar(Exception):
+    """A scalar PyYAML resolved (or was told with a tag) to a type whose constructor refused it.
+
+    SafeConstructor raises whatever Python's int/float/datetime/base64 raise (ValueError,
+    AttributeError, KeyError, ...) without a mark; this keeps the node so the issue has one."""
+
+    def __init__(self, node: Node, detail: str | None) -> None:
+        super().__init__(detail)
+        self.node = node
+        self.detail = detail
+
+    def issue(self, shown: str, text: str) -> RecipeIssue:
+        node, mark = self.node, self.node.start_mark
+        word = _TAG_WORDS.get(node.tag, "value")
+        raw = node.value if isinstance(node, ScalarNode) else ""
+        written = raw if len(raw) <= 40 else raw[:37] + "..."
+        message = f"invalid {word} '{written}'" + (f": {self.detail}" if self.detail else "")
+        explicit = text.startswith("!", mark.index)
+        if explicit:
+            hint = f"remove the tag, or write a valid {word}"
+        else:
+            hint = "quote it to keep it as text" + (f": '{raw}'" if raw == written else "")
+        return RecipeIssue(shown, mark.line + 1, mark.column + 1, "", message, hint)
+
+
+class _Bounded:
+    """SafeConstructor with every construction failure tied to its node, and integers bounded.
+
+    Integers are bounded by their text before `int()` runs (a long sexagesimal `1:2:3:...` costs
+    quadratic time) and by their size after (no recipe value needs more than 64 bits, and a huge
+    integer cannot even be formatted in an error message)."""
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        if node.tag == _INT_TAG and isinstance(node, ScalarNode) and len(node.value) > MAX_INT_TEXT:
+            raise _BadScalar(node, f"more than {MAX_INT_TEXT} characters")
+        try:
+            data = super().construct_object(node, deep)  # type: ignore[misc]
+        except (yaml.YAMLError, _BadScalar, RecursionError):
+            raise
+        except Exception as e:
+            raise _BadScalar(node, _construction_detail(e)) from None
+        if type(data) is int and data.bit_length() > MAX_INT_BITS:
+            raise _BadScalar(node, f"larger than {MAX_INT_BITS} bits")
+        return data
+
+
+def _construction_detail(e: Exception) -> str | None:
+    """Python's own words when they are about the value (not 'NoneType has no attribute')."""
+    if isinstance(e, ValueError) and not isinstance(e, UnicodeError):
+        text = str(e)
+        return text if len(text) <= 80 and "could not convert" not in text and "invalid literal" not in text else None
+    return None
+
+
+class _Constructor(_Bounded, yaml.constructor.SafeConstructor):
+    pass
+
+
+class _Loader(_Bounded, yaml.SafeLoader):
+    pass
 
 
 def _node_kind(node: Node) -> str:
@@ -324,7 +408,8 @@ class _Scan:
         self.shown = shown
         self.keys: dict[int, Any] = {}
         self.issues: list[RecipeIssue] = []
-        self._constructor = yaml.constructor.SafeConstructor()
+        self._constructor = _Constructor()
+        self._nonstring_keys = 0
 
     def run(self, root: Node) -> None:
         sizes: dict[int, int] = {}
@@ -368,6 +453,12 @@ class _Scan:
         for key, _ in node.value:
             if key.tag == _MERGE_TAG or not isinstance(key, ScalarNode):
                 continue
+            if key.tag != _STR_TAG:
+                self._nonstring_keys += 1
+                if self._nonstring_keys > MAX_NONSTRING_KEYS:
+                    shown = key.value if len(key.value) <= 40 else key.value[:37] + "..."
+                    self._fail(key, f"keys must be strings, got {shown}; the recipe has more than "
+                               f"{MAX_NONSTRING_KEYS} keys that are not", "a recipe's keys are names: quote them")
             try:
                 value = self._constructor.construct_object(key, deep=True)
             except Exception:  # a malformed key scalar; construction reports it with its mark
@@ -819,7 +910,7 @@ def _node_value(node: Node | None, keys: dict[int, Any]) -> Any:
     """A node's value in the shapes pydantic saw (only scalars are reconstructed)."""
     if isinstance(node, ScalarNode):
         try:
-            return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+            return _Constructor().construct_object(node, deep=True)
         except Exception:
             return node.value
     if isinstance(node, MappingNode):
