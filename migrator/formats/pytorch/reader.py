@@ -9,7 +9,7 @@ from ... import safepickle as sp
 from ...bytesource import ByteSource
 from ...scalars import Scalar
 from ...tensor import LazyTensor
-from ..base import no_gc
+from ..base import no_gc, utf8_ok
 from .core import _Span
 from .flatten import Flattener
 from .legacy import LegacyContainer
@@ -56,6 +56,7 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
             self._root = None  # kept by _select only for the errors of _flatten
             self.tensors = pending.build(self.source)
             del pending
+        self._refuse_lone_surrogates()
         # what only the open needed (100k entries each for a 100k-tensor zip): the tensors keep the rest
         self._spans, self._first_dtype, self._layouts, self._storage_refs = {}, {}, {}, {}
         self._zip_members: dict[str, _RawMember] = {}
@@ -67,6 +68,18 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
             opaque_objects=sorted(self._opaque),
             ignored=self._ignored[:100],
         )
+
+    def _refuse_lone_surrogates(self) -> None:
+        """Names must be Unicode text, as in every other format: a pickle's BINUNICODE may carry a lone
+        surrogate (torch.load accepts one), which no output format can store and no terminal can show.
+        One encode of all the names finds out; only a failure looks for the culprit."""
+        names = [t.name for t in self.tensors] + list(self.scalars)
+        try:
+            "\n".join(names).encode("utf-8")
+        except UnicodeEncodeError:
+            bad = next(n for n in names if not utf8_ok(n))
+            raise self._err(f"name {ascii(bad)} holds a lone surrogate, which is not Unicode text (a SafeTensors "
+                            "or burnpack file cannot hold it either)") from None
 
     # ------------------------------------------------------------------------------------------
     # public extras
