@@ -78,7 +78,7 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
             "\n".join(names).encode("utf-8")
         except UnicodeEncodeError:
             bad = next(n for n in names if not utf8_ok(n))
-            raise self._err(f"name {ascii(bad)} holds a lone surrogate, which is not Unicode text (a SafeTensors "
+            raise self._err(f"name {bad!a} holds a lone surrogate, which is not Unicode text (a SafeTensors "
                             "or burnpack file cannot hold it either)") from None
 
     # ------------------------------------------------------------------------------------------
