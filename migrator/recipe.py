@@ -11,7 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
 AdapterName = Literal["identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"]
@@ -40,6 +50,45 @@ class RecipeValueError(ValueError):
         self.message = message
         self.key = key
         self.hint = hint
+
+
+NO_MEMBER = "recipe_union"
+"""The error type of a union value that fits none of its members' shapes (see `_tagged`)."""
+
+
+def _shape_tag(value: object, mapping: str = "map") -> str | None:
+    """The member of a tagged union a value is meant to be, from its shape alone.
+
+    Strings go to the member tagged 'name', lists to 'list', a one-key mapping naming a model
+    (`{float_cast: {...}}`) to the member tagged with that key, other mappings to `mapping`.
+    Anything else picks no member: the loader reports the union as a whole.
+    """
+    if isinstance(value, BaseModel):  # serialising: the member is the model itself
+        return next(iter(type(value).model_fields))
+    if isinstance(value, str):
+        return "name"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        if len(value) == 1:
+            key = next(iter(value))
+            if isinstance(key, str) and key in _MODEL_TAGS:
+                return key
+        return mapping
+    return None
+
+
+_MODEL_TAGS = frozenset({"half_precision", "float_cast", "cast"})
+
+
+def _tagged(what: str, mapping: str = "map") -> Discriminator:
+    """`mapping`: the member for a mapping that names no model (a union with one model member
+    sends every mapping there, so that `{cats: F16}` is reported as that model's unknown key)."""
+    def tag(value: object) -> str | None:
+        return _shape_tag(value, mapping)
+
+    return Discriminator(tag, custom_error_type=NO_MEMBER,
+                         custom_error_message=f"expected {what}")
 
 
 def _castable_names() -> list[str]:
@@ -122,7 +171,8 @@ class SourceSpec(_Strict):
 
     path: _Path = Field(description="File to read, relative to the recipe's folder.")
     format: FormatName = Field("auto", description="Detected from magic bytes when auto.")
-    top_level_key: str | list[str] | None = Field(
+    top_level_key: Annotated[Annotated[str, Tag("name")] | Annotated[list[str], Tag("list")],
+                             _tagged("a string or a list of strings")] | None = Field(
         None, description="Nested dict holding the tensors: a dotted path ('model.state_dict') or a list of keys.")
     contiguous_indices: bool | None = Field(
         None, description="Renumber index segments 0,1,2,... (spec §4.2). Default: true for PyTorch sources.")
@@ -229,7 +279,12 @@ class FloatCastAdapter(_Strict):
     float_cast: FloatCastOptions
 
 
-AdapterSpec = Annotated[AdapterName | HalfPrecisionAdapter | FloatCastAdapter, Field(union_mode="left_to_right")]
+AdapterSpec = Annotated[
+    Annotated[AdapterName, Tag("name")]
+    | Annotated[HalfPrecisionAdapter, Tag("half_precision")]
+    | Annotated[FloatCastAdapter, Tag("float_cast")],
+    _tagged("an adapter"),
+]
 
 
 class CastPolicy(_Strict):
@@ -241,7 +296,10 @@ class CastPolicy(_Strict):
         return _check_float_dtype(v, "dtype cast")
 
 
-DTypePolicy = Literal["keep", "template"] | CastPolicy
+DTypePolicy = Annotated[
+    Annotated[Literal["keep", "template"], Tag("name")] | Annotated[CastPolicy, Tag("cast")],
+    _tagged("'keep', 'template' or {cast: DTYPE}", mapping="cast"),
+]
 
 
 class ScalarValue(_Strict):
@@ -304,7 +362,10 @@ class TargetSpec(_Strict):
         "still never partial after a crash of migrator, but a power loss soon after may lose it.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Entries added to the output's metadata.")
     clear_metadata: bool = Field(False, description="Write no metadata except the entries given here.")
-    scalars: Literal["keep", "none"] | dict[str, ScalarValue] = Field(
+    scalars: Annotated[
+        Annotated[Literal["keep", "none"], Tag("name")] | Annotated[dict[str, ScalarValue], Tag("map")],
+        _tagged("'keep', 'none' or a mapping"),
+    ] = Field(
         "keep", description="burnpack scalars: keep the source's, none, or declare them.")
     shard: ShardSpec | None = Field(
         None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "

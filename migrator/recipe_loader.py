@@ -2,9 +2,10 @@
 
 Pydantic knows *what* is wrong but not *where*: its error locations are paths through the data.
 This module keeps the composed YAML node tree beside the data, walks each error's path through
-both the node tree and the model's type annotations (to drop union-member tags such as
-`function-after[...]` and to know which model a key belongs to), and turns pydantic's messages
-into short ones with hints. A union that matched no member becomes one issue, not one per member.
+both the node tree and the model's type annotations (to drop the `Tag` of a tagged union's member
+from the path and to know which model a key belongs to), and turns pydantic's messages into short
+ones with hints. Every union with more than one non-null member is tagged (`recipe._tagged`), so
+pydantic tries one member, named by our own tag; a value of no member's shape is one issue.
 
 YAML is parsed with PyYAML's SafeLoader only. PyYAML keeps the last of duplicate keys silently,
 so duplicates are found on the node tree; aliases are allowed but the expanded tree is bounded
@@ -27,11 +28,19 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .errors import MigratorError
-from .recipe import CastPolicy, FloatCastAdapter, HalfPrecisionAdapter, Recipe, RecipeValueError, ScalarValue
+from .recipe import (
+    NO_MEMBER,
+    CastPolicy,
+    FloatCastAdapter,
+    HalfPrecisionAdapter,
+    Recipe,
+    RecipeValueError,
+    ScalarValue,
+)
 from .similarity import did_you_mean
 
 __all__ = [
@@ -517,22 +526,11 @@ def _is_model(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
-def _match_tag(tag: Any, members: list[Any]) -> Any:
-    """The union member pydantic named `tag` in an error location (None when unrecognised)."""
-    if not isinstance(tag, str):
-        return None
+def _tagged_member(tag: Any, members: list[Any]) -> Any:
+    """The member of a tagged union (`recipe._tagged`) that pydantic's location names by its `Tag`."""
     for m in members:
-        u = _unwrap(m)
-        origin = typing.get_origin(u)
-        if origin is Literal and tag.startswith("literal["):
-            return m
-        if _is_model(u) and (tag == u.__name__ or tag.endswith(f" {u.__name__}]")):
-            return m
-        if origin is dict and tag.startswith("dict["):
-            return m
-        if origin is list and tag.startswith("list["):
-            return m
-        if isinstance(u, type) and tag == u.__name__:
+        if typing.get_origin(m) is typing.Annotated and any(
+                isinstance(a, Tag) and a.tag == tag for a in typing.get_args(m)[1:]):
             return m
     return None
 
@@ -583,7 +581,7 @@ def _split_loc(loc: tuple[Any, ...], raw: dict[str, Any]) -> _Err:
         members = _union_members(tp) if tp is not None else None
         if members is not None:
             sites.append(_Site(tuple(data), seg, tp))
-            tp = _match_tag(seg, members)
+            tp = _tagged_member(seg, members)
             continue
         data.append(seg)
         owner = None
@@ -649,7 +647,7 @@ class _Mapper:
             ranks = {tag: _rank(m, len(path)) for tag, m in members.items()}
             best = max(ranks.values())
             winners = [tag for tag, r in ranks.items() if r == best]
-            if len(winners) == 1:
+            if len(winners) == 1 and best != (0, 0):  # (0, 0): the member's shape fits, nothing in it does
                 out.extend(self._collapse(members[winners[0]], depth + 1))
             else:
                 out.append(self._union_issue(path, group[0].sites[depth].union))
@@ -726,6 +724,8 @@ class _Mapper:
             return [self._bad_key(data[:-2], value)]
         if kind in ("value_error", "assertion_error"):
             return [self._value_error(e)]
+        if kind == NO_MEMBER:  # a union's discriminator found no member of that shape
+            return [self._union_issue(data, _unwrap(e.tp))]
         node, _, _ = self._locate(data)
         if kind == "literal_error":
             options = _literal_strings(e.tp)
