@@ -196,3 +196,24 @@ def utf8_ok(s: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def check_u64_sizes(tensors: Sequence[LazyTensor], why: str) -> None:
+    """Refuse an empty tensor whose dimensions or running element count overflow 64 bits (the
+    element count is multiplied out left to right, so [2**40, 2**40, 0] overflows before the 0), as
+    the format's reference loader would (`why` says which). A tensor with bytes has sizes bounded
+    by its byte count, so only empty tensors are looked at."""
+    if 0 not in map(attrgetter("nbytes"), tensors):  # one C-level pass for the usual case
+        return
+    from ..errors import PlanError
+
+    u64 = (1 << 64) - 1
+    for t in tensors:
+        if t.nbytes:
+            continue
+        numel = 1
+        for d in t.shape:
+            numel *= d
+            if d > u64 or numel > u64:
+                raise PlanError(f"shape {list(t.shape)} overflows 64-bit sizes (element count); {why}",
+                                file=t.origin, tensor=t.name)

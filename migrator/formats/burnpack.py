@@ -27,6 +27,7 @@ from . import cbor
 from .base import (
     Reader,
     Writer,
+    check_u64_sizes,
     distinct_str_names,
     get_dtype,
     get_name,
@@ -482,7 +483,7 @@ class BurnpackWriter(Writer):
         self._cbor: bytearray | None = None
         with no_gc():
             self._starts = self._plan_offsets()
-            _check_u64_sizes(self.tensors)
+            check_u64_sizes(self.tensors, "Burn cannot hold it")
             self._check_header()
         self._end = max(map(add, self._starts, map(get_nbytes, self.tensors)), default=0)
 
@@ -676,21 +677,3 @@ def _dtype_to_cbor_checked(t: LazyTensor) -> None:
         raise UnsupportedDTypeError(e.detail + " (cast it to a Burn dtype first)", tensor=t.name) from None
 
 
-_U64 = (1 << 64) - 1
-
-
-def _check_u64_sizes(tensors: Sequence[LazyTensor]) -> None:
-    """Refuse an empty tensor whose dimensions or running element count overflow 64 bits (the
-    element count is multiplied out left to right, so [2**40, 2**40, 0] overflows before the 0)
-    that Burn's `usize` arithmetic cannot hold. A tensor with bytes has sizes bounded by its byte count."""
-    if 0 not in map(get_nbytes, tensors):
-        return
-    for t in tensors:
-        if t.nbytes:
-            continue
-        numel = 1
-        for d in t.shape:
-            numel *= d
-            if d > _U64 or numel > _U64:
-                raise PlanError(f"shape {list(t.shape)} overflows 64-bit sizes (element count); "
-                                "Burn cannot hold it", file=t.origin, tensor=t.name)

@@ -27,6 +27,7 @@ from ..tensor import LazyTensor, stored, stored_many
 from .base import (
     Reader,
     Writer,
+    check_u64_sizes,
     distinct_str_names,
     get_dtype,
     get_name,
@@ -509,7 +510,7 @@ class SafetensorsWriter(Writer):
             st_names = self._fast_checks()
             if st_names is None:  # some tensor is wrong: the per-tensor checks find it and say what
                 st_names = self._check_tensors()
-            _check_u64_sizes(tensors)
+            check_u64_sizes(tensors, "the safetensors library refuses it")
             if order == "library":  # dtype rank descending, then name: two stable sorts, no key tuples
                 by = sorted(range(len(tensors)), key=list(map(get_name, tensors)).__getitem__)
                 by.sort(key=list(map(_NEG_RANK.__getitem__, st_names)).__getitem__)
@@ -623,21 +624,3 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-_U64 = (1 << 64) - 1
-
-
-def _check_u64_sizes(tensors: Sequence[LazyTensor]) -> None:
-    """Refuse an empty tensor whose dimensions or running element count overflow 64 bits (the
-    element count is multiplied out left to right, so [2**40, 2**40, 0] overflows before the 0)
-    the way the safetensors library would. A tensor with bytes has sizes bounded by its byte count."""
-    if 0 not in map(get_nbytes, tensors):
-        return
-    for t in tensors:
-        if t.nbytes:
-            continue
-        numel = 1
-        for d in t.shape:
-            numel *= d
-            if d > _U64 or numel > _U64:
-                raise PlanError(f"shape {list(t.shape)} overflows 64-bit sizes (element count); "
-                                "the safetensors library refuses it", file=t.origin, tensor=t.name)
