@@ -370,8 +370,8 @@ class TargetSpec(_Strict):
     shard: ShardSpec | None = Field(
         None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "
         "with '/'.")
-    copy_: list[Annotated[Annotated[str, Tag("name")] | Annotated[CopyEntry, Tag("map")],
-                          _tagged("a glob or {path, optional}")]] = Field(
+    copy_: list[Annotated[Annotated[str, Tag("name")] | Annotated[CopyEntry, Tag("path")],  # a model's tag: its
+                          _tagged("a glob or {path, optional}", mapping="path")]] = Field(  # first field's name
         default_factory=list, alias="copy",
         description="Companion files copied byte for byte from the source's folder into a sharded output folder "
         "(e.g. [config.json, 'tokenizer*', {path: generation_config.json, optional: true}]); an entry matching no "
