@@ -62,6 +62,14 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
 
 def plan_target_problems(plan: Plan) -> list[str]:
     """What a run of `plan` would refuse about its target, as messages (for `validate`, `plan`)."""
+    if getattr(plan.writer, "sharded", False):  # a folder of shards: the folder publish's own checks
+        from .atomic_folder import check_folder_target
+
+        try:
+            check_folder_target(Path(plan.target_path), overwrite=plan.overwrite)
+        except MigratorError as e:
+            return [str(e)]
+        return []
     target = Path(writer_class(plan.target_format).resolve_path(plan.target_path))
     return target_problems(target, overwrite=plan.overwrite, protect=read_by(plan))
 

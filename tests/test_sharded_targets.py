@@ -343,3 +343,17 @@ def test_overwrite_replaces_the_folder_whole(tmp_path: Path, monkeypatch: pytest
     with open_file(tmp_path / "m") as r:
         assert r.names() == ["new0", "new1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # the old folder is gone, no scratch left
+
+
+def test_validate_and_plan_check_a_folder_target_as_the_run_would(tmp_path: Path, small_src: Path) -> None:
+    """An existing output folder: refused without overwrite, fine with it (the folder publish's own
+    rule), never the single-file "the target is a folder"."""
+    migrate("run", str(_recipe(tmp_path, "  path: out/\n  shard: {max_size: 100}")))
+    assert (tmp_path / "out").is_dir()
+    p = migrate("validate", str(tmp_path / "r.yaml"), check=False)
+    assert p.returncode == 1 and "already exists; to replace it pass --overwrite" in p.stderr, p.stderr
+    assert migrate("validate", str(tmp_path / "r.yaml"), "--overwrite").returncode == 0
+    _recipe(tmp_path, "  path: out/\n  shard: {max_size: 100}\n  overwrite: true")
+    for command in ("validate", "plan"):
+        p = migrate(command, str(tmp_path / "r.yaml"), check=False)
+        assert p.returncode == 0 and "is a folder" not in p.stderr, (command, p.stderr)
