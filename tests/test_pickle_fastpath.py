@@ -243,26 +243,8 @@ def test_memo_and_stack_are_released_at_stop() -> None:
 # broken and hostile inputs: the same error either way
 
 
-def mutations(data: bytes, rng: random.Random) -> bytes:
-    """A few random edits biased towards what the fast path parses (opcodes, lengths, memo indices)."""
-    buf = bytearray(data)
-    ops = b"()tQRqrhjKMJ\x8a\x85\x86\x87\x88\x89NXcu.\x94\x8c0"
-    for _ in range(rng.randint(1, 3)):
-        i = rng.randrange(len(buf))
-        kind = rng.random()
-        if kind < 0.35:
-            buf[i] = rng.choice(ops)
-        elif kind < 0.6:
-            buf[i] = rng.randrange(256)
-        elif kind < 0.75:
-            del buf[i : i + rng.randint(1, 8)]
-        elif kind < 0.9:
-            j = rng.randrange(len(buf))
-            buf[i:i] = buf[j : j + rng.randint(1, 16)]
-        else:
-            buf[i : i + 4] = struct.pack("<I", rng.choice([0, 1, 255, 256, 65535, 1 << 31, (1 << 32) - 1]))
-    return bytes(buf)
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from fuzz import mutate_pickle as mutations  # noqa: E402  (the long-running fuzzer's pickle mutator)
 
 TIGHT = [
     sp.DEFAULT_LIMITS,
