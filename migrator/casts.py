@@ -64,26 +64,69 @@ kernels = _load_kernels()
 
 T = TypeVar("T")
 R = TypeVar("R")
-_pool: ThreadPoolExecutor | None = None
+MAX_DEFAULT_WORKERS = 8
+"""The default pool is at most this large: `pipelined` keeps `workers` pieces in flight (a few MiB
+each), and the writer consumes them one at a time, so more threads than that only add memory."""
+_pools: dict[int, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
 
 
-def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int = 2) -> Iterator[R]:
-    """`map(fn, items)` computed up to `ahead` items in advance on worker threads, yielded in order.
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (and, on 3.13+, `-X cpu_count`), not the
+    machine's count, which a container or `taskset` can make far larger than what is usable."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if counter is not None:
+        n = counter()
+    else:
+        try:
+            n = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # not on Linux
+            n = os.cpu_count()
+    return max(1, n or 1)
 
-    numpy releases the GIL in casts and copies, and writing releases it in the syscall, so on two
-    cores the next pieces are computed while the current one is written. At most `ahead + 1`
-    results are alive at once, which keeps memory bounded.
-    """
-    global _pool
-    if _pool is None:
+
+def default_workers() -> int:
+    """The cast pool's size: `MIGRATOR_CAST_WORKERS` if set, else the available CPUs (at least 2, so
+    one piece is computed while the previous one is written; at most MAX_DEFAULT_WORKERS)."""
+    given = os.environ.get("MIGRATOR_CAST_WORKERS")
+    if given:
+        try:
+            n = int(given)
+        except ValueError:
+            raise ValueError(f"MIGRATOR_CAST_WORKERS must be a positive integer, not {given!r}") from None
+        if n < 1:
+            raise ValueError(f"MIGRATOR_CAST_WORKERS must be a positive integer, not {given!r}")
+        return n
+    return min(max(2, available_cpus()), MAX_DEFAULT_WORKERS)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    pool = _pools.get(workers)
+    if pool is None:
         with _pool_lock:  # the writer's thread and streaming.Ahead's may both get here first
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="migrator-cast")
+            pool = _pools.get(workers)
+            if pool is None:
+                pool = _pools[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="migrator-cast")
+    return pool
+
+
+def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int | None = None,
+              workers: int | None = None) -> Iterator[R]:
+    """`map(fn, items)` computed up to `ahead` items in advance on `workers` threads, yielded in order.
+
+    numpy releases the GIL in casts and copies, and writing releases it in the syscall, so the next
+    pieces are computed while the current one is written. At most `ahead + 1` results are alive at
+    once, which keeps memory bounded. `workers` defaults to `default_workers()`, `ahead` to `workers`.
+    """
+    n = default_workers() if workers is None else workers
+    if n < 1:
+        raise ValueError(f"workers must be >= 1, not {n}")
+    ahead = n if ahead is None else ahead
+    pool = _pool(n)
     pending: deque[Future[R]] = deque()
     try:
         for item in items:
-            pending.append(_pool.submit(fn, item))
+            pending.append(pool.submit(fn, item))
             if len(pending) > ahead:
                 yield pending.popleft().result()
         while pending:

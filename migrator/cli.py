@@ -11,6 +11,8 @@ from typing import Any, NoReturn
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
+LIMIT_HELP = ("raise or lower a reader limit (repeatable; e.g. max_tensor_bytes=20GiB, max_nodes=5000000; "
+              "sizes take units: 5GB = 5*10^9, 5GiB = 5*2^30; the names are in SECURITY.md)")
 NO_FSYNC_HELP = ("publish without flushing to disk first (faster, like cp): never partial after a crash of "
                  "migrator, but a power loss soon after may lose the new file")
 
@@ -55,7 +57,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     ins.add_argument("--format", default="auto", help="auto | burnpack | safetensors | pytorch")
     ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path)")
-    ins.add_argument("--limit", type=int, default=None, help="show at most N tensors in the table")
+    ins.add_argument("--limit", dest="limit_args", action="append", default=[], metavar="N | NAME=VALUE",
+                     help="N: show at most N tensors in the table; NAME=VALUE: " + LIMIT_HELP)
 
     conv = _command(sub, "convert", "convert a file to another format (format from each path)",
                     "Convert SRC to DST in one step (a one-off recipe): formats from the paths' extensions, "
@@ -98,6 +101,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--emit-recipe", action="store_true", help="print the equivalent recipe as YAML; write nothing")
     conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
+    conv.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     run = _command(sub, "run", "run a recipe: plan, stream, write atomically, report",
                    "Run a recipe: plan it, stream every tensor into the target, publish it atomically, print "
@@ -115,6 +119,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "(relative to the current folder)")
     run.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
                     "(relative to the current folder)")
+    run.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     plan = _command(sub, "plan", "show what a recipe would do (names, ops, dtypes, shapes); write nothing",
                     "Show what a recipe would do, tensor by tensor (source and target names, module, ops, "
@@ -129,6 +134,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "(relative to the current folder)")
     plan.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
                     "(relative to the current folder)")
+    plan.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     val = _command(sub, "validate", "validate recipes and check their sources parse (headers only)",
                    "Check recipes (schema, regexes, paths) and that their sources parse (headers only), "
@@ -143,6 +149,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "the recipe's source.path (relative to the current folder)")
     val.add_argument("--target", metavar="PATH", help="(one recipe only) write PATH instead of "
                     "the recipe's target.path (relative to the current folder)")
+    val.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     sch = _command(sub, "schema", "print the recipe JSON Schema",
                    "Print the recipe JSON Schema (for editors: yaml-language-server, VS Code).",
@@ -159,11 +166,22 @@ def _print_json_error(error: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `migrate` command: its exit code. The cyclic collector is off while the command runs:
+    a command builds a few objects per tensor that all live until it ends (~1M for a 100k-tensor
+    plan), which the collector would rescan over and over and never free, and cycles come only from
+    hostile pickles, whose size the reader limits bound. Library calls never touch the collector."""
     import gc
 
-    # A run makes a few objects per tensor that live until the end: with the default threshold
-    # (700) the collector rescans them over and over, ~30% of a 100k-tensor conversion.
-    gc.set_threshold(100_000, 50, 100)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _main(argv)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     # numpy starts an OpenBLAS thread pool at import whose threads spin between calls; migrator
     # does no linear algebra, so one thread (none started) is enough. A user's setting wins.
     import os
@@ -178,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    _read_limits(args, commands[args.command])
     from .errors import MigratorError, error_json
 
     as_json = getattr(args, "json", False)
@@ -214,11 +233,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE
 
 
+def _read_limits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`--limit` settings -> `args.reader_limits` (a `Limits`); inspect's bare `--limit N` -> `args.limit`
+    (rows shown). A bad setting is a usage error (exit 2) naming the closest limit."""
+    settings = list(getattr(args, "limits", None) or [])
+    if hasattr(args, "limit_args"):
+        args.limit = None
+        for item in args.limit_args:
+            if "=" in item:
+                settings.append(item)
+                continue
+            try:
+                args.limit = int(item)
+            except ValueError:
+                parser.error(f"--limit: expected N (tensors shown) or NAME=VALUE (a reader limit), got {item!r}")
+    if not settings:
+        return
+    from .limits import DEFAULT_LIMITS, LimitSettingError
+
+    try:
+        args.reader_limits = DEFAULT_LIMITS.with_settings(settings)
+    except LimitSettingError as e:
+        parser.error(str(e))
+
+
 def _exit_code(e: Exception) -> int:
     """2 for a recipe the loader refuses, 1 for every other migrator error."""
     from .recipe_loader import RecipeError
 
     return EXIT_USAGE if isinstance(e, RecipeError) else EXIT_MIGRATION
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    return {"limits": args.reader_limits} if hasattr(args, "reader_limits") else {}
 
 
 def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -228,7 +275,7 @@ def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
 def _inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_file
 
-    info = inspect_file(args.file, format=args.format, **_reader_options(args))
+    info = inspect_file(args.file, format=args.format, **_reader_options(args), **_limits(args))
     if args.json:
         _write_inspect_json(info, sys.stdout)
         return EXIT_OK
@@ -382,7 +429,8 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.emit_recipe:
             sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))
             return EXIT_OK
-        result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options)
+        result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options,
+                         **_limits(args))
     except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
         if args.json:
             _print_json_error({"kind": "UsageError", "message": str(e)})

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import MigratorError
+from .limits import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
     from .formats import Writer
@@ -196,10 +197,11 @@ indices, top-level key) goes through a recipe. `contiguous_indices` None/False i
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
-            **options: Any) -> ConvertResult:
-    """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options)."""
+            limits: Limits = DEFAULT_LIMITS, **options: Any) -> ConvertResult:
+    """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options);
+    `limits` bounds what the source may make its reader allocate."""
     if all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
-        done = _plain_copy(src, dst, progress=progress, **options)
+        done = _plain_copy(src, dst, progress=progress, limits=limits, **options)
         if done is not None:
             return done
     from .execute import run_plan
@@ -211,7 +213,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
         from .paths import resolve_path
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
-    with build_plan(recipe, Path.cwd()) as plan:
+    with build_plan(recipe, Path.cwd(), limits=limits) as plan:
         result = run_plan(plan, progress=progress)
         return _result(plan, result.target)
 
@@ -220,7 +222,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 source_format: str = "auto", target_format_name: str = "auto", overwrite: bool = False,
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
                 max_shard_size: str | int | None = None, copy: Sequence[str] = (),
-                contiguous_indices: bool | None = None, **_: Any) -> ConvertResult | None:
+                contiguous_indices: bool | None = None, limits: Limits = DEFAULT_LIMITS,
+                **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
     None (nothing written) for a PyTorch source that the default renumbering would rename: the
     recipe path does that.
@@ -248,7 +251,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
-    with open_file(src_path, source_format) as reader:
+    with open_file(src_path, source_format, limits=limits) as reader:
         tensors = list(reader.tensors)
         if reader.format == "pytorch" and contiguous_indices is None:
             from .naming import contiguous_names

@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 migration errors (missing tensors, shape mismatches, un
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 
 from .display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
 from .errors import MigratorError, error_json
-from .formats.base import no_gc
+from .limits import DEFAULT_LIMITS
 from .plan import Plan, build_plan
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
@@ -67,26 +66,14 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
 
 @contextmanager
 def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
-    """The recipe's plan, open for the block.
-
-    A 100k-tensor plan is ~1M objects that all live until the command ends. The cyclic collector
-    would rescan them at each young-generation pass and free nothing (~6% of `migrate plan`), so
-    the plan is built with it paused, then frozen out of its scans (O(1)) until the block ends.
-    Cycles left by a parse are collected then, at the latest.
-    """
-    freezes = gc.isenabled()  # no_gc leaves a collector someone else paused as it is: nothing to undo
-    with no_gc(then_freeze=True):
-        plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
-                          hash_sources=getattr(args, "hash_sources", False),
-                          overwrite=True if getattr(args, "overwrite", False) else None,
-                          fsync=False if getattr(args, "no_fsync", False) else None,
-                          module_origins=loaded.module_origins)
-    try:
-        with plan:
-            yield plan
-    finally:
-        if freezes:
-            gc.unfreeze()
+    """The recipe's plan, open for the block, read within the command line's `--limit` settings."""
+    plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+                      hash_sources=getattr(args, "hash_sources", False),
+                      overwrite=True if getattr(args, "overwrite", False) else None,
+                      fsync=False if getattr(args, "no_fsync", False) else None,
+                      module_origins=loaded.module_origins, limits=getattr(args, "reader_limits", DEFAULT_LIMITS))
+    with plan:
+        yield plan
 
 
 def _recipe_error(e: Exception, args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from .. import dtypes
 from ..bytesource import ByteSource, FileSource
 from ..dtypes import DType, Kind
 from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
+from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import SCALAR_KINDS, Scalar
 from ..streaming import Ahead, write_all, write_tensor, write_zeros
 from ..tensor import LazyTensor, stored, stored_many
@@ -34,7 +35,6 @@ from .base import (
     get_nbytes,
     get_shape,
     lengths_match,
-    no_gc,
     shapes_of,
     utf8_ok,
 )
@@ -43,10 +43,11 @@ MAGIC = 0x4255524E  # "BURN" big-endian, stored little-endian: the file starts w
 VERSION = 1
 HEADER_SIZE = 10
 ALIGNMENT = 256
-MAX_METADATA_SIZE = 100 * 1024 * 1024
-MAX_TENSOR_COUNT = 100_000
-MAX_TENSOR_SIZE = 10 * 1024**3
-MAX_FILE_SIZE = 100 * 1024**3
+# Burn's own reader refuses files beyond these (burn-store), so the writer refuses to make them. The
+# reader's bounds are `Limits` fields (max_metadata_bytes, max_tensors, max_tensor_bytes), by default these.
+BURN_MAX_METADATA_SIZE = 100 * 1024 * 1024
+BURN_MAX_TENSOR_COUNT = 100_000
+BURN_MAX_TENSOR_SIZE = 10 * 1024**3
 EXTENSION = ".bpk"
 
 
@@ -161,7 +162,7 @@ def _uints(encoded: Iterable[bytes]) -> list[int]:
     return list(map(sub, map(int.from_bytes, col, repeat("big")), map(_UINT_BIAS.__getitem__, map(len, col))))
 
 
-def _describe(key: bytes) -> tuple[bool, DType, tuple[int, ...], int]:
+def _describe(key: bytes, max_tensor_bytes: int) -> tuple[bool, DType, tuple[int, ...], int]:
     """(has param_id, dtype, shape, byte length) of a descriptor key, with the checks `_descriptor`
     makes on them; _Unusual for anything else."""
     m = _KEY.fullmatch(key)
@@ -174,7 +175,7 @@ def _describe(key: bytes) -> tuple[bool, DType, tuple[int, ...], int]:
     # at most 23 dimensions of 64 bits: the product is cheap; every dtype here takes >= 1 byte per
     # element, so this also refuses what `_descriptor`'s element-count bound refuses
     nbytes = dt.nbytes(shape)
-    if nbytes is None or nbytes > MAX_TENSOR_SIZE:
+    if nbytes is None or nbytes > max_tensor_bytes:
         raise _Unusual
     return m[1] == b"\xa4", dt, shape, nbytes
 
@@ -208,14 +209,15 @@ class BurnpackReader(Reader):
     """Names the tensor map holds more than once, in first-seen order; the last entry of each is the
     one read (Burn's `BTreeMap` keeps the last too). `extra()` turns them into a warning."""
 
-    def __init__(self, source: ByteSource) -> None:
+    def __init__(self, source: ByteSource, *, limits: Limits = DEFAULT_LIMITS) -> None:
         self.source = source
+        self.limits = limits
         self.duplicate_names = []
         label = source.label
         size = source.size
-        if isinstance(source, FileSource) and size > MAX_FILE_SIZE:
-            raise LimitExceededError(f"Validation error: file is {size} bytes, over the {MAX_FILE_SIZE} limit",
-                                     file=label)
+        if isinstance(source, FileSource) and size > limits.max_file_bytes:
+            raise LimitExceededError(f"Validation error: file is {size} bytes, over the {limits.max_file_bytes} "
+                                     "limit (max_file_bytes)", file=label)
         if size < HEADER_SIZE:
             raise FormatError(f"Invalid header: insufficient bytes ({size} < {HEADER_SIZE})", file=label)
         magic, version, meta_size = struct.unpack("<IHI", source.read(0, HEADER_SIZE, "header"))
@@ -224,10 +226,10 @@ class BurnpackReader(Reader):
                               file=label)
         if version > VERSION:
             raise FormatError(f"Unsupported version {version} (this reader knows <= {VERSION})", file=label)
-        if meta_size > MAX_METADATA_SIZE:
+        if meta_size > limits.max_metadata_bytes:
             raise LimitExceededError(
-                f"Validation error: metadata size {meta_size} exceeds the {MAX_METADATA_SIZE} byte limit",
-                file=label)
+                f"Validation error: metadata size {meta_size} exceeds the {limits.max_metadata_bytes} byte limit "
+                "(max_metadata_bytes)", file=label)
         if HEADER_SIZE + meta_size > size:
             raise FormatError(f"Invalid header: metadata of {meta_size} bytes runs past the end of the "
                               f"{size}-byte input", file=label)
@@ -235,21 +237,20 @@ class BurnpackReader(Reader):
         self.metadata_size = meta_size
         self.data_start = align(HEADER_SIZE + meta_size)
         raw = source.read(HEADER_SIZE, meta_size, "metadata")
-        with no_gc():
-            fast = self._fast(raw) if self.fast_path else None
-            if fast is not None:
-                del raw  # before the tensors are made: the peak is the metadata or the tensors, not both
-                self.metadata, self.scalars, columns = fast
-                self.tensors = stored_many(source, *columns)
-                return
-            try:
-                root = cbor.decode(raw)
-            except cbor.CborLimitError as e:
-                raise LimitExceededError(f"Metadata deserialization error: {e}", file=label) from None
-            except cbor.CborError as e:
-                raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
-            del raw
-            self.tensors, self.metadata, self.scalars = self._parse_root(root)
+        fast = self._fast(raw) if self.fast_path else None
+        if fast is not None:
+            del raw  # before the tensors are made: the peak is the metadata or the tensors, not both
+            self.metadata, self.scalars, columns = fast
+            self.tensors = stored_many(source, *columns)
+            return
+        try:
+            root = cbor.decode(raw, limits=limits)
+        except cbor.CborLimitError as e:
+            raise LimitExceededError(f"Metadata deserialization error: {e}", file=label) from None
+        except cbor.CborError as e:
+            raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
+        del raw
+        self.tensors, self.metadata, self.scalars = self._parse_root(root)
 
     def _fast(self, raw: bytes) -> tuple[dict[str, str], dict[str, Scalar], tuple[list[Any], ...]] | None:
         """Metadata, scalars and tensor columns (for `stored_many`, in data order) of metadata in Burn's
@@ -259,14 +260,14 @@ class BurnpackReader(Reader):
             return None
         head = root[1]
         count = int.from_bytes(head[1:], "big") if len(head) > 1 else head[0] - 0xA0
-        if count > MAX_TENSOR_COUNT:
-            return None
+        if count > self.limits.max_tensors:
+            return None  # the generic path refuses it
         try:
             (heads, names_b, keys, starts_b, ends_b, pids_b), pos = _match_descriptors(raw, root.end(), count)
             if list(map(len, names_b)) != list(map(_HeadLengths().__getitem__, heads)):
                 return None
             names = list(map(bytes.decode, names_b))
-            info = {key: _describe(key) for key in set(keys)}
+            info = {key: _describe(key, self.limits.max_tensor_bytes) for key in set(keys)}
             info_values = list(info.values())
             del heads, names_b
             metadata, scalars = self._fast_rest(raw, pos, raw[0] - 0xA1)
@@ -304,10 +305,10 @@ class BurnpackReader(Reader):
         """The root map's other fields ("metadata", "scalars"), by the generic decoder."""
         rest: dict[str, Any] = {}
         for _ in range(fields):
-            key, pos = cbor.decode_at(raw, pos, 1)
+            key, pos = cbor.decode_at(raw, pos, 1, limits=self.limits)
             if key not in ("metadata", "scalars") or key in rest:
                 raise _Unusual
-            rest[key], pos = cbor.decode_at(raw, pos, 1)
+            rest[key], pos = cbor.decode_at(raw, pos, 1, limits=self.limits)
         return (self._parse_metadata(rest.get("metadata", cbor.MISSING)),
                 self._parse_scalars(rest.get("scalars", cbor.MISSING)))
 
@@ -330,9 +331,9 @@ class BurnpackReader(Reader):
         entries = tensors.last_wins()
         if len(entries) != len(tensors):
             self.duplicate_names = _repeated(name for name, _ in tensors)
-        if len(entries) > MAX_TENSOR_COUNT:
-            raise LimitExceededError(
-                f"Validation error: {len(entries)} tensors exceed the limit of {MAX_TENSOR_COUNT}", file=self.label)
+        if len(entries) > self.limits.max_tensors:
+            raise LimitExceededError(f"Validation error: {len(entries)} tensors exceed the limit of "
+                                     f"{self.limits.max_tensors} (max_tensors)", file=self.label)
         parsed = [self._descriptor(name, d) for name, d in entries.items()]
         self._check_layout(parsed)
         parsed.sort(key=lambda p: (p[3], p[4]))  # data order; a zero-length tensor precedes one at its start
@@ -369,9 +370,10 @@ class BurnpackReader(Reader):
         start, end = offsets
         if end < start:
             raise self._fail(f"Validation error: corrupted offset data (end {end} < start {start})", name)
-        if end - start > MAX_TENSOR_SIZE:
+        max_bytes = self.limits.max_tensor_bytes
+        if end - start > max_bytes:
             raise LimitExceededError(
-                f"Validation error: {end - start} bytes exceed the {MAX_TENSOR_SIZE}-byte tensor limit",
+                f"Validation error: {end - start} bytes exceed the {max_bytes}-byte tensor limit (max_tensor_bytes)",
                 file=self.label, tensor=name)
         if self.data_start + end > self.source.size:
             raise self._fail(f"Validation error: File truncated: data [{self.data_start + start}, "
@@ -380,10 +382,10 @@ class BurnpackReader(Reader):
             numel = 1
             for x in shape:
                 numel *= x
-                if numel > MAX_TENSOR_SIZE * 8:
+                if numel > max_bytes * 8:
                     raise LimitExceededError(
-                        f"Validation error: shape of {len(shape)} dimensions has more than {MAX_TENSOR_SIZE * 8} "
-                        "elements", file=self.label, tensor=name)
+                        f"Validation error: shape of {len(shape)} dimensions has more than {max_bytes * 8} "
+                        "elements (8 x max_tensor_bytes)", file=self.label, tensor=name)
         want = dt.nbytes(tuple(shape))
         if dt.kind is not Kind.QUANTIZED and want != end - start:
             raise self._fail(f"Validation error: holds {end - start} bytes but shape {list(shape)} of "
@@ -481,10 +483,9 @@ class BurnpackWriter(Writer):
     ) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         self._cbor: bytearray | None = None
-        with no_gc():
-            self._starts = self._plan_offsets()
-            check_u64_sizes(self.tensors, "Burn cannot hold it")
-            self._check_header()
+        self._starts = self._plan_offsets()
+        check_u64_sizes(self.tensors, "Burn cannot hold it")
+        self._check_header()
         self._end = max(map(add, self._starts, map(get_nbytes, self.tensors)), default=0)
 
     def _check_header(self) -> None:
@@ -495,7 +496,7 @@ class BurnpackWriter(Writer):
         for k, v in self.metadata.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise PlanError(f"metadata entry {k!r}: {v!r} is not text -> text")
-        if self.header_bound(names) > MAX_METADATA_SIZE:
+        if self.header_bound(names) > BURN_MAX_METADATA_SIZE:
             self._cbor = self._plan_cbor()  # raises when it is over the limit
 
     def header_bound(self, names: list[str]) -> int:
@@ -511,8 +512,7 @@ class BurnpackWriter(Writer):
     def header(self) -> bytearray:
         """The CBOR metadata, encoded on first use."""
         if self._cbor is None:
-            with no_gc():
-                self._cbor = self._plan_cbor()
+            self._cbor = self._plan_cbor()
         return self._cbor
 
     @property
@@ -520,8 +520,8 @@ class BurnpackWriter(Writer):
         return align(HEADER_SIZE + len(self.header))
 
     def _plan_offsets(self) -> array[int]:
-        if len(self.tensors) > MAX_TENSOR_COUNT:
-            raise PlanError(f"{len(self.tensors)} tensors exceed burnpack's limit of {MAX_TENSOR_COUNT}")
+        if len(self.tensors) > BURN_MAX_TENSOR_COUNT:
+            raise PlanError(f"{len(self.tensors)} tensors exceed burnpack's limit of {BURN_MAX_TENSOR_COUNT}")
         starts = self._fast_offsets()
         return starts if starts is not None else array("q", self._checked_offsets())
 
@@ -539,7 +539,7 @@ class BurnpackWriter(Writer):
         except UnsupportedDTypeError:
             return None
         nbytes = list(map(get_nbytes, tensors))
-        if nbytes and max(nbytes) > MAX_TENSOR_SIZE:
+        if nbytes and max(nbytes) > BURN_MAX_TENSOR_SIZE:
             return None
         if any(dt.kind is Kind.QUANTIZED for dt in distinct):
             return None  # QFloat lengths are not shape x size: the per-tensor loop
@@ -566,8 +566,8 @@ class BurnpackWriter(Writer):
                 if need != t.nbytes:
                     raise PlanError(f"declares {t.nbytes} bytes but its shape {list(t.shape)} and dtype "
                                     f"{t.dtype.display} need {need}", tensor=t.name)
-            if t.nbytes > MAX_TENSOR_SIZE:
-                raise PlanError(f"{t.nbytes} bytes exceed burnpack's {MAX_TENSOR_SIZE}-byte tensor limit",
+            if t.nbytes > BURN_MAX_TENSOR_SIZE:
+                raise PlanError(f"{t.nbytes} bytes exceed burnpack's {BURN_MAX_TENSOR_SIZE}-byte tensor limit",
                                 tensor=t.name)
             start = align(cursor)
             starts.append(start)
@@ -626,8 +626,8 @@ class BurnpackWriter(Writer):
             cbor.encode_into(out, "scalars")
             cbor.encode_into(out, {k: {s.kind: s.value} for k, s in
                                    sorted(self.scalars.items(), key=lambda kv: kv[0].encode())})
-        if len(out) > MAX_METADATA_SIZE:
-            raise PlanError(f"metadata of {len(out)} bytes exceeds the {MAX_METADATA_SIZE}-byte limit")
+        if len(out) > BURN_MAX_METADATA_SIZE:
+            raise PlanError(f"metadata of {len(out)} bytes exceeds the {BURN_MAX_METADATA_SIZE}-byte limit")
         return out  # not copied into bytes: a 100k-tensor header is ~6 MiB
 
     @property
