@@ -588,7 +588,9 @@ def test_burnpack_fast_path_takes_burn_shapes_only() -> None:
             "tensors empty with metadata", "non-minimal ints", "non-minimal name head", "non-minimal count",
             "23 dims", "huge empty shape", "zero-length tensors share a start", "names out of data order",
             "trailing bytes after root", "root head counts too few",
-            "tensors count too low"}
+            "tensors count too low",
+            "map head 3 with param_id",  # the map ends before "param_id": trailing bytes, as the decoder reads it
+            "name with descriptor bytes", "name with descriptor-like text"}  # names are read by their length
     for case, meta, data, valid in BP_FALLBACKS:
         if valid:
             assert bp_fast_taken(bp_pack(meta, data)) == (case in fast), case
@@ -842,3 +844,24 @@ def test_burnpack_writer_checks_the_header_limit_when_constructed(over: bool, mo
     else:
         assert burnpack.BurnpackWriter(tensors).header_bound([t.name for t in tensors]) > size
         assert len(burnpack.BurnpackWriter(tensors).header) == size
+
+
+def test_burnpack_scanner_says_not_my_shape_and_nothing_else() -> None:
+    """Every prefix and every one-byte change of Burn-shaped metadata either scans or raises
+    `_NotMyShape`: the scanner has no blanket fallback, so any other exception would be a bug here."""
+    meta = root(enc("a", d(param_id=7), "b" * 30, d("U8", [3], (256, 259)), "c", d("BF16", [2**40, 0], (512, 512))),
+                3, enc("metadata"), enc({"k": "v"}))
+    assert burnpack._tensor_map(meta) == (3, 10)
+    count, pos = 3, 10
+    names, _, starts, ends, pids, _ = burnpack._scan_descriptors(meta, pos, count)
+    assert (names, starts, ends, pids) == ([b"a", b"b" * 30, b"c"], [0, 256, 512], [16, 259, 512], [7, None, None])
+    variants = [meta[:cut] for cut in range(len(meta))]
+    variants += [meta[:i] + bytes([b]) + meta[i + 1 :] for i in range(10, len(meta)) for b in (0x00, 0x18, 0x7F, 0xFF)]
+    scanned = 0
+    for data in variants:
+        try:
+            burnpack._scan_descriptors(data, pos, count)
+            scanned += 1
+        except burnpack._NotMyShape:
+            pass
+    assert scanned > 0 and scanned < len(variants)

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import struct
-import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain, compress, islice, repeat
@@ -114,87 +112,159 @@ def describe_qfloat(dt: DType) -> Any:
 
 # ------------------------------------------------------------------------------ reader fast path
 # The metadata as Burn writes it: {"tensors": {name: {dtype, shape, data_offsets[, param_id]}},
-# "metadata"?, "scalars"?}, "tensors" first, each descriptor's fields in that order. A specialised
-# matcher reads the descriptor map without building a CborMap per tensor; its match is exactly what
-# the generic decoder would decode (each CBOR head's length is checked against what was matched),
-# and anything else (QFloat, tags, indefinite lengths, unknown fields, repeated names, any error)
-# goes to the generic decoder and its messages. The rest of the root map always goes through it.
+# "metadata"?, "scalars"?}, "tensors" first, each descriptor's fields in that order. `_Scanner`
+# reads exactly that grammar, byte by byte, without building a CborMap per tensor: each CBOR head is
+# decoded as the generic decoder decodes it, so what it accepts decodes to the same values there.
+# Anything outside the grammar (QFloat, tags, indefinite lengths, other fields or field orders, long
+# names) raises `_NotMyShape`, and the generic decoder reads the file and gives its messages; any
+# other exception is a bug. The rest of the root map always goes through the generic decoder.
 
-_UINT = rb"(?:[\x00-\x17]|\x18.|\x19..|\x1a.{4}|\x1b.{8})"  # a CBOR unsigned integer, any head width
-_UINT_BIAS = {1: 0, 2: 0x18 << 8, 3: 0x19 << 16, 5: 0x1A << 32, 9: 0x1B << 64}  # head's share of the bytes
 _TEXT_DTYPES: dict[bytes, DType] = {
     **{cbor.encode(dt.burn_text): dt for dt in dtypes.ALL if dt.burn_text and dt.kind is not Kind.QUANTIZED},
     **{cbor.encode({"Bool": store}): dt for store, dt in dtypes.BURN_BOOL_STORES.items()},
 }
-_DTYPE = b"|".join(re.escape(k) for k in _TEXT_DTYPES)
-# name head, name (up to the first byte pair that starts a descriptor, so a name holding one goes to
-# the generic decoder; its length is checked against the head), then map head + dtype + shape as one
-# key (few distinct ones), start, end, param_id. Possessive on 3.11+ (the same match, no backtracking
-# state); 3.10 keeps state per repetition of the group, so it allows at most 4096 of them.
-_POSSESSIVE = sys.version_info >= (3, 11)
-_DESCRIPTOR = re.compile(
-    rb"([\x60-\x77]|\x78.|\x79..)([^\xa3\xa4]*" + (b"+" if _POSSESSIVE else b"")
-    + rb"(?:[\xa3\xa4](?!\x65dtype)[^\xa3\xa4]*" + (b"+)*+" if _POSSESSIVE else b"){0,4096}") + rb")"
-    rb"([\xa3\xa4]\x65dtype(?:" + _DTYPE + rb")\x65shape[\x80-\x97]" + _UINT + rb"{0,23})"
-    rb"\x6cdata_offsets\x82(" + _UINT + rb")(" + _UINT + rb")(?:\x68param_id(" + _UINT + rb"))?", re.S)
-_KEY = re.compile(rb"([\xa3\xa4])\x65dtype(" + _DTYPE + rb")\x65shape(.*)", re.S)
-_SHAPE_ITEM = re.compile(_UINT, re.S)
-_ROOT = re.compile(rb"[\xa1-\xa3]\x67tensors([\xa0-\xb7]|\xb8.|\xb9..|\xba.{4})", re.S)
-_BATCH = 8192  # descriptors matched or encoded per batch: transient objects for 8k tensors, not all
+_DTYPE_KEY, _SHAPE_KEY, _OFFSETS_KEY, _PARAM_ID_KEY = (cbor.encode(k) for k in ("dtype", "shape", "data_offsets",
+                                                                                 "param_id"))
+_OFFSETS_PAIR = _OFFSETS_KEY + b"\x82"  # "data_offsets": [start, end]
+_UINT_WIDTH = {0x18: 1, 0x19: 2, 0x1A: 4, 0x1B: 8}  # an unsigned integer's head -> bytes after it
+_NAME_WIDTH = {0x78: 1, 0x79: 2}  # a text head with a 1- or 2-byte length (longer names: generic decoder)
+_MAX_KEY = 1 + len(_DTYPE_KEY) + max(map(len, _TEXT_DTYPES)) + len(_SHAPE_KEY) + 1 + 23 * 9
+"""The longest descriptor prefix the scanner reads: map head, dtype, shape of at most 23 u64 dimensions."""
+_PAD = b"\xff" * 64
+"""Appended to the bytes scanned: 0xff (CBOR's "break") is no head the scanner accepts, so a read past
+the end sees a byte that is not its shape instead of raising IndexError; 64 covers the longest step."""
+_BATCH = 8192  # descriptors encoded per batch by the writer: transient objects for 8k tensors, not all
 
 
-class _Unusual(Exception):
-    """Metadata the fast path leaves to the generic decoder."""
-
-
-class _HeadLengths(dict[bytes, int]):
-    """A CBOR text head -> the length it declares, computed once per distinct head."""
-
-    def __missing__(self, head: bytes) -> int:
-        n = head[0] - 0x60 if len(head) == 1 else int.from_bytes(head[1:], "big")
-        self[head] = n
-        return n
-
-
-def _uints(encoded: Iterable[bytes]) -> list[int]:
-    """Values of CBOR unsigned integers given as their bytes (head included), in C-level passes."""
-    col = list(encoded)
-    return list(map(sub, map(int.from_bytes, col, repeat("big")), map(_UINT_BIAS.__getitem__, map(len, col))))
+class _NotMyShape(Exception):
+    """Metadata outside the scanner's grammar: the generic decoder reads it (and explains any error)."""
 
 
 def _describe(key: bytes, max_tensor_bytes: int) -> tuple[bool, DType, tuple[int, ...], int]:
-    """(has param_id, dtype, shape, byte length) of a descriptor key, with the checks `_descriptor`
-    makes on them; _Unusual for anything else."""
-    m = _KEY.fullmatch(key)
-    assert m is not None  # the descriptor pattern guarantees it
-    head, dims = m[3][0] - 0x80, _SHAPE_ITEM.findall(m[3], 1)
-    if len(dims) != head or sum(map(len, dims)) != len(m[3]) - 1:
-        raise _Unusual  # the array head declares another count: the generic decoder reads it otherwise
-    shape = tuple(_uints(dims))
-    dt = _TEXT_DTYPES[m[2]]
-    # at most 23 dimensions of 64 bits: the product is cheap; every dtype here takes >= 1 byte per
-    # element, so this also refuses what `_descriptor`'s element-count bound refuses
+    """(has param_id, dtype, shape, byte length) of a descriptor prefix: a 3- or 4-field map head,
+    "dtype" and a known dtype, "shape" and an array of at most 23 unsigned integers, and nothing
+    more; with the checks `_descriptor` makes on them. _NotMyShape for anything else."""
+    if key[:1] not in (b"\xa3", b"\xa4") or not key.startswith(_DTYPE_KEY, 1):
+        raise _NotMyShape
+    pos = 1 + len(_DTYPE_KEY)
+    found = next(((enc, dt) for enc, dt in _TEXT_DTYPES.items() if key.startswith(enc + _SHAPE_KEY, pos)), None)
+    if found is None:
+        raise _NotMyShape
+    enc, dt = found
+    pos += len(enc) + len(_SHAPE_KEY)
+    head = key[pos] if pos < len(key) else 0
+    if not 0x80 <= head <= 0x97:
+        raise _NotMyShape
+    pos += 1
+    dims = []
+    for _ in range(head - 0x80):
+        b = key[pos] if pos < len(key) else 0xFF
+        if b < 0x18:
+            dims.append(b)
+            pos += 1
+            continue
+        width = _UINT_WIDTH.get(b)
+        if width is None or pos + 1 + width > len(key):
+            raise _NotMyShape
+        dims.append(int.from_bytes(key[pos + 1 : pos + 1 + width], "big"))
+        pos += 1 + width
+    if pos != len(key):
+        raise _NotMyShape  # more than the shape before "data_offsets": another field order
+    shape = tuple(dims)
+    # every dtype here takes >= 1 byte per element, so this also refuses what `_descriptor`'s
+    # element-count bound refuses
     nbytes = dt.nbytes(shape)
     if nbytes is None or nbytes > max_tensor_bytes:
-        raise _Unusual
-    return m[1] == b"\xa4", dt, shape, nbytes
+        raise _NotMyShape
+    return key[0] == 0xA4, dt, shape, nbytes
 
 
-def _match_descriptors(raw: bytes, pos: int, count: int) -> tuple[list[Any], int]:
-    """The `count` descriptors from `pos` as columns (name heads, names, keys, starts, ends, param_ids),
-    matched back to back, and the position after them; _Unusual if they are not all there."""
-    columns: list[list[Any]] = [[], [], [], [], [], []]
-    scanner = _DESCRIPTOR.scanner(raw, pos)  # each match() starts exactly where the last one ended
-    left = count
-    while left:
-        batch = list(islice(iter(scanner.match, None), min(left, _BATCH)))
-        if not batch:
-            raise _Unusual
-        for column, values in zip(columns, zip(*map(re.Match.groups, batch), strict=True), strict=True):
-            column += values
-        left -= len(batch)
-        pos = batch[-1].end()
-    return columns, pos
+def _scan_descriptors(raw: bytes, pos: int, count: int) -> tuple[list[bytes], list[bytes], list[int], list[int],
+                                                                  list[int | None], int]:
+    """The `count` (name, descriptor) pairs from `pos`: names (UTF-8 bytes), descriptor prefixes (for
+    `_describe`), starts, ends, param_ids, and the position after them; _NotMyShape if they are not
+    all in the grammar."""
+    end = len(raw)
+    data = raw + _PAD
+    find, from_bytes, width_of = data.find, int.from_bytes, _UINT_WIDTH.get
+    pair, span = _OFFSETS_PAIR, _MAX_KEY + len(_OFFSETS_PAIR)
+    names: list[bytes] = []
+    keys: list[bytes] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    pids: list[int | None] = []
+    for _ in range(count):  # unrolled: one pass per tensor is most of the scan's time
+        h = data[pos]  # pos <= end here, and data has _PAD after end
+        if 0x60 <= h <= 0x77:
+            pos += 1
+            name_end = pos + h - 0x60
+        elif h == 0x78:
+            pos += 2
+            name_end = pos + data[pos - 1]
+        elif h == 0x79:
+            pos += 3
+            name_end = pos + (data[pos - 2] << 8 | data[pos - 1])
+        else:
+            raise _NotMyShape
+        if name_end > end:
+            raise _NotMyShape
+        k = find(pair, name_end, name_end + span)
+        if k < 0:
+            raise _NotMyShape
+        names.append(data[pos:name_end])
+        key = data[name_end:k]
+        keys.append(key)
+        pos = k + len(pair)
+        b = data[pos]
+        if b < 0x18:
+            starts.append(b)
+            pos += 1
+        elif w := width_of(b):
+            starts.append(from_bytes(data[pos + 1 : pos + 1 + w], "big"))
+            pos += 1 + w
+        else:
+            raise _NotMyShape
+        b = data[pos]
+        if b < 0x18:
+            ends.append(b)
+            pos += 1
+        elif w := width_of(b):
+            ends.append(from_bytes(data[pos + 1 : pos + 1 + w], "big"))
+            pos += 1 + w
+        else:
+            raise _NotMyShape
+        if key[:1] == b"\xa4":  # a 4-field map: "param_id" follows the offsets (`_describe` checks the rest)
+            if not data.startswith(_PARAM_ID_KEY, pos):
+                raise _NotMyShape
+            pos += len(_PARAM_ID_KEY)
+            b = data[pos]
+            if b < 0x18:
+                pids.append(b)
+                pos += 1
+            elif w := width_of(b):
+                pids.append(from_bytes(data[pos + 1 : pos + 1 + w], "big"))
+                pos += 1 + w
+            else:
+                raise _NotMyShape
+        else:
+            pids.append(None)
+        if pos > end:
+            raise _NotMyShape
+    return names, keys, starts, ends, pids, pos
+
+
+def _tensor_map(raw: bytes) -> tuple[int, int] | None:
+    """(tensor count, position of the first name) when the root is a map of 1-3 fields whose first
+    is "tensors" holding a definite-length map; None otherwise."""
+    if len(raw) < 10 or not 0xA1 <= raw[0] <= 0xA3 or raw[1:9] != b"\x67tensors":
+        return None
+    h = raw[9]
+    if 0xA0 <= h <= 0xB7:
+        return h - 0xA0, 10
+    width = {0xB8: 1, 0xB9: 2, 0xBA: 4}.get(h)
+    if width is None or len(raw) < 10 + width:
+        return None
+    return int.from_bytes(raw[10 : 10 + width], "big"), 10 + width
 
 
 # ---------------------------------------------------------------------------------------- reader
@@ -255,32 +325,28 @@ class BurnpackReader(Reader):
     def _fast(self, raw: bytes) -> tuple[dict[str, str], dict[str, Scalar], tuple[list[Any], ...]] | None:
         """Metadata, scalars and tensor columns (for `stored_many`, in data order) of metadata in Burn's
         shape, with every check `_parse_root` makes; None to leave it to the generic decoder."""
-        root = _ROOT.match(raw)
-        if root is None:
+        found = _tensor_map(raw)
+        if found is None:
             return None
-        head = root[1]
-        count = int.from_bytes(head[1:], "big") if len(head) > 1 else head[0] - 0xA0
+        count, pos = found
         if count > self.limits.max_tensors:
             return None  # the generic path refuses it
         try:
-            (heads, names_b, keys, starts_b, ends_b, pids_b), pos = _match_descriptors(raw, root.end(), count)
-            if list(map(len, names_b)) != list(map(_HeadLengths().__getitem__, heads)):
-                return None
-            names = list(map(bytes.decode, names_b))
+            names_b, keys, starts, ends, pids, pos = _scan_descriptors(raw, pos, count)
             info = {key: _describe(key, self.limits.max_tensor_bytes) for key in set(keys)}
-            info_values = list(info.values())
-            del heads, names_b
             metadata, scalars = self._fast_rest(raw, pos, raw[0] - 0xA1)
-        except (_Unusual, UnicodeDecodeError, cbor.CborError, FormatError):
+        except _NotMyShape:
             return None
+        try:
+            names = list(map(bytes.decode, names_b))
+        except UnicodeDecodeError:
+            return None  # the generic decoder names the bad text
+        del names_b
         if len(set(names)) != count:  # a repeated name: the last one wins, as the generic path says
             return None
         described = list(map(info.__getitem__, keys))
+        has_pids = any(d[0] for d in info.values())
         del keys, info
-        if [d[0] for d in described] != list(map(is_not, pids_b, repeat(None))):
-            return None  # a map head that does not count the param_id field
-        starts, ends = _uints(starts_b), _uints(ends_b)
-        del starts_b, ends_b
         if (list(map(sub, ends, starts)) != [d[3] for d in described]
                 or any(map(and_, starts, repeat(ALIGNMENT - 1)))
                 or (count and self.data_start + max(ends) > self.source.size)):
@@ -290,27 +356,31 @@ class BurnpackReader(Reader):
             key = starts if len(set(starts)) == count else list(zip(starts, ends, strict=True))
             order = sorted(range(count), key=key.__getitem__)
             del key
-            starts, ends, names, described, pids_b = ([*map(column.__getitem__, order)] for column in
-                                                      (starts, ends, names, described, pids_b))
+            starts, ends, names, described, pids = ([*map(column.__getitem__, order)] for column in
+                                                    (starts, ends, names, described, pids))
         nonempty = list(map(ne, starts, ends))
         s_ne, e_ne = list(compress(starts, nonempty)), list(compress(ends, nonempty))
         if any(map(lt, islice(s_ne, 1, None), e_ne)):  # no two non-empty tensors overlap
             return None
         del ends, nonempty, s_ne, e_ne
-        pids = None if not any(d[0] for d in info_values) else [None if b is None else _uints([b])[0] for b in pids_b]
         _, dts, shapes, lengths = zip(*described, strict=True) if count else ((),) * 4
-        return metadata, scalars, (names, dts, shapes, list(map(add, starts, repeat(self.data_start))), lengths, pids)
+        return metadata, scalars, (names, dts, shapes, list(map(add, starts, repeat(self.data_start))), lengths,
+                                   pids if has_pids else None)
 
     def _fast_rest(self, raw: bytes, pos: int, fields: int) -> tuple[dict[str, str], dict[str, Scalar]]:
-        """The root map's other fields ("metadata", "scalars"), by the generic decoder."""
+        """The root map's other fields ("metadata", "scalars"), by the generic decoder; _NotMyShape for
+        other fields, and for any error there (the generic path then reports it, in its order)."""
         rest: dict[str, Any] = {}
-        for _ in range(fields):
-            key, pos = cbor.decode_at(raw, pos, 1, limits=self.limits)
-            if key not in ("metadata", "scalars") or key in rest:
-                raise _Unusual
-            rest[key], pos = cbor.decode_at(raw, pos, 1, limits=self.limits)
-        return (self._parse_metadata(rest.get("metadata", cbor.MISSING)),
-                self._parse_scalars(rest.get("scalars", cbor.MISSING)))
+        try:
+            for _ in range(fields):
+                key, pos = cbor.decode_at(raw, pos, 1, limits=self.limits)
+                if key not in ("metadata", "scalars") or key in rest:
+                    raise _NotMyShape
+                rest[key], pos = cbor.decode_at(raw, pos, 1, limits=self.limits)
+            return (self._parse_metadata(rest.get("metadata", cbor.MISSING)),
+                    self._parse_scalars(rest.get("scalars", cbor.MISSING)))
+        except (cbor.CborError, FormatError):
+            raise _NotMyShape from None
 
     def _fail(self, msg: str, tensor: str | None = None) -> FormatError:
         return FormatError(msg, file=self.label, tensor=tensor)
