@@ -80,7 +80,7 @@ def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
                           hash_sources=getattr(args, "hash_sources", False),
                           overwrite=True if getattr(args, "overwrite", False) else None,
                           fsync=False if getattr(args, "no_fsync", False) else None,
-                          module_origins=loaded.module_origins)
+                          module_origins=loaded.module_origins, op_origins=loaded.op_origins)
     try:
         with plan:
             yield plan
@@ -326,6 +326,8 @@ def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
             if p.fatal:
                 return {**result, "status": "would_fail", "exit_code": EXIT_MIGRATION, "errors": list(p.fatal)}
             return {**result, "status": "ok", "exit_code": EXIT_OK}
+    except RecipeError as e:  # an op that does not fit the source's shapes: the recipe is wrong
+        return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
     except MigratorError as e:
         return {**result, "status": "error", "exit_code": EXIT_MIGRATION, "error": error_json(e)}
 
