@@ -1092,8 +1092,8 @@ def _op_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, A
     for i, op in enumerate(recipe.ops):
         kind, spec = op_kind_and_spec(op)
         for key in ("", *(f.alias or name for name, f in type(spec).model_fields.items())):
-            node, _, found = mapper._locate(("ops", i, kind, key) if key else ("ops", i))
-            if found:
-                issue = mapper._render(_Issue((), node, ""))
+            node, key_node, found = mapper._locate(("ops", i, kind, key) if key else ("ops", i))
+            if found:  # at the key: what the message is about (a flow-style value's mark is its ':')
+                issue = mapper._render(_Issue((), key_node or node, ""))
                 out[(i, key)] = (issue.file, issue.line, issue.col)
     return out
