@@ -98,8 +98,8 @@ def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
-def _print_outcome(plan: Plan) -> None:
-    print(plan.report.display())  # escapes the names it shows
+def _print_outcome(plan: Plan, all_ops: bool = False) -> None:
+    print(plan.report.display(ops_limit=None) if all_ops else plan.report.display())  # escapes the names it shows
     for note in plan.notes:
         print(f"note: {escape(note, keep_newlines=True)}")
     shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary just printed
@@ -210,7 +210,7 @@ def plan(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             _print_plan_table(p)
-            _print_outcome(p)
+            _print_outcome(p, all_ops=True)
         return EXIT_OK if p.ok else EXIT_MIGRATION
 
 

@@ -196,8 +196,9 @@ class ApplyReport:
         """The "did you mean" hint for a missing path, from this report's unused names."""
         return did_you_mean(missing_path, sorted(self.unused))
 
-    def display(self) -> str:
-        """Burn's multi-line summary (spec §5.7), without a trailing newline."""
+    def display(self, ops_limit: int | None = _LIST_LIMIT) -> str:
+        """Burn's multi-line summary (spec §5.7), without a trailing newline; op nodes after the first
+        `ops_limit` are counted, not listed (None: all, as `migrate plan` shows them)."""
         skipped = sorted(self.skipped)
         missing = sorted(self.missing)
         unused = sorted(self.unused)
@@ -231,9 +232,10 @@ class ApplyReport:
                 lines.append(f"│    ... and {len(unused) - _LIST_LIMIT} more")
         if self.ops:
             lines += ["│", f"├─ Ops ({_count(len(self.ops), 'node')})", "│"]
-            lines += [f"│    • {escape(_op_text(n))}" for n in self.ops[:_LIST_LIMIT]]
-            if len(self.ops) > _LIST_LIMIT:
-                lines.append(f"│    ... and {len(self.ops) - _LIST_LIMIT} more")
+            shown = self.ops if ops_limit is None else self.ops[:ops_limit]
+            lines += [f"│    • {escape(_op_text(n))}" for n in shown]
+            if len(self.ops) > len(shown):
+                lines.append(f"│    ... and {len(self.ops) - len(shown)} more")
         if self.errors:
             lines += ["│", "├─ Errors", "│"]
             lines += [f"│  ⚠️  {escape(error_display(e), keep_newlines=True)}" for e in self.errors[:_LIST_LIMIT]]

@@ -335,3 +335,39 @@ def test_cli_exit_code_and_json_issue(bad_src: Path) -> None:
         assert err["issues"][0]["line"] == 4 and err["issues"][0]["col"] == 30, err
         assert "'w' has 12 along dim 1" in err["issues"][0]["message"]
     assert not (bad_src / "out.safetensors").exists()
+
+
+def test_output_is_byte_reproducible_and_report_round_trips(tmp_path: Path) -> None:
+    from migrator.report import ApplyReport
+
+    t = sources(torch.bfloat16, strided=True)
+    torch.save(t, tmp_path / "in.pt")
+    run(tmp_path, tmp_path / "in.pt")
+    first = (tmp_path / "out.safetensors").read_bytes()
+    (tmp_path / "out.safetensors").unlink()
+    run(tmp_path, tmp_path / "in.pt")
+    assert (tmp_path / "out.safetensors").read_bytes() == first
+    loaded = load_recipe(tmp_path / "recipe.yaml")
+    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+        doc = plan.report.to_json()
+    assert ApplyReport.from_json(doc).to_json() == doc
+    stack = next(n for n in doc["ops"] if n["op"] == "stack")
+    assert stack["inputs"] == ["e.0", "e.1", "e.2", "e.3"] and stack["outputs"] == ["e"]
+    assert {"source": "e.0, e.1, e.2, e.3", "target": "e"} in doc["tensors"]
+    assert {"source": "w", "target": "w.1t"} in doc["tensors"]
+
+
+def test_plan_text_lists_every_op_node(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    st.save_file({f"x.{i}": torch.zeros(2, 2) for i in range(12)}, tmp_path / "in.safetensors")
+    (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: in.safetensors}\nops:\n"
+                                     "  - permute: {from: 'x\\.(\\d+)', dims: [1, 0], to: 'y.$1'}\n"
+                                     "target: {path: out.safetensors}\n")
+    p = subprocess.run([sys.executable, "-m", "migrator.cli", "plan", str(tmp_path / "r.yaml")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "Ops (12 nodes)" in p.stdout
+    for i in range(12):
+        assert f"permute ops[0] ({tmp_path / 'r.yaml'}:4:5): x.{i} -> y.{i}" in p.stdout
