@@ -18,6 +18,7 @@ held whole; peak memory is a few bands plus, for a general permute, the input's 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 
 BAND = 4 << 20
 """Target bytes of one streamed piece: well inside the L3 cache, and a few of them fit the memory bound."""
-STRIDED_READ = 64 << 10
-"""A kept part of a row at least this long is read on its own (pread); shorter ones come with the whole row."""
+STRIDED_READ = 4 << 10
+"""A stored tensor's kept part of a row at least this long is read on its own (a pread per row into the
+band); shorter ones come with their whole rows."""
 
 
 def _prod(dims: Sequence[int]) -> int:
@@ -201,14 +203,27 @@ class _Columns(_Chunks):
 
         t, outer, row, a, b = self.tensor, self.outer, self.row, self.a, self.b
         part = b - a
+        span = t.span
+        if span is not None and part >= STRIDED_READ and row <= BAND:  # only the parts, a band at a time
+            rows = max(1, BAND // part)
+            for o in range(0, outer, rows):
+                n = min(rows, outer - o)
+                band = memoryview(bytearray(n * part))
+                for j in range(n):
+                    at = span.offset + (o + j) * row + a
+                    if os.preadv(span.fd, [band[j * part:(j + 1) * part]], at) != part:
+                        raise TensorBytesSizeMismatchError(f"source ended inside row {o + j} of {outer}",
+                                                           file=t.origin, tensor=t.name)
+                yield band
+            return
         r = _Sequential(t)
-        if part >= STRIDED_READ or row > BAND:  # each row's part on its own (a skip of a stored tensor is free)
+        if row > BAND:  # each row's part on its own (a skip of a stored tensor is free)
             for _ in range(outer):
                 r.skip(a)
                 yield from r.pieces(part)
                 r.skip(row - b)
             return
-        rows = max(1, BAND // row)
+        rows = max(1, BAND // row)  # whole rows, the kept columns cut out
         for o in range(0, outer, rows):
             n = min(rows, outer - o)
             band = np.frombuffer(r.read(n * row), dtype=np.uint8).reshape(n, row)
