@@ -14,7 +14,7 @@ touching the shared model; nothing here imports recipe.py at import time.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -338,6 +338,3 @@ def op_kind_and_spec(op: BaseModel) -> tuple[str, Any]:
     """('split', SplitSpec(...)) for an entry."""
     kind = next(iter(type(op).model_fields))
     return kind, getattr(op, kind)
-
-
-Kind = Literal["split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute"]

@@ -371,3 +371,12 @@ def test_plan_text_lists_every_op_node(tmp_path: Path) -> None:
     assert "Ops (12 nodes)" in p.stdout
     for i in range(12):
         assert f"permute ops[0] ({tmp_path / 'r.yaml'}:4:5): x.{i} -> y.{i}" in p.stdout
+
+
+def test_unstack_of_a_huge_empty_dim_is_refused(bad_src: Path) -> None:
+    from migrator import from_numpy, save
+
+    np = pytest.importorskip("numpy")
+    save([from_numpy("z", np.zeros((1 << 20, 0), np.float32))], bad_src / "in.safetensors", overwrite=True)
+    text = plan_error(bad_src, "  - unstack: {from: z, to: 'z.$i'}")
+    assert "would make 1048576 tensors (at most 65536)" in text

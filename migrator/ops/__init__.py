@@ -24,6 +24,9 @@ from ..recipe_ops import op_kind_and_spec, substitute_index, whole_name_pattern
 from ..tensor import LazyTensor
 from . import lazy
 
+MAX_PARTS = 1 << 16
+"""Most outputs one unstack may make (its count comes from the file, not the recipe)."""
+
 Origins = Mapping[tuple[int, str], tuple[str, int, int]]
 """(op index, key or '') -> (recipe file, line, column), from the loader."""
 
@@ -307,6 +310,10 @@ def _build(step: _Op, inputs: list[_Slot]) -> list[_Slot]:
         return outs
     if kind == "unstack":
         d = step.dim(spec.dim, rank, name, shape)
+        if shape[d] > MAX_PARTS:  # a header may declare [2**40, 0]: that many names would exhaust memory
+            step.fail(f"unstacking '{name}' (shape {list(shape)}) along dim {d} would make {shape[d]} tensors "
+                      f"(at most {MAX_PARTS})", "dim")
+            raise _Failed
         rest = (*shape[:d], *shape[d + 1:])
         outs = []
         for k in range(shape[d]):
