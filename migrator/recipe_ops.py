@@ -254,42 +254,45 @@ class RopePermuteSpec(_Unary):
 
 class SplitOp(BaseModel):
     model_config = _Op.model_config
-    split: SplitSpec
+    split: SplitSpec = Field(description="Cut each matching tensor along a dim into parts (torch.split / torch.chunk).")
 
 
 class ConcatOp(BaseModel):
     model_config = _Op.model_config
-    concat: ConcatSpec
+    concat: ConcatSpec = Field(description="Join inputs end to end along an existing dim (torch.cat).")
 
 
 class StackOp(BaseModel):
     model_config = _Op.model_config
-    stack: StackSpec
+    stack: StackSpec = Field(description="Join inputs of one shape along a new dim (torch.stack).")
 
 
 class UnstackOp(BaseModel):
     model_config = _Op.model_config
-    unstack: UnstackSpec
+    unstack: UnstackSpec = Field(
+        description="Cut each matching tensor into its slices along a dim, removing it (torch.unbind).")
 
 
 class ReshapeOp(BaseModel):
     model_config = _Op.model_config
-    reshape: ReshapeSpec
+    reshape: ReshapeSpec = Field(
+        description="Give each matching tensor a new shape with the same elements (torch.reshape).")
 
 
 class PermuteOp(BaseModel):
     model_config = _Op.model_config
-    permute: PermuteSpec
+    permute: PermuteSpec = Field(description="Reorder each matching tensor's dims (torch.permute).")
 
 
 class SliceOp(BaseModel):
     model_config = _Op.model_config
-    slice: SliceSpec
+    slice: SliceSpec = Field(description="Keep a range of one dim of each matching tensor (tensor[..., start:stop]).")
 
 
 class RopePermuteOp(BaseModel):
     model_config = _Op.model_config
-    rope_permute: RopePermuteSpec
+    rope_permute: RopePermuteSpec = Field(
+        description="Meta's interleaved rotary layout of q/k weights to Hugging Face's, or back (inverse).")
 
 
 def _op_tag(value: object) -> str | None:
