@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from .recipe_ops import OpSpec
+
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
 AdapterName = Literal["identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"]
 
@@ -416,6 +418,9 @@ class Recipe(_Strict):
     filter: FilterSpec = Field(default_factory=FilterSpec)
     modules: dict[str, list[Regex]] = Field(
         default_factory=dict, description="Module type -> regexes of module paths (tensor name minus last segment).")
+    ops: list[OpSpec] = Field(
+        default_factory=list, description="Tensor ops (split, concat, stack, unstack, reshape, permute, slice, "
+        "rope_permute), in order, on the names after remap and filter, before adapters.")
     adapters: list[AdapterSpec] = Field(default_factory=list)
     dtype: DTypePolicy = "keep"
     target: TargetSpec
