@@ -200,8 +200,8 @@ def test_commands_pause_the_collector_only_while_they_run(model: Path, tmp_path:
 
     seen: list[bool] = []
     print_outcome = recipe_cli._print_outcome
-    monkeypatch.setattr(recipe_cli, "_print_outcome", lambda plan: (seen.append(gc.isenabled()),
-                                                                     print_outcome(plan)))
+    monkeypatch.setattr(recipe_cli, "_print_outcome", lambda plan, **kw: (seen.append(gc.isenabled()),
+                                                                           print_outcome(plan, **kw)))
     check_plan_target = execute.check_plan_target  # a refused run stops there, before the outcome
     monkeypatch.setattr(execute, "check_plan_target", lambda plan: (seen.append(gc.isenabled()),
                                                                      check_plan_target(plan)))
