@@ -139,7 +139,7 @@ def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int | None = None
 _FLOAT = Kind.FLOAT  # a module global is read faster than an enum member
 CASTABLE: frozenset[str] = frozenset({"F64", "F32", "FLEX32", "F16", "BF16"})
 
-_UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_UINT: dict[int, np.dtype[Any]] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _BITS_OF = {"F64": 8, "F32": 4, "FLEX32": 4, "F16": 2, "BF16": 2}
 
 _F16_NAN = np.uint16(0x7E00)
@@ -303,7 +303,7 @@ class _Cast:
         if k is not None and kind.direct is not None:  # no numpy: its per-call cost dominates small tensors
             return kind.direct(k, piece, len(piece) // kind.src_uint.itemsize * kind.dst_uint.itemsize)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and NaNs are intended
-            return memoryview(kind.convert(np.frombuffer(piece, dtype=kind.src_uint)).view(np.uint8))
+            return kind.convert(np.frombuffer(piece, dtype=kind.src_uint)).view(np.uint8).data
 
     def pieces(self) -> Iterator[memoryview]:
         step = CHUNK_ELEMENTS * self.kind.src_uint.itemsize
@@ -315,20 +315,22 @@ class _Cast:
     def __call__(self) -> memoryview:
         pieces = self.pieces()
         first = next(pieces, None)
-        second = None if first is None else next(pieces, None)
-        if second is None:  # zero or one piece (every small tensor): it is the result, no copy
-            return memoryview(b"") if first is None else first
+        if first is None:
+            return memoryview(b"")
+        second = next(pieces, None)
+        if second is None:  # one piece (every small tensor): it is the result, no copy
+            return first
         out = np.empty(self.tensor.numel * self.kind.dst_uint.itemsize, dtype=np.uint8)
         pos = 0
         for piece in itertools.chain((first, second), pieces):
             out[pos:pos + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
             pos += len(piece)
-        return memoryview(out)
+        return out.data
 
 
 def _out_buffer(n: int) -> memoryview:
     """A writable buffer of n bytes: a bytearray when small (cheap to make), else uninitialised numpy."""
-    return memoryview(bytearray(n) if n <= 65536 else np.empty(n, dtype=np.uint8))
+    return memoryview(bytearray(n)) if n <= 65536 else np.empty(n, dtype=np.uint8).data
 
 
 def _direct(kernel: str, *extra: int) -> Callable[[Any, Buffer, int], memoryview]:
@@ -489,7 +491,7 @@ class _Transposed:
         base = self.base
         rows, cols = base.shape
         raw = whole(base)
-        return memoryview(transpose_bytes(raw, rows, cols, base.dtype.itemsize or 1).reshape(-1).view(np.uint8))
+        return transpose_bytes(raw, rows, cols, base.dtype.itemsize or 1).reshape(-1).view(np.uint8).data
 
 
 class _TransposedChunks(_Transposed):
@@ -502,7 +504,7 @@ class _TransposedChunks(_Transposed):
         rows, cols = base.shape
         # A transpose reads its whole source; the source's map is dropped with the exhausted bands.
         for band in transpose_bands(whole(base), rows, cols, base.dtype.itemsize or 1):
-            yield memoryview(band.reshape(-1).view(np.uint8))
+            yield band.reshape(-1).view(np.uint8).data
 
 
 class _TransposedHalf(_Transposed):
@@ -512,7 +514,7 @@ class _TransposedHalf(_Transposed):
 
     def __call__(self) -> memoryview:
         rows, cols = self.base.shape
-        return memoryview(_half_band(whole(self.base), rows, cols, 0, cols).reshape(-1).view(np.uint8))
+        return _half_band(whole(self.base), rows, cols, 0, cols).reshape(-1).view(np.uint8).data
 
 
 class _TransposedHalfChunks(_TransposedHalf):
@@ -525,4 +527,4 @@ class _TransposedHalfChunks(_TransposedHalf):
         raw = whole(self.base)  # a map of the source tensor, dropped with the exhausted bands
         band = _band_columns(rows, 2, 8)
         for half in _map_bands(lambda first, width: _half_band(raw, rows, cols, first, width), cols, band):
-            yield memoryview(half.reshape(-1).view(np.uint8))
+            yield half.reshape(-1).view(np.uint8).data

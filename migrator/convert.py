@@ -177,8 +177,9 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
         return f"--remap '{rule['from']}={rule['to']}'"
     if first == "filter" and second in ("include", "exclude") and n is not None:
         return f"--{second} '{data['filter'][second][n]['regex']}'"
-    names = {"dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
-             "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
+    names: dict[str, str | dict[str, str]] = {
+        "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
+        "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
     found = names.get(first, first)
     return found.get(second or "", first) if isinstance(found, dict) else found
 

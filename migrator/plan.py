@@ -122,7 +122,7 @@ def _import_predicate(spec: str) -> Callable[[str], bool]:
         raise PlanError(f"filter predicate '{spec}' cannot be imported: {e}") from None
     if not callable(fn):
         raise PlanError(f"filter predicate '{spec}' is not callable")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _enum_free(name: str) -> str:

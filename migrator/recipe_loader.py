@@ -706,7 +706,7 @@ class _Mapper:
         if kind == "missing":
             parent, _, _ = self._locate(data[:-1])
             name = data[-1]
-            hint = _field_description(e.owner, name)
+            hint: str | None = _field_description(e.owner, name)
             if data == ("version",):
                 hint = "start the recipe with 'version: 1'"
             return [_Issue(data, parent, f"missing required key '{name}'", hint, "missing", name)]
@@ -732,7 +732,8 @@ class _Mapper:
         node, _, _ = self._locate(data)
         if kind == "literal_error":
             options = _literal_strings(e.tp)
-            expected = _join_or([f"'{o}'" for o in options]) if options else str(raw.get("ctx", {}).get("expected"))
+            expected: str | None = (_join_or([f"'{o}'" for o in options]) if options
+                                    else str(raw.get("ctx", {}).get("expected")))
             guess = did_you_mean(value, options) if isinstance(value, str) else None
             hint = f"did you mean '{guess}'?" if guess else None
             return [_Issue(data, node, f"expected {expected}, got {_describe_value(value, node)}", hint)]
@@ -740,7 +741,7 @@ class _Mapper:
         if expected is None:
             return [_Issue(data, node, str(raw.get("msg", kind)))]
         if kind in ("model_type", "model_attributes_type", "dict_type") and _is_model(_unwrap(e.tp)):
-            hint: str | None = f"valid keys: {', '.join(_yaml_keys(_unwrap(e.tp)))}"
+            hint = f"valid keys: {', '.join(_yaml_keys(_unwrap(e.tp)))}"
         else:
             hint = _type_hint(kind, value, node)
         return [_Issue(data, node, f"expected {expected}, got {_describe_value(value, node)}", hint)]

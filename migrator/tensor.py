@@ -152,9 +152,9 @@ def from_numpy(name: str, array: np.ndarray, *, dtype: DType | None = None,
     arr = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes 0-d arrays 1-d
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    shape = tuple(int(d) for d in arr.shape)
+    shape = tuple(map(int, arr.shape))
     nbytes = arr.nbytes
-    return LazyTensor(name, dt, shape, nbytes, loader=lambda: memoryview(arr.reshape(-1).view(np.uint8)),
+    return LazyTensor(name, dt, shape, nbytes, loader=lambda: arr.reshape(-1).view(np.uint8).data,
                       param_id=param_id)
 
 
@@ -172,7 +172,7 @@ _SLOTTED = (tuple(f.name for f in fields(LazyTensor)) == _LAZY_FIELDS
 
 def _fill(cls: type, n: int, **columns: Iterable[Any]) -> list[Any]:
     """n instances of a slotted class, every slot set from its column (one C-level pass per slot)."""
-    objs = list(map(object.__new__, repeat(cls, n)))
+    objs: list[Any] = list(map(object.__new__, repeat(cls, n)))
     for slot, values in columns.items():
         deque(map(getattr(cls, slot).__set__, objs, values), maxlen=0)
     return objs

@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain, compress, islice, repeat
 from operator import add, and_, attrgetter, is_not, lt, ne, sub
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO, ClassVar, TypeVar
 
 from .. import dtypes
 from ..bytesource import ByteSource, FileSource
@@ -133,6 +133,10 @@ _MAX_KEY = 1 + len(_DTYPE_KEY) + max(map(len, _TEXT_DTYPES)) + len(_SHAPE_KEY) +
 _PAD = b"\xff" * 64
 """Appended to the bytes scanned: 0xff (CBOR's "break") is no head the scanner accepts, so a read past
 the end sees a byte that is not its shape instead of raising IndexError; 64 covers the longest step."""
+_T = TypeVar("_T")
+_Columns = tuple[list[str], Sequence[DType], Sequence[tuple[int, ...]], list[int], Sequence[int],
+                 list[int | None] | None]
+"""What `stored_many` takes: names, dtypes, shapes, offsets, lengths, param_ids."""
 _BATCH = 8192  # descriptors encoded per batch by the writer: transient objects for 8k tensors, not all
 
 
@@ -253,6 +257,10 @@ def _scan_descriptors(raw: bytes, pos: int, count: int) -> tuple[list[bytes], li
     return names, keys, starts, ends, pids, pos
 
 
+def _reorder(column: list[_T], order: list[int]) -> list[_T]:
+    return list(map(column.__getitem__, order))
+
+
 def _tensor_map(raw: bytes) -> tuple[int, int] | None:
     """(tensor count, position of the first name) when the root is a map of 1-3 fields whose first
     is "tensors" holding a definite-length map; None otherwise."""
@@ -322,7 +330,7 @@ class BurnpackReader(Reader):
         del raw
         self.tensors, self.metadata, self.scalars = self._parse_root(root)
 
-    def _fast(self, raw: bytes) -> tuple[dict[str, str], dict[str, Scalar], tuple[list[Any], ...]] | None:
+    def _fast(self, raw: bytes) -> tuple[dict[str, str], dict[str, Scalar], _Columns] | None:
         """Metadata, scalars and tensor columns (for `stored_many`, in data order) of metadata in Burn's
         shape, with every check `_parse_root` makes; None to leave it to the generic decoder."""
         found = _tensor_map(raw)
@@ -356,8 +364,8 @@ class BurnpackReader(Reader):
             key = starts if len(set(starts)) == count else list(zip(starts, ends, strict=True))
             order = sorted(range(count), key=key.__getitem__)
             del key
-            starts, ends, names, described, pids = ([*map(column.__getitem__, order)] for column in
-                                                    (starts, ends, names, described, pids))
+            starts, ends, names = _reorder(starts, order), _reorder(ends, order), _reorder(names, order)
+            described, pids = _reorder(described, order), _reorder(pids, order)
         nonempty = list(map(ne, starts, ends))
         s_ne, e_ne = list(compress(starts, nonempty)), list(compress(ends, nonempty))
         if any(map(lt, islice(s_ne, 1, None), e_ne)):  # no two non-empty tensors overlap

@@ -112,7 +112,7 @@ def _bulk_size(dtype: DType, shape: tuple[int, ...]) -> int | None:
     return None if bits > _U64_MAX or bits % 8 else bits // 8
 
 
-class _Pairs(list):  # type: ignore[type-arg]
+class _Pairs(list):
     """A JSON object kept as its (key, value) pairs, so duplicate keys stay visible."""
 
 
@@ -284,15 +284,21 @@ class SafetensorsReader(Reader):
                 or not set(map(type, chain.from_iterable(shapes))) <= {int}
                 or set(map(type, chain.from_iterable(offsets))) != {int}):
             return None  # type(), not isinstance: bools and _Pairs (a list) are not taken
-        dts = {k: dtypes.BY_SAFETENSORS.get(k) for k in set(spelled)}
-        if None in dts.values():
-            return None
+        dts: dict[str, DType] = {}
+        for k in set(spelled):
+            dt = dtypes.BY_SAFETENSORS.get(k)
+            if dt is None:
+                return None
+            dts[k] = dt
         dt_col = list(map(dts.__getitem__, spelled))
         shape_col = list(map(tuple, shapes))
         del spelled, shapes
-        sizes = {key: _bulk_size(*key) for key in set(zip(dt_col, shape_col, strict=True))}
-        if None in sizes.values():
-            return None
+        sizes: dict[tuple[DType, tuple[int, ...]], int] = {}
+        for dt_shape in set(zip(dt_col, shape_col, strict=True)):
+            size = _bulk_size(*dt_shape)
+            if size is None:
+                return None
+            sizes[dt_shape] = size
         lengths = list(map(sizes.__getitem__, zip(dt_col, shape_col, strict=True)))
         starts, ends = (list(col) for col in zip(*offsets, strict=True))
         del offsets

@@ -177,7 +177,7 @@ class _ShardView(FileView):
 
     __slots__ = ()
 
-    @property  # type: ignore[override]
+    @property
     def fd(self) -> int:
         shard: _Shard = self.source  # type: ignore[assignment]
         return shard.fds.fd_for(shard)

@@ -140,7 +140,7 @@ class UnsupportedTensor:
     dtype: str | None = None
 
 
-class ODict(dict):  # type: ignore[type-arg]
+class ODict(dict):
     """An `OrderedDict` (a state_dict); `attrs` keeps BUILD state such as `_metadata`.
 
     Slotted, with `attrs` made on first use: torch.save pickles an empty OrderedDict (the backward
@@ -161,7 +161,7 @@ class ODict(dict):  # type: ignore[type-arg]
         return a
 
 
-Handler = Callable[["Unpickler", tuple, dict], Any]  # type: ignore[type-arg]
+Handler = Callable[["Unpickler", tuple, dict], Any]
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,10 +29,10 @@ class Flattener(TensorBuilder):
         self._root = root
         if isinstance(root, (sp.Placeholder, sp.Opaque)):
             raise self._placeholder_error("", root)
-        if self._whole:
+        if self._whole or key is None:
             return root, ""
         segments = [key] if isinstance(key, str) else [str(k) for k in key]
-        node, path = root, []
+        node, path = root, list[str]()
         todo = segments
         dotted = isinstance(key, str)
         while todo:
@@ -107,7 +107,7 @@ class Flattener(TensorBuilder):
                     names = groups.get(group)
                     if names is None:
                         groups[group] = name
-                    elif type(names) is str:
+                    elif isinstance(names, str):
                         groups[group] = [names, name]
                     else:
                         names.append(name)
