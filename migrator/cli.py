@@ -95,7 +95,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
                       help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
                       "sharded DST (repeatable)")
-    conv.add_argument("--emit-recipe", action="store_true", help="print the equivalent recipe as YAML; write nothing")
+    conv.add_argument("--emit-recipe", action="store_true",
+                      help="print the equivalent recipe as YAML (or write it to -o FILE); convert nothing")
+    conv.add_argument("-o", "--recipe-output", metavar="FILE",
+                      help="with --emit-recipe: write the recipe to FILE (atomically; refused if it exists, unless "
+                      "--overwrite), its paths relative to FILE's folder")
     conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -355,6 +359,26 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     return os.path.join(dst, Path(args.src).stem + writer_class(args.target_format).default_extension)
 
 
+def _emit_recipe(args: argparse.Namespace, text: str) -> int:
+    """`convert --emit-recipe`: the recipe on stdout, or written to `-o FILE` through the atomic path
+    (never over the source or the target the recipe names)."""
+    if not args.recipe_output:
+        sys.stdout.write(text)
+        return EXIT_OK
+    from .atomic import write_file
+
+    write_file(args.recipe_output, text.encode(), overwrite=args.overwrite, protect=[args.src],
+               outputs=[args.dst], make_folders=True)
+    if args.json:
+        json.dump({"recipe": args.recipe_output}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        from .display import escape
+
+        print(f"wrote {escape(args.recipe_output)} (run it with: migrate run {escape(args.recipe_output)})")
+    return EXIT_OK
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .convert import ConvertUsageError, build_recipe, convert, emit_recipe
 
@@ -370,6 +394,8 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         problem = _remap_problem(*item.split("=", 1))
         if problem:
             parser.error(f"--remap '{item}': {problem}")
+    if args.recipe_output and not args.emit_recipe:
+        parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
@@ -380,8 +406,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
     try:
         if args.emit_recipe:
-            sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))
-            return EXIT_OK
+            return _emit_recipe(args, emit_recipe(build_recipe(args.src, args.dst, **options), args.recipe_output))
         result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options)
     except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
         if args.json:
