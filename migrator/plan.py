@@ -98,6 +98,12 @@ class Plan:
         self.close()
 
 
+class SourceKeyError(PlanError):
+    """`source.top_level_key` selects nothing (the message lists what there is, with a did-you-mean)."""
+
+    loc = ("source", "top_level_key")
+
+
 class _Matcher:
     """A filter criterion list: regexes searched anywhere, exact paths, imported predicates."""
 
@@ -151,7 +157,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     try:
         reader = open_file(src_path, recipe.source.format, **({} if key is None else {"top_level_key": key}))
     except TensorNotFoundError as e:  # in a recipe, a wrong top_level_key is a planning problem
-        raise PlanError(e.detail, file=e.file) from None
+        raise SourceKeyError(e.detail, file=e.file) from None
     readers: list[Reader] = [reader]
     try:
         return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
