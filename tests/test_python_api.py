@@ -82,6 +82,24 @@ def test_from_numpy_takes_a_bf16_torch_tensor_for_a_pytorch_file(tmp_path: Path)
     assert back.dtype == torch.bfloat16 and torch.equal(back, t)
 
 
+def test_other_array_likes_are_taken_by_protocol() -> None:
+    class HasArray:
+        def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+            return np.arange(4, dtype=np.int32)
+
+    class HasNumpy:
+        def numpy(self) -> np.ndarray:
+            return np.ones((2, 2), np.float64)
+
+    blob = migrator.to_bytes({"a": HasArray(), "n": HasNumpy(), "d": torch.arange(3.0)[1:]}, "safetensors")
+    got = st_torch.load(blob)
+    assert torch.equal(got["a"], torch.arange(4, dtype=torch.int32))
+    assert torch.equal(got["n"], torch.ones(2, 2, dtype=torch.float64))
+    assert torch.equal(got["d"], torch.tensor([1.0, 2.0]))
+    with pytest.raises(migrator.errors.MigratorError, match=r"tensor 'x': cannot make a tensor of a builtins\.object"):
+        migrator.from_numpy("x", object())
+
+
 def test_numpy_input_never_imports_torch(tmp_path: Path) -> None:
     code = ("import sys, numpy as np, migrator\n"
             f"migrator.save({{'w': np.ones(3, np.float32)}}, {str(tmp_path / 'a.bpk')!r}, scalars={{'epoch': 2}})\n"
