@@ -222,9 +222,12 @@ indices, top-level key) goes through a recipe. `contiguous_indices` None/False i
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
-            **options: Any) -> ConvertResult:
-    """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options)."""
-    if all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
+            recipe_sha256: str | None = None, **options: Any) -> ConvertResult:
+    """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options).
+
+    `recipe_sha256`: the hash of the recipe this conversion is recorded as (`--emit-recipe -o`), put
+    in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes."""
+    if recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
         done = _plain_copy(src, dst, progress=progress, **options)
         if done is not None:
             return done
@@ -237,7 +240,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
         from .paths import resolve_path
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
-    with build_plan(recipe, Path.cwd()) as plan:
+    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256) as plan:
         result = run_plan(plan, progress=progress)
         return _result(plan, result.target)
 
