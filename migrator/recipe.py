@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from .recipe_ops import OpSpec
+
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
 AdapterName = Literal["identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"]
 
@@ -425,6 +427,9 @@ class Recipe(_Strict):
     filter: FilterSpec = Field(default_factory=FilterSpec, description="Which tensors take part.")
     modules: dict[str, list[Regex]] = Field(
         default_factory=dict, description="Module type -> regexes of module paths (tensor name minus last segment).")
+    ops: list[OpSpec] = Field(
+        default_factory=list, description="Tensor ops (split, concat, stack, unstack, reshape, permute, slice, "
+        "rope_permute), in order, on the names after remap and filter, before adapters.")
     adapters: list[AdapterSpec] = Field(
         default_factory=list, description="Layout adapters, chained in order: pytorch_to_burn, burn_to_pytorch, "
         "half_precision, float_cast, identity.")

@@ -81,7 +81,7 @@ def _plan_for(loaded: Any, args: argparse.Namespace, shown: str | None = None) -
                               hash_sources=getattr(args, "hash_sources", False),
                               overwrite=True if getattr(args, "overwrite", False) else None,
                               fsync=False if getattr(args, "no_fsync", False) else None,
-                              module_origins=loaded.module_origins)
+                              module_origins=loaded.module_origins, op_origins=loaded.op_origins)
         except SourceKeyError as e:  # about one recipe value: name its line
             from .recipe_loader import locate
 
@@ -109,8 +109,8 @@ def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
-def _print_outcome(plan: Plan) -> None:
-    print(plan.report.display())  # escapes the names it shows
+def _print_outcome(plan: Plan, all_ops: bool = False) -> None:
+    print(plan.report.display(ops_limit=None) if all_ops else plan.report.display())  # escapes the names it shows
     for note in plan.notes:
         print(f"note: {escape(note, keep_newlines=True)}")
     shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary just printed
@@ -221,7 +221,7 @@ def plan(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             _print_plan_table(p)
-            _print_outcome(p)
+            _print_outcome(p, all_ops=True)
         return EXIT_OK if p.ok else EXIT_MIGRATION
 
 
@@ -337,6 +337,8 @@ def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
             if p.fatal:
                 return {**result, "status": "would_fail", "exit_code": EXIT_MIGRATION, "errors": list(p.fatal)}
             return {**result, "status": "ok", "exit_code": EXIT_OK}
+    except RecipeError as e:  # an op that does not fit the source's shapes: the recipe is wrong
+        return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
     except MigratorError as e:
         return {**result, "status": "error", "exit_code": EXIT_MIGRATION, "error": error_json(e)}
 

@@ -17,7 +17,8 @@ from migrator.recipe_loader import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",
-         "hf-folder-reshard"]
+         "hf-folder-reshard", "gpt2-split-qkv", "gpt2-merge-qkv", "mixtral-stack-experts", "mixtral-unstack-experts",
+         "llama-meta-to-hf", "llama-hf-to-meta"]
 
 
 @pytest.fixture
