@@ -250,8 +250,8 @@ class Criterion(_Strict):
 class FilterSpec(_Strict):
     """Which tensors take part. `include` entries are OR-ed (absent = everything); `exclude` wins."""
 
-    include: list[Criterion] | None = Field(
-        None, description="Keep only tensors matching one of these (OR); absent keeps every tensor.")
+    include: list[Criterion] | None = Field(  # default= by keyword: type checkers then see it optional
+        default=None, description="Keep only tensors matching one of these (OR); absent keeps every tensor.")
     exclude: list[Criterion] = Field(default_factory=list, description="Drop tensors matching any of these.")
 
 

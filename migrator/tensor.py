@@ -204,7 +204,7 @@ def stored_many(source: ByteSource, names: Sequence[str], dtypes_: Sequence[DTyp
             views = list(map(file_view, repeat(source), repeat(fd), offsets, lengths))
             return list(map(LazyTensor, names, dtypes_, shapes, lengths, views, views, pids, label))
         views = _fill(FileView, n, offset=offsets, length=lengths, source=repeat(source))
-        deque(map(FileSpan.fd.__set__, views, repeat(fd)), maxlen=0)  # type: ignore[attr-defined]  # the slot, not FileView.fd
+        deque(map(vars(FileSpan)["fd"].__set__, views, repeat(fd)), maxlen=0)  # the slot, not FileView.fd
         return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views,
                      span=views, param_id=pids, origin=label, chunks=repeat(None))
     spans: Iterable[FileSpan | None] = repeat(None) if span is ByteSource.span else map(source.span, offsets, lengths)
