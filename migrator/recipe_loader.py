@@ -34,11 +34,11 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from .errors import MigratorError
 from .recipe import (
     NO_MEMBER,
+    RECIPE_VALUE,
     CastPolicy,
     FloatCastAdapter,
     HalfPrecisionAdapter,
     Recipe,
-    RecipeValueError,
     ScalarValue,
 )
 from .similarity import did_you_mean
@@ -725,7 +725,7 @@ class _Mapper:
             return [self._bad_key(data[:-1], value)]
         if data and data[-1] == "[key]":  # a dict's key; same
             return [self._bad_key(data[:-2], value)]
-        if kind in ("value_error", "assertion_error"):
+        if kind in (RECIPE_VALUE, "value_error", "assertion_error"):
             return [self._value_error(e)]
         if kind == NO_MEMBER:  # a union's discriminator found no member of that shape
             return [self._union_issue(data, _unwrap(e.tp))]
@@ -760,16 +760,16 @@ class _Mapper:
         return _Issue(data, key_node, f"keys must be strings, got {_describe_value(value, key_node)}", hint)
 
     def _value_error(self, e: _Err) -> _Issue:
-        cause = e.raw.get("ctx", {}).get("error")
         data = e.data
-        if isinstance(cause, RecipeValueError):
-            if cause.key is not None:
-                data = (*data, cause.key)
+        if e.raw.get("type") == RECIPE_VALUE:  # a validator's complaint: message, key and hint in its context
+            ctx = e.raw["ctx"]
+            if ctx.get("key") is not None:
+                data = (*data, ctx["key"])
             node, _, found = self._locate(data)
             if not found:
                 node, _, _ = self._locate(e.data)
                 data = e.data
-            return _Issue(data, node, cause.message, cause.hint)
+            return _Issue(data, node, ctx["message"], ctx.get("hint"))
         node, _, _ = self._locate(data)
         message = str(e.raw.get("msg", "invalid value")).removeprefix("Value error, ").removeprefix(
             "Assertion failed, ")
