@@ -37,7 +37,7 @@ def _command(sub: Any, name: str, help: str, description: str, examples: str) ->
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    from . import __version__
+    from . import __version__, adapter_names
 
     p = _Parser(
         prog="migrate",
@@ -79,8 +79,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
     conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
     conv.add_argument("--adapter", action="append", default=[], metavar="NAME",
-                      help="pytorch_to_burn | burn_to_pytorch | half_precision | float_cast:DTYPE (repeatable, "
-                           "chained in order)")
+                      help=" | ".join(adapter_names.CLI_FORMS) + " (repeatable, chained in order)")
     conv.add_argument("--modules", action="append", default=[], metavar="TYPE=REGEX",
                       help="declare the module type of matching module paths, as a recipe's modules: "
                            "(repeatable; e.g. Linear='^fc\\d+$')")

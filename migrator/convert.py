@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import adapter_names
 from .errors import MigratorError
 from .limits import DEFAULT_LIMITS, Limits
 
@@ -120,7 +121,7 @@ def build_recipe(
         raise _usage_error(data, module_options) from None
 
 
-_ADAPTER_FORMS = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision", "float_cast:DTYPE")
+_ADAPTER_FORMS = adapter_names.CLI_FORMS
 
 
 def _adapter_spec(value: str) -> str | dict[str, Any]:

@@ -24,10 +24,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from . import adapter_names
 from .recipe_ops import OpSpec
 
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
-AdapterName = Literal["identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"]
+if TYPE_CHECKING:
+    AdapterName = str
+else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices
+    AdapterName = Literal[adapter_names.NAMED]
 
 if TYPE_CHECKING:
     from .naming import NamingError
@@ -271,7 +275,7 @@ class HalfPrecisionOptions(_Strict):
         return self
 
 
-class HalfPrecisionAdapter(_Strict):
+class HalfPrecisionSpec(_Strict):
     half_precision: HalfPrecisionOptions = Field(
         description="F32 <-> F16 for Burn's default module types, with types added (with) or removed (without).")
 
@@ -285,14 +289,14 @@ class FloatCastOptions(_Strict):
         return _check_float_dtype(v, "float_cast target")
 
 
-class FloatCastAdapter(_Strict):
+class FloatCastSpec(_Strict):
     float_cast: FloatCastOptions = Field(description="Cast every float tensor to one dtype (Burn's float_cast).")
 
 
 AdapterSpec = Annotated[
     Annotated[AdapterName, Tag("name")]
-    | Annotated[HalfPrecisionAdapter, Tag("half_precision")]
-    | Annotated[FloatCastAdapter, Tag("float_cast")],
+    | Annotated[HalfPrecisionSpec, Tag("half_precision")]
+    | Annotated[FloatCastSpec, Tag("float_cast")],
     _tagged("an adapter"),
 ]
 
@@ -431,8 +435,9 @@ class Recipe(_Strict):
         default_factory=list, description="Tensor ops (split, concat, stack, unstack, reshape, permute, slice, "
         "rope_permute), in order, on the names after remap and filter, before adapters.")
     adapters: list[AdapterSpec] = Field(
-        default_factory=list, description="Layout adapters, chained in order: pytorch_to_burn, burn_to_pytorch, "
-        "half_precision, float_cast, identity.")
+        default_factory=list,
+        description="Layout adapters, chained in order: " + ", ".join(adapter_names.ALL[1:] + adapter_names.ALL[:1])
+        + ".")
     dtype: DTypePolicy = Field("keep", description="keep the source dtypes, take the template's, or {cast: DTYPE}.")
     target: TargetSpec = Field(description="The file (or folder of shards) to write.")
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")

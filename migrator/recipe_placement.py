@@ -14,10 +14,11 @@ from typing import Any
 from pydantic import ValidationError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from . import adapter_names
 from .recipe import (
     NO_MEMBER,
     RECIPE_VALUE,
-    HalfPrecisionAdapter,
+    HalfPrecisionSpec,
     Recipe,
 )
 from .recipe_issues import RecipeIssue, _quote_key, _render_loc
@@ -33,10 +34,6 @@ from .recipe_wording import (
     _type_hint,
 )
 from .similarity import did_you_mean
-
-_ADAPTER_SPELLINGS = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision",
-                      "{half_precision: {...}}", "{float_cast: {to: DTYPE}}")
-_ADAPTER_NAMES = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision", "float_cast")
 
 
 @dataclass
@@ -93,7 +90,7 @@ class _Mapper:
         node, _, _ = self._locate(path)
         value = _node_value(node, self.keys)
         members = _union_members(union) or []
-        if any(_unwrap(m) is HalfPrecisionAdapter for m in members):
+        if any(_unwrap(m) is HalfPrecisionSpec for m in members):
             return self._adapter_issue(path, node, value)
         expected = _describe_type(union)
         hint = None
@@ -103,7 +100,7 @@ class _Mapper:
         return _Issue(path, node, f"expected {expected}, got {_describe_value(value, node)}", hint)
 
     def _adapter_issue(self, path: tuple[Any, ...], node: Node | None, value: Any) -> _Issue:
-        valid = "valid adapters: " + ", ".join(_ADAPTER_SPELLINGS)
+        valid = "valid adapters: " + ", ".join(adapter_names.RECIPE_SPELLINGS)
         if isinstance(node, MappingNode) and len(node.value) == 1:
             key_node = node.value[0][0]
             name = self.keys.get(id(key_node), key_node.value)
@@ -121,7 +118,7 @@ class _Mapper:
 
     @staticmethod
     def _unknown_adapter(path: tuple[Any, ...], node: Node | None, name: Any, valid: str) -> _Issue:
-        guess = did_you_mean(name, list(_ADAPTER_NAMES)) if isinstance(name, str) else None
+        guess = did_you_mean(name, list(adapter_names.ALL)) if isinstance(name, str) else None
         lead = f"did you mean '{guess}'? " if guess else ""
         return _Issue(path, node, f"unknown adapter '{name}'", lead + valid)
 

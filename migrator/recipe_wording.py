@@ -9,10 +9,11 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from . import adapter_names
 from .recipe import (
     CastPolicy,
-    FloatCastAdapter,
-    HalfPrecisionAdapter,
+    FloatCastSpec,
+    HalfPrecisionSpec,
     ScalarValue,
 )
 from .recipe_issues import _yaml_scalar
@@ -21,8 +22,8 @@ from .recipe_yaml import _Constructor
 
 _MODEL_SPELLINGS: dict[type, str] = {
     CastPolicy: "{cast: DTYPE}",
-    HalfPrecisionAdapter: "{half_precision: {...}}",
-    FloatCastAdapter: "{float_cast: {to: DTYPE}}",
+    HalfPrecisionSpec: adapter_names.WITH_OPTIONS["half_precision"],
+    FloatCastSpec: adapter_names.WITH_OPTIONS["float_cast"],
 }
 _EXPECTED = {
     "bool_parsing": "true or false",
