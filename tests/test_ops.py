@@ -383,3 +383,26 @@ def test_unstack_of_a_huge_empty_dim_is_refused(bad_src: Path) -> None:
     save([from_numpy("z", np.zeros((1 << 20, 0), np.float32))], bad_src / "in.safetensors", overwrite=True)
     text = plan_error(bad_src, "  - unstack: {from: z, to: 'z.$i'}")
     assert "would make 1048576 tensors (at most 65536)" in text
+
+
+def test_adapters_see_op_outputs(tmp_path: Path) -> None:
+    """Module types resolve on the ops' output names and shapes: q/k/v split from a Conv1D become Linears
+    that pytorch_to_burn lays out [in, out] again, with an F16 cast after."""
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(8, 24, generator=g), torch.randn(24, generator=g)
+    st.save_file({"h.0.attn.c_attn.weight": w, "h.0.attn.c_attn.bias": b}, tmp_path / "in.safetensors")
+    got = run(tmp_path, tmp_path / "in.safetensors", r"""
+version: 1
+source: {path: SRC}
+ops:
+  - split: {from: 'h\.(\d+)\.attn\.c_attn\.(weight|bias)', dim: -1, parts: 3,
+            to: ['h.$1.attn.q.$2', 'h.$1.attn.k.$2', 'h.$1.attn.v.$2']}
+  - permute: {from: 'h\.\d+\.attn\.[qkv]\.weight', dims: [1, 0]}
+modules: {Linear: ['\.attn\.[qkv]$']}
+adapters: [pytorch_to_burn]
+dtype: {cast: F16}
+target: {path: out.safetensors}
+""")
+    for n, part, bias in zip("qkv", torch.split(w, 8, dim=1), torch.split(b, 8), strict=True):
+        assert torch.equal(got[f"h.0.attn.{n}.weight"], part.contiguous().half())  # [in, out] again
+        assert torch.equal(got[f"h.0.attn.{n}.bias"], bias.half())
