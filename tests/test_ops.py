@@ -62,6 +62,7 @@ def sources(dtype: torch.dtype, strided: bool) -> dict[str, torch.Tensor]:
         "q": r(16, 6), "k": r(8, 6),
         "cc.a": r(5, 7), "cc.b": r(2, 5),
         "big": r(40, 33),
+        "m.a": r(3, 5), "m.b": r(4, 5),
     }
     for i in range(4):
         t[f"e.{i}"] = r(4, 3).t() if strided and i == 1 else r(3, 4)
@@ -95,6 +96,8 @@ ops:
   - slice: {from: 'big', dim: 1, start: 5, stop: 30, to: 'big.cols'}
   - split: {from: 'big\.cols', dim: 0, sizes: [1, 39], to: ['big.top', 'big.rest']}
   - concat: {from: ['big\.rest', 'big.top'], dim: 0, to: 'big.rolled'}
+  - concat: {from: ['m\.a', 'm.b'], dim: 0, to: 'm'}
+  - permute: {from: 'm', dims: [1, 0]}
   - reshape: {from: 'nothing', shape: [1], optional: true}
 target: {path: out.safetensors}
 """
@@ -122,6 +125,7 @@ def expected(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "k": hf_unpermute(t["k"], 2, 8, 6),
         "cc": torch.cat([t["cc.a"].permute(1, 0), t["cc.b"]], 0),
         "big.rolled": torch.cat([rest, top], 0),
+        "m": torch.cat([t["m.a"], t["m.b"]], 0).permute(1, 0),
     }
     return {k: v.contiguous() for k, v in out.items()}
 

@@ -319,6 +319,14 @@ def permute(t: LazyTensor, name: str, dims: tuple[int, ...]) -> LazyTensor:
     kept = [d for d in dims if t.shape[d] != 1]  # dims of length 1 move no bytes
     if kept == sorted(kept):
         return reshape(t, name, out_shape)
+    joined = t.chunks
+    if dims == (1, 0) and isinstance(joined, _Joined) and joined.outer <= 1 \
+            and all(len(x.shape) == 2 for x in joined.inputs):
+        # the transpose of a row-wise concat is the column-wise concat of the transposes: each input is
+        # transposed on its own and streamed, instead of gathering the whole concat first
+        parts = [permute(x, x.name, (1, 0)) for x in joined.inputs]
+        out = concat(parts, name, 1, out_shape)
+        return LazyTensor(name, t.dtype, out_shape, t.nbytes, out.loader, None, pid, t.origin, out.chunks)
     if len(dims) == 2 and t.nbytes:  # a matrix transpose: the tiled, banded kernel (a later cast fuses with it)
         from ..casts import transpose2d
 
