@@ -10,8 +10,9 @@ What holds for each (shapes are checked before any of these is made, by `migrato
   back to back when nothing precedes the dim, else band by band of output rows, each band taking
   its rows from every input in turn;
 - rope_permute reorders the rows inside each head's block, head band by head band;
-- permute [1, 0] of a matrix is the tiled transpose of `casts`; any other permute reads its input
-  as one view (a memory map for a stored tensor) and writes bands of the first output dim.
+- permute [1, 0] of a matrix is the tiled transpose of `casts` (of a dim-0 concat: a dim-1 concat of
+  its inputs' transposes); any other permute reads its input as one view (a memory map for a
+  stored tensor) and writes bands of the first output dim.
 Each reader is sequential, so an input that is itself computed is streamed once per output, never
 held whole; peak memory is a few bands plus, for a general permute, the input's map.
 """
@@ -130,6 +131,8 @@ class _Whole:
 
 class _Chunks:
     """A streamed output's `chunks`: a fresh generator per call (the writer, or its read-ahead thread)."""
+
+    __slots__ = ()
 
     def __call__(self) -> Iterator[memoryview]:
         raise NotImplementedError
