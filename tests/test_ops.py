@@ -410,3 +410,11 @@ target: {path: out.safetensors}
     for n, part, bias in zip("qkv", torch.split(w, 8, dim=1), torch.split(b, 8), strict=True):
         assert torch.equal(got[f"h.0.attn.{n}.weight"], part.contiguous().half())  # [in, out] again
         assert torch.equal(got[f"h.0.attn.{n}.bias"], bias.half())
+
+
+def test_one_op_failing_on_many_tensors_lists_ten(bad_src: Path) -> None:
+    st.save_file({f"x.{i}": torch.zeros(3) for i in range(15)}, bad_src / "in.safetensors")
+    text = plan_error(bad_src, "  - split: {from: 'x\\.(\\d+)', parts: 2, to: 'x.$1.$i'}")
+    lines = text.splitlines()
+    assert len(lines) == 11 and all("not divisible into 2 equal parts" in line for line in lines[:10])
+    assert lines[10] == "recipe.yaml:4:29: ops[0].split.parts: ... and 5 more like these"
