@@ -98,6 +98,12 @@ class Plan:
         self.close()
 
 
+class SourceKeyError(PlanError):
+    """`source.top_level_key` selects nothing (the message lists what there is, with a did-you-mean)."""
+
+    loc = ("source", "top_level_key")
+
+
 class _Matcher:
     """A filter criterion list: regexes searched anywhere, exact paths, imported predicates."""
 
@@ -153,7 +159,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     try:
         reader = open_file(src_path, recipe.source.format, **({} if key is None else {"top_level_key": key}))
     except TensorNotFoundError as e:  # in a recipe, a wrong top_level_key is a planning problem
-        raise PlanError(e.detail, file=e.file) from None
+        raise SourceKeyError(e.detail, file=e.file) from None
     readers: list[Reader] = [reader]
     try:
         return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
@@ -397,13 +403,24 @@ def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pyt
     if skip_enum is None:
         skip_enum = is_pytorch
     enum_free = {_enum_free(n): n for n in by_name} if skip_enum else {}
-    used: set[str] = set()
-    for slot in template.tensors:
-        key = slot.name if slot.name in by_name else None
+
+    def lookup(name: str) -> str | None:
+        key = name if name in by_name else None
         if key is None and skip_enum:
-            key = enum_free.get(_enum_free(slot.name)) or (slot.name if slot.name in by_name else None)
+            key = enum_free.get(_enum_free(name))
         if key is None and adapter is not None:
-            key = _alternative(adapter, resolver, slot.name, by_name)
+            key = _alternative(adapter, resolver, name, by_name)
+        return key
+
+    from .template_match import AmbiguousMatch, match_slots
+
+    try:  # by name, or by position where the template's indices have gaps (see template_match)
+        keys = match_slots([t.name for t in template.tensors], lookup)
+    except AmbiguousMatch as e:
+        fatal.append(str(e))
+        keys = [None] * len(template.tensors)
+    used: set[str] = set()
+    for slot, key in zip(template.tensors, keys, strict=True):
         if key is None or key in used:
             missing.append((slot.name, ""))
             entries.append(PlanEntry(slot.name, None, slot, None, ("template value kept",), None, True))

@@ -18,7 +18,7 @@ from typing import Any
 from .display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
 from .errors import MigratorError, error_json
 from .formats.base import no_gc
-from .plan import Plan, build_plan
+from .plan import Plan, SourceKeyError, build_plan
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 
@@ -66,7 +66,7 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
 
 
 @contextmanager
-def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
+def _plan_for(loaded: Any, args: argparse.Namespace, shown: str | None = None) -> Iterator[Plan]:
     """The recipe's plan, open for the block.
 
     A 100k-tensor plan is ~1M objects that all live until the command ends. The cyclic collector
@@ -76,11 +76,22 @@ def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
     """
     freezes = gc.isenabled()  # no_gc leaves a collector someone else paused as it is: nothing to undo
     with no_gc(then_freeze=True):
-        plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
-                          hash_sources=getattr(args, "hash_sources", False),
-                          overwrite=True if getattr(args, "overwrite", False) else None,
-                          fsync=False if getattr(args, "no_fsync", False) else None,
-                          module_origins=loaded.module_origins, op_origins=loaded.op_origins)
+        try:
+            plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+                              hash_sources=getattr(args, "hash_sources", False),
+                              overwrite=True if getattr(args, "overwrite", False) else None,
+                              fsync=False if getattr(args, "no_fsync", False) else None,
+                              module_origins=loaded.module_origins, op_origins=loaded.op_origins)
+        except SourceKeyError as e:  # about one recipe value: name its line
+            from .recipe_loader import locate
+
+            given = shown or getattr(args, "recipe", None)  # the recipe's path as given
+            where = locate(loaded, e.loc, given if isinstance(given, str) else None)
+            if where is None:
+                raise
+            located = SourceKeyError(f"{where}: {'.'.join(e.loc)}: {e}")
+            located.file = e.file  # the source file, for --json; the text leads with the recipe line
+            raise located from None
     try:
         with plan:
             yield plan
@@ -331,7 +342,7 @@ def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     except RecipeError as e:
         return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
     try:
-        with _plan_for(loaded, args) as p:
+        with _plan_for(loaded, args, path) as p:
             _add_target_problems(p)
             result.update(tensors=len(p.entries), target=str(p.target_path))
             if p.fatal:

@@ -1097,3 +1097,20 @@ def _op_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, A
                 issue = mapper._render(_Issue((), key_node or node, ""))
                 out[(i, key)] = (issue.file, issue.line, issue.col)
     return out
+
+
+def locate(loaded: LoadedRecipe, data: tuple[Any, ...], shown: str | None = None) -> str | None:
+    """'recipe.yaml:LINE:COL' of the value at `data` (e.g. ("source", "top_level_key")), for an error
+    found after loading (when planning) that is about one recipe value; None when it is not written.
+    `shown`: the recipe's path as the user gave it (default: the loaded path)."""
+    shown = shown or str(loaded.path)
+    try:
+        root, _, keys, _ = _parse_yaml(loaded.text, shown)
+    except RecipeError:
+        return None
+    mapper = _Mapper(shown, root, keys)
+    node, _, found = mapper._locate(data)
+    if not found:
+        return None
+    issue = mapper._render(_Issue((), node, ""))
+    return f"{issue.file}:{issue.line}:{issue.col}"

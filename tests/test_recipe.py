@@ -268,7 +268,8 @@ def test_parse_recipe_in_memory(tmp_path: Path) -> None:
     assert loaded.sha256 == hashlib.sha256(text.encode()).hexdigest()
     with pytest.raises(RecipeError) as info:
         parse_recipe("version: 1\nsource: {path: a.pt}\n", name="emitted.yaml")
-    assert str(info.value) == "emitted.yaml:1:1: target: missing required key 'target'"
+    assert str(info.value) == ("emitted.yaml:1:1: target: missing required key 'target' "
+                               "(hint: the file (or folder of shards) to write)")
 
 
 def test_parse_recipe_defaults_to_the_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
