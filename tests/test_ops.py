@@ -418,3 +418,18 @@ def test_one_op_failing_on_many_tensors_lists_ten(bad_src: Path) -> None:
     lines = text.splitlines()
     assert len(lines) == 11 and all("not divisible into 2 equal parts" in line for line in lines[:10])
     assert lines[10] == "recipe.yaml:4:29: ops[0].split.parts: ... and 5 more like these"
+
+
+def test_python_api_run_recipe_reports_ops_and_op_errors_at_their_line(bad_src: Path) -> None:
+    import migrator
+
+    recipe = bad_src / "recipe.yaml"
+    recipe.write_text("version: 1\nsource: {path: in.safetensors}\nops:\n"
+                      "  - split: {from: w, dim: 1, parts: 5, to: 'w.$i'}\ntarget: {path: out.safetensors}\n")
+    with pytest.raises(RecipeError) as e:
+        migrator.run_recipe(recipe)
+    assert f"{recipe}:4:30: ops[0].split.parts: 'w' has 12 along dim 1" in str(e.value)
+    recipe.write_text(recipe.read_text().replace("parts: 5", "parts: 3"))
+    report = migrator.run_recipe(recipe)
+    assert report.ops[0]["outputs"] == ["w.0", "w.1", "w.2"]
+    assert torch.equal(st.load_file(bad_src / "out.safetensors")["w.2"], torch.zeros(6, 4))
