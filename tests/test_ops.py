@@ -433,3 +433,42 @@ def test_python_api_run_recipe_reports_ops_and_op_errors_at_their_line(bad_src: 
     report = migrator.run_recipe(recipe)
     assert report.ops[0]["outputs"] == ["w.0", "w.1", "w.2"]
     assert torch.equal(st.load_file(bad_src / "out.safetensors")["w.2"], torch.zeros(6, 4))
+
+
+def test_streamed_ops_never_materialise_a_stored_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """concat, stack, slices along either dim (split and unstack are slices) and rope_permute of stored
+    tensors read them in pieces of at most BAND bytes: a whole-tensor view (`data()`) is never asked for."""
+    import os
+
+    from migrator import open_file
+    from migrator.tensor import LazyTensor
+
+    g = torch.Generator().manual_seed(9)
+    t = {"a": torch.randn(64, 48, generator=g), "b": torch.randn(64, 48, generator=g)}
+    st.save_file(t, tmp_path / "in.safetensors")
+    monkeypatch.setattr(lazy, "BAND", 1000)
+    with open_file(tmp_path / "in.safetensors") as r:
+        a, b = r["a"], r["b"]
+
+        def refuse(self: LazyTensor) -> memoryview:
+            raise AssertionError(f"{self.name} materialised whole")
+
+        monkeypatch.setattr(LazyTensor, "data", refuse)
+        lifted = [lazy.reshape(x, x.name, (1, 64, 48)) for x in (a, b)]
+        outs = {
+            "cat0": (lazy.concat([a, b], "c", 0, (128, 48)), torch.cat([t["a"], t["b"]], 0)),
+            "cat1": (lazy.concat([a, b], "c", 1, (64, 96)), torch.cat([t["a"], t["b"]], 1)),
+            "stack": (lazy.concat(lifted, "s", 0, (2, 64, 48)), torch.stack([t["a"], t["b"]])),
+            "cols": (lazy.slice_(a, "x", 1, 5, 40), t["a"][:, 5:40]),
+            "rows": (lazy.slice_(b, "x", 0, 3, 60), t["b"][3:60]),
+            "rope": (lazy.rope_permute(a, "q", 4, False), hf_permute(t["a"], 4, 64, 48)),
+        }
+        for label, (tensor, want) in outs.items():
+            pieces = [bytes(p) for p in (tensor.chunks() if tensor.chunks is not None else [])]
+            if tensor.chunks is None:  # a stored span: the writer copies it in the kernel
+                assert tensor.span is not None, label
+                pieces = [os.pread(tensor.span.fd, tensor.nbytes, tensor.span.offset)]
+            else:
+                limit = 64 // 4 * 48 * 4 if label == "rope" else 1000  # rope: one head's rows at least
+                assert max(len(p) for p in pieces) <= limit, label
+            assert b"".join(pieces) == want.contiguous().numpy().tobytes(), label
