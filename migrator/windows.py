@@ -1,0 +1,122 @@
+"""A tensor's bytes as consecutive fixed-size windows, read into one reusable buffer.
+
+`migrate diff` and `inspect --stats` look at every byte of a model but keep none of it: what they
+hold at a time is one window per tensor side, whatever the tensor's size. A tensor stored verbatim
+in a file (a shard included) is read with `preadv` into the window's own buffer, so no page of
+the file is mapped into the process and nothing is allocated per window. A computed tensor (a
+cast, a transpose from a plan) streams its own pieces, which are gathered into windows; a tensor
+that is neither is sliced from its `data()` view. A transpose has to see its whole source, so a
+transposed tensor maps its source tensor while it streams: that is the one case where memory
+follows the largest tensor rather than the window size.
+
+A window is only valid until the next one is asked for (the buffer is reused): consumers compare
+or reduce it and move on. Full windows read here are the `bytearray` itself, not a view of it:
+`bytearray == other` compares with memcmp, while two memoryviews compare element by element
+(over ten times slower).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from .errors import TensorBytesSizeMismatchError
+from .tensor import LazyTensor
+
+Window = bytes | bytearray | memoryview
+
+DEFAULT_WINDOW = 4 << 20
+"""Bytes per window and side. Large enough that per-window costs (a syscall, a few numpy calls)
+vanish, small enough that two windows still sit in the L3 cache while compared."""
+
+
+def windows(tensor: LazyTensor, size: int) -> Iterator[Window]:
+    """The tensor's `nbytes` bytes as windows of `size` bytes (the last one shorter); exactly
+    `nbytes` bytes or an error naming the tensor."""
+    if size <= 0:
+        raise ValueError("window size must be positive")
+    if tensor.nbytes == 0:
+        return iter(())
+    span = tensor.span
+    if span is not None and tensor.chunks is None:
+        return _read_span(tensor, size)
+    return _gathered(tensor, size)
+
+
+def _read_span(tensor: LazyTensor, size: int) -> Iterator[Window]:
+    span = tensor.span
+    assert span is not None
+    fd, base, length = span.fd, span.offset, span.length
+    if length <= size:  # one window: a fresh pread, no buffer to keep
+        data = os.pread(fd, length, base)
+        if len(data) != length:
+            raise _short(tensor, len(data))
+        yield data
+        return
+    raw = bytearray(size)
+    buf = memoryview(raw)
+    done = 0
+    while done < length:
+        want = min(size, length - done)
+        got = 0
+        while got < want:  # preadv may return less than asked (signals, some filesystems)
+            n = os.preadv(fd, [buf[got:want]], base + done + got)
+            if n <= 0:
+                raise _short(tensor, done + got)
+            got += n
+        yield raw if want == size else buf[:want]
+        done += want
+
+
+def _gathered(tensor: LazyTensor, size: int) -> Iterator[Window]:
+    """Pieces of any size regrouped into `size`-byte windows; a piece that is exactly a window
+    (the common case when both sizes are powers of two) is passed on without a copy."""
+    raw: bytearray | None = None
+    buf: memoryview | None = None
+    fill = 0
+    total = 0
+    for piece in _pieces(tensor, size):
+        view = memoryview(piece).cast("B")
+        total += len(view)
+        if total > tensor.nbytes:
+            raise TensorBytesSizeMismatchError(f"produced more than the {tensor.nbytes} bytes it declares",
+                                               file=tensor.origin, tensor=tensor.name)
+        pos = 0
+        if fill == 0:
+            while len(view) - pos >= size:
+                yield view[pos:pos + size]
+                pos += size
+        while pos < len(view):
+            if buf is None:
+                raw = bytearray(min(size, tensor.nbytes))
+                buf = memoryview(raw)
+            k = min(len(buf) - fill, len(view) - pos)
+            buf[fill:fill + k] = view[pos:pos + k]
+            fill += k
+            pos += k
+            if fill == len(buf):
+                yield raw  # type: ignore[misc]
+                fill = 0
+    if total != tensor.nbytes:
+        raise _short(tensor, total)
+    if fill:
+        assert buf is not None
+        yield buf[:fill]
+
+
+def _pieces(tensor: LazyTensor, size: int) -> Iterator[memoryview]:
+    if tensor.chunks is not None:
+        for piece in tensor.chunks():
+            yield memoryview(piece)
+        return
+    data = tensor.data()
+    try:
+        for start in range(0, len(data), size):
+            yield data[start:start + size]
+    finally:
+        data.release()
+
+
+def _short(tensor: LazyTensor, got: int) -> TensorBytesSizeMismatchError:
+    return TensorBytesSizeMismatchError(f"source ended after {got} of {tensor.nbytes} bytes",
+                                        file=tensor.origin, tensor=tensor.name)
