@@ -79,8 +79,12 @@ def _same_bytes(x: Window, y: Window) -> bool:
         return bool(x == y)
     if type(y) in (bytes, bytearray):
         return bool(y == x)
-    return bool(bytes(x) == y) if len(x) <= 1 << 16 else bool(np.array_equal(
-        np.frombuffer(x, dtype=np.uint8), np.frombuffer(y, dtype=np.uint8)))
+    if len(x) != len(y):
+        return False
+    if len(x) <= 1 << 16:
+        return bytes(x) == y
+    unit = np.uint64 if len(x) % 8 == 0 else np.uint8  # fewer, wider elements: a smaller bool temporary
+    return bool(np.array_equal(np.frombuffer(x, dtype=unit), np.frombuffer(y, dtype=unit)))
 
 
 def _values(raw: np.ndarray) -> np.ndarray:

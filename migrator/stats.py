@@ -7,7 +7,8 @@ holds:
 - floats: `min`, `max`, `mean`, `std` (population, ddof=0) and `mean_abs` are over the finite
   elements, accumulated in float64 (F16/BF16/F8 are widened per block; F32 and F16 values are
   exact in float64); `nan` and `inf` count the rest. A tensor with no finite element has those
-  five as None. Block means and squared deviations are merged with Chan et al.'s pairwise
+  five as None, and so has a mean, std or mean |x| that overflows float64 (F64 values near its
+  limit), so the JSON never holds an infinity. Block means and squared deviations are merged with Chan et al.'s pairwise
   formula, which keeps `std` accurate where sum-of-squares minus square-of-sum would cancel.
 - integers and bools: `min` and `max` exact (Python ints), `mean` in float64; `std` and
   `mean_abs` None; `nan`/`inf` 0.
@@ -90,6 +91,12 @@ def tensor_stats(tensor: LazyTensor, window: int = DEFAULT_WINDOW) -> dict[str, 
     itemsize = np_dtype.itemsize
     window -= window % itemsize
     numel = tensor.numel
+    kernel_kind = _KERNEL_KINDS.get(dtype.name)
+    if kernel_kind is not None:
+        from .casts import kernels
+
+        if kernels is not None:
+            return _kernel_stats(kernels, windows(tensor, max(window, itemsize)), kernel_kind, np_dtype, numel)
     if dtype.kind is Kind.FLOAT:
         return _float_stats(_blocks(tensor, np_dtype, window), numel)
     return _int_stats(_blocks(tensor, np_dtype, window), numel, dtype.kind is Kind.BOOL)
@@ -100,6 +107,41 @@ def _blocks(tensor: LazyTensor, np_dtype: np.dtype, window: int) -> Iterator[np.
         arr = np.frombuffer(win, dtype=np_dtype)
         for start in range(0, len(arr), BLOCK):
             yield arr[start:start + BLOCK]
+
+
+_KERNEL_KINDS = {"F32": 0, "FLEX32": 0, "F64": 1, "F16": 2, "BF16": 3}
+"""The dtypes the compiled `float_stats` loop reads (its `kind` argument)."""
+
+
+def _kernel_stats(kernels: Any, wins: Iterator[Any], kind: int, np_dtype: np.dtype, numel: int) -> dict[str, Any]:
+    """`_float_stats` with each window reduced in one pass by the compiled loop (migrator/_kernels.c):
+    sums of x - shift and its square, the shift being the mean so far (the window's first element
+    at the start), merged as `_Moments.add` merges blocks."""
+    m = _Moments()
+    lo, hi = math.inf, -math.inf
+    zeros = nans = infs = 0
+    for win in wins:
+        if m.n:
+            shift = m.mean
+        else:
+            first = float(np.frombuffer(win, dtype=np_dtype, count=1)[0])
+            shift = first if math.isfinite(first) else 0.0
+        k, b_lo, b_hi, s1, s2, sa, b_zeros, b_nans, b_infs = kernels.float_stats(win, kind, shift)
+        zeros += b_zeros
+        nans += b_nans
+        infs += b_infs
+        if not k:
+            continue
+        lo, hi = min(lo, b_lo), max(hi, b_hi)
+        mean_b = shift + s1 / k
+        m2_b = max(s2 - s1 * s1 / k, 0.0)
+        n = m.n + k
+        delta = mean_b - m.mean
+        m.mean += delta * k / n
+        m.m2 += m2_b + delta * delta * m.n * k / n
+        m.abs_sum += sa
+        m.n = n
+    return _finish(m, lo, hi, zeros, nans, infs, numel)
 
 
 def _float_stats(blocks: Iterator[np.ndarray], numel: int) -> dict[str, Any]:
@@ -130,6 +172,11 @@ def _float_stats(blocks: Iterator[np.ndarray], numel: int) -> dict[str, Any]:
             else:
                 np.copyto(x64[:k], x)
                 moments.add(x64[:k], scratch)
+    return _finish(moments, lo, hi, zeros, nans, infs, numel)
+
+
+def _finish(moments: _Moments, lo: float, hi: float, zeros: int, nans: int, infs: int,
+            numel: int) -> dict[str, Any]:
     finite = moments.n
     stats: dict[str, Any] = {
         "min": lo if finite else None,
@@ -141,8 +188,9 @@ def _float_stats(blocks: Iterator[np.ndarray], numel: int) -> dict[str, Any]:
         "nan": nans,
         "inf": infs,
     }
-    if stats["mean"] is not None and not math.isfinite(stats["mean"]):  # F64 sums near the float64 limit
-        stats["mean"] = stats["std"] = stats["mean_abs"] = None
+    for key in ("mean", "std", "mean_abs"):  # F64 values near the float64 limit overflow their sums
+        if stats[key] is not None and not math.isfinite(stats[key]):
+            stats[key] = None
     stats["flags"] = _flags(stats, numel, zeros)
     return stats
 

@@ -2,21 +2,23 @@
 
 `migrate diff` and `inspect --stats` look at every byte of a model but keep none of it: what they
 hold at a time is one window per tensor side, whatever the tensor's size. A tensor stored verbatim
-in a file (a shard included) is read with `preadv` into the window's own buffer, so no page of
-the file is mapped into the process and nothing is allocated per window. A computed tensor (a
+in a file (a shard included) is mapped one window at a time, populated in one call
+(MAP_POPULATE: no page fault per page) and unmapped when the consumer drops it; measured faster
+than `pread` into a buffer, which copies every byte once more (benchmarks/RESULTS.md). A computed tensor (a
 cast, a transpose from a plan) streams its own pieces, which are gathered into windows; a tensor
 that is neither is sliced from its `data()` view. A transpose has to see its whole source, so a
 transposed tensor maps its source tensor while it streams: that is the one case where memory
 follows the largest tensor rather than the window size.
 
 A window is only valid until the next one is asked for (the buffer is reused): consumers compare
-or reduce it and move on. Full windows read here are the `bytearray` itself, not a view of it:
-`bytearray == other` compares with memcmp, while two memoryviews compare element by element
+or reduce it and move on. Full windows gathered here are the `bytearray` itself, not a view of
+it: `bytearray == other` compares with memcmp, while two memoryviews compare element by element
 (over ten times slower).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 
@@ -24,6 +26,10 @@ from .errors import TensorBytesSizeMismatchError
 from .tensor import LazyTensor
 
 Window = bytes | bytearray | memoryview
+_PAGE = mmap.ALLOCATIONGRANULARITY
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+SMALL = 256 << 10
+"""Tensors up to this size are read with one pread."""
 
 DEFAULT_WINDOW = 4 << 20
 """Bytes per window and side. Large enough that per-window costs (a syscall, a few numpy calls)
@@ -47,25 +53,25 @@ def _read_span(tensor: LazyTensor, size: int) -> Iterator[Window]:
     span = tensor.span
     assert span is not None
     fd, base, length = span.fd, span.offset, span.length
-    if length <= size:  # one window: a fresh pread, no buffer to keep
+    if length <= SMALL:  # one pread: cheaper than a map
         data = os.pread(fd, length, base)
         if len(data) != length:
             raise _short(tensor, len(data))
         yield data
         return
-    raw = bytearray(size)
-    buf = memoryview(raw)
-    done = 0
-    while done < length:
-        want = min(size, length - done)
-        got = 0
-        while got < want:  # preadv may return less than asked (signals, some filesystems)
-            n = os.preadv(fd, [buf[got:want]], base + done + got)
-            if n <= 0:
-                raise _short(tensor, done + got)
-            got += n
-        yield raw if want == size else buf[:want]
-        done += want
+    for start in range(0, length, size):
+        want = min(size, length - start)
+        offset = base + start
+        lead = offset % _PAGE
+        try:
+            mm = mmap.mmap(fd, want + lead, flags=_MAP_FLAGS, prot=mmap.PROT_READ, offset=offset - lead)
+        except (ValueError, OSError) as e:  # e.g. the file was truncated after it was opened
+            raise TensorBytesSizeMismatchError(f"cannot map bytes [{offset}, {offset + want}): {e}",
+                                               file=tensor.origin, tensor=tensor.name) from None
+        # No explicit unmap: the consumer may still hold arrays over the previous window; the map
+        # goes when the last of them does.
+        yield memoryview(mm)[lead:lead + want]
+        del mm
 
 
 def _gathered(tensor: LazyTensor, size: int) -> Iterator[Window]:
