@@ -53,7 +53,7 @@ def _read_span(tensor: LazyTensor, size: int) -> Iterator[Window]:
     span = tensor.span
     assert span is not None
     fd, base, length = span.fd, span.offset, span.length
-    if length <= SMALL:  # one pread: cheaper than a map
+    if length <= min(size, SMALL):  # one pread: cheaper than a map
         data = os.pread(fd, length, base)
         if len(data) != length:
             raise _short(tensor, len(data))
