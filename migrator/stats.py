@@ -96,7 +96,9 @@ def tensor_stats(tensor: LazyTensor, window: int = DEFAULT_WINDOW) -> dict[str, 
         from .casts import kernels
 
         if kernels is not None:
-            return _kernel_stats(kernels, windows(tensor, max(window, itemsize)), kernel_kind, np_dtype, numel)
+            size = max(window, itemsize)
+            fresh = tensor.span is not None and tensor.chunks is None and tensor.nbytes > size
+            return _kernel_stats(kernels, windows(tensor, size), kernel_kind, np_dtype, numel, fresh)
     if dtype.kind is Kind.FLOAT:
         return _float_stats(_blocks(tensor, np_dtype, window), numel)
     return _int_stats(_blocks(tensor, np_dtype, window), numel, dtype.kind is Kind.BOOL)
@@ -113,20 +115,39 @@ _KERNEL_KINDS = {"F32": 0, "FLEX32": 0, "F64": 1, "F16": 2, "BF16": 3}
 """The dtypes the compiled `float_stats` loop reads (its `kind` argument)."""
 
 
-def _kernel_stats(kernels: Any, wins: Iterator[Any], kind: int, np_dtype: np.dtype, numel: int) -> dict[str, Any]:
+def _kernel_stats(kernels: Any, wins: Iterator[Any], kind: int, np_dtype: np.dtype, numel: int,
+                  parallel: bool) -> dict[str, Any]:
     """`_float_stats` with each window reduced in one pass by the compiled loop (migrator/_kernels.c):
-    sums of x - shift and its square, the shift being the mean so far (the window's first element
-    at the start), merged as `_Moments.add` merges blocks."""
+    sums of x - shift and its square, merged as `_Moments.add` merges blocks. The shift is the
+    mean of the windows merged so far (the first window's first finite element before that), so
+    the squares never cancel badly. `parallel` (fresh windows only, not a reused buffer): the next
+    window is reduced on a worker thread while this one is merged, its shift one window behind."""
     m = _Moments()
     lo, hi = math.inf, -math.inf
     zeros = nans = infs = 0
-    for win in wins:
-        if m.n:
-            shift = m.mean
-        else:
-            first = float(np.frombuffer(win, dtype=np_dtype, count=1)[0])
-            shift = first if math.isfinite(first) else 0.0
-        k, b_lo, b_hi, s1, s2, sa, b_zeros, b_nans, b_infs = kernels.float_stats(win, kind, shift)
+    start: list[float] = []
+
+    def shifted() -> Iterator[tuple[Any, float]]:
+        for win in wins:
+            if m.n:
+                yield win, m.mean
+                continue
+            if not start:
+                first = float(np.frombuffer(win, dtype=np_dtype, count=1)[0])
+                start.append(first if math.isfinite(first) else 0.0)
+            yield win, start[0]
+
+    def reduce(item: tuple[Any, float]) -> tuple[float, tuple[Any, ...]]:
+        win, shift = item
+        return shift, kernels.float_stats(win, kind, shift)
+
+    if parallel:
+        from .casts import pipelined
+
+        results: Iterator[tuple[float, tuple[Any, ...]]] = pipelined(reduce, shifted(), 1)
+    else:
+        results = map(reduce, shifted())
+    for shift, (k, b_lo, b_hi, s1, s2, sa, b_zeros, b_nans, b_infs) in results:
         zeros += b_zeros
         nans += b_nans
         infs += b_infs

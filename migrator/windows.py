@@ -30,6 +30,9 @@ _PAGE = mmap.ALLOCATIONGRANULARITY
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 SMALL = 256 << 10
 """Tensors up to this size are read with one pread."""
+AHEAD = 1
+"""Windows of a stored tensor mapped ahead on a worker thread (mmap releases the GIL while the
+kernel fills the page tables), so mapping the next window overlaps with using this one."""
 
 DEFAULT_WINDOW = 4 << 20
 """Bytes per window and side. Large enough that per-window costs (a syscall, a few numpy calls)
@@ -59,7 +62,7 @@ def _read_span(tensor: LazyTensor, size: int) -> Iterator[Window]:
             raise _short(tensor, len(data))
         yield data
         return
-    for start in range(0, length, size):
+    def mapped(start: int) -> memoryview:
         want = min(size, length - start)
         offset = base + start
         lead = offset % _PAGE
@@ -70,8 +73,15 @@ def _read_span(tensor: LazyTensor, size: int) -> Iterator[Window]:
                                                file=tensor.origin, tensor=tensor.name) from None
         # No explicit unmap: the consumer may still hold arrays over the previous window; the map
         # goes when the last of them does.
-        yield memoryview(mm)[lead:lead + want]
-        del mm
+        return memoryview(mm)[lead:lead + want]
+
+    starts = range(0, length, size)
+    if len(starts) == 1 or not AHEAD:
+        yield from map(mapped, starts)
+        return
+    from .casts import pipelined
+
+    yield from pipelined(mapped, starts, AHEAD)
 
 
 def _gathered(tensor: LazyTensor, size: int) -> Iterator[Window]:
