@@ -98,6 +98,14 @@ def test_single_flipped_bit_in_a_100_mb_tensor(tmp_path: Path, capsys: pytest.Ca
     assert main(["diff", str(a), str(b)]) == 1
     text = capsys.readouterr().out
     assert "big" in text and f"[{index // 5000}, {index % 5000}]" in text and "A and B differ" in text
+    # memory follows the window, not the tensor: the two 100 MB tensors are never resident at once
+    # (a wrapper process whose one child is the diff, so its children's high-water mark is the diff's)
+    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:]); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "migrator.cli", "diff", str(a), str(b),
+                          "--window", "1MiB"], capture_output=True, text=True, check=True).stdout
+    peak_mib = int(out.split()[-1]) / 1024
+    assert peak_mib < 100, peak_mib
 
 
 def test_json_shape_and_statuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
