@@ -12,7 +12,9 @@ they stay cached; every job, `cat` included, reads from memory, so the figures c
 cost, not the disk. Jobs run in rotated order per round; a ratio is the median of per-round
 ratios to the `cat` of the same round. `startup` is the interpreter plus the imports diff and
 stats need (`python -c "import migrator.diff, migrator.stats"`): the part of each migrator run
-that does not depend on the model's size. Peak RSS (mapped file pages included) from GNU time.
+that does not depend on the model's size. `(numpy)`: stats without the compiled kernels
+(MIGRATOR_NO_KERNELS=1), the A/B for migrator/_kernels.c's float_stats. Peak RSS (mapped file
+pages included) from GNU time.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def main() -> None:
         Job("diff A B", [*migrate, "diff", str(a), str(b), "--window", opts.window]),
         Job("cat A", ["sh", "-c", 'cat "$1" > /dev/null', "_", str(a)]),
         Job("inspect A --stats", [*migrate, "inspect", str(a), "--stats", "--json"]),
+        Job("inspect A --stats (numpy)", ["env", "MIGRATOR_NO_KERNELS=1", *migrate, "inspect", str(a), "--stats",
+                                            "--json"]),
         Job("startup", [py, "-c", "import migrator.diff, migrator.stats"]),
     ]
     import os
@@ -106,7 +110,7 @@ def main() -> None:
         return statistics.median(c.wall / max(j.wall - s.wall, 1e-9)
                                  for j, c, s in zip(runs[label], runs[base], runs["startup"], strict=True))
 
-    rows = [("diff A B", "cat A B"), ("inspect A --stats", "cat A")]
+    rows = [("diff A B", "cat A B"), ("inspect A --stats", "cat A"), ("inspect A --stats (numpy)", "cat A")]
     lines = [f"{machine()}; {opts.rounds} rounds; window {opts.window}; page cache: warm "
              f"(before: {before}; after: {after})", "",
              "| job | s (median) | baseline s | speed vs baseline | without start-up | peak RSS |",

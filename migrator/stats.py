@@ -72,7 +72,8 @@ class _Moments:
         t = scratch[:k]
         mean_b = float(x64.sum()) / k
         np.subtract(x64, mean_b, out=t)
-        m2_b = float(np.dot(t, t))
+        np.square(t, out=t)  # not np.dot: BLAS may start threads that spin on a busy machine
+        m2_b = float(t.sum())
         np.abs(x64, out=t)
         self.abs_sum += float(t.sum())
         n = self.n + k
