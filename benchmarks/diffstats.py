@@ -89,6 +89,7 @@ def main() -> None:
     for path in (a, b):
         warm(path)
     before = cached(a, b)
+    load_before = os.getloadavg()[0]
     runs: dict[str, list] = {j.label: [] for j in jobs}
     for i in range(opts.rounds):
         k = i % len(jobs)
@@ -99,6 +100,7 @@ def main() -> None:
             runs[job.label].append(r)
             print(f"  round {i + 1}/{opts.rounds} {job.label}: {r.wall:.3f} s, {mib(r.peak_rss)}", flush=True)
     after = cached(a, b)
+    load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
 
     def wall(label: str) -> float:
         return statistics.median(r.wall for r in runs[label])
@@ -111,7 +113,7 @@ def main() -> None:
                                  for j, c, s in zip(runs[label], runs[base], runs["startup"], strict=True))
 
     rows = [("diff A B", "cat A B"), ("inspect A --stats", "cat A"), ("inspect A --stats (numpy)", "cat A")]
-    lines = [f"{machine()}; {opts.rounds} rounds; window {opts.window}; page cache: warm "
+    lines = [f"{machine()}; {load}; {opts.rounds} rounds; window {opts.window}; page cache: warm "
              f"(before: {before}; after: {after})", "",
              "| job | s (median) | baseline s | speed vs baseline | without start-up | peak RSS |",
              "|---|--:|--:|--:|--:|--:|"]

@@ -673,12 +673,12 @@ static inline AVX_TARGET double avx_hsum(__m256d a, __m256d b)
 static AVX_TARGET int avx_fast(const byte *p, Py_ssize_t from, Py_ssize_t to, int kind, double shift,
                                float_stats_t *r)
 {
-    const __m256i exp = _mm256_set1_epi32(0x7f800000);
+    /* No per-element finiteness test: a NaN or an infinity makes the sums NaN or infinite, which
+     * finite float32 values (squares below 2^257, at most SUB_BLOCK of them) never do. */
     const __m256d vshift = _mm256_set1_pd(shift), sign = _mm256_set1_pd(-0.0);
     __m256 lo = _mm256_set1_ps(HUGE_VALF), hi = _mm256_set1_ps(-HUGE_VALF);
     __m256d s1a = _mm256_setzero_pd(), s1b = s1a, s2a = s1a, s2b = s1a, saa = s1a, sab = s1a;
-    __m256i bad = _mm256_setzero_si256();
-    Py_ssize_t zeros = 0;
+    __m256i zero_lanes = _mm256_setzero_si256(); /* minus the zeros seen per lane */
     Py_ssize_t i = from;
     for (; i + 8 <= to; i += 8) {
         __m256 v;
@@ -689,9 +689,7 @@ static AVX_TARGET int avx_fast(const byte *p, Py_ssize_t from, Py_ssize_t to, in
         else
             v = _mm256_castsi256_ps(_mm256_slli_epi32(
                 _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + i * 2))), 16));
-        __m256i bits = _mm256_castps_si256(v);
-        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(bits, exp), exp));
-        zeros += __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)));
+        zero_lanes = _mm256_add_epi32(zero_lanes, _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)));
         lo = _mm256_min_ps(lo, v);
         hi = _mm256_max_ps(hi, v);
         __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
@@ -703,7 +701,13 @@ static AVX_TARGET int avx_fast(const byte *p, Py_ssize_t from, Py_ssize_t to, in
         saa = _mm256_add_pd(saa, _mm256_andnot_pd(sign, x0));
         sab = _mm256_add_pd(sab, _mm256_andnot_pd(sign, x1));
     }
-    if (!_mm256_testz_si256(bad, bad))
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)(void *)lanes, zero_lanes);
+    Py_ssize_t zeros = 0;
+    for (int k = 0; k < 8; k++)
+        zeros -= lanes[k];
+    double sum1 = avx_hsum(s1a, s1b), sum2 = avx_hsum(s2a, s2b), suma = avx_hsum(saa, sab);
+    if (!isfinite(sum1) || !isfinite(sum2) || !isfinite(suma))
         return 0;
     float los[8], his[8];
     _mm256_storeu_ps(los, lo);
@@ -721,9 +725,9 @@ static AVX_TARGET int avx_fast(const byte *p, Py_ssize_t from, Py_ssize_t to, in
     }
     r->lo = t.lo < r->lo ? t.lo : r->lo;
     r->hi = t.hi > r->hi ? t.hi : r->hi;
-    r->s1 += avx_hsum(s1a, s1b) + t.s1;
-    r->s2 += avx_hsum(s2a, s2b) + t.s2;
-    r->sa += avx_hsum(saa, sab) + t.sa;
+    r->s1 += sum1 + t.s1;
+    r->s2 += sum2 + t.s2;
+    r->sa += suma + t.sa;
     r->finite += to - from;
     r->zeros += zeros + t.zeros;
     return 1;

@@ -1,8 +1,10 @@
 """Per-tensor value statistics, streamed: `migrate inspect --stats`.
 
-Every tensor is read window by window (windows.py) and reduced in blocks of BLOCK elements, so
-memory stays at one window plus a few blocks' float64 scratch whatever the tensor's size. What
-holds:
+Every tensor is read window by window (windows.py), so memory stays at a few windows whatever
+the tensor's size. F32/F16/BF16/F64 windows are reduced in one pass by the compiled
+`float_stats` loop (migrator/_kernels.c; AVX2 when the CPU has it), the next window on a worker
+thread; without the kernels numpy reduces blocks of BLOCK elements (about 4x slower:
+benchmarks/RESULTS.md). Both give the same figures to rounding. What holds:
 
 - floats: `min`, `max`, `mean`, `std` (population, ddof=0) and `mean_abs` are over the finite
   elements, accumulated in float64 (F16/BF16/F8 are widened per block; F32 and F16 values are
