@@ -198,7 +198,7 @@ def _look(wa: Window, wb: Window, da: DType, db: DType, tol: Tolerance | None, b
             xa, xb = ra[start:start + BLOCK], rb[start:start + BLOCK]
             va = _values(xa) if numeric else None
             vb = _values(xb) if numeric else None
-            if tol is None:
+            if tol is None or not numeric:  # bits (complex and byte-coded dtypes: always)
                 ua = xa.view(_UINT[xa.dtype.itemsize])
                 ub = xb.view(_UINT[xb.dtype.itemsize])
                 mismatch = ua != ub

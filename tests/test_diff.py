@@ -274,3 +274,21 @@ def test_windows_cover_every_byte_once(tmp_path: Path) -> None:
                 pieces = [bytes(w) for w in windows(tensor, size)]
                 assert b"".join(pieces) == want
                 assert all(len(p) == size for p in pieces[:-1]) and 0 < len(pieces[-1]) <= size
+
+
+def test_complex_and_bool_tensors_compare_by_bits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    z = torch.arange(6, dtype=torch.float32).to(torch.complex64)
+    flags = torch.tensor([True, False, True])
+    save_file({"z": z, "flags": flags}, str(a))
+    z2 = z.clone()
+    z2[4] += 1j
+    save_file({"z": z2, "flags": torch.tensor([True, True, True])}, str(b))
+    for tolerance in ([], ["--atol", "0.5"]):
+        code, doc = run_json(capsys, str(a), str(b), *tolerance)
+        got = by_name(doc)
+        assert code == 1
+        assert got["z"]["status"] == "different" and got["z"]["first_index"] == [4] and got["z"]["differing"] == 1
+        assert got["z"]["max_abs_diff"] is None  # no magnitude for complex differences
+    code, doc = run_json(capsys, str(a), str(b))
+    assert by_name(doc)["flags"]["first_index"] == [1] and by_name(doc)["flags"]["max_abs_diff"] == 1.0
