@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_recipes_e2e import ORDER as RECIPES  # every example recipe, in an order whose inputs exist
 
 from migrator.cli import main
 from migrator.diff import STATUSES, diff_document
@@ -20,8 +21,6 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",
-           "hf-folder-reshard"]
 ENTRY_KEYS = {"name", "a_name", "b_name", "status", "dtype_a", "dtype_b", "shape_a", "shape_b", "max_abs_diff",
               "max_rel_diff", "differing", "first_index"}
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SHARED_FIXTURES, fixture_file
 
 from migrator import casts, open_file
 from migrator.cli import main
 from migrator.stats import tensor_stats
-from tests.conftest import SHARED_FIXTURES, fixture_file
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
