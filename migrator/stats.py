@@ -3,15 +3,16 @@
 Every tensor is read window by window (windows.py), so memory stays at a few windows whatever
 the tensor's size. F32/F16/BF16/F64 windows are reduced in one pass by the compiled
 `float_stats` loop (migrator/_kernels.c; AVX2 when the CPU has it), the next window on a worker
-thread; without the kernels numpy reduces blocks of BLOCK elements (about 4x slower:
-benchmarks/RESULTS.md). Both give the same figures to rounding. What holds:
+thread, without importing numpy; other dtypes, and all of them without the kernels, go through
+numpy (stats_numpy.py; about 4x slower: benchmarks/RESULTS.md). Both give the same figures to
+rounding. What holds:
 
 - floats: `min`, `max`, `mean`, `std` (population, ddof=0) and `mean_abs` are over the finite
-  elements, accumulated in float64 (F16/BF16/F8 are widened per block; F32 and F16 values are
-  exact in float64); `nan` and `inf` count the rest. A tensor with no finite element has those
-  five as None, and so has a mean, std or mean |x| that overflows float64 (F64 values near its
-  limit), so the JSON never holds an infinity. Block means and squared deviations are merged with Chan et al.'s pairwise
-  formula, which keeps `std` accurate where sum-of-squares minus square-of-sum would cancel.
+  elements, accumulated in float64 (F16/BF16/F8 are widened exactly); `nan` and `inf` count the
+  rest. A tensor with no finite element has those five as None, and so has a mean, std or
+  mean |x| that overflows float64 (F64 values near its limit), so the JSON never holds an
+  infinity. Block means and squared deviations are merged with Chan et al.'s pairwise formula,
+  which keeps `std` accurate where sum-of-squares minus square-of-sum would cancel.
 - integers and bools: `min` and `max` exact (Python ints), `mean` in float64; `std` and
   `mean_abs` None; `nan`/`inf` 0.
 - `zeros_fraction`: elements equal to zero (-0.0 included) over all elements.
@@ -24,20 +25,23 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
 
 from .dtypes import DType, Kind
 from .formats import Reader, open_file
 from .tensor import LazyTensor
-from .windows import DEFAULT_WINDOW, windows
+from .windows import DEFAULT_WINDOW, ahead, windows
 
 BLOCK = 1 << 17
-"""Elements reduced per step: their float64 scratch (1 MiB a buffer) stays in the L2 cache."""
+"""Elements numpy reduces per step: their float64 scratch (1 MiB a buffer) stays in the L2 cache."""
 
 FLAGS = ("all_zeros", "all_equal", "has_nan", "has_inf")
+"""Every flag a tensor may get, in the order they are listed."""
+
+_KERNEL_KINDS = {"F32": 0, "FLEX32": 0, "F64": 1, "F16": 2, "BF16": 3}
+"""The dtypes the compiled `float_stats` loop reads (its `kind` argument)."""
 
 
 def supported(dtype: DType) -> bool:
@@ -45,17 +49,24 @@ def supported(dtype: DType) -> bool:
     return dtype.numpy_name is not None and dtype.kind in (Kind.FLOAT, Kind.INT, Kind.UINT, Kind.BOOL)
 
 
-def widen(block: np.ndarray) -> np.ndarray:
-    """A float block as float32 or float64 values (exactly): F16 through numpy, BF16 by moving its
-    bits up (the cheapest exact conversion), F8 through ml_dtypes."""
-    if block.dtype == np.float32 or block.dtype == np.float64:
-        return block
-    if block.dtype.name == "bfloat16":
-        return (block.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return block.astype(np.float32)
+def _load_kernels() -> Any:
+    """`migrator._kernels` if it was built and MIGRATOR_NO_KERNELS is unset (as casts.py decides),
+    imported without numpy: stats of an all-float model then never load numpy (a tenth of a
+    second of start-up or more)."""
+    if os.environ.get("MIGRATOR_NO_KERNELS"):
+        return None
+    try:
+        from . import _kernels
+    except ImportError:
+        return None
+    return _kernels
 
 
-class _Moments:
+kernels = _load_kernels()
+"""The compiled loops, or None (numpy then does all the work); tests switch it off."""
+
+
+class Moments:
     """Running count, mean and sum of squared deviations (Chan et al.), plus sum of |x|."""
 
     __slots__ = ("abs_sum", "m2", "mean", "n")
@@ -66,22 +77,15 @@ class _Moments:
         self.m2 = 0.0
         self.abs_sum = 0.0
 
-    def add(self, x64: np.ndarray, scratch: np.ndarray) -> None:
-        """Merge a float64 block (`scratch`: a buffer at least as long, overwritten)."""
-        k = len(x64)
+    def merge(self, k: int, mean_b: float, m2_b: float, abs_sum: float) -> None:
+        """Merge a block of `k` finite values: its mean, sum of squared deviations and sum of |x|."""
         if k == 0:
             return
-        t = scratch[:k]
-        mean_b = float(x64.sum()) / k
-        np.subtract(x64, mean_b, out=t)
-        np.square(t, out=t)  # not np.dot: BLAS may start threads that spin on a busy machine
-        m2_b = float(t.sum())
-        np.abs(x64, out=t)
-        self.abs_sum += float(t.sum())
         n = self.n + k
         delta = mean_b - self.mean
         self.mean += delta * k / n
         self.m2 += m2_b + delta * delta * self.n * k / n
+        self.abs_sum += abs_sum
         self.n = n
 
 
@@ -90,42 +94,33 @@ def tensor_stats(tensor: LazyTensor, window: int = DEFAULT_WINDOW) -> dict[str, 
     dtype = tensor.dtype
     if not supported(dtype):
         return None
-    np_dtype = dtype.numpy()
-    itemsize = np_dtype.itemsize
-    window -= window % itemsize
-    numel = tensor.numel
-    kernel_kind = _KERNEL_KINDS.get(dtype.name)
-    if kernel_kind is not None:
-        from .casts import kernels
+    itemsize = dtype.itemsize or 1
+    window = max(window - window % itemsize, itemsize)
+    kind = _KERNEL_KINDS.get(dtype.name)
+    if kind is not None and kernels is not None:
+        fresh = tensor.span is not None and tensor.chunks is None and tensor.nbytes > window
+        return _kernel_stats(kernels, windows(tensor, window), kind, tensor.numel, fresh)
+    from . import stats_numpy
 
-        if kernels is not None:
-            size = max(window, itemsize)
-            fresh = tensor.span is not None and tensor.chunks is None and tensor.nbytes > size
-            return _kernel_stats(kernels, windows(tensor, size), kernel_kind, np_dtype, numel, fresh)
-    if dtype.kind is Kind.FLOAT:
-        return _float_stats(_blocks(tensor, np_dtype, window), numel)
-    return _int_stats(_blocks(tensor, np_dtype, window), numel, dtype.kind is Kind.BOOL)
+    return stats_numpy.tensor_stats(tensor, window)
 
 
-def _blocks(tensor: LazyTensor, np_dtype: np.dtype, window: int) -> Iterator[np.ndarray]:
-    for win in windows(tensor, max(window, np_dtype.itemsize)):
-        arr = np.frombuffer(win, dtype=np_dtype)
-        for start in range(0, len(arr), BLOCK):
-            yield arr[start:start + BLOCK]
+def _first(win: Any, kind: int) -> float:
+    """A window's first element (struct, not numpy)."""
+    head = bytes(memoryview(win)[:8])
+    if kind == 3:  # BF16: the top half of a float32
+        return float(struct.unpack("<f", b"\0\0" + head[:2])[0])
+    fmt, size = {0: ("<f", 4), 1: ("<d", 8), 2: ("<e", 2)}[kind]
+    return float(struct.unpack(fmt, head[:size])[0])
 
 
-_KERNEL_KINDS = {"F32": 0, "FLEX32": 0, "F64": 1, "F16": 2, "BF16": 3}
-"""The dtypes the compiled `float_stats` loop reads (its `kind` argument)."""
-
-
-def _kernel_stats(kernels: Any, wins: Iterator[Any], kind: int, np_dtype: np.dtype, numel: int,
-                  parallel: bool) -> dict[str, Any]:
-    """`_float_stats` with each window reduced in one pass by the compiled loop (migrator/_kernels.c):
-    sums of x - shift and its square, merged as `_Moments.add` merges blocks. The shift is the
-    mean of the windows merged so far (the first window's first finite element before that), so
-    the squares never cancel badly. `parallel` (fresh windows only, not a reused buffer): the next
-    window is reduced on a worker thread while this one is merged, its shift one window behind."""
-    m = _Moments()
+def _kernel_stats(kernels: Any, wins: Iterator[Any], kind: int, numel: int, parallel: bool) -> dict[str, Any]:
+    """Each window reduced in one pass by the compiled loop: sums of x - shift and of its square,
+    merged as blocks are. The shift is the mean of the windows merged so far (the first window's
+    first finite element before that), so the squares never cancel badly. `parallel` (fresh
+    windows only, never a reused buffer): the next window is reduced on a worker thread while
+    this one is merged, its shift then one window behind."""
+    m = Moments()
     lo, hi = math.inf, -math.inf
     zeros = nans = infs = 0
     start: list[float] = []
@@ -136,7 +131,7 @@ def _kernel_stats(kernels: Any, wins: Iterator[Any], kind: int, np_dtype: np.dty
                 yield win, m.mean
                 continue
             if not start:
-                first = float(np.frombuffer(win, dtype=np_dtype, count=1)[0])
+                first = _first(win, kind)
                 start.append(first if math.isfinite(first) else 0.0)
             yield win, start[0]
 
@@ -144,63 +139,21 @@ def _kernel_stats(kernels: Any, wins: Iterator[Any], kind: int, np_dtype: np.dty
         win, shift = item
         return shift, kernels.float_stats(win, kind, shift)
 
-    if parallel:
-        from .casts import pipelined
-
-        results: Iterator[tuple[float, tuple[Any, ...]]] = pipelined(reduce, shifted(), 1)
-    else:
-        results = map(reduce, shifted())
+    results: Iterator[tuple[float, tuple[Any, ...]]] = ahead(reduce, shifted()) if parallel \
+        else map(reduce, shifted())
     for shift, (k, b_lo, b_hi, s1, s2, sa, b_zeros, b_nans, b_infs) in results:
         zeros += b_zeros
         nans += b_nans
         infs += b_infs
-        if not k:
-            continue
-        lo, hi = min(lo, b_lo), max(hi, b_hi)
-        mean_b = shift + s1 / k
-        m2_b = max(s2 - s1 * s1 / k, 0.0)
-        n = m.n + k
-        delta = mean_b - m.mean
-        m.mean += delta * k / n
-        m.m2 += m2_b + delta * delta * m.n * k / n
-        m.abs_sum += sa
-        m.n = n
-    return _finish(m, lo, hi, zeros, nans, infs, numel)
+        if k:
+            lo, hi = min(lo, b_lo), max(hi, b_hi)
+            m.merge(k, shift + s1 / k, max(s2 - s1 * s1 / k, 0.0), sa)
+    return finish(m, lo, hi, zeros, nans, infs, numel)
 
 
-def _float_stats(blocks: Iterator[np.ndarray], numel: int) -> dict[str, Any]:
-    moments = _Moments()
-    lo, hi = math.inf, -math.inf
-    zeros = nans = infs = 0
-    x64 = np.empty(BLOCK, dtype=np.float64)
-    scratch = np.empty(BLOCK, dtype=np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for raw in blocks:
-            x = widen(raw)
-            k = len(x)
-            zeros += k - int(np.count_nonzero(x))
-            b_lo, b_hi = x.min(), x.max()  # NaN or inf in the block shows in one of these
-            if not (math.isfinite(b_lo) and math.isfinite(b_hi)):
-                nan_mask = np.isnan(x)
-                inf_mask = np.isinf(x)
-                nans += int(np.count_nonzero(nan_mask))
-                infs += int(np.count_nonzero(inf_mask))
-                x = x[~(nan_mask | inf_mask)]
-                k = len(x)
-                if k == 0:
-                    continue
-                b_lo, b_hi = x.min(), x.max()
-            lo, hi = min(lo, float(b_lo)), max(hi, float(b_hi))
-            if x.dtype == np.float64:
-                moments.add(x, scratch)
-            else:
-                np.copyto(x64[:k], x)
-                moments.add(x64[:k], scratch)
-    return _finish(moments, lo, hi, zeros, nans, infs, numel)
-
-
-def _finish(moments: _Moments, lo: float, hi: float, zeros: int, nans: int, infs: int,
-            numel: int) -> dict[str, Any]:
+def finish(moments: Moments, lo: float, hi: float, zeros: int, nans: int, infs: int,
+           numel: int) -> dict[str, Any]:
+    """A float tensor's stats dict (with its `flags`) from what its blocks added up to."""
     finite = moments.n
     stats: dict[str, Any] = {
         "min": lo if finite else None,
@@ -215,42 +168,23 @@ def _finish(moments: _Moments, lo: float, hi: float, zeros: int, nans: int, infs
     for key in ("mean", "std", "mean_abs"):  # F64 values near the float64 limit overflow their sums
         if stats[key] is not None and not math.isfinite(stats[key]):
             stats[key] = None
-    stats["flags"] = _flags(stats, numel, zeros)
+    stats["flags"] = flags(stats, numel, zeros)
     return stats
 
 
-def _int_stats(blocks: Iterator[np.ndarray], numel: int, is_bool: bool) -> dict[str, Any]:
-    lo: int | None = None
-    hi: int | None = None
-    total = 0.0
-    zeros = 0
-    for raw in blocks:
-        x = raw.view(np.uint8) if raw.dtype == np.bool_ else raw
-        zeros += len(x) - int(np.count_nonzero(x))
-        b_lo, b_hi = int(x.min()), int(x.max())
-        lo = b_lo if lo is None else min(lo, b_lo)
-        hi = b_hi if hi is None else max(hi, b_hi)
-        total += float(np.add.reduce(x, dtype=np.float64))
-    stats: dict[str, Any] = {
-        "min": lo, "max": hi, "mean": total / numel if numel else None, "std": None, "mean_abs": None,
-        "zeros_fraction": zeros / numel if numel else None, "nan": 0, "inf": 0,
-    }
-    stats["flags"] = _flags(stats, numel, zeros)
-    return stats
-
-
-def _flags(stats: dict[str, Any], numel: int, zeros: int) -> list[str]:
-    flags = []
+def flags(stats: dict[str, Any], numel: int, zeros: int) -> list[str]:
+    """The FLAGS that hold for a stats dict."""
+    found = []
     if numel and zeros == numel:
-        flags.append("all_zeros")
+        found.append("all_zeros")
     elif numel > 1 and not stats["nan"] and not stats["inf"] and stats["min"] is not None \
             and stats["min"] == stats["max"]:
-        flags.append("all_equal")
+        found.append("all_equal")
     if stats["nan"]:
-        flags.append("has_nan")
+        found.append("has_nan")
     if stats["inf"]:
-        flags.append("has_inf")
-    return flags
+        found.append("has_inf")
+    return found
 
 
 def add_stats(info: dict[str, Any], reader: Reader, window: int = DEFAULT_WINDOW) -> None:
@@ -290,9 +224,9 @@ def _g(x: float | int | None) -> str:
 def stats_cells(entry: dict[str, Any]) -> list[str]:
     """The text table's stats columns of one `inspect` tensor entry."""
     s = entry.get("stats")
-    flags = ", ".join(f.replace("_", " ") for f in entry.get("flags", ())) or "-"
+    shown = ", ".join(f.replace("_", " ") for f in entry.get("flags", ())) or "-"
     if s is None:
-        return ["-"] * (len(STATS_HEADER) - 1) + [flags]
+        return ["-"] * (len(STATS_HEADER) - 1) + [shown]
     zeros = "-" if s["zeros_fraction"] is None else f"{100 * s['zeros_fraction']:.1f}%"
     return [_g(s["min"]), _g(s["max"]), _g(s["mean"]), _g(s["std"]), _g(s["mean_abs"]), zeros, str(s["nan"]),
-            str(s["inf"]), flags]
+            str(s["inf"]), shown]

@@ -20,12 +20,22 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import TensorBytesSizeMismatchError
 from .tensor import LazyTensor
 
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
 Window = bytes | bytearray | memoryview
+T = TypeVar("T")
+R = TypeVar("R")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 _PAGE = mmap.ALLOCATIONGRANULARITY
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 SMALL = 256 << 10
@@ -79,9 +89,31 @@ def _read_span(tensor: LazyTensor, size: int) -> Iterator[Window]:
     if len(starts) == 1 or not AHEAD:
         yield from map(mapped, starts)
         return
-    from .casts import pipelined
+    yield from ahead(mapped, starts, AHEAD)
 
-    yield from pipelined(mapped, starts, AHEAD)
+
+def ahead(fn: Callable[[T], R], items: Iterable[T], n: int = 1) -> Iterator[R]:
+    """`map(fn, items)` with up to `n` items computed in advance on a worker thread, yielded in
+    order. Its own two workers, not casts.py's pool: casts imports numpy, which stats of a float
+    model never needs."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="migrator-window")
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(_pool.submit(fn, item))
+            if len(pending) > n:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
 
 
 def _gathered(tensor: LazyTensor, size: int) -> Iterator[Window]:
