@@ -185,6 +185,7 @@
   function moduleItem(n) {
     var li = el("li", "mod lv" + lvl[n]);
     li.dataset.node = String(n);
+    li.dataset.path = fullName(n);
     var line = el("div", "line");
     var btn = el("button", "tog");
     btn.type = "button";
