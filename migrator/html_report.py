@@ -65,13 +65,13 @@ def is_html_path(path: str | os.PathLike[str]) -> bool:
 
 
 class _Strings:
-    """Shared strings, each stored once; rows refer to them by index."""
+    """Shared strings, each stored once; rows refer to them by index (`intern`)."""
 
     def __init__(self) -> None:
         self.index: dict[str, int] = {}
         self.items: list[str] = []
 
-    def __call__(self, s: str | None) -> int:
+    def intern(self, s: str | None) -> int:
         if s is None:
             return -1
         i = self.index.get(s)
@@ -80,52 +80,44 @@ class _Strings:
             self.items.append(s)
         return i
 
+    __call__ = intern
+
 
 class _Names:
-    """Every name of the page as a trie of dotted segments: node i = (parent[i], segment[i]).
-
-    `by_name` maps each exact tree path (a name or module path of at most MAX_DEPTH segments) to
-    its node, so a tensor beside one already seen costs one `rpartition` and two lookups.
+    """Every name of the page as a trie of dotted segments: node i = (parent[i], segment[i]), and
+    the name of node i is its ancestors' segments joined by dots, so `by_name` (name -> node) is
+    one-to-one. A name of more than MAX_DEPTH segments keeps its tail, dots and all, in its last
+    segment. A name beside one already seen costs one `rpartition` and two dict lookups.
     """
 
     def __init__(self) -> None:
         self.parent: list[int] = []
         self.segment: list[str] = []
-        self.depth: list[int] = []
         self.by_name: dict[str, int] = {}
-        self.children: dict[tuple[int, str], int] = {}
 
-    def _child(self, p: int, seg: str) -> int:
-        key = (p, seg)
-        i = self.children.get(key)
-        if i is None:
-            i = self.children[key] = len(self.parent)
-            self.parent.append(p)
-            self.segment.append(seg)
-            self.depth.append(1 if p < 0 else self.depth[p] + 1)
-        return i
-
-    def __call__(self, name: str | None) -> int:
+    def node(self, name: str | None) -> int:
         if name is None:
             return -1
         i = self.by_name.get(name)
         if i is not None:
             return i
-        head, sep, tail = name.rpartition(".")
-        p = self.by_name.get(head) if sep else -1
-        if p is not None and (p < 0 or self.depth[p] < MAX_DEPTH):
-            i = self._child(p, tail)
-            self.by_name[name] = i
-            return i
-        parts = name.split(".", MAX_DEPTH - 1)
-        p = -1
-        for k, seg in enumerate(parts):
-            p = self._child(p, seg)
-            if k < len(parts) - 1:
-                self.by_name.setdefault(".".join(parts[:k + 1]), p)
-        if len(parts) < MAX_DEPTH or "." not in parts[-1]:
-            self.by_name[name] = p
-        return p
+        if name.count(".") < MAX_DEPTH:
+            head, sep, tail = name.rpartition(".")
+            if sep:
+                p = self.by_name.get(head)
+                if p is None:
+                    p = self.node(head)  # recursion: at most MAX_DEPTH deep
+            else:
+                p = -1
+        else:
+            parts = name.split(".", MAX_DEPTH - 1)
+            p, tail = self.node(".".join(parts[:-1])), parts[-1]
+        i = self.by_name[name] = len(self.parent)
+        self.parent.append(p)
+        self.segment.append(tail)
+        return i
+
+    __call__ = node
 
 
 class _Page:
@@ -176,9 +168,10 @@ def _finite(v: Any) -> Any:
 
 
 def _dtype_shape(dtype: Any, shape: Any) -> str | None:
+    """`F32 [64, 16]`: a JSON shape is a list of ints, whose `str` is that text."""
     if dtype is None and shape is None:
         return None
-    dims = "?" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+    dims = "?" if shape is None else str(list(shape)) if not isinstance(shape, list) else str(shape)
     return f"{dtype if dtype is not None else '?'} {dims}"
 
 
@@ -202,22 +195,44 @@ def _metadata_info(page: _Page, metadata: Mapping[str, Any] | None, scalars: Map
         page.extra["scalars"] = [[str(k), v if isinstance(v, str) else json.dumps(v)] for k, v in scalars.items()]
 
 
-def _ops(page: _Page, source: str | None, ops: Sequence[str]) -> list[Any]:
-    """The op list with renames as [kind, from node, to node]: a remap or renumber op text holds
-    two whole names, which stored as text would repeat every name of the model twice more. The
-    names are found by following the chain from the source name (never by splitting at ' -> ',
-    which a name may contain); an op that does not fit is kept as text."""
-    out: list[Any] = []
-    current = source
-    for op in ops:
-        kind = op.split(" ", 1)[0]
-        if kind in ("remap", "index") and current is not None and op.startswith(f"{kind} {current} -> "):
-            new = op[len(kind) + len(current) + 5:]
-            out.append([page.strs(kind), page.names(current), page.names(new)])
-            current = new
-        else:
-            out.append(page.strs(op))
-    return out
+def _op_encoder(page: _Page) -> Any:
+    """An encoder of op lists: (template index, name nodes).
+
+    A remap or renumber op holds two whole names; stored as text it would repeat every name of
+    the model twice more. So an op list is split into a template shared by every tensor with the
+    same ops (string ops as their index in `strs`, a remap/renumber as -(index of its kind) - 1)
+    and the names those ops go from and to, as trie nodes, per tensor. The names are found by
+    following the chain from the source name (never by splitting at ' -> ', which a name may
+    hold); an op that does not fit is kept as text.
+    """
+    templates: dict[tuple[int, ...], int] = {}
+    table: list[list[int]] = page.extra.setdefault("ops", [])
+    intern, node = page.strs.intern, page.names.node
+    kinds = {k: -intern(k) - 1 for k in ("remap", "index")}
+
+    def encode(source: str | None, ops: Sequence[str]) -> tuple[int, list[int] | None]:
+        template: list[int] = []
+        nodes: list[int] | None = None
+        current = source
+        for op in ops:
+            kind = op[:op.find(" ")]
+            if kind in kinds and current is not None and op.startswith(f"{kind} {current} -> "):
+                new = op[len(kind) + len(current) + 5:]
+                template.append(kinds[kind])
+                if nodes is None:
+                    nodes = []
+                nodes += (node(current), node(new))
+                current = new
+            else:
+                template.append(intern(op))
+        key = tuple(template)
+        idx = templates.get(key)
+        if idx is None:
+            idx = templates[key] = len(table)
+            table.append(template)
+        return idx, nodes
+
+    return encode
 
 
 def plan_page(plan: Mapping[str, Any], report: Mapping[str, Any] | None = None) -> bytes:
@@ -238,49 +253,74 @@ def plan_page(plan: Mapping[str, Any], report: Mapping[str, Any] | None = None) 
         if e.get("kind") != _RUN_ERROR:
             tensor_errors.setdefault(str(e.get("path")), []).append(_error_text(e))
     t, st = page.column("t"), page.column("st")
-    src, ops_col, before, after, nbytes, module, why = (page.column(k) for k in ("s", "o", "b", "a", "n", "m", "mr"))
-    op_lists: dict[tuple[Any, ...], int] = {}
-    op_table: list[list[Any]] = []
+    src, ops_col, op_names, before, after, nbytes, module, why = (
+        page.column(k) for k in ("s", "o", "on", "b", "a", "n", "m", "mr"))
+    encode_ops = _op_encoder(page)
     code = page.status_code
     seen: set[str] = set()
+    node, intern = names.node, strs.intern
+    shape_texts: dict[tuple[Any, str], int] = {}
+    module_texts: dict[tuple[Any, Any], int] = {}
+
+    def shape_text(d: Mapping[str, Any] | None) -> int:
+        if d is None:
+            return -1
+        dtype, shape = d.get("dtype"), d.get("shape")
+        key = (dtype, str(shape))
+        i = shape_texts.get(key)
+        if i is None:
+            i = shape_texts[key] = intern(_dtype_shape(dtype, shape))
+        return i
 
     def add_row(target: str, status: str) -> int:
-        t.append(names(target))
+        t.append(node(target))
         st.append(code[status])
         return len(t) - 1
 
-    for e in plan.get("entries", []):
+    applied_code, kept_code = code["applied"], code["kept"]
+    for e in plan.get("entries", []):  # the hot loop of a 100k-tensor page: locals, memoised texts
         target = e["target"]
         seen.add(target)
-        status = "error" if target in tensor_errors else ("kept" if e.get("kept_from_template") else "applied")
-        r = add_row(target, status)
-        src.append(names(e.get("source")))
-        ops = e.get("ops") or ()
+        t.append(node(target))
+        if target in tensor_errors:
+            st.append(code["error"])
+        else:
+            st.append(kept_code if e.get("kept_from_template") else applied_code)
+        source = e.get("source")
+        src.append(node(source))
+        ops = e.get("ops")
         if ops:
-            encoded = _ops(page, e.get("source"), ops)
-            key = tuple(x if isinstance(x, int) else tuple(x) for x in encoded)
-            idx = op_lists.get(key)
-            if idx is None:
-                idx = op_lists[key] = len(op_table)
-                op_table.append(encoded)
+            idx, nodes = encode_ops(source, ops)
             ops_col.append(idx)
+            op_names.append(nodes or 0)
         else:
             ops_col.append(-1)
-        b, a = e.get("before"), e.get("after") or {}
-        before.append(-1 if b is None else strs(_dtype_shape(b.get("dtype"), b.get("shape"))))
-        after.append(strs(_dtype_shape(a.get("dtype"), a.get("shape"))))
+            op_names.append(0)
+        before.append(shape_text(e.get("before")))
+        after.append(shape_text(e.get("after")))
         nbytes.append(e.get("nbytes", 0))
         m = e.get("module")
-        module.append(-1 if m is None else strs(f"{m.get('type') or '?'} ({m.get('how')})"))
-        why.append(-1 if m is None or not m.get("reason") else strs(m["reason"]))
-        if missing.get(target):
-            page.note("hint", r, missing[target])
-        if target in tensor_errors:
-            page.note("error", r, "\n".join(tensor_errors[target]))
+        if m is None:
+            module.append(-1)
+            why.append(-1)
+        else:
+            mkey = (m.get("type"), m.get("how"))
+            mi = module_texts.get(mkey)
+            if mi is None:
+                mi = module_texts[mkey] = intern(f"{mkey[0] or '?'} ({mkey[1]})")
+            module.append(mi)
+            why.append(intern(m.get("reason") or None))
+        if target in missing or target in tensor_errors:
+            r = len(t) - 1
+            if missing.get(target):
+                page.note("hint", r, missing[target])
+            if target in tensor_errors:
+                page.note("error", r, "\n".join(tensor_errors[target]))
 
     def add_bare(target: str, status: str) -> int:
         r = add_row(target, status)
-        for col, v in ((src, -1), (ops_col, -1), (before, -1), (after, -1), (nbytes, 0), (module, -1), (why, -1)):
+        for col, v in ((src, -1), (ops_col, -1), (op_names, 0), (before, -1), (after, -1), (nbytes, 0), (module, -1),
+                       (why, -1)):
             col.append(v)
         seen.add(target)
         return r
@@ -294,7 +334,6 @@ def plan_page(plan: Mapping[str, Any], report: Mapping[str, Any] | None = None) 
         if path not in seen:
             r = add_bare(path, "error")
             page.note("error", r, "\n".join(texts))
-    page.extra["ops"] = op_table
 
     applied = rep.get("applied", [])
     page.summary = [

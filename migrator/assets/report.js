@@ -239,25 +239,32 @@
 
   // ---- per-kind tensor rows --------------------------------------------------------------------
   var OP_LABEL = {remap: "rename", index: "renumber", rename: "rename", transpose: "transpose", cast: "cast"};
-  function opChip(op) {
-    if (Array.isArray(op)) {
-      var kind = S[op[0]], from = fullName(op[1]), to = fullName(op[2]);
-      var chip = el("span", "op op-" + kind);
-      var text = OP_LABEL[kind] || kind;
-      if (kind === "index") {  // the renumbered segments only: "4 → 2"
-        var fa = from.split("."), ta = to.split("."), fd = [], td = [];
-        for (var i = 0; i < Math.max(fa.length, ta.length); i++) {
-          if (fa[i] !== ta[i]) { fd.push(fa[i] || ""); td.push(ta[i] || ""); }
-        }
-        text += " " + fd.join(".") + " → " + td.join(".");
-      }
-      chip.textContent = shown(text);
-      chip.title = shown(kind + " " + from + " → " + to);
-      return chip;
+  // An op list: a template of string ops (>= 0, an index in S) and renames (-(kind) - 1), whose
+  // from and to names are the row's `on` nodes, two per rename.
+  function opChips(chips, r) {
+    var tpl = D.ops[R.o[r]], nodes = R.on[r] || [], k = 0;
+    for (var i = 0; i < tpl.length; i++) {
+      var op = tpl[i];
+      if (op < 0) { chips.append(renameChip(S[-op - 1], fullName(nodes[k]), fullName(nodes[k + 1]))); k += 2; }
+      else chips.append(textChip(S[op]));
     }
-    var s = S[op], k = s.split(" ")[0];
-    var c = el("span", "op op-" + (OP_LABEL[k] ? k : "other"), shown(s.split(" -> ").join(" → ")));
-    return c;
+  }
+  function renameChip(kind, from, to) {
+    var chip = el("span", "op op-" + kind), text = OP_LABEL[kind] || kind;
+    if (kind === "index") {  // the renumbered segments only: "4 → 2"
+      var fa = from.split("."), ta = to.split("."), fd = [], td = [];
+      for (var i = 0; i < Math.max(fa.length, ta.length); i++) {
+        if (fa[i] !== ta[i]) { fd.push(fa[i] || ""); td.push(ta[i] || ""); }
+      }
+      text += " " + fd.join(".") + " → " + td.join(".");
+    }
+    chip.textContent = shown(text);
+    chip.title = shown(kind + " " + from + " → " + to);
+    return chip;
+  }
+  function textChip(s) {
+    var k = s.split(" ")[0];
+    return el("span", "op op-" + (OP_LABEL[k] ? k : "other"), shown(s.split(" -> ").join(" → ")));
   }
   function shapes(cell, before, after) {
     if (before !== null) {
@@ -279,10 +286,7 @@
         if (R.mr[r] >= 0) m.title = shown(S[R.mr[r]]);
         chips.append(m);
       }
-      if (R.o[r] >= 0) {
-        var ops = D.ops[R.o[r]];
-        for (var i = 0; i < ops.length; i++) chips.append(opChip(ops[i]));
-      }
+      if (R.o[r] >= 0) opChips(chips, r);
       if (chips.firstChild) cell.append(chips);
       var sh = el("span", "shapes");
       shapes(sh, R.b[r] >= 0 ? S[R.b[r]] : null, R.a[r] >= 0 ? S[R.a[r]] : null);
