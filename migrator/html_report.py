@@ -378,8 +378,8 @@ def diff_page(doc: Mapping[str, Any]) -> bytes:
     page = _Page("diff", _DIFF_STATUSES, _DIFF_LEVELS)
     names, strs, code = page.names, page.strs, page.status_code
     t, st = page.column("t"), page.column("st")
-    a_name, b_name, before, after, absd, reld, differing, first = (
-        page.column(k) for k in ("an", "bn", "b", "a", "x", "y", "k", "f"))
+    a_name, b_name, before, after, absd, reld, differing, nonfinite, first = (
+        page.column(k) for k in ("an", "bn", "b", "a", "x", "y", "k", "nf", "f"))
     worst: list[tuple[float, str]] = []
     for e in doc.get("tensors", []):
         name = str(e.get("name") or e.get("b_name") or e.get("a_name"))
@@ -394,6 +394,7 @@ def diff_page(doc: Mapping[str, Any]) -> bytes:
         absd.append(_finite(d))
         reld.append(_finite(e.get("max_rel_diff")))
         differing.append(e.get("differing"))
+        nonfinite.append(e.get("nonfinite_differing") or 0)
         fi = e.get("first_index")
         first.append(None if fi is None else json.dumps(fi))
         if isinstance(d, (int, float)) and d != 0:
@@ -407,9 +408,17 @@ def diff_page(doc: Mapping[str, Any]) -> bytes:
                       else f"tolerance (atol {doc.get('atol')}, rtol {doc.get('rtol')})"])
     if doc.get("recipe"):
         page.info.append(["Recipe", str(doc["recipe"])])
+    if "matched" in doc:
+        page.info.append(["Result", "A and B match" if doc["matched"] else "A and B differ"])
     worst.sort(key=lambda x: -x[0])
     page.add_list("largest", "Largest differences", "≠", ERR,
                   ((n, f"max abs diff {d:.6g}") for d, n in worst[:50]), "No tensor differs.")
+    if doc.get("plan_errors"):
+        page.add_list("plan-errors", "The recipe's plan fails", "!", ERR, ((str(m), None) for m in doc["plan_errors"]))
+    dropped = doc.get("dropped") or {}
+    for key, title in (("skipped", "Left out by the recipe: filtered"), ("unused", "Left out by the recipe: unused")):
+        if dropped.get(key):
+            page.add_list(f"dropped-{key}", title, "⊘", OK, ((str(n), None) for n in dropped[key]))
     return _html(page.payload("Diff", f"{doc.get('a')} ↔ {doc.get('b')}"))
 
 

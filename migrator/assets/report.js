@@ -309,6 +309,7 @@
       if (d !== null && d !== undefined) parts.push("max abs " + fmt(d));
       if (R.y[r] !== null && R.y[r] !== undefined) parts.push("max rel " + fmt(R.y[r]));
       if (R.k[r] !== null && R.k[r] !== undefined) parts.push(count(R.k[r], "differing"));
+      if (R.nf[r]) parts.push(count(R.nf[r], "non-finite differing"));
       if (R.f[r] !== null && R.f[r] !== undefined) parts.push("first at " + R.f[r]);
       m.append(el("span", "nums", parts.join(" · ")));
       row.append(cell, sh, m);
@@ -445,7 +446,7 @@
   var cols = el("div", "trow head");
   cols.setAttribute("aria-hidden", "true");
   var HEAD = {
-    plan: ["status", "name", "source → target · module · ops", "dtype shape: before → after", "size"],
+    plan: ["status", "name", "source → target · module · ops", "dtype shape before → after", "size"],
     diff: ["status", "name", "name in A / B", "dtype shape: A → B", "max abs diff (log scale)"],
     inspect: ["status", "name", "dtype shape", D.stats ? "value range (symmetric log scale)" : "", "size"],
   }[KIND === "run" ? "plan" : KIND];
