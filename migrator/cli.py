@@ -98,7 +98,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
                       help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
                       "sharded DST (repeatable)")
-    conv.add_argument("--emit-recipe", action="store_true", help="print the equivalent recipe as YAML; write nothing")
+    conv.add_argument("--emit-recipe", action="store_true",
+                      help="print the equivalent recipe as YAML and convert nothing; with -o FILE, convert and "
+                      "write the recipe of what ran to FILE")
+    conv.add_argument("-o", "--recipe-output", metavar="FILE",
+                      help="with --emit-recipe: the recipe file (written atomically after the output; refused if it "
+                      "exists, unless --overwrite), its paths relative to FILE's folder")
     conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -371,6 +376,28 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     return os.path.join(dst, Path(args.src).stem + writer_class(args.target_format).default_extension)
 
 
+def _recipe_output_check(args: argparse.Namespace) -> None:
+    """`-o FILE` is refused before converting what the write after it would refuse."""
+    from pathlib import Path
+
+    from .atomic import check_target
+
+    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=[args.dst])
+
+
+def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
+    """Write the recipe of what ran to `-o FILE` (atomically, after the output); the problem, if any."""
+    from .atomic import write_file
+    from .errors import MigratorError
+
+    try:
+        write_file(args.recipe_output, text.encode(), overwrite=args.overwrite, protect=[args.src],
+                   outputs=[args.dst], fsync=not args.no_fsync, make_folders=True)
+    except MigratorError as e:
+        return str(e)
+    return None
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .convert import ConvertUsageError, build_recipe, convert, emit_recipe
 
@@ -386,6 +413,8 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         problem = _remap_problem(*item.split("=", 1))
         if problem:
             parser.error(f"--remap '{item}': {problem}")
+    if args.recipe_output and not args.emit_recipe:
+        parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
@@ -394,11 +423,19 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    recipe_text = None
     try:
-        if args.emit_recipe:
-            sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))
-            return EXIT_OK
-        result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options)
+        if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there
+            recipe_text = emit_recipe(build_recipe(args.src, args.dst, **options), args.recipe_output)
+            if not args.recipe_output:
+                sys.stdout.write(recipe_text)
+                return EXIT_OK
+            _recipe_output_check(args)
+        import hashlib
+
+        sha = hashlib.sha256(recipe_text.encode()).hexdigest() if recipe_text else None
+        result = convert(args.src, args.dst, progress=False if args.no_progress else None, recipe_sha256=sha,
+                         **options)
     except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
         if args.json:
             _print_json_error({"kind": "UsageError", "message": str(e)})
@@ -407,8 +444,10 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
             print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
+    problem = _write_recipe(args, recipe_text) if recipe_text is not None else None
     if args.json:
-        json.dump(result.__dict__, sys.stdout, indent=2)
+        doc = result.__dict__ | ({"recipe": args.recipe_output} if recipe_text is not None and not problem else {})
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         from .display import count, escape, human_bytes
@@ -417,6 +456,15 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               f"{human_bytes(result.nbytes)} from {escape(result.source)} ({result.source_format})")
         for note in result.notes:
             print(f"  note: {escape(note, keep_newlines=True)}")
+        if recipe_text is not None and not problem:
+            print(f"wrote {escape(args.recipe_output)}, the recipe of this conversion (again: migrate run "
+                  f"{escape(args.recipe_output)} --overwrite)")
+    if problem:
+        from .display import escape
+
+        print(f"migrate: error: wrote {escape(result.target)}, but the recipe was not written: "
+              f"{escape(problem, keep_newlines=True)}", file=sys.stderr)
+        return EXIT_MIGRATION
     return EXIT_OK
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from .display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
 from .errors import MigratorError, error_json
 from .formats.base import no_gc
-from .plan import Plan, build_plan
+from .plan import Plan, SourceKeyError, build_plan
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 
@@ -66,7 +66,7 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
 
 
 @contextmanager
-def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
+def _plan_for(loaded: Any, args: argparse.Namespace, shown: str | None = None) -> Iterator[Plan]:
     """The recipe's plan, open for the block.
 
     A 100k-tensor plan is ~1M objects that all live until the command ends. The cyclic collector
@@ -76,11 +76,22 @@ def _plan_for(loaded: Any, args: argparse.Namespace) -> Iterator[Plan]:
     """
     freezes = gc.isenabled()  # no_gc leaves a collector someone else paused as it is: nothing to undo
     with no_gc(then_freeze=True):
-        plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
-                          hash_sources=getattr(args, "hash_sources", False),
-                          overwrite=True if getattr(args, "overwrite", False) else None,
-                          fsync=False if getattr(args, "no_fsync", False) else None,
-                          module_origins=loaded.module_origins)
+        try:
+            plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+                              hash_sources=getattr(args, "hash_sources", False),
+                              overwrite=True if getattr(args, "overwrite", False) else None,
+                              fsync=False if getattr(args, "no_fsync", False) else None,
+                              module_origins=loaded.module_origins, op_origins=loaded.op_origins)
+        except SourceKeyError as e:  # about one recipe value: name its line
+            from .recipe_loader import locate
+
+            given = shown or getattr(args, "recipe", None)  # the recipe's path as given
+            where = locate(loaded, e.loc, given if isinstance(given, str) else None)
+            if where is None:
+                raise
+            located = SourceKeyError(f"{where}: {'.'.join(e.loc)}: {e}")
+            located.file = e.file  # the source file, for --json; the text leads with the recipe line
+            raise located from None
     try:
         with plan:
             yield plan
@@ -98,8 +109,8 @@ def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
-def _print_outcome(plan: Plan) -> None:
-    print(plan.report.display())  # escapes the names it shows
+def _print_outcome(plan: Plan, all_ops: bool = False) -> None:
+    print(plan.report.display(ops_limit=None) if all_ops else plan.report.display())  # escapes the names it shows
     for note in plan.notes:
         print(f"note: {escape(note, keep_newlines=True)}")
     shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary just printed
@@ -216,7 +227,7 @@ def plan(args: argparse.Namespace) -> int:
         else:
             if not args.html:
                 _print_plan_table(p)
-            _print_outcome(p)
+            _print_outcome(p, all_ops=True)
             if args.html:
                 print(f"wrote {escape(args.html)}")
         return EXIT_OK if p.ok else EXIT_MIGRATION
@@ -339,12 +350,14 @@ def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     except RecipeError as e:
         return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
     try:
-        with _plan_for(loaded, args) as p:
+        with _plan_for(loaded, args, path) as p:
             _add_target_problems(p)
             result.update(tensors=len(p.entries), target=str(p.target_path))
             if p.fatal:
                 return {**result, "status": "would_fail", "exit_code": EXIT_MIGRATION, "errors": list(p.fatal)}
             return {**result, "status": "ok", "exit_code": EXIT_OK}
+    except RecipeError as e:  # an op that does not fit the source's shapes: the recipe is wrong
+        return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
     except MigratorError as e:
         return {**result, "status": "error", "exit_code": EXIT_MIGRATION, "error": error_json(e)}
 

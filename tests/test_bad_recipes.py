@@ -50,6 +50,71 @@ filter:
 modules:
   Linear:
     - '\.(query|key|value)$'
+ops:
+  - split:
+      from: 'a\.(\d+)'
+      dim: 1
+      sizes:
+        - 2
+        - 2
+      to:
+        - 'b.$1'
+        - 'c.$1'
+      optional: true
+  - split:
+      from: 'd\.(\d+)'
+      parts: 2
+      to: 'd.$1.$i'
+      optional: true
+  - concat:
+      from:
+        - 'e\.(\d+)'
+        - 'f.$1'
+      dim: 0
+      to: 'g.$1'
+      optional: true
+  - stack:
+      from: 'h\.(\d+)\.(\d+)'
+      over: 2
+      dim: 0
+      to: 'h.$1'
+      optional: true
+  - unstack:
+      from: 'i\.(\d+)'
+      dim: 0
+      to: 'i.$1.$i'
+      optional: true
+  - reshape:
+      from: 'j'
+      shape:
+        - -1
+        - 4
+      to: 'j2'
+      optional: true
+  - permute:
+      from: 'k'
+      dims:
+        - 1
+        - 0
+      to: 'k2'
+      optional: true
+  - slice:
+      from: 'l'
+      dim: 0
+      start: 0
+      stop: 4
+      to: 'l2'
+      optional: true
+  - rope_permute:
+      from: 'm'
+      heads: 2
+      inverse: true
+      to: 'm2'
+      optional: true
+  - concat:
+      from: 'n\.(\d+)'
+      over: 1
+      to: 'n'
 adapters:
   - pytorch_to_burn
   - half_precision:
@@ -254,7 +319,11 @@ BAD_REGEXES = ["(", "[z-a]", "*a", "a{2,1}", "(?P<n>a)(?P<n>b)", r"\p{L}", "a(?U
 
 def test_regex_places_are_all_found() -> None:
     assert {render(p) for p in REGEX_PLACES} == {"remap[0].from", "filter.include[0].regex",
-                                                 "filter.exclude[0].regex", "modules.Linear[0]"}
+                                                 "filter.exclude[0].regex", "modules.Linear[0]",
+                                                 "ops[0].split.from", "ops[1].split.from", "ops[3].stack.from",
+                                                 "ops[4].unstack.from", "ops[5].reshape.from", "ops[6].permute.from",
+                                                 "ops[7].slice.from", "ops[8].rope_permute.from",
+                                                 "ops[9].concat.from"}
 
 
 @pytest.mark.parametrize("pattern", BAD_REGEXES)
