@@ -184,6 +184,13 @@ def _error_text(e: Mapping[str, Any]) -> str:
         return str(e.get("message", e))
 
 
+def _op_node_text(node: Mapping[str, Any]) -> str:
+    """`split ops[0] (recipe.yaml:11:5): a -> b, c`, as the summary text lists op nodes."""
+    at = f" ({node['at']})" if node.get("at") else ""
+    inputs, outputs = (", ".join(map(str, node.get(k) or ())) for k in ("inputs", "outputs"))
+    return f"{node.get('op')} ops[{node.get('index')}]{at}: {inputs} -> {outputs}"
+
+
 def _count_item(key: str, label: str, n: int, icon: str, level: int) -> list[Any]:
     return [key, label, n, icon, level]
 
@@ -366,6 +373,8 @@ def plan_page(plan: Mapping[str, Any], report: Mapping[str, Any] | None = None) 
                   "Every source tensor is used or filtered out.")
     page.add_list("skipped", "Skipped source tensors (filtered out)", "⊘", OK,
                   ((s, None) for s in rep.get("skipped", [])), "No source tensor was filtered out.")
+    if rep.get("ops"):  # the recipe's op nodes (split, merge, permute, ...): which tensors each made
+        page.add_list("ops", "Recipe ops", "⚙", OK, ((_op_node_text(n), None) for n in rep["ops"]))
     page.add_list("errors", "Errors", "!", ERR, ((_error_text(e), None) for e in errors), "No errors.")
     if plan.get("notes"):
         page.add_list("notes", "Notes", "i", OK, ((n, None) for n in plan["notes"]))

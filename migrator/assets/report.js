@@ -238,7 +238,8 @@
   }
 
   // ---- per-kind tensor rows --------------------------------------------------------------------
-  var OP_LABEL = {remap: "rename", index: "renumber", rename: "rename", transpose: "transpose", cast: "cast"};
+  var OP_LABEL = {remap: "rename", index: "renumber", rename: "rename", transpose: "transpose", cast: "cast",
+    split: "split", merge: "merge", permute: "permute", stack: "stack", unstack: "unstack", reshape: "reshape"};
   // An op list: a template of string ops (>= 0, an index in S) and renames (-(kind) - 1), whose
   // from and to names are the row's `on` nodes, two per rename.
   function opChips(chips, r) {
