@@ -200,7 +200,7 @@
     if (nbytes) meta += " · " + human(bytes[n]);
     if (mcnt) meta += " · " + count(mcnt[n], "match", "matches");
     line.append(btn, badge(lev[1], lev[2], lvl[n]), el("span", "meta", meta));
-    if (worst && worst[n] >= 0) line.append(diffBar(worst[n], "largest max abs diff below"));
+    if (worst && worst[n] >= 0) line.append(diffBar(worst[n], "largest max abs diff below", lvl[n]));
     var ul = el("ul", "kids");
     ul.id = id;
     ul.hidden = true;
@@ -305,12 +305,12 @@
       var sh = el("span", "shapes");
       shapes(sh, R.b[r] >= 0 ? S[R.b[r]] : "–", R.a[r] >= 0 ? S[R.a[r]] : "–");
       var m = el("span", "metric"), d = R.x[r];
-      if (d !== null && d !== undefined) m.append(diffBar(num(d), "max abs diff"));
+      if (d !== null && d !== undefined) m.append(diffBar(num(d), "max abs diff", ST[R.st[r]][3]));
       var parts = [];
       if (d !== null && d !== undefined) parts.push("max abs " + fmt(d));
       if (R.y[r] !== null && R.y[r] !== undefined) parts.push("max rel " + fmt(R.y[r]));
-      if (R.k[r] !== null && R.k[r] !== undefined) parts.push(count(R.k[r], "differing"));
-      if (R.nf[r]) parts.push(count(R.nf[r], "non-finite differing"));
+      if (R.k[r] !== null && R.k[r] !== undefined) parts.push(R.k[r].toLocaleString("en-US") + " differing");
+      if (R.nf[r]) parts.push(R.nf[r].toLocaleString("en-US") + " of them non-finite");
       if (R.f[r] !== null && R.f[r] !== undefined) parts.push("first at " + R.f[r]);
       m.append(el("span", "nums", parts.join(" · ")));
       row.append(cell, sh, m);
@@ -338,8 +338,8 @@
       row.append(cell, m, el("span", "size", human(R.n[r])));
     },
   };
-  function diffBar(d, what) {
-    var bar = el("span", "bar");
+  function diffBar(d, what, level) {
+    var bar = el("span", "bar lv" + level);
     var fillEl = el("span", "fill");
     var w = 0;
     if (d !== d || d === Infinity) { w = 100; bar.className += " inf"; }
@@ -420,7 +420,7 @@
   sumSec.append(h2, counts);
   main.append(sumSec);
 
-  var treeSec = el("section", "tree-section");
+  var treeSec = el("section", "tree-section k-" + (KIND === "run" ? "plan" : KIND));
   treeSec.setAttribute("aria-labelledby", "h-tree");
   var th2 = el("h2", null, KIND === "inspect" ? "Tensors by module" : KIND === "diff" ? "Tensors by module" : "Target modules");
   th2.id = "h-tree";
