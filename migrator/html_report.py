@@ -4,7 +4,8 @@ The page is built from the same JSON documents the commands print (`plan --json`
 `--report`, `diff --json`, `inspect --json`), so it shows nothing the JSON does not hold. What holds:
 
 - One file, no network: the CSS and JS (`migrator/assets/`) are inlined, and a Content-Security-Policy
-  forbids every fetch, so the page opens from `file://` offline and cannot load anything else.
+  forbids every fetch and runs only those two (by hash), so the page opens from `file://` offline
+  and cannot load or run anything else.
 - Names are untrusted. They reach the page only as JSON inside `<script type="application/json">`,
   with every `<` written `\\u003c` (no `</script>` can end the element early), and the script
   puts them into the DOM as text nodes, never as markup. The few strings the page's HTML itself
@@ -17,6 +18,8 @@ The page is built from the same JSON documents the commands print (`plan --json`
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import math
@@ -499,8 +502,14 @@ def _asset(name: str) -> str:
     return resources.files("migrator").joinpath("assets", name).read_text(encoding="utf-8")
 
 
-_CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
-        "base-uri 'none'; form-action 'none'")
+def _csp(script: str, style: str) -> str:
+    """The page's policy: nothing may be fetched, and only the page's own script and stylesheet
+    (by their sha256) run, so even markup that got into the page could run nothing."""
+    def digest(text: str) -> str:
+        return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
+
+    return (f"default-src 'none'; script-src {digest(script)}; style-src {digest(style)}; img-src data:; "
+            "base-uri 'none'; form-action 'none'")
 
 
 def _html(payload: Mapping[str, Any]) -> bytes:
@@ -510,16 +519,17 @@ def _html(payload: Mapping[str, Any]) -> bytes:
         raise AssertionError("an inlined asset holds '</'")
     data = json.dumps(payload, ensure_ascii=True, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     title = html.escape(f"{payload['title']}: {payload['subtitle']}")
+    script, style = f"\n{js}", f"\n{css}"
     return "".join((
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n',
+        f'<meta http-equiv="Content-Security-Policy" content="{_csp(script, style)}">\n',
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
         '<meta name="generator" content="migrator">\n',
-        f"<title>{title}</title>\n<style>\n{css}</style>\n</head>\n<body>\n",
+        f"<title>{title}</title>\n<style>{style}</style>\n</head>\n<body>\n",
         '<noscript><p>This report needs JavaScript to show its tensors; its data is the JSON in the element '
         '<code>report-data</code>.</p></noscript>\n<div id="app"></div>\n',
         f'<script type="application/json" id="report-data">{data}</script>\n',
-        f"<script>\n{js}</script>\n</body>\n</html>\n",
+        f"<script>{script}</script>\n</body>\n</html>\n",
     )).encode("utf-8")
 
 

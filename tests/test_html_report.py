@@ -146,7 +146,8 @@ def test_example_recipe_reports_show_the_json_counts(reports: dict[str, tuple[Pa
     assert opened.rows() == sorted(t for t in targets if "." not in t)  # top-level tensors (none here)
     # self-contained: nothing to fetch, nothing that could
     assert page.evaluate("document.querySelectorAll('[src], [href], link, iframe, object').length") == 0
-    assert "default-src 'none'" in html.read_text()
+    policy = page.get_attribute('meta[http-equiv="Content-Security-Policy"]', "content") or ""
+    assert "default-src 'none'" in policy and "unsafe" not in policy
     page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
     assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
