@@ -50,12 +50,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    "scalars.\nReads headers only. Names from the file are shown literally, unprintable "
                    "characters escaped (\\x1b); --json keeps the exact strings.",
                    "  migrate inspect model.safetensors --limit 20\n"
-                   "  migrate inspect ckpt.pt --top-level-key state_dict --json")
+                   "  migrate inspect ckpt.pt --top-level-key state_dict --json\n"
+                   "  migrate inspect model.bpk --stats")
     ins.add_argument("file", help="a .bpk, .safetensors or PyTorch file")
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     ins.add_argument("--format", default="auto", help="auto | burnpack | safetensors | pytorch")
     ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path)")
     ins.add_argument("--limit", type=int, default=None, help="show at most N tensors in the table")
+    ins.add_argument("--stats", action="store_true", help="read every tensor (streamed): min, max, mean, std, "
+                     "mean |x|, zeros, NaN/Inf; flags all-zero, all-equal, NaN/Inf tensors")
     ins.add_argument("--html", metavar="FILE", help="write the listing as a self-contained HTML page instead of "
                      "the table")
     ins.add_argument("--overwrite", action="store_true", help="replace an existing HTML page")
@@ -156,6 +159,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     val.add_argument("--target", metavar="PATH", help="(one recipe only) write PATH instead of "
                     "the recipe's target.path (relative to the current folder)")
 
+    from .diff_cli import add_parser as add_diff
+
+    add_diff(sub, _command)
+
     sch = _command(sub, "schema", "print the recipe JSON Schema",
                    "Print the recipe JSON Schema (for editors: yaml-language-server, VS Code).",
                    "  migrate schema -o recipe.schema.json\n"
@@ -198,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inspect(args)
         if args.command == "convert":
             return _convert(args, commands["convert"])
+        if args.command == "diff":
+            from .diff_cli import run as diff
+
+            return diff(args, commands["diff"], _remap_problem)
         if args.command in ("run", "plan", "validate", "schema"):
             recipes = getattr(args, "recipes", None) or []
             if len(recipes) > 1 and (getattr(args, "source", None) or getattr(args, "target", None)):
@@ -240,7 +251,12 @@ def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
 def _inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_file
 
-    info = inspect_file(args.file, format=args.format, **_reader_options(args))
+    if args.stats:
+        from .stats import inspect_with_stats
+
+        info = inspect_with_stats(args.file, format=args.format, **_reader_options(args))
+    else:
+        info = inspect_file(args.file, format=args.format, **_reader_options(args))
     if args.html:
         from .html_report import inspect_page, write_page
 
@@ -286,6 +302,11 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     sharded = any("file" in t for t in tensors)
     header = (["name", "dtype", "shape", "size", "offset"] + (["param_id"] if with_ids else [])
               + (["shard"] if sharded else []))
+    with_stats = bool(tensors) and "stats" in tensors[0]
+    if with_stats:
+        from .stats import STATS_HEADER, stats_cells
+
+        header += STATS_HEADER
     shown = tensors if limit is None else tensors[:limit]
     sizes: dict[int, str] = {}
     rows = []
@@ -297,14 +318,21 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
             row.append(str(t.get("param_id", "")))
         if sharded:
             row.append(os.path.basename(t.get("file", "")))
+        if with_stats:
+            row += stats_cells(t)
         rows.append(row)
     title = f"{info['path']} ({info['format']}, {human_bytes(info['file_size'])})"
-    print_table(title, header, rows, right=(3, 4, 5) if with_ids else (3, 4))
+    right = (3, 4, 5) if with_ids else (3, 4)
+    if with_stats:  # the numeric stats columns, not the flags
+        right += tuple(range(len(header) - len(STATS_HEADER), len(header) - 1))
+    print_table(title, header, rows, right=right)
     out = sys.stdout
     if len(shown) < len(tensors):
         out.write(f"... and {count(len(tensors) - len(shown), 'more tensor')} (use --limit or --json)\n")
     totals = info["totals"]
     out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
+    for flag, n in totals.get("flagged", {}).items():
+        out.write(f"flagged {flag.replace('_', ' ')}: {count(n, 'tensor')}\n")
     _print_shards(info)
     for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
         print(f"warning: {warning}", file=sys.stderr)
