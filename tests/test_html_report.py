@@ -432,3 +432,41 @@ def test_run_report_format_follows_the_extension(tmp_path: Path) -> None:
     counts = {c[0]: c[2] for c in data["summary"]}
     assert counts == {k: len(doc[k]) for k in ("applied", "skipped", "missing", "unused", "errors")}
     assert counts["applied"] == 1 and counts["missing"] == 1 and counts["unused"] == 1
+
+
+def test_diff_and_stats_pages_of_real_commands(reports: dict[str, tuple[Path, dict[str, Any]]], opener: Any,
+                                               tmp_path: Path) -> None:
+    """`migrate diff --html` and `inspect --stats --html` on the demo data, one value changed with numpy."""
+    from safetensors.numpy import load_file, save_file
+
+    root = reports["bert-to-burn"][0].parent
+    demo = root / "demo-out"
+    done = migrate("diff", str(demo / "tiny-bert.pt"), str(demo / "tiny-bert.bpk"), "--recipe",
+                   str(root / "recipes" / "bert-to-burn.yaml"), "--html", str(tmp_path / "same.html"), "--json")
+    doc = json.loads(done.stdout)
+    opened = opener(tmp_path / "same.html")
+    assert opened.count("identical") == doc["summary"]["identical"] == 39
+    assert {b.text_content() for b in opened.page.locator("#tree > li.mod > .line .badge").all()} == {"=all match"}
+    tensors = load_file(str(demo / "tiny-bert.safetensors"))
+    changed = tensors["encoder.layer.1.intermediate.dense.weight"].copy()
+    changed[5, 7] += 0.25
+    tensors["encoder.layer.1.intermediate.dense.weight"] = changed
+    tensors["embeddings.word_embeddings.weight"] = np.zeros_like(tensors["embeddings.word_embeddings.weight"])
+    save_file(tensors, str(tmp_path / "b.safetensors"))
+    done = migrate("diff", str(demo / "tiny-bert.safetensors"), str(tmp_path / "b.safetensors"), "--html",
+                   str(tmp_path / "diff.html"), check=False)
+    assert done.returncode == 1
+    page = opener(tmp_path / "diff.html").page
+    assert _module(page, "encoder").locator(":scope > .line .badge").text_content() == "≠differences"
+    page.fill("#filter", "intermediate.dense.weight")
+    page.wait_for_selector("#tree li.tensor")
+    row = page.locator('#tree li.tensor[data-name="encoder.layer.1.intermediate.dense.weight"]')
+    assert row.locator(".badge").text_content() == "≠different"
+    assert "1 differing · first at [5, 7]" in row.locator(".nums").inner_text()
+    migrate("inspect", str(tmp_path / "b.safetensors"), "--stats", "--html", str(tmp_path / "stats.html"))
+    stats = opener(tmp_path / "stats.html")
+    assert stats.count("flagged") == 1
+    stats.filter("word_embeddings")
+    zeros = stats.page.locator('#tree li.tensor[data-name="embeddings.word_embeddings.weight"]')
+    assert "all_zeros" in zeros.locator(".chips").inner_text()
+    assert zeros.locator(".nums").inner_text().startswith("min 0 · max 0 · mean 0")
