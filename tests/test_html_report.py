@@ -31,8 +31,18 @@ REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "</script><img src=x onerror=alert(1)>"  # no dot: one segment of a name
 
 
-def migrate(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True)
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def migrate(*args: str, check: bool = True) -> Done:
+    """The command line, in this process (an interpreter start per call would cost more than the call)."""
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main(list(args))
+    done = Done(code, out.getvalue(), err.getvalue())
     if check:
         assert done.returncode == 0, done.stderr
     return done
@@ -47,13 +57,10 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, d
     subprocess.run([sys.executable, str(REPO / "recipes" / "generate_demo_data.py"), str(root / "demo-out")],
                    check=True, capture_output=True)
     out: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for name in ORDER:  # in this process: six interpreter starts would cost more than the runs
+    for name in ORDER:
         html = root / f"{name}.html"
-        with contextlib.redirect_stdout(io.StringIO()) as printed:
-            code = main(["run", str(root / "recipes" / f"{name}.yaml"), "--no-progress", "--json", "--report",
-                         str(html)])
-        assert code == 0, printed.getvalue()
-        out[name] = (html, json.loads(printed.getvalue())["report"])
+        done = migrate("run", str(root / "recipes" / f"{name}.yaml"), "--no-progress", "--json", "--report", str(html))
+        out[name] = (html, json.loads(done.stdout)["report"])
     return out
 
 
