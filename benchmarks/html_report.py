@@ -10,7 +10,8 @@ through a recipe that gives every tensor the ops a real conversion has: a remap,
   alone (the render, from a built plan);
 - the page in headless Chromium (Debian's, through playwright): from `goto` to the page's ready
   marker, then typing a filter that leaves 12 tensors (their modules open), one that leaves a
-  third of them, clearing it, and expanding the module of 8,333 layers (its first 500 rendered).
+  third of them, clearing it, expanding the module of 8,333 layers (its first 500 rendered), and
+  "Expand all" (built up to the page's budget of 5,000 rows and modules).
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ def main() -> None:
             with clock("browser: expand 'layers' (8,333 modules, 500 shown)"):
                 page.click('#tree li.mod[data-path="layers"] > .line > .tog')
                 page.wait_for_selector('#tree li.mod[data-path="layers.0"]')
+            with clock("browser: Expand all (5,000 rows and modules built, then laid out)"):
+                page.click("#expand-all")
+                page.evaluate("document.body.offsetHeight")  # runs after the click's handler: forces the layout
             page.close()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"page: {size / 1e6:.2f} MB ({size:,} bytes), {args.rounds} rounds, medians; load average {load}\n")
