@@ -497,6 +497,7 @@ class RemapRule:
     _resolved: Literal["rust", "python"] = field(init=False, repr=False, compare=False)
     _parts: tuple[str | _Ref, ...] = field(init=False, repr=False, compare=False)
     _missing: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _template: str | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         regex = compile_regex(self.pattern)
@@ -532,6 +533,7 @@ class RemapRule:
         object.__setattr__(self, "_resolved", resolved)
         object.__setattr__(self, "_parts", tuple(parts))
         object.__setattr__(self, "_missing", tuple(missing))
+        object.__setattr__(self, "_template", _sub_template(regex, resolved, self.replacement, parts))
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -566,6 +568,8 @@ class RemapRule:
 
     def apply(self, name: str) -> str:
         """Replace every non-overlapping match in `name`, iterating matches the way Rust does."""
+        if self._template is not None:  # no empty match possible: `re.sub` finds what Rust finds
+            return self._regex.sub(self._template, name)
         regex = self._regex
         pieces: list[str] = []
         last = pos = 0
@@ -594,6 +598,26 @@ class RemapRule:
         if self._resolved == "python":
             return m.expand(self.replacement)
         return "".join(m.group(p.index) or "" if isinstance(p, _Ref) else p for p in self._parts)
+
+
+def _sub_template(regex: re.Pattern[str], resolved: str, replacement: str,
+                  parts: Sequence[str | _Ref]) -> str | None:
+    """The rule as an `re.sub` template when the pattern cannot match an empty string, else None.
+
+    Rust and `re.sub` differ only in how they step past an empty match; with none possible both
+    take the same leftmost non-overlapping matches. In a template an unmatched group expands to
+    '' as in Rust, and backslashes are doubled so that Rust-syntax literal text stays literal."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]  # sre's own parser: the pattern's minimum width
+
+        shortest = _parser.parse(regex.pattern, regex.flags).getwidth()[0]
+    except Exception:  # another Python's internals: keep the general loop
+        return None
+    if shortest == 0:
+        return None
+    if resolved == "python":
+        return replacement
+    return "".join(f"\\g<{p.index}>" if isinstance(p, _Ref) else p.replace("\\", "\\\\") for p in parts)
 
 
 class KeyRemapper:

@@ -304,13 +304,10 @@ def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool,
     current = names
     if remapper is not None:
         try:
-            remapped = remapper.remap(current)
+            current = list(map(remapper.remap_name, names))
         except NamingError as e:  # validated already; kept for safety
             raise PlanError(f"remap: {e}") from None
-        for orig, (new, _) in zip(names, remapped, strict=True):
-            if new != orig:
-                ops.setdefault(orig, []).append(f"remap {orig} -> {new}")
-        current = [new for new, _ in remapped]
+        ops = {orig: [f"remap {orig} -> {new}"] for orig, new in zip(names, current, strict=True) if new != orig}
     contiguous = recipe.source.contiguous_indices
     if contiguous is None:
         contiguous = is_pytorch
@@ -376,10 +373,10 @@ def _in_source_order(items: Iterator[_Item], cast_to: DType | None) -> tuple[lis
     entries: list[PlanEntry] = []
     applied: list[str] = []
     append_entry, append_applied = entries.append, applied.append
-    cast = _Casts(cast_to)
+    cast = _Casts(cast_to) if cast_to is not None else None
     joined: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}  # few distinct op lists
     for src, result, t_ops, module in items:
-        tensor, more = cast(result)
+        tensor, more = (result, ()) if cast is None else cast(result)
         name = result.name
         if more and t_ops:  # e.g. transpose + cast: one shared tuple per distinct pair, not one per tensor
             all_ops = joined.get((t_ops, more))

@@ -502,3 +502,41 @@ def test_contiguous_keeps_unchanged_names_and_handles_deep_gaps() -> None:
     assert contiguous_names(names) == _reference_contiguous(names)
     already = ["a.0.w", "a.1.w", "b"]
     assert all(new is old for new, old in zip(contiguous_names(already), already, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# RemapRule: the `re.sub` path (patterns that cannot match empty) against the Rust-iteration loop
+# ---------------------------------------------------------------------------------------------
+
+_ATOM = st.sampled_from(["a", "b", r"\.", r"\d", "[ab]", "(a)", "(?P<g>b)", "(a|)", "x?", "a*", "^", "$", r"\b",
+                         "(?:ab|a)", "."])
+_PATTERN = st.lists(st.tuples(_ATOM, st.sampled_from(["", "+", "*", "?", "{2}"])), min_size=1, max_size=4).map(
+    lambda parts: "".join(a + q for a, q in parts))
+_REPLACEMENT = st.sampled_from(["", "-", "$1", "<$1>", "${g}", "$$", "\\", "\\1", "\\\\", "$1_x", "x$0y"])
+
+
+def _general(rule: RemapRule) -> RemapRule:
+    """The same rule forced through the Rust-iteration loop."""
+    copy = RemapRule(rule.pattern, rule.replacement, rule.syntax)
+    object.__setattr__(copy, "_template", None)
+    return copy
+
+
+@given(_PATTERN, _REPLACEMENT, st.text("ab.1x", max_size=12))
+def test_sub_path_matches_the_rust_loop(pattern: str, replacement: str, name: str) -> None:
+    try:
+        rule = RemapRule(pattern, replacement)
+    except NamingError:
+        return  # e.g. a Python-syntax group the pattern lacks: refused on both paths
+    assert rule.apply(name) == _general(rule).apply(name)
+
+
+def test_sub_path_is_taken_only_without_empty_matches() -> None:
+    assert RemapRule(r"^model\.", "")._template is not None
+    assert RemapRule(r"\.h\.(\d+)\.", r".layer$1.")._template is not None
+    for pattern in ("x*", "^", r"\b", "(a|)", "a?b?"):
+        assert RemapRule(pattern, "-")._template is None
+    # literal backslashes of a Rust replacement stay literal on the sub path
+    assert RemapRule("a", "\\1\\", "rust")._template is not None
+    assert RemapRule("a", "\\1\\", "rust").apply("ba") == "b\\1\\"
+    assert RemapRule("(a)", "$1$$\\g<1>", "rust").apply("ab") == "a$\\g<1>b"
