@@ -512,13 +512,13 @@ _ATOM = st.sampled_from(["a", "b", r"\.", r"\d", "[ab]", "(a)", "(?P<g>b)", "(a|
                          "(?:ab|a)", "."])
 _PATTERN = st.lists(st.tuples(_ATOM, st.sampled_from(["", "+", "*", "?", "{2}"])), min_size=1, max_size=4).map(
     lambda parts: "".join(a + q for a, q in parts))
-_REPLACEMENT = st.sampled_from(["", "-", "$1", "<$1>", "${g}", "$$", "\\", "\\1", "\\\\", "$1_x", "x$0y"])
+_REPLACEMENT = st.sampled_from(["", "-", "$1", "<$1>", "${g}", "$$", "\\", "\\1", "\\\\", "$1_x", "x$0y", "%s$1%", "\\g<0>-"])
 
 
 def _general(rule: RemapRule) -> RemapRule:
     """The same rule forced through the Rust-iteration loop."""
     copy = RemapRule(rule.pattern, rule.replacement, rule.syntax)
-    object.__setattr__(copy, "_template", None)
+    object.__setattr__(copy, "_sub", None)
     return copy
 
 
@@ -532,11 +532,13 @@ def test_sub_path_matches_the_rust_loop(pattern: str, replacement: str, name: st
 
 
 def test_sub_path_is_taken_only_without_empty_matches() -> None:
-    assert RemapRule(r"^model\.", "")._template is not None
-    assert RemapRule(r"\.h\.(\d+)\.", r".layer$1.")._template is not None
+    assert RemapRule(r"^model\.", "")._sub is not None
+    assert RemapRule(r"\.h\.(\d+)\.", r".layer$1.")._sub is not None
     for pattern in ("x*", "^", r"\b", "(a|)", "a?b?"):
-        assert RemapRule(pattern, "-")._template is None
-    # literal backslashes of a Rust replacement stay literal on the sub path
-    assert RemapRule("a", "\\1\\", "rust")._template is not None
+        assert RemapRule(pattern, "-")._sub is None
+    assert RemapRule("a", "\\n", "python")._sub is None  # an escape: the loop expands it
+    # literal backslashes and percent signs of a Rust replacement stay literal on the sub path
+    assert RemapRule("a", "\\1\\", "rust")._sub is not None
     assert RemapRule("a", "\\1\\", "rust").apply("ba") == "b\\1\\"
     assert RemapRule("(a)", "$1$$\\g<1>", "rust").apply("ab") == "a$\\g<1>b"
+    assert RemapRule("(a)(x)?", "%s$1%$2", "rust").apply("ab") == "%sa%b"

@@ -36,6 +36,16 @@ def recipes(folder: Path) -> list[tuple[str, Path, Path]]:
         recipe.write_text(f"version: 1\nsource:\n  path: {path}\nremap:\n  - from: '^model\\.'\n    to: ''\n"
                           f"target:\n  path: {folder / ('planned.' + ext)}\n")
         out.append((label, recipe, folder))
+    # HF names to Burn-style names, as a real recipe does (every tensor matches 1-3 of 8 rules)
+    rules = [(r"^model\.", ""), (r"^layers\.(\d+)\.", "layer$1."), (r"\.self_attn\.", ".attn."),
+             (r"\.mlp\.experts\.(\d+)\.", ".moe.expert$1."), (r"\.mlp\.shared_experts\.", ".moe.shared."),
+             (r"\.(gate|up|down)_proj\.", ".$1."), (r"\.input_layernorm\.", ".norm_1."),
+             (r"\.post_attention_layernorm\.", ".norm_2.")]
+    many = folder / "plan-bpk-8-rules.yaml"
+    many.write_text(f"version: 1\nsource:\n  path: {bpk}\nremap:\n"
+                    + "".join(f"  - {{from: '{a}', to: '{b}'}}\n" for a, b in rules)
+                    + f"target:\n  path: {folder / 'planned.safetensors'}\n")
+    out.append(("DeepSeek 90k burnpack, 8 rules", many, folder))
     bench = REPO / "benchmarks" / "out"
     to_burn = bench / "100k.pytorch_to_burn-f16.yaml"
     if to_burn.exists() and (bench / "100k.pt").exists():
