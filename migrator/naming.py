@@ -36,9 +36,8 @@ after the previous match is skipped), which differs from ``re.sub`` since Python
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Literal
 
 __all__ = [
@@ -498,7 +497,6 @@ class RemapRule:
     _resolved: Literal["rust", "python"] = field(init=False, repr=False, compare=False)
     _parts: tuple[str | _Ref, ...] = field(init=False, repr=False, compare=False)
     _missing: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    _sub: Callable[[str], str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         regex = compile_regex(self.pattern)
@@ -534,7 +532,6 @@ class RemapRule:
         object.__setattr__(self, "_resolved", resolved)
         object.__setattr__(self, "_parts", tuple(parts))
         object.__setattr__(self, "_missing", tuple(missing))
-        object.__setattr__(self, "_sub", _sub_for(regex, resolved, self.replacement, parts))
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -569,8 +566,6 @@ class RemapRule:
 
     def apply(self, name: str) -> str:
         """Replace every non-overlapping match in `name`, iterating matches the way Rust does."""
-        if self._sub is not None:  # no empty match possible: `re.sub` finds what Rust finds
-            return self._sub(name)
         regex = self._regex
         pieces: list[str] = []
         last = pos = 0
@@ -599,36 +594,6 @@ class RemapRule:
         if self._resolved == "python":
             return m.expand(self.replacement)
         return "".join(m.group(p.index) or "" if isinstance(p, _Ref) else p for p in self._parts)
-
-
-def _sub_for(regex: re.Pattern[str], resolved: str, replacement: str,
-             parts: Sequence[str | _Ref]) -> Callable[[str], str] | None:
-    """`re.sub` of the rule, when the pattern cannot match an empty string; else None (the loop).
-
-    Rust and `re.sub` differ only in how they step past an empty match; with none possible both
-    take the same leftmost non-overlapping matches. Group references expand through a `%` format
-    (an unmatched group is '', as in Rust): `re`'s own template expansion is slower than the loop.
-    Python-syntax replacements with escapes or references keep the loop."""
-    try:
-        from re import _parser  # type: ignore[attr-defined]  # sre's own parser: the pattern's minimum width
-
-        shortest = _parser.parse(regex.pattern, regex.flags).getwidth()[0]
-    except Exception:  # another Python's internals: keep the loop
-        return None
-    if shortest == 0:
-        return None
-    if resolved == "python":
-        return None if "\\" in replacement else partial(regex.sub, replacement)
-    groups = tuple(p.index for p in parts if isinstance(p, _Ref))
-    text = "".join(p for p in parts if not isinstance(p, _Ref))
-    if not groups:  # a literal; `re.sub` would read backslashes in it as escapes
-        return partial(regex.sub, text if "\\" not in text else lambda m: text)
-    fmt = "".join("%s" if isinstance(p, _Ref) else p.replace("%", "%%") for p in parts)
-
-    def expand(m: re.Match[str]) -> str:
-        return fmt % tuple([m.group(i) or "" for i in groups])
-
-    return partial(regex.sub, expand)
 
 
 class KeyRemapper:

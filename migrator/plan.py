@@ -373,10 +373,10 @@ def _in_source_order(items: Iterator[_Item], cast_to: DType | None) -> tuple[lis
     entries: list[PlanEntry] = []
     applied: list[str] = []
     append_entry, append_applied = entries.append, applied.append
-    cast = _Casts(cast_to) if cast_to is not None else None
+    cast = _Casts(cast_to)
     joined: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}  # few distinct op lists
     for src, result, t_ops, module in items:
-        tensor, more = (result, ()) if cast is None else cast(result)
+        tensor, more = cast(result)
         name = result.name
         if more and t_ops:  # e.g. transpose + cast: one shared tuple per distinct pair, not one per tensor
             all_ops = joined.get((t_ops, more))

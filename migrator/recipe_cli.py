@@ -286,16 +286,10 @@ def _print_plan_table(p: Plan) -> None:
         if src is not None:
             key = (id(src.dtype), src.shape)
             before = shapes.get(key) or shapes.setdefault(key, f"{src.dtype.display} {list(src.shape)}")
-        if src is not None and t.shape is src.shape and t.dtype is src.dtype:  # renamed only
-            after = before
-        else:
-            key = (id(t.dtype), t.shape)
-            after = shapes.get(key) or shapes.setdefault(key, f"{t.dtype.display} {list(t.shape)}")
-        if len(ops) == 1 and ops[0].startswith(_RENAMES):  # one rename: a tuple of its own, never shared
-            ops_text = ops[0][:5]
-        elif (known := ops_texts.get(id(ops))) is not None:
-            ops_text = known
-        else:
+        key = (id(t.dtype), t.shape)
+        after = shapes.get(key) or shapes.setdefault(key, f"{t.dtype.display} {list(t.shape)}")
+        ops_text = ops_texts.get(id(ops))
+        if ops_text is None:
             ops_text = ops_texts[id(ops)] = "; ".join(map(_short_op, ops)) if ops else ""
         nbytes = t.nbytes
         size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
