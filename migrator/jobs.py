@@ -144,19 +144,20 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
     is opened); None when the recipe does not load (the job then fails on its own)."""
     from .formats import writer_class
     from .formats.detect import target_format
-    from .recipe_cli import _load
-    from .recipe_loader import RecipeError
+    from .recipe_loader import RecipeError, load_recipe
 
-    try:
-        loaded = _load(spec["recipe"], _namespace(spec))
+    try:  # without the overrides: the check of an override target onto its own source is the job's
+        loaded = load_recipe(spec["recipe"])
     except (RecipeError, MigratorError):
         return None
-    target = loaded.target_path
     recipe = loaded.recipe
-    if recipe.target.shard is None and not str(recipe.target.path).endswith("/"):
+    target = Path(spec["target"]) if spec.get("target") else loaded.target_path
+    if recipe.target.shard is None and not str(target).endswith("/"):
         with suppress(MigratorError):
             target = Path(writer_class(target_format(target, recipe.target.format)).resolve_path(target))
-    sources = [str(loaded.source_path)] + ([str(loaded.template_path)] if loaded.template_path else [])
+    sources = [spec.get("source") or str(loaded.source_path)]
+    if recipe.target.template:
+        sources.append(str(loaded.resolve(recipe.target.template)))
     return os.path.realpath(target), [os.path.realpath(s) for s in sources]
 
 

@@ -22,6 +22,7 @@ Peak memory grows to one tensor (plus its read-ahead) per worker.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import os
@@ -124,26 +125,29 @@ class PwriteFile(io.RawIOBase):
 
 def split_ranges(tensors: Sequence[LazyTensor], offsets: Sequence[int], header_end: int,
                  parts: int) -> list[RangeTask]:
-    """Contiguous runs of tensors of about equal bytes (at most `parts`, none empty), covering
-    [header_end, end of the last tensor) exactly once."""
+    """Contiguous runs of tensors of about equal bytes (min(parts, tensors) of them, none empty),
+    covering [header_end, end of the last tensor) exactly once. A tensor is never split: one much
+    larger than the rest makes its run the longest."""
     n = len(tensors)
     if n == 0:
         return []
     ends = [off + t.nbytes for off, t in zip(offsets, tensors, strict=True)]
-    total = ends[-1] - header_end
+    done = [e - header_end for e in ends]  # bytes covered up to the end of each tensor
+    total = done[-1]
     parts = max(1, min(parts, n))
+    his: list[int] = []
+    for k in range(1, parts):
+        goal = -(-total * k // parts)  # run k ends at the first tensor reaching k/parts of the bytes
+        hi = bisect.bisect_left(done, goal) + 1
+        hi = min(max(hi, (his[-1] if his else 0) + 1), n - (parts - k))  # every run keeps a tensor
+        his.append(hi)
+    his.append(n)
     tasks: list[RangeTask] = []
-    lo, start = 0, header_end
-    for i in range(n):
-        done = ends[i] - header_end
-        last = i == n - 1
-        # close a run once its share is reached, leaving at least one tensor per remaining run
-        if last or (done * parts >= total * (len(tasks) + 1) and n - i - 1 >= parts - len(tasks) - 1):
-            tasks.append(RangeTask(len(tasks), lo, i + 1, start, ends[i]))
-            lo, start = i + 1, ends[i]
-            if len(tasks) == parts - 1 and not last:
-                tasks.append(RangeTask(len(tasks), lo, n, start, ends[-1]))
-                break
+    lo = 0
+    for hi in his:
+        start = ends[lo - 1] if lo else header_end
+        tasks.append(RangeTask(len(tasks), lo, hi, start, ends[hi - 1]))
+        lo = hi
     return tasks
 
 
