@@ -233,6 +233,7 @@ def _run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
+    # fork is safe here: this process has loaded recipes but started no thread (no plan, no cast pool)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method)) as pool:
         futures = {pool.submit(run_job, spec): spec for spec in specs}

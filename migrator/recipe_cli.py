@@ -186,13 +186,13 @@ def run_recipe(path: str, args: argparse.Namespace, report_path: Path | None = N
         check_plan_target(plan)
         if report_path:  # not a file the run reads, not the target (by path or inode), not over a file
             check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=[plan.target_path])
-        if runner is None:
-            from .jobs import runner_for
-
-            runner = runner_for(args, plan, loaded)
         result = None
         failure: str | None = None
         if plan.ok:
+            if runner is None:
+                from .jobs import runner_for
+
+                runner = runner_for(args, plan, loaded)
             try:
                 result = run_plan(plan, progress=False if args.no_progress or runner is not None else None,
                                   outputs=outputs, runner=runner)

@@ -6,7 +6,9 @@ One SafeTensors source of GB GB (24 torch-Linear-shaped F32 tensors) is written 
 durable, in this process (planned once per run): 1 writer; 2 threads (`LocalRunner`); 2 forked
 processes sharing the scratch file's descriptor (the same `write_range` per run of tensors). Two
 jobs: pass-through (kernel copies) and transpose + F16 cast (`pytorch_to_burn`, numpy/C kernels).
-Medians over the rounds, order rotated per round.
+Medians over the rounds, order rotated per round. The forked children need a fresh cast thread
+pool (`casts._pool`): the parent's threads do not exist after fork, and without the reset a child
+waits on them forever, a hazard threads do not have.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class ForkRunner:
         for task in tasks:
             pid = os.fork()
             if pid == 0:
+                import migrator.casts
+
+                migrator.casts._pool = None  # the parent's cast threads do not exist here: a fresh pool
                 code = 1
                 try:
                     write_range(fd, tensors, offsets, task, start_writeback=start_writeback)
