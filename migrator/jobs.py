@@ -199,14 +199,14 @@ def run_job(spec: dict[str, Any], capture: bool = True) -> dict[str, Any]:
     from .cli import _exit_code
     from .display import escape
     from .errors import error_json
-    from .recipe_cli import run_recipe
+    from .recipe_cli import run_one_recipe
 
     out, err = io.StringIO(), io.StringIO()
     ns = _namespace(spec)
     result: dict[str, Any] = {"index": spec.get("index", 0)}
     with (redirect_stdout(out) if capture else _nothing()), (redirect_stderr(err) if capture else _nothing()):
         try:
-            outcome = run_recipe(spec["recipe"], ns)
+            outcome = run_one_recipe(spec["recipe"], ns)
             result.update(code=outcome.code, document=outcome.document, report=outcome.report)
         except MigratorError as e:
             if not ns.json:

@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs import make_source  # noqa: E402  # benchmarks/jobs.py
+from jobs import make_source  # benchmarks/jobs.py
 
-from migrator.parallel_write import LocalRunner, RangeTask, save_file_parallel, write_range  # noqa: E402
+from migrator.parallel_write import LocalRunner, RangeTask, save_file_parallel, write_range
 
 
 class ForkRunner:
