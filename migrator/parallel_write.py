@@ -28,7 +28,7 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,9 +45,10 @@ if TYPE_CHECKING:
     from .formats.sharded_writer import ShardedWriter
 
 FAULT_ENV = "MIGRATOR_TEST_FAULT"
-"""Test hook: a JSON object {"kind": "raise" | "kill", "task": N, "marker": PATH} makes task N raise,
-or kill its own process (SIGKILL) while the marker file does not exist yet (it is created first, so
-a retry succeeds). Read by the driver and shipped inside the tasks, never by a worker's environment."""
+"""Test hook: a JSON object {"kind": "raise" | "kill", "task": N, "marker": PATH} makes task N raise
+at its start, or kill its own process (SIGKILL; a remote range task does it after writing its first
+tensor), while the marker file does not exist yet (it is created first, so a retry succeeds).
+Read by the driver and shipped inside the tasks, never by a worker's environment."""
 
 
 class TaskError(OutputError):
@@ -152,8 +153,10 @@ def split_ranges(tensors: Sequence[LazyTensor], offsets: Sequence[int], header_e
 
 
 def write_range(fd: int, tensors: Sequence[LazyTensor], offsets: Sequence[int], task: RangeTask, *,
-                start_writeback: bool, cancel: threading.Event | None = None) -> None:
-    """Write one run (its zero gaps included) at its offsets of `fd`; exactly its bytes or an error."""
+                start_writeback: bool, cancel: threading.Event | None = None,
+                after_first: Callable[[], None] | None = None) -> None:
+    """Write one run (its zero gaps included) at its offsets of `fd`; exactly its bytes or an error.
+    `after_first` is called once the first tensor's bytes are in the file (a test's fault point)."""
     raw = PwriteFile(fd, task.start, start_writeback)
     sink = io.BufferedWriter(raw, buffer_size=WRITE_BUFFER)
     pos = task.start
@@ -165,6 +168,9 @@ def write_range(fd: int, tensors: Sequence[LazyTensor], offsets: Sequence[int], 
             write_zeros(sink, off - pos)
             write_tensor(sink, t, ahead)  # type: ignore[arg-type]  # a BufferedWriter over a raw file
             pos = off + t.nbytes
+            if after_first is not None and i == task.lo:
+                sink.flush()
+                after_first()
     sink.flush()
     if sink.tell() != task.end:
         raise OutputError(f"write task {task.index} ended at byte {sink.tell()}, planned {task.end}")
@@ -328,8 +334,10 @@ def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
     from .jobs import open_job_plan
 
     task = task_from_json(task_doc)
-    inject_fault(fault, task.index)
     shard = isinstance(task, ShardTask)
+    mid_task = fault is not None and fault.get("kind") == "kill" and not shard
+    if not mid_task:
+        inject_fault(fault, task.index)  # a range task's kill comes after its first tensor is written
     # the range tasks never write the header, the only bytes the sources' hashes go into
     with open_job_plan(job, hash_sources=job.get("hash_sources", False) and shard) as plan:
         writer = plan.writer
@@ -347,7 +355,8 @@ def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
                             "driver: did a source change meanwhile?", file=str(plan.target_path))
         fd = os.open(scratch, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
         try:
-            write_range(fd, tensors, offsets, task, start_writeback=plan.fsync)
+            write_range(fd, tensors, offsets, task, start_writeback=plan.fsync,
+                        after_first=(lambda: inject_fault(fault, task.index)) if mid_task else None)
         finally:
             os.close(fd)  # on a network file system, close sends the pages to the server
         return task.end - task.start

@@ -100,7 +100,7 @@ def test_a_killed_worker_is_retried_and_the_output_is_whole(local_ray: None,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     folder, _ = models
     marker = folder / "killed-once"
-    # task 0 kills its own worker process (SIGKILL) on its first attempt, after creating the marker
+    # task 0 kills its own worker process (SIGKILL) after writing its first tensor, on its first attempt
     monkeypatch.setenv("MIGRATOR_TEST_FAULT", json.dumps({"kind": "kill", "task": 0, "marker": str(marker)}))
     assert _run(folder, "file.yaml", "--target", "ray.bpk", "--executor", "ray", "--workers", "2") == 0
     assert marker.exists()  # the first attempt died
