@@ -150,3 +150,24 @@ def test_a_job_writing_what_another_reads_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "mid.safetensors").exists()
     same = migrate("run", str(first), str(first), cwd=tmp_path)
     assert same.returncode == 2 and "two jobs write" in same.stderr
+
+
+def test_ray_is_imported_only_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    code = ("import sys, migrator.cli, migrator.jobs, migrator.parallel_write, migrator.ray_executor\n"
+            "assert 'ray' not in sys.modules, 'ray imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    from migrator.errors import MigratorError
+    from migrator.ray_executor import ray_module
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(MigratorError, match=r"pip install 'migrator\[ray\]'"):
+        ray_module()
+
+
+def test_the_default_jobs_are_the_cpus_this_process_may_use() -> None:
+    from migrator.jobs import available_cpus
+
+    want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert available_cpus() == want
