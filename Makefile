@@ -42,7 +42,7 @@ demo: install
 	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk
 	cmp $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk && echo "burnpack -> burnpack convert: byte-identical"
 	ls $(DEMO)/tiny-bert-resharded
-	$(VENV)/bin/migrate plan recipes/gpt2-split-qkv.yaml | tail -n 12
+	$(VENV)/bin/migrate plan recipes/mixtral-stack-experts.yaml
 	$(PY) recipes/check_round_trip.py $(DEMO)/gpt2-tiny.safetensors $(DEMO)/gpt2-tiny-merged.safetensors
 	$(PY) recipes/check_round_trip.py $(DEMO)/mixtral-tiny-experts.safetensors $(DEMO)/mixtral-tiny-experts-again.safetensors
 	$(PY) recipes/check_round_trip.py $(DEMO)/llama-meta-tiny.pt $(DEMO)/llama-meta-tiny-again.pt

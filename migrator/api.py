@@ -37,17 +37,18 @@ def run_recipe(recipe: str | os.PathLike[str] | Recipe | dict[str, Any], *, over
     from .recipe import Recipe as RecipeModel
     from .report import ReportError
 
-    sha256 = origins = None
+    sha256 = origins = op_origins = None
     if isinstance(recipe, str | os.PathLike):
         from .recipe_loader import load_recipe
 
         loaded = load_recipe(recipe)
         model, folder, sha256, origins = loaded.recipe, loaded.base_dir, loaded.sha256, loaded.module_origins
+        op_origins = loaded.op_origins
     else:
         model = recipe if isinstance(recipe, RecipeModel) else RecipeModel.model_validate(recipe)
         folder = Path(base_dir) if base_dir is not None else Path.cwd()
     with build_plan(model, folder, recipe_sha256=sha256, hash_sources=hash_sources, overwrite=overwrite, fsync=fsync,
-                    module_origins=origins) as plan:
+                    module_origins=origins, op_origins=op_origins) as plan:
         report = plan.report
         report.target = str(plan.target_path)
         try:

@@ -109,8 +109,8 @@ def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
-def _print_outcome(plan: Plan, all_ops: bool = False) -> None:
-    print(plan.report.display(ops_limit=None) if all_ops else plan.report.display())  # escapes the names it shows
+def _print_outcome(plan: Plan) -> None:
+    print(plan.report.display())  # escapes the names it shows
     for note in plan.notes:
         print(f"note: {escape(note, keep_newlines=True)}")
     shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary just printed
@@ -221,7 +221,8 @@ def plan(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             _print_plan_table(p)
-            _print_outcome(p, all_ops=True)
+            _print_op_nodes(p)
+            _print_outcome(p)
         return EXIT_OK if p.ok else EXIT_MIGRATION
 
 
@@ -289,6 +290,16 @@ def _print_plan_table(p: Plan) -> None:
     # Every column but the size wraps (names at dots, the rest at spaces) to fit the terminal;
     # every cell is shown literally (display.escape).
     print_table(title, header, rows, right=(6,), wrap_cols=(0, 1, 2, 3, 4, 5),
+                rich=len(rows) <= RICH_TABLE_ROWS and sys.stdout.isatty())
+
+
+def _print_op_nodes(p: Plan) -> None:
+    """Every op node of the recipe's `ops:` (the summary lists the first 10): what it read, what it made."""
+    nodes = p.report.ops
+    if not nodes:
+        return
+    rows = [(f"{n['op']} ops[{n['index']}]", n["at"], ", ".join(n["inputs"]), ", ".join(n["outputs"])) for n in nodes]
+    print_table(f"op nodes ({len(rows)})", ("op", "recipe", "inputs", "outputs"), rows, right=(), wrap_cols=(1, 2, 3),
                 rich=len(rows) <= RICH_TABLE_ROWS and sys.stdout.isatty())
 
 

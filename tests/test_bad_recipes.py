@@ -204,7 +204,22 @@ def wrong_values(value: Node) -> list[str]:
     return ["{x: 1}", "[1, 2]"]
 
 
-SWEEP = [(path, key, value, wrong) for path, key, value in ENTRIES for wrong in wrong_values(value)]
+def _op_sample(entries: list[tuple[Path_, Node | None, Node]]) -> list[tuple[Path_, Node | None, Node]]:
+    """The ops: entries repeat one key (optional, from, to, dim) across ten ops of the same base
+    type: each key (and node kind) under ops is swept at its first place only, to keep the suite fast."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for path, key, value in entries:
+        if path[:1] == ("ops",) and len(path) >= 4:
+            sig = (*path[3:], type(value).__name__)
+            if sig in seen:
+                continue
+            seen.add(sig)
+        out.append((path, key, value))
+    return out
+
+
+SWEEP = [(path, key, value, wrong) for path, key, value in _op_sample(ENTRIES) for wrong in wrong_values(value)]
 
 
 def test_the_base_recipe_is_valid(tmp_path: Path) -> None:
@@ -311,7 +326,7 @@ def test_misspelt_keys_get_a_suggestion(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 # invalid regexes, in every place a regex goes
 
-REGEX_PLACES = [p for p, _, v in ENTRIES if isinstance(v, ScalarNode) and (
+REGEX_PLACES = [p for p, _, v in _op_sample(ENTRIES) if isinstance(v, ScalarNode) and (
     p[-1] in ("from", "regex") or (len(p) == 3 and p[0] == "modules"))]
 BAD_REGEXES = ["(", "[z-a]", "*a", "a{2,1}", "(?P<n>a)(?P<n>b)", r"\p{L}", "a(?U)b", "[[:alpha:]&&[a-c]]",
                "(?<=a+)b", "\\"]
@@ -320,10 +335,7 @@ BAD_REGEXES = ["(", "[z-a]", "*a", "a{2,1}", "(?P<n>a)(?P<n>b)", r"\p{L}", "a(?U
 def test_regex_places_are_all_found() -> None:
     assert {render(p) for p in REGEX_PLACES} == {"remap[0].from", "filter.include[0].regex",
                                                  "filter.exclude[0].regex", "modules.Linear[0]",
-                                                 "ops[0].split.from", "ops[1].split.from", "ops[3].stack.from",
-                                                 "ops[4].unstack.from", "ops[5].reshape.from", "ops[6].permute.from",
-                                                 "ops[7].slice.from", "ops[8].rope_permute.from",
-                                                 "ops[9].concat.from"}
+                                                 "ops[0].split.from"}
 
 
 @pytest.mark.parametrize("pattern", BAD_REGEXES)

@@ -62,6 +62,7 @@ def sources(dtype: torch.dtype, strided: bool) -> dict[str, torch.Tensor]:
         "q": r(16, 6), "k": r(8, 6),
         "cc.a": r(5, 7), "cc.b": r(2, 5),
         "big": r(40, 33),
+        "m.a": r(3, 5), "m.b": r(4, 5),
     }
     for i in range(4):
         t[f"e.{i}"] = r(4, 3).t() if strided and i == 1 else r(3, 4)
@@ -95,6 +96,8 @@ ops:
   - slice: {from: 'big', dim: 1, start: 5, stop: 30, to: 'big.cols'}
   - split: {from: 'big\.cols', dim: 0, sizes: [1, 39], to: ['big.top', 'big.rest']}
   - concat: {from: ['big\.rest', 'big.top'], dim: 0, to: 'big.rolled'}
+  - concat: {from: ['m\.a', 'm.b'], dim: 0, to: 'm'}
+  - permute: {from: 'm', dims: [1, 0]}
   - reshape: {from: 'nothing', shape: [1], optional: true}
 target: {path: out.safetensors}
 """
@@ -122,6 +125,7 @@ def expected(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "k": hf_unpermute(t["k"], 2, 8, 6),
         "cc": torch.cat([t["cc.a"].permute(1, 0), t["cc.b"]], 0),
         "big.rolled": torch.cat([rest, top], 0),
+        "m": torch.cat([t["m.a"], t["m.b"]], 0).permute(1, 0),
     }
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -365,12 +369,15 @@ def test_plan_text_lists_every_op_node(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: in.safetensors}\nops:\n"
                                      "  - permute: {from: 'x\\.(\\d+)', dims: [1, 0], to: 'y.$1'}\n"
                                      "target: {path: out.safetensors}\n")
+    import os
+
     p = subprocess.run([sys.executable, "-m", "migrator.cli", "plan", str(tmp_path / "r.yaml")],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env={**os.environ, "COLUMNS": "1000"})
     assert p.returncode == 0, p.stderr
-    assert "Ops (12 nodes)" in p.stdout
-    for i in range(12):
-        assert f"permute ops[0] ({tmp_path / 'r.yaml'}:4:5): x.{i} -> y.{i}" in p.stdout
+    assert "op nodes (12)" in p.stdout and "Ops (12 nodes)" in p.stdout
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith("permute ops[0]")]
+    assert sorted(rows) == sorted(["permute", "ops[0]", f"{tmp_path / 'r.yaml'}:4:5", f"x.{i}", f"y.{i}"]
+                                  for i in range(12))
 
 
 def test_unstack_of_a_huge_empty_dim_is_refused(bad_src: Path) -> None:
@@ -380,3 +387,88 @@ def test_unstack_of_a_huge_empty_dim_is_refused(bad_src: Path) -> None:
     save([from_numpy("z", np.zeros((1 << 20, 0), np.float32))], bad_src / "in.safetensors", overwrite=True)
     text = plan_error(bad_src, "  - unstack: {from: z, to: 'z.$i'}")
     assert "would make 1048576 tensors (at most 65536)" in text
+
+
+def test_adapters_see_op_outputs(tmp_path: Path) -> None:
+    """Module types resolve on the ops' output names and shapes: q/k/v split from a Conv1D become Linears
+    that pytorch_to_burn lays out [in, out] again, with an F16 cast after."""
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(8, 24, generator=g), torch.randn(24, generator=g)
+    st.save_file({"h.0.attn.c_attn.weight": w, "h.0.attn.c_attn.bias": b}, tmp_path / "in.safetensors")
+    got = run(tmp_path, tmp_path / "in.safetensors", r"""
+version: 1
+source: {path: SRC}
+ops:
+  - split: {from: 'h\.(\d+)\.attn\.c_attn\.(weight|bias)', dim: -1, parts: 3,
+            to: ['h.$1.attn.q.$2', 'h.$1.attn.k.$2', 'h.$1.attn.v.$2']}
+  - permute: {from: 'h\.\d+\.attn\.[qkv]\.weight', dims: [1, 0]}
+modules: {Linear: ['\.attn\.[qkv]$']}
+adapters: [pytorch_to_burn]
+dtype: {cast: F16}
+target: {path: out.safetensors}
+""")
+    for n, part, bias in zip("qkv", torch.split(w, 8, dim=1), torch.split(b, 8), strict=True):
+        assert torch.equal(got[f"h.0.attn.{n}.weight"], part.contiguous().half())  # [in, out] again
+        assert torch.equal(got[f"h.0.attn.{n}.bias"], bias.half())
+
+
+def test_one_op_failing_on_many_tensors_lists_ten(bad_src: Path) -> None:
+    st.save_file({f"x.{i}": torch.zeros(3) for i in range(15)}, bad_src / "in.safetensors")
+    text = plan_error(bad_src, "  - split: {from: 'x\\.(\\d+)', parts: 2, to: 'x.$1.$i'}")
+    lines = text.splitlines()
+    assert len(lines) == 11 and all("not divisible into 2 equal parts" in line for line in lines[:10])
+    assert lines[10] == "recipe.yaml:4:29: ops[0].split.parts: ... and 5 more like these"
+
+
+def test_python_api_run_recipe_reports_ops_and_op_errors_at_their_line(bad_src: Path) -> None:
+    import migrator
+
+    recipe = bad_src / "recipe.yaml"
+    recipe.write_text("version: 1\nsource: {path: in.safetensors}\nops:\n"
+                      "  - split: {from: w, dim: 1, parts: 5, to: 'w.$i'}\ntarget: {path: out.safetensors}\n")
+    with pytest.raises(RecipeError) as e:
+        migrator.run_recipe(recipe)
+    assert f"{recipe}:4:30: ops[0].split.parts: 'w' has 12 along dim 1" in str(e.value)
+    recipe.write_text(recipe.read_text().replace("parts: 5", "parts: 3"))
+    report = migrator.run_recipe(recipe)
+    assert report.ops[0]["outputs"] == ["w.0", "w.1", "w.2"]
+    assert torch.equal(st.load_file(bad_src / "out.safetensors")["w.2"], torch.zeros(6, 4))
+
+
+def test_streamed_ops_never_materialise_a_stored_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """concat, stack, slices along either dim (split and unstack are slices) and rope_permute of stored
+    tensors read them in pieces of at most BAND bytes: a whole-tensor view (`data()`) is never asked for."""
+    import os
+
+    from migrator import open_file
+    from migrator.tensor import LazyTensor
+
+    g = torch.Generator().manual_seed(9)
+    t = {"a": torch.randn(64, 48, generator=g), "b": torch.randn(64, 48, generator=g)}
+    st.save_file(t, tmp_path / "in.safetensors")
+    monkeypatch.setattr(lazy, "BAND", 1000)
+    with open_file(tmp_path / "in.safetensors") as r:
+        a, b = r["a"], r["b"]
+
+        def refuse(self: LazyTensor) -> memoryview:
+            raise AssertionError(f"{self.name} materialised whole")
+
+        monkeypatch.setattr(LazyTensor, "data", refuse)
+        lifted = [lazy.reshape(x, x.name, (1, 64, 48)) for x in (a, b)]
+        outs = {
+            "cat0": (lazy.concat([a, b], "c", 0, (128, 48)), torch.cat([t["a"], t["b"]], 0)),
+            "cat1": (lazy.concat([a, b], "c", 1, (64, 96)), torch.cat([t["a"], t["b"]], 1)),
+            "stack": (lazy.concat(lifted, "s", 0, (2, 64, 48)), torch.stack([t["a"], t["b"]])),
+            "cols": (lazy.slice_(a, "x", 1, 5, 40), t["a"][:, 5:40]),
+            "rows": (lazy.slice_(b, "x", 0, 3, 60), t["b"][3:60]),
+            "rope": (lazy.rope_permute(a, "q", 4, False), hf_permute(t["a"], 4, 64, 48)),
+        }
+        for label, (tensor, want) in outs.items():
+            pieces = [bytes(p) for p in (tensor.chunks() if tensor.chunks is not None else [])]
+            if tensor.chunks is None:  # a stored span: the writer copies it in the kernel
+                assert tensor.span is not None, label
+                pieces = [os.pread(tensor.span.fd, tensor.nbytes, tensor.span.offset)]
+            else:
+                limit = 64 // 4 * 48 * 4 if label == "rope" else 1000  # rope: one head's rows at least
+                assert max(len(p) for p in pieces) <= limit, label
+            assert b"".join(pieces) == want.contiguous().numpy().tobytes(), label

@@ -15,6 +15,7 @@ match, so whatever that replacement syntax supports applies here too; `$i` is th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,9 +125,18 @@ def apply_ops(ops: Sequence[Any], tensors: Sequence[LazyTensor], names: Sequence
         step = _Op(i, op, origins, recipe_file)
         slots = _apply_one(step, slots, nodes)
         if step.issues:
-            raise RecipeError(step.issues)
+            raise RecipeError(_capped(step.issues))
     made = {id(s.tensor): (s.src, s.pre) for s in slots if s.made}
     return OpsResult([s.tensor for s in slots], [s.name for s in slots], made, nodes)
+
+
+def _capped(issues: list[Any], limit: int = 10) -> list[Any]:
+    """The first `limit` problems of an op and a count of the rest: one rule over 48 layers fails 48 times."""
+    if len(issues) <= limit:
+        return issues
+    last = issues[limit - 1]
+    more = dataclasses.replace(last, message=f"... and {len(issues) - limit} more like these", hint=None)
+    return [*issues[:limit], more]
 
 
 def _apply_one(step: _Op, slots: list[_Slot], nodes: list[OpNode]) -> list[_Slot]:

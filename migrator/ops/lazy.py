@@ -10,8 +10,9 @@ What holds for each (shapes are checked before any of these is made, by `migrato
   back to back when nothing precedes the dim, else band by band of output rows, each band taking
   its rows from every input in turn;
 - rope_permute reorders the rows inside each head's block, head band by head band;
-- permute [1, 0] of a matrix is the tiled transpose of `casts`; any other permute reads its input
-  as one view (a memory map for a stored tensor) and writes bands of the first output dim.
+- permute [1, 0] of a matrix is the tiled transpose of `casts` (of a dim-0 concat: a dim-1 concat of
+  its inputs' transposes); any other permute reads its input as one view (a memory map for a
+  stored tensor) and writes bands of the first output dim.
 Each reader is sequential, so an input that is itself computed is streamed once per output, never
 held whole; peak memory is a few bands plus, for a general permute, the input's map.
 """
@@ -130,6 +131,8 @@ class _Whole:
 
 class _Chunks:
     """A streamed output's `chunks`: a fresh generator per call (the writer, or its read-ahead thread)."""
+
+    __slots__ = ()
 
     def __call__(self) -> Iterator[memoryview]:
         raise NotImplementedError
@@ -319,6 +322,14 @@ def permute(t: LazyTensor, name: str, dims: tuple[int, ...]) -> LazyTensor:
     kept = [d for d in dims if t.shape[d] != 1]  # dims of length 1 move no bytes
     if kept == sorted(kept):
         return reshape(t, name, out_shape)
+    joined = t.chunks
+    if dims == (1, 0) and isinstance(joined, _Joined) and joined.outer <= 1 \
+            and all(len(x.shape) == 2 for x in joined.inputs):
+        # the transpose of a row-wise concat is the column-wise concat of the transposes: each input is
+        # transposed on its own and streamed, instead of gathering the whole concat first
+        parts = [permute(x, x.name, (1, 0)) for x in joined.inputs]
+        out = concat(parts, name, 1, out_shape)
+        return LazyTensor(name, t.dtype, out_shape, t.nbytes, out.loader, None, pid, t.origin, out.chunks)
     if len(dims) == 2 and t.nbytes:  # a matrix transpose: the tiled, banded kernel (a later cast fuses with it)
         from ..casts import transpose2d
 
