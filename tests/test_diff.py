@@ -104,7 +104,7 @@ def test_single_flipped_bit_in_a_100_mb_tensor(tmp_path: Path, capsys: pytest.Ca
     out = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "migrator.cli", "diff", str(a), str(b),
                           "--window", "1MiB"], capture_output=True, text=True, check=True).stdout
     peak_mib = int(out.split()[-1]) / 1024
-    assert peak_mib < 100, peak_mib
+    assert peak_mib < 2 * 1 + 150, peak_mib  # issue 17's bound: 2 windows + 150 MiB (reading whole: ~250)
 
 
 def test_json_shape_and_statuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
