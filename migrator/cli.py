@@ -59,6 +59,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     ins.add_argument("--limit", type=int, default=None, help="show at most N tensors in the table")
     ins.add_argument("--stats", action="store_true", help="read every tensor (streamed): min, max, mean, std, "
                      "mean |x|, zeros, NaN/Inf; flags all-zero, all-equal, NaN/Inf tensors")
+    ins.add_argument("--html", metavar="FILE", help="write the listing as a self-contained HTML page instead of "
+                     "the table")
+    ins.add_argument("--overwrite", action="store_true", help="replace an existing HTML page")
 
     conv = _command(sub, "convert", "convert a file to another format (format from each path)",
                     "Convert SRC to DST in one step (a one-off recipe): formats from the paths' extensions, "
@@ -113,7 +116,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    "  migrate run recipes/mlp-to-burn.yaml\n"
                    "  migrate run r.yaml --overwrite --report report.json --json")
     run.add_argument("recipe", help="the recipe YAML file")
-    run.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    run.add_argument("--report", metavar="FILE", help="also write the report: JSON, or a self-contained HTML page "
+                     "when FILE ends in .html")
     run.add_argument("--overwrite", action="store_true", help="replace an existing target")
     run.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
@@ -132,7 +136,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "  migrate plan r.yaml --json | jq '.entries[] | .target'")
     plan.add_argument("recipe", help="the recipe YAML file")
     plan.add_argument("--json", action="store_true", help="print the plan (or the error) as JSON")
-    plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would")
+    plan.add_argument("--html", metavar="FILE", help="write the plan as a self-contained HTML page instead of "
+                      "the table")
+    plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would "
+                      "(and replace an existing HTML page)")
     plan.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
                     "(relative to the current folder)")
     plan.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
@@ -250,8 +257,17 @@ def _inspect(args: argparse.Namespace) -> int:
         info = inspect_with_stats(args.file, format=args.format, **_reader_options(args))
     else:
         info = inspect_file(args.file, format=args.format, **_reader_options(args))
+    if args.html:
+        from .html_report import inspect_page, write_page
+
+        write_page(args.html, inspect_page(info), overwrite=args.overwrite, protect=[args.file], make_folders=True)
     if args.json:
         _write_inspect_json(info, sys.stdout)
+        return EXIT_OK
+    if args.html:
+        from .display import escape
+
+        print(f"wrote {escape(args.html)}")
         return EXIT_OK
     _print_inspect(info, args.limit)
     return EXIT_OK

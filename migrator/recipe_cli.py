@@ -147,8 +147,10 @@ def _write_report(path: Path, plan: Plan, doc: dict[str, Any]) -> None:
     read or wrote, never over an existing file without overwrite."""
     from .atomic import write_file
     from .execute import read_by, source_modes
+    from .html_report import is_html_path, plan_page
 
-    write_file(path, (json.dumps(doc, indent=2) + "\n").encode(), overwrite=plan.overwrite, protect=read_by(plan),
+    data = plan_page(plan_json(plan), doc) if is_html_path(path) else (json.dumps(doc, indent=2) + "\n").encode()
+    write_file(path, data, overwrite=plan.overwrite, protect=read_by(plan),
                outputs=[plan.target_path], fsync=plan.fsync, mode_from=source_modes(plan), make_folders=True)
 
 
@@ -216,14 +218,31 @@ def plan(args: argparse.Namespace) -> int:
         return _recipe_error(e, args)
     with _plan_for(loaded, args) as p:
         _add_target_problems(p)
-        if args.json:
-            json.dump(plan_json(p), sys.stdout, indent=2)
+        doc = plan_json(p) if args.json or args.html else None
+        if args.html:  # the page instead of the table; the summary is still printed
+            _write_plan_page(Path(args.html), p, doc)
+        if doc is not None and args.json:
+            json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
-            _print_plan_table(p)
-            _print_op_nodes(p)
+            if not args.html:  # the page has the table and the op nodes
+                _print_plan_table(p)
+                _print_op_nodes(p)
             _print_outcome(p)
+            if args.html:
+                print(f"wrote {escape(args.html)}")
         return EXIT_OK if p.ok else EXIT_MIGRATION
+
+
+def _write_plan_page(path: Path, p: Plan, doc: dict[str, Any] | None) -> None:
+    """`plan --html`: written as a run's `--report` is (never over a file the plan reads or the
+    target, never over an existing file without overwrite)."""
+    from .atomic import write_file
+    from .execute import read_by
+    from .html_report import plan_page
+
+    write_file(path, plan_page(doc if doc is not None else plan_json(p)), overwrite=p.overwrite,
+               protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True)
 
 
 def _add_target_problems(p: Plan) -> None:
