@@ -11,16 +11,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
+NEEDED = ("float_stats", "same_bytes")
+"""What diff and stats call: a build of an older _kernels.c without them counts as absent."""
+
 
 def load() -> Any:
-    """`migrator._kernels`, or None when it was not built or MIGRATOR_NO_KERNELS is set."""
+    """`migrator._kernels`, or None when it was not built (or is a stale build without NEEDED) or
+    MIGRATOR_NO_KERNELS is set."""
     if os.environ.get("MIGRATOR_NO_KERNELS"):
         return None
     try:
         from . import _kernels
     except ImportError:
         return None
-    return _kernels
+    return _kernels if all(hasattr(_kernels, name) for name in NEEDED) else None
 
 
 kernels = load()
