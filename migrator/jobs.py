@@ -43,7 +43,7 @@ PLACEHOLDERS = {
 }
 _GLOB_CHARS = set("*?[")
 # what a job's worker needs of the command line, beside the recipe and its paths
-_OPTIONS = ("overwrite", "no_fsync", "hash_sources", "json", "workers", "executor", "ray_address")
+_OPTIONS = ("overwrite", "no_fsync", "hash_sources", "json", "workers", "executor", "ray_address", "reader_limits")
 
 
 class JobsUsageError(MigratorError):
@@ -122,9 +122,12 @@ def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _namespace(spec: dict[str, Any]) -> argparse.Namespace:
-    return argparse.Namespace(source=spec.get("source"), target=spec.get("target"),
-                              **{k: spec.get(k) for k in _OPTIONS}, jobs=None,
-                              no_progress=spec.get("no_progress", True), report=None)
+    ns = argparse.Namespace(source=spec.get("source"), target=spec.get("target"),
+                            **{k: spec.get(k) for k in _OPTIONS}, jobs=None,
+                            no_progress=spec.get("no_progress", True), report=None)
+    if ns.reader_limits is None:  # the readers' defaults (`--limit` not given)
+        del ns.reader_limits
+    return ns
 
 
 @contextmanager
@@ -265,6 +268,8 @@ def run_many(args: argparse.Namespace) -> int:
         for i, spec in enumerate(specs):
             spec["index"] = i
         check_jobs(specs, args.report)
+        if args.report and args.report.lower().endswith((".html", ".htm")):
+            raise JobsUsageError("--report of several jobs is one JSON document: give a .json file")
         report_path = Path(args.report) if args.report else None
         if report_path:
             from .atomic import check_target
