@@ -166,7 +166,7 @@ def write_range(fd: int, tensors: Sequence[LazyTensor], offsets: Sequence[int], 
                 raise TaskError("stopped: another write task failed")
             t, off = tensors[i], offsets[i]
             write_zeros(sink, off - pos)
-            write_tensor(sink, t, ahead)  # type: ignore[arg-type]  # a BufferedWriter over a raw file
+            write_tensor(sink, t, ahead)  # a BufferedWriter over a raw file
             pos = off + t.nbytes
             if after_first is not None and i == task.lo:
                 sink.flush()
