@@ -11,7 +11,8 @@
   (`ray start --head --num-cpus 2`), and the big sharded job with `--executor ray --workers 2`; each
   compared with its local counterpart of the same round.
 
-Rounds rotate the order of the variants; figures are medians, ratios medians of per-round ratios.
+The ray part ends with `ray stop`, which stops every Ray on the machine: run it where no one else
+uses Ray. Rounds rotate the order of the variants; figures are medians, ratios medians of per-round ratios.
 Every output is deleted after its run, with `sync` before each timing (outside it).
 """
 

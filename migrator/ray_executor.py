@@ -43,8 +43,11 @@ def ray_module(address: str | None = None) -> Any:
     except ImportError:
         raise MigratorError("--executor ray needs Ray: pip install 'migrator[ray]'") from None
     if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+        where = address or os.environ.get("RAY_ADDRESS") or None
+        try:
+            ray.init(address=where, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        except Exception as e:  # no cluster there, a version mismatch...: the user's setting, said plainly
+            raise MigratorError(f"cannot start or join Ray{f' at {where}' if where else ''}: {e}") from None
     return ray
 
 
