@@ -26,7 +26,8 @@ $(STAMP): $(BUILD_INPUTS)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard
+RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard \
+	bert-graft
 
 demo: install
 	rm -rf $(DEMO) && mkdir -p $(DEMO)

@@ -246,6 +246,28 @@ class FilterSpec(_Strict):
     exclude: list[Criterion] = Field(default_factory=list)
 
 
+class SourceEntry(SourceSpec):
+    """One of several sources (`sources:`): a checkpoint plus the renames that apply to it alone.
+
+    Its names go through its own `remap`, contiguous indices, `filter`, then get `prefix`; the
+    recipe's global steps then see the union of every entry's tensors (see `migrator.sources`)."""
+
+    name: str | None = Field(
+        None, description="What reports, plan tables, errors and `--source NAME=PATH` call this source. "
+                          "Default: its path as written.")
+    remap: list[RemapRule] = Field(default_factory=list, description="Renames for this source's tensors only, "
+                                                                     "before its filter and prefix.")
+    filter: FilterSpec = Field(default_factory=FilterSpec,
+                               description="Which of this source's tensors take part (on its names after its "
+                                           "remap, before the prefix).")
+    prefix: str = Field("", description="Text put in front of each of this source's names after its remap and "
+                                        "filter (verbatim: write the dot, 'bert.').")
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else str(self.path)
+
+
 class HalfPrecisionOptions(_Strict):
     with_: list[str] = Field(default_factory=list, alias="with", description="Module types to add (e.g. BatchNorm).")
     without: list[str] = Field(default_factory=list, description="Module types to remove from the default set.")
@@ -411,7 +433,12 @@ class Recipe(_Strict):
 
     version: Annotated[Literal[1], BeforeValidator(_no_bool)]
     description: str | None = None
-    source: SourceSpec
+    source: SourceSpec | None = Field(
+        None, description="The checkpoint read: a file, a model folder, an index or a glob. Give this or sources.")
+    sources: list[SourceEntry] | None = Field(
+        None, description="Several checkpoints read as one (model surgery), each with its own remap, filter and "
+                          "prefix; the global remap, filter, adapters and target apply to their union. Give this or "
+                          "source.")
     remap: list[RemapRule] = Field(default_factory=list)
     filter: FilterSpec = Field(default_factory=FilterSpec)
     modules: dict[str, list[Regex]] = Field(
@@ -421,6 +448,28 @@ class Recipe(_Strict):
     target: TargetSpec
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")
     validate_shapes: bool = Field(True, alias="validate", description="Shape mismatches are errors.")
+
+    @model_validator(mode="after")
+    def _one_source_key(self) -> Recipe:
+        if (self.source is None) == (self.sources is None):
+            both = self.source is not None
+            raise RecipeValueError("give source or sources, not both" if both else "the recipe reads nothing: "
+                                   "give source: (one checkpoint) or sources: (a list)",
+                                   key="sources" if both else None,
+                                   hint="source: {path: model.safetensors}, or sources: [{path: a.pt}, {path: b.pt}]")
+        if self.sources is not None:
+            if not self.sources:
+                raise RecipeValueError("sources is empty", key="sources", hint="list at least one {path: ...}")
+            labels = [s.label for s in self.sources]
+            twice = sorted({x for x in labels if labels.count(x) > 1})
+            if twice:
+                raise RecipeValueError(f"two sources are called '{twice[0]}'", key="sources",
+                                       hint="give each a distinct name: (name: encoder)")
+        return self
+
+    def inputs(self) -> list[SourceSpec]:
+        """The sources read: `source` alone, or every `sources` entry."""
+        return [self.source] if self.source is not None else list(self.sources or [])
 
     def dump(self) -> dict[str, Any]:
         """Plain data with the YAML spellings (`from`, `validate`, `with`), defaults left out."""

@@ -17,7 +17,7 @@ from migrator.recipe_loader import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",
-         "hf-folder-reshard"]
+         "hf-folder-reshard", "bert-graft"]
 
 
 @pytest.fixture
@@ -71,6 +71,14 @@ def test_all_recipes_run_and_round_trip(workspace: Path) -> None:
             assert bytes(t.data()) == bytes(a[t.name].data()), t.name
     with open_file(out / "tiny-bert.bpk") as bpk:
         assert "encoder.layers.0.norm_1.gamma" in bpk and "embeddings.layer_norm.beta" in bpk
+    # several sources: the donor's encoder under bert., the other donor's head, the template's embeddings
+    with open_file(out / "bert-grafted.safetensors") as g, open_file(out / "bert-encoder-donor.safetensors") as enc, \
+            open_file(out / "bert-head-donor.safetensors") as head, open_file(out / "bert-cls-init.safetensors") as init:
+        assert g.names() == init.names()
+        for t in g.tensors:
+            donor = enc[t.name[5:]] if t.name.startswith("bert.encoder.") else \
+                head[t.name] if t.name.startswith("classifier.") else init[t.name]
+            assert bytes(t.data()) == bytes(donor.data()), t.name
 
 
 def test_run_twice_gives_identical_bytes(workspace: Path) -> None:
