@@ -27,7 +27,7 @@ $(STAMP): $(BUILD_INPUTS)
 	touch $@
 
 RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard \
-	bert-graft
+	bert-graft bert-cut-layers bert-stack-layers
 
 demo: install
 	rm -rf $(DEMO) && mkdir -p $(DEMO)

@@ -249,19 +249,20 @@ class FilterSpec(_Strict):
 class SourceEntry(SourceSpec):
     """One of several sources (`sources:`): a checkpoint plus the renames that apply to it alone.
 
-    Its names go through its own `remap`, contiguous indices, `filter`, then get `prefix`; the
-    recipe's global steps then see the union of every entry's tensors (see `migrator.sources`)."""
+    Its tensors go through its own `filter` (on their stored names), `remap`, contiguous indices,
+    then get `prefix`; the recipe's global steps then see the union of every entry's tensors (see
+    `migrator.sources`)."""
 
     name: str | None = Field(
         None, description="What reports, plan tables, errors and `--source NAME=PATH` call this source. "
                           "Default: its path as written.")
     remap: list[RemapRule] = Field(default_factory=list, description="Renames for this source's tensors only, "
-                                                                     "before its filter and prefix.")
+                                                                     "after its filter, before its prefix.")
     filter: FilterSpec = Field(default_factory=FilterSpec,
-                               description="Which of this source's tensors take part (on its names after its "
-                                           "remap, before the prefix).")
-    prefix: str = Field("", description="Text put in front of each of this source's names after its remap and "
-                                        "filter (verbatim: write the dot, 'bert.').")
+                               description="Which of this source's tensors take part, on their names as stored "
+                                           "(before its remap).")
+    prefix: str = Field("", description="Text put in front of each of this source's names after its filter and "
+                                        "remap (verbatim: write the dot, 'bert.').")
 
     @property
     def label(self) -> str:

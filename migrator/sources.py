@@ -1,9 +1,10 @@
 """Several checkpoints read as one source (a recipe's `sources:` list): model surgery.
 
 Each entry is opened as `source:` would be (a file, a model folder, an index, a glob), then its
-names go through its own steps, in this order: its `remap` rules, contiguous indices (its
-`contiguous_indices`, default on for a PyTorch file, as for `source:`), its `filter` (on those
-names), then its `prefix` (verbatim). `UnionReader` lists every entry's kept tensors, in entry
+tensors go through its own steps, in this order: its `filter` (on the names as the checkpoint
+stores them, so a layer range can be cut before it is renumbered), its `remap` rules, contiguous
+indices (its `contiguous_indices`, default on for a PyTorch file, as for `source:`), then its
+`prefix` (verbatim). `UnionReader` lists every entry's kept tensors, in entry
 order, under those names: the recipe's global remap, filter, modules, adapters, dtype and target
 then treat the union as one source.
 
@@ -86,7 +87,7 @@ class Origin:
 
 @dataclass
 class Skipped:
-    """A tensor an entry's own filter left out: the name its filter saw, its part, its original name."""
+    """A tensor an entry's own filter left out: its name (as stored), its part, its name again."""
 
     name: str
     part: int
@@ -130,12 +131,19 @@ class UnionReader(Reader):
         """(tensor, union name) per kept tensor of `part`; the filtered-out go to `self.skipped`."""
         from .plan import _Matcher
 
-        tensors = part.reader.tensors
-        names = [t.name for t in tensors]
+        include = _Matcher(entry.filter.include) if entry.filter.include is not None else None
+        exclude = _Matcher(entry.filter.exclude) if entry.filter.exclude else None
+        kept: list[LazyTensor] = []
+        for t in part.reader.tensors:
+            if (include is not None and not include(t.name)) or (exclude is not None and exclude(t.name)):
+                self.skipped.append(Skipped(t.name, index, t.name))
+            else:
+                kept.append(t)
+        names = [t.name for t in kept]
         current = names
         if entry.remap:
+            remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in entry.remap])
             try:
-                remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in entry.remap])
                 current = [remapper.remap_name(n) for n in names]
             except NamingError as e:
                 raise PlanError(f"remap of source '{part.label}': {e}", file=part.label) from None
@@ -149,15 +157,7 @@ class UnionReader(Reader):
             lines = [f"'{new}' <- {', '.join(repr(o) for o in origs)}" for new, origs in sorted(collisions.items())]
             raise PlanError(f"source '{part.label}': several tensors map to the same name after its remap/indices: "
                             + "; ".join(lines[:MAX_LISTED]), file=part.label)
-        include = _Matcher(entry.filter.include) if entry.filter.include is not None else None
-        exclude = _Matcher(entry.filter.exclude) if entry.filter.exclude else None
-        out: list[tuple[LazyTensor, str]] = []
-        for t, new in zip(tensors, current, strict=True):
-            if (include is not None and not include(new)) or (exclude is not None and exclude(new)):
-                self.skipped.append(Skipped(new, index, t.name))
-            else:
-                out.append((t, entry.prefix + new))
-        return out
+        return [(t, entry.prefix + new) for t, new in zip(kept, current, strict=True)]
 
     def _scalars(self) -> dict[str, Scalar]:
         out: dict[str, Scalar] = {}
@@ -227,7 +227,7 @@ def add_provenance(report: ApplyReport, union: UnionReader, skipped: Sequence[tu
     """Fill the report's `applied_from`, `skipped_from` and `unused_from` (a source label per tensor).
 
     `skipped`/`unused`: (reported name, union name) pairs. The entries' own filter skips join
-    `skipped` here, under the name their filter saw."""
+    `skipped` here, under their stored names."""
     def triple(name: str, union_name: str) -> tuple[str, str, str]:
         o = union.origin_of[union_name]
         return name, union.parts[o.part].label, o.tensor

@@ -10,6 +10,8 @@
   config.json (what `save_pretrained(max_shard_size="40KB")` writes), for the sharded demo recipe.
 - bert-encoder-donor.safetensors, bert-head-donor.safetensors, bert-cls-init.safetensors: a BertModel and two
   BertForSequenceClassification-shaped state_dicts (3 labels), for the bert-graft recipe (several sources).
+- bert-24-layers.safetensors, bert-6-layers-a.safetensors, bert-6-layers-b.safetensors: BertModels of 24 and
+  6 layers, for the layer-slicing and layer-stacking recipes (index arithmetic).
 - classifier-init.bpk: a freshly initialised Burn-side classifier (encoder + head) with param_ids:
   the template the encoder-surgery recipe fills.
 """
@@ -36,7 +38,7 @@ def _rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def tiny_bert(seed: int = 0) -> dict[str, np.ndarray]:
+def tiny_bert(seed: int = 0, layers: int = LAYERS) -> dict[str, np.ndarray]:
     rng = _rng(seed)
 
     def w(*shape: int) -> np.ndarray:
@@ -53,7 +55,7 @@ def tiny_bert(seed: int = 0) -> dict[str, np.ndarray]:
         "embeddings.position_ids": np.arange(POSITIONS, dtype=np.int64)[None, :],
     }
     norm("embeddings.LayerNorm", t)
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"encoder.layer.{i}."
         for name in ("query", "key", "value"):
             t[p + f"attention.self.{name}.weight"] = w(HIDDEN, HIDDEN)
@@ -119,12 +121,16 @@ def main(out_dir: str = "demo-out") -> None:
     (out / "tiny-bert-hf" / "config.json").write_text(json.dumps(BERT_CONFIG, indent=2) + "\n")
     save([from_numpy(k, v) for k, v in mlp().items()], out / "mlp.pt", overwrite=True)
     save([from_numpy(k, v) for k, v in tiny_bert(10).items()], out / "bert-encoder-donor.safetensors", overwrite=True)
+    for name, seed, layers in (("bert-24-layers", 20, 24), ("bert-6-layers-a", 21, 6), ("bert-6-layers-b", 22, 6)):
+        save([from_numpy(k, v) for k, v in tiny_bert(seed, layers).items()], out / f"{name}.safetensors",
+             overwrite=True)
     for name, seed in (("bert-head-donor", 11), ("bert-cls-init", 12)):
         save([from_numpy(k, v) for k, v in bert_classifier(seed).items()], out / f"{name}.safetensors", overwrite=True)
     save(classifier_template(), out / "classifier-init.bpk", overwrite=True,
          metadata={"format": "burnpack", "producer": "burn", "version": "0.22.0-pre.2"})
     print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, bert-*-donor.safetensors, "
-          f"bert-cls-init.safetensors, classifier-init.bpk in {out}/")
+          f"bert-cls-init.safetensors, bert-24-layers.safetensors, bert-6-layers-*.safetensors, "
+          f"classifier-init.bpk in {out}/")
 
 
 if __name__ == "__main__":

@@ -139,10 +139,10 @@ def test_source_key_rules(tmp_path: Path) -> None:
         parse_recipe("version: 1\nsource: {path: a.pt}\nsources: [{path: b.pt}]\ntarget: {path: o.bpk}\n")
     with pytest.raises(RecipeError, match="reads nothing"):
         parse_recipe("version: 1\ntarget: {path: o.bpk}\n")
-    with pytest.raises(RecipeError, match="two sources are called 'a.pt'") as e:
+    with pytest.raises(RecipeError, match=r"two sources are called 'a\.pt'") as e:
         parse_recipe("version: 1\nsources: [{path: a.pt}, {path: a.pt}]\ntarget: {path: o.bpk}\n")
     assert ":2:" in str(e.value)
-    with pytest.raises(RecipeError, match="same file as sources\\[1\\].path"):
+    with pytest.raises(RecipeError, match=r"same file as sources\[1\]\.path"):
         parse_recipe("version: 1\nsources: [{path: a.pt}, {path: o.safetensors}]\ntarget: {path: o.safetensors}\n",
                      base_dir=tmp_path)
 
@@ -177,5 +177,83 @@ def test_hash_sources_per_source(tmp_path: Path, graft: dict[str, object]) -> No
     with open(tmp_path / "out.safetensors", "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     table = json.loads(header["__metadata__"]["migrator.sources_sha256"])
-    assert table == {"encoder": {"a.safetensors": hashlib.sha256((tmp_path / "a.safetensors").read_bytes()).hexdigest()},
-                     "head": {"b.pt": hashlib.sha256((tmp_path / "b.pt").read_bytes()).hexdigest()}}
+    def digest(name: str) -> str:
+        return hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+
+    assert table == {"encoder": {"a.safetensors": digest("a.safetensors")}, "head": {"b.pt": digest("b.pt")}}
+
+
+def _bert_model_equal(got: dict[str, object], want: dict[str, object]) -> None:
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k  # type: ignore[arg-type]
+
+
+CUT = r"""version: 1
+sources:
+  - path: big.safetensors
+    filter: {include: [{regex: '^encoder\.layer\.(1[2-9]|2[0-3])\.'}, {regex: '^(embeddings|pooler)\.'}]}
+    remap: [{from: '^encoder\.layer\.(\d+)\.', to: 'encoder.layer.${1-12}.'}]
+target: {path: top.safetensors}
+"""
+
+
+def test_cut_24_layers_to_the_top_12(tmp_path: Path) -> None:
+    big = seeded(transformers.BertModel, 5, layers=24)
+    safetensors_torch.save_file(big.state_dict(), tmp_path / "big.safetensors")
+    (tmp_path / "r.yaml").write_text(CUT)
+    p = migrate("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    small = seeded(transformers.BertModel, 6, layers=12)
+    small.load_state_dict(safetensors_torch.load_file(tmp_path / "top.safetensors"), strict=True)
+    # the oracle: transformers' own model with layers 12..23 of the big one as its encoder
+    big.encoder.layer = big.encoder.layer[12:]
+    _bert_model_equal(small.state_dict(), big.state_dict())
+
+
+STACK = r"""version: 1
+sources:
+  - {name: lower, path: a.safetensors}
+  - name: upper
+    path: b.bin
+    contiguous_indices: false   # a PyTorch file renumbers from 0 by default: the remap places these layers
+    filter: {include: [{regex: '^encoder\.layer\.'}]}
+    remap: [{from: '^encoder\.layer\.(\d+)\.', to: 'encoder.layer.${1+6}.'}]
+target: {path: stacked.safetensors}
+"""
+
+
+def test_stack_two_6_layer_models_into_12(tmp_path: Path) -> None:
+    lower, upper = seeded(transformers.BertModel, 8, layers=6), seeded(transformers.BertModel, 9, layers=6)
+    safetensors_torch.save_file(lower.state_dict(), tmp_path / "a.safetensors")
+    torch.save(upper.state_dict(), tmp_path / "b.bin")
+    (tmp_path / "r.yaml").write_text(STACK)
+    p = migrate("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    stacked = seeded(transformers.BertModel, 10, layers=12)
+    stacked.load_state_dict(safetensors_torch.load_file(tmp_path / "stacked.safetensors"), strict=True)
+    lower.encoder.layer.extend(upper.encoder.layer)  # the oracle, built by torch
+    _bert_model_equal(stacked.state_dict(), lower.state_dict())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(stacked(ids).last_hidden_state, lower(ids).last_hidden_state)
+
+
+def test_negative_index_names_the_tensor(tmp_path: Path) -> None:
+    big = seeded(transformers.BertModel, 5, layers=2)
+    safetensors_torch.save_file(big.state_dict(), tmp_path / "big.safetensors")
+    (tmp_path / "r.yaml").write_text(CUT.replace("(1[2-9]|2[0-3])", r"\d+"))
+    p = migrate("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert p.returncode == 1 and not (tmp_path / "top.safetensors").exists()
+    assert "${1-12} on tensor 'encoder.layer.0.attention.output.LayerNorm.bias' gives -12 (group 1 is '0'): an index " \
+           "cannot be negative" in p.stderr
+
+
+def test_non_numeric_group_names_the_tensor(tmp_path: Path) -> None:
+    big = seeded(transformers.BertModel, 5, layers=2)
+    safetensors_torch.save_file(big.state_dict(), tmp_path / "big.safetensors")
+    (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: big.safetensors}\nremap: [{from: "
+                                     "'^pooler\\.(\\w+)\\.', to: 'pooler.${1+1}.'}]\ntarget: {path: o.safetensors}\n")
+    p = migrate("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert p.returncode == 1
+    assert "${1+1} on tensor 'pooler.dense.bias': group 1 is 'dense', not a number" in p.stderr
