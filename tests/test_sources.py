@@ -257,3 +257,21 @@ def test_non_numeric_group_names_the_tensor(tmp_path: Path) -> None:
     p = migrate("run", str(tmp_path / "r.yaml"), "--no-progress")
     assert p.returncode == 1
     assert "${1+1} on tensor 'pooler.dense.bias': group 1 is 'dense', not a number" in p.stderr
+
+
+def test_hash_sources_of_a_sharded_source_lists_every_shard(tmp_path: Path) -> None:
+    import hashlib
+
+    model = seeded(transformers.BertModel, 4, layers=2)
+    model.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
+    shards = sorted(p.name for p in (tmp_path / "hf").glob("model-*.safetensors"))
+    assert len(shards) >= 2
+    (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: hf}\ntarget: {path: out.bpk}\n")
+    assert migrate("run", str(tmp_path / "r.yaml"), "--no-progress", "--hash-sources").returncode == 0
+    from migrator import open_file
+
+    with open_file(tmp_path / "out.bpk") as bpk:
+        table = json.loads(bpk.metadata["migrator.source_files_sha256"])
+        assert "migrator.source_sha256" not in bpk.metadata
+    files = ["model.safetensors.index.json", *shards]
+    assert table == {f: hashlib.sha256((tmp_path / "hf" / f).read_bytes()).hexdigest() for f in files}
