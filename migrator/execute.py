@@ -54,7 +54,7 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     if getattr(plan.writer, "sharded", False):
         from .atomic_folder import check_folder_target
 
-        check_folder_target(plan.target_path, overwrite=plan.overwrite)
+        check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs)
     elif plan.writer is not None:
         check_target(Path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
                      protect=read_by(plan), outputs=outputs)
@@ -66,7 +66,7 @@ def plan_target_problems(plan: Plan) -> list[str]:
         from .atomic_folder import check_folder_target
 
         try:
-            check_folder_target(Path(plan.target_path), overwrite=plan.overwrite)
+            check_folder_target(Path(plan.target_path), overwrite=plan.overwrite, protect=read_by(plan))
         except MigratorError as e:
             return [str(e)]
         return []
@@ -80,7 +80,8 @@ def read_by(plan: Plan) -> list[Protected]:
     files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:])]
     if plan.template_path is not None:
         files.append(plan.template_path)
-    files += [r.source.identity for r in _file_readers(plan) if hasattr(r.source, "identity")]
+    for r in _file_readers(plan):
+        files += [r.source.identity] if hasattr(r.source, "identity") else getattr(r.source, "identities", [])
     return files
 
 

@@ -162,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
         check_plan_target(plan)
         if report_path:  # not a file the run reads, not the target (by path or inode), not over a file
             check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=[plan.target_path])
+            if getattr(plan.writer, "sharded", False):  # nor inside the output folder
+                from .atomic_folder import check_folder_distinct
+
+                check_folder_distinct(plan.target_path, outputs=outputs)
         result = None
         failure: str | None = None
         if plan.ok:
