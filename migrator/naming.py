@@ -532,7 +532,7 @@ def _resolve_parts(parsed: Sequence[str | int | _Arith], regex: re.Pattern[str]
             ref = part.group
             index = (ref if ref <= regex.groups else None) if isinstance(ref, int) else regex.groupindex.get(ref)
             if index is None:
-                missing.append(str(ref))
+                missing.append(part.spelled)  # '${2+1}': shown as written
             else:
                 parts.append(_Ref(index, part.offset, part.spelled))
             continue
@@ -548,6 +548,16 @@ def _resolve_parts(parsed: Sequence[str | int | _Arith], regex: re.Pattern[str]
         else:
             parts.append(_Ref(index))
     return parts, missing
+
+
+def _missing_ref(m: str) -> tuple[str | int, str]:
+    """(group, spelling) of a reference to a missing group: `2`, `name`, or an arithmetic `${2+1}`."""
+    arith = _ARITH.fullmatch(m[2:-1]) if m.startswith("${") and m.endswith("}") else None
+    if arith is not None:
+        return (int(arith[1]) if arith[1].isdigit() else arith[1]), m
+    if m.isdigit():
+        return int(m), f"${m}"
+    return m, f"${m}" if _CAP_LETTERS.fullmatch(m) else f"${{{m}}}"
 
 
 def _expand_parts(parts: Sequence[str | _Ref], m: re.Match[str]) -> str:
@@ -569,7 +579,7 @@ def expand_replacement(m: re.Match[str], replacement: str) -> str:
     pattern lacks is a `NamingError`, a bad index arithmetic an `IndexArithmeticError`."""
     parts, missing = _resolve_parts(_parse_rust_replacement(replacement), m.re)
     if missing:
-        refs: list[tuple[str | int, str]] = [(int(x) if x.isdigit() else x, f"${{{x}}}") for x in missing]
+        refs = [_missing_ref(x) for x in missing]
         raise NamingError(_absent_text(refs, m.re), pattern=m.re.pattern)
     return _expand_parts(parts, m)
 
@@ -646,9 +656,7 @@ class RemapRule:
         Python-syntax replacements never get here: such a rule does not compile (`NamingError`)."""
         if not self._missing:
             return None
-        refs: list[tuple[str | int, str]] = [
-            (int(m), f"${m}") if m.isdigit() else (m, f"${m}" if _CAP_LETTERS.fullmatch(m) else f"${{{m}}}")
-            for m in self._missing]
+        refs = [_missing_ref(m) for m in self._missing]
         glued = next((m for m in self._missing if re.match(r"\d+\w", m)), None)
         hint = None
         if glued is not None:
