@@ -40,15 +40,20 @@ MAX_LISTED = 5
 """Collisions named in one error (the count of the rest follows)."""
 
 
-def open_source(spec: SourceSpec, path: Path) -> Reader:
-    """One `source:` (or `sources:` entry) opened, headers only; a wrong top_level_key is a PlanError."""
+def open_source(spec: SourceSpec, path: Path, entry: int | None = None) -> Reader:
+    """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
+    top_level_key is a `plan.SourceKeyError` that points at that key."""
     from .formats import open_file
+    from .plan import SourceKeyError
 
     key = spec.top_level_key
     try:
         return open_file(path, spec.format, **({} if key is None else {"top_level_key": key}))
     except TensorNotFoundError as e:
-        raise PlanError(e.detail, file=e.file) from None
+        error = SourceKeyError(e.detail, file=e.file)
+        if entry is not None:
+            error.loc = ("sources", entry, "top_level_key")  # type: ignore[assignment]
+        raise error from None
 
 
 @dataclass
@@ -207,7 +212,7 @@ def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | No
     try:
         for i, entry in enumerate(recipe.sources):
             path = resolve_path(base_dir, entry.path)
-            parts.append(SourcePart(entry.label, path, open_source(entry, path), (origins or {}).get(i)))
+            parts.append(SourcePart(entry.label, path, open_source(entry, path, i), (origins or {}).get(i)))
         return UnionReader(parts, recipe.sources)
     except BaseException:
         for p in parts:
@@ -222,6 +227,10 @@ def skip_enum_variants(recipe: Recipe, is_pytorch: bool) -> bool:
     return any(explicit) if explicit else is_pytorch
 
 
+OP_OUTPUT = "(ops)"
+"""The source named for a tensor an op made (it may join tensors of several sources)."""
+
+
 def add_provenance(report: ApplyReport, union: UnionReader, skipped: Sequence[tuple[str, str]],
                    unused: Sequence[tuple[str, str]]) -> None:
     """Fill the report's `applied_from`, `skipped_from` and `unused_from` (a source label per tensor).
@@ -229,10 +238,10 @@ def add_provenance(report: ApplyReport, union: UnionReader, skipped: Sequence[tu
     `skipped`/`unused`: (reported name, union name) pairs. The entries' own filter skips join
     `skipped` here, under their stored names."""
     def triple(name: str, union_name: str) -> tuple[str, str, str]:
-        o = union.origin_of[union_name]
-        return name, union.parts[o.part].label, o.tensor
+        o = union.origin_of.get(union_name)
+        return (name, OP_OUTPUT, union_name) if o is None else (name, union.parts[o.part].label, o.tensor)
 
-    report.applied_from = [union.parts[union.origin_of[s].part].label for s in report.sources]
+    report.applied_from = [triple(s, s)[1] for s in report.sources]
     report.skipped_from = sorted([triple(n, u) for n, u in skipped]
                                  + [(s.name, union.parts[s.part].label, s.tensor) for s in union.skipped])
     report.skipped = [n for n, _, _ in report.skipped_from]

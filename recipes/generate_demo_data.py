@@ -14,6 +14,8 @@
   6 layers, for the layer-slicing and layer-stacking recipes (index arithmetic).
 - classifier-init.bpk: a freshly initialised Burn-side classifier (encoder + head) with param_ids:
   the template the encoder-surgery recipe fills.
+- gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt: the `ops:` recipes'
+  inputs (recipes/ops_demo.py).
 """
 
 from __future__ import annotations
@@ -128,9 +130,12 @@ def main(out_dir: str = "demo-out") -> None:
         save([from_numpy(k, v) for k, v in bert_classifier(seed).items()], out / f"{name}.safetensors", overwrite=True)
     save(classifier_template(), out / "classifier-init.bpk", overwrite=True,
          metadata={"format": "burnpack", "producer": "burn", "version": "0.22.0-pre.2"})
-    print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, bert-*-donor.safetensors, "
-          f"bert-cls-init.safetensors, bert-24-layers.safetensors, bert-6-layers-*.safetensors, "
-          f"classifier-init.bpk in {out}/")
+    import ops_demo  # beside this script: the checkpoints of the ops: recipes
+
+    ops_demo.write(out)
+    print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, classifier-init.bpk, "
+          f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt, bert-*-donor.safetensors, "
+          f"bert-cls-init.safetensors, bert-24-layers.safetensors, bert-6-layers-*.safetensors in {out}/")
 
 
 if __name__ == "__main__":
