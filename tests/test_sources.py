@@ -275,3 +275,17 @@ def test_hash_sources_of_a_sharded_source_lists_every_shard(tmp_path: Path) -> N
         assert "migrator.source_sha256" not in bpk.metadata
     files = ["model.safetensors.index.json", *shards]
     assert table == {f: hashlib.sha256((tmp_path / "hf" / f).read_bytes()).hexdigest() for f in files}
+
+
+def test_diff_with_a_sources_recipe(tmp_path: Path, graft: dict[str, object]) -> None:
+    (tmp_path / "r.yaml").write_text(GRAFT)
+    assert migrate("run", str(tmp_path / "r.yaml"), "--no-progress").returncode == 0
+    out = str(tmp_path / "out.safetensors")
+    p = migrate("diff", str(tmp_path / "a.safetensors"), out, "--recipe", str(tmp_path / "r.yaml"), "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["summary"]["identical"] > 0
+    other = seeded(transformers.BertForSequenceClassification, 7)
+    torch.save(other.state_dict(), tmp_path / "c.pt")  # another head: the output no longer matches
+    p = migrate("diff", f"head={tmp_path / 'c.pt'}", out, "--recipe", str(tmp_path / "r.yaml"), "--json")
+    assert p.returncode == 1
+    p = migrate("diff", str(tmp_path / "c.pt"), out, "--recipe", str(tmp_path / "r.yaml"))
+    assert p.returncode != 0 and "none of the recipe's sources ('encoder', 'head')" in p.stderr
