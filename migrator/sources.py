@@ -40,15 +40,18 @@ MAX_LISTED = 5
 """Collisions named in one error (the count of the rest follows)."""
 
 
-def open_source(spec: SourceSpec, path: Path, entry: int | None = None) -> Reader:
+def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
     top_level_key is a `plan.SourceKeyError` that points at that key."""
     from .formats import open_file
     from .plan import SourceKeyError
 
     key = spec.top_level_key
+    options: dict[str, Any] = {} if key is None else {"top_level_key": key}
+    if limits is not None:
+        options["limits"] = limits
     try:
-        return open_file(path, spec.format, **({} if key is None else {"top_level_key": key}))
+        return open_file(path, spec.format, **options)
     except TensorNotFoundError as e:
         error = SourceKeyError(e.detail, file=e.file)
         if entry is not None:
@@ -205,14 +208,17 @@ def _agreed(metas: Any) -> dict[str, str]:
     return out
 
 
-def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | None = None) -> UnionReader:
-    """Open every `sources:` entry and join them; `origins` maps an entry's index to its recipe line."""
+def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | None = None, *,
+                 limits: Any = None) -> UnionReader:
+    """Open every `sources:` entry and join them; `origins` maps an entry's index to its recipe line,
+    `limits` (`formats.Limits`) bounds each entry's reader as `source:`'s."""
     assert recipe.sources is not None
     parts: list[SourcePart] = []
     try:
         for i, entry in enumerate(recipe.sources):
             path = resolve_path(base_dir, entry.path)
-            parts.append(SourcePart(entry.label, path, open_source(entry, path, i), (origins or {}).get(i)))
+            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits),
+                                    (origins or {}).get(i)))
         return UnionReader(parts, recipe.sources)
     except BaseException:
         for p in parts:
