@@ -44,6 +44,7 @@ from .tensor import LazyTensor
 
 if TYPE_CHECKING:
     from .modules import ModuleType
+    from .sources import UnionReader
 
 
 @dataclass(slots=True)
@@ -85,9 +86,17 @@ class Plan:
     inputs: list[tuple[str, Path]] = field(default_factory=list)  # (label, path) per source read
 
     @property
+    def union(self) -> UnionReader | None:
+        """The joined reader of a recipe with `sources:` (it knows each tensor's source), else None."""
+        from .sources import UnionReader
+
+        first = self.readers[0] if self.readers else None
+        return first if isinstance(first, UnionReader) else None
+
+    @property
     def several_sources(self) -> bool:
         """Whether the recipe has `sources:` (the plan then names each tensor's source)."""
-        return len(self.readers) > 0 and hasattr(self.readers[0], "origin_of")
+        return self.union is not None
 
     @property
     def ok(self) -> bool:
@@ -308,9 +317,9 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
             fatal.append("dtype: template needs target.template")
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
                          errors=errors, sources=sources, ops=op_nodes)
-    if hasattr(reader, "origin_of"):  # several sources: say which one each tensor came from
-        from .sources import add_provenance
+    from .sources import UnionReader, add_provenance
 
+    if isinstance(reader, UnionReader):  # several sources: say which one each tensor came from
         add_provenance(report, reader, list(zip(skipped, skipped_from, strict=True)),
                        list(zip(unused, unused_from, strict=True)) if tpl_path is not None else [])
     return entries, report
@@ -432,9 +441,8 @@ def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pyt
 
         skip_enum = skip_enum_variants(recipe, is_pytorch)
     else:
-        skip_enum = recipe.source.skip_enum_variants
-        if skip_enum is None:
-            skip_enum = is_pytorch
+        chosen = recipe.source.skip_enum_variants
+        skip_enum = is_pytorch if chosen is None else chosen
     enum_free = {_enum_free(n): n for n in by_name} if skip_enum else {}
 
     def lookup(name: str) -> str | None:

@@ -260,11 +260,11 @@ def plan_json(p: Plan) -> dict[str, Any]:
     """With several sources, each entry has `from` (its source's name) and `from_tensor` (the tensor's
     name in that source), and `sources` lists them."""
     entries = []
-    union = p.readers[0] if p.several_sources else None
+    union = p.union
     for e in p.entries:
         origin = union.origin_of.get(e.source) if union is not None and e.source is not None else None
-        entries.append({**({} if origin is None else {"from": union.parts[origin.part].label,  # type: ignore[union-attr]
-                                                       "from_tensor": origin.tensor}),
+        entries.append({**({} if union is None or origin is None else {"from": union.parts[origin.part].label,
+                                                                        "from_tensor": origin.tensor}),
             "source": e.source, "target": e.target, "ops": e.ops,
             "before": None if e.before is None else {"dtype": e.before[0].display, "shape": list(e.before[1])},
             "after": {"dtype": e.tensor.dtype.display, "shape": list(e.tensor.shape)},
@@ -289,17 +289,17 @@ def _plan_error(p: Plan) -> dict[str, Any]:
 
 
 def _print_plan_table(p: Plan) -> None:
-    union = p.readers[0] if p.several_sources else None
+    union = p.union
     read = " + ".join(label for label, _ in p.inputs) if union is not None else p.source_path
     title = f"{read} ({p.source_format}) -> {p.target_path} ({p.target_format})"
-    header = ("source", "target", "module", "ops", "before", "after", "size")
+    header: tuple[str, ...] = ("source", "target", "module", "ops", "before", "after", "size")
     # Most tensors share a few dtype/shape/module/ops/size texts: memoised, by identity where the
     # object is shared (a DType hashes slowly); the plan keeps every keyed object alive meanwhile.
     shapes: dict[tuple[int, tuple[int, ...]], str] = {}
     modules: dict[int, str] = {}
     ops_texts: dict[int, str] = {}
     sizes: dict[int, str] = {}
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for e in p.entries:
         m, src, t, ops = e.module, e.source_tensor, e.tensor, e.ops
         module = ""

@@ -105,7 +105,7 @@ class Skipped:
 class UnionReader(Reader):
     """Every part's kept tensors as one source (see the module docstring)."""
 
-    format = "mixed"  # type: ignore[misc]  # set per instance: the parts' format when they agree
+    format = "mixed"  # set per instance: the parts' format when they agree
 
     def __init__(self, parts: Sequence[SourcePart], entries: Sequence[SourceEntry]) -> None:
         self.parts = list(parts)
