@@ -48,7 +48,8 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
 
         if getattr(plan.writer, "sharded", False):
             written = save_folder_parallel(plan.writer, plan.target_path, runner,  # type: ignore[arg-type]
-                                           overwrite=plan.overwrite, fsync=plan.fsync)
+                                           overwrite=plan.overwrite, fsync=plan.fsync, protect=read_by(plan),
+                                           outputs=outputs, mode_from=source_modes(plan))
             return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
         if hasattr(plan.writer, "layout"):
             written = save_file_parallel(plan.writer, plan.target_path, runner, overwrite=plan.overwrite,

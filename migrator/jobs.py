@@ -158,7 +158,7 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
     if recipe.target.shard is None and not str(target).endswith("/"):
         with suppress(MigratorError):
             target = Path(writer_class(target_format(target, recipe.target.format)).resolve_path(target))
-    sources = [spec.get("source") or str(loaded.source_path)]
+    sources = [spec["source"]] if spec.get("source") else [str(p) for p in loaded.source_paths]
     if recipe.target.template:
         sources.append(str(loaded.resolve(recipe.target.template)))
     return os.path.realpath(target), [os.path.realpath(s) for s in sources]

@@ -189,6 +189,7 @@ def write_shard(folder: FolderScratch, writer: ShardedWriter, task: ShardTask) -
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags, 0o666)
     with (ScratchFile if folder.fsync else UnsyncedScratchFile)(fd, "wb") as f:
+        os.fchmod(fd, folder._mode(name, folder.mode_from))  # as FolderScratch.file sets it
         if task.size:
             _reserve(fd, task.size, folder.target / name)
         sink = io.BufferedWriter(f, buffer_size=WRITE_BUFFER)
@@ -293,13 +294,17 @@ def save_file_parallel(writer: Writer, path: str | os.PathLike[str], runner: Run
 
 
 def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], runner: Runner, *,
-                         overwrite: bool = False, fsync: bool = True) -> str:
+                         overwrite: bool = False, fsync: bool = True, protect: Iterable[Protected] = (),
+                         outputs: Iterable[str | os.PathLike[str]] = (),
+                         mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> str:
     """`atomic_folder.save_sharded` with the shards written by `runner`'s workers; the driver writes
     the index and the companion files, and publishes after every shard task succeeded."""
     from .atomic_folder import atomic_folder
+    from .formats import _protected_files
 
     out = writer.resolve_path(path)
-    with atomic_folder(out, overwrite=overwrite, fsync=fsync) as folder:
+    with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=_protected_files(protect), outputs=outputs,
+                       mode_from=mode_from) as folder:
         tasks = [ShardTask(i, i, name, shard.total_size) for i, (name, shard) in enumerate(writer.files)]
         runner.write_shards(folder, writer, tasks)
         if writer.index is not None:
@@ -331,6 +336,7 @@ def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
     only), check the plan agrees with the driver's, write the task's bytes into the driver's scratch
     file or folder; returns the bytes written. The driver publishes; this never does."""
     from .atomic_folder import FolderScratch
+    from .execute import source_modes
     from .jobs import open_job_plan
 
     task = task_from_json(task_doc)
@@ -345,7 +351,8 @@ def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
             raise TaskError("the plan has errors here, none on the driver: did a source change meanwhile?\n  "
                             + "\n  ".join(plan.fatal), file=str(plan.target_path))
         if isinstance(task, ShardTask):
-            folder = FolderScratch(Path(scratch), Path(plan.target_path), plan.fsync)
+            folder = FolderScratch(Path(scratch), Path(plan.target_path), plan.fsync, overwrite=plan.overwrite,
+                                   mode_from=source_modes(plan))
             path = write_shard(folder, writer, task)  # type: ignore[arg-type]
             return os.path.getsize(path)
         prefix, tensors, offsets = writer.layout()  # type: ignore[attr-defined]

@@ -94,6 +94,7 @@ def test_cast_and_transpose_by_workers_equal_one_writer_and_torch(tmp_path: Path
                       cwd=tmp_path)
         assert par.returncode == 0, par.stderr
         assert (tmp_path / f"par-{target}").read_bytes() == (tmp_path / f"serial-{target}").read_bytes()
+        assert (tmp_path / f"par-{target}").stat().st_mode == (tmp_path / f"serial-{target}").stat().st_mode
         # torch's values: Linear weights transposed to [in, out], everything cast to F16
         want = {k: (v.t() if k.endswith("weight") else v).half().contiguous().numpy() for k, v in sd.items()}
         if target.endswith(".safetensors"):
@@ -119,6 +120,7 @@ def test_shards_by_workers_equal_one_writer_and_load_in_safetensors(tmp_path: Pa
     assert len(names) > 3 and sorted(os.listdir(tmp_path / "par")) == names
     for name in names:
         assert (tmp_path / "par" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes(), name
+        assert (tmp_path / "par" / name).stat().st_mode == (tmp_path / "serial" / name).stat().st_mode, name
     index = json.loads((tmp_path / "par" / "model.safetensors.index.json").read_text())
     got: dict[str, np.ndarray] = {}
     for shard in sorted(set(index["weight_map"].values())):
