@@ -17,6 +17,7 @@ from .errors import MigratorError
 from .formats import save_planned, writer_class
 
 if TYPE_CHECKING:
+    from .parallel_write import Runner
     from .plan import Plan
 
 
@@ -32,15 +33,29 @@ class RunResult:
 
 
 def run_plan(plan: Plan, *, progress: bool | None = None,
-             outputs: Iterable[str | os.PathLike[str]] = ()) -> RunResult:
+             outputs: Iterable[str | os.PathLike[str]] = (), runner: Runner | None = None) -> RunResult:
     """Write the plan's output; refuses (writing nothing) when the plan has fatal problems.
 
     `outputs` are the run's other outputs (a `--report` file): the target may not be one of them.
-    A missing target folder is created.
+    A missing target folder is created. With a `runner` (`migrator.parallel_write`), its workers write
+    the tensors or shards (a PyTorch single file, whose zip has no precomputed layout, is written here).
     """
     if plan.fatal or plan.writer is None:
         raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
+    if runner is not None:
+        from .parallel_write import save_file_parallel, save_folder_parallel
+
+        if getattr(plan.writer, "sharded", False):
+            written = save_folder_parallel(plan.writer, plan.target_path, runner,  # type: ignore[arg-type]
+                                           overwrite=plan.overwrite, fsync=plan.fsync, protect=read_by(plan),
+                                           outputs=outputs, mode_from=source_modes(plan))
+            return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
+        if hasattr(plan.writer, "layout"):
+            written = save_file_parallel(plan.writer, plan.target_path, runner, overwrite=plan.overwrite,
+                                         protect=read_by(plan), outputs=outputs, fsync=plan.fsync,
+                                         mode_from=source_modes(plan), make_folders=True)
+            return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
     written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
                            outputs=outputs, progress=progress_for(progress), fsync=plan.fsync,
                            mode_from=source_modes(plan), make_folders=True)
@@ -54,7 +69,7 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     if getattr(plan.writer, "sharded", False):
         from .atomic_folder import check_folder_target
 
-        check_folder_target(plan.target_path, overwrite=plan.overwrite)
+        check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs)
     elif plan.writer is not None:
         check_target(Path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
                      protect=read_by(plan), outputs=outputs)
@@ -66,7 +81,7 @@ def plan_target_problems(plan: Plan) -> list[str]:
         from .atomic_folder import check_folder_target
 
         try:
-            check_folder_target(Path(plan.target_path), overwrite=plan.overwrite)
+            check_folder_target(Path(plan.target_path), overwrite=plan.overwrite, protect=read_by(plan))
         except MigratorError as e:
             return [str(e)]
         return []
@@ -77,16 +92,23 @@ def plan_target_problems(plan: Plan) -> list[str]:
 def read_by(plan: Plan) -> list[Protected]:
     """The files the plan reads, by path and by the inode each reader holds open: no output may
     replace them (a symlink or hard link to one included)."""
-    files: list[Protected] = [plan.source_path]
+    files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:])]
     if plan.template_path is not None:
         files.append(plan.template_path)
-    files += [r.source.identity for r in plan.readers if hasattr(r.source, "identity")]
+    for r in _file_readers(plan):
+        files += [r.source.identity] if hasattr(r.source, "identity") else getattr(r.source, "identities", [])
     return files
 
 
 def source_modes(plan: Plan) -> list[int]:
     """The permission bits of the files the plan reads: a new output gets no more than they share."""
-    return [r.source.mode for r in plan.readers if hasattr(r.source, "mode")]
+    return [r.source.mode for r in _file_readers(plan) if hasattr(r.source, "mode")]
+
+
+def _file_readers(plan: Plan) -> list[Any]:
+    """The plan's readers, each source of a `sources:` recipe on its own."""
+    return [p.reader for r in plan.readers for p in getattr(r, "parts", ())] + [
+        r for r in plan.readers if not hasattr(r, "parts")]
 
 
 def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractContextManager[None]] | None:
