@@ -163,6 +163,25 @@ Regex = Annotated[str, AfterValidator(_check_regex)]
 """A regex in migrator's dialect (see `naming`), checked at validation."""
 
 _Path = Annotated[Path, BeforeValidator(_nonempty_path)]
+
+
+def _no_secrets(value: dict[str, Any]) -> dict[str, Any]:
+    """Storage options never hold credentials: they come from the environment (migrator.remote.fs)."""
+    from .remote.fs import secret_key
+
+    bad = secret_key(value)
+    if bad is not None:
+        raise RecipeValueError(f"'{bad}' looks like a credential, and credentials never go in a recipe", key=bad,
+                               hint="set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                                    "AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*, HF_TOKEN) or "
+                                    "the protocol's config files")
+    return value
+
+
+_StorageOptions = Annotated[dict[str, Any], AfterValidator(_no_secrets)]
+_STORAGE_HELP = ("fsspec options for a URL path (s3://, gs://, az://, hf://, http(s)://, memory://), e.g. "
+                 "{endpoint_url: 'http://127.0.0.1:9000', profile: dev}; never credentials (keys such as key, "
+                 "secret, token, password are refused): those come from the environment.")
 _Number = BeforeValidator(_no_bool)
 
 
@@ -179,6 +198,7 @@ class SourceSpec(_Strict):
     skip_enum_variants: bool | None = Field(
         None, description="Match template paths with enum-variant segments removed (spec §4.3). "
                           "Default: true for PyTorch sources.")
+    storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
 
 
 class RemapRule(_Strict):
@@ -356,6 +376,9 @@ class TargetSpec(_Strict):
     template: _Path | None = Field(
         None, description="A file holding exactly the tensors the output must have (Burn's load-into-a-model).")
     template_format: FormatName = "auto"
+    storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
+    template_storage_options: _StorageOptions = Field(
+        default_factory=dict, description="storage_options for a template URL (the target's by default).")
     overwrite: bool = False
     fsync: bool = Field(
         True, description="Flush the output to disk before publishing it. false is faster (like cp); the file is "

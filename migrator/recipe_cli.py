@@ -50,7 +50,10 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
     from .recipe_loader import RecipeError, RecipeIssue, _read_candidates, _same_file, _written_candidates
 
     recipe = loaded.recipe
-    absolute = {k: Path(os.path.abspath(os.path.expanduser(v))) for k, v in overrides.items()}
+    from .remote import as_path, is_url
+
+    absolute = {k: as_path(v) if is_url(v) else Path(os.path.abspath(os.path.expanduser(v)))
+                for k, v in overrides.items()}
     if "source" in absolute:
         recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
     if "target" in absolute:
