@@ -165,7 +165,7 @@ Regex = Annotated[str, AfterValidator(_check_regex)]
 _Path = Annotated[Path, BeforeValidator(_nonempty_path)]
 
 
-def _no_secrets(value: dict[str, Any]) -> dict[str, Any]:
+def _no_secrets(value: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
     """Storage options never hold credentials: they come from the environment (migrator.remote.fs)."""
     from .remote.fs import secret_key
 
@@ -178,7 +178,7 @@ def _no_secrets(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-_StorageOptions = Annotated[dict[str, Any], AfterValidator(_no_secrets)]
+_StorageOptions = Annotated[dict[str, str | int | float | bool], AfterValidator(_no_secrets)]
 _STORAGE_HELP = ("fsspec options for a URL path (s3://, gs://, az://, hf://, http(s)://, memory://), e.g. "
                  "{endpoint_url: 'http://127.0.0.1:9000', profile: dev}; never credentials (keys such as key, "
                  "secret, token, password are refused): those come from the environment.")
