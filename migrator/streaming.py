@@ -205,7 +205,8 @@ class Ahead:
     """
 
     def __init__(self, tensors: Sequence[LazyTensor], budget: int = AHEAD_BYTES) -> None:
-        self._wanted = [t for t in tensors if t.span is None and t.chunks is not None and t.nbytes > SMALL_READ]
+        self._wanted = [t for t in tensors if t.span is None and t.chunks is not None and t.nbytes > SMALL_READ
+                        and not getattr(t.chunks, "io_bound", False)]  # a remote object's blocks: I/O only
         self._budget = budget
         self._next = 0
         self._items: deque[tuple[int, memoryview | BaseException | None]] = deque()

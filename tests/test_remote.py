@@ -423,3 +423,21 @@ def test_memory_protocol_round_trip() -> None:
     with pytest.raises(MigratorError, match="exists"):
         migrator.save(arrays, url)
     assert fsspec.filesystem("memory").glob("/migrator-test/*.tmp") == []
+
+
+def test_sequential_stream_mode_reads_the_file_in_one_get(s3: Any, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """MIGRATOR_REMOTE_CONCURRENCY=1: one open-ended GET after the header's, per thread reading."""
+    import migrator
+    from migrator.convert import convert
+
+    monkeypatch.setenv("MIGRATOR_REMOTE_CONCURRENCY", "1")
+    want = model()
+    url = put(s3, "m.safetensors", st_numpy.save(want))
+    with migrator.open_file(url) as r:
+        migrator.save(r.tensors, tmp_path / "o.safetensors")
+        assert r.source.requests == 2  # the header block, then the data front to back
+    assert_same(st_numpy.load_file(str(tmp_path / "o.safetensors")), want)
+    convert(url, tmp_path / "o16.safetensors", dtype="F16")  # casts computed ahead read their own stream
+    assert_same(st_numpy.load_file(str(tmp_path / "o16.safetensors")),
+                {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in want.items()})

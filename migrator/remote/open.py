@@ -30,14 +30,14 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any]) 
         key = options.pop("top_level_key", None)
         if options:
             raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-        reader = RemoteShardedReader(url, format, info)
+        sharded = RemoteShardedReader(url, format, info)
         try:
             if key is not None:
-                reader.select(key)
+                sharded.select(key)
         except BaseException:
-            reader.close()
+            sharded.close()
             raise
-        return reader
+        return sharded
     assert info is not None
     source = RemoteSource(url, size=info.get("size") if isinstance(info.get("size"), int) else None)
     try:

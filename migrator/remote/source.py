@@ -18,6 +18,7 @@ back-off on transient failures (`fs.with_retries`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -49,6 +50,10 @@ class RemoteSource(ByteSource):
         self._tail: bytes | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._window: tuple[int, bytes] = (0, b"")  # the block small tensors were last read from
+        self._window_lock = threading.Lock()
+        self._streams: dict[int, tuple[Any, int]] = {}  # concurrency 1 on S3: per thread, an open-ended
+        # GET read block by block, and where it stands
 
     def _size(self) -> int:
         def info() -> dict[str, Any]:
@@ -117,6 +122,76 @@ class RemoteSource(ByteSource):
             done += len(block)
         return memoryview(out).toreadonly()
 
+    @property
+    def streams(self) -> bool:
+        """Whether blocks come from one sequential GET (`MIGRATOR_REMOTE_CONCURRENCY=1` on S3)."""
+        return self.tune.concurrency == 1 and hasattr(self.fs, "call_s3")
+
+    def sequential(self, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset + length) from this thread's open-ended GET positioned there, opened
+        (again) at `offset` when it is elsewhere: reading a file front to back costs one request. One
+        stream per thread, so a thread computing casts ahead never moves the writer's stream. A failure
+        reopens the stream where it stopped (retried as any request)."""
+        me = threading.get_ident()
+
+        def read() -> bytes:
+            from fsspec.asyn import sync
+
+            body, at = self._streams.get(me, (None, -1))
+            if body is None or at != offset:
+                self._close_stream(me)
+                with self._lock:
+                    self.requests += 1
+                bucket, key, _ = self.fs.split_path(self.fs_path)
+                resp = self.fs.call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={offset}-")
+                body = resp["Body"]
+                with self._lock:
+                    self._streams[me] = (body, offset)
+
+            async def exact() -> bytes:
+                parts, got = [], 0
+                while got < length:
+                    piece = await body.read(length - got)
+                    if not piece:
+                        break
+                    parts.append(piece)
+                    got += len(piece)
+                return b"".join(parts)
+
+            try:
+                data = check_length(sync(self.fs.loop, exact), length, offset)
+            except BaseException:
+                self._close_stream(me)
+                raise
+            with self._lock:
+                self._streams[me] = (body, offset + length)
+            return data
+
+        return with_retries(read, self.url, "tensor data", self.tune)
+
+    def _close_stream(self, thread: int | None = None) -> None:
+        """Close one thread's stream (None: every one), on the loop that owns its connection."""
+        with self._lock:
+            ids = list(self._streams) if thread is None else [thread] if thread in self._streams else []
+            bodies = [self._streams.pop(i)[0] for i in ids]
+        for body in bodies:
+            with contextlib.suppress(Exception):
+                self.fs.loop.call_soon_threadsafe(body.close)
+
+    def small(self, offset: int, length: int) -> bytes:
+        """A range shorter than a block, served from a block-sized window of the object read once:
+        consecutive small tensors (written in data order) cost one GET per block, not one each."""
+        if self.streams:  # the open stream is the read-ahead: a window would jump ahead of it
+            return self.sequential(offset, length)
+        with self._window_lock:
+            start, data = self._window
+            if not (start <= offset and offset + length <= start + len(data)):
+                n = min(self.size - offset, max(length, self.tune.block_size))
+                data = self.fetch(offset, n, "tensor data")
+                start = offset
+                self._window = (start, data)
+            return data[offset - start:offset - start + length]
+
     def chunker(self, offset: int, length: int) -> BlockChunks:
         """A stored tensor's `chunks`: its bytes block by block (`LazyTensor.chunks`)."""
         return BlockChunks(self, offset, length)
@@ -128,6 +203,7 @@ class RemoteSource(ByteSource):
             return self._pool
 
     def close(self) -> None:
+        self._close_stream()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -141,6 +217,7 @@ class BlockChunks:
     """
 
     __slots__ = ("length", "offset", "source")
+    io_bound = True  # `streaming.Ahead` leaves these to the writer's thread: nothing to compute
 
     def __init__(self, source: RemoteSource, offset: int, length: int) -> None:
         self.source, self.offset, self.length = source, offset, length
@@ -150,9 +227,14 @@ class BlockChunks:
         bs = src.tune.block_size
         starts = range(self.offset, self.offset + self.length, bs)
         end = self.offset + self.length
+        if src.streams:
+            for s in starts:
+                yield memoryview(src.sequential(s, min(bs, end - s)))
+            return
         if len(starts) <= 1:
             if self.length:
-                yield memoryview(src.fetch(self.offset, self.length, "tensor data"))
+                yield memoryview(src.small(self.offset, self.length) if self.length <= bs // 4
+                                 else src.fetch(self.offset, self.length, "tensor data"))
             return
         pool = src.pool()
         pending: deque[Future[bytes]] = deque()
