@@ -383,6 +383,8 @@ def test_credentials_in_urls_are_never_printed(http: HttpServer) -> None:
     assert "hunter2" not in p.stdout + p.stderr and "***@" in p.stderr
     p = cli("inspect", url, "--json", check=1)
     assert "hunter2" not in p.stdout + p.stderr
+    p = cli("inspect", http.url + "/none.safetensors?X-Amz-Signature=s3cr3t", check=1)
+    assert "s3cr3t" not in p.stdout + p.stderr and "?***" in p.stderr
 
 
 # ------------------------------------------------------------------------------- packaging

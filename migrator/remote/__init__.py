@@ -20,6 +20,7 @@ from typing import Any
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
 """`scheme:/` (a Path keeps one slash of two); two letters at least, so `C:/` is never a URL."""
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+_QUERY = re.compile(r"(://[^\s?'\"]*)\?[^\s'\":]*")
 
 READ_ONLY = frozenset({"http", "https"})
 
@@ -55,8 +56,9 @@ def protocol(url: str) -> str:
 
 
 def redact(text: str) -> str:
-    """`text` with the user-info of every URL in it (`user:password@`) replaced by `***@`."""
-    return _USERINFO.sub("***@", text)
+    """`text` with the user-info of every URL in it (`user:password@`) replaced by `***@`, and its
+    query (a presigned URL's signature, a SAS token) by `?***`."""
+    return _QUERY.sub(r"\1?***", _USERINFO.sub("***@", text))
 
 
 class RemotePath(PosixPath):
