@@ -26,7 +26,8 @@ $(STAMP): $(BUILD_INPUTS)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard
+RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard \
+	gpt2-split-qkv gpt2-merge-qkv mixtral-stack-experts mixtral-unstack-experts llama-meta-to-hf llama-hf-to-meta
 
 demo: install
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
@@ -41,6 +42,10 @@ demo: install
 	$(VENV)/bin/migrate convert $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk
 	cmp $(DEMO)/tiny-bert.bpk $(DEMO)/tiny-bert-copy.bpk && echo "burnpack -> burnpack convert: byte-identical"
 	ls $(DEMO)/tiny-bert-resharded
+	$(VENV)/bin/migrate plan recipes/mixtral-stack-experts.yaml
+	$(PY) recipes/check_round_trip.py $(DEMO)/gpt2-tiny.safetensors $(DEMO)/gpt2-tiny-merged.safetensors
+	$(PY) recipes/check_round_trip.py $(DEMO)/mixtral-tiny-experts.safetensors $(DEMO)/mixtral-tiny-experts-again.safetensors
+	$(PY) recipes/check_round_trip.py $(DEMO)/llama-meta-tiny.pt $(DEMO)/llama-meta-tiny-again.pt
 
 # The suite in TEST_JOBS processes (pytest-xdist; 0 runs it in this process). Tests share no files
 # or fixed paths, and --dist loadfile keeps each file's tests, and its module fixtures, in one worker.

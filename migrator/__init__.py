@@ -3,10 +3,17 @@
 Public API (each name is imported on first use, so `import migrator` and `migrate --help` do
 not pay for numpy):
 
-- `open_file(path)`: a reader of a burnpack, SafeTensors or PyTorch file (`r["w"].numpy()`).
-- `save(tensors, path, metadata=..., scalars=...)`, `to_bytes(tensors, fmt, ...)`: write tensors.
-- `from_numpy(name, array)`: a `LazyTensor` from a numpy array.
+- `open_file(path)`: a reader of a burnpack, SafeTensors or PyTorch file, a model folder, an
+  index or a glob of shards. A reader is a read-only mapping of name -> `LazyTensor`
+  (`r["w"].numpy()`, `r.keys()`, `r.items()`, `dict(r)`, `len(r)`, `"w" in r`; a missing name is
+  a KeyError with a "did you mean"), and a context manager: read its tensors before it closes.
+- `save(tensors, path, metadata=..., scalars=...)`, `to_bytes(tensors, fmt, ...)`: write tensors:
+  LazyTensors, or a dict of name -> LazyTensor / numpy array / torch tensor; scalars as `Scalar`s
+  or plain bools, ints and floats.
+- `from_numpy(name, array)`: a `LazyTensor` from a numpy array or a torch tensor (bf16 too; torch
+  is not imported by migrator for it).
 - `LazyTensor`: a tensor read on demand; `Scalar`: a typed scalar (burnpack's scalars).
+- `run_recipe(path_or_recipe, overwrite=...)`: what `migrate run` does; returns the `ApplyReport`.
 - `ApplyReport`: the report of a run (`ApplyReport.from_json` loads a `--report` file).
 """
 
@@ -18,16 +25,18 @@ __version__ = "0.1.0"
 PRODUCER = "migrator"
 
 if TYPE_CHECKING:
+    from .api import run_recipe
     from .formats import open_file, save, to_bytes
     from .report import ApplyReport
     from .scalars import Scalar
     from .tensor import LazyTensor, from_numpy
 
 _LAZY = {"open_file": "formats", "save": "formats", "to_bytes": "formats",
-         "LazyTensor": "tensor", "from_numpy": "tensor", "Scalar": "scalars", "ApplyReport": "report"}
+         "LazyTensor": "tensor", "from_numpy": "tensor", "Scalar": "scalars", "ApplyReport": "report",
+         "run_recipe": "api"}
 
-__all__ = ["PRODUCER", "ApplyReport", "LazyTensor", "Scalar", "__version__", "from_numpy", "open_file", "save",
-           "to_bytes"]
+__all__ = ["PRODUCER", "ApplyReport", "LazyTensor", "Scalar", "__version__", "from_numpy", "open_file",
+           "run_recipe", "save", "to_bytes"]
 
 
 def __getattr__(name: str) -> Any:

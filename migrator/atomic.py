@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from . import crashpoints
 from .errors import MigratorError, OutputError, SameFileError, TargetExistsError
 
 WRITE_BUFFER = 1 << 20
@@ -272,6 +273,7 @@ def atomic_output(
     clean_stale_scratch(target)
     try:
         scratch, fd = _create_scratch(target)
+        crashpoints.reached("scratch-created")
     except BaseException:
         _remove_folders(created)
         raise
@@ -285,6 +287,7 @@ def atomic_output(
             sink = io.BufferedWriter(f, buffer_size=WRITE_BUFFER)
             yield sink
             sink.flush()
+            crashpoints.reached("written")
             written = f.tell()
             if expected_size is not None and written != expected_size:
                 raise OutputError(f"wrote {written} bytes, planned {expected_size}", file=str(target))
@@ -293,8 +296,10 @@ def atomic_output(
             os.fchmod(fd, output_mode(target, overwrite=overwrite, mode_from=mode_from))
             if fsync:
                 os.fsync(fd)
+            crashpoints.reached("synced")
         _publish(scratch, target, overwrite=overwrite)
         published = True
+        crashpoints.reached("published")
     except OSError as e:
         raise OutputError(_describe(e), file=str(target)) from e
     finally:
@@ -304,6 +309,7 @@ def atomic_output(
             _remove_folders(created)
     if fsync:
         _fsync_dir(folder, target)
+    crashpoints.reached("done")
 
 
 def write_file(target: str | os.PathLike[str], data: bytes, *, overwrite: bool = False,

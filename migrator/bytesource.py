@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from .errors import FormatError
+from .errors import FormatError, ReaderClosedError
 
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
@@ -29,15 +29,33 @@ class FileSpan:
     length: int
 
 
+_span_fd = FileSpan.fd  # type: ignore[attr-defined]  # the slot's own descriptor
+
+
+def closed_error(label: str) -> ReaderClosedError:
+    return ReaderClosedError("read after its reader was closed: read or save the tensors of a reader before "
+                             "closing it (inside its `with` block)", file=label)
+
+
 class FileView(FileSpan):
     """A file span that is also the loader of the tensor stored there (`LazyTensor.loader`, `.span`).
 
     One object per stored tensor rather than a span plus a loader: a 100k-tensor model keeps
     100k of these. Equal to another FileView over the same bytes, as spans compare.
+
+    `fd` is checked against the source's descriptor on every use: once the reader is closed its
+    number may belong to another file, and a kernel copy from it would copy that file's bytes.
     """
 
     __slots__ = ("source",)
     source: ByteSource
+
+    @property  # type: ignore[override]
+    def fd(self) -> int:
+        fd: int = _span_fd.__get__(self)
+        if getattr(self.source, "fd", fd) != fd:
+            raise closed_error(self.source.label)
+        return fd
 
     def __call__(self) -> memoryview:
         return self.source.view(self.offset, self.length)
@@ -45,12 +63,17 @@ class FileView(FileSpan):
 
 def file_view(source: ByteSource, fd: int, offset: int, length: int) -> FileView:
     """A FileView of `length` bytes at `offset` in `source`, whose descriptor is `fd`."""
-    view = FileView(fd, offset, length)
+    view = object.__new__(FileView)
+    _span_fd.__set__(view, fd)
+    _set_offset(view, offset)
+    _set_length(view, length)
     _set_source(view, source)
     return view
 
 
-_set_source = FileView.source.__set__  # type: ignore[attr-defined]  # frozen: plain assignment raises
+# frozen: plain assignment raises
+_set_source = FileView.source.__set__  # type: ignore[attr-defined]
+_set_offset, _set_length = FileSpan.offset.__set__, FileSpan.length.__set__  # type: ignore[attr-defined]
 
 
 class ByteSource(ABC):
@@ -116,6 +139,8 @@ class FileSource(ByteSource):
         self.mode = st.st_mode
 
     def view(self, offset: int, length: int) -> memoryview:
+        if self.fd < 0:  # mmap would map anonymous zeros for descriptor -1
+            raise closed_error(self.label)
         self.check_range(offset, length, "view")
         if length == 0:
             return memoryview(b"")
@@ -130,6 +155,8 @@ class FileSource(ByteSource):
         return memoryview(mm)[offset - start : offset - start + length]
 
     def read(self, offset: int, length: int, what: str = "read") -> bytes:
+        if self.fd < 0:
+            raise closed_error(self.label)
         self.check_range(offset, length, what)
         data = os.pread(self.fd, length, offset)
         if len(data) != length:  # the file shrank under us
@@ -137,6 +164,8 @@ class FileSource(ByteSource):
         return data
 
     def span(self, offset: int, length: int) -> FileSpan | None:
+        if self.fd < 0:
+            raise closed_error(self.label)
         return FileSpan(self.fd, offset, length)
 
     def close(self) -> None:
@@ -152,10 +181,16 @@ class MemorySource(ByteSource):
         self._data = memoryview(data).cast("B")
         self.label = label
         self.size = len(self._data)
+        self.closed = False
 
     def view(self, offset: int, length: int) -> memoryview:
+        if self.closed:  # as a file's: what a closed reader listed is not read
+            raise closed_error(self.label)
         self.check_range(offset, length, "view")
         return self._data[offset : offset + length].toreadonly()
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _is_regular(mode: int) -> bool:

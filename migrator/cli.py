@@ -50,12 +50,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    "scalars.\nReads headers only. Names from the file are shown literally, unprintable "
                    "characters escaped (\\x1b); --json keeps the exact strings.",
                    "  migrate inspect model.safetensors --limit 20\n"
-                   "  migrate inspect ckpt.pt --top-level-key state_dict --json")
+                   "  migrate inspect ckpt.pt --top-level-key state_dict --json\n"
+                   "  migrate inspect model.bpk --stats")
     ins.add_argument("file", help="a .bpk, .safetensors or PyTorch file")
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     ins.add_argument("--format", default="auto", help="auto | burnpack | safetensors | pytorch")
     ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path)")
     ins.add_argument("--limit", type=int, default=None, help="show at most N tensors in the table")
+    ins.add_argument("--stats", action="store_true", help="read every tensor (streamed): min, max, mean, std, "
+                     "mean |x|, zeros, NaN/Inf; flags all-zero, all-equal, NaN/Inf tensors")
 
     conv = _command(sub, "convert", "convert a file to another format (format from each path)",
                     "Convert SRC to DST in one step (a one-off recipe): formats from the paths' extensions, "
@@ -95,7 +98,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
                       help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
                       "sharded DST (repeatable)")
-    conv.add_argument("--emit-recipe", action="store_true", help="print the equivalent recipe as YAML; write nothing")
+    conv.add_argument("--emit-recipe", action="store_true",
+                      help="print the equivalent recipe as YAML and convert nothing; with -o FILE, convert and "
+                      "write the recipe of what ran to FILE")
+    conv.add_argument("-o", "--recipe-output", metavar="FILE",
+                      help="with --emit-recipe: the recipe file (written atomically after the output; refused if it "
+                      "exists, unless --overwrite), its paths relative to FILE's folder")
     conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -144,6 +152,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     val.add_argument("--target", metavar="PATH", help="(one recipe only) write PATH instead of "
                     "the recipe's target.path (relative to the current folder)")
 
+    from .diff_cli import add_parser as add_diff
+
+    add_diff(sub, _command)
+
     sch = _command(sub, "schema", "print the recipe JSON Schema",
                    "Print the recipe JSON Schema (for editors: yaml-language-server, VS Code).",
                    "  migrate schema -o recipe.schema.json\n"
@@ -186,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inspect(args)
         if args.command == "convert":
             return _convert(args, commands["convert"])
+        if args.command == "diff":
+            from .diff_cli import run as diff
+
+            return diff(args, commands["diff"], _remap_problem)
         if args.command in ("run", "plan", "validate", "schema"):
             recipes = getattr(args, "recipes", None) or []
             if len(recipes) > 1 and (getattr(args, "source", None) or getattr(args, "target", None)):
@@ -228,7 +244,12 @@ def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
 def _inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_file
 
-    info = inspect_file(args.file, format=args.format, **_reader_options(args))
+    if args.stats:
+        from .stats import inspect_with_stats
+
+        info = inspect_with_stats(args.file, format=args.format, **_reader_options(args))
+    else:
+        info = inspect_file(args.file, format=args.format, **_reader_options(args))
     if args.json:
         _write_inspect_json(info, sys.stdout)
         return EXIT_OK
@@ -265,6 +286,11 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     sharded = any("file" in t for t in tensors)
     header = (["name", "dtype", "shape", "size", "offset"] + (["param_id"] if with_ids else [])
               + (["shard"] if sharded else []))
+    with_stats = bool(tensors) and "stats" in tensors[0]
+    if with_stats:
+        from .stats import STATS_HEADER, stats_cells
+
+        header += STATS_HEADER
     shown = tensors if limit is None else tensors[:limit]
     sizes: dict[int, str] = {}
     rows = []
@@ -276,14 +302,21 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
             row.append(str(t.get("param_id", "")))
         if sharded:
             row.append(os.path.basename(t.get("file", "")))
+        if with_stats:
+            row += stats_cells(t)
         rows.append(row)
     title = f"{info['path']} ({info['format']}, {human_bytes(info['file_size'])})"
-    print_table(title, header, rows, right=(3, 4, 5) if with_ids else (3, 4))
+    right = (3, 4, 5) if with_ids else (3, 4)
+    if with_stats:  # the numeric stats columns, not the flags
+        right += tuple(range(len(header) - len(STATS_HEADER), len(header) - 1))
+    print_table(title, header, rows, right=right)
     out = sys.stdout
     if len(shown) < len(tensors):
         out.write(f"... and {count(len(tensors) - len(shown), 'more tensor')} (use --limit or --json)\n")
     totals = info["totals"]
     out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
+    for flag, n in totals.get("flagged", {}).items():
+        out.write(f"flagged {flag.replace('_', ' ')}: {count(n, 'tensor')}\n")
     _print_shards(info)
     for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
         print(f"warning: {warning}", file=sys.stderr)
@@ -355,6 +388,28 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     return os.path.join(dst, Path(args.src).stem + writer_class(args.target_format).default_extension)
 
 
+def _recipe_output_check(args: argparse.Namespace) -> None:
+    """`-o FILE` is refused before converting what the write after it would refuse."""
+    from pathlib import Path
+
+    from .atomic import check_target
+
+    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=[args.dst])
+
+
+def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
+    """Write the recipe of what ran to `-o FILE` (atomically, after the output); the problem, if any."""
+    from .atomic import write_file
+    from .errors import MigratorError
+
+    try:
+        write_file(args.recipe_output, text.encode(), overwrite=args.overwrite, protect=[args.src],
+                   outputs=[args.dst], fsync=not args.no_fsync, make_folders=True)
+    except MigratorError as e:
+        return str(e)
+    return None
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .convert import ConvertUsageError, build_recipe, convert, emit_recipe
 
@@ -370,6 +425,8 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         problem = _remap_problem(*item.split("=", 1))
         if problem:
             parser.error(f"--remap '{item}': {problem}")
+    if args.recipe_output and not args.emit_recipe:
+        parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
@@ -378,11 +435,19 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    recipe_text = None
     try:
-        if args.emit_recipe:
-            sys.stdout.write(emit_recipe(build_recipe(args.src, args.dst, **options)))
-            return EXIT_OK
-        result = convert(args.src, args.dst, progress=False if args.no_progress else None, **options)
+        if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there
+            recipe_text = emit_recipe(build_recipe(args.src, args.dst, **options), args.recipe_output)
+            if not args.recipe_output:
+                sys.stdout.write(recipe_text)
+                return EXIT_OK
+            _recipe_output_check(args)
+        import hashlib
+
+        sha = hashlib.sha256(recipe_text.encode()).hexdigest() if recipe_text else None
+        result = convert(args.src, args.dst, progress=False if args.no_progress else None, recipe_sha256=sha,
+                         **options)
     except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
         if args.json:
             _print_json_error({"kind": "UsageError", "message": str(e)})
@@ -391,8 +456,10 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
             print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
+    problem = _write_recipe(args, recipe_text) if recipe_text is not None else None
     if args.json:
-        json.dump(result.__dict__, sys.stdout, indent=2)
+        doc = result.__dict__ | ({"recipe": args.recipe_output} if recipe_text is not None and not problem else {})
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         from .display import count, escape, human_bytes
@@ -401,6 +468,15 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               f"{human_bytes(result.nbytes)} from {escape(result.source)} ({result.source_format})")
         for note in result.notes:
             print(f"  note: {escape(note, keep_newlines=True)}")
+        if recipe_text is not None and not problem:
+            print(f"wrote {escape(args.recipe_output)}, the recipe of this conversion (again: migrate run "
+                  f"{escape(args.recipe_output)} --overwrite)")
+    if problem:
+        from .display import escape
+
+        print(f"migrate: error: wrote {escape(result.target)}, but the recipe was not written: "
+              f"{escape(problem, keep_newlines=True)}", file=sys.stderr)
+        return EXIT_MIGRATION
     return EXIT_OK
 
 

@@ -183,11 +183,37 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
     return found.get(second or "", first) if isinstance(found, dict) else found
 
 
-def emit_recipe(recipe: Recipe) -> str:
+def emit_recipe(recipe: Recipe, out: str | os.PathLike[str] | None = None) -> str:
+    """The recipe as YAML to check in. With `out` (the file it will be written to), its paths are
+    made relative to that file's folder, as a recipe's paths are read; without, they stay as given
+    (relative to the current folder, where a recipe printed to stdout is usually saved)."""
     import yaml
 
-    header = "# yaml-language-server: $schema=schemas/recipe.schema.json\n"
-    return header + yaml.safe_dump(recipe.dump(), sort_keys=False, allow_unicode=True)
+    data = recipe.dump()
+    if out is not None:
+        folder = os.path.dirname(os.path.abspath(out))
+        data["source"]["path"] = _relative_to(data["source"]["path"], folder)
+        data["target"]["path"] = _relative_to(data["target"]["path"], folder)
+        if data["target"].get("template"):
+            data["target"]["template"] = _relative_to(data["target"]["template"], folder)
+    return schema_line() + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def _relative_to(path: str, folder: str) -> str:
+    """A command-line path (relative to the current folder) as seen from `folder`; a trailing '/'
+    (a folder target) is kept."""
+    rel = os.path.relpath(os.path.abspath(os.path.expanduser(path)), folder)
+    return rel + "/" if path.endswith(("/", os.sep)) and not rel.endswith("/") else rel
+
+
+def schema_line() -> str:
+    """The yaml-language-server line naming the recipe schema: the schema file of this installation
+    as an absolute file URL when it is there (a checkout or an editable install), else how to make one."""
+    schema = Path(__file__).resolve().parent.parent / "schemas" / "recipe.schema.json"
+    if schema.is_file():
+        return f"# yaml-language-server: $schema={schema.as_uri()}\n"
+    return ("# schema: run `migrate schema -o recipe.schema.json` and add the line\n"
+            "# yaml-language-server: $schema=recipe.schema.json\n")
 
 
 PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
@@ -197,9 +223,12 @@ indices, top-level key) goes through a recipe. `contiguous_indices` None/False i
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
-            **options: Any) -> ConvertResult:
-    """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options)."""
-    if all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
+            recipe_sha256: str | None = None, **options: Any) -> ConvertResult:
+    """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options).
+
+    `recipe_sha256`: the hash of the recipe this conversion is recorded as (`--emit-recipe -o`), put
+    in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes."""
+    if recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
         done = _plain_copy(src, dst, progress=progress, **options)
         if done is not None:
             return done
@@ -212,7 +241,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
         from .remote import check_folder_target
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
-    with build_plan(recipe, Path.cwd()) as plan:
+    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256) as plan:
         result = run_plan(plan, progress=progress)
         return _result(plan, result.target)
 

@@ -62,6 +62,10 @@ class TensorNotFoundError(MigratorError, KeyError):
         return Exception.__str__(self)
 
 
+class ReaderClosedError(MigratorError):
+    """A tensor's bytes were asked for after the reader that listed it was closed."""
+
+
 class TensorBytesSizeMismatchError(MigratorError):
     """A lazy tensor produced a different number of bytes than it declared."""
 

@@ -99,6 +99,12 @@ class Plan:
         self.close()
 
 
+class SourceKeyError(PlanError):
+    """`source.top_level_key` selects nothing (the message lists what there is, with a did-you-mean)."""
+
+    loc = ("source", "top_level_key")
+
+
 class _Matcher:
     """A filter criterion list: regexes searched anywhere, exact paths, imported predicates."""
 
@@ -134,10 +140,12 @@ def _enum_free(name: str) -> str:
 
 def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
                overwrite: bool | None = None, fsync: bool | None = None,
-               module_origins: Mapping[tuple[str, int], str] | None = None) -> Plan:
+               module_origins: Mapping[tuple[str, int], str] | None = None,
+               op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None) -> Plan:
     """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
 
-    `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line."""
+    `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line;
+    `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error."""
     src_path = resolve_path(base_dir, recipe.source.path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
@@ -156,12 +164,12 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     try:
         reader = open_file(src_path, recipe.source.format, **({} if key is None else {"top_level_key": key}))
     except TensorNotFoundError as e:  # in a recipe, a wrong top_level_key is a planning problem
-        raise PlanError(e.detail, file=e.file) from None
+        raise SourceKeyError(e.detail, file=e.file) from None
     readers: list[Reader] = [reader]
     try:
         return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
-                        overwrite=recipe.target.overwrite if overwrite is None else overwrite,
+                        op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync)
     except BaseException:
         for r in readers:
@@ -175,10 +183,11 @@ _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
-             fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None) -> Plan:
+             fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
+             op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
-    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins)
+    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -215,7 +224,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
 
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
-                  fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None
+                  fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
+                  op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None
                   ) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`."""
     is_pytorch = reader.format == "pytorch"
@@ -238,6 +248,18 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
                 kept.append(t)
                 kept_names.append(new)
 
+    # 2b. ops (migrator.ops): their outputs replace their inputs, which no later step sees
+    made: dict[int, tuple[LazyTensor, tuple[str, ...]]] | None = None
+    op_nodes: list[dict[str, Any]] = []
+    shapes_of: list[tuple[str, tuple[int, ...]]] | None = None
+    if recipe.ops:
+        from .ops import apply_ops
+
+        done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins)
+        kept, kept_names, made = done.tensors, done.names, done.made
+        op_nodes = [n.to_json() for n in done.nodes]
+        shapes_of = list(zip(kept_names, [t.shape for t in kept], strict=True))  # module types see the outputs
+
     # 3. adapters, with module types resolved from declarations and the source's own names
     errors: list[ReportError] = []
     adapter = resolver = None
@@ -246,10 +268,10 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         from .modules import ModuleResolver
 
         adapter = build_adapter(recipe.adapters)
-        resolver = ModuleResolver(recipe.modules, list(zip(current, [t.shape for t in tensors], strict=True)),
-                                  module_origins)
+        resolver = ModuleResolver(recipe.modules, shapes_of if shapes_of is not None else
+                                  list(zip(current, [t.shape for t in tensors], strict=True)), module_origins)
     del names, current
-    items = _adapted(kept, kept_names, ops, adapter, resolver, errors)
+    items = _adapted(kept, kept_names, ops, adapter, resolver, errors, made)
 
     # 4. template slots, or the source order when there is no template
     cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastPolicy) else None
@@ -269,7 +291,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         if recipe.dtype == "template":
             fatal.append("dtype: template needs target.template")
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
-                         errors=errors, sources=sources)
+                         errors=errors, sources=sources, ops=op_nodes)
     return entries, report
 
 
@@ -309,25 +331,32 @@ def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool,
 
 
 def _adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[str]], adapter: Any, resolver: Any,
-             errors: list[ReportError]) -> Iterator[_Item]:
+             errors: list[ReportError], made: dict[int, tuple[LazyTensor, Any]] | None = None) -> Iterator[_Item]:
     """Each kept tensor renamed, then adapted; a tensor whose adapter fails is reported in `errors` and
-    left out. Lazy, so a plan without a template never holds these tuples for all tensors at once."""
+    left out. Lazy, so a plan without a template never holds these tuples for all tensors at once.
+    `made`: op outputs (by id) -> the source tensor the report names and their ops so far."""
     if adapter is None or resolver is None:
         for t, new in zip(kept, kept_names, strict=True):
             pre = ops.get(t.name) if ops else None
-            yield t, t if new is t.name or new == t.name else t.renamed(new), () if pre is None else tuple(pre), None
+            src = t
+            if made and id(t) in made:
+                src, pre = made[id(t)]
+            yield src, t if new is t.name or new == t.name else t.renamed(new), () if pre is None else tuple(pre), None
         return
     resolve, adapt = resolver.resolve, adapter.adapt
     for t, new in zip(kept, kept_names, strict=True):
         base = t if new is t.name or new == t.name else t.renamed(new)
+        pre = ops.get(t.name) if ops else None
+        src = t
+        if made and id(t) in made:
+            src, pre = made[id(t)]
         try:
             module = resolve(new)
             result = adapt(base, module)
         except MigratorError as e:
-            errors.append(ReportError.adapter_error(new, e.detail, source=t.name))
+            errors.append(ReportError.adapter_error(new, e.detail, source=src.name))
             continue
-        pre = ops.get(t.name) if ops else None
-        yield t, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
+        yield src, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
 
 
 def _by_name(items: Iterable[_Item], fatal: list[str]) -> dict[str, _Item]:
@@ -379,13 +408,24 @@ def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pyt
     if skip_enum is None:
         skip_enum = is_pytorch
     enum_free = {_enum_free(n): n for n in by_name} if skip_enum else {}
-    used: set[str] = set()
-    for slot in template.tensors:
-        key = slot.name if slot.name in by_name else None
+
+    def lookup(name: str) -> str | None:
+        key = name if name in by_name else None
         if key is None and skip_enum:
-            key = enum_free.get(_enum_free(slot.name)) or (slot.name if slot.name in by_name else None)
+            key = enum_free.get(_enum_free(name))
         if key is None and adapter is not None:
-            key = _alternative(adapter, resolver, slot.name, by_name)
+            key = _alternative(adapter, resolver, name, by_name)
+        return key
+
+    from .template_match import AmbiguousMatch, match_slots
+
+    try:  # by name, or by position where the template's indices have gaps (see template_match)
+        keys = match_slots([t.name for t in template.tensors], lookup)
+    except AmbiguousMatch as e:
+        fatal.append(str(e))
+        keys = [None] * len(template.tensors)
+    used: set[str] = set()
+    for slot, key in zip(template.tensors, keys, strict=True):
         if key is None or key in used:
             missing.append((slot.name, ""))
             entries.append(PlanEntry(slot.name, None, slot, None, ("template value kept",), None, True))

@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from .recipe_ops import OpSpec
+
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
 AdapterName = Literal["identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"]
 
@@ -97,6 +99,12 @@ def _castable_names() -> list[str]:
     from .dtypes import FLOAT_DTYPES
 
     return [d.display for d in FLOAT_DTYPES if d.name in CASTABLE]
+
+
+def _castable_enum(schema: dict[str, Any]) -> None:
+    """A cast's dtype as an enum in the JSON Schema (computed when the schema is made, not at import;
+    the validator also takes other spellings such as 'f16' or 'torch.bfloat16')."""
+    schema["enum"] = _castable_names()
 
 
 def _check_float_dtype(value: str, what: str) -> str:
@@ -231,8 +239,8 @@ class RemapRule(_Strict):
 class Criterion(_Strict):
     """Exactly one of: a regex (searched in the name), an exact path, or a Python predicate."""
 
-    regex: Regex | None = None
-    path: str | None = None
+    regex: Regex | None = Field(None, description="Regex searched anywhere in the (remapped) tensor name.")
+    path: str | None = Field(None, description="An exact (remapped) tensor name.")
     predicate: str | None = Field(None, description="'package.module:function', called with the tensor name.")
 
     @field_validator("predicate")
@@ -262,8 +270,9 @@ class Criterion(_Strict):
 class FilterSpec(_Strict):
     """Which tensors take part. `include` entries are OR-ed (absent = everything); `exclude` wins."""
 
-    include: list[Criterion] | None = None
-    exclude: list[Criterion] = Field(default_factory=list)
+    include: list[Criterion] | None = Field(
+        None, description="Keep only tensors matching one of these (OR); absent keeps every tensor.")
+    exclude: list[Criterion] = Field(default_factory=list, description="Drop tensors matching any of these.")
 
 
 class HalfPrecisionOptions(_Strict):
@@ -283,11 +292,12 @@ class HalfPrecisionOptions(_Strict):
 
 
 class HalfPrecisionAdapter(_Strict):
-    half_precision: HalfPrecisionOptions
+    half_precision: HalfPrecisionOptions = Field(
+        description="F32 <-> F16 for Burn's default module types, with types added (with) or removed (without).")
 
 
 class FloatCastOptions(_Strict):
-    to: str = Field(description="Float dtype: F64, F32, Flex32, F16, BF16.")
+    to: str = Field(description="Float dtype: F64, F32, Flex32, F16, BF16.", json_schema_extra=_castable_enum)
 
     @field_validator("to")
     @classmethod
@@ -296,7 +306,7 @@ class FloatCastOptions(_Strict):
 
 
 class FloatCastAdapter(_Strict):
-    float_cast: FloatCastOptions
+    float_cast: FloatCastOptions = Field(description="Cast every float tensor to one dtype (Burn's float_cast).")
 
 
 AdapterSpec = Annotated[
@@ -308,7 +318,8 @@ AdapterSpec = Annotated[
 
 
 class CastPolicy(_Strict):
-    cast: str = Field(description="Cast every float tensor to this dtype (ints and bools pass through).")
+    cast: str = Field(description="Cast every float tensor to this dtype (ints and bools pass through).",
+                      json_schema_extra=_castable_enum)
 
     @field_validator("cast")
     @classmethod
@@ -325,10 +336,10 @@ DTypePolicy = Annotated[
 class ScalarValue(_Strict):
     """A typed burnpack scalar: exactly one of int, uint, float, bool."""
 
-    int_: Annotated[int | None, _Number] = Field(None, alias="int")
-    uint: Annotated[int | None, _Number] = None
-    float_: Annotated[float | None, _Number] = Field(None, alias="float")
-    bool_: bool | None = Field(None, alias="bool")
+    int_: Annotated[int | None, _Number] = Field(None, alias="int", description="A signed 64-bit integer.")
+    uint: Annotated[int | None, _Number] = Field(None, description="An unsigned 64-bit integer.")
+    float_: Annotated[float | None, _Number] = Field(None, alias="float", description="A 64-bit float.")
+    bool_: bool | None = Field(None, alias="bool", description="A boolean.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ScalarValue:
@@ -375,11 +386,11 @@ class TargetSpec(_Strict):
     format: FormatName = Field("auto", description="From the extension when auto.")
     template: _Path | None = Field(
         None, description="A file holding exactly the tensors the output must have (Burn's load-into-a-model).")
-    template_format: FormatName = "auto"
+    template_format: FormatName = Field("auto", description="The template's format; detected when auto.")
     storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
     template_storage_options: _StorageOptions = Field(
         default_factory=dict, description="storage_options for a template URL (the target's by default).")
-    overwrite: bool = False
+    overwrite: bool = Field(False, description="Replace an existing target (otherwise the run refuses it).")
     fsync: bool = Field(
         True, description="Flush the output to disk before publishing it. false is faster (like cp); the file is "
         "still never partial after a crash of migrator, but a power loss soon after may lose it.")
@@ -432,16 +443,21 @@ class TargetSpec(_Strict):
 class Recipe(_Strict):
     """A migration, version 1."""
 
-    version: Annotated[Literal[1], BeforeValidator(_no_bool)]
-    description: str | None = None
-    source: SourceSpec
-    remap: list[RemapRule] = Field(default_factory=list)
-    filter: FilterSpec = Field(default_factory=FilterSpec)
+    version: Annotated[Literal[1], BeforeValidator(_no_bool)] = Field(description="Recipe format version: 1.")
+    description: str | None = Field(None, description="What the recipe is for (free text).")
+    source: SourceSpec = Field(description="The file (or model folder, index, glob of shards) tensors come from.")
+    remap: list[RemapRule] = Field(default_factory=list, description="Regex renames, applied in order.")
+    filter: FilterSpec = Field(default_factory=FilterSpec, description="Which tensors take part.")
     modules: dict[str, list[Regex]] = Field(
         default_factory=dict, description="Module type -> regexes of module paths (tensor name minus last segment).")
-    adapters: list[AdapterSpec] = Field(default_factory=list)
-    dtype: DTypePolicy = "keep"
-    target: TargetSpec
+    ops: list[OpSpec] = Field(
+        default_factory=list, description="Tensor ops (split, concat, stack, unstack, reshape, permute, slice, "
+        "rope_permute), in order, on the names after remap and filter, before adapters.")
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list, description="Layout adapters, chained in order: pytorch_to_burn, burn_to_pytorch, "
+        "half_precision, float_cast, identity.")
+    dtype: DTypePolicy = Field("keep", description="keep the source dtypes, take the template's, or {cast: DTYPE}.")
+    target: TargetSpec = Field(description="The file (or folder of shards) to write.")
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")
     validate_shapes: bool = Field(True, alias="validate", description="Shape mismatches are errors.")
 

@@ -128,6 +128,8 @@ class LoadedRecipe:
     warnings: tuple[RecipeIssue, ...] = field(default=())
     # (type, index) of each `modules:` regex -> 'recipe.yaml:LINE:COL', for errors found when planning
     module_origins: dict[tuple[str, int], str] = field(default_factory=dict)
+    # (op index, key or '') -> (file, line, col) of each `ops:` entry and its keys, for op errors found when planning
+    op_origins: dict[tuple[int, str], tuple[str, int, int]] = field(default_factory=dict)
 
     def resolve(self, path: str | os.PathLike[str]) -> Path:
         """A recipe path made absolute: `~` expanded, relative ones taken from the recipe's folder."""
@@ -207,7 +209,8 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
         issues.extend(_path_issues(loaded, shown, root, keys))
     if issues or loaded is None:
         raise RecipeError(_sorted_unique(issues))
-    return dataclasses.replace(loaded, module_origins=_module_origins(loaded.recipe, shown, root, keys))
+    return dataclasses.replace(loaded, module_origins=_module_origins(loaded.recipe, shown, root, keys),
+                               op_origins=_op_origins(loaded.recipe, shown, root, keys))
 
 
 def _decode(raw: bytes, shown: str) -> str:
@@ -1077,3 +1080,37 @@ def _module_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[in
                 issue = mapper._render(_Issue((), node, ""))
                 out[(type_name, i)] = f"{issue.file}:{issue.line}:{issue.col}"
     return out
+
+
+def _op_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, Any]
+                ) -> dict[tuple[int, str], tuple[str, int, int]]:
+    """Where each `ops:` entry (key '') and each of its keys is written: an op's shape errors come from the plan."""
+    from .recipe_ops import op_kind_and_spec
+
+    mapper = _Mapper(shown, root, keys)
+    out: dict[tuple[int, str], tuple[str, int, int]] = {}
+    for i, op in enumerate(recipe.ops):
+        kind, spec = op_kind_and_spec(op)
+        for key in ("", *(f.alias or name for name, f in type(spec).model_fields.items())):
+            node, key_node, found = mapper._locate(("ops", i, kind, key) if key else ("ops", i))
+            if found:  # at the key: what the message is about (a flow-style value's mark is its ':')
+                issue = mapper._render(_Issue((), key_node or node, ""))
+                out[(i, key)] = (issue.file, issue.line, issue.col)
+    return out
+
+
+def locate(loaded: LoadedRecipe, data: tuple[Any, ...], shown: str | None = None) -> str | None:
+    """'recipe.yaml:LINE:COL' of the value at `data` (e.g. ("source", "top_level_key")), for an error
+    found after loading (when planning) that is about one recipe value; None when it is not written.
+    `shown`: the recipe's path as the user gave it (default: the loaded path)."""
+    shown = shown or str(loaded.path)
+    try:
+        root, _, keys, _ = _parse_yaml(loaded.text, shown)
+    except RecipeError:
+        return None
+    mapper = _Mapper(shown, root, keys)
+    node, _, found = mapper._locate(data)
+    if not found:
+        return None
+    issue = mapper._render(_Issue((), node, ""))
+    return f"{issue.file}:{issue.line}:{issue.col}"

@@ -167,6 +167,8 @@ class ApplyReport:
     unused: list[str] = field(default_factory=list)
     errors: list[ReportError] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    """The recipe's op nodes (`migrator.ops.OpNode.to_json`: op, index, at, inputs, outputs), in order."""
     target: str | None = None
     status: str | None = None
     written: bool | None = None
@@ -194,8 +196,9 @@ class ApplyReport:
         """The "did you mean" hint for a missing path, from this report's unused names."""
         return did_you_mean(missing_path, sorted(self.unused))
 
-    def display(self) -> str:
-        """Burn's multi-line summary (spec §5.7), without a trailing newline."""
+    def display(self, ops_limit: int | None = _LIST_LIMIT) -> str:
+        """Burn's multi-line summary (spec §5.7), without a trailing newline; op nodes after the first
+        `ops_limit` are counted, not listed (None: all, as `migrate plan` shows them)."""
         skipped = sorted(self.skipped)
         missing = sorted(self.missing)
         unused = sorted(self.unused)
@@ -227,6 +230,12 @@ class ApplyReport:
             lines += [f"│    • {escape(path)}" for path in unused[:_LIST_LIMIT]]
             if len(unused) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(unused) - _LIST_LIMIT} more")
+        if self.ops:
+            lines += ["│", f"├─ Ops ({_count(len(self.ops), 'node')})", "│"]
+            shown = self.ops if ops_limit is None else self.ops[:ops_limit]
+            lines += [f"│    • {escape(_op_text(n))}" for n in shown]
+            if len(self.ops) > len(shown):
+                lines.append(f"│    ... and {len(self.ops) - len(shown)} more")
         if self.errors:
             lines += ["│", "├─ Errors", "│"]
             lines += [f"│  ⚠️  {escape(error_display(e), keep_newlines=True)}" for e in self.errors[:_LIST_LIMIT]]
@@ -255,6 +264,8 @@ class ApplyReport:
         }
         if self.sources:
             data["tensors"] = [{"source": s, "target": t} for s, t in zip(self.sources, self.applied, strict=True)]
+        if self.ops:
+            data["ops"] = [dict(n) for n in self.ops]
         for key in _RUN_KEYS:
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
@@ -295,6 +306,7 @@ class ApplyReport:
             unused=[str(p) for p in data["unused"]],
             errors=[ReportError.from_json(e) for e in data["errors"]],
             sources=sources,
+            ops=[_op_entry(n) for n in data.get("ops", [])],
             target=None if target is None else str(target),
             status=status,
             written=written,
@@ -302,7 +314,21 @@ class ApplyReport:
 
 
 _RUN_KEYS = ("status", "target", "written")
-_OPTIONAL_KEYS = frozenset({"tensors", *_RUN_KEYS})
+_OPTIONAL_KEYS = frozenset({"tensors", "ops", *_RUN_KEYS})
+
+
+def _op_text(node: Mapping[str, Any]) -> str:
+    """`split ops[0] (recipe.yaml:5:5): a -> b, c`."""
+    at = f" ({node['at']})" if node.get("at") else ""
+    return (f"{node['op']} ops[{node['index']}]{at}: {', '.join(node['inputs'])} -> "
+            f"{', '.join(node['outputs'])}")
+
+
+def _op_entry(data: Any) -> dict[str, Any]:
+    if not isinstance(data, Mapping) or not {"op", "index", "inputs", "outputs"} <= set(data):
+        raise ValueError(f"bad ops entry {data!r}")
+    return {"op": str(data["op"]), "index": int(data["index"]), "at": str(data.get("at", "")),
+            "inputs": [str(x) for x in data["inputs"]], "outputs": [str(x) for x in data["outputs"]]}
 
 
 def _enum_advisory(count: int) -> list[str]:

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
+from . import crashpoints
 from .errors import TensorBytesSizeMismatchError
 from .tensor import LazyTensor
 
@@ -46,11 +47,11 @@ def write_tensor(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = None)
     small = tensor.nbytes <= SMALL_READ
     if span is not None and small and tensor.nbytes:
         write_all(sink, read_span(tensor))
-        return
-    start = None if small else _position(sink)
-    if tensor.nbytes and span is not None and _copy_in_kernel(sink, tensor, start):
-        return
-    _write_pieces(sink, tensor, ahead, None, start)
+    else:
+        start = None if small else _position(sink)
+        if not (tensor.nbytes and span is not None and _copy_in_kernel(sink, tensor, start)):
+            _write_pieces(sink, tensor, ahead, None, start)
+    crashpoints.tensor_written()
 
 
 def write_computed(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = None,
@@ -63,6 +64,7 @@ def write_computed(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None = Non
     an in-memory sink, go through the sink.
     """
     _write_pieces(sink, tensor, ahead, each, None if tensor.nbytes <= SMALL_READ else _position(sink))
+    crashpoints.tensor_written()
 
 
 def _write_pieces(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .bytesource import ByteSource, FileSource, FileSpan, FileView, file_view
 from .dtypes import DType
-from .errors import MigratorError, TensorBytesSizeMismatchError, UnsupportedDTypeError
+from .errors import MigratorError, ReaderClosedError, TensorBytesSizeMismatchError, UnsupportedDTypeError
 
 if TYPE_CHECKING:  # imported on first use: a pass-through copy never needs numpy
     import numpy as np
@@ -69,7 +69,10 @@ class LazyTensor:
 
     def data(self) -> memoryview:
         """The tensor's bytes, checked against the declared length."""
-        buf = memoryview(self.loader()).cast("B")
+        try:
+            buf = memoryview(self.loader()).cast("B")
+        except ReaderClosedError as e:  # name the tensor too
+            raise ReaderClosedError(e.detail, file=e.file, tensor=self.name) from None
         if len(buf) != self.nbytes:
             raise TensorBytesSizeMismatchError(
                 f"produced {len(buf)} bytes but declares {self.nbytes}", file=self.origin, tensor=self.name
@@ -143,14 +146,23 @@ def stored(name: str, dtype: DType, shape: tuple[int, ...], source: ByteSource, 
     )
 
 
-def from_numpy(name: str, array: np.ndarray, *, dtype: DType | None = None,
+def from_numpy(name: str, array: Any, *, dtype: DType | None = None,
                param_id: int | None = None) -> LazyTensor:
-    """Wrap an in-memory array (made C-contiguous little-endian; bytes copied only if needed)."""
+    """Wrap an in-memory array (made C-contiguous little-endian; bytes copied only if needed).
+
+    `array`: a numpy array, a torch tensor (bf16 included; torch is not imported for it) or
+    anything with `__array__`, `__dlpack__` or `.numpy()` (see `migrator.arrays`).
+    """
     import numpy as np
 
     from . import dtypes
+    from .arrays import as_array
 
-    dt = dtype or dtypes.from_numpy(array.dtype)
+    array = as_array(array, name)
+    try:
+        dt = dtype or dtypes.from_numpy(array.dtype)
+    except MigratorError as e:
+        raise type(e)(e.detail, tensor=name) from None
     arr = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes 0-d arrays 1-d
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
@@ -193,7 +205,8 @@ def stored_many(source: ByteSource, names: Sequence[str], dtypes_: Sequence[DTyp
         if not _SLOTTED:
             views = list(map(file_view, repeat(source), repeat(fd), offsets, lengths))
             return list(map(LazyTensor, names, dtypes_, shapes, lengths, views, views, pids, label))
-        views = _fill(FileView, n, fd=repeat(fd), offset=offsets, length=lengths, source=repeat(source))
+        views = _fill(FileView, n, offset=offsets, length=lengths, source=repeat(source))
+        deque(map(FileSpan.fd.__set__, views, repeat(fd)), maxlen=0)  # type: ignore[attr-defined]  # the slot, not FileView.fd
         return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views,
                      span=views, param_id=pids, origin=label, chunks=repeat(None))
     spans: Iterable[FileSpan | None] = repeat(None) if span is ByteSource.span else map(source.span, offsets, lengths)

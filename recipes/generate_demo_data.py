@@ -10,6 +10,8 @@
   config.json (what `save_pretrained(max_shard_size="40KB")` writes), for the sharded demo recipe.
 - classifier-init.bpk: a freshly initialised Burn-side classifier (encoder + head) with param_ids:
   the template the encoder-surgery recipe fills.
+- gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt: the `ops:` recipes'
+  inputs (recipes/ops_demo.py).
 """
 
 from __future__ import annotations
@@ -109,7 +111,11 @@ def main(out_dir: str = "demo-out") -> None:
     save([from_numpy(k, v) for k, v in mlp().items()], out / "mlp.pt", overwrite=True)
     save(classifier_template(), out / "classifier-init.bpk", overwrite=True,
          metadata={"format": "burnpack", "producer": "burn", "version": "0.22.0-pre.2"})
-    print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, classifier-init.bpk in {out}/")
+    import ops_demo  # beside this script: the checkpoints of the ops: recipes
+
+    ops_demo.write(out)
+    print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, classifier-init.bpk, "
+          f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt in {out}/")
 
 
 if __name__ == "__main__":

@@ -446,7 +446,7 @@ def _read(path: str) -> list[LazyTensor]:
     from migrator.formats import open_file
 
     reader = open_file(fixture_file("pytorch", path))
-    return list(reader)
+    return list(reader.values())
 
 
 def test_fixture_parity_with_burn_names_and_shapes() -> None:

@@ -52,6 +52,71 @@ filter:
 modules:
   Linear:
     - '\.(query|key|value)$'
+ops:
+  - split:
+      from: 'a\.(\d+)'
+      dim: 1
+      sizes:
+        - 2
+        - 2
+      to:
+        - 'b.$1'
+        - 'c.$1'
+      optional: true
+  - split:
+      from: 'd\.(\d+)'
+      parts: 2
+      to: 'd.$1.$i'
+      optional: true
+  - concat:
+      from:
+        - 'e\.(\d+)'
+        - 'f.$1'
+      dim: 0
+      to: 'g.$1'
+      optional: true
+  - stack:
+      from: 'h\.(\d+)\.(\d+)'
+      over: 2
+      dim: 0
+      to: 'h.$1'
+      optional: true
+  - unstack:
+      from: 'i\.(\d+)'
+      dim: 0
+      to: 'i.$1.$i'
+      optional: true
+  - reshape:
+      from: 'j'
+      shape:
+        - -1
+        - 4
+      to: 'j2'
+      optional: true
+  - permute:
+      from: 'k'
+      dims:
+        - 1
+        - 0
+      to: 'k2'
+      optional: true
+  - slice:
+      from: 'l'
+      dim: 0
+      start: 0
+      stop: 4
+      to: 'l2'
+      optional: true
+  - rope_permute:
+      from: 'm'
+      heads: 2
+      inverse: true
+      to: 'm2'
+      optional: true
+  - concat:
+      from: 'n\.(\d+)'
+      over: 1
+      to: 'n'
 adapters:
   - pytorch_to_burn
   - half_precision:
@@ -145,7 +210,22 @@ def wrong_values(value: Node) -> list[str]:
     return ["{x: 1}", "[1, 2]"]
 
 
-SWEEP = [(path, key, value, wrong) for path, key, value in ENTRIES for wrong in wrong_values(value)]
+def _op_sample(entries: list[tuple[Path_, Node | None, Node]]) -> list[tuple[Path_, Node | None, Node]]:
+    """The ops: entries repeat one key (optional, from, to, dim) across ten ops of the same base
+    type: each key (and node kind) under ops is swept at its first place only, to keep the suite fast."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for path, key, value in entries:
+        if path[:1] == ("ops",) and len(path) >= 4:
+            sig = (*path[3:], type(value).__name__)
+            if sig in seen:
+                continue
+            seen.add(sig)
+        out.append((path, key, value))
+    return out
+
+
+SWEEP = [(path, key, value, wrong) for path, key, value in _op_sample(ENTRIES) for wrong in wrong_values(value)]
 
 
 def test_the_base_recipe_is_valid(tmp_path: Path) -> None:
@@ -254,7 +334,7 @@ def test_misspelt_keys_get_a_suggestion(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 # invalid regexes, in every place a regex goes
 
-REGEX_PLACES = [p for p, _, v in ENTRIES if isinstance(v, ScalarNode) and (
+REGEX_PLACES = [p for p, _, v in _op_sample(ENTRIES) if isinstance(v, ScalarNode) and (
     p[-1] in ("from", "regex") or (len(p) == 3 and p[0] == "modules"))]
 BAD_REGEXES = ["(", "[z-a]", "*a", "a{2,1}", "(?P<n>a)(?P<n>b)", r"\p{L}", "a(?U)b", "[[:alpha:]&&[a-c]]",
                "(?<=a+)b", "\\"]
@@ -262,7 +342,8 @@ BAD_REGEXES = ["(", "[z-a]", "*a", "a{2,1}", "(?P<n>a)(?P<n>b)", r"\p{L}", "a(?U
 
 def test_regex_places_are_all_found() -> None:
     assert {render(p) for p in REGEX_PLACES} == {"remap[0].from", "filter.include[0].regex",
-                                                 "filter.exclude[0].regex", "modules.Linear[0]"}
+                                                 "filter.exclude[0].regex", "modules.Linear[0]",
+                                                 "ops[0].split.from"}
 
 
 @pytest.mark.parametrize("pattern", BAD_REGEXES)

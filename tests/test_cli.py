@@ -200,8 +200,8 @@ def test_recipe_commands_freeze_their_plan_only_while_it_is_open(model: Path, tm
 
     seen: list[int] = []
     print_outcome = recipe_cli._print_outcome
-    monkeypatch.setattr(recipe_cli, "_print_outcome", lambda plan: (seen.append(gc.get_freeze_count()),
-                                                                     print_outcome(plan)))
+    monkeypatch.setattr(recipe_cli, "_print_outcome", lambda plan, **kw: (seen.append(gc.get_freeze_count()),
+                                                                           print_outcome(plan, **kw)))
     check_plan_target = execute.check_plan_target  # a refused run stops there, before the outcome
     monkeypatch.setattr(execute, "check_plan_target", lambda plan: (seen.append(gc.get_freeze_count()),
                                                                      check_plan_target(plan)))

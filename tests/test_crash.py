@@ -3,11 +3,12 @@
 A real recipe (SafeTensors -> burnpack with `dtype: {cast: F16}`, so the data is computed, not
 copied in the kernel) writes ~100 MB through `python -m migrator.cli run`:
 
-* SIGKILL with the scratch file part-written (the run is stopped with SIGSTOP at chosen points
-  and looked at before the kill): the target is the old file, the run's scratch file is the only
-  other file; SIGKILL at moments spread over whole runs: the target is the old file or byte for
-  byte the complete new one (the output is reproducible, so it is compared with a reference run);
-  the next run removes the scratch files the killed ones left;
+* SIGKILL at each stage of the write (the run stops itself with SIGSTOP at a named point of
+  migrator/crashpoints.py, is looked at, then killed): from the scratch file's creation through
+  part-written, fully written and synced, the target is the old file and the run's scratch file
+  the only other file; once published, the target is byte for byte the complete new one (the
+  output is reproducible, so it is compared with a reference run); the next run removes the
+  scratch files the killed ones left;
 * a full disk (a small tmpfs, when this process may mount one; RLIMIT_FSIZE otherwise and as
   well): a clear error, the target intact, no scratch file left;
 * a read-only target folder: a clear error naming the target, the target intact;
@@ -20,13 +21,11 @@ import contextlib
 import ctypes
 import filecmp
 import os
-import random
 import resource
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -36,7 +35,6 @@ import pytest
 from migrator import dtypes, from_numpy, open_file, save
 from migrator.atomic import SCRATCH_RE
 
-RANDOM_KILLS = 12
 ROWS, COLS, LAYERS = 1024, 4096, 12  # 12 x 16 MiB of F32 in, 12 x 8 MiB of F16 out (~100 MB written)
 PAGE = 4096
 SAMPLES = 48  # pages of the output compared, spread over the whole file
@@ -79,16 +77,13 @@ def scratch_files(folder: Path, target: str) -> list[str]:
     return [n for n in os.listdir(folder) if (m := SCRATCH_RE.match(n)) and m["target"] == target]
 
 
-def reference(workdir: Path, recipe: Path, target: Path, keep: Path) -> float:
-    """Run `recipe` to completion; keep its output under `keep` (a hard link); return the time taken."""
-    started = time.monotonic()
+def reference(recipe: Path, target: Path, keep: Path) -> None:
+    """Run `recipe` to completion; keep its output under `keep` (a hard link)."""
     code, err = finish(run_cli(recipe))
     assert code == 0, err
-    elapsed = time.monotonic() - started
     with contextlib.suppress(FileNotFoundError):
         keep.unlink()
     os.link(target, keep)
-    return elapsed
 
 
 class Progress:
@@ -117,46 +112,35 @@ class Progress:
             os.close(fd)
 
 
-def stop(proc: subprocess.Popen[str]) -> bool:
-    """SIGSTOP `proc` and wait until all its threads have stopped; False when it exited first."""
-    os.kill(proc.pid, signal.SIGSTOP)
-    _, status = os.waitpid(proc.pid, os.WUNTRACED)
-    if os.WIFSTOPPED(status):
-        return True
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    return False
+@contextlib.contextmanager
+def alarm(seconds: int) -> Iterator[None]:
+    """Fail instead of hanging when a run never reaches the point it should stop at."""
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"no stop or exit within {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
-def kill_part_written(recipe: Path, progress: Progress, at: float) -> tuple[int, float]:
-    """Start a run and SIGKILL it once its scratch file holds at least `at` of the output but not all.
+def kill_at(recipe: Path, point: str) -> int:
+    """Start a run that stops itself at `point` (migrator/crashpoints.py), wait until it has, SIGKILL it.
 
-    Every look is taken while the run is stopped, so the state seen is the state the kill leaves. A
-    run that gets past the window between two looks (~1 ms of its time: the whole write takes far
-    longer) is replaced by a new one. Returns the killed run's pid and the fraction it had written.
+    The wait is on the process's own state change (waitpid with WUNTRACED): whatever the machine's
+    load, the run is killed exactly there. Returns the killed run's pid.
     """
-    deadline = time.monotonic() + SAFETY_TIMEOUT
-    while time.monotonic() < deadline:
-        proc = run_cli(recipe)
-        scratch = recipe.parent / f"out.bpk.migrator-{proc.pid}-0.tmp"
-        seen = False
-        while time.monotonic() < deadline and stop(proc):
-            done = progress(scratch)
-            seen |= done is not None
-            if done is not None and done >= at:
-                proc.kill()
-                proc.communicate()
-                if done < 1:
-                    return proc.pid, done
-                break  # wrote everything between two looks: try again
-            os.kill(proc.pid, signal.SIGCONT)
-            time.sleep(0.001)
-        else:
-            if proc.returncode is None:  # the deadline passed
-                proc.kill()
-            code, err = finish(proc)
-            assert code in (0, -signal.SIGKILL), err
-            assert seen, f"the run finished, and no look saw its scratch file {scratch.name}"
-    pytest.fail(f"no run was caught with {at:.0%}-100% of its output written within {SAFETY_TIMEOUT} s")
+    proc = run_cli(recipe, env={**os.environ, "MIGRATOR_STOP_AT": point})
+    with alarm(SAFETY_TIMEOUT):
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    if not os.WIFSTOPPED(status):
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        pytest.fail(f"the run exited ({proc.returncode}) before reaching {point}: {proc.communicate()[1]}")
+    proc.kill()
+    proc.communicate()
+    return proc.pid
 
 
 def check_after_kill(folder: Path, target: Path, old: bytes, ref: Path, killed: list[int]) -> str:
@@ -173,6 +157,12 @@ def check_after_kill(folder: Path, target: Path, old: bytes, ref: Path, killed: 
     return "new"
 
 
+# Where a run is killed, and what the target must be then: the old file until the new one is published.
+BEFORE_PUBLISH = ("scratch-created", "tensor:1", f"tensor:{LAYERS // 3}", f"tensor:{2 * LAYERS // 3}",
+                  f"tensor:{LAYERS - 1}", "written", "synced")
+AFTER_PUBLISH = ("published", "done")
+
+
 @pytest.mark.slow
 def test_sigkill_of_migrate_run_leaves_the_old_target_or_the_new_one(workdir: Path) -> None:
     folder = workdir / "kill"
@@ -181,41 +171,34 @@ def test_sigkill_of_migrate_run_leaves_the_old_target_or_the_new_one(workdir: Pa
     recipe = folder / "recipe.yaml"
     recipe.write_text(recipe_text("out.bpk"))
     target, ref = folder / "out.bpk", workdir / "kill-reference.bpk"
-    duration = reference(workdir, recipe, target, ref)
+    reference(recipe, target, ref)
     with open_file(ref) as r:
         assert len(r) == LAYERS and {t.dtype for t in r.tensors} == {dtypes.F16}
         assert r.source.size > 100_000_000
     old = old_target(target)
     progress = Progress(ref)
-    # Killed with the scratch file part-written, at chosen points: the old target stays.
     killed: list[int] = []
-    part_written: list[float] = []
-    for at in (0.0, 0.3, 0.6, 0.9):
-        pid, done = kill_part_written(recipe, progress, at)
+    written: list[float] = []
+    for point in BEFORE_PUBLISH:
+        pid = kill_at(recipe, point)
         killed.append(pid)
-        part_written.append(done)
-        assert check_after_kill(folder, target, old, ref, killed) == "old", done
-        assert scratch_files(folder, "out.bpk") == [f"out.bpk.migrator-{pid}-0.tmp"], done
-    # Killed at moments spread over a whole run (start-up, writing, fsync, rename, clean-up), whatever
-    # they hit: the target is always whole, old or new.
-    rng = random.Random(2026)
-    outcomes: list[str] = []
-    for _ in range(RANDOM_KILLS):
-        proc = run_cli(recipe)
-        time.sleep(rng.uniform(0, duration * 1.05))
-        proc.kill()
-        proc.communicate()
-        killed.append(proc.pid)
-        outcomes.append(check_after_kill(folder, target, old, ref, killed))
-        if outcomes[-1] == "new":
-            old_target(target)  # back to the old file, so the next kill tests a replacement again
+        scratch = folder / f"out.bpk.migrator-{pid}-0.tmp"
+        done = progress(scratch)
+        assert done is not None, f"{point}: no scratch file"
+        written.append(done)
+        assert check_after_kill(folder, target, old, ref, killed) == "old", point
+        assert scratch_files(folder, "out.bpk") == [scratch.name], point
+    # The scratch file fills up point by point: each kill really hit a different stage of the write.
+    assert written[0] == 0 and 0 < written[2] < written[4] < 1 and written[-1] == 1, written
+    for point in AFTER_PUBLISH:
+        killed.append(kill_at(recipe, point))
+        assert check_after_kill(folder, target, old, ref, killed) == "new", point
+        old_target(target)  # back to the old file, so the next kill tests a replacement again
     # The next run removes what the killed ones left behind.
     code, err = finish(run_cli(recipe))
     assert code == 0, err
     assert sorted(os.listdir(folder)) == ["out.bpk", "recipe.yaml", "src.safetensors"]
     assert filecmp.cmp(target, ref, shallow=False)
-    print(f"killed with {', '.join(f'{d:.0%}' for d in part_written)} written; {RANDOM_KILLS} kills at random "
-          f"moments: {outcomes.count('old')} old, {outcomes.count('new')} new")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,7 +326,7 @@ def test_two_runs_writing_one_target(workdir: Path) -> None:
         recipe = folder / f"{tag}.yaml"
         recipe.write_text(recipe_text("out.bpk", tag=tag))
         ref = workdir / f"race-{tag}.bpk"
-        reference(workdir, recipe, target, ref)
+        reference(recipe, target, ref)
         recipes.append(recipe)
         refs.append(ref)
     assert not filecmp.cmp(refs[0], refs[1], shallow=False)  # the two outputs differ (metadata)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
-from migrator.errors import FormatError  # noqa: E402
+from migrator.errors import FormatError, ReaderClosedError  # noqa: E402
 from migrator.formats import open_file, save  # noqa: E402
 from migrator.formats.sharded import OPEN_SHARDS  # noqa: E402
 
@@ -315,8 +315,9 @@ def test_read_after_close_is_an_error(st_folder: Path) -> None:
     r = open_file(st_folder)
     t = r.tensors[0]
     r.close()
-    with pytest.raises(FormatError, match="read after the sharded source was closed"):
+    with pytest.raises(ReaderClosedError, match="its reader was closed") as e:
         t.data()
+    assert e.value.tensor == t.name
 
 
 def test_a_shard_being_read_is_never_the_target(tmp_path: Path, st_folder: Path) -> None:

@@ -33,7 +33,7 @@ ADAPTERS = ("valid adapters: identity, pytorch_to_burn, burn_to_pytorch, half_pr
 USE_FLOAT = "use one of F64, F32, Flex32, F16, BF16"
 TARGET_KEYS = ("path, format, template, template_format, storage_options, template_storage_options, overwrite, fsync, "
                "metadata, clear_metadata, scalars, shard, copy")
-TOP_KEYS = "version, description, source, remap, filter, modules, adapters, dtype, target, allow_partial, validate"
+TOP_KEYS = "version, description, source, remap, filter, modules, ops, adapters, dtype, target, allow_partial, validate"
 
 
 def write(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
@@ -268,7 +268,8 @@ def test_parse_recipe_in_memory(tmp_path: Path) -> None:
     assert loaded.sha256 == hashlib.sha256(text.encode()).hexdigest()
     with pytest.raises(RecipeError) as info:
         parse_recipe("version: 1\nsource: {path: a.pt}\n", name="emitted.yaml")
-    assert str(info.value) == "emitted.yaml:1:1: target: missing required key 'target'"
+    assert str(info.value) == ("emitted.yaml:1:1: target: missing required key 'target' "
+                               "(hint: the file (or folder of shards) to write)")
 
 
 def test_parse_recipe_defaults_to_the_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

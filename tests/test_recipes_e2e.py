@@ -17,7 +17,8 @@ from migrator.recipe_loader import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",
-         "hf-folder-reshard"]
+         "hf-folder-reshard", "gpt2-split-qkv", "gpt2-merge-qkv", "mixtral-stack-experts", "mixtral-unstack-experts",
+         "llama-meta-to-hf", "llama-hf-to-meta"]
 
 
 @pytest.fixture
@@ -135,7 +136,8 @@ def test_emit_recipe_reproduces_convert(workspace: Path) -> None:
     assert _cli("run", "emitted.yaml", cwd=workspace).returncode == 0
     a, b = open_file(workspace / "a.bpk"), open_file(workspace / "b.bpk")
     assert a.names() == b.names() == ["layers.0.weight", "layers.1.weight", "layers.2.weight"]
-    assert all(bytes(x.data()) == bytes(y.data()) and x.dtype.display == "F16" for x, y in zip(a, b, strict=True))
+    assert all(bytes(x.data()) == bytes(y.data()) and x.dtype.display == "F16"
+               for x, y in zip(a.values(), b.values(), strict=True))
 
 
 def test_validate_reports_each_recipe(workspace: Path) -> None:

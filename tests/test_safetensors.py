@@ -409,7 +409,7 @@ def test_fixture_multi_layer_matches_safe_open() -> None:
         assert r.metadata == (f.metadata() or {})
         for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
             assert_same_array(r[name].numpy(), f.get_tensor(name))
-        assert {t.name: t.shape for t in r}["fc1.weight"] == (16, 256)
+        assert {t.name: t.shape for t in r.values()}["fc1.weight"] == (16, 256)
         buf = io.BytesIO()
         SafetensorsWriter(r.tensors, metadata=r.metadata).write_to(buf)
     assert buf.getvalue() == path.read_bytes()  # re-writing a library file reproduces it
@@ -570,7 +570,7 @@ def test_reader_is_lazy_and_zero_copy(tmp_path: Path) -> None:
     path = tmp_path / "f.safetensors"
     path.write_bytes(data)
     with read_path(path) as fr:
-        spans = [t.span for t in fr]
+        spans = [t.span for t in fr.values()]
         assert all(s is not None for s in spans)
         assert [(s.offset, s.length) for s in spans if s] == [(8 + n, 80), (8 + n + 80, 4000)]
         arr = fr["a"].numpy()

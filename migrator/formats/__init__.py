@@ -106,12 +106,12 @@ def _open_sharded(src: str | os.PathLike[str], format: str, options: dict[str, A
 
 
 def save(
-    tensors: Sequence[LazyTensor],
+    tensors: Sequence[LazyTensor] | Mapping[str, Any],
     path: str | os.PathLike[str],
     *,
     format: str = "auto",
     metadata: Mapping[str, str] | None = None,
-    scalars: Mapping[str, Scalar] | None = None,
+    scalars: Mapping[str, Scalar | bool | int | float] | None = None,
     overwrite: bool = False,
     protect: Iterable[str | os.PathLike[str]] = (),
     progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
@@ -120,11 +120,17 @@ def save(
 ) -> str:
     """Write `tensors` to `path` atomically; returns the path written.
 
+    `tensors`: LazyTensors, or a mapping of name -> LazyTensor / numpy array / torch tensor (a
+    reader is one); `scalars`: `Scalar`s or plain bools, ints and floats (Burn's variant for each).
+
     `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
     `fsync=False` publishes without flushing to disk first (see `migrator.atomic`).
     `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
     (`format` auto means SafeTensors there; see `formats.sharded_writer`).
     """
+    from ..arrays import as_scalars, as_tensors
+
+    tensors, scalars = as_tensors(tensors), as_scalars(scalars)
     if max_shard_size is not None:
         from .sharded_writer import ShardedWriter
 
@@ -215,14 +221,16 @@ def _protected_files(protect: Iterable[Protected]) -> list[Protected]:
 
 
 def to_bytes(
-    tensors: Sequence[LazyTensor],
+    tensors: Sequence[LazyTensor] | Mapping[str, Any],
     format: str,
     *,
     metadata: Mapping[str, str] | None = None,
-    scalars: Mapping[str, Scalar] | None = None,
+    scalars: Mapping[str, Scalar | bool | int | float] | None = None,
 ) -> bytes:
-    """Write `tensors` into memory (Burn's `into_bytes`)."""
-    writer = writer_class(format)(tensors, metadata=metadata, scalars=scalars)
+    """Write `tensors` into memory (Burn's `into_bytes`); takes what `save` takes."""
+    from ..arrays import as_scalars, as_tensors
+
+    writer = writer_class(format)(as_tensors(tensors), metadata=metadata, scalars=as_scalars(scalars))
     buf = io.BytesIO()
     writer.write_to(buf)
     return buf.getvalue()

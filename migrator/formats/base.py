@@ -19,8 +19,17 @@ from ..similarity import did_you_mean
 from ..tensor import LazyTensor
 
 
-class Reader(ABC):
-    """A parsed file header: every tensor listed (data order), no tensor bytes read yet."""
+class Reader(Mapping[str, LazyTensor], ABC):
+    """A parsed file header: every tensor listed (data order), no tensor bytes read yet.
+
+    A read-only mapping of tensor name -> `LazyTensor`, in data order: `r["w"].numpy()`,
+    `r.keys()`, `r.items()`, `dict(r)`, `len(r)`, `"w" in r`; a missing name is a KeyError
+    (`TensorNotFoundError`) with a "did you mean". `r.tensors` is the list of tensors. Readers
+    compare and hash by identity, not by content.
+    """
+
+    __eq__ = object.__eq__  # Mapping's would compare contents (and make readers unhashable)
+    __hash__ = object.__hash__
 
     format: ClassVar[str]
     nested_keys: ClassVar[bool] = False  # True: the constructor takes `top_level_key` itself
@@ -44,8 +53,8 @@ class Reader(ABC):
     def __len__(self) -> int:
         return len(self.tensors)
 
-    def __iter__(self) -> Iterator[LazyTensor]:
-        return iter(self.tensors)
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
 
     def __contains__(self, name: object) -> bool:
         return name in self._index()
@@ -53,8 +62,13 @@ class Reader(ABC):
     def __getitem__(self, name: str) -> LazyTensor:
         try:
             return self._index()[name]
-        except KeyError:
-            raise TensorNotFoundError("no such tensor", file=self.label, tensor=name) from None
+        except (KeyError, TypeError):
+            hint = did_you_mean(name, self.names()) if isinstance(name, str) else None
+            raise TensorNotFoundError("no such tensor" + (f"; did you mean '{hint}'?" if hint else ""),
+                                      file=self.label, tensor=name if isinstance(name, str) else repr(name)) from None
+
+    def get(self, name: str, default: Any = None) -> Any:  # a miss is no error: no suggestion to compute
+        return self._index().get(name, default)
 
     def _index(self) -> dict[str, LazyTensor]:
         idx = self.__dict__.get("_by_name")

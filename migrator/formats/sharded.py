@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..bytesource import ByteSource, FileSource, FileSpan, FileView
+from ..bytesource import ByteSource, FileSource, FileSpan, FileView, closed_error
 from ..errors import FormatError, LimitExceededError, UnknownFormatError
 from ..scalars import Scalar
 from ..tensor import LazyTensor
@@ -121,7 +121,7 @@ class _Descriptors:
 
     def _fd(self, shard: _Shard) -> int:
         if self.closed:
-            raise FormatError("read after the sharded source was closed", file=str(shard.path))
+            raise closed_error(str(shard.path))
         fd = self.open.get(id(shard))
         if fd is not None:
             self.open.move_to_end(id(shard))

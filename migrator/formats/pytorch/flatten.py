@@ -45,7 +45,8 @@ class Flattener(TensorBuilder):
             if child is _MISSING:
                 where = ".".join(path) or "the top level"
                 raise TensorNotFoundError(
-                    f"key '{seg}' not found at {where}; available keys: {_list_keys(node)}", file=self.label)
+                    f"key '{seg}' not found at {where}; available keys: {_list_keys(node)}{_key_hint(node, seg)}",
+                    file=self.label)
             node = child
             path.append(seg)
             if isinstance(node, sp.Placeholder):
@@ -268,6 +269,17 @@ def _take_key(node: Any, segments: list[str]) -> tuple[str, list[str]]:
         if _child(node, seg) is not _MISSING:
             return seg, ([".".join(parts[i:])] if i < len(parts) else [])
     return parts[0], []
+
+
+def _key_hint(node: Any, seg: str) -> str:
+    """"; did you mean 'model'?" for a mistyped key (Burn's similarity rule, over this level's keys)."""
+    if not isinstance(node, dict) or len(seg) > 1000:
+        return ""
+    from ...similarity import did_you_mean
+
+    keys = [t for t in map(_key_text, list(node)[:10_000]) if t is not None and len(t) <= 1000]
+    guess = did_you_mean(seg, keys)
+    return f"; did you mean '{guess}'?" if guess else ""
 
 
 def _list_keys(node: Any) -> str:

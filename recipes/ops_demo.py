@@ -1,0 +1,100 @@
+"""The small checkpoints the `ops:` recipes run on (numpy + migrator only; deterministic).
+
+- gpt2-tiny.safetensors: Hugging Face GPT2LMHeadModel names and layouts (Conv1D weights [in, out],
+  the fused attn.c_attn of q, k and v), lm_head tied to wte and so not stored, as save_pretrained writes.
+- mixtral-tiny-experts.safetensors: a Mixtral-shaped model with one tensor per expert
+  (block_sparse_moe.experts.E.w1/w2/w3.weight), as the original Mixtral releases ship it.
+- llama-meta-tiny.pt: a Meta-style Llama checkpoint (consolidated.00.pth names: tok_embeddings,
+  layers.N.attention.wq/wk/wv/wo, feed_forward.w1..w3, attention_norm, ffn_norm, norm, output), q and k
+  in Meta's interleaved rotary layout, with grouped key/value heads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from migrator import from_numpy, save
+
+GPT2 = {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 64, "n_positions": 32}
+MIXTRAL = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 64,
+           "max_position_embeddings": 64}
+LLAMA = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128, "ffn_dim": 96}
+
+
+def _weights(seed: int):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    return w
+
+
+def gpt2_tiny(seed: int = 10) -> dict[str, np.ndarray]:
+    w = _weights(seed)
+    e, v, p = GPT2["n_embd"], GPT2["vocab_size"], GPT2["n_positions"]
+    t = {"transformer.wte.weight": w(v, e), "transformer.wpe.weight": w(p, e)}
+    for i in range(GPT2["n_layer"]):
+        h = f"transformer.h.{i}."
+        t |= {h + "ln_1.weight": 1 + w(e), h + "ln_1.bias": w(e),
+              h + "attn.c_attn.weight": w(e, 3 * e), h + "attn.c_attn.bias": w(3 * e),
+              h + "attn.c_proj.weight": w(e, e), h + "attn.c_proj.bias": w(e),
+              h + "ln_2.weight": 1 + w(e), h + "ln_2.bias": w(e),
+              h + "mlp.c_fc.weight": w(e, 4 * e), h + "mlp.c_fc.bias": w(4 * e),
+              h + "mlp.c_proj.weight": w(4 * e, e), h + "mlp.c_proj.bias": w(e)}
+    t |= {"transformer.ln_f.weight": 1 + w(e), "transformer.ln_f.bias": w(e)}
+    return t
+
+
+def mixtral_experts(seed: int = 11) -> dict[str, np.ndarray]:
+    w = _weights(seed)
+    c = MIXTRAL
+    hid, ffn, n = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
+    kv = hid // c["num_attention_heads"] * c["num_key_value_heads"]
+    t = {"model.embed_tokens.weight": w(c["vocab_size"], hid)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t |= {p + "self_attn.q_proj.weight": w(hid, hid), p + "self_attn.k_proj.weight": w(kv, hid),
+              p + "self_attn.v_proj.weight": w(kv, hid), p + "self_attn.o_proj.weight": w(hid, hid),
+              p + "block_sparse_moe.gate.weight": w(n, hid)}
+        for x in range(n):
+            q = f"{p}block_sparse_moe.experts.{x}."
+            t |= {q + "w1.weight": w(ffn, hid), q + "w2.weight": w(hid, ffn), q + "w3.weight": w(ffn, hid)}
+        t |= {p + "input_layernorm.weight": 1 + w(hid), p + "post_attention_layernorm.weight": 1 + w(hid)}
+    t |= {"model.norm.weight": 1 + w(hid), "lm_head.weight": w(c["vocab_size"], hid)}
+    return t
+
+
+def mixtral_config() -> dict[str, object]:
+    return {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], **MIXTRAL, "tie_word_embeddings": False}
+
+
+def llama_meta(seed: int = 12) -> dict[str, np.ndarray]:
+    w = _weights(seed)
+    c = LLAMA
+    d, f = c["dim"], c["ffn_dim"]
+    kv = d // c["n_heads"] * c["n_kv_heads"]
+    t = {"tok_embeddings.weight": w(c["vocab_size"], d)}
+    for i in range(c["n_layers"]):
+        p = f"layers.{i}."
+        t |= {p + "attention.wq.weight": w(d, d), p + "attention.wk.weight": w(kv, d),
+              p + "attention.wv.weight": w(kv, d), p + "attention.wo.weight": w(d, d),
+              p + "feed_forward.w1.weight": w(f, d), p + "feed_forward.w2.weight": w(d, f),
+              p + "feed_forward.w3.weight": w(f, d),
+              p + "attention_norm.weight": 1 + w(d), p + "ffn_norm.weight": 1 + w(d)}
+    t |= {"norm.weight": 1 + w(d), "output.weight": w(c["vocab_size"], d)}
+    return t
+
+
+def write(out: Path) -> None:
+    save([from_numpy(k, v) for k, v in gpt2_tiny().items()], out / "gpt2-tiny.safetensors",
+         metadata={"format": "pt"}, overwrite=True)
+    save([from_numpy(k, v) for k, v in mixtral_experts().items()], out / "mixtral-tiny-experts.safetensors",
+         metadata={"format": "pt"}, overwrite=True)
+    (out / "mixtral-tiny-config.json").write_text(json.dumps(mixtral_config(), indent=2) + "\n")
+    save([from_numpy(k, v) for k, v in llama_meta().items()], out / "llama-meta-tiny.pt", overwrite=True)
+    (out / "llama-meta-tiny-params.json").write_text(json.dumps(LLAMA, indent=2) + "\n")
