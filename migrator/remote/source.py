@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..bytesource import ByteSource
+from ..bytesource import ByteSource, closed_error
 from ..errors import FormatError, MigratorError
 from . import redact
 from .fs import Tuning, check_length, filesystem, storage_error, tuning, with_retries
@@ -45,6 +45,7 @@ class RemoteSource(ByteSource):
         self.tune = tune or tuning()
         self.fs, self.fs_path = filesystem(url)
         self.requests = 0  # ranged GETs made (tests count them)
+        self.closed = False
         self.size = self._size() if size is None else size
         self._head: bytes | None = None
         self._tail: bytes | None = None
@@ -69,6 +70,8 @@ class RemoteSource(ByteSource):
 
     def fetch(self, offset: int, length: int, what: str = "read") -> bytes:
         """Bytes [offset, offset + length) by one ranged GET (retried), checked for length."""
+        if self.closed:  # as a file's: what a closed reader listed is not read
+            raise closed_error(self.label)
         if length == 0:
             return b""
 
@@ -92,6 +95,8 @@ class RemoteSource(ByteSource):
         return None
 
     def read(self, offset: int, length: int, what: str = "read") -> bytes:
+        if self.closed:
+            raise closed_error(self.label)
         self.check_range(offset, length, what)
         got = self._cached(offset, length)
         if got is not None:
@@ -111,6 +116,8 @@ class RemoteSource(ByteSource):
 
     def view(self, offset: int, length: int) -> memoryview:
         """The range whole, fetched by parallel blocks into one buffer (a tensor that is transformed)."""
+        if self.closed:
+            raise closed_error(self.label)
         self.check_range(offset, length, "view")
         got = self._cached(offset, length)
         if got is not None:
@@ -132,6 +139,8 @@ class RemoteSource(ByteSource):
         (again) at `offset` when it is elsewhere: reading a file front to back costs one request. One
         stream per thread, so a thread computing casts ahead never moves the writer's stream. A failure
         reopens the stream where it stopped (retried as any request)."""
+        if self.closed:
+            raise closed_error(self.label)
         me = threading.get_ident()
 
         def read() -> bytes:
@@ -203,6 +212,7 @@ class RemoteSource(ByteSource):
             return self._pool
 
     def close(self) -> None:
+        self.closed = True
         self._close_stream()
         pool, self._pool = self._pool, None
         if pool is not None:
