@@ -7,6 +7,7 @@ count); retries run without back-off (MIGRATOR_REMOTE_BACKOFF=0).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -64,9 +65,17 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def cli(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True, env=env,
-                       timeout=120)
+    """`migrate ARGS` in this process (a new process per call would import s3fs again each time: seconds
+    per test); the tests that need a process of their own start one."""
+    from migrator.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    p = subprocess.CompletedProcess(["migrate", *args], code, out.getvalue(), err.getvalue())
     if check is not None:
         assert p.returncode == check, p.stdout + p.stderr
     return p
@@ -472,3 +481,25 @@ def test_reading_after_close_is_an_error(s3: Any) -> None:
         t = r["encoder.weight"]
     with pytest.raises(ReaderClosedError):
         t.numpy()
+
+
+def test_part_size_grows_to_stay_within_10000_parts() -> None:
+    from migrator.remote.fs import Tuning
+    from migrator.remote.upload import S3Upload
+
+    class _Fs:
+        def split_path(self, path: str) -> tuple[str, str, None]:
+            return ("b", "k", None)
+
+    import migrator.remote.upload as up
+
+    real = up.filesystem
+    up.filesystem = lambda url: (_Fs(), "b/k")  # type: ignore[assignment]
+    try:
+        tune = Tuning(part_size=16 << 20)
+        assert S3Upload("s3://b/k", False, tune, 1 << 30).part_size == 16 << 20
+        big = 300 << 30  # 300 GiB: 16 MiB parts would be 19,200 of them
+        size = S3Upload("s3://b/k", False, tune, big).part_size
+        assert -(-big // size) <= 10_000 and size % (1 << 20) == 0
+    finally:
+        up.filesystem = real  # type: ignore[assignment]

@@ -66,13 +66,14 @@ def check_storage_options(options: Mapping[str, Any], where: str = "storage_opti
 class Tuning:
     """How remote bytes move: block size and blocks in flight for reads, part size and parts in flight for
     uploads, attempts per request and the first back-off (doubled per retry). From the environment:
-    MIGRATOR_REMOTE_BLOCK_SIZE, _CONCURRENCY, _PART_SIZE, _RETRIES, _BACKOFF."""
+    MIGRATOR_REMOTE_BLOCK_SIZE, _CONCURRENCY, _PART_SIZE, _UPLOAD_CONCURRENCY, _RETRIES, _BACKOFF."""
 
     block_size: int = 16 << 20
     concurrency: int = 4
     part_size: int = 16 << 20
     retries: int = 4
     backoff: float = 0.25
+    upload_concurrency: int = 8
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -92,7 +93,7 @@ class Tuning:
         block = max(64 << 10, num("BLOCK_SIZE", d.block_size)) // (64 << 10) * (64 << 10)  # whole elements
         part = max(5 << 20, num("PART_SIZE", d.part_size))  # S3's smallest part but the last
         return cls(block, max(1, num("CONCURRENCY", d.concurrency)), part, max(1, num("RETRIES", d.retries)),
-                   num("BACKOFF", d.backoff, float))
+                   num("BACKOFF", d.backoff, float), max(1, num("UPLOAD_CONCURRENCY", d.upload_concurrency)))
 
 
 def tuning() -> Tuning:

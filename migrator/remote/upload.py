@@ -3,8 +3,9 @@
 `remote_output(url, ...)` yields a write-only, non-seekable sink; the object exists only once the
 block ends without an error, complete:
 
-- S3 (`s3://`): a multipart upload streamed part by part (`Tuning.part_size`, `Tuning.concurrency`
-  parts in flight, so memory is parts in flight x part size). The object appears only with
+- S3 (`s3://`): a multipart upload streamed part by part (`Tuning.part_size`, raised for outputs
+  over 10,000 parts; `Tuning.upload_concurrency` parts in flight, so memory is about twice parts in
+  flight x part size: the part, and what the HTTP stack buffers of it). The object appears only with
   CompleteMultipartUpload; any error or interrupt (KeyboardInterrupt included) aborts the upload, so
   no part is left stored. An output smaller than one part is one PutObject, atomic by itself.
   Without `overwrite` the publishing request carries `If-None-Match: *`, so a concurrent writer
@@ -35,6 +36,7 @@ from . import READ_ONLY, protocol, redact, url_of
 from .fs import Tuning, describe, filesystem, tuning, with_retries
 
 _counter = itertools.count()
+MAX_PARTS = 10_000
 
 
 def exists(url: str) -> bool:
@@ -91,7 +93,7 @@ def remote_output(url: str, *, overwrite: bool = False, expected_size: int | Non
     """A sink whose bytes become the object `url` only when the block succeeds (module docstring)."""
     check_remote_target(url, overwrite=overwrite, protect=protect)
     tune = tune or tuning()
-    sink: _Sink = (S3Upload(url, overwrite, tune) if protocol(url) in ("s3", "s3a")
+    sink: _Sink = (S3Upload(url, overwrite, tune, expected_size) if protocol(url) in ("s3", "s3a")
                    else ScratchObjectUpload(url, overwrite))
     try:
         yield sink  # type: ignore[misc]
@@ -137,12 +139,15 @@ class _Sink(io.RawIOBase):
 class S3Upload(_Sink):
     """A multipart upload fed by sequential writes (see the module docstring)."""
 
-    def __init__(self, url: str, overwrite: bool, tune: Tuning) -> None:
+    def __init__(self, url: str, overwrite: bool, tune: Tuning, expected_size: int | None = None) -> None:
         super().__init__(url)
         self.fs, path = filesystem(url)
         self.bucket, self.key, _ = self.fs.split_path(path)
         self.overwrite = overwrite
         self.tune = tune
+        # S3 takes at most 10,000 parts: a larger output gets larger parts (whole MiB)
+        need = -(-(expected_size or 0) // MAX_PARTS)
+        self.part_size = max(tune.part_size, -(-need // (1 << 20)) << 20)
         self._buf = bytearray()
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
@@ -158,7 +163,7 @@ class S3Upload(_Sink):
         n = len(b) if not isinstance(b, memoryview) else b.nbytes
         self._buf += b
         self.position += n
-        size = self.tune.part_size
+        size = self.part_size
         while len(self._buf) >= size:
             if len(self._buf) == size:
                 part = bytes(self._buf)
@@ -172,9 +177,9 @@ class S3Upload(_Sink):
     def _send(self, part: bytes) -> None:
         if self._upload_id is None:
             self._upload_id = self._call("create_multipart_upload")["UploadId"]
-            self._pool = ThreadPoolExecutor(self.tune.concurrency, thread_name_prefix="migrator-put")
+            self._pool = ThreadPoolExecutor(self.tune.upload_concurrency, thread_name_prefix="migrator-put")
         assert self._pool is not None
-        while len(self._pending) >= self.tune.concurrency:
+        while len(self._pending) >= self.tune.upload_concurrency:
             self._parts.append(self._pending.popleft().result())
         number = len(self._parts) + len(self._pending) + 1
         self._pending.append(self._pool.submit(self._upload_part, number, part))
