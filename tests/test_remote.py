@@ -181,6 +181,12 @@ target:
     got = st_numpy.load(get(s3, "out/m16.safetensors"))
     assert_same(got, {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in want.items()})
     assert json.loads((tmp_path / "rep.json").read_text())["status"] == "ok"
+    # validate and plan see the target object now exists (overwrite is off); run refuses it
+    for command in ("validate", "plan"):
+        p = cli(command, str(recipe), check=None)
+        assert "exists" in p.stdout + p.stderr, (command, p.stdout, p.stderr)
+    p = cli("run", str(recipe), check=1)
+    assert "exists" in p.stderr
 
 
 def test_recipe_refuses_secret_storage_options(tmp_path: Path) -> None:
