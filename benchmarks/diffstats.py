@@ -12,9 +12,10 @@ they stay cached; every job, `cat` included, reads from memory, so the figures c
 cost, not the disk. Jobs run in rotated order per round; a ratio is the median of per-round
 ratios to the `cat` of the same round. `startup` is the interpreter plus the imports diff and
 stats need (`python -c "import migrator.diff, migrator.stats"`): the part of each migrator run
-that does not depend on the model's size. `(numpy)`: stats without the compiled kernels
-(MIGRATOR_NO_KERNELS=1), the A/B for migrator/_kernels.c's float_stats. Peak RSS (mapped file
-pages included) from GNU time.
+that does not depend on the model's size. CPU seconds (user + sys, every thread) are given too:
+on a shared machine they move less than wall times, and migrator uses a second thread.
+`(numpy)`: stats without the compiled kernels (MIGRATOR_NO_KERNELS=1), the A/B for
+migrator/_kernels.c's float_stats. Peak RSS (mapped file pages included) from GNU time.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import json
 import statistics
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Job, machine, mib, run, warm
+from harness import GNU_TIME, Job, machine, mib, warm
 from models import MODELS, OUT, lazy_random
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +52,26 @@ def ensure_files() -> tuple[Path, Path]:
         with open_file(a) as r:
             save(r.tensors, b)
     return a, b
+
+
+@dataclass
+class Timed:
+    wall: float
+    cpu: float  # user + sys seconds, all threads
+    peak_rss: int
+
+
+def run(job: Job, out: Path) -> Timed:
+    """One job under GNU time (as harness.run, plus CPU seconds): wall, user+sys, peak RSS."""
+    subprocess.run(["sync"], check=True)
+    start = time.perf_counter()
+    proc = subprocess.run([str(GNU_TIME), "-f", "%U %S %M", "-o", str(out), *job.cmd], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{job.label} exited with {proc.returncode}:\n{proc.stderr[-2000:]}")
+    user, system, rss = out.read_text().split()[-3:]
+    return Timed(wall, float(user) + float(system), int(rss) * 1024)
 
 
 def cached(*paths: Path) -> str:
@@ -98,7 +121,8 @@ def main() -> None:
             warm(b)
             r = run(job, rss_file)
             runs[job.label].append(r)
-            print(f"  round {i + 1}/{opts.rounds} {job.label}: {r.wall:.3f} s, {mib(r.peak_rss)}", flush=True)
+            print(f"  round {i + 1}/{opts.rounds} {job.label}: {r.wall:.3f} s, CPU {r.cpu:.2f} s, {mib(r.peak_rss)}",
+                  flush=True)
     after = cached(a, b)
     load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
 
@@ -108,6 +132,9 @@ def main() -> None:
     def speed(label: str, base: str) -> float:  # fraction of the baseline's speed, per round
         return statistics.median(c.wall / j.wall for j, c in zip(runs[label], runs[base], strict=True))
 
+    def cpu(label: str) -> float:
+        return statistics.median(r.cpu for r in runs[label])
+
     def net_speed(label: str, base: str) -> float:  # the same without the start-up
         return statistics.median(c.wall / max(j.wall - s.wall, 1e-9)
                                  for j, c, s in zip(runs[label], runs[base], runs["startup"], strict=True))
@@ -115,16 +142,19 @@ def main() -> None:
     rows = [("diff A B", "cat A B"), ("inspect A --stats", "cat A"), ("inspect A --stats (numpy)", "cat A")]
     lines = [f"{machine()}; {load}; {opts.rounds} rounds; window {opts.window}; page cache: warm "
              f"(before: {before}; after: {after})", "",
-             "| job | s (median) | baseline s | speed vs baseline | without start-up | peak RSS |",
-             "|---|--:|--:|--:|--:|--:|"]
+             "| job | s (median) | baseline s | speed vs baseline | without start-up | CPU s (job / baseline) "
+             "| peak RSS |",
+             "|---|--:|--:|--:|--:|--:|--:|"]
     for label, base in rows:
         lines.append(f"| `{label}` | {wall(label):.2f} | {wall(base):.2f} (`{base}`) | {100 * speed(label, base):.0f}% "
-                     f"| {100 * net_speed(label, base):.0f}% | {mib(max(r.peak_rss for r in runs[label]))} |")
-    lines.append(f"| `startup` | {wall('startup'):.2f} | | | | {mib(max(r.peak_rss for r in runs['startup']))} |")
+                     f"| {100 * net_speed(label, base):.0f}% | {cpu(label):.2f} / {cpu(base):.2f} "
+                     f"| {mib(max(r.peak_rss for r in runs[label]))} |")
+    lines.append(f"| `startup` | {wall('startup'):.2f} | | | | {cpu('startup'):.2f} | "
+                 f"{mib(max(r.peak_rss for r in runs['startup']))} |")
     text = "\n".join(lines)
     print(text)
     (OUT / "diffstats.md").write_text(text + "\n")
-    (OUT / "diffstats.json").write_text(json.dumps({k: [r.__dict__ for r in v] for k, v in runs.items()}, indent=1))
+    (OUT / "diffstats.json").write_text(json.dumps({k: [vars(r) for r in v] for k, v in runs.items()}, indent=1))
 
 
 if __name__ == "__main__":

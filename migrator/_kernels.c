@@ -791,6 +791,32 @@ static PyObject *py_float_stats(PyObject *self, PyObject *args)
     return Py_BuildValue("(ndddddnnn)", r.finite, r.lo, r.hi, r.s1, r.s2, r.sa, r.zeros, r.nans, r.infs);
 }
 
+/* ---- byte comparison (diff.py) ----------------------------------------------------------------- */
+
+/* Whether two buffers hold the same bytes: memcmp without the GIL, for any buffer (a memoryview of
+ * a mapped window included, which Python itself compares element by element). */
+static PyObject *py_same_bytes(PyObject *self, PyObject *args)
+{
+    PyObject *a, *b;
+    Py_buffer x, y;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b))
+        return NULL;
+    if (PyObject_GetBuffer(a, &x, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(b, &y, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    int same = x.len == y.len;
+    if (same && x.len > 0) {
+        Py_BEGIN_ALLOW_THREADS same = memcmp(x.buf, y.buf, (size_t)x.len) == 0;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    return PyBool_FromLong(same);
+}
+
 static PyMethodDef methods[] = {
     {"f32_to_f16", py_f32_to_f16, METH_VARARGS, "f32_to_f16(src, dst): float32 bits -> float16 bits (torch's rules)"},
     {"f16_to_f32", py_f16_to_f32, METH_VARARGS, "f16_to_f32(src, dst): float16 bits -> float32 bits (torch's rules)"},
@@ -800,6 +826,7 @@ static PyMethodDef methods[] = {
     {"transpose_f32_to_f16", py_transpose_f32_to_f16, METH_VARARGS,
      "transpose_f32_to_f16(src, dst, rows, cols, first, width): columns [first, first+width) of a [rows, cols] "
      "float32 matrix -> [width, rows] float16 bits (torch's rounding and NaN rules)"},
+    {"same_bytes", py_same_bytes, METH_VARARGS, "same_bytes(a, b): whether two buffers hold the same bytes"},
     {"float_stats", py_float_stats, METH_VARARGS, "float_stats(buf, kind, shift): (finite, min, max, sum(x-shift), "
      "sum((x-shift)**2), sum|x|, zeros, nans, infs) of F32/F64/F16/BF16 elements (kind 0-3)"},
     {"has_f16c", py_has_f16c, METH_NOARGS, "whether the F16C instructions are used"},

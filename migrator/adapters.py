@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from . import dtypes
+from . import adapter_names, dtypes
 from .casts import CASTABLE, cast, transpose2d
 from .dtypes import DType
 from .errors import MigratorError
@@ -319,16 +319,20 @@ def half_precision_module_set(with_: Sequence[str] = (), without: Sequence[str] 
     return frozenset(modules)
 
 
+NAMED_ADAPTERS: dict[str, type[Adapter]] = {
+    "identity": IdentityAdapter, "pytorch_to_burn": PyTorchToBurnAdapter, "burn_to_pytorch": BurnToPyTorchAdapter,
+    "half_precision": HalfPrecisionAdapter,
+}
+"""The class of each adapter `adapter_names.NAMED` lists (tests check the two agree)."""
+
+
 def _one(spec: Any) -> Adapter:
-    from .recipe import FloatCastAdapter as FloatCastSpec
-    from .recipe import HalfPrecisionAdapter as HalfPrecisionSpec
+    from .recipe import FloatCastSpec, HalfPrecisionSpec
 
     if isinstance(spec, str):
-        simple: dict[str, type] = {"identity": IdentityAdapter, "pytorch_to_burn": PyTorchToBurnAdapter,
-                                   "burn_to_pytorch": BurnToPyTorchAdapter, "half_precision": HalfPrecisionAdapter}
-        if spec not in simple:
-            raise AdapterError(f"unknown adapter '{spec}' (known: {', '.join(simple)}, float_cast)")
-        return simple[spec]()
+        if spec not in NAMED_ADAPTERS:
+            raise AdapterError(f"unknown adapter '{spec}' (known: {', '.join(adapter_names.ALL)})")
+        return NAMED_ADAPTERS[spec]()
     if isinstance(spec, HalfPrecisionSpec):
         options = spec.half_precision
         try:

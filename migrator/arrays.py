@@ -66,8 +66,8 @@ def _torch_array(t: Any, name: str) -> np.ndarray:
     try:
         if dt.numpy_name in ("bfloat16",) or dt.numpy_name.startswith("float8"):
             same_width = {2: torch.int16, 1: torch.uint8}[t.element_size()]
-            return t.contiguous().view(same_width).numpy().view(dt.numpy())  # type: ignore[no-any-return]
-        return t.numpy()  # type: ignore[no-any-return]
+            return t.contiguous().view(same_width).numpy().view(dt.numpy())
+        return t.numpy()
     except (RuntimeError, TypeError) as e:  # sparse, quantized, meta tensors...
         raise MigratorError(f"cannot read this torch tensor's values: {e}", tensor=name) from None
 

@@ -29,7 +29,7 @@ class FileSpan:
     length: int
 
 
-_span_fd = FileSpan.fd  # type: ignore[attr-defined]  # the slot's own descriptor
+_span_fd = vars(FileSpan)["fd"]  # the slot's own descriptor (FileView's `fd` is a property over it)
 
 
 def closed_error(label: str) -> ReaderClosedError:
@@ -50,7 +50,7 @@ class FileView(FileSpan):
     __slots__ = ("source",)
     source: ByteSource
 
-    @property  # type: ignore[override]
+    @property
     def fd(self) -> int:
         fd: int = _span_fd.__get__(self)
         if getattr(self.source, "fd", fd) != fd:
@@ -72,8 +72,8 @@ def file_view(source: ByteSource, fd: int, offset: int, length: int) -> FileView
 
 
 # frozen: plain assignment raises
-_set_source = FileView.source.__set__  # type: ignore[attr-defined]
-_set_offset, _set_length = FileSpan.offset.__set__, FileSpan.length.__set__  # type: ignore[attr-defined]
+_set_source = vars(FileView)["source"].__set__
+_set_offset, _set_length = vars(FileSpan)["offset"].__set__, vars(FileSpan)["length"].__set__
 
 
 class ByteSource(ABC):

@@ -64,26 +64,69 @@ kernels = _load_kernels()
 
 T = TypeVar("T")
 R = TypeVar("R")
-_pool: ThreadPoolExecutor | None = None
+MAX_DEFAULT_WORKERS = 8
+"""The default pool is at most this large: `pipelined` keeps `workers` pieces in flight (a few MiB
+each), and the writer consumes them one at a time, so more threads than that only add memory."""
+_pools: dict[int, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
 
 
-def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int = 2) -> Iterator[R]:
-    """`map(fn, items)` computed up to `ahead` items in advance on worker threads, yielded in order.
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (and, on 3.13+, `-X cpu_count`), not the
+    machine's count, which a container or `taskset` can make far larger than what is usable."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if counter is not None:
+        n = counter()
+    else:
+        try:
+            n = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # not on Linux
+            n = os.cpu_count()
+    return max(1, n or 1)
 
-    numpy releases the GIL in casts and copies, and writing releases it in the syscall, so on two
-    cores the next pieces are computed while the current one is written. At most `ahead + 1`
-    results are alive at once, which keeps memory bounded.
-    """
-    global _pool
-    if _pool is None:
+
+def default_workers() -> int:
+    """The cast pool's size: `MIGRATOR_CAST_WORKERS` if set, else the available CPUs (at least 2, so
+    one piece is computed while the previous one is written; at most MAX_DEFAULT_WORKERS)."""
+    given = os.environ.get("MIGRATOR_CAST_WORKERS")
+    if given:
+        try:
+            n = int(given)
+        except ValueError:
+            raise ValueError(f"MIGRATOR_CAST_WORKERS must be a positive integer, not {given!r}") from None
+        if n < 1:
+            raise ValueError(f"MIGRATOR_CAST_WORKERS must be a positive integer, not {given!r}")
+        return n
+    return min(max(2, available_cpus()), MAX_DEFAULT_WORKERS)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    pool = _pools.get(workers)
+    if pool is None:
         with _pool_lock:  # the writer's thread and streaming.Ahead's may both get here first
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="migrator-cast")
+            pool = _pools.get(workers)
+            if pool is None:
+                pool = _pools[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="migrator-cast")
+    return pool
+
+
+def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int | None = None,
+              workers: int | None = None) -> Iterator[R]:
+    """`map(fn, items)` computed up to `ahead` items in advance on `workers` threads, yielded in order.
+
+    numpy releases the GIL in casts and copies, and writing releases it in the syscall, so the next
+    pieces are computed while the current one is written. At most `ahead + 1` results are alive at
+    once, which keeps memory bounded. `workers` defaults to `default_workers()`, `ahead` to `workers`.
+    """
+    n = default_workers() if workers is None else workers
+    if n < 1:
+        raise ValueError(f"workers must be >= 1, not {n}")
+    ahead = n if ahead is None else ahead
+    pool = _pool(n)
     pending: deque[Future[R]] = deque()
     try:
         for item in items:
-            pending.append(_pool.submit(fn, item))
+            pending.append(pool.submit(fn, item))
             if len(pending) > ahead:
                 yield pending.popleft().result()
         while pending:
@@ -96,7 +139,7 @@ def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int = 2) -> Itera
 _FLOAT = Kind.FLOAT  # a module global is read faster than an enum member
 CASTABLE: frozenset[str] = frozenset({"F64", "F32", "FLEX32", "F16", "BF16"})
 
-_UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_UINT: dict[int, np.dtype[Any]] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _BITS_OF = {"F64": 8, "F32": 4, "FLEX32": 4, "F16": 2, "BF16": 2}
 
 _F16_NAN = np.uint16(0x7E00)
@@ -260,7 +303,7 @@ class _Cast:
         if k is not None and kind.direct is not None:  # no numpy: its per-call cost dominates small tensors
             return kind.direct(k, piece, len(piece) // kind.src_uint.itemsize * kind.dst_uint.itemsize)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and NaNs are intended
-            return memoryview(kind.convert(np.frombuffer(piece, dtype=kind.src_uint)).view(np.uint8))
+            return kind.convert(np.frombuffer(piece, dtype=kind.src_uint)).view(np.uint8).data
 
     def pieces(self) -> Iterator[memoryview]:
         step = CHUNK_ELEMENTS * self.kind.src_uint.itemsize
@@ -272,20 +315,22 @@ class _Cast:
     def __call__(self) -> memoryview:
         pieces = self.pieces()
         first = next(pieces, None)
-        second = None if first is None else next(pieces, None)
-        if second is None:  # zero or one piece (every small tensor): it is the result, no copy
-            return memoryview(b"") if first is None else first
+        if first is None:
+            return memoryview(b"")
+        second = next(pieces, None)
+        if second is None:  # one piece (every small tensor): it is the result, no copy
+            return first
         out = np.empty(self.tensor.numel * self.kind.dst_uint.itemsize, dtype=np.uint8)
         pos = 0
         for piece in itertools.chain((first, second), pieces):
             out[pos:pos + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
             pos += len(piece)
-        return memoryview(out)
+        return out.data
 
 
 def _out_buffer(n: int) -> memoryview:
     """A writable buffer of n bytes: a bytearray when small (cheap to make), else uninitialised numpy."""
-    return memoryview(bytearray(n) if n <= 65536 else np.empty(n, dtype=np.uint8))
+    return memoryview(bytearray(n)) if n <= 65536 else np.empty(n, dtype=np.uint8).data
 
 
 def _direct(kernel: str, *extra: int) -> Callable[[Any, Buffer, int], memoryview]:
@@ -446,7 +491,7 @@ class _Transposed:
         base = self.base
         rows, cols = base.shape
         raw = whole(base)
-        return memoryview(transpose_bytes(raw, rows, cols, base.dtype.itemsize or 1).reshape(-1).view(np.uint8))
+        return transpose_bytes(raw, rows, cols, base.dtype.itemsize or 1).reshape(-1).view(np.uint8).data
 
 
 class _TransposedChunks(_Transposed):
@@ -459,7 +504,7 @@ class _TransposedChunks(_Transposed):
         rows, cols = base.shape
         # A transpose reads its whole source; the source's map is dropped with the exhausted bands.
         for band in transpose_bands(whole(base), rows, cols, base.dtype.itemsize or 1):
-            yield memoryview(band.reshape(-1).view(np.uint8))
+            yield band.reshape(-1).view(np.uint8).data
 
 
 class _TransposedHalf(_Transposed):
@@ -469,7 +514,7 @@ class _TransposedHalf(_Transposed):
 
     def __call__(self) -> memoryview:
         rows, cols = self.base.shape
-        return memoryview(_half_band(whole(self.base), rows, cols, 0, cols).reshape(-1).view(np.uint8))
+        return _half_band(whole(self.base), rows, cols, 0, cols).reshape(-1).view(np.uint8).data
 
 
 class _TransposedHalfChunks(_TransposedHalf):
@@ -482,4 +527,4 @@ class _TransposedHalfChunks(_TransposedHalf):
         raw = whole(self.base)  # a map of the source tensor, dropped with the exhausted bands
         band = _band_columns(rows, 2, 8)
         for half in _map_bands(lambda first, width: _half_band(raw, rows, cols, first, width), cols, band):
-            yield memoryview(half.reshape(-1).view(np.uint8))
+            yield half.reshape(-1).view(np.uint8).data

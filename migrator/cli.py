@@ -11,6 +11,8 @@ from typing import Any, NoReturn
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
+LIMIT_HELP = ("raise or lower a reader limit (repeatable; e.g. max_tensor_bytes=20GiB, max_nodes=5000000; "
+              "sizes take units: 5GB = 5*10^9, 5GiB = 5*2^30; the names are in SECURITY.md)")
 NO_FSYNC_HELP = ("publish without flushing to disk first (faster, like cp): never partial after a crash of "
                  "migrator, but a power loss soon after may lose the new file")
 
@@ -35,7 +37,7 @@ def _command(sub: Any, name: str, help: str, description: str, examples: str) ->
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    from . import __version__
+    from . import __version__, adapter_names
 
     p = _Parser(
         prog="migrate",
@@ -56,9 +58,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     ins.add_argument("--format", default="auto", help="auto | burnpack | safetensors | pytorch")
     ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path)")
-    ins.add_argument("--limit", type=int, default=None, help="show at most N tensors in the table")
+    ins.add_argument("--limit", dest="limit_args", action="append", default=[], metavar="N | NAME=VALUE",
+                     help="N: show at most N tensors in the table; NAME=VALUE: " + LIMIT_HELP)
     ins.add_argument("--stats", action="store_true", help="read every tensor (streamed): min, max, mean, std, "
                      "mean |x|, zeros, NaN/Inf; flags all-zero, all-equal, NaN/Inf tensors")
+    ins.add_argument("--html", metavar="FILE", help="write the listing as a self-contained HTML page instead of "
+                     "the table")
+    ins.add_argument("--overwrite", action="store_true", help="replace an existing HTML page")
 
     conv = _command(sub, "convert", "convert a file to another format (format from each path)",
                     "Convert SRC to DST in one step (a one-off recipe): formats from the paths' extensions, "
@@ -79,8 +85,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
     conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
     conv.add_argument("--adapter", action="append", default=[], metavar="NAME",
-                      help="pytorch_to_burn | burn_to_pytorch | half_precision | float_cast:DTYPE (repeatable, "
-                           "chained in order)")
+                      help=" | ".join(adapter_names.CLI_FORMS) + " (repeatable, chained in order)")
     conv.add_argument("--modules", action="append", default=[], metavar="TYPE=REGEX",
                       help="declare the module type of matching module paths, as a recipe's modules: "
                            "(repeatable; e.g. Linear='^fc\\d+$')")
@@ -106,6 +111,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                       "exists, unless --overwrite), its paths relative to FILE's folder")
     conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
+    conv.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     run = _command(sub, "run", "run a recipe: plan, stream, write atomically, report",
                    "Run a recipe: plan it, stream every tensor into the target, publish it atomically, print "
@@ -113,7 +119,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    "  migrate run recipes/mlp-to-burn.yaml\n"
                    "  migrate run r.yaml --overwrite --report report.json --json")
     run.add_argument("recipe", help="the recipe YAML file")
-    run.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    run.add_argument("--report", metavar="FILE", help="also write the report: JSON, or a self-contained HTML page "
+                     "when FILE ends in .html")
     run.add_argument("--overwrite", action="store_true", help="replace an existing target")
     run.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
@@ -123,6 +130,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "(relative to the current folder)")
     run.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
                     "(relative to the current folder)")
+    run.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     plan = _command(sub, "plan", "show what a recipe would do (names, ops, dtypes, shapes); write nothing",
                     "Show what a recipe would do, tensor by tensor (source and target names, module, ops, "
@@ -132,11 +140,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "  migrate plan r.yaml --json | jq '.entries[] | .target'")
     plan.add_argument("recipe", help="the recipe YAML file")
     plan.add_argument("--json", action="store_true", help="print the plan (or the error) as JSON")
-    plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would")
+    plan.add_argument("--html", metavar="FILE", help="write the plan as a self-contained HTML page instead of "
+                      "the table")
+    plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would "
+                      "(and replace an existing HTML page)")
     plan.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
                     "(relative to the current folder)")
     plan.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
                     "(relative to the current folder)")
+    plan.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     val = _command(sub, "validate", "validate recipes and check their sources parse (headers only)",
                    "Check recipes (schema, regexes, paths) and that their sources parse (headers only), "
@@ -151,6 +163,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "the recipe's source.path (relative to the current folder)")
     val.add_argument("--target", metavar="PATH", help="(one recipe only) write PATH instead of "
                     "the recipe's target.path (relative to the current folder)")
+    val.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     from .diff_cli import add_parser as add_diff
 
@@ -171,11 +184,22 @@ def _print_json_error(error: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `migrate` command: its exit code. The cyclic collector is off while the command runs:
+    a command builds a few objects per tensor that all live until it ends (~1M for a 100k-tensor
+    plan), which the collector would rescan over and over and never free, and cycles come only from
+    hostile pickles, whose size the reader limits bound. Library calls never touch the collector."""
     import gc
 
-    # A run makes a few objects per tensor that live until the end: with the default threshold
-    # (700) the collector rescans them over and over, ~30% of a 100k-tensor conversion.
-    gc.set_threshold(100_000, 50, 100)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _main(argv)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     # numpy starts an OpenBLAS thread pool at import whose threads spin between calls; migrator
     # does no linear algebra, so one thread (none started) is enough. A user's setting wins.
     import os
@@ -190,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    _read_limits(args, commands[args.command])
     from .errors import MigratorError, error_json
 
     as_json = getattr(args, "json", False)
@@ -230,11 +255,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE
 
 
+def _read_limits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`--limit` settings -> `args.reader_limits` (a `Limits`); inspect's bare `--limit N` -> `args.limit`
+    (rows shown). A bad setting is a usage error (exit 2) naming the closest limit."""
+    settings = list(getattr(args, "limits", None) or [])
+    if hasattr(args, "limit_args"):
+        args.limit = None
+        for item in args.limit_args:
+            if "=" in item:
+                settings.append(item)
+                continue
+            try:
+                args.limit = int(item)
+            except ValueError:
+                parser.error(f"--limit: expected N (tensors shown) or NAME=VALUE (a reader limit), got {item!r}")
+    if not settings:
+        return
+    from .limits import DEFAULT_LIMITS, LimitSettingError
+
+    try:
+        args.reader_limits = DEFAULT_LIMITS.with_settings(settings)
+    except LimitSettingError as e:
+        parser.error(str(e))
+
+
 def _exit_code(e: Exception) -> int:
     """2 for a recipe the loader refuses, 1 for every other migrator error."""
     from .recipe_loader import RecipeError
 
     return EXIT_USAGE if isinstance(e, RecipeError) else EXIT_MIGRATION
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    return {"limits": args.reader_limits} if hasattr(args, "reader_limits") else {}
 
 
 def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -247,11 +300,20 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.stats:
         from .stats import inspect_with_stats
 
-        info = inspect_with_stats(args.file, format=args.format, **_reader_options(args))
+        info = inspect_with_stats(args.file, format=args.format, **_reader_options(args), **_limits(args))
     else:
-        info = inspect_file(args.file, format=args.format, **_reader_options(args))
+        info = inspect_file(args.file, format=args.format, **_reader_options(args), **_limits(args))
+    if args.html:
+        from .html_report import inspect_page, write_page
+
+        write_page(args.html, inspect_page(info), overwrite=args.overwrite, protect=[args.file], make_folders=True)
     if args.json:
         _write_inspect_json(info, sys.stdout)
+        return EXIT_OK
+    if args.html:
+        from .display import escape
+
+        print(f"wrote {escape(args.html)}")
         return EXIT_OK
     _print_inspect(info, args.limit)
     return EXIT_OK
@@ -306,7 +368,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
             row += stats_cells(t)
         rows.append(row)
     title = f"{info['path']} ({info['format']}, {human_bytes(info['file_size'])})"
-    right = (3, 4, 5) if with_ids else (3, 4)
+    right: tuple[int, ...] = (3, 4, 5) if with_ids else (3, 4)
     if with_stats:  # the numeric stats columns, not the flags
         right += tuple(range(len(header) - len(STATS_HEADER), len(header) - 1))
     print_table(title, header, rows, right=right)
@@ -447,7 +509,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         sha = hashlib.sha256(recipe_text.encode()).hexdigest() if recipe_text else None
         result = convert(args.src, args.dst, progress=False if args.no_progress else None, recipe_sha256=sha,
-                         **options)
+                         **options, **_limits(args))
     except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
         if args.json:
             _print_json_error({"kind": "UsageError", "message": str(e)})

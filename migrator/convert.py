@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import adapter_names
 from .errors import MigratorError
+from .limits import DEFAULT_LIMITS, Limits
 from .remote import as_path
 
 if TYPE_CHECKING:
@@ -120,7 +122,7 @@ def build_recipe(
         raise _usage_error(data, module_options) from None
 
 
-_ADAPTER_FORMS = ("identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision", "float_cast:DTYPE")
+_ADAPTER_FORMS = adapter_names.CLI_FORMS
 
 
 def _adapter_spec(value: str) -> str | dict[str, Any]:
@@ -177,8 +179,9 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
         return f"--remap '{rule['from']}={rule['to']}'"
     if first == "filter" and second in ("include", "exclude") and n is not None:
         return f"--{second} '{data['filter'][second][n]['regex']}'"
-    names = {"dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
-             "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
+    names: dict[str, str | dict[str, str]] = {
+        "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
+        "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
     found = names.get(first, first)
     return found.get(second or "", first) if isinstance(found, dict) else found
 
@@ -223,13 +226,14 @@ indices, top-level key) goes through a recipe. `contiguous_indices` None/False i
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
-            recipe_sha256: str | None = None, **options: Any) -> ConvertResult:
+            recipe_sha256: str | None = None, limits: Limits = DEFAULT_LIMITS, **options: Any) -> ConvertResult:
     """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options).
 
     `recipe_sha256`: the hash of the recipe this conversion is recorded as (`--emit-recipe -o`), put
-    in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes."""
+    in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes.
+    `limits` bounds what the source may make its reader allocate."""
     if recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
-        done = _plain_copy(src, dst, progress=progress, **options)
+        done = _plain_copy(src, dst, progress=progress, limits=limits, **options)
         if done is not None:
             return done
     from .execute import run_plan
@@ -241,7 +245,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
         from .remote import check_folder_target
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
-    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256) as plan:
+    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits) as plan:
         result = run_plan(plan, progress=progress)
         return _result(plan, result.target)
 
@@ -250,7 +254,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 source_format: str = "auto", target_format_name: str = "auto", overwrite: bool = False,
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
                 max_shard_size: str | int | None = None, copy: Sequence[str] = (),
-                contiguous_indices: bool | None = None, **_: Any) -> ConvertResult | None:
+                contiguous_indices: bool | None = None, limits: Limits = DEFAULT_LIMITS,
+                **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
     None (nothing written) for a PyTorch source that the default renumbering would rename: the
     recipe path does that.
@@ -278,7 +283,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
-    with open_file(src_path, source_format) as reader:
+    with open_file(src_path, source_format, limits=limits) as reader:
         tensors = list(reader.tensors)
         if reader.format == "pytorch" and contiguous_indices is None:
             from .naming import contiguous_names

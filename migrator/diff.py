@@ -32,14 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from . import native
 from .dtypes import DType, Kind
 from .formats import Reader, open_file
 from .tensor import LazyTensor
 from .windows import DEFAULT_WINDOW, Window, windows
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy is imported when a window differs: identical models never need it
+    import numpy as np
+
     from .plan import Plan
 
 BLOCK = 1 << 17
@@ -47,7 +48,13 @@ BLOCK = 1 << 17
 
 STATUSES = ("identical", "close", "different", "only_in_a", "only_in_b", "shape_mismatch", "dtype_mismatch")
 MATCHED = frozenset({"identical", "close"})
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_ITEM_SIZES = (1, 2, 4, 8)  # compared as unsigned integers of that width
+
+
+def _uint(itemsize: int) -> Any:
+    import numpy as np
+
+    return {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
 
 
 @dataclass(frozen=True)
@@ -74,21 +81,30 @@ def _numeric(dtype: DType) -> bool:
 
 
 def _same_bytes(x: Window, y: Window) -> bool:
-    """memcmp when either side is bytes/bytearray (windows.py hands those out for full windows)."""
+    """memcmp: bytes/bytearray compare with it (windows.py hands those out for gathered windows),
+    the compiled `same_bytes` for any two buffers; else numpy (two memoryviews compare element
+    by element in Python, over ten times slower)."""
     if type(x) in (bytes, bytearray):
         return bool(x == y)
     if type(y) in (bytes, bytearray):
         return bool(y == x)
     if len(x) != len(y):
         return False
+    kernels = native.kernels
+    if kernels is not None:
+        return bool(kernels.same_bytes(x, y))
     if len(x) <= 1 << 16:
         return bytes(x) == y
+    import numpy as np
+
     unit = np.uint64 if len(x) % 8 == 0 else np.uint8  # fewer, wider elements: a smaller bool temporary
     return bool(np.array_equal(np.frombuffer(x, dtype=unit), np.frombuffer(y, dtype=unit)))
 
 
 def _values(raw: np.ndarray) -> np.ndarray:
     """Numeric elements as float64 values (bools as 0/1)."""
+    import numpy as np
+
     if raw.dtype.name == "bfloat16":
         raw = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     return raw.astype(np.float64)
@@ -109,6 +125,8 @@ class _Tally:
     def note(self, base: int, mismatch: np.ndarray, va: np.ndarray | None, vb: np.ndarray | None) -> None:
         """`mismatch`: the block's differing elements (bool); `va`/`vb`: the values whose differences
         count (None: not numeric)."""
+        import numpy as np
+
         count = int(np.count_nonzero(mismatch))
         if count and self.first is None:
             self.first = base + int(np.argmax(mismatch))
@@ -161,8 +179,17 @@ def compare(a: LazyTensor, b: LazyTensor, tol: Tolerance | None = None,
         out["max_abs_diff"] = tally.max_abs
         out["max_rel_diff"] = tally.max_rel if tally.max_rel is not None else (0.0 if tally.max_abs == 0 else None)
     if tally.first is not None:
-        out["first_index"] = [int(i) for i in np.unravel_index(tally.first, b.shape)] if b.shape else []
+        out["first_index"] = _unravel(tally.first, b.shape)
     return out
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    """A flat row-major index as an index into `shape`."""
+    index = []
+    for dim in reversed(shape):
+        flat, i = divmod(flat, dim)
+        index.append(i)
+    return index[::-1]
 
 
 def _compare_same(a: LazyTensor, b: LazyTensor, tol: Tolerance | None,
@@ -171,7 +198,7 @@ def _compare_same(a: LazyTensor, b: LazyTensor, tol: Tolerance | None,
     look at, e.g. packed F4 or QFloat)."""
     dtype = b.dtype
     itemsize = dtype.itemsize
-    elementwise = itemsize in _UINT
+    elementwise = itemsize in _ITEM_SIZES
     step = window - window % itemsize if elementwise and itemsize else window
     tally = _Tally() if elementwise else None
     identical = True
@@ -190,8 +217,10 @@ def _compare_same(a: LazyTensor, b: LazyTensor, tol: Tolerance | None,
 
 def _look(wa: Window, wb: Window, da: DType, db: DType, tol: Tolerance | None, base: int, tally: _Tally) -> None:
     """Element by element, one window pair that differs (or is of two dtypes)."""
-    ra = np.frombuffer(wa, dtype=da.numpy() if da.numpy_name else _UINT[da.itemsize])  # type: ignore[index]
-    rb = np.frombuffer(wb, dtype=db.numpy() if db.numpy_name else _UINT[db.itemsize])  # type: ignore[index]
+    import numpy as np
+
+    ra = np.frombuffer(wa, dtype=da.numpy() if da.numpy_name else _uint(da.itemsize or 1))
+    rb = np.frombuffer(wb, dtype=db.numpy() if db.numpy_name else _uint(db.itemsize or 1))
     numeric = _numeric(da) and _numeric(db) and Kind.COMPLEX not in (da.kind, db.kind)
     with np.errstate(invalid="ignore", over="ignore"):
         for start in range(0, len(rb), BLOCK):
@@ -199,8 +228,8 @@ def _look(wa: Window, wb: Window, da: DType, db: DType, tol: Tolerance | None, b
             va = _values(xa) if numeric else None
             vb = _values(xb) if numeric else None
             if tol is None or not numeric:  # bits (complex and byte-coded dtypes: always)
-                ua = xa.view(_UINT[xa.dtype.itemsize])
-                ub = xb.view(_UINT[xb.dtype.itemsize])
+                ua = xa.view(_uint(xa.dtype.itemsize))
+                ub = xb.view(_uint(xb.dtype.itemsize))
                 mismatch = ua != ub
                 if numeric and va is not None and vb is not None:
                     va, vb = va[mismatch], vb[mismatch]  # equal bits: a difference of 0

@@ -51,6 +51,8 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
                    help="bytes read per tensor side at a time (default 4MiB; 4MB = 4*10^6)")
     p.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
     p.add_argument("--json", action="store_true", help="print the comparison (or the error) as JSON")
+    p.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing HTML page")
     return p
 
 
@@ -94,6 +96,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
         else:
             print(f"migrate diff: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
+    if args.html:  # never over A, B or the recipe
+        from .html_report import diff_page, write_page
+
+        write_page(args.html, diff_page(doc), overwrite=args.overwrite,
+                   protect=[args.a, args.b, *([args.recipe] if args.recipe else [])], make_folders=True)
     if args.json:
         from .cli import _write_inspect_json
 

@@ -19,6 +19,7 @@ from .dtypes import DType
 from .errors import MigratorError, PlanError, TensorNotFoundError
 from .formats import Reader, Writer, open_file, writer_class
 from .formats.detect import target_format
+from .limits import DEFAULT_LIMITS, Limits
 from .metadata import (
     RECIPE_HASH_KEY,
     SOURCE_HASH_KEY,
@@ -128,7 +129,7 @@ def _import_predicate(spec: str) -> Callable[[str], bool]:
         raise PlanError(f"filter predicate '{spec}' cannot be imported: {e}") from None
     if not callable(fn):
         raise PlanError(f"filter predicate '{spec}' is not callable")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _enum_free(name: str) -> str:
@@ -141,11 +142,13 @@ def _enum_free(name: str) -> str:
 def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
                overwrite: bool | None = None, fsync: bool | None = None,
                module_origins: Mapping[tuple[str, int], str] | None = None,
-               op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None) -> Plan:
+               op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
+               limits: Limits = DEFAULT_LIMITS) -> Plan:
     """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
 
     `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line;
-    `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error."""
+    `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error. `limits` bounds what
+    the source and template files may make their readers allocate."""
     src_path = resolve_path(base_dir, recipe.source.path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
@@ -162,7 +165,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
     key = recipe.source.top_level_key
     try:
-        reader = open_file(src_path, recipe.source.format, **({} if key is None else {"top_level_key": key}))
+        reader = open_file(src_path, recipe.source.format, limits=limits,
+                           **({} if key is None else {"top_level_key": key}))
     except TensorNotFoundError as e:  # in a recipe, a wrong top_level_key is a planning problem
         raise SourceKeyError(e.detail, file=e.file) from None
     readers: list[Reader] = [reader]
@@ -170,7 +174,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
-                        fsync=recipe.target.fsync if fsync is None else fsync)
+                        fsync=recipe.target.fsync if fsync is None else fsync, limits=limits)
     except BaseException:
         for r in readers:
             r.close()
@@ -184,10 +188,11 @@ _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
-             op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None) -> Plan:
+             op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
+             limits: Limits = DEFAULT_LIMITS) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
-    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins)
+    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins, limits)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -225,8 +230,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
                   fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
-                  op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None
-                  ) -> tuple[list[PlanEntry], ApplyReport]:
+                  op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
+                  limits: Limits = DEFAULT_LIMITS) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`."""
     is_pytorch = reader.format == "pytorch"
     tensors = reader.tensors
@@ -280,7 +285,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     if tpl_path is not None:
         by_name = _by_name(items, fatal)  # a template looks sources up by name
         entries, applied, missing, unused = _fill_template(recipe, tpl_path, readers, is_pytorch, by_name, adapter,
-                                                           resolver, cast_to, errors, fatal)
+                                                           resolver, cast_to, errors, fatal, limits)
         sources = [e.source for e in entries if e.source is not None and not e.kept_from_template]
     else:
         resolver = None  # the generator holds it only while it runs: 100k modules' params are freed with it
@@ -396,13 +401,13 @@ def _in_source_order(items: Iterator[_Item], cast_to: DType | None) -> tuple[lis
 
 def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pytorch: bool,
                    by_name: dict[str, _Item], adapter: Any, resolver: Any, cast_to: DType | None,
-                   errors: list[ReportError], fatal: list[str]
+                   errors: list[ReportError], fatal: list[str], limits: Limits = DEFAULT_LIMITS
                    ) -> tuple[list[PlanEntry], list[str], list[tuple[str, str]], list[str]]:
     """An entry per template slot: entries, applied, missing and unused names."""
     entries: list[PlanEntry] = []
     missing: list[tuple[str, str]] = []
     applied: list[str] = []
-    template = open_file(tpl_path, recipe.target.template_format)
+    template = open_file(tpl_path, recipe.target.template_format, limits=limits)
     readers.append(template)
     skip_enum = recipe.source.skip_enum_variants
     if skip_enum is None:

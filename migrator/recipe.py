@@ -22,11 +22,16 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from . import adapter_names
 from .recipe_ops import OpSpec
 
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
-AdapterName = Literal["identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"]
+if TYPE_CHECKING:
+    AdapterName = str
+else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices
+    AdapterName = Literal[adapter_names.NAMED]
 
 if TYPE_CHECKING:
     from .naming import NamingError
@@ -38,20 +43,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
-class RecipeValueError(ValueError):
-    """A validator's complaint, carrying what a precise report needs.
+RECIPE_VALUE = "recipe_value"
+"""The error type of a validator's complaint (see `recipe_value_error`)."""
 
-    Pydantic keeps the raised exception in the error's ``ctx``, so `recipe_loader` can point at
-    `key` (a sub-key of the object that failed, for checks that span several keys) and show `hint`
-    instead of parsing message text. ``str()`` is the message alone, so pydantic's own rendering
-    stays readable for callers that validate data without the loader.
+
+def recipe_value_error(message: str, *, key: str | None = None, hint: str | None = None) -> PydanticCustomError:
+    """A validator's complaint as pydantic's own error, carrying what a precise report needs.
+
+    Its type is RECIPE_VALUE and its context holds `message`, `key` (a sub-key of the object that
+    failed, for checks that span several keys) and `hint`, so `recipe_loader` reads them from the
+    error instead of parsing message text. The rendered message is `message` alone, so pydantic's own
+    rendering stays readable for callers that validate data without the loader.
     """
-
-    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.key = key
-        self.hint = hint
+    return PydanticCustomError(RECIPE_VALUE, "{message}", {"message": message, "key": key, "hint": hint})
 
 
 NO_MEMBER = "recipe_union"
@@ -119,12 +123,12 @@ def _check_float_dtype(value: str, what: str) -> str:
         dtype = parse(value)
     except UnsupportedDTypeError:
         guess = did_you_mean(value, castable)
-        raise RecipeValueError(f"unknown dtype '{value}'",
+        raise recipe_value_error(f"unknown dtype '{value}'",
                                hint=f"did you mean '{guess}'? {use}" if guess else use) from None
     if not dtype.is_float:
-        raise RecipeValueError(f"{what} must be a float dtype, got {value}", hint=use)
+        raise recipe_value_error(f"{what} must be a float dtype, got {value}", hint=use)
     if dtype.display not in castable:
-        raise RecipeValueError(f"{what} cannot be {value}: migrator casts to Burn's float dtypes only", hint=use)
+        raise recipe_value_error(f"{what} cannot be {value}: migrator casts to Burn's float dtypes only", hint=use)
     return value
 
 
@@ -135,7 +139,7 @@ def _check_regex(value: str) -> str:
     try:
         compile_regex(value)
     except NamingError as e:
-        raise RecipeValueError(regex_problem(e)) from e
+        raise recipe_value_error(regex_problem(e)) from e
     return value
 
 
@@ -154,16 +158,16 @@ def regex_problem(e: NamingError) -> str:
 def _nonempty_path(value: object) -> object:
     """An empty path would silently mean the recipe's folder; a NUL cannot be in any path."""
     if isinstance(value, str) and not value.strip():
-        raise RecipeValueError("path is empty")
+        raise recipe_value_error("path is empty")
     if isinstance(value, str) and "\0" in value:
-        raise RecipeValueError("path contains a NUL character", hint="no file name can hold one")
+        raise recipe_value_error("path contains a NUL character", hint="no file name can hold one")
     return value
 
 
 def _no_bool(value: object) -> object:
     """YAML `true` is not the number 1, whatever Python thinks."""
     if isinstance(value, bool):
-        raise RecipeValueError(f"expected a number, got {str(value).lower()}")
+        raise recipe_value_error(f"expected a number, got {str(value).lower()}")
     return value
 
 
@@ -179,10 +183,10 @@ def _no_secrets(value: dict[str, str | int | float | bool]) -> dict[str, str | i
 
     bad = secret_key(value)
     if bad is not None:
-        raise RecipeValueError(f"'{bad}' looks like a credential, and credentials never go in a recipe", key=bad,
-                               hint="set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-                                    "AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*, HF_TOKEN) or "
-                                    "the protocol's config files")
+        raise recipe_value_error(f"'{bad}' looks like a credential, and credentials never go in a recipe", key=bad,
+                                 hint="set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                                      "AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*, HF_TOKEN) or "
+                                      "the protocol's config files")
     return value
 
 
@@ -227,12 +231,12 @@ class RemapRule(_Strict):
             compiled = CompiledRule(self.from_, self.to, self.syntax)
         except NamingError as e:
             # naming quotes the replacement with repr(), which doubles every backslash the user wrote
-            raise RecipeValueError(e.message.replace(repr(self.to), f"'{self.to}'"), key="to") from e
+            raise recipe_value_error(e.message.replace(repr(self.to), f"'{self.to}'"), key="to") from e
         # Burn expands a reference to a missing group to '' and then, typically, two names collide:
         # refused here, at the line of `to`, instead of as a collision when planning
         problem = compiled.missing_group_problem()
         if problem is not None:
-            raise RecipeValueError(problem[0], key="to", hint=problem[1])
+            raise recipe_value_error(problem[0], key="to", hint=problem[1])
         return self
 
 
@@ -253,7 +257,7 @@ class Criterion(_Strict):
         dotted_ok = all(part.isidentifier() for part in module.split(".")) and all(
             part.isidentifier() for part in func.split("."))
         if not sep or not dotted_ok:
-            raise RecipeValueError(f"predicate '{v}' is not an import path",
+            raise recipe_value_error(f"predicate '{v}' is not an import path",
                                    hint="write 'package.module:function'")
         return v
 
@@ -262,7 +266,7 @@ class Criterion(_Strict):
         given = [k for k in ("regex", "path", "predicate") if getattr(self, k) is not None]
         if len(given) != 1:
             hint = "put each in its own list entry" if given else None
-            raise RecipeValueError(
+            raise recipe_value_error(
                 f"give exactly one of regex, path, predicate (got {', '.join(given) or 'none'})", hint=hint)
         return self
 
@@ -270,8 +274,8 @@ class Criterion(_Strict):
 class FilterSpec(_Strict):
     """Which tensors take part. `include` entries are OR-ed (absent = everything); `exclude` wins."""
 
-    include: list[Criterion] | None = Field(
-        None, description="Keep only tensors matching one of these (OR); absent keeps every tensor.")
+    include: list[Criterion] | None = Field(  # default= by keyword: type checkers then see it optional
+        default=None, description="Keep only tensors matching one of these (OR); absent keeps every tensor.")
     exclude: list[Criterion] = Field(default_factory=list, description="Drop tensors matching any of these.")
 
 
@@ -286,12 +290,12 @@ class HalfPrecisionOptions(_Strict):
         try:
             half_precision_module_set(self.with_, self.without)
         except ValueError as e:
-            raise RecipeValueError(str(e), key="without",
+            raise recipe_value_error(str(e), key="without",
                                    hint="Burn's without_module accepts only names in the set") from None
         return self
 
 
-class HalfPrecisionAdapter(_Strict):
+class HalfPrecisionSpec(_Strict):
     half_precision: HalfPrecisionOptions = Field(
         description="F32 <-> F16 for Burn's default module types, with types added (with) or removed (without).")
 
@@ -305,14 +309,14 @@ class FloatCastOptions(_Strict):
         return _check_float_dtype(v, "float_cast target")
 
 
-class FloatCastAdapter(_Strict):
+class FloatCastSpec(_Strict):
     float_cast: FloatCastOptions = Field(description="Cast every float tensor to one dtype (Burn's float_cast).")
 
 
 AdapterSpec = Annotated[
     Annotated[AdapterName, Tag("name")]
-    | Annotated[HalfPrecisionAdapter, Tag("half_precision")]
-    | Annotated[FloatCastAdapter, Tag("float_cast")],
+    | Annotated[HalfPrecisionSpec, Tag("half_precision")]
+    | Annotated[FloatCastSpec, Tag("float_cast")],
     _tagged("an adapter"),
 ]
 
@@ -345,11 +349,11 @@ class ScalarValue(_Strict):
     def _exactly_one(self) -> ScalarValue:
         given = [k for k in ("int_", "uint", "float_", "bool_") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise RecipeValueError("give exactly one of int, uint, float, bool", hint="e.g. {int: 42}")
+            raise recipe_value_error("give exactly one of int, uint, float, bool", hint="e.g. {int: 42}")
         if self.uint is not None and not 0 <= self.uint < 2**64:
-            raise RecipeValueError("uint must be in [0, 2**64)", key="uint")
+            raise recipe_value_error("uint must be in [0, 2**64)", key="uint")
         if self.int_ is not None and not -(2**63) <= self.int_ < 2**63:
-            raise RecipeValueError("int must fit in 64 bits", key="int")
+            raise recipe_value_error("int must fit in 64 bits", key="int")
         return self
 
 
@@ -368,7 +372,7 @@ class ShardSpec(_Strict):
         try:
             parse_size(v)
         except ValueError as e:
-            raise RecipeValueError(str(e), hint="e.g. 5GB, 500MB, 2GiB or 1000000") from None
+            raise recipe_value_error(str(e), hint="e.g. 5GB, 500MB, 2GiB or 1000000") from None
         return v
 
 
@@ -427,11 +431,11 @@ class TargetSpec(_Strict):
 
             fmt = self.format if self.format != "auto" else from_extension(self.path)
             if fmt == "burnpack":
-                raise RecipeValueError("a sharded target cannot be burnpack: Burn has one file per model (a .bpk "
+                raise recipe_value_error("a sharded target cannot be burnpack: Burn has one file per model (a .bpk "
                                        "holds the whole model)", key="shard",
                                        hint="write format: safetensors or pytorch shards, or drop target.shard")
         elif self.copy_:
-            raise RecipeValueError("target.copy needs a folder target", key="copy",
+            raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")
         return self
 
@@ -454,8 +458,9 @@ class Recipe(_Strict):
         default_factory=list, description="Tensor ops (split, concat, stack, unstack, reshape, permute, slice, "
         "rope_permute), in order, on the names after remap and filter, before adapters.")
     adapters: list[AdapterSpec] = Field(
-        default_factory=list, description="Layout adapters, chained in order: pytorch_to_burn, burn_to_pytorch, "
-        "half_precision, float_cast, identity.")
+        default_factory=list,
+        description="Layout adapters, chained in order: " + ", ".join(adapter_names.ALL[1:] + adapter_names.ALL[:1])
+        + ".")
     dtype: DTypePolicy = Field("keep", description="keep the source dtypes, take the template's, or {cast: DTYPE}.")
     target: TargetSpec = Field(description="The file (or folder of shards) to write.")
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")

@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 migration errors (missing tensors, shape mismatches, un
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 
 from .display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
 from .errors import MigratorError, error_json
-from .formats.base import no_gc
+from .limits import DEFAULT_LIMITS
 from .plan import Plan, SourceKeyError, build_plan
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
@@ -70,37 +69,26 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
 
 @contextmanager
 def _plan_for(loaded: Any, args: argparse.Namespace, shown: str | None = None) -> Iterator[Plan]:
-    """The recipe's plan, open for the block.
-
-    A 100k-tensor plan is ~1M objects that all live until the command ends. The cyclic collector
-    would rescan them at each young-generation pass and free nothing (~6% of `migrate plan`), so
-    the plan is built with it paused, then frozen out of its scans (O(1)) until the block ends.
-    Cycles left by a parse are collected then, at the latest.
-    """
-    freezes = gc.isenabled()  # no_gc leaves a collector someone else paused as it is: nothing to undo
-    with no_gc(then_freeze=True):
-        try:
-            plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
-                              hash_sources=getattr(args, "hash_sources", False),
-                              overwrite=True if getattr(args, "overwrite", False) else None,
-                              fsync=False if getattr(args, "no_fsync", False) else None,
-                              module_origins=loaded.module_origins, op_origins=loaded.op_origins)
-        except SourceKeyError as e:  # about one recipe value: name its line
-            from .recipe_loader import locate
-
-            given = shown or getattr(args, "recipe", None)  # the recipe's path as given
-            where = locate(loaded, e.loc, given if isinstance(given, str) else None)
-            if where is None:
-                raise
-            located = SourceKeyError(f"{where}: {'.'.join(e.loc)}: {e}")
-            located.file = e.file  # the source file, for --json; the text leads with the recipe line
-            raise located from None
+    """The recipe's plan, open for the block, read within the command line's `--limit` settings."""
     try:
-        with plan:
-            yield plan
-    finally:
-        if freezes:
-            gc.unfreeze()
+        plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+                          hash_sources=getattr(args, "hash_sources", False),
+                          overwrite=True if getattr(args, "overwrite", False) else None,
+                          fsync=False if getattr(args, "no_fsync", False) else None,
+                          module_origins=loaded.module_origins, op_origins=loaded.op_origins,
+                          limits=getattr(args, "reader_limits", DEFAULT_LIMITS))
+    except SourceKeyError as e:  # about one recipe value: name its line
+        from .recipe_loader import locate
+
+        given = shown or getattr(args, "recipe", None)  # the recipe's path as given
+        where = locate(loaded, e.loc, given if isinstance(given, str) else None)
+        if where is None:
+            raise
+        located = SourceKeyError(f"{where}: {'.'.join(e.loc)}: {e}")
+        located.file = e.file  # the source file, for --json; the text leads with the recipe line
+        raise located from None
+    with plan:
+        yield plan
 
 
 def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
@@ -150,8 +138,10 @@ def _write_report(path: Path, plan: Plan, doc: dict[str, Any]) -> None:
     read or wrote, never over an existing file without overwrite."""
     from .atomic import write_file
     from .execute import read_by, source_modes
+    from .html_report import is_html_path, plan_page
 
-    write_file(path, (json.dumps(doc, indent=2) + "\n").encode(), overwrite=plan.overwrite, protect=read_by(plan),
+    data = plan_page(plan_json(plan), doc) if is_html_path(path) else (json.dumps(doc, indent=2) + "\n").encode()
+    write_file(path, data, overwrite=plan.overwrite, protect=read_by(plan),
                outputs=[plan.target_path], fsync=plan.fsync, mode_from=source_modes(plan), make_folders=True)
 
 
@@ -219,14 +209,31 @@ def plan(args: argparse.Namespace) -> int:
         return _recipe_error(e, args)
     with _plan_for(loaded, args) as p:
         _add_target_problems(p)
-        if args.json:
-            json.dump(plan_json(p), sys.stdout, indent=2)
+        doc = plan_json(p) if args.json or args.html else None
+        if args.html:  # the page instead of the table; the summary is still printed
+            _write_plan_page(Path(args.html), p, doc)
+        if doc is not None and args.json:
+            json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
-            _print_plan_table(p)
-            _print_op_nodes(p)
+            if not args.html:  # the page has the table and the op nodes
+                _print_plan_table(p)
+                _print_op_nodes(p)
             _print_outcome(p)
+            if args.html:
+                print(f"wrote {escape(args.html)}")
         return EXIT_OK if p.ok else EXIT_MIGRATION
+
+
+def _write_plan_page(path: Path, p: Plan, doc: dict[str, Any] | None) -> None:
+    """`plan --html`: written as a run's `--report` is (never over a file the plan reads or the
+    target, never over an existing file without overwrite)."""
+    from .atomic import write_file
+    from .execute import read_by
+    from .html_report import plan_page
+
+    write_file(path, plan_page(doc if doc is not None else plan_json(p)), overwrite=p.overwrite,
+               protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True)
 
 
 def _add_target_problems(p: Plan) -> None:

@@ -35,9 +35,9 @@ def has_index_ref(text: str) -> bool:
 
 
 def _problem(message: str, *, key: str | None = None, hint: str | None = None) -> Exception:
-    from .recipe import RecipeValueError
+    from .recipe import recipe_value_error
 
-    return RecipeValueError(message, key=key, hint=hint)
+    return recipe_value_error(message, key=key, hint=hint)
 
 
 def _regex(value: str) -> str:

@@ -29,6 +29,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+from . import native
 from .dtypes import DType, Kind
 from .formats import Reader, open_file
 from .tensor import LazyTensor
@@ -47,23 +48,6 @@ _KERNEL_KINDS = {"F32": 0, "FLEX32": 0, "F64": 1, "F16": 2, "BF16": 3}
 def supported(dtype: DType) -> bool:
     """Whether `tensor_stats` computes values for this dtype."""
     return dtype.numpy_name is not None and dtype.kind in (Kind.FLOAT, Kind.INT, Kind.UINT, Kind.BOOL)
-
-
-def _load_kernels() -> Any:
-    """`migrator._kernels` if it was built and MIGRATOR_NO_KERNELS is unset (as casts.py decides),
-    imported without numpy: stats of an all-float model then never load numpy (a tenth of a
-    second of start-up or more)."""
-    if os.environ.get("MIGRATOR_NO_KERNELS"):
-        return None
-    try:
-        from . import _kernels
-    except ImportError:
-        return None
-    return _kernels
-
-
-kernels = _load_kernels()
-"""The compiled loops, or None (numpy then does all the work); tests switch it off."""
 
 
 class Moments:
@@ -97,6 +81,7 @@ def tensor_stats(tensor: LazyTensor, window: int = DEFAULT_WINDOW) -> dict[str, 
     itemsize = dtype.itemsize or 1
     window = max(window - window % itemsize, itemsize)
     kind = _KERNEL_KINDS.get(dtype.name)
+    kernels = native.kernels
     if kind is not None and kernels is not None:
         fresh = tensor.span is not None and tensor.chunks is None and tensor.nbytes > window
         return _kernel_stats(kernels, windows(tensor, window), kind, tensor.numel, fresh)

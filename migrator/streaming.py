@@ -129,7 +129,7 @@ def _unbuffered(sink: BinaryIO) -> BinaryIO:
     if raw is None or not isinstance(sink, io.BufferedWriter):
         return sink
     sink.flush()
-    return raw  # type: ignore[no-any-return]
+    return raw
 
 
 def _position(sink: BinaryIO) -> int | None:

@@ -48,7 +48,7 @@ def match_slots(slots: Sequence[str], lookup: Lookup) -> list[str | None]:
 
 
 def _one_way(slots: Sequence[str], by_name: list[str | None], by_position: list[str | None],
-             conflicts: list[tuple[str, str | None, str | None]]) -> list[str | None]:
+             conflicts: Sequence[tuple[str, str | None, str | None]]) -> list[str | None]:
     """The one complete way when the two ways differ; otherwise the match is ambiguous."""
     name_full, position_full = None not in by_name, None not in by_position
     if position_full and not name_full:

@@ -166,9 +166,9 @@ def from_numpy(name: str, array: Any, *, dtype: DType | None = None,
     arr = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes 0-d arrays 1-d
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    shape = tuple(int(d) for d in arr.shape)
+    shape = tuple(map(int, arr.shape))
     nbytes = arr.nbytes
-    return LazyTensor(name, dt, shape, nbytes, loader=lambda: memoryview(arr.reshape(-1).view(np.uint8)),
+    return LazyTensor(name, dt, shape, nbytes, loader=lambda: arr.reshape(-1).view(np.uint8).data,
                       param_id=param_id)
 
 
@@ -186,7 +186,7 @@ _SLOTTED = (tuple(f.name for f in fields(LazyTensor)) == _LAZY_FIELDS
 
 def _fill(cls: type, n: int, **columns: Iterable[Any]) -> list[Any]:
     """n instances of a slotted class, every slot set from its column (one C-level pass per slot)."""
-    objs = list(map(object.__new__, repeat(cls, n)))
+    objs: list[Any] = list(map(object.__new__, repeat(cls, n)))
     for slot, values in columns.items():
         deque(map(getattr(cls, slot).__set__, objs, values), maxlen=0)
     return objs
@@ -206,7 +206,7 @@ def stored_many(source: ByteSource, names: Sequence[str], dtypes_: Sequence[DTyp
             views = list(map(file_view, repeat(source), repeat(fd), offsets, lengths))
             return list(map(LazyTensor, names, dtypes_, shapes, lengths, views, views, pids, label))
         views = _fill(FileView, n, offset=offsets, length=lengths, source=repeat(source))
-        deque(map(FileSpan.fd.__set__, views, repeat(fd)), maxlen=0)  # type: ignore[attr-defined]  # the slot, not FileView.fd
+        deque(map(vars(FileSpan)["fd"].__set__, views, repeat(fd)), maxlen=0)  # the slot, not FileView.fd
         return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views,
                      span=views, param_id=pids, origin=label, chunks=repeat(None))
     spans: Iterable[FileSpan | None] = repeat(None) if span is ByteSource.span else map(source.span, offsets, lengths)

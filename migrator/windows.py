@@ -1,11 +1,12 @@
-"""A tensor's bytes as consecutive fixed-size windows, read into one reusable buffer.
+"""A tensor's bytes as consecutive fixed-size windows, each mapped or gathered on its own.
 
 `migrate diff` and `inspect --stats` look at every byte of a model but keep none of it: what they
 hold at a time is one window per tensor side, whatever the tensor's size. A tensor stored verbatim
 in a file (a shard included) is mapped one window at a time, populated in one call
 (MAP_POPULATE: no page fault per page) and unmapped when the consumer drops it; measured faster
-than `pread` into a buffer, which copies every byte once more (benchmarks/RESULTS.md). A computed tensor (a
-cast, a transpose from a plan) streams its own pieces, which are gathered into windows; a tensor
+than `pread` into a buffer, which copies every byte once more (benchmarks/RESULTS.md). A
+computed tensor (a cast, a transpose from a plan) streams its own pieces, which are gathered
+into windows of one reused buffer; a tensor
 that is neither is sliced from its `data()` view. A transpose has to see its whole source, so a
 transposed tensor maps its source tensor while it streams: that is the one case where memory
 follows the largest tensor rather than the window size.
@@ -72,6 +73,7 @@ def _read_span(tensor: LazyTensor, size: int) -> Iterator[Window]:
             raise _short(tensor, len(data))
         yield data
         return
+
     def mapped(start: int) -> memoryview:
         want = min(size, length - start)
         offset = base + start

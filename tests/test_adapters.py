@@ -26,8 +26,7 @@ from migrator.adapters import (
     half_precision_module_set,
 )
 from migrator.modules import ModuleResolver, ModuleType
-from migrator.recipe import FloatCastAdapter as FloatCastSpec
-from migrator.recipe import HalfPrecisionAdapter as HalfPrecisionSpec
+from migrator.recipe import FloatCastSpec, HalfPrecisionSpec
 from migrator.tensor import LazyTensor, from_numpy
 
 
@@ -538,3 +537,33 @@ def test_bert_like_round_trip_bit_identical() -> None:
     for k, v in want.items():
         assert back16[k].dtype is dtypes.F16
         assert bytes(back16[k].data()) == v.numpy().tobytes(), k
+
+
+def test_one_adapter_registry_feeds_schema_cli_and_hints() -> None:
+    """`adapter_names` is the one list: the recipe schema's names, the adapter classes, the
+    command line's choices and the loader's hint all come from it."""
+    import typing
+
+    from migrator import adapter_names, recipe
+    from migrator.adapters import NAMED_ADAPTERS
+    from migrator.cli import _parser
+    from migrator.recipe_loader import recipe_json_schema
+
+    assert typing.get_args(recipe.AdapterName) == adapter_names.NAMED
+    assert tuple(NAMED_ADAPTERS) == adapter_names.NAMED
+    assert set(adapter_names.ALL) == set(adapter_names.NAMED) | set(adapter_names.WITH_OPTIONS)
+    schema = recipe_json_schema()
+    enums = [e for e in _walk_enums(schema) if "pytorch_to_burn" in e]
+    assert enums == [list(adapter_names.NAMED)]
+    _, commands = _parser()
+    adapter_help = next(a.help for a in commands["convert"]._actions if "--adapter" in a.option_strings)
+    assert adapter_help is not None and all(form in adapter_help for form in adapter_names.CLI_FORMS)
+
+
+def _walk_enums(node: object) -> list[list[str]]:
+    if isinstance(node, dict):
+        found = [node["enum"]] if "enum" in node else []
+        return found + [e for v in node.values() for e in _walk_enums(v)]
+    if isinstance(node, list):
+        return [e for v in node for e in _walk_enums(v)]
+    return []

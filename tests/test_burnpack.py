@@ -307,7 +307,7 @@ def test_cbor_declared_length_bomb_is_refused_without_allocating() -> None:
 
 
 def test_tensor_count_limit() -> None:
-    n = burnpack.MAX_TENSOR_COUNT + 1
+    n = burnpack.BURN_MAX_TENSOR_COUNT + 1
     entry = cbor.encode({"dtype": "U8", "shape": [0], "data_offsets": [0, 0]})
     body = bytearray(b"\xa1\x67tensors\xba" + n.to_bytes(4, "big"))
     for i in range(n):

@@ -308,21 +308,20 @@ def test_fuzz_tool_smoke(tmp_path: Path) -> None:
 
 # ---- memory per created object, per container kind (SafeTensors JSON, burnpack CBOR) ---------------
 # Each input repeats one small item until it is ~100 KB; opening it (or refusing it) must stay within
-# the budget per input byte that SECURITY.md states. The readers' fixed allowances (BUDGET_BASE) are
-# set to 0 here so that ~100 KB show the per-byte rate; tracemalloc counts exactly.
+# the budget per input byte that SECURITY.md states. The readers' fixed allowance (`header_object_base`)
+# is set to 0 here so that ~100 KB show the per-byte rate; tracemalloc counts exactly.
 
 _ITEMS = 100_000
 
 
 def _peak(monkeypatch: pytest.MonkeyPatch, data: bytes) -> int:
-    from migrator.formats import cbor, safetensors
+    from migrator.limits import Limits
 
-    monkeypatch.setattr(cbor, "BUDGET_BASE", 0, raising=False)
-    monkeypatch.setattr(safetensors, "BUDGET_BASE", 0, raising=False)
+    limits = Limits(header_object_base=0)
     tracemalloc.start()
     try:
         with contextlib.suppress(FormatError):  # refused (LimitExceededError, or after parsing): fine
-            open_file(data).close()
+            open_file(data, limits=limits).close()
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -36,8 +36,10 @@ import numpy as np
 import pytest
 
 import migrator
+from migrator import limits as limits_mod
 from migrator.errors import FormatError, LimitExceededError, MigratorError, UnsafePickleError
 from migrator.formats import burnpack, cbor, pytorch, safetensors  # imported now, not counted per case
+from migrator.limits import DEFAULT_LIMITS, Limits
 from migrator.safepickle import WholeModelPickleError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,14 +61,15 @@ def touch_all(reader: migrator.formats.Reader) -> None:
             t.numpy()
 
 
-def outcome(path: Path, *, fmt: str = "auto", budget: str = "file", seconds: float = 20) -> BaseException:
+def outcome(path: Path, *, fmt: str = "auto", budget: str = "file", seconds: float = 20,
+            limits: Limits = DEFAULT_LIMITS) -> BaseException:
     """Open `path` and touch every tensor; return the error, checking time and allocation bounds."""
     size = path.stat().st_size
     factor, const = BUDGETS[budget]
     err: BaseException | None = None
     tracemalloc.start()
     try:
-        with fuzz.time_limit(seconds), migrator.open_file(path, format=fmt) as r:
+        with fuzz.time_limit(seconds), migrator.open_file(path, format=fmt, limits=limits) as r:
             touch_all(r)
     except Exception as e:  # the type is what the test checks
         err = e
@@ -274,12 +277,11 @@ def child_pids() -> set[int]:
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
 def test_pickle_attack_is_refused_and_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    attack: Attack, container: str) -> None:
-    monkeypatch.setattr(pytorch, "MAX_NODES", 20_000)  # the memo bomb's walk, kept quick (the default is 1M)
     sentinel = tmp_path / "pwned"
     path = tmp_path / f"evil-{container}.pt"
     path.write_bytes(CONTAINERS[container](attack.build(sentinel)))
     before = child_pids()
-    err = outcome(path, budget="pickle")
+    err = outcome(path, budget="pickle", limits=Limits(max_nodes=20_000))  # the memo bomb's walk, kept quick
     expect = attack.bare_expect if container == "bare" and attack.bare_expect else attack.expect
     assert isinstance(err, expect), f"{type(err).__name__}: {err}"
     if attack.expect is UnsafePickleError and container != "bare":
@@ -293,15 +295,14 @@ def test_pickle_attack_is_refused_and_runs_nothing(tmp_path: Path, monkeypatch: 
 
 def test_memo_bomb_memory_grows_with_the_node_limit_not_the_paths(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The walk is refused after MAX_NODES visits; what it holds until then is O(MAX_NODES)."""
+    """The walk is refused after `max_nodes` visits; what it holds until then is O(max_nodes)."""
     path = tmp_path / "bomb.pt"
     path.write_bytes(in_zip(_memo_bomb(tmp_path / "s")))
     peaks = []
     for limit in (10_000, 40_000):
-        monkeypatch.setattr(pytorch, "MAX_NODES", limit)
         tracemalloc.start()
         with pytest.raises(LimitExceededError, match="memo bomb"), fuzz.time_limit(20):
-            migrator.open_file(path)
+            migrator.open_file(path, limits=Limits(max_nodes=limit))
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     per_node = (peaks[1] - peaks[0]) / 30_000
@@ -650,55 +651,83 @@ def test_crc_is_checked_before_unpickling(tmp_path: Path) -> None:
 
 
 def test_documented_limit_values() -> None:
-    from migrator import recipe_loader, safepickle
+    from migrator import recipe_loader
 
-    actual = {m.__name__.rsplit(".", 1)[1] + "." + n: getattr(m, n) for m, names in (
-        (burnpack, ("MAX_METADATA_SIZE", "MAX_TENSOR_COUNT", "MAX_TENSOR_SIZE")), (cbor, ("MAX_DEPTH",)),
-        (safetensors, ("MAX_HEADER_SIZE",)),
-        (pytorch, ("MAX_PICKLE_BYTES", "MAX_ZIP_ENTRIES", "MAX_ZIP_DIRECTORY", "MAX_SMALL_RECORD", "MAX_TAR_MEMBERS",
-                   "MAX_NODES", "MAX_DEPTH", "MAX_EXPANDED_BYTES")),
-        (recipe_loader, ("MAX_RECIPE_BYTES", "MAX_YAML_NODES"))) for n in names}
-    actual["safepickle.DEFAULT_LIMITS"] = safepickle.DEFAULT_LIMITS
     documented = {
-        "burnpack.MAX_METADATA_SIZE": 100 * MiB, "burnpack.MAX_TENSOR_COUNT": 100_000,
-        "burnpack.MAX_TENSOR_SIZE": 10 << 30, "cbor.MAX_DEPTH": 128, "safetensors.MAX_HEADER_SIZE": 100_000_000,
-        "pytorch.MAX_PICKLE_BYTES": 1 << 30, "pytorch.MAX_ZIP_ENTRIES": 1_000_000,
-        "pytorch.MAX_ZIP_DIRECTORY": 256 * MiB, "pytorch.MAX_SMALL_RECORD": MiB,
-        "pytorch.MAX_TAR_MEMBERS": 100_000, "pytorch.MAX_NODES": 1_000_000,
-        "pytorch.MAX_DEPTH": 1_000, "pytorch.MAX_EXPANDED_BYTES": 1 << 30, "recipe_loader.MAX_RECIPE_BYTES": 10 * MiB,
-        "recipe_loader.MAX_YAML_NODES": 100_000,
-        "safepickle.DEFAULT_LIMITS": safepickle.Limits(max_memo=5_000_000, max_stack=5_000_000, max_marks=1_000,
-                                                       max_objects=10_000_000, max_long_bytes=4096, max_key_depth=32,
-                                                       max_dims=64, max_same_hash=64, max_object_bytes=80),
+        "max_file_bytes": 100 << 30, "max_metadata_bytes": 100 * MiB, "max_tensors": 100_000,
+        "max_tensor_bytes": 10 << 30, "max_header_bytes": 100_000_000, "header_object_bytes": 14,
+        "header_object_base": 56 * MiB, "max_pickle_bytes": 1 << 30, "max_zip_entries": 1_000_000,
+        "max_zip_directory_bytes": 256 * MiB, "max_small_record_bytes": MiB, "max_tar_members": 100_000,
+        "max_nodes": 1_000_000, "max_nesting": 1_000, "max_expanded_bytes": 1 << 30, "max_memo": 5_000_000,
+        "max_stack": 5_000_000, "max_marks": 1_000, "max_objects": 10_000_000, "max_long_bytes": 4096,
+        "max_key_depth": 32, "max_dims": 64, "max_same_hash": 64, "max_object_bytes": 80,
+        "pickle_object_base": MiB, "max_index_bytes": 64 * MiB, "max_shards": 100_000,
     }
-    assert actual == documented
+    assert {f: getattr(DEFAULT_LIMITS, f) for f in limits_mod.NAMES} == documented
+    # Burn's reader refuses what its defaults refuse: the writer's bounds are those
+    burn = (burnpack.BURN_MAX_METADATA_SIZE, burnpack.BURN_MAX_TENSOR_COUNT, burnpack.BURN_MAX_TENSOR_SIZE)
+    assert burn == (DEFAULT_LIMITS.max_metadata_bytes, DEFAULT_LIMITS.max_tensors, DEFAULT_LIMITS.max_tensor_bytes)
+    assert cbor.MAX_DEPTH == 128
+    assert DEFAULT_LIMITS.max_header_bytes == safetensors.MAX_HEADER_SIZE
+    assert 10 * MiB == recipe_loader.MAX_RECIPE_BYTES
+    assert recipe_loader.MAX_YAML_NODES == 100_000
     security = (REPO / "SECURITY.md").read_text()
     for name in documented:
-        assert name.split(".", 1)[1] in security, name
+        assert f"`{name}`" in security, name
 
 
-def test_limits_move_as_documented(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Module constants are read when a file is opened; pickle limits come from DEFAULT_LIMITS or `limits=`."""
-    from migrator import recipe_loader, safepickle
-
+def test_limits_move_as_documented(tmp_path: Path) -> None:
+    """A `Limits` value given to `open_file` (or `--limit` on the command line) moves each bound for
+    that reader only; the defaults stay as they were."""
     blob = migrator.to_bytes([migrator.from_numpy(f"t{i}", np.zeros(1, np.float32)) for i in range(3)], "burnpack")
-    monkeypatch.setattr(burnpack, "MAX_TENSOR_COUNT", 2)
     with pytest.raises(LimitExceededError, match="limit of 2"):
-        migrator.open_file(blob)
+        migrator.open_file(blob, limits=Limits(max_tensors=2))
+    assert len(migrator.open_file(blob)) == 3
     st = migrator.to_bytes([migrator.from_numpy("t", np.zeros(1, np.float32))], "safetensors")
-    monkeypatch.setattr(safetensors, "MAX_HEADER_SIZE", 16)
     with pytest.raises(LimitExceededError, match="at most 16"):
-        migrator.open_file(st)
+        migrator.open_file(st, limits=DEFAULT_LIMITS.replace(max_header_bytes=16))
     pt = in_zip(with_tensor(b"N"))
     assert len(migrator.open_file(pt)) == 1
     with pytest.raises(LimitExceededError, match="values in one pickle"):
-        migrator.open_file(pt, limits=safepickle.Limits(max_objects=5))
-    monkeypatch.setattr(safepickle, "DEFAULT_LIMITS", safepickle.Limits(max_dims=0))
+        migrator.open_file(pt, limits=Limits(max_objects=5))
     with pytest.raises(LimitExceededError, match=r"dimensions \(limit 0\)"):
-        migrator.open_file(pt)
-    monkeypatch.setattr(recipe_loader, "MAX_YAML_NODES", 5)
-    with pytest.raises(recipe_loader.RecipeError, match="more than 5 YAML nodes"):
-        recipe_loader.parse_recipe("version: 1\nsource: {path: a.pt}\ntarget: {path: b.bpk}\n")
+        migrator.open_file(pt, limits=Limits(max_dims=0))
+    assert len(migrator.open_file(pt)) == 1
+
+
+def test_limit_settings_parse_sizes_and_suggest_names() -> None:
+    limits = DEFAULT_LIMITS.with_settings(["max_tensor_bytes=20GiB", "max_metadata_bytes=5MB", "max_nodes=2_000"])
+    assert (limits.max_tensor_bytes, limits.max_metadata_bytes, limits.max_nodes) == (20 << 30, 5_000_000, 2000)
+    assert DEFAULT_LIMITS.max_nodes == 1_000_000  # a new value; the defaults stay
+    with pytest.raises(limits_mod.LimitSettingError, match="did you mean 'max_tensor_bytes'"):
+        DEFAULT_LIMITS.with_settings(["max_tensor_byte=1"])
+    for bad in ("max_nodes=5GiB", "max_nodes=", "max_nodes=-1", "max_tensor_bytes=5gb", "max_nodes", "=5"):
+        with pytest.raises(limits_mod.LimitSettingError):
+            DEFAULT_LIMITS.with_settings([bad])
+    with pytest.raises(ValueError, match="max_dims"):
+        Limits(max_dims=-1)
+
+
+def test_limit_flag_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from migrator.cli import main
+
+    path = tmp_path / "m.bpk"
+    migrator.save([migrator.from_numpy(f"t{i}", np.zeros(1, np.float32)) for i in range(3)], path)
+    assert main(["inspect", str(path), "--limit", "max_tensors=2"]) == 1
+    assert "limit of 2 (max_tensors)" in capsys.readouterr().err
+    assert main(["inspect", str(path), "--limit", "1", "--limit", "max_tensors=3"]) == 0  # N: rows shown
+    assert "... and 2 more tensors" in capsys.readouterr().out
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsource: {{path: {path}}}\ntarget: {{path: {tmp_path / 'o.safetensors'}}}\n")
+    for command in (["plan", str(recipe)], ["validate", str(recipe)], ["run", str(recipe), "--no-progress"],
+                    ["convert", str(path), str(tmp_path / "c.safetensors")]):
+        assert main([*command, "--limit", "max_metadata_bytes=10B"]) == 1, command
+        assert "exceeds the 10 byte limit" in capsys.readouterr().err, command
+    assert not (tmp_path / "o.safetensors").exists() and not (tmp_path / "c.safetensors").exists()
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", str(recipe), "--limit", "max_tensor=2"])
+    assert exit_.value.code == 2
+    assert "unknown limit 'max_tensor': did you mean 'max_tensors'?" in capsys.readouterr().err
 
 
 def test_file_truncated_under_a_reader(tmp_path: Path) -> None:

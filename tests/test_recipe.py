@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from migrator.errors import MigratorError
-from migrator.recipe import CastPolicy, FloatCastAdapter, HalfPrecisionAdapter, Recipe
+from migrator.recipe import CastPolicy, FloatCastSpec, HalfPrecisionSpec, Recipe
 from migrator.recipe_loader import (
     MAX_RECIPE_BYTES,
     SCHEMA_REGENERATE,
@@ -170,12 +170,12 @@ def test_every_adapter_spelling(load) -> None:
           - float_cast: {to: bf16}
     """).recipe
     assert r.adapters[:4] == ["identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"]
-    assert isinstance(r.adapters[4], HalfPrecisionAdapter) and r.adapters[4].half_precision.with_ == []
-    assert isinstance(r.adapters[5], HalfPrecisionAdapter)
+    assert isinstance(r.adapters[4], HalfPrecisionSpec) and r.adapters[4].half_precision.with_ == []
+    assert isinstance(r.adapters[5], HalfPrecisionSpec)
     assert r.adapters[5].half_precision.with_ == ["BatchNorm"]
     assert r.adapters[5].half_precision.without == ["LayerNorm"]
-    assert isinstance(r.adapters[6], FloatCastAdapter) and r.adapters[6].float_cast.to == "F16"
-    assert isinstance(r.adapters[7], FloatCastAdapter) and r.adapters[7].float_cast.to == "bf16"
+    assert isinstance(r.adapters[6], FloatCastSpec) and r.adapters[6].float_cast.to == "F16"
+    assert isinstance(r.adapters[7], FloatCastSpec) and r.adapters[7].float_cast.to == "bf16"
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import SHARED_FIXTURES, fixture_file
 
-from migrator import open_file, stats
+from migrator import native, open_file
 from migrator.cli import main
 from migrator.stats import tensor_stats
 
@@ -27,9 +27,9 @@ KEYS = {"min", "max", "mean", "std", "mean_abs", "zeros_fraction", "nan", "inf",
 
 @pytest.fixture(params=["avx2", "portable", "numpy"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
-    kernels = stats.kernels
+    kernels = native.kernels
     if request.param == "numpy":
-        monkeypatch.setattr(stats, "kernels", None)
+        monkeypatch.setattr(native, "kernels", None)
     elif kernels is None:
         pytest.skip("compiled kernels not built")
     elif request.param == "portable":

@@ -631,8 +631,8 @@ def exercise(reader: str, data: bytes, *, path: Path | None = None, auto: bool =
 
 
 def _check_reader(r: Any, size: int, largest: list[int] | None) -> None:
-    from migrator.formats.pytorch import MAX_EXPANDED_BYTES
     from migrator.inspect import summarize
+    from migrator.limits import DEFAULT_LIMITS
 
     json.dumps(summarize(r), default=str)  # what `migrate inspect --json` prints
     assert isinstance(r.metadata, dict) and isinstance(r.scalars, dict)
@@ -643,7 +643,7 @@ def _check_reader(r: Any, size: int, largest: list[int] | None) -> None:
         want = t.dtype.nbytes(t.shape)
         if want is not None and want != t.nbytes:
             raise WrongResult(f"{t.name}: declares {t.nbytes} bytes, shape/dtype need {want}")
-        if t.nbytes > max(size, MAX_EXPANDED_BYTES):
+        if t.nbytes > max(size, DEFAULT_LIMITS.max_expanded_bytes):
             raise WrongResult(f"{t.name}: declares {t.nbytes} bytes from a {size}-byte input")
         if t.nbytes > MATERIALISE_LIMIT:
             continue

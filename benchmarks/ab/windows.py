@@ -61,11 +61,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     rounds = ap.parse_args().rounds
-    from migrator import stats, windows
+    from migrator import native, windows
     from migrator.diff import diff_document
     from migrator.stats import inspect_with_stats
 
-    kernels = stats.kernels
+    kernels = native.kernels
 
     def with_ahead(n: int, fn: Callable[[], object]) -> Callable[[], object]:
         def run() -> object:
@@ -77,11 +77,11 @@ def main() -> None:
         return run
 
     def stats_numpy() -> object:
-        stats.kernels = None
+        native.kernels = None
         try:
             return inspect_with_stats(A)
         finally:
-            stats.kernels = kernels
+            native.kernels = kernels
 
     pairs: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
         "read: pread+memcmp | mmap+array_equal": (read_pread, read_mmap),

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 from ..atomic import Protected, atomic_output
 from ..bytesource import ByteSource, open_source
 from ..errors import UnknownFormatError
+from ..limits import DEFAULT_LIMITS, Limits
 from ..remote import is_url
 from ..scalars import Scalar
 from ..tensor import LazyTensor
@@ -55,8 +56,10 @@ def writer_class(fmt: str) -> type[Writer]:
     raise UnknownFormatError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
 
 
-def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
+def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIMITS, **options: Any) -> Reader:
     """Open a file or buffer lazily; `options` go to the format's reader (e.g. `top_level_key`).
+
+    `limits` bounds what the file may make the reader allocate (`migrator.limits.Limits`).
 
     A path may also name a model folder, an index (`*.index.json`) or a glob of shards: all its
     shards are then read as one source (`formats.sharded`).
@@ -65,11 +68,11 @@ def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
         if is_url(src):  # an object store: ranged reads (migrator.remote)
             from ..remote.open import open_url
 
-            return open_url(src, format, options)
+            return open_url(src, format, options, limits)
         from .sharded import is_sharded_path
 
         if is_sharded_path(src):
-            return _open_sharded(src, format, options)
+            return _open_sharded(src, format, limits, options)
     if isinstance(src, str | os.PathLike) and format in ("auto", "burnpack"):
         from .burnpack import resolve_read_path
 
@@ -80,7 +83,7 @@ def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
         fmt = detect(source, path) if format == "auto" else format
         cls = reader_class(fmt)
         key = options.pop("top_level_key", None) if not cls.nested_keys else None
-        reader = cls(source, **options)
+        reader = cls(source, limits=limits, **options)  # type: ignore[call-arg]
         if key is not None:
             reader.select(key)
         return reader
@@ -89,13 +92,13 @@ def open_file(src: Source, format: str = "auto", **options: Any) -> Reader:
         raise
 
 
-def _open_sharded(src: str | os.PathLike[str], format: str, options: dict[str, Any]) -> Reader:
+def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:
     from .sharded import ShardedReader
 
     key = options.pop("top_level_key", None)
     if options:
         raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-    reader = ShardedReader(src, format)
+    reader = ShardedReader(src, format, limits=limits)
     try:
         if key is not None:
             reader.select(key)

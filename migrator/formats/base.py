@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import gc
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from operator import attrgetter
 from types import TracebackType
 from typing import Any, BinaryIO, ClassVar
@@ -147,31 +145,6 @@ class Writer(ABC):
     def resolve_path(path: str | os.PathLike[str]) -> str:
         """The path actually written (burnpack appends `.bpk` to extension-less paths)."""
         return os.fspath(path)
-
-
-@contextmanager
-def no_gc(*, then_freeze: bool = False) -> Iterator[None]:
-    """Pause the cyclic collector while a header or pickle is parsed.
-
-    A header makes a few acyclic objects per tensor; at 100k tensors the collector would rescan
-    them over and over (a third of the parse) and free nothing. Cycles a hostile pickle makes are
-    bounded by the pickle limits and collected once the parse ends.
-
-    `then_freeze`: when the block succeeds, move every object to the collector's permanent
-    generation (`gc.freeze`, O(1)) before it resumes, so it never scans what the block built; the
-    caller undoes it with `gc.unfreeze()`. Frozen before resuming: the first pass after resuming
-    would otherwise scan all of it once.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-        if then_freeze:
-            gc.freeze()
-    finally:
-        gc.enable()
 
 
 # C-level field getters, for passes over 100k tensors with map()

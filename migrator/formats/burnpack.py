@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import struct
-import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain, compress, islice, repeat
 from operator import add, and_, attrgetter, is_not, lt, ne, sub
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO, ClassVar, TypeVar
 
 from .. import dtypes
 from ..bytesource import ByteSource, FileSource
 from ..dtypes import DType, Kind
 from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
+from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import SCALAR_KINDS, Scalar
 from ..streaming import Ahead, write_all, write_tensor, write_zeros
 from ..tensor import LazyTensor, stored, stored_many
@@ -34,7 +33,6 @@ from .base import (
     get_nbytes,
     get_shape,
     lengths_match,
-    no_gc,
     shapes_of,
     utf8_ok,
 )
@@ -43,10 +41,11 @@ MAGIC = 0x4255524E  # "BURN" big-endian, stored little-endian: the file starts w
 VERSION = 1
 HEADER_SIZE = 10
 ALIGNMENT = 256
-MAX_METADATA_SIZE = 100 * 1024 * 1024
-MAX_TENSOR_COUNT = 100_000
-MAX_TENSOR_SIZE = 10 * 1024**3
-MAX_FILE_SIZE = 100 * 1024**3
+# Burn's own reader refuses files beyond these (burn-store), so the writer refuses to make them. The
+# reader's bounds are `Limits` fields (max_metadata_bytes, max_tensors, max_tensor_bytes), by default these.
+BURN_MAX_METADATA_SIZE = 100 * 1024 * 1024
+BURN_MAX_TENSOR_COUNT = 100_000
+BURN_MAX_TENSOR_SIZE = 10 * 1024**3
 EXTENSION = ".bpk"
 
 
@@ -113,87 +112,167 @@ def describe_qfloat(dt: DType) -> Any:
 
 # ------------------------------------------------------------------------------ reader fast path
 # The metadata as Burn writes it: {"tensors": {name: {dtype, shape, data_offsets[, param_id]}},
-# "metadata"?, "scalars"?}, "tensors" first, each descriptor's fields in that order. A specialised
-# matcher reads the descriptor map without building a CborMap per tensor; its match is exactly what
-# the generic decoder would decode (each CBOR head's length is checked against what was matched),
-# and anything else (QFloat, tags, indefinite lengths, unknown fields, repeated names, any error)
-# goes to the generic decoder and its messages. The rest of the root map always goes through it.
+# "metadata"?, "scalars"?}, "tensors" first, each descriptor's fields in that order. `_Scanner`
+# reads exactly that grammar, byte by byte, without building a CborMap per tensor: each CBOR head is
+# decoded as the generic decoder decodes it, so what it accepts decodes to the same values there.
+# Anything outside the grammar (QFloat, tags, indefinite lengths, other fields or field orders, long
+# names) raises `_NotMyShape`, and the generic decoder reads the file and gives its messages; any
+# other exception is a bug. The rest of the root map always goes through the generic decoder.
 
-_UINT = rb"(?:[\x00-\x17]|\x18.|\x19..|\x1a.{4}|\x1b.{8})"  # a CBOR unsigned integer, any head width
-_UINT_BIAS = {1: 0, 2: 0x18 << 8, 3: 0x19 << 16, 5: 0x1A << 32, 9: 0x1B << 64}  # head's share of the bytes
 _TEXT_DTYPES: dict[bytes, DType] = {
     **{cbor.encode(dt.burn_text): dt for dt in dtypes.ALL if dt.burn_text and dt.kind is not Kind.QUANTIZED},
     **{cbor.encode({"Bool": store}): dt for store, dt in dtypes.BURN_BOOL_STORES.items()},
 }
-_DTYPE = b"|".join(re.escape(k) for k in _TEXT_DTYPES)
-# name head, name (up to the first byte pair that starts a descriptor, so a name holding one goes to
-# the generic decoder; its length is checked against the head), then map head + dtype + shape as one
-# key (few distinct ones), start, end, param_id. Possessive on 3.11+ (the same match, no backtracking
-# state); 3.10 keeps state per repetition of the group, so it allows at most 4096 of them.
-_POSSESSIVE = sys.version_info >= (3, 11)
-_DESCRIPTOR = re.compile(
-    rb"([\x60-\x77]|\x78.|\x79..)([^\xa3\xa4]*" + (b"+" if _POSSESSIVE else b"")
-    + rb"(?:[\xa3\xa4](?!\x65dtype)[^\xa3\xa4]*" + (b"+)*+" if _POSSESSIVE else b"){0,4096}") + rb")"
-    rb"([\xa3\xa4]\x65dtype(?:" + _DTYPE + rb")\x65shape[\x80-\x97]" + _UINT + rb"{0,23})"
-    rb"\x6cdata_offsets\x82(" + _UINT + rb")(" + _UINT + rb")(?:\x68param_id(" + _UINT + rb"))?", re.S)
-_KEY = re.compile(rb"([\xa3\xa4])\x65dtype(" + _DTYPE + rb")\x65shape(.*)", re.S)
-_SHAPE_ITEM = re.compile(_UINT, re.S)
-_ROOT = re.compile(rb"[\xa1-\xa3]\x67tensors([\xa0-\xb7]|\xb8.|\xb9..|\xba.{4})", re.S)
-_BATCH = 8192  # descriptors matched or encoded per batch: transient objects for 8k tensors, not all
+_DTYPE_KEY, _SHAPE_KEY, _OFFSETS_KEY, _PARAM_ID_KEY = (cbor.encode(k) for k in ("dtype", "shape", "data_offsets",
+                                                                                 "param_id"))
+_OFFSETS_PAIR = _OFFSETS_KEY + b"\x82"  # "data_offsets": [start, end]
+_UINT_WIDTH = {0x18: 1, 0x19: 2, 0x1A: 4, 0x1B: 8}  # an unsigned integer's head -> bytes after it
+_NAME_WIDTH = {0x78: 1, 0x79: 2}  # a text head with a 1- or 2-byte length (longer names: generic decoder)
+_MAX_KEY = 1 + len(_DTYPE_KEY) + max(map(len, _TEXT_DTYPES)) + len(_SHAPE_KEY) + 1 + 23 * 9
+"""The longest descriptor prefix the scanner reads: map head, dtype, shape of at most 23 u64 dimensions."""
+_PAD = b"\xff" * 64
+"""Appended to the bytes scanned: 0xff (CBOR's "break") is no head the scanner accepts, so a read past
+the end sees a byte that is not its shape instead of raising IndexError; 64 covers the longest step."""
+_T = TypeVar("_T")
+_Columns = tuple[list[str], Sequence[DType], Sequence[tuple[int, ...]], list[int], Sequence[int],
+                 list[int | None] | None]
+"""What `stored_many` takes: names, dtypes, shapes, offsets, lengths, param_ids."""
+_BATCH = 8192  # descriptors encoded per batch by the writer: transient objects for 8k tensors, not all
 
 
-class _Unusual(Exception):
-    """Metadata the fast path leaves to the generic decoder."""
+class _NotMyShape(Exception):
+    """Metadata outside the scanner's grammar: the generic decoder reads it (and explains any error)."""
 
 
-class _HeadLengths(dict[bytes, int]):
-    """A CBOR text head -> the length it declares, computed once per distinct head."""
-
-    def __missing__(self, head: bytes) -> int:
-        n = head[0] - 0x60 if len(head) == 1 else int.from_bytes(head[1:], "big")
-        self[head] = n
-        return n
-
-
-def _uints(encoded: Iterable[bytes]) -> list[int]:
-    """Values of CBOR unsigned integers given as their bytes (head included), in C-level passes."""
-    col = list(encoded)
-    return list(map(sub, map(int.from_bytes, col, repeat("big")), map(_UINT_BIAS.__getitem__, map(len, col))))
-
-
-def _describe(key: bytes) -> tuple[bool, DType, tuple[int, ...], int]:
-    """(has param_id, dtype, shape, byte length) of a descriptor key, with the checks `_descriptor`
-    makes on them; _Unusual for anything else."""
-    m = _KEY.fullmatch(key)
-    assert m is not None  # the descriptor pattern guarantees it
-    head, dims = m[3][0] - 0x80, _SHAPE_ITEM.findall(m[3], 1)
-    if len(dims) != head or sum(map(len, dims)) != len(m[3]) - 1:
-        raise _Unusual  # the array head declares another count: the generic decoder reads it otherwise
-    shape = tuple(_uints(dims))
-    dt = _TEXT_DTYPES[m[2]]
-    # at most 23 dimensions of 64 bits: the product is cheap; every dtype here takes >= 1 byte per
-    # element, so this also refuses what `_descriptor`'s element-count bound refuses
+def _describe(key: bytes, max_tensor_bytes: int) -> tuple[bool, DType, tuple[int, ...], int]:
+    """(has param_id, dtype, shape, byte length) of a descriptor prefix: a 3- or 4-field map head,
+    "dtype" and a known dtype, "shape" and an array of at most 23 unsigned integers, and nothing
+    more; with the checks `_descriptor` makes on them. _NotMyShape for anything else."""
+    if key[:1] not in (b"\xa3", b"\xa4") or not key.startswith(_DTYPE_KEY, 1):
+        raise _NotMyShape
+    pos = 1 + len(_DTYPE_KEY)
+    found = next(((enc, dt) for enc, dt in _TEXT_DTYPES.items() if key.startswith(enc + _SHAPE_KEY, pos)), None)
+    if found is None:
+        raise _NotMyShape
+    enc, dt = found
+    pos += len(enc) + len(_SHAPE_KEY)
+    head = key[pos] if pos < len(key) else 0
+    if not 0x80 <= head <= 0x97:
+        raise _NotMyShape
+    pos += 1
+    dims = []
+    for _ in range(head - 0x80):
+        b = key[pos] if pos < len(key) else 0xFF
+        if b < 0x18:
+            dims.append(b)
+            pos += 1
+            continue
+        width = _UINT_WIDTH.get(b)
+        if width is None or pos + 1 + width > len(key):
+            raise _NotMyShape
+        dims.append(int.from_bytes(key[pos + 1 : pos + 1 + width], "big"))
+        pos += 1 + width
+    if pos != len(key):
+        raise _NotMyShape  # more than the shape before "data_offsets": another field order
+    shape = tuple(dims)
+    # every dtype here takes >= 1 byte per element, so this also refuses what `_descriptor`'s
+    # element-count bound refuses
     nbytes = dt.nbytes(shape)
-    if nbytes is None or nbytes > MAX_TENSOR_SIZE:
-        raise _Unusual
-    return m[1] == b"\xa4", dt, shape, nbytes
+    if nbytes is None or nbytes > max_tensor_bytes:
+        raise _NotMyShape
+    return key[0] == 0xA4, dt, shape, nbytes
 
 
-def _match_descriptors(raw: bytes, pos: int, count: int) -> tuple[list[Any], int]:
-    """The `count` descriptors from `pos` as columns (name heads, names, keys, starts, ends, param_ids),
-    matched back to back, and the position after them; _Unusual if they are not all there."""
-    columns: list[list[Any]] = [[], [], [], [], [], []]
-    scanner = _DESCRIPTOR.scanner(raw, pos)  # each match() starts exactly where the last one ended
-    left = count
-    while left:
-        batch = list(islice(iter(scanner.match, None), min(left, _BATCH)))
-        if not batch:
-            raise _Unusual
-        for column, values in zip(columns, zip(*map(re.Match.groups, batch), strict=True), strict=True):
-            column += values
-        left -= len(batch)
-        pos = batch[-1].end()
-    return columns, pos
+def _scan_descriptors(raw: bytes, pos: int, count: int) -> tuple[list[bytes], list[bytes], list[int], list[int],
+                                                                  list[int | None], int]:
+    """The `count` (name, descriptor) pairs from `pos`: names (UTF-8 bytes), descriptor prefixes (for
+    `_describe`), starts, ends, param_ids, and the position after them; _NotMyShape if they are not
+    all in the grammar."""
+    end = len(raw)
+    data = raw + _PAD
+    find, from_bytes, width_of = data.find, int.from_bytes, _UINT_WIDTH.get
+    pair, span = _OFFSETS_PAIR, _MAX_KEY + len(_OFFSETS_PAIR)
+    names: list[bytes] = []
+    keys: list[bytes] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    pids: list[int | None] = []
+    for _ in range(count):  # unrolled: one pass per tensor is most of the scan's time
+        h = data[pos]  # pos <= end here, and data has _PAD after end
+        if 0x60 <= h <= 0x77:
+            pos += 1
+            name_end = pos + h - 0x60
+        elif h == 0x78:
+            pos += 2
+            name_end = pos + data[pos - 1]
+        elif h == 0x79:
+            pos += 3
+            name_end = pos + (data[pos - 2] << 8 | data[pos - 1])
+        else:
+            raise _NotMyShape
+        if name_end > end:
+            raise _NotMyShape
+        k = find(pair, name_end, name_end + span)
+        if k < 0:
+            raise _NotMyShape
+        names.append(data[pos:name_end])
+        key = data[name_end:k]
+        keys.append(key)
+        pos = k + len(pair)
+        b = data[pos]
+        if b < 0x18:
+            starts.append(b)
+            pos += 1
+        elif w := width_of(b):
+            starts.append(from_bytes(data[pos + 1 : pos + 1 + w], "big"))
+            pos += 1 + w
+        else:
+            raise _NotMyShape
+        b = data[pos]
+        if b < 0x18:
+            ends.append(b)
+            pos += 1
+        elif w := width_of(b):
+            ends.append(from_bytes(data[pos + 1 : pos + 1 + w], "big"))
+            pos += 1 + w
+        else:
+            raise _NotMyShape
+        if key[:1] == b"\xa4":  # a 4-field map: "param_id" follows the offsets (`_describe` checks the rest)
+            if not data.startswith(_PARAM_ID_KEY, pos):
+                raise _NotMyShape
+            pos += len(_PARAM_ID_KEY)
+            b = data[pos]
+            if b < 0x18:
+                pids.append(b)
+                pos += 1
+            elif w := width_of(b):
+                pids.append(from_bytes(data[pos + 1 : pos + 1 + w], "big"))
+                pos += 1 + w
+            else:
+                raise _NotMyShape
+        else:
+            pids.append(None)
+        if pos > end:
+            raise _NotMyShape
+    return names, keys, starts, ends, pids, pos
+
+
+def _reorder(column: list[_T], order: list[int]) -> list[_T]:
+    return list(map(column.__getitem__, order))
+
+
+def _tensor_map(raw: bytes) -> tuple[int, int] | None:
+    """(tensor count, position of the first name) when the root is a map of 1-3 fields whose first
+    is "tensors" holding a definite-length map; None otherwise."""
+    if len(raw) < 10 or not 0xA1 <= raw[0] <= 0xA3 or raw[1:9] != b"\x67tensors":
+        return None
+    h = raw[9]
+    if 0xA0 <= h <= 0xB7:
+        return h - 0xA0, 10
+    width = {0xB8: 1, 0xB9: 2, 0xBA: 4}.get(h)
+    if width is None or len(raw) < 10 + width:
+        return None
+    return int.from_bytes(raw[10 : 10 + width], "big"), 10 + width
 
 
 # ---------------------------------------------------------------------------------------- reader
@@ -208,14 +287,15 @@ class BurnpackReader(Reader):
     """Names the tensor map holds more than once, in first-seen order; the last entry of each is the
     one read (Burn's `BTreeMap` keeps the last too). `extra()` turns them into a warning."""
 
-    def __init__(self, source: ByteSource) -> None:
+    def __init__(self, source: ByteSource, *, limits: Limits = DEFAULT_LIMITS) -> None:
         self.source = source
+        self.limits = limits
         self.duplicate_names = []
         label = source.label
         size = source.size
-        if isinstance(source, FileSource) and size > MAX_FILE_SIZE:
-            raise LimitExceededError(f"Validation error: file is {size} bytes, over the {MAX_FILE_SIZE} limit",
-                                     file=label)
+        if isinstance(source, FileSource) and size > limits.max_file_bytes:
+            raise LimitExceededError(f"Validation error: file is {size} bytes, over the {limits.max_file_bytes} "
+                                     "limit (max_file_bytes)", file=label)
         if size < HEADER_SIZE:
             raise FormatError(f"Invalid header: insufficient bytes ({size} < {HEADER_SIZE})", file=label)
         magic, version, meta_size = struct.unpack("<IHI", source.read(0, HEADER_SIZE, "header"))
@@ -224,10 +304,10 @@ class BurnpackReader(Reader):
                               file=label)
         if version > VERSION:
             raise FormatError(f"Unsupported version {version} (this reader knows <= {VERSION})", file=label)
-        if meta_size > MAX_METADATA_SIZE:
+        if meta_size > limits.max_metadata_bytes:
             raise LimitExceededError(
-                f"Validation error: metadata size {meta_size} exceeds the {MAX_METADATA_SIZE} byte limit",
-                file=label)
+                f"Validation error: metadata size {meta_size} exceeds the {limits.max_metadata_bytes} byte limit "
+                "(max_metadata_bytes)", file=label)
         if HEADER_SIZE + meta_size > size:
             raise FormatError(f"Invalid header: metadata of {meta_size} bytes runs past the end of the "
                               f"{size}-byte input", file=label)
@@ -235,51 +315,46 @@ class BurnpackReader(Reader):
         self.metadata_size = meta_size
         self.data_start = align(HEADER_SIZE + meta_size)
         raw = source.read(HEADER_SIZE, meta_size, "metadata")
-        with no_gc():
-            fast = self._fast(raw) if self.fast_path else None
-            if fast is not None:
-                del raw  # before the tensors are made: the peak is the metadata or the tensors, not both
-                self.metadata, self.scalars, columns = fast
-                self.tensors = stored_many(source, *columns)
-                return
-            try:
-                root = cbor.decode(raw)
-            except cbor.CborLimitError as e:
-                raise LimitExceededError(f"Metadata deserialization error: {e}", file=label) from None
-            except cbor.CborError as e:
-                raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
-            del raw
-            self.tensors, self.metadata, self.scalars = self._parse_root(root)
+        fast = self._fast(raw) if self.fast_path else None
+        if fast is not None:
+            del raw  # before the tensors are made: the peak is the metadata or the tensors, not both
+            self.metadata, self.scalars, columns = fast
+            self.tensors = stored_many(source, *columns)
+            return
+        try:
+            root = cbor.decode(raw, limits=limits)
+        except cbor.CborLimitError as e:
+            raise LimitExceededError(f"Metadata deserialization error: {e}", file=label) from None
+        except cbor.CborError as e:
+            raise FormatError(f"Metadata deserialization error: {e}", file=label) from None
+        del raw
+        self.tensors, self.metadata, self.scalars = self._parse_root(root)
 
-    def _fast(self, raw: bytes) -> tuple[dict[str, str], dict[str, Scalar], tuple[list[Any], ...]] | None:
+    def _fast(self, raw: bytes) -> tuple[dict[str, str], dict[str, Scalar], _Columns] | None:
         """Metadata, scalars and tensor columns (for `stored_many`, in data order) of metadata in Burn's
         shape, with every check `_parse_root` makes; None to leave it to the generic decoder."""
-        root = _ROOT.match(raw)
-        if root is None:
+        found = _tensor_map(raw)
+        if found is None:
             return None
-        head = root[1]
-        count = int.from_bytes(head[1:], "big") if len(head) > 1 else head[0] - 0xA0
-        if count > MAX_TENSOR_COUNT:
+        count, pos = found
+        if count > self.limits.max_tensors:
+            return None  # the generic path refuses it
+        try:
+            names_b, keys, starts, ends, pids, pos = _scan_descriptors(raw, pos, count)
+            info = {key: _describe(key, self.limits.max_tensor_bytes) for key in set(keys)}
+            metadata, scalars = self._fast_rest(raw, pos, raw[0] - 0xA1)
+        except _NotMyShape:
             return None
         try:
-            (heads, names_b, keys, starts_b, ends_b, pids_b), pos = _match_descriptors(raw, root.end(), count)
-            if list(map(len, names_b)) != list(map(_HeadLengths().__getitem__, heads)):
-                return None
             names = list(map(bytes.decode, names_b))
-            info = {key: _describe(key) for key in set(keys)}
-            info_values = list(info.values())
-            del heads, names_b
-            metadata, scalars = self._fast_rest(raw, pos, raw[0] - 0xA1)
-        except (_Unusual, UnicodeDecodeError, cbor.CborError, FormatError):
-            return None
+        except UnicodeDecodeError:
+            return None  # the generic decoder names the bad text
+        del names_b
         if len(set(names)) != count:  # a repeated name: the last one wins, as the generic path says
             return None
         described = list(map(info.__getitem__, keys))
+        has_pids = any(d[0] for d in info.values())
         del keys, info
-        if [d[0] for d in described] != list(map(is_not, pids_b, repeat(None))):
-            return None  # a map head that does not count the param_id field
-        starts, ends = _uints(starts_b), _uints(ends_b)
-        del starts_b, ends_b
         if (list(map(sub, ends, starts)) != [d[3] for d in described]
                 or any(map(and_, starts, repeat(ALIGNMENT - 1)))
                 or (count and self.data_start + max(ends) > self.source.size)):
@@ -289,27 +364,31 @@ class BurnpackReader(Reader):
             key = starts if len(set(starts)) == count else list(zip(starts, ends, strict=True))
             order = sorted(range(count), key=key.__getitem__)
             del key
-            starts, ends, names, described, pids_b = ([*map(column.__getitem__, order)] for column in
-                                                      (starts, ends, names, described, pids_b))
+            starts, ends, names = _reorder(starts, order), _reorder(ends, order), _reorder(names, order)
+            described, pids = _reorder(described, order), _reorder(pids, order)
         nonempty = list(map(ne, starts, ends))
         s_ne, e_ne = list(compress(starts, nonempty)), list(compress(ends, nonempty))
         if any(map(lt, islice(s_ne, 1, None), e_ne)):  # no two non-empty tensors overlap
             return None
         del ends, nonempty, s_ne, e_ne
-        pids = None if not any(d[0] for d in info_values) else [None if b is None else _uints([b])[0] for b in pids_b]
         _, dts, shapes, lengths = zip(*described, strict=True) if count else ((),) * 4
-        return metadata, scalars, (names, dts, shapes, list(map(add, starts, repeat(self.data_start))), lengths, pids)
+        return metadata, scalars, (names, dts, shapes, list(map(add, starts, repeat(self.data_start))), lengths,
+                                   pids if has_pids else None)
 
     def _fast_rest(self, raw: bytes, pos: int, fields: int) -> tuple[dict[str, str], dict[str, Scalar]]:
-        """The root map's other fields ("metadata", "scalars"), by the generic decoder."""
+        """The root map's other fields ("metadata", "scalars"), by the generic decoder; _NotMyShape for
+        other fields, and for any error there (the generic path then reports it, in its order)."""
         rest: dict[str, Any] = {}
-        for _ in range(fields):
-            key, pos = cbor.decode_at(raw, pos, 1)
-            if key not in ("metadata", "scalars") or key in rest:
-                raise _Unusual
-            rest[key], pos = cbor.decode_at(raw, pos, 1)
-        return (self._parse_metadata(rest.get("metadata", cbor.MISSING)),
-                self._parse_scalars(rest.get("scalars", cbor.MISSING)))
+        try:
+            for _ in range(fields):
+                key, pos = cbor.decode_at(raw, pos, 1, limits=self.limits)
+                if key not in ("metadata", "scalars") or key in rest:
+                    raise _NotMyShape
+                rest[key], pos = cbor.decode_at(raw, pos, 1, limits=self.limits)
+            return (self._parse_metadata(rest.get("metadata", cbor.MISSING)),
+                    self._parse_scalars(rest.get("scalars", cbor.MISSING)))
+        except (cbor.CborError, FormatError):
+            raise _NotMyShape from None
 
     def _fail(self, msg: str, tensor: str | None = None) -> FormatError:
         return FormatError(msg, file=self.label, tensor=tensor)
@@ -330,9 +409,9 @@ class BurnpackReader(Reader):
         entries = tensors.last_wins()
         if len(entries) != len(tensors):
             self.duplicate_names = _repeated(name for name, _ in tensors)
-        if len(entries) > MAX_TENSOR_COUNT:
-            raise LimitExceededError(
-                f"Validation error: {len(entries)} tensors exceed the limit of {MAX_TENSOR_COUNT}", file=self.label)
+        if len(entries) > self.limits.max_tensors:
+            raise LimitExceededError(f"Validation error: {len(entries)} tensors exceed the limit of "
+                                     f"{self.limits.max_tensors} (max_tensors)", file=self.label)
         parsed = [self._descriptor(name, d) for name, d in entries.items()]
         self._check_layout(parsed)
         parsed.sort(key=lambda p: (p[3], p[4]))  # data order; a zero-length tensor precedes one at its start
@@ -369,9 +448,10 @@ class BurnpackReader(Reader):
         start, end = offsets
         if end < start:
             raise self._fail(f"Validation error: corrupted offset data (end {end} < start {start})", name)
-        if end - start > MAX_TENSOR_SIZE:
+        max_bytes = self.limits.max_tensor_bytes
+        if end - start > max_bytes:
             raise LimitExceededError(
-                f"Validation error: {end - start} bytes exceed the {MAX_TENSOR_SIZE}-byte tensor limit",
+                f"Validation error: {end - start} bytes exceed the {max_bytes}-byte tensor limit (max_tensor_bytes)",
                 file=self.label, tensor=name)
         if self.data_start + end > self.source.size:
             raise self._fail(f"Validation error: File truncated: data [{self.data_start + start}, "
@@ -380,10 +460,10 @@ class BurnpackReader(Reader):
             numel = 1
             for x in shape:
                 numel *= x
-                if numel > MAX_TENSOR_SIZE * 8:
+                if numel > max_bytes * 8:
                     raise LimitExceededError(
-                        f"Validation error: shape of {len(shape)} dimensions has more than {MAX_TENSOR_SIZE * 8} "
-                        "elements", file=self.label, tensor=name)
+                        f"Validation error: shape of {len(shape)} dimensions has more than {max_bytes * 8} "
+                        "elements (8 x max_tensor_bytes)", file=self.label, tensor=name)
         want = dt.nbytes(tuple(shape))
         if dt.kind is not Kind.QUANTIZED and want != end - start:
             raise self._fail(f"Validation error: holds {end - start} bytes but shape {list(shape)} of "
@@ -481,10 +561,9 @@ class BurnpackWriter(Writer):
     ) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         self._cbor: bytearray | None = None
-        with no_gc():
-            self._starts = self._plan_offsets()
-            check_u64_sizes(self.tensors, "Burn cannot hold it")
-            self._check_header()
+        self._starts = self._plan_offsets()
+        check_u64_sizes(self.tensors, "Burn cannot hold it")
+        self._check_header()
         self._end = max(map(add, self._starts, map(get_nbytes, self.tensors)), default=0)
 
     def _check_header(self) -> None:
@@ -495,7 +574,7 @@ class BurnpackWriter(Writer):
         for k, v in self.metadata.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise PlanError(f"metadata entry {k!r}: {v!r} is not text -> text")
-        if self.header_bound(names) > MAX_METADATA_SIZE:
+        if self.header_bound(names) > BURN_MAX_METADATA_SIZE:
             self._cbor = self._plan_cbor()  # raises when it is over the limit
 
     def header_bound(self, names: list[str]) -> int:
@@ -511,8 +590,7 @@ class BurnpackWriter(Writer):
     def header(self) -> bytearray:
         """The CBOR metadata, encoded on first use."""
         if self._cbor is None:
-            with no_gc():
-                self._cbor = self._plan_cbor()
+            self._cbor = self._plan_cbor()
         return self._cbor
 
     @property
@@ -520,8 +598,8 @@ class BurnpackWriter(Writer):
         return align(HEADER_SIZE + len(self.header))
 
     def _plan_offsets(self) -> array[int]:
-        if len(self.tensors) > MAX_TENSOR_COUNT:
-            raise PlanError(f"{len(self.tensors)} tensors exceed burnpack's limit of {MAX_TENSOR_COUNT}")
+        if len(self.tensors) > BURN_MAX_TENSOR_COUNT:
+            raise PlanError(f"{len(self.tensors)} tensors exceed burnpack's limit of {BURN_MAX_TENSOR_COUNT}")
         starts = self._fast_offsets()
         return starts if starts is not None else array("q", self._checked_offsets())
 
@@ -539,7 +617,7 @@ class BurnpackWriter(Writer):
         except UnsupportedDTypeError:
             return None
         nbytes = list(map(get_nbytes, tensors))
-        if nbytes and max(nbytes) > MAX_TENSOR_SIZE:
+        if nbytes and max(nbytes) > BURN_MAX_TENSOR_SIZE:
             return None
         if any(dt.kind is Kind.QUANTIZED for dt in distinct):
             return None  # QFloat lengths are not shape x size: the per-tensor loop
@@ -566,8 +644,8 @@ class BurnpackWriter(Writer):
                 if need != t.nbytes:
                     raise PlanError(f"declares {t.nbytes} bytes but its shape {list(t.shape)} and dtype "
                                     f"{t.dtype.display} need {need}", tensor=t.name)
-            if t.nbytes > MAX_TENSOR_SIZE:
-                raise PlanError(f"{t.nbytes} bytes exceed burnpack's {MAX_TENSOR_SIZE}-byte tensor limit",
+            if t.nbytes > BURN_MAX_TENSOR_SIZE:
+                raise PlanError(f"{t.nbytes} bytes exceed burnpack's {BURN_MAX_TENSOR_SIZE}-byte tensor limit",
                                 tensor=t.name)
             start = align(cursor)
             starts.append(start)
@@ -626,8 +704,8 @@ class BurnpackWriter(Writer):
             cbor.encode_into(out, "scalars")
             cbor.encode_into(out, {k: {s.kind: s.value} for k, s in
                                    sorted(self.scalars.items(), key=lambda kv: kv[0].encode())})
-        if len(out) > MAX_METADATA_SIZE:
-            raise PlanError(f"metadata of {len(out)} bytes exceeds the {MAX_METADATA_SIZE}-byte limit")
+        if len(out) > BURN_MAX_METADATA_SIZE:
+            raise PlanError(f"metadata of {len(out)} bytes exceeds the {BURN_MAX_METADATA_SIZE}-byte limit")
         return out  # not copied into bytes: a 100k-tensor header is ~6 MiB
 
     @property

@@ -11,13 +11,13 @@ import struct
 import sys
 from typing import Any
 
-MAX_DEPTH = 128
-BUDGET_PER_BYTE = 14
-BUDGET_BASE = 56 << 20
-"""What decoding may build: BUDGET_PER_BYTE x the input + BUDGET_BASE bytes of Python objects,
-counted per object created (an empty map is one byte of CBOR and ~80 bytes of Python), charged
-before each container is allocated. With the input itself this keeps a header within SECURITY.md's
-16 x input + 64 MiB."""
+from ..limits import DEFAULT_LIMITS, Limits
+
+MAX_DEPTH = 128  # Burn's: deeper input is refused by Burn too, so it is not a `Limits` field
+# What decoding may build: `limits.header_object_bytes` x the input + `limits.header_object_base`
+# bytes of Python objects, counted per object created (an empty map is one byte of CBOR and ~80
+# bytes of Python), charged before each container is allocated. With the input itself, the
+# defaults keep a header within SECURITY.md's 16 x input + 64 MiB.
 _TEXT_CACHE = 4096  # distinct short texts shared per document (field names, dtypes repeat per tensor)
 _SHORT_TEXT = 64
 
@@ -185,23 +185,24 @@ def _encode_other(out: bytearray, v: Any) -> None:
 # ---------------------------------------------------------------------------------------- decode
 
 
-def decode(data: bytes | memoryview, max_depth: int = MAX_DEPTH) -> Any:
+def decode(data: bytes | memoryview, max_depth: int = MAX_DEPTH, *, limits: Limits = DEFAULT_LIMITS) -> Any:
     """Decode the first CBOR item (trailing bytes are ignored, as Burn does).
 
     Maps come back as `CborMap`; every declared length is checked against the bytes left before
     anything is allocated, and nesting deeper than `max_depth` is refused.
     """
-    dec = _Decoder(bytes(data), max_depth)
+    dec = _Decoder(bytes(data), max_depth, limits)
     return dec.item(0)
 
 
-def decode_at(data: bytes, pos: int, depth: int, max_depth: int = MAX_DEPTH) -> tuple[Any, int]:
+def decode_at(data: bytes, pos: int, depth: int, max_depth: int = MAX_DEPTH, *,
+              limits: Limits = DEFAULT_LIMITS) -> tuple[Any, int]:
     """Decode the item at `pos` as if nested `depth` levels deep; returns it and the position after it.
 
     Lets a reader parse the common part of a document itself and leave the rest to this decoder,
     with the same bounds, depth limit and errors as a whole-document `decode`.
     """
-    dec = _Decoder(data, max_depth)
+    dec = _Decoder(data, max_depth, limits)
     dec.pos = pos
     return dec.item(depth), dec.pos
 
@@ -214,11 +215,12 @@ _PAIR_COST = 80  # a map's (key, value) tuple, plus its slot in the map
 
 
 class _Decoder:
-    def __init__(self, data: bytes, max_depth: int) -> None:
+    def __init__(self, data: bytes, max_depth: int, limits: Limits) -> None:
         self.data = data
         self.pos = 0
         self.max_depth = max_depth
-        self.budget = BUDGET_PER_BYTE * len(data) + BUDGET_BASE
+        self.limits = limits
+        self.budget = limits.header_object_bytes * len(data) + limits.header_object_base
         self.left = self.budget
         self.texts: dict[bytes, str] = {}
 
@@ -226,8 +228,9 @@ class _Decoder:
         self.left -= n
         if self.left < 0:
             raise CborLimitError(f"the CBOR would build more than {self.budget} bytes of objects from "
-                                 f"{len(self.data)} bytes (at byte {self.pos}); the budget is {BUDGET_PER_BYTE} x "
-                                 "its size + 56 MiB")
+                                 f"{len(self.data)} bytes (at byte {self.pos}); the budget is "
+                                 f"{self.limits.header_object_bytes} x its size + {self.limits.header_object_base} "
+                                 "bytes (header_object_bytes, header_object_base)")
 
     def _take(self, n: int) -> bytes:
         if n > len(self.data) - self.pos:

@@ -19,6 +19,7 @@ and scalars are not carried into `.pt` (they are listed in `dropped`).
 
 from __future__ import annotations
 
+import builtins
 import os
 import struct
 import zlib
@@ -419,7 +420,7 @@ class _Pickle:
             n = (v.bit_length() + 8) // 8
             self.raw(b"\x8a" + bytes([n]) + v.to_bytes(n, "little", signed=True))
 
-    def tuple(self, values: tuple[int, ...]) -> None:
+    def tuple(self, values: builtins.tuple[builtins.int, ...]) -> None:
         if not values:
             self.raw(b")")
             return

@@ -21,6 +21,7 @@ from .. import dtypes
 from ..bytesource import ByteSource
 from ..dtypes import DType
 from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
+from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import Scalar
 from ..streaming import Ahead, write_all, write_tensor
 from ..tensor import LazyTensor, stored, stored_many
@@ -33,16 +34,11 @@ from .base import (
     get_name,
     get_nbytes,
     lengths_match,
-    no_gc,
     shapes_of,
     utf8_ok,
 )
 
-MAX_HEADER_SIZE = 100_000_000  # the library's limit; a reader must refuse larger headers
-BUDGET_PER_BYTE = 14
-BUDGET_BASE = 56 << 20
-"""A header may build at most BUDGET_PER_BYTE x its size + BUDGET_BASE bytes of Python objects (with the
-header itself: within SECURITY.md's 16 x input + 64 MiB); see `SafetensorsReader._check_budget`."""
+MAX_HEADER_SIZE = 100_000_000  # the library's limit: the writer makes no larger header (the reader: Limits)
 # Upper bounds, in bytes, of what one `{`/`[`, one `:` and one `"` lets json.loads build (CPython
 # 64-bit, GC headers included): a list or _Pairs; a (key, value) tuple and its slot; half a string.
 _CONTAINER_COST = 88
@@ -116,7 +112,7 @@ def _bulk_size(dtype: DType, shape: tuple[int, ...]) -> int | None:
     return None if bits > _U64_MAX or bits % 8 else bits // 8
 
 
-class _Pairs(list):  # type: ignore[type-arg]
+class _Pairs(list):
     """A JSON object kept as its (key, value) pairs, so duplicate keys stay visible."""
 
 
@@ -153,29 +149,30 @@ class SafetensorsReader(Reader):
     nested_keys = True
     fast_path: ClassVar[bool] = True  # False: always the per-entry checks (tests compare the two)
 
-    def __init__(self, source: ByteSource, *, top_level_key: str | None = None) -> None:
+    def __init__(self, source: ByteSource, *, top_level_key: str | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         if top_level_key is not None and not isinstance(top_level_key, str):
             raise TypeError(f"top_level_key must be a string or None, not {type(top_level_key).__name__}")
         if top_level_key == "":
             raise ValueError("top_level_key must not be empty (use None to keep every tensor)")
         self.source = source
+        self.limits = limits
         self.scalars: dict[str, Scalar] = {}
         self.header_size, raw = self._read_raw()
         self._check_budget(raw)
-        with no_gc():
-            header = self._decode(raw)
-            del raw
-            fast = self._bulk(header) if self.fast_path else None
-            if fast is not None:
-                del header  # before the tensors are made
-                self.metadata, names, described, bounds = fast
-                del fast
-                self.tensors = stored_many(source, names, [d[0] for d in described], [d[1] for d in described],
-                                           bounds[:-1], [d[2] for d in described])
-            else:  # anything unusual, including every invalid header: the per-entry checks and their messages
-                self.metadata, entries = self._parse(header)
-                del header
-                self.tensors = self._layout(entries)
+        header = self._decode(raw)
+        del raw
+        fast = self._bulk(header) if self.fast_path else None
+        if fast is not None:
+            del header  # before the tensors are made
+            self.metadata, names, described, bounds = fast
+            del fast
+            self.tensors = stored_many(source, names, [d[0] for d in described], [d[1] for d in described],
+                                       bounds[:-1], [d[2] for d in described])
+        else:  # anything unusual, including every invalid header: the per-entry checks and their messages
+            self.metadata, entries = self._parse(header)
+            del header
+            self.tensors = self._layout(entries)
         if top_level_key is not None:
             self.select(top_level_key)
 
@@ -190,28 +187,27 @@ class SafetensorsReader(Reader):
         if size < 8:
             raise self._error(f"too short for SafeTensors: {size} bytes, the header length alone takes 8")
         (n,) = struct.unpack("<Q", self.source.read(0, 8, "SafeTensors header length"))
-        if n > MAX_HEADER_SIZE:
-            raise LimitExceededError(
-                f"declares a {n}-byte JSON header; SafeTensors allows at most {MAX_HEADER_SIZE}", file=self.label
-            )
+        if n > self.limits.max_header_bytes:
+            raise LimitExceededError(f"declares a {n}-byte JSON header; SafeTensors allows at most "
+                                     f"{self.limits.max_header_bytes} (max_header_bytes)", file=self.label)
         if n > size - 8:
             raise self._error(f"declares a {n}-byte JSON header but only {size - 8} bytes follow the length")
         return n, self.source.read(8, n, "SafeTensors header")
 
     def _check_budget(self, raw: bytes) -> None:
-        """Refuse a header whose parse could build more than BUDGET_PER_BYTE x its size + BUDGET_BASE
-        bytes of Python objects, before parsing it. Every object, array, pair and string the JSON
-        parser creates needs at least one `{`, `[`, `:` or two `"` bytes of its own, so counting those
-        bytes (in C) bounds what parsing builds; it overcounts such bytes inside strings, which real
-        headers have few of."""
+        """Refuse a header whose parse could build more than `header_object_bytes` x its size +
+        `header_object_base` bytes of Python objects (the limits), before parsing it. Every object,
+        array, pair and string the JSON parser creates needs at least one `{`, `[`, `:` or two `"`
+        bytes of its own, so counting those bytes (in C) bounds what parsing builds; it overcounts
+        such bytes inside strings, which real headers have few of."""
         cost = (_CONTAINER_COST * (raw.count(b"{") + raw.count(b"[")) + _PAIR_COST * raw.count(b":")
                 + _QUOTE_COST * raw.count(b'"'))
-        budget = BUDGET_PER_BYTE * len(raw) + BUDGET_BASE
-        if cost > budget:
+        per_byte, base = self.limits.header_object_bytes, self.limits.header_object_base
+        if cost > per_byte * len(raw) + base:
             raise LimitExceededError(
                 f"the {len(raw)}-byte JSON header could build ~{cost} bytes of objects (from its count of "
-                f"objects, arrays, pairs and strings), over the budget of {BUDGET_PER_BYTE} x its size + 56 MiB",
-                file=self.label)
+                f"objects, arrays, pairs and strings), over the budget of {per_byte} x its size + {base} bytes "
+                "(header_object_bytes, header_object_base)", file=self.label)
 
     def _decode(self, raw: bytes) -> _Pairs:
         try:
@@ -288,15 +284,21 @@ class SafetensorsReader(Reader):
                 or not set(map(type, chain.from_iterable(shapes))) <= {int}
                 or set(map(type, chain.from_iterable(offsets))) != {int}):
             return None  # type(), not isinstance: bools and _Pairs (a list) are not taken
-        dts = {k: dtypes.BY_SAFETENSORS.get(k) for k in set(spelled)}
-        if None in dts.values():
-            return None
+        dts: dict[str, DType] = {}
+        for k in set(spelled):
+            dt = dtypes.BY_SAFETENSORS.get(k)
+            if dt is None:
+                return None
+            dts[k] = dt
         dt_col = list(map(dts.__getitem__, spelled))
         shape_col = list(map(tuple, shapes))
         del spelled, shapes
-        sizes = {key: _bulk_size(*key) for key in set(zip(dt_col, shape_col, strict=True))}
-        if None in sizes.values():
-            return None
+        sizes: dict[tuple[DType, tuple[int, ...]], int] = {}
+        for dt_shape in set(zip(dt_col, shape_col, strict=True)):
+            size = _bulk_size(*dt_shape)
+            if size is None:
+                return None
+            sizes[dt_shape] = size
         lengths = list(map(sizes.__getitem__, zip(dt_col, shape_col, strict=True)))
         starts, ends = (list(col) for col in zip(*offsets, strict=True))
         del offsets
@@ -506,21 +508,20 @@ class SafetensorsWriter(Writer):
                             "drop them or store them as tensors")
         self._check_metadata()
         tensors = self.tensors
-        with no_gc():
-            st_names = self._fast_checks()
-            if st_names is None:  # some tensor is wrong: the per-tensor checks find it and say what
-                st_names = self._check_tensors()
-            check_u64_sizes(tensors, "the safetensors library refuses it")
-            if order == "library":  # dtype rank descending, then name: two stable sorts, no key tuples
-                by = sorted(range(len(tensors)), key=list(map(get_name, tensors)).__getitem__)
-                by.sort(key=list(map(_NEG_RANK.__getitem__, st_names)).__getitem__)
-                tensors, st_names = list(map(tensors.__getitem__, by)), list(map(st_names.__getitem__, by))
-            ends = list(accumulate(map(get_nbytes, tensors)))
-            starts = [0, *ends[:-1]] if ends else []
-            self.order: list[LazyTensor] = tensors  # data order (no copy); offsets live only in the header
-            self.data_size = ends[-1] if ends else 0
-            self.header = self._header(st_names, starts, ends)
-            del st_names, starts, ends
+        st_names = self._fast_checks()
+        if st_names is None:  # some tensor is wrong: the per-tensor checks find it and say what
+            st_names = self._check_tensors()
+        check_u64_sizes(tensors, "the safetensors library refuses it")
+        if order == "library":  # dtype rank descending, then name: two stable sorts, no key tuples
+            by = sorted(range(len(tensors)), key=list(map(get_name, tensors)).__getitem__)
+            by.sort(key=list(map(_NEG_RANK.__getitem__, st_names)).__getitem__)
+            tensors, st_names = list(map(tensors.__getitem__, by)), list(map(st_names.__getitem__, by))
+        ends = list(accumulate(map(get_nbytes, tensors)))
+        starts = [0, *ends[:-1]] if ends else []
+        self.order: list[LazyTensor] = tensors  # data order (no copy); offsets live only in the header
+        self.data_size = ends[-1] if ends else 0
+        self.header = self._header(st_names, starts, ends)
+        del st_names, starts, ends
         if len(self.header) > MAX_HEADER_SIZE:
             raise PlanError(f"the JSON header would take {len(self.header)} bytes; SafeTensors readers refuse "
                             f"more than {MAX_HEADER_SIZE}")

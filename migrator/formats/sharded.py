@@ -32,15 +32,13 @@ from typing import Any
 
 from ..bytesource import ByteSource, FileSource, FileSpan, FileView, closed_error
 from ..errors import FormatError, LimitExceededError, UnknownFormatError
+from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import Scalar
 from ..tensor import LazyTensor
 from .base import Reader
 
 OPEN_SHARDS = 4
 """Shard descriptors kept open between reads (least recently used closed first)."""
-MAX_INDEX_SIZE = 64 << 20
-"""An index larger than this is refused before it is read (a 100k-tensor index is ~10 MB)."""
-MAX_SHARDS = 100_000
 SMALL_READ = 256 << 10
 """Tensors up to this size are read with one pread rather than mapped."""
 
@@ -184,7 +182,7 @@ class _ShardView(FileView):
 
     __slots__ = ()
 
-    @property  # type: ignore[override]
+    @property
     def fd(self) -> int:
         shard: _Shard = self.source  # type: ignore[assignment]
         return shard.fds.fd_for(shard)
@@ -217,15 +215,15 @@ class _Reopened:
     """The loader of a shard tensor that is not a plain byte range (e.g. a strided PyTorch view):
     the shard is opened again and that tensor's bytes copied out, so nothing stays open."""
 
-    __slots__ = ("fmt", "name", "shard")
+    __slots__ = ("fmt", "limits", "name", "shard")
 
-    def __init__(self, shard: _Shard, fmt: str, name: str) -> None:
-        self.shard, self.fmt, self.name = shard, fmt, name
+    def __init__(self, shard: _Shard, fmt: str, name: str, limits: Limits) -> None:
+        self.shard, self.fmt, self.name, self.limits = shard, fmt, name, limits
 
     def __call__(self) -> bytes:
         from . import open_file
 
-        with open_file(self.shard.path, self.fmt) as reader:
+        with open_file(self.shard.path, self.fmt, limits=self.limits) as reader:
             return bytes(reader[self.name].data())
 
 
@@ -244,8 +242,10 @@ class ShardSet(ByteSource):
 class ShardedReader(Reader):
     """Every shard's tensors as one source (shard order, then each shard's data order)."""
 
-    def __init__(self, path: str | os.PathLike[str], format: str = "auto") -> None:
+    def __init__(self, path: str | os.PathLike[str], format: str = "auto", *,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         text = os.fspath(path)
+        self.limits = limits
         self.given = text
         self.index_path: Path | None = None
         weight_map: dict[str, str] | None = None
@@ -255,22 +255,22 @@ class ShardedReader(Reader):
             found = folder_weights(self.folder)
             if found.name.endswith(INDEX_SUFFIX):
                 self.index_path = found
-                weight_map, index_meta = read_index(found)
+                weight_map, index_meta = read_index(found, limits)
                 files = _index_files(found, weight_map)
             else:
                 files = [found]
         elif text.endswith(INDEX_SUFFIX) or (os.path.isfile(text) and text.endswith(".json")):
             self.index_path = Path(text)
             self.folder = self.index_path.parent
-            weight_map, index_meta = read_index(self.index_path)
+            weight_map, index_meta = read_index(self.index_path, limits)
             files = _index_files(self.index_path, weight_map)
         else:
             files = [Path(p) for p in sorted(globlib.glob(text)) if os.path.isfile(p)]
             self.folder = Path(os.path.dirname(text) or ".")
             if not files:
                 raise FormatError("no file matches this glob", file=text)
-        if len(files) > MAX_SHARDS:
-            raise LimitExceededError(f"{len(files)} shards, over the {MAX_SHARDS} limit", file=text)
+        if len(files) > limits.max_shards:
+            raise LimitExceededError(f"{len(files)} shards, over the {limits.max_shards} limit (max_shards)", file=text)
         self.fds = _Descriptors()
         self.shards: list[_Shard] = []
         self.shard_of: dict[str, int] = {}  # tensor name -> index into self.shards
@@ -296,7 +296,7 @@ class ShardedReader(Reader):
             source = FileSource(path)
             try:
                 shard_fmt = detect(source, path) if fmt == "auto" else fmt
-                reader = reader_class(shard_fmt)(source)  # type: ignore[call-arg]
+                reader = reader_class(shard_fmt)(source, limits=self.limits)  # type: ignore[call-arg]
             except UnknownFormatError as e:
                 source.close()
                 raise FormatError(f"shard of {self.given}: {e.detail}", file=str(path)) from None
@@ -324,7 +324,7 @@ class ShardedReader(Reader):
                         loader: Any = view
                         self.locations.append((i, span.offset))
                     else:
-                        view, loader = None, _Reopened(shard, reader.format, t.name)
+                        view, loader = None, _Reopened(shard, reader.format, t.name, self.limits)
                         self.locations.append((i, None))
                     self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, view, t.param_id,
                                                    origin))
@@ -364,14 +364,16 @@ class ShardedReader(Reader):
         self.fds.close()
 
 
-def read_index(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """An index's `weight_map` (tensor -> shard file) and `metadata`, checked for shape."""
+def read_index(path: Path, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, str], dict[str, Any]]:
+    """An index's `weight_map` (tensor -> shard file) and `metadata`, checked for shape; an index over
+    `limits.max_index_bytes` is refused before it is read (a 100k-tensor index is ~10 MB)."""
     try:
         size = os.stat(path).st_size
     except OSError as e:
         raise FormatError(f"cannot read index: {e.strerror}", file=str(path)) from None
-    if size > MAX_INDEX_SIZE:
-        raise LimitExceededError(f"index is {size} bytes, over the {MAX_INDEX_SIZE} limit", file=str(path))
+    if size > limits.max_index_bytes:
+        raise LimitExceededError(f"index is {size} bytes, over the {limits.max_index_bytes} limit (max_index_bytes)",
+                                 file=str(path))
     try:
         data = json.loads(path.read_bytes())
     except (ValueError, UnicodeDecodeError) as e:

@@ -228,17 +228,17 @@ def _instances(step: _Op, slots: list[_Slot], by_name: dict[str, int]) -> list[l
             continue
         keyed.setdefault(tuple(m.group(g) for g in others), []).append((value, k))
     out = []
-    for members in keyed.values():
-        members.sort()
-        indices = [v for v, _ in members]
+    for indexed in keyed.values():
+        indexed.sort()
+        indices = [v for v, _ in indexed]
         if indices != list(range(len(indices))):
-            names = ", ".join(f"'{slots[k].name}'" for _, k in members[:4])
+            names = ", ".join(f"'{slots[k].name}'" for _, k in indexed[:4])
             gaps = sorted(set(range(max(indices) + 1)) - set(indices))
             what = f"index {gaps[0]} is missing" if gaps else "an index appears twice"
             step.fail(f"{step.kind} inputs must have indices 0..N-1 in group {over}: {what} (inputs {names}"
-                      f"{', ...' if len(members) > 4 else ''})", "over")
+                      f"{', ...' if len(indexed) > 4 else ''})", "over")
             continue
-        out.append([k for _, k in members])
+        out.append([k for _, k in indexed])
     return out
 
 

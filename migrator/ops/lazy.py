@@ -229,8 +229,8 @@ class _Columns(_Chunks):
         rows = max(1, BAND // row)  # whole rows, the kept columns cut out
         for o in range(0, outer, rows):
             n = min(rows, outer - o)
-            band = np.frombuffer(r.read(n * row), dtype=np.uint8).reshape(n, row)
-            yield memoryview(np.ascontiguousarray(band[:, a:b]).reshape(-1))
+            block = np.frombuffer(r.read(n * row), dtype=np.uint8).reshape(n, row)
+            yield np.ascontiguousarray(block[:, a:b]).reshape(-1).data
 
 
 # -- concat / stack ---------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ class _Joined(_Chunks):
             n = min(rows, self.outer - o)
             parts = [np.frombuffer(r.read(n * inner), dtype=np.uint8).reshape(n, inner)
                      for r, inner in zip(readers, self.inners, strict=True)]
-            yield memoryview(np.concatenate(parts, axis=1).reshape(-1))
+            yield np.concatenate(parts, axis=1).reshape(-1).data
 
 
 # -- rope permutation -------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ class _Rope(_Chunks):
                 src = raw.reshape(n, 2, self.half, self.rowbytes)
             else:
                 src = raw.reshape(n, self.half, 2, self.rowbytes)
-            yield memoryview(np.ascontiguousarray(src.swapaxes(1, 2)).reshape(-1))
+            yield np.ascontiguousarray(src.swapaxes(1, 2)).reshape(-1).data
 
 
 # -- permute ----------------------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ class _Permuted(_Chunks):
         first = view.shape[0]
         per = max(1, BAND // max(t.nbytes // first, 1))
         for i in range(0, first, per):
-            yield memoryview(np.ascontiguousarray(view[i:i + per]).reshape(-1).view(np.uint8))
+            yield np.ascontiguousarray(view[i:i + per]).reshape(-1).view(np.uint8).data
 
 
 def _elements(raw: memoryview, shape: tuple[int, ...], size: int) -> np.ndarray:

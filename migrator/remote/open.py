@@ -6,11 +6,13 @@ import os
 from typing import Any
 
 from ..formats.base import Reader
+from ..limits import DEFAULT_LIMITS, Limits
 from . import redact, url_of
 from .fs import filesystem, with_retries
 
 
-def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any]) -> Reader:
+def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
+             limits: Limits = DEFAULT_LIMITS) -> Reader:
     """`formats.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
     from ..formats import reader_class
     from ..formats.detect import detect
@@ -30,7 +32,7 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any]) 
         key = options.pop("top_level_key", None)
         if options:
             raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-        sharded = RemoteShardedReader(url, format, info)
+        sharded = RemoteShardedReader(url, format, info, limits)
         try:
             if key is not None:
                 sharded.select(key)
@@ -44,7 +46,7 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any]) 
         fmt = detect(source, url) if format == "auto" else format
         cls = reader_class(fmt)
         key = options.pop("top_level_key", None) if not cls.nested_keys else None
-        reader = cls(source, **options)  # type: ignore[call-arg]
+        reader = cls(source, limits=limits, **options)  # type: ignore[call-arg]
         if key is not None:
             reader.select(key)
         return reader

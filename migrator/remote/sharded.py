@@ -27,13 +27,12 @@ from ..errors import FormatError, LimitExceededError, OutputError, TargetExistsE
 from ..formats.sharded import (
     GLOB_CHARS,
     INDEX_SUFFIX,
-    MAX_INDEX_SIZE,
-    MAX_SHARDS,
     ShardedReader,
     ShardSet,
     _check_against_index,
     pick_weights,
 )
+from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import Scalar
 from . import RemotePath, protocol, redact, url_of
 from .fs import StorageError, filesystem, with_retries
@@ -66,12 +65,13 @@ def is_remote_sharded(url: str, info: dict[str, Any] | None) -> bool:
     return info is None and bool(GLOB_CHARS.intersection(posixpath.basename(url)))
 
 
-def read_remote_index(url: str) -> tuple[dict[str, str], dict[str, Any]]:
+def read_remote_index(url: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, str], dict[str, Any]]:
     """A remote index's `weight_map` and `metadata` (size bounded before it is read)."""
     src = RemoteSource(url)
     try:
-        if src.size > MAX_INDEX_SIZE:
-            raise LimitExceededError(f"index is {src.size} bytes, over the {MAX_INDEX_SIZE} limit", file=src.label)
+        if src.size > limits.max_index_bytes:
+            raise LimitExceededError(f"index is {src.size} bytes, over the {limits.max_index_bytes} limit "
+                                     "(max_index_bytes)", file=src.label)
         raw = src.read(0, src.size, "index")
     finally:
         src.close()
@@ -100,16 +100,18 @@ class _RemoteShard:
 class RemoteShardedReader(ShardedReader):
     """`ShardedReader` over shard objects (shard order, then each shard's data order)."""
 
-    def __init__(self, url: str, format: str = "auto", info: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, format: str = "auto", info: dict[str, Any] | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         url = url.rstrip("/") if not url.endswith("://") else url
         self.given = redact(url)
+        self.limits = limits
         self.index_path = None
         weight_map: dict[str, str] | None = None
         index_meta: dict[str, Any] = {}
         if url.endswith(INDEX_SUFFIX):
             self.index_path = RemotePath(url)
             self.folder = self.index_path.parent
-            weight_map, index_meta = read_remote_index(url)
+            weight_map, index_meta = read_remote_index(url, limits)
             files = self._index_files(url, weight_map)
         elif info is None and GLOB_CHARS.intersection(posixpath.basename(url)):
             if protocol(url) in ("http", "https"):
@@ -127,13 +129,14 @@ class RemoteShardedReader(ShardedReader):
             found_path = pick_weights(_listing(url), self.folder)
             if found_path.name.endswith(INDEX_SUFFIX):
                 self.index_path = RemotePath(str(found_path))
-                weight_map, index_meta = read_remote_index(str(found_path))
+                weight_map, index_meta = read_remote_index(str(found_path), limits)
                 files = self._index_files(str(found_path), weight_map)
             else:
                 files = [RemotePath(str(found_path))]
-        if len(files) > MAX_SHARDS:
-            raise LimitExceededError(f"{len(files)} shards, over the {MAX_SHARDS} limit", file=self.given)
-        self.shards = []  # type: ignore[assignment]
+        if len(files) > limits.max_shards:
+            raise LimitExceededError(f"{len(files)} shards, over the {limits.max_shards} limit (max_shards)",
+                                     file=self.given)
+        self.shards = []
         self.shard_of = {}
         self.locations = []
         self.tensors = []
@@ -180,7 +183,7 @@ class RemoteShardedReader(ShardedReader):
                 raise
             try:
                 shard_fmt = detect(source, str(path)) if fmt == "auto" else fmt
-                reader = reader_class(shard_fmt)(source)  # type: ignore[call-arg]
+                reader = reader_class(shard_fmt)(source, limits=self.limits)  # type: ignore[call-arg]
             except BaseException:
                 source.close()
                 raise

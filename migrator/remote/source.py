@@ -58,7 +58,7 @@ class RemoteSource(ByteSource):
 
     def _size(self) -> int:
         def info() -> dict[str, Any]:
-            return self.fs.info(self.fs_path)  # type: ignore[no-any-return]
+            return self.fs.info(self.fs_path)
 
         meta = with_retries(info, self.url, "cannot open", self.tune)
         if meta.get("type") == "directory":

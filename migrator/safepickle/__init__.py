@@ -28,13 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..limits import DEFAULT_LIMITS, Limits
 from . import allowlist, opcodes, records, values, vm
 from .values import (
-    DEFAULT_LIMITS,
     ELEMENT_SIZES,
     Builtin,
     Device,
-    Limits,
     NumpyArray,
     NumpyDtype,
     ODict,

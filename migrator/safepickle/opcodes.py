@@ -371,7 +371,7 @@ def _empty_dict(m: Unpickler) -> None:
     m.push({})
 
 
-def _set_pairs(m: Unpickler, target: dict, items: list[Any], what: str) -> None:  # type: ignore[type-arg]
+def _set_pairs(m: Unpickler, target: dict, items: list[Any], what: str) -> None:
     if len(items) % 2:
         raise m.error(f"{what} with an odd number of items")
     keys = items[::2]

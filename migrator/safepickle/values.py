@@ -21,27 +21,6 @@ class WholeModelPickleError(UnsafePickleError):
     """The pickle is a whole `torch.save(model)`: it needs the model's classes, so we refuse it."""
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Upper bounds on what one pickle may make the interpreter hold.
-
-    A memo fetch is a shared reference here (never a copy), so interpreter memory grows at most
-    linearly with the input; the exponential "memo bomb" can only appear when a consumer walks
-    the result, which is why `pytorch.py` counts the nodes it visits (1M, like Burn).
-    """
-
-    max_memo: int = 5_000_000  # memo entries
-    max_stack: int = 5_000_000  # values on the stack (one MARK frame)
-    max_marks: int = 1_000  # MARK frames open at once
-    max_objects: int = 10_000_000  # values pushed in total
-    max_long_bytes: int = 4096  # LONG1/LONG4 payloads and text integer digits
-    max_key_depth: int = 32  # tuple nesting inside dict keys and set members; nested rebuild calls
-    max_dims: int = 64  # tensor rank
-    max_same_hash: int = 64  # non-string keys of one dict (members of one set) with one hash value
-    max_object_bytes: int = 80  # bytes of containers built per pickle byte (plus 1 MiB), see `charge`
-
-
-DEFAULT_LIMITS = Limits()
 
 # --------------------------------------------------------------------------------------------
 # Placeholder objects (what allow-listed globals and their calls turn into)
@@ -161,7 +140,7 @@ class UnsupportedTensor:
     dtype: str | None = None
 
 
-class ODict(dict):  # type: ignore[type-arg]
+class ODict(dict):
     """An `OrderedDict` (a state_dict); `attrs` keeps BUILD state such as `_metadata`.
 
     Slotted, with `attrs` made on first use: torch.save pickles an empty OrderedDict (the backward
@@ -182,7 +161,7 @@ class ODict(dict):  # type: ignore[type-arg]
         return a
 
 
-Handler = Callable[["Unpickler", tuple, dict], Any]  # type: ignore[type-arg]
+Handler = Callable[["Unpickler", tuple, dict], Any]
 
 
 @dataclass(frozen=True, eq=False)
@@ -255,4 +234,3 @@ def describe(v: Any) -> str:
 _SET_SIZE = sys.getsizeof(set()) + 16
 _PLACEHOLDER_SIZE = sys.getsizeof(Placeholder("x")) + 16
 _MEMO_ENTRY = 112  # a new memo entry at the peak of the memo dict's resize: its int key, old and new slots
-_BUDGET_BASE = 1 << 20  # bytes of objects any pickle may build, whatever its size

@@ -12,13 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError, LimitExceededError, UnsafePickleError
+from ..limits import DEFAULT_LIMITS, Limits
 from .allowlist import _COPYREG_CONSTRUCTORS, _MODULE_ALIASES, _TENSOR_WRAPPERS, _as_tensor, _is_gadget, _resolve
 from .values import (
-    _BUDGET_BASE,
     _PLACEHOLDER_SIZE,
-    DEFAULT_LIMITS,
     Builtin,
-    Limits,
     Opaque,
     Placeholder,
     StorageType,
@@ -61,7 +59,7 @@ class Unpickler:
         self.objects = 0
         self.placeholders = 0  # Placeholder objects made (the reader walks for their key paths if any)
         self.spent = 0  # bytes of the containers made so far (see `charge`)
-        self.budget = limits.max_object_bytes * max(self.end - start, 0) + _BUDGET_BASE
+        self.budget = limits.max_object_bytes * max(self.end - start, 0) + limits.pickle_object_base
         self._hashes: dict[int, tuple[Any, dict[int, int]]] = {}  # id(container) -> (it, hash counts)
         self._depth = 0  # nested calls of allow-listed handlers (`call`)
         self._op_pos = start

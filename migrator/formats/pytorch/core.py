@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ... import safepickle as sp
 from ...errors import FormatError
@@ -36,6 +36,9 @@ class ReaderCore(Reader):
     _zip: bool
     _zip_root: str
     _storage_refs: dict[Any, sp.StorageRef]  # a storage key -> its first reference (see _storage_pid)
+
+    if TYPE_CHECKING:  # defined by `Flattener`, which every reader built on this core is
+        def _placeholder_error(self, name: str, value: sp.Placeholder | sp.Opaque) -> FormatError: ...
 
     def _err(self, message: str, tensor: str | None = None) -> FormatError:
         return FormatError(message, file=self.label, tensor=tensor)
@@ -80,7 +83,7 @@ class ReaderCore(Reader):
                 return ref
         return self._slow_storage_pid(pid)
 
-    def _slow_storage_pid(self, pid: Any) -> sp.StorageRef:
+    def _slow_storage_pid(self, pid: Any) -> sp.StorageRef | sp.Opaque:
         """`_storage_pid` for every other shape of persistent id (legacy ids, bytes, int keys, refusals)."""
         if not isinstance(pid, tuple) or not pid:
             raise self._err(f"persistent id is a {type(pid).__name__}, expected a tuple")

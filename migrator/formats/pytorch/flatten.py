@@ -8,7 +8,6 @@ from typing import Any
 from ... import safepickle as sp
 from ...errors import FormatError, LimitExceededError, TensorNotFoundError, UnsafePickleError, UnsupportedDTypeError
 from ...scalars import Scalar
-from .. import pytorch as _pkg  # the MAX_* knobs are the package's attributes (SECURITY.md), read at open
 from .views import TensorBuilder, _Pending
 
 
@@ -25,15 +24,15 @@ class Flattener(TensorBuilder):
         wherever they are, and are an error only inside the selection (`_placeholder_error`)."""
         self._whole = key is None or key == "" or key == []
         if self._opaque:  # only a pickle naming a global outside the allow-list can hold placeholders
-            found = _find_placeholders(root, _pkg.MAX_NODES)
+            found = _find_placeholders(root, self._limits.max_nodes)
             self._extra["placeholders"] = [{"key": path, "class": cls} for path, cls in found]
         self._root = root
         if isinstance(root, (sp.Placeholder, sp.Opaque)):
             raise self._placeholder_error("", root)
-        if self._whole:
+        if self._whole or key is None:
             return root, ""
         segments = [key] if isinstance(key, str) else [str(k) for k in key]
-        node, path = root, []
+        node, path = root, list[str]()
         todo = segments
         dotted = isinstance(key, str)
         while todo:
@@ -78,15 +77,16 @@ class Flattener(TensorBuilder):
         entries = pending.entries
         tensor_ref = sp.TensorRef
         visits = 0
+        max_nodes, max_nesting = self._limits.max_nodes, self._limits.max_nesting
         stack: list[tuple[str, Iterator[tuple[Any, Any]], int]] = [(prefix, _pairs(root), id(root))]
         on_path = {id(root)}
         while stack:
             base, it, cid = stack[-1]
             for key, value in it:  # the inner loop runs through a container's leaves without the stack
                 visits += 1
-                if visits > _pkg.MAX_NODES:
-                    raise LimitExceededError(f"more than {_pkg.MAX_NODES} values in the checkpoint structure "
-                                             "(shared references multiply; memo bomb?)", file=self.label)
+                if visits > max_nodes:
+                    raise LimitExceededError(f"more than {max_nodes} values in the checkpoint structure "
+                                             "(shared references multiply; memo bomb?; max_nodes)", file=self.label)
                 if type(key) is not str:
                     if type(key) is int and -_INT64 <= key < _INT64:  # str() of a 4 KiB int raises
                         key = str(key)
@@ -108,7 +108,7 @@ class Flattener(TensorBuilder):
                     names = groups.get(group)
                     if names is None:
                         groups[group] = name
-                    elif type(names) is str:
+                    elif isinstance(names, str):
                         groups[group] = [names, name]
                     else:
                         names.append(name)
@@ -116,9 +116,9 @@ class Flattener(TensorBuilder):
                 if isinstance(value, (dict, list, tuple)):
                     if id(value) in on_path:
                         raise self._err(f"'{name}' contains itself (cyclic structure)")
-                    if len(stack) >= _pkg.MAX_DEPTH:
-                        raise LimitExceededError(f"'{name[:200]}' is nested more than {_pkg.MAX_DEPTH} levels deep",
-                                                 file=self.label)
+                    if len(stack) >= max_nesting:
+                        raise LimitExceededError(f"'{name[:200]}' is nested more than {max_nesting} levels deep "
+                                                 "(max_nesting)", file=self.label)
                     on_path.add(id(value))
                     stack.append((name, _pairs(value), id(value)))
                     break
@@ -167,7 +167,7 @@ class Flattener(TensorBuilder):
         message = (f"{where}a '{value.name}' object, which migrator refuses to build: it never runs code "
                    "from a pickle, so objects of classes outside its allow-list are kept as inert placeholders")
         if self._whole:
-            keys = _tensor_keys(self._root, _pkg.MAX_NODES)
+            keys = _tensor_keys(self._root, self._limits.max_nodes)
             message += (f"; the keys that hold tensors are {', '.join(repr(k[:100]) for k in keys[:20])}: pick "
                         "one with --top-level-key (top_level_key in a recipe)" if keys else "; no key holds tensors")
         return UnsafePickleError(message, file=self.label)

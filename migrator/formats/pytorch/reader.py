@@ -7,9 +7,10 @@ from typing import Any
 
 from ... import safepickle as sp
 from ...bytesource import ByteSource
+from ...limits import DEFAULT_LIMITS, Limits
 from ...scalars import Scalar
 from ...tensor import LazyTensor
-from ..base import no_gc, utf8_ok
+from ..base import utf8_ok
 from .core import _Span
 from .flatten import Flattener
 from .legacy import LegacyContainer
@@ -28,13 +29,13 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
         source: ByteSource,
         *,
         top_level_key: str | list[str] | tuple[str, ...] | None = None,
-        limits: sp.Limits | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.source = source
         self.tensors: list[LazyTensor] = []
         self.metadata: dict[str, str] = {}
         self.scalars: dict[str, Scalar] = {}
-        self._limits = limits if limits is not None else sp.DEFAULT_LIMITS  # read now: raisable (SECURITY.md)
+        self._limits = limits
         self._extra: dict[str, Any] = {}
         self._opaque: set[str] = set()
         self._protocol: int | None = None
@@ -48,14 +49,13 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
         self._zip_data: tuple[array, array] | None = None  # see _ZipDirectory.data
         self._zip_found = bytearray()  # 1: _zip_data holds that storage's data offset, checked
         self._zip = False
-        with no_gc():  # ~1M container objects stay alive until the end: rescans would cost ~30%
-            root = self._open()
-            selected, prefix = self._select(root, top_level_key)
-            pending = self._flatten(selected, prefix)
-            del root, selected  # the pickle's objects go before the tensors are made: a lower peak
-            self._root = None  # kept by _select only for the errors of _flatten
-            self.tensors = pending.build(self.source)
-            del pending
+        root = self._open()
+        selected, prefix = self._select(root, top_level_key)
+        pending = self._flatten(selected, prefix)
+        del root, selected  # the pickle's objects go before the tensors are made: a lower peak
+        self._root = None  # kept by _select only for the errors of _flatten
+        self.tensors = pending.build(self.source)
+        del pending
         self._refuse_lone_surrogates()
         # what only the open needed (100k entries each for a 100k-tensor zip): the tensors keep the rest
         self._spans, self._first_dtype, self._layouts, self._storage_refs = {}, {}, {}, {}

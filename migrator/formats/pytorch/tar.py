@@ -8,7 +8,7 @@ from typing import Any
 from ... import safepickle as sp
 from ...bytesource import ByteSource
 from ...errors import FormatError, LimitExceededError, UnsupportedDTypeError
-from .. import pytorch as _pkg  # the MAX_* knobs are the package's attributes (SECURITY.md), read at open
+from ...limits import Limits
 from .core import ReaderCore, _Span, _storage_dtype, _type_name
 
 
@@ -19,13 +19,13 @@ class TarContainer(ReaderCore):
     _tar_tensors: dict[str, sp.TensorRef]
 
     def _open_tar(self) -> Any:
-        members = _read_tar_members(self.source)
+        members = _read_tar_members(self.source, self._limits)
         for needed in ("pickle", "storages"):
             if needed not in members:
                 raise self._err(f"tar checkpoint without a '{needed}' member")
         if "sys_info" in members:
             off, size = members["sys_info"]
-            if size > _pkg.MAX_SMALL_RECORD:
+            if size > self._limits.max_small_record_bytes:
                 raise LimitExceededError(f"tar sys_info of {size} bytes", file=self.label)
             self._apply_sys_info(self._unpickler(self.source.read(off, size), what="sys_info").load())
         self._tar_storage_types: dict[str, sp.StorageType | str] = {}
@@ -135,7 +135,7 @@ class TarContainer(ReaderCore):
         raise self._err(f"tar pickle references unknown object {str(pid)[:40]!r}")
 
 
-def _read_tar_members(src: ByteSource) -> dict[str, tuple[int, int]]:
+def _read_tar_members(src: ByteSource, limits: Limits) -> dict[str, tuple[int, int]]:
     label = src.label
     members: dict[str, tuple[int, int]] = {}
     pos = 0
@@ -147,8 +147,8 @@ def _read_tar_members(src: ByteSource) -> dict[str, tuple[int, int]]:
         if hdr == bytes(512):
             break
         count += 1
-        if count > _pkg.MAX_TAR_MEMBERS:
-            raise LimitExceededError(f"more than {_pkg.MAX_TAR_MEMBERS} tar members", file=label)
+        if count > limits.max_tar_members:
+            raise LimitExceededError(f"more than {limits.max_tar_members} tar members", file=label)
         stored_sum = _tar_number(hdr[148:156], label)
         if stored_sum != sum(hdr[:148]) + 256 + sum(hdr[156:]):
             raise FormatError(f"tar header at byte {pos}: bad checksum", file=label)

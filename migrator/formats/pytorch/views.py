@@ -11,7 +11,6 @@ from ...bytesource import ByteSource
 from ...dtypes import BY_TORCH
 from ...errors import LimitExceededError, UnsupportedDTypeError
 from ...tensor import LazyTensor, stored, stored_many
-from .. import pytorch as _pkg  # the MAX_* knobs are the package's attributes (SECURITY.md), read at open
 from .core import _Span
 from .zip import ZipContainer
 
@@ -106,10 +105,10 @@ class TensorBuilder(ZipContainer):
                 return stored(name, dt, shape, src, start, nbytes)
             return LazyTensor(name, dt, shape, nbytes, origin=label,
                               loader=lambda: _swapped(src.view(start, nbytes), unit))
-        if nbytes > max(window, _pkg.MAX_EXPANDED_BYTES):
+        if nbytes > max(window, self._limits.max_expanded_bytes):
             raise LimitExceededError(
                 f"strided view of {window} storage bytes expands to {nbytes} bytes "
-                f"(limit {_pkg.MAX_EXPANDED_BYTES})", file=label, tensor=name)
+                f"(limit {self._limits.max_expanded_bytes}, max_expanded_bytes)", file=label, tensor=name)
         strides = tuple(st * itemsize for st in ref.stride)
         return LazyTensor(name, dt, shape, nbytes, origin=label,
                           loader=lambda: _gather(src, start, window, itemsize, shape, strides, swap, unit))

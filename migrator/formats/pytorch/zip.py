@@ -16,7 +16,7 @@ import numpy as np
 
 from ...bytesource import ByteSource
 from ...errors import FormatError, LimitExceededError
-from .. import pytorch as _pkg  # the MAX_* knobs are the package's attributes (SECURITY.md), read at open
+from ...limits import Limits
 from .core import ReaderCore, _Span
 
 
@@ -69,7 +69,7 @@ class ZipContainer(ReaderCore):
     _zip_folded: dict[str, str]
 
     def _open_zip(self) -> Any:
-        directory = _read_zip_directory(self.source)
+        directory = _read_zip_directory(self.source, self._limits)
         members = directory.members
         self._zip_members = members
         self._zip_folded = directory.folded
@@ -96,7 +96,7 @@ class ZipContainer(ReaderCore):
             if order not in (b"little", b"big"):
                 raise self._err(f"unknown byteorder record {order[:20]!r}")
             self._swap = order == b"big"
-        data = self._zip_read(self._zip_member(pkl), _pkg.MAX_PICKLE_BYTES)
+        data = self._zip_read(self._zip_member(pkl), self._limits.max_pickle_bytes)
         result = self._run_main(self._unpickler(data, persistent=self._storage_pid, what=pkl))
         del data
         self._locate_storages()
@@ -171,7 +171,7 @@ class ZipContainer(ReaderCore):
 
     def _zip_read(self, m: _ZipMember, limit: int | None = None) -> bytes:
         """A small member, read whole and checked against its CRC-32 (tensor data is not read here)."""
-        limit = _pkg.MAX_SMALL_RECORD if limit is None else limit
+        limit = self._limits.max_small_record_bytes if limit is None else limit
         if m.size > limit:
             raise LimitExceededError(f"zip member {m.name} has {m.size} bytes (limit {limit})", file=self.label)
         data = self.source.read(self._zip_data_offset(m), m.size, m.name)
@@ -263,7 +263,7 @@ def _find_data_pkl(first: str | None, names: dict[str, Any], lookup: Callable[[s
     return candidates[0] if candidates else None
 
 
-def _read_zip_directory(src: ByteSource) -> _ZipDirectory:
+def _read_zip_directory(src: ByteSource, limits: Limits) -> _ZipDirectory:
     """Find the end records as torch's reader does, check them, and parse the central directory.
 
     The end-of-central-directory record is the last signature with 22 bytes after it in the file's
@@ -290,8 +290,10 @@ def _read_zip_directory(src: ByteSource) -> _ZipDirectory:
     if cd_off + cd_size > dir_end:
         raise FormatError(f"zip central directory [{cd_off}, {cd_off + cd_size}) runs past its end record",
                           file=label)
-    if n_total > _pkg.MAX_ZIP_ENTRIES or n_total * 46 > cd_size or cd_size > _pkg.MAX_ZIP_DIRECTORY:
-        raise LimitExceededError(f"zip declares {n_total} entries in a {cd_size}-byte directory", file=label)
+    if n_total > limits.max_zip_entries or n_total * 46 > cd_size or cd_size > limits.max_zip_directory_bytes:
+        raise LimitExceededError(f"zip declares {n_total} entries in a {cd_size}-byte directory (limits: "
+                                 f"max_zip_entries {limits.max_zip_entries}, max_zip_directory_bytes "
+                                 f"{limits.max_zip_directory_bytes})", file=label)
     cd = src.read(cd_off, cd_size, "zip central directory")
     return _directory_entries(cd, n_total, cd_off, src.size, label)
 
