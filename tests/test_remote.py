@@ -305,6 +305,9 @@ def test_sharded_target_on_s3_index_last_and_read_back(s3: Any, tmp_path: Path) 
         out = tmp_path / f"back{len(source)}.safetensors"
         cli("convert", source, str(out))
         assert_same(st_numpy.load_file(str(out)), want)
+    doc = json.loads(cli("inspect", folder, "--json").stdout)  # each tensor names its shard object
+    assert {t["name"]: t["file"] for t in doc["tensors"]} == {
+        k: f"s3://{s3.bucket}/hf/{v}" for k, v in index["weight_map"].items()}
     # a second write without --overwrite is refused
     p = cli("convert", str(src), folder, "--max-shard-size", "3MB", check=1)
     assert "exists" in p.stderr
@@ -316,7 +319,7 @@ def test_interrupted_sharded_upload_leaves_no_index(s3: Any) -> None:
     ok = migrator.from_numpy("a", np.ones(2 << 20, dtype=np.uint8))
     with pytest.raises(Boom):
         migrator.save([ok, failing_tensor(after=6 << 20)], f"s3://{s3.bucket}/part/", max_shard_size="3MB")
-    assert not any(k.endswith(".index.json") for k in keys(s3))
+    assert keys(s3) == []  # no index, and the shard that completed is removed again
     assert uploads(s3) == []
 
 

@@ -8,9 +8,10 @@ and the shards agree, one format; an index's shard names stay inside its prefix.
 Publishing (`save_sharded_remote`): an object store has no folder rename, so the folder is published
 index-last. Every shard is uploaded as its own atomic object (`upload.remote_output`), then the
 companion files, and the index object only after all of them completed: a reader that goes by the
-index never sees a partial model, and an interrupted run leaves no index. Overwriting first deletes
-the old index, so a reader never pairs the old index with new shards; the old shard objects that
-the new model does not reuse are deleted after the new index is written.
+index never sees a partial model, and an interrupted run leaves no index (the shards it completed
+are deleted again, unless the process is killed outright). Overwriting first deletes the old index,
+so a reader never pairs the old index with new shards; the old shard objects that the new model
+does not reuse are deleted after the new index is written.
 """
 
 from __future__ import annotations
@@ -241,15 +242,23 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
     for n in old_indexes:  # readers going by the index now see no model until the new one is complete
         delete(_join(folder, n))
     names: list[str] = []
-    for name, shard in writer.files:
-        with remote_output(_join(folder, name), overwrite=overwrite, expected_size=shard.total_size) as sink:
-            shard.write_to(sink)
-        names.append(name)
-    for src, name in writer.copies:
-        data = Path(src).read_bytes()
-        with remote_output(_join(folder, name), overwrite=overwrite, expected_size=len(data)) as sink:
-            sink.write(data)
-        names.append(name)
+    try:
+        for name, shard in writer.files:
+            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=shard.total_size) as sink:
+                shard.write_to(sink)
+            names.append(name)
+        for src, name in writer.copies:
+            data = Path(src).read_bytes()
+            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=len(data)) as sink:
+                sink.write(data)
+            names.append(name)
+    except BaseException:
+        # no index will name them: remove the objects this run completed (with overwrite, old
+        # objects of the same names were replaced and are gone either way)
+        for name in names:
+            with contextlib.suppress(Exception):
+                delete(_join(folder, name))
+        raise
     if index_name is not None:
         data = writer.index_bytes()
         with remote_output(_join(folder, index_name), overwrite=overwrite, expected_size=len(data)) as sink:
