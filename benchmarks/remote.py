@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -65,6 +66,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2-medium", choices=sorted(MODELS))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--store", choices=["s3", "http"], default="s3",
+                    help="http: the tests' Range server (threads, in this process) against fsspec's http get")
     args = ap.parse_args()
     model = MODELS[args.model]
     folder = OUT / "remote"
@@ -75,6 +78,8 @@ def main() -> None:
 
         print(f"generating {src} ({model.nbytes / 1e9:.2f} GB)", flush=True)
         migrator.save(lazy_random(model.shapes), src, fsync=False)
+    if args.store == "http":
+        return http_bench(model, src, folder, args.rounds)
     env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     py = sys.executable
     with moto_server() as endpoint:
@@ -109,6 +114,31 @@ def main() -> None:
     print(f"\nthroughput vs s3fs: download {down:.2f}x (target >= 0.8), upload {up:.2f}x (target >= 0.8)")
     got.unlink(missing_ok=True)
     put_out.unlink(missing_ok=True)
+
+
+def http_bench(model: Any, src: Path, folder: Path, n: int) -> None:
+    """Parallel ranged GETs (the default read path) against one streaming GET, over a Range server
+    that serves each range in O(range): fsspec's http `get` is the peer."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from remote_servers import HttpServer
+
+    py = sys.executable
+    got, peer_out = folder / "got.bpk", folder / "got.bin"
+    with HttpServer() as server:
+        server.store.objects["/m.safetensors"] = src.read_bytes()
+        url = server.url + "/m.safetensors"
+        os.environ["PYTHONPATH"] = str(REPO)
+        jobs = [Job("migrate http -> .bpk (4 ranged GETs in flight)",
+                    [py, "-m", "migrator.cli", "convert", url, str(got), "--no-fsync"], got),
+                Job("fsspec http get", [py, "-c", f"import fsspec; fsspec.filesystem('http').get({url!r}, "
+                                                  f"{str(peer_out)!r})"], peer_out)]
+        res = rounds(jobs, n, folder / "rss.txt")
+    print(f"\n{model.name}: {model.nbytes / 1e9:.2f} GB over http; {n} rounds; {machine()}")
+    print("| job | median s | MB/s | peak RSS |\n|---|--:|--:|--:|")
+    for label in res.runs:
+        print(f"| {label} | {res.wall(label):.2f} | {model.nbytes / 1e6 / res.wall(label):.0f} | "
+              f"{mib(res.rss(label))} |")
+    print(f"\nthroughput vs fsspec http get: {res.ratio('fsspec http get', jobs[0].label):.2f}x")
 
 
 if __name__ == "__main__":
