@@ -18,6 +18,12 @@ mistyped path must not delete an unrelated tree.
 
 `fsync=True` flushes every file, the scratch folder and the parent folder; `fsync=False` skips that
 (the publish is still one rename of a complete folder).
+
+As for single files (`migrator.atomic`): no file being read (`protect`, by path or by the inode a
+reader holds) may be in the folder that is replaced, nor may the run's other outputs (`outputs`,
+e.g. a `--report` file) be in it; checked up front and again right before the publish. Each new
+file gets the permission bits of the file of that name it replaces, else the read/write bits its
+sources share (`mode_from`; a companion file: its own), masked by the umask, like `cp`.
 """
 
 from __future__ import annotations
@@ -32,13 +38,23 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO
 
-from .atomic import WRITE_BUFFER, ScratchFile, UnsyncedScratchFile, _describe, _fsync_dir, _pid_alive, _reserve
-from .errors import OutputError, TargetExistsError
+from .atomic import (
+    WRITE_BUFFER,
+    Protected,
+    ScratchFile,
+    UnsyncedScratchFile,
+    _describe,
+    _fsync_dir,
+    _pid_alive,
+    _reserve,
+    output_mode,
+)
+from .errors import OutputError, SameFileError, TargetExistsError
 
 SCRATCH_DIR_RE = re.compile(r"^(?P<target>.+)\.migrator-(?P<pid>\d+)-(?P<n>\d+)\.tmpdir$")
 MODEL_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth|bpk|index\.json)$")
@@ -70,8 +86,48 @@ def clean_stale_folders(target: Path) -> list[Path]:
     return removed
 
 
-def check_folder_target(target: Path, *, overwrite: bool) -> None:
-    """Refuse a target that is a file, an existing folder without overwrite, or a folder that is no model folder."""
+MAX_CHECKED_FILES = 100_000
+"""Files of an existing target folder compared with the protected ones (a model folder has a few)."""
+
+
+def _inside(path: str | os.PathLike[str], folder: Path) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(folder)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def check_folder_distinct(target: Path, protect: Iterable[Protected] = (),
+                          outputs: Iterable[str | os.PathLike[str]] = ()) -> None:
+    """Refuse a folder target that holds (or is) a file being read, or another output of the run."""
+    protect = list(protect)
+    for out in outputs:
+        if _inside(out, target):
+            raise SameFileError(f"refusing to write another output of this run inside the output folder ({out})",
+                                file=str(target))
+    for p in protect:
+        if not isinstance(p, tuple) and _inside(p, target):
+            raise SameFileError(f"refusing to replace a folder holding a file being read ({p})", file=str(target))
+    identities = {p for p in protect if isinstance(p, tuple)}
+    if not identities or not target.is_dir() or target.is_symlink():
+        return
+    seen = 0
+    for folder, dirs, files in os.walk(target):  # symlinked folders are not followed; a linked file is
+        for name in files + dirs:
+            seen += 1
+            if seen > MAX_CHECKED_FILES:
+                raise OutputError(f"the existing target folder holds over {MAX_CHECKED_FILES} files; refusing to "
+                                  "replace it", file=str(target))
+            with contextlib.suppress(OSError):
+                st = os.stat(os.path.join(folder, name))
+                if (st.st_dev, st.st_ino) in identities:
+                    raise SameFileError("refusing to replace a folder holding a file being read "
+                                        f"({os.path.join(folder, name)})", file=str(target))
+
+
+def check_folder_target(target: Path, *, overwrite: bool, protect: Iterable[Protected] = (),
+                        outputs: Iterable[str | os.PathLike[str]] = ()) -> None:
+    """Refuse a target that is a file, an existing folder without overwrite, or a folder that is no
+    model folder; and one holding a file being read or another output (`check_folder_distinct`)."""
+    check_folder_distinct(target, protect, outputs)
     if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
         raise OutputError("the target exists and is not a folder (a sharded output is a folder)", file=str(target))
     if not target.is_dir():
@@ -145,9 +201,16 @@ def _fsync_path(path: Path) -> None:
 class FolderScratch:
     """The scratch folder being filled: files are created in it exclusively and written whole."""
 
-    def __init__(self, path: Path, target: Path, fsync: bool) -> None:
+    def __init__(self, path: Path, target: Path, fsync: bool, *, overwrite: bool = False,
+                 mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> None:
         self.path, self.target, self.fsync = path, target, fsync
+        self.overwrite, self.mode_from = overwrite, list(mode_from)
         self.written: list[Path] = []  # flushed together by `sync`, before the publish
+
+    def _mode(self, name: str, mode_from: Iterable[str | os.PathLike[str] | int]) -> int:
+        """As `atomic.output_mode`: the replaced file's bits (same name in the old folder), else the
+        sources' shared read/write bits, masked by the umask."""
+        return output_mode(self.target / name, overwrite=self.overwrite, mode_from=mode_from)
 
     def sync(self) -> None:
         """fsync every file written, then the folder. Deferred to the end so that a shard's last
@@ -164,6 +227,7 @@ class FolderScratch:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(path, flags, 0o666)
         with (ScratchFile if self.fsync else UnsyncedScratchFile)(fd, "wb") as f:
+            os.fchmod(fd, self._mode(name, self.mode_from))
             if expected_size:
                 _reserve(fd, expected_size, self.target / name)
             sink = io.BufferedWriter(f, buffer_size=WRITE_BUFFER)
@@ -180,15 +244,19 @@ class FolderScratch:
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, path)
+        os.chmod(path, self._mode(name, [src]))
         self.written.append(path)
 
 
 @contextlib.contextmanager
-def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False,
-                  fsync: bool = True) -> Iterator[FolderScratch]:
-    """Yield a scratch folder to write the whole output into; publish it as `target` on success."""
+def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False, fsync: bool = True,
+                  protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
+                  mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> Iterator[FolderScratch]:
+    """Yield a scratch folder to write the whole output into; publish it as `target` on success.
+    `protect`, `outputs`, `mode_from`: see the module docstring."""
     target = Path(os.path.normpath(target))
-    check_folder_target(target, overwrite=overwrite)
+    protect, outputs = list(protect), list(outputs)
+    check_folder_target(target, overwrite=overwrite, protect=protect, outputs=outputs)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -211,10 +279,11 @@ def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False,
     old: Path | None = None
     published = False
     try:
-        folder = FolderScratch(scratch, target, fsync)
+        folder = FolderScratch(scratch, target, fsync, overwrite=overwrite, mode_from=mode_from)
         yield folder
         if fsync:
             folder.sync()
+        check_folder_distinct(target, protect, outputs)  # again: a link to a source may have appeared meanwhile
         old = _publish(scratch, target, overwrite=overwrite)
         published = True
     except OSError as e:
@@ -230,13 +299,16 @@ def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False,
 
 def save_sharded(writer: object, path: str | os.PathLike[str], *, overwrite: bool = False,
                  progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
-                 fsync: bool = True) -> str:
-    """Write a `ShardedWriter`'s shards, index and companion files as one folder, atomically."""
+                 fsync: bool = True, protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
+                 mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> str:
+    """Write a `ShardedWriter`'s shards, index and companion files as one folder, atomically
+    (`protect`, `outputs`, `mode_from`: as `atomic_folder`)."""
     from .formats.sharded_writer import ShardedWriter
 
     assert isinstance(writer, ShardedWriter)
     out = writer.resolve_path(path)
-    with atomic_folder(out, overwrite=overwrite, fsync=fsync) as folder:
+    with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protect, outputs=outputs,
+                       mode_from=mode_from) as folder:
         for name, shard in writer.files:
             with folder.file(name, shard.total_size) as sink:
                 if progress is None:

@@ -308,7 +308,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
         source = reader.source
-        read: list[Protected] = [src_path] + ([source.identity] if hasattr(source, "identity") else [])
+        read: list[Protected] = [src_path] + ([source.identity] if hasattr(source, "identity")
+                                              else getattr(source, "identities", []))
         written = save_planned(writer, dst_path, overwrite=overwrite, protect=read, progress=progress_for(progress),
                                fsync=fsync, mode_from=[source.mode] if hasattr(source, "mode") else [],
                                make_folders=True)

@@ -340,9 +340,31 @@ def _recipe_plan(recipe_path: str | os.PathLike[str], a: str | os.PathLike[str])
 
     loaded = load_recipe(recipe_path)
     recipe = loaded.recipe
+    if recipe.source is None:  # several sources: A is one of them as the recipe names it, or NAME=PATH
+        return _sources_plan(loaded, os.fspath(a), str(recipe_path))
     source = recipe.source.model_copy(update={"path": Path(os.path.abspath(os.path.expanduser(a)))})
     recipe = recipe.model_copy(update={"source": source})
     return build_plan(recipe, loaded.base_dir, overwrite=True, module_origins=loaded.module_origins)
+
+
+def _sources_plan(loaded: Any, a: str, shown: str) -> Plan:
+    """A `sources:` recipe's plan: A is one of its sources (the others are read as the recipe says),
+    or NAME=PATH to read PATH for the entry called NAME."""
+    from .atomic import same_file
+    from .errors import PlanError
+    from .plan import build_plan
+    from .sources import override_source
+
+    recipe = loaded.recipe
+    given = Path(os.path.abspath(os.path.expanduser(a)))
+    if not any(same_file(p, given) or p == given for p in loaded.source_paths):
+        if "=" not in a:
+            names = ", ".join(f"'{s.label}'" for s in recipe.sources)
+            raise PlanError(f"{a} is none of the recipe's sources ({names}): give one of them, or NAME=PATH",
+                            file=shown)
+        recipe = override_source(recipe, a, shown)
+    return build_plan(recipe, loaded.base_dir, overwrite=True, module_origins=loaded.module_origins,
+                      source_origins=loaded.source_origins)
 
 
 def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options: dict[str, Any]) -> Plan:

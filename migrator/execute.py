@@ -54,7 +54,7 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     if getattr(plan.writer, "sharded", False):
         from .remote import check_folder_target
 
-        check_folder_target(plan.target_path, overwrite=plan.overwrite)
+        check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs)
     elif plan.writer is not None:
         check_target(as_path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
                      protect=read_by(plan), outputs=outputs)
@@ -66,7 +66,7 @@ def plan_target_problems(plan: Plan) -> list[str]:
         from .remote import check_folder_target
 
         try:
-            check_folder_target(plan.target_path, overwrite=plan.overwrite)
+            check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan))
         except MigratorError as e:
             return [str(e)]
         return []
@@ -77,16 +77,23 @@ def plan_target_problems(plan: Plan) -> list[str]:
 def read_by(plan: Plan) -> list[Protected]:
     """The files the plan reads, by path and by the inode each reader holds open: no output may
     replace them (a symlink or hard link to one included)."""
-    files: list[Protected] = [plan.source_path]
+    files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:])]
     if plan.template_path is not None:
         files.append(plan.template_path)
-    files += [r.source.identity for r in plan.readers if hasattr(r.source, "identity")]
+    for r in _file_readers(plan):
+        files += [r.source.identity] if hasattr(r.source, "identity") else getattr(r.source, "identities", [])
     return files
 
 
 def source_modes(plan: Plan) -> list[int]:
     """The permission bits of the files the plan reads: a new output gets no more than they share."""
-    return [r.source.mode for r in plan.readers if hasattr(r.source, "mode")]
+    return [r.source.mode for r in _file_readers(plan) if hasattr(r.source, "mode")]
+
+
+def _file_readers(plan: Plan) -> list[Any]:
+    """The plan's readers, each source of a `sources:` recipe on its own."""
+    return [p.reader for r in plan.readers for p in getattr(r, "parts", ())] + [
+        r for r in plan.readers if not hasattr(r, "parts")]
 
 
 def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractContextManager[None]] | None:

@@ -31,6 +31,14 @@ literal), ``"python"`` (``re.sub`` templates: ``\\1``, ``\\g<name>``, ``\\g<1>``
 otherwise Rust. An ``auto`` replacement that uses both styles of group reference is rejected as
 ambiguous. Whatever the syntax, matches are found with Rust's iteration rule (an empty match right
 after the previous match is skipped), which differs from ``re.sub`` since Python 3.7.
+
+Index arithmetic (migrator's extension; Burn's replacements have none): in the Rust syntax,
+``${1+12}`` / ``${1-12}`` (also ``${name+3}``) is the group's decimal value plus or minus the
+offset, so layers can be renumbered (``layer\\.(\\d+)\\.`` -> ``layer.${1-12}.``). The group must
+hold ASCII digits and the result must not be negative, else the rename fails with an
+`IndexArithmeticError` naming the tensor. A group written with leading zeros keeps its width
+(``07`` + 1 = ``08``, ``09`` + 1 = ``10``, ``99`` + 1 = ``100``); one without is written plainly.
+Only the braced form computes: ``$1+12`` is still group 1 followed by the text ``+12``, as in Rust.
 """
 
 from __future__ import annotations
@@ -41,12 +49,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
+    "IndexArithmeticError",
     "KeyRemapper",
     "NamingError",
     "RemapRule",
     "ReplacementSyntax",
     "compile_regex",
     "contiguous_names",
+    "expand_replacement",
     "find_collisions",
     "parse_usize",
     "strip_enum_variant",
@@ -69,6 +79,13 @@ class NamingError(ValueError):
         self.position = position
         where = f" at position {position}" if position is not None else ""
         super().__init__(f"{message} in {pattern!r}{where}")
+
+
+class IndexArithmeticError(NamingError):
+    """``${1+12}`` / ``${1-12}`` met a group that is not a number, or gave a negative index."""
+
+    def __str__(self) -> str:
+        return self.message  # names the tensor already
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,14 +385,27 @@ def parse_usize(text: str) -> int | None:
     return value if value <= _USIZE_MAX else None
 
 
-def _parse_rust_replacement(replacement: str) -> list[str | int]:
+_ARITH = re.compile(r"([A-Za-z0-9_]+)([+-])([0-9]{1,18})")
+"""`${GROUP+N}` / `${GROUP-N}`: index arithmetic on a numeric group."""
+
+
+@dataclass(frozen=True)
+class _Arith:
+    """A parsed `${GROUP+N}`: the group (number or name), the signed offset and its spelling."""
+
+    group: int | str
+    offset: int
+    spelled: str
+
+
+def _parse_rust_replacement(replacement: str) -> list[str | int | _Arith]:
     """Split a Rust replacement into literal text (str) and group refs (int number or `_Name`).
 
     Mirrors the regex crate's interpolation: `$$` is `$`; `${...}` takes everything up to `}`;
     `$name` takes the longest `[A-Za-z0-9_]` run; a ref that parses as usize is a number, anything
     else a name; a `$` starting no ref is literal. Backslashes carry no meaning.
     """
-    parts: list[str | int] = []
+    parts: list[str | int | _Arith] = []
     literal: list[str] = []
 
     def flush() -> None:
@@ -411,8 +441,14 @@ def _parse_rust_replacement(replacement: str) -> list[str | int]:
             i += 1
             continue
         flush()
-        number = parse_usize(ref)
-        parts.append(number if number is not None else _Name(ref))
+        arith = _ARITH.fullmatch(ref) if replacement[i + 1] == "{" else None
+        if arith is not None:
+            group = parse_usize(arith[1])
+            offset = int(arith[3]) * (1 if arith[2] == "+" else -1)
+            parts.append(_Arith(arith[1] if group is None else group, offset, replacement[i:end]))
+        else:
+            number = parse_usize(ref)
+            parts.append(number if number is not None else _Name(ref))
         i = end
     flush()
     return parts
@@ -465,9 +501,87 @@ class _Name(str):
 
 @dataclass(frozen=True)
 class _Ref:
-    """A group reference resolved to a group index of the compiled pattern."""
+    """A group reference resolved to a group index of the compiled pattern; `offset` (with its
+    `spelled` text) for index arithmetic."""
 
     index: int
+    offset: int = 0
+    spelled: str = ""
+
+
+def _shifted(value: str | None, ref: _Ref, name: str) -> str:
+    """The group's number moved by `ref.offset` (leading zeros keep the width; see the module doc)."""
+    if value is None or not value or not value.isascii() or not value.isdigit():
+        shown = "did not take part in the match" if value is None else f"is '{value}', not a number"
+        raise IndexArithmeticError(f"{ref.spelled} on tensor '{name}': group {ref.index} {shown}", pattern=name)
+    result = int(value) + ref.offset
+    if result < 0:
+        raise IndexArithmeticError(f"{ref.spelled} on tensor '{name}' gives {result} (group {ref.index} is "
+                                   f"'{value}'): an index cannot be negative", pattern=name)
+    text = str(result)
+    return text.zfill(len(value)) if len(value) > 1 and value[0] == "0" else text
+
+
+def _resolve_parts(parsed: Sequence[str | int | _Arith], regex: re.Pattern[str]
+                   ) -> tuple[list[str | _Ref], list[str]]:
+    """A parsed Rust replacement bound to `regex`'s groups: (parts, references to missing groups)."""
+    parts: list[str | _Ref] = []
+    missing: list[str] = []
+    for part in parsed:
+        if isinstance(part, _Arith):
+            ref = part.group
+            index = (ref if ref <= regex.groups else None) if isinstance(ref, int) else regex.groupindex.get(ref)
+            if index is None:
+                missing.append(part.spelled)  # '${2+1}': shown as written
+            else:
+                parts.append(_Ref(index, part.offset, part.spelled))
+            continue
+        if isinstance(part, int):
+            index = part if part <= regex.groups else None
+        elif isinstance(part, _Name):
+            index = regex.groupindex.get(part)
+        else:
+            parts.append(part)
+            continue
+        if index is None:
+            missing.append(str(part))  # Burn expands these to '' without complaint
+        else:
+            parts.append(_Ref(index))
+    return parts, missing
+
+
+def _missing_ref(m: str) -> tuple[str | int, str]:
+    """(group, spelling) of a reference to a missing group: `2`, `name`, or an arithmetic `${2+1}`."""
+    arith = _ARITH.fullmatch(m[2:-1]) if m.startswith("${") and m.endswith("}") else None
+    if arith is not None:
+        return (int(arith[1]) if arith[1].isdigit() else arith[1]), m
+    if m.isdigit():
+        return int(m), f"${m}"
+    return m, f"${m}" if _CAP_LETTERS.fullmatch(m) else f"${{{m}}}"
+
+
+def _expand_parts(parts: Sequence[str | _Ref], m: re.Match[str]) -> str:
+    out: list[str] = []
+    for p in parts:
+        if isinstance(p, str):
+            out.append(p)
+        elif p.offset or p.spelled:
+            out.append(_shifted(m.group(p.index), p, m.string))
+        else:
+            out.append(m.group(p.index) or "")
+    return "".join(out)
+
+
+def expand_replacement(m: re.Match[str], replacement: str) -> str:
+    """`replacement` (Rust syntax, index arithmetic included) expanded for match `m`.
+
+    For callers that build their own matches (op output names); a reference to a group the
+    pattern lacks is a `NamingError`, a bad index arithmetic an `IndexArithmeticError`."""
+    parts, missing = _resolve_parts(_parse_rust_replacement(replacement), m.re)
+    if missing:
+        refs = [_missing_ref(x) for x in missing]
+        raise NamingError(_absent_text(refs, m.re), pattern=m.re.pattern)
+    return _expand_parts(parts, m)
 
 
 def _resolve_syntax(replacement: str, syntax: str, pattern: str) -> Literal["rust", "python"]:
@@ -506,18 +620,7 @@ class RemapRule:
         parts: list[str | _Ref] = []
         missing: list[str] = []
         if resolved == "rust":
-            for part in _parse_rust_replacement(self.replacement):
-                if isinstance(part, int):
-                    index: int | None = part if part <= regex.groups else None
-                elif isinstance(part, _Name):
-                    index = regex.groupindex.get(part)
-                else:
-                    parts.append(part)
-                    continue
-                if index is None:
-                    missing.append(str(part))  # Burn expands these to '' without complaint
-                else:
-                    parts.append(_Ref(index))
+            parts, missing = _resolve_parts(_parse_rust_replacement(self.replacement), regex)
         else:
             absent = [(ref, spelled) for ref, spelled in _python_refs(self.replacement) if not _has_group(regex, ref)]
             if absent:  # re would say "invalid group reference 2 at position 8"
@@ -553,9 +656,7 @@ class RemapRule:
         Python-syntax replacements never get here: such a rule does not compile (`NamingError`)."""
         if not self._missing:
             return None
-        refs: list[tuple[str | int, str]] = [
-            (int(m), f"${m}") if m.isdigit() else (m, f"${m}" if _CAP_LETTERS.fullmatch(m) else f"${{{m}}}")
-            for m in self._missing]
+        refs = [_missing_ref(m) for m in self._missing]
         glued = next((m for m in self._missing if re.match(r"\d+\w", m)), None)
         hint = None
         if glued is not None:
@@ -593,7 +694,7 @@ class RemapRule:
     def _expand(self, m: re.Match[str]) -> str:
         if self._resolved == "python":
             return m.expand(self.replacement)
-        return "".join(m.group(p.index) or "" if isinstance(p, _Ref) else p for p in self._parts)
+        return _expand_parts(self._parts, m)
 
 
 class KeyRemapper:

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__, dtypes
 from .dtypes import DType
-from .errors import MigratorError, PlanError, TensorNotFoundError
+from .errors import MigratorError, PlanError
 from .formats import Reader, Writer, open_file, writer_class
 from .formats.detect import target_format
 from .limits import DEFAULT_LIMITS, Limits
 from .metadata import (
     RECIPE_HASH_KEY,
-    SOURCE_HASH_KEY,
     TEMPLATE_HASH_KEY,
     VERSION_KEY,
     loadable_metadata,
@@ -46,6 +45,7 @@ from .tensor import LazyTensor
 
 if TYPE_CHECKING:
     from .modules import ModuleType
+    from .sources import UnionReader
 
 
 @dataclass(slots=True)
@@ -84,6 +84,20 @@ class Plan:
     fatal: list[str] = field(default_factory=list)  # problems that stop a run before writing
     readers: list[Reader] = field(default_factory=list, repr=False)
     writer: Writer | None = field(default=None, repr=False)  # planned and checked; None when fatal
+    inputs: list[tuple[str, Path]] = field(default_factory=list)  # (label, path) per source read
+
+    @property
+    def union(self) -> UnionReader | None:
+        """The joined reader of a recipe with `sources:` (it knows each tensor's source), else None."""
+        from .sources import UnionReader
+
+        first = self.readers[0] if self.readers else None
+        return first if isinstance(first, UnionReader) else None
+
+    @property
+    def several_sources(self) -> bool:
+        """Whether the recipe has `sources:` (the plan then names each tensor's source)."""
+        return self.union is not None
 
     @property
     def ok(self) -> bool:
@@ -142,17 +156,20 @@ def _enum_free(name: str) -> str:
 def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
                overwrite: bool | None = None, fsync: bool | None = None,
                module_origins: Mapping[tuple[str, int], str] | None = None,
+               source_origins: Mapping[int, str] | None = None,
                op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
                limits: Limits = DEFAULT_LIMITS) -> Plan:
     """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
 
     `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line;
-    `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error. `limits` bounds what
-    the source and template files may make their readers allocate."""
-    src_path = resolve_path(base_dir, recipe.source.path)
+    `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error, `source_origins`
+    (`LoadedRecipe.source_origins`) for a `sources:` entry's. `limits` bounds what the source and
+    template files may make their readers allocate."""
+    src_path = resolve_path(base_dir, recipe.inputs()[0].path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
-    register_options(src_path, recipe.source.storage_options)  # URLs only: a local path ignores them
+    for spec in recipe.inputs():  # URLs only: a local path ignores them
+        register_options(resolve_path(base_dir, spec.path), spec.storage_options)
     register_options(tgt_path, recipe.target.storage_options)
     if tpl_path is not None:
         register_options(tpl_path, recipe.target.template_storage_options or recipe.target.storage_options)
@@ -163,18 +180,22 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     else:
         out_fmt = target_format(tgt_path, recipe.target.format)
         tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
-    key = recipe.source.top_level_key
-    try:
-        reader = open_file(src_path, recipe.source.format, limits=limits,
-                           **({} if key is None else {"top_level_key": key}))
-    except TensorNotFoundError as e:  # in a recipe, a wrong top_level_key is a planning problem
-        raise SourceKeyError(e.detail, file=e.file) from None
+    from .sources import open_source, open_sources
+
+    if recipe.sources is not None:
+        reader: Reader = open_sources(recipe, base_dir, source_origins, limits=limits)
+        inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
+    else:
+        reader = open_source(recipe.inputs()[0], src_path, limits=limits)
+        inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
-        return _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
+        plan = _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync, limits=limits)
+        plan.inputs = inputs
+        return plan
     except BaseException:
         for r in readers:
             r.close()
@@ -205,8 +226,10 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
             meta[VERSION_KEY] = __version__
-        if hash_sources and src_path.is_file():  # a sharded source has no one file to hash
-            meta[SOURCE_HASH_KEY] = sha256_file(src_path)
+        if hash_sources:
+            from .sources import hash_metadata
+
+            meta.update(hash_metadata(reader, src_path))
             if tpl_path is not None:
                 meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
         loadable_metadata(meta, out_fmt)  # the provenance keys alone must not make it unloadable
@@ -236,7 +259,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     is_pytorch = reader.format == "pytorch"
     tensors = reader.tensors
     names = [t.name for t in tensors]
-    current, ops = _renamed(recipe, names, is_pytorch, reader.label)
+    current, ops = _renamed(recipe, names, is_pytorch, reader.label, getattr(reader, "describe", repr))
 
     # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)
     include = _Matcher(recipe.filter.include) if recipe.filter.include is not None else None
@@ -244,11 +267,13 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     kept: list[LazyTensor] = tensors
     kept_names: list[str] = current
     skipped: list[str] = []
+    skipped_from: list[str] = []  # the source tensor of each skipped name
     if include is not None or exclude is not None:
         kept, kept_names = [], []
         for t, new in zip(tensors, current, strict=True):
             if (include is not None and not include(new)) or (exclude is not None and exclude(new)):
                 skipped.append(new)
+                skipped_from.append(t.name)
             else:
                 kept.append(t)
                 kept_names.append(new)
@@ -286,6 +311,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         by_name = _by_name(items, fatal)  # a template looks sources up by name
         entries, applied, missing, unused = _fill_template(recipe, tpl_path, readers, is_pytorch, by_name, adapter,
                                                            resolver, cast_to, errors, fatal, limits)
+        unused_from = [by_name[n][0].name for n in unused]
         sources = [e.source for e in entries if e.source is not None and not e.kept_from_template]
     else:
         resolver = None  # the generator holds it only while it runs: 100k modules' params are freed with it
@@ -297,13 +323,19 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
             fatal.append("dtype: template needs target.template")
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
                          errors=errors, sources=sources, ops=op_nodes)
+    from .sources import UnionReader, add_provenance
+
+    if isinstance(reader, UnionReader):  # several sources: say which one each tensor came from
+        add_provenance(report, reader, list(zip(skipped, skipped_from, strict=True)),
+                       list(zip(unused, unused_from, strict=True)) if tpl_path is not None else [])
     return entries, report
 
 
-def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool,
-             label: str) -> tuple[list[str], dict[str, list[str]]]:
+def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool, label: str,
+             describe: Callable[[str], str] = repr) -> tuple[list[str], dict[str, list[str]]]:
     """Step 1, names: remaps, then contiguous indices (defaults follow Burn's PyTorch store). Returns the
-    new names (`names` itself when none changes) and the ops of the renamed tensors only."""
+    new names (`names` itself when none changes) and the ops of the renamed tensors only. `describe`
+    shows a source name in an error (with several sources: which one it is from)."""
     ops: dict[str, list[str]] = {}  # only for renamed tensors: most names pass unchanged
     remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in recipe.remap]) if recipe.remap else None
     current = names
@@ -316,7 +348,8 @@ def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool,
             if new != orig:
                 ops.setdefault(orig, []).append(f"remap {orig} -> {new}")
         current = [new for new, _ in remapped]
-    contiguous = recipe.source.contiguous_indices
+    # several sources: each entry renumbered its own indices already
+    contiguous = recipe.source.contiguous_indices if recipe.source is not None else False
     if contiguous is None:
         contiguous = is_pytorch
     if contiguous:
@@ -329,7 +362,7 @@ def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool,
     # a set is enough to know there is no collision; find_collisions only names them
     collisions = find_collisions(zip(current, names, strict=True)) if len(set(current)) != len(current) else None
     if collisions:
-        lines = [f"'{new}' <- {', '.join(repr(o) for o in origs)}" for new, origs in sorted(collisions.items())]
+        lines = [f"'{new}' <- {', '.join(describe(o) for o in origs)}" for new, origs in sorted(collisions.items())]
         raise PlanError("several source tensors map to the same name after remap/indices: " + "; ".join(lines),
                         file=label)
     return current, ops
@@ -409,9 +442,13 @@ def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pyt
     applied: list[str] = []
     template = open_file(tpl_path, recipe.target.template_format, limits=limits)
     readers.append(template)
-    skip_enum = recipe.source.skip_enum_variants
-    if skip_enum is None:
-        skip_enum = is_pytorch
+    if recipe.source is None:
+        from .sources import skip_enum_variants
+
+        skip_enum = skip_enum_variants(recipe, is_pytorch)
+    else:
+        chosen = recipe.source.skip_enum_variants
+        skip_enum = is_pytorch if chosen is None else chosen
     enum_free = {_enum_free(n): n for n in by_name} if skip_enum else {}
 
     def lookup(name: str) -> str | None:

@@ -279,6 +279,29 @@ class FilterSpec(_Strict):
     exclude: list[Criterion] = Field(default_factory=list, description="Drop tensors matching any of these.")
 
 
+class SourceEntry(SourceSpec):
+    """One of several sources (`sources:`): a checkpoint plus the renames that apply to it alone.
+
+    Its tensors go through its own `filter` (on their stored names), `remap`, contiguous indices,
+    then get `prefix`; the recipe's global steps then see the union of every entry's tensors (see
+    `migrator.sources`)."""
+
+    name: str | None = Field(
+        None, description="What reports, plan tables, errors and `--source NAME=PATH` call this source. "
+                          "Default: its path as written.")
+    remap: list[RemapRule] = Field(default_factory=list, description="Renames for this source's tensors only, "
+                                                                     "after its filter, before its prefix.")
+    filter: FilterSpec = Field(default_factory=FilterSpec,
+                               description="Which of this source's tensors take part, on their names as stored "
+                                           "(before its remap).")
+    prefix: str = Field("", description="Text put in front of each of this source's names after its filter and "
+                                        "remap (verbatim: write the dot, 'bert.').")
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else str(self.path)
+
+
 class HalfPrecisionOptions(_Strict):
     with_: list[str] = Field(default_factory=list, alias="with", description="Module types to add (e.g. BatchNorm).")
     without: list[str] = Field(default_factory=list, description="Module types to remove from the default set.")
@@ -449,7 +472,13 @@ class Recipe(_Strict):
 
     version: Annotated[Literal[1], BeforeValidator(_no_bool)] = Field(description="Recipe format version: 1.")
     description: str | None = Field(None, description="What the recipe is for (free text).")
-    source: SourceSpec = Field(description="The file (or model folder, index, glob of shards) tensors come from.")
+    source: SourceSpec | None = Field(
+        None, description="The file (or model folder, index, glob of shards) tensors come from. Give this or "
+                          "sources.")
+    sources: list[SourceEntry] | None = Field(
+        None, description="Several checkpoints read as one (model surgery), each with its own remap, filter and "
+                          "prefix; the global remap, filter, adapters and target apply to their union. Give this or "
+                          "source.")
     remap: list[RemapRule] = Field(default_factory=list, description="Regex renames, applied in order.")
     filter: FilterSpec = Field(default_factory=FilterSpec, description="Which tensors take part.")
     modules: dict[str, list[Regex]] = Field(
@@ -465,6 +494,28 @@ class Recipe(_Strict):
     target: TargetSpec = Field(description="The file (or folder of shards) to write.")
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")
     validate_shapes: bool = Field(True, alias="validate", description="Shape mismatches are errors.")
+
+    @model_validator(mode="after")
+    def _one_source_key(self) -> Recipe:
+        if (self.source is None) == (self.sources is None):
+            both = self.source is not None
+            raise recipe_value_error("give source or sources, not both" if both else "the recipe reads nothing: "
+                                   "give source: (one checkpoint) or sources: (a list)",
+                                   key="sources" if both else None,
+                                   hint="source: {path: model.safetensors}, or sources: [{path: a.pt}, {path: b.pt}]")
+        if self.sources is not None:
+            if not self.sources:
+                raise recipe_value_error("sources is empty", key="sources", hint="list at least one {path: ...}")
+            labels = [s.label for s in self.sources]
+            twice = sorted({x for x in labels if labels.count(x) > 1})
+            if twice:
+                raise recipe_value_error(f"two sources are called '{twice[0]}'", key="sources",
+                                       hint="give each a distinct name: (name: encoder)")
+        return self
+
+    def inputs(self) -> list[SourceSpec]:
+        """The sources read: `source` alone, or every `sources` entry."""
+        return [self.source] if self.source is not None else list(self.sources or [])
 
     def dump(self) -> dict[str, Any]:
         """Plain data with the YAML spellings (`from`, `validate`, `with`), defaults left out."""

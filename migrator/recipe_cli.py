@@ -49,16 +49,21 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
     from .recipe_loader import RecipeError, RecipeIssue, _read_candidates, _same_file, _written_candidates
 
     recipe = loaded.recipe
+    if "source" in overrides and recipe.sources is not None:
+        from .sources import override_source
+
+        recipe = override_source(recipe, overrides.pop("source"), str(loaded.path))
     from .remote import as_path, is_url
 
     absolute = {k: as_path(v) if is_url(v) else Path(os.path.abspath(os.path.expanduser(v)))
                 for k, v in overrides.items()}
     if "source" in absolute:
+        assert recipe.source is not None
         recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
     if "target" in absolute:
         recipe = recipe.model_copy(update={"target": recipe.target.model_copy(update={"path": absolute["target"]})})
     out = dataclasses.replace(loaded, recipe=recipe)
-    reads = [out.source_path] + ([out.template_path] if out.template_path is not None else [])
+    reads = out.source_paths + ([out.template_path] if out.template_path is not None else [])
     written = _written_candidates(out.target_path, recipe.target.format)
     if any(_same_file(w, c) for w in written for r in reads for c in _read_candidates(r)):
         raise RecipeError([RecipeIssue(str(loaded.path), 0, 0, "--target",
@@ -76,7 +81,8 @@ def _plan_for(loaded: Any, args: argparse.Namespace, shown: str | None = None) -
                           overwrite=True if getattr(args, "overwrite", False) else None,
                           fsync=False if getattr(args, "no_fsync", False) else None,
                           module_origins=loaded.module_origins, op_origins=loaded.op_origins,
-                          limits=getattr(args, "reader_limits", DEFAULT_LIMITS))
+                          limits=getattr(args, "reader_limits", DEFAULT_LIMITS),
+                          source_origins=loaded.source_origins)
     except SourceKeyError as e:  # about one recipe value: name its line
         from .recipe_loader import locate
 
@@ -84,11 +90,16 @@ def _plan_for(loaded: Any, args: argparse.Namespace, shown: str | None = None) -
         where = locate(loaded, e.loc, given if isinstance(given, str) else None)
         if where is None:
             raise
-        located = SourceKeyError(f"{where}: {'.'.join(e.loc)}: {e}")
+        located = SourceKeyError(f"{where}: {_loc_text(e.loc)}: {e}")
         located.file = e.file  # the source file, for --json; the text leads with the recipe line
         raise located from None
     with plan:
         yield plan
+
+
+def _loc_text(loc: tuple[str | int, ...]) -> str:
+    """('sources', 1, 'top_level_key') as the recipe spells it: sources[1].top_level_key."""
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(loc))
 
 
 def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
@@ -161,6 +172,10 @@ def run(args: argparse.Namespace) -> int:
         check_plan_target(plan)
         if report_path:  # not a file the run reads, not the target (by path or inode), not over a file
             check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=[plan.target_path])
+            if getattr(plan.writer, "sharded", False):  # nor inside the output folder
+                from .atomic_folder import check_folder_distinct
+
+                check_folder_distinct(plan.target_path, outputs=outputs)
         result = None
         failure: str | None = None
         if plan.ok:
@@ -245,9 +260,14 @@ def _add_target_problems(p: Plan) -> None:
 
 
 def plan_json(p: Plan) -> dict[str, Any]:
+    """With several sources, each entry has `from` (its source's name) and `from_tensor` (the tensor's
+    name in that source), and `sources` lists them."""
     entries = []
+    union = p.union
     for e in p.entries:
-        entries.append({
+        origin = union.origin_of.get(e.source) if union is not None and e.source is not None else None
+        entries.append({**({} if union is None or origin is None else {"from": union.parts[origin.part].label,
+                                                                        "from_tensor": origin.tensor}),
             "source": e.source, "target": e.target, "ops": e.ops,
             "before": None if e.before is None else {"dtype": e.before[0].display, "shape": list(e.before[1])},
             "after": {"dtype": e.tensor.dtype.display, "shape": list(e.tensor.shape)},
@@ -259,7 +279,8 @@ def plan_json(p: Plan) -> dict[str, Any]:
     return {"source": str(p.source_path), "source_format": p.source_format, "target": str(p.target_path),
             "target_format": p.target_format, "template": None if p.template_path is None else str(p.template_path),
             "entries": entries, "metadata": p.metadata, "scalars": {k: v.to_json() for k, v in p.scalars.items()},
-            "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes, **_plan_error(p)}
+            "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes, **_plan_error(p),
+            **({"sources": [{"name": label, "path": str(path)} for label, path in p.inputs]} if union else {})}
 
 
 def _plan_error(p: Plan) -> dict[str, Any]:
@@ -271,15 +292,17 @@ def _plan_error(p: Plan) -> dict[str, Any]:
 
 
 def _print_plan_table(p: Plan) -> None:
-    title = f"{p.source_path} ({p.source_format}) -> {p.target_path} ({p.target_format})"
-    header = ("source", "target", "module", "ops", "before", "after", "size")
+    union = p.union
+    read = " + ".join(label for label, _ in p.inputs) if union is not None else p.source_path
+    title = f"{read} ({p.source_format}) -> {p.target_path} ({p.target_format})"
+    header: tuple[str, ...] = ("source", "target", "module", "ops", "before", "after", "size")
     # Most tensors share a few dtype/shape/module/ops/size texts: memoised, by identity where the
     # object is shared (a DType hashes slowly); the plan keeps every keyed object alive meanwhile.
     shapes: dict[tuple[int, tuple[int, ...]], str] = {}
     modules: dict[int, str] = {}
     ops_texts: dict[int, str] = {}
     sizes: dict[int, str] = {}
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for e in p.entries:
         m, src, t, ops = e.module, e.source_tensor, e.tensor, e.ops
         module = ""
@@ -297,9 +320,14 @@ def _print_plan_table(p: Plan) -> None:
         nbytes = t.nbytes
         size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
         rows.append((e.source or "-", e.target, module, ops_text, before, after, size))
+    if union is not None:  # several sources: which one, and the tensor's own name there
+        header = ("from", *header)
+        rows = [(union.label_of(row[0]) or "-", union.origin_of[row[0]].tensor if row[0] in union.origin_of
+                 else row[0], *row[1:]) for row in rows]
     # Every column but the size wraps (names at dots, the rest at spaces) to fit the terminal;
     # every cell is shown literally (display.escape).
-    print_table(title, header, rows, right=(6,), wrap_cols=(0, 1, 2, 3, 4, 5),
+    last = len(header) - 1
+    print_table(title, header, rows, right=(last,), wrap_cols=tuple(range(last)),
                 rich=len(rows) <= RICH_TABLE_ROWS and sys.stdout.isatty())
 
 

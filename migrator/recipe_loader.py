@@ -56,6 +56,8 @@ class LoadedRecipe:
     warnings: tuple[RecipeIssue, ...] = field(default=())
     # (type, index) of each `modules:` regex -> 'recipe.yaml:LINE:COL', for errors found when planning
     module_origins: dict[tuple[str, int], str] = field(default_factory=dict)
+    # index of each `sources:` entry -> 'recipe.yaml:LINE:COL', for errors naming a source
+    source_origins: dict[int, str] = field(default_factory=dict)
     # (op index, key or '') -> (file, line, col) of each `ops:` entry and its keys, for op errors found when planning
     op_origins: dict[tuple[int, str], tuple[str, int, int]] = field(default_factory=dict)
 
@@ -66,7 +68,13 @@ class LoadedRecipe:
 
     @property
     def source_path(self) -> Path:
-        return self.resolve(self.recipe.source.path)
+        """The (first) source's path."""
+        return self.source_paths[0]
+
+    @property
+    def source_paths(self) -> list[Path]:
+        """Every source's path: `source`, or each `sources` entry in order."""
+        return [self.resolve(s.path) for s in self.recipe.inputs()]
 
     @property
     def target_path(self) -> Path:
@@ -133,6 +141,7 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
     if issues or loaded is None:
         raise RecipeError(_sorted_unique(issues))
     return dataclasses.replace(loaded, module_origins=_module_origins(loaded.recipe, shown, root, keys),
+                               source_origins=_source_origins(loaded.recipe, shown, root, keys),
                                op_origins=_op_origins(loaded.recipe, shown, root, keys))
 
 
@@ -142,7 +151,10 @@ def _path_issues(loaded: LoadedRecipe, shown: str, root: MappingNode, keys: dict
     target = loaded.target_path
     outputs = _written_candidates(target, loaded.recipe.target.format)
     issues: list[RecipeIssue] = []
-    checks = [("source.path", loaded.source_path)]
+    if loaded.recipe.sources is None:
+        checks = [("source.path", loaded.source_path)]
+    else:
+        checks = [(f"sources[{i}].path", p) for i, p in enumerate(loaded.source_paths)]
     if loaded.template_path is not None:
         checks.append(("target.template", loaded.template_path))
     for what, read in checks:
@@ -177,6 +189,18 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _source_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, Any]) -> dict[int, str]:
+    """Where each `sources:` entry is written, so a name clash between sources can name their lines."""
+    mapper = _Mapper(shown, root, keys)
+    out: dict[int, str] = {}
+    for i in range(len(recipe.sources or [])):
+        node, _, found = mapper._locate(("sources", i))
+        if found:
+            issue = mapper._render(_Issue((), node, ""))
+            out[i] = f"{issue.file}:{issue.line}:{issue.col}"
+    return out
 
 
 def _module_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, Any]) -> dict[tuple[str, int], str]:

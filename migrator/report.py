@@ -159,6 +159,10 @@ class ApplyReport:
     the source file spells it (so renumbering reads `features.4.weight -> features.3.weight`);
     empty when not recorded. `target`, `status` (`ok`/`failed`) and `written` describe the run that
     used the report (a `--report` file has them); None when the report is only a plan's.
+
+    With several sources (a recipe's `sources:`), `applied_from` runs parallel to `applied` (the
+    source's name per tensor), and `skipped_from` / `unused_from` hold (name, source name, tensor
+    name in that source) per skipped / unused tensor, in the order of `skipped` / `unused`.
     """
 
     applied: list[str] = field(default_factory=list)
@@ -167,6 +171,9 @@ class ApplyReport:
     unused: list[str] = field(default_factory=list)
     errors: list[ReportError] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    applied_from: list[str] = field(default_factory=list)
+    skipped_from: list[tuple[str, str, str]] = field(default_factory=list)
+    unused_from: list[tuple[str, str, str]] = field(default_factory=list)
     ops: list[dict[str, Any]] = field(default_factory=list)
     """The recipe's op nodes (`migrator.ops.OpNode.to_json`: op, index, at, inputs, outputs), in order."""
     target: str | None = None
@@ -179,6 +186,8 @@ class ApplyReport:
         self.unused = sorted(self.unused)
         if self.sources and len(self.sources) != len(self.applied):
             raise ValueError(f"sources has {len(self.sources)} names for {len(self.applied)} applied tensors")
+        if self.applied_from and len(self.applied_from) != len(self.applied):
+            raise ValueError(f"applied_from has {len(self.applied_from)} names for {len(self.applied)} applied tensors")
 
     def renames(self) -> list[tuple[str, str]]:
         """(source name, target name) per applied tensor, in applied order (needs `sources`)."""
@@ -227,7 +236,11 @@ class ApplyReport:
         if unused:
             lines += ["│", "├─ Unused Tensors (in source but not used by model)", "│"]
             lines.append("│  First 10 unused tensors:")
-            lines += [f"│    • {escape(path)}" for path in unused[:_LIST_LIMIT]]
+            if self.unused_from:  # several sources: which one each came from
+                lines += [f"│    • {escape(path)} (source '{escape(src)}')"
+                          for path, src, _ in sorted(self.unused_from)[:_LIST_LIMIT]]
+            else:
+                lines += [f"│    • {escape(path)}" for path in unused[:_LIST_LIMIT]]
             if len(unused) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(unused) - _LIST_LIMIT} more")
         if self.ops:
@@ -264,6 +277,12 @@ class ApplyReport:
         }
         if self.sources:
             data["tensors"] = [{"source": s, "target": t} for s, t in zip(self.sources, self.applied, strict=True)]
+            if self.applied_from:
+                for entry, label in zip(data["tensors"], self.applied_from, strict=True):
+                    entry["from"] = label
+        for key in ("skipped_from", "unused_from"):
+            if getattr(self, key):
+                data[key] = [{"path": p, "source": s, "tensor": t} for p, s, t in sorted(getattr(self, key))]
         if self.ops:
             data["ops"] = [dict(n) for n in self.ops]
         for key in _RUN_KEYS:
@@ -282,10 +301,19 @@ class ApplyReport:
                              f"got {sorted(data)}")
         applied = [str(p) for p in data["applied"]]
         sources: list[str] = []
+        applied_from: list[str] = []
         for i, entry in enumerate(data.get("tensors", [])):
             if not isinstance(entry, Mapping) or i >= len(applied) or str(entry.get("target")) != applied[i]:
                 raise ValueError(f"tensors entry {i} does not match applied: {entry!r}")
             sources.append(str(entry["source"]))
+            if "from" in entry:
+                applied_from.append(str(entry["from"]))
+        origins: dict[str, list[tuple[str, str, str]]] = {}
+        for key in ("skipped_from", "unused_from"):
+            items = data.get(key, [])
+            if not isinstance(items, list) or not all(isinstance(e, Mapping) for e in items):
+                raise ValueError(f"{key} must be a list of {{path, source, tensor}} objects")
+            origins[key] = [(str(e["path"]), str(e["source"]), str(e["tensor"])) for e in items]
         status, target, written = data.get("status"), data.get("target"), data.get("written")
         if status is not None and status not in ("ok", "failed"):
             raise ValueError(f"status must be 'ok' or 'failed', got {status!r}")
@@ -306,6 +334,9 @@ class ApplyReport:
             unused=[str(p) for p in data["unused"]],
             errors=[ReportError.from_json(e) for e in data["errors"]],
             sources=sources,
+            applied_from=applied_from,
+            skipped_from=origins["skipped_from"],
+            unused_from=origins["unused_from"],
             ops=[_op_entry(n) for n in data.get("ops", [])],
             target=None if target is None else str(target),
             status=status,
@@ -314,7 +345,7 @@ class ApplyReport:
 
 
 _RUN_KEYS = ("status", "target", "written")
-_OPTIONAL_KEYS = frozenset({"tensors", "ops", *_RUN_KEYS})
+_OPTIONAL_KEYS = frozenset({"tensors", "ops", "skipped_from", "unused_from", *_RUN_KEYS})
 
 
 def _op_text(node: Mapping[str, Any]) -> str:

@@ -8,6 +8,10 @@
   index gaps (`net.0`, `net.2`, `net.4`) that Burn's contiguous-index mapping closes.
 - tiny-bert-hf/: the same tensors as a Hugging Face model folder: 40 KB shards, an index and a
   config.json (what `save_pretrained(max_shard_size="40KB")` writes), for the sharded demo recipe.
+- bert-encoder-donor.safetensors, bert-head-donor.safetensors, bert-cls-init.safetensors: a BertModel and two
+  BertForSequenceClassification-shaped state_dicts (3 labels), for the bert-graft recipe (several sources).
+- bert-24-layers.safetensors, bert-6-layers-a.safetensors, bert-6-layers-b.safetensors: BertModels of 24 and
+  6 layers, for the layer-slicing and layer-stacking recipes (index arithmetic).
 - classifier-init.bpk: a freshly initialised Burn-side classifier (encoder + head) with param_ids:
   the template the encoder-surgery recipe fills.
 - gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt: the `ops:` recipes'
@@ -36,7 +40,7 @@ def _rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def tiny_bert(seed: int = 0) -> dict[str, np.ndarray]:
+def tiny_bert(seed: int = 0, layers: int = LAYERS) -> dict[str, np.ndarray]:
     rng = _rng(seed)
 
     def w(*shape: int) -> np.ndarray:
@@ -53,7 +57,7 @@ def tiny_bert(seed: int = 0) -> dict[str, np.ndarray]:
         "embeddings.position_ids": np.arange(POSITIONS, dtype=np.int64)[None, :],
     }
     norm("embeddings.LayerNorm", t)
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"encoder.layer.{i}."
         for name in ("query", "key", "value"):
             t[p + f"attention.self.{name}.weight"] = w(HIDDEN, HIDDEN)
@@ -100,6 +104,15 @@ def classifier_template(seed: int = 2) -> list:
     return out
 
 
+def bert_classifier(seed: int) -> dict[str, np.ndarray]:
+    """BertForSequenceClassification's names: the BertModel under `bert.`, then a 3-label head."""
+    t = {"bert." + k: v for k, v in tiny_bert(seed).items()}
+    rng = _rng(seed + 100)
+    t["classifier.weight"] = (rng.standard_normal((3, HIDDEN)) * 0.02).astype(np.float32)
+    t["classifier.bias"] = np.zeros(3, np.float32)
+    return t
+
+
 def main(out_dir: str = "demo-out") -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,13 +122,20 @@ def main(out_dir: str = "demo-out") -> None:
     save(bert, out / "tiny-bert-hf", metadata={"format": "pt"}, overwrite=True, max_shard_size="40KB")
     (out / "tiny-bert-hf" / "config.json").write_text(json.dumps(BERT_CONFIG, indent=2) + "\n")
     save([from_numpy(k, v) for k, v in mlp().items()], out / "mlp.pt", overwrite=True)
+    save([from_numpy(k, v) for k, v in tiny_bert(10).items()], out / "bert-encoder-donor.safetensors", overwrite=True)
+    for name, seed, layers in (("bert-24-layers", 20, 24), ("bert-6-layers-a", 21, 6), ("bert-6-layers-b", 22, 6)):
+        save([from_numpy(k, v) for k, v in tiny_bert(seed, layers).items()], out / f"{name}.safetensors",
+             overwrite=True)
+    for name, seed in (("bert-head-donor", 11), ("bert-cls-init", 12)):
+        save([from_numpy(k, v) for k, v in bert_classifier(seed).items()], out / f"{name}.safetensors", overwrite=True)
     save(classifier_template(), out / "classifier-init.bpk", overwrite=True,
          metadata={"format": "burnpack", "producer": "burn", "version": "0.22.0-pre.2"})
     import ops_demo  # beside this script: the checkpoints of the ops: recipes
 
     ops_demo.write(out)
     print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, classifier-init.bpk, "
-          f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt in {out}/")
+          f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt, bert-*-donor.safetensors, "
+          f"bert-cls-init.safetensors, bert-24-layers.safetensors, bert-6-layers-*.safetensors in {out}/")
 
 
 if __name__ == "__main__":

@@ -161,6 +161,25 @@ allow_partial: false
 validate: true
 """
 
+# BASE with `sources:` (a list) in place of `source:`, each entry using every field of its own
+SOURCES = r"""sources:
+  - path: weights/model.pt
+    name: encoder
+    format: auto
+    top_level_key: state_dict
+    contiguous_indices: true
+    skip_enum_variants: false
+    storage_options:
+      profile: dev
+    remap:
+      - {from: '^model\.', to: ''}
+    filter:
+      include: [{regex: '^encoder\.'}]
+    prefix: bert.
+  - {path: weights/head.pt, name: head}
+"""
+BASE_SOURCES = BASE[:BASE.index("source:")] + SOURCES + BASE[BASE.index("remap:"):]
+
 Path_ = tuple[Any, ...]
 
 
@@ -274,9 +293,11 @@ def _covered(tp: Any, data: Any, out: set[tuple[str, str]]) -> None:
             _covered(keys[k].annotation, v, out)
 
 
-def test_the_base_recipe_uses_every_field() -> None:
+def test_the_base_recipe_uses_every_field(tmp_path: Path) -> None:
     covered: set[tuple[str, str]] = set()
     _covered(Recipe, yaml.safe_load(BASE), covered)
+    _covered(Recipe, yaml.safe_load(BASE_SOURCES), covered)
+    assert load_text(tmp_path, BASE_SOURCES).recipe.sources[1].label == "head"
     assert _models_fields() - covered == set()
 
 

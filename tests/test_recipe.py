@@ -33,7 +33,8 @@ ADAPTERS = ("valid adapters: identity, pytorch_to_burn, burn_to_pytorch, half_pr
 USE_FLOAT = "use one of F64, F32, Flex32, F16, BF16"
 TARGET_KEYS = ("path, format, template, template_format, storage_options, template_storage_options, overwrite, fsync, "
                "metadata, clear_metadata, scalars, shard, copy")
-TOP_KEYS = "version, description, source, remap, filter, modules, ops, adapters, dtype, target, allow_partial, validate"
+TOP_KEYS = ("version, description, source, sources, remap, filter, modules, ops, adapters, dtype, target, "
+            "allow_partial, validate")
 
 
 def write(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
@@ -759,7 +760,7 @@ def test_schema_shape() -> None:
     schema = recipe_json_schema()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["title"] == "migrator recipe (version 1)"
-    assert schema["required"] == ["version", "source", "target"]
+    assert schema["required"] == ["version", "target"]  # and one of source, sources (a validator's rule)
     assert schema["additionalProperties"] is False
     props = schema["properties"]
     assert "validate" in props and "validate_shapes" not in props  # YAML spellings

@@ -18,7 +18,7 @@ from migrator.recipe_loader import load_recipe
 REPO = Path(__file__).resolve().parents[1]
 ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",
          "hf-folder-reshard", "gpt2-split-qkv", "gpt2-merge-qkv", "mixtral-stack-experts", "mixtral-unstack-experts",
-         "llama-meta-to-hf", "llama-hf-to-meta"]
+         "llama-meta-to-hf", "llama-hf-to-meta", "bert-graft", "bert-cut-layers", "bert-stack-layers"]
 
 
 @pytest.fixture
@@ -72,6 +72,28 @@ def test_all_recipes_run_and_round_trip(workspace: Path) -> None:
             assert bytes(t.data()) == bytes(a[t.name].data()), t.name
     with open_file(out / "tiny-bert.bpk") as bpk:
         assert "encoder.layers.0.norm_1.gamma" in bpk and "embeddings.layer_norm.beta" in bpk
+    # several sources: the donor's encoder under bert., the other donor's head, the template's embeddings
+    with open_file(out / "bert-grafted.safetensors") as g, open_file(out / "bert-encoder-donor.safetensors") as enc, \
+            open_file(out / "bert-head-donor.safetensors") as head, \
+            open_file(out / "bert-cls-init.safetensors") as init:
+        assert g.names() == init.names()
+        for t in g.tensors:
+            donor = enc[t.name[5:]] if t.name.startswith("bert.encoder.") else \
+                head[t.name] if t.name.startswith("classifier.") else init[t.name]
+            assert bytes(t.data()) == bytes(donor.data()), t.name
+    # index arithmetic: layers 12-23 renumbered 0-11; two 6-layer models stacked into 12 layers
+    with open_file(out / "bert-12-layers-top.safetensors") as cut, open_file(out / "bert-24-layers.safetensors") as big:
+        assert len(cut.names()) == len(big.names()) - 12 * 16
+        np.testing.assert_array_equal(cut["encoder.layer.0.output.dense.weight"].numpy(),
+                                      big["encoder.layer.12.output.dense.weight"].numpy())
+        np.testing.assert_array_equal(cut["embeddings.word_embeddings.weight"].numpy(),
+                                      big["embeddings.word_embeddings.weight"].numpy())
+    with open_file(out / "bert-12-layers-stacked.safetensors") as st, \
+            open_file(out / "bert-6-layers-a.safetensors") as lo, open_file(out / "bert-6-layers-b.safetensors") as hi:
+        for i in range(12):
+            name = f"encoder.layer.{i}.attention.self.query.weight"
+            want = lo[name] if i < 6 else hi[f"encoder.layer.{i - 6}.attention.self.query.weight"]
+            np.testing.assert_array_equal(st[name].numpy(), want.numpy())
 
 
 def test_run_twice_gives_identical_bytes(workspace: Path) -> None:

@@ -170,7 +170,8 @@ def save_planned(
     if getattr(writer, "sharded", False):
         from ..atomic_folder import save_sharded
 
-        return save_sharded(writer, path, overwrite=overwrite, progress=progress, fsync=fsync)
+        return save_sharded(writer, path, overwrite=overwrite, progress=progress, fsync=fsync,
+                            protect=_protected_files(protect), outputs=outputs, mode_from=mode_from)
     out = writer.resolve_path(path)
     with atomic_output(out, overwrite=overwrite, protect=_protected_files(protect), outputs=outputs,
                        expected_size=writer.total_size, fsync=fsync, mode_from=mode_from,

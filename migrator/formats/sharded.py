@@ -228,12 +228,16 @@ class _Reopened:
 
 
 class ShardSet(ByteSource):
-    """The `source` of a sharded reader: its label and total size (bytes are read per shard)."""
+    """The `source` of a sharded reader: its label and total size (bytes are read per shard), the
+    (device, inode) of every shard (no output may replace one) and the permission bits they share
+    (a new output gets no more, as for a single-file source)."""
 
-    def __init__(self, path: str, size: int) -> None:
+    def __init__(self, path: str, size: int, identities: Sequence[tuple[int, int]] = (), mode: int = 0o666) -> None:
         self.path = path
         self.label = path
         self.size = size
+        self.identities = list(identities)
+        self.mode = mode
 
     def view(self, offset: int, length: int) -> memoryview:
         raise FormatError("a sharded source has no single byte range; read its tensors", file=self.label)
@@ -283,13 +287,15 @@ class ShardedReader(Reader):
             _check_against_index(self.index_path, weight_map, self)
         self.metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in index_meta.items()
                          if k != "total_size"} | self._shard_metadata
-        self.source = ShardSet(text, sum(s.size for s in self.shards))
+        self.source = ShardSet(text, sum(s.size for s in self.shards), [s.identity for s in self.shards],
+                               self._modes)
 
     def _open_shards(self, files: Sequence[Path], fmt: str) -> None:
         from . import reader_class
         from .detect import detect
 
         formats: dict[str, Path] = {}
+        self._modes = 0o7777
         metas: dict[str, set[str]] = {}
         scalar_from: dict[str, Path] = {}
         for i, path in enumerate(files):
@@ -309,6 +315,7 @@ class ShardedReader(Reader):
                     (f1, p1), (f2, p2) = list(formats.items())[:2]
                     raise FormatError(f"mixed formats in one source: {p1} is {f1}, {p2} is {f2}", file=self.given)
                 shard = _Shard(path, source.size, source.identity, self.fds)
+                self._modes &= source.mode
                 self.shards.append(shard)
                 fd = source.fd
                 origin = str(path)

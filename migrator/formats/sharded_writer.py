@@ -7,6 +7,13 @@ where it is met, while the current shard keeps filling (huggingface_hub's
 `model-00001-of-00003.safetensors` (`pytorch_model-...bin` for PyTorch) with an index
 `model.safetensors.index.json`; a model that fits one shard is one `model.safetensors` and no index,
 as `save_pretrained` writes it.
+
+Tied tensors (two names over the same stored bytes, as torch saves `lm_head.weight` and
+`wte.weight` of a model that ties them) are grouped as huggingface_hub groups tensors sharing a
+storage: the first one met is placed and counted, the others join its shard (after its tensors)
+and add nothing to its size nor to the index's `total_size`. A PyTorch shard then writes them as
+one storage again. Ties are the PyTorch writer's: the same bytes of one file with the same dtype; a
+tensor that views only part of another's storage is not grouped (huggingface_hub would group it).
 """
 
 from __future__ import annotations
@@ -49,12 +56,41 @@ def parse_size(size: int | str) -> int:
     return value
 
 
+def tie_key(t: LazyTensor) -> tuple[object, int, int, str] | None:
+    """What makes two tensors tied (see the module docstring), or None for a tensor of its own."""
+    if t.span is None:
+        return None
+    from .pytorch_writer import _span_key
+
+    return _span_key(t)
+
+
+def tied_followers(tensors: Sequence[LazyTensor]) -> dict[int, LazyTensor]:
+    """id() of each tensor tied to an earlier one -> that earlier one (the first of its group)."""
+    first: dict[tuple[object, int, int, str], LazyTensor] = {}
+    out: dict[int, LazyTensor] = {}
+    for t in tensors:
+        key = tie_key(t)
+        if key is None:
+            continue
+        leader = first.setdefault(key, t)
+        if leader is not t:
+            out[id(t)] = leader
+    return out
+
+
 def split_shards(tensors: Sequence[LazyTensor], max_size: int) -> list[list[LazyTensor]]:
     """huggingface_hub's split of `tensors` (in order) into shards of at most `max_size` bytes."""
     shards: list[list[LazyTensor]] = []
     current: list[LazyTensor] = []
     size = 0
+    followers = tied_followers(tensors)
+    joining: dict[int, list[LazyTensor]] = {}  # id() of a group's first tensor -> the others
     for t in tensors:
+        leader = followers.get(id(t))
+        if leader is not None:
+            joining.setdefault(id(leader), []).append(t)
+            continue
         if t.nbytes > max_size:
             shards.append([t])
             continue
@@ -65,6 +101,9 @@ def split_shards(tensors: Sequence[LazyTensor], max_size: int) -> list[list[Lazy
         size += t.nbytes
     if current:
         shards.append(current)
+    if joining:
+        for shard in shards:
+            shard.extend([f for t in list(shard) for f in joining.get(id(t), ())])
     return shards
 
 
@@ -120,7 +159,9 @@ class ShardedWriter(Writer):
         self.index_name = index_name
         if n > 1:
             weight_map = {t.name: name for name, group in zip(names, groups, strict=True) for t in group}
-            self.index = {"metadata": {"total_size": sum(t.nbytes for t in self.tensors)}, "weight_map": weight_map}
+            followers = tied_followers(self.tensors)  # stored once, counted once (as huggingface_hub counts)
+            total = sum(t.nbytes for t in self.tensors if id(t) not in followers)
+            self.index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         reserved = set(names) | ({index_name} if self.index is not None else set())
         self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
 
