@@ -512,3 +512,22 @@ def test_part_size_grows_to_stay_within_10000_parts() -> None:
         assert -(-big // size) <= 10_000 and size % (1 << 20) == 0
     finally:
         up.filesystem = real  # type: ignore[assignment]
+
+
+def test_sources_entries_may_be_urls(s3: Any, tmp_path: Path, moto_endpoint: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sources:` with an S3 entry (its own storage_options) and a local one, joined into one file."""
+    a = {"x.weight": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    b = {"y.weight": np.ones((4,), dtype=np.int64)}
+    url = put(s3, "a.safetensors", st_numpy.save(a))
+    (tmp_path / "b.safetensors").write_bytes(st_numpy.save(b))
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"""version: 1
+sources:
+  - {{path: '{url}', name: a, storage_options: {{endpoint_url: '{moto_endpoint}'}}}}
+  - {{path: b.safetensors, name: b}}
+target: {{path: out.safetensors}}
+""")
+    cli("run", str(recipe))
+    assert_same(st_numpy.load_file(str(tmp_path / "out.safetensors")), a | b)
