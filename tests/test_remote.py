@@ -531,3 +531,14 @@ target: {{path: out.safetensors}}
 """)
     cli("run", str(recipe))
     assert_same(st_numpy.load_file(str(tmp_path / "out.safetensors")), a | b)
+
+
+def test_workers_with_an_s3_target_upload_it(s3: Any, tmp_path: Path) -> None:
+    """`--workers` writes local files in parallel ranges; an S3 target is one streamed upload instead."""
+    want = model()
+    (tmp_path / "m.safetensors").write_bytes(st_numpy.save(want))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsource: {{path: m.safetensors}}\ntarget: {{path: 's3://{s3.bucket}/w.safetensors'}}\n")
+    cli("run", str(recipe), "--workers", "2")
+    assert_same(st_numpy.load(get(s3, "w.safetensors")), want)
+    assert uploads(s3) == []
