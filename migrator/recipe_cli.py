@@ -54,7 +54,10 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
         from .sources import override_source
 
         recipe = override_source(recipe, overrides.pop("source"), str(loaded.path))
-    absolute = {k: Path(os.path.abspath(os.path.expanduser(v))) for k, v in overrides.items()}
+    from .remote import as_path, is_url
+
+    absolute = {k: as_path(v) if is_url(v) else Path(os.path.abspath(os.path.expanduser(v)))
+                for k, v in overrides.items()}
     if "source" in absolute:
         assert recipe.source is not None
         recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
