@@ -6,10 +6,11 @@ in a file (a shard included) is mapped one window at a time, populated in one ca
 (MAP_POPULATE: no page fault per page) and unmapped when the consumer drops it; measured faster
 than `pread` into a buffer, which copies every byte once more (benchmarks/RESULTS.md). A
 computed tensor (a cast, a transpose from a plan) streams its own pieces, which are gathered
-into windows of one reused buffer; a tensor
-that is neither is sliced from its `data()` view. A transpose has to see its whole source, so a
-transposed tensor maps its source tensor while it streams: that is the one case where memory
-follows the largest tensor rather than the window size.
+into windows of one reused buffer; the transpose of a stored matrix (with or without its fused
+F16 cast) is rebuilt tile by tile by tiles.py, so it holds a few windows, not its source tensor.
+A tensor that is none of these is sliced from its `data()` view, and so is a computed tensor
+whose op reads its input whole (a transpose of a computed tensor, a general permute, a sharded
+or strided PyTorch tensor that is not one byte range): there memory follows that tensor's size.
 
 A window is only valid until the next one is asked for (the buffer is reused): consumers compare
 or reduce it and move on. Full windows gathered here are the `bytearray` itself, not a view of
@@ -156,7 +157,10 @@ def _gathered(tensor: LazyTensor, size: int) -> Iterator[Window]:
 
 def _pieces(tensor: LazyTensor, size: int) -> Iterator[memoryview]:
     if tensor.chunks is not None:
-        for piece in tensor.chunks():
+        from .tiles import bounded_pieces  # only computed tensors: casts (and numpy) are loaded already
+
+        pieces = bounded_pieces(tensor, size)
+        for piece in tensor.chunks() if pieces is None else pieces:
             yield memoryview(piece)
         return
     data = tensor.data()

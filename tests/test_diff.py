@@ -308,3 +308,46 @@ def test_complex_and_bool_tensors_compare_by_bits(tmp_path: Path, capsys: pytest
         assert got["z"]["max_abs_diff"] is None  # no magnitude for complex differences
     code, doc = run_json(capsys, str(a), str(b))
     assert by_name(doc)["flags"]["first_index"] == [1] and by_name(doc)["flags"]["max_abs_diff"] == 1.0
+
+
+def test_transposed_tensor_streams_in_bounded_tiles(tmp_path: Path) -> None:
+    """Through pytorch_to_burn a ~96 MB Linear weight is compared in B's [in, out] layout tile by tile:
+    the diff holds a few windows, not the source tensor, and names the flipped element in B's shape."""
+    gen = torch.Generator().manual_seed(17)
+    w = torch.randn(6000, 4000, generator=gen)  # Linear(4000 -> 6000).weight: [out, in]
+    torch.save({"fc.weight": w, "fc.bias": torch.randn(6000, generator=gen)}, tmp_path / "a.pt")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("version: 1\nsource:\n  path: a.pt\nmodules:\n  Linear: ['^fc$']\n"
+                      "adapters: [pytorch_to_burn]\ntarget:\n  path: b.bpk\n")
+    assert main(["run", str(recipe), "--no-progress"]) == 0
+    b = tmp_path / "b.bpk"
+    want = w.T.contiguous().numpy()  # torch's transpose: the layout Burn stores
+    raw = b.read_bytes()
+    start = raw.find(want.tobytes()[:256])
+    assert start > 0 and raw[start:start + want.nbytes] == want.tobytes()
+    del raw
+    i, j = 2345, 5432
+    at = start + 4 * (i * 6000 + j) + 2
+    with open(b, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x10]))
+    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:]); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+    def diff(a: Path, window: str) -> tuple[dict[str, Any], float]:
+        out = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "migrator.cli", "diff", str(a),
+                              str(b), "--recipe", str(recipe), "--window", window, "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        text, peak = out.rsplit("\n", 2)[0], int(out.split()[-1]) / 1024
+        return json.loads(text), peak
+
+    doc, peak_mib = diff(tmp_path / "a.pt", "1MiB")
+    entry = by_name(doc)["fc.weight"]
+    assert entry["status"] == "different" and entry["differing"] == 1 and entry["first_index"] == [i, j]
+    assert entry["shape_b"] == [4000, 6000] and "transpose" in " ".join(entry.get("ops", []))
+    assert by_name(doc)["fc.bias"]["status"] == "identical"
+    # issue 17's bound (2 windows + 150 MiB); the whole source tensor alone would be 92 MiB more than
+    # the interpreter, numpy and the reader take
+    assert peak_mib < 2 * 1 + 150, peak_mib

@@ -1,0 +1,106 @@
+"""A stored matrix's transpose streamed in output order with a bounded resident set: for diff.
+
+The writer's streamed transpose (casts.transpose2d) maps its whole source tensor and lets each
+band of output rows read a column band of it; the pages it touches stay mapped until the last
+band, so the process holds the whole source tensor at the end. `migrate diff` promises memory
+in the window size whatever the tensor, so here each output band is built tile by tile: a tile
+is the source rows that fit in one window (a contiguous byte range of the stored span), its
+column band is transposed into the output band by the same compiled kernels, and its pages are
+then dropped from the process (MADV_DONTNEED: they stay in the page cache, so a later band that
+needs the same pages faults them in again without reading the disk).
+
+What holds at a time: one output band (<= the window, or one output row when a row is larger),
+one tile of output and the mapped pages of one tile of source (each <= the window, or one source
+row). The bytes are those of `casts.transpose2d` (and of its fused F32 -> F16 cast), bit for bit.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+
+import numpy as np
+
+from . import casts
+from .errors import TensorBytesSizeMismatchError
+from .tensor import LazyTensor
+
+_PAGE = mmap.PAGESIZE
+_MAP = mmap.ALLOCATIONGRANULARITY
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def bounded_pieces(tensor: LazyTensor, size: int) -> Iterator[memoryview] | None:
+    """`tensor`'s bytes as pieces of about `size` bytes holding about `size` at a time, when it is
+    the streamed transpose of a stored matrix; None for any other tensor (stream it as usual)."""
+    found = casts.transpose_source(tensor)
+    if found is None:
+        return None
+    base, half = found
+    if base.span is None or base.chunks is not None or len(base.shape) != 2:
+        return None
+    itemsize = base.dtype.itemsize
+    if itemsize is None or (not half and itemsize not in _UINT) or (half and casts.kernels is None):
+        return None
+    return _bands(base, 2 if half else itemsize, half, size)
+
+
+def _bands(base: LazyTensor, out_size: int, half: bool, size: int) -> Iterator[memoryview]:
+    span = base.span
+    assert span is not None and base.dtype.itemsize is not None
+    itemsize = base.dtype.itemsize
+    rows, cols = base.shape
+    row_bytes = cols * itemsize
+    if span.length != rows * row_bytes:
+        raise TensorBytesSizeMismatchError(f"stored span holds {span.length} bytes, its shape needs "
+                                           f"{rows * row_bytes}", file=base.origin, tensor=base.name)
+    width = max(1, min(cols, size // max(rows * out_size, 1)))  # output rows (source columns) per band
+    per_tile = max(1, min(rows, size // max(row_bytes, 1)))  # source rows per tile
+    lead = span.offset % _MAP
+    try:  # not populated: a tile touches only its column band's pages
+        mm = mmap.mmap(span.fd, span.length + lead, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ,
+                       offset=span.offset - lead)
+    except (ValueError, OSError) as e:
+        raise TensorBytesSizeMismatchError(f"cannot map bytes [{span.offset}, {span.offset + span.length}): {e}",
+                                           file=base.origin, tensor=base.name) from None
+    out_dtype = _UINT[out_size]
+    whole = memoryview(mm)
+    try:
+        for first in range(0, cols, width):
+            w = min(width, cols - first)
+            band = np.empty((w, rows), dtype=out_dtype)
+            for top in range(0, rows, per_tile):
+                r = min(per_tile, rows - top)
+                start = lead + top * row_bytes
+                raw = whole[start:start + r * row_bytes]
+                tile = band if r == rows else np.empty((w, r), dtype=out_dtype)
+                _transpose(raw, tile, r, cols, itemsize, first, w, half)
+                raw.release()
+                if tile is not band:
+                    band[:, top:top + r] = tile
+                _drop(mm, start, r * row_bytes)
+            yield band.reshape(-1).view(np.uint8).data
+    finally:
+        whole.release()
+        mm.close()
+
+
+def _transpose(raw: memoryview, out: np.ndarray, rows: int, cols: int, itemsize: int, first: int, width: int,
+               half: bool) -> None:
+    """Columns [first, first + width) of the `[rows, cols]` matrix in `raw`, transposed into `out`."""
+    k = casts.kernels
+    if half:
+        k.transpose_f32_to_f16(raw, out, rows, cols, first, width)
+    elif k is not None:
+        k.transpose(raw, out, rows, cols, itemsize, first, width)
+    else:
+        src = np.frombuffer(raw, dtype=_UINT[itemsize]).reshape(rows, cols)
+        out[...] = src[:, first:first + width].T
+
+
+def _drop(mm: mmap.mmap, start: int, length: int) -> None:
+    """Unmap the pages of [start, start + length) from this process (the page cache keeps them)."""
+    lo = start - start % _PAGE
+    hi = min(len(mm), -(-(start + length) // _PAGE) * _PAGE)
+    if hi > lo:
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
