@@ -351,3 +351,30 @@ def test_transposed_tensor_streams_in_bounded_tiles(tmp_path: Path) -> None:
     # issue 17's bound (2 windows + 150 MiB); the whole source tensor alone would be 92 MiB more than
     # the interpreter, numpy and the reader take
     assert peak_mib < 2 * 1 + 150, peak_mib
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize(("rows", "cols", "window"), [(300, 70, 4096), (7, 1100, 1000), (1, 5, 64), (513, 3, 100)])
+def test_tiled_transpose_bytes_match_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: bool,
+                                           rows: int, cols: int, window: int) -> None:
+    """tiles.py's bands, F32 as stored and F16 through the fused cast, against torch's transpose."""
+    from migrator import casts, tiles
+    from migrator.dtypes import BY_NAME
+    from migrator.formats import open_file
+
+    if not kernels:
+        monkeypatch.setattr(casts, "kernels", None)
+    gen = torch.Generator().manual_seed(rows * cols)
+    x = torch.randn(rows, cols, generator=gen) * 1e3
+    f = tmp_path / "m.safetensors"
+    save_file({"w": x}, str(f))
+    monkeypatch.setattr(casts, "STREAMED_ABOVE", 0)  # stream even these small tensors
+    with open_file(f) as r:
+        t = casts.transpose2d(r.tensors[0])
+        for out, want in ((t, x.T), (casts.cast(t, BY_NAME["F16"]), x.T.half())):
+            pieces = tiles.bounded_pieces(out, window)
+            if pieces is None:
+                assert not kernels and out.dtype.name == "F16"  # the fused cast needs the kernels
+                continue
+            got = b"".join(bytes(p) for p in pieces)
+            assert got == want.contiguous().numpy().tobytes()
