@@ -9,15 +9,18 @@ column band is transposed into the output band by the same compiled kernels, and
 then dropped from the process (MADV_DONTNEED: they stay in the page cache, so a later band that
 needs the same pages faults them in again without reading the disk).
 
+A cast before the transpose (a narrowing cast goes first: it halves the bytes moved) is applied
+to each tile's source rows; a cast after it, to each band.
+
 What holds at a time: one output band (<= the window, or one output row when a row is larger),
 one tile of output and the mapped pages of one tile of source (each <= the window, or one source
-row). The bytes are those of `casts.transpose2d` (and of its fused F32 -> F16 cast), bit for bit.
+row). The bytes are those of `casts.transpose2d` and of the casts around it, bit for bit.
 """
 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -32,37 +35,53 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def bounded_pieces(tensor: LazyTensor, size: int) -> Iterator[memoryview] | None:
     """`tensor`'s bytes as pieces of about `size` bytes holding about `size` at a time, when it is
-    the streamed transpose of a stored matrix; None for any other tensor (stream it as usual)."""
+    the streamed transpose of a stored matrix, of a cast of one, or a cast of such a transpose;
+    None for any other tensor (stream it as usual)."""
+    cast = casts.cast_source(tensor)
+    if cast is not None:  # a cast after the transpose: each band cast on its own
+        inner, convert = cast
+        pieces = bounded_pieces(inner, size) if inner.chunks is not None else None
+        return None if pieces is None else map(convert, pieces)
     found = casts.transpose_source(tensor)
     if found is None:
         return None
     base, half = found
-    if base.span is None or base.chunks is not None or len(base.shape) != 2:
+    stored, convert_rows = base, None
+    if base.span is None and not half:  # a cast before the transpose: each tile's rows cast first
+        cast = casts.cast_source(base)
+        if cast is None:
+            return None
+        stored, convert_rows = cast
+    if stored.span is None or stored.chunks is not None or len(stored.shape) != 2:
+        return None
+    if stored.dtype.itemsize is None or base.dtype.itemsize is None:
         return None
     itemsize = base.dtype.itemsize
-    if itemsize is None or (not half and itemsize not in _UINT) or (half and casts.kernels is None):
+    if (not half and itemsize not in _UINT) or (half and casts.kernels is None):
         return None
-    return _bands(base, 2 if half else itemsize, half, size)
+    return _bands(stored, itemsize, 2 if half else itemsize, half, convert_rows, size)
 
 
-def _bands(base: LazyTensor, out_size: int, half: bool, size: int) -> Iterator[memoryview]:
-    span = base.span
-    assert span is not None and base.dtype.itemsize is not None
-    itemsize = base.dtype.itemsize
-    rows, cols = base.shape
-    row_bytes = cols * itemsize
+def _bands(stored: LazyTensor, itemsize: int, out_size: int, half: bool,
+           convert_rows: Callable[[memoryview], memoryview] | None, size: int) -> Iterator[memoryview]:
+    """The bands of output rows of the transpose of `stored` (`[rows, cols]`), whose elements are
+    `itemsize` bytes once `convert_rows` (a cast) has been applied to a tile's rows."""
+    span = stored.span
+    assert span is not None and stored.dtype.itemsize is not None
+    rows, cols = stored.shape
+    row_bytes = cols * stored.dtype.itemsize
     if span.length != rows * row_bytes:
         raise TensorBytesSizeMismatchError(f"stored span holds {span.length} bytes, its shape needs "
-                                           f"{rows * row_bytes}", file=base.origin, tensor=base.name)
+                                           f"{rows * row_bytes}", file=stored.origin, tensor=stored.name)
     width = max(1, min(cols, size // max(rows * out_size, 1)))  # output rows (source columns) per band
-    per_tile = max(1, min(rows, size // max(row_bytes, 1)))  # source rows per tile
+    per_tile = max(1, min(rows, size // max(cols * max(itemsize, stored.dtype.itemsize), 1)))  # source rows
     lead = span.offset % _MAP
     try:  # not populated: a tile touches only its column band's pages
         mm = mmap.mmap(span.fd, span.length + lead, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ,
                        offset=span.offset - lead)
     except (ValueError, OSError) as e:
         raise TensorBytesSizeMismatchError(f"cannot map bytes [{span.offset}, {span.offset + span.length}): {e}",
-                                           file=base.origin, tensor=base.name) from None
+                                           file=stored.origin, tensor=stored.name) from None
     out_dtype = _UINT[out_size]
     whole = memoryview(mm)
     try:
@@ -74,7 +93,10 @@ def _bands(base: LazyTensor, out_size: int, half: bool, size: int) -> Iterator[m
                 start = lead + top * row_bytes
                 raw = whole[start:start + r * row_bytes]
                 tile = band if r == rows else np.empty((w, r), dtype=out_dtype)
-                _transpose(raw, tile, r, cols, itemsize, first, w, half)
+                if convert_rows is None:
+                    _transpose(raw, tile, r, cols, itemsize, first, w, half)
+                else:  # the cast reads only this tile's pages, then the kernel moves its output
+                    _transpose(convert_rows(raw), tile, r, cols, itemsize, first, w, half)
                 raw.release()
                 if tile is not band:
                     band[:, top:top + r] = tile

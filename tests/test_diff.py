@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -349,15 +350,17 @@ def test_transposed_tensor_streams_in_bounded_tiles(tmp_path: Path) -> None:
     assert entry["shape_b"] == [4000, 6000] and "transpose" in " ".join(entry.get("ops", []))
     assert by_name(doc)["fc.bias"]["status"] == "identical"
     # issue 17's bound (2 windows + 150 MiB); the whole source tensor alone would be 92 MiB more than
-    # the interpreter, numpy and the reader take
-    assert peak_mib < 2 * 1 + 150, peak_mib
+    # the interpreter, numpy and the reader take. Not under AddressSanitizer (`make ubsan`): its
+    # quarantine keeps every freed band and tile allocated, by design.
+    if "libasan" not in os.environ.get("LD_PRELOAD", ""):
+        assert peak_mib < 2 * 1 + 150, peak_mib
 
 
 @pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize(("rows", "cols", "window"), [(300, 70, 4096), (7, 1100, 1000), (1, 5, 64), (513, 3, 100)])
 def test_tiled_transpose_bytes_match_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: bool,
                                            rows: int, cols: int, window: int) -> None:
-    """tiles.py's bands, F32 as stored and F16 through the fused cast, against torch's transpose."""
+    """tiles.py's bands, F32 as stored and cast before or after the transpose, against torch."""
     from migrator import casts, tiles
     from migrator.dtypes import BY_NAME
     from migrator.formats import open_file
@@ -371,10 +374,11 @@ def test_tiled_transpose_bytes_match_torch(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(casts, "STREAMED_ABOVE", 0)  # stream even these small tensors
     with open_file(f) as r:
         t = casts.transpose2d(r.tensors[0])
-        for out, want in ((t, x.T), (casts.cast(t, BY_NAME["F16"]), x.T.half())):
+        f16 = casts.cast(t, BY_NAME["F16"])  # fused with the transpose by the kernels, else cast first
+        bf16 = casts.cast(t, BY_NAME["BF16"])  # narrowing: cast first, then transposed
+        f64 = casts.cast(t, BY_NAME["F64"])  # widening: transposed, then cast
+        for out, want in ((t, x.T), (f16, x.T.half()), (bf16, x.T.bfloat16().view(torch.int16)), (f64, x.T.double())):
             pieces = tiles.bounded_pieces(out, window)
-            if pieces is None:
-                assert not kernels and out.dtype.name == "F16"  # the fused cast needs the kernels
-                continue
+            assert pieces is not None, out.dtype
             got = b"".join(bytes(p) for p in pieces)
-            assert got == want.contiguous().numpy().tobytes()
+            assert got == want.contiguous().numpy().tobytes(), out.dtype
