@@ -280,6 +280,7 @@ def atomic_output(
     published = False
     try:
         with (ScratchFile if fsync else UnsyncedScratchFile)(fd, "wb") as f:
+            f.scratch_path = scratch  # for workers that open the scratch file themselves (parallel_write)
             if expected_size:
                 _reserve(fd, expected_size, target)
             # Small pieces (headers, padding, small tensors) gather in one buffer: a 100k-tensor model
@@ -327,6 +328,7 @@ class ScratchFile(io.FileIO):
     so the final fsync has little left to wait for."""
 
     start_writeback = True
+    scratch_path: Path | None = None
 
 
 class UnsyncedScratchFile(ScratchFile):

@@ -113,14 +113,22 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
     conv.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
-    run = _command(sub, "run", "run a recipe: plan, stream, write atomically, report",
+    run = _command(sub, "run", "run recipes: plan, stream, write atomically, report",
                    "Run a recipe: plan it, stream every tensor into the target, publish it atomically, print "
-                   "the\nloading summary. Exit 0 success, 1 migration error, 2 invalid recipe.",
+                   "the\nloading summary. Exit 0 success, 1 migration error, 2 invalid recipe.\n"
+                   "Several recipes, or one recipe over --each sources, are jobs run in parallel processes "
+                   "(--jobs);\neach is atomic and reported, one failing does not stop the others, the exit "
+                   "code is the worst.\n--target placeholders with --each: {stem} (file name without its last "
+                   "extension), {name}\n(file name), {parent} (name of its folder), {i} (position among the "
+                   "sorted matches, from 0).",
                    "  migrate run recipes/mlp-to-burn.yaml\n"
-                   "  migrate run r.yaml --overwrite --report report.json --json")
-    run.add_argument("recipe", help="the recipe YAML file")
+                   "  migrate run r.yaml --overwrite --report report.json --json\n"
+                   "  migrate run a.yaml b.yaml c.yaml --jobs 2 --report all.json\n"
+                   "  migrate run r.yaml --each 'runs/*/last.pt' --target 'out/{parent}-{stem}.bpk'\n"
+                   "  migrate run big.yaml --workers 2            # one job, its tensors or shards by 2 workers")
+    run.add_argument("recipes", nargs="+", metavar="recipe", help="recipe YAML files (several: one job each)")
     run.add_argument("--report", metavar="FILE", help="also write the report: JSON, or a self-contained HTML page "
-                     "when FILE ends in .html")
+                     "when FILE ends in .html (several jobs: JSON, one document with every job)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing target")
     run.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
@@ -129,7 +137,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     run.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
                     "(relative to the current folder)")
     run.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
-                    "(relative to the current folder)")
+                    "(relative to the current folder); with --each, a pattern with placeholders")
+    run.add_argument("--each", nargs="+", metavar="GLOB", help="run the one recipe once per matching source "
+                     "(quoted globs, ** recursive, or paths), writing --target with its placeholders filled in")
+    run.add_argument("--jobs", type=_positive, metavar="N", help="jobs run at once, each in its own process "
+                     "(default: the CPUs available; 1: one after the other); with one job: --workers")
+    run.add_argument("--workers", type=_positive, metavar="W", help="write one job's output with W workers: "
+                     "disjoint ranges of one .bpk/.safetensors file, or whole shards of a folder (default 1)")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="where jobs and write tasks run: here (default), or as Ray tasks (pip install "
+                     "'migrator[ray]'; paths must be on storage every node sees)")
+    run.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster to join (default: $RAY_ADDRESS, "
+                     "else a local Ray started for the run)")
     run.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
 
     plan = _command(sub, "plan", "show what a recipe would do (names, ops, dtypes, shapes); write nothing",
@@ -176,6 +195,16 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     sch.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (atomically) instead of stdout")
     sch.add_argument("--overwrite", action="store_true", help="replace an existing FILE")
     return p, dict(sub.choices)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
 
 
 def _print_json_error(error: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from .errors import MigratorError
 from .formats import save_planned, writer_class
 
 if TYPE_CHECKING:
+    from .parallel_write import Runner
     from .plan import Plan
 
 
@@ -32,15 +33,29 @@ class RunResult:
 
 
 def run_plan(plan: Plan, *, progress: bool | None = None,
-             outputs: Iterable[str | os.PathLike[str]] = ()) -> RunResult:
+             outputs: Iterable[str | os.PathLike[str]] = (), runner: Runner | None = None) -> RunResult:
     """Write the plan's output; refuses (writing nothing) when the plan has fatal problems.
 
     `outputs` are the run's other outputs (a `--report` file): the target may not be one of them.
-    A missing target folder is created.
+    A missing target folder is created. With a `runner` (`migrator.parallel_write`), its workers write
+    the tensors or shards (a PyTorch single file, whose zip has no precomputed layout, is written here).
     """
     if plan.fatal or plan.writer is None:
         raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
+    if runner is not None:
+        from .parallel_write import save_file_parallel, save_folder_parallel
+
+        if getattr(plan.writer, "sharded", False):
+            written = save_folder_parallel(plan.writer, plan.target_path, runner,  # type: ignore[arg-type]
+                                           overwrite=plan.overwrite, fsync=plan.fsync, protect=read_by(plan),
+                                           outputs=outputs, mode_from=source_modes(plan))
+            return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
+        if hasattr(plan.writer, "layout"):
+            written = save_file_parallel(plan.writer, plan.target_path, runner, overwrite=plan.overwrite,
+                                         protect=read_by(plan), outputs=outputs, fsync=plan.fsync,
+                                         mode_from=source_modes(plan), make_folders=True)
+            return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
     written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
                            outputs=outputs, progress=progress_for(progress), fsync=plan.fsync,
                            mode_from=source_modes(plan), make_folders=True)

@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,15 +155,43 @@ def _write_report(path: Path, plan: Plan, doc: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """One recipe as before; several, or one over `--each` sources: `migrator.jobs`."""
+    from .jobs import is_many, run_many
+
+    if is_many(args):
+        return run_many(args)
+    outcome = run_one_recipe(args.recipes[0], args, Path(args.report) if args.report else None)
+    if args.json:
+        json.dump(outcome.document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return outcome.code
+
+
+@dataclass
+class RunOutcome:
+    """One recipe's run: its exit code, its `run --json` document and its `--report` document (None
+    when the recipe did not load)."""
+
+    code: int
+    document: dict[str, Any]
+    report: dict[str, Any] | None = None
+
+
+def run_one_recipe(path: str, args: argparse.Namespace, report_path: Path | None = None,
+               runner: Any = None) -> RunOutcome:
+    """Run one recipe, printing its text output (none under `--json`: the caller prints `document`);
+    with `report_path`, write its report there. `runner`: the workers that write the output
+    (`migrator.parallel_write`; None: this thread). A MigratorError while planning propagates."""
     from .atomic import check_target
     from .execute import check_plan_target, read_by, run_plan
     from .recipe_loader import RecipeError
 
     try:
-        loaded = _load(args.recipe, args)
+        loaded = _load(path, args)
     except RecipeError as e:
-        return _recipe_error(e, args)
-    report_path = Path(args.report) if args.report else None
+        if not args.json:
+            print(f"migrate: invalid recipe:\n{escape(e, keep_newlines=True)}", file=sys.stderr)
+        return RunOutcome(EXIT_USAGE, {"error": error_json(e)})
     with _plan_for(loaded, args) as plan:
         # Everything the writes would refuse is refused before anything is written.
         outputs = [report_path] if report_path else []
@@ -176,40 +205,44 @@ def run(args: argparse.Namespace) -> int:
         result = None
         failure: str | None = None
         if plan.ok:
+            if runner is None:
+                from .jobs import runner_for
+
+                runner = runner_for(args, plan, loaded)
             try:
-                result = run_plan(plan, progress=False if args.no_progress else None, outputs=outputs)
+                result = run_plan(plan, progress=False if args.no_progress or runner is not None else None,
+                                  outputs=outputs, runner=runner)
             except MigratorError as e:  # the write failed (disk full, source truncated...): nothing published
                 failure = str(e)
         # The summary comes after the output is published, never before; a failed write has none
         # (it would list as applied what was not written): its error follows.
-        if args.json:
-            errors = plan.fatal + ([failure] if failure else [])
-            error = _plan_error(plan) or ({"error": {"kind": "OutputError", "message": failure,
-                                                     "file": str(plan.target_path), "tensor": None}}
-                                          if failure else {})
-            report = report_document(plan, failure, result.target if result else None)
-            json.dump({"report": report, "errors": errors, "notes": plan.notes, **error},
-                      sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        elif failure is None:
+        errors = plan.fatal + ([failure] if failure else [])
+        error = _plan_error(plan) or ({"error": {"kind": "OutputError", "message": failure,
+                                                 "file": str(plan.target_path), "tensor": None}}
+                                      if failure else {})
+        document = {"report": report_document(plan, failure, result.target if result else None),
+                    "errors": errors, "notes": plan.notes, **error}
+        report = report_document(plan, failure, result.target if result else None, _overrides(args))
+        outcome = RunOutcome(EXIT_OK if result is not None else EXIT_MIGRATION, document, report)
+        if not args.json and failure is None:
             _print_outcome(plan)
         if failure:
             print(f"migrate: error: {escape(failure, keep_newlines=True)}", file=sys.stderr)
         if report_path:
             try:
-                _write_report(report_path, plan, report_document(plan, failure, result.target if result else None,
-                                                                    _overrides(args)))
+                _write_report(report_path, plan, report)
             except MigratorError as e:
                 done = f"wrote {result.target}, but " if result else ""
                 print(f"migrate: error: {done}the report was not written: {e}", file=sys.stderr)
-                return EXIT_MIGRATION
+                outcome.code = EXIT_MIGRATION
+                return outcome
         if result is None:
             print(f"migrate: nothing written to {escape(plan.target_path)}", file=sys.stderr)
-            return EXIT_MIGRATION
+            return outcome
         if not args.json:
             print(f"wrote {escape(result.target)} ({plan.target_format}): {count(result.tensors, 'tensor')}, "
                   f"{human_bytes(result.nbytes)}")
-    return EXIT_OK
+    return outcome
 
 
 def plan(args: argparse.Namespace) -> int:

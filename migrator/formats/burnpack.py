@@ -725,6 +725,15 @@ class BurnpackWriter(Writer):
                 pos = data_start + start + t.nbytes
         write_zeros(sink, data_start + self._end - pos)  # an empty pack is still padded to the data start
 
+    def layout(self) -> tuple[bytes, list[LazyTensor], list[int]]:
+        """What `write_to` writes, as placed pieces: the bytes before the data (header and CBOR), the
+        tensors in write order and each one's file offset; every other byte up to `total_size` is zero.
+        Workers writing disjoint ranges of it (`migrator.parallel_write`) give `write_to`'s bytes."""
+        header = self.header
+        data_start = self.data_start
+        return (struct.pack("<IHI", MAGIC, VERSION, len(header)) + bytes(header), self.tensors,
+                [data_start + s for s in self._starts])
+
     @staticmethod
     def resolve_path(path: str | os.PathLike[str]) -> str:
         p = os.fspath(path)

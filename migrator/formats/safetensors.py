@@ -607,6 +607,13 @@ class SafetensorsWriter(Writer):
     def total_size(self) -> int:
         return 8 + len(self.header) + self.data_size
 
+    def layout(self) -> tuple[bytes, list[LazyTensor], list[int]]:
+        """What `write_to` writes, as placed pieces (see `BurnpackWriter.layout`): the length and header,
+        the tensors in data order and each one's file offset (they follow each other, no gaps)."""
+        prefix = struct.pack("<Q", len(self.header)) + self.header
+        offsets = list(accumulate(map(get_nbytes, self.order[:-1]), initial=len(prefix))) if self.order else []
+        return prefix, self.order, offsets
+
     def write_to(self, sink: BinaryIO) -> None:
         write_all(sink, memoryview(struct.pack("<Q", len(self.header)) + self.header))
         with Ahead(self.order) as ahead:
