@@ -19,6 +19,7 @@ row). The bytes are those of `casts.transpose2d` and of the casts around it, bit
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Callable, Iterator
 
@@ -26,17 +27,32 @@ import numpy as np
 
 from . import casts
 from .errors import TensorBytesSizeMismatchError
-from .tensor import LazyTensor
+from .formats.pytorch.views import StridedView, swap_array
+from .formats.sharded import Reopened
+from .tensor import Buffer, LazyTensor
 
 _PAGE = mmap.PAGESIZE
 _MAP = mmap.ALLOCATIONGRANULARITY
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def bounded_pieces(tensor: LazyTensor, size: int) -> Iterator[memoryview] | None:
-    """`tensor`'s bytes as pieces of about `size` bytes holding about `size` at a time, when it is
-    the streamed transpose of a stored matrix, of a cast of one, or a cast of such a transpose;
-    None for any other tensor (stream it as usual)."""
+MIN_PIECE = 1 << 20
+"""Bands, tiles and blocks are sized for at least this many bytes whatever the window: the
+windows are cut from the pieces anyway, and a tiny window (`--window 1KiB`) would otherwise mean
+one Python step per element or so."""
+
+
+def bounded_pieces(tensor: LazyTensor, size: int) -> Iterator[Buffer] | None:
+    """`tensor`'s bytes as pieces of about `size` bytes (at least MIN_PIECE) holding about that
+    many at a time, when it is the streamed transpose of a stored matrix, of a cast of one, or a
+    cast of such a transpose, or a strided PyTorch view (also in a shard); None for any other
+    tensor (stream it as usual)."""
+    size = max(size, MIN_PIECE)
+    loader = tensor.loader
+    if isinstance(loader, StridedView):
+        return _strided(loader, tensor, size)
+    if isinstance(loader, Reopened):  # a shard tensor read from the shard opened again
+        return loader.pieces(lambda t: _streamed(t, size))
     cast = casts.cast_source(tensor)
     if cast is not None:  # a cast after the transpose: each band cast on its own
         inner, convert = cast
@@ -105,6 +121,67 @@ def _bands(stored: LazyTensor, itemsize: int, out_size: int, half: bool,
     finally:
         whole.release()
         mm.close()
+
+
+def _streamed(tensor: LazyTensor, size: int) -> Iterator[Buffer]:
+    """Any tensor's bytes in bounded pieces where this module knows how, else as casts streams them."""
+    pieces = bounded_pieces(tensor, size)
+    return casts.source_pieces(tensor, size) if pieces is None else pieces
+
+
+def _strided(view: StridedView, tensor: LazyTensor, size: int) -> Iterator[memoryview] | None:
+    """A strided PyTorch view's C-order bytes in bands of its first dim, each band copied in blocks
+    whose storage pages are dropped once copied (None: the storage is not in a file)."""
+    span = view.src.span(view.start, view.window) if view.window else None
+    if span is None or not tensor.shape:
+        return None
+    return _strided_bands(view, span.fd, span.offset, span.length, tensor, size)
+
+
+def _strided_bands(view: StridedView, fd: int, offset: int, length: int, tensor: LazyTensor,
+                   size: int) -> Iterator[memoryview]:
+    lead = offset % _MAP
+    try:
+        mm = mmap.mmap(fd, length + lead, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=offset - lead)
+    except (ValueError, OSError) as e:
+        raise TensorBytesSizeMismatchError(f"cannot map bytes [{offset}, {offset + length}): {e}",
+                                           file=tensor.origin, tensor=tensor.name) from None
+    dtype = np.dtype(_UINT[view.itemsize]) if view.itemsize in _UINT else np.dtype((np.void, view.itemsize))
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    try:
+        base = whole[lead:].view(dtype)
+        arr = np.lib.stride_tricks.as_strided(base, shape=view.shape, strides=view.strides, writeable=False)
+        row = tensor.nbytes // view.shape[0] if view.shape[0] else 0
+        per_band = max(1, size // max(row, 1))
+        origin = whole.ctypes.data
+        for top in range(0, view.shape[0], per_band):
+            src = arr[top:top + per_band]
+            out = np.empty(src.shape, dtype=dtype)
+            _copy_blocks(out, src, mm, origin, size)
+            flat = out.reshape(-1).view(np.uint8)
+            if view.swap:
+                flat = swap_array(flat, view.unit)
+            yield flat.data
+    finally:
+        del whole
+        with contextlib.suppress(BufferError):  # a band's view still holds it (an exception inside a
+            mm.close()  # copy): it is unmapped with that view
+
+
+def _copy_blocks(out: np.ndarray, src: np.ndarray, mm: mmap.mmap, origin: int, size: int) -> None:
+    """out[...] = src in blocks that each touch at most about `size` bytes of pages of `mm`, those
+    pages dropped after each block. A block is halved along the dim that spans the most storage."""
+    extent = sum((n - 1) * st for n, st in zip(src.shape, src.strides, strict=True)) + src.itemsize
+    if min(extent, src.size * _PAGE) <= size or src.size <= 1:
+        out[...] = src
+        _drop(mm, src.ctypes.data - origin, extent)
+        return
+    axis = max(range(src.ndim), key=lambda i: (src.shape[i] - 1) * src.strides[i])
+    half = src.shape[axis] // 2
+    lo = (slice(None),) * axis + (slice(0, half),)
+    hi = (slice(None),) * axis + (slice(half, None),)
+    _copy_blocks(out[lo], src[lo], mm, origin, size)
+    _copy_blocks(out[hi], src[hi], mm, origin, size)
 
 
 def _transpose(raw: memoryview, out: np.ndarray, rows: int, cols: int, itemsize: int, first: int, width: int,
