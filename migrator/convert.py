@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from . import adapter_names
 from .errors import MigratorError
 from .limits import DEFAULT_LIMITS, Limits
+from .remote import as_path
 
 if TYPE_CHECKING:
     from .formats import Writer
@@ -240,8 +241,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
 
     recipe = build_recipe(src, dst, **options)
     if recipe.target.shard is not None:  # an existing folder is refused before any source is opened
-        from .atomic_folder import check_folder_target
         from .paths import resolve_path
+        from .remote import check_folder_target
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
     with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits) as plan:
@@ -271,9 +272,9 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     src_path, dst_path = resolve_path(Path.cwd(), src), resolve_path(Path.cwd(), dst)
     sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
     if sharded:  # as a recipe's sharded target: format named, else from a suffix, else SafeTensors
-        from .atomic_folder import check_folder_target
         from .formats.detect import from_extension
         from .formats.sharded_writer import DEFAULT_MAX_SIZE, ShardedWriter
+        from .remote import check_folder_target
 
         out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
         check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
@@ -281,7 +282,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         if copy:
             raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
         out_fmt = target_format(dst_path, target_format_name)
-        dst_path = Path(writer_class(out_fmt).resolve_path(dst_path))
+        dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format, limits=limits) as reader:
         tensors = list(reader.tensors)
         if reader.format == "pytorch" and contiguous_indices is None:

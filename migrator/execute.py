@@ -9,12 +9,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .atomic import Protected, check_target, target_problems
+from .atomic import Protected
 from .errors import MigratorError
 from .formats import save_planned, writer_class
+from .remote import as_path, check_target, is_url, target_problems
 
 if TYPE_CHECKING:
     from .parallel_write import Runner
@@ -43,7 +43,7 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
     if plan.fatal or plan.writer is None:
         raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
-    if runner is not None:
+    if runner is not None and not is_url(plan.target_path):  # an upload is parallel in its parts already
         from .parallel_write import save_file_parallel, save_folder_parallel
 
         if getattr(plan.writer, "sharded", False):
@@ -67,25 +67,25 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     it is a folder or a special file, it is a file the plan reads or another output of the run), so
     `migrate run` says so before anything is written."""
     if getattr(plan.writer, "sharded", False):
-        from .atomic_folder import check_folder_target
+        from .remote import check_folder_target
 
         check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs)
     elif plan.writer is not None:
-        check_target(Path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
+        check_target(as_path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
                      protect=read_by(plan), outputs=outputs)
 
 
 def plan_target_problems(plan: Plan) -> list[str]:
     """What a run of `plan` would refuse about its target, as messages (for `validate`, `plan`)."""
     if getattr(plan.writer, "sharded", False):  # a folder of shards: the folder publish's own checks
-        from .atomic_folder import check_folder_target
+        from .remote import check_folder_target
 
         try:
-            check_folder_target(Path(plan.target_path), overwrite=plan.overwrite, protect=read_by(plan))
+            check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan))
         except MigratorError as e:
             return [str(e)]
         return []
-    target = Path(writer_class(plan.target_format).resolve_path(plan.target_path))
+    target = as_path(writer_class(plan.target_format).resolve_path(plan.target_path))
     return target_problems(target, overwrite=plan.overwrite, protect=read_by(plan))
 
 

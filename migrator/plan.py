@@ -38,6 +38,7 @@ from .naming import (
 )
 from .paths import resolve_path
 from .recipe import CastPolicy, Criterion, Recipe
+from .remote import as_path, register_options
 from .report import ApplyReport, ReportError
 from .scalars import Scalar
 from .tensor import LazyTensor
@@ -167,13 +168,18 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     src_path = resolve_path(base_dir, recipe.inputs()[0].path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
+    for spec in recipe.inputs():  # URLs only: a local path ignores them
+        register_options(resolve_path(base_dir, spec.path), spec.storage_options)
+    register_options(tgt_path, recipe.target.storage_options)
+    if tpl_path is not None:
+        register_options(tpl_path, recipe.target.template_storage_options or recipe.target.storage_options)
     if recipe.target.shard is not None:  # a folder of shards: the format is named, or the shards' default
         from .formats.detect import from_extension
 
         out_fmt = recipe.target.format if recipe.target.format != "auto" else from_extension(tgt_path) or "safetensors"
     else:
         out_fmt = target_format(tgt_path, recipe.target.format)
-        tgt_path = Path(writer_class(out_fmt).resolve_path(tgt_path))
+        tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
     from .sources import open_source, open_sources
 
     if recipe.sources is not None:
@@ -335,13 +341,10 @@ def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool, label: str,
     current = names
     if remapper is not None:
         try:
-            remapped = remapper.remap(current)
+            current = list(map(remapper.remap_name, names))
         except NamingError as e:  # validated already; kept for safety
             raise PlanError(f"remap: {e}") from None
-        for orig, (new, _) in zip(names, remapped, strict=True):
-            if new != orig:
-                ops.setdefault(orig, []).append(f"remap {orig} -> {new}")
-        current = [new for new, _ in remapped]
+        ops = {orig: [f"remap {orig} -> {new}"] for orig, new in zip(names, current, strict=True) if new != orig}
     # several sources: each entry renumbered its own indices already
     contiguous = recipe.source.contiguous_indices if recipe.source is not None else False
     if contiguous is None:

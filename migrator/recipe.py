@@ -175,6 +175,25 @@ Regex = Annotated[str, AfterValidator(_check_regex)]
 """A regex in migrator's dialect (see `naming`), checked at validation."""
 
 _Path = Annotated[Path, BeforeValidator(_nonempty_path)]
+
+
+def _no_secrets(value: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
+    """Storage options never hold credentials: they come from the environment (migrator.remote.fs)."""
+    from .remote.fs import secret_key
+
+    bad = secret_key(value)
+    if bad is not None:
+        raise recipe_value_error(f"'{bad}' looks like a credential, and credentials never go in a recipe", key=bad,
+                                 hint="set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                                      "AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*, HF_TOKEN) or "
+                                      "the protocol's config files")
+    return value
+
+
+_StorageOptions = Annotated[dict[str, str | int | float | bool], AfterValidator(_no_secrets)]
+_STORAGE_HELP = ("fsspec options for a URL path (s3://, gs://, az://, hf://, http(s)://, memory://), e.g. "
+                 "{endpoint_url: 'http://127.0.0.1:9000', profile: dev}; never credentials (keys such as key, "
+                 "secret, token, password are refused): those come from the environment.")
 _Number = BeforeValidator(_no_bool)
 
 
@@ -191,6 +210,7 @@ class SourceSpec(_Strict):
     skip_enum_variants: bool | None = Field(
         None, description="Match template paths with enum-variant segments removed (spec §4.3). "
                           "Default: true for PyTorch sources.")
+    storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
 
 
 class RemapRule(_Strict):
@@ -394,6 +414,9 @@ class TargetSpec(_Strict):
     template: _Path | None = Field(
         None, description="A file holding exactly the tensors the output must have (Burn's load-into-a-model).")
     template_format: FormatName = Field("auto", description="The template's format; detected when auto.")
+    storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
+    template_storage_options: _StorageOptions = Field(
+        default_factory=dict, description="storage_options for a template URL (the target's by default).")
     overwrite: bool = Field(False, description="Replace an existing target (otherwise the run refuses it).")
     fsync: bool = Field(
         True, description="Flush the output to disk before publishing it. false is faster (like cp); the file is "

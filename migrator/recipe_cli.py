@@ -54,7 +54,10 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
         from .sources import override_source
 
         recipe = override_source(recipe, overrides.pop("source"), str(loaded.path))
-    absolute = {k: Path(os.path.abspath(os.path.expanduser(v))) for k, v in overrides.items()}
+    from .remote import as_path, is_url
+
+    absolute = {k: as_path(v) if is_url(v) else Path(os.path.abspath(os.path.expanduser(v)))
+                for k, v in overrides.items()}
     if "source" in absolute:
         assert recipe.source is not None
         recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
@@ -371,10 +374,12 @@ def _print_op_nodes(p: Plan) -> None:
                 rich=len(rows) <= RICH_TABLE_ROWS and sys.stdout.isatty())
 
 
+_RENAMES = ("remap ", "index ")
+
+
 def _short_op(op: str) -> str:
     """Renames are visible in the source/target columns: the table keeps only their kind."""
-    kind = op.split(" ", 1)[0]
-    return kind if kind in ("remap", "index") else op
+    return op[:5] if op.startswith(_RENAMES) else op
 
 
 def validate(args: argparse.Namespace) -> int:

@@ -90,11 +90,17 @@ def _write_pieces(sink: BinaryIO, tensor: LazyTensor, ahead: Ahead | None,
 
 def computed_pieces(tensor: LazyTensor, ahead: Ahead | None = None) -> Iterator[memoryview]:
     """A tensor's bytes as it computes them: from `ahead`'s thread, from its own streamed pieces
-    (a cast or transpose), or as CHUNK slices of its whole `data()` view, released at the end."""
+    (a cast or transpose), CHUNK preads of its file span, or CHUNK slices of its whole `data()` view,
+    released at the end."""
     if tensor.chunks is not None:
         pieces = ahead.take(tensor) if ahead is not None else None
         for piece in tensor.chunks() if pieces is None else pieces:
             yield memoryview(piece).cast("B")
+        return
+    span = tensor.span
+    if span is not None:  # stored in a file: pread pieces (a sink without a descriptor, e.g. an upload), so
+        for start in range(0, span.length, CHUNK):  # no mapping of the whole tensor stays resident
+            yield read_span(tensor, start, min(CHUNK, span.length - start))
         return
     data = tensor.data()
     try:
@@ -207,7 +213,8 @@ class Ahead:
     """
 
     def __init__(self, tensors: Sequence[LazyTensor], budget: int = AHEAD_BYTES) -> None:
-        self._wanted = [t for t in tensors if t.span is None and t.chunks is not None and t.nbytes > SMALL_READ]
+        self._wanted = [t for t in tensors if t.span is None and t.chunks is not None and t.nbytes > SMALL_READ
+                        and not getattr(t.chunks, "io_bound", False)]  # a remote object's blocks: I/O only
         self._budget = budget
         self._next = 0
         self._items: deque[tuple[int, memoryview | BaseException | None]] = deque()

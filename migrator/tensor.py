@@ -132,6 +132,7 @@ def stored(name: str, dtype: DType, shape: tuple[int, ...], source: ByteSource, 
     if type(source).span is FileSource.span:  # its span is its loader: one object, not two
         view = file_view(source, source.fd, offset, nbytes)  # type: ignore[attr-defined]
         return LazyTensor(name, dtype, shape, nbytes, view, view, param_id, source.label)
+    chunker = getattr(source, "chunker", None)  # a remote object: its bytes stream in blocks
     return LazyTensor(
         name=name,
         dtype=dtype,
@@ -141,6 +142,7 @@ def stored(name: str, dtype: DType, shape: tuple[int, ...], source: ByteSource, 
         span=source.span(offset, nbytes),
         param_id=param_id,
         origin=source.label,
+        chunks=None if chunker is None else chunker(offset, nbytes),
     )
 
 
@@ -208,9 +210,11 @@ def stored_many(source: ByteSource, names: Sequence[str], dtypes_: Sequence[DTyp
         return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views,
                      span=views, param_id=pids, origin=label, chunks=repeat(None))
     spans: Iterable[FileSpan | None] = repeat(None) if span is ByteSource.span else map(source.span, offsets, lengths)
+    chunker = getattr(source, "chunker", None)  # a remote object: its bytes stream in blocks
+    chunks: Iterable[Chunker | None] = repeat(None) if chunker is None else map(chunker, offsets, lengths)
     if not _SLOTTED:
         return list(map(LazyTensor, names, dtypes_, shapes, lengths, map(_View, repeat(source), offsets, lengths),
-                        spans, pids, label))
+                        spans, pids, label, chunks))
     views = _fill(_View, n, source=repeat(source), offset=offsets, length=lengths)
     return _fill(LazyTensor, n, name=names, dtype=dtypes_, shape=shapes, nbytes=lengths, loader=views, span=spans,
-                 param_id=pids, origin=label, chunks=repeat(None))
+                 param_id=pids, origin=label, chunks=chunks)

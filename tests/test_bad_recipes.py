@@ -36,6 +36,8 @@ source:
   top_level_key: state_dict
   contiguous_indices: true
   skip_enum_variants: false
+  storage_options:
+    endpoint_url: 'http://127.0.0.1:9000'
 remap:
   - from: '^model\.'
     to: ''
@@ -131,6 +133,10 @@ target:
   format: safetensors
   template: init.bpk
   template_format: burnpack
+  storage_options:
+    profile: dev
+  template_storage_options:
+    anon: true
   overwrite: false
   fsync: true
   metadata:
@@ -163,6 +169,8 @@ SOURCES = r"""sources:
     top_level_key: state_dict
     contiguous_indices: true
     skip_enum_variants: false
+    storage_options:
+      profile: dev
     remap:
       - {from: '^model\.', to: ''}
     filter:
@@ -314,7 +322,9 @@ def test_every_field_with_a_wrong_type_is_an_error_at_its_line(tmp_path: Path, p
 # -- take any key)
 
 MODEL_MAPPINGS = [p for p, _, v in [((), None, ROOT), *ENTRIES] if isinstance(v, MappingNode)
-                  and p not in (("modules",), ("target", "metadata"), ("target", "scalars"))]
+                  and p not in (("modules",), ("target", "metadata"), ("target", "scalars"),
+                                ("source", "storage_options"), ("target", "storage_options"),
+                                ("target", "template_storage_options"))]
 
 
 def _node_at(path: Path_) -> Node:
@@ -374,7 +384,7 @@ def test_invalid_replacement_points_at_to(tmp_path: Path, to: str) -> None:
     text = BASE.replace("    to: ''", "    to: '" + to + "'").replace("    syntax: rust", "    syntax: auto")
     with pytest.raises(RecipeError) as e:
         load_text(tmp_path, text)
-    assert "recipe.yaml:11:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
+    assert "recipe.yaml:13:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 ADAPTERS = ("valid adapters: identity, pytorch_to_burn, burn_to_pytorch, half_precision, "
             "{half_precision: {...}}, {float_cast: {to: DTYPE}}")
 USE_FLOAT = "use one of F64, F32, Flex32, F16, BF16"
-TARGET_KEYS = ("path, format, template, template_format, overwrite, fsync, metadata, clear_metadata, scalars, shard, "
-               "copy")
+TARGET_KEYS = ("path, format, template, template_format, storage_options, template_storage_options, overwrite, fsync, "
+               "metadata, clear_metadata, scalars, shard, copy")
 TOP_KEYS = ("version, description, source, sources, remap, filter, modules, ops, adapters, dtype, target, "
             "allow_partial, validate")
 
@@ -351,7 +351,7 @@ def test_misspelt_required_key_is_one_problem(errors) -> None:
         source: {pth: a.pt}
         target: {path: b.bpk}
     """) == ("recipe.yaml:2:10: source.pth: unknown key 'pth' (hint: did you mean 'path'? valid keys: "
-             "path, format, top_level_key, contiguous_indices, skip_enum_variants)")
+             "path, format, top_level_key, contiguous_indices, skip_enum_variants, storage_options)")
 
 
 def test_wrong_type_bool(errors) -> None:

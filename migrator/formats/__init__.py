@@ -13,6 +13,7 @@ from ..atomic import Protected, atomic_output
 from ..bytesource import ByteSource, open_source
 from ..errors import UnknownFormatError
 from ..limits import DEFAULT_LIMITS, Limits
+from ..remote import is_url
 from ..scalars import Scalar
 from ..tensor import LazyTensor
 from .base import Reader, Writer
@@ -64,6 +65,10 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
     shards are then read as one source (`formats.sharded`).
     """
     if isinstance(src, str | os.PathLike):
+        if is_url(src):  # an object store: ranged reads (migrator.remote)
+            from ..remote.open import open_url
+
+            return open_url(src, format, options, limits)
         from .sharded import is_sharded_path
 
         if is_sharded_path(src):
@@ -160,6 +165,8 @@ def save_planned(
     `protect`, `outputs`, `mode_from`, `make_folders`: see `migrator.atomic.atomic_output`.
     A `ShardedWriter` writes a folder, published whole (`migrator.atomic_folder`).
     """
+    if is_url(path):  # an object store: a multipart upload, or shards published index-last
+        return _save_remote(writer, path, overwrite=overwrite, protect=protect)
     if getattr(writer, "sharded", False):
         from ..atomic_folder import save_sharded
 
@@ -177,6 +184,23 @@ def save_planned(
     return out
 
 
+def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: bool,
+                 protect: Iterable[Protected]) -> str:
+    from ..remote import url_of
+
+    url = url_of(path)
+    if getattr(writer, "sharded", False):
+        from ..remote.sharded import save_sharded_remote
+
+        return save_sharded_remote(writer, url, overwrite=overwrite)
+    from ..remote.upload import remote_output
+
+    out = url_of(writer.resolve_path(url))
+    with remote_output(out, overwrite=overwrite, expected_size=writer.total_size, protect=protect) as sink:
+        writer.write_to(sink)
+    return out
+
+
 def _protected_files(protect: Iterable[Protected]) -> list[Protected]:
     """The files a write must not replace: a sharded source (folder, index, glob) stands for every
     file of its folder (or every match of its glob), so no shard or index is replaced while read."""
@@ -190,7 +214,7 @@ def _protected_files(protect: Iterable[Protected]) -> list[Protected]:
             out.append(p)
             continue
         text = os.fspath(p)
-        if not is_sharded_path(text):
+        if is_url(text) or not is_sharded_path(text):  # a URL is no local file: nothing to expand
             out.append(p)
             continue
         folder = text if os.path.isdir(text) else os.path.dirname(text) or "."

@@ -70,6 +70,11 @@ def folder_weights(folder: Path) -> Path:
         names = set(os.listdir(folder))
     except OSError as e:
         raise FormatError(f"cannot list the folder: {e.strerror}", file=str(folder)) from None
+    return pick_weights(names, folder)
+
+
+def pick_weights(names: set[str], folder: Path) -> Path:
+    """`folder_weights` given the folder's file names (a local folder's, or an object-store prefix's)."""
     kinds = (
         sorted(n for n in names if n.endswith(".safetensors" + INDEX_SUFFIX)) + [n for n in SAFETENSORS_SINGLE
                                                                                   if n in names],

@@ -1,0 +1,59 @@
+"""Opening a URL as a reader: one object, or a folder / index / glob of shard objects."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..formats.base import Reader
+from ..limits import DEFAULT_LIMITS, Limits
+from . import redact, url_of
+from .fs import filesystem, with_retries
+
+
+def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
+             limits: Limits = DEFAULT_LIMITS) -> Reader:
+    """`formats.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
+    from ..formats import reader_class
+    from ..formats.detect import detect
+    from .sharded import RemoteShardedReader, is_remote_sharded
+    from .source import RemoteSource
+
+    url = url_of(src)
+    info: dict[str, Any] | None = None
+    if not url.endswith("/"):
+        fs, path = filesystem(url)
+        try:
+            info = with_retries(lambda: fs.info(path), url, "cannot open")
+        except Exception as e:
+            if "no such object" not in str(e) or not set("*?[").intersection(os.path.basename(url)):
+                raise
+    if is_remote_sharded(url, info):
+        key = options.pop("top_level_key", None)
+        if options:
+            raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
+        sharded = RemoteShardedReader(url, format, info, limits)
+        try:
+            if key is not None:
+                sharded.select(key)
+        except BaseException:
+            sharded.close()
+            raise
+        return sharded
+    assert info is not None
+    source = RemoteSource(url, size=info.get("size") if isinstance(info.get("size"), int) else None)
+    try:
+        fmt = detect(source, url) if format == "auto" else format
+        cls = reader_class(fmt)
+        key = options.pop("top_level_key", None) if not cls.nested_keys else None
+        reader = cls(source, limits=limits, **options)  # type: ignore[call-arg]
+        if key is not None:
+            reader.select(key)
+        return reader
+    except BaseException:
+        source.close()
+        raise
+
+
+def label(src: str | os.PathLike[str]) -> str:
+    return redact(url_of(src))

@@ -1,0 +1,265 @@
+"""Atomic writes to object stores, beside `migrator.atomic` (local files) behind the same interface.
+
+`remote_output(url, ...)` yields a write-only, non-seekable sink; the object exists only once the
+block ends without an error, complete:
+
+- S3 (`s3://`): a multipart upload streamed part by part (`Tuning.part_size`, raised for outputs
+  over 10,000 parts; `Tuning.upload_concurrency` parts in flight, so memory is about twice parts in
+  flight x part size: the part, and what the HTTP stack buffers of it). The object appears only with
+  CompleteMultipartUpload; any error or interrupt (KeyboardInterrupt included) aborts the upload, so
+  no part is left stored. An output smaller than one part is one PutObject, atomic by itself.
+  Without `overwrite` the publishing request carries `If-None-Match: *`, so a concurrent writer
+  cannot be overwritten: one of two racing runs fails with "exists". (A HEAD before the upload
+  refuses an existing object early, before any byte is sent.)
+- other stores (`gs://`, `az://`, `memory://`, ...): the bytes go to a scratch object
+  `<key>.migrator-<pid>-<n>.tmp` through fsspec's own streamed upload, which is then moved onto the
+  key (a server-side copy creates the object whole) and removed on any failure. Without
+  `overwrite` the check is a HEAD before the move: racy (two runs may both pass it), documented as such.
+
+A run killed by SIGKILL cannot abort its S3 upload: its parts stay until a bucket lifecycle rule
+(AbortIncompleteMultipartUpload) removes them; the object itself never appears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+from ..errors import OutputError, SameFileError, TargetExistsError
+from . import READ_ONLY, protocol, redact, url_of
+from .fs import Tuning, describe, filesystem, tuning, with_retries
+
+_counter = itertools.count()
+MAX_PARTS = 10_000
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    with contextlib.suppress(AttributeError, TypeError):
+        fs.invalidate_cache(path)
+    try:
+        return bool(with_retries(lambda: fs.exists(path), url, "cannot check the target"))
+    except FileNotFoundError:
+        return False
+
+
+def delete(url: str) -> None:
+    fs, path = filesystem(url)
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        return
+    except Exception as e:
+        raise OutputError(f"cannot delete: {describe(e)}", file=redact(url)) from None
+
+
+def target_problems(url: str, *, overwrite: bool, protect: Iterable[object] = ()) -> list[str]:
+    """What a write to `url` would refuse (for `validate` and `plan`): read-only protocol, the object
+    exists without overwrite, the object is one the run reads."""
+    try:
+        check_remote_target(url, overwrite=overwrite, protect=protect)
+    except (OutputError, TargetExistsError, SameFileError) as e:
+        return [str(e)]
+    return []
+
+
+def check_remote_target(url: str, *, overwrite: bool, protect: Iterable[object] = ()) -> None:
+    label = redact(url)
+    if protocol(url) in READ_ONLY:
+        raise OutputError(f"{protocol(url)}:// is read-only: write to s3://, gs://, az://, memory:// or a local path",
+                          file=label)
+    for p in protect:
+        if isinstance(p, str | os.PathLike) and _same_url(p, url):
+            raise SameFileError("the target is a file this run reads", file=label)
+    if not overwrite and exists(url):
+        raise TargetExistsError("target exists; use --overwrite (target.overwrite: true) to replace it", file=label)
+
+
+def _same_url(p: str | os.PathLike[str], url: str) -> bool:
+    from . import is_url
+
+    return is_url(p) and url_of(p).rstrip("/") == url.rstrip("/")
+
+
+@contextlib.contextmanager
+def remote_output(url: str, *, overwrite: bool = False, expected_size: int | None = None,
+                  protect: Iterable[object] = (), tune: Tuning | None = None) -> Iterator[BinaryIO]:
+    """A sink whose bytes become the object `url` only when the block succeeds (module docstring)."""
+    check_remote_target(url, overwrite=overwrite, protect=protect)
+    tune = tune or tuning()
+    sink: _Sink = (S3Upload(url, overwrite, tune, expected_size) if protocol(url) in ("s3", "s3a")
+                   else ScratchObjectUpload(url, overwrite))
+    try:
+        yield sink  # type: ignore[misc]
+        if expected_size is not None and sink.position != expected_size:
+            raise OutputError(f"wrote {sink.position} bytes, planned {expected_size}", file=sink.label)
+        sink.publish()
+    except BaseException:
+        sink.abort()
+        raise
+
+
+class _Sink(io.RawIOBase):
+    """The write side every writer sees: sequential writes, no seek, no descriptor."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.label = redact(url)
+        self.position = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.position
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("an object-store upload has no file descriptor")
+
+    def publish(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+
+class S3Upload(_Sink):
+    """A multipart upload fed by sequential writes (see the module docstring)."""
+
+    def __init__(self, url: str, overwrite: bool, tune: Tuning, expected_size: int | None = None) -> None:
+        super().__init__(url)
+        self.fs, path = filesystem(url)
+        self.bucket, self.key, _ = self.fs.split_path(path)
+        self.overwrite = overwrite
+        self.tune = tune
+        # S3 takes at most 10,000 parts: a larger output gets larger parts (whole MiB)
+        need = -(-(expected_size or 0) // MAX_PARTS)
+        self.part_size = max(tune.part_size, -(-need // (1 << 20)) << 20)
+        self._buf = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self._pending: deque[Future[dict[str, Any]]] = deque()
+        self._pool: ThreadPoolExecutor | None = None
+        self._done = False
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        return with_retries(lambda: self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs),
+                            self.url, method.replace("_", " "), self.tune)
+
+    def write(self, b: Any) -> int:
+        n = len(b) if not isinstance(b, memoryview) else b.nbytes
+        self._buf += b
+        self.position += n
+        size = self.part_size
+        while len(self._buf) >= size:
+            if len(self._buf) == size:
+                part = bytes(self._buf)
+                self._buf = bytearray()
+            else:
+                part = bytes(memoryview(self._buf)[:size])
+                del self._buf[:size]
+            self._send(part)
+        return n
+
+    def _send(self, part: bytes) -> None:
+        if self._upload_id is None:
+            self._upload_id = self._call("create_multipart_upload")["UploadId"]
+            self._pool = ThreadPoolExecutor(self.tune.upload_concurrency, thread_name_prefix="migrator-put")
+        assert self._pool is not None
+        while len(self._pending) >= self.tune.upload_concurrency:
+            self._parts.append(self._pending.popleft().result())
+        number = len(self._parts) + len(self._pending) + 1
+        self._pending.append(self._pool.submit(self._upload_part, number, part))
+
+    def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
+        out = self._call("upload_part", UploadId=self._upload_id, PartNumber=number, Body=data)
+        return {"PartNumber": number, "ETag": out["ETag"]}
+
+    def publish(self) -> None:
+        cond = {} if self.overwrite else {"IfNoneMatch": "*"}  # a failed condition: TargetExistsError
+        if self._upload_id is None:  # smaller than one part: one request
+            self._call("put_object", Body=bytes(self._buf), **cond)
+        else:
+            if self._buf:
+                self._send(bytes(self._buf))
+            self._buf = bytearray()
+            while self._pending:
+                self._parts.append(self._pending.popleft().result())
+            self._call("complete_multipart_upload", UploadId=self._upload_id,
+                       MultipartUpload={"Parts": self._parts}, **cond)
+        self._done = True
+        self._shutdown()
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(self.fs.split_path(self.fs._strip_protocol(self.url))[0])
+
+    def _shutdown(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def abort(self) -> None:
+        """Stop the parts in flight and abort the upload, so no part stays stored."""
+        if self._done:
+            return
+        self._done = True
+        for f in self._pending:
+            f.cancel()
+        self._shutdown()  # the parts already being sent finish (or fail) before the abort
+        self._pending.clear()
+        if self._upload_id is not None:
+            try:
+                self.fs.call_s3("abort_multipart_upload", Bucket=self.bucket, Key=self.key,
+                                UploadId=self._upload_id)
+            except Exception as e:
+                raise OutputError(f"could not abort multipart upload {self._upload_id} ({describe(e)}); its "
+                                  "parts stay until aborted or a lifecycle rule removes them", file=self.label) from e
+
+
+class ScratchObjectUpload(_Sink):
+    """Any other fsspec store: stream into a scratch object, then move it onto the key."""
+
+    def __init__(self, url: str, overwrite: bool) -> None:
+        super().__init__(url)
+        self.fs, self.path = filesystem(url)
+        self.overwrite = overwrite
+        self.scratch = f"{self.path}.migrator-{os.getpid()}-{next(_counter)}.tmp"
+        try:
+            self._f = self.fs.open(self.scratch, "wb")
+        except Exception as e:
+            raise OutputError(f"cannot start the upload: {describe(e)}", file=self.label) from None
+        self._closed = False
+
+    def write(self, b: Any) -> int:
+        n = len(b) if not isinstance(b, memoryview) else b.nbytes
+        self._f.write(b)
+        self.position += n
+        return n
+
+    def publish(self) -> None:
+        self._f.close()
+        self._closed = True
+        if not self.overwrite and self.fs.exists(self.path):  # racy: see the module docstring
+            raise TargetExistsError("target was created by someone else while this run wrote it; nothing was "
+                                    "replaced", file=self.label)
+        self.fs.mv(self.scratch, self.path)
+
+    def abort(self) -> None:
+        if not self._closed:
+            with contextlib.suppress(Exception):
+                self._f.discard() if hasattr(self._f, "discard") else self._f.close()
+            self._closed = True
+        with contextlib.suppress(Exception):
+            self.fs.rm_file(self.scratch)

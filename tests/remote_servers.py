@@ -1,0 +1,115 @@
+"""Servers for the object-storage tests, on 127.0.0.1 only: moto's S3 and a small HTTP server.
+
+The HTTP server serves an in-memory dict of objects with HEAD and single-range GETs, counts every
+request, and misbehaves on purpose where a test asks it to, deterministically (by request count,
+never by time): drop the connection after N body bytes on the first K GETs, answer with a status,
+or serve an object shorter than the size its HEAD reports.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Behaviour:
+    drop_after: int | None = None  # body bytes sent before the connection is closed
+    drop_first: int = 0  # how many GETs of the object are dropped
+    status: int | None = None  # answer every request with this status
+    claimed_size: int | None = None  # the size HEAD reports (a truncated object: larger than the bytes)
+
+
+@dataclass
+class HttpObjects:
+    objects: dict[str, bytes] = field(default_factory=dict)
+    behaviour: dict[str, Behaviour] = field(default_factory=dict)
+    gets: Counter[str] = field(default_factory=Counter)
+    heads: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+def make_handler(store: HttpObjects) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def _object(self) -> tuple[str, bytes | None, Behaviour]:
+            path = self.path.split("?", 1)[0]
+            return path, store.objects.get(path), store.behaviour.get(path, Behaviour())
+
+        def do_HEAD(self) -> None:
+            path, data, b = self._object()
+            with store.lock:
+                store.heads[path] += 1
+            if b.status is not None or data is None:
+                self.send_response(b.status or 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(b.claimed_size or len(data)))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            path, data, b = self._object()
+            with store.lock:
+                store.gets[path] += 1
+                nth = store.gets[path]
+            if b.status is not None or data is None:
+                body = b"denied" if b.status else b"missing"
+                self.send_response(b.status or 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            m = _RANGE.match(self.headers.get("Range", ""))
+            start, end = (int(m.group(1)), int(m.group(2)) + 1 if m.group(2) else len(data)) if m else (0, len(data))
+            chunk = data[start:end]
+            self.send_response(206 if m else 200)
+            if m:
+                self.send_header("Content-Range", f"bytes {start}-{start + max(len(chunk), 1) - 1}/"
+                                                  f"{b.claimed_size or len(data)}")
+            self.send_header("Content-Length", str(len(chunk)))
+            self.end_headers()
+            if b.drop_after is not None and nth <= b.drop_first:
+                self.wfile.write(chunk[:b.drop_after])
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            self.wfile.write(chunk)
+
+    return Handler
+
+
+class HttpServer:
+    def __init__(self) -> None:
+        self.store = HttpObjects()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(self.store))
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> HttpServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
