@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from .atomic import (
     WRITE_BUFFER,
@@ -55,6 +55,9 @@ from .atomic import (
     output_mode,
 )
 from .errors import OutputError, SameFileError, TargetExistsError
+
+if TYPE_CHECKING:
+    from .formats.sharded_writer import ShardedWriter
 
 SCRATCH_DIR_RE = re.compile(r"^(?P<target>.+)\.migrator-(?P<pid>\d+)-(?P<n>\d+)\.tmpdir$")
 MODEL_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth|bpk|index\.json)$")
@@ -316,10 +319,15 @@ def save_sharded(writer: object, path: str | os.PathLike[str], *, overwrite: boo
                 else:
                     with progress(sink, shard.total_size):
                         shard.write_to(sink)
-        if writer.index is not None:
-            data = writer.index_bytes()
-            with folder.file(writer.index_name, len(data)) as sink:
-                sink.write(data)
-        for src, name in writer.copies:
-            folder.copy(src, name)
+        finish_folder(folder, writer)
     return out
+
+
+def finish_folder(folder: FolderScratch, writer: ShardedWriter) -> None:
+    """After the shards: the index (when the layout has one) and the companion files, into `folder`."""
+    if writer.index is not None:
+        data = writer.index_bytes()
+        with folder.file(writer.index_name, len(data)) as sink:
+            sink.write(data)
+    for src, name in writer.copies:
+        folder.copy(src, name)

@@ -26,9 +26,8 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
@@ -36,6 +35,7 @@ import numpy as np
 from . import dtypes
 from .dtypes import DType, Kind
 from .errors import UnsupportedDTypeError
+from .inorder import map_ahead
 from .streaming import SMALL_READ, read_span
 from .tensor import Buffer, LazyTensor
 
@@ -122,18 +122,7 @@ def pipelined(fn: Callable[[T], R], items: Iterable[T], ahead: int | None = None
     if n < 1:
         raise ValueError(f"workers must be >= 1, not {n}")
     ahead = n if ahead is None else ahead
-    pool = _pool(n)
-    pending: deque[Future[R]] = deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) > ahead:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for f in pending:
-            f.cancel()
+    yield from map_ahead(_pool(n), fn, items, ahead)
 
 
 _FLOAT = Kind.FLOAT  # a module global is read faster than an enum member

@@ -299,7 +299,7 @@ def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], ru
                          mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> str:
     """`atomic_folder.save_sharded` with the shards written by `runner`'s workers; the driver writes
     the index and the companion files, and publishes after every shard task succeeded."""
-    from .atomic_folder import atomic_folder
+    from .atomic_folder import atomic_folder, finish_folder
     from .formats import _protected_files
 
     out = writer.resolve_path(path)
@@ -307,12 +307,7 @@ def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], ru
                        mode_from=mode_from) as folder:
         tasks = [ShardTask(i, i, name, shard.total_size) for i, (name, shard) in enumerate(writer.files)]
         runner.write_shards(folder, writer, tasks)
-        if writer.index is not None:
-            data = writer.index_bytes()
-            with folder.file(writer.index_name, len(data)) as sink:
-                sink.write(data)
-        for src, name in writer.copies:
-            folder.copy(src, name)
+        finish_folder(folder, writer)
     return out
 
 

@@ -24,15 +24,15 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from .errors import TensorBytesSizeMismatchError
+from .inorder import map_ahead
 from .tensor import LazyTensor
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor
 
 Window = bytes | bytearray | memoryview
 T = TypeVar("T")
@@ -107,17 +107,7 @@ def ahead(fn: Callable[[T], R], items: Iterable[T], n: int = 1) -> Iterator[R]:
                 from concurrent.futures import ThreadPoolExecutor
 
                 _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="migrator-window")
-    pending: deque[Future[R]] = deque()
-    try:
-        for item in items:
-            pending.append(_pool.submit(fn, item))
-            if len(pending) > n:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for f in pending:
-            f.cancel()
+    yield from map_ahead(_pool, fn, items, n)
 
 
 def _gathered(tensor: LazyTensor, size: int) -> Iterator[Window]:

@@ -4,29 +4,18 @@ files get permissions as `cp` would give them."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_support import migrate_in_process
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 
-def migrate(*args: str) -> subprocess.CompletedProcess[str]:
-    from migrator.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+migrate = migrate_in_process
 
 
 def tensors() -> dict[str, np.ndarray]:

@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
+from cli_support import migrate_in_process
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 
-def migrate(*args: str) -> subprocess.CompletedProcess[str]:
-    """`migrate ARGS` in this process."""
-    from migrator.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+migrate = migrate_in_process
 
 
 def config(layers: int = 2) -> object:

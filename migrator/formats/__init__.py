@@ -77,9 +77,15 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
         from .burnpack import resolve_read_path
 
         src = resolve_read_path(src)
-    source = open_source(src)
+    return reader_over(open_source(src), src if isinstance(src, str | os.PathLike) else None, format, limits,
+                       options)
+
+
+def reader_over(source: ByteSource, path: str | os.PathLike[str] | None, format: str, limits: Limits,
+                options: dict[str, Any]) -> Reader:
+    """The reader of `format` (detected when "auto") over an open `source`, with `top_level_key`
+    selected; the source is closed if that fails. Local files and remote objects both come here."""
     try:
-        path = src if isinstance(src, str | os.PathLike) else None
         fmt = detect(source, path) if format == "auto" else format
         cls = reader_class(fmt)
         key = options.pop("top_level_key", None) if not cls.nested_keys else None

@@ -14,8 +14,7 @@ from .fs import filesystem, with_retries
 def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
              limits: Limits = DEFAULT_LIMITS) -> Reader:
     """`formats.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
-    from ..formats import reader_class
-    from ..formats.detect import detect
+    from ..formats import reader_over
     from .sharded import RemoteShardedReader, is_remote_sharded
     from .source import RemoteSource
 
@@ -42,17 +41,7 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
         return sharded
     assert info is not None
     source = RemoteSource(url, size=info.get("size") if isinstance(info.get("size"), int) else None)
-    try:
-        fmt = detect(source, url) if format == "auto" else format
-        cls = reader_class(fmt)
-        key = options.pop("top_level_key", None) if not cls.nested_keys else None
-        reader = cls(source, limits=limits, **options)  # type: ignore[call-arg]
-        if key is not None:
-            reader.select(key)
-        return reader
-    except BaseException:
-        source.close()
-        raise
+    return reader_over(source, url, format, limits, options)
 
 
 def label(src: str | os.PathLike[str]) -> str:
