@@ -37,7 +37,7 @@ from .naming import (
     strip_enum_variant,
 )
 from .paths import resolve_path
-from .recipe import CastPolicy, Recipe
+from .recipe import CastSpec, Recipe
 from .remote import as_path, register_options
 from .report import ApplyReport, ReportError
 from .scalars import Scalar
@@ -278,7 +278,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     items = _adapted(kept, kept_names, ops, adapter, resolver, errors, made)
 
     # 4. template slots, or the source order when there is no template
-    cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastPolicy) else None
+    cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastSpec) else None
     missing: list[tuple[str, str]] = []
     unused: list[str] = []
     if tpl_path is not None:

@@ -213,7 +213,7 @@ class SourceSpec(_Strict):
     storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
 
 
-class RemapRule(_Strict):
+class RemapSpec(_Strict):
     """One regex rename; every rule sees the previous rule's output."""
 
     from_: Regex = Field(alias="from", description="Regex searched anywhere in the name (anchor with ^ and $).")
@@ -222,7 +222,7 @@ class RemapRule(_Strict):
         "auto", description="Replacement syntax; auto picks python when the text has \\<digit> or \\g<.")
 
     @model_validator(mode="after")
-    def _compiles(self) -> RemapRule:
+    def _compiles(self) -> RemapSpec:
         """The pattern is already checked (`Regex`); what is left to fail is the replacement."""
         from .naming import NamingError
         from .naming import RemapRule as CompiledRule
@@ -240,7 +240,7 @@ class RemapRule(_Strict):
         return self
 
 
-class Criterion(_Strict):
+class CriterionSpec(_Strict):
     """Exactly one of: a regex (searched in the name), an exact path, or a Python predicate."""
 
     regex: Regex | None = Field(None, description="Regex searched anywhere in the (remapped) tensor name.")
@@ -262,7 +262,7 @@ class Criterion(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> Criterion:
+    def _exactly_one(self) -> CriterionSpec:
         given = [k for k in ("regex", "path", "predicate") if getattr(self, k) is not None]
         if len(given) != 1:
             hint = "put each in its own list entry" if given else None
@@ -274,9 +274,9 @@ class Criterion(_Strict):
 class FilterSpec(_Strict):
     """Which tensors take part. `include` entries are OR-ed (absent = everything); `exclude` wins."""
 
-    include: list[Criterion] | None = Field(  # default= by keyword: type checkers then see it optional
+    include: list[CriterionSpec] | None = Field(  # default= by keyword: type checkers then see it optional
         default=None, description="Keep only tensors matching one of these (OR); absent keeps every tensor.")
-    exclude: list[Criterion] = Field(default_factory=list, description="Drop tensors matching any of these.")
+    exclude: list[CriterionSpec] = Field(default_factory=list, description="Drop tensors matching any of these.")
 
 
 class SourceEntry(SourceSpec):
@@ -289,7 +289,7 @@ class SourceEntry(SourceSpec):
     name: str | None = Field(
         None, description="What reports, plan tables, errors and `--source NAME=PATH` call this source. "
                           "Default: its path as written.")
-    remap: list[RemapRule] = Field(default_factory=list, description="Renames for this source's tensors only, "
+    remap: list[RemapSpec] = Field(default_factory=list, description="Renames for this source's tensors only, "
                                                                      "after its filter, before its prefix.")
     filter: FilterSpec = Field(default_factory=FilterSpec,
                                description="Which of this source's tensors take part, on their names as stored "
@@ -302,12 +302,12 @@ class SourceEntry(SourceSpec):
         return self.name if self.name is not None else str(self.path)
 
 
-class HalfPrecisionOptions(_Strict):
+class HalfPrecisionOptionsSpec(_Strict):
     with_: list[str] = Field(default_factory=list, alias="with", description="Module types to add (e.g. BatchNorm).")
     without: list[str] = Field(default_factory=list, description="Module types to remove from the default set.")
 
     @model_validator(mode="after")
-    def _without_known(self) -> HalfPrecisionOptions:
+    def _without_known(self) -> HalfPrecisionOptionsSpec:
         from .adapters import half_precision_module_set
 
         try:
@@ -319,11 +319,11 @@ class HalfPrecisionOptions(_Strict):
 
 
 class HalfPrecisionSpec(_Strict):
-    half_precision: HalfPrecisionOptions = Field(
+    half_precision: HalfPrecisionOptionsSpec = Field(
         description="F32 <-> F16 for Burn's default module types, with types added (with) or removed (without).")
 
 
-class FloatCastOptions(_Strict):
+class FloatCastOptionsSpec(_Strict):
     to: str = Field(description="Float dtype: F64, F32, Flex32, F16, BF16.", json_schema_extra=_castable_enum)
 
     @field_validator("to")
@@ -333,7 +333,7 @@ class FloatCastOptions(_Strict):
 
 
 class FloatCastSpec(_Strict):
-    float_cast: FloatCastOptions = Field(description="Cast every float tensor to one dtype (Burn's float_cast).")
+    float_cast: FloatCastOptionsSpec = Field(description="Cast every float tensor to one dtype (Burn's float_cast).")
 
 
 AdapterSpec = Annotated[
@@ -344,7 +344,7 @@ AdapterSpec = Annotated[
 ]
 
 
-class CastPolicy(_Strict):
+class CastSpec(_Strict):
     cast: str = Field(description="Cast every float tensor to this dtype (ints and bools pass through).",
                       json_schema_extra=_castable_enum)
 
@@ -355,12 +355,12 @@ class CastPolicy(_Strict):
 
 
 DTypePolicy = Annotated[
-    Annotated[Literal["keep", "template"], Tag("name")] | Annotated[CastPolicy, Tag("cast")],
+    Annotated[Literal["keep", "template"], Tag("name")] | Annotated[CastSpec, Tag("cast")],
     _tagged("'keep', 'template' or {cast: DTYPE}", mapping="cast"),
 ]
 
 
-class ScalarValue(_Strict):
+class ScalarSpec(_Strict):
     """A typed burnpack scalar: exactly one of int, uint, float, bool."""
 
     int_: Annotated[int | None, _Number] = Field(None, alias="int", description="A signed 64-bit integer.")
@@ -369,7 +369,7 @@ class ScalarValue(_Strict):
     bool_: bool | None = Field(None, alias="bool", description="A boolean.")
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> ScalarValue:
+    def _exactly_one(self) -> ScalarSpec:
         given = [k for k in ("int_", "uint", "float_", "bool_") if getattr(self, k) is not None]
         if len(given) != 1:
             raise recipe_value_error("give exactly one of int, uint, float, bool", hint="e.g. {int: 42}")
@@ -399,7 +399,7 @@ class ShardSpec(_Strict):
         return v
 
 
-class CopyEntry(_Strict):
+class CopySpec(_Strict):
     """A companion file (or glob) copied byte for byte into the output folder."""
 
     path: str = Field(description="Glob relative to the source's folder (e.g. 'tokenizer*').")
@@ -424,14 +424,14 @@ class TargetSpec(_Strict):
     metadata: dict[str, str] = Field(default_factory=dict, description="Entries added to the output's metadata.")
     clear_metadata: bool = Field(False, description="Write no metadata except the entries given here.")
     scalars: Annotated[
-        Annotated[Literal["keep", "none"], Tag("name")] | Annotated[dict[str, ScalarValue], Tag("map")],
+        Annotated[Literal["keep", "none"], Tag("name")] | Annotated[dict[str, ScalarSpec], Tag("map")],
         _tagged("'keep', 'none' or a mapping"),
     ] = Field(
         "keep", description="burnpack scalars: keep the source's, none, or declare them.")
     shard: ShardSpec | None = Field(
         None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "
         "with '/'.")
-    copy_: list[Annotated[Annotated[str, Tag("name")] | Annotated[CopyEntry, Tag("path")],  # a model's tag: its
+    copy_: list[Annotated[Annotated[str, Tag("name")] | Annotated[CopySpec, Tag("path")],  # a model's tag: its
                           _tagged("a glob or {path, optional}", mapping="path")]] = Field(  # first field's name
         default_factory=list, alias="copy",
         description="Companion files copied byte for byte from the source's folder into a sharded output folder "
@@ -479,7 +479,7 @@ class Recipe(_Strict):
         None, description="Several checkpoints read as one (model surgery), each with its own remap, filter and "
                           "prefix; the global remap, filter, adapters and target apply to their union. Give this or "
                           "source.")
-    remap: list[RemapRule] = Field(default_factory=list, description="Regex renames, applied in order.")
+    remap: list[RemapSpec] = Field(default_factory=list, description="Regex renames, applied in order.")
     filter: FilterSpec = Field(default_factory=FilterSpec, description="Which tensors take part.")
     modules: dict[str, list[Regex]] = Field(
         default_factory=dict, description="Module type -> regexes of module paths (tensor name minus last segment).")

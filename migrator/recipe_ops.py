@@ -252,44 +252,44 @@ class RopePermuteSpec(_Unary):
         return self
 
 
-class SplitOp(BaseModel):
+class SplitOpSpec(BaseModel):
     model_config = _Op.model_config
     split: SplitSpec = Field(description="Cut each matching tensor along a dim into parts (torch.split / torch.chunk).")
 
 
-class ConcatOp(BaseModel):
+class ConcatOpSpec(BaseModel):
     model_config = _Op.model_config
     concat: ConcatSpec = Field(description="Join inputs end to end along an existing dim (torch.cat).")
 
 
-class StackOp(BaseModel):
+class StackOpSpec(BaseModel):
     model_config = _Op.model_config
     stack: StackSpec = Field(description="Join inputs of one shape along a new dim (torch.stack).")
 
 
-class UnstackOp(BaseModel):
+class UnstackOpSpec(BaseModel):
     model_config = _Op.model_config
     unstack: UnstackSpec = Field(
         description="Cut each matching tensor into its slices along a dim, removing it (torch.unbind).")
 
 
-class ReshapeOp(BaseModel):
+class ReshapeOpSpec(BaseModel):
     model_config = _Op.model_config
     reshape: ReshapeSpec = Field(
         description="Give each matching tensor a new shape with the same elements (torch.reshape).")
 
 
-class PermuteOp(BaseModel):
+class PermuteOpSpec(BaseModel):
     model_config = _Op.model_config
     permute: PermuteSpec = Field(description="Reorder each matching tensor's dims (torch.permute).")
 
 
-class SliceOp(BaseModel):
+class SliceOpSpec(BaseModel):
     model_config = _Op.model_config
     slice: SliceSpec = Field(description="Keep a range of one dim of each matching tensor (tensor[..., start:stop]).")
 
 
-class RopePermuteOp(BaseModel):
+class RopePermuteOpSpec(BaseModel):
     model_config = _Op.model_config
     rope_permute: RopePermuteSpec = Field(
         description="Meta's interleaved rotary layout of q/k weights to Hugging Face's, or back (inverse).")
@@ -323,14 +323,14 @@ def _known_op(value: object) -> object:
 
 
 OpSpec = Annotated[
-    Annotated[SplitOp, Tag("split")]
-    | Annotated[ConcatOp, Tag("concat")]
-    | Annotated[StackOp, Tag("stack")]
-    | Annotated[UnstackOp, Tag("unstack")]
-    | Annotated[ReshapeOp, Tag("reshape")]
-    | Annotated[PermuteOp, Tag("permute")]
-    | Annotated[SliceOp, Tag("slice")]
-    | Annotated[RopePermuteOp, Tag("rope_permute")],
+    Annotated[SplitOpSpec, Tag("split")]
+    | Annotated[ConcatOpSpec, Tag("concat")]
+    | Annotated[StackOpSpec, Tag("stack")]
+    | Annotated[UnstackOpSpec, Tag("unstack")]
+    | Annotated[ReshapeOpSpec, Tag("reshape")]
+    | Annotated[PermuteOpSpec, Tag("permute")]
+    | Annotated[SliceOpSpec, Tag("slice")]
+    | Annotated[RopePermuteOpSpec, Tag("rope_permute")],
     Discriminator(_op_tag, custom_error_type="recipe_union", custom_error_message="expected an op"),
     BeforeValidator(_known_op),
 ]

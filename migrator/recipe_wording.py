@@ -11,17 +11,17 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from . import adapter_names
 from .recipe import (
-    CastPolicy,
+    CastSpec,
     FloatCastSpec,
     HalfPrecisionSpec,
-    ScalarValue,
+    ScalarSpec,
 )
 from .recipe_issues import _yaml_scalar
 from .recipe_types import _is_model, _model_field, _union_members, _unwrap
 from .recipe_yaml import _Constructor
 
 _MODEL_SPELLINGS: dict[type, str] = {
-    CastPolicy: "{cast: DTYPE}",
+    CastSpec: "{cast: DTYPE}",
     HalfPrecisionSpec: adapter_names.WITH_OPTIONS["half_precision"],
     FloatCastSpec: adapter_names.WITH_OPTIONS["float_cast"],
 }
@@ -133,7 +133,7 @@ def _describe_type(tp: Any) -> str:
             alternatives.append("a list of strings" if item is str else "a list")
         elif origin is dict:
             value = _unwrap(typing.get_args(u)[1])
-            alternatives.append("a mapping such as {epoch: {int: 42}}" if value is ScalarValue else "a mapping")
+            alternatives.append("a mapping such as {epoch: {int: 42}}" if value is ScalarSpec else "a mapping")
         elif _is_model(u):
             alternatives.append(_MODEL_SPELLINGS.get(u, "a mapping"))
         elif u is str:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from migrator.errors import MigratorError
-from migrator.recipe import CastPolicy, FloatCastSpec, HalfPrecisionSpec, Recipe
+from migrator.recipe import CastSpec, FloatCastSpec, HalfPrecisionSpec, Recipe
 from migrator.recipe_loader import (
     MAX_RECIPE_BYTES,
     SCHEMA_REGENERATE,
@@ -182,9 +182,9 @@ def test_every_adapter_spelling(load) -> None:
 @pytest.mark.parametrize(("text", "expected"), [
     ("keep", "keep"),
     ("template", "template"),
-    ("{cast: F16}", CastPolicy(cast="F16")),
-    ("{cast: BF16}", CastPolicy(cast="BF16")),
-    ("{cast: float32}", CastPolicy(cast="float32")),
+    ("{cast: F16}", CastSpec(cast="F16")),
+    ("{cast: BF16}", CastSpec(cast="BF16")),
+    ("{cast: float32}", CastSpec(cast="float32")),
 ])
 def test_dtype_policies(load, text: str, expected: object) -> None:
     assert load(f"version: 1\nsource: {{path: a}}\ntarget: {{path: b}}\ndtype: {text}\n").recipe.dtype == expected
@@ -764,7 +764,7 @@ def test_schema_shape() -> None:
     assert schema["additionalProperties"] is False
     props = schema["properties"]
     assert "validate" in props and "validate_shapes" not in props  # YAML spellings
-    assert "from" in schema["$defs"]["RemapRule"]["properties"]
+    assert "from" in schema["$defs"]["RemapSpec"]["properties"]
     assert list(schema) == list(recipe_json_schema())  # deterministic order
 
 

@@ -17,7 +17,7 @@ SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "
 SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 DTYPE_PROPERTIES = {"dtype", "cast"}
-"""Properties whose strings are dtype names (and `to` inside FloatCastOptions, checked by path)."""
+"""Properties whose strings are dtype names (and `to` inside FloatCastOptionsSpec, checked by path)."""
 ADAPTER_PROPERTIES = {"adapters"}
 
 
@@ -72,13 +72,13 @@ def test_dtype_and_adapter_names_are_enums() -> None:
     checked = []
     for path, node in subschemas(schema, "$"):
         for name, prop in (node.get("properties") or {}).items():
-            is_dtype = name in DTYPE_PROPERTIES or (name == "to" and path.endswith("FloatCastOptions"))
+            is_dtype = name in DTYPE_PROPERTIES or (name == "to" and path.endswith("FloatCastOptionsSpec"))
             if is_dtype or name in ADAPTER_PROPERTIES:
                 checked.append(f"{path}.{name}")
                 assert not free_strings(schema, prop), f"{path}.properties.{name} takes free strings"
-    assert {"$.dtype", "$.adapters", "$.$defs.CastPolicy.cast",
-            "$.$defs.FloatCastOptions.to"} <= set(checked)
-    cast = schema["$defs"]["CastPolicy"]["properties"]["cast"]["enum"]
+    assert {"$.dtype", "$.adapters", "$.$defs.CastSpec.cast",
+            "$.$defs.FloatCastOptionsSpec.to"} <= set(checked)
+    cast = schema["$defs"]["CastSpec"]["properties"]["cast"]["enum"]
     assert cast == ["F64", "F32", "Flex32", "F16", "BF16"]
     names = next(m["enum"] for m in schema["properties"]["adapters"]["items"]["oneOf"] if "enum" in m)
     assert set(names) == {"identity", "pytorch_to_burn", "burn_to_pytorch", "half_precision"}

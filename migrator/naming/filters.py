@@ -13,7 +13,7 @@ __all__ = ["NameFilter"]
 
 
 class _CriterionLike(Protocol):
-    """What a criterion holds (`recipe.Criterion`): exactly one of the three is set."""
+    """What a criterion holds (`recipe.CriterionSpec`): exactly one of the three is set."""
 
     regex: str | None
     path: str | None
