@@ -25,7 +25,7 @@ import string
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppress
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from .errors import MigratorError
@@ -62,13 +62,50 @@ def is_many(args: argparse.Namespace) -> bool:
     return len(args.recipes) > 1 or bool(getattr(args, "each", None))
 
 
+def _is_url(path: object) -> bool:
+    from .remote import is_url
+
+    return is_url(path)
+
+
+def _where(path: str, *, real: bool = False) -> str:
+    """A path as every worker can use it: a URL as spelled (scheme normalised), a local path absolute
+    (`real`: with links resolved, to compare what jobs read and write)."""
+    if _is_url(path):
+        from .remote import url_of
+
+        return url_of(path)
+    path = os.path.expanduser(path)
+    return os.path.realpath(path) if real else os.path.abspath(path)
+
+
+def _glob(pattern: str) -> list[str]:
+    """A glob's matches, sorted: local files, or objects of a store through fsspec's glob (the store's
+    listing; `**` recursive), as URLs."""
+    if not _is_url(pattern):
+        return sorted(globlib.glob(os.path.expanduser(pattern), recursive=True))
+    from .remote import protocol, url_of
+    from .remote.fs import describe, filesystem
+
+    url = url_of(pattern)
+    fs, path = filesystem(url)
+    try:
+        found = fs.glob(path)
+    except FileNotFoundError:
+        return []
+    except Exception as e:
+        raise JobsUsageError(f"--each '{pattern}': cannot list the store: {describe(e)}") from None
+    proto = protocol(url)
+    return sorted(f"{proto}://{p.lstrip('/')}" for p in found)
+
+
 def expand_each(patterns: list[str]) -> list[str]:
-    """The sources of `--each`: each pattern's matches (a glob, sorted; `**` recursive) or the path as
-    given, in order, each once."""
+    """The sources of `--each`: each pattern's matches (a glob, sorted; `**` recursive; on a store,
+    its objects through fsspec) or the path as given, in order, each once."""
     out: list[str] = []
     for pattern in patterns:
         if _GLOB_CHARS & set(pattern):
-            matches = sorted(globlib.glob(os.path.expanduser(pattern), recursive=True))
+            matches = _glob(pattern)
             if not matches:
                 raise JobsUsageError(f"--each '{pattern}' matches no file")
         else:
@@ -90,8 +127,17 @@ def target_for(pattern: str, source: str, i: int) -> str:
             fields.append(field)
     except ValueError as e:
         raise JobsUsageError(f"--target '{pattern}': {e} ({{{{ and }}}} for literal braces)") from None
-    p = Path(source.rstrip("/" + os.sep) or source)
-    values: dict[str, Any] = {"stem": p.stem, "name": p.name, "parent": p.absolute().parent.name, "i": i}
+    if _is_url(source):  # from the URL's path: s3://bucket/runs/a/last.pt has parent a (bucket at the top)
+        from pathlib import PurePosixPath
+
+        from .remote import url_of
+
+        u = PurePosixPath("/" + url_of(source).split("://", 1)[1].split("?", 1)[0].rstrip("/"))
+        parent = u.parent.name
+    else:
+        p = Path(source.rstrip("/" + os.sep) or source)
+        u, parent = PurePath(p), p.absolute().parent.name
+    values: dict[str, Any] = {"stem": u.stem, "name": u.name, "parent": parent, "i": i}
     try:
         return pattern.format(**values)
     except (ValueError, TypeError) as e:
@@ -117,7 +163,7 @@ def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:
         pairs = [(r, {k: v for k in ("source", "target") if (v := getattr(args, k, None))}) for r in args.recipes]
     return [{"recipe": os.path.abspath(recipe), "label": recipe, "given": given,
-             **{k: os.path.abspath(os.path.expanduser(v)) for k, v in given.items()}, **options}
+             **{k: _where(v) for k, v in given.items()}, **options}
             for recipe, given in pairs]
 
 
@@ -154,14 +200,17 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
     except (RecipeError, MigratorError):
         return None
     recipe = loaded.recipe
-    target = Path(spec["target"]) if spec.get("target") else loaded.target_path
+    def resolve(p: Any) -> str:  # a URL as written, a local path from the recipe's folder
+        return str(p) if _is_url(p) else str(loaded.resolve(p))
+
+    target: Any = spec["target"] if spec.get("target") else resolve(recipe.target.path)
     if recipe.target.shard is None and not str(target).endswith("/"):
         with suppress(MigratorError):
-            target = Path(writer_class(target_format(target, recipe.target.format)).resolve_path(target))
-    sources = [spec["source"]] if spec.get("source") else [str(p) for p in loaded.source_paths]
+            target = writer_class(target_format(target, recipe.target.format)).resolve_path(target)
+    sources = [spec["source"]] if spec.get("source") else [resolve(s.path) for s in recipe.inputs()]
     if recipe.target.template:
-        sources.append(str(loaded.resolve(recipe.target.template)))
-    return os.path.realpath(target), [os.path.realpath(s) for s in sources]
+        sources.append(resolve(recipe.target.template))
+    return _where(str(target), real=True), [_where(s, real=True) for s in sources]
 
 
 def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
@@ -392,7 +441,7 @@ def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | No
         spec = {"recipe": str(loaded.path.absolute()), **{k: getattr(args, k, None) for k in _OPTIONS}}
         for k in ("source", "target"):
             v = getattr(args, k, None)
-            spec[k] = os.path.abspath(os.path.expanduser(v)) if v else None
+            spec[k] = _where(v) if v else None
         return RayRunner(spec, workers, args.ray_address)
     if workers and workers > 1:
         return LocalRunner(workers)
