@@ -132,7 +132,7 @@ def target_for(pattern: str, source: str, i: int) -> str:
 
         from .remote import url_of
 
-        u = PurePosixPath("/" + url_of(source).split("://", 1)[1].split("?", 1)[0].rstrip("/"))
+        u: PurePath = PurePosixPath("/" + url_of(source).split("://", 1)[1].split("?", 1)[0].rstrip("/"))
         parent = u.parent.name
     else:
         p = Path(source.rstrip("/" + os.sep) or source)
