@@ -46,6 +46,10 @@ _GLOB_CHARS = set("*?[")
 _OPTIONS = ("overwrite", "no_fsync", "hash_sources", "json", "workers", "executor", "ray_address", "reader_limits")
 
 
+URL_TARGET_SERIAL = ("an object-store target is uploaded by this process, its parts in parallel: "
+                     "--workers and --executor ray split the writing of local targets only")
+
+
 class JobsUsageError(MigratorError):
     """The jobs cannot all run as given (a glob matching nothing, two jobs writing one target...)."""
 
@@ -434,6 +438,10 @@ def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | No
 
     workers = getattr(args, "workers", None) or (getattr(args, "jobs", None) if not is_many_ns(args) else None)
     if not can_split(plan.writer):
+        return None
+    if _is_url(plan.target_path):  # one job to a store: the driver uploads it (parts already in flight)
+        if getattr(args, "executor", None) == "ray" or (workers and workers > 1):
+            plan.notes.append(URL_TARGET_SERIAL)
         return None
     if getattr(args, "executor", None) == "ray":
         from .ray_executor import RayRunner
