@@ -330,14 +330,17 @@ def run_many(args: argparse.Namespace) -> int:
             check_target(report_path, overwrite=bool(args.overwrite))
     except MigratorError as e:
         return _usage_error(e, args)
-    executor = getattr(args, "executor", None) or "local"
+    try:
+        executor, address = jobs_executor(args, specs)
+    except MigratorError as e:
+        return _usage_error(e, args)
     jobs = args.jobs or available_cpus()
     results: dict[int, dict[str, Any]] = {}
     n = len(specs)
     if executor == "ray":
         from .ray_executor import run_jobs
 
-        stream: Iterator[dict[str, Any]] = run_jobs(specs, args.ray_address)
+        stream: Iterator[dict[str, Any]] = run_jobs(specs, address)
     elif jobs == 1 or n == 1:
         stream = _serial(specs, args)
     else:
@@ -440,17 +443,18 @@ def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | No
     if not can_split(plan.writer):
         return None
     if _is_url(plan.target_path):  # one job to a store: the driver uploads it (parts already in flight)
-        if getattr(args, "executor", None) == "ray" or (workers and workers > 1):
+        if executor_for(args, loaded.recipe)[0] == "ray" or (workers and workers > 1):
             plan.notes.append(URL_TARGET_SERIAL)
         return None
-    if getattr(args, "executor", None) == "ray":
+    executor, address = executor_for(args, loaded.recipe)
+    if executor == "ray":
         from .ray_executor import RayRunner
 
         spec = {"recipe": str(loaded.path.absolute()), **{k: getattr(args, k, None) for k in _OPTIONS}}
         for k in ("source", "target"):
             v = getattr(args, k, None)
             spec[k] = _where(v) if v else None
-        return RayRunner(spec, workers, args.ray_address)
+        return RayRunner(spec, workers, address)
     if workers and workers > 1:
         return LocalRunner(workers)
     return None
@@ -459,3 +463,40 @@ def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | No
 def is_many_ns(args: argparse.Namespace) -> bool:
     recipes = getattr(args, "recipes", None)
     return recipes is None or is_many(args)
+
+
+def executor_for(args: argparse.Namespace, recipe: Any) -> tuple[str, str | None]:
+    """(executor, Ray address) of one run: `--executor`/`--ray-address` when given, else the recipe's
+    `executor:`, else this machine."""
+    spec = getattr(recipe, "executor", None)
+    ray = spec.ray if spec is not None else None
+    given = getattr(args, "executor", None)
+    executor = given or ("ray" if ray is not None else "local")
+    address = getattr(args, "ray_address", None) or (ray.address if ray is not None and executor == "ray" else None)
+    return executor, address
+
+
+def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """Where several jobs run: `--executor` when given, else their recipes' common `executor:` (one
+    dispatcher runs them all, so recipes that disagree need the flag)."""
+    if getattr(args, "executor", None):
+        return executor_for(args, None)
+    from .recipe_loader import RecipeError, load_recipe
+
+    seen: dict[tuple[str, str | None], str] = {}
+    for spec in specs:
+        try:
+            recipe = load_recipe(spec["recipe"]).recipe
+        except (RecipeError, MigratorError):
+            continue  # that job fails on its own
+        seen.setdefault(executor_for(args, recipe), spec["label"])
+    if len(seen) > 1:
+        (a, first), (b, second) = list(seen.items())[:2]
+        raise JobsUsageError(f"the recipes ask for different executors ({first}: {_spell(a)}, {second}: "
+                             f"{_spell(b)}): give --executor (and --ray-address) for the run")
+    return next(iter(seen), ("local", None))
+
+
+def _spell(executor: tuple[str, str | None]) -> str:
+    name, address = executor
+    return name + (f" at {address}" if address else "")

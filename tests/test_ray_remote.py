@@ -119,3 +119,35 @@ def test_one_job_with_ray_workers_to_an_s3_folder_is_uploaded_by_the_driver(s3_a
     assert sorted(got) == sorted(want)
     for k, v in want.items():
         np.testing.assert_array_equal(got[k], v)
+
+
+def test_a_recipe_executor_runs_on_ray_unless_the_command_line_says_otherwise(
+        s3_and_ray: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    import migrator.ray_executor as rx
+
+    joined: list[str | None] = []
+    real = rx.ray_module
+
+    def recording(address: str | None = None) -> Any:
+        joined.append(address)
+        return real(address)
+
+    monkeypatch.setattr(rx, "ray_module", recording)
+    save_file(weights(5), str(tmp_path / "w.safetensors"))
+    (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: w.safetensors}\ntarget: {path: out.safetensors}\n"
+                                     "executor: {ray: {address: auto}}\n")
+    code, out = run(tmp_path, "r.yaml", "--workers", "2")
+    assert code == 0, out
+    assert joined == ["auto"]  # the recipe's address reached Ray (this process's Ray is the one joined)
+    got = load_file(str(tmp_path / "out.safetensors"))
+    for k, v in weights(5).items():
+        np.testing.assert_array_equal(got[k], v)
+
+    code, out = run(tmp_path, "r.yaml", "--workers", "2", "--executor", "local", "--overwrite")
+    assert code == 0, out
+    assert joined == ["auto"]  # the flag wins: no Ray
+    code, out = run(tmp_path, "r.yaml", "--workers", "2", "--ray-address", "127.0.0.1:6379", "--overwrite")
+    assert code == 0, out
+    assert joined == ["auto", "127.0.0.1:6379"]
