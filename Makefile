@@ -72,7 +72,8 @@ ubsan: install
 	CFLAGS="$(SANITIZE)" LDFLAGS="$(SANITIZE)" $(PY) setup.py -q build_ext --build-lib $(UBSAN) --build-temp $(UBSAN)/tmp
 	cd $(UBSAN) && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 		MIGRATOR_SHARED_FIXTURES=$(CURDIR)/../shared/fixtures PYTHONPATH=$(CURDIR)/$(UBSAN) \
-		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_casts.py
+		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_casts.py \
+		$(CURDIR)/tests/test_stats.py $(CURDIR)/tests/test_diff.py
 
 bench: install
 	$(PY) benchmarks/suite.py

@@ -669,6 +669,11 @@ static inline AVX_TARGET double avx_hsum(__m256d a, __m256d b)
     return (t[0] + t[1]) + (t[2] + t[3]);
 }
 
+/* How far ahead avx_fast asks for its bytes: the hardware prefetchers stop at every 4 KiB page and
+ * the pages of a mapped file lie anywhere in memory, so without it each page starts with a cache
+ * miss the loop waits for (it then runs at about half the speed of memcmp over the same bytes). */
+#define STATS_PREFETCH 2048
+
 /* Elements [from, to) as float32 lanes (F32, F16 or BF16; F64 goes through the scalar path). */
 static AVX_TARGET int avx_fast(const byte *p, Py_ssize_t from, Py_ssize_t to, int kind, double shift,
                                float_stats_t *r)
@@ -680,8 +685,13 @@ static AVX_TARGET int avx_fast(const byte *p, Py_ssize_t from, Py_ssize_t to, in
     __m256d s1a = _mm256_setzero_pd(), s1b = s1a, s2a = s1a, s2b = s1a, saa = s1a, sab = s1a;
     __m256i zero_lanes = _mm256_setzero_si256(); /* minus the zeros seen per lane */
     Py_ssize_t i = from;
+    const Py_ssize_t item = kind == 0 ? 4 : 2;
+    const byte *end = p + to * item;
     for (; i + 8 <= to; i += 8) {
         __m256 v;
+        const byte *q = p + i * item;
+        if (q + STATS_PREFETCH < end)
+            _mm_prefetch((const char *)(q + STATS_PREFETCH), _MM_HINT_T0);
         if (kind == 0)
             v = _mm256_loadu_ps((const float *)(const void *)(p + i * 4));
         else if (kind == 2)

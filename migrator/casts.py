@@ -479,6 +479,24 @@ def transpose2d(tensor: LazyTensor) -> LazyTensor:
                       tensor.param_id, tensor.origin, _TransposedChunks(tensor))
 
 
+def cast_source(tensor: LazyTensor) -> tuple[LazyTensor, Callable[[Buffer], memoryview]] | None:
+    """(the tensor a cast reads, the function casting a piece of its bytes), or None when `tensor`
+    is not a cast: with `transpose_source`, lets diff rebuild a cast and transposed tensor from
+    bounded pieces of the stored one."""
+    job = tensor.loader
+    return (job.tensor, job.convert_piece) if isinstance(job, _Cast) else None
+
+
+def transpose_source(tensor: LazyTensor) -> tuple[LazyTensor, bool] | None:
+    """(the `[rows, cols]` tensor a streamed 2-D transpose reads, whether it also casts F32 to F16),
+    or None when `tensor` is not one: lets a reader that holds only a window at a time (diff) make
+    the same bands tile by tile instead of mapping the whole source."""
+    chunks = tensor.chunks
+    if isinstance(chunks, _TransposedChunks | _TransposedHalfChunks):
+        return chunks.base, isinstance(chunks, _TransposedHalfChunks)
+    return None
+
+
 class _Transposed:
     """The loader of a transposed tensor: the whole `[cols, rows]` result at once."""
 

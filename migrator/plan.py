@@ -7,8 +7,7 @@ The plan also holds the report a run would give (applied, skipped, missing, unus
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -30,6 +29,7 @@ from .metadata import (
 )
 from .naming import (
     KeyRemapper,
+    NameFilter,
     NamingError,
     RemapRule,
     contiguous_names,
@@ -37,7 +37,7 @@ from .naming import (
     strip_enum_variant,
 )
 from .paths import resolve_path
-from .recipe import CastPolicy, Criterion, Recipe
+from .recipe import CastPolicy, Recipe
 from .remote import as_path, register_options
 from .report import ApplyReport, ReportError
 from .scalars import Scalar
@@ -118,32 +118,6 @@ class SourceKeyError(PlanError):
     """`source.top_level_key` selects nothing (the message lists what there is, with a did-you-mean)."""
 
     loc = ("source", "top_level_key")
-
-
-class _Matcher:
-    """A filter criterion list: regexes searched anywhere, exact paths, imported predicates."""
-
-    def __init__(self, criteria: Sequence[Criterion]) -> None:
-        from .naming import compile_regex
-
-        self.regexes = [compile_regex(c.regex) for c in criteria if c.regex is not None]
-        self.paths = {c.path for c in criteria if c.path is not None}
-        self.predicates = [_import_predicate(c.predicate) for c in criteria if c.predicate is not None]
-
-    def __call__(self, name: str) -> bool:
-        return (name in self.paths or any(r.search(name) for r in self.regexes)
-                or any(p(name) for p in self.predicates))
-
-
-def _import_predicate(spec: str) -> Callable[[str], bool]:
-    module, _, func = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError) as e:
-        raise PlanError(f"filter predicate '{spec}' cannot be imported: {e}") from None
-    if not callable(fn):
-        raise PlanError(f"filter predicate '{spec}' is not callable")
-    return fn
 
 
 def _enum_free(name: str) -> str:
@@ -262,8 +236,8 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     current, ops = _renamed(recipe, names, is_pytorch, reader.label, getattr(reader, "describe", repr))
 
     # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)
-    include = _Matcher(recipe.filter.include) if recipe.filter.include is not None else None
-    exclude = _Matcher(recipe.filter.exclude) if recipe.filter.exclude else None
+    include = NameFilter(recipe.filter.include) if recipe.filter.include is not None else None
+    exclude = NameFilter(recipe.filter.exclude) if recipe.filter.exclude else None
     kept: list[LazyTensor] = tensors
     kept_names: list[str] = current
     skipped: list[str] = []
@@ -341,13 +315,10 @@ def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool, label: str,
     current = names
     if remapper is not None:
         try:
-            remapped = remapper.remap(current)
+            current = list(map(remapper.remap_name, names))
         except NamingError as e:  # validated already; kept for safety
             raise PlanError(f"remap: {e}") from None
-        for orig, (new, _) in zip(names, remapped, strict=True):
-            if new != orig:
-                ops.setdefault(orig, []).append(f"remap {orig} -> {new}")
-        current = [new for new, _ in remapped]
+        ops = {orig: [f"remap {orig} -> {new}"] for orig, new in zip(names, current, strict=True) if new != orig}
     # several sources: each entry renumbered its own indices already
     contiguous = recipe.source.contiguous_indices if recipe.source is not None else False
     if contiguous is None:

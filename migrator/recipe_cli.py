@@ -374,10 +374,12 @@ def _print_op_nodes(p: Plan) -> None:
                 rich=len(rows) <= RICH_TABLE_ROWS and sys.stdout.isatty())
 
 
+_RENAMES = ("remap ", "index ")
+
+
 def _short_op(op: str) -> str:
     """Renames are visible in the source/target columns: the table keeps only their kind."""
-    kind = op.split(" ", 1)[0]
-    return kind if kind in ("remap", "index") else op
+    return op[:5] if op.startswith(_RENAMES) else op
 
 
 def validate(args: argparse.Namespace) -> int:

@@ -137,10 +137,10 @@ class UnionReader(Reader):
 
     def _renamed(self, part: SourcePart, entry: SourceEntry, index: int) -> list[tuple[LazyTensor, str]]:
         """(tensor, union name) per kept tensor of `part`; the filtered-out go to `self.skipped`."""
-        from .plan import _Matcher
+        from .naming import NameFilter
 
-        include = _Matcher(entry.filter.include) if entry.filter.include is not None else None
-        exclude = _Matcher(entry.filter.exclude) if entry.filter.exclude else None
+        include = NameFilter(entry.filter.include) if entry.filter.include is not None else None
+        exclude = NameFilter(entry.filter.exclude) if entry.filter.exclude else None
         kept: list[LazyTensor] = []
         for t in part.reader.tensors:
             if (include is not None and not include(t.name)) or (exclude is not None and exclude(t.name)):

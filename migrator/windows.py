@@ -6,10 +6,12 @@ in a file (a shard included) is mapped one window at a time, populated in one ca
 (MAP_POPULATE: no page fault per page) and unmapped when the consumer drops it; measured faster
 than `pread` into a buffer, which copies every byte once more (benchmarks/RESULTS.md). A
 computed tensor (a cast, a transpose from a plan) streams its own pieces, which are gathered
-into windows of one reused buffer; a tensor
-that is neither is sliced from its `data()` view. A transpose has to see its whole source, so a
-transposed tensor maps its source tensor while it streams: that is the one case where memory
-follows the largest tensor rather than the window size.
+into windows of one reused buffer; the transpose of a stored matrix (with or without its fused
+F16 cast) is rebuilt tile by tile by tiles.py, so it holds a few windows, not its source tensor.
+So is a strided PyTorch view (band by band, each band copied in blocks whose pages are then
+dropped), also inside a shard. A tensor that is none of these is sliced from its `data()` view,
+and so is a computed tensor whose op reads its input whole (a transpose of another computed
+tensor, a general permute): there memory follows that tensor's size.
 
 A window is only valid until the next one is asked for (the buffer is reused): consumers compare
 or reduce it and move on. Full windows gathered here are the `bytearray` itself, not a view of
@@ -155,8 +157,13 @@ def _gathered(tensor: LazyTensor, size: int) -> Iterator[Window]:
 
 
 def _pieces(tensor: LazyTensor, size: int) -> Iterator[memoryview]:
-    if tensor.chunks is not None:
-        for piece in tensor.chunks():
+    from .tiles import bounded_pieces  # computed or strided tensors only: numpy is loaded already
+
+    pieces = bounded_pieces(tensor, size)
+    if pieces is None and tensor.chunks is not None:
+        pieces = tensor.chunks()
+    if pieces is not None:
+        for piece in pieces:
             yield memoryview(piece)
         return
     data = tensor.data()

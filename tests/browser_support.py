@@ -26,14 +26,14 @@ def missing() -> str | None:
 
 
 @contextmanager
-def chromium(user_data_dir: Path, **options: Any) -> Iterator[Any]:
+def chromium(user_data_dir: Path, viewport: dict[str, int] | None = None, **options: Any) -> Iterator[Any]:
     """A browser context with a fresh profile in `user_data_dir` (created empty by the caller)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             str(user_data_dir), executable_path=str(CHROMIUM), headless=True, args=ARGS,
-            viewport={"width": 1200, "height": 900}, **options)
+            viewport=viewport or {"width": 1200, "height": 900}, **options)
         try:
             yield context
         finally:

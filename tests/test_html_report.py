@@ -69,7 +69,10 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     why = browser_support.missing()
     if why:
         pytest.skip(why)
-    with browser_support.chromium(tmp_path_factory.mktemp("chromium-profile")) as context:
+    # Tall enough that every row of the tests' small pages is on screen: rows off screen skip layout
+    # (content-visibility: auto), and their inner_text would depend on where they fall.
+    with browser_support.chromium(tmp_path_factory.mktemp("chromium-profile"),
+                                  viewport={"width": 1200, "height": 8000}) as context:
         yield context
 
 
@@ -90,6 +93,7 @@ class Opened:
 
     def filter(self, text: str) -> None:
         self.page.fill("#filter", text)
+        settle(self.page)
         self.page.wait_for_selector(f"#tree[data-query={json.dumps(text.strip().lower())}]", state="attached")
 
 
@@ -164,6 +168,13 @@ def _torch_keys(path: Path) -> list[str]:
     return list(torch.load(str(path), map_location="cpu", weights_only=True).keys())
 
 
+def settle(target: Any) -> None:
+    """Wait until the page has rendered a frame after an action: rows it just created are laid out
+    (or skipped, off screen, by content-visibility) only then, and inner_text depends on it."""
+    page = getattr(target, "page", target)
+    page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
 def test_expand_a_module_by_click_and_by_keyboard(reports: dict[str, tuple[Path, dict[str, Any]]], opener: Any,
                                                   tmp_path: Path) -> None:
     html, doc = reports["bert-to-burn"]
@@ -174,6 +185,7 @@ def test_expand_a_module_by_click_and_by_keyboard(reports: dict[str, tuple[Path,
     encoder = _toggle(page, "encoder")
     assert encoder.get_attribute("aria-expanded") == "false"
     encoder.click()
+    settle(encoder)
     page.wait_for_selector("#tree > li.mod > .line > .tog[aria-expanded=true]")
     assert _toggle(page, "encoder.layers").is_visible()
     assert opened.rows() == []  # one level at a time
@@ -181,12 +193,15 @@ def test_expand_a_module_by_click_and_by_keyboard(reports: dict[str, tuple[Path,
     emb = _toggle(page, "embeddings")
     emb.focus()
     page.keyboard.press("Enter")
+    settle(page)
     assert emb.get_attribute("aria-expanded") == "true"
     page.keyboard.press("ArrowRight")  # into the module: its first child's button
+    settle(page)
     assert page.evaluate("document.activeElement.closest('li').dataset.path") == "embeddings.word_embeddings"
     norm = _toggle(page, "embeddings.layer_norm")
     norm.focus()
     page.keyboard.press("Enter")
+    settle(page)
     rows = _module(page, "embeddings.layer_norm").locator(":scope > ul > li.tensor")
     rows.first.wait_for()
     names = [rows.nth(i).locator(".names .name").all_inner_texts() for i in range(rows.count())]
@@ -195,15 +210,20 @@ def test_expand_a_module_by_click_and_by_keyboard(reports: dict[str, tuple[Path,
                      if t["target"].startswith("embeddings.layer_norm.")]
     assert [s for s, _ in pairs] == [k for k in sources if k.startswith("embeddings.LayerNorm.")]  # torch's names
     page.keyboard.press("ArrowLeft")
+    settle(page)
     assert norm.get_attribute("aria-expanded") == "false"
     assert not rows.first.is_visible()
     page.keyboard.press("ArrowRight")
+    settle(page)
     assert norm.get_attribute("aria-expanded") == "true" and rows.first.is_visible()
     page.keyboard.press(" ")
+    settle(page)
     assert norm.get_attribute("aria-expanded") == "false"
     page.keyboard.press("ArrowLeft")  # on a collapsed module: to its parent
+    settle(page)
     assert page.evaluate("document.activeElement.closest('li').dataset.path") == "embeddings"
     page.keyboard.press("ArrowDown")
+    settle(page)
     assert page.evaluate("document.activeElement.closest('li').dataset.path") == "embeddings.word_embeddings"
     page.screenshot(path=str(tmp_path / "expanded.png"))
     assert (tmp_path / "expanded.png").stat().st_size > 0
@@ -251,6 +271,7 @@ def test_hostile_names_render_as_text(tmp_path: Path, opener: Any) -> None:
         opened = opener(tmp_path / page_file)
         page = opened.page
         page.click("#expand-all")
+        settle(page)
         page.wait_for_selector("#tree li.tensor")
         assert page.evaluate("window.__pwned") is None and opened.dialogs == []
         assert page.locator("img").count() == 0 and page.locator("script").count() == 2
@@ -258,11 +279,13 @@ def test_hostile_names_render_as_text(tmp_path: Path, opener: Any) -> None:
         assert rows == {f"enc.{HOSTILE}.{leaf}", "enc.bias"}
         assert HOSTILE in page.locator("#tree .seg").all_inner_texts()  # shown literally
     page.click("details.kv summary")
+    settle(page)
     assert page.locator("details.kv td", has_text="</script><script>window.__pwned=2</script>").count() == 1
     plan = opener(tmp_path / "plan.html").page
     missing = plan.locator("#list-missing li")
     assert missing.inner_text().startswith(f"enc.{HOSTILE}.weigh Did you mean 'enc.{HOSTILE}.weight'?")
     plan.click("#expand-all")
+    settle(plan)
     assert plan.locator("#tree .hint").inner_text() == f"Did you mean 'enc.{HOSTILE}.weight'?"
     assert plan.locator("#list-unused li").inner_text() == f"enc.{HOSTILE}.weight"
 
@@ -276,6 +299,7 @@ def test_unprintable_characters_are_shown_as_escapes(tmp_path: Path, opener: Any
     (tmp_path / "i.html").write_bytes(inspect_page(doc))
     opened = opener(tmp_path / "i.html")
     opened.page.click("#expand-all")
+    settle(opened.page)
     opened.page.wait_for_selector("#tree li.tensor")
     segs = opened.page.locator("#tree li.tensor .seg").all_inner_texts()
     assert segs == ["exe", "\\x1b[2J", "zero\\u200bwidth"]
@@ -305,6 +329,7 @@ def test_diff_page_bars_are_log_scaled(tmp_path: Path, opener: Any) -> None:
     for key, n in doc["summary"].items():
         assert opened.count(key) == n, key
     page.click("#expand-all")
+    settle(page)
     page.wait_for_selector("#tree li.tensor")
 
     def width(name: str) -> float:
@@ -342,6 +367,7 @@ def test_inspect_stats_page_shows_ranges_and_flags(tmp_path: Path, opener: Any) 
     page = opened.page
     assert opened.count("tensors") == 3 and opened.count("flagged") == 2
     page.click("#expand-all")
+    settle(page)
     page.wait_for_selector("#tree li.tensor")
     w = page.locator('#tree li.tensor[data-name="m.w"]')
     assert w.locator(".nums").inner_text().startswith("min -1.5 · max 2 · mean 0.25")
@@ -366,10 +392,12 @@ def test_a_large_module_renders_its_rows_in_pages(tmp_path: Path, opener: Any) -
     opened = opener(tmp_path / "p.html")
     page = opened.page
     _toggle(page, "m").click()
+    settle(_toggle(page, "m"))
     page.wait_for_selector("#tree li.tensor")
     assert len(opened.rows()) == 500
     for shown in (1000, 1200):
         page.click("#tree .more-btn")
+        settle(page)
         page.wait_for_function(f"document.querySelectorAll('#tree li.tensor').length === {shown}")
     assert opened.rows() == [f"m.t{i}" for i in range(1200)]
     assert page.locator("#tree .more-btn").count() == 0
@@ -466,6 +494,7 @@ def test_diff_and_stats_pages_of_real_commands(reports: dict[str, tuple[Path, di
     page = opener(tmp_path / "diff.html").page
     assert _module(page, "encoder").locator(":scope > .line .badge").text_content() == "≠differences"
     page.fill("#filter", "intermediate.dense.weight")
+    settle(page)
     page.wait_for_selector("#tree li.tensor")
     row = page.locator('#tree li.tensor[data-name="encoder.layer.1.intermediate.dense.weight"]')
     assert row.locator(".badge").text_content() == "≠different"

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from migrator import from_numpy, save
-from migrator.naming import NamingError, RemapRule, _python_refs
+from migrator.naming import NamingError, RemapRule
+from migrator.naming.remap import _python_refs
 from migrator.recipe_loader import RecipeError, load_recipe
 
 CASES = [  # (from, to, what the message says)

@@ -26,7 +26,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from ..bytesource import ByteSource, FileSource, FileSpan, FileView, closed_erro
 from ..errors import FormatError, LimitExceededError, UnknownFormatError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import Scalar
-from ..tensor import LazyTensor
+from ..tensor import Buffer, LazyTensor
 from .base import Reader
 
 OPEN_SHARDS = 4
@@ -211,7 +211,7 @@ def _shard_view(shard: _Shard, offset: int, length: int) -> _ShardView:
     return view
 
 
-class _Reopened:
+class Reopened:
     """The loader of a shard tensor that is not a plain byte range (e.g. a strided PyTorch view):
     the shard is opened again and that tensor's bytes copied out, so nothing stays open."""
 
@@ -225,6 +225,13 @@ class _Reopened:
 
         with open_file(self.shard.path, self.fmt, limits=self.limits) as reader:
             return bytes(reader[self.name].data())
+
+    def pieces(self, streamed: Callable[[LazyTensor], Iterator[Buffer]]) -> Iterator[Buffer]:
+        """The tensor's bytes as `streamed` hands them out of the shard opened again (closed at the end)."""
+        from . import open_file
+
+        with open_file(self.shard.path, self.fmt, limits=self.limits) as reader:
+            yield from streamed(reader[self.name])
 
 
 class ShardSet(ByteSource):
@@ -331,7 +338,7 @@ class ShardedReader(Reader):
                         loader: Any = view
                         self.locations.append((i, span.offset))
                     else:
-                        view, loader = None, _Reopened(shard, reader.format, t.name, self.limits)
+                        view, loader = None, Reopened(shard, reader.format, t.name, self.limits)
                         self.locations.append((i, None))
                     self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, view, t.param_id,
                                                    origin))

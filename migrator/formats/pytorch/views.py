@@ -111,7 +111,7 @@ class TensorBuilder(ZipContainer):
                 f"(limit {self._limits.max_expanded_bytes}, max_expanded_bytes)", file=label, tensor=name)
         strides = tuple(st * itemsize for st in ref.stride)
         return LazyTensor(name, dt, shape, nbytes, origin=label,
-                          loader=lambda: _gather(src, start, window, itemsize, shape, strides, swap, unit))
+                          loader=StridedView(src, start, window, itemsize, shape, strides, swap, unit))
 
 
 class _Pending:
@@ -169,6 +169,23 @@ def _empty() -> bytes:
 _UINTS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+class StridedView:
+    """The loader of a strided view: its elements copied into C order from the storage window
+    [start, start + window) of `src`. An object rather than a closure so a reader that holds
+    only a window at a time (migrator/tiles.py) can copy the same elements band by band."""
+
+    __slots__ = ("itemsize", "shape", "src", "start", "strides", "swap", "unit", "window")
+
+    def __init__(self, src: ByteSource, start: int, window: int, itemsize: int, shape: tuple[int, ...],
+                 strides: tuple[int, ...], swap: bool, unit: int) -> None:
+        self.src, self.start, self.window, self.itemsize = src, start, window, itemsize
+        self.shape, self.strides, self.swap, self.unit = shape, strides, swap, unit
+
+    def __call__(self) -> memoryview:
+        return _gather(self.src, self.start, self.window, self.itemsize, self.shape, self.strides, self.swap,
+                       self.unit)
+
+
 def _gather(src: ByteSource, start: int, window: int, itemsize: int, shape: tuple[int, ...],
             strides: tuple[int, ...], swap: bool, unit: int) -> memoryview:
     """Copy a strided view's elements into C order; reads only the view's own storage window."""
@@ -182,6 +199,11 @@ def _gather(src: ByteSource, start: int, window: int, itemsize: int, shape: tupl
     if swap:
         out = _swap_array(out.reshape(-1).view(np.uint8), unit)
     return memoryview(out.reshape(-1).view(np.uint8).data)
+
+
+def swap_array(raw: np.ndarray, unit: int) -> np.ndarray:
+    """Bytes of `unit`-byte big-endian elements byte-swapped (a new array)."""
+    return _swap_array(raw, unit)
 
 
 def _swap_array(raw: np.ndarray, unit: int) -> np.ndarray:
