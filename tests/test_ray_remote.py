@@ -53,6 +53,13 @@ def s3_and_ray() -> Iterator[Any]:
     finally:
         ray.shutdown()
         server.stop()
+        # this process's store clients point at the stopped server: later tests must make their own
+        import s3fs
+
+        from migrator.remote import fs
+
+        fs._FS_CACHE.clear()
+        s3fs.S3FileSystem.clear_instance_cache()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
