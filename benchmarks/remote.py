@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--store", choices=["s3", "http"], default="s3",
                     help="http: the tests' Range server (threads, in this process) against fsspec's http get")
+    ap.add_argument("--direction", choices=["both", "up", "down"], default="both",
+                    help="s3 only: the downloads, the uploads, or both")
     args = ap.parse_args()
     model = MODELS[args.model]
     folder = OUT / "remote"
@@ -88,7 +90,8 @@ def main() -> None:
 
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=BUCKET)
-        s3.upload_file(str(src), BUCKET, src.name)
+        if args.direction != "up":
+            s3.upload_file(str(src), BUCKET, src.name)
         remote = f"s3://{BUCKET}/{src.name}"
         got, put_out = folder / "got.bpk", folder / "got.bin"
         jobs = [
@@ -102,9 +105,10 @@ def main() -> None:
             Job("s3fs put", [py, "-c", f"import s3fs; s3fs.S3FileSystem().put({str(src)!r}, "
                                        f"'s3://{BUCKET}/up.bin')"], None, src),
         ]
-        res = rounds(jobs, args.rounds, folder / "rss.txt")
-    down = res.ratio("s3fs get", "migrate s3 -> .bpk")
-    up = res.ratio("s3fs put", "migrate .safetensors -> s3 .bpk")
+        keep = {"both": jobs, "down": jobs[:2], "up": jobs[2:]}[args.direction]
+        res = rounds(keep, args.rounds, folder / "rss.txt")
+    down = res.ratio("s3fs get", "migrate s3 -> .bpk") if args.direction != "up" else float("nan")
+    up = res.ratio("s3fs put", "migrate .safetensors -> s3 .bpk") if args.direction != "down" else float("nan")
     print(f"\n{args.model}: {model.nbytes / 1e9:.2f} GB, {model.count} tensors, largest {mib(model.largest)}; "
           f"{args.rounds} rounds; {machine()}")
     print("| job | median s | MB/s | peak RSS |\n|---|--:|--:|--:|")

@@ -144,9 +144,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                      "(default: the CPUs available; 1: one after the other); with one job: --workers")
     run.add_argument("--workers", type=_positive, metavar="W", help="write one job's output with W workers: "
                      "disjoint ranges of one .bpk/.safetensors file, or whole shards of a folder (default 1)")
-    run.add_argument("--executor", choices=("local", "ray"), default="local",
+    run.add_argument("--executor", choices=("local", "ray"), default=None,
                      help="where jobs and write tasks run: here (default), or as Ray tasks (pip install "
-                     "'migrator[ray]'; paths must be on storage every node sees)")
+                     "'migrator[ray]'; paths must be on storage every node sees); wins over the recipe's executor:")
     run.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster to join (default: $RAY_ADDRESS, "
                      "else a local Ray started for the run)")
     run.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)

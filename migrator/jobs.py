@@ -25,7 +25,7 @@ import string
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppress
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from .errors import MigratorError
@@ -46,6 +46,10 @@ _GLOB_CHARS = set("*?[")
 _OPTIONS = ("overwrite", "no_fsync", "hash_sources", "json", "workers", "executor", "ray_address", "reader_limits")
 
 
+URL_TARGET_SERIAL = ("an object-store target is uploaded by this process, its parts in parallel: "
+                     "--workers and --executor ray split the writing of local targets only")
+
+
 class JobsUsageError(MigratorError):
     """The jobs cannot all run as given (a glob matching nothing, two jobs writing one target...)."""
 
@@ -62,13 +66,50 @@ def is_many(args: argparse.Namespace) -> bool:
     return len(args.recipes) > 1 or bool(getattr(args, "each", None))
 
 
+def _is_url(path: object) -> bool:
+    from .remote import is_url
+
+    return is_url(path)
+
+
+def _where(path: str, *, real: bool = False) -> str:
+    """A path as every worker can use it: a URL as spelled (scheme normalised), a local path absolute
+    (`real`: with links resolved, to compare what jobs read and write)."""
+    if _is_url(path):
+        from .remote import url_of
+
+        return url_of(path)
+    path = os.path.expanduser(path)
+    return os.path.realpath(path) if real else os.path.abspath(path)
+
+
+def _glob(pattern: str) -> list[str]:
+    """A glob's matches, sorted: local files, or objects of a store through fsspec's glob (the store's
+    listing; `**` recursive), as URLs."""
+    if not _is_url(pattern):
+        return sorted(globlib.glob(os.path.expanduser(pattern), recursive=True))
+    from .remote import protocol, url_of
+    from .remote.fs import describe, filesystem
+
+    url = url_of(pattern)
+    fs, path = filesystem(url)
+    try:
+        found = fs.glob(path)
+    except FileNotFoundError:
+        return []
+    except Exception as e:
+        raise JobsUsageError(f"--each '{pattern}': cannot list the store: {describe(e)}") from None
+    proto = protocol(url)
+    return sorted(f"{proto}://{p.lstrip('/')}" for p in found)
+
+
 def expand_each(patterns: list[str]) -> list[str]:
-    """The sources of `--each`: each pattern's matches (a glob, sorted; `**` recursive) or the path as
-    given, in order, each once."""
+    """The sources of `--each`: each pattern's matches (a glob, sorted; `**` recursive; on a store,
+    its objects through fsspec) or the path as given, in order, each once."""
     out: list[str] = []
     for pattern in patterns:
         if _GLOB_CHARS & set(pattern):
-            matches = sorted(globlib.glob(os.path.expanduser(pattern), recursive=True))
+            matches = _glob(pattern)
             if not matches:
                 raise JobsUsageError(f"--each '{pattern}' matches no file")
         else:
@@ -90,8 +131,17 @@ def target_for(pattern: str, source: str, i: int) -> str:
             fields.append(field)
     except ValueError as e:
         raise JobsUsageError(f"--target '{pattern}': {e} ({{{{ and }}}} for literal braces)") from None
-    p = Path(source.rstrip("/" + os.sep) or source)
-    values: dict[str, Any] = {"stem": p.stem, "name": p.name, "parent": p.absolute().parent.name, "i": i}
+    if _is_url(source):  # from the URL's path: s3://bucket/runs/a/last.pt has parent a (bucket at the top)
+        from pathlib import PurePosixPath
+
+        from .remote import url_of
+
+        u: PurePath = PurePosixPath("/" + url_of(source).split("://", 1)[1].split("?", 1)[0].rstrip("/"))
+        parent = u.parent.name
+    else:
+        p = Path(source.rstrip("/" + os.sep) or source)
+        u, parent = PurePath(p), p.absolute().parent.name
+    values: dict[str, Any] = {"stem": u.stem, "name": u.name, "parent": parent, "i": i}
     try:
         return pattern.format(**values)
     except (ValueError, TypeError) as e:
@@ -117,7 +167,7 @@ def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:
         pairs = [(r, {k: v for k in ("source", "target") if (v := getattr(args, k, None))}) for r in args.recipes]
     return [{"recipe": os.path.abspath(recipe), "label": recipe, "given": given,
-             **{k: os.path.abspath(os.path.expanduser(v)) for k, v in given.items()}, **options}
+             **{k: _where(v) for k, v in given.items()}, **options}
             for recipe, given in pairs]
 
 
@@ -154,14 +204,17 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
     except (RecipeError, MigratorError):
         return None
     recipe = loaded.recipe
-    target = Path(spec["target"]) if spec.get("target") else loaded.target_path
+    def resolve(p: Any) -> str:  # a URL as written, a local path from the recipe's folder
+        return str(p) if _is_url(p) else str(loaded.resolve(p))
+
+    target: Any = spec["target"] if spec.get("target") else resolve(recipe.target.path)
     if recipe.target.shard is None and not str(target).endswith("/"):
         with suppress(MigratorError):
-            target = Path(writer_class(target_format(target, recipe.target.format)).resolve_path(target))
-    sources = [spec["source"]] if spec.get("source") else [str(p) for p in loaded.source_paths]
+            target = writer_class(target_format(target, recipe.target.format)).resolve_path(target)
+    sources = [spec["source"]] if spec.get("source") else [resolve(s.path) for s in recipe.inputs()]
     if recipe.target.template:
-        sources.append(str(loaded.resolve(recipe.target.template)))
-    return os.path.realpath(target), [os.path.realpath(s) for s in sources]
+        sources.append(resolve(recipe.target.template))
+    return _where(str(target), real=True), [_where(s, real=True) for s in sources]
 
 
 def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
@@ -277,14 +330,17 @@ def run_many(args: argparse.Namespace) -> int:
             check_target(report_path, overwrite=bool(args.overwrite))
     except MigratorError as e:
         return _usage_error(e, args)
-    executor = getattr(args, "executor", None) or "local"
+    try:
+        executor, address = jobs_executor(args, specs)
+    except MigratorError as e:
+        return _usage_error(e, args)
     jobs = args.jobs or available_cpus()
     results: dict[int, dict[str, Any]] = {}
     n = len(specs)
     if executor == "ray":
         from .ray_executor import run_jobs
 
-        stream: Iterator[dict[str, Any]] = run_jobs(specs, args.ray_address)
+        stream: Iterator[dict[str, Any]] = run_jobs(specs, address)
     elif jobs == 1 or n == 1:
         stream = _serial(specs, args)
     else:
@@ -386,14 +442,19 @@ def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | No
     workers = getattr(args, "workers", None) or (getattr(args, "jobs", None) if not is_many_ns(args) else None)
     if not can_split(plan.writer):
         return None
-    if getattr(args, "executor", None) == "ray":
+    if _is_url(plan.target_path):  # one job to a store: the driver uploads it (parts already in flight)
+        if executor_for(args, loaded.recipe)[0] == "ray" or (workers and workers > 1):
+            plan.notes.append(URL_TARGET_SERIAL)
+        return None
+    executor, address = executor_for(args, loaded.recipe)
+    if executor == "ray":
         from .ray_executor import RayRunner
 
         spec = {"recipe": str(loaded.path.absolute()), **{k: getattr(args, k, None) for k in _OPTIONS}}
         for k in ("source", "target"):
             v = getattr(args, k, None)
-            spec[k] = os.path.abspath(os.path.expanduser(v)) if v else None
-        return RayRunner(spec, workers, args.ray_address)
+            spec[k] = _where(v) if v else None
+        return RayRunner(spec, workers, address)
     if workers and workers > 1:
         return LocalRunner(workers)
     return None
@@ -402,3 +463,40 @@ def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | No
 def is_many_ns(args: argparse.Namespace) -> bool:
     recipes = getattr(args, "recipes", None)
     return recipes is None or is_many(args)
+
+
+def executor_for(args: argparse.Namespace, recipe: Any) -> tuple[str, str | None]:
+    """(executor, Ray address) of one run: `--executor`/`--ray-address` when given, else the recipe's
+    `executor:`, else this machine."""
+    spec = getattr(recipe, "executor", None)
+    ray = spec.ray if spec is not None else None
+    given = getattr(args, "executor", None)
+    executor = given or ("ray" if ray is not None else "local")
+    address = getattr(args, "ray_address", None) or (ray.address if ray is not None and executor == "ray" else None)
+    return executor, address
+
+
+def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """Where several jobs run: `--executor` when given, else their recipes' common `executor:` (one
+    dispatcher runs them all, so recipes that disagree need the flag)."""
+    if getattr(args, "executor", None):
+        return executor_for(args, None)
+    from .recipe_loader import RecipeError, load_recipe
+
+    seen: dict[tuple[str, str | None], str] = {}
+    for spec in specs:
+        try:
+            recipe = load_recipe(spec["recipe"]).recipe
+        except (RecipeError, MigratorError):
+            continue  # that job fails on its own
+        seen.setdefault(executor_for(args, recipe), spec["label"])
+    if len(seen) > 1:
+        (a, first), (b, second) = list(seen.items())[:2]
+        raise JobsUsageError(f"the recipes ask for different executors ({first}: {_spell(a)}, {second}: "
+                             f"{_spell(b)}): give --executor (and --ray-address) for the run")
+    return next(iter(seen), ("local", None))
+
+
+def _spell(executor: tuple[str, str | None]) -> str:
+    name, address = executor
+    return name + (f" at {address}" if address else "")

@@ -467,6 +467,17 @@ class TargetSpec(_Strict):
         return [(c, False) if isinstance(c, str) else (c.path, c.optional) for c in self.copy_]
 
 
+class RaySpec(_Strict):
+    address: str | None = Field(
+        None, description="The Ray cluster to join: an address, or auto (a running local head); default: "
+                          "$RAY_ADDRESS, else a local Ray started for the run.")
+
+
+class ExecutorSpec(_Strict):
+    ray: RaySpec | None = Field(None, description="Run the jobs and write tasks as Ray tasks (pip install "
+                                                  "'migrator[ray]').")
+
+
 class Recipe(_Strict):
     """A migration, version 1."""
 
@@ -494,6 +505,9 @@ class Recipe(_Strict):
     target: TargetSpec = Field(description="The file (or folder of shards) to write.")
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")
     validate_shapes: bool = Field(True, alias="validate", description="Shape mismatches are errors.")
+    executor: ExecutorSpec | None = Field(
+        None, description="Where the run's jobs and write tasks run when the command line does not say "
+                          "(--executor and --ray-address win): {ray: {address: auto}}. Default: this machine.")
 
     @model_validator(mode="after")
     def _one_source_key(self) -> Recipe:

@@ -159,6 +159,9 @@ target:
       optional: true
 allow_partial: false
 validate: true
+executor:
+  ray:
+    address: auto
 """
 
 # BASE with `sources:` (a list) in place of `source:`, each entry using every field of its own

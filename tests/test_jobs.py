@@ -171,3 +171,27 @@ def test_the_default_jobs_are_the_cpus_this_process_may_use() -> None:
 
     want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert available_cpus() == want
+
+
+def test_jobs_executor_comes_from_the_flag_else_the_recipes_which_must_agree(tmp_path: Path) -> None:
+    import argparse
+
+    from migrator.jobs import JobsUsageError, jobs_executor
+
+    base = "version: 1\nsource: {path: w.safetensors}\ntarget: {path: %s}\n"
+    (tmp_path / "ray.yaml").write_text(base % "a.bpk" + "executor: {ray: {address: 'head:6379'}}\n")
+    (tmp_path / "ray2.yaml").write_text(base % "b.bpk" + "executor: {ray: {address: 'head:6379'}}\n")
+    (tmp_path / "here.yaml").write_text(base % "c.bpk")
+
+    def specs(*names: str) -> list[dict[str, str]]:
+        return [{"recipe": str(tmp_path / n), "label": n} for n in names]
+
+    flags = argparse.Namespace(executor=None, ray_address=None)
+    assert jobs_executor(flags, specs("ray.yaml", "ray2.yaml")) == ("ray", "head:6379")
+    assert jobs_executor(flags, specs("here.yaml")) == ("local", None)
+    with pytest.raises(JobsUsageError, match=r"ray.yaml: ray at head:6379, here.yaml: local\): give --executor"):
+        jobs_executor(flags, specs("ray.yaml", "here.yaml"))
+    assert jobs_executor(argparse.Namespace(executor="local", ray_address=None),
+                         specs("ray.yaml", "here.yaml")) == ("local", None)
+    assert jobs_executor(argparse.Namespace(executor=None, ray_address="other:1"),
+                         specs("ray.yaml", "ray2.yaml")) == ("ray", "other:1")

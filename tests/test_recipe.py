@@ -34,7 +34,7 @@ USE_FLOAT = "use one of F64, F32, Flex32, F16, BF16"
 TARGET_KEYS = ("path, format, template, template_format, storage_options, template_storage_options, overwrite, fsync, "
                "metadata, clear_metadata, scalars, shard, copy")
 TOP_KEYS = ("version, description, source, sources, remap, filter, modules, ops, adapters, dtype, target, "
-            "allow_partial, validate")
+            "allow_partial, validate, executor")
 
 
 def write(folder: Path, text: str, name: str = "recipe.yaml") -> Path:

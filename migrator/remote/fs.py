@@ -101,6 +101,10 @@ def tuning() -> Tuning:
 
 
 _FS_CACHE: dict[tuple[str, str], Any] = {}
+# a forked worker (`run --jobs N`) must not reuse its parent's clients: their sessions belong to the
+# parent's event loop thread, which the child does not have (fsspec resets its own loop after fork)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_FS_CACHE.clear)
 
 
 def filesystem(url: str) -> tuple[Any, str]:

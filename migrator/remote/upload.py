@@ -4,8 +4,8 @@
 block ends without an error, complete:
 
 - S3 (`s3://`): a multipart upload streamed part by part (`Tuning.part_size`, raised for outputs
-  over 10,000 parts; `Tuning.upload_concurrency` parts in flight, so memory is about twice parts in
-  flight x part size: the part, and what the HTTP stack buffers of it). The object appears only with
+  over 10,000 parts; `Tuning.upload_concurrency` parts in flight, each sent from the buffer it was
+  filled in, so memory is at most (parts in flight + 1) x part size). The object appears only with
   CompleteMultipartUpload; any error or interrupt (KeyboardInterrupt included) aborts the upload, so
   no part is left stored. An output smaller than one part is one PutObject, atomic by itself.
   Without `overwrite` the publishing request carries `If-None-Match: *`, so a concurrent writer
@@ -136,8 +136,60 @@ class _Sink(io.RawIOBase):
         raise NotImplementedError
 
 
+class _PartBody(io.RawIOBase):
+    """A part's bytes as a seekable reader over the upload's own buffer, so nothing copies the part.
+
+    A `bytes` body would be wrapped by botocore in a `BytesIO` whose buffer aiohttp takes
+    (`getbuffer()`), which unshares it: a second full copy of every part in flight. A plain reader is
+    streamed by aiohttp chunk by chunk instead, and botocore computes its checksum the same way.
+    """
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        data = bytes(self._view[self._pos:end]) if end > self._pos else b""
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+
 class S3Upload(_Sink):
-    """A multipart upload fed by sequential writes (see the module docstring)."""
+    """A multipart upload fed by sequential writes (see the module docstring).
+
+    Parts are filled in place in a pool of at most `upload_concurrency + 1` part-sized buffers: one
+    being filled, the others in flight. A buffer is reused only after its part was sent, so memory
+    is bounded by (parts in flight + 1) x part size, and no part is copied on its way to the socket.
+    """
 
     def __init__(self, url: str, overwrite: bool, tune: Tuning, expected_size: int | None = None) -> None:
         super().__init__(url)
@@ -148,60 +200,78 @@ class S3Upload(_Sink):
         # S3 takes at most 10,000 parts: a larger output gets larger parts (whole MiB)
         need = -(-(expected_size or 0) // MAX_PARTS)
         self.part_size = max(tune.part_size, -(-need // (1 << 20)) << 20)
-        self._buf = bytearray()
+        self._inflight = max(1, tune.upload_concurrency)
+        self._free: list[bytearray] = []
+        self._cur: bytearray | None = None
+        self._fill = 0
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
-        self._pending: deque[Future[dict[str, Any]]] = deque()
+        self._pending: deque[tuple[Future[dict[str, Any]], bytearray]] = deque()
         self._pool: ThreadPoolExecutor | None = None
         self._done = False
 
-    def _call(self, method: str, **kwargs: Any) -> Any:
-        return with_retries(lambda: self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs),
-                            self.url, method.replace("_", " "), self.tune)
+    def _call(self, method: str, body: memoryview | None = None, **kwargs: Any) -> Any:
+        def attempt() -> Any:  # a fresh reader per attempt: a failed one may have consumed its body
+            extra = {} if body is None else {"Body": _PartBody(body)}
+            return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **extra, **kwargs)
+
+        return with_retries(attempt, self.url, method.replace("_", " "), self.tune)
 
     def write(self, b: Any) -> int:
-        n = len(b) if not isinstance(b, memoryview) else b.nbytes
-        self._buf += b
+        view = memoryview(b).cast("B")
+        n = len(view)
         self.position += n
         size = self.part_size
-        while len(self._buf) >= size:
-            if len(self._buf) == size:
-                part = bytes(self._buf)
-                self._buf = bytearray()
-            else:
-                part = bytes(memoryview(self._buf)[:size])
-                del self._buf[:size]
-            self._send(part)
+        while len(view):
+            if self._cur is None:
+                self._cur = self._free.pop() if self._free else bytearray(size)
+            take = min(size - self._fill, len(view))
+            self._cur[self._fill:self._fill + take] = view[:take]
+            self._fill += take
+            view = view[take:]
+            if self._fill == size:
+                self._send_current()
         return n
 
-    def _send(self, part: bytes) -> None:
+    def _send_current(self) -> None:
+        buf, filled = self._cur, self._fill
+        assert buf is not None
+        self._cur, self._fill = None, 0
         if self._upload_id is None:
             self._upload_id = self._call("create_multipart_upload")["UploadId"]
-            self._pool = ThreadPoolExecutor(self.tune.upload_concurrency, thread_name_prefix="migrator-put")
+            self._pool = ThreadPoolExecutor(self._inflight, thread_name_prefix="migrator-put")
         assert self._pool is not None
-        while len(self._pending) >= self.tune.upload_concurrency:
-            self._parts.append(self._pending.popleft().result())
+        while len(self._pending) >= self._inflight:
+            self._collect()
         number = len(self._parts) + len(self._pending) + 1
-        self._pending.append(self._pool.submit(self._upload_part, number, part))
+        future = self._pool.submit(self._upload_part, number, memoryview(buf)[:filled])
+        self._pending.append((future, buf))
 
-    def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
-        out = self._call("upload_part", UploadId=self._upload_id, PartNumber=number, Body=data)
+    def _collect(self) -> None:
+        """Wait for the oldest part in flight; its buffer becomes free for the next part."""
+        future, buf = self._pending.popleft()
+        self._parts.append(future.result())
+        self._free.append(buf)
+
+    def _upload_part(self, number: int, data: memoryview) -> dict[str, Any]:
+        out = self._call("upload_part", data, UploadId=self._upload_id, PartNumber=number)
         return {"PartNumber": number, "ETag": out["ETag"]}
 
     def publish(self) -> None:
-        cond = {} if self.overwrite else {"IfNoneMatch": "*"}  # a failed condition: TargetExistsError
+        cond: dict[str, Any] = {} if self.overwrite else {"IfNoneMatch": "*"}  # failed: TargetExistsError
         if self._upload_id is None:  # smaller than one part: one request
-            self._call("put_object", Body=bytes(self._buf), **cond)
+            data = memoryview(self._cur or b"")[:self._fill]
+            self._call("put_object", data, **cond)
         else:
-            if self._buf:
-                self._send(bytes(self._buf))
-            self._buf = bytearray()
+            if self._fill:
+                self._send_current()
             while self._pending:
-                self._parts.append(self._pending.popleft().result())
+                self._collect()
             self._call("complete_multipart_upload", UploadId=self._upload_id,
                        MultipartUpload={"Parts": self._parts}, **cond)
         self._done = True
         self._shutdown()
+        self._cur, self._free = None, []
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(self.fs.split_path(self.fs._strip_protocol(self.url))[0])
 
@@ -215,7 +285,7 @@ class S3Upload(_Sink):
         if self._done:
             return
         self._done = True
-        for f in self._pending:
+        for f, _ in self._pending:
             f.cancel()
         self._shutdown()  # the parts already being sent finish (or fail) before the abort
         self._pending.clear()
