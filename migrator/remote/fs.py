@@ -107,6 +107,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_FS_CACHE.clear)
 
 
+_ENVIRONMENT_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "HF_", "FSSPEC_")
+
+
+def _environment_key() -> str:
+    """The variables a store client reads its endpoint, region and credentials from: a client made
+    under other values (a changed AWS_ENDPOINT_URL, another profile) is not reused."""
+    return repr(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT_PREFIXES)))
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec filesystem for `url` (with its registered options) and the path in it."""
     proto = protocol(url)
@@ -117,12 +126,13 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise MissingExtraError(f"{proto}:// URLs need fsspec: pip install 'migrator[{extra or 'remote'}]'",
                                 file=redact(url)) from None
     options = options_for(url)
-    key = (proto, repr(sorted(options.items())))
+    key = (proto, repr(sorted(options.items())) + _environment_key())
     fs = _FS_CACHE.get(key)
     if fs is None:
         try:
             cls = fsspec.get_filesystem_class(proto)
-            fs = cls(**options)
+            # fsspec's own instance cache ignores the environment: ours is keyed by it
+            fs = cls(**options, skip_instance_cache=True)
         except ImportError:
             pkg = PACKAGES.get(extra or "", f"the fsspec package for {proto}://")
             hint = f"pip install 'migrator[{extra}]'" if extra else "install the fsspec implementation for it"
