@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -113,3 +114,17 @@ class HttpServer:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
+
+
+def moto_endpoint() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 (a free port) for a module: yields its endpoint URL.
+    Wrapped as a module-scoped fixture by the test files that use it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()

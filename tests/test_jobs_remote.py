@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ pytest.importorskip("s3fs")
 boto3 = pytest.importorskip("boto3")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
+import remote_servers  # noqa: E402
+
 from migrator.jobs import target_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,15 +30,7 @@ CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AW
          "MIGRATOR_REMOTE_BACKOFF": "0"}
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+endpoint = pytest.fixture(scope="module")(remote_servers.moto_endpoint)
 
 
 _buckets = iter(range(1_000_000))

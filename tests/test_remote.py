@@ -25,6 +25,7 @@ pytest.importorskip("s3fs")
 boto3 = pytest.importorskip("boto3")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
+import remote_servers  # noqa: E402
 from remote_servers import Behaviour, HttpServer  # noqa: E402
 
 from migrator import dtypes  # noqa: E402
@@ -35,15 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 PART = 5 << 20  # S3's smallest part
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+moto_endpoint = pytest.fixture(scope="module")(remote_servers.moto_endpoint)
 
 
 _buckets = iter(range(1_000_000))

@@ -14,11 +14,11 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import remote_servers
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
@@ -60,15 +60,7 @@ sys.exit(code)
 """
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+endpoint = pytest.fixture(scope="module")(remote_servers.moto_endpoint)
 
 
 def upload_in_child(endpoint: str, url: str, total: int) -> tuple[str, int]:
