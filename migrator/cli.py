@@ -255,7 +255,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "diff":
             from .diff_cli import run as diff
 
-            return diff(args, commands["diff"], _remap_problem)
+            return diff(args, commands["diff"], check_remap_options)
         if args.command in ("run", "plan", "validate", "schema"):
             recipes = getattr(args, "recipes", None) or []
             if len(recipes) > 1 and (getattr(args, "source", None) or getattr(args, "target", None)):
@@ -423,6 +423,16 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
                     [(p["key"] or "(root)", p["class"]) for p in placeholders], wrap_cols=(0, 1))
 
 
+def check_remap_options(items: list[str], parser: argparse.ArgumentParser) -> None:
+    """`--remap REGEX=REPLACEMENT` values (convert, diff): a usage error for any a recipe would refuse."""
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            parser.error(f"--remap expects REGEX=REPLACEMENT, got {item!r}")
+        problem = _remap_problem(*item.split("=", 1))
+        if problem:
+            parser.error(f"--remap '{item}': {problem}")
+
+
 def _remap_problem(pattern: str, replacement: str) -> str | None:
     """What a recipe would refuse in this remap (bad regex or replacement, a group that does not exist)."""
     from .naming import NamingError, RemapRule
@@ -510,12 +520,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if not sep or not key:
             parser.error(f"--metadata expects KEY=VALUE, got {item!r}")
         extra[key] = value
-    for item in args.remap:
-        if "=" not in item or item.startswith("="):
-            parser.error(f"--remap expects REGEX=REPLACEMENT, got {item!r}")
-        problem = _remap_problem(*item.split("=", 1))
-        if problem:
-            parser.error(f"--remap '{item}': {problem}")
+    check_remap_options(args.remap, parser)
     if args.recipe_output and not args.emit_recipe:
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)

@@ -57,15 +57,11 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
-        remap_problem: Callable[[str, str], str | None]) -> int:
+        check_remaps: Callable[[list[str], argparse.ArgumentParser], None]) -> int:
+    """`check_remaps`: cli.check_remap_options, passed in because cli imports this module."""
     from .formats.sharded_writer import parse_size
 
-    for item in args.remap:
-        if "=" not in item or item.startswith("="):
-            parser.error(f"--remap expects REGEX=REPLACEMENT, got {item!r}")
-        problem = remap_problem(*item.split("=", 1))
-        if problem:
-            parser.error(f"--remap '{item}': {problem}")
+    check_remaps(args.remap, parser)
     options = dict(remaps=args.remap, includes=args.include, excludes=args.exclude, adapters=args.adapter,
                    dtype=args.dtype, modules=args.modules, contiguous_indices=args.contiguous_indices)
     if args.recipe and any(v not in (None, []) for v in options.values()):

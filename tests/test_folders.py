@@ -14,6 +14,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
+from model_support import tiny_bert  # noqa: E402
+
 from migrator.errors import FormatError, ReaderClosedError  # noqa: E402
 from migrator.formats import open_file, save  # noqa: E402
 from migrator.formats.sharded import OPEN_SHARDS  # noqa: E402
@@ -21,11 +23,6 @@ from migrator.formats.sharded import OPEN_SHARDS  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
-def tiny_bert() -> object:
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=37, max_position_embeddings=64)
-    return transformers.BertModel(cfg).eval()
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
+from model_support import tiny_bert  # noqa: E402
+
 from migrator.errors import OutputError, PlanError, TargetExistsError  # noqa: E402
 from migrator.formats import open_file  # noqa: E402
 from migrator.formats.sharded_writer import ShardedWriter, parse_size, split_shards  # noqa: E402
@@ -92,11 +94,6 @@ def test_split_equals_huggingface_hub(seed: int, limit: int | str) -> None:
         assert writer.index is None
 
 
-def tiny_bert() -> object:
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=37, max_position_embeddings=64)
-    return transformers.BertModel(cfg).eval()
 
 
 @pytest.fixture(scope="module")

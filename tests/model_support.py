@@ -1,0 +1,14 @@
+"""Small real models built with transformers, shared by the tests that need the same one."""
+
+from __future__ import annotations
+
+
+def tiny_bert() -> object:
+    """A 2-layer BERT with odd sizes (intermediate 37), seeded: the same weights in every test."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=37, max_position_embeddings=64)
+    return transformers.BertModel(cfg).eval()
