@@ -19,8 +19,11 @@ retried: it is the run's error, naming the task.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
-from collections.abc import Iterator, Sequence
+import socket
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +36,43 @@ if TYPE_CHECKING:
     from .formats.sharded_writer import ShardedWriter
 
 TASK_RETRIES = 3
+CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for a TCP answer at a `host:port` Ray address before giving up on it."""
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a `host:port`, `[v6]:port` or `ray://host:port` address; None for `auto`,
+    `local` and anything else Ray resolves itself."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in rest:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, node_ip: Callable[[], str]) -> None:
+    """Refuse a `host:port` address where nothing accepts a connection within CONNECT_TIMEOUT.
+
+    Without this, `ray.init` keeps retrying a wrong address for minutes, printing warnings. Ray
+    connects to a loopback host through this node's address (`node_ip`), so both are tried: the
+    address is refused only when neither answers."""
+    parsed = _host_port(address)
+    if parsed is None:
+        return
+    host, port = parsed
+    hosts = [host]
+    with contextlib.suppress(OSError):
+        if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+            hosts.append(node_ip())
+    why = ""
+    for h in hosts:
+        try:
+            socket.create_connection((h, port), timeout=CONNECT_TIMEOUT).close()
+            return
+        except OSError as e:
+            why = e.strerror or type(e).__name__
+    raise MigratorError(f"cannot join Ray at {address}: nothing answers there ({why}); start a head there "
+                        "(`ray start --head`), or give --ray-address auto to find a local one")
 
 
 def ray_module(address: str | None = None) -> Any:
@@ -44,6 +84,8 @@ def ray_module(address: str | None = None) -> Any:
         raise MigratorError("--executor ray needs Ray: pip install 'migrator[ray]'") from None
     if not ray.is_initialized():
         where = address or os.environ.get("RAY_ADDRESS") or None
+        if where:
+            check_reachable(where, ray.util.get_node_ip_address)
         try:
             ray.init(address=where, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except Exception as e:  # no cluster there, a version mismatch...: the user's setting, said plainly

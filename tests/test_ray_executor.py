@@ -3,8 +3,12 @@ bytes as a serial run, a failed task publishes nothing, a killed worker's task i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,3 +112,50 @@ def test_a_killed_worker_is_retried_and_the_output_is_whole(local_ray: None,
     assert _run(folder, "file.yaml", "--target", "serial.bpk") == 0
     assert (folder / "ray.bpk").read_bytes() == (folder / "serial.bpk").read_bytes()
     capsys.readouterr()
+
+
+@contextlib.contextmanager
+def _held_port() -> Iterator[int]:
+    """A port bound on every interface but not listening: a connection to it is refused, and no other
+    program can listen on it while the test runs."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        yield s.getsockname()[1]
+
+
+def test_an_address_where_nothing_answers_is_refused_at_once(tmp_path: Path) -> None:
+    """A wrong --ray-address fails with a clear error instead of Ray retrying it for minutes (80 s and
+    more here: the run is given 60)."""
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros((2, 2), np.float32)}, str(tmp_path / "ckpt.safetensors"))
+    (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: ckpt.safetensors}\ntarget: {path: out.bpk}\n")
+    with _held_port() as port:
+        p = subprocess.run([sys.executable, "-m", "migrator.cli", "run", "r.yaml", "--no-progress", "--executor", "ray",
+                            "--ray-address", f"127.0.0.1:{port}"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 1, p.stderr
+    assert f"cannot join Ray at 127.0.0.1:{port}: nothing answers there (Connection refused)" in p.stderr
+    assert "ray start --head" in p.stderr
+    assert not (tmp_path / "out.bpk").exists()
+
+
+def test_a_loopback_address_is_also_tried_at_the_node_address() -> None:
+    """Ray reaches a loopback host through the node's own address, so an answer there is enough; an
+    address answering nowhere is refused, and `auto`, `local` and other forms are left to Ray."""
+    from migrator.errors import MigratorError
+    from migrator.ray_executor import check_reachable
+
+    with socket.socket() as listener, _held_port() as closed:
+        listener.bind(("127.0.0.2", 0))  # the node address of this test: another loopback address
+        listener.listen()
+        port = listener.getsockname()[1]
+        check_reachable(f"127.0.0.2:{port}", lambda: "127.0.0.9")  # answers at the address itself
+        check_reachable(f"127.0.0.1:{port}", lambda: "127.0.0.2")  # answers only at the node address
+        check_reachable(f"ray://127.0.0.1:{port}", lambda: "127.0.0.2")
+        with pytest.raises(MigratorError, match=f"cannot join Ray at 127.0.0.1:{port}: nothing answers"):
+            check_reachable(f"127.0.0.1:{port}", lambda: "127.0.0.3")
+        with pytest.raises(MigratorError, match="nothing answers"):
+            check_reachable(f"localhost:{closed}", lambda: "127.0.0.1")
+    for address in ("auto", "local", "ray://head", "head:port"):
+        check_reachable(address, lambda: pytest.fail("not an address to try"))  # type: ignore[arg-type,return-value]
