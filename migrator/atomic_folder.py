@@ -243,11 +243,21 @@ class FolderScratch:
         self.written.append(path)
 
     def copy(self, src: Path, name: str) -> None:
-        """A companion file, byte for byte."""
+        """A companion file, byte for byte: a local one copied by the kernel (and given its
+        permission bits, as `cp` does), an object on a store streamed in."""
+        from .remote import is_url
+
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, path)
-        os.chmod(path, self._mode(name, [src]))
+        if is_url(src):
+            from .remote.sharded import companion, copy_companion
+
+            with companion(src) as (f, size), open(path, "xb") as sink:
+                copy_companion(f, size, sink, src)
+            os.chmod(path, self._mode(name, []))
+        else:
+            shutil.copyfile(src, path)
+            os.chmod(path, self._mode(name, [src]))
         self.written.append(path)
 
 

@@ -535,3 +535,43 @@ def test_workers_with_an_s3_target_upload_it(s3: Any, tmp_path: Path) -> None:
     cli("run", str(recipe), "--workers", "2")
     assert_same(st_numpy.load(get(s3, "w.safetensors")), want)
     assert uploads(s3) == []
+
+
+def test_companion_files_are_copied_from_a_store_folder(s3: Any, tmp_path: Path) -> None:
+    """`--copy` / target.copy with the source folder on S3, into a local folder and into a folder on
+    S3: each companion equal to the bytes put there; a large one is streamed in blocks and parts."""
+    want = model()
+    src = tmp_path / "m.safetensors"
+    src.write_bytes(st_numpy.save(want))
+    cli("convert", str(src), f"s3://{s3.bucket}/hf/", "--max-shard-size", "3MB")
+    rng = np.random.default_rng(7)
+    companions = {"config.json": b'{"model_type": "bert"}\n', "tokenizer.json": b'{"version": "1.0"}',
+                  "tokenizer.model": rng.bytes(12 << 20),  # over one copy block and over one upload part
+                  "sub/special_tokens_map.json": b"{}"}
+    for name, data in companions.items():
+        put(s3, f"hf/{name}", data)
+    copies = ("--copy", "config.json", "--copy", "tokenizer*", "--copy", "sub/*.json")
+    cli("convert", f"s3://{s3.bucket}/hf/", str(tmp_path / "out") + "/", "--max-shard-size", "4MB", *copies)
+    for name, data in companions.items():
+        assert (tmp_path / "out" / name).read_bytes() == data, name
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    got: dict[str, np.ndarray] = {}
+    for shard in set(index["weight_map"].values()):
+        got |= st_numpy.load_file(str(tmp_path / "out" / shard))
+    assert_same(got, want)
+
+    cli("convert", f"s3://{s3.bucket}/hf/", f"s3://{s3.bucket}/hf2/", "--max-shard-size", "4MB", *copies)
+    for name, data in companions.items():
+        assert get(s3, f"hf2/{name}") == data, name
+    assert "hf2/model.safetensors.index.json" in keys(s3) and not uploads(s3)
+
+    (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: 's3://{s3.bucket}/hf/'}}\n"
+                                     "target: {path: out3/, copy: [config.json, vocab.txt]}\n")
+    p = cli("run", str(tmp_path / "r.yaml"), "--no-progress", check=1)
+    assert f"no file in s3://{s3.bucket}/hf matches 'vocab.txt'" in p.stderr
+    assert not (tmp_path / "out3").exists()
+    (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: 's3://{s3.bucket}/hf/'}}\n"
+                                     "target: {path: out3/, copy: [config.json, {path: vocab.txt, optional: true}]}\n")
+    cli("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert (tmp_path / "out3" / "config.json").read_bytes() == companions["config.json"]
+    assert not (tmp_path / "out3" / "vocab.txt").exists()

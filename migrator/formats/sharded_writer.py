@@ -111,22 +111,30 @@ def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: 
     """Companion files to copy: (file, name in the output) per match of each (glob, optional) entry.
 
     Globs are relative to the source's folder and may not leave it; a required entry matching no
-    file, and a match that would replace a written shard or index, are errors.
+    file, and a match that would replace a written shard or index, are errors. A folder on an object
+    store is listed through fsspec, and its matches are `RemotePath`s (their URLs).
     """
+    from ..remote import is_url
+
     out: dict[str, Path] = {}
     for pattern, optional in entries:
         parts = pattern.replace("\\", "/").split("/")
         if os.path.isabs(pattern) or ".." in parts:
             raise PlanError(f"target.copy: '{pattern}' leaves the source folder {folder}")
-        matches = sorted(p for p in globlib.glob(globlib.escape(str(folder)) + "/" + pattern) if os.path.isfile(p))
-        if not matches and not optional:
+        if is_url(folder):
+            from ..remote.sharded import glob_companions
+
+            found = glob_companions(str(folder), pattern)
+        else:
+            found = [(Path(m), os.path.relpath(m, folder))
+                     for m in sorted(globlib.glob(globlib.escape(str(folder)) + "/" + pattern)) if os.path.isfile(m)]
+        if not found and not optional:
             raise PlanError(f"target.copy: no file in {folder} matches '{pattern}' (mark it optional: "
                             f"{{path: '{pattern}', optional: true}} if it may be absent)")
-        for match in matches:
-            rel = os.path.relpath(match, folder)
+        for match, rel in found:
             if rel in reserved:
                 raise PlanError(f"target.copy: '{rel}' would replace a file migrator writes in the output folder")
-            out[rel] = Path(match)
+            out[rel] = match
     return [(p, rel) for rel, p in out.items()]
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -35,7 +36,7 @@ from ..formats.sharded import (
 )
 from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import Scalar
-from . import RemotePath, protocol, redact, url_of
+from . import RemotePath, as_path, is_url, protocol, redact, url_of
 from .fs import StorageError, filesystem, with_retries
 from .source import RemoteSource
 
@@ -55,6 +56,53 @@ def _listing(url: str, missing_ok: bool = False) -> set[str]:
             return set()
         raise
     return {posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") != "directory"}
+
+
+def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
+    """(URL as a `RemotePath`, path relative to `folder`) of each object under the store folder
+    `folder` that `pattern` matches (fsspec's glob), in sorted order; folders are left out."""
+    fs, base = filesystem(folder)
+    base = base.rstrip("/")
+    found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True), folder, "cannot list companion files")
+    out: list[tuple[Path, str]] = []
+    for path, info in sorted(found.items()):
+        if info.get("type") == "directory":
+            continue
+        rel = posixpath.relpath(path.rstrip("/"), base)
+        out.append((as_path(_join(folder, rel)), rel))
+    return out
+
+
+@contextlib.contextmanager
+def companion(src: str | os.PathLike[str]) -> Iterator[tuple[BinaryIO, int]]:
+    """A companion file opened for reading, local or on a store, and its size: copied as a stream,
+    byte for byte, never read whole."""
+    if not is_url(src):
+        with open(src, "rb") as f:
+            yield f, os.fstat(f.fileno()).st_size
+        return
+    url = str(src)
+    fs, path = filesystem(url)
+    size = with_retries(lambda: int(fs.info(path)["size"]), url, "cannot read companion file")
+    f = with_retries(lambda: fs.open(path, "rb"), url, "cannot read companion file")
+    try:
+        yield f, size
+    finally:
+        f.close()
+
+
+def copy_companion(f: BinaryIO, size: int, sink: BinaryIO, src: str | os.PathLike[str]) -> None:
+    """Copy an opened companion file (`companion`) into `sink` in blocks, checked against its size."""
+    done = 0
+    while block := f.read(COPY_BLOCK):
+        sink.write(block)
+        done += len(block)
+    if done != size:
+        raise OutputError(f"companion file changed while it was copied: {done} bytes read, {size} expected",
+                          file=redact(str(src)))
+
+
+COPY_BLOCK = 8 << 20
 
 
 def is_remote_sharded(url: str, info: dict[str, Any] | None) -> bool:
@@ -248,9 +296,9 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
                 shard.write_to(sink)
             names.append(name)
         for src, name in writer.copies:
-            data = Path(src).read_bytes()
-            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=len(data)) as sink:
-                sink.write(data)
+            with companion(src) as (f, size), remote_output(_join(folder, name), overwrite=overwrite,
+                                                             expected_size=size) as sink:
+                copy_companion(f, size, sink, src)
             names.append(name)
     except BaseException:
         # no index will name them: remove the objects this run completed (with overwrite, old
