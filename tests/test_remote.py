@@ -575,3 +575,19 @@ def test_companion_files_are_copied_from_a_store_folder(s3: Any, tmp_path: Path)
     cli("run", str(tmp_path / "r.yaml"), "--no-progress")
     assert (tmp_path / "out3" / "config.json").read_bytes() == companions["config.json"]
     assert not (tmp_path / "out3" / "vocab.txt").exists()
+
+
+def test_companion_files_over_http_by_exact_name(http: HttpServer, tmp_path: Path) -> None:
+    """Plain HTTP cannot list a folder: a companion named exactly is fetched, a wildcard finds nothing."""
+    want = model(big=8)
+    http.store.objects |= {
+        "/hf/model.safetensors": st_numpy.save(want),
+        "/hf/model.safetensors.index.json": json.dumps(
+            {"metadata": {}, "weight_map": dict.fromkeys(want, "model.safetensors")}).encode(),
+        "/hf/config.json": b'{"model_type": "bert"}', "/hf/tokenizer.json": b"{}"}
+    index = http.url + "/hf/model.safetensors.index.json"
+    cli("convert", index, str(tmp_path / "out") + "/", "--copy", "config.json")
+    assert (tmp_path / "out" / "config.json").read_bytes() == b'{"model_type": "bert"}'
+    assert_same(st_numpy.load_file(str(tmp_path / "out" / "model.safetensors")), want)
+    p = cli("convert", index, str(tmp_path / "out2") + "/", "--copy", "tokenizer*", check=1)
+    assert f"no file in {http.url}/hf matches 'tokenizer*'" in p.stderr
