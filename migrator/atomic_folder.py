@@ -250,10 +250,10 @@ class FolderScratch:
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if is_url(src):
-            from .remote.sharded import companion, copy_companion
+            from .remote.sharded import copy_companion
 
-            with companion(src) as (f, size), open(path, "xb") as sink:
-                copy_companion(f, size, sink, src)
+            with open(path, "xb") as sink:
+                copy_companion(src, sink)
             os.chmod(path, self._mode(name, []))
         else:
             shutil.copyfile(src, path)

@@ -277,15 +277,16 @@ def file_digests(reader: Reader, path: Path) -> dict[str, str]:
     """sha256 of every file a source reads: the file itself, or each shard and the index of a
     sharded source (keyed by their path relative to its folder)."""
     from .metadata import sha256_file
+    from .remote import as_path
 
     shards = getattr(reader, "shards", None)
     if shards is None:
         return {path.name: sha256_file(path)}
-    folder = Path(getattr(reader, "folder", path.parent))
+    folder = as_path(getattr(reader, "folder", path.parent))  # a URL stays a URL (Path would drop a '/')
     files = [s.path for s in shards]
     index = getattr(reader, "index_path", None)
     if index is not None:
-        files.insert(0, Path(index))
+        files.insert(0, as_path(index))
     return {os.path.relpath(f, folder): sha256_file(f) for f in files}
 
 

@@ -591,3 +591,24 @@ def test_companion_files_over_http_by_exact_name(http: HttpServer, tmp_path: Pat
     assert_same(st_numpy.load_file(str(tmp_path / "out" / "model.safetensors")), want)
     p = cli("convert", index, str(tmp_path / "out2") + "/", "--copy", "tokenizer*", check=1)
     assert f"no file in {http.url}/hf matches 'tokenizer*'" in p.stderr
+
+
+def test_hash_sources_reads_store_objects(s3: Any, tmp_path: Path) -> None:
+    """--hash-sources over S3: the sha256 of each object read (one file; every shard and the index of
+    a folder), equal to hashlib's over the bytes the store returns."""
+    import hashlib
+
+    want = model()
+    url = put(s3, "one/m.safetensors", st_numpy.save(want))
+    cli("convert", url, f"s3://{s3.bucket}/hf/", "--max-shard-size", "3MB")
+    for source, out in ((url, "one.safetensors"), (f"s3://{s3.bucket}/hf/", "many.safetensors")):
+        (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: '{source}'}}\ntarget: {{path: {out}}}\n")
+        cli("run", str(tmp_path / "r.yaml"), "--hash-sources", "--no-progress")
+        meta = st_numpy.safe_open(str(tmp_path / out), "np").metadata()
+        if out == "one.safetensors":
+            assert meta["migrator.source_sha256"] == hashlib.sha256(get(s3, "one/m.safetensors")).hexdigest()
+        else:
+            files = [k for k in keys(s3) if k.startswith("hf/")]
+            assert len(files) > 2
+            assert json.loads(meta["migrator.source_files_sha256"]) == {
+                k[3:]: hashlib.sha256(get(s3, k)).hexdigest() for k in files}

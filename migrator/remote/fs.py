@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -235,3 +235,41 @@ def check_length(data: bytes, want: int, offset: int) -> bytes:
 
 def not_found(url: str) -> FormatError:
     return FormatError("no such object", file=redact(url))
+
+
+STREAM_BLOCK = 8 << 20
+
+
+def stream_size(src: str | os.PathLike[str]) -> int:
+    """The size of a local file or of a store object (`stream_blocks` checks it is what it reads)."""
+    from . import is_url
+
+    if not is_url(src):
+        return os.stat(src).st_size
+    url = str(src)
+    fs, path = filesystem(url)
+    return with_retries(lambda: int(fs.info(path)["size"]), url, "cannot open")
+
+
+def stream_blocks(src: str | os.PathLike[str], what: str = "file") -> Iterator[bytes]:
+    """A local file or a store object, read front to back in STREAM_BLOCK blocks (a store object
+    through fsspec, uncached, so at most one block is held); the bytes are checked to add up to the
+    size it had when opened, so an object changed or cut meanwhile is an error, not a short copy."""
+    from . import is_url
+
+    size = stream_size(src)
+    if is_url(src):
+        url = str(src)
+        fs, path = filesystem(url)
+        f = with_retries(lambda: fs.open(path, "rb", block_size=STREAM_BLOCK, cache_type="none"), url, "cannot open")
+    else:
+        f = open(src, "rb")  # noqa: SIM115  # closed below, after the generator's last block
+    done = 0
+    try:
+        while block := f.read(STREAM_BLOCK):
+            done += len(block)
+            yield block
+    finally:
+        f.close()
+    if done != size:
+        raise FormatError(f"{what} changed while it was read: {done} bytes, {size} expected", file=redact(str(src)))

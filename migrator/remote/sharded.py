@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import posixpath
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,8 +36,8 @@ from ..formats.sharded import (
 )
 from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import Scalar
-from . import RemotePath, as_path, is_url, protocol, redact, url_of
-from .fs import StorageError, filesystem, with_retries
+from . import RemotePath, as_path, protocol, redact, url_of
+from .fs import StorageError, filesystem, stream_blocks, stream_size, with_retries
 from .source import RemoteSource
 
 
@@ -73,36 +73,11 @@ def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
     return out
 
 
-@contextlib.contextmanager
-def companion(src: str | os.PathLike[str]) -> Iterator[tuple[BinaryIO, int]]:
-    """A companion file opened for reading, local or on a store, and its size: copied as a stream,
-    byte for byte, never read whole."""
-    if not is_url(src):
-        with open(src, "rb") as f:
-            yield f, os.fstat(f.fileno()).st_size
-        return
-    url = str(src)
-    fs, path = filesystem(url)
-    size = with_retries(lambda: int(fs.info(path)["size"]), url, "cannot read companion file")
-    f = with_retries(lambda: fs.open(path, "rb"), url, "cannot read companion file")
-    try:
-        yield f, size
-    finally:
-        f.close()
-
-
-def copy_companion(f: BinaryIO, size: int, sink: BinaryIO, src: str | os.PathLike[str]) -> None:
-    """Copy an opened companion file (`companion`) into `sink` in blocks, checked against its size."""
-    done = 0
-    while block := f.read(COPY_BLOCK):
+def copy_companion(src: str | os.PathLike[str], sink: BinaryIO) -> None:
+    """Copy a companion file, local or on a store, into `sink` (`fs.stream_blocks`: byte for byte,
+    in blocks, checked against its size)."""
+    for block in stream_blocks(src, "companion file"):
         sink.write(block)
-        done += len(block)
-    if done != size:
-        raise OutputError(f"companion file changed while it was copied: {done} bytes read, {size} expected",
-                          file=redact(str(src)))
-
-
-COPY_BLOCK = 8 << 20
 
 
 def is_remote_sharded(url: str, info: dict[str, Any] | None) -> bool:
@@ -296,9 +271,8 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
                 shard.write_to(sink)
             names.append(name)
         for src, name in writer.copies:
-            with companion(src) as (f, size), remote_output(_join(folder, name), overwrite=overwrite,
-                                                             expected_size=size) as sink:
-                copy_companion(f, size, sink, src)
+            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=stream_size(src)) as sink:
+                copy_companion(src, sink)
             names.append(name)
     except BaseException:
         # no index will name them: remove the objects this run completed (with overwrite, old
