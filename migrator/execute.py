@@ -120,10 +120,18 @@ def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractCon
 @contextlib.contextmanager
 def progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
     """Poll the output's file offset from a thread: works for in-kernel copies too, costs nothing.
-    Sizes in IEC units (MiB), as everywhere in migrator; the label is literal text, never markup."""
+    An upload to an object store has no descriptor: its `tell()` (bytes handed to the upload) is
+    polled instead. Sizes in IEC units (MiB), as everywhere in migrator; the label is literal text,
+    never markup."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    fd = sink.fileno()
+    try:
+        fd = sink.fileno()
+
+        def position() -> int:
+            return os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:  # io.UnsupportedOperation: an upload
+        position = sink.tell
     stop = threading.Event()
     done, speed = progress_columns()
     with Progress(TextColumn("{task.description}", markup=False), BarColumn(), done, speed,
@@ -133,7 +141,7 @@ def progress_bar(sink: BinaryIO, total: int) -> Iterator[None]:
         def poll() -> None:
             while not stop.wait(0.1):
                 with contextlib.suppress(OSError):
-                    bar.update(task, completed=os.lseek(fd, 0, os.SEEK_CUR))
+                    bar.update(task, completed=position())
 
         thread = threading.Thread(target=poll, daemon=True)
         thread.start()

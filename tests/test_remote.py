@@ -612,3 +612,31 @@ def test_hash_sources_reads_store_objects(s3: Any, tmp_path: Path) -> None:
             assert len(files) > 2
             assert json.loads(meta["migrator.source_files_sha256"]) == {
                 k[3:]: hashlib.sha256(get(s3, k)).hexdigest() for k in files}
+
+
+def test_uploads_report_progress(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A progress bar follows an upload too: once per object written, over its planned size, and the
+    bar's position (the upload's `tell()`, it has no descriptor) ends at that size."""
+    import migrator.execute
+    from migrator.convert import convert
+
+    src = tmp_path / "m.safetensors"
+    src.write_bytes(st_numpy.save(model()))
+    seen: list[tuple[int, int]] = []
+
+    @contextlib.contextmanager
+    def record(sink: Any, total: int) -> Iterator[None]:
+        yield
+        seen.append((total, sink.tell()))
+
+    real_bar = migrator.execute.progress_bar
+    monkeypatch.setattr(migrator.execute, "progress_bar", record)
+    convert(src, f"s3://{s3.bucket}/one.safetensors", progress=True)
+    assert seen == [(len(get(s3, "one.safetensors")),) * 2]
+    seen.clear()
+    convert(src, f"s3://{s3.bucket}/hf/", max_shard_size="3MB", progress=True)
+    shards = [k for k in keys(s3) if k.startswith("hf/") and k.endswith(".safetensors")]
+    assert len(shards) > 1 and sorted(seen) == sorted((len(get(s3, k)),) * 2 for k in shards)
+    monkeypatch.setattr(migrator.execute, "progress_bar", real_bar)
+    convert(src, f"s3://{s3.bucket}/two.safetensors", progress=True)  # the real bar, polling tell()
+    assert get(s3, "two.safetensors") == get(s3, "one.safetensors")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from operator import attrgetter
 from typing import Any, BinaryIO
 
@@ -172,7 +172,7 @@ def save_planned(
     A `ShardedWriter` writes a folder, published whole (`migrator.atomic_folder`).
     """
     if is_url(path):  # an object store: a multipart upload, or shards published index-last
-        return _save_remote(writer, path, overwrite=overwrite, protect=protect)
+        return _save_remote(writer, path, overwrite=overwrite, protect=protect, progress=progress)
     if getattr(writer, "sharded", False):
         from ..atomic_folder import save_sharded
 
@@ -190,19 +190,20 @@ def save_planned(
     return out
 
 
-def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: bool,
-                 protect: Iterable[Protected]) -> str:
+def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: bool, protect: Iterable[Protected],
+                 progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None) -> str:
     from ..remote import url_of
 
     url = url_of(path)
     if getattr(writer, "sharded", False):
         from ..remote.sharded import save_sharded_remote
 
-        return save_sharded_remote(writer, url, overwrite=overwrite)
+        return save_sharded_remote(writer, url, overwrite=overwrite, progress=progress)
     from ..remote.upload import remote_output
 
     out = url_of(writer.resolve_path(url))
-    with remote_output(out, overwrite=overwrite, expected_size=writer.total_size, protect=protect) as sink:
+    with (remote_output(out, overwrite=overwrite, expected_size=writer.total_size, protect=protect) as sink,
+          progress(sink, writer.total_size) if progress is not None else nullcontext()):
         writer.write_to(sink)
     return out
 

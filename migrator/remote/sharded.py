@@ -267,7 +267,8 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
     names: list[str] = []
     try:
         for name, shard in writer.files:
-            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=shard.total_size) as sink:
+            with (remote_output(_join(folder, name), overwrite=overwrite, expected_size=shard.total_size) as sink,
+                  progress(sink, shard.total_size) if progress is not None else contextlib.nullcontext()):
                 shard.write_to(sink)
             names.append(name)
         for src, name in writer.copies:
