@@ -223,6 +223,26 @@ def test_interrupted_upload_leaves_no_object_and_no_scratch(gcs: Bucket, exc: ty
     assert gcs.keys() == []
 
 
+def test_object_appears_only_when_the_upload_completes(gcs: Bucket) -> None:
+    """Listed while the writer is mid-way (11 of 12 MiB given, several upload chunks sent): no object."""
+    import migrator
+
+    n = 12 << 20
+    seen: list[list[str]] = []
+
+    def chunks() -> Iterator[memoryview]:
+        for _ in range(11):
+            yield memoryview(bytes(1 << 20))
+        seen.append(gcs.keys())
+        yield memoryview(bytes(1 << 20))
+
+    t = LazyTensor("w", dtypes.BY_NAME["U8"], (n,), n, loader=lambda: bytes(n), chunks=chunks)
+    migrator.save([t], gcs.url("x.safetensors"))
+    assert seen == [[]]
+    assert gcs.keys() == ["x.safetensors"]
+    assert st_numpy.load(gcs.get("x.safetensors"))["w"].nbytes == n
+
+
 def test_interrupted_sharded_upload_leaves_nothing(gcs: Bucket) -> None:
     import migrator
 
@@ -238,3 +258,19 @@ def test_hash_sources_of_a_gcs_object(gcs: Bucket, tmp_path: Path) -> None:
     cli("run", str(tmp_path / "r.yaml"), "--hash-sources", "--no-progress")
     meta = st_numpy.safe_open(str(tmp_path / "out.safetensors"), "np").metadata()
     assert meta["migrator.source_sha256"] == hashlib.sha256(gcs.get("one/m.safetensors")).hexdigest()
+
+
+def test_recipe_storage_options_name_the_endpoint(gcs: Bucket, gcs_endpoint: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without STORAGE_EMULATOR_HOST, a recipe's `endpoint_url` points gcsfs at the server."""
+    want = model(big=64)
+    url = gcs.put("in/m.safetensors", st_numpy.save(want))
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    options = f"{{endpoint_url: '{gcs_endpoint}'}}"
+    (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: '{url}', storage_options: {options}}}\n"
+                                     f"target: {{path: '{gcs.url('out/m.bpk')}', storage_options: {options}}}\n")
+    cli("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert gcs.keys() == ["in/m.safetensors", "out/m.bpk"]
+    (tmp_path / "m.bpk").write_bytes(gcs.get("out/m.bpk"))  # the server's download, read locally
+    cli("convert", str(tmp_path / "m.bpk"), str(tmp_path / "back.safetensors"))
+    assert_same(st_numpy.load_file(str(tmp_path / "back.safetensors")), want)
