@@ -252,12 +252,33 @@ def test_interrupted_sharded_upload_leaves_nothing(gcs: Bucket) -> None:
     assert gcs.keys() == []  # no index, the shard that completed removed again, no scratch objects
 
 
-def test_hash_sources_of_a_gcs_object(gcs: Bucket, tmp_path: Path) -> None:
+def test_hash_sources_of_gcs_objects(gcs: Bucket, tmp_path: Path) -> None:
+    """--hash-sources: the sha256 of the object (and of every shard and the index of a folder) equal to
+    hashlib's over the server's own download."""
     url = gcs.put("one/m.safetensors", st_numpy.save(model()))
-    (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: '{url}'}}\ntarget: {{path: out.safetensors}}\n")
-    cli("run", str(tmp_path / "r.yaml"), "--hash-sources", "--no-progress")
-    meta = st_numpy.safe_open(str(tmp_path / "out.safetensors"), "np").metadata()
-    assert meta["migrator.source_sha256"] == hashlib.sha256(gcs.get("one/m.safetensors")).hexdigest()
+    cli("convert", url, gcs.url("hf/"), "--max-shard-size", "3MB")
+    for source, out in ((url, "one.safetensors"), (gcs.url("hf/"), "many.safetensors")):
+        (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: '{source}'}}\ntarget: {{path: {out}}}\n")
+        cli("run", str(tmp_path / "r.yaml"), "--hash-sources", "--no-progress")
+        meta = st_numpy.safe_open(str(tmp_path / out), "np").metadata()
+        if out == "one.safetensors":
+            assert meta["migrator.source_sha256"] == hashlib.sha256(gcs.get("one/m.safetensors")).hexdigest()
+        else:
+            files = [k for k in gcs.keys() if k.startswith("hf/")]
+            assert len(files) > 2
+            assert json.loads(meta["migrator.source_files_sha256"]) == {
+                k[3:]: hashlib.sha256(gcs.get(k)).hexdigest() for k in files}
+
+
+def test_overwriting_a_sharded_folder_leaves_only_the_new_model(gcs: Bucket, tmp_path: Path) -> None:
+    want = model()
+    src = tmp_path / "m.safetensors"
+    src.write_bytes(st_numpy.save(want))
+    cli("convert", str(src), gcs.url("hf/"), "--max-shard-size", "3MB")
+    assert len(gcs.keys()) == 3  # two shards and the index
+    cli("convert", str(src), gcs.url("hf/"), "--max-shard-size", "64MB", "--overwrite")
+    assert gcs.keys() == ["hf/model.safetensors"]  # one file: no index, the old shards and index deleted
+    assert_same(st_numpy.load(gcs.get("hf/model.safetensors")), want)
 
 
 def test_recipe_storage_options_name_the_endpoint(gcs: Bucket, gcs_endpoint: str, tmp_path: Path,
