@@ -66,7 +66,7 @@ class Bucket:
     def get(self, key: str) -> bytes:
         return self._call(f"/storage/v1/b/{self.name}/o/{urllib.parse.quote(key, safe='')}?alt=media")
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
         doc = json.loads(self._call(f"/storage/v1/b/{self.name}/o"))
         return sorted(item["name"] for item in doc.get("items", []))
 
@@ -115,7 +115,7 @@ def test_convert_to_and_from_gcs(gcs: Bucket, tmp_path: Path) -> None:
     src = tmp_path / "m.safetensors"
     src.write_bytes(st_numpy.save(want))
     cli("convert", str(src), gcs.url("up/m.safetensors"))
-    assert gcs.keys() == ["up/m.safetensors"]  # the object, and no scratch object beside it
+    assert gcs.names() == ["up/m.safetensors"]  # the object, and no scratch object beside it
     assert_same(st_numpy.load(gcs.get("up/m.safetensors")), want)
     cli("convert", gcs.url("up/m.safetensors"), str(tmp_path / "down.safetensors"))
     assert_same(st_numpy.load_file(str(tmp_path / "down.safetensors")), want)
@@ -136,7 +136,7 @@ def test_second_write_needs_overwrite(gcs: Bucket, tmp_path: Path) -> None:
     assert_same(st_numpy.load(gcs.get("m.safetensors")), first)
     cli("convert", str(tmp_path / "b.safetensors"), url, "--overwrite")
     assert_same(st_numpy.load(gcs.get("m.safetensors")), second)
-    assert gcs.keys() == ["m.safetensors"]
+    assert gcs.names() == ["m.safetensors"]
 
 
 def test_missing_object_and_missing_bucket(gcs: Bucket, tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_sharded_folder_on_gcs(gcs: Bucket, tmp_path: Path) -> None:
     src.write_bytes(st_numpy.save(want))
     folder = gcs.url("hf/")
     cli("convert", str(src), folder, "--max-shard-size", "3MB")
-    names = gcs.keys()
+    names = gcs.names()
     index = json.loads(gcs.get("hf/model.safetensors.index.json"))
     shards = set(index["weight_map"].values())
     assert len(shards) > 1
@@ -220,7 +220,7 @@ def test_interrupted_upload_leaves_no_object_and_no_scratch(gcs: Bucket, exc: ty
         t = LazyTensor("w", t.dtype, t.shape, t.nbytes, t.loader, chunks=chunks)
     with pytest.raises(exc):
         migrator.save([t], gcs.url("x.safetensors"))
-    assert gcs.keys() == []
+    assert gcs.names() == []
 
 
 def test_object_appears_only_when_the_upload_completes(gcs: Bucket) -> None:
@@ -233,13 +233,13 @@ def test_object_appears_only_when_the_upload_completes(gcs: Bucket) -> None:
     def chunks() -> Iterator[memoryview]:
         for _ in range(11):
             yield memoryview(bytes(1 << 20))
-        seen.append(gcs.keys())
+        seen.append(gcs.names())
         yield memoryview(bytes(1 << 20))
 
     t = LazyTensor("w", dtypes.BY_NAME["U8"], (n,), n, loader=lambda: bytes(n), chunks=chunks)
     migrator.save([t], gcs.url("x.safetensors"))
     assert seen == [[]]
-    assert gcs.keys() == ["x.safetensors"]
+    assert gcs.names() == ["x.safetensors"]
     assert st_numpy.load(gcs.get("x.safetensors"))["w"].nbytes == n
 
 
@@ -249,7 +249,7 @@ def test_interrupted_sharded_upload_leaves_nothing(gcs: Bucket) -> None:
     ok = migrator.from_numpy("a", np.ones(2 << 20, dtype=np.uint8))
     with pytest.raises(Boom):
         migrator.save([ok, failing_tensor(after=6 << 20)], gcs.url("part/"), max_shard_size="3MB")
-    assert gcs.keys() == []  # no index, the shard that completed removed again, no scratch objects
+    assert gcs.names() == []  # no index, the shard that completed removed again, no scratch objects
 
 
 def test_hash_sources_of_gcs_objects(gcs: Bucket, tmp_path: Path) -> None:
@@ -264,7 +264,7 @@ def test_hash_sources_of_gcs_objects(gcs: Bucket, tmp_path: Path) -> None:
         if out == "one.safetensors":
             assert meta["migrator.source_sha256"] == hashlib.sha256(gcs.get("one/m.safetensors")).hexdigest()
         else:
-            files = [k for k in gcs.keys() if k.startswith("hf/")]
+            files = [k for k in gcs.names() if k.startswith("hf/")]
             assert len(files) > 2
             assert json.loads(meta["migrator.source_files_sha256"]) == {
                 k[3:]: hashlib.sha256(gcs.get(k)).hexdigest() for k in files}
@@ -275,9 +275,9 @@ def test_overwriting_a_sharded_folder_leaves_only_the_new_model(gcs: Bucket, tmp
     src = tmp_path / "m.safetensors"
     src.write_bytes(st_numpy.save(want))
     cli("convert", str(src), gcs.url("hf/"), "--max-shard-size", "3MB")
-    assert len(gcs.keys()) == 3  # two shards and the index
+    assert len(gcs.names()) == 3  # two shards and the index
     cli("convert", str(src), gcs.url("hf/"), "--max-shard-size", "64MB", "--overwrite")
-    assert gcs.keys() == ["hf/model.safetensors"]  # one file: no index, the old shards and index deleted
+    assert gcs.names() == ["hf/model.safetensors"]  # one file: no index, the old shards and index deleted
     assert_same(st_numpy.load(gcs.get("hf/model.safetensors")), want)
 
 
@@ -291,7 +291,26 @@ def test_recipe_storage_options_name_the_endpoint(gcs: Bucket, gcs_endpoint: str
     (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: '{url}', storage_options: {options}}}\n"
                                      f"target: {{path: '{gcs.url('out/m.bpk')}', storage_options: {options}}}\n")
     cli("run", str(tmp_path / "r.yaml"), "--no-progress")
-    assert gcs.keys() == ["in/m.safetensors", "out/m.bpk"]
+    assert gcs.names() == ["in/m.safetensors", "out/m.bpk"]
     (tmp_path / "m.bpk").write_bytes(gcs.get("out/m.bpk"))  # the server's download, read locally
     cli("convert", str(tmp_path / "m.bpk"), str(tmp_path / "back.safetensors"))
     assert_same(st_numpy.load_file(str(tmp_path / "back.safetensors")), want)
+
+
+def test_token_anon_is_accepted_and_nothing_secret_is(gcs: Bucket, gcs_endpoint: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`token: anon` (gcsfs's anonymous access: a public bucket, an emulator) is no credential and
+    skips gcsfs's credential search; any other token value is refused as one, and never printed."""
+    want = model(big=8)
+    url = gcs.put("pub/m.safetensors", st_numpy.save(want))
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsource: {{path: '{url}', storage_options: "
+                      f"{{endpoint_url: '{gcs_endpoint}', token: anon}}}}\ntarget: {{path: out.safetensors}}\n")
+    cli("run", str(recipe), "--no-progress")
+    assert_same(st_numpy.load_file(str(tmp_path / "out.safetensors")), want)
+    recipe.write_text(f"version: 1\nsource: {{path: '{url}', storage_options: "
+                      f"{{endpoint_url: '{gcs_endpoint}', token: ya29.s3cr3t}}}}\ntarget: {{path: out2.safetensors}}\n")
+    p = cli("run", str(recipe), "--no-progress", check=2)
+    assert "credential" in p.stderr and "s3cr3t" not in p.stdout + p.stderr
+    assert not (tmp_path / "out2.safetensors").exists()
