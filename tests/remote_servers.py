@@ -145,7 +145,8 @@ GCS_ENVIRONMENT = {
     # address, not loopback) before gcsfs falls back to anonymous access
     "NO_GCE_CHECK": "true",
 }
-"""Set before gcsfs and google.auth are imported: both read these once, at import."""
+"""Set before gcsfs and google.auth are imported: both read these once, at import (the fixture
+copes with either having been imported already)."""
 
 
 def fake_gcs_binary() -> str:
@@ -175,12 +176,16 @@ def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
     its endpoint URL, with `STORAGE_EMULATOR_HOST` pointing gcsfs at it (and `GCS_ENVIRONMENT`) for
     as long as it runs. It publishes no events (no Pub/Sub flags), so it sends nothing anywhere.
     Wrapped as a module-scoped fixture by the test files that use it."""
-    if "gcsfs" in sys.modules:
+    registered: dict[str, Any] = {}
+    if "gcsfs" in sys.modules:  # imported before the variable was set: fsspec gets the plain class
+        import fsspec
         import gcsfs
         import gcsfs.core
 
         if gcsfs.GCSFileSystem is not gcsfs.core.GCSFileSystem:
-            raise RuntimeError("gcsfs was imported before GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set")
+            for proto in ("gs", "gcs"):
+                registered[proto] = fsspec.get_filesystem_class(proto)
+                fsspec.register_implementation(proto, gcsfs.core.GCSFileSystem, clobber=True)
     metadata = sys.modules.get("google.auth.compute_engine._metadata")
     saved = {k: os.environ.get(k) for k in (*GCS_ENVIRONMENT, "STORAGE_EMULATOR_HOST")}
     saved_check = getattr(metadata, "_NO_GCE_CHECK", None)
@@ -224,3 +229,7 @@ def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
                     os.environ[k] = v
             if metadata is not None:
                 metadata._NO_GCE_CHECK = saved_check  # type: ignore[attr-defined]
+            for proto, cls in registered.items():
+                import fsspec
+
+                fsspec.register_implementation(proto, cls, clobber=True)
