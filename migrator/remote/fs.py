@@ -29,6 +29,9 @@ _ALLOWED = frozenset({"endpoint_url", "profile", "region_name", "client_kwargs",
                       "project", "account_name", "location", "s3_additional_kwargs", "revision", "endpoint",
                       "headers", "block_size", "use_listings_cache", "skip_instance_cache", "max_concurrency"})
 """Keys known not to hold secrets, even where a word in them looks like one."""
+_NO_SECRET_VALUES = {"token": frozenset({"anon"})}
+"""Values that name no credential for a key that otherwise holds one: gcsfs's `token: anon` is anonymous
+access (a public bucket, an emulator), and skips its search for credentials."""
 
 
 class StorageError(MigratorError):
@@ -43,6 +46,8 @@ def secret_key(options: Mapping[str, Any], where: str = "") -> str | None:
     """The first key (dotted, nested ones too) that looks like a credential, or None."""
     for k, v in options.items():
         name = f"{where}{k}"
+        if isinstance(k, str) and isinstance(v, str) and v in _NO_SECRET_VALUES.get(k, ()):
+            continue
         if not isinstance(k, str) or (k not in _ALLOWED and _SECRET.search(k)):
             return name
         if isinstance(v, Mapping):

@@ -27,13 +27,15 @@ import io
 import itertools
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
-from ..errors import OutputError, SameFileError, TargetExistsError
+from ..errors import MigratorError, OutputError, SameFileError, TargetExistsError
 from . import READ_ONLY, protocol, redact, url_of
-from .fs import Tuning, describe, filesystem, tuning, with_retries
+from .fs import Tuning, _status, describe, filesystem, storage_error, tuning, with_retries
+
+T = TypeVar("T")
 
 _counter = itertools.count()
 MAX_PARTS = 10_000
@@ -299,32 +301,41 @@ class S3Upload(_Sink):
 
 
 class ScratchObjectUpload(_Sink):
-    """Any other fsspec store: stream into a scratch object, then move it onto the key."""
+    """Any other fsspec store: stream into a scratch object, then move it onto the key.
+
+    Every store request (opening the upload, the parts the client flushes while writing, closing it,
+    the move) that fails is an `OutputError` naming the target, never the client's own exception:
+    a missing bucket, say, surfaces only when the first bytes are flushed."""
 
     def __init__(self, url: str, overwrite: bool) -> None:
         super().__init__(url)
         self.fs, self.path = filesystem(url)
         self.overwrite = overwrite
         self.scratch = f"{self.path}.migrator-{os.getpid()}-{next(_counter)}.tmp"
-        try:
-            self._f = self.fs.open(self.scratch, "wb")
-        except Exception as e:
-            raise OutputError(f"cannot start the upload: {describe(e)}", file=self.label) from None
+        self._f = self._request(lambda: self.fs.open(self.scratch, "wb"), "cannot start the upload")
         self._closed = False
+
+    def _request(self, call: Callable[[], T], what: str, missing: str = "no such bucket") -> T:
+        try:
+            return call()
+        except Exception as e:
+            raise upload_error(e, self.url, what, missing) from None
 
     def write(self, b: Any) -> int:
         n = len(b) if not isinstance(b, memoryview) else b.nbytes
-        self._f.write(b)
+        self._request(lambda: self._f.write(b), "cannot upload")
         self.position += n
         return n
 
     def publish(self) -> None:
-        self._f.close()
+        self._request(self._f.close, "cannot upload")
         self._closed = True
-        if not self.overwrite and self.fs.exists(self.path):  # racy: see the module docstring
+        if not self.overwrite and self._request(lambda: self.fs.exists(self.path), "cannot check the target"):
+            # racy: see the module docstring
             raise TargetExistsError("target was created by someone else while this run wrote it; nothing was "
                                     "replaced", file=self.label)
-        self.fs.mv(self.scratch, self.path)
+        self._request(lambda: self.fs.mv(self.scratch, self.path), "cannot move the upload onto the target",
+                      missing="the uploaded scratch object disappeared")
 
     def abort(self) -> None:
         if not self._closed:
@@ -333,3 +344,13 @@ class ScratchObjectUpload(_Sink):
             self._closed = True
         with contextlib.suppress(Exception):
             self.fs.rm_file(self.scratch)
+
+
+def upload_error(e: BaseException, url: str, what: str, missing: str = "no such bucket") -> MigratorError:
+    """A failed upload request as an error naming the target. A 404 on an upload is `missing` (the
+    bucket, for a new object); a failed condition stays a `TargetExistsError`."""
+    label = redact(url)
+    if isinstance(e, FileNotFoundError) or _status(e) == 404:
+        return OutputError(f"{what}: {missing}", file=label)
+    err = storage_error(e, url, what)
+    return err if isinstance(err, TargetExistsError) else OutputError(err.detail, file=label)
