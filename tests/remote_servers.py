@@ -171,6 +171,47 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _answers_as_gcs(url: str) -> bool:
+    """Whether a GCS JSON API answers at `url` (its bucket list): a plain connection could reach some
+    other program that took the port, so the answer itself is checked."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2) as r:
+            return bool(json.load(r).get("kind") == "storage#buckets")
+    except (OSError, ValueError):
+        return False
+
+
+def _start_fake_gcs(log: Any, deadline: float, attempts: int = 5) -> tuple[subprocess.Popen[bytes], str]:
+    """fake-gcs-server on a free port of 127.0.0.1, accepting connections; its URL. The port is found
+    free before the server binds it, so another program may take it in between: the server then
+    exits at once, and a new port is tried."""
+    for _ in range(attempts):
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        log.seek(0)
+        log.truncate()
+        proc = subprocess.Popen([fake_gcs_binary(), "-host", "127.0.0.1", "-port", str(port), "-scheme", "http",
+                                 "-backend", "memory", "-external-url", url, "-log-level", "error"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        stop = time.monotonic() + deadline
+        while proc.poll() is None:
+            if _answers_as_gcs(url) and proc.poll() is None:
+                return proc, url
+            if time.monotonic() > stop:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"fake-gcs-server did not answer within {deadline} s")
+            time.sleep(0.02)
+        log.seek(0)
+        why = log.read().decode(errors="replace")
+        if "address already in use" not in why:
+            raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}: {why}")
+    raise RuntimeError(f"fake-gcs-server found no free port in {attempts} attempts")
+
+
 def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
     """fake-gcs-server on 127.0.0.1 (a free port, plain HTTP, objects in memory) for a module: yields
     its endpoint URL, with `STORAGE_EMULATOR_HOST` pointing gcsfs at it (and `GCS_ENVIRONMENT`) for
@@ -191,27 +232,10 @@ def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
     saved_check = getattr(metadata, "_NO_GCE_CHECK", None)
     if metadata is not None:
         metadata._NO_GCE_CHECK = True  # type: ignore[attr-defined]
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     # its log goes to a file, not a pipe: a pipe nobody reads could fill and stall the server
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([fake_gcs_binary(), "-host", "127.0.0.1", "-port", str(port), "-scheme", "http",
-                                 "-backend", "memory", "-external-url", url, "-log-level", "error"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        proc, url = _start_fake_gcs(log, deadline)
         try:
-            stop = time.monotonic() + deadline
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}: "
-                                       f"{log.read().decode(errors='replace')}")
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > stop:
-                        raise RuntimeError(f"fake-gcs-server accepted no connection within {deadline} s") from None
-                    time.sleep(0.02)
             os.environ.update(GCS_ENVIRONMENT)
             os.environ["STORAGE_EMULATOR_HOST"] = url
             yield url
