@@ -328,8 +328,18 @@ class ScratchObjectUpload(_Sink):
 
     def abort(self) -> None:
         if not self._closed:
-            with contextlib.suppress(Exception):
-                self._f.discard() if hasattr(self._f, "discard") else self._f.close()
             self._closed = True
+            f = self._f
+            with contextlib.suppress(Exception):
+                if hasattr(f, "discard"):
+                    f.discard()
+            # A buffered fsspec file flushes what it holds when closed, and its `__del__` closes it: an
+            # aborted file left open would commit the scratch object when garbage collected, after
+            # the removal below (adlfs's and gcsfs's small uploads, whose `discard` is a no-op).
+            # Marked as flushed already, closing it only releases its client.
+            if hasattr(f, "forced"):
+                f.forced = True
+            with contextlib.suppress(Exception):
+                f.close()
         with contextlib.suppress(Exception):
             self.fs.rm_file(self.scratch)
