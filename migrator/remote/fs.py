@@ -157,7 +157,7 @@ def describe(e: BaseException) -> str:
     return redact(f"{type(e).__name__}: {text}" if type(e).__name__ not in text else text)
 
 
-def _status(e: BaseException | None) -> int | None:
+def http_status(e: BaseException | None) -> int | None:
     """The HTTP status behind an error, looked for along its causes (fsspec wraps a 403 in a
     FileNotFoundError, s3fs a ClientError in an OSError, adlfs an azure-core HttpResponseError,
     whose status is `status_code`, in a RuntimeError)."""
@@ -182,7 +182,7 @@ def is_permanent(e: BaseException) -> bool:
     if isinstance(e, FileNotFoundError | FileExistsError | PermissionError | IsADirectoryError | NotADirectoryError
                   | ValueError):
         return True
-    status = _status(e)
+    status = http_status(e)
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
 
 
@@ -191,7 +191,7 @@ def storage_error(e: BaseException, url: str, what: str) -> MigratorError:
     from ..errors import TargetExistsError
 
     label = redact(url)
-    status = _status(e)
+    status = http_status(e)
     if isinstance(e, FileExistsError) or status == 412:
         return TargetExistsError("target was created by someone else while this run wrote it; nothing was "
                                  "replaced", file=label)

@@ -31,9 +31,9 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from ..errors import OutputError, SameFileError, TargetExistsError
+from ..errors import MigratorError, OutputError, SameFileError, TargetExistsError
 from . import READ_ONLY, protocol, redact, url_of
-from .fs import Tuning, describe, filesystem, tuning, with_retries
+from .fs import StorageError, Tuning, describe, filesystem, http_status, storage_error, tuning, with_retries
 
 _counter = itertools.count()
 MAX_PARTS = 10_000
@@ -314,17 +314,23 @@ class ScratchObjectUpload(_Sink):
 
     def write(self, b: Any) -> int:
         n = len(b) if not isinstance(b, memoryview) else b.nbytes
-        self._f.write(b)
+        try:
+            self._f.write(b)  # sends a block once the file's buffer is full
+        except Exception as e:
+            raise upload_error(e, self.url) from None
         self.position += n
         return n
 
     def publish(self) -> None:
-        self._f.close()
-        self._closed = True
-        if not self.overwrite and self.fs.exists(self.path):  # racy: see the module docstring
-            raise TargetExistsError("target was created by someone else while this run wrote it; nothing was "
-                                    "replaced", file=self.label)
-        self.fs.mv(self.scratch, self.path)
+        try:
+            self._f.close()  # sends what is buffered and commits the scratch object
+            self._closed = True
+            if not self.overwrite and self.fs.exists(self.path):  # racy: see the module docstring
+                raise TargetExistsError("target was created by someone else while this run wrote it; nothing "
+                                        "was replaced", file=self.label)
+            self.fs.mv(self.scratch, self.path)
+        except Exception as e:
+            raise upload_error(e, self.url) from None
 
     def abort(self) -> None:
         if not self._closed:
@@ -343,3 +349,14 @@ class ScratchObjectUpload(_Sink):
                 f.close()
         with contextlib.suppress(Exception):
             self.fs.rm_file(self.scratch)
+
+
+def upload_error(e: BaseException, url: str) -> MigratorError:
+    """The error to raise for a failed upload request, naming the target: a store's own errors (adlfs
+    raises a RuntimeError around azure-core's) never reach the user raw. A 404 on a write means the
+    bucket or container is missing."""
+    if isinstance(e, MigratorError):
+        return e
+    if isinstance(e, FileNotFoundError) or http_status(e) == 404:
+        return StorageError("cannot upload: the bucket or container does not exist", file=redact(url))
+    return storage_error(e, url, "cannot upload")
