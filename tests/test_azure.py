@@ -304,6 +304,16 @@ def test_hash_sources_of_az_objects(az: Container, tmp_path: Path) -> None:
     cli("run", str(tmp_path / "r.yaml"), "--hash-sources", "--no-progress")
     meta = st_numpy.safe_open(str(tmp_path / "o.safetensors"), "np").metadata()
     assert meta["migrator.source_sha256"] == hashlib.sha256(az.get("one/m.safetensors")).hexdigest()
+    # a folder on az://: every shard and the index
+    cli("convert", url, az.url("hf/"), "--max-shard-size", "3MB")
+    (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: '{az.url('hf/')}'}}\n"
+                                     "target: {path: many.safetensors}\n")
+    cli("run", str(tmp_path / "r.yaml"), "--hash-sources", "--no-progress")
+    meta = st_numpy.safe_open(str(tmp_path / "many.safetensors"), "np").metadata()
+    files = [k for k in az.blobs() if k.startswith("hf/")]
+    assert len(files) > 2
+    assert json.loads(meta["migrator.source_files_sha256"]) == {
+        k[3:]: hashlib.sha256(az.get(k)).hexdigest() for k in files}
 
 
 def test_connection_string_is_never_printed(az: Container, azurite: str) -> None:
