@@ -23,6 +23,11 @@ $(STAMP): $(BUILD_INPUTS)
 	# compat mode puts the source folder on sys.path with a .pth line; the default editable finder is
 	# imported by every Python start (~15 ms of each `migrate` run)
 	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
+	# Azurite, Azure's Blob service emulator (node), for tests/test_azure.py's az:// tests on 127.0.0.1;
+	# pinned, into the venv (git ignores it; the tests look there). Without npm those tests skip.
+	# stdout is npm's package count only: errors still reach stderr.
+	if command -v npm >/dev/null 2>&1; then \
+		npm install --prefix $(VENV)/node --no-save --no-audit --no-fund --loglevel=error azurite@3.37.0 >/dev/null; fi
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -1,5 +1,5 @@
-"""Servers for the object-storage tests, on 127.0.0.1 only: moto's S3, fake-gcs-server and a small
-HTTP server.
+"""Servers for the object-storage tests, on 127.0.0.1 only: moto's S3, fake-gcs-server, Azurite's
+Azure Blob service and a small HTTP server.
 
 The HTTP server serves an in-memory dict of objects with HEAD and single-range GETs, counts every
 request, and misbehaves on purpose where a test asks it to, deterministically (by request count,
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -165,8 +167,26 @@ def fake_gcs_binary() -> str:
     return str(path)
 
 
+# Azurite's development account: a well-known name and key, published by Microsoft for the emulator
+# (not a secret; it opens nothing but a local Azurite).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+AZURITE_START_SECONDS = 60  # node's first start on a loaded machine takes a few seconds
+
+
+def azurite_binary() -> str | None:
+    """Azurite's blob service: where `make install` puts it (`<venv>/node`, npm's --prefix), the
+    checkout's own `.venv/node`, or on PATH."""
+    repo = Path(__file__).resolve().parents[1]
+    for prefix in (Path(sys.prefix) / "node", repo / ".venv" / "node"):
+        candidate = prefix / "node_modules" / ".bin" / "azurite-blob"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return shutil.which("azurite-blob")
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -257,3 +277,54 @@ def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
                 import fsspec
 
                 fsspec.register_implementation(proto, cls, clobber=True)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def azurite_connection_string() -> Iterator[str]:
+    """Azurite's blob service on 127.0.0.1 (a free port, data in memory) for a module: yields the
+    connection string of its development account. Skips when the azurite binary is not installed
+    (`make install` installs it where npm exists). Wrapped as a module-scoped fixture by the test
+    files that use it."""
+    import pytest
+
+    binary = azurite_binary()
+    if binary is None:
+        pytest.skip("azurite-blob not found (make install puts it in .venv/node when npm is installed)")
+    with tempfile.TemporaryDirectory(prefix="azurite-") as workspace:
+        log_path = Path(workspace) / "azurite.log"
+        for _attempt in range(3):  # a port taken between choosing it and Azurite binding it: another one
+            port = _free_port()
+            # --skipApiVersionCheck: azure-storage-blob may speak a newer API version than this Azurite
+            # knows; --disableTelemetry: no network beyond 127.0.0.1. Blobs are kept in memory (Azurite
+            # refuses --location with it); its working folder is the temporary one, not the checkout.
+            cmd = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
+                   "--silent", "--skipApiVersionCheck", "--disableTelemetry"]
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(cmd, cwd=workspace, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + AZURITE_START_SECONDS
+            while proc.poll() is None and time.monotonic() < deadline and not _accepts(port):
+                time.sleep(0.05)
+            if proc.poll() is None and _accepts(port):
+                break
+            proc.kill()
+            proc.wait()
+        else:
+            raise RuntimeError(f"Azurite did not start on 127.0.0.1: {log_path.read_text(errors='replace')}")
+        try:
+            yield (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+                   f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

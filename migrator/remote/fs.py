@@ -156,19 +156,22 @@ T = TypeVar("T")
 
 
 def describe(e: BaseException) -> str:
-    """An exception as a short message with any URL's user-info removed."""
-    text = str(e) or type(e).__name__
+    """An exception as a short message with any URL's user-info removed: its first line (azure-core
+    appends the request id, the error code and the response's XML on lines of their own)."""
+    text = str(e).strip().split("\n", 1)[0].strip() or type(e).__name__
     return redact(f"{type(e).__name__}: {text}" if type(e).__name__ not in text else text)
 
 
-def _status(e: BaseException | None) -> int | None:
+def http_status(e: BaseException | None) -> int | None:
     """The HTTP status behind an error, looked for along its causes (fsspec wraps a 403 in a
-    FileNotFoundError, s3fs a ClientError in an OSError)."""
+    FileNotFoundError, s3fs a ClientError in an OSError, adlfs an azure-core HttpResponseError,
+    whose status is `status_code`, in a RuntimeError)."""
     seen = 0
     while e is not None and seen < 8:
-        status = getattr(e, "status", None)
-        if isinstance(status, int):
-            return status
+        for attr in ("status", "status_code"):
+            status = getattr(e, attr, None)
+            if isinstance(status, int) and not isinstance(status, bool):
+                return status
         response = getattr(e, "response", None)
         if isinstance(response, dict):
             code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -184,7 +187,7 @@ def is_permanent(e: BaseException) -> bool:
     if isinstance(e, FileNotFoundError | FileExistsError | PermissionError | IsADirectoryError | NotADirectoryError
                   | ValueError):
         return True
-    status = _status(e)
+    status = http_status(e)
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
 
 
@@ -193,7 +196,7 @@ def storage_error(e: BaseException, url: str, what: str) -> MigratorError:
     from ..errors import TargetExistsError
 
     label = redact(url)
-    status = _status(e)
+    status = http_status(e)
     if isinstance(e, FileExistsError) or status == 412:
         return TargetExistsError("target was created by someone else while this run wrote it; nothing was "
                                  "replaced", file=label)

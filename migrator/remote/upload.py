@@ -33,11 +33,12 @@ from typing import Any, BinaryIO, TypeVar
 
 from ..errors import MigratorError, OutputError, SameFileError, TargetExistsError
 from . import READ_ONLY, protocol, redact, url_of
-from .fs import Tuning, _status, describe, filesystem, storage_error, tuning, with_retries
+from .fs import Tuning, describe, filesystem, http_status, storage_error, tuning, with_retries
 
 T = TypeVar("T")
 
 _counter = itertools.count()
+MISSING_CONTAINER = "the bucket or container does not exist"
 MAX_PARTS = 10_000
 
 
@@ -315,7 +316,7 @@ class ScratchObjectUpload(_Sink):
         self._f = self._request(lambda: self.fs.open(self.scratch, "wb"), "cannot start the upload")
         self._closed = False
 
-    def _request(self, call: Callable[[], T], what: str, missing: str = "no such bucket") -> T:
+    def _request(self, call: Callable[[], T], what: str, missing: str = MISSING_CONTAINER) -> T:
         try:
             return call()
         except Exception as e:
@@ -323,7 +324,7 @@ class ScratchObjectUpload(_Sink):
 
     def write(self, b: Any) -> int:
         n = len(b) if not isinstance(b, memoryview) else b.nbytes
-        self._request(lambda: self._f.write(b), "cannot upload")
+        self._request(lambda: self._f.write(b), "cannot upload")  # sends a block once the buffer is full
         self.position += n
         return n
 
@@ -339,18 +340,31 @@ class ScratchObjectUpload(_Sink):
 
     def abort(self) -> None:
         if not self._closed:
-            with contextlib.suppress(Exception):
-                self._f.discard() if hasattr(self._f, "discard") else self._f.close()
             self._closed = True
+            f = self._f
+            with contextlib.suppress(Exception):
+                if hasattr(f, "discard"):
+                    f.discard()
+            # A buffered fsspec file flushes what it holds when closed, and its `__del__` closes it: an
+            # aborted file left open would commit the scratch object when garbage collected, after
+            # the removal below (adlfs's and gcsfs's small uploads, whose `discard` is a no-op).
+            # Marked as flushed already, closing it only releases its client.
+            if hasattr(f, "forced"):
+                f.forced = True
+            with contextlib.suppress(Exception):
+                f.close()
         with contextlib.suppress(Exception):
             self.fs.rm_file(self.scratch)
 
 
-def upload_error(e: BaseException, url: str, what: str, missing: str = "no such bucket") -> MigratorError:
-    """A failed upload request as an error naming the target. A 404 on an upload is `missing` (the
-    bucket, for a new object); a failed condition stays a `TargetExistsError`."""
+def upload_error(e: BaseException, url: str, what: str, missing: str = MISSING_CONTAINER) -> MigratorError:
+    """A failed upload request as an error naming the target: a store's own errors (adlfs raises a
+    RuntimeError around azure-core's) never reach the user raw. A 404 on an upload is `missing` (the
+    bucket or container, for a new object); a failed condition stays a `TargetExistsError`."""
+    if isinstance(e, MigratorError):
+        return e
     label = redact(url)
-    if isinstance(e, FileNotFoundError) or _status(e) == 404:
+    if isinstance(e, FileNotFoundError) or http_status(e) == 404:
         return OutputError(f"{what}: {missing}", file=label)
     err = storage_error(e, url, what)
     return err if isinstance(err, TargetExistsError) else OutputError(err.detail, file=label)
