@@ -279,12 +279,19 @@ def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
                 fsspec.register_implementation(proto, cls, clobber=True)
 
 
-def _accepts(port: int) -> bool:
+def _answers_as_azurite(port: int) -> bool:
+    """Whether Azurite answers on `port` (its `Server` header, on any status: an unsigned request gets
+    a 403): a plain connection could reach some other program that took the port meanwhile."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
+        conn.request("GET", f"/{AZURITE_ACCOUNT}?comp=list")
+        return conn.getresponse().getheader("Server", "").startswith("Azurite-Blob/")
     except OSError:
         return False
+    finally:
+        conn.close()
 
 
 def azurite_connection_string() -> Iterator[str]:
@@ -310,9 +317,9 @@ def azurite_connection_string() -> Iterator[str]:
                 proc = subprocess.Popen(cmd, cwd=workspace, stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT)
             deadline = time.monotonic() + AZURITE_START_SECONDS
-            while proc.poll() is None and time.monotonic() < deadline and not _accepts(port):
+            while proc.poll() is None and time.monotonic() < deadline and not _answers_as_azurite(port):
                 time.sleep(0.05)
-            if proc.poll() is None and _accepts(port):
+            if proc.poll() is None and _answers_as_azurite(port):
                 break
             proc.kill()
             proc.wait()
