@@ -191,6 +191,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a test server: asked first, killed if it has not ended 10 s later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _answers_as_gcs(url: str) -> bool:
     """Whether a GCS JSON API answers at `url` (its bucket list): a plain connection could reach some
     other program that took the port, so the answer itself is checked."""
@@ -260,12 +270,7 @@ def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
             os.environ["STORAGE_EMULATOR_HOST"] = url
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -329,9 +334,4 @@ def azurite_connection_string() -> Iterator[str]:
             yield (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
                    f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};")
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)

