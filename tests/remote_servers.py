@@ -9,17 +9,18 @@ or serve an object shorter than the size its HEAD reports.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -171,7 +172,6 @@ def fake_gcs_binary() -> str:
 # (not a secret; it opens nothing but a local Azurite).
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-AZURITE_START_SECONDS = 60  # node's first start on a loaded machine takes a few seconds
 
 
 def azurite_binary() -> str | None:
@@ -191,7 +191,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[Any]) -> None:
     """End a test server: asked first, killed if it has not ended 10 s later."""
     proc.terminate()
     try:
@@ -201,48 +201,60 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _answers_as_gcs(url: str) -> bool:
-    """Whether a GCS JSON API answers at `url` (its bucket list): a plain connection could reach some
-    other program that took the port, so the answer itself is checked."""
-    import json
-    import urllib.request
+START_ALARM_SECONDS = 120
+"""A server that neither announces itself nor exits by then fails its fixture (SIGALRM): a bound on
+a hang, never a measurement (node's first start on a loaded machine takes a few seconds)."""
 
+
+@contextlib.contextmanager
+def _alarm(seconds: int, why: str) -> Iterator[None]:
+    def fire(signum: int, frame: Any) -> None:
+        raise RuntimeError(why)
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(seconds)
     try:
-        with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2) as r:
-            return bool(json.load(r).get("kind") == "storage#buckets")
-    except (OSError, ValueError):
-        return False
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
-def _start_fake_gcs(log: Any, deadline: float, attempts: int = 5) -> tuple[subprocess.Popen[bytes], str]:
-    """fake-gcs-server on a free port of 127.0.0.1, accepting connections; its URL. The port is found
-    free before the server binds it, so another program may take it in between: the server then
-    exits at once, and a new port is tried."""
+def _drain(stream: Any) -> None:
+    for _ in stream:  # until the server ends: a pipe nobody reads could fill and stall it
+        pass
+
+
+def _start_server(name: str, command: Callable[[int], list[str]], ready: str, cwd: str | None = None,
+                  attempts: int = 3) -> tuple[subprocess.Popen[str], int]:
+    """Start a server on a free port of 127.0.0.1 and wait for the line in which it says it listens
+    (`ready`, with `{port}`): its output is read line by line, so the wait ends on that event or on
+    the end of the output (it exited), never on a clock. The port is chosen before the server binds
+    it; if another program takes it meanwhile, the server exits and a new port is tried."""
+    output = ""
     for _ in range(attempts):
         port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        log.seek(0)
-        log.truncate()
-        proc = subprocess.Popen([fake_gcs_binary(), "-host", "127.0.0.1", "-port", str(port), "-scheme", "http",
-                                 "-backend", "memory", "-external-url", url, "-log-level", "error"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
-        stop = time.monotonic() + deadline
-        while proc.poll() is None:
-            if _answers_as_gcs(url) and proc.poll() is None:
-                return proc, url
-            if time.monotonic() > stop:
-                proc.kill()
-                proc.wait()
-                raise RuntimeError(f"fake-gcs-server did not answer within {deadline} s")
-            time.sleep(0.02)
-        log.seek(0)
-        why = log.read().decode(errors="replace")
-        if "address already in use" not in why:
-            raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}: {why}")
-    raise RuntimeError(f"fake-gcs-server found no free port in {attempts} attempts")
+        proc = subprocess.Popen(command(port), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        assert proc.stdout is not None
+        lines: list[str] = []
+        try:
+            with _alarm(START_ALARM_SECONDS, f"{name} neither listened nor exited"):
+                for line in proc.stdout:
+                    lines.append(line)
+                    if ready.format(port=port) in line:
+                        threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
+                        return proc, port
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        proc.wait()
+        output = "".join(lines)
+    raise RuntimeError(f"{name} did not start on 127.0.0.1 in {attempts} attempts: {output}")
 
 
-def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
+def fake_gcs_endpoint() -> Iterator[str]:
     """fake-gcs-server on 127.0.0.1 (a free port, plain HTTP, objects in memory) for a module: yields
     its endpoint URL, with `STORAGE_EMULATOR_HOST` pointing gcsfs at it (and `GCS_ENVIRONMENT`) for
     as long as it runs. It publishes no events (no Pub/Sub flags), so it sends nothing anywhere.
@@ -262,41 +274,28 @@ def fake_gcs_endpoint(deadline: float = 20.0) -> Iterator[str]:
     saved_check = getattr(metadata, "_NO_GCE_CHECK", None)
     if metadata is not None:
         metadata._NO_GCE_CHECK = True  # type: ignore[attr-defined]
-    # its log goes to a file, not a pipe: a pipe nobody reads could fill and stall the server
-    with tempfile.TemporaryFile() as log:
-        proc, url = _start_fake_gcs(log, deadline)
-        try:
-            os.environ.update(GCS_ENVIRONMENT)
-            os.environ["STORAGE_EMULATOR_HOST"] = url
-            yield url
-        finally:
-            _stop(proc)
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            if metadata is not None:
-                metadata._NO_GCE_CHECK = saved_check  # type: ignore[attr-defined]
-            for proto, cls in registered.items():
-                import fsspec
-
-                fsspec.register_implementation(proto, cls, clobber=True)
-
-
-def _answers_as_azurite(port: int) -> bool:
-    """Whether Azurite answers on `port` (its `Server` header, on any status: an unsigned request gets
-    a 403): a plain connection could reach some other program that took the port meanwhile."""
-    import http.client
-
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    binary = fake_gcs_binary()
+    proc, port = _start_server("fake-gcs-server", lambda port: [
+        binary, "-host", "127.0.0.1", "-port", str(port), "-scheme", "http", "-backend", "memory",
+        "-external-url", f"http://127.0.0.1:{port}", "-log-level", "info"], "server started at http://127.0.0.1:{port}")
+    url = f"http://127.0.0.1:{port}"
     try:
-        conn.request("GET", f"/{AZURITE_ACCOUNT}?comp=list")
-        return conn.getresponse().getheader("Server", "").startswith("Azurite-Blob/")
-    except OSError:
-        return False
+        os.environ.update(GCS_ENVIRONMENT)
+        os.environ["STORAGE_EMULATOR_HOST"] = url
+        yield url
     finally:
-        conn.close()
+        _stop(proc)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if metadata is not None:
+            metadata._NO_GCE_CHECK = saved_check  # type: ignore[attr-defined]
+        for proto, cls in registered.items():
+            import fsspec
+
+            fsspec.register_implementation(proto, cls, clobber=True)
 
 
 def azurite_connection_string() -> Iterator[str]:
@@ -310,26 +309,13 @@ def azurite_connection_string() -> Iterator[str]:
     if binary is None:
         pytest.skip("azurite-blob not found (make install puts it in .venv/node when npm is installed)")
     with tempfile.TemporaryDirectory(prefix="azurite-") as workspace:
-        log_path = Path(workspace) / "azurite.log"
-        for _attempt in range(3):  # a port taken between choosing it and Azurite binding it: another one
-            port = _free_port()
-            # --skipApiVersionCheck: azure-storage-blob may speak a newer API version than this Azurite
-            # knows; --disableTelemetry: no network beyond 127.0.0.1. Blobs are kept in memory (Azurite
-            # refuses --location with it); its working folder is the temporary one, not the checkout.
-            cmd = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
-                   "--silent", "--skipApiVersionCheck", "--disableTelemetry"]
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(cmd, cwd=workspace, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + AZURITE_START_SECONDS
-            while proc.poll() is None and time.monotonic() < deadline and not _answers_as_azurite(port):
-                time.sleep(0.05)
-            if proc.poll() is None and _answers_as_azurite(port):
-                break
-            proc.kill()
-            proc.wait()
-        else:
-            raise RuntimeError(f"Azurite did not start on 127.0.0.1: {log_path.read_text(errors='replace')}")
+        # --skipApiVersionCheck: azure-storage-blob may speak a newer API version than this Azurite
+        # knows; --disableTelemetry: no network beyond 127.0.0.1. Blobs are kept in memory (Azurite
+        # refuses --location with it); its working folder is the temporary one, not the checkout.
+        proc, port = _start_server("Azurite", lambda port: [
+            binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence", "--silent",
+            "--skipApiVersionCheck", "--disableTelemetry"], "successfully listens on http://127.0.0.1:{port}",
+            cwd=workspace)
         try:
             yield (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
                    f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};")
