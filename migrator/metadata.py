@@ -60,20 +60,13 @@ def output_metadata(source_format: str, target_format: str, source_meta: Mapping
     return loadable_metadata(meta, target_format, clear=clear) if target_format in METADATA_FORMATS else {}
 
 
-def sha256_file(path: str | os.PathLike[str], chunk: int = 8 << 20) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
     """sha256 of a local file, or of an object on a store (read once more, front to back)."""
     import hashlib  # only for --hash-sources: every other run skips its ~3 ms import
 
-    from .remote import is_url
+    from .remote.fs import stream_blocks
 
     h = hashlib.sha256()
-    if is_url(path):
-        from .remote.fs import stream_blocks
-
-        for block in stream_blocks(path, "source"):
-            h.update(block)
-        return h.hexdigest()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+    for block in stream_blocks(path, "source"):
+        h.update(block)
     return h.hexdigest()

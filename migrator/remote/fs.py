@@ -259,13 +259,15 @@ def stream_size(src: str | os.PathLike[str]) -> int:
     return with_retries(lambda: int(fs.info(path)["size"]), url, "cannot open")
 
 
-def stream_blocks(src: str | os.PathLike[str], what: str = "file") -> Iterator[bytes]:
+def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | None = None) -> Iterator[bytes]:
     """A local file or a store object, read front to back in STREAM_BLOCK blocks (a store object
-    through fsspec, uncached, so at most one block is held); the bytes are checked to add up to the
-    size it had when opened, so an object changed or cut meanwhile is an error, not a short copy."""
+    through fsspec, uncached, so at most one block is held); the bytes are checked to add up to its
+    size (`size`, when the caller has it from `stream_size`, else asked here), so an object changed
+    or cut meanwhile is an error, not a short copy."""
     from . import is_url
 
-    size = stream_size(src)
+    if size is None:
+        size = stream_size(src)
     if is_url(src):
         url = str(src)
         fs, path = filesystem(url)

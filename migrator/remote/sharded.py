@@ -73,10 +73,10 @@ def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
     return out
 
 
-def copy_companion(src: str | os.PathLike[str], sink: BinaryIO) -> None:
+def copy_companion(src: str | os.PathLike[str], sink: BinaryIO, size: int | None = None) -> None:
     """Copy a companion file, local or on a store, into `sink` (`fs.stream_blocks`: byte for byte,
-    in blocks, checked against its size)."""
-    for block in stream_blocks(src, "companion file"):
+    in blocks, checked against its size, `size` if the caller already asked for it)."""
+    for block in stream_blocks(src, "companion file", size):
         sink.write(block)
 
 
@@ -272,8 +272,9 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
                 shard.write_to(sink)
             names.append(name)
         for src, name in writer.copies:
-            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=stream_size(src)) as sink:
-                copy_companion(src, sink)
+            size = stream_size(src)
+            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=size) as sink:
+                copy_companion(src, sink, size)
             names.append(name)
     except BaseException:
         # no index will name them: remove the objects this run completed (with overwrite, old
