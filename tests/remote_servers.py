@@ -9,11 +9,9 @@ or serve an object shorter than the size its HEAD reports.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +23,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from alarm_support import alarm
 
 
 @dataclass
@@ -202,22 +202,8 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 
 
 START_ALARM_SECONDS = 120
-"""A server that neither announces itself nor exits by then fails its fixture (SIGALRM): a bound on
+"""A server that neither announces itself nor exits by then fails its fixture (`alarm`): a bound on
 a hang, never a measurement (node's first start on a loaded machine takes a few seconds)."""
-
-
-@contextlib.contextmanager
-def _alarm(seconds: int, why: str) -> Iterator[None]:
-    def fire(signum: int, frame: Any) -> None:
-        raise RuntimeError(why)
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _drain(stream: Any) -> None:
@@ -239,7 +225,7 @@ def _start_server(name: str, command: Callable[[int], list[str]], ready: str, cw
         assert proc.stdout is not None
         lines: list[str] = []
         try:
-            with _alarm(START_ALARM_SECONDS, f"{name} neither listened nor exited"):
+            with alarm(START_ALARM_SECONDS, f"{name} neither listened nor exited"):
                 for line in proc.stdout:
                     lines.append(line)
                     if ready.format(port=port) in line:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from alarm_support import alarm as bounded
 
 from migrator import dtypes, from_numpy, open_file, save
 from migrator.atomic import SCRATCH_RE
@@ -115,15 +116,8 @@ class Progress:
 @contextlib.contextmanager
 def alarm(seconds: int) -> Iterator[None]:
     """Fail instead of hanging when a run never reaches the point it should stop at."""
-    def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"no stop or exit within {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
+    with bounded(seconds, f"no stop or exit within {seconds} s"):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def kill_at(recipe: Path, point: str) -> int:

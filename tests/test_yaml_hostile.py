@@ -5,7 +5,6 @@ from the CLI, no traceback), and never make the loader do unbounded work."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from alarm_support import alarm as bounded
 
 from migrator import from_numpy, save
 from migrator.recipe_loader import MAX_NONSTRING_KEYS, RecipeError, parse_recipe
@@ -118,13 +118,8 @@ COLLIDING = [k * (2**61 - 1) for k in range(1, 3_001)]  # the report had 20k; th
 @pytest.fixture
 def alarm() -> Iterator[None]:
     """A safety net, not a timing assert: a quadratic regression fails the test instead of hanging it."""
-    def expired(signum: int, frame: object) -> None:
-        raise TimeoutError("the loader took more than 30 s")
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with bounded(30, "the loader took more than 30 s"):
+        yield
 
 
 def refused_at(text: str) -> str:
