@@ -3,9 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(abspath $(VENV))/bin/python
-# Reinstall when the package definition, the compiled kernels (pip builds migrator/_kernels.c) or
+# Reinstall when the package definition, the compiled kernels (pip builds migrator/core/_kernels.c) or
 # these install steps change.
-BUILD_INPUTS := pyproject.toml setup.py migrator/_kernels.c Makefile
+BUILD_INPUTS := pyproject.toml setup.py migrator/core/_kernels.c Makefile
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) | cksum | cut -d' ' -f1)
 DEMO := demo-out
 
@@ -73,7 +73,7 @@ UBSAN := build/ubsan
 SANITIZE := -fsanitize=undefined,address -fno-sanitize-recover=all -fno-omit-frame-pointer -g
 ubsan: install
 	rm -rf $(UBSAN) && mkdir -p $(UBSAN)/tmp
-	cp -r migrator $(UBSAN)/ && rm -f $(UBSAN)/migrator/_kernels*.so
+	cp -r migrator $(UBSAN)/ && rm -f $(UBSAN)/migrator/core/_kernels*.so
 	CFLAGS="$(SANITIZE)" LDFLAGS="$(SANITIZE)" $(PY) setup.py -q build_ext --build-lib $(UBSAN) --build-temp $(UBSAN)/tmp
 	cd $(UBSAN) && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 		MIGRATOR_SHARED_FIXTURES=$(CURDIR)/../shared/fixtures PYTHONPATH=$(CURDIR)/$(UBSAN) \

@@ -85,8 +85,8 @@ def main() -> None:
         sys.exit(f"no browser: {why}")
     r = recipe()
     page_file = OUT / "100k.plan.html"
-    from migrator.html_report import plan_page
-    from migrator.recipe_cli import _add_target_problems, _load, _plan_for, plan_json
+    from migrator.analysis.html_report import plan_page
+    from migrator.cli.recipe import _add_target_problems, _load, _plan_for, plan_json
 
     migrate = [sys.executable, "-m", "migrator.cli", "plan", str(r)]
     for _ in range(args.rounds):

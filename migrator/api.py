@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import MigratorError
+from .core.errors import MigratorError
 
 if TYPE_CHECKING:
-    from .recipe import Recipe
-    from .report import ApplyReport
+    from .plan.report import ApplyReport
+    from .recipe.model import Recipe
 
 
 class RecipeRunError(MigratorError):
@@ -32,14 +32,14 @@ def run_recipe(recipe: str | os.PathLike[str] | Recipe | dict[str, Any], *, over
     settings when given. An invalid recipe raises `RecipeError`; a run that writes nothing raises
     `RecipeRunError`, whose `report` says why.
     """
-    from .execute import run_plan
-    from .plan import build_plan
-    from .recipe import Recipe as RecipeModel
-    from .report import ReportError
+    from .plan.build import build_plan
+    from .plan.report import ReportError
+    from .recipe.model import Recipe as RecipeModel
+    from .run.execute import run_plan
 
     sha256 = origins = op_origins = None
     if isinstance(recipe, str | os.PathLike):
-        from .recipe_loader import load_recipe
+        from .recipe.loader import load_recipe
 
         loaded = load_recipe(recipe)
         model, folder, sha256, origins = loaded.recipe, loaded.base_dir, loaded.sha256, loaded.module_origins

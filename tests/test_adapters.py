@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from conftest import fixture_file
 
-from migrator import dtypes
-from migrator.adapters import (
+from migrator.core import dtypes
+from migrator.core.tensor import LazyTensor, from_numpy
+from migrator.recipe.model import FloatCastSpec, HalfPrecisionSpec
+from migrator.transform.adapters import (
     DEFAULT_HALF_PRECISION_MODULES,
     NORM_MODULES,
     Adapted,
@@ -25,9 +27,7 @@ from migrator.adapters import (
     build_adapter,
     half_precision_module_set,
 )
-from migrator.modules import ModuleResolver, ModuleType
-from migrator.recipe import FloatCastSpec, HalfPrecisionSpec
-from migrator.tensor import LazyTensor, from_numpy
+from migrator.transform.modules import ModuleResolver, ModuleType
 
 
 def declared(name: str) -> ModuleType:
@@ -442,7 +442,7 @@ def _adapt_all(adapter: Adapter, tensors: list[LazyTensor], decl: dict[str, list
 
 
 def _read(path: str) -> list[LazyTensor]:
-    from migrator.formats import open_file
+    from migrator.files.io import open_file
 
     reader = open_file(fixture_file("pytorch", path))
     return list(reader.values())
@@ -544,10 +544,11 @@ def test_one_adapter_registry_feeds_schema_cli_and_hints() -> None:
     command line's choices and the loader's hint all come from it."""
     import typing
 
-    from migrator import adapter_names, recipe
-    from migrator.adapters import NAMED_ADAPTERS
     from migrator.cli import _parser
-    from migrator.recipe_loader import recipe_json_schema
+    from migrator.recipe import adapter_names
+    from migrator.recipe import model as recipe
+    from migrator.recipe.loader import recipe_json_schema
+    from migrator.transform.adapters import NAMED_ADAPTERS
 
     assert typing.get_args(recipe.AdapterName) == adapter_names.NAMED
     assert tuple(NAMED_ADAPTERS) == adapter_names.NAMED

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from migrator import casts, dtypes
-from migrator.errors import TensorBytesSizeMismatchError
-from migrator.formats import open_file, save, to_bytes
-from migrator.streaming import AHEAD_BYTES, SMALL_READ, Ahead, write_tensor
-from migrator.tensor import LazyTensor, from_numpy
+from migrator.core import casts, dtypes
+from migrator.core.errors import TensorBytesSizeMismatchError
+from migrator.core.streaming import AHEAD_BYTES, SMALL_READ, Ahead, write_tensor
+from migrator.core.tensor import LazyTensor, from_numpy
+from migrator.files.io import open_file, save, to_bytes
 
 PIECE = 1 << 20
 

@@ -9,8 +9,8 @@ import migrator
 
 
 def test_public_names_resolve_and_are_documented() -> None:
-    from migrator.report import ApplyReport
-    from migrator.scalars import Scalar
+    from migrator.core.scalars import Scalar
+    from migrator.plan.report import ApplyReport
 
     assert migrator.Scalar is Scalar and migrator.ApplyReport is ApplyReport
     for name in migrator.__all__:

@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 
 from migrator import from_numpy, open_file, save
-from migrator.atomic import atomic_output, clean_stale_scratch, scratch_name
-from migrator.errors import OutputError, TargetExistsError
+from migrator.core.errors import OutputError, TargetExistsError
+from migrator.storage.atomic import atomic_output, clean_stale_scratch, scratch_name
 
 # A writer of 40 tensors that pauses in the loader of each: it prints "load i" and waits for a line on
 # stdin, so the test decides exactly how far the write has got when it kills the process.
 STEPPED_WRITER = textwrap.dedent("""
     import sys
     import numpy as np
-    from migrator import dtypes, save
-    from migrator.tensor import LazyTensor
+    from migrator import save
+    from migrator.core import dtypes
+    from migrator.core.tensor import LazyTensor
 
     def stepped(i):
         def load():
@@ -124,7 +125,7 @@ def test_full_disk_keeps_target_and_leaves_no_scratch(tmp_path: Path) -> None:
         import resource, signal, sys
         import numpy as np
         from migrator import from_numpy, save
-        from migrator.errors import OutputError
+        from migrator.core.errors import OutputError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
         try:

@@ -95,7 +95,7 @@ def test_convert_local_to_az_publishes_only_on_success(az: Container, tmp_path: 
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The target blob is absent while the bytes go to the scratch blob, present (and the scratch
     gone) once the write succeeded; the blob equals the source tensor for tensor."""
-    from migrator.remote import upload
+    from migrator.storage.remote import upload
 
     want = model()
     src = tmp_path / "m.safetensors"

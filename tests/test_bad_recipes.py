@@ -25,8 +25,8 @@ from pydantic import BaseModel
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from migrator import from_numpy, save
-from migrator.recipe import Recipe
-from migrator.recipe_loader import RecipeError, load_recipe
+from migrator.recipe.loader import RecipeError, load_recipe
+from migrator.recipe.model import Recipe
 
 BASE = r"""version: 1
 description: every field

@@ -11,9 +11,9 @@ import pytest
 from conftest import fixture_file
 
 from migrator import open_file
-from migrator.execute import run_plan
-from migrator.plan import build_plan
-from migrator.recipe import Recipe
+from migrator.plan.build import build_plan
+from migrator.recipe.model import Recipe
+from migrator.run.execute import run_plan
 
 torch = pytest.importorskip("torch")
 

@@ -10,8 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from migrator import dtypes, from_numpy, open_file, save, to_bytes
-from migrator.errors import (
+from migrator import from_numpy, open_file, save, to_bytes
+from migrator.core import dtypes
+from migrator.core.errors import (
     FormatError,
     LimitExceededError,
     MigratorError,
@@ -21,10 +22,10 @@ from migrator.errors import (
     TensorNotFoundError,
     UnsupportedDTypeError,
 )
+from migrator.core.scalars import Scalar
+from migrator.core.tensor import LazyTensor
 from migrator.formats import burnpack, cbor
 from migrator.formats.burnpack import BurnpackWriter
-from migrator.scalars import Scalar
-from migrator.tensor import LazyTensor
 
 W = np.array([[1, 2], [3, 4]], dtype=np.float32)
 

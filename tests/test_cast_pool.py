@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from migrator import casts
+from migrator.core import casts
 
 
 def test_available_cpus_is_the_affinity_mask() -> None:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from migrator import casts, dtypes
-from migrator.dtypes import DType
-from migrator.errors import UnsupportedDTypeError
-from migrator.tensor import LazyTensor, from_numpy
+from migrator.core import casts, dtypes
+from migrator.core.dtypes import DType
+from migrator.core.errors import UnsupportedDTypeError
+from migrator.core.tensor import LazyTensor, from_numpy
 
 torch = pytest.importorskip("torch")
 
@@ -32,7 +32,7 @@ def cast_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         yield request.param
         return
     if KERNELS is None:
-        pytest.skip("migrator._kernels not built (test_kernels_built_when_a_compiler_exists says why)")
+        pytest.skip("migrator.core._kernels not built (test_kernels_built_when_a_compiler_exists says why)")
     monkeypatch.setattr(casts, "kernels", KERNELS)
     KERNELS.use_f16c(request.param == "kernels")
     try:
@@ -286,7 +286,7 @@ def test_kernels_built_when_a_compiler_exists(cast_path: str) -> None:
     if os.environ.get("MIGRATOR_NO_KERNELS"):
         pytest.skip("MIGRATOR_NO_KERNELS is set")
     if shutil.which("cc") or shutil.which("gcc"):
-        assert KERNELS is not None, "a C compiler exists but migrator._kernels is missing: rerun the install"
+        assert KERNELS is not None, "a C compiler exists but migrator.core._kernels is missing: rerun the install"
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(300, 1000), (4100, 9), (9, 70000)])
@@ -320,7 +320,7 @@ def test_cast_of_a_transpose_equals_transpose_of_the_cast(monkeypatch: pytest.Mo
 
 def test_kernel_rejects_mismatched_buffers() -> None:
     if KERNELS is None:
-        pytest.skip("migrator._kernels not built")
+        pytest.skip("migrator.core._kernels not built")
     with pytest.raises(ValueError, match="buffer sizes"):
         KERNELS.f32_to_f16(np.zeros(4, np.uint32), np.zeros(3, np.uint16))
     with pytest.raises(ValueError, match="does not match"):

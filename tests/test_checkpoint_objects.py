@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 import migrator
-from migrator import safepickle as sp
-from migrator.errors import UnsafePickleError
-from migrator.inspect import inspect_file
+from migrator.analysis.inspect import inspect_file
+from migrator.core.errors import UnsafePickleError
+from migrator.formats import safepickle as sp
 
 torch = pytest.importorskip("torch")
 

@@ -13,7 +13,7 @@ import pytest
 
 from migrator import from_numpy, open_file, save
 from migrator.cli import main
-from migrator.scalars import Scalar
+from migrator.core.scalars import Scalar
 
 
 def migrate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -196,7 +196,8 @@ def test_commands_pause_the_collector_only_while_they_run(model: Path, tmp_path:
     back after, also when the run fails: a library caller's process keeps its collector."""
     import gc
 
-    from migrator import execute, recipe_cli
+    from migrator.cli import recipe as recipe_cli
+    from migrator.run import execute
 
     seen: list[bool] = []
     print_outcome = recipe_cli._print_outcome

@@ -12,18 +12,18 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from migrator import convert as convert_module
 from migrator import from_numpy, save
-from migrator.errors import MigratorError
-from migrator.scalars import Scalar
+from migrator.core.errors import MigratorError
+from migrator.core.scalars import Scalar
+from migrator.run import convert as convert_module
 
 torch = pytest.importorskip("torch")
 
 
 def _recipe_path(src: Path, dst: Path, **options: Any) -> convert_module.ConvertResult:
     """The general path, whatever the options."""
-    from migrator.execute import run_plan
-    from migrator.plan import build_plan
+    from migrator.plan.build import build_plan
+    from migrator.run.execute import run_plan
 
     recipe = convert_module.build_recipe(src, dst, **options)
     with build_plan(recipe, Path.cwd()) as plan:

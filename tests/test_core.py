@@ -11,11 +11,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from migrator import dtypes, from_numpy, open_file, save, to_bytes
-from migrator.bytesource import MemorySource
-from migrator.errors import FormatError, UnknownFormatError, UnsupportedDTypeError
+from migrator import from_numpy, open_file, save, to_bytes
+from migrator.core import dtypes
+from migrator.core.bytesource import MemorySource
+from migrator.core.errors import FormatError, UnknownFormatError, UnsupportedDTypeError
+from migrator.core.scalars import Scalar
 from migrator.formats.detect import detect, target_format
-from migrator.scalars import Scalar
 
 
 @pytest.mark.parametrize(("spelling", "expected"), [

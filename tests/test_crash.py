@@ -4,7 +4,7 @@ A real recipe (SafeTensors -> burnpack with `dtype: {cast: F16}`, so the data is
 copied in the kernel) writes ~100 MB through `python -m migrator.cli run`:
 
 * SIGKILL at each stage of the write (the run stops itself with SIGSTOP at a named point of
-  migrator/crashpoints.py, is looked at, then killed): from the scratch file's creation through
+  migrator/core/crashpoints.py, is looked at, then killed): from the scratch file's creation through
   part-written, fully written and synced, the target is the old file and the run's scratch file
   the only other file; once published, the target is byte for byte the complete new one (the
   output is reproducible, so it is compared with a reference run); the next run removes the
@@ -33,8 +33,9 @@ import numpy as np
 import pytest
 from alarm_support import alarm as bounded
 
-from migrator import dtypes, from_numpy, open_file, save
-from migrator.atomic import SCRATCH_RE
+from migrator import from_numpy, open_file, save
+from migrator.core import dtypes
+from migrator.storage.atomic import SCRATCH_RE
 
 ROWS, COLS, LAYERS = 1024, 4096, 12  # 12 x 16 MiB of F32 in, 12 x 8 MiB of F16 out (~100 MB written)
 PAGE = 4096
@@ -121,7 +122,7 @@ def alarm(seconds: int) -> Iterator[None]:
 
 
 def kill_at(recipe: Path, point: str) -> int:
-    """Start a run that stops itself at `point` (migrator/crashpoints.py), wait until it has, SIGKILL it.
+    """Start a run that stops itself at `point` (migrator/core/crashpoints.py), wait until it has, SIGKILL it.
 
     The wait is on the process's own state change (waitpid with WUNTRACED): whatever the machine's
     load, the run is killed exactly there. Returns the killed run's pid.

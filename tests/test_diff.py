@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from test_recipes_e2e import ORDER as RECIPES  # every example recipe, in an order whose inputs exist
 
+from migrator.analysis.diff import STATUSES, diff_document
 from migrator.cli import main
-from migrator.diff import STATUSES, diff_document
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
@@ -47,7 +47,7 @@ def test_every_example_recipe_output_is_identical_to_its_source(tmp_path: Path,
     shutil.copytree(REPO / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     subprocess.run([sys.executable, str(REPO / "recipes" / "generate_demo_data.py"), str(tmp_path / "demo-out")],
                    check=True, capture_output=True)
-    from migrator.recipe_loader import load_recipe
+    from migrator.recipe.loader import load_recipe
 
     assert sorted(RECIPES) == sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
     for name in RECIPES:
@@ -136,7 +136,7 @@ def test_json_shape_and_statuses(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_without_the_compiled_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Windows compare with numpy instead of the kernels' memcmp: the same document."""
-    from migrator import native
+    from migrator.core import native
 
     x = torch.randn(300_000, generator=torch.Generator().manual_seed(2))
     y = x.clone()
@@ -276,9 +276,9 @@ def test_remap_and_layout_options_and_a_sharded_folder(tmp_path: Path, capsys: p
 
 def test_windows_cover_every_byte_once(tmp_path: Path) -> None:
     from migrator import open_file
-    from migrator.casts import cast, transpose2d
-    from migrator.dtypes import F16
-    from migrator.windows import windows
+    from migrator.analysis.windows import windows
+    from migrator.core.casts import cast, transpose2d
+    from migrator.core.dtypes import F16
 
     x = torch.randn(1000, 513)
     f = tmp_path / "w.safetensors"
@@ -361,9 +361,10 @@ def test_transposed_tensor_streams_in_bounded_tiles(tmp_path: Path) -> None:
 def test_tiled_transpose_bytes_match_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: bool,
                                            rows: int, cols: int, window: int) -> None:
     """tiles.py's bands, F32 as stored and cast before or after the transpose, against torch."""
-    from migrator import casts, tiles
-    from migrator.dtypes import BY_NAME
-    from migrator.formats import open_file
+    from migrator.analysis import tiles
+    from migrator.core import casts
+    from migrator.core.dtypes import BY_NAME
+    from migrator.files.io import open_file
 
     if not kernels:
         monkeypatch.setattr(casts, "kernels", None)
@@ -390,8 +391,8 @@ def test_strided_views_stream_in_bounded_blocks(tmp_path: Path, capsys: pytest.C
     """Strided views torch.save keeps as views (a transpose, a column slice, a 3-D permute), alone and
     in a `.bin` shard: their bytes band by band equal torch's `contiguous()`, diff finds them equal to
     the contiguous copies, and a ~92 MB transposed view is compared within the memory bound."""
-    from migrator import tiles
-    from migrator.formats import open_file
+    from migrator.analysis import tiles
+    from migrator.files.io import open_file
 
     gen = torch.Generator().manual_seed(5)
     base = torch.randn(300, 70, generator=gen)

@@ -20,8 +20,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from migrator.cli import _parser, main
-from migrator.display import count, escape, human_bytes, print_table, wrap
-from migrator.report import ApplyReport, ReportError
+from migrator.core.display import count, escape, human_bytes, print_table, wrap
+from migrator.plan.report import ApplyReport, ReportError
 
 MARKUP = ["encoder[bold].weight", "a[/]b", "x[/bold]y", "[link=file:///etc/passwd]z[/link]", "\\[esc].w",
           "[red]", "[/]"]
@@ -119,7 +119,7 @@ def test_tables_fit_the_width_by_wrapping_names_at_dots(rich: bool, monkeypatch:
 
 
 def test_fit_table_shrinks_the_widest_wrap_columns_first() -> None:
-    from migrator.display import fit_table
+    from migrator.core.display import fit_table
 
     assert fit_table([40, 5, 30], (0, 2), None) == [40, 5, 30]  # piped: no limit
     assert fit_table([40, 5, 30], (0, 2), 100) == [40, 5, 30]  # fits already
@@ -390,7 +390,7 @@ def test_failing_plan_and_run_json_carry_an_error_object(tmp_path: Path, capsys:
 def test_progress_columns_use_iec_units() -> None:
     from types import SimpleNamespace
 
-    from migrator.execute import progress_columns
+    from migrator.run.execute import progress_columns
 
     done, speed = progress_columns()
     task = SimpleNamespace(completed=3 * 1024**2 + 512 * 1024, total=5 * 1024**3, finished_speed=None,
@@ -402,7 +402,7 @@ def test_progress_columns_use_iec_units() -> None:
 
 def test_inspect_json_is_the_summary_exactly_one_tensor_a_line(hostile: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from migrator.inspect import inspect_file
+    from migrator.analysis.inspect import inspect_file
 
     empty = tmp_path / "empty.safetensors"
     save_file({}, str(empty), metadata={"format": "pt"})

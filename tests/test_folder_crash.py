@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from migrator import from_numpy, save
-from migrator.atomic_folder import SCRATCH_DIR_RE
+from migrator.storage.atomic_folder import SCRATCH_DIR_RE
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -17,9 +17,9 @@ hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
 from model_support import tiny_bert  # noqa: E402
 
-from migrator.errors import FormatError, ReaderClosedError  # noqa: E402
-from migrator.formats import open_file, save  # noqa: E402
-from migrator.formats.sharded import OPEN_SHARDS  # noqa: E402
+from migrator.core.errors import FormatError, ReaderClosedError  # noqa: E402
+from migrator.files.io import open_file, save  # noqa: E402
+from migrator.files.sharded import OPEN_SHARDS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -298,7 +298,7 @@ def test_shards_read_by_two_threads(tmp_path: Path) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from migrator.convert import convert
+    from migrator.run.convert import convert
 
     rng = np.random.default_rng(2)
     arrays = {}
@@ -326,13 +326,13 @@ def test_read_after_close_is_an_error(st_folder: Path) -> None:
 
 
 def test_a_shard_being_read_is_never_the_target(tmp_path: Path, st_folder: Path) -> None:
-    from migrator.errors import SameFileError
+    from migrator.core.errors import SameFileError
 
     f = _copy(st_folder, tmp_path / "m")
     before = (f / "model-00002-of-00005.safetensors").read_bytes()
     for src in (f, f / "model.safetensors.index.json", f / "model-*.safetensors"):
         with pytest.raises(SameFileError, match="refusing to write onto a file being read"):
-            from migrator.convert import convert
+            from migrator.run.convert import convert
 
             convert(str(src), str(f / "model-00002-of-00005.safetensors"), overwrite=True, progress=False)
     assert (f / "model-00002-of-00005.safetensors").read_bytes() == before

@@ -34,11 +34,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from migrator import casts, dtypes
-from migrator.errors import FormatError, MigratorError
-from migrator.formats import open_file
-from migrator.recipe_loader import RecipeError, parse_recipe
-from migrator.tensor import LazyTensor
+from migrator.core import casts, dtypes
+from migrator.core.errors import FormatError, MigratorError
+from migrator.core.tensor import LazyTensor
+from migrator.files.io import open_file
+from migrator.recipe.loader import RecipeError, parse_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -219,7 +219,7 @@ RSS_BOMB = """
 import mmap, sys
 sys.path.insert(0, sys.argv[1])
 import fuzz
-from migrator.errors import FormatError
+from migrator.core.errors import FormatError
 
 def bomb(*a, **k):
     buf = mmap.mmap(-1, 100 << 20)
@@ -256,7 +256,7 @@ def test_harness_tells_typed_from_untyped(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_harness_checks_results_not_only_errors() -> None:
     """A reader that 'succeeds' with a tensor whose bytes contradict its shape is a failure."""
-    from migrator.bytesource import MemorySource
+    from migrator.core.bytesource import MemorySource
     from migrator.formats.base import Reader
 
     class Fake(Reader):
@@ -315,7 +315,7 @@ _ITEMS = 100_000
 
 
 def _peak(monkeypatch: pytest.MonkeyPatch, data: bytes) -> int:
-    from migrator.limits import Limits
+    from migrator.core.limits import Limits
 
     limits = Limits(header_object_base=0)
     tracemalloc.start()

@@ -28,8 +28,8 @@ st_numpy = pytest.importorskip("safetensors.numpy")
 import remote_servers  # noqa: E402
 from store_support import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
 
-from migrator import dtypes  # noqa: E402
-from migrator.tensor import LazyTensor  # noqa: E402
+from migrator.core import dtypes  # noqa: E402
+from migrator.core.tensor import LazyTensor  # noqa: E402
 
 gcs_endpoint = pytest.fixture(scope="module")(remote_servers.fake_gcs_endpoint)
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from migrator import open_file
-from migrator.modules import module_path
 from migrator.naming import compile_regex
+from migrator.transform.modules import module_path
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -21,17 +21,18 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save as st_save_numpy
 
-from migrator import dtypes
-from migrator import tensor as tensor_mod
-from migrator.bytesource import FileSource, MemorySource
-from migrator.errors import PlanError
-from migrator.formats import burnpack, cbor, open_file, to_bytes
+from migrator.core import dtypes
+from migrator.core import tensor as tensor_mod
+from migrator.core.bytesource import FileSource, MemorySource
+from migrator.core.errors import PlanError
+from migrator.core.limits import DEFAULT_LIMITS
+from migrator.core.scalars import Scalar
+from migrator.core.tensor import LazyTensor, stored, stored_many
+from migrator.files.io import open_file, to_bytes
+from migrator.formats import burnpack, cbor
 from migrator.formats import safetensors as st_mod
 from migrator.formats.burnpack import BurnpackReader
 from migrator.formats.safetensors import SafetensorsReader, SafetensorsWriter
-from migrator.limits import DEFAULT_LIMITS
-from migrator.scalars import Scalar
-from migrator.tensor import LazyTensor, stored, stored_many
 
 ST_DTYPES = [d for d in dtypes.ALL if d.safetensors]
 
@@ -707,7 +708,7 @@ def test_safetensors_writer_matches_the_library_on_generated_models(seed: int) -
     rng = np.random.default_rng(seed)
     arrays = {f"m.{i}.{'é' if i % 7 == 0 else 'w'}": rng.standard_normal(tuple(rng.integers(0, 4, size=2)))
               .astype(rng.choice(["float32", "float16", "int8", "bool", "uint64"])) for i in range(300)}
-    from migrator.tensor import from_numpy
+    from migrator.core.tensor import from_numpy
 
     assert st_bytes([from_numpy(k, v) for k, v in arrays.items()]) == st_save_numpy(arrays)
 
@@ -760,7 +761,7 @@ def test_burnpack_writer_fast_checks_agree(case: int, monkeypatch: pytest.Monkey
 
 
 def test_burnpack_writer_names_the_tensor_that_cannot_be_utf8() -> None:
-    from migrator.errors import PlanError
+    from migrator.core.errors import PlanError
 
     ok = [LazyTensor(f"t{i}", dtypes.U8, (1,), 1, loader=lambda: b"x") for i in range(3)]
     with pytest.raises(PlanError, match="not valid Unicode text") as info:

@@ -36,11 +36,11 @@ import numpy as np
 import pytest
 
 import migrator
-from migrator import limits as limits_mod
-from migrator.errors import FormatError, LimitExceededError, MigratorError, UnsafePickleError
+from migrator.core import limits as limits_mod
+from migrator.core.errors import FormatError, LimitExceededError, MigratorError, UnsafePickleError
+from migrator.core.limits import DEFAULT_LIMITS, Limits
 from migrator.formats import burnpack, cbor, pytorch, safetensors  # imported now, not counted per case
-from migrator.limits import DEFAULT_LIMITS, Limits
-from migrator.safepickle import WholeModelPickleError
+from migrator.formats.safepickle import WholeModelPickleError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -54,7 +54,7 @@ MiB = 1 << 20
 BUDGETS = {"pickle": (80, 8 * MiB), "file": (16, 8 * MiB)}
 
 
-def touch_all(reader: migrator.formats.Reader) -> None:
+def touch_all(reader: migrator.files.io.Reader) -> None:
     for t in reader.tensors:
         t.data()
         if t.dtype.numpy_name is not None:
@@ -602,7 +602,7 @@ def test_legacy_storage_count_beyond_the_file(tmp_path: Path) -> None:
 
 def test_sys_info_with_a_huge_integer_still_inspects(tmp_path: Path) -> None:
     """A 4 KiB LONG in sys_info must not reach `inspect --json` (str() of it would raise ValueError)."""
-    from migrator.inspect import summarize
+    from migrator.analysis.inspect import summarize
 
     sys_info = P2 + b"}(" + u("little_endian") + b"\x88" + u("x") + b"\x8b\x00\x10\x00\x00" + b"\x01" * 4096 + b"u."
     head = pickle.dumps(pytorch.LEGACY_MAGIC, protocol=2) + pickle.dumps(1001, protocol=2)
@@ -651,7 +651,7 @@ def test_crc_is_checked_before_unpickling(tmp_path: Path) -> None:
 
 
 def test_documented_limit_values() -> None:
-    from migrator import recipe_loader
+    from migrator.recipe import loader as recipe_loader
 
     documented = {
         "max_file_bytes": 100 << 30, "max_metadata_bytes": 100 * MiB, "max_tensors": 100_000,
@@ -739,7 +739,8 @@ def test_file_truncated_under_a_reader(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import os, sys
         import numpy as np
-        from migrator import casts, dtypes, from_numpy, open_file, save
+        from migrator import from_numpy, open_file, save
+        from migrator.core import casts, dtypes
         save([from_numpy("a", np.ones(1 << 18, np.float32))], "m.safetensors", overwrite=True)
         r = open_file("m.safetensors")
         mode = sys.argv[1]

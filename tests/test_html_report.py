@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from test_recipes_e2e import ORDER  # every example recipe, in an order that makes their inputs
 
+from migrator.analysis.html_report import MAX_DEPTH, diff_page, inspect_page, plan_page
 from migrator.cli import main
-from migrator.html_report import MAX_DEPTH, diff_page, inspect_page, plan_page
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "</script><img src=x onerror=alert(1)>"  # no dot: one segment of a name

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from migrator.jobs import target_for
+from migrator.run.jobs import target_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,13 +153,13 @@ def test_a_job_writing_what_another_reads_is_refused(tmp_path: Path) -> None:
 
 
 def test_ray_is_imported_only_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    code = ("import sys, migrator.cli, migrator.jobs, migrator.parallel_write, migrator.ray_executor\n"
+    code = ("import sys, migrator.cli, migrator.run.jobs, migrator.run.parallel_write, migrator.run.ray_executor\n"
             "assert 'ray' not in sys.modules, 'ray imported'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
-    from migrator.errors import MigratorError
-    from migrator.ray_executor import ray_module
+    from migrator.core.errors import MigratorError
+    from migrator.run.ray_executor import ray_module
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(MigratorError, match=r"pip install 'migrator\[ray\]'"):
@@ -167,7 +167,7 @@ def test_ray_is_imported_only_when_asked_for(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_the_default_jobs_are_the_cpus_this_process_may_use() -> None:
-    from migrator.jobs import available_cpus
+    from migrator.run.jobs import available_cpus
 
     want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert available_cpus() == want
@@ -176,7 +176,7 @@ def test_the_default_jobs_are_the_cpus_this_process_may_use() -> None:
 def test_jobs_executor_comes_from_the_flag_else_the_recipes_which_must_agree(tmp_path: Path) -> None:
     import argparse
 
-    from migrator.jobs import JobsUsageError, jobs_executor
+    from migrator.run.jobs import JobsUsageError, jobs_executor
 
     base = "version: 1\nsource: {path: w.safetensors}\ntarget: {path: %s}\n"
     (tmp_path / "ray.yaml").write_text(base % "a.bpk" + "executor: {ray: {address: 'head:6379'}}\n")

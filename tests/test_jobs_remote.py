@@ -23,7 +23,7 @@ st_numpy = pytest.importorskip("safetensors.numpy")
 
 import remote_servers  # noqa: E402
 
-from migrator.jobs import target_for  # noqa: E402
+from migrator.run.jobs import target_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from migrator import casts
+from migrator.core import casts
 
 KERNELS = casts.kernels
 
@@ -19,7 +19,7 @@ KERNELS = casts.kernels
 def kernels(request: pytest.FixtureRequest) -> Iterator[object]:
     """The kernels with their AVX/F16C loops allowed, then with only the portable (SSE2) ones."""
     if KERNELS is None:
-        pytest.skip("migrator._kernels not built (test_casts.test_kernels_built_when_a_compiler_exists says why)")
+        pytest.skip("migrator.core._kernels not built (test_casts.test_kernels_built_when_a_compiler_exists says why)")
     KERNELS.use_f16c(request.param == "vector")
     try:
         yield KERNELS

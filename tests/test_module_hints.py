@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from migrator import open_file
-from migrator.adapters import AdapterError, BurnToPyTorchAdapter, HalfPrecisionAdapter, PyTorchToBurnAdapter
-from migrator.modules import KNOWN_MODULE_TYPES, ModuleResolver, exact_regex, fit_problem, module_path
+from migrator.core.tensor import from_numpy
 from migrator.naming import compile_regex
-from migrator.tensor import from_numpy
+from migrator.transform.adapters import AdapterError, BurnToPyTorchAdapter, HalfPrecisionAdapter, PyTorchToBurnAdapter
+from migrator.transform.modules import KNOWN_MODULE_TYPES, ModuleResolver, exact_regex, fit_problem, module_path
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -246,7 +246,7 @@ def test_a_misfit_declaration_fails_every_tensor_of_its_module() -> None:
 
 
 def test_norm_renames_of_a_non_vector_are_refused_by_the_adapter_too() -> None:
-    from migrator.modules import ModuleType
+    from migrator.transform.modules import ModuleType
 
     m = ModuleType("LayerNorm", "declared", "modules: LayerNorm: 'x'")
     with pytest.raises(AdapterError, match=r"1-D, this one is \[4, 4\]"):
@@ -254,7 +254,7 @@ def test_norm_renames_of_a_non_vector_are_refused_by_the_adapter_too() -> None:
 
 
 def test_an_inferred_type_that_does_not_fit_names_the_inference_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    import migrator.modules as modules
+    import migrator.transform.modules as modules
 
     wrong = modules.ModuleType("LayerNorm", "inferred", "a rule that went wrong")
     monkeypatch.setattr(modules, "infer", lambda path, params: wrong)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from migrator.adapters import AdapterError as ExportedAdapterError
-from migrator.errors import MigratorError
-from migrator.modules import BURN_MODULE_TYPES, AdapterError, ModuleResolver, ModuleType, module_path, qualify
+from migrator.core.errors import MigratorError
+from migrator.transform.adapters import AdapterError as ExportedAdapterError
+from migrator.transform.modules import BURN_MODULE_TYPES, AdapterError, ModuleResolver, ModuleType, module_path, qualify
 
 Shapes = list[tuple[str, tuple[int, ...]]]
 
@@ -315,8 +315,8 @@ def _reference_type(declared: dict[str, list[str]], tensors: Shapes,
                     name: str) -> ModuleType | tuple[str, str, str]:
     """One module resolved alone, with nothing shared: the first matching declaration, else `infer`;
     the misfit (type, param, rule) when the type does not fit the module's tensors."""
-    from migrator.modules import _bias_layout, _norm_possible, fit_problem, infer
     from migrator.naming import compile_regex
+    from migrator.transform.modules import _bias_layout, _norm_possible, fit_problem, infer
 
     path = module_path(name)
     params = {n.rpartition(".")[2]: s for n, s in tensors if module_path(n) == path}

@@ -12,10 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 
-from migrator.execute import run_plan  # noqa: E402
-from migrator.ops import lazy  # noqa: E402
-from migrator.plan import build_plan  # noqa: E402
-from migrator.recipe_loader import RecipeError, load_recipe  # noqa: E402
+from migrator.plan.build import build_plan  # noqa: E402
+from migrator.recipe.loader import RecipeError, load_recipe  # noqa: E402
+from migrator.run.execute import run_plan  # noqa: E402
+from migrator.transform import lazy_ops as lazy  # noqa: E402
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool]
@@ -342,7 +342,7 @@ def test_cli_exit_code_and_json_issue(bad_src: Path) -> None:
 
 
 def test_output_is_byte_reproducible_and_report_round_trips(tmp_path: Path) -> None:
-    from migrator.report import ApplyReport
+    from migrator.plan.report import ApplyReport
 
     t = sources(torch.bfloat16, strided=True)
     torch.save(t, tmp_path / "in.pt")
@@ -441,7 +441,7 @@ def test_streamed_ops_never_materialise_a_stored_input(tmp_path: Path, monkeypat
     import os
 
     from migrator import open_file
-    from migrator.tensor import LazyTensor
+    from migrator.core.tensor import LazyTensor
 
     g = torch.Generator().manual_seed(9)
     t = {"a": torch.randn(64, 48, generator=g), "b": torch.randn(64, 48, generator=g)}

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from migrator import from_numpy, save
 from migrator.cli import main
-from migrator.scalars import Scalar
+from migrator.core.scalars import Scalar
 
 # transformers 4.x's `load_state_dict` raises OSError for a SafeTensors file whose metadata exists and
 # whose `format` is not one of these; the installed transformers (5.x) no longer checks, so the test

@@ -1,4 +1,4 @@
-"""One output written by several workers (`--workers`, migrator.parallel_write): the same bytes as
+"""One output written by several workers (`--workers`, migrator.run.parallel_write): the same bytes as
 one writer, as the safetensors library writes them, with torch's values, and nothing published when
 a task fails."""
 
@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save, save_file
 
 import migrator
 from migrator.formats.safetensors import SafetensorsWriter
-from migrator.parallel_write import LocalRunner, save_file_parallel, split_ranges
+from migrator.run.parallel_write import LocalRunner, save_file_parallel, split_ranges
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
 def test_split_ranges_cover_the_data_once_in_contiguous_runs() -> None:
     with migrator.open_file(migrator.to_bytes([migrator.from_numpy(k, v) for k, v in _arrays().items()],
                                               "burnpack")) as r:
-        writer = migrator.formats.writer_class("burnpack")(r.tensors)
+        writer = migrator.files.io.writer_class("burnpack")(r.tensors)
         prefix, tensors, offsets = writer.layout()
         for parts in (1, 2, 3, 5, len(tensors), 100):
             tasks = split_ranges(tensors, offsets, len(prefix), parts)

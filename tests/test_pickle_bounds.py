@@ -17,9 +17,9 @@ import pytest
 from test_hostile import P2, REBUILD, in_legacy, in_zip, u
 
 import migrator
-from migrator import safepickle as sp
-from migrator.errors import FormatError, LimitExceededError, MigratorError
+from migrator.core.errors import FormatError, LimitExceededError, MigratorError
 from migrator.formats import pytorch
+from migrator.formats import safepickle as sp
 from tools import fuzz
 
 HASH_MOD = (1 << 61) - 1  # CPython hashes an int as its value modulo this prime

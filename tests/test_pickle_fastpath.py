@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 import migrator
-from migrator import safepickle as sp
-from migrator.errors import FormatError, MigratorError
-from migrator.tensor import from_numpy
+from migrator.core.errors import FormatError, MigratorError
+from migrator.core.tensor import from_numpy
+from migrator.formats import safepickle as sp
 
 torch = pytest.importorskip("torch")
 
@@ -81,7 +81,7 @@ def migrator_file() -> bytes:
     rng = np.random.default_rng(0)
     tensors = [from_numpy(f"h.{i}.w", rng.standard_normal((i % 4 + 1, 3)).astype(np.float32)) for i in range(200)]
     tensors.append(from_numpy("scalar", np.array(2.0, np.float32)))
-    return migrator.formats.to_bytes(tensors, "pytorch")
+    return migrator.files.io.to_bytes(tensors, "pytorch")
 
 
 VARIANTS: dict[str, Callable[[], bytes]] = {

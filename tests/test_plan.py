@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from migrator import from_numpy, open_file, save
-from migrator.errors import PlanError, TargetExistsError
-from migrator.execute import MigrationError, run_plan
-from migrator.plan import build_plan
-from migrator.recipe import Recipe
-from migrator.scalars import Scalar
+from migrator.core.errors import PlanError, TargetExistsError
+from migrator.core.scalars import Scalar
+from migrator.plan.build import build_plan
+from migrator.recipe.model import Recipe
+from migrator.run.execute import MigrationError, run_plan
 
 
 def keep_bias(name: str) -> bool:

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from migrator import dtypes, from_numpy, save
-from migrator.plan import build_plan
-from migrator.recipe import Recipe
-from migrator.tensor import LazyTensor
+from migrator import from_numpy, save
+from migrator.core import dtypes
+from migrator.core.tensor import LazyTensor
+from migrator.plan.build import build_plan
+from migrator.recipe.model import Recipe
 
 
 def _slots(t: LazyTensor) -> tuple[object, ...]:
@@ -76,8 +77,8 @@ def test_plan_ops_and_names_match_a_step_by_step_account(tmp_path: Path) -> None
 
 def test_stored_tensors_of_a_file_are_one_view_object_per_tensor(tmp_path: Path) -> None:
     """`stored` and `stored_many` over a file: the span is the loader, and both give the file's bytes."""
-    from migrator.bytesource import FileSource, FileSpan
-    from migrator.tensor import stored, stored_many
+    from migrator.core.bytesource import FileSource, FileSpan
+    from migrator.core.tensor import stored, stored_many
 
     path = tmp_path / "raw.bin"
     payload = bytes(range(256)) * 40
@@ -100,8 +101,8 @@ def test_stored_tensors_of_a_file_are_one_view_object_per_tensor(tmp_path: Path)
 @pytest.mark.parametrize("to_name", ["F64", "F32", "F16", "BF16", "I32"])
 def test_caster_matches_cast_per_tensor(monkeypatch: pytest.MonkeyPatch, src_name: str, to_name: str) -> None:
     """The per-dtype-pair caster gives what `cast` gives, for plain and transposed tensors, or declines."""
-    from migrator import casts
-    from migrator.casts import cast, caster, transpose2d
+    from migrator.core import casts
+    from migrator.core.casts import cast, caster, transpose2d
 
     monkeypatch.setattr(casts, "STREAMED_ABOVE", 0)  # these small tensors stream too, to compare chunks
 
@@ -126,7 +127,7 @@ def test_caster_matches_cast_per_tensor(monkeypatch: pytest.MonkeyPatch, src_nam
 def test_plain_plan_table_matches_a_cell_by_cell_rendering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """The large-plan table (memoised cells, `%` rows) prints what formatting each cell afresh prints."""
-    from migrator import recipe_cli
+    from migrator.cli import recipe as recipe_cli
 
     tensors = [from_numpy(f"h.{i}.fc.weight", np.ones((4, 3 + i % 2), np.float32)) for i in range(4)]
     tensors += [from_numpy(f"h.{i}.ln.weight", np.ones(3 + i, np.float32)) for i in range(3)]

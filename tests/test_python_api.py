@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import migrator
-from migrator.errors import ReaderClosedError, TensorNotFoundError
+from migrator.core.errors import ReaderClosedError, TensorNotFoundError
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
@@ -96,7 +96,8 @@ def test_other_array_likes_are_taken_by_protocol() -> None:
     assert torch.equal(got["a"], torch.arange(4, dtype=torch.int32))
     assert torch.equal(got["n"], torch.ones(2, 2, dtype=torch.float64))
     assert torch.equal(got["d"], torch.tensor([1.0, 2.0]))
-    with pytest.raises(migrator.errors.MigratorError, match=r"tensor 'x': cannot make a tensor of a builtins\.object"):
+    with pytest.raises(migrator.core.errors.MigratorError,
+                       match=r"tensor 'x': cannot make a tensor of a builtins\.object"):
         migrator.from_numpy("x", object())
 
 
@@ -116,7 +117,7 @@ def test_plain_numbers_are_scalars() -> None:
         "epoch": migrator.Scalar("Int", 3), "lr": migrator.Scalar("Float", 0.5), "done": migrator.Scalar("Bool", True),
         "big": migrator.Scalar("UInt", 2**63), "np": migrator.Scalar("Int", 7)})
     assert plain == typed
-    with pytest.raises(migrator.errors.MigratorError, match="scalar 'x'"):
+    with pytest.raises(migrator.core.errors.MigratorError, match="scalar 'x'"):
         migrator.to_bytes(t, "burnpack", scalars={"x": "3"})
 
 
@@ -148,11 +149,11 @@ def test_run_recipe_returns_the_report(tmp_path: Path) -> None:
     assert report.renames() == [("model.0.weight", "0.weight"), ("model.2.weight", "1.weight")]
     got = st_torch.load_file(tmp_path / "out.safetensors")
     assert torch.equal(got["1.weight"], sd["model.2.weight"])
-    with pytest.raises(migrator.errors.MigratorError, match="exists"):
+    with pytest.raises(migrator.core.errors.MigratorError, match="exists"):
         migrator.run_recipe(tmp_path / "r.yaml")
     assert migrator.run_recipe(tmp_path / "r.yaml", overwrite=True).status == "ok"
     from migrator.api import RecipeRunError
-    from migrator.recipe import Recipe
+    from migrator.recipe.model import Recipe
 
     bad = Recipe.model_validate({"version": 1, "source": {"path": "m.pt"},
                                  "target": {"path": "t.bpk", "template": "out.safetensors"}})

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from conftest import fixture_file
 
-from migrator import dtypes, safepickle
-from migrator.errors import (
+from migrator.core import dtypes
+from migrator.core.errors import (
     FormatError,
     LimitExceededError,
     MigratorError,
@@ -24,9 +24,10 @@ from migrator.errors import (
     UnsafePickleError,
     UnsupportedDTypeError,
 )
-from migrator.formats import open_file
+from migrator.core.scalars import Scalar
+from migrator.files.io import open_file
+from migrator.formats import safepickle
 from migrator.formats.pytorch import PytorchReader
-from migrator.scalars import Scalar
 
 torch = pytest.importorskip("torch")
 

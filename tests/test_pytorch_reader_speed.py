@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from migrator import safepickle as sp
-from migrator.errors import FormatError
-from migrator.formats import open_file
+from migrator.core.errors import FormatError
+from migrator.files.io import open_file
+from migrator.formats import safepickle as sp
 
 torch = pytest.importorskip("torch")
 

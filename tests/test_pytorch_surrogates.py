@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from migrator.errors import FormatError
-from migrator.formats import open_file
+from migrator.core.errors import FormatError
+from migrator.files.io import open_file
 
 torch = pytest.importorskip("torch")
 

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from migrator import dtypes
-from migrator.errors import PlanError, UnsupportedDTypeError
-from migrator.formats import open_file, save, to_bytes
+from migrator.core import dtypes
+from migrator.core.errors import PlanError, UnsupportedDTypeError
+from migrator.core.scalars import Scalar
+from migrator.core.tensor import LazyTensor, from_numpy
+from migrator.files.io import open_file, save, to_bytes
 from migrator.formats.pytorch_writer import PytorchWriter
-from migrator.scalars import Scalar
-from migrator.tensor import LazyTensor, from_numpy
 
 torch = pytest.importorskip("torch")
 
@@ -218,7 +218,7 @@ class _PipeSink(io.RawIOBase):
 def test_streamed_computed_tensors_match_torch_seekable_or_not(tmp_path: Path, force_zip64: bool) -> None:
     """Large transposes and casts are streamed (several on the Ahead thread) and their CRCs patched in;
     a sink that cannot seek gets the same bytes the whole-tensor way."""
-    from migrator import casts
+    from migrator.core import casts
 
     rng = np.random.default_rng(3)
     arrays = {f"l{i}.weight": rng.standard_normal((300 + i, 700)).astype(np.float32) for i in range(4)}

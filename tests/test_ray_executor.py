@@ -143,8 +143,8 @@ def test_an_address_where_nothing_answers_is_refused_at_once(tmp_path: Path) -> 
 def test_a_loopback_address_is_also_tried_at_the_node_address() -> None:
     """Ray reaches a loopback host through the node's own address, so an answer there is enough; an
     address answering nowhere is refused, and `auto`, `local` and other forms are left to Ray."""
-    from migrator.errors import MigratorError
-    from migrator.ray_executor import check_reachable
+    from migrator.core.errors import MigratorError
+    from migrator.run.ray_executor import check_reachable
 
     with socket.socket() as listener, _held_port() as closed:
         listener.bind(("127.0.0.2", 0))  # the node address of this test: another loopback address

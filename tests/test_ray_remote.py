@@ -25,7 +25,7 @@ boto3 = pytest.importorskip("boto3")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 from migrator.cli import main  # noqa: E402
-from migrator.jobs import URL_TARGET_SERIAL  # noqa: E402
+from migrator.run.jobs import URL_TARGET_SERIAL  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def s3_and_ray() -> Iterator[Any]:
         # this process's store clients point at the stopped server: later tests must make their own
         import s3fs
 
-        from migrator.remote import fs
+        from migrator.storage.remote import fs
 
         fs._FS_CACHE.clear()
         s3fs.S3FileSystem.clear_instance_cache()
@@ -132,7 +132,7 @@ def test_a_recipe_executor_runs_on_ray_unless_the_command_line_says_otherwise(
         s3_and_ray: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from safetensors.numpy import load_file, save_file
 
-    import migrator.ray_executor as rx
+    import migrator.run.ray_executor as rx
 
     joined: list[str | None] = []
     real = rx.ray_module

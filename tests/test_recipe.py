@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from migrator.errors import MigratorError
-from migrator.recipe import CastSpec, FloatCastSpec, HalfPrecisionSpec, Recipe
-from migrator.recipe_loader import (
+from migrator.core.errors import MigratorError
+from migrator.recipe.loader import (
     MAX_RECIPE_BYTES,
     SCHEMA_REGENERATE,
     LoadedRecipe,
@@ -26,6 +25,7 @@ from migrator.recipe_loader import (
     recipe_json_schema,
     recipe_json_schema_text,
 )
+from migrator.recipe.model import CastSpec, FloatCastSpec, HalfPrecisionSpec, Recipe
 
 REPO = Path(__file__).resolve().parents[1]
 ADAPTERS = ("valid adapters: identity, pytorch_to_burn, burn_to_pytorch, half_precision, "

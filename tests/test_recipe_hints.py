@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from migrator.cli import main
-from migrator.recipe_loader import RecipeError, parse_recipe
+from migrator.recipe.loader import RecipeError, parse_recipe
 
 
 def yaml_error(text: str) -> str:

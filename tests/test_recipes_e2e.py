@@ -13,7 +13,7 @@ import pytest
 
 from migrator import open_file
 from migrator.cli import main
-from migrator.recipe_loader import load_recipe
+from migrator.recipe.loader import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",

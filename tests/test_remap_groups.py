@@ -19,7 +19,7 @@ import pytest
 from migrator import from_numpy, save
 from migrator.naming import NamingError, RemapRule
 from migrator.naming.remap import _python_refs
-from migrator.recipe_loader import RecipeError, load_recipe
+from migrator.recipe.loader import RecipeError, load_recipe
 
 CASES = [  # (from, to, what the message says)
     (r"^(\d+)\.", "layers.$2.", "$2: group 2 does not exist; the pattern has 1 group"),

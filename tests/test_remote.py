@@ -29,7 +29,7 @@ import remote_servers  # noqa: E402
 from remote_servers import Behaviour, HttpServer  # noqa: E402
 from store_support import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
 
-from migrator.errors import MigratorError  # noqa: E402
+from migrator.core.errors import MigratorError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PART = 5 << 20  # S3's smallest part
@@ -102,7 +102,7 @@ def test_convert_s3_to_local_equals_local_convert(s3: Any, tmp_path: Path) -> No
 
 def test_pass_through_never_fetches_a_tensor_whole(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import migrator
-    from migrator.remote.source import RemoteSource
+    from migrator.storage.remote.source import RemoteSource
 
     want = model()
     url = put(s3, "m.safetensors", st_numpy.save(want))
@@ -216,8 +216,8 @@ def test_interrupted_upload_leaves_no_object_and_no_parts(s3: Any, exc: type[Bas
 
 def test_conditional_publish_refuses_a_racing_writer(s3: Any) -> None:
     """If-None-Match: * on CompleteMultipartUpload: an object created while the upload ran survives."""
-    from migrator.errors import TargetExistsError
-    from migrator.remote.upload import remote_output
+    from migrator.core.errors import TargetExistsError
+    from migrator.storage.remote.upload import remote_output
 
     url = f"s3://{s3.bucket}/race.bin"
     with pytest.raises(TargetExistsError), remote_output(url, expected_size=6 << 20) as sink:
@@ -283,7 +283,7 @@ def test_http_header_requests(http: HttpServer, tmp_path: Path) -> None:
     many = st_numpy.save({f"layer.{i}.weight": np.full(4, i, np.float32) for i in range(3000)})  # ~200 KiB header
     http.store.objects |= {"/small.safetensors": small, "/many.safetensors": many}
     (tmp_path / "s.safetensors").write_bytes(small)
-    from migrator.convert import convert
+    from migrator.run.convert import convert
 
     convert(tmp_path / "s.safetensors", tmp_path / "s.bpk")
     http.store.objects["/s.bpk"] = (tmp_path / "s.bpk").read_bytes()
@@ -365,7 +365,7 @@ def test_local_paths_never_import_fsspec(tmp_path: Path) -> None:
     (tmp_path / "m.safetensors").write_bytes(st_numpy.save(model(big=4)))
     code = ("import sys; from migrator.cli import main; rc = main(['convert', sys.argv[1], sys.argv[2]]); "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('fsspec', 's3fs', 'aiohttp', 'botocore') "
-            "or m.startswith('migrator.remote.')); print(bad); sys.exit(rc or bool(bad))")
+            "or m.startswith('migrator.storage.remote.')); print(bad); sys.exit(rc or bool(bad))")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.safetensors"), str(tmp_path / "m.bpk")],
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -390,7 +390,7 @@ def test_sequential_stream_mode_reads_the_file_in_one_get(s3: Any, tmp_path: Pat
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """MIGRATOR_REMOTE_CONCURRENCY=1: one open-ended GET after the header's, per thread reading."""
     import migrator
-    from migrator.convert import convert
+    from migrator.run.convert import convert
 
     monkeypatch.setenv("MIGRATOR_REMOTE_CONCURRENCY", "1")
     want = model()
@@ -424,7 +424,7 @@ def test_diff_remote_against_local(s3: Any, tmp_path: Path) -> None:
 
 def test_reading_after_close_is_an_error(s3: Any) -> None:
     import migrator
-    from migrator.errors import ReaderClosedError
+    from migrator.core.errors import ReaderClosedError
 
     url = put(s3, "m.safetensors", st_numpy.save(model(big=8)))
     with migrator.open_file(url) as r:
@@ -434,14 +434,14 @@ def test_reading_after_close_is_an_error(s3: Any) -> None:
 
 
 def test_part_size_grows_to_stay_within_10000_parts() -> None:
-    from migrator.remote.fs import Tuning
-    from migrator.remote.upload import S3Upload
+    from migrator.storage.remote.fs import Tuning
+    from migrator.storage.remote.upload import S3Upload
 
     class _Fs:
         def split_path(self, path: str) -> tuple[str, str, None]:
             return ("b", "k", None)
 
-    import migrator.remote.upload as up
+    import migrator.storage.remote.upload as up
 
     real = up.filesystem
     up.filesystem = lambda url: (_Fs(), "b/k")  # type: ignore[assignment]
@@ -565,8 +565,8 @@ def test_hash_sources_reads_store_objects(s3: Any, tmp_path: Path) -> None:
 def test_uploads_report_progress(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A progress bar follows an upload too: once per object written, over its planned size, and the
     bar's position (the upload's `tell()`, it has no descriptor) ends at that size."""
-    import migrator.execute
-    from migrator.convert import convert
+    import migrator.run.execute
+    from migrator.run.convert import convert
 
     src = tmp_path / "m.safetensors"
     src.write_bytes(st_numpy.save(model()))
@@ -577,14 +577,14 @@ def test_uploads_report_progress(s3: Any, tmp_path: Path, monkeypatch: pytest.Mo
         yield
         seen.append((total, sink.tell()))
 
-    real_bar = migrator.execute.progress_bar
-    monkeypatch.setattr(migrator.execute, "progress_bar", record)
+    real_bar = migrator.run.execute.progress_bar
+    monkeypatch.setattr(migrator.run.execute, "progress_bar", record)
     convert(src, f"s3://{s3.bucket}/one.safetensors", progress=True)
     assert seen == [(len(get(s3, "one.safetensors")),) * 2]
     seen.clear()
     convert(src, f"s3://{s3.bucket}/hf/", max_shard_size="3MB", progress=True)
     shards = [k for k in keys(s3) if k.startswith("hf/") and k.endswith(".safetensors")]
     assert len(shards) > 1 and sorted(seen) == sorted((len(get(s3, k)),) * 2 for k in shards)
-    monkeypatch.setattr(migrator.execute, "progress_bar", real_bar)
+    monkeypatch.setattr(migrator.run.execute, "progress_bar", real_bar)
     convert(src, f"s3://{s3.bucket}/two.safetensors", progress=True)  # the real bar, polling tell()
     assert get(s3, "two.safetensors") == get(s3, "one.safetensors")

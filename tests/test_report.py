@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from migrator.report import ApplyReport, ReportError, error_display
+from migrator.plan.report import ApplyReport, ReportError, error_display
 
 TOP = "┌─ Tensor Loading Summary ─────────────────────────"
 BOTTOM = "└───────────────────────────────────────────────────"

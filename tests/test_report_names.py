@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from migrator import from_numpy, save
 from migrator.cli import main
-from migrator.report import ApplyReport
+from migrator.plan.report import ApplyReport
 
 
 @pytest.fixture

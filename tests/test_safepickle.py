@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from migrator import safepickle as sp
-from migrator.errors import FormatError, LimitExceededError, MigratorError, UnsafePickleError
+from migrator.core.errors import FormatError, LimitExceededError, MigratorError, UnsafePickleError
+from migrator.formats import safepickle as sp
 
 torch = pytest.importorskip("torch")
 
@@ -121,7 +121,8 @@ def test_a_pickle_that_ends_before_its_buffer_reads_only_up_to_its_end() -> None
     (and tail end marks) after it in the buffer, reads as the general loop reads it, for every cut."""
     import zipfile
 
-    from migrator import formats, from_numpy
+    from migrator import from_numpy
+    from migrator.files import io as formats
 
     tensors = [from_numpy(f"h.{i}.w", np.ones((i % 3 + 1, 2), np.float32)) for i in range(12)]
     with zipfile.ZipFile(io.BytesIO(formats.to_bytes(tensors, "pytorch"))) as z:

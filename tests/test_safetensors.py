@@ -23,10 +23,10 @@ from safetensors.numpy import load as st_load_bytes
 from safetensors.numpy import save as st_save_numpy
 from safetensors.numpy import save_file as st_save_file_numpy
 
-from migrator import dtypes
-from migrator.bytesource import FileSource, MemorySource
-from migrator.dtypes import DType
-from migrator.errors import (
+from migrator.core import dtypes
+from migrator.core.bytesource import FileSource, MemorySource
+from migrator.core.dtypes import DType
+from migrator.core.errors import (
     FormatError,
     LimitExceededError,
     PlanError,
@@ -35,9 +35,9 @@ from migrator.errors import (
     TensorNotFoundError,
     UnsupportedDTypeError,
 )
-from migrator.formats import open_file, save, to_bytes
+from migrator.core.tensor import LazyTensor, from_numpy
+from migrator.files.io import open_file, save, to_bytes
 from migrator.formats.safetensors import LIBRARY_DTYPE_ORDER, SafetensorsReader, SafetensorsWriter
-from migrator.tensor import LazyTensor, from_numpy
 
 RNG = np.random.default_rng(1234)
 ST_DTYPES = [d for d in dtypes.ALL if d.safetensors]
@@ -580,7 +580,7 @@ def test_reader_is_lazy_and_zero_copy(tmp_path: Path) -> None:
 MEMORY_SCRIPT = textwrap.dedent("""
     import hashlib, resource, sys
     sys.path.insert(0, sys.argv[2])
-    from migrator.formats import open_file
+    from migrator.files.io import open_file
 
     def peak_kib():
         with open("/proc/self/status") as f:
@@ -643,7 +643,7 @@ def test_open_file_and_to_bytes_in_memory() -> None:
 
 
 def test_open_file_auto_detects_paths(tmp_path: Path) -> None:
-    pytest.importorskip("migrator.formats.burnpack")  # open_file(path) consults burnpack's path rules
+    pytest.importorskip("migrator.files.io.burnpack")  # open_file(path) consults burnpack's path rules
     path = tmp_path / "weights.safetensors"
     save([from_numpy("x", np.ones(2, np.float32))], path)
     with open_file(path) as r:
@@ -697,7 +697,7 @@ def test_writer_planning_errors() -> None:
     with pytest.raises(PlanError, match="reserved"):
         SafetensorsWriter([from_numpy("__metadata__", np.zeros(1))])
     with pytest.raises(PlanError, match="scalars"):
-        from migrator.scalars import Scalar
+        from migrator.core.scalars import Scalar
 
         SafetensorsWriter([ok], scalars={"epoch": Scalar.of(3)})
     with pytest.raises(PlanError, match="order"):

@@ -2,7 +2,7 @@
 are enums, so an editor completes and explains every key of a recipe.
 
 The walk covers the whole schema: the root, every `$defs` model, nested properties, items,
-additionalProperties and the members of anyOf / oneOf / allOf. A field added to migrator/recipe.py
+additionalProperties and the members of anyOf / oneOf / allOf. A field added to migrator/recipe/model.py
 without a description fails here, naming its path in the schema."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from migrator.recipe_loader import recipe_json_schema
+from migrator.recipe.loader import recipe_json_schema
 
 SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains")

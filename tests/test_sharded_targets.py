@@ -17,10 +17,10 @@ hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
 from model_support import tiny_bert  # noqa: E402
 
-from migrator.errors import OutputError, PlanError, TargetExistsError  # noqa: E402
-from migrator.formats import open_file  # noqa: E402
-from migrator.formats.sharded_writer import ShardedWriter, parse_size, split_shards  # noqa: E402
-from migrator.tensor import from_numpy  # noqa: E402
+from migrator.core.errors import OutputError, PlanError, TargetExistsError  # noqa: E402
+from migrator.core.tensor import from_numpy  # noqa: E402
+from migrator.files.io import open_file  # noqa: E402
+from migrator.files.sharded_writer import ShardedWriter, parse_size, split_shards  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -267,7 +267,7 @@ def test_target_that_is_a_file(tmp_path: Path, small_src: Path) -> None:
 
 
 def test_python_api_errors(tmp_path: Path) -> None:
-    from migrator.atomic_folder import check_folder_target
+    from migrator.storage.atomic_folder import check_folder_target
 
     (tmp_path / "m").mkdir()
     with pytest.raises(TargetExistsError):
@@ -311,7 +311,7 @@ def test_template_may_be_a_folder(tmp_path: Path, small_src: Path) -> None:
 
 
 def test_top_level_key_on_a_sharded_source(tmp_path: Path, small_src: Path) -> None:
-    from migrator.formats import save
+    from migrator.files.io import save
 
     save([from_numpy(f"model.w{i}", np.full((10,), i, np.float32)) for i in range(4)], tmp_path / "m",
          max_shard_size=80)
@@ -323,8 +323,8 @@ def test_top_level_key_on_a_sharded_source(tmp_path: Path, small_src: Path) -> N
 @pytest.mark.parametrize("exchange", [True, False])
 def test_overwrite_replaces_the_folder_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool) -> None:
     """With renameat2 (swap) and without it (the old folder renamed aside first, as on other systems)."""
-    import migrator.atomic_folder as af
-    from migrator.formats import save
+    import migrator.storage.atomic_folder as af
+    from migrator.files.io import save
 
     if not exchange:
         monkeypatch.setattr(af, "_renameat2", lambda *a: False)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migrator.similarity import did_you_mean, jaro
+from migrator.naming.similarity import did_you_mean, jaro
 
 JARO_VECTORS = [
     ("test", "tset", 0.916667),

@@ -121,7 +121,7 @@ def test_global_remap_clash_names_both_sources(tmp_path: Path, graft: dict[str, 
 
 
 def test_source_key_rules(tmp_path: Path) -> None:
-    from migrator.recipe_loader import RecipeError, parse_recipe
+    from migrator.recipe.loader import RecipeError, parse_recipe
 
     with pytest.raises(RecipeError, match="give source or sources, not both"):
         parse_recipe("version: 1\nsource: {path: a.pt}\nsources: [{path: b.pt}]\ntarget: {path: o.bpk}\n")

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from conftest import SHARED_FIXTURES, fixture_file
 
-from migrator import native, open_file
+from migrator import open_file
+from migrator.analysis.stats import tensor_stats
 from migrator.cli import main
-from migrator.stats import tensor_stats
+from migrator.core import native
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402

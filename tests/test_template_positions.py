@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from migrator.execute import run_plan
-from migrator.plan import build_plan
-from migrator.recipe import Recipe
-from migrator.template_match import AmbiguousMatch, match_slots
+from migrator.plan.build import build_plan
+from migrator.recipe.model import Recipe
+from migrator.run.execute import run_plan
+from migrator.transform.template_match import AmbiguousMatch, match_slots
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import migrator
-from migrator.errors import FormatError
+from migrator.core.errors import FormatError
 
 torch = pytest.importorskip("torch")
 

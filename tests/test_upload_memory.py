@@ -32,8 +32,8 @@ IN_FLIGHT = 4
 # writes of an odd size (straddling part boundaries), each stamped with its number, like a writer's
 CHILD = r"""
 import hashlib, struct, sys
-from migrator.remote.fs import Tuning
-from migrator.remote.upload import remote_output
+from migrator.storage.remote.fs import Tuning
+from migrator.storage.remote.upload import remote_output
 
 url, total = sys.argv[1], int(sys.argv[2])
 block = bytearray(bytes(range(256)) * ((3 << 20) // 256 + 1))[: (3 << 20) + 7]

@@ -149,7 +149,7 @@ def test_missing_target_folders_are_created(ws: Path, capsys: pytest.CaptureFixt
 def _truncate_source_after_the_checks(monkeypatch: pytest.MonkeyPatch, src: Path) -> None:
     """The source loses its tensor bytes after the plan was built and checked: the write fails for
     real (the bytes are not there), as with a file changed under a run."""
-    from migrator import execute
+    from migrator.run import execute
 
     check = execute.check_plan_target
 
@@ -186,7 +186,7 @@ def test_failed_plan_report_is_not_errors_empty(ws: Path, capsys: pytest.Capture
 
 def test_summary_is_printed_after_the_output_is_published(
         ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from migrator import recipe_cli
+    from migrator.cli import recipe as recipe_cli
 
     seen: list[bool] = []
     outcome = recipe_cli._print_outcome
@@ -274,7 +274,7 @@ def test_scratch_names_with_impossible_pids_are_left_alone(tmp_path: Path, pid: 
 
 def test_stale_scratch_cleanup_removes_only_files(tmp_path: Path) -> None:
     from migrator import from_numpy, save
-    from migrator.atomic import scratch_name
+    from migrator.storage.atomic import scratch_name
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -451,8 +451,8 @@ SHAPES = [(2**64 - 1, 0), (2**63 - 1, 0), (2**63, 0), (0, 2**63 - 1), (2**62, 2,
 
 
 def _empty(shape: tuple[int, ...]) -> object:
-    from migrator import dtypes
-    from migrator.tensor import LazyTensor
+    from migrator.core import dtypes
+    from migrator.core.tensor import LazyTensor
 
     return LazyTensor("enc.w", dtypes.F32, shape, 0, lambda: b"")
 
@@ -479,7 +479,7 @@ def _safetensors_shape(data: bytes, tmp_path: Path) -> tuple[int, ...]:
 def test_writers_write_only_what_the_reference_loader_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             fmt: str, shape: tuple[int, ...]) -> None:
     from migrator import to_bytes
-    from migrator.errors import PlanError
+    from migrator.core.errors import PlanError
     from migrator.formats import pytorch_writer, safetensors
 
     def load(data: bytes) -> tuple[int, ...]:
@@ -505,7 +505,7 @@ def test_writers_write_only_what_the_reference_loader_reads(tmp_path: Path, monk
 @pytest.mark.parametrize("shape", [(2**40, 2**40, 0), (2**32, 2**32, 0), (2**64, 0)], ids=str)
 def test_burnpack_writer_refuses_sizes_beyond_64_bits(shape: tuple[int, ...]) -> None:
     from migrator import to_bytes
-    from migrator.errors import PlanError
+    from migrator.core.errors import PlanError
 
     with pytest.raises(PlanError, match="64-bit") as info:
         to_bytes([_empty(shape)], "burnpack")  # type: ignore[list-item]

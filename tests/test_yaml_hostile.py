@@ -15,7 +15,7 @@ import pytest
 from alarm_support import alarm as bounded
 
 from migrator import from_numpy, save
-from migrator.recipe_loader import MAX_NONSTRING_KEYS, RecipeError, parse_recipe
+from migrator.recipe.loader import MAX_NONSTRING_KEYS, RecipeError, parse_recipe
 
 HEAD = "version: 1\nsource: {path: src.safetensors}\n"
 

@@ -9,12 +9,12 @@ from operator import attrgetter
 from types import TracebackType
 from typing import Any, BinaryIO, ClassVar
 
-from ..bytesource import ByteSource
-from ..dtypes import DType
-from ..errors import TensorNotFoundError
-from ..scalars import Scalar
-from ..similarity import did_you_mean
-from ..tensor import LazyTensor
+from ..core.bytesource import ByteSource
+from ..core.dtypes import DType
+from ..core.errors import TensorNotFoundError
+from ..core.scalars import Scalar
+from ..core.tensor import LazyTensor
+from ..naming.similarity import did_you_mean
 
 
 class Reader(Mapping[str, LazyTensor], ABC):
@@ -192,7 +192,7 @@ def check_u64_sizes(tensors: Sequence[LazyTensor], why: str) -> None:
     by its byte count, so only empty tensors are looked at."""
     if 0 not in map(attrgetter("nbytes"), tensors):  # one C-level pass for the usual case
         return
-    from ..errors import PlanError
+    from ..core.errors import PlanError
 
     u64 = (1 << 64) - 1
     for t in tensors:

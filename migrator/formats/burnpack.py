@@ -14,14 +14,14 @@ from itertools import accumulate, chain, compress, islice, repeat
 from operator import add, and_, attrgetter, is_not, lt, ne, sub
 from typing import Any, BinaryIO, ClassVar, TypeVar
 
-from .. import dtypes
-from ..bytesource import ByteSource, FileSource
-from ..dtypes import DType, Kind
-from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
-from ..limits import DEFAULT_LIMITS, Limits
-from ..scalars import SCALAR_KINDS, Scalar
-from ..streaming import Ahead, write_all, write_tensor, write_zeros
-from ..tensor import LazyTensor, stored, stored_many
+from ..core import dtypes
+from ..core.bytesource import ByteSource, FileSource
+from ..core.dtypes import DType, Kind
+from ..core.errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import SCALAR_KINDS, Scalar
+from ..core.streaming import Ahead, write_all, write_tensor, write_zeros
+from ..core.tensor import LazyTensor, stored, stored_many
 from . import cbor
 from .base import (
     Reader,
@@ -728,7 +728,7 @@ class BurnpackWriter(Writer):
     def layout(self) -> tuple[bytes, list[LazyTensor], list[int]]:
         """What `write_to` writes, as placed pieces: the bytes before the data (header and CBOR), the
         tensors in write order and each one's file offset; every other byte up to `total_size` is zero.
-        Workers writing disjoint ranges of it (`migrator.parallel_write`) give `write_to`'s bytes."""
+        Workers writing disjoint ranges of it (`migrator.run.parallel_write`) give `write_to`'s bytes."""
         header = self.header
         data_start = self.data_start
         return (struct.pack("<IHI", MAGIC, VERSION, len(header)) + bytes(header), self.tensors,

@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..dtypes import DType
-from ..errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
-from ..scalars import Scalar
-from ..streaming import SMALL_READ, Ahead, write_all, write_computed, write_tensor
-from ..tensor import LazyTensor
+from ..core.dtypes import DType
+from ..core.errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
+from ..core.scalars import Scalar
+from ..core.streaming import SMALL_READ, Ahead, write_all, write_computed, write_tensor
+from ..core.tensor import LazyTensor
 from .base import Writer
 
 ARCHIVE = "archive"

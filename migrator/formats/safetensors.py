@@ -17,14 +17,14 @@ from itertools import accumulate, chain, islice, repeat
 from operator import add, itemgetter, lt, sub
 from typing import Any, BinaryIO, ClassVar, Literal
 
-from .. import dtypes
-from ..bytesource import ByteSource
-from ..dtypes import DType
-from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
-from ..limits import DEFAULT_LIMITS, Limits
-from ..scalars import Scalar
-from ..streaming import Ahead, write_all, write_tensor
-from ..tensor import LazyTensor, stored, stored_many
+from ..core import dtypes
+from ..core.bytesource import ByteSource
+from ..core.dtypes import DType
+from ..core.errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import Scalar
+from ..core.streaming import Ahead, write_all, write_tensor
+from ..core.tensor import LazyTensor, stored, stored_many
 from .base import (
     Reader,
     Writer,
