@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-PRODUCER = "migrator"
+from .core.version import PRODUCER, __version__
 
 if TYPE_CHECKING:
     from .api import run_recipe
@@ -48,4 +47,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names and the module's own dunders: not what its code imports (`Any`, `annotations`)."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

@@ -33,13 +33,8 @@ from ..core import native
 from ..core.dtypes import DType, Kind
 from ..core.tensor import LazyTensor
 from ..files.io import Reader, open_file
+from .moments import Moments, finish
 from .windows import DEFAULT_WINDOW, ahead, windows
-
-BLOCK = 1 << 17
-"""Elements numpy reduces per step: their float64 scratch (1 MiB a buffer) stays in the L2 cache."""
-
-FLAGS = ("all_zeros", "all_equal", "has_nan", "has_inf")
-"""Every flag a tensor may get, in the order they are listed."""
 
 _KERNEL_KINDS = {"F32": 0, "FLEX32": 0, "F64": 1, "F16": 2, "BF16": 3}
 """The dtypes the compiled `float_stats` loop reads (its `kind` argument)."""
@@ -48,29 +43,6 @@ _KERNEL_KINDS = {"F32": 0, "FLEX32": 0, "F64": 1, "F16": 2, "BF16": 3}
 def supported(dtype: DType) -> bool:
     """Whether `tensor_stats` computes values for this dtype."""
     return dtype.numpy_name is not None and dtype.kind in (Kind.FLOAT, Kind.INT, Kind.UINT, Kind.BOOL)
-
-
-class Moments:
-    """Running count, mean and sum of squared deviations (Chan et al.), plus sum of |x|."""
-
-    __slots__ = ("abs_sum", "m2", "mean", "n")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.mean = 0.0
-        self.m2 = 0.0
-        self.abs_sum = 0.0
-
-    def merge(self, k: int, mean_b: float, m2_b: float, abs_sum: float) -> None:
-        """Merge a block of `k` finite values: its mean, sum of squared deviations and sum of |x|."""
-        if k == 0:
-            return
-        n = self.n + k
-        delta = mean_b - self.mean
-        self.mean += delta * k / n
-        self.m2 += m2_b + delta * delta * self.n * k / n
-        self.abs_sum += abs_sum
-        self.n = n
 
 
 def tensor_stats(tensor: LazyTensor, window: int = DEFAULT_WINDOW) -> dict[str, Any] | None:
@@ -134,42 +106,6 @@ def _kernel_stats(kernels: Any, wins: Iterator[Any], kind: int, numel: int, para
             lo, hi = min(lo, b_lo), max(hi, b_hi)
             m.merge(k, shift + s1 / k, max(s2 - s1 * s1 / k, 0.0), sa)
     return finish(m, lo, hi, zeros, nans, infs, numel)
-
-
-def finish(moments: Moments, lo: float, hi: float, zeros: int, nans: int, infs: int,
-           numel: int) -> dict[str, Any]:
-    """A float tensor's stats dict (with its `flags`) from what its blocks added up to."""
-    finite = moments.n
-    stats: dict[str, Any] = {
-        "min": lo if finite else None,
-        "max": hi if finite else None,
-        "mean": moments.mean if finite else None,
-        "std": math.sqrt(max(moments.m2, 0.0) / finite) if finite else None,
-        "mean_abs": moments.abs_sum / finite if finite else None,
-        "zeros_fraction": zeros / numel if numel else None,
-        "nan": nans,
-        "inf": infs,
-    }
-    for key in ("mean", "std", "mean_abs"):  # F64 values near the float64 limit overflow their sums
-        if stats[key] is not None and not math.isfinite(stats[key]):
-            stats[key] = None
-    stats["flags"] = flags(stats, numel, zeros)
-    return stats
-
-
-def flags(stats: dict[str, Any], numel: int, zeros: int) -> list[str]:
-    """The FLAGS that hold for a stats dict."""
-    found = []
-    if numel and zeros == numel:
-        found.append("all_zeros")
-    elif numel > 1 and not stats["nan"] and not stats["inf"] and stats["min"] is not None \
-            and stats["min"] == stats["max"]:
-        found.append("all_equal")
-    if stats["nan"]:
-        found.append("has_nan")
-    if stats["inf"]:
-        found.append("has_inf")
-    return found
 
 
 def add_stats(info: dict[str, Any], reader: Reader, window: int = DEFAULT_WINDOW) -> None:

@@ -1,6 +1,6 @@
 """`stats.tensor_stats` in numpy: the dtypes the compiled loop does not read (integers, bools, F8),
 and every dtype when the kernels are not built. The same figures as the loop, to rounding:
-blocks of `stats.BLOCK` elements, their float64 scratch in the L2 cache, merged the same way.
+blocks of `moments.BLOCK` elements, their float64 scratch in the L2 cache, merged the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.dtypes import Kind
 from ..core.tensor import LazyTensor
-from .stats import BLOCK, Moments, finish, flags
+from .moments import BLOCK, Moments, finish, flags
 from .windows import windows
 
 

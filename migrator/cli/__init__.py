@@ -37,7 +37,7 @@ def _command(sub: Any, name: str, help: str, description: str, examples: str) ->
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    from .. import __version__
+    from ..core.version import __version__
     from ..recipe import adapter_names
 
     p = _Parser(
@@ -442,7 +442,7 @@ def _remap_problem(pattern: str, replacement: str) -> str | None:
         problem = RemapRule(pattern, replacement).missing_group_problem()
     except NamingError as e:
         if e.message.startswith("invalid regex"):
-            from ..recipe.model import regex_problem
+            from ..recipe.checks import regex_problem
 
             return regex_problem(e)
         return e.message.replace(repr(replacement), f"'{replacement}'")  # as the user wrote it

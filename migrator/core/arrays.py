@@ -1,4 +1,5 @@
-"""What the Python API accepts as tensors and scalars, turned into numpy arrays and `Scalar`s.
+"""What the Python API accepts as tensors and scalars, turned into numpy arrays and `Scalar`s
+(`tensor.as_tensors` makes the arrays lazy tensors).
 
 A user hands `save`, `to_bytes` and `from_numpy` whatever they hold: numpy arrays, torch
 tensors (parameters, bf16, tensors that need grad), other array libraries, plain Python numbers.
@@ -10,7 +11,7 @@ made it (`sys.modules`), which is loaded whenever such a tensor exists.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import MigratorError
@@ -18,8 +19,6 @@ from .scalars import Scalar
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from .tensor import LazyTensor
 
 
 def is_torch_tensor(obj: object) -> bool:
@@ -70,29 +69,6 @@ def _torch_array(t: Any, name: str) -> np.ndarray:
         return t.numpy()
     except (RuntimeError, TypeError) as e:  # sparse, quantized, meta tensors...
         raise MigratorError(f"cannot read this torch tensor's values: {e}", tensor=name) from None
-
-
-def as_tensors(tensors: Mapping[str, Any] | Iterable[LazyTensor]) -> list[LazyTensor]:
-    """`save`'s input as lazy tensors: LazyTensors as they are, or a mapping of name -> LazyTensor,
-    numpy array, torch tensor (a reader is such a mapping)."""
-    from .tensor import LazyTensor, from_numpy
-
-    if isinstance(tensors, Mapping):
-        out: list[LazyTensor] = []
-        for name, value in tensors.items():
-            if not isinstance(name, str):
-                raise MigratorError(f"tensor names must be strings, got {name!r}")
-            if isinstance(value, LazyTensor):
-                out.append(value if value.name == name else value.renamed(name))
-            else:
-                out.append(from_numpy(name, value))
-        return out
-    out = list(tensors)
-    for t in out:
-        if not isinstance(t, LazyTensor):
-            raise MigratorError(f"expected LazyTensors (or a dict of name -> array), got a {type(t).__name__}; "
-                                "use migrator.from_numpy(name, array) or pass {name: array}")
-    return out
 
 
 def as_scalars(scalars: Mapping[str, Any] | None) -> dict[str, Scalar] | None:

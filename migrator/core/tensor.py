@@ -7,7 +7,7 @@ declared lengths, then asks each tensor for its bytes once, in write order, and 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -170,6 +170,27 @@ def from_numpy(name: str, array: Any, *, dtype: DType | None = None,
     nbytes = arr.nbytes
     return LazyTensor(name, dt, shape, nbytes, loader=lambda: arr.reshape(-1).view(np.uint8).data,
                       param_id=param_id)
+
+
+def as_tensors(tensors: Mapping[str, Any] | Iterable[LazyTensor]) -> list[LazyTensor]:
+    """`save`'s input as lazy tensors: LazyTensors as they are, or a mapping of name -> LazyTensor,
+    numpy array, torch tensor (a reader is such a mapping)."""
+    if isinstance(tensors, Mapping):
+        out: list[LazyTensor] = []
+        for name, value in tensors.items():
+            if not isinstance(name, str):
+                raise MigratorError(f"tensor names must be strings, got {name!r}")
+            if isinstance(value, LazyTensor):
+                out.append(value if value.name == name else value.renamed(name))
+            else:
+                out.append(from_numpy(name, value))
+        return out
+    out = list(tensors)
+    for t in out:
+        if not isinstance(t, LazyTensor):
+            raise MigratorError(f"expected LazyTensors (or a dict of name -> array), got a {type(t).__name__}; "
+                                "use migrator.from_numpy(name, array) or pass {name: array}")
+    return out
 
 
 # A frozen dataclass's constructor sets each field with a Python-level object.__setattr__, which

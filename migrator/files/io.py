@@ -137,7 +137,8 @@ def save(
     `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
     (`format` auto means SafeTensors there; see `formats.sharded_writer`).
     """
-    from ..core.arrays import as_scalars, as_tensors
+    from ..core.arrays import as_scalars
+    from ..core.tensor import as_tensors
 
     tensors, scalars = as_tensors(tensors), as_scalars(scalars)
     if max_shard_size is not None:
@@ -239,7 +240,8 @@ def to_bytes(
     scalars: Mapping[str, Scalar | bool | int | float] | None = None,
 ) -> bytes:
     """Write `tensors` into memory (Burn's `into_bytes`); takes what `save` takes."""
-    from ..core.arrays import as_scalars, as_tensors
+    from ..core.arrays import as_scalars
+    from ..core.tensor import as_tensors
 
     writer = writer_class(format)(as_tensors(tensors), metadata=metadata, scalars=as_scalars(scalars))
     buf = io.BytesIO()

@@ -13,13 +13,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from ..core import dtypes
 from ..core.dtypes import DType
 from ..core.errors import MigratorError, PlanError
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
+from ..core.version import __version__
 from ..files.io import Reader, Writer, open_file, writer_class
 from ..formats.detect import target_format
 from ..naming import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from .. import PRODUCER, __version__
+from ..core.version import PRODUCER, __version__
 
 METADATA_FORMATS = ("burnpack", "safetensors")
 RECIPE_HASH_KEY = "migrator.recipe_sha256"

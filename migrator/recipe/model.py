@@ -22,9 +22,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from . import adapter_names
+from .checks import check_regex, recipe_value_error
 from .ops import OpSpec
 
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
@@ -33,29 +33,11 @@ if TYPE_CHECKING:
 else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices
     AdapterName = Literal[adapter_names.NAMED]
 
-if TYPE_CHECKING:
-    from ..naming import NamingError
-
 
 class _Strict(BaseModel):
     # defer_build: a model's validator is built when first used, not at import. Validating a recipe
     # then builds one validator for the whole tree instead of one per model (~35 ms of start-up).
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
-
-
-RECIPE_VALUE = "recipe_value"
-"""The error type of a validator's complaint (see `recipe_value_error`)."""
-
-
-def recipe_value_error(message: str, *, key: str | None = None, hint: str | None = None) -> PydanticCustomError:
-    """A validator's complaint as pydantic's own error, carrying what a precise report needs.
-
-    Its type is RECIPE_VALUE and its context holds `message`, `key` (a sub-key of the object that
-    failed, for checks that span several keys) and `hint`, so `recipe_loader` reads them from the
-    error instead of parsing message text. The rendered message is `message` alone, so pydantic's own
-    rendering stays readable for callers that validate data without the loader.
-    """
-    return PydanticCustomError(RECIPE_VALUE, "{message}", {"message": message, "key": key, "hint": hint})
 
 
 NO_MEMBER = "recipe_union"
@@ -132,29 +114,6 @@ def _check_float_dtype(value: str, what: str) -> str:
     return value
 
 
-def _check_regex(value: str) -> str:
-    """Compile now so that a bad pattern is a validation error, never a crash mid-run."""
-    from ..naming import NamingError, compile_regex
-
-    try:
-        compile_regex(value)
-    except NamingError as e:
-        raise recipe_value_error(regex_problem(e)) from e
-    return value
-
-
-def regex_problem(e: NamingError) -> str:
-    """One line naming the pattern, the problem and where it is (0-based, like Python's re)."""
-    detail = e.message.removeprefix("invalid regex: ")
-    if e.position is None:
-        where = ""
-    elif e.position >= len(e.pattern):
-        where = " at the end"
-    else:
-        where = f" at position {e.position}"
-    return f"invalid regex '{e.pattern}'{where}: {detail}"
-
-
 def _nonempty_path(value: object) -> object:
     """An empty path would silently mean the recipe's folder; a NUL cannot be in any path."""
     if isinstance(value, str) and not value.strip():
@@ -171,7 +130,7 @@ def _no_bool(value: object) -> object:
     return value
 
 
-Regex = Annotated[str, AfterValidator(_check_regex)]
+Regex = Annotated[str, AfterValidator(check_regex)]
 """A regex in migrator's dialect (see `naming`), checked at validation."""
 
 _Path = Annotated[Path, BeforeValidator(_nonempty_path)]
@@ -309,10 +268,8 @@ class HalfPrecisionOptionsSpec(_Strict):
 
     @model_validator(mode="after")
     def _without_known(self) -> HalfPrecisionOptionsSpec:
-        from ..transform.adapters import half_precision_module_set
-
         try:
-            half_precision_module_set(self.with_, self.without)
+            adapter_names.half_precision_module_set(self.with_, self.without)
         except ValueError as e:
             raise recipe_value_error(str(e), key="without",
                                    hint="Burn's without_module accepts only names in the set") from None

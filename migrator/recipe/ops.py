@@ -35,15 +35,15 @@ def has_index_ref(text: str) -> bool:
 
 
 def _problem(message: str, *, key: str | None = None, hint: str | None = None) -> Exception:
-    from .model import recipe_value_error
+    from .checks import recipe_value_error
 
     return recipe_value_error(message, key=key, hint=hint)
 
 
 def _regex(value: str) -> str:
-    from .model import _check_regex
+    from .checks import check_regex
 
-    return _check_regex(value)
+    return check_regex(value)
 
 
 def _no_bool(value: object) -> object:

@@ -33,6 +33,7 @@ from ..core.dtypes import DType
 from ..core.errors import MigratorError
 from ..core.tensor import LazyTensor
 from ..recipe import adapter_names
+from ..recipe.adapter_names import DEFAULT_HALF_PRECISION_MODULES, half_precision_module_set
 from .modules import CONV1D, AdapterError, ModuleType, exact_regex, module_path, qualify, yaml_quoted
 
 __all__ = [
@@ -44,15 +45,6 @@ __all__ = [
 LINEAR = "Struct:Linear"
 NORM_MODULES: frozenset[str] = frozenset({"Struct:BatchNorm", "Struct:LayerNorm", "Struct:GroupNorm", "Struct:RmsNorm"})
 """Module types whose weight/bias Burn renames to gamma/beta (not InstanceNorm: Burn's code does not)."""
-
-DEFAULT_HALF_PRECISION_MODULES: frozenset[str] = frozenset({
-    "Struct:Linear", "Struct:Embedding", "Struct:Conv1d", "Struct:Conv2d", "Struct:Conv3d",
-    "Struct:ConvTranspose1d", "Struct:ConvTranspose2d", "Struct:ConvTranspose3d", "Struct:DeformConv2d",
-    "Struct:LayerNorm", "Struct:GroupNorm", "Struct:InstanceNorm", "Struct:RmsNorm", "Struct:PRelu",
-})
-"""Burn's HalfPrecisionAdapter default set (14 entries); BatchNorm is left out because its running
-variance can underflow in F16."""
-
 
 @dataclass(frozen=True)
 class Adapted:
@@ -301,23 +293,6 @@ class ChainAdapter:
             else:
                 current = b.alternative_name(param, module)
         return current
-
-
-def half_precision_module_set(with_: Sequence[str] = (), without: Sequence[str] = ()) -> frozenset[str]:
-    """Burn's default set, plus `with_`, minus `without` (names qualified as Burn does).
-
-    `with_` is applied first, so `without` may remove what `with_` added. A `without` name not in
-    the set is a `ValueError`, as Burn's ``without_module`` panics.
-    """
-    modules = set(DEFAULT_HALF_PRECISION_MODULES)
-    modules.update(qualify(n) for n in with_)
-    for n in without:
-        key = qualify(n)
-        if key not in modules:
-            known = ", ".join(sorted(m.removeprefix("Struct:") for m in modules))
-            raise ValueError(f"without: '{n}' ({key}) is not in the module set ({known})")
-        modules.discard(key)
-    return frozenset(modules)
 
 
 NAMED_ADAPTERS: dict[str, type[Adapter]] = {

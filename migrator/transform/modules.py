@@ -68,6 +68,7 @@ from typing import Any, Literal
 
 from ..core.errors import MigratorError
 from ..naming import NamingError, compile_regex
+from ..recipe.adapter_names import qualify
 
 
 class AdapterError(MigratorError):
@@ -87,11 +88,6 @@ CONV1D = "Struct:Conv1D"
 
 KNOWN_MODULE_TYPES: tuple[str, ...] = (*BURN_MODULE_TYPES, CONV1D)
 """The types whose tensors migrator checks (`fit_problem`); any other declared name is the user's own."""
-
-
-def qualify(name: str) -> str:
-    """Burn's rule: a name with ':' is kept (``Enum:X``), else it is a struct (``Struct:X``)."""
-    return name if ":" in name else f"Struct:{name}"
 
 
 def module_path(tensor_name: str) -> str:
