@@ -18,7 +18,8 @@ from typing import Any
 from ..core.display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
 from ..core.errors import MigratorError, error_json
 from ..core.limits import DEFAULT_LIMITS
-from ..plan.build import Plan, SourceKeyError, build_plan
+from ..plan.build import Plan, build_plan
+from ..plan.sources import SourceKeyError
 
 EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 

@@ -1,4 +1,4 @@
-"""Formats: open any supported file lazily, save lazy tensors atomically in any format."""
+"""Open any supported file, folder, index, glob or URL lazily; save lazy tensors atomically in any format."""
 
 from __future__ import annotations
 
@@ -7,53 +7,23 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from operator import attrgetter
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
-from ..core.bytesource import ByteSource, open_source
-from ..core.errors import UnknownFormatError
+from ..core.bytesource import ByteSource
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Reader, Writer
-from ..formats.detect import FORMATS, detect, target_format
+from ..formats.detect import FORMATS, target_format
+from ..formats.registry import reader_class, writer_class
 from ..storage.atomic import Protected, atomic_output
 from ..storage.remote import is_url
+from .single import open_single, reader_over
 
-__all__ = ["FORMATS", "Reader", "Writer", "open_file", "save", "save_planned", "to_bytes", "writer_class"]
+__all__ = ["FORMATS", "Reader", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
+           "to_bytes", "writer_class"]
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource
-
-
-def reader_class(fmt: str) -> type[Reader]:
-    if fmt == "burnpack":
-        from ..formats.burnpack import BurnpackReader
-
-        return BurnpackReader
-    if fmt == "safetensors":
-        from ..formats.safetensors import SafetensorsReader
-
-        return SafetensorsReader
-    if fmt == "pytorch":
-        from ..formats.pytorch import PytorchReader
-
-        return PytorchReader
-    raise UnknownFormatError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
-
-
-def writer_class(fmt: str) -> type[Writer]:
-    if fmt == "burnpack":
-        from ..formats.burnpack import BurnpackWriter
-
-        return BurnpackWriter
-    if fmt == "safetensors":
-        from ..formats.safetensors import SafetensorsWriter
-
-        return SafetensorsWriter
-    if fmt == "pytorch":
-        from ..formats.pytorch_writer import PytorchWriter
-
-        return PytorchWriter
-    raise UnknownFormatError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
 
 
 def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIMITS, **options: Any) -> Reader:
@@ -73,29 +43,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 
         if is_sharded_path(src):
             return _open_sharded(src, format, limits, options)
-    if isinstance(src, str | os.PathLike) and format in ("auto", "burnpack"):
-        from ..formats.burnpack import resolve_read_path
-
-        src = resolve_read_path(src)
-    return reader_over(open_source(src), src if isinstance(src, str | os.PathLike) else None, format, limits,
-                       options)
-
-
-def reader_over(source: ByteSource, path: str | os.PathLike[str] | None, format: str, limits: Limits,
-                options: dict[str, Any]) -> Reader:
-    """The reader of `format` (detected when "auto") over an open `source`, with `top_level_key`
-    selected; the source is closed if that fails. Local files and remote objects both come here."""
-    try:
-        fmt = detect(source, path) if format == "auto" else format
-        cls = reader_class(fmt)
-        key = options.pop("top_level_key", None) if not cls.nested_keys else None
-        reader = cls(source, limits=limits, **options)  # type: ignore[call-arg]
-        if key is not None:
-            reader.select(key)
-        return reader
-    except BaseException:
-        source.close()
-        raise
+    return open_single(src, format, limits, options)
 
 
 def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:
@@ -175,12 +123,12 @@ def save_planned(
     if is_url(path):  # an object store: a multipart upload, or shards published index-last
         return _save_remote(writer, path, overwrite=overwrite, protect=protect, progress=progress)
     if getattr(writer, "sharded", False):
-        from ..storage.atomic_folder import save_sharded
+        from .sharded_writer import ShardedWriter, save_sharded
 
-        return save_sharded(writer, path, overwrite=overwrite, progress=progress, fsync=fsync,
-                            protect=_protected_files(protect), outputs=outputs, mode_from=mode_from)
+        return save_sharded(cast(ShardedWriter, writer), path, overwrite=overwrite, progress=progress, fsync=fsync,
+                            protect=protected_files(protect), outputs=outputs, mode_from=mode_from)
     out = writer.resolve_path(path)
-    with atomic_output(out, overwrite=overwrite, protect=_protected_files(protect), outputs=outputs,
+    with atomic_output(out, overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
                        expected_size=writer.total_size, fsync=fsync, mode_from=mode_from,
                        make_folders=make_folders) as sink:
         if progress is None:
@@ -209,7 +157,7 @@ def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: boo
     return out
 
 
-def _protected_files(protect: Iterable[Protected]) -> list[Protected]:
+def protected_files(protect: Iterable[Protected]) -> list[Protected]:
     """The files a write must not replace: a sharded source (folder, index, glob) stands for every
     file of its folder (or every match of its glob), so no shard or index is replaced while read."""
     import glob as globlib

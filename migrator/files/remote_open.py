@@ -15,8 +15,8 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
              limits: Limits = DEFAULT_LIMITS) -> Reader:
     """`formats.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
     from ..storage.remote.source import RemoteSource
-    from .io import reader_over
     from .remote_sharded import RemoteShardedReader, is_remote_sharded
+    from .single import reader_over
 
     url = url_of(src)
     info: dict[str, Any] | None = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import posixpath
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -29,7 +28,7 @@ from ..core.errors import FormatError, LimitExceededError, OutputError, TargetEx
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..storage.remote import RemotePath, as_path, protocol, redact, url_of
-from ..storage.remote.fs import StorageError, filesystem, stream_blocks, stream_size, with_retries
+from ..storage.remote.fs import StorageError, copy_companion, filesystem, stream_size, with_retries
 from ..storage.remote.source import RemoteSource
 from .sharded import (
     GLOB_CHARS,
@@ -71,13 +70,6 @@ def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
         rel = posixpath.relpath(path.rstrip("/"), base)
         out.append((as_path(_join(folder, rel)), rel))
     return out
-
-
-def copy_companion(src: str | os.PathLike[str], sink: BinaryIO, size: int | None = None) -> None:
-    """Copy a companion file, local or on a store, into `sink` (`fs.stream_blocks`: byte for byte,
-    in blocks, checked against its size, `size` if the caller already asked for it)."""
-    for block in stream_blocks(src, "companion file", size):
-        sink.write(block)
 
 
 def is_remote_sharded(url: str, info: dict[str, Any] | None) -> bool:
@@ -190,7 +182,7 @@ class RemoteShardedReader(ShardedReader):
 
     def _open_remote(self, files: list[RemotePath], fmt: str) -> None:
         from ..formats.detect import detect
-        from .io import reader_class
+        from ..formats.registry import reader_class
 
         formats: dict[str, str] = {}
         metas: dict[str, set[str]] = {}

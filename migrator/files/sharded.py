@@ -221,16 +221,16 @@ class Reopened:
         self.shard, self.fmt, self.name, self.limits = shard, fmt, name, limits
 
     def __call__(self) -> bytes:
-        from .io import open_file
+        from .single import open_single
 
-        with open_file(self.shard.path, self.fmt, limits=self.limits) as reader:
+        with open_single(self.shard.path, self.fmt, self.limits, {}) as reader:
             return bytes(reader[self.name].data())
 
     def pieces(self, streamed: Callable[[LazyTensor], Iterator[Buffer]]) -> Iterator[Buffer]:
         """The tensor's bytes as `streamed` hands them out of the shard opened again (closed at the end)."""
-        from .io import open_file
+        from .single import open_single
 
-        with open_file(self.shard.path, self.fmt, limits=self.limits) as reader:
+        with open_single(self.shard.path, self.fmt, self.limits, {}) as reader:
             yield from streamed(reader[self.name])
 
 
@@ -299,7 +299,7 @@ class ShardedReader(Reader):
 
     def _open_shards(self, files: Sequence[Path], fmt: str) -> None:
         from ..formats.detect import detect
-        from .io import reader_class
+        from ..formats.registry import reader_class
 
         formats: dict[str, Path] = {}
         self._modes = 0o7777

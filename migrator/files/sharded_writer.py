@@ -22,14 +22,19 @@ import glob as globlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..core.errors import PlanError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Writer
+
+if TYPE_CHECKING:
+    from ..storage.atomic import Protected
+    from ..storage.atomic_folder import FolderScratch
 
 DEFAULT_MAX_SIZE = "5GB"  # huggingface_hub's and save_pretrained's default
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -60,9 +65,9 @@ def tie_key(t: LazyTensor) -> tuple[object, int, int, str] | None:
     """What makes two tensors tied (see the module docstring), or None for a tensor of its own."""
     if t.span is None:
         return None
-    from ..formats.pytorch_writer import _span_key
+    from ..formats.pytorch_writer import span_key
 
-    return _span_key(t)
+    return span_key(t)
 
 
 def tied_followers(tensors: Sequence[LazyTensor]) -> dict[int, LazyTensor]:
@@ -148,7 +153,7 @@ class ShardedWriter(Writer):
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
                  copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
-        from .io import writer_class
+        from ..formats.registry import writer_class
 
         if fmt not in PATTERNS:
             raise PlanError(f"a sharded target cannot be {fmt}: Burn has one file per model (a burnpack holds the "
@@ -187,3 +192,35 @@ class ShardedWriter(Writer):
     @staticmethod
     def resolve_path(path: str | os.PathLike[str]) -> str:
         return os.path.normpath(os.fspath(path))
+
+
+def save_sharded(writer: ShardedWriter, path: str | os.PathLike[str], *, overwrite: bool = False,
+                 progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+                 fsync: bool = True, protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
+                 mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> str:
+    """Write a `ShardedWriter`'s shards, index and companion files as one folder, atomically
+    (`protect`, `outputs`, `mode_from`: as `atomic_folder`)."""
+    from ..storage.atomic_folder import atomic_folder
+
+    out = writer.resolve_path(path)
+    with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protect, outputs=outputs,
+                       mode_from=mode_from) as folder:
+        for name, shard in writer.files:
+            with folder.file(name, shard.total_size) as sink:
+                if progress is None:
+                    shard.write_to(sink)
+                else:
+                    with progress(sink, shard.total_size):
+                        shard.write_to(sink)
+        finish_folder(folder, writer)
+    return out
+
+
+def finish_folder(folder: FolderScratch, writer: ShardedWriter) -> None:
+    """After the shards: the index (when the layout has one) and the companion files, into `folder`."""
+    if writer.index is not None:
+        data = writer.index_bytes()
+        with folder.file(writer.index_name, len(data)) as sink:
+            sink.write(data)
+    for src, name in writer.copies:
+        folder.copy(src, name)

@@ -105,7 +105,7 @@ class PytorchWriter(Writer):
         self._storages: list[LazyTensor] = []
         by_span: dict[tuple[object, int, int, str], int] = {}
         for t in self.tensors:
-            key = _span_key(t) if t.span is not None else None
+            key = span_key(t) if t.span is not None else None
             if key is not None and key in by_span:
                 self._storage_of.append(by_span[key])
                 continue
@@ -344,7 +344,7 @@ def _crc(view: memoryview) -> int:
     return crc
 
 
-def _span_key(t: LazyTensor) -> tuple[object, int, int, str]:
+def span_key(t: LazyTensor) -> tuple[object, int, int, str]:
     """Which stored bytes a tensor is: its span's source object where it has one (a sharded source's
     descriptors are opened and closed per shard, so their numbers are reused), else the descriptor."""
     span = t.span

@@ -33,7 +33,8 @@ from ..naming import (
 )
 from ..recipe.model import CastSpec, Recipe
 from ..storage.paths import resolve_path
-from ..storage.remote import as_path, register_options
+from ..storage.remote import as_path
+from ..storage.remote.options import register_options
 from .metadata import (
     RECIPE_HASH_KEY,
     TEMPLATE_HASH_KEY,
@@ -113,12 +114,6 @@ class Plan:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class SourceKeyError(PlanError):
-    """`source.top_level_key` selects nothing (the message lists what there is, with a did-you-mean)."""
-
-    loc = ("source", "top_level_key")
 
 
 def _enum_free(name: str) -> str:

@@ -40,11 +40,16 @@ MAX_LISTED = 5
 """Collisions named in one error (the count of the rest follows)."""
 
 
+class SourceKeyError(PlanError):
+    """`source.top_level_key` selects nothing (the message lists what there is, with a did-you-mean)."""
+
+    loc = ("source", "top_level_key")
+
+
 def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
-    top_level_key is a `plan.SourceKeyError` that points at that key."""
+    top_level_key is a `SourceKeyError` that points at that key."""
     from ..files.io import open_file
-    from .build import SourceKeyError
 
     key = spec.top_level_key
     options: dict[str, Any] = {} if key is None else {"top_level_key": key}

@@ -138,7 +138,7 @@ _Path = Annotated[Path, BeforeValidator(_nonempty_path)]
 
 def _no_secrets(value: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
     """Storage options never hold credentials: they come from the environment (migrator.storage.remote.fs)."""
-    from ..storage.remote.fs import secret_key
+    from ..storage.remote.options import secret_key
 
     bad = secret_key(value)
     if bad is not None:

@@ -241,8 +241,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
 
     recipe = build_recipe(src, dst, **options)
     if recipe.target.shard is not None:  # an existing folder is refused before any source is opened
+        from ..files.targets import check_folder_target
         from ..storage.paths import resolve_path
-        from ..storage.remote import check_folder_target
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
     with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits) as plan:
@@ -273,8 +273,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
     if sharded:  # as a recipe's sharded target: format named, else from a suffix, else SafeTensors
         from ..files.sharded_writer import DEFAULT_MAX_SIZE, ShardedWriter
+        from ..files.targets import check_folder_target
         from ..formats.detect import from_extension
-        from ..storage.remote import check_folder_target
 
         out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
         check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..core.errors import MigratorError
 from ..files.io import save_planned, writer_class
+from ..files.targets import check_target, target_problems
 from ..storage.atomic import Protected
-from ..storage.remote import as_path, check_target, is_url, target_problems
+from ..storage.remote import as_path, is_url
 
 if TYPE_CHECKING:
     from ..plan.build import Plan
@@ -67,7 +68,7 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     it is a folder or a special file, it is a file the plan reads or another output of the run), so
     `migrate run` says so before anything is written."""
     if getattr(plan.writer, "sharded", False):
-        from ..storage.remote import check_folder_target
+        from ..files.targets import check_folder_target
 
         check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs)
     elif plan.writer is not None:
@@ -78,7 +79,7 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
 def plan_target_problems(plan: Plan) -> list[str]:
     """What a run of `plan` would refuse about its target, as messages (for `validate`, `plan`)."""
     if getattr(plan.writer, "sharded", False):  # a folder of shards: the folder publish's own checks
-        from ..storage.remote import check_folder_target
+        from ..files.targets import check_folder_target
 
         try:
             check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan))

@@ -179,7 +179,7 @@ def write_range(fd: int, tensors: Sequence[LazyTensor], offsets: Sequence[int], 
 def write_shard(folder: FolderScratch, writer: ShardedWriter, task: ShardTask) -> Path:
     """Write one shard file whole into the scratch folder (created or truncated: a retried task
     writes it again); returns its path."""
-    from ..storage.atomic import ScratchFile, UnsyncedScratchFile, _reserve
+    from ..storage.atomic import ScratchFile, UnsyncedScratchFile, reserve
 
     name, shard = writer.files[task.shard]
     if name != task.name or shard.total_size != task.size:
@@ -191,7 +191,7 @@ def write_shard(folder: FolderScratch, writer: ShardedWriter, task: ShardTask) -
     with (ScratchFile if folder.fsync else UnsyncedScratchFile)(fd, "wb") as f:
         os.fchmod(fd, folder._mode(name, folder.mode_from))  # as FolderScratch.file sets it
         if task.size:
-            _reserve(fd, task.size, folder.target / name)
+            reserve(fd, task.size, folder.target / name)
         sink = io.BufferedWriter(f, buffer_size=WRITE_BUFFER)
         shard.write_to(sink)
         sink.flush()
@@ -276,12 +276,12 @@ def save_file_parallel(writer: Writer, path: str | os.PathLike[str], runner: Run
     """`formats.save_planned` of a single-file writer with a `layout`, its tensors written by `runner`'s
     workers into the one reserved scratch file; published once, after every task succeeded."""
     from ..core.streaming import write_all
-    from ..files.io import _protected_files
+    from ..files.io import protected_files
 
     out = writer.resolve_path(path)
     prefix, tensors, offsets = writer.layout()  # type: ignore[attr-defined]
     total = writer.total_size
-    with atomic_output(out, overwrite=overwrite, protect=_protected_files(protect), outputs=outputs,
+    with atomic_output(out, overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
                        expected_size=total, fsync=fsync, mode_from=mode_from, make_folders=make_folders) as sink:
         write_all(sink, memoryview(prefix))
         sink.flush()
@@ -297,13 +297,14 @@ def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], ru
                          overwrite: bool = False, fsync: bool = True, protect: Iterable[Protected] = (),
                          outputs: Iterable[str | os.PathLike[str]] = (),
                          mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> str:
-    """`atomic_folder.save_sharded` with the shards written by `runner`'s workers; the driver writes
+    """`sharded_writer.save_sharded` with the shards written by `runner`'s workers; the driver writes
     the index and the companion files, and publishes after every shard task succeeded."""
-    from ..files.io import _protected_files
-    from ..storage.atomic_folder import atomic_folder, finish_folder
+    from ..files.io import protected_files
+    from ..files.sharded_writer import finish_folder
+    from ..storage.atomic_folder import atomic_folder
 
     out = writer.resolve_path(path)
-    with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=_protected_files(protect), outputs=outputs,
+    with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protected_files(protect), outputs=outputs,
                        mode_from=mode_from) as folder:
         tasks = [ShardTask(i, i, name, shard.total_size) for i, (name, shard) in enumerate(writer.files)]
         runner.write_shards(folder, writer, tasks)

@@ -282,7 +282,7 @@ def atomic_output(
         with (ScratchFile if fsync else UnsyncedScratchFile)(fd, "wb") as f:
             f.scratch_path = scratch  # for workers that open the scratch file themselves (parallel_write)
             if expected_size:
-                _reserve(fd, expected_size, target)
+                reserve(fd, expected_size, target)
             # Small pieces (headers, padding, small tensors) gather in one buffer: a 100k-tensor model
             # would otherwise cost several syscalls per tensor. Large writes pass straight through.
             sink = io.BufferedWriter(f, buffer_size=WRITE_BUFFER)
@@ -352,7 +352,7 @@ def _create_scratch(target: Path) -> tuple[Path, int]:
     raise OutputError("cannot find a free scratch file name", file=str(target))
 
 
-def _reserve(fd: int, size: int, target: Path) -> None:
+def reserve(fd: int, size: int, target: Path) -> None:
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as e:

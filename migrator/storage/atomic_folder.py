@@ -38,10 +38,9 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from ..core.errors import OutputError, SameFileError, TargetExistsError
 from .atomic import (
@@ -52,12 +51,9 @@ from .atomic import (
     _describe,
     _fsync_dir,
     _pid_alive,
-    _reserve,
     output_mode,
+    reserve,
 )
-
-if TYPE_CHECKING:
-    from ..files.sharded_writer import ShardedWriter
 
 SCRATCH_DIR_RE = re.compile(r"^(?P<target>.+)\.migrator-(?P<pid>\d+)-(?P<n>\d+)\.tmpdir$")
 MODEL_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth|bpk|index\.json)$")
@@ -232,7 +228,7 @@ class FolderScratch:
         with (ScratchFile if self.fsync else UnsyncedScratchFile)(fd, "wb") as f:
             os.fchmod(fd, self._mode(name, self.mode_from))
             if expected_size:
-                _reserve(fd, expected_size, self.target / name)
+                reserve(fd, expected_size, self.target / name)
             sink = io.BufferedWriter(f, buffer_size=WRITE_BUFFER)
             yield sink
             sink.flush()
@@ -250,7 +246,7 @@ class FolderScratch:
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if is_url(src):
-            from ..files.remote_sharded import copy_companion
+            from .remote.fs import copy_companion
 
             with open(path, "xb") as sink:
                 copy_companion(src, sink)
@@ -310,34 +306,3 @@ def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False, fs
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_sharded(writer: object, path: str | os.PathLike[str], *, overwrite: bool = False,
-                 progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
-                 fsync: bool = True, protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
-                 mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> str:
-    """Write a `ShardedWriter`'s shards, index and companion files as one folder, atomically
-    (`protect`, `outputs`, `mode_from`: as `atomic_folder`)."""
-    from ..files.sharded_writer import ShardedWriter
-
-    assert isinstance(writer, ShardedWriter)
-    out = writer.resolve_path(path)
-    with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protect, outputs=outputs,
-                       mode_from=mode_from) as folder:
-        for name, shard in writer.files:
-            with folder.file(name, shard.total_size) as sink:
-                if progress is None:
-                    shard.write_to(sink)
-                else:
-                    with progress(sink, shard.total_size):
-                        shard.write_to(sink)
-        finish_folder(folder, writer)
-    return out
-
-
-def finish_folder(folder: FolderScratch, writer: ShardedWriter) -> None:
-    """After the shards: the index (when the layout has one) and the companion files, into `folder`."""
-    if writer.index is not None:
-        data = writer.index_bytes()
-        with folder.file(writer.index_name, len(data)) as sink:
-            sink.write(data)
-    for src, name in writer.copies:
-        folder.copy(src, name)

@@ -2,37 +2,25 @@
 
 fsspec is imported here and only here, on the first URL a run touches. Credentials are never taken
 from a recipe: each protocol's own chain (environment variables, config files, instance roles)
-supplies them, and `check_storage_options` refuses option keys that look like secrets.
+supplies them, and `options.check_storage_options` refuses option keys that look like secrets.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from ...core.errors import FormatError, MigratorError
-from . import options_for, protocol, redact
+from . import protocol, redact
+from .options import options_for
 
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
           "adl": "azure", "hf": "hf", "http": "http", "https": "http", "memory": "remote"}
 PACKAGES = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs", "hf": "huggingface_hub", "http": "aiohttp",
             "remote": "fsspec"}
-
-_SECRET = re.compile(r"(^|_)(key|keys|secret|token|password|passwd|pwd|credential|credentials|sas|signature|"
-                     r"private|auth|authorization|session|connection_string|account_key)($|_)", re.IGNORECASE)
-_ALLOWED = frozenset({"endpoint_url", "profile", "region_name", "client_kwargs", "config_kwargs", "anon",
-                      "requester_pays", "use_ssl", "version_aware", "cache_regions", "default_fill_cache",
-                      "project", "account_name", "location", "s3_additional_kwargs", "revision", "endpoint",
-                      "headers", "block_size", "use_listings_cache", "skip_instance_cache", "max_concurrency"})
-"""Keys known not to hold secrets, even where a word in them looks like one."""
-_NO_SECRET_VALUES = {"token": frozenset({"anon"})}
-"""Values that name no credential for a key that otherwise holds one: gcsfs's `token: anon` is anonymous
-access (a public bucket, an emulator), and skips its search for credentials."""
-
 
 class StorageError(MigratorError):
     """An object store refused or failed a request (missing object, access denied, network)."""
@@ -40,31 +28,6 @@ class StorageError(MigratorError):
 
 class MissingExtraError(MigratorError):
     """A URL's protocol needs a package that is not installed."""
-
-
-def secret_key(options: Mapping[str, Any], where: str = "") -> str | None:
-    """The first key (dotted, nested ones too) that looks like a credential, or None."""
-    for k, v in options.items():
-        name = f"{where}{k}"
-        if isinstance(k, str) and isinstance(v, str) and v in _NO_SECRET_VALUES.get(k, ()):
-            continue
-        if not isinstance(k, str) or (k not in _ALLOWED and _SECRET.search(k)):
-            return name
-        if isinstance(v, Mapping):
-            found = secret_key(v, name + ".")
-            if found is not None:
-                return found
-    return None
-
-
-def check_storage_options(options: Mapping[str, Any], where: str = "storage_options") -> None:
-    """Refuse keys that look like credentials (`key`, `secret`, `token`, `password`, ...), nested ones too."""
-    bad = secret_key(options)
-    if bad is not None:
-        raise MigratorError(
-            f"{where}.{bad} looks like a credential; credentials never go in a recipe: use the environment "
-            "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE, "
-            "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*, HF_TOKEN) or the protocol's config files")
 
 
 @dataclass(frozen=True)
@@ -283,3 +246,10 @@ def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | N
         f.close()
     if done != size:
         raise FormatError(f"{what} changed while it was read: {done} bytes, {size} expected", file=redact(str(src)))
+
+
+def copy_companion(src: str | os.PathLike[str], sink: BinaryIO, size: int | None = None) -> None:
+    """Copy a companion file, local or on a store, into `sink` (`fs.stream_blocks`: byte for byte,
+    in blocks, checked against its size, `size` if the caller already asked for it)."""
+    for block in stream_blocks(src, "companion file", size):
+        sink.write(block)
