@@ -25,7 +25,7 @@ boto3 = pytest.importorskip("boto3")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 from migrator.cli import main  # noqa: E402
-from migrator.run.jobs import URL_TARGET_SERIAL  # noqa: E402
+from migrator.run.recipe import URL_TARGET_SERIAL  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

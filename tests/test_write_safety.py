@@ -186,11 +186,11 @@ def test_failed_plan_report_is_not_errors_empty(ws: Path, capsys: pytest.Capture
 
 def test_summary_is_printed_after_the_output_is_published(
         ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from migrator.cli import recipe as recipe_cli
+    from migrator.run import recipe as engine
 
     seen: list[bool] = []
-    outcome = recipe_cli._print_outcome
-    monkeypatch.setattr(recipe_cli, "_print_outcome",
+    outcome = engine.print_outcome
+    monkeypatch.setattr(engine, "print_outcome",
                         lambda plan: (seen.append((ws / "out.safetensors").exists()), outcome(plan)))
     assert _run(capsys, "plain.yaml")[0] == 0
     assert seen == [True]

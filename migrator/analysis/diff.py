@@ -370,7 +370,7 @@ def _sources_plan(loaded: Any, a: str, shown: str) -> Plan:
 def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options: dict[str, Any]) -> Plan:
     """A one-off recipe from convert-style options (`convert.build_recipe`); its target is never written."""
     from ..plan.build import build_plan
-    from ..run.convert import build_recipe
+    from ..recipe.convert import build_recipe
 
     recipe = build_recipe(a, os.path.abspath(os.fspath(b)), target_format_name="safetensors", overwrite=True,
                           **options)

@@ -9,7 +9,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
+from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE
+from .output import print_json_error, write_inspect_json
+
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
 LIMIT_HELP = ("raise or lower a reader limit (repeatable; e.g. max_tensor_bytes=20GiB, max_nodes=5000000; "
               "sizes take units: 5GB = 5*10^9, 5GiB = 5*2^30; the names are in SECURITY.md)")
@@ -24,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if _Parser.json_errors:
-            _print_json_error({"kind": "UsageError", "message": message, "usage": self.format_usage().strip()})
+            print_json_error({"kind": "UsageError", "message": message, "usage": self.format_usage().strip()})
             sys.exit(EXIT_USAGE)
         super().error(message)
 
@@ -208,11 +210,6 @@ def _positive(text: str) -> int:
     return value
 
 
-def _print_json_error(error: dict[str, Any]) -> None:
-    json.dump({"error": error}, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The `migrate` command: its exit code. The cyclic collector is off while the command runs:
     a command builds a few objects per tensor that all live until it ends (~1M for a 100k-tensor
@@ -265,9 +262,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
             return int(getattr(recipe_cli, args.command)(args))
     except MigratorError as e:
-        code = _exit_code(e)
+        code = e.exit_code
         if as_json:
-            _print_json_error(error_json(e))
+            print_json_error(error_json(e))
         else:
             from ..core.display import escape
 
@@ -275,7 +272,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return code
     except KeyboardInterrupt:
         if as_json:
-            _print_json_error({"kind": "Interrupted", "message": "interrupted; no output was published"})
+            print_json_error({"kind": "Interrupted", "message": "interrupted; no output was published"})
         print("migrate: interrupted; no output was published", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `migrate plan r.yaml | head`: the reader left; stop quietly, as `cat` does
@@ -309,13 +306,6 @@ def _read_limits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         parser.error(str(e))
 
 
-def _exit_code(e: Exception) -> int:
-    """2 for a recipe the loader refuses, 1 for every other migrator error."""
-    from ..recipe.loader import RecipeError
-
-    return EXIT_USAGE if isinstance(e, RecipeError) else EXIT_MIGRATION
-
-
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
     return {"limits": args.reader_limits} if hasattr(args, "reader_limits") else {}
 
@@ -338,7 +328,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
         write_page(args.html, inspect_page(info), overwrite=args.overwrite, protect=[args.file], make_folders=True)
     if args.json:
-        _write_inspect_json(info, sys.stdout)
+        write_inspect_json(info, sys.stdout)
         return EXIT_OK
     if args.html:
         from ..core.display import escape
@@ -347,27 +337,6 @@ def _inspect(args: argparse.Namespace) -> int:
         return EXIT_OK
     _print_inspect(info, args.limit)
     return EXIT_OK
-
-
-def _write_inspect_json(info: dict[str, Any], out: Any) -> None:
-    """`info` as indented JSON, one tensor a line: `indent` makes `json` use its pure-Python
-    encoder (~30 us a tensor), while each compact tensor line is encoded in C."""
-    from ..core.display import write_lines
-
-    encode = json.JSONEncoder(default=str).encode  # one encoder: json.dumps(default=...) builds one a call
-    lines = ["{"]
-    for n, (key, value) in enumerate(info.items()):
-        comma = "," if n < len(info) - 1 else ""
-        if key == "tensors" and value:
-            lines.append(f"  {json.dumps(key)}: [")
-            lines += [f"    {encode(t)}," for t in value]
-            lines[-1] = lines[-1][:-1]
-            lines.append("  ]" + comma)
-        else:
-            lines.append(f"  {json.dumps(key)}: " + json.dumps(value, indent=2, default=str).replace("\n", "\n  ")
-                         + comma)
-    lines.append("}")
-    write_lines(out, lines)
 
 
 def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
@@ -513,7 +482,8 @@ def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
 
 
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ..run.convert import ConvertUsageError, build_recipe, convert, emit_recipe
+    from ..recipe.convert import ConvertUsageError, build_recipe, emit_recipe
+    from ..run.convert import convert
 
     extra: dict[str, str] = {}
     for item in args.metadata:
@@ -547,7 +517,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                          **options, **_limits(args))
     except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
         if args.json:
-            _print_json_error({"kind": "UsageError", "message": str(e)})
+            print_json_error({"kind": "UsageError", "message": str(e)})
         else:
             from ..core.display import escape
 

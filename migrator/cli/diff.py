@@ -12,7 +12,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
+from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE
+
+EXIT_DIFFERENT = EXIT_MIGRATION  # diff's 1: something differs or is missing
 _NAMES = {"only_in_a": "only in A", "only_in_b": "only in B", "shape_mismatch": "shape mismatch",
           "dtype_mismatch": "dtype mismatch"}
 
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
         tolerance(args.atol, args.rtol)
     except ValueError as e:
         parser.error(str(e))
-    from ..run.convert import ConvertUsageError
+    from ..recipe.convert import ConvertUsageError
 
     try:
         doc = diff_document(args.a, args.b, recipe=args.recipe, atol=args.atol, rtol=args.rtol,
@@ -85,10 +87,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
                             top_level_key=args.top_level_key, **options)
     except ConvertUsageError as e:
         from ..core.display import escape
-        from . import _print_json_error
+        from .output import print_json_error
 
         if args.json:
-            _print_json_error({"kind": "UsageError", "message": str(e)})
+            print_json_error({"kind": "UsageError", "message": str(e)})
         else:
             print(f"migrate diff: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
@@ -98,9 +100,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
         write_page(args.html, diff_page(doc), overwrite=args.overwrite,
                    protect=[args.a, args.b, *([args.recipe] if args.recipe else [])], make_folders=True)
     if args.json:
-        from . import _write_inspect_json
+        from .output import write_inspect_json
 
-        _write_inspect_json(doc, sys.stdout)
+        write_inspect_json(doc, sys.stdout)
     else:
         print_diff(doc, every=args.all)
     return EXIT_OK if doc["matched"] else EXIT_DIFFERENT

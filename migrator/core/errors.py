@@ -7,11 +7,16 @@ names and paths from files exactly; the CLI escapes them for a terminal (`displa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
+
+EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
+"""The exit codes of every command: success, a migration (data) error, a usage error."""
 
 
 class MigratorError(Exception):
-    """Base of every error migrator raises on purpose."""
+    """Base of every error migrator raises on purpose; `exit_code` is what a command exits with."""
+
+    exit_code: ClassVar[int] = EXIT_MIGRATION
 
     def __init__(self, message: str, *, file: str | None = None, tensor: str | None = None) -> None:
         self.file = file

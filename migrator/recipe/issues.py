@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import MigratorError
+from ..core.errors import EXIT_USAGE, MigratorError
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class RecipeIssue:
 
 class RecipeError(MigratorError):
     """A recipe that cannot be used; every problem found is in `issues`, one line each in str()."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, issues: Sequence[RecipeIssue]) -> None:
         self.issues = list(issues)

@@ -149,7 +149,7 @@ def _path_issues(loaded: LoadedRecipe, shown: str, root: MappingNode, keys: dict
     """The output must not be a file the run reads (the run would destroy its own input)."""
     mapper = _Mapper(shown, root, keys)
     target = loaded.target_path
-    outputs = _written_candidates(target, loaded.recipe.target.format)
+    outputs = written_candidates(target, loaded.recipe.target.format)
     issues: list[RecipeIssue] = []
     if loaded.recipe.sources is None:
         checks = [("source.path", loaded.source_path)]
@@ -158,7 +158,7 @@ def _path_issues(loaded: LoadedRecipe, shown: str, root: MappingNode, keys: dict
     if loaded.template_path is not None:
         checks.append(("target.template", loaded.template_path))
     for what, read in checks:
-        if any(_same_file(out, cand) for out in outputs for cand in _read_candidates(read)):
+        if any(same_file(out, cand) for out in outputs for cand in read_candidates(read)):
             node, _, _ = mapper._locate(("target", "path"))
             issues.append(mapper._render(_Issue(("target", "path"), node,
                                                 f"the target is the same file as {what}",
@@ -166,7 +166,7 @@ def _path_issues(loaded: LoadedRecipe, shown: str, root: MappingNode, keys: dict
     return issues
 
 
-def _written_candidates(path: Path, fmt: str) -> list[Path]:
+def written_candidates(path: Path, fmt: str) -> list[Path]:
     """The burnpack writer appends `.bpk` to an extension-less path."""
     out = [path]
     if fmt in ("auto", "burnpack") and not os.path.splitext(path.name)[1]:
@@ -174,7 +174,7 @@ def _written_candidates(path: Path, fmt: str) -> list[Path]:
     return out
 
 
-def _read_candidates(path: Path) -> list[Path]:
+def read_candidates(path: Path) -> list[Path]:
     """Burn's reader: an extension-less path that does not exist may mean `path.bpk`."""
     out = [path]
     if not os.path.splitext(path.name)[1]:
@@ -182,7 +182,7 @@ def _read_candidates(path: Path) -> list[Path]:
     return out
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
     try:
         if a.exists() and b.exists():
             return os.path.samefile(a, b)

@@ -11,7 +11,7 @@ heading line, when its job ends (no progress bars); `--json` and `--report` give
 every job (`jobs_document`, `jobs_report`).
 
 One job can also be written by several workers (`--workers W`, or `--jobs W` with one job):
-`runner_for` picks the runner of `migrator.run.parallel_write` (threads here, or Ray tasks).
+`recipe.runner_for` picks the runner of `migrator.run.parallel_write` (threads here, or Ray tasks).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppres
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import MigratorError
+from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError
+from ..storage.remote import is_url
+from .job_spec import JOB_OPTIONS, describe_job, namespace, where
 
 if TYPE_CHECKING:
-    from ..plan.build import Plan
-    from .parallel_write import Runner
+    pass
 
-EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 PLACEHOLDERS = {
     "stem": "the source's file (or folder) name without its last extension: runs/a/last.pt -> last",
     "name": "the source's file name: last.pt",
@@ -42,14 +42,6 @@ PLACEHOLDERS = {
     "i": "the source's position among the matches (sorted, from 0; {i:03d} pads it)",
 }
 _GLOB_CHARS = set("*?[")
-# what a job's worker needs of the command line, beside the recipe and its paths
-_OPTIONS = ("overwrite", "no_fsync", "hash_sources", "json", "workers", "executor", "ray_address", "reader_limits")
-
-
-URL_TARGET_SERIAL = ("an object-store target is uploaded by this process, its parts in parallel: "
-                     "--workers and --executor ray split the writing of local targets only")
-
-
 class JobsUsageError(MigratorError):
     """The jobs cannot all run as given (a glob matching nothing, two jobs writing one target...)."""
 
@@ -62,31 +54,10 @@ def available_cpus() -> int:
     return max(1, count or 1)
 
 
-def is_many(args: argparse.Namespace) -> bool:
-    return len(args.recipes) > 1 or bool(getattr(args, "each", None))
-
-
-def _is_url(path: object) -> bool:
-    from ..storage.remote import is_url
-
-    return is_url(path)
-
-
-def _where(path: str, *, real: bool = False) -> str:
-    """A path as every worker can use it: a URL as spelled (scheme normalised), a local path absolute
-    (`real`: with links resolved, to compare what jobs read and write)."""
-    if _is_url(path):
-        from ..storage.remote import url_of
-
-        return url_of(path)
-    path = os.path.expanduser(path)
-    return os.path.realpath(path) if real else os.path.abspath(path)
-
-
 def _glob(pattern: str) -> list[str]:
     """A glob's matches, sorted: local files, or objects of a store through fsspec's glob (the store's
     listing; `**` recursive), as URLs."""
-    if not _is_url(pattern):
+    if not is_url(pattern):
         return sorted(globlib.glob(os.path.expanduser(pattern), recursive=True))
     from ..storage.remote import protocol, url_of
     from ..storage.remote.fs import describe, filesystem
@@ -131,7 +102,7 @@ def target_for(pattern: str, source: str, i: int) -> str:
             fields.append(field)
     except ValueError as e:
         raise JobsUsageError(f"--target '{pattern}': {e} ({{{{ and }}}} for literal braces)") from None
-    if _is_url(source):  # from the URL's path: s3://bucket/runs/a/last.pt has parent a (bucket at the top)
+    if is_url(source):  # from the URL's path: s3://bucket/runs/a/last.pt has parent a (bucket at the top)
         from pathlib import PurePosixPath
 
         from ..storage.remote import url_of
@@ -151,7 +122,7 @@ def target_for(pattern: str, source: str, i: int) -> str:
 def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One spec per job: the recipe, its `--source`/`--target` overrides (absolute, so any worker
     can use them; `given` keeps them as typed, for the report) and the options every job shares."""
-    options = {k: getattr(args, k, None) for k in _OPTIONS}
+    options = {k: getattr(args, k, None) for k in JOB_OPTIONS}
     each = getattr(args, "each", None)
     if each:
         if len(args.recipes) != 1:
@@ -167,29 +138,8 @@ def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:
         pairs = [(r, {k: v for k in ("source", "target") if (v := getattr(args, k, None))}) for r in args.recipes]
     return [{"recipe": os.path.abspath(recipe), "label": recipe, "given": given,
-             **{k: _where(v) for k, v in given.items()}, **options}
+             **{k: where(v) for k, v in given.items()}, **options}
             for recipe, given in pairs]
-
-
-def _namespace(spec: dict[str, Any]) -> argparse.Namespace:
-    ns = argparse.Namespace(source=spec.get("source"), target=spec.get("target"),
-                            **{k: spec.get(k) for k in _OPTIONS}, jobs=None,
-                            no_progress=spec.get("no_progress", True), report=None)
-    if ns.reader_limits is None:  # the readers' defaults (`--limit` not given)
-        del ns.reader_limits
-    return ns
-
-
-@contextmanager
-def open_job_plan(spec: dict[str, Any], *, hash_sources: bool | None = None) -> Iterator[Plan]:
-    """The plan of one job, as `migrate run` builds it (used by workers that re-plan a job)."""
-    from ..cli.recipe import _load, _plan_for
-
-    ns = _namespace(spec)
-    if hash_sources is not None:
-        ns.hash_sources = hash_sources
-    with _plan_for(_load(spec["recipe"], ns), ns) as plan:
-        yield plan
 
 
 def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
@@ -205,7 +155,7 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
         return None
     recipe = loaded.recipe
     def resolve(p: Any) -> str:  # a URL as written, a local path from the recipe's folder
-        return str(p) if _is_url(p) else str(loaded.resolve(p))
+        return str(p) if is_url(p) else str(loaded.resolve(p))
 
     target: Any = spec["target"] if spec.get("target") else resolve(recipe.target.path)
     if recipe.target.shard is None and not str(target).endswith("/"):
@@ -214,7 +164,7 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
     sources = [spec["source"]] if spec.get("source") else [resolve(s.path) for s in recipe.inputs()]
     if recipe.target.template:
         sources.append(resolve(recipe.target.template))
-    return _where(str(target), real=True), [_where(s, real=True) for s in sources]
+    return where(str(target), real=True), [where(s, real=True) for s in sources]
 
 
 def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
@@ -227,7 +177,7 @@ def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
         if paths is None:
             continue
         target, sources = paths
-        what = _describe(spec)
+        what = describe_job(spec)
         if target in targets:
             raise JobsUsageError(f"two jobs write {target}: {targets[target]} and {what}; "
                                  "give each job its own target (--target 'out/{stem}.bpk')")
@@ -243,22 +193,16 @@ def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
             raise JobsUsageError(f"--report {report} is a file the jobs read or write")
 
 
-def _describe(spec: dict[str, Any]) -> str:
-    source = spec["given"].get("source")
-    return spec["label"] + (f" ({source})" if source else "")
-
-
 def run_job(spec: dict[str, Any], capture: bool = True) -> dict[str, Any]:
     """One job (a whole `migrate run` of one recipe) in this process; with `capture`, its text output
     is returned (`stdout`, `stderr`) instead of printed. Never raises for a failed job: its exit code
     and error are in the result."""
-    from ..cli import _exit_code
-    from ..cli.recipe import run_one_recipe
     from ..core.display import escape
     from ..core.errors import error_json
+    from .recipe import run_one_recipe
 
     out, err = io.StringIO(), io.StringIO()
-    ns = _namespace(spec)
+    ns = namespace(spec)
     result: dict[str, Any] = {"index": spec.get("index", 0)}
     with (redirect_stdout(out) if capture else _nothing()), (redirect_stderr(err) if capture else _nothing()):
         try:
@@ -267,7 +211,7 @@ def run_job(spec: dict[str, Any], capture: bool = True) -> dict[str, Any]:
         except MigratorError as e:
             if not ns.json:
                 print(f"migrate: error: {escape(e, keep_newlines=True)}", file=sys.stderr)
-            result.update(code=_exit_code(e), document={"error": error_json(e)}, report=None)
+            result.update(code=e.exit_code, document={"error": error_json(e)}, report=None)
         except Exception as e:  # a bug in one job must not take the others down
             message = f"{type(e).__name__}: {e}"
             print(f"migrate: internal error: {escape(message)}", file=sys.stderr)
@@ -298,15 +242,15 @@ def _run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any
                 try:
                     yield f.result()
                 except BrokenProcessPool as e:
-                    yield _died(futures[f], f"its worker process died: {e}")
+                    yield died(futures[f], f"its worker process died: {e}")
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
 
 
-def _died(spec: dict[str, Any], why: str) -> dict[str, Any]:
-    message = f"job {_describe(spec)} did not finish: {why}"
+def died(spec: dict[str, Any], why: str) -> dict[str, Any]:
+    message = f"job {describe_job(spec)} did not finish: {why}"
     return {"index": spec["index"], "code": EXIT_MIGRATION, "report": None, "stdout": "",
             "stderr": f"migrate: error: {message}\n",
             "document": {"error": {"kind": "WorkerError", "message": message, "file": spec["recipe"], "tensor": None}}}
@@ -338,9 +282,7 @@ def run_many(args: argparse.Namespace) -> int:
     results: dict[int, dict[str, Any]] = {}
     n = len(specs)
     if executor == "ray":
-        from .ray_executor import run_jobs
-
-        stream: Iterator[dict[str, Any]] = run_jobs(specs, address)
+        stream: Iterator[dict[str, Any]] = run_ray_jobs(specs, address)
     elif jobs == 1 or n == 1:
         stream = _serial(specs, args)
     else:
@@ -351,7 +293,7 @@ def run_many(args: argparse.Namespace) -> int:
         if not args.json:
             if "stdout" in result and result.get("captured", True):
                 status = "ok" if result["code"] == EXIT_OK else f"failed (exit {result['code']})"
-                sys.stdout.write(f"[{len(results)}/{n}] {escape(_describe(spec))}: {status}\n")
+                sys.stdout.write(f"[{len(results)}/{n}] {escape(describe_job(spec))}: {status}\n")
             sys.stdout.write(result.get("stdout", ""))
             sys.stdout.flush()
         sys.stderr.write(result.get("stderr", ""))
@@ -384,7 +326,7 @@ def _serial(specs: list[dict[str, Any]], args: argparse.Namespace) -> Iterator[d
 
     for i, spec in enumerate(specs):
         if not args.json:
-            sys.stdout.write(f"[{i + 1}/{len(specs)}] {escape(_describe(spec))}\n")
+            sys.stdout.write(f"[{i + 1}/{len(specs)}] {escape(describe_job(spec))}\n")
             sys.stdout.flush()
         result = run_job({**spec, "no_progress": args.no_progress}, capture=bool(args.json))
         result["captured"] = False
@@ -433,52 +375,11 @@ def jobs_report(specs: list[dict[str, Any]], results: list[dict[str, Any]], wors
     return {"status": "ok" if worst == EXIT_OK else "failed", "exit_code": worst, "jobs": jobs}
 
 
-def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | None:
-    """The workers that write one job's output: `--workers W` (or `--jobs W` for one job) threads, or
-    Ray tasks with `--executor ray`; None (this thread, as always) otherwise or when the output
-    cannot be split (a single PyTorch file)."""
-    from .parallel_write import LocalRunner, can_split
-
-    workers = getattr(args, "workers", None) or (getattr(args, "jobs", None) if not is_many_ns(args) else None)
-    if not can_split(plan.writer):
-        return None
-    if _is_url(plan.target_path):  # one job to a store: the driver uploads it (parts already in flight)
-        if executor_for(args, loaded.recipe)[0] == "ray" or (workers and workers > 1):
-            plan.notes.append(URL_TARGET_SERIAL)
-        return None
-    executor, address = executor_for(args, loaded.recipe)
-    if executor == "ray":
-        from .ray_executor import RayRunner
-
-        spec = {"recipe": str(loaded.path.absolute()), **{k: getattr(args, k, None) for k in _OPTIONS}}
-        for k in ("source", "target"):
-            v = getattr(args, k, None)
-            spec[k] = _where(v) if v else None
-        return RayRunner(spec, workers, address)
-    if workers and workers > 1:
-        return LocalRunner(workers)
-    return None
-
-
-def is_many_ns(args: argparse.Namespace) -> bool:
-    recipes = getattr(args, "recipes", None)
-    return recipes is None or is_many(args)
-
-
-def executor_for(args: argparse.Namespace, recipe: Any) -> tuple[str, str | None]:
-    """(executor, Ray address) of one run: `--executor`/`--ray-address` when given, else the recipe's
-    `executor:`, else this machine."""
-    spec = getattr(recipe, "executor", None)
-    ray = spec.ray if spec is not None else None
-    given = getattr(args, "executor", None)
-    executor = given or ("ray" if ray is not None else "local")
-    address = getattr(args, "ray_address", None) or (ray.address if ray is not None and executor == "ray" else None)
-    return executor, address
-
-
 def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tuple[str, str | None]:
     """Where several jobs run: `--executor` when given, else their recipes' common `executor:` (one
     dispatcher runs them all, so recipes that disagree need the flag)."""
+    from .recipe import executor_for
+
     if getattr(args, "executor", None):
         return executor_for(args, None)
     from ..recipe.loader import RecipeError, load_recipe
@@ -500,3 +401,25 @@ def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tupl
 def _spell(executor: tuple[str, str | None]) -> str:
     name, address = executor
     return name + (f" at {address}" if address else "")
+
+
+def run_ray_jobs(specs: list[dict[str, Any]], address: str | None) -> Iterator[dict[str, Any]]:
+    """Each job's result (`run_job`) as its Ray task ends (`--executor ray`)."""
+    from .ray_executor import TASK_RETRIES, _cause, ray_module
+
+    ray = ray_module(address)
+    remote = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(run_job)
+    refs = {remote.remote({**spec, "executor": "local"}): spec for spec in specs}  # no tasks inside tasks
+    pending = list(refs)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    yield ray.get(ref)
+                except Exception as e:
+                    yield died(refs[ref], f"its Ray task failed: {_cause(e)}")
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref)
+        raise

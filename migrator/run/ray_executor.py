@@ -23,12 +23,23 @@ import contextlib
 import ipaddress
 import os
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MigratorError
-from .parallel_write import RangeTask, ShardTask, TaskError, describe_failure, fault_from_env, task_json
+from .parallel_write import (
+    RangeTask,
+    ShardTask,
+    TaskError,
+    describe_failure,
+    fault_from_env,
+    inject_fault,
+    task_from_json,
+    task_json,
+    write_range,
+    write_shard,
+)
 
 if TYPE_CHECKING:
     from ..files.sharded_writer import ShardedWriter
@@ -98,38 +109,8 @@ def _cause(e: BaseException) -> BaseException:
     return getattr(e, "cause", None) or e
 
 
-def _job_task(spec: dict[str, Any]) -> dict[str, Any]:
-    from .jobs import run_job
-
-    return run_job(spec)
-
-
 def _write_task(job: dict[str, Any], task: dict[str, Any], scratch: str, fault: dict[str, Any] | None) -> int:
-    from .parallel_write import run_remote_task
-
     return run_remote_task(job, task, scratch, fault)
-
-
-def run_jobs(specs: list[dict[str, Any]], address: str | None) -> Iterator[dict[str, Any]]:
-    """Each job's result (`jobs.run_job`) as its task ends."""
-    ray = ray_module(address)
-    remote = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_job_task)
-    refs = {remote.remote({**spec, "executor": "local"}): spec for spec in specs}  # no tasks inside tasks
-    pending = list(refs)
-    try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                try:
-                    yield ray.get(ref)
-                except Exception as e:
-                    from .jobs import _died
-
-                    yield _died(refs[ref], f"its Ray task failed: {_cause(e)}")
-    except BaseException:
-        for ref in pending:
-            ray.cancel(ref)
-        raise
 
 
 class RayRunner:
@@ -176,3 +157,42 @@ class RayRunner:
     def write_shards(self, folder: FolderScratch, writer: ShardedWriter, tasks: Sequence[ShardTask]) -> None:
         self._run(tasks, folder.path)
         folder.written += [folder.path / t.name for t in tasks]
+
+
+def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
+                    fault: dict[str, Any] | None) -> int:
+    """A write task in another process (a Ray worker): re-plan the job from its recipe (headers
+    only), check the plan agrees with the driver's, write the task's bytes into the driver's scratch
+    file or folder; returns the bytes written. The driver publishes; this never does."""
+    from ..storage.atomic_folder import FolderScratch
+    from .execute import source_modes
+    from .job_spec import open_job_plan
+
+    task = task_from_json(task_doc)
+    shard = isinstance(task, ShardTask)
+    mid_task = fault is not None and fault.get("kind") == "kill" and not shard
+    if not mid_task:
+        inject_fault(fault, task.index)  # a range task's kill comes after its first tensor is written
+    # the range tasks never write the header, the only bytes the sources' hashes go into
+    with open_job_plan(job, hash_sources=job.get("hash_sources", False) and shard) as plan:
+        writer = plan.writer
+        if writer is None:
+            raise TaskError("the plan has errors here, none on the driver: did a source change meanwhile?\n  "
+                            + "\n  ".join(plan.fatal), file=str(plan.target_path))
+        if isinstance(task, ShardTask):
+            folder = FolderScratch(Path(scratch), Path(plan.target_path), plan.fsync, overwrite=plan.overwrite,
+                                   mode_from=source_modes(plan))
+            path = write_shard(folder, writer, task)  # type: ignore[arg-type]
+            return os.path.getsize(path)
+        prefix, tensors, offsets = writer.layout()  # type: ignore[attr-defined]
+        if task.hi > len(tensors) or (offsets[task.hi - 1] + tensors[task.hi - 1].nbytes != task.end) or (
+                (offsets[task.lo - 1] + tensors[task.lo - 1].nbytes if task.lo else len(prefix)) != task.start):
+            raise TaskError(f"write task {task.index}: the tensors are planned at other offsets here than on the "
+                            "driver: did a source change meanwhile?", file=str(plan.target_path))
+        fd = os.open(scratch, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            write_range(fd, tensors, offsets, task, start_writeback=plan.fsync,
+                        after_first=(lambda: inject_fault(fault, task.index)) if mid_task else None)
+        finally:
+            os.close(fd)  # on a network file system, close sends the pages to the server
+        return task.end - task.start

@@ -1,0 +1,97 @@
+"""A recipe file's plan as the commands build it: the file loaded, the command line's `--source` /
+`--target` in place of its paths, and planned within the command line's settings (`--limit`,
+`--overwrite`, `--no-fsync`, `--hash-sources`), a wrong `top_level_key` named at its recipe line.
+
+`migrate run | plan | validate`, each job of many and each Ray write task re-planning its job come here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..core.limits import DEFAULT_LIMITS
+from .build import Plan, build_plan
+from .sources import SourceKeyError
+
+
+def load(path: str, args: Any = None) -> Any:
+    """The recipe, with the command line's `--source` / `--target` (if any) in place of its paths."""
+    from ..recipe.loader import load_recipe
+
+    loaded = load_recipe(path)
+    overrides = overrides_of(args)
+    return with_paths(loaded, overrides) if overrides else loaded
+
+
+def overrides_of(args: Any) -> dict[str, str]:
+    """{"source": PATH, "target": PATH} as given on the command line (either may be absent)."""
+    return {k: v for k in ("source", "target") if (v := getattr(args, k, None))}
+
+
+def with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
+    """`loaded` reading/writing the given paths instead of its own.
+
+    Command-line paths are taken from the current folder (as every shell path is), not from the
+    recipe's: they are made absolute here, so the recipe's folder no longer applies to them. The
+    loader's "target is the source" check is repeated for the new pair: the run would destroy its input.
+    """
+    import dataclasses
+    import os
+
+    from ..recipe.loader import RecipeError, RecipeIssue, read_candidates, same_file, written_candidates
+
+    recipe = loaded.recipe
+    if "source" in overrides and recipe.sources is not None:
+        from .sources import override_source
+
+        recipe = override_source(recipe, overrides.pop("source"), str(loaded.path))
+    from ..storage.remote import as_path, is_url
+
+    absolute = {k: as_path(v) if is_url(v) else Path(os.path.abspath(os.path.expanduser(v)))
+                for k, v in overrides.items()}
+    if "source" in absolute:
+        assert recipe.source is not None
+        recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
+    if "target" in absolute:
+        recipe = recipe.model_copy(update={"target": recipe.target.model_copy(update={"path": absolute["target"]})})
+    out = dataclasses.replace(loaded, recipe=recipe)
+    reads = out.source_paths + ([out.template_path] if out.template_path is not None else [])
+    written = written_candidates(out.target_path, recipe.target.format)
+    if any(same_file(w, c) for w in written for r in reads for c in read_candidates(r)):
+        raise RecipeError([RecipeIssue(str(loaded.path), 0, 0, "--target",
+                                       f"the target {out.target_path} is the same file as the source or template",
+                                       "write the output to a new file")])
+    return out
+
+
+@contextmanager
+def open_plan(loaded: Any, args: Any, shown: str | None = None) -> Iterator[Plan]:
+    """The recipe's plan, open for the block, read within the command line's `--limit` settings."""
+    try:
+        plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+                          hash_sources=getattr(args, "hash_sources", False),
+                          overwrite=True if getattr(args, "overwrite", False) else None,
+                          fsync=False if getattr(args, "no_fsync", False) else None,
+                          module_origins=loaded.module_origins, op_origins=loaded.op_origins,
+                          limits=getattr(args, "reader_limits", DEFAULT_LIMITS),
+                          source_origins=loaded.source_origins)
+    except SourceKeyError as e:  # about one recipe value: name its line
+        from ..recipe.loader import locate
+
+        given = shown or getattr(args, "recipe", None)  # the recipe's path as given
+        where = locate(loaded, e.loc, given if isinstance(given, str) else None)
+        if where is None:
+            raise
+        located = SourceKeyError(f"{where}: {loc_text(e.loc)}: {e}")
+        located.file = e.file  # the source file, for --json; the text leads with the recipe line
+        raise located from None
+    with plan:
+        yield plan
+
+
+def loc_text(loc: tuple[str | int, ...]) -> str:
+    """('sources', 1, 'top_level_key') as the recipe spells it: sources[1].top_level_key."""
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(loc))
