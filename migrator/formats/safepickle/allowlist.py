@@ -33,7 +33,7 @@ from .values import (
 )
 
 if TYPE_CHECKING:
-    from .vm import Unpickler
+    from .machine import Machine
 
 
 
@@ -60,13 +60,13 @@ _TENSOR_WRAPPERS = frozenset({"torch.nn.parameter.Parameter", "torch.autograd.va
                               "torch.nn.parameter.Buffer"})
 
 
-def _as_tensor(m: Unpickler, value: Any, what: str) -> TensorRef | UnsupportedTensor:
+def _as_tensor(m: Machine, value: Any, what: str) -> TensorRef | UnsupportedTensor:
     if isinstance(value, (TensorRef, UnsupportedTensor)):
         return value
     raise m.error(f"{what} expects a tensor, got {_tname(value)}")
 
 
-def _int_arg(m: Unpickler, v: Any, what: str, *, lo: int = 0) -> int:
+def _int_arg(m: Machine, v: Any, what: str, *, lo: int = 0) -> int:
     if type(v) is not int or v < lo:
         raise m.error(f"{what} must be an integer >= {lo}, got {_tname(v)}")
     if v >= _INT64_LIMIT:  # torch keeps sizes, strides and offsets in int64
@@ -77,7 +77,7 @@ def _int_arg(m: Unpickler, v: Any, what: str, *, lo: int = 0) -> int:
 _INT64_LIMIT = 1 << 63
 
 
-def _shape_arg(m: Unpickler, v: Any, what: str, *, lo: int = 0) -> tuple[int, ...]:
+def _shape_arg(m: Machine, v: Any, what: str, *, lo: int = 0) -> tuple[int, ...]:
     if not isinstance(v, (tuple, list)):
         raise m.error(f"{what} must be a tuple of integers, got {_tname(v)}")
     if len(v) > m.limits.max_dims:
@@ -85,7 +85,7 @@ def _shape_arg(m: Unpickler, v: Any, what: str, *, lo: int = 0) -> tuple[int, ..
     return tuple(_int_arg(m, d, what, lo=lo) for d in v)
 
 
-def _tensor(m: Unpickler, fn: str, storage: Any, offset: Any, size: Any, stride: Any,
+def _tensor(m: Machine, fn: str, storage: Any, offset: Any, size: Any, stride: Any,
             dtype: Any = None) -> TensorRef:
     if not isinstance(storage, StorageRef):
         raise m.error(f"{fn}: the storage argument must come from a storage persistent id, "
@@ -102,13 +102,13 @@ def _tensor(m: Unpickler, fn: str, storage: Any, offset: Any, size: Any, stride:
     return TensorRef(storage, _int_arg(m, offset, f"{fn} storage_offset"), shape, strides, dname)
 
 
-def _h_rebuild_tensor(m: Unpickler, a: tuple, kw: dict) -> TensorRef:
+def _h_rebuild_tensor(m: Machine, a: tuple, kw: dict) -> TensorRef:
     if len(a) != 4 or kw:
         raise m.error("_rebuild_tensor expects (storage, offset, size, stride)")
     return _tensor(m, "_rebuild_tensor", *a)
 
 
-def _h_rebuild_tensor_v2(m: Unpickler, a: tuple, kw: dict) -> TensorRef:
+def _h_rebuild_tensor_v2(m: Machine, a: tuple, kw: dict) -> TensorRef:
     if not 6 <= len(a) <= 7 or kw:
         raise m.error("_rebuild_tensor_v2 expects 6 or 7 arguments")
     t = _tensor(m, "_rebuild_tensor_v2", *a[:4])
@@ -116,7 +116,7 @@ def _h_rebuild_tensor_v2(m: Unpickler, a: tuple, kw: dict) -> TensorRef:
     return t
 
 
-def _h_rebuild_tensor_v3(m: Unpickler, a: tuple, kw: dict) -> TensorRef:
+def _h_rebuild_tensor_v3(m: Machine, a: tuple, kw: dict) -> TensorRef:
     if not 7 <= len(a) <= 8 or kw:
         raise m.error("_rebuild_tensor_v3 expects 7 or 8 arguments")
     t = _tensor(m, "_rebuild_tensor_v3", a[0], a[1], a[2], a[3], dtype=a[6])
@@ -124,7 +124,7 @@ def _h_rebuild_tensor_v3(m: Unpickler, a: tuple, kw: dict) -> TensorRef:
     return t
 
 
-def _h_rebuild_parameter(m: Unpickler, a: tuple, kw: dict) -> Any:
+def _h_rebuild_parameter(m: Machine, a: tuple, kw: dict) -> Any:
     if not 1 <= len(a) <= 4 or kw:
         raise m.error("_rebuild_parameter expects (data, requires_grad, hooks[, state])")
     t = _as_tensor(m, a[0], "_rebuild_parameter")
@@ -133,7 +133,7 @@ def _h_rebuild_parameter(m: Unpickler, a: tuple, kw: dict) -> Any:
     return t
 
 
-def _h_rebuild_from_type(m: Unpickler, a: tuple, kw: dict) -> Any:
+def _h_rebuild_from_type(m: Machine, a: tuple, kw: dict) -> Any:
     if len(a) != 4 or kw:
         raise m.error("_rebuild_from_type(_v2) expects (func, type, args, state)")
     func, new_type, args, _state = a
@@ -150,7 +150,7 @@ def _h_rebuild_from_type(m: Unpickler, a: tuple, kw: dict) -> Any:
 
 
 def _unsupported(kind: str) -> Handler:
-    def handler(m: Unpickler, a: tuple, kw: dict) -> UnsupportedTensor:
+    def handler(m: Machine, a: tuple, kw: dict) -> UnsupportedTensor:
         dtype = None
         if a and isinstance(a[0], StorageRef):
             dtype = a[0].dtype
@@ -159,7 +159,7 @@ def _unsupported(kind: str) -> Handler:
     return handler
 
 
-def _h_ordered_dict(m: Unpickler, a: tuple, kw: dict) -> ODict:
+def _h_ordered_dict(m: Machine, a: tuple, kw: dict) -> ODict:
     d = ODict()
     if kw or len(a) > 1:
         raise m.error("OrderedDict expects at most one argument")
@@ -168,7 +168,7 @@ def _h_ordered_dict(m: Unpickler, a: tuple, kw: dict) -> ODict:
     return d
 
 
-def _h_defaultdict(m: Unpickler, a: tuple, kw: dict) -> ODict:
+def _h_defaultdict(m: Machine, a: tuple, kw: dict) -> ODict:
     if kw or len(a) > 2:
         raise m.error("defaultdict expects (factory[, items])")
     d = ODict()  # the factory is never called: only stored items matter
@@ -177,7 +177,7 @@ def _h_defaultdict(m: Unpickler, a: tuple, kw: dict) -> ODict:
     return d
 
 
-def _fill_pairs(m: Unpickler, d: dict, src: Any, what: str) -> None:
+def _fill_pairs(m: Machine, d: dict, src: Any, what: str) -> None:
     if isinstance(src, dict):
         for k, v in src.items():
             d[k] = v
@@ -191,7 +191,7 @@ def _fill_pairs(m: Unpickler, d: dict, src: Any, what: str) -> None:
         d[m.key(pair[0], counts, d)] = pair[1]
 
 
-def _sequence_arg(m: Unpickler, a: tuple, kw: dict, what: str) -> list[Any]:
+def _sequence_arg(m: Machine, a: tuple, kw: dict, what: str) -> list[Any]:
     if kw or len(a) > 1:
         raise m.error(f"{what} expects at most one argument")
     if not a:
@@ -204,7 +204,7 @@ def _sequence_arg(m: Unpickler, a: tuple, kw: dict, what: str) -> list[Any]:
     raise m.error(f"{what} of a {_tname(src)} is not supported")
 
 
-def _h_set(m: Unpickler, a: tuple, kw: dict) -> set:
+def _h_set(m: Machine, a: tuple, kw: dict) -> set:
     m.charge(_SET_SIZE)
     counts: dict[int, int] = {}
     members: set[Any] = set()
@@ -213,19 +213,19 @@ def _h_set(m: Unpickler, a: tuple, kw: dict) -> set:
     return members
 
 
-def _h_frozenset(m: Unpickler, a: tuple, kw: dict) -> frozenset:
+def _h_frozenset(m: Machine, a: tuple, kw: dict) -> frozenset:
     return _make_frozenset(m, _sequence_arg(m, a, kw, "frozenset"))
 
 
-def _h_list(m: Unpickler, a: tuple, kw: dict) -> list:
+def _h_list(m: Machine, a: tuple, kw: dict) -> list:
     return _sequence_arg(m, a, kw, "list")
 
 
-def _h_tuple(m: Unpickler, a: tuple, kw: dict) -> tuple:
+def _h_tuple(m: Machine, a: tuple, kw: dict) -> tuple:
     return tuple(_sequence_arg(m, a, kw, "tuple"))
 
 
-def _h_dict(m: Unpickler, a: tuple, kw: dict) -> dict:
+def _h_dict(m: Machine, a: tuple, kw: dict) -> dict:
     d: dict[Any, Any] = {}
     if len(a) > 1:
         raise m.error("dict expects at most one argument")
@@ -240,7 +240,7 @@ _TEXT_ENCODINGS = {"latin1": "latin-1", "latin-1": "latin-1", "utf-8": "utf-8", 
                    "ascii": "ascii"}
 
 
-def _bytes_from(m: Unpickler, a: tuple, kw: dict, what: str) -> bytes:
+def _bytes_from(m: Machine, a: tuple, kw: dict, what: str) -> bytes:
     if kw:
         raise m.error(f"{what} takes no keyword arguments here")
     if not a:
@@ -255,21 +255,21 @@ def _bytes_from(m: Unpickler, a: tuple, kw: dict, what: str) -> bytes:
     raise m.error(f"{what} accepts only bytes or (text, encoding) here")  # never bytes(n): no allocation bombs
 
 
-def _h_codecs_encode(m: Unpickler, a: tuple, kw: dict) -> bytes:
+def _h_codecs_encode(m: Machine, a: tuple, kw: dict) -> bytes:
     if len(a) == 1 and isinstance(a[0], str):
         a = (a[0], "utf-8")
     return _bytes_from(m, a, kw, "_codecs.encode")
 
 
-def _h_bytes(m: Unpickler, a: tuple, kw: dict) -> bytes:
+def _h_bytes(m: Machine, a: tuple, kw: dict) -> bytes:
     return _bytes_from(m, a, kw, "bytes")
 
 
-def _h_bytearray(m: Unpickler, a: tuple, kw: dict) -> bytearray:
+def _h_bytearray(m: Machine, a: tuple, kw: dict) -> bytearray:
     return bytearray(_bytes_from(m, a, kw, "bytearray"))
 
 
-def _h_complex(m: Unpickler, a: tuple, kw: dict) -> complex:
+def _h_complex(m: Machine, a: tuple, kw: dict) -> complex:
     if kw or not 1 <= len(a) <= 2 or not all(type(x) in (int, float) for x in a):
         raise m.error("complex expects one or two numbers")
     if any(type(x) is int and not -_FLOAT_INT_LIMIT < x < _FLOAT_INT_LIMIT for x in a):
@@ -280,19 +280,19 @@ def _h_complex(m: Unpickler, a: tuple, kw: dict) -> complex:
 _FLOAT_INT_LIMIT = 1 << 1023  # integers below this convert to a finite float
 
 
-def _h_slice(m: Unpickler, a: tuple, kw: dict) -> slice:
+def _h_slice(m: Machine, a: tuple, kw: dict) -> slice:
     if kw or not 1 <= len(a) <= 3 or not all(x is None or type(x) is int for x in a):
         raise m.error("slice expects up to three integers or None")
     return slice(*a)
 
 
-def _h_size(m: Unpickler, a: tuple, kw: dict) -> tuple[int, ...]:
+def _h_size(m: Machine, a: tuple, kw: dict) -> tuple[int, ...]:
     if kw or len(a) > 1:
         raise m.error("torch.Size expects one sequence")
     return _shape_arg(m, a[0] if a else (), "torch.Size")
 
 
-def _h_device(m: Unpickler, a: tuple, kw: dict) -> Device:
+def _h_device(m: Machine, a: tuple, kw: dict) -> Device:
     if (kw or not 1 <= len(a) <= 2 or not isinstance(a[0], str) or len(a[0]) > 64
             or (len(a) == 2 and (type(a[1]) is not int or not -1 <= a[1] < 1 << 16))):
         raise m.error("torch.device expects (type[, index]) with a short type name and a small index")
@@ -302,13 +302,13 @@ def _h_device(m: Unpickler, a: tuple, kw: dict) -> Device:
 _NUMPY_CODES = frozenset({"b1", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8"})
 
 
-def _h_numpy_dtype(m: Unpickler, a: tuple, kw: dict) -> NumpyDtype:
+def _h_numpy_dtype(m: Machine, a: tuple, kw: dict) -> NumpyDtype:
     if kw or not 1 <= len(a) <= 3 or not isinstance(a[0], str) or len(a[0]) > 64:
         raise m.error("numpy.dtype expects (code, align, copy)")
     return NumpyDtype(a[0], known=a[0] in _NUMPY_CODES)
 
 
-def _h_numpy_scalar(m: Unpickler, a: tuple, kw: dict) -> Any:
+def _h_numpy_scalar(m: Machine, a: tuple, kw: dict) -> Any:
     """numpy.core.multiarray.scalar(dtype, raw): decoded from the raw bytes, numpy's pickle code unused."""
     if kw or len(a) != 2 or not isinstance(a[0], NumpyDtype):
         raise m.error("numpy scalar expects (dtype, bytes)")
@@ -322,13 +322,13 @@ def _h_numpy_scalar(m: Unpickler, a: tuple, kw: dict) -> Any:
     return np.frombuffer(raw, dtype=npdt)[0].item()
 
 
-def _h_numpy_reconstruct(m: Unpickler, a: tuple, kw: dict) -> NumpyArray:
+def _h_numpy_reconstruct(m: Machine, a: tuple, kw: dict) -> NumpyArray:
     if kw or len(a) != 3 or not isinstance(a[0], TorchType) or a[0].name != "numpy.ndarray":
         raise m.error("numpy _reconstruct expects (numpy.ndarray, shape, typecode)")
     return NumpyArray()
 
 
-def _h_numpy_frombuffer(m: Unpickler, a: tuple, kw: dict) -> NumpyArray:
+def _h_numpy_frombuffer(m: Machine, a: tuple, kw: dict) -> NumpyArray:
     """numpy's protocol-5 reduction (buffer, dtype, shape, order): recorded, never rebuilt."""
     if kw or len(a) != 4 or not isinstance(a[2], tuple):
         raise m.error("numpy _frombuffer expects (buffer, dtype, shape, order)")
@@ -419,7 +419,7 @@ def _is_gadget(name: str) -> bool:
     return top == "torch" and not short[:1].isupper()
 
 
-def _make_frozenset(m: Unpickler, items: list[Any]) -> frozenset:
+def _make_frozenset(m: Machine, items: list[Any]) -> frozenset:
     m.charge(_SET_SIZE)
     counts: dict[int, int] = {}
     members: set[Any] = set()

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .allowlist import _REBUILD_V2, _make_frozenset, _shape_arg
-from .records import _U32, _fast_rebuild_v2
 from .values import (
     _MEMO_ENTRY,
     _SET_SIZE,
@@ -31,23 +30,24 @@ from .values import (
 )
 
 if TYPE_CHECKING:
-    from .vm import Unpickler
+    from .machine import Machine
+
+_U32 = struct.Struct("<I")
 
 
-
-def _op(code: bytes) -> Callable[[Callable[[Unpickler], None]], Callable[[Unpickler], None]]:
-    def deco(fn: Callable[[Unpickler], None]) -> Callable[[Unpickler], None]:
+def _op(code: bytes) -> Callable[[Callable[[Machine], None]], Callable[[Machine], None]]:
+    def deco(fn: Callable[[Machine], None]) -> Callable[[Machine], None]:
         _DISPATCH[code[0]] = fn
         return fn
 
     return deco
 
 
-_DISPATCH: dict[int, Callable[[Unpickler], None]] = {}
+_DISPATCH: dict[int, Callable[[Machine], None]] = {}
 
 
 @_op(b"\x80")
-def _proto(m: Unpickler) -> None:
+def _proto(m: Machine) -> None:
     v = m.read(1, "PROTO")[0]
     if v > 5:
         raise m.error(f"unsupported pickle protocol {v} (0-5 are known)")
@@ -56,23 +56,23 @@ def _proto(m: Unpickler) -> None:
 
 
 @_op(b"\x95")
-def _frame(m: Unpickler) -> None:
+def _frame(m: Machine) -> None:
     n = m._u("<Q", 8, "FRAME")
     if n > m.end - m.pos:
         raise m.error(f"FRAME declares {n} bytes but only {m.end - m.pos} remain (truncated?)")
 
 
 @_op(b".")
-def _stop(m: Unpickler) -> None:
+def _stop(m: Machine) -> None:
     m._result = m.pop()
     m._done = True
 
 
 @_op(b"(")
-def _mark(m: Unpickler) -> None:
+def _mark(m: Machine) -> None:
     stack = m.stack
     if stack and stack[-1] is _REBUILD_V2 and m.fast:
-        q = _fast_rebuild_v2(m, m.pos - 1)
+        q = m.scan_record(m.pos - 1)
         if q >= 0:
             m.pos = q
             return
@@ -83,7 +83,7 @@ def _mark(m: Unpickler) -> None:
 
 
 @_op(b"0")
-def _pop(m: Unpickler) -> None:
+def _pop(m: Machine) -> None:
     if m.stack:
         m.stack.pop()
     else:
@@ -91,12 +91,12 @@ def _pop(m: Unpickler) -> None:
 
 
 @_op(b"1")
-def _pop_mark(m: Unpickler) -> None:
+def _pop_mark(m: Machine) -> None:
     m.pop_mark()
 
 
 @_op(b"2")
-def _dup(m: Unpickler) -> None:
+def _dup(m: Machine) -> None:
     m.push(m.top())
 
 
@@ -104,21 +104,21 @@ def _dup(m: Unpickler) -> None:
 
 
 @_op(b"N")
-def _none(m: Unpickler) -> None:
+def _none(m: Machine) -> None:
     m.push(None)
 
 
 @_op(b"\x88")
-def _true(m: Unpickler) -> None:
+def _true(m: Machine) -> None:
     m.push(True)
 
 
 @_op(b"\x89")
-def _false(m: Unpickler) -> None:
+def _false(m: Machine) -> None:
     m.push(False)
 
 
-def _parse_int(m: Unpickler, text: bytes, what: str) -> int:
+def _parse_int(m: Machine, text: bytes, what: str) -> int:
     if len(text) > m.limits.max_long_bytes:
         raise m.limit(f"{what} has {len(text)} digits (limit {m.limits.max_long_bytes})")
     try:
@@ -128,7 +128,7 @@ def _parse_int(m: Unpickler, text: bytes, what: str) -> int:
 
 
 @_op(b"I")
-def _int(m: Unpickler) -> None:
+def _int(m: Machine) -> None:
     text = m.readline("INT")
     if text == b"00":
         m.push(False)
@@ -139,7 +139,7 @@ def _int(m: Unpickler) -> None:
 
 
 @_op(b"L")
-def _long(m: Unpickler) -> None:
+def _long(m: Machine) -> None:
     text = m.readline("LONG")
     if text.endswith(b"L"):
         text = text[:-1]
@@ -147,12 +147,12 @@ def _long(m: Unpickler) -> None:
 
 
 @_op(b"J")
-def _binint(m: Unpickler) -> None:
+def _binint(m: Machine) -> None:
     m.push(m._u("<i", 4, "BININT"))
 
 
 @_op(b"K")
-def _binint1(m: Unpickler) -> None:
+def _binint1(m: Machine) -> None:
     p = m.pos
     if p < m.end:
         m.pos = p + 1
@@ -162,18 +162,18 @@ def _binint1(m: Unpickler) -> None:
 
 
 @_op(b"M")
-def _binint2(m: Unpickler) -> None:
+def _binint2(m: Machine) -> None:
     m.push(m._u("<H", 2, "BININT2"))
 
 
 @_op(b"\x8a")
-def _long1(m: Unpickler) -> None:
+def _long1(m: Machine) -> None:
     n = m.read(1, "LONG1")[0]
     m.push(int.from_bytes(m.read(n, "LONG1"), "little", signed=True))
 
 
 @_op(b"\x8b")
-def _long4(m: Unpickler) -> None:
+def _long4(m: Machine) -> None:
     n = m._u("<i", 4, "LONG4")
     if n < 0:
         raise m.error("LONG4 with a negative length")
@@ -183,7 +183,7 @@ def _long4(m: Unpickler) -> None:
 
 
 @_op(b"F")
-def _float(m: Unpickler) -> None:
+def _float(m: Machine) -> None:
     text = m.readline("FLOAT")
     if len(text) > 1024:
         raise m.limit("FLOAT literal longer than 1024 characters")
@@ -194,14 +194,14 @@ def _float(m: Unpickler) -> None:
 
 
 @_op(b"G")
-def _binfloat(m: Unpickler) -> None:
+def _binfloat(m: Machine) -> None:
     m.push(struct.unpack(">d", m.read(8, "BINFLOAT"))[0])
 
 
 # -- strings and bytes
 
 
-def _decode(m: Unpickler, raw: bytes, what: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+def _decode(m: Machine, raw: bytes, what: str, encoding: str = "utf-8", errors: str = "strict") -> str:
     try:
         return raw.decode(encoding, errors)
     except UnicodeDecodeError:
@@ -209,7 +209,7 @@ def _decode(m: Unpickler, raw: bytes, what: str, encoding: str = "utf-8", errors
 
 
 @_op(b"S")
-def _string(m: Unpickler) -> None:
+def _string(m: Machine) -> None:
     import codecs
 
     raw = m.readline("STRING")
@@ -225,24 +225,24 @@ def _string(m: Unpickler) -> None:
 
 
 @_op(b"T")
-def _binstring(m: Unpickler) -> None:
+def _binstring(m: Machine) -> None:
     n = m._u("<i", 4, "BINSTRING")
     m.push(_decode(m, m.read(n, "BINSTRING"), "BINSTRING"))
 
 
 @_op(b"U")
-def _short_binstring(m: Unpickler) -> None:
+def _short_binstring(m: Machine) -> None:
     n = m.read(1, "SHORT_BINSTRING")[0]
     m.push(_decode(m, m.read(n, "SHORT_BINSTRING"), "SHORT_BINSTRING"))
 
 
 @_op(b"V")
-def _unicode(m: Unpickler) -> None:
+def _unicode(m: Machine) -> None:
     m.push(_decode(m, m.readline("UNICODE"), "UNICODE", "raw-unicode-escape"))
 
 
 @_op(b"X")
-def _binunicode(m: Unpickler) -> None:
+def _binunicode(m: Machine) -> None:
     p, data = m.pos, m.data
     if p + 4 <= m.end:
         q = p + 4 + _U32.unpack_from(data, p)[0]
@@ -259,44 +259,44 @@ def _binunicode(m: Unpickler) -> None:
 
 
 @_op(b"\x8c")
-def _short_binunicode(m: Unpickler) -> None:
+def _short_binunicode(m: Machine) -> None:
     n = m.read(1, "SHORT_BINUNICODE")[0]
     m.push(_decode(m, m.read(n, "SHORT_BINUNICODE"), "SHORT_BINUNICODE", errors="surrogatepass"))
 
 
 @_op(b"\x8d")
-def _binunicode8(m: Unpickler) -> None:
+def _binunicode8(m: Machine) -> None:
     n = m._u("<Q", 8, "BINUNICODE8")
     m.push(_decode(m, m.read(n, "BINUNICODE8"), "BINUNICODE8", errors="surrogatepass"))
 
 
 @_op(b"B")
-def _binbytes(m: Unpickler) -> None:
+def _binbytes(m: Machine) -> None:
     m.push(m.read(m._u("<I", 4, "BINBYTES"), "BINBYTES"))
 
 
 @_op(b"C")
-def _short_binbytes(m: Unpickler) -> None:
+def _short_binbytes(m: Machine) -> None:
     m.push(m.read(m.read(1, "SHORT_BINBYTES")[0], "SHORT_BINBYTES"))
 
 
 @_op(b"\x8e")
-def _binbytes8(m: Unpickler) -> None:
+def _binbytes8(m: Machine) -> None:
     m.push(m.read(m._u("<Q", 8, "BINBYTES8"), "BINBYTES8"))
 
 
 @_op(b"\x96")
-def _bytearray8(m: Unpickler) -> None:
+def _bytearray8(m: Machine) -> None:
     m.push(bytearray(m.read(m._u("<Q", 8, "BYTEARRAY8"), "BYTEARRAY8")))
 
 
 @_op(b"\x97")
-def _next_buffer(m: Unpickler) -> None:
+def _next_buffer(m: Machine) -> None:
     raise m.error("NEXT_BUFFER: out-of-band buffers are not supported in checkpoint files")
 
 
 @_op(b"\x98")
-def _readonly_buffer(m: Unpickler) -> None:
+def _readonly_buffer(m: Machine) -> None:
     raise m.error("READONLY_BUFFER: out-of-band buffers are not supported in checkpoint files")
 
 
@@ -304,30 +304,30 @@ def _readonly_buffer(m: Unpickler) -> None:
 
 
 @_op(b")")
-def _empty_tuple(m: Unpickler) -> None:
+def _empty_tuple(m: Machine) -> None:
     m.push(())
 
 
 @_op(b"t")
-def _tuple(m: Unpickler) -> None:
+def _tuple(m: Machine) -> None:
     m.push(tuple(m.pop_mark()))
 
 
 @_op(b"\x85")
-def _tuple1(m: Unpickler) -> None:
+def _tuple1(m: Machine) -> None:
     a = m.pop()
     m.push((a,))
 
 
 @_op(b"\x86")
-def _tuple2(m: Unpickler) -> None:
+def _tuple2(m: Machine) -> None:
     b = m.pop()
     a = m.pop()
     m.push((a, b))
 
 
 @_op(b"\x87")
-def _tuple3(m: Unpickler) -> None:
+def _tuple3(m: Machine) -> None:
     c = m.pop()
     b = m.pop()
     a = m.pop()
@@ -335,17 +335,17 @@ def _tuple3(m: Unpickler) -> None:
 
 
 @_op(b"]")
-def _empty_list(m: Unpickler) -> None:
+def _empty_list(m: Machine) -> None:
     m.push([])
 
 
 @_op(b"l")
-def _list(m: Unpickler) -> None:
+def _list(m: Machine) -> None:
     m.push(m.pop_mark())
 
 
 @_op(b"a")
-def _append(m: Unpickler) -> None:
+def _append(m: Machine) -> None:
     v = m.pop()
     target = m.top()
     if not isinstance(target, list):
@@ -356,7 +356,7 @@ def _append(m: Unpickler) -> None:
 
 
 @_op(b"e")
-def _appends(m: Unpickler) -> None:
+def _appends(m: Machine) -> None:
     items = m.pop_mark()
     target = m.top()
     if not isinstance(target, list):
@@ -367,11 +367,11 @@ def _appends(m: Unpickler) -> None:
 
 
 @_op(b"}")
-def _empty_dict(m: Unpickler) -> None:
+def _empty_dict(m: Machine) -> None:
     m.push({})
 
 
-def _set_pairs(m: Unpickler, target: dict, items: list[Any], what: str) -> None:
+def _set_pairs(m: Machine, target: dict, items: list[Any], what: str) -> None:
     if len(items) % 2:
         raise m.error(f"{what} with an odd number of items")
     keys = items[::2]
@@ -384,14 +384,14 @@ def _set_pairs(m: Unpickler, target: dict, items: list[Any], what: str) -> None:
 
 
 @_op(b"d")
-def _dict(m: Unpickler) -> None:
+def _dict(m: Machine) -> None:
     d: dict[Any, Any] = {}
     _set_pairs(m, d, m.pop_mark(), "DICT")
     m.push(d)
 
 
 @_op(b"s")
-def _setitem(m: Unpickler) -> None:
+def _setitem(m: Machine) -> None:
     value = m.pop()
     key = m.pop()
     target = m.top()
@@ -403,7 +403,7 @@ def _setitem(m: Unpickler) -> None:
 
 
 @_op(b"u")
-def _setitems(m: Unpickler) -> None:
+def _setitems(m: Machine) -> None:
     items = m.pop_mark()
     target = m.top()
     if not isinstance(target, dict):
@@ -414,13 +414,13 @@ def _setitems(m: Unpickler) -> None:
 
 
 @_op(b"\x8f")
-def _empty_set(m: Unpickler) -> None:
+def _empty_set(m: Machine) -> None:
     m.charge(_SET_SIZE)
     m.push(set())
 
 
 @_op(b"\x90")
-def _additems(m: Unpickler) -> None:
+def _additems(m: Machine) -> None:
     items = m.pop_mark()
     target = m.top()
     if not isinstance(target, set):
@@ -433,7 +433,7 @@ def _additems(m: Unpickler) -> None:
 
 
 @_op(b"\x91")
-def _frozenset(m: Unpickler) -> None:
+def _frozenset(m: Machine) -> None:
     m.push(_make_frozenset(m, m.pop_mark()))
 
 
@@ -441,7 +441,7 @@ def _frozenset(m: Unpickler) -> None:
 # -- memo
 
 
-def _memo_put(m: Unpickler, idx: int) -> None:
+def _memo_put(m: Machine, idx: int) -> None:
     if not 0 <= idx < 1 << 32:  # what LONG_BINPUT can write; also below 2**61-1, so no two share a hash
         raise m.error("memo index outside 0..2**32-1")
     if idx not in m.memo and len(m.memo) >= m.limits.max_memo:
@@ -449,7 +449,7 @@ def _memo_put(m: Unpickler, idx: int) -> None:
     m.memo[idx] = m.top()
 
 
-def _memo_get(m: Unpickler, idx: int) -> None:
+def _memo_get(m: Machine, idx: int) -> None:
     try:
         value = m.memo[idx]
     except KeyError:
@@ -458,12 +458,12 @@ def _memo_get(m: Unpickler, idx: int) -> None:
 
 
 @_op(b"p")
-def _put(m: Unpickler) -> None:
+def _put(m: Machine) -> None:
     _memo_put(m, _parse_int(m, m.readline("PUT"), "PUT"))
 
 
 @_op(b"q")
-def _binput(m: Unpickler) -> None:
+def _binput(m: Machine) -> None:
     p = m.pos
     if p < m.end and m.stack:
         idx = m.data[p]
@@ -476,23 +476,23 @@ def _binput(m: Unpickler) -> None:
 
 
 @_op(b"r")
-def _long_binput(m: Unpickler) -> None:
+def _long_binput(m: Machine) -> None:
     _memo_put(m, m._u("<I", 4, "LONG_BINPUT"))
 
 
 @_op(b"\x94")
-def _memoize(m: Unpickler) -> None:
+def _memoize(m: Machine) -> None:
     m.charge(_MEMO_ENTRY)  # one byte, one new memo entry: the only memo write that can outgrow the budget
     _memo_put(m, len(m.memo))
 
 
 @_op(b"g")
-def _get(m: Unpickler) -> None:
+def _get(m: Machine) -> None:
     _memo_get(m, _parse_int(m, m.readline("GET"), "GET"))
 
 
 @_op(b"h")
-def _binget(m: Unpickler) -> None:
+def _binget(m: Machine) -> None:
     p = m.pos
     if p < m.end:
         m.pos = p + 1
@@ -502,26 +502,26 @@ def _binget(m: Unpickler) -> None:
 
 
 @_op(b"j")
-def _long_binget(m: Unpickler) -> None:
+def _long_binget(m: Machine) -> None:
     _memo_get(m, m._u("<I", 4, "LONG_BINGET"))
 
 
 # -- globals, calls, objects
 
 
-def _line_name(m: Unpickler, what: str) -> str:
+def _line_name(m: Machine, what: str) -> str:
     return _decode(m, m.readline(what), what)
 
 
 @_op(b"c")
-def _global(m: Unpickler) -> None:
+def _global(m: Machine) -> None:
     module = _line_name(m, "GLOBAL")
     name = _line_name(m, "GLOBAL")
     m.push(m.resolve_global(module, name))
 
 
 @_op(b"\x93")
-def _stack_global(m: Unpickler) -> None:
+def _stack_global(m: Machine) -> None:
     name = m.pop()
     module = m.pop()
     if not isinstance(module, str) or not isinstance(name, str):
@@ -530,21 +530,21 @@ def _stack_global(m: Unpickler) -> None:
 
 
 @_op(b"R")
-def _reduce(m: Unpickler) -> None:
+def _reduce(m: Machine) -> None:
     args = m.pop()
     callee = m.pop()
     m.push(m.call(callee, args, None, "REDUCE"))
 
 
 @_op(b"\x81")
-def _newobj(m: Unpickler) -> None:
+def _newobj(m: Machine) -> None:
     args = m.pop()
     cls = m.pop()
     m.push(m.call(cls, args, None, "NEWOBJ"))
 
 
 @_op(b"\x92")
-def _newobj_ex(m: Unpickler) -> None:
+def _newobj_ex(m: Machine) -> None:
     kwargs = m.pop()
     args = m.pop()
     cls = m.pop()
@@ -552,7 +552,7 @@ def _newobj_ex(m: Unpickler) -> None:
 
 
 @_op(b"i")
-def _inst(m: Unpickler) -> None:
+def _inst(m: Machine) -> None:
     module = _line_name(m, "INST")
     name = _line_name(m, "INST")
     args = tuple(m.pop_mark())
@@ -560,7 +560,7 @@ def _inst(m: Unpickler) -> None:
 
 
 @_op(b"o")
-def _obj(m: Unpickler) -> None:
+def _obj(m: Machine) -> None:
     items = m.pop_mark()
     if not items:
         raise m.error("OBJ without a class")
@@ -568,24 +568,24 @@ def _obj(m: Unpickler) -> None:
 
 
 @_op(b"b")
-def _build(m: Unpickler) -> None:
+def _build(m: Machine) -> None:
     state = m.pop()
     obj = m.top()
     _apply_state(m, obj, state)
 
 
 @_op(b"P")
-def _persid(m: Unpickler) -> None:
+def _persid(m: Machine) -> None:
     pid = _decode(m, m.readline("PERSID"), "PERSID", "ascii")
     m.push(_persistent(m, pid))
 
 
 @_op(b"Q")
-def _binpersid(m: Unpickler) -> None:
+def _binpersid(m: Machine) -> None:
     m.push(_persistent(m, m.pop()))
 
 
-def _persistent(m: Unpickler, pid: Any) -> Any:
+def _persistent(m: Machine, pid: Any) -> Any:
     if m.persistent_load is None:
         raise m.error("a persistent id references tensor data, but this pickle has no data section "
                       "(a plain pickle is not a PyTorch checkpoint)")
@@ -595,11 +595,11 @@ def _persistent(m: Unpickler, pid: Any) -> Any:
 for _code in (b"\x82", b"\x83", b"\x84"):
 
     @_op(_code)
-    def _ext(m: Unpickler) -> None:
+    def _ext(m: Machine) -> None:
         raise m.unsafe("extension-registry opcodes (EXT1/EXT2/EXT4) name code by number; refused")
 
 
-def _apply_state(m: Unpickler, obj: Any, state: Any) -> None:
+def _apply_state(m: Machine, obj: Any, state: Any) -> None:
     """BUILD: only our own placeholders take state; nothing's __setstate__ is ever called."""
     if isinstance(obj, ODict):
         slots = None
@@ -640,5 +640,5 @@ def _apply_state(m: Unpickler, obj: Any, state: Any) -> None:
         raise m.error(f"BUILD on a {_tname(obj)}")
 
 
-_OPS: list[Callable[[Unpickler], None] | None] = [_DISPATCH.get(i) for i in range(256)]
+_OPS: list[Callable[[Machine], None] | None] = [_DISPATCH.get(i) for i in range(256)]
 """`_DISPATCH` as a list indexed by opcode: the main loop's lookup."""

@@ -13,7 +13,7 @@ from .allowlist import _INT64_LIMIT, _MODULE_ALIASES, _ORDERED_DICT, _REBUILD_V2
 from .values import ODict, StorageRef, TensorRef
 
 if TYPE_CHECKING:
-    from .vm import Unpickler
+    from .machine import Machine
 
 #
 # torch.save writes every tensor as the same ~20 opcodes:
@@ -180,7 +180,7 @@ _NAME_OPS = frozenset({0x58, 0x8C})
 _Plan = tuple[int, tuple[Any, ...], int, int, tuple[int, ...], tuple[int, ...], bool, int, int]
 
 
-def _scan_record(m: Unpickler, data: Any, p: int, end: int, puts: list[tuple[int, Any]]) -> _Plan:
+def _scan_record(m: Machine, data: Any, p: int, end: int, puts: list[tuple[int, Any]]) -> _Plan:
     """Phase 1 for the record whose args MARK is at `p` of a window (`_window`, `end` its end):
     parse only, raising _Reject on anything unusual.
 
@@ -264,7 +264,7 @@ def _scan_record(m: Unpickler, data: Any, p: int, end: int, puts: list[tuple[int
             len(fields) + n_size + n_stride + 9)
 
 
-def _room(m: Unpickler, pushes: int, puts: list[tuple[int, Any]]) -> bool:
+def _room(m: Machine, pushes: int, puts: list[tuple[int, Any]]) -> bool:
     """No limit can be reached by `pushes` more values and these memo writes."""
     lim, memo = m.limits, m.memo
     if m.objects + pushes > lim.max_objects:
@@ -274,7 +274,7 @@ def _room(m: Unpickler, pushes: int, puts: list[tuple[int, Any]]) -> bool:
     return len(memo) + len({i for i, _ in puts if i not in memo}) <= lim.max_memo
 
 
-def _commit(m: Unpickler, plan: _Plan, puts: list[tuple[int, Any]]) -> None:
+def _commit(m: Machine, plan: _Plan, puts: list[tuple[int, Any]]) -> None:
     """Phase 2: what the general loop does at BINPERSID, the two REDUCEs and the memo writes, in order."""
     _end, pid, persid_pos, offset, size, stride, requires_grad, reduce_pos, pushes = plan
     m.objects += pushes
@@ -320,7 +320,7 @@ _WINDOW = 1024  # bytes of one record the scanner reads (a 64-d shape with BININ
 _MARGIN = 8192
 
 
-def _window(m: Unpickler, p: int) -> tuple[Any, int, int]:
+def _window(m: Machine, p: int) -> tuple[Any, int, int]:
     """(data, start, end) to scan the record at pickle position `p` in."""
     if p + _WINDOW + _MARGIN <= m.end:
         return m.data, p, p + _WINDOW
@@ -333,7 +333,7 @@ def _shifted(plan: _Plan, base: int) -> _Plan:
     return (end + base, pid, persid_pos + base, offset, size, stride, requires_grad, reduce_pos + base, pushes)
 
 
-def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
+def _fast_rebuild_v2(m: Machine, p: int) -> int:
     """Interpret the `_rebuild_tensor_v2` record whose args MARK is at `p`, then any records that follow
     it as `name, callee, record` pairs of a state_dict; returns where the general loop resumes, or -1
     when it must interpret the record at `p` itself.
@@ -379,7 +379,7 @@ def _fast_rebuild_v2(m: Unpickler, p: int) -> int:
         q = plan[0]
 
 
-def _scan_pair(m: Unpickler, data: Any, start: int, end: int) -> tuple[str, Any, _Plan, list[tuple[int, Any]]]:
+def _scan_pair(m: Machine, data: Any, start: int, end: int) -> tuple[str, Any, _Plan, list[tuple[int, Any]]]:
     """A state_dict's next `name [put] callee [put] ( record` at `start` of `data`, or _Reject."""
     memo = m.memo
     puts: list[tuple[int, Any]] = []

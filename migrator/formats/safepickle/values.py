@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.errors import UnsafePickleError
 
 if TYPE_CHECKING:
-    from .vm import Unpickler
+    from .machine import Machine
 
 
 class WholeModelPickleError(UnsafePickleError):
@@ -161,7 +161,7 @@ class ODict(dict):
         return a
 
 
-Handler = Callable[["Unpickler", tuple, dict], Any]
+Handler = Callable[["Machine", tuple, dict], Any]
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,6 +14,7 @@ from typing import Any
 from ...core.errors import FormatError, LimitExceededError, UnsafePickleError
 from ...core.limits import DEFAULT_LIMITS, Limits
 from .allowlist import _COPYREG_CONSTRUCTORS, _MODULE_ALIASES, _TENSOR_WRAPPERS, _as_tensor, _is_gadget, _resolve
+from .records import _fast_rebuild_v2
 from .values import (
     _PLACEHOLDER_SIZE,
     Builtin,
@@ -104,6 +105,10 @@ class Unpickler:
             raise self.error(f"{what}: line not terminated before the end of the input (truncated?)")
         self.pos = i + 1
         return bytes(self.data[p:i])
+
+    def scan_record(self, p: int) -> int:
+        """The record scanner (`records.py`) on the tensor record whose MARK is at `p` (see there)."""
+        return _fast_rebuild_v2(self, p)
 
     def _u(self, fmt: str, n: int, what: str) -> int:
         return int(struct.unpack(fmt, self.read(n, what))[0])
