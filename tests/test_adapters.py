@@ -1,4 +1,4 @@
-"""Adapters: Burn's semantics (spec §3, catalogue §8.3), refusing to guess, laziness, chaining."""
+"""Adapters: Burn's semantics, refusing to guess, laziness, chaining."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def counting(name: str, array: np.ndarray, calls: list[str]) -> LazyTensor:
     return LazyTensor(name, base.dtype, base.shape, base.nbytes, loader)
 
 
-# ---- PyTorchToBurn / BurnToPyTorch (catalogue §8.3) -------------------------------------------------------------
+# ---- PyTorchToBurn / BurnToPyTorch ------------------------------------------------------------------------------
 
 def test_pytorch_to_burn_linear() -> None:
     a = PyTorchToBurnAdapter()
@@ -449,7 +449,7 @@ def _read(path: str) -> list[LazyTensor]:
 
 
 def test_fixture_parity_with_burn_names_and_shapes() -> None:
-    """Spec §8.9: the names, shapes and values Burn ends up with for the layer fixtures."""
+    """The names, shapes and values Burn ends up with for the layer fixtures."""
     p2b = PyTorchToBurnAdapter()
     lin = _adapt_all(p2b, _read("linear.pt"))
     assert {n: t.shape for n, t in lin.items()} == {"fc1.weight": (2, 3), "fc1.bias": (3,), "fc2.weight": (3, 4)}

@@ -1,5 +1,5 @@
 """Burn parity: the PyTorch layer fixtures migrated with `pytorch_to_burn` give the names, shapes and
-values Burn's PytorchStore gives them (spec §8.9), with module types inferred (no `modules:` map)."""
+values Burn's PytorchStore gives them (its layer fixtures), with module types inferred (no `modules:` map)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Burnpack: golden bytes from spec §1.3.7, reader rules of §1.6, writer rules of §1.5."""
+"""Burnpack: golden bytes as Burn writes them, its reader's rules and its writer's."""
 
 from __future__ import annotations
 

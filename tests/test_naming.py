@@ -1,4 +1,4 @@
-"""Name transforms: KeyRemapper (§4.1), contiguous indices (§4.2), enum strip, filter regexes."""
+"""Name transforms: KeyRemapper, contiguous indices, enum strip, filter regexes (Burn's rules)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from migrator.naming import (
 )
 
 # ---------------------------------------------------------------------------------------------
-# KeyRemapper: examples from §4.1
+# KeyRemapper: Burn's documented examples
 # ---------------------------------------------------------------------------------------------
 
 
@@ -284,7 +284,7 @@ def test_key_remapper_add_pattern_fails_immediately() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# contiguous_names (§4.2)
+# contiguous_names
 # ---------------------------------------------------------------------------------------------
 
 
@@ -465,7 +465,7 @@ def test_filter_regex_uses_rust_dollar() -> None:
 
 
 def _reference_contiguous(names: list[str]) -> list[str]:
-    """Spec §4.2 spelled out: collect every index value per original prefix, then renumber by rank."""
+    """The rule spelled out: collect every index value per original prefix, then renumber by rank."""
     def indices(name: str) -> list[tuple[int, str, int]]:
         segments = name.split(".")
         found = []

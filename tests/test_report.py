@@ -1,4 +1,4 @@
-"""ApplyReport: fields, Display text (§5.7), error Display (§5.4), JSON."""
+"""ApplyReport: fields, Burn's Display text, its error Display, JSON."""
 
 from __future__ import annotations
 

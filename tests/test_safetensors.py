@@ -135,7 +135,7 @@ def test_zero_dim_and_empty_tensors(shape: tuple[int, ...]) -> None:
 
 
 def test_burn_only_dtypes_are_written_like_burn() -> None:
-    """Flex32 -> F32 (same bits); Bool(U8) / Bool(U32) -> U8 / U32 (spec §7.2)."""
+    """Flex32 -> F32 (same bits); Bool(U8) / Bool(U32) -> U8 / U32, as Burn writes them."""
     flex = raw("flex", dtypes.FLEX32, (4,), np.arange(4, dtype="<f4").tobytes())
     b8 = raw("b8", dtypes.BOOL_U8, (3,), bytes([0, 1, 1]))
     b32 = raw("b32", dtypes.BOOL_U32, (2,), np.array([1, 0], "<u4").tobytes())
@@ -643,7 +643,7 @@ def test_open_file_and_to_bytes_in_memory() -> None:
 
 
 def test_open_file_auto_detects_paths(tmp_path: Path) -> None:
-    pytest.importorskip("migrator.files.io.burnpack")  # open_file(path) consults burnpack's path rules
+    pytest.importorskip("migrator.formats.burnpack")  # open_file(path) consults burnpack's path rules
     path = tmp_path / "weights.safetensors"
     save([from_numpy("x", np.ones(2, np.float32))], path)
     with open_file(path) as r:

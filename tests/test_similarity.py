@@ -1,4 +1,4 @@
-"""Jaro (textdistance-crate variant) and "did you mean" (§5.8)."""
+"""Jaro (textdistance-crate variant) and "did you mean", as Burn suggests."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_property_did_you_mean_matches_reference(missing: str, unused: list[str]
 
 
 def _spec_jaro(s1: str, s2: str) -> float:
-    """Line-by-line transcription of the §5.8 pseudo-code (slow, obviously right)."""
+    """Jaro as the textdistance crate computes it, written plainly (slow, obviously right)."""
     l1, l2 = len(s1), len(s2)
     if l1 == 0 or l2 == 0:
         return 1.0 if l1 == 0 and l2 == 0 else 0.0

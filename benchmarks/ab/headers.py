@@ -28,7 +28,7 @@ CHILD = """
 import sys
 variant = sys.argv[1]
 if variant in ("fast", "full"):
-    import migrator.files.io.safetensors as st, migrator.files.io.burnpack as bp
+    import migrator.formats.safetensors as st, migrator.formats.burnpack as bp
     for cls in (st.SafetensorsReader, bp.BurnpackReader):
         setattr(cls, "fast_path", variant == "fast")
 from migrator.cli import main

@@ -3,7 +3,7 @@
 The page is built from the same JSON documents the commands print (`plan --json`, the run's
 `--report`, `diff --json`, `inspect --json`), so it shows nothing the JSON does not hold. What holds:
 
-- One file, no network: the CSS and JS (`migrator/assets/`) are inlined, and a Content-Security-Policy
+- One file, no network: the CSS and JS (`migrator/analysis/assets/`) are inlined, and a Content-Security-Policy
   forbids every fetch and runs only those two (by hash), so the page opens from `file://` offline
   and cannot load or run anything else.
 - Names are untrusted. They reach the page only as JSON inside `<script type="application/json">`,

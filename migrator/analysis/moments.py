@@ -12,8 +12,6 @@ from typing import Any
 BLOCK = 1 << 17
 """Elements numpy reduces per step: their float64 scratch (1 MiB a buffer) stays in the L2 cache."""
 
-FLAGS = ("all_zeros", "all_equal", "has_nan", "has_inf")
-"""Every flag a tensor may get, in the order they are listed."""
 
 
 class Moments:
@@ -61,7 +59,7 @@ def finish(moments: Moments, lo: float, hi: float, zeros: int, nans: int, infs: 
 
 
 def flags(stats: dict[str, Any], numel: int, zeros: int) -> list[str]:
-    """The FLAGS that hold for a stats dict."""
+    """The flags that hold for a stats dict, in this order: all_zeros or all_equal, has_nan, has_inf."""
     found = []
     if numel and zeros == numel:
         found.append("all_zeros")

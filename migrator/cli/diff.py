@@ -60,7 +60,7 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
         check_remaps: Callable[[list[str], argparse.ArgumentParser], None]) -> int:
-    """`check_remaps`: cli.check_remap_options, passed in because cli imports this module."""
+    """`check_remaps`: `cli.check_remap_options`, passed in because `cli` imports this module."""
     from ..files.sharded_writer import parse_size
 
     check_remaps(args.remap, parser)

@@ -32,7 +32,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
     `limits` bounds what the file may make the reader allocate (`migrator.core.limits.Limits`).
 
     A path may also name a model folder, an index (`*.index.json`) or a glob of shards: all its
-    shards are then read as one source (`formats.sharded`).
+    shards are then read as one source (`files.sharded`).
     """
     if isinstance(src, str | os.PathLike):
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
@@ -83,7 +83,7 @@ def save(
     `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
     `fsync=False` publishes without flushing to disk first (see `migrator.storage.atomic`).
     `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
-    (`format` auto means SafeTensors there; see `formats.sharded_writer`).
+    (`format` auto means SafeTensors there; see `files.sharded_writer`).
     """
     from ..core.arrays import as_scalars
     from ..core.tensor import as_tensors

@@ -13,7 +13,7 @@ from ..storage.remote.fs import filesystem, with_retries
 
 def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
              limits: Limits = DEFAULT_LIMITS) -> Reader:
-    """`formats.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
+    """`files.io.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
     from ..storage.remote.source import RemoteSource
     from .remote_sharded import RemoteShardedReader, is_remote_sharded
     from .single import reader_over

@@ -2,7 +2,7 @@
 
 Reading: the folder's listing (or the index, or fsspec's glob) names the shards; each shard's header
 is read by ranged requests (`RemoteSource`) and its tensors stream from it as any remote tensor.
-The same checks as for a local folder hold (`formats.sharded`): no tensor in two shards, the index
+The same checks as for a local folder hold (`files.sharded`): no tensor in two shards, the index
 and the shards agree, one format; an index's shard names stay inside its prefix.
 
 Publishing (`save_sharded_remote`): an object store has no folder rename, so the folder is published

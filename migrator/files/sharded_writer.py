@@ -187,7 +187,7 @@ class ShardedWriter(Writer):
         return sum(w.total_size for _, w in self.files)
 
     def write_to(self, sink: BinaryIO) -> None:
-        raise TypeError("a sharded output is a folder: save it with formats.save_planned")
+        raise TypeError("a sharded output is a folder: save it with files.io.save_planned")
 
     @staticmethod
     def resolve_path(path: str | os.PathLike[str]) -> str:

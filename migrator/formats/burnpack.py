@@ -1,6 +1,7 @@
 """Burn's burnpack (`.bpk`) container: 10-byte header, CBOR metadata, 256-aligned tensor data.
 
-Byte-compatible with burn-pack's writer and at least as strict as its reader (spec §1).
+Byte-compatible with burn-pack's writer and at least as strict as its reader (docs/burn-compatibility.md,
+"The burnpack file").
 """
 
 from __future__ import annotations
@@ -127,7 +128,6 @@ _DTYPE_KEY, _SHAPE_KEY, _OFFSETS_KEY, _PARAM_ID_KEY = (cbor.encode(k) for k in (
                                                                                  "param_id"))
 _OFFSETS_PAIR = _OFFSETS_KEY + b"\x82"  # "data_offsets": [start, end]
 _UINT_WIDTH = {0x18: 1, 0x19: 2, 0x1A: 4, 0x1B: 8}  # an unsigned integer's head -> bytes after it
-_NAME_WIDTH = {0x78: 1, 0x79: 2}  # a text head with a 1- or 2-byte length (longer names: generic decoder)
 _MAX_KEY = 1 + len(_DTYPE_KEY) + max(map(len, _TEXT_DTYPES)) + len(_SHAPE_KEY) + 1 + 23 * 9
 """The longest descriptor prefix the scanner reads: map head, dtype, shape of at most 23 u64 dimensions."""
 _PAD = b"\xff" * 64

@@ -55,7 +55,8 @@ LIBRARY_DTYPE_ORDER: tuple[str, ...] = (
 )
 _RANK = {name: i for i, name in enumerate(LIBRARY_DTYPE_ORDER)}
 
-# Burn-only dtypes SafeTensors has no name for, written with the name Burn gives them (spec §7.2).
+# Burn-only dtypes SafeTensors has no name for, written with the name Burn gives them
+# (docs/burn-compatibility.md, "PyTorch and SafeTensors files").
 _BURN_ALIASES: dict[str, str] = {"FLEX32": "F32", "BOOL_U8": "U8", "BOOL_U32": "U32"}
 
 
@@ -80,7 +81,6 @@ def safetensors_name(dtype: DType, tensor: str | None = None) -> str:
 # accept and build the same tensors; on any doubt they return None, and the per-entry checks decide
 # and explain. tools/fuzz.py --differential compares the two on mutated headers.
 
-_FIELDS = {"dtype": 0, "shape": 1, "data_offsets": 2}
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 # metadata; per tensor in data order its name and (dtype, shape, nbytes); data_start, then each tensor's end

@@ -1,4 +1,4 @@
-"""String similarity for "did you mean" hints, matching Burn's suggestions exactly (spec §5.8).
+"""String similarity for "did you mean" hints, matching Burn's suggestions exactly.
 
 Burn uses the `textdistance` crate's Jaro, which counts transpositions differently from textbook
 Jaro (each matched character found left of the previous match counts one), so library

@@ -97,11 +97,6 @@ class Plan:
         return first if isinstance(first, UnionReader) else None
 
     @property
-    def several_sources(self) -> bool:
-        """Whether the recipe has `sources:` (the plan then names each tensor's source)."""
-        return self.union is not None
-
-    @property
     def ok(self) -> bool:
         return not self.fatal
 
@@ -117,7 +112,8 @@ class Plan:
 
 
 def _enum_free(name: str) -> str:
-    """The name with every enum-variant-looking segment removed (spec §4.3 without a live module)."""
+    """The name with every enum-variant-looking segment removed: Burn strips the variants its live
+    module has; a file has no module, so every inner CamelCase segment counts."""
     while (stripped := strip_enum_variant(name)) is not None:
         name = stripped
     return name

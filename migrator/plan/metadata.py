@@ -13,9 +13,8 @@ VERSION_KEY = "migrator.version"
 SOURCE_HASH_KEY = "migrator.source_sha256"
 TEMPLATE_HASH_KEY = "migrator.template_sha256"
 
-# transformers 4.x refuses a SafeTensors file whose metadata exists and whose `format` is not one
-# of these (transformers 5 and Burn do not look), so a SafeTensors output names PyTorch's.
-SAFETENSORS_LOADABLE_FORMATS = ("pt", "tf", "flax", "mlx")
+# transformers 4.x refuses a SafeTensors file whose metadata exists and whose `format` is not one of
+# pt, tf, flax, mlx (transformers 5 and Burn do not look), so a SafeTensors output names PyTorch's.
 SAFETENSORS_FORMAT = "pt"
 
 

@@ -1,13 +1,13 @@
 """The outcome of applying source tensors to a target: Burn's `ApplyResult`, its text and JSON.
 
-The text of `ApplyReport.display()` follows Burn's `Display` for `ApplyResult` (spec §5.7) line
-for line, so users comparing migrator's output with Burn's see the same summary, with these
-deliberate differences: counts are singular or plural as they should be ("1 tensor"), the source
-tensors no target uses are "Unused in source" (Burn: "Unused in target"), names are escaped for
-the terminal (`display.escape`: a name from a file never reaches it raw), and a shape mismatch
-prints its shapes as `[256, 32]` (Burn: its Debug form `Shape { dims: [256, 32] }`), names the
-source tensor it came from, and may end in a hint. The JSON form is migrator's own, for machines
-(CI checks, the CLI's `--json`), with the exact names.
+The text of `ApplyReport.display()` follows Burn's `Display` for `ApplyResult`
+(docs/burn-compatibility.md, "The apply report") line for line, so users comparing migrator's output
+with Burn's see the same summary, with these deliberate differences: counts are singular or plural
+as they should be ("1 tensor"), the source tensors no target uses are "Unused in source" (Burn:
+"Unused in target"), names are escaped for the terminal (`display.escape`: a name from a file never
+reaches it raw), and a shape mismatch prints its shapes as `[256, 32]` (Burn: its Debug form `Shape
+{ dims: [256, 32] }`), names the source tensor it came from, and may end in a hint. The JSON form is
+migrator's own, for machines (CI checks, the CLI's `--json`), with the exact names.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class ReportError:
 
 
 def error_display(e: ReportError) -> str:
-    """Burn's `Display` of an `ApplyError` (spec §5.4)."""
+    """Burn's `Display` of an `ApplyError`: the same one-line text per error kind."""
     if e.kind == "shape_mismatch" and not e.message and e.expected is not None and e.found is not None:
         return f"Shape mismatch for '{e.path}': expected {_shape_text(e.expected)}, found {_shape_text(e.found)}"
     if e.kind == "dtype_mismatch" and e.expected is not None and e.found is not None:
@@ -149,7 +149,7 @@ def error_display(e: ReportError) -> str:
 
 @dataclass
 class ApplyReport:
-    """What happened to each target parameter (spec §5.3).
+    """What happened to each target parameter (Burn's `ApplyResult` fields).
 
     `skipped`, `missing` and `unused` are kept sorted (normalised on construction and on output);
     `applied` and `errors` keep traversal order. Success means no errors: missing and unused
@@ -206,7 +206,7 @@ class ApplyReport:
         return did_you_mean(missing_path, sorted(self.unused))
 
     def display(self, ops_limit: int | None = _LIST_LIMIT) -> str:
-        """Burn's multi-line summary (spec §5.7), without a trailing newline; op nodes after the first
+        """Burn's multi-line summary (docs/burn-compatibility.md), without a trailing newline; op nodes after the first
         `ops_limit` are counted, not listed (None: all, as `migrate plan` shows them)."""
         skipped = sorted(self.skipped)
         missing = sorted(self.missing)

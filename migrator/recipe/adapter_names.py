@@ -1,7 +1,7 @@
 """The adapters a recipe or `convert --adapter` can name: the one list the schema, the command
 line's choices and the loader's hints are built from.
 
-Light on purpose (no numpy, no pydantic): `recipe.py` builds its `AdapterName` from it at import,
+Light on purpose (no numpy, no pydantic): `model.py` builds its `AdapterName` from it at import,
 and `adapters.build_adapter` maps the same names to the adapter classes. The half_precision
 adapter's module set is here too: the recipe checks its `with`/`without` options at validation.
 """

@@ -20,7 +20,7 @@ def recipe_value_error(message: str, *, key: str | None = None, hint: str | None
     """A validator's complaint as pydantic's own error, carrying what a precise report needs.
 
     Its type is RECIPE_VALUE and its context holds `message`, `key` (a sub-key of the object that
-    failed, for checks that span several keys) and `hint`, so `recipe_loader` reads them from the
+    failed, for checks that span several keys) and `hint`, so the loader (`placement.py`) reads them from the
     error instead of parsing message text. The rendered message is `message` alone, so pydantic's own
     rendering stays readable for callers that validate data without the loader.
     """

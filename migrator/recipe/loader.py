@@ -2,10 +2,10 @@
 
 This module is the entry (`load_recipe`, `parse_recipe`, the JSON Schema) and the checks beyond
 the model (target is not the source, where `modules:` and `ops:` entries are written). The steps
-have their own modules: `recipe_yaml` (bounded SafeLoader parsing, node marks, duplicate keys),
-`recipe_types` (pydantic error paths through the model's types and tagged unions),
-`recipe_placement` (pydantic errors -> issues on YAML nodes), `recipe_wording` (how values and
-types are described, and the hints), `recipe_issues` (`RecipeIssue`, `RecipeError`).
+have their own modules: `yaml_nodes` (bounded SafeLoader parsing, node marks, duplicate keys),
+`model_types` (pydantic error paths through the model's types and tagged unions), `placement`
+(pydantic errors -> issues on YAML nodes), `wording` (how values and types are described, and the
+hints), `issues` (`RecipeIssue`, `RecipeError`).
 """
 
 from __future__ import annotations

@@ -166,9 +166,10 @@ class SourceSpec(_Strict):
                              _tagged("a string or a list of strings")] | None = Field(
         None, description="Nested dict holding the tensors: a dotted path ('model.state_dict') or a list of keys.")
     contiguous_indices: bool | None = Field(
-        None, description="Renumber index segments 0,1,2,... (spec §4.2). Default: true for PyTorch sources.")
+        None, description="Renumber index segments 0,1,2,... in order of appearance, as Burn's PyTorch store does. "
+                          "Default: true for PyTorch sources.")
     skip_enum_variants: bool | None = Field(
-        None, description="Match template paths with enum-variant segments removed (spec §4.3). "
+        None, description="Match template paths with enum-variant (inner CamelCase) segments removed, as Burn does. "
                           "Default: true for PyTorch sources.")
     storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
 

@@ -7,8 +7,8 @@ is built (`migrator.transform.ops`). Names: `from` is a regex that must match a 
 `to` is a replacement in remap syntax ($1, ${name}) and `$i` is the part index where an op has
 parts (split, unstack).
 
-Kept apart from recipe.py (which imports this module) so the op surface can grow without
-touching the shared model; nothing here imports recipe.py at import time.
+Kept apart from model.py (which imports this module) so the op surface can grow without touching
+the shared model; what both validate with is in checks.py.
 """
 
 from __future__ import annotations

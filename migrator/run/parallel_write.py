@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core.errors import MigratorError, OutputError
+from ..core.errors import OutputError
 from ..core.streaming import Ahead, write_tensor, write_zeros
 from ..core.tensor import LazyTensor
 from ..storage.atomic import WRITE_BUFFER, Protected, atomic_output
@@ -273,7 +273,7 @@ def save_file_parallel(writer: Writer, path: str | os.PathLike[str], runner: Run
                        protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
                        fsync: bool = True, mode_from: Iterable[str | os.PathLike[str] | int] = (),
                        make_folders: bool = False) -> str:
-    """`formats.save_planned` of a single-file writer with a `layout`, its tensors written by `runner`'s
+    """`files.io.save_planned` of a single-file writer with a `layout`, its tensors written by `runner`'s
     workers into the one reserved scratch file; published once, after every task succeeded."""
     from ..core.streaming import write_all
     from ..files.io import protected_files
@@ -329,13 +329,6 @@ def task_from_json(doc: dict[str, Any]) -> RangeTask | ShardTask:
 def describe_failure(task: RangeTask | ShardTask, error: BaseException | str) -> str:
     what = f"shard {task.name}" if isinstance(task, ShardTask) else f"tensors {task.lo}-{task.hi - 1}"
     return f"write task {task.index} ({what}) failed: {error}"
-
-
-def reraise_clean(exc: BaseException) -> None:
-    """A worker's MigratorError as is; anything else as a TaskError naming it."""
-    if isinstance(exc, MigratorError):
-        raise exc
-    raise TaskError(f"write task failed: {type(exc).__name__}: {exc}") from exc
 
 
 __all__ = ["FAULT_ENV", "LocalRunner", "PwriteFile", "RangeTask", "Runner", "ShardTask", "TaskError", "can_split",

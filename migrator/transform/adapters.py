@@ -1,4 +1,5 @@
-"""Adapters with Burn's semantics (spec §3), applied file to file.
+"""Adapters with Burn's semantics (docs/burn-compatibility.md, "Module types and adapters"), applied file
+to file.
 
 An adapter turns one tensor (plus its module type, see `modules`) into an `Adapted` tensor: maybe
 renamed (last segment only), maybe transposed or cast — lazily, as ops wrapped around the loader,
@@ -121,7 +122,8 @@ class IdentityAdapter:
 
 
 class _LayoutAdapter:
-    """Shared rules of PyTorchToBurn and BurnToPyTorch (spec §3.2); only rename direction differs."""
+    """Shared rules of PyTorchToBurn and BurnToPyTorch (transpose Linear weights, rename norm
+    gamma/beta); only the rename direction differs."""
 
     name: str
     renames: ClassVar[dict[str, str]]  # applied by adapt on norm modules
@@ -282,7 +284,8 @@ class ChainAdapter:
         return Adapted(tensor, tuple(ops))
 
     def alternative_name(self, param: str, module: ModuleType) -> str | None:
-        """Spec §3.5, folded left: each adapter is consulted exactly once."""
+        """Burn's chain, folded left: the first adapter's answer goes to the next; each adapter is
+        consulted exactly once."""
         if not self.adapters:
             return None
         current = self.adapters[0].alternative_name(param, module)

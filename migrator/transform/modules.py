@@ -80,7 +80,7 @@ BURN_MODULE_TYPES: tuple[str, ...] = (
     "Struct:Conv1d", "Struct:Conv2d", "Struct:Conv3d", "Struct:ConvTranspose1d", "Struct:ConvTranspose2d",
     "Struct:ConvTranspose3d", "Struct:DeformConv2d", "Struct:InstanceNorm", "Struct:RmsNorm", "Struct:PRelu",
 )
-"""The 15 module-type names Burn's adapters know (spec §10)."""
+"""The 15 module-type names Burn's adapters know (burn-nn's module types)."""
 
 CONV1D = "Struct:Conv1D"
 """transformers' GPT-2 ``Conv1D`` (``c_attn``, ``c_fc``, ``c_proj``): a Linear that stores its weight

@@ -1,7 +1,7 @@
 """PyTorch checkpoints (`torch.save`): zip (torch >= 1.6), legacy (pre-1.6 stream) and old tar.
 
-The pickle is read by `migrator.formats.safepickle` (no code from the file ever runs); storages are located
-in the container without copying, and each tensor becomes a lazy view that honours the storage
+The pickle is read by `formats.safepickle` (no code from the file ever runs); storages are located in
+the container without copying, and each tensor becomes a lazy view that honours the storage
 offset and strides torch recorded, so values equal `torch.load`'s exactly:
 
 * a C-contiguous tensor is a zero-copy window on the file (`tensor.stored`, kernel-copyable);

@@ -26,8 +26,6 @@ from .values import (
     _tname,
 )
 
-_MARK = object()  # pushed by no opcode; the metastack holds MARK frames instead
-
 
 class Unpickler:
     """Interprets one pickle from `data[start:end]`; `pos` is left just past its STOP."""

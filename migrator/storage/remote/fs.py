@@ -204,10 +204,6 @@ def check_length(data: bytes, want: int, offset: int) -> bytes:
     return data
 
 
-def not_found(url: str) -> FormatError:
-    return FormatError("no such object", file=redact(url))
-
-
 STREAM_BLOCK = 8 << 20
 
 
