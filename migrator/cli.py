@@ -91,8 +91,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                            "(repeatable; e.g. Linear='^fc\\d+$')")
     conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
     conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
-                      help="renumber index segments 0,1,2,... (default: on for PyTorch sources, as in recipes "
-                           "and Burn; the no- form keeps the names)")
+                      help="renumber index segments 0,1,2,... (default: on for a PyTorch source written for Burn, "
+                           "i.e. a .bpk target or --adapter pytorch_to_burn; the no- form keeps the names)")
     conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                       help="add a metadata entry (repeatable)")
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
@@ -534,7 +534,15 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     recipe_text = None
     try:
         if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there
-            recipe_text = emit_recipe(build_recipe(args.src, args.dst, **options), args.recipe_output)
+            recipe = build_recipe(args.src, args.dst, **options)
+            from pathlib import Path
+
+            from .plan import renumbers_by_default
+
+            if renumbers_by_default(recipe, Path(os.getcwd()), **_limits(args)):  # write out what the default does
+                options["contiguous_indices"] = True
+                recipe = build_recipe(args.src, args.dst, **options)
+            recipe_text = emit_recipe(recipe, args.recipe_output)
             if not args.recipe_output:
                 sys.stdout.write(recipe_text)
                 return EXIT_OK

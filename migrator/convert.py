@@ -1,15 +1,18 @@
 """`migrate convert`: a one-off conversion that builds a recipe in memory and runs it.
 
 Plain by default (every tensor, same bytes): burnpack -> burnpack with nothing changed is
-byte-identical. PyTorch index renumbering follows the recipe default (on for PyTorch sources, as
-Burn's PyTorch store does: `features.0, features.2` become `features.0, features.1`);
-`contiguous_indices=False` keeps the names, True renumbers any source. `emit_recipe` gives the
+byte-identical. PyTorch index renumbering follows the recipe default: on for a PyTorch source whose
+output is for Burn (a burnpack target or the `pytorch_to_burn` adapter), as Burn's PyTorch store
+does (`features.0, features.2` become `features.0, features.1`), off for SafeTensors and PyTorch
+targets, which must keep the names the PyTorch module loads. `contiguous_indices=False` keeps the
+names, True renumbers any source. `emit_recipe` gives the
 YAML to check in, so a one-off can become a recipe.
 
 A conversion with nothing to rename, filter, adapt or cast skips the recipe machinery (pydantic
 alone costs ~0.2 s of start-up, a third of copying a 1.4 GB model): `_plain_copy` does exactly
 what the plan would do for such a recipe, which tests/test_convert_plain.py checks file by file.
-A PyTorch source whose names renumbering would change is handed to the recipe path instead.
+A PyTorch source whose names renumbering for a burnpack would change is handed to the recipe path
+instead.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class ConvertResult:
     metadata: dict[str, str]
     scalars_written: int
     notes: list[str] = field(default_factory=list)
+    renumbered: list[dict[str, str]] = field(default_factory=list)
+    """{"from", "to"} per tensor name whose index segments were renumbered (contiguous_indices)."""
 
 
 def build_recipe(
@@ -257,8 +262,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 contiguous_indices: bool | None = None, limits: Limits = DEFAULT_LIMITS,
                 **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
-    None (nothing written) for a PyTorch source that the default renumbering would rename: the
-    recipe path does that.
+    None (nothing written) for a PyTorch source that the default renumbering for a burnpack target
+    would rename: the recipe path does that (and says so).
 
     (No collision check: every reader refuses files that name a tensor twice.)
     """
@@ -285,7 +290,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format, limits=limits) as reader:
         tensors = list(reader.tensors)
-        if reader.format == "pytorch" and contiguous_indices is None:
+        if reader.format == "pytorch" and contiguous_indices is None and out_fmt == "burnpack":
             from .naming import contiguous_names
 
             names = [t.name for t in tensors]
@@ -324,4 +329,5 @@ def _result(plan: Plan, written: str) -> ConvertResult:
         target_format=plan.target_format, tensors=len(plan.entries),
         nbytes=sum(e.tensor.nbytes for e in plan.entries), metadata=plan.metadata,
         scalars_written=len(plan.scalars), notes=plan.notes,
+        renumbered=[{"from": old, "to": new} for old, new in plan.report.renumbered],
     )

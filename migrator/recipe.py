@@ -207,7 +207,9 @@ class SourceSpec(_Strict):
                              _tagged("a string or a list of strings")] | None = Field(
         None, description="Nested dict holding the tensors: a dotted path ('model.state_dict') or a list of keys.")
     contiguous_indices: bool | None = Field(
-        None, description="Renumber index segments 0,1,2,... (spec §4.2). Default: true for PyTorch sources.")
+        None, description="Renumber index segments 0,1,2,... as Burn's Vec<Module> needs. Default: true for a "
+                          "PyTorch source whose output is for Burn (a burnpack target or the pytorch_to_burn "
+                          "adapter); other targets keep the names.")
     skip_enum_variants: bool | None = Field(
         None, description="Match template paths with enum-variant segments removed (spec §4.3). "
                           "Default: true for PyTorch sources.")
@@ -527,6 +529,12 @@ class Recipe(_Strict):
                 raise recipe_value_error(f"two sources are called '{twice[0]}'", key="sources",
                                        hint="give each a distinct name: (name: encoder)")
         return self
+
+    def for_burn(self, target_format: str) -> bool:
+        """Whether the output is for Burn: a burnpack target or the `pytorch_to_burn` adapter. Only
+        then are a PyTorch source's index segments renumbered by default (`contiguous_indices`):
+        Burn's `Vec<Module>` has no gaps, while a PyTorch module loads the names as stored."""
+        return target_format == "burnpack" or "pytorch_to_burn" in self.adapters
 
     def inputs(self) -> list[SourceSpec]:
         """The sources read: `source` alone, or every `sources` entry."""
