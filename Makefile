@@ -51,7 +51,7 @@ demo: install
 	$(VENV)/bin/migrate plan recipes/mixtral-stack-experts.yaml
 	$(PY) recipes/check_round_trip.py $(DEMO)/gpt2-tiny.safetensors $(DEMO)/gpt2-tiny-merged.safetensors
 	$(PY) recipes/check_round_trip.py $(DEMO)/mixtral-tiny-experts.safetensors $(DEMO)/mixtral-tiny-experts-again.safetensors
-	$(PY) recipes/check_round_trip.py $(DEMO)/llama-meta-tiny.pt $(DEMO)/llama-meta-tiny-again.pt
+	$(PY) recipes/check_round_trip.py $(DEMO)/llama-meta-tiny/consolidated.00.pth $(DEMO)/llama-meta-tiny-again.pt
 
 # The suite in TEST_JOBS processes (pytest-xdist; 0 runs it in this process). Tests share no files
 # or fixed paths, and --dist loadfile keeps each file's tests, and its module fixtures, in one worker.

@@ -7,6 +7,7 @@ The plan also holds the report a run would give (applied, skipped, missing, unus
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -139,6 +140,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error, `source_origins`
     (`LoadedRecipe.source_origins`) for a `sources:` entry's. `limits` bounds what the source and
     template files may make their readers allocate."""
+    if recipe.unresolved_references:  # placeholders stand for them: never plan with those
+        from .recipe_issues import RecipeError
+
+        raise RecipeError(recipe.unresolved_references)
     src_path = resolve_path(base_dir, recipe.inputs()[0].path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
@@ -162,6 +167,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     readers: list[Reader] = [reader]
     try:
         plan = _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
+                        head_dim=_head_dim(recipe, base_dir),
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync, limits=limits)
@@ -171,6 +177,24 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         for r in readers:
             r.close()
         raise
+
+
+def _head_dim(recipe: Recipe, base_dir: Path) -> tuple[int, str, str] | None:
+    """The head size the model's config declares, for a recipe with `rope_permute` ops to be checked
+    against (`recipe_config`); None without such ops or a config that says."""
+    from .recipe_config import ConfigError, find_config, head_dim_of, load_config
+    from .recipe_ops import op_kind_and_spec
+
+    if not any(op_kind_and_spec(op)[0] == "rope_permute" for op in recipe.ops):
+        return None
+    path = find_config(recipe.config, recipe.inputs()[0].path, base_dir)
+    if path is None:
+        return None
+    try:
+        found = head_dim_of(load_config(path))
+    except ConfigError as e:
+        raise PlanError(str(e), file=str(path)) from None
+    return None if found is None else (found[0], found[1], os.path.normpath(path))
 
 
 def output_format(recipe: Recipe, tgt_path: Path) -> str:
@@ -203,13 +227,14 @@ _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
+             head_dim: tuple[int, str, str] | None = None,
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
              op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
              limits: Limits = DEFAULT_LIMITS) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
     entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins, limits,
-                                    for_burn=recipe.for_burn(out_fmt))
+                                    for_burn=recipe.for_burn(out_fmt), head_dim=head_dim)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -255,7 +280,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
                   fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
                   op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
-                  limits: Limits = DEFAULT_LIMITS, *, for_burn: bool = False) -> tuple[list[PlanEntry], ApplyReport]:
+                  limits: Limits = DEFAULT_LIMITS, *, for_burn: bool = False,
+                  head_dim: tuple[int, str, str] | None = None) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`.
     `for_burn`: the output is for Burn (`Recipe.for_burn`), so a PyTorch source is renumbered by default."""
     is_pytorch = reader.format == "pytorch"
@@ -289,7 +315,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     if recipe.ops:
         from .ops import apply_ops
 
-        done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins)
+        done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins, head_dim=head_dim)
         kept, kept_names, made = done.tensors, done.names, done.made
         op_nodes = [n.to_json() for n in done.nodes]
         shapes_of = list(zip(kept_names, [t.shape for t in kept], strict=True))  # module types see the outputs

@@ -8,6 +8,7 @@ a new `version`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     field_validator,
     model_validator,
@@ -486,6 +488,10 @@ class Recipe(_Strict):
 
     version: Annotated[Literal[1], BeforeValidator(_no_bool)] = Field(description="Recipe format version: 1.")
     description: str | None = Field(None, description="What the recipe is for (free text).")
+    config: str | None = Field(
+        None, description="The model's config (JSON) that ${config.KEY} values come from and ops are checked "
+                          "against, relative to the recipe. Default: config.json beside the first source, else "
+                          "params.json there.")
     source: SourceSpec | None = Field(
         None, description="The file (or model folder, index, glob of shards) tensors come from. Give this or "
                           "sources.")
@@ -529,6 +535,18 @@ class Recipe(_Strict):
                 raise recipe_value_error(f"two sources are called '{twice[0]}'", key="sources",
                                        hint="give each a distinct name: (name: encoder)")
         return self
+
+    _deferred: list[Any] = PrivateAttr(default_factory=list)
+
+    def defer_references(self, issues: Sequence[Any]) -> None:
+        """Record `${config...}` values that had no config to read when loaded (`RecipeIssue`s): they
+        hold a placeholder, so a plan of this recipe is refused (`unresolved_references`)."""
+        self._deferred = list(issues)
+
+    @property
+    def unresolved_references(self) -> list[Any]:
+        """The `RecipeIssue` of each `${config...}` value resolved to nothing (see `defer_references`)."""
+        return list(self._deferred)
 
     def for_burn(self, target_format: str) -> bool:
         """Whether the output is for Burn: a burnpack target or the `pytorch_to_burn` adapter. Only

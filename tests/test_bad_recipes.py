@@ -110,6 +110,7 @@ ops:
   - rope_permute:
       from: 'm'
       heads: 2
+      head_dim: 4
       inverse: true
       to: 'm2'
       optional: true
@@ -162,6 +163,7 @@ validate: true
 executor:
   ray:
     address: auto
+config: weights/config.json
 """
 
 # BASE with `sources:` (a list) in place of `source:`, each entry using every field of its own
