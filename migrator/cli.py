@@ -511,6 +511,30 @@ def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
     return None
 
 
+def _check_convert_values(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Values a recipe would refuse at its LINE:COL are usage errors here (exit 2, JSON with --json),
+    found before any file is opened: the shard size, and a target whose format cannot be told."""
+    if args.max_shard_size is not None:
+        from .formats.sharded_writer import parse_size
+
+        try:
+            parse_size(args.max_shard_size)
+        except ValueError as e:
+            parser.error(f"--max-shard-size: {e}")
+    from .errors import UnknownFormatError
+    from .formats.detect import FORMATS, target_format
+
+    for option, value in (("--from", args.source_format), ("--to", args.target_format)):
+        if value != "auto" and value not in FORMATS:
+            parser.error(f"{option}: unknown format '{value}' (formats: {', '.join(FORMATS)})")
+    folder = args.max_shard_size is not None or str(args.dst).endswith(("/", os.sep))
+    if not folder:
+        try:
+            target_format(args.dst, args.target_format)
+        except UnknownFormatError as e:
+            parser.error(f"{e.detail} (--to {'|'.join(FORMATS)})")
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .convert import ConvertUsageError, build_recipe, convert, emit_recipe
 
@@ -521,6 +545,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--metadata expects KEY=VALUE, got {item!r}")
         extra[key] = value
     check_remap_options(args.remap, parser)
+    _check_convert_values(args, parser)
     if args.recipe_output and not args.emit_recipe:
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)
