@@ -98,8 +98,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
     conv.add_argument("--max-shard-size", metavar="SIZE",
                       help="write DST as a folder of shards of at most SIZE (5GB = 5*10^9 bytes, 5GiB = 5*2^30, "
-                      "an integer = bytes) plus an index (with --copy alone: 5GB shards); without either, "
-                      "DST/ gets one file")
+                      "an integer = bytes) plus an index; a DST/ without it is a Hugging Face folder of 5GB "
+                      "shards (one model.safetensors when the model fits)")
+    conv.add_argument("--weights-name", metavar="NAME",
+                      help="the weights' file name in a folder DST/ (default: model.safetensors or "
+                           "pytorch_model.bin, adapter_model.* for a PEFT adapter; shards are NAME's stem "
+                           "-00001-of-0000N)")
     conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
                       help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
                       "sharded DST (repeatable)")
@@ -467,26 +471,25 @@ def _print_shards(info: dict[str, Any]) -> None:
 
 
 def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
-    """`convert SRC DIR/` (an existing folder, or a path ending in '/') without a shard option: one
-    file in DIR, named after the source with the --to format's extension (`DIR/model.bpk`). --to is
-    required there: a folder has no extension to take the format from. With --max-shard-size or
-    --copy, DIR/ is a Hugging Face model folder of shards instead. Any other DST is used as given."""
+    """`convert SRC DIR/` (an existing folder, or a path ending in '/'): a Hugging Face model folder
+    in SafeTensors (the default) or PyTorch (`--to pytorch`): `model.safetensors`, or shards and an
+    index past --max-shard-size, named as save_pretrained names them (`--weights-name` to choose).
+    For Burn (`--to burnpack`) one file in DIR named after the source (`DIR/model.bpk`): a burnpack
+    holds a whole model. Any other DST is used as given."""
     dst: str = args.dst
     if args.max_shard_size or args.copy:
-        return dst
+        return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
     if not (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
         return dst
-    if args.target_format == "auto":
-        parser.error(f"'{dst}' is a folder: give the format with --to (burnpack, safetensors or pytorch); "
-                     "the file is named after the source")
+    if args.target_format != "burnpack":
+        return dst if dst.endswith(("/", os.sep)) else dst + "/"
+    if args.weights_name:
+        return os.path.join(dst, args.weights_name)
     from pathlib import Path
 
     from .formats import writer_class
-    from .formats.detect import FORMATS
 
-    if args.target_format not in FORMATS:
-        parser.error(f"--to: unknown format '{args.target_format}' (use one of {', '.join(FORMATS)})")
-    return os.path.join(dst, Path(args.src).stem + writer_class(args.target_format).default_extension)
+    return os.path.join(dst, Path(args.src.rstrip("/" + os.sep)).stem + writer_class("burnpack").default_extension)
 
 
 def _recipe_output_check(args: argparse.Namespace) -> None:
@@ -556,6 +559,8 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    if args.weights_name and not (args.target_format == "burnpack" and not args.max_shard_size):
+        options.update(weights_name=args.weights_name)  # a folder's weights; a burnpack's name went into DST
     recipe_text = None
     try:
         if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there

@@ -265,11 +265,13 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     if not fatal:
         try:
             if recipe.target.shard is not None:
-                from .formats.sharded_writer import ShardedWriter
+                from .formats.sharded_writer import ShardedWriter, default_weights_name
 
+                folder = getattr(reader, "folder", None) or src_path.parent
+                name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                            copy_from=getattr(reader, "folder", None) or src_path.parent)
+                                            copy_from=folder, weights_name=name)
             else:
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
         except MigratorError as e:

@@ -403,6 +403,23 @@ class ShardSpec(_Strict):
             raise recipe_value_error(str(e), hint="e.g. 5GB, 500MB, 2GiB or 1000000") from None
         return v
 
+    name: str | None = Field(
+        None, description="The weights' file name in the folder: the one file, or the shards' stem and the index "
+        "(NAME.index.json). Default: model.safetensors / pytorch_model.bin, adapter_model.* for a PEFT adapter "
+        "source, as save_pretrained names them.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        from .formats.sharded_writer import check_weights_name
+
+        if v is not None:
+            try:
+                check_weights_name(v)
+            except ValueError as e:
+                raise recipe_value_error(str(e), hint="e.g. model.safetensors or llama.bin") from None
+        return v
+
 
 class CopySpec(_Strict):
     """A companion file (or glob) copied byte for byte into the output folder."""

@@ -154,6 +154,7 @@ target:
       bool: true
   shard:
     max_size: 5GB
+    name: model.safetensors
   copy:
     - config.json
     - path: 'tokenizer*'

@@ -39,6 +39,36 @@ PATTERNS = {"safetensors": ("model{suffix}.safetensors", "model.safetensors.inde
             "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json")}
 
 
+def check_weights_name(name: str) -> None:
+    """A weights file name for a folder: one plain file name (no folder part, no hidden or empty name)."""
+    if not name or name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"'{name}' is not a file name: give a plain name such as model.safetensors")
+
+
+def weights_patterns(fmt: str, name: str | None) -> tuple[str, str]:
+    """(shard name pattern with `{suffix}`, index name) of a folder's weights: Hugging Face's defaults
+    for the format, or those of `name` (`llama.safetensors` -> `llama{suffix}.safetensors`,
+    `llama.safetensors.index.json`)."""
+    if name is None:
+        return PATTERNS[fmt]
+    check_weights_name(name)
+    stem, ext = os.path.splitext(name)
+    return stem.replace("{", "{{").replace("}", "}}") + "{suffix}" + ext, name + ".index.json"
+
+
+def default_weights_name(fmt: str, source_folder: Path | None) -> str | None:
+    """None (Hugging Face's model names) unless the source is a PEFT adapter folder, whose weights
+    `save_pretrained` names `adapter_model.safetensors` / `adapter_model.bin`: its output keeps them."""
+    if source_folder is None or not isinstance(source_folder, Path) or fmt not in PATTERNS:
+        return None
+    try:
+        adapter = (source_folder / "adapter_config.json").is_file() and any(
+            (source_folder / f"adapter_model{ext}").is_file() for ext in (".safetensors", ".bin"))
+    except OSError:
+        return None
+    return ("adapter_model.safetensors" if fmt == "safetensors" else "adapter_model.bin") if adapter else None
+
+
 def parse_size(size: int | str) -> int:
     """Bytes from `5GB` (5*10^9), `5GiB` (5*2^30) or a bare integer, as Hugging Face reads sizes."""
     if isinstance(size, bool):
@@ -146,7 +176,8 @@ class ShardedWriter(Writer):
 
     def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
-                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None) -> None:
+                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
+                 weights_name: str | None = None) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from . import writer_class
 
@@ -155,7 +186,7 @@ class ShardedWriter(Writer):
                             "whole model); write safetensors or pytorch shards")
         self.format = fmt  # type: ignore[misc]  # the shards' format
         self.max_size = parse_size(max_size)
-        pattern, index_name = PATTERNS[fmt]
+        pattern, index_name = weights_patterns(fmt, weights_name)
         groups = split_shards(self.tensors, self.max_size) or [[]]
         n = len(groups)
         names = [pattern.format(suffix="")] if n == 1 else [pattern.format(suffix=f"-{i + 1:05d}-of-{n:05d}")
