@@ -93,7 +93,7 @@ def _target_in(recipe: Any, given: str, path: Any) -> Any:
         return target.model_copy(update={"path": os.path.join(str(path), name)})
     from .recipe import ShardSpec
 
-    return target.model_copy(update={"path": path, "format": fmt, "shard": target.shard or ShardSpec()})
+    return target.model_copy(update={"path": path, "format": fmt, "shard": target.shard or ShardSpec.model_validate({})})
 
 
 @contextmanager
