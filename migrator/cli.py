@@ -107,6 +107,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
                       help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
                       "sharded DST (repeatable)")
+    conv.add_argument("--copy-from", metavar="DIR",
+                      help="the folder --copy globs read from (default: the source's folder), e.g. the Hugging "
+                           "Face folder whose config.json and tokenizer go with a .bpk source")
     conv.add_argument("--emit-recipe", action="store_true",
                       help="print the equivalent recipe as YAML and convert nothing; with -o FILE, convert and "
                       "write the recipe of what ran to FILE")
@@ -559,6 +562,10 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    if args.copy_from:
+        if not args.copy:
+            parser.error("--copy-from DIR says where --copy reads: add --copy GLOB (e.g. --copy config.json)")
+        options.update(copy_from=args.copy_from)
     if args.weights_name and not (args.target_format == "burnpack" and not args.max_shard_size):
         options.update(weights_name=args.weights_name)  # a folder's weights; a burnpack's name went into DST
     recipe_text = None

@@ -74,6 +74,7 @@ def build_recipe(
     max_shard_size: str | int | None = None,
     copy: Sequence[str] = (),
     weights_name: str | None = None,
+    copy_from: str | os.PathLike[str] | None = None,
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
 
@@ -107,6 +108,8 @@ def build_recipe(
         raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
     if copy:
         data["target"]["copy"] = list(copy)
+    if copy_from is not None:
+        data["target"]["copy_from"] = os.fspath(copy_from)
     if includes or excludes:
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
@@ -232,7 +235,7 @@ def schema_line() -> str:
 
 
 PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
-                           "clear_metadata", "max_shard_size", "copy", "weights_name"})
+                           "clear_metadata", "max_shard_size", "copy", "weights_name", "copy_from"})
 """Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, forced
 indices, top-level key) goes through a recipe. `contiguous_indices` None/False is understood too."""
 
@@ -267,7 +270,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
                 max_shard_size: str | int | None = None, copy: Sequence[str] = (),
                 contiguous_indices: bool | None = None, limits: Limits = DEFAULT_LIMITS,
-                weights_name: str | None = None,
+                weights_name: str | None = None, copy_from: str | os.PathLike[str] | None = None,
                 **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
     None (nothing written) for a PyTorch source that the default renumbering for a burnpack target
@@ -314,13 +317,16 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         writer: Writer
         try:
             if sharded:
-                from .formats.sharded_writer import default_weights_name
+                from .formats.sharded_writer import copy_folder, default_weights_name
 
                 folder = getattr(reader, "folder", None)
+                companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
                 writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
                                        max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
-                                       copies=[(c, False) for c in copy], copy_from=folder or src_path.parent,
+                                       copies=[(c, False) for c in copy],
+                                       copy_from=companions or folder or src_path.parent,
                                        weights_name=weights_name or default_weights_name(out_fmt, folder))
+                notes += writer.notes
             else:
                 writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
         except MigratorError as e:

@@ -166,8 +166,12 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
+        from .formats.sharded_writer import copy_folder
+
+        copy_from = None if recipe.target.copy_from is None else copy_folder(
+            resolve_path(base_dir, recipe.target.copy_from), tgt_path)
         plan = _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
-                        head_dim=_head_dim(recipe, base_dir),
+                        head_dim=_head_dim(recipe, base_dir), copy_from=copy_from,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync, limits=limits)
@@ -227,7 +231,7 @@ _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
-             head_dim: tuple[int, str, str] | None = None,
+             head_dim: tuple[int, str, str] | None = None, copy_from: Path | None = None,
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
              op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
              limits: Limits = DEFAULT_LIMITS) -> Plan:
@@ -268,10 +272,13 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 from .formats.sharded_writer import ShardedWriter, default_weights_name
 
                 folder = getattr(reader, "folder", None) or src_path.parent
+                if copy_from is not None:
+                    folder = copy_from
                 name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=folder, weights_name=name)
+                plan.notes += plan.writer.notes
             else:
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
         except MigratorError as e:

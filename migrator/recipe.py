@@ -459,6 +459,9 @@ class TargetSpec(_Strict):
         description="Companion files copied byte for byte from the source's folder into a sharded output folder "
         "(e.g. [config.json, 'tokenizer*', {path: generation_config.json, optional: true}]); an entry matching no "
         "file is an error unless optional.")
+    copy_from: str | None = Field(
+        None, description="The folder `copy` globs read from, relative to the recipe (default: the source's "
+                          "folder); e.g. the Hugging Face folder whose config and tokenizer go with a .bpk source.")
 
     @model_validator(mode="before")
     @classmethod
@@ -482,6 +485,9 @@ class TargetSpec(_Strict):
         elif self.copy_:
             raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")
+        if self.copy_from is not None and not self.copy_:
+            raise recipe_value_error("target.copy_from says where target.copy reads, but there is no copy",
+                                     key="copy_from", hint="add copy: [config.json, 'tokenizer*']")
         return self
 
     def copies(self) -> list[tuple[str, bool]]:

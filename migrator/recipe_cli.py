@@ -93,7 +93,8 @@ def _target_in(recipe: Any, given: str, path: Any) -> Any:
         return target.model_copy(update={"path": os.path.join(str(path), name)})
     from .recipe import ShardSpec
 
-    return target.model_copy(update={"path": path, "format": fmt, "shard": target.shard or ShardSpec.model_validate({})})
+    shard = target.shard or ShardSpec.model_validate({})
+    return target.model_copy(update={"path": path, "format": fmt, "shard": shard})
 
 
 @contextmanager

@@ -159,6 +159,7 @@ target:
     - config.json
     - path: 'tokenizer*'
       optional: true
+  copy_from: weights/
 allow_partial: false
 validate: true
 executor:
