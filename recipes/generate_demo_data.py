@@ -14,8 +14,8 @@
   6 layers, for the layer-slicing and layer-stacking recipes (index arithmetic).
 - classifier-init.bpk: a freshly initialised Burn-side classifier (encoder + head) with param_ids:
   the template the encoder-surgery recipe fills.
-- gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt: the `ops:` recipes'
-  inputs (recipes/ops_demo.py).
+- gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny/ (+ llama-hf-tiny/config.json):
+  the `ops:` recipes' inputs (recipes/ops_demo.py).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def main(out_dir: str = "demo-out") -> None:
 
     ops_demo.write(out)
     print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, classifier-init.bpk, "
-          f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny.pt, bert-*-donor.safetensors, "
+          f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny/, bert-*-donor.safetensors, "
           f"bert-cls-init.safetensors, bert-24-layers.safetensors, bert-6-layers-*.safetensors in {out}/")
 
 

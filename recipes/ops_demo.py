@@ -4,9 +4,11 @@
   the fused attn.c_attn of q, k and v), lm_head tied to wte and so not stored, as save_pretrained writes.
 - mixtral-tiny-experts.safetensors: a Mixtral-shaped model with one tensor per expert
   (block_sparse_moe.experts.E.w1/w2/w3.weight), as the original Mixtral releases ship it.
-- llama-meta-tiny.pt: a Meta-style Llama checkpoint (consolidated.00.pth names: tok_embeddings,
-  layers.N.attention.wq/wk/wv/wo, feed_forward.w1..w3, attention_norm, ffn_norm, norm, output), q and k
-  in Meta's interleaved rotary layout, with grouped key/value heads.
+- llama-meta-tiny/: a Meta-style Llama release: consolidated.00.pth (names tok_embeddings,
+  layers.N.attention.wq/wk/wv/wo, feed_forward.w1..w3, attention_norm, ffn_norm, norm, output; q and k
+  in Meta's interleaved rotary layout, with grouped key/value heads) and its params.json.
+- llama-hf-tiny/config.json: the same model's Hugging Face LlamaConfig, beside which the
+  llama-meta-to-hf recipe writes model.safetensors (the recipes take their head counts from these).
 """
 
 from __future__ import annotations
@@ -73,9 +75,8 @@ def mixtral_config() -> dict[str, object]:
     return {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], **MIXTRAL, "tie_word_embeddings": False}
 
 
-def llama_meta(seed: int = 12) -> dict[str, np.ndarray]:
+def llama_meta(seed: int = 12, c: dict[str, int] = LLAMA) -> dict[str, np.ndarray]:
     w = _weights(seed)
-    c = LLAMA
     d, f = c["dim"], c["ffn_dim"]
     kv = d // c["n_heads"] * c["n_kv_heads"]
     t = {"tok_embeddings.weight": w(c["vocab_size"], d)}
@@ -96,5 +97,22 @@ def write(out: Path) -> None:
     save([from_numpy(k, v) for k, v in mixtral_experts().items()], out / "mixtral-tiny-experts.safetensors",
          metadata={"format": "pt"}, overwrite=True)
     (out / "mixtral-tiny-config.json").write_text(json.dumps(mixtral_config(), indent=2) + "\n")
-    save([from_numpy(k, v) for k, v in llama_meta().items()], out / "llama-meta-tiny.pt", overwrite=True)
-    (out / "llama-meta-tiny-params.json").write_text(json.dumps(LLAMA, indent=2) + "\n")
+    write_llama(out, LLAMA)
+
+
+def llama_hf_config(c: dict[str, int]) -> dict[str, object]:
+    """The Hugging Face LlamaConfig of a Meta params.json-shaped dict."""
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c["dim"],
+            "intermediate_size": c["ffn_dim"], "num_hidden_layers": c["n_layers"],
+            "num_attention_heads": c["n_heads"], "num_key_value_heads": c["n_kv_heads"],
+            "vocab_size": c["vocab_size"], "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
+
+
+def write_llama(out: Path, c: dict[str, int], seed: int = 12) -> None:
+    """llama-meta-tiny/ (consolidated.00.pth + params.json) and llama-hf-tiny/config.json for the model `c`."""
+    (out / "llama-meta-tiny").mkdir(parents=True, exist_ok=True)
+    (out / "llama-hf-tiny").mkdir(parents=True, exist_ok=True)
+    save([from_numpy(k, v) for k, v in llama_meta(seed, c).items()], out / "llama-meta-tiny" / "consolidated.00.pth",
+         overwrite=True)
+    (out / "llama-meta-tiny" / "params.json").write_text(json.dumps(c, indent=2) + "\n")
+    (out / "llama-hf-tiny" / "config.json").write_text(json.dumps(llama_hf_config(c), indent=2) + "\n")

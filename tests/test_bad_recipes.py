@@ -110,6 +110,7 @@ ops:
   - rope_permute:
       from: 'm'
       heads: 2
+      head_dim: 4
       inverse: true
       to: 'm2'
       optional: true
@@ -153,15 +154,18 @@ target:
       bool: true
   shard:
     max_size: 5GB
+    name: model.safetensors
   copy:
     - config.json
     - path: 'tokenizer*'
       optional: true
+  copy_from: weights/
 allow_partial: false
 validate: true
 executor:
   ray:
     address: auto
+config: weights/config.json
 """
 
 # BASE with `sources:` (a list) in place of `source:`, each entry using every field of its own

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from migrator import from_numpy, save
+from migrator import from_numpy, open_file, save
 from migrator.core.errors import MigratorError
 from migrator.core.scalars import Scalar
 from migrator.run import convert as convert_module
@@ -127,15 +127,21 @@ def test_pytorch_convert_renumbers_by_default_like_a_recipe(sequential_pt: Path,
     from safetensors.numpy import load_file
 
     monkeypatch.chdir(tmp_path)
-    result = convert_module.convert(sequential_pt, "plain.safetensors", progress=False)
-    general = _recipe_path(sequential_pt, tmp_path / "general.safetensors")  # the recipe's default
-    got = load_file("plain.safetensors")
     want = torch.load(sequential_pt, weights_only=True)
-    assert sorted(got) == ["0.bias", "0.weight", "1.bias", "1.weight"]
-    np.testing.assert_array_equal(got["1.weight"], want["2.weight"].numpy())
+    # for Burn (a .bpk target) the default renumbers, as the recipe's default does
+    result = convert_module.convert(sequential_pt, "plain.bpk", progress=False)
+    general = _recipe_path(sequential_pt, tmp_path / "general.bpk")  # the recipe's default
+    with open_file("plain.bpk") as r:
+        assert sorted(r) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+        np.testing.assert_array_equal(r["1.weight"].numpy(), want["2.weight"].numpy())
     assert Path(result.target).read_bytes() == Path(general.target).read_bytes()
-    kept = convert_module.convert(sequential_pt, "kept.safetensors", progress=False, contiguous_indices=False)
+    # a SafeTensors target keeps the names torch loads, by both paths
+    kept = convert_module.convert(sequential_pt, "kept.safetensors", progress=False)
+    general = _recipe_path(sequential_pt, tmp_path / "general.safetensors")
     assert sorted(load_file(kept.target)) == sorted(want)
+    assert Path(kept.target).read_bytes() == Path(general.target).read_bytes()
+    renumbered = convert_module.convert(sequential_pt, "asked.safetensors", progress=False, contiguous_indices=True)
+    assert sorted(load_file(renumbered.target)) == ["0.bias", "0.weight", "1.bias", "1.weight"]
 
 
 def test_cli_no_contiguous_indices_keeps_the_names_and_emits_what_ran(sequential_pt: Path, tmp_path: Path) -> None:
@@ -144,12 +150,14 @@ def test_cli_no_contiguous_indices_keeps_the_names_and_emits_what_ran(sequential
 
     from migrator.cli import main
 
-    assert main(["convert", str(sequential_pt), str(tmp_path / "a.safetensors"), "--no-progress"]) == 0
+    assert main(["convert", str(sequential_pt), str(tmp_path / "a.safetensors"), "--no-progress",
+                 "--contiguous-indices"]) == 0
     assert "1.weight" in load_file(str(tmp_path / "a.safetensors"))
     assert main(["convert", str(sequential_pt), str(tmp_path / "b.safetensors"), "--no-progress",
                  "--no-contiguous-indices"]) == 0
     assert sorted(load_file(str(tmp_path / "b.safetensors"))) == ["0.bias", "0.weight", "2.bias", "2.weight"]
-    for flag, want in (([], None), (["--no-contiguous-indices"], False), (["--contiguous-indices"], True)):
+    # for a .bpk the default renumbers, and the emitted recipe says so
+    for flag, want in (([], True), (["--no-contiguous-indices"], False), (["--contiguous-indices"], True)):
         out = subprocess.run([sys.executable, "-m", "migrator.cli", "convert", str(sequential_pt),
                               str(tmp_path / "c.bpk"), "--emit-recipe", *flag], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr

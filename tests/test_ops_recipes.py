@@ -37,7 +37,7 @@ def run(ws: Path, name: str) -> None:
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".pt":
+    if path.suffix in (".pt", ".pth"):
         return torch.load(path, weights_only=True)
     return st.load_file(path)
 
@@ -106,8 +106,8 @@ def test_llama_meta_to_hf_and_back(ws: Path) -> None:
     run(ws, "llama-meta-to-hf")
     run(ws, "llama-hf-to-meta")
     c = ops_demo.LLAMA
-    meta = load(out / "llama-meta-tiny.pt")
-    hf = load(out / "llama-hf-tiny.safetensors")
+    meta = load(out / "llama-meta-tiny" / "consolidated.00.pth")
+    hf = load(out / "llama-hf-tiny" / "model.safetensors")
     d, heads, kv_heads = c["dim"], c["n_heads"], c["n_kv_heads"]
     kv = d // heads * kv_heads
     for i in range(c["n_layers"]):

@@ -142,7 +142,8 @@ def test_reading_after_the_reader_closed_blames_the_reader(tmp_path: Path) -> No
 def test_run_recipe_returns_the_report(tmp_path: Path) -> None:
     sd = {"model.0.weight": torch.randn(3, 2), "model.2.weight": torch.randn(4, 3)}
     torch.save(sd, tmp_path / "m.pt")
-    (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: m.pt}\nremap: [{from: '^model\\.', to: ''}]\n"
+    (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: m.pt, contiguous_indices: true}\n"
+                                     "remap: [{from: '^model\\.', to: ''}]\n"
                                      "target: {path: out.safetensors}\n")
     report = migrator.run_recipe(tmp_path / "r.yaml")
     assert isinstance(report, migrator.ApplyReport) and report.status == "ok" and report.written

@@ -28,7 +28,9 @@ def gapped(tmp_path: Path) -> Path:
 
 def _recipe(tmp_path: Path, source: Path, target: Path, extra: str = "") -> Path:
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"version: 1\nsource: {{path: {source}}}\ntarget: {{path: {target}}}\n{extra}")
+    # renumbered as for Burn, so the report has renames to show (a SafeTensors target keeps names by default)
+    recipe.write_text(f"version: 1\nsource: {{path: {source}, contiguous_indices: true}}\n"
+                      f"target: {{path: {target}}}\n{extra}")
     return recipe
 
 

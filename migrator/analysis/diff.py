@@ -367,12 +367,16 @@ def _sources_plan(loaded: Any, a: str, shown: str) -> Plan:
                       source_origins=loaded.source_origins)
 
 
-def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options: dict[str, Any]) -> Plan:
-    """A one-off recipe from convert-style options (`convert.build_recipe`); its target is never written."""
+def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options: dict[str, Any],
+                  b_format: str) -> Plan:
+    """A one-off recipe from convert-style options (`convert.build_recipe`); its target is never written.
+    It is planned as B's format when B is a burnpack (so a PyTorch A is renumbered by default, as
+    `convert` to a .bpk does), else as SafeTensors (names kept)."""
     from ..plan.build import build_plan
     from ..recipe.convert import build_recipe
 
-    recipe = build_recipe(a, os.path.abspath(os.fspath(b)), target_format_name="safetensors", overwrite=True,
+    planned_as = "burnpack" if b_format == "burnpack" else "safetensors"
+    recipe = build_recipe(a, os.path.abspath(os.fspath(b)), target_format_name=planned_as, overwrite=True,
                           **options)
     return build_plan(recipe, Path.cwd(), overwrite=True)
 
@@ -412,7 +416,7 @@ def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recip
                 plan = _recipe_plan(recipe, a)
             else:
                 read = {k: options[k] for k in ("source_format", "top_level_key") if options.get(k)}
-                plan = _options_plan(a, b, {**through_plan, **read})
+                plan = _options_plan(a, b, {**through_plan, **read}, rb.format)
             with plan:
                 pairs = plan_pairs(plan, rb)
                 entries = diff_pairs(pairs, tol, window, each)

@@ -94,18 +94,25 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                            "(repeatable; e.g. Linear='^fc\\d+$')")
     conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
     conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
-                      help="renumber index segments 0,1,2,... (default: on for PyTorch sources, as in recipes "
-                           "and Burn; the no- form keeps the names)")
+                      help="renumber index segments 0,1,2,... (default: on for a PyTorch source written for Burn, "
+                           "i.e. a .bpk target or --adapter pytorch_to_burn; the no- form keeps the names)")
     conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                       help="add a metadata entry (repeatable)")
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
     conv.add_argument("--max-shard-size", metavar="SIZE",
                       help="write DST as a folder of shards of at most SIZE (5GB = 5*10^9 bytes, 5GiB = 5*2^30, "
-                      "an integer = bytes) plus an index (with --copy alone: 5GB shards); without either, "
-                      "DST/ gets one file")
+                      "an integer = bytes) plus an index; a DST/ without it is a Hugging Face folder of 5GB "
+                      "shards (one model.safetensors when the model fits)")
+    conv.add_argument("--weights-name", metavar="NAME",
+                      help="the weights' file name in a folder DST/ (default: model.safetensors or "
+                           "pytorch_model.bin, adapter_model.* for a PEFT adapter; shards are NAME's stem "
+                           "-00001-of-0000N)")
     conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
                       help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
                       "sharded DST (repeatable)")
+    conv.add_argument("--copy-from", metavar="DIR",
+                      help="the folder --copy globs read from (default: the source's folder), e.g. the Hugging "
+                           "Face folder whose config.json and tokenizer go with a .bpk source")
     conv.add_argument("--emit-recipe", action="store_true",
                       help="print the equivalent recipe as YAML and convert nothing; with -o FILE, convert and "
                       "write the recipe of what ran to FILE")
@@ -437,26 +444,25 @@ def _print_shards(info: dict[str, Any]) -> None:
 
 
 def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
-    """`convert SRC DIR/` (an existing folder, or a path ending in '/') without a shard option: one
-    file in DIR, named after the source with the --to format's extension (`DIR/model.bpk`). --to is
-    required there: a folder has no extension to take the format from. With --max-shard-size or
-    --copy, DIR/ is a Hugging Face model folder of shards instead. Any other DST is used as given."""
+    """`convert SRC DIR/` (an existing folder, or a path ending in '/'): a Hugging Face model folder
+    in SafeTensors (the default) or PyTorch (`--to pytorch`): `model.safetensors`, or shards and an
+    index past --max-shard-size, named as save_pretrained names them (`--weights-name` to choose).
+    For Burn (`--to burnpack`) one file in DIR named after the source (`DIR/model.bpk`): a burnpack
+    holds a whole model. Any other DST is used as given."""
     dst: str = args.dst
     if args.max_shard_size or args.copy:
-        return dst
+        return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
     if not (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
         return dst
-    if args.target_format == "auto":
-        parser.error(f"'{dst}' is a folder: give the format with --to (burnpack, safetensors or pytorch); "
-                     "the file is named after the source")
+    if args.target_format != "burnpack":
+        return dst if dst.endswith(("/", os.sep)) else dst + "/"
+    if args.weights_name:
+        return os.path.join(dst, args.weights_name)
     from pathlib import Path
 
-    from ..files.io import writer_class
-    from ..formats.detect import FORMATS
+    from ..formats.registry import writer_class
 
-    if args.target_format not in FORMATS:
-        parser.error(f"--to: unknown format '{args.target_format}' (use one of {', '.join(FORMATS)})")
-    return os.path.join(dst, Path(args.src).stem + writer_class(args.target_format).default_extension)
+    return os.path.join(dst, Path(args.src.rstrip("/" + os.sep)).stem + writer_class("burnpack").default_extension)
 
 
 def _recipe_output_check(args: argparse.Namespace) -> None:
@@ -481,6 +487,30 @@ def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
     return None
 
 
+def _check_convert_values(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Values a recipe would refuse at its LINE:COL are usage errors here (exit 2, JSON with --json),
+    found before any file is opened: the shard size, and a target whose format cannot be told."""
+    if args.max_shard_size is not None:
+        from ..files.sharded_writer import parse_size
+
+        try:
+            parse_size(args.max_shard_size)
+        except ValueError as e:
+            parser.error(f"--max-shard-size: {e}")
+    from ..core.errors import UnknownFormatError
+    from ..formats.detect import FORMATS, target_format
+
+    for option, value in (("--from", args.source_format), ("--to", args.target_format)):
+        if value != "auto" and value not in FORMATS:
+            parser.error(f"{option}: unknown format '{value}' (formats: {', '.join(FORMATS)})")
+    folder = args.max_shard_size is not None or str(args.dst).endswith(("/", os.sep))
+    if not folder:
+        try:
+            target_format(args.dst, args.target_format)
+        except UnknownFormatError as e:
+            parser.error(f"{e.detail} (--to {'|'.join(FORMATS)})")
+
+
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..recipe.convert import ConvertUsageError, build_recipe, emit_recipe
     from ..run.convert import convert
@@ -492,6 +522,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--metadata expects KEY=VALUE, got {item!r}")
         extra[key] = value
     check_remap_options(args.remap, parser)
+    _check_convert_values(args, parser)
     if args.recipe_output and not args.emit_recipe:
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)
@@ -502,10 +533,24 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    if args.copy_from:
+        if not args.copy:
+            parser.error("--copy-from DIR says where --copy reads: add --copy GLOB (e.g. --copy config.json)")
+        options.update(copy_from=args.copy_from)
+    if args.weights_name and not (args.target_format == "burnpack" and not args.max_shard_size):
+        options.update(weights_name=args.weights_name)  # a folder's weights; a burnpack's name went into DST
     recipe_text = None
     try:
         if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there
-            recipe_text = emit_recipe(build_recipe(args.src, args.dst, **options), args.recipe_output)
+            recipe = build_recipe(args.src, args.dst, **options)
+            from pathlib import Path
+
+            from ..plan.build import renumbers_by_default
+
+            if renumbers_by_default(recipe, Path(os.getcwd()), **_limits(args)):  # write out what the default does
+                options["contiguous_indices"] = True
+                recipe = build_recipe(args.src, args.dst, **options)
+            recipe_text = emit_recipe(recipe, args.recipe_output)
             if not args.recipe_output:
                 sys.stdout.write(recipe_text)
                 return EXIT_OK

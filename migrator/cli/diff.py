@@ -47,8 +47,8 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
                    help="declare module types, as convert's (repeatable)")
     p.add_argument("--dtype", metavar="DTYPE", help="A's floats cast to DTYPE first, as convert's --dtype")
     p.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
-                   help="renumber A's index segments as convert does (default with other options: on for "
-                        "PyTorch sources)")
+                   help="renumber A's index segments as convert does (default with other options: on for a "
+                        "PyTorch A when B is a burnpack)")
     p.add_argument("--window", default="4MiB", metavar="SIZE",
                    help="bytes read per tensor side at a time (default 4MiB; 4MB = 4*10^6)")
     p.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")

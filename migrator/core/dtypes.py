@@ -184,7 +184,9 @@ def parse(spelling: str) -> DType:
     lowered = s.lower().removeprefix("torch.")
     if lowered in BY_TORCH:
         return BY_TORCH[lowered]
+    # the spellings people type: FP16/FP32 (PEFT, mergekit, llama.cpp docs), float16 with any case
     aliases = {"FLOAT": F32, "HALF": F16, "DOUBLE": F64, "BFLOAT16": BF16, "FLEX32": FLEX32,
+               "FP16": F16, "FP32": F32, "FP64": F64, "BF16": BF16, "FLOAT16": F16, "FLOAT32": F32, "FLOAT64": F64,
                "BOOL(NATIVE)": BOOL, "BOOL(U8)": BOOL_U8, "BOOL(U32)": BOOL_U32}
     if key in aliases:
         return aliases[key]

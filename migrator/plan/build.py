@@ -7,6 +7,7 @@ The plan also holds the report a run would give (applied, skipped, missing, unus
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -131,6 +132,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error, `source_origins`
     (`LoadedRecipe.source_origins`) for a `sources:` entry's. `limits` bounds what the source and
     template files may make their readers allocate."""
+    if recipe.unresolved_references:  # placeholders stand for them: never plan with those
+        from ..recipe.issues import RecipeError
+
+        raise RecipeError(recipe.unresolved_references)
     src_path = resolve_path(base_dir, recipe.inputs()[0].path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
@@ -139,24 +144,26 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     register_options(tgt_path, recipe.target.storage_options)
     if tpl_path is not None:
         register_options(tpl_path, recipe.target.template_storage_options or recipe.target.storage_options)
-    if recipe.target.shard is not None:  # a folder of shards: the format is named, or the shards' default
-        from ..formats.detect import from_extension
-
-        out_fmt = recipe.target.format if recipe.target.format != "auto" else from_extension(tgt_path) or "safetensors"
-    else:
-        out_fmt = target_format(tgt_path, recipe.target.format)
+    out_fmt = output_format(recipe, tgt_path)
+    if recipe.target.shard is None:
         tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
     from .sources import open_source, open_sources
 
     if recipe.sources is not None:
-        reader: Reader = open_sources(recipe, base_dir, source_origins, limits=limits)
+        reader: Reader = open_sources(recipe, base_dir, source_origins, limits=limits,
+                                      for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
         reader = open_source(recipe.inputs()[0], src_path, limits=limits)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
+        from ..files.sharded_writer import copy_folder
+
+        copy_from = None if recipe.target.copy_from is None else copy_folder(
+            resolve_path(base_dir, recipe.target.copy_from), tgt_path)
         plan = _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
+                        head_dim=_head_dim(recipe, base_dir), copy_from=copy_from,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync, limits=limits)
@@ -168,18 +175,62 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         raise
 
 
+def _head_dim(recipe: Recipe, base_dir: Path) -> tuple[int, str, str] | None:
+    """The head size the model's config declares, for a recipe with `rope_permute` ops to be checked
+    against (`recipe.config`); None without such ops or a config that says."""
+    from ..recipe.config import ConfigError, find_config, head_dim_of, load_config
+    from ..recipe.ops import op_kind_and_spec
+
+    if not any(op_kind_and_spec(op)[0] == "rope_permute" for op in recipe.ops):
+        return None
+    path = find_config(recipe.config, recipe.inputs()[0].path, base_dir)
+    if path is None:
+        return None
+    try:
+        found = head_dim_of(load_config(path))
+    except ConfigError as e:
+        raise PlanError(str(e), file=str(path)) from None
+    return None if found is None else (found[0], found[1], os.path.normpath(path))
+
+
+def output_format(recipe: Recipe, tgt_path: Path) -> str:
+    """The format the recipe writes: a folder of shards in the format named, else the shards' suffix,
+    else SafeTensors; a file in the format named, else by its extension."""
+    if recipe.target.shard is not None:
+        from ..formats.detect import from_extension
+
+        return recipe.target.format if recipe.target.format != "auto" else from_extension(tgt_path) or "safetensors"
+    return target_format(tgt_path, recipe.target.format)
+
+
+def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAULT_LIMITS) -> bool:
+    """Whether a one-source recipe that leaves `contiguous_indices` unset renumbers its source's
+    names: a PyTorch source whose output is for Burn. Opens the source's header to know its format;
+    `--emit-recipe` uses it to write the setting out."""
+    if recipe.source is None or recipe.source.contiguous_indices is not None:
+        return False
+    if not recipe.for_burn(output_format(recipe, resolve_path(base_dir, recipe.target.path))):
+        return False
+    from .sources import open_source
+
+    with open_source(recipe.source, resolve_path(base_dir, recipe.source.path), limits=limits) as reader:
+        return reader.format == "pytorch"
+
+
 _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 """A kept source tensor after renames and adapters: (source, result, ops, module)."""
 
 
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
+             head_dim: tuple[int, str, str] | None = None, copy_from: Path | None = None,
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
              op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
              limits: Limits = DEFAULT_LIMITS) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
-    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins, limits)
+    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins, limits,
+                                    for_burn=recipe.for_burn(out_fmt), head_dim=head_dim)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -199,17 +250,27 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
             if tpl_path is not None:
                 meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
         loadable_metadata(meta, out_fmt)  # the provenance keys alone must not make it unloadable
+    if report.renumbered:
+        shown = ", ".join(f"{old} -> {new}" for old, new in report.renumbered[:5])
+        more = f" and {len(report.renumbered) - 5} more" if len(report.renumbered) > 5 else ""
+        notes.append(f"renumbered {len(report.renumbered)} names to contiguous indices (contiguous_indices; "
+                     f"Burn's Vec<Module> has no gaps): {shown}{more}")
     scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers)
     if not fatal:
         try:
             if recipe.target.shard is not None:
-                from ..files.sharded_writer import ShardedWriter
+                from ..files.sharded_writer import ShardedWriter, default_weights_name
 
+                folder = getattr(reader, "folder", None) or src_path.parent
+                if copy_from is not None:
+                    folder = copy_from
+                name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                            copy_from=getattr(reader, "folder", None) or src_path.parent)
+                                            copy_from=folder, weights_name=name)
+                plan.notes += plan.writer.notes
             else:
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
         except MigratorError as e:
@@ -220,12 +281,16 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
                   fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
                   op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
-                  limits: Limits = DEFAULT_LIMITS) -> tuple[list[PlanEntry], ApplyReport]:
-    """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`."""
+                  limits: Limits = DEFAULT_LIMITS, *, for_burn: bool = False,
+                  head_dim: tuple[int, str, str] | None = None) -> tuple[list[PlanEntry], ApplyReport]:
+    """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`.
+    `for_burn`: the output is for Burn (`Recipe.for_burn`), so a PyTorch source is renumbered by default."""
     is_pytorch = reader.format == "pytorch"
     tensors = reader.tensors
     names = [t.name for t in tensors]
-    current, ops = _renamed(recipe, names, is_pytorch, reader.label, getattr(reader, "describe", repr))
+    renumbered: list[tuple[str, str]] = []
+    current, ops = _renamed(recipe, names, is_pytorch and for_burn, reader.label, getattr(reader, "describe", repr),
+                            renumbered)
 
     # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)
     include = NameFilter(recipe.filter.include) if recipe.filter.include is not None else None
@@ -251,7 +316,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     if recipe.ops:
         from ..transform.ops import apply_ops
 
-        done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins)
+        done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins, head_dim=head_dim)
         kept, kept_names, made = done.tensors, done.names, done.made
         op_nodes = [n.to_json() for n in done.nodes]
         shapes_of = list(zip(kept_names, [t.shape for t in kept], strict=True))  # module types see the outputs
@@ -287,21 +352,26 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
             _by_name(((e.source_tensor, e.tensor, e.ops, e.module) for e in entries), fatal)  # type: ignore[misc]
         if recipe.dtype == "template":
             fatal.append("dtype: template needs target.template")
-    report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
-                         errors=errors, sources=sources, ops=op_nodes)
     from .sources import UnionReader, add_provenance
 
+    if isinstance(reader, UnionReader):  # several sources: each renumbered its own names
+        renumbered = reader.renumbered
+    report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
+                         errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered)
     if isinstance(reader, UnionReader):  # several sources: say which one each tensor came from
         add_provenance(report, reader, list(zip(skipped, skipped_from, strict=True)),
                        list(zip(unused, unused_from, strict=True)) if tpl_path is not None else [])
     return entries, report
 
 
-def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool, label: str,
-             describe: Callable[[str], str] = repr) -> tuple[list[str], dict[str, list[str]]]:
-    """Step 1, names: remaps, then contiguous indices (defaults follow Burn's PyTorch store). Returns the
-    new names (`names` itself when none changes) and the ops of the renamed tensors only. `describe`
-    shows a source name in an error (with several sources: which one it is from)."""
+def _renamed(recipe: Recipe, names: list[str], renumber_default: bool, label: str,
+             describe: Callable[[str], str] = repr, renumbered: list[tuple[str, str]] | None = None
+             ) -> tuple[list[str], dict[str, list[str]]]:
+    """Step 1, names: remaps, then contiguous indices (`renumber_default` when the recipe does not
+    say: a PyTorch source whose output is for Burn). Returns the new names (`names` itself when none
+    changes) and the ops of the renamed tensors only; each renumbering (name before -> after) is
+    appended to `renumbered`. `describe` shows a source name in an error (with several sources:
+    which one it is from)."""
     ops: dict[str, list[str]] = {}  # only for renamed tensors: most names pass unchanged
     remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in recipe.remap]) if recipe.remap else None
     current = names
@@ -314,13 +384,15 @@ def _renamed(recipe: Recipe, names: list[str], is_pytorch: bool, label: str,
     # several sources: each entry renumbered its own indices already
     contiguous = recipe.source.contiguous_indices if recipe.source is not None else False
     if contiguous is None:
-        contiguous = is_pytorch
+        contiguous = renumber_default
     if contiguous:
         mapped = contiguous_names(current)
         if mapped is not current:
             for orig, before, new in zip(names, current, mapped, strict=True):
                 if new is not before and new != before:  # unchanged names come back as the same object
                     ops.setdefault(orig, []).append(f"index {before} -> {new}")
+                    if renumbered is not None:
+                        renumbered.append((before, new))
         current = mapped
     # a set is enough to know there is no collision; find_collisions only names them
     collisions = find_collisions(zip(current, names, strict=True)) if len(set(current)) != len(current) else None

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,7 +57,7 @@ def with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
         assert recipe.source is not None
         recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
     if "target" in absolute:
-        recipe = recipe.model_copy(update={"target": recipe.target.model_copy(update={"path": absolute["target"]})})
+        recipe = recipe.model_copy(update={"target": _target_in(recipe, overrides["target"], absolute["target"])})
     out = dataclasses.replace(loaded, recipe=recipe)
     reads = out.source_paths + ([out.template_path] if out.template_path is not None else [])
     written = written_candidates(out.target_path, recipe.target.format)
@@ -65,6 +66,29 @@ def with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
                                        f"the target {out.target_path} is the same file as the source or template",
                                        "write the output to a new file")])
     return out
+
+
+def _target_in(recipe: Any, given: str, path: Any) -> Any:
+    """The recipe's target written to `given`. A folder (`DIR/`, or an existing folder) keeps the
+    recipe's format: a Hugging Face folder for SafeTensors/PyTorch (the recipe's shards, else 5GB
+    ones: one model.safetensors when it fits), for burnpack `DIR/<the recipe's file name>`. A
+    target never changes format because of how --target is spelled."""
+    from ..formats.detect import from_extension
+    from ..storage.remote import is_url
+
+    target = recipe.target
+    folder = given.endswith(("/", os.sep)) or (not is_url(given) and os.path.isdir(given))
+    if not folder:
+        return target.model_copy(update={"path": path})
+    fmt = target.format if target.format != "auto" else from_extension(target.path) or (
+        "safetensors" if target.shard is not None else "burnpack")
+    if fmt == "burnpack":
+        name = os.path.basename(str(target.path).rstrip("/")) or "model.bpk"
+        return target.model_copy(update={"path": os.path.join(str(path), name)})
+    from ..recipe.model import ShardSpec
+
+    shard = target.shard or ShardSpec.model_validate({})
+    return target.model_copy(update={"path": path, "format": fmt, "shard": shard})
 
 
 @contextmanager

@@ -176,6 +176,8 @@ class ApplyReport:
     unused_from: list[tuple[str, str, str]] = field(default_factory=list)
     ops: list[dict[str, Any]] = field(default_factory=list)
     """The recipe's op nodes (`migrator.transform.ops.OpNode.to_json`: op, index, at, inputs, outputs), in order."""
+    renumbered: list[tuple[str, str]] = field(default_factory=list)
+    """(name before, name after) per tensor whose index segments were renumbered (contiguous_indices)."""
     target: str | None = None
     status: str | None = None
     written: bool | None = None
@@ -243,6 +245,12 @@ class ApplyReport:
                 lines += [f"│    • {escape(path)}" for path in unused[:_LIST_LIMIT]]
             if len(unused) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(unused) - _LIST_LIMIT} more")
+        if self.renumbered:
+            lines += ["│", f"├─ Renumbered indices ({_count(len(self.renumbered), 'tensor')}, contiguous_indices)",
+                      "│"]
+            lines += [f"│    • {escape(old)} -> {escape(new)}" for old, new in self.renumbered[:_LIST_LIMIT]]
+            if len(self.renumbered) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(self.renumbered) - _LIST_LIMIT} more")
         if self.ops:
             lines += ["│", f"├─ Ops ({_count(len(self.ops), 'node')})", "│"]
             shown = self.ops if ops_limit is None else self.ops[:ops_limit]
@@ -285,6 +293,8 @@ class ApplyReport:
                 data[key] = [{"path": p, "source": s, "tensor": t} for p, s, t in sorted(getattr(self, key))]
         if self.ops:
             data["ops"] = [dict(n) for n in self.ops]
+        if self.renumbered:
+            data["renumbered"] = [{"from": old, "to": new} for old, new in self.renumbered]
         for key in _RUN_KEYS:
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
@@ -314,6 +324,10 @@ class ApplyReport:
             if not isinstance(items, list) or not all(isinstance(e, Mapping) for e in items):
                 raise ValueError(f"{key} must be a list of {{path, source, tensor}} objects")
             origins[key] = [(str(e["path"]), str(e["source"]), str(e["tensor"])) for e in items]
+        renumbered = data.get("renumbered", [])
+        if not isinstance(renumbered, list) or not all(isinstance(e, Mapping) and {"from", "to"} <= set(e)
+                                                       for e in renumbered):
+            raise ValueError("renumbered must be a list of {from, to} objects")
         status, target, written = data.get("status"), data.get("target"), data.get("written")
         if status is not None and status not in ("ok", "failed"):
             raise ValueError(f"status must be 'ok' or 'failed', got {status!r}")
@@ -338,6 +352,7 @@ class ApplyReport:
             skipped_from=origins["skipped_from"],
             unused_from=origins["unused_from"],
             ops=[_op_entry(n) for n in data.get("ops", [])],
+            renumbered=[(str(e["from"]), str(e["to"])) for e in renumbered],
             target=None if target is None else str(target),
             status=status,
             written=written,
@@ -345,7 +360,7 @@ class ApplyReport:
 
 
 _RUN_KEYS = ("status", "target", "written")
-_OPTIONAL_KEYS = frozenset({"tensors", "ops", "skipped_from", "unused_from", *_RUN_KEYS})
+_OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "skipped_from", "unused_from", *_RUN_KEYS})
 
 
 def _op_text(node: Mapping[str, Any]) -> str:

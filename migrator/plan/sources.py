@@ -112,8 +112,10 @@ class UnionReader(Reader):
 
     format = "mixed"  # set per instance: the parts' format when they agree
 
-    def __init__(self, parts: Sequence[SourcePart], entries: Sequence[SourceEntry]) -> None:
+    def __init__(self, parts: Sequence[SourcePart], entries: Sequence[SourceEntry], *, for_burn: bool = False) -> None:
         self.parts = list(parts)
+        self.for_burn = for_burn  # the output is for Burn: PyTorch parts are renumbered by default
+        self.renumbered: list[tuple[str, str]] = []  # (union name before, after) per renumbered tensor
         self.tensors: list[LazyTensor] = []
         self.origin_of: dict[str, Origin] = {}
         self.skipped: list[Skipped] = []
@@ -162,9 +164,12 @@ class UnionReader(Reader):
                 raise PlanError(f"remap of source '{part.label}': {e}", file=part.label) from None
         contiguous = entry.contiguous_indices
         if contiguous is None:
-            contiguous = part.reader.format == "pytorch"
+            contiguous = self.for_burn and part.reader.format == "pytorch"
         if contiguous:
-            current = contiguous_names(current)
+            mapped = contiguous_names(current)
+            self.renumbered += [(entry.prefix + old, entry.prefix + new)
+                                for old, new in zip(current, mapped, strict=True) if new is not old and new != old]
+            current = mapped
         if len(set(current)) != len(current):
             collisions = find_collisions(zip(current, names, strict=True))
             lines = [f"'{new}' <- {', '.join(repr(o) for o in origs)}" for new, origs in sorted(collisions.items())]
@@ -214,9 +219,10 @@ def _agreed(metas: Any) -> dict[str, str]:
 
 
 def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | None = None, *,
-                 limits: Any = None) -> UnionReader:
+                 limits: Any = None, for_burn: bool = False) -> UnionReader:
     """Open every `sources:` entry and join them; `origins` maps an entry's index to its recipe line,
-    `limits` (`formats.Limits`) bounds each entry's reader as `source:`'s."""
+    `limits` (`formats.Limits`) bounds each entry's reader as `source:`'s, `for_burn` (the output is
+    for Burn) turns on the renumbering of PyTorch parts that do not say."""
     assert recipe.sources is not None
     parts: list[SourcePart] = []
     try:
@@ -224,7 +230,7 @@ def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | No
             path = resolve_path(base_dir, entry.path)
             parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits),
                                     (origins or {}).get(i)))
-        return UnionReader(parts, recipe.sources)
+        return UnionReader(parts, recipe.sources, for_burn=for_burn)
     except BaseException:
         for p in parts:
             p.reader.close()

@@ -41,6 +41,8 @@ def build_recipe(
     clear_metadata: bool = False,
     max_shard_size: str | int | None = None,
     copy: Sequence[str] = (),
+    weights_name: str | None = None,
+    copy_from: str | os.PathLike[str] | None = None,
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
 
@@ -64,10 +66,18 @@ def build_recipe(
         data["source"]["contiguous_indices"] = contiguous_indices
     if top_level_key:
         data["source"]["top_level_key"] = top_level_key
-    if max_shard_size is not None:
-        data["target"]["shard"] = {"max_size": max_shard_size}
+    if max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep)):  # DIR/: a Hugging Face folder
+        from ..files.sharded_writer import DEFAULT_MAX_SIZE
+
+        data["target"]["shard"] = {"max_size": DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size}
+        if weights_name is not None:
+            data["target"]["shard"]["name"] = weights_name
+    elif weights_name is not None:
+        raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
     if copy:
         data["target"]["copy"] = list(copy)
+    if copy_from is not None:
+        data["target"]["copy_from"] = os.fspath(copy_from)
     if includes or excludes:
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
@@ -87,7 +97,7 @@ def build_recipe(
         data["modules"] = declared
     from pydantic import ValidationError
 
-    from ..recipe.model import Recipe
+    from .model import Recipe
 
     try:
         return Recipe.model_validate(data)
@@ -121,7 +131,7 @@ def _usage_error(data: dict[str, Any], module_options: list[tuple[str, int, str]
     file: "did you mean 'F16'?"), each naming the command-line option instead of a recipe line."""
     import yaml
 
-    from ..recipe.loader import RecipeError, parse_recipe
+    from .loader import RecipeError, parse_recipe
 
     try:
         parse_recipe(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))

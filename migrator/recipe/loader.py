@@ -129,11 +129,18 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
                                        "a recipe is a few KiB of YAML; is this the right file?")])
     text = _decode(raw, shown)
     root, data, keys, issues = _parse_yaml(text, shown)
+    unresolved: set[tuple[int, int]] = set()  # where a ${config...} value failed: validation adds nothing there
+    deferred: list[RecipeIssue] = []  # references with no config to read yet: refused when planned
+    if "${" in text:
+        data = _with_config_values(data, base_dir, _Mapper(shown, root, keys), issues, unresolved, deferred)
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as e:
-        issues.extend(_Mapper(shown, root, keys).issues(e))
+        issues.extend(i for i in _Mapper(shown, root, keys).issues(e) if (i.line, i.col) not in unresolved)
+        issues.extend(deferred)
+    if recipe is not None:
+        recipe.defer_references(deferred)
     loaded = None
     if recipe is not None:
         loaded = LoadedRecipe(recipe, path, base_dir, text, hashlib.sha256(raw).hexdigest())
@@ -143,6 +150,42 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
     return dataclasses.replace(loaded, module_origins=_module_origins(loaded.recipe, shown, root, keys),
                                source_origins=_source_origins(loaded.recipe, shown, root, keys),
                                op_origins=_op_origins(loaded.recipe, shown, root, keys))
+
+
+def _with_config_values(data: Any, base_dir: Path, mapper: _Mapper, issues: list[RecipeIssue],
+                        unresolved: set[tuple[int, int]], deferred: list[RecipeIssue]) -> Any:
+    """`data` with each `${config...}` value replaced by what the model's config declares
+    (`config.py`); a value that cannot be resolved becomes an issue at its LINE:COL, one with no
+    config to read (none beside a source that may not exist yet) a deferred issue."""
+    from .config import find_config, load_config, resolve_references
+
+    def config_for() -> tuple[dict[str, Any] | None, Path | None]:
+        named = data.get("config") if isinstance(data, dict) and isinstance(data.get("config"), str) else None
+        path = find_config(named, _first_source_path(data), base_dir)
+        return (None, None) if path is None else (load_config(path), path)
+
+    def issue(at: tuple[Any, ...], message: str) -> RecipeIssue:
+        node, _, _ = mapper._locate(at)
+        return mapper._render(_Issue(at, node, message, "a value from the config is written ${config.KEY}, "
+                                                        "with fallbacks after '|': ${config.KEY | 8}"))
+
+    def report(at: tuple[Any, ...], message: str) -> None:
+        found = issue(at, message)
+        unresolved.add((found.line, found.col))
+        issues.append(found)
+
+    return resolve_references(data, config_for, report, lambda at, message: deferred.append(issue(at, message)))
+
+
+def _first_source_path(data: Any) -> str | None:
+    """The first source's path as written (`source.path`, or the first `sources:` entry's)."""
+    if not isinstance(data, dict):
+        return None
+    source = data.get("source")
+    if source is None and isinstance(data.get("sources"), list) and data["sources"]:
+        source = data["sources"][0]
+    path = source.get("path") if isinstance(source, dict) else None
+    return path if isinstance(path, str) else None
 
 
 def _path_issues(loaded: LoadedRecipe, shown: str, root: MappingNode, keys: dict[int, Any]) -> list[RecipeIssue]:

@@ -8,6 +8,7 @@ a new `version`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     field_validator,
     model_validator,
@@ -166,8 +168,9 @@ class SourceSpec(_Strict):
                              _tagged("a string or a list of strings")] | None = Field(
         None, description="Nested dict holding the tensors: a dotted path ('model.state_dict') or a list of keys.")
     contiguous_indices: bool | None = Field(
-        None, description="Renumber index segments 0,1,2,... in order of appearance, as Burn's PyTorch store does. "
-                          "Default: true for PyTorch sources.")
+        None, description="Renumber index segments 0,1,2,... as Burn's Vec<Module> needs. Default: true for a "
+                          "PyTorch source whose output is for Burn (a burnpack target or the pytorch_to_burn "
+                          "adapter); other targets keep the names.")
     skip_enum_variants: bool | None = Field(
         None, description="Match template paths with enum-variant (inner CamelCase) segments removed, as Burn does. "
                           "Default: true for PyTorch sources.")
@@ -357,6 +360,23 @@ class ShardSpec(_Strict):
             raise recipe_value_error(str(e), hint="e.g. 5GB, 500MB, 2GiB or 1000000") from None
         return v
 
+    name: str | None = Field(
+        None, description="The weights' file name in the folder: the one file, or the shards' stem and the index "
+        "(NAME.index.json). Default: model.safetensors / pytorch_model.bin, adapter_model.* for a PEFT adapter "
+        "source, as save_pretrained names them.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        from ..files.sharded_writer import check_weights_name
+
+        if v is not None:
+            try:
+                check_weights_name(v)
+            except ValueError as e:
+                raise recipe_value_error(str(e), hint="e.g. model.safetensors or llama.bin") from None
+        return v
+
 
 class CopySpec(_Strict):
     """A companion file (or glob) copied byte for byte into the output folder."""
@@ -396,6 +416,9 @@ class TargetSpec(_Strict):
         description="Companion files copied byte for byte from the source's folder into a sharded output folder "
         "(e.g. [config.json, 'tokenizer*', {path: generation_config.json, optional: true}]); an entry matching no "
         "file is an error unless optional.")
+    copy_from: str | None = Field(
+        None, description="The folder `copy` globs read from, relative to the recipe (default: the source's "
+                          "folder); e.g. the Hugging Face folder whose config and tokenizer go with a .bpk source.")
 
     @model_validator(mode="before")
     @classmethod
@@ -419,6 +442,9 @@ class TargetSpec(_Strict):
         elif self.copy_:
             raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")
+        if self.copy_from is not None and not self.copy_:
+            raise recipe_value_error("target.copy_from says where target.copy reads, but there is no copy",
+                                     key="copy_from", hint="add copy: [config.json, 'tokenizer*']")
         return self
 
     def copies(self) -> list[tuple[str, bool]]:
@@ -442,6 +468,10 @@ class Recipe(_Strict):
 
     version: Annotated[Literal[1], BeforeValidator(_no_bool)] = Field(description="Recipe format version: 1.")
     description: str | None = Field(None, description="What the recipe is for (free text).")
+    config: str | None = Field(
+        None, description="The model's config (JSON) that ${config.KEY} values come from and ops are checked "
+                          "against, relative to the recipe. Default: config.json beside the first source, else "
+                          "params.json there.")
     source: SourceSpec | None = Field(
         None, description="The file (or model folder, index, glob of shards) tensors come from. Give this or "
                           "sources.")
@@ -485,6 +515,24 @@ class Recipe(_Strict):
                 raise recipe_value_error(f"two sources are called '{twice[0]}'", key="sources",
                                        hint="give each a distinct name: (name: encoder)")
         return self
+
+    _deferred: list[Any] = PrivateAttr(default_factory=list)
+
+    def defer_references(self, issues: Sequence[Any]) -> None:
+        """Record `${config...}` values that had no config to read when loaded (`RecipeIssue`s): they
+        hold a placeholder, so a plan of this recipe is refused (`unresolved_references`)."""
+        self._deferred = list(issues)
+
+    @property
+    def unresolved_references(self) -> list[Any]:
+        """The `RecipeIssue` of each `${config...}` value resolved to nothing (see `defer_references`)."""
+        return list(self._deferred)
+
+    def for_burn(self, target_format: str) -> bool:
+        """Whether the output is for Burn: a burnpack target or the `pytorch_to_burn` adapter. Only
+        then are a PyTorch source's index segments renumbered by default (`contiguous_indices`):
+        Burn's `Vec<Module>` has no gaps, while a PyTorch module loads the names as stored."""
+        return target_format == "burnpack" or "pytorch_to_burn" in self.adapters
 
     def inputs(self) -> list[SourceSpec]:
         """The sources read: `source` alone, or every `sources` entry."""

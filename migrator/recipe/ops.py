@@ -16,7 +16,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    WithJsonSchema,
+    model_validator,
+)
 
 OP_NAMES = ("split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute")
 
@@ -60,7 +70,11 @@ def _no_bools(value: object) -> object:
 
 
 Pattern = Annotated[str, AfterValidator(_regex)]
-Int = Annotated[int, BeforeValidator(_no_bool)]
+Int = Annotated[int, BeforeValidator(_no_bool), WithJsonSchema({"anyOf": [
+    {"type": "integer"},
+    {"type": "string", "pattern": r"^\$\{.*\}$", "description": "A value from the model's config, resolved when "
+     "the recipe is loaded: ${config.KEY}, with fallbacks after '|' (${config.num_key_value_heads | "
+     "config.num_attention_heads}) and * or // between terms."}]})]
 Ints = Annotated[list[int], BeforeValidator(_no_bools)]
 
 
@@ -242,13 +256,19 @@ class RopePermuteSpec(_Unary):
     """Meta's rotary layout of a q/k projection (interleaved pairs) to Hugging Face's (two halves per head),
     the permutation of Hugging Face's Llama conversion script; `inverse` goes back."""
 
-    heads: Int = Field(description="Attention heads in this weight (for k: the key/value heads).")
+    heads: Int = Field(description="Attention heads in this weight (for k: the key/value heads). Take it from the "
+                               "model's config: ${config.num_attention_heads}, or for k ${config.num_key_value_heads "
+                               "| config.num_attention_heads}.")
+    head_dim: Int | None = Field(None, description="Size of one head; each matched tensor must have heads x head_dim "
+                                                   "rows. Default: rows / heads, checked against the config's.")
     inverse: bool = Field(False, description="Hugging Face layout -> Meta layout.")
 
     @model_validator(mode="after")
     def _heads(self) -> RopePermuteSpec:
         if self.heads < 1:
             raise _problem("heads must be at least 1", key="heads")
+        if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
+            raise _problem(f"head_dim {self.head_dim} must be even (rotary pairs) and at least 2", key="head_dim")
         return self
 
 

@@ -51,6 +51,8 @@ def _yaml_issue(shown: str, e: yaml.YAMLError, text: str) -> RecipeIssue:
             hint = indentation
         elif problem.startswith("mapping values are not allowed"):
             hint = "quote a value that contains ': '"
+        elif mark is not None and "${" in (text.splitlines()[mark.line:mark.line + 1] or [""])[0]:
+            hint = "inside { } quote a ${config...} value: heads: '${config.num_attention_heads}'"
         elif e.context == "expected a single document in the stream":
             problem, hint = "a second document starts here", "a recipe is one YAML document"
         elif problem == "second occurrence" and e.context and e.context_mark is not None:

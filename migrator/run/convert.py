@@ -1,15 +1,18 @@
 """`migrate convert`: a one-off conversion that builds a recipe in memory and runs it.
 
 Plain by default (every tensor, same bytes): burnpack -> burnpack with nothing changed is
-byte-identical. PyTorch index renumbering follows the recipe default (on for PyTorch sources, as
-Burn's PyTorch store does: `features.0, features.2` become `features.0, features.1`);
-`contiguous_indices=False` keeps the names, True renumbers any source. `emit_recipe` gives the
+byte-identical. PyTorch index renumbering follows the recipe default: on for a PyTorch source whose
+output is for Burn (a burnpack target or the `pytorch_to_burn` adapter), as Burn's PyTorch store
+does (`features.0, features.2` become `features.0, features.1`), off for SafeTensors and PyTorch
+targets, which must keep the names the PyTorch module loads. `contiguous_indices=False` keeps the
+names, True renumbers any source. `emit_recipe` gives the
 YAML to check in, so a one-off can become a recipe.
 
 A conversion with nothing to rename, filter, adapt or cast skips the recipe machinery (pydantic
 alone costs ~0.2 s of start-up, a third of copying a 1.4 GB model): `_plain_copy` does exactly
 what the plan would do for such a recipe, which tests/test_convert_plain.py checks file by file.
-A PyTorch source whose names renumbering would change is handed to the recipe path instead.
+A PyTorch source whose names renumbering for a burnpack would change is handed to the recipe path
+instead.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..recipe.convert import ConvertUsageError, build_recipe
 from ..storage.remote import as_path
 
 if TYPE_CHECKING:
-    from ..files.io import Writer
+    from ..formats.base import Writer
     from ..plan.build import Plan
 
 
@@ -41,10 +44,12 @@ class ConvertResult:
     metadata: dict[str, str]
     scalars_written: int
     notes: list[str] = field(default_factory=list)
+    renumbered: list[dict[str, str]] = field(default_factory=list)
+    """{"from", "to"} per tensor name whose index segments were renumbered (contiguous_indices)."""
 
 
 PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
-                           "clear_metadata", "max_shard_size", "copy"})
+                           "clear_metadata", "max_shard_size", "copy", "weights_name", "copy_from"})
 """Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, forced
 indices, top-level key) goes through a recipe. `contiguous_indices` None/False is understood too."""
 
@@ -79,15 +84,17 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
                 max_shard_size: str | int | None = None, copy: Sequence[str] = (),
                 contiguous_indices: bool | None = None, limits: Limits = DEFAULT_LIMITS,
+                weights_name: str | None = None, copy_from: str | os.PathLike[str] | None = None,
                 **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
-    None (nothing written) for a PyTorch source that the default renumbering would rename: the
-    recipe path does that.
+    None (nothing written) for a PyTorch source that the default renumbering for a burnpack target
+    would rename: the recipe path does that (and says so).
 
     (No collision check: every reader refuses files that name a tensor twice.)
     """
-    from ..files.io import open_file, save_planned, writer_class
+    from ..files.io import open_file, save_planned
     from ..formats.detect import target_format
+    from ..formats.registry import writer_class
     from ..plan.metadata import output_metadata
     from ..storage.atomic import Protected
     from ..storage.paths import resolve_path
@@ -105,11 +112,13 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     else:
         if copy:
             raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
+        if weights_name is not None:
+            raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format, limits=limits) as reader:
         tensors = list(reader.tensors)
-        if reader.format == "pytorch" and contiguous_indices is None:
+        if reader.format == "pytorch" and contiguous_indices is None and out_fmt == "burnpack":
             from ..naming import contiguous_names
 
             names = [t.name for t in tensors]
@@ -123,10 +132,16 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         writer: Writer
         try:
             if sharded:
+                from ..files.sharded_writer import copy_folder, default_weights_name
+
+                folder = getattr(reader, "folder", None)
+                companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
                 writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
                                        max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
                                        copies=[(c, False) for c in copy],
-                                       copy_from=getattr(reader, "folder", None) or src_path.parent)
+                                       copy_from=companions or folder or src_path.parent,
+                                       weights_name=weights_name or default_weights_name(out_fmt, folder))
+                notes += writer.notes
             else:
                 writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
         except MigratorError as e:
@@ -148,4 +163,5 @@ def _result(plan: Plan, written: str) -> ConvertResult:
         target_format=plan.target_format, tensors=len(plan.entries),
         nbytes=sum(e.tensor.nbytes for e in plan.entries), metadata=plan.metadata,
         scalars_written=len(plan.scalars), notes=plan.notes,
+        renumbered=[{"from": old, "to": new} for old, new in plan.report.renumbered],
     )

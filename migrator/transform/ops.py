@@ -72,8 +72,10 @@ class _Failed(Exception):
 class _Op:
     """One `ops:` entry being applied: its spec, where it is written, and the problems found."""
 
-    def __init__(self, index: int, op: Any, origins: Origins | None, recipe_file: str) -> None:
+    def __init__(self, index: int, op: Any, origins: Origins | None, recipe_file: str,
+                 head_dim: HeadDim | None = None) -> None:
         self.index = index
+        self.head_dim = head_dim
         self.kind, self.spec = op_kind_and_spec(op)
         self.origins = origins or {}
         self.file = recipe_file
@@ -112,17 +114,22 @@ class _Op:
         return d % n if n else 0
 
 
+HeadDim = tuple[int, str, str]
+"""The head size the model's config declares, how (`recipe.config.head_dim_of`), and the config's path."""
+
+
 def apply_ops(ops: Sequence[Any], tensors: Sequence[LazyTensor], names: Sequence[str],
               remap_ops: Mapping[str, Sequence[str]] | None = None, origins: Origins | None = None,
-              recipe_file: str = "<recipe>") -> OpsResult:
-    """The tensors and names after every op (new lists), or a `RecipeError` naming the op and tensors."""
+              recipe_file: str = "<recipe>", head_dim: HeadDim | None = None) -> OpsResult:
+    """The tensors and names after every op (new lists), or a `RecipeError` naming the op and tensors.
+    `head_dim`: what the model's config declares, which each `rope_permute` must agree with."""
     from ..recipe.loader import RecipeError
 
     remap_ops = remap_ops or {}
     slots = [_Slot(n, t, t, tuple(remap_ops.get(t.name, ()))) for t, n in zip(tensors, names, strict=True)]
     nodes: list[OpNode] = []
     for i, op in enumerate(ops):
-        step = _Op(i, op, origins, recipe_file)
+        step = _Op(i, op, origins, recipe_file, head_dim)
         slots = _apply_one(step, slots, nodes)
         if step.issues:
             raise RecipeError(_capped(step.issues))
@@ -253,6 +260,27 @@ def _out(step: _Op, src_slot: _Slot, tensor: LazyTensor, text: str) -> _Slot:
     return _Slot(tensor.name, tensor, src_slot.src, (*src_slot.pre, text), True)
 
 
+def _check_heads(step: _Op, name: str, rows: int, heads: int) -> None:
+    """A rope_permute's heads must cut the tensor's rows into heads of the size the recipe's `head_dim`
+    and the model's config declare: a head count that merely divides the rows permutes the wrong pairs."""
+    per = rows // heads
+    given = step.spec.head_dim
+    if given is not None and per != given:
+        step.fail(f"'{name}' has {rows} rows: {heads} heads x head_dim {given} = {heads * given} do not fit", "heads")
+        raise _Failed
+    if step.head_dim is not None:
+        size, how, path = step.head_dim
+        if per != size:
+            held = f"holds {rows // size} heads" if rows % size == 0 else "is not a whole number of heads"
+            meta = "n_heads" in how  # Meta's params.json spells the counts its own way
+            q, kv = ("n_heads", "n_kv_heads") if meta else ("num_attention_heads", "num_key_value_heads")
+            step.fail(f"heads: {heads} cuts '{name}' ({rows} rows) into heads of {per}, but the config {path} says "
+                      f"{how}: this tensor {held}", "heads",
+                      f"take the count from the config: heads: ${{config.{q}}}, for k "
+                      f"${{config.{kv} | config.{q}}}")
+            raise _Failed
+
+
 def _build(step: _Op, inputs: list[_Slot]) -> list[_Slot]:
     kind, spec = step.kind, step.spec
     s = inputs[0]
@@ -281,6 +309,7 @@ def _build(step: _Op, inputs: list[_Slot]) -> list[_Slot]:
                       f"'{name}' has rank {rank} (shape {list(shape)}); rope_permute takes a weight [out, in] or a "
                       "bias [out]", "heads" if rank in (1, 2) else "from")
             raise _Failed
+        _check_heads(step, name, shape[0], heads)
         out_name = step.expand(spec.to, name) if spec.to else name
         text = f"rope_permute{' inverse' if spec.inverse else ''} heads {heads}"
         return [_out(step, s, lazy.rope_permute(t, out_name, heads, spec.inverse), text)]
