@@ -27,7 +27,7 @@ Anything else is a crash, saved under `tools/fuzz-crashes/` (gitignored):
 path and with the reference parser alone, and counts any difference in tensors (bytes included),
 metadata, scalars, extra() or error (type, message, tensor) as a failure.
 
-This module is also imported by tests/test_fuzz.py, which runs the same seeds, mutations and
+This module is also imported by tests/formats/test_fuzz.py, which runs the same seeds, mutations and
 checks under Hypothesis for a bounded number of cases.
 """
 
@@ -188,7 +188,7 @@ def _pickle_with_pids(obj: Any, pid: Callable[[Any], Any]) -> bytes:
 
 
 def pytorch_tar_seeds() -> list[bytes]:
-    """The old tar layout as torch <= 0.3 wrote it (same construction as tests/test_pytorch_reader.py)."""
+    """The old tar layout as torch <= 0.3 wrote it (same construction as tests/formats/test_pytorch_reader.py)."""
     torch = _torch()
     root_a = np.arange(24, dtype=np.float32)
     root_b = np.array([7, -8, 9], dtype=np.int64)

@@ -1,7 +1,7 @@
 """Regenerate schemas/recipe.schema.json from migrator/recipe/model.py (`--check`: exit 1 when stale).
 
 The schema is checked in so editors (yaml-language-server) can validate recipes without
-installing migrator; tests/test_recipe.py fails when it no longer matches the models.
+installing migrator; tests/recipe/test_recipe.py fails when it no longer matches the models.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Both wrap a `LazyTensor`'s loader, so nothing is read or computed until a writer asks for the
 bytes; a plan can describe a cast or a transpose of a 10 GB model without touching it.
 
-Casts equal torch's ``tensor.to(dtype)`` bit for bit (tests/test_casts.py checks it on x86-64 CPU),
+Casts equal torch's ``tensor.to(dtype)`` bit for bit (tests/core/test_casts.py checks it on x86-64 CPU),
 which is what a user who round-trips through PyTorch will compare against:
 
 * finite values round to nearest, ties to even; overflow gives ±inf; subnormals and -0.0 are kept;

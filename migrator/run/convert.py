@@ -10,7 +10,7 @@ YAML to check in, so a one-off can become a recipe.
 
 A conversion with nothing to rename, filter, adapt or cast skips the recipe machinery (pydantic
 alone costs ~0.2 s of start-up, a third of copying a 1.4 GB model): `_plain_copy` does exactly
-what the plan would do for such a recipe, which tests/test_convert_plain.py checks file by file.
+what the plan would do for such a recipe, which tests/run/test_convert_plain.py checks file by file.
 A PyTorch source whose names renumbering for a burnpack would change is handed to the recipe path
 instead.
 """
