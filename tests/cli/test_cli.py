@@ -10,14 +10,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from cli_support import migrate_subprocess
 
 from migrator import from_numpy, open_file, save
 from migrator.cli import main
 from migrator.core.scalars import Scalar
 
-
-def migrate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True)
+migrate = migrate_subprocess
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_support import migrate_subprocess
 from recipes_support import ORDER
 
 from migrator import open_file
@@ -102,8 +103,7 @@ def test_run_twice_gives_identical_bytes(workspace: Path) -> None:
     assert (workspace / "demo-out" / "tiny-bert.bpk").read_bytes() == first
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True, cwd=cwd)
+_cli = migrate_subprocess
 
 
 def test_exit_codes_report_file_and_untouched_target(workspace: Path) -> None:

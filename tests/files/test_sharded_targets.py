@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
+from cli_support import migrate_in_process  # noqa: E402
 from model_support import tiny_bert  # noqa: E402
 
 from migrator.core.errors import OutputError, PlanError, TargetExistsError  # noqa: E402
@@ -28,18 +29,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 def migrate(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """`migrate ARGS` in this process (a subprocess per call would double these tests' time)."""
-    import contextlib
-    import io
-
-    from migrator.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as e:  # argparse usage errors
-            code = int(e.code or 0)
-    p = subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+    p = migrate_in_process(*args)
     if check:
         assert p.returncode == 0, p.stderr
     return p

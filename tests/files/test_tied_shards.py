@@ -3,12 +3,11 @@ groups tensors sharing a storage, checked against it on a real tied model (GPT-2
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
+from cli_support import migrate_in_process
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -16,10 +15,7 @@ hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
 
 def migrate(*args: str) -> int:
-    from migrator.cli import main
-
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return main(list(args))
+    return migrate_in_process(*args).returncode
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from cli_support import migrate_subprocess
 from pydantic import BaseModel
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
@@ -443,8 +444,7 @@ def test_unprintable_and_non_utf8_recipes(tmp_path: Path) -> None:
 
 
 def migrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return migrate_subprocess(*args, cwd=cwd, timeout=120)
 
 
 @pytest.fixture

@@ -6,12 +6,11 @@ run from another folder here), and its `$schema` line names a schema file that e
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
+from cli_support import migrate_subprocess
 
 from migrator import open_file
 
@@ -19,8 +18,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 
-def migrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], cwd=cwd, capture_output=True, text=True)
+migrate = migrate_subprocess
 
 
 @pytest.fixture

@@ -5,17 +5,15 @@ recipe line of `source.top_level_key`."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_support import migrate_subprocess
 
 torch = pytest.importorskip("torch")
 
 
-def migrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], cwd=cwd, capture_output=True, text=True)
+migrate = migrate_subprocess
 
 
 @pytest.fixture

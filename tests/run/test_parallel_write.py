@@ -7,13 +7,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_support import migrate_subprocess
 from safetensors.numpy import load_file, save, save_file
 
 import migrator
@@ -23,9 +22,7 @@ from migrator.run.parallel_write import LocalRunner, save_file_parallel, split_r
 REPO = Path(__file__).resolve().parents[2]
 
 
-def migrate(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+migrate = migrate_subprocess
 
 
 def _arrays(seed: int = 0) -> dict[str, np.ndarray]:

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_support import migrate_subprocess
 from safetensors.numpy import load_file, save_file
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def migrate(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env)
+migrate = migrate_subprocess
 
 
 def _weights(seed: int) -> dict[str, np.ndarray]:

@@ -9,11 +9,11 @@ modules compute.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_support import migrate_in_process
 
 from migrator import open_file
 from migrator.core.tensor import from_numpy
@@ -28,21 +28,7 @@ HINT = re.compile(r"modules: \{(\w+): \['((?:[^']|'')*)'\]\}")
 ERROR_FOR = re.compile(r"Adapter error for '([^']+)'")
 
 
-def migrate(*args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI, in process: a subprocess would start a fresh interpreter per call."""
-    import contextlib
-    import gc
-    import io
-
-    from migrator.cli import main
-
-    out, err, threshold = io.StringIO(), io.StringIO(), gc.get_threshold()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        gc.set_threshold(*threshold)  # main tunes the collector for a one-shot process
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+migrate = migrate_in_process  # a subprocess would start a fresh interpreter per call
 
 
 def sequential() -> nn.Sequential:

@@ -6,13 +6,11 @@ state dict (`[out, in]`), written by torch.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import io
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_support import migrate_in_process
 
 from migrator import from_numpy, save
 
@@ -20,15 +18,8 @@ torch = pytest.importorskip("torch")
 
 
 def migrate(*args: str) -> tuple[int, str, str]:
-    from migrator.cli import main
-
-    out, err, threshold = io.StringIO(), io.StringIO(), gc.get_threshold()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        gc.set_threshold(*threshold)
-    return code, out.getvalue(), err.getvalue()
+    p = migrate_in_process(*args)
+    return p.returncode, p.stdout, p.stderr
 
 
 @pytest.fixture
