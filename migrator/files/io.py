@@ -13,7 +13,7 @@ from ..core.bytesource import ByteSource
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
-from ..formats.base import Reader, Writer
+from ..formats.base import Reader, Writer, WriterKind
 from ..formats.detect import FORMATS, target_format
 from ..formats.registry import reader_class, writer_class
 from ..storage.atomic import Protected, atomic_output
@@ -122,7 +122,7 @@ def save_planned(
     """
     if is_url(path):  # an object store: a multipart upload, or shards published index-last
         return _save_remote(writer, path, overwrite=overwrite, protect=protect, progress=progress)
-    if getattr(writer, "sharded", False):
+    if writer.kind is WriterKind.FOLDER:
         from .sharded_writer import ShardedWriter, save_sharded
 
         return save_sharded(cast(ShardedWriter, writer), path, overwrite=overwrite, progress=progress, fsync=fsync,
@@ -144,7 +144,7 @@ def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: boo
     from ..storage.remote import url_of
 
     url = url_of(path)
-    if getattr(writer, "sharded", False):
+    if writer.kind is WriterKind.FOLDER:
         from .remote_sharded import save_sharded_remote
 
         return save_sharded_remote(writer, url, overwrite=overwrite, progress=progress)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..core.errors import PlanError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
-from ..formats.base import Writer
+from ..formats.base import Writer, WriterKind
 
 if TYPE_CHECKING:
     from ..storage.atomic import Protected
@@ -220,7 +220,7 @@ class ShardedWriter(Writer):
     """A folder of shard files (each planned by its format's writer), an index and companion files."""
 
     default_extension = ""
-    sharded = True
+    kind = WriterKind.FOLDER
 
     def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,

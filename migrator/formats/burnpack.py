@@ -27,6 +27,7 @@ from . import cbor
 from .base import (
     Reader,
     Writer,
+    WriterKind,
     check_u64_sizes,
     distinct_str_names,
     get_dtype,
@@ -551,6 +552,7 @@ class BurnpackWriter(Writer):
 
     format: ClassVar[str] = "burnpack"
     default_extension: ClassVar[str] = EXTENSION
+    kind = WriterKind.LAID_OUT
 
     def __init__(
         self,

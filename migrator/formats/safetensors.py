@@ -28,6 +28,7 @@ from ..core.tensor import LazyTensor, stored, stored_many
 from .base import (
     Reader,
     Writer,
+    WriterKind,
     check_u64_sizes,
     distinct_str_names,
     get_dtype,
@@ -491,6 +492,7 @@ class SafetensorsWriter(Writer):
 
     format = "safetensors"
     default_extension = ".safetensors"
+    kind = WriterKind.LAID_OUT
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..core.errors import MigratorError
 from ..files.io import save_planned, writer_class
 from ..files.targets import check_target, target_problems
+from ..formats.base import WriterKind
 from ..storage.atomic import Protected
 from ..storage.remote import as_path, is_url
 
@@ -47,12 +48,12 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
     if runner is not None and not is_url(plan.target_path):  # an upload is parallel in its parts already
         from .parallel_write import save_file_parallel, save_folder_parallel
 
-        if getattr(plan.writer, "sharded", False):
+        if plan.writer.kind is WriterKind.FOLDER:
             written = save_folder_parallel(plan.writer, plan.target_path, runner,  # type: ignore[arg-type]
                                            overwrite=plan.overwrite, fsync=plan.fsync, protect=read_by(plan),
                                            outputs=outputs, mode_from=source_modes(plan))
             return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
-        if hasattr(plan.writer, "layout"):
+        if plan.writer.kind is WriterKind.LAID_OUT:
             written = save_file_parallel(plan.writer, plan.target_path, runner, overwrite=plan.overwrite,
                                          protect=read_by(plan), outputs=outputs, fsync=plan.fsync,
                                          mode_from=source_modes(plan), make_folders=True)
@@ -67,7 +68,7 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     """Refuse up front what the write would refuse about its target (it exists and overwrite is off,
     it is a folder or a special file, it is a file the plan reads or another output of the run), so
     `migrate run` says so before anything is written."""
-    if getattr(plan.writer, "sharded", False):
+    if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:
         from ..files.targets import check_folder_target
 
         check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs)
@@ -78,7 +79,8 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
 
 def plan_target_problems(plan: Plan) -> list[str]:
     """What a run of `plan` would refuse about its target, as messages (for `validate`, `plan`)."""
-    if getattr(plan.writer, "sharded", False):  # a folder of shards: the folder publish's own checks
+    # a folder of shards: the folder publish's own checks
+    if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:
         from ..files.targets import check_folder_target
 
         try:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.errors import OutputError
 from ..core.streaming import Ahead, write_tensor, write_zeros
 from ..core.tensor import LazyTensor
+from ..formats.base import WriterKind
 from ..storage.atomic import WRITE_BUFFER, Protected, atomic_output
 
 if TYPE_CHECKING:
@@ -251,7 +252,7 @@ class LocalRunner:
 
     def write_ranges(self, scratch: Path, fd: int, writer: Writer, tasks: Sequence[RangeTask],
                      start_writeback: bool) -> None:
-        _, tensors, offsets = writer.layout()  # type: ignore[attr-defined]
+        _, tensors, offsets = writer.layout()
 
         def one(task: RangeTask, cancel: threading.Event) -> None:
             inject_fault(self.fault, task.index)
@@ -279,7 +280,7 @@ def save_file_parallel(writer: Writer, path: str | os.PathLike[str], runner: Run
     from ..files.io import protected_files
 
     out = writer.resolve_path(path)
-    prefix, tensors, offsets = writer.layout()  # type: ignore[attr-defined]
+    prefix, tensors, offsets = writer.layout()
     total = writer.total_size
     with atomic_output(out, overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
                        expected_size=total, fsync=fsync, mode_from=mode_from, make_folders=make_folders) as sink:
@@ -314,7 +315,7 @@ def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], ru
 
 def can_split(writer: Writer | None) -> bool:
     """Whether `writer`'s output can be written by several workers (a layout, or shards)."""
-    return writer is not None and (getattr(writer, "sharded", False) or hasattr(writer, "layout"))
+    return writer is not None and writer.kind in (WriterKind.FOLDER, WriterKind.LAID_OUT)
 
 
 def task_json(task: RangeTask | ShardTask) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
                                    mode_from=source_modes(plan))
             path = write_shard(folder, writer, task)  # type: ignore[arg-type]
             return os.path.getsize(path)
-        prefix, tensors, offsets = writer.layout()  # type: ignore[attr-defined]
+        prefix, tensors, offsets = writer.layout()
         if task.hi > len(tensors) or (offsets[task.hi - 1] + tensors[task.hi - 1].nbytes != task.end) or (
                 (offsets[task.lo - 1] + tensors[task.lo - 1].nbytes if task.lo else len(prefix)) != task.start):
             raise TaskError(f"write task {task.index}: the tensors are planned at other offsets here than on the "

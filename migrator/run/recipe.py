@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.display import count, escape, human_bytes
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError, error_json
+from ..formats.base import WriterKind
 from ..plan.build import Plan
 from ..plan.document import plan_error, plan_json
 from ..plan.loaded import load, open_plan, overrides_of
@@ -57,7 +58,7 @@ def run_one_recipe(path: str, args: argparse.Namespace, report_path: Path | None
         check_plan_target(plan)
         if report_path:  # not a file the run reads, not the target (by path or inode), not over a file
             check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=[plan.target_path])
-            if getattr(plan.writer, "sharded", False):  # nor inside the output folder
+            if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:  # nor inside the output folder
                 from ..storage.atomic_folder import check_folder_distinct
 
                 check_folder_distinct(plan.target_path, outputs=outputs)
