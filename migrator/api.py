@@ -37,18 +37,16 @@ def run_recipe(recipe: str | os.PathLike[str] | Recipe | dict[str, Any], *, over
     from .recipe.model import Recipe as RecipeModel
     from .run.execute import run_plan
 
-    sha256 = origins = op_origins = None
-    if isinstance(recipe, str | os.PathLike):
+    options: dict[str, Any] = dict(hash_sources=hash_sources, overwrite=overwrite, fsync=fsync)
+    if isinstance(recipe, str | os.PathLike):  # as `migrate run` plans it: errors name their recipe line
+        from .plan.loaded import plan_of
         from .recipe.loader import load_recipe
 
-        loaded = load_recipe(recipe)
-        model, folder, sha256, origins = loaded.recipe, loaded.base_dir, loaded.sha256, loaded.module_origins
-        op_origins = loaded.op_origins
+        planned = plan_of(load_recipe(recipe), **options)
     else:
         model = recipe if isinstance(recipe, RecipeModel) else RecipeModel.model_validate(recipe)
-        folder = Path(base_dir) if base_dir is not None else Path.cwd()
-    with build_plan(model, folder, recipe_sha256=sha256, hash_sources=hash_sources, overwrite=overwrite, fsync=fsync,
-                    module_origins=origins, op_origins=op_origins) as plan:
+        planned = build_plan(model, Path(base_dir) if base_dir is not None else Path.cwd(), **options)
+    with planned as plan:
         report = plan.report
         report.target = str(plan.target_path)
         try:

@@ -335,7 +335,7 @@ def tolerance(atol: float | None, rtol: float | None) -> Tolerance | None:
 
 def _recipe_plan(recipe_path: str | os.PathLike[str], a: str | os.PathLike[str]) -> Plan:
     """The recipe's plan reading A instead of its own source (A relative to the current folder)."""
-    from ..plan.build import build_plan
+    from ..plan.loaded import plan_of
     from ..recipe.loader import load_recipe
 
     loaded = load_recipe(recipe_path)
@@ -344,14 +344,14 @@ def _recipe_plan(recipe_path: str | os.PathLike[str], a: str | os.PathLike[str])
         return _sources_plan(loaded, os.fspath(a), str(recipe_path))
     source = recipe.source.model_copy(update={"path": Path(os.path.abspath(os.path.expanduser(a)))})
     recipe = recipe.model_copy(update={"source": source})
-    return build_plan(recipe, loaded.base_dir, overwrite=True, module_origins=loaded.module_origins)
+    return plan_of(loaded, recipe=recipe, overwrite=True)
 
 
 def _sources_plan(loaded: Any, a: str, shown: str) -> Plan:
     """A `sources:` recipe's plan: A is one of its sources (the others are read as the recipe says),
     or NAME=PATH to read PATH for the entry called NAME."""
     from ..core.errors import PlanError
-    from ..plan.build import build_plan
+    from ..plan.loaded import plan_of
     from ..plan.sources import override_source
     from ..storage.atomic import same_file
 
@@ -363,8 +363,7 @@ def _sources_plan(loaded: Any, a: str, shown: str) -> Plan:
             raise PlanError(f"{a} is none of the recipe's sources ({names}): give one of them, or NAME=PATH",
                             file=shown)
         recipe = override_source(recipe, a, shown)
-    return build_plan(recipe, loaded.base_dir, overwrite=True, module_origins=loaded.module_origins,
-                      source_origins=loaded.source_origins)
+    return plan_of(loaded, recipe=recipe, overwrite=True)
 
 
 def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options: dict[str, Any],

@@ -11,11 +11,15 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.limits import DEFAULT_LIMITS
 from .build import Plan, build_plan
 from .sources import SourceKeyError
+
+if TYPE_CHECKING:
+    from ..recipe.loader import LoadedRecipe
+    from ..recipe.model import Recipe
 
 
 def load(path: str, args: Any = None) -> Any:
@@ -91,17 +95,23 @@ def _target_in(recipe: Any, given: str, path: Any) -> Any:
     return target.model_copy(update={"path": path, "format": fmt, "shard": shard})
 
 
+def plan_of(loaded: LoadedRecipe, *, recipe: Recipe | None = None, **options: Any) -> Plan:
+    """`build_plan` of a loaded recipe file, given all the loader knows of it: its hash, and where its
+    modules, ops and sources are written (an error names its recipe line, whichever command planned
+    it). `recipe`: the file's recipe with a path replaced (`diff`'s A); `options`: `build_plan`'s."""
+    return build_plan(loaded.recipe if recipe is None else recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+                      module_origins=loaded.module_origins, op_origins=loaded.op_origins,
+                      source_origins=loaded.source_origins, **options)
+
+
 @contextmanager
 def open_plan(loaded: Any, args: Any, shown: str | None = None) -> Iterator[Plan]:
     """The recipe's plan, open for the block, read within the command line's `--limit` settings."""
     try:
-        plan = build_plan(loaded.recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
-                          hash_sources=getattr(args, "hash_sources", False),
-                          overwrite=True if getattr(args, "overwrite", False) else None,
-                          fsync=False if getattr(args, "no_fsync", False) else None,
-                          module_origins=loaded.module_origins, op_origins=loaded.op_origins,
-                          limits=getattr(args, "reader_limits", DEFAULT_LIMITS),
-                          source_origins=loaded.source_origins)
+        plan = plan_of(loaded, hash_sources=getattr(args, "hash_sources", False),
+                       overwrite=True if getattr(args, "overwrite", False) else None,
+                       fsync=False if getattr(args, "no_fsync", False) else None,
+                       limits=getattr(args, "reader_limits", DEFAULT_LIMITS))
     except SourceKeyError as e:  # about one recipe value: name its line
         from ..recipe.loader import locate
 
