@@ -58,12 +58,11 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
     return p
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
-        check_remaps: Callable[[list[str], argparse.ArgumentParser], None]) -> int:
-    """`check_remaps`: `cli.check_remap_options`, passed in because `cli` imports this module."""
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..files.sharded_writer import parse_size
+    from .options import check_remap_options
 
-    check_remaps(args.remap, parser)
+    check_remap_options(args.remap, parser)
     options = dict(remaps=args.remap, includes=args.include, excludes=args.exclude, adapters=args.adapter,
                    dtype=args.dtype, modules=args.modules, contiguous_indices=args.contiguous_indices)
     if args.recipe and any(v not in (None, []) for v in options.values()):
