@@ -301,11 +301,13 @@ def _write_plan_page(path: Path, p: Plan, doc: dict[str, Any] | None) -> None:
     """`plan --html`: written as a run's `--report` is (never over a file the plan reads or the
     target, never over an existing file without overwrite)."""
     from .atomic import write_file
-    from .execute import read_by
+    from .execute import read_by, source_modes
     from .html_report import plan_page
 
+    # as private as the files it describes, as a run's --report is
     write_file(path, plan_page(doc if doc is not None else plan_json(p)), overwrite=p.overwrite,
-               protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True)
+               protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True,
+               mode_from=source_modes(p))
 
 
 def _add_target_problems(p: Plan) -> None:
