@@ -75,3 +75,23 @@ def test_each_headings_number_jobs_in_input_order(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     headings = re.findall(r"^\[(\d)/3\] .*?(\w)\.safetensors", r.stdout, re.MULTILINE)
     assert sorted(headings) == [("1", "a"), ("2", "b"), ("3", "c")], r.stdout
+
+
+def test_piped_tables_fit_a_readable_width_and_json_keeps_names(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    long = ".".join(f"block_{i}_with_a_long_module_name" for i in range(12)) + ".weight"
+    save([from_numpy(long, np.zeros((2, 3), np.float32))], tmp_path / "m.safetensors")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("version: 1\nsource: {path: m.safetensors}\ntarget: {path: o.bpk}\n")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    r = migrate("plan", str(recipe))
+    assert r.returncode == 0, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= 160
+    # wrapped at dots in the source column, every character kept
+    assert "".join(line.split()[0] for line in r.stdout.splitlines() if line.startswith("block_")) == long
+    doc = json.loads(migrate("plan", str(recipe), "--json").stdout)
+    assert long in json.dumps(doc)
+    monkeypatch.setenv("COLUMNS", "500")
+    assert max(len(line) for line in migrate("plan", str(recipe)).stdout.splitlines()) > 160
