@@ -100,7 +100,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
     for flag, n in totals.get("flagged", {}).items():
         out.write(f"flagged {flag.replace('_', ' ')}: {count(n, 'tensor')}\n")
-    _print_shards(info)
+    _print_shards(info, limit)
     for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
         print(f"warning: {warning}", file=sys.stderr)
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
@@ -115,16 +115,20 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
                     [(p["key"] or "(root)", p["class"]) for p in placeholders], wrap_cols=(0, 1))
 
 
-def _print_shards(info: dict[str, Any]) -> None:
-    """A sharded source's per-shard summary: file, tensors, tensor bytes, file size."""
-    from ..core.display import human_bytes, print_table
+def _print_shards(info: dict[str, Any], limit: int | None = None) -> None:
+    """A sharded source's per-shard summary: file, tensors, tensor bytes, file size; the first
+    `limit` shards when --limit N is given (as for tensors)."""
+    from ..core.display import count, human_bytes, print_table
 
     shards = info.get("details", {}).get("shards")
     if not shards:
         return
     index = info["details"].get("index")
+    shown = shards if limit is None else shards[:limit]
     rows = [(os.path.basename(s["file"]), str(s["tensors"]), human_bytes(s["nbytes"]), human_bytes(s["file_size"]))
-            for s in shards]
+            for s in shown]
     sys.stdout.write("\n")
-    print_table(f"{len(shards)} shards" + (f" (index {index})" if index else ""),
+    print_table(count(len(shards), "shard") + (f" (index {index})" if index else ""),
                 ("shard", "tensors", "size", "file size"), rows, right=(1, 2, 3))
+    if len(shown) < len(shards):
+        sys.stdout.write(f"... and {count(len(shards) - len(shown), 'more shard')} (use --limit or --json)\n")
