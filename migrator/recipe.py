@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 from . import adapter_names
 from .recipe_ops import OpSpec
 
-FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
+FormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf"]
 if TYPE_CHECKING:
     AdapterName = str
 else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices

@@ -37,6 +37,10 @@ def reader_class(fmt: str) -> type[Reader]:
         from .pytorch import PytorchReader
 
         return PytorchReader
+    if fmt == "gguf":
+        from .gguf import GGUFReader
+
+        return GGUFReader
     raise UnknownFormatError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
 
 
