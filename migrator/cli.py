@@ -90,6 +90,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                       help="declare the module type of matching module paths, as a recipe's modules: "
                            "(repeatable; e.g. Linear='^fc\\d+$')")
     conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
+    conv.add_argument("--quantize", metavar="TYPE",
+                      help="GGUF target: write 2-D float tensors as TYPE (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, "
+                      "F32); 1-D tensors and norms stay F32 (a recipe's target.quantize picks per tensor)")
     conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
                       help="renumber index segments 0,1,2,... (default: on for PyTorch sources, as in recipes "
                            "and Burn; the no- form keeps the names)")
@@ -375,8 +378,9 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     tensors = info["tensors"]
     with_ids = any("param_id" in t for t in tensors)
     sharded = any("file" in t for t in tensors)
-    header = (["name", "dtype", "shape", "size", "offset"] + (["param_id"] if with_ids else [])
-              + (["shard"] if sharded else []))
+    ggml = any("ggml_type" in t for t in tensors)  # GGUF: the stored type beside the dtype read
+    header = (["name", "dtype"] + (["ggml type"] if ggml else []) + ["shape", "size", "offset"]
+              + (["param_id"] if with_ids else []) + (["shard"] if sharded else []))
     with_stats = bool(tensors) and "stats" in tensors[0]
     if with_stats:
         from .stats import STATS_HEADER, stats_cells
@@ -388,7 +392,8 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     for t in shown:
         nbytes = t["nbytes"]
         size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
-        row = [t["name"], t["dtype"], str(t["shape"]), size, "-" if t["offset"] is None else str(t["offset"])]
+        row = [t["name"], t["dtype"], *([t.get("ggml_type", "")] if ggml else []), str(t["shape"]), size,
+               "-" if t["offset"] is None else str(t["offset"])]
         if with_ids:
             row.append(str(t.get("param_id", "")))
         if sharded:
@@ -398,6 +403,8 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
         rows.append(row)
     title = f"{info['path']} ({info['format']}, {human_bytes(info['file_size'])})"
     right: tuple[int, ...] = (3, 4, 5) if with_ids else (3, 4)
+    if ggml:
+        right = tuple(i + 1 for i in right)
     if with_stats:  # the numeric stats columns, not the flags
         right += tuple(range(len(header) - len(STATS_HEADER), len(header) - 1))
     print_table(title, header, rows, right=right)
@@ -531,6 +538,12 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    if args.quantize:
+        from .formats.detect import from_extension
+
+        if (args.target_format if args.target_format != "auto" else from_extension(args.dst)) != "gguf":
+            parser.error("--quantize applies to GGUF targets (DST ending in .gguf, or --to gguf)")
+        options.update(quantize=args.quantize)
     recipe_text = None
     try:
         if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there

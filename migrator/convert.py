@@ -68,6 +68,7 @@ def build_recipe(
     clear_metadata: bool = False,
     max_shard_size: str | int | None = None,
     copy: Sequence[str] = (),
+    quantize: str | None = None,
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
 
@@ -95,6 +96,8 @@ def build_recipe(
         data["target"]["shard"] = {"max_size": max_shard_size}
     if copy:
         data["target"]["copy"] = list(copy)
+    if quantize:  # a GGUF target: every tensor the rule may take
+        data["target"]["quantize"] = {".*": quantize}
     if includes or excludes:
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
@@ -181,7 +184,7 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
         return f"--{second} '{data['filter'][second][n]['regex']}'"
     names: dict[str, str | dict[str, str]] = {
         "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
-        "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
+        "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize"}}
     found = names.get(first, first)
     return found.get(second or "", first) if isinstance(found, dict) else found
 
@@ -305,6 +308,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                                        copy_from=getattr(reader, "folder", None) or src_path.parent)
             else:
                 writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
+                notes += getattr(writer, "notes", [])  # e.g. a GGUF file without general.architecture
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
         source = reader.source

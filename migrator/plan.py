@@ -219,10 +219,20 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=getattr(reader, "folder", None) or src_path.parent)
             else:
-                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
+                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars,
+                                                    **_writer_options(recipe, out_fmt))
+                notes += getattr(plan.writer, "notes", [])  # e.g. a GGUF tensor written F16, not quantized
         except MigratorError as e:
             fatal.append(str(e))
     return plan
+
+
+def _writer_options(recipe: Recipe, out_fmt: str) -> dict[str, Any]:
+    """Options only one format's writer takes: a GGUF target's per-tensor quantization rules."""
+    rules = recipe.target.quantize
+    if rules and out_fmt != "gguf":
+        raise PlanError(f"target.quantize applies to GGUF targets; this target is {out_fmt}")
+    return {"quantize": rules} if out_fmt == "gguf" else {}
 
 
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],

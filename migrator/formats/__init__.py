@@ -57,6 +57,10 @@ def writer_class(fmt: str) -> type[Writer]:
         from .pytorch_writer import PytorchWriter
 
         return PytorchWriter
+    if fmt == "gguf":
+        from .gguf.writer import GGUFWriter
+
+        return GGUFWriter
     raise UnknownFormatError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
 
 
