@@ -93,7 +93,7 @@ def test_gguf_to_gguf_keeps_typed_metadata(tmp_path: Path) -> None:
                          "tokenizer.ggml.scores": [0.0, -1.5, 2.25, 3.0],
                          "tokenizer.ggml.add_bos_token": True,
                          "tokenizer.ggml.token_type": [1, 3, 1, 1],
-                         "custom.i64": (-5, gguf.GGUFValueType.INT64)})
+                         "custom.i64": (-5, gguf.GGUFValueType.INT64), "custom.nested": [[1, 2], [3]]})
     out = tmp_path / "out.gguf"
     convert(src, out)
     a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))

@@ -321,10 +321,11 @@ def _tensor_info(cur: _Cursor, label: str) -> TensorInfo:
     if gtype.name in INTERNAL_TYPES:
         raise UnsupportedDTypeError(f"ggml type {gtype.name} is ggml's internal dot-product type, not read from "
                                     "files", file=label, tensor=name)
-    numel = 1
-    for d in dims:
-        numel *= d
-        if d > _I64_MAX or numel > _I64_MAX:
+    numel = reach = 1
+    for d in dims:  # an empty tensor's other dims too: numpy (and gguf-py) refuse a shape whose bytes,
+        numel *= d  # zeros aside, pass 64 bits
+        reach *= max(d, 1)
+        if reach > _I64_MAX // 8:
             raise FormatError(f"dims {list(dims)} overflow 64-bit element counts", file=label, tensor=name)
     if dims and dims[0] % gtype.block_size:
         raise FormatError(f"row of {dims[0]} elements is not a multiple of {gtype.name}'s block of "

@@ -335,7 +335,7 @@ def dequantize(raw: bytes | bytearray | memoryview | np.ndarray, gtype: GGMLType
     if out is None:
         out = np.empty(n * gtype.block_size, dtype=F32)
     rows = out.reshape(n, gtype.block_size)
-    with np.errstate(over="ignore"):  # huge scales times values: inf, as in ggml
+    with np.errstate(over="ignore", invalid="ignore"):  # inf or NaN scales give inf/NaN values, as in ggml
         for i in range(0, n, SLAB_BLOCKS):
             rows[i:i + SLAB_BLOCKS] = fn(blocks[i:i + SLAB_BLOCKS])
     return out

@@ -102,7 +102,7 @@ def _encode_value(v: Value) -> bytes:
     if v.item_type is ValueType.STRING:
         return head + b"".join(map(_encode_string, v.data))
     if v.item_type is ValueType.ARRAY:
-        return head + b"".join(struct.pack("<I", ValueType.ARRAY) + _encode_value(item) for item in v.data)
+        return head + b"".join(map(_encode_value, v.data))  # each item: its item type, count, values
     import numpy as np
 
     return head + np.asarray(v.data).astype(SCALAR_FORMATS[v.item_type][1]).tobytes()
