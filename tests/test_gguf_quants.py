@@ -15,6 +15,19 @@ from migrator.formats.gguf.constants import BY_NAME
 gguf = pytest.importorskip("gguf")
 GQ = gguf.GGMLQuantizationType
 
+
+@pytest.fixture(params=["numpy", "compiled"])
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test twice: with the compiled loops of migrator/_kernels.c (where a type has one) and
+    with numpy alone."""
+    from migrator import native
+
+    if request.param == "numpy":
+        monkeypatch.setattr(native, "kernels", None)
+    elif quants._kernels() is None:
+        pytest.skip("the compiled kernels are not built (or MIGRATOR_NO_KERNELS is set)")
+    return str(request.param)
+
 # byte offsets of each type's f16 scale fields inside a block
 F16_FIELDS: dict[str, tuple[int, ...]] = {
     "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
@@ -50,12 +63,26 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 @pytest.mark.parametrize("name", READ_TYPES)
-def test_dequantize_bit_equal_to_gguf_py(name: str) -> None:
+def test_dequantize_bit_equal_to_gguf_py(name: str, loops: str) -> None:
     t = BY_NAME[name]
     blocks = random_blocks(name, 3000)  # more than one slab
     ours = quants.dequantize(blocks.tobytes(), t)
     ref = gguf.quants.dequantize(blocks, GQ[name]).reshape(-1)
     assert same_bits(ours, ref)
+
+
+def test_compiled_loops_cover_the_common_types() -> None:
+    """The types of most files people run have compiled loops (the rest use numpy)."""
+    k = quants._kernels()
+    if k is None:
+        pytest.skip("the compiled kernels are not built")
+    one = {"Q8_0": 34, "Q4_0": 18, "Q4_K": 144, "Q6_K": 210}
+    for name, size in one.items():
+        out = np.empty(BY_NAME[name].block_size, np.float32)
+        assert k.gguf_blocks(f"dequantize {name}", bytes(size), out) is True, name
+    assert k.gguf_blocks("dequantize IQ2_XS", bytes(74), np.empty(256, np.float32)) is False
+    with pytest.raises(ValueError, match="do not match"):
+        k.gguf_blocks("dequantize Q8_0", bytes(33), np.empty(32, np.float32))
 
 
 def test_every_type_llama_cpp_writes_is_read() -> None:
@@ -80,7 +107,7 @@ def quantize_inputs(block: int, seed: int = 1) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("name", WRITE_TYPES)
-def test_quantize_bit_equal_to_gguf_py(name: str) -> None:
+def test_quantize_bit_equal_to_gguf_py(name: str, loops: str) -> None:
     t = BY_NAME[name]
     for label, x in quantize_inputs(t.block_size).items():
         ours = quants.quantize(x, t)
@@ -88,7 +115,7 @@ def test_quantize_bit_equal_to_gguf_py(name: str) -> None:
         assert ours.tobytes() == ref.tobytes(), f"{name} {label}"
 
 
-def test_quantize_more_than_one_slab() -> None:
+def test_quantize_more_than_one_slab(loops: str) -> None:
     x = np.random.default_rng(3).standard_normal(32 * (quants.SLAB_BLOCKS * 2 + 5)).astype(np.float32)
     for name in WRITE_TYPES:
         assert quants.quantize(x, BY_NAME[name]).tobytes() == gguf.quants.quantize(x, GQ[name]).tobytes(), name

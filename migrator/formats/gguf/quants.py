@@ -16,6 +16,7 @@ import base64
 import zlib
 from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -326,14 +327,25 @@ DEQUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def _kernels() -> Any:
+    """The compiled loops (migrator._kernels) when built with `gguf_blocks`, else None (numpy only)."""
+    from ...native import kernels
+
+    return kernels if kernels is not None and hasattr(kernels, "gguf_blocks") else None
+
+
 def dequantize(raw: bytes | bytearray | memoryview | np.ndarray, gtype: GGMLType,
                out: np.ndarray | None = None) -> np.ndarray:
-    """Blocks of `gtype` (whole blocks, as bytes) -> a flat float32 array, a slab at a time."""
+    """Blocks of `gtype` (whole blocks, as bytes) -> a flat float32 array, a slab at a time
+    (or in one call of a compiled loop, for the types `_kernels.c` has: the same bits)."""
     fn = DEQUANTIZERS[gtype.name]
     blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, gtype.type_size)
     n = len(blocks)
     if out is None:
         out = np.empty(n * gtype.block_size, dtype=F32)
+    k = _kernels()
+    if k is not None and k.gguf_blocks(f"dequantize {gtype.name}", blocks, out):
+        return out
     rows = out.reshape(n, gtype.block_size)
     with np.errstate(over="ignore", invalid="ignore"):  # inf or NaN scales give inf/NaN values, as in ggml
         for i in range(0, n, SLAB_BLOCKS):
@@ -419,6 +431,9 @@ def quantize(values: np.ndarray, gtype: GGMLType, out: np.ndarray | None = None)
     n = len(x)
     if out is None:
         out = np.empty(n * gtype.type_size, dtype=np.uint8)
+    k = _kernels()
+    if k is not None and k.gguf_blocks(f"quantize {gtype.name}", x, out):
+        return out
     rows = out.reshape(n, gtype.type_size)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs: ggml's casts are undefined too
         for i in range(0, n, SLAB_BLOCKS):
