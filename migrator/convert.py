@@ -115,6 +115,7 @@ def build_recipe(
         declared[type_name].append(pattern)
     if declared:
         data["modules"] = declared
+    _hf_to_gguf(data, src, dst, target_format_name)
     from pydantic import ValidationError
 
     from .recipe import Recipe
@@ -123,6 +124,46 @@ def build_recipe(
         return Recipe.model_validate(data)
     except ValidationError:
         raise _usage_error(data, module_options) from None
+
+
+def _llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], target_format_name: str
+                  ) -> dict[str, Any] | None:
+    """The config.json of a Hugging Face Llama-family folder being converted to GGUF, else None."""
+    import json
+
+    from .formats.detect import from_extension
+
+    folder = Path(src)
+    if ((target_format_name if target_format_name != "auto" else from_extension(dst)) != "gguf"
+            or not (folder / "config.json").is_file()):
+        return None
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConvertUsageError(f"{folder / 'config.json'}: not readable JSON ({e})") from None
+    from .formats.gguf.llama import architecture
+
+    return config if isinstance(config, dict) and architecture(config) is not None else None
+
+
+def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                target_format_name: str) -> None:
+    """A Hugging Face Llama-family folder converted to GGUF: the recipe its config.json calls for
+    (llama.cpp's names, q/k permute, architecture key/values, tokenizer.model), merged into `data`."""
+    config = _llama_config(src, dst, target_format_name)
+    if config is None:
+        return
+    from .formats.gguf.llama import hf_to_gguf
+
+    folder = Path(src)
+    extra = hf_to_gguf(config)
+    data["remap"] = extra["remap"] + data["remap"]
+    kept = data.setdefault("filter", {"exclude": []})
+    kept["exclude"] = extra["filter"]["exclude"] + kept["exclude"]
+    data["ops"] = extra["ops"]
+    data["target"]["metadata"] = {**extra["metadata"], **data["target"]["metadata"]}
+    if (folder / "tokenizer.model").is_file():
+        data["target"]["tokenizer"] = "tokenizer.model"
 
 
 _ADAPTER_FORMS = adapter_names.CLI_FORMS
@@ -235,7 +276,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
     `recipe_sha256`: the hash of the recipe this conversion is recorded as (`--emit-recipe -o`), put
     in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes.
     `limits` bounds what the source may make its reader allocate."""
-    if recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
+    if (recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items())
+            and _llama_config(src, dst, options.get("target_format_name", "auto")) is None):
         done = _plain_copy(src, dst, progress=progress, limits=limits, **options)
         if done is not None:
             return done

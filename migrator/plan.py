@@ -219,20 +219,30 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=getattr(reader, "folder", None) or src_path.parent)
             else:
-                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars,
-                                                    **_writer_options(recipe, out_fmt))
+                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], scalars=scalars,
+                                                    **_writer_options(recipe, out_fmt, meta, reader, src_path))
                 notes += getattr(plan.writer, "notes", [])  # e.g. a GGUF tensor written F16, not quantized
         except MigratorError as e:
             fatal.append(str(e))
     return plan
 
 
-def _writer_options(recipe: Recipe, out_fmt: str) -> dict[str, Any]:
-    """Options only one format's writer takes: a GGUF target's per-tensor quantization rules."""
-    rules = recipe.target.quantize
-    if rules and out_fmt != "gguf":
-        raise PlanError(f"target.quantize applies to GGUF targets; this target is {out_fmt}")
-    return {"quantize": rules} if out_fmt == "gguf" else {}
+def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: Reader,
+                    src_path: Path) -> dict[str, Any]:
+    """The writer's metadata, and options only one format's writer takes: a GGUF target's per-tensor
+    quantization rules, and its key/values with a tokenizer's (target.tokenizer, relative to the
+    source's folder)."""
+    target = recipe.target
+    if (target.quantize or target.tokenizer) and out_fmt != "gguf":
+        raise PlanError(f"target.quantize and target.tokenizer apply to GGUF targets; this target is {out_fmt}")
+    if out_fmt != "gguf":
+        return {"metadata": meta}
+    if target.tokenizer:
+        from .formats.gguf.tokenizer import tokenizer_metadata
+
+        folder = Path(getattr(reader, "folder", None) or src_path.parent)
+        meta = {**meta, **tokenizer_metadata(folder / target.tokenizer)}
+    return {"quantize": target.quantize, "metadata": meta}
 
 
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],

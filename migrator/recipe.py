@@ -436,6 +436,10 @@ class TargetSpec(_Strict):
         "found in a tensor's name deciding (e.g. {'.*': Q8_0}). As llama.cpp does, 1-D tensors and norms stay F32, a "
         "tensor whose rows are not whole blocks is written F16 (the plan notes it), non-float tensors keep their "
         "type; tensors no rule matches keep their dtype.")
+    tokenizer: str | None = Field(
+        None, description="GGUF targets: a SentencePiece model, relative to the source's folder (e.g. "
+        "tokenizer.model), written as the tokenizer.ggml.* key/values llama.cpp reads (special tokens and "
+        "add_bos/add_eos from config.json / tokenizer_config.json beside it).")
     shard: ShardSpec | None = Field(
         None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "
         "with '/'.")

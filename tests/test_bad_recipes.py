@@ -153,6 +153,7 @@ target:
       bool: true
   quantize:
     '\.weight$': Q8_0
+  tokenizer: tokenizer.model
   shard:
     max_size: 5GB
   copy:

@@ -115,3 +115,16 @@ def test_every_truncation_of_a_valid_file_is_a_clean_error(tmp_path: Path) -> No
         cut.write_bytes(valid[:n])
         err = outcome(cut, seconds=10)
         assert isinstance(err, FormatError), (n, err)
+
+
+@pytest.mark.parametrize("raw", [b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x0a\x80", b"\x0a\x05ab",
+                                 b"\x0f", b"", b"\x12\x02\xa0\x02"])
+def test_hostile_sentencepiece_models(tmp_path: Path, raw: bytes) -> None:
+    """Overlong varints, lengths past the end, unknown wire types, no pieces: a FormatError naming it."""
+    from migrator.formats.gguf.tokenizer import tokenizer_metadata
+
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(raw)
+    with pytest.raises(FormatError) as e:
+        tokenizer_metadata(path)
+    assert str(path) in str(e.value)

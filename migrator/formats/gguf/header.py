@@ -327,8 +327,9 @@ def _tensor_info(cur: _Cursor, label: str) -> TensorInfo:
         reach *= max(d, 1)
         if reach > _I64_MAX // 8:
             raise FormatError(f"dims {list(dims)} overflow 64-bit element counts", file=label, tensor=name)
-    if dims and dims[0] % gtype.block_size:
-        raise FormatError(f"row of {dims[0]} elements is not a multiple of {gtype.name}'s block of "
+    row = dims[0] if dims else 1  # a 0-d tensor is one element, as llama.cpp counts it
+    if row % gtype.block_size:
+        raise FormatError(f"row of {row} elements is not a multiple of {gtype.name}'s block of "
                           f"{gtype.block_size}", file=label, tensor=name)
     cur.charge(_VALUE_COST + len(name), name)
     return TensorInfo(name, dims, gtype, offset, gtype.nbytes(numel))

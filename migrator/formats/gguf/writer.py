@@ -181,6 +181,9 @@ class GGUFWriter(Writer):
         out["general.quantization_version"] = Value(ValueType.UINT32, QUANTIZATION_VERSION)
         if "general.architecture" not in meta:
             self.notes.append("general.architecture is not set: llama.cpp needs it (set it in target.metadata)")
+        elif "tokenizer.ggml.model" not in meta:
+            self.notes.append("no tokenizer.ggml.* key/values: llama.cpp needs a tokenizer to run the model "
+                              "(target.tokenizer: a SentencePiece tokenizer.model)")
         return out
 
     def _header(self) -> bytes:

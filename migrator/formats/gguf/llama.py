@@ -1,0 +1,80 @@
+"""Hugging Face Llama-family checkpoints as GGUF: the recipe pieces llama.cpp's converter applies.
+
+`hf_to_gguf(config)` gives, for a `config.json` of LlamaForCausalLM or MistralForCausalLM, the
+remaps (HF names -> llama.cpp's `blk.N.attn_q.weight` ...), the q/k rotary permute (GGUF keeps
+Meta's interleaved layout: `rope_permute` with `inverse: true`, k with the KV head count) and the
+architecture key/values (context and embedding length, block count, heads, KV heads, RoPE base and
+dimension, norm epsilon, vocab size) as recipe data. `migrate convert hf-folder/ out.gguf` merges
+them into its recipe; the tokenizer is `tokenizer.py`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama"}
+
+# HF name -> llama.cpp's (gguf-py's tensor_mapping for LLAMA), in remap syntax
+_REMAPS = (
+    (r"^model\.embed_tokens\.", "token_embd."),
+    (r"^model\.norm\.", "output_norm."),
+    (r"^lm_head\.", "output."),
+    (r"^model\.layers\.(\d+)\.self_attn\.q_proj\.", "blk.$1.attn_q."),
+    (r"^model\.layers\.(\d+)\.self_attn\.k_proj\.", "blk.$1.attn_k."),
+    (r"^model\.layers\.(\d+)\.self_attn\.v_proj\.", "blk.$1.attn_v."),
+    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", "blk.$1.attn_output."),
+    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", "blk.$1.ffn_gate."),
+    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", "blk.$1.ffn_up."),
+    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", "blk.$1.ffn_down."),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.", "blk.$1.attn_norm."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", "blk.$1.ffn_norm."),
+)
+
+
+def architecture(config: dict[str, Any]) -> str | None:
+    """The llama.cpp architecture of a Hugging Face config, when this module can convert it."""
+    archs = config.get("architectures") or []
+    return next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+
+
+def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """Recipe data (remap, filter, ops, target.metadata) for a Llama-family config.json."""
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    hidden = int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    arch = architecture(config) or "llama"
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        from ...errors import PlanError
+
+        raise PlanError(f"RoPE scaling '{rope.get('rope_type', rope.get('type'))}' is not converted to GGUF yet "
+                        "(llama.cpp writes it as a rope_freqs tensor)")
+    theta = config.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    meta = {
+        "general.architecture": arch,
+        f"{arch}.context_length": config.get("max_position_embeddings", 2048),
+        f"{arch}.embedding_length": hidden,
+        f"{arch}.block_count": config["num_hidden_layers"],
+        f"{arch}.feed_forward_length": config["intermediate_size"],
+        f"{arch}.attention.head_count": heads,
+        f"{arch}.attention.head_count_kv": kv_heads,
+        f"{arch}.rope.freq_base": float(theta),
+        f"{arch}.rope.dimension_count": head_dim,
+        f"{arch}.attention.layer_norm_rms_epsilon": config.get("rms_norm_eps", 1e-6),
+        f"{arch}.vocab_size": config["vocab_size"],
+    }
+    if config.get("_name_or_path"):
+        meta["general.name"] = str(config["_name_or_path"]).rstrip("/").rsplit("/", 1)[-1]
+    return {
+        "remap": [{"from": a, "to": b} for a, b in _REMAPS],
+        "filter": {"exclude": [{"regex": r"\.rotary_emb\.inv_freq$"}]},
+        "ops": [{"rope_permute": {"from": r"blk\.\d+\.attn_q\.weight", "heads": heads, "inverse": True}},
+                {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}],
+        "metadata": {k: _text(v) for k, v in meta.items()},
+    }
+
+
+def _text(v: object) -> str:
+    """A config value as the text the GGUF writer types by key (floats with their full precision)."""
+    return repr(float(v)) if isinstance(v, float) else str(v)
