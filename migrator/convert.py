@@ -116,6 +116,7 @@ def build_recipe(
     if declared:
         data["modules"] = declared
     _hf_to_gguf(data, src, dst, target_format_name)
+    _gguf_to_hf(data, src, dst)
     from pydantic import ValidationError
 
     from .recipe import Recipe
@@ -164,6 +165,32 @@ def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os
     data["target"]["metadata"] = {**extra["metadata"], **data["target"]["metadata"]}
     if (folder / "tokenizer.model").is_file():
         data["target"]["tokenizer"] = "tokenizer.model"
+
+
+def _llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                max_shard_size: object) -> dict[str, str] | None:
+    """The key/values of a llama GGUF file being converted into a model folder (a sharded target), else None."""
+    sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
+    if not sharded or not os.fspath(src).endswith(".gguf") or not os.path.isfile(src):
+        return None
+    from .formats import open_file
+
+    with open_file(src, "gguf") as reader:
+        meta = dict(reader.metadata)
+    return meta if getattr(meta.get("general.architecture"), "data", None) == "llama" else None
+
+
+def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """A llama GGUF converted into a model folder: Hugging Face names and layout, and a config.json."""
+    meta = _llama_gguf(src, dst, data["target"].get("shard"))
+    if meta is None:
+        return
+    from .formats.gguf.llama import gguf_to_hf
+
+    extra = gguf_to_hf(meta)
+    data["remap"] = extra["remap"] + data["remap"]
+    data["ops"] = extra["ops"]
+    data["target"]["hf_config"] = True
 
 
 _ADAPTER_FORMS = adapter_names.CLI_FORMS
@@ -277,7 +304,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
     in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes.
     `limits` bounds what the source may make its reader allocate."""
     if (recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items())
-            and _llama_config(src, dst, options.get("target_format_name", "auto")) is None):
+            and _llama_config(src, dst, options.get("target_format_name", "auto")) is None
+            and _llama_gguf(src, dst, options.get("max_shard_size")) is None):
         done = _plain_copy(src, dst, progress=progress, limits=limits, **options)
         if done is not None:
             return done

@@ -217,14 +217,29 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                            copy_from=getattr(reader, "folder", None) or src_path.parent)
+                                            copy_from=getattr(reader, "folder", None) or src_path.parent,
+                                            made=_made_files(recipe, reader, [e.tensor.name for e in entries]))
             else:
+                if recipe.target.hf_config:
+                    raise PlanError("target.hf_config writes a config.json into a folder target (end the path with "
+                                    "'/')")
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries], scalars=scalars,
                                                     **_writer_options(recipe, out_fmt, meta, reader, src_path))
                 notes += getattr(plan.writer, "notes", [])  # e.g. a GGUF tensor written F16, not quantized
         except MigratorError as e:
             fatal.append(str(e))
     return plan
+
+
+def _made_files(recipe: Recipe, reader: Reader, names: list[str]) -> dict[str, bytes]:
+    """Companion files a sharded target is given from the plan: a config.json made from a GGUF's key/values."""
+    if not recipe.target.hf_config:
+        return {}
+    import json
+
+    from .formats.gguf.llama import hf_config
+
+    return {"config.json": (json.dumps(hf_config(reader.metadata, names), indent=2) + "\n").encode()}
 
 
 def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: Reader,

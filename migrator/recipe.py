@@ -440,6 +440,9 @@ class TargetSpec(_Strict):
         None, description="GGUF targets: a SentencePiece model, relative to the source's folder (e.g. "
         "tokenizer.model), written as the tokenizer.ggml.* key/values llama.cpp reads (special tokens and "
         "add_bos/add_eos from config.json / tokenizer_config.json beside it).")
+    hf_config: bool = Field(
+        False, description="A folder target from a llama GGUF source: write the config.json of a LlamaForCausalLM "
+        "made from its key/values (with the remaps and permute `migrate convert model.gguf out/` adds).")
     shard: ShardSpec | None = Field(
         None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "
         "with '/'.")

@@ -154,6 +154,7 @@ target:
   quantize:
     '\.weight$': Q8_0
   tokenizer: tokenizer.model
+  hf_config: false
   shard:
     max_size: 5GB
   copy:

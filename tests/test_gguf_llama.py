@@ -118,3 +118,38 @@ def test_bpe_folder_without_sentencepiece_warns(hf_folder: Path, tmp_path: Path)
     res = migrate_in_process("convert", str(folder), str(tmp_path / "w.gguf"))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "tokenizer" in res.stdout + res.stderr
+
+
+def test_llama_gguf_to_hf_folder(hf_folder: Path, tmp_path: Path) -> None:
+    """GGUF -> folder: from_pretrained of the folder (config.json made from the key/values) equals what
+    transformers reads from the same GGUF, and the original model."""
+    gguf_path = tmp_path / "m.gguf"
+    assert migrate_in_process("convert", str(hf_folder), str(gguf_path)).returncode == 0
+    res = migrate_in_process("convert", str(gguf_path), str(tmp_path / "back"), "--max-shard-size", "5GB")
+    assert res.returncode == 0, res.stdout + res.stderr
+    folder = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back")
+    from_gguf = transformers.LlamaForCausalLM.from_pretrained(tmp_path, gguf_file=gguf_path.name)
+    original = transformers.LlamaForCausalLM.from_pretrained(hf_folder)
+    a, b, c = folder.state_dict(), from_gguf.state_dict(), original.state_dict()
+    assert set(a) == set(b) == set(c)
+    assert [k for k in a if not (torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]))] == []
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                "max_position_embeddings", "rms_norm_eps", "vocab_size", "bos_token_id", "eos_token_id",
+                "tie_word_embeddings"):
+        assert getattr(folder.config, key) == getattr(original.config, key), key
+    assert folder.config.rope_parameters["rope_theta"] == 50000.0
+    tokens = torch.tensor([[1, 5, 17, 42, 7]])
+    assert torch.equal(folder(tokens).logits, original(tokens).logits)
+
+
+def test_hf_config_needs_a_folder_target(tmp_path: Path) -> None:
+    import migrator
+    from migrator.convert import build_recipe
+    from migrator.plan import build_plan
+
+    src = tmp_path / "a.gguf"
+    migrator.save({"w": np.ones((2, 32), np.float32)}, src, metadata={"general.architecture": "llama"})
+    recipe = build_recipe(src, tmp_path / "b.safetensors")
+    recipe = recipe.model_copy(update={"target": recipe.target.model_copy(update={"hf_config": True})})
+    with build_plan(recipe, tmp_path) as plan:
+        assert any("hf_config" in f for f in plan.fatal), plan.fatal

@@ -146,8 +146,10 @@ class ShardedWriter(Writer):
 
     def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
-                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None) -> None:
+                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
+                 made: Mapping[str, bytes] | None = None) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
+        self.made = dict(made or {})  # companion files made by the plan (a config.json): name -> bytes
         from . import writer_class
 
         if fmt not in PATTERNS:
@@ -170,7 +172,7 @@ class ShardedWriter(Writer):
             followers = tied_followers(self.tensors)  # stored once, counted once (as huggingface_hub counts)
             total = sum(t.nbytes for t in self.tensors if id(t) not in followers)
             self.index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        reserved = set(names) | ({index_name} if self.index is not None else set())
+        reserved = set(names) | ({index_name} if self.index is not None else set()) | set(self.made)
         self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
 
     def index_bytes(self) -> bytes:

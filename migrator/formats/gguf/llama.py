@@ -6,10 +6,16 @@ Meta's interleaved layout: `rope_permute` with `inverse: true`, k with the KV he
 architecture key/values (context and embedding length, block count, heads, KV heads, RoPE base and
 dimension, norm epsilon, vocab size) as recipe data. `migrate convert hf-folder/ out.gguf` merges
 them into its recipe; the tokenizer is `tokenizer.py`'s.
+
+The way back: `gguf_to_hf(metadata)` gives the inverse recipe data (HF names, the forward permute,
+`target.hf_config`), and `hf_config(metadata, names)` the config.json a sharded target is given, so
+`migrate convert model.gguf out/` writes a folder `from_pretrained` loads.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama"}
@@ -78,3 +84,78 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
 def _text(v: object) -> str:
     """A config value as the text the GGUF writer types by key (floats with their full precision)."""
     return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def _back(pattern: str, repl: str) -> tuple[str, str]:
+    """A forward remap (HF -> GGUF) turned around (GGUF -> HF)."""
+    source = re.escape(repl).replace(r"\$1", r"(\d+)")
+    target = pattern.lstrip("^").replace(r"(\d+)", "$1").replace("\\", "")
+    return "^" + source, target
+
+
+def _value(meta: Mapping[str, str], key: str, default: Any = None) -> Any:
+    v = meta.get(key)
+    if v is None:
+        return default
+    return getattr(v, "data", v)
+
+
+def gguf_to_hf(metadata: Mapping[str, str]) -> dict[str, Any]:
+    """Recipe data (remap, ops, target.hf_config) turning a llama GGUF back into Hugging Face names and layout."""
+    arch = _value(metadata, "general.architecture")
+    heads = int(_value(metadata, f"{arch}.attention.head_count"))
+    kv_heads = int(_value(metadata, f"{arch}.attention.head_count_kv", heads))
+    return {
+        "remap": [{"from": a, "to": b} for a, b in map(lambda r: _back(*r), _REMAPS)],
+        "ops": [{"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.q_proj\.weight", "heads": heads}},
+                {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}],
+        "hf_config": True,
+    }
+
+
+def hf_config(metadata: Mapping[str, str], names: Sequence[str]) -> dict[str, Any]:
+    """A LlamaForCausalLM config.json from a llama GGUF's key/values and the tensor names written."""
+    from ...errors import PlanError
+
+    arch = _value(metadata, "general.architecture")
+    if arch != "llama":
+        raise PlanError(f"target.hf_config: a config.json is made for llama GGUF sources, not '{arch}'")
+
+    def need(key: str) -> Any:
+        v = _value(metadata, f"{arch}.{key}")
+        if v is None:
+            raise PlanError(f"target.hf_config: the GGUF has no {arch}.{key}")
+        return v
+
+    heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
+    tokens = _value(metadata, "tokenizer.ggml.tokens")
+    vocab = _value(metadata, f"{arch}.vocab_size", len(tokens) if tokens is not None else None)
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")), "num_attention_heads": heads,
+        "num_key_value_heads": int(_value(metadata, f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(_value(metadata, f"{arch}.rope.dimension_count", hidden // heads)),
+        "max_position_embeddings": int(_value(metadata, f"{arch}.context_length", 2048)),
+        "rms_norm_eps": _decimal(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _decimal(_value(metadata, f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "lm_head.weight" not in names,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+    }
+    if vocab is not None:
+        config["vocab_size"] = int(vocab)
+    for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                    ("padding_token_id", "pad_token_id")):
+        v = _value(metadata, f"tokenizer.ggml.{key}")
+        if v is not None:
+            config[hf] = int(v)
+    return config
+
+
+def _decimal(v: Any) -> float:
+    """A FLOAT32 key/value as the shortest decimal that is that float32 (1e-05, not 9.999999747378752e-06):
+    the value the config.json it came from most likely held."""
+    import numpy as np
+
+    return float(str(np.float32(v)))
