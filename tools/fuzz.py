@@ -1103,11 +1103,11 @@ def differential_pickle(cases: int, seed: int, timeout: float) -> dict[str, Any]
 
 
 def _comparable(v: Any) -> Any:
-    """Floats as their float32 bits (NaN equals itself), lists item by item."""
+    """Floats as their bits (NaN equals itself), lists item by item."""
     if isinstance(v, list):
         return [_comparable(x) for x in v]
     if isinstance(v, float):
-        return np.float32(v).tobytes()
+        return struct.pack("<d", v)
     return v
 
 
