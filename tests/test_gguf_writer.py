@@ -103,8 +103,30 @@ def test_gguf_to_gguf_keeps_typed_metadata(tmp_path: Path) -> None:
         assert b.fields[key].types == field.types, key
         assert b.fields[key].contents() == field.contents(), key
     tensors, _ = read_back(out)
-    assert tensors["w"][0] == "F32"
-    assert tensors["w"][2] == gguf.quants.dequantize(gguf.quants.quantize(x, GQ.Q8_0), GQ.Q8_0).tobytes()
+    assert tensors["w"] == read_back(src)[0]["w"]  # the Q8_0 blocks, as stored
+
+
+def test_gguf_to_gguf_passes_quantized_blocks_through(tmp_path: Path) -> None:
+    """Unchanged (or only renamed) quantized tensors keep their blocks; a cast or a rule re-makes them."""
+    x = np.random.default_rng(4).standard_normal((4, 256)).astype(np.float32)
+    blocks = np.random.default_rng(5).integers(0, 256, (4, 144), dtype=np.uint8)
+    blocks[:, :4] = np.float16([[0.5, 0.1]] * 4).view(np.uint8)
+    src = write_gguf(tmp_path / "src.gguf", {"a": (x, "Q4_0"), "k": (blocks, "Q4_K")})
+    theirs = read_back(src)[0]
+    out = tmp_path / "renamed.gguf"
+    result = convert(src, out, remaps=["^a$=b"])
+    ours = read_back(out)[0]
+    assert ours["b"] == theirs["a"] and ours["k"] == theirs["k"]
+    assert any("stored ggml types" in n for n in result.notes)
+    out = tmp_path / "f16.gguf"
+    convert(src, out, dtype="F16")
+    ours = read_back(out)[0]
+    ref = gguf.quants.dequantize(blocks, GQ.Q4_K).astype(np.float16)
+    assert ours["k"][0] == "F16" and ours["k"][2] == ref.tobytes()
+    out = tmp_path / "q8.gguf"
+    convert(src, out, quantize="Q8_0")
+    ours = read_back(out)[0]
+    assert ours["k"][2] == gguf.quants.quantize(gguf.quants.dequantize(blocks, GQ.Q4_K), GQ.Q8_0).tobytes()
 
 
 def test_alignment_from_metadata(tmp_path: Path) -> None:

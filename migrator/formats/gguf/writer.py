@@ -4,7 +4,9 @@ Every tensor info (name, dims, ggml type, offset) follows from the tensor's shap
 type, so the header is complete before any tensor is read; the data is then streamed a tensor at
 a time (quantized a few MiB at a time), so peak memory does not grow with the number of tensors.
 
-Output types: without `quantize` rules each tensor keeps its dtype (F32, F16, BF16, F64, I8..I64).
+Output types: without `quantize` rules each tensor keeps its dtype (F32, F16, BF16, F64, I8..I64),
+and a quantized tensor read from a GGUF file and not changed since (renames aside) keeps its stored
+ggml type: its blocks are copied as they are.
 `quantize` is a list of (regex, type) rules, the first whose regex is found in a tensor's name
 choosing its type (F32, F16, BF16 or a quantized type in `quants.QUANTIZERS`), with llama.cpp's
 conventions: 1-D tensors and norms matched by a rule are written F32, and a tensor whose rows are not a whole number of
@@ -27,7 +29,7 @@ from ... import dtypes
 from ...errors import PlanError, UnsupportedDTypeError
 from ...scalars import Scalar
 from ...streaming import write_all, write_computed, write_tensor, write_zeros
-from ...tensor import LazyTensor
+from ...tensor import LazyTensor, stored
 from ..base import Writer
 from .constants import (
     ALIGNMENT_KEY,
@@ -42,7 +44,7 @@ from .constants import (
 )
 from .header import Value
 from .quants import QUANTIZERS
-from .reader import GGML_OF
+from .reader import GGML_OF, Dequantized
 
 VERSION = 3
 WRITABLE_TYPES = ("F32", "F16", "BF16", *sorted(QUANTIZERS))
@@ -128,9 +130,13 @@ class GGUFWriter(Writer):
         rules = list(quantize.items() if isinstance(quantize, Mapping) else quantize or ())
         self.rules = [(_compile(pattern), _check_type(name)) for pattern, name in rules]
         self.notes: list[str] = []
+        self.passed_through = 0
         meta = {k: typed(k, v) for k, v in self.metadata.items()}
         self.alignment = _alignment(meta)
         self.types = [self._output_type(t) for t in self.tensors]
+        if self.passed_through:
+            self.notes.append(f"{self.passed_through} quantized tensors of the GGUF source written in their stored "
+                              "ggml types, block for block (a quantize rule re-quantizes them from F32)")
         seen: set[str] = set()
         for t in self.tensors:
             if t.name in seen:
@@ -158,6 +164,10 @@ class GGUFWriter(Writer):
         if len(t.shape) > 4:
             raise PlanError(f"has {len(t.shape)} dimensions; GGUF tensors have at most 4", tensor=t.name)
         chosen = next((name for regex, name in self.rules if regex.search(t.name)), None)
+        stored = t.loader.gtype if isinstance(t.loader, Dequantized) else None
+        if stored is not None and chosen is None:  # a GGUF source's quantized tensor, unchanged: its blocks as stored
+            self.passed_through += 1
+            return stored
         if chosen is None or not t.dtype.is_float or chosen == own:
             return BY_NAME[own]
         gtype = BY_NAME[chosen]
@@ -212,14 +222,17 @@ class GGUFWriter(Writer):
         write_all(sink, memoryview(self.header))
         for t, g, size in zip(self.tensors, self.types, self.sizes, strict=True):
             produced = self._produce(t, g, size)
-            if produced is t:
-                write_tensor(sink, t)
+            if produced is t or produced.span is not None:  # bytes as they lie in a file: copied, not computed
+                write_tensor(sink, produced)
             else:
                 write_computed(sink, produced)
             write_zeros(sink, -size % self.alignment)
 
     def _produce(self, t: LazyTensor, g: GGMLType, size: int) -> LazyTensor:
         """`t` itself when its bytes are written as they are, else a tensor computing the output bytes."""
+        loader = t.loader
+        if isinstance(loader, Dequantized) and loader.gtype is g:  # the source's blocks, verbatim
+            return stored(t.name, dtypes.U8, (size,), loader.source, loader.offset, loader.length)
         if not g.quantized:
             from ...casts import cast
 
