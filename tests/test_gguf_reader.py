@@ -117,3 +117,52 @@ def test_dtype_cast_of_quantized_source(tmp_path: Path) -> None:
     with migrator.open_file(out) as r:
         assert r["q"].dtype.name == "F16"
         assert np.array_equal(r["q"].numpy(), ref.astype(np.float16))
+
+
+def split_gguf(folder: Path) -> tuple[list[Path], dict[str, np.ndarray]]:
+    """A model gguf-py writes as 3 split files (2 tensors each at most), some tensors Q8_0."""
+    folder.mkdir()
+    w = gguf.GGUFWriter(str(folder / "m.gguf"), "llama", split_max_tensors=2)
+    w.add_name("split")
+    w.add_block_count(1)
+    rng = np.random.default_rng(7)
+    values = {}
+    for i in range(5):
+        x = rng.standard_normal((2, 64)).astype(np.float32)
+        q = i % 2 == 1
+        w.add_tensor(f"t{i}", gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0) if q else x,
+                     raw_dtype=gguf.GGMLQuantizationType.Q8_0 if q else None)
+        values[f"t{i}"] = x
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sorted(folder.glob("*.gguf")), values
+
+
+def test_split_gguf_is_one_source(tmp_path: Path) -> None:
+    files, _ = split_gguf(tmp_path / "split")
+    assert [f.name for f in files] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    ref: dict[str, tuple[str, np.ndarray]] = {}
+    for f in files:
+        ref.update(gguf_reference(f))
+    for given in (files[1], tmp_path / "split"):  # any one file of the set, or the folder
+        with migrator.open_file(given) as r:
+            assert r.format == "gguf" and r.names() == list(ref)
+            for t in r.tensors:
+                assert r.ggml_type(t) == ref[t.name][0]
+                assert same_bits(t.numpy(), ref[t.name][1].astype(np.float32)), t.name
+            assert r.metadata["general.name"] == "split" and not any(k.startswith("split.") for k in r.metadata)
+    out = tmp_path / "one.gguf"
+    convert(files[0], out)
+    single = gguf.GGUFReader(str(out))
+    assert [t.name for t in single.tensors] == list(ref) and "split.count" not in single.fields
+    assert single.fields["general.name"].contents() == "split"
+    assert [t.tensor_type.name for t in single.tensors] == ["F32", "F32", "F32", "F32", "F32"]
+
+
+def test_split_gguf_with_a_file_missing(tmp_path: Path) -> None:
+    files, _ = split_gguf(tmp_path / "split")
+    files[2].unlink()
+    with pytest.raises(migrator.errors.FormatError, match=r"lacks m-00003-of-00003\.gguf"):
+        migrator.open_file(files[0])
