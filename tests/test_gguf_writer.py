@@ -190,3 +190,13 @@ def test_cli_convert_inspect_diff(tmp_path: Path) -> None:
     assert res.returncode == 2 and "GGUF" in res.stderr + res.stdout
     res = migrate_in_process("convert", str(src), str(tmp_path / "y.gguf"), "--quantize", "Q9_9")
     assert res.returncode == 2 and "--quantize" in res.stderr + res.stdout
+
+
+def test_notes_name_types_and_long_names() -> None:
+    t = [from_numpy("blk.0.w", np.ones((2, 32), np.float32)), from_numpy("n" * 64, np.ones((2, 32), np.float32)),
+         from_numpy("norm.weight", np.ones(32, np.float32))]
+    w = GGUFWriter(t, quantize={".*": "Q8_0"}, metadata={"general.architecture": "llama"})
+    assert "GGUF types written: 2 x Q8_0, 1 x F32" in w.notes
+    assert any("longer than 63 bytes" in n for n in w.notes)
+    with pytest.raises(PlanError, match="surrogate"):
+        GGUFWriter([from_numpy("bad\ud800", np.ones(2, np.float32))])

@@ -47,6 +47,7 @@ from .quants import QUANTIZERS
 from .reader import GGML_OF, Dequantized
 
 VERSION = 3
+MAX_NAME_BYTES = 63  # llama.cpp's GGML_MAX_NAME (64) with its terminating NUL
 WRITABLE_TYPES = ("F32", "F16", "BF16", *sorted(QUANTIZERS))
 PIECE_BLOCKS = 1 << 16  # blocks quantized per streamed piece (2 MiB of Q8_0 input per 32-element block)
 
@@ -89,7 +90,10 @@ def typed(key: str, value: str) -> Value:
 
 
 def _encode_string(s: str) -> bytes:
-    raw = s.encode("utf-8", "surrogateescape")
+    try:
+        raw = s.encode("utf-8", "surrogateescape")  # a GGUF source's undecodable bytes, back as they were
+    except UnicodeEncodeError:
+        raise PlanError(f"{s!a} cannot be written as UTF-8 (it holds a lone surrogate)") from None
     return struct.pack("<Q", len(raw)) + raw
 
 
@@ -134,6 +138,13 @@ class GGUFWriter(Writer):
         meta = {k: typed(k, v) for k, v in self.metadata.items()}
         self.alignment = _alignment(meta)
         self.types = [self._output_type(t) for t in self.tensors]
+        if self.rules:
+            counts = Counter(g.name for g in self.types)
+            self.notes.append("GGUF types written: " + ", ".join(f"{n} x {k}" for k, n in counts.most_common()))
+        long = [t.name for t in self.tensors if len(t.name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES]
+        if long:
+            self.notes.append(f"{len(long)} tensor names are longer than {MAX_NAME_BYTES} bytes, which llama.cpp "
+                              f"refuses (e.g. {long[0]!a}): rename them (remap) for llama.cpp")
         if self.passed_through:
             self.notes.append(f"{self.passed_through} quantized tensors of the GGUF source written in their stored "
                               "ggml types, block for block (a quantize rule re-quantizes them from F32)")
