@@ -128,3 +128,18 @@ def test_hostile_sentencepiece_models(tmp_path: Path, raw: bytes) -> None:
     with pytest.raises(FormatError) as e:
         tokenizer_metadata(path)
     assert str(path) in str(e.value)
+
+
+def test_limits_move_for_gguf(tmp_path: Path) -> None:
+    """max_tensors and max_header_bytes given to open_file move the GGUF reader's bounds too."""
+    import migrator
+    from migrator.limits import Limits
+
+    x = np.ones((2, 32), np.float32)
+    path = write_gguf(tmp_path / "three.gguf", {"a": (x, "F32"), "b": (x, "Q8_0"), "c": (x, "F32")})
+    with pytest.raises(LimitExceededError, match="max_tensors"):
+        migrator.open_file(path, limits=Limits(max_tensors=2))
+    with pytest.raises(LimitExceededError, match="max_header_bytes"):
+        migrator.open_file(path, limits=DEFAULT_LIMITS.replace(max_header_bytes=64))
+    with migrator.open_file(path) as r:
+        assert len(r) == 3
