@@ -852,12 +852,15 @@ static void q8_0_quantize(const byte *src, byte *dst, Py_ssize_t nblocks)
         memcpy(&dbits, &d, 4);
         byte *out = dst + b * 34;
         st16(out, 0, f32_to_f16_bits(dbits));
-        for (int j = 0; j < 32; j++) { /* roundf (half away from zero, as ggml) without a libm call: */
-            float v = x[j] * id;        /* |v| <= 127, so truncating to int and taking the exact */
-            int q = v == v ? (int)v : 0; /* remainder decides (NaN, from NaN or inf input: 0) */
-            float r = v - (float)q;
-            q += (r >= 0.5f) - (r <= -0.5f);
-            out[2 + j] = (byte)(int8_t)q;
+        for (int j = 0; j < 32; j++) {
+            float v = x[j] * id;
+            int32_t q = INT32_MIN; /* NaN, or 1/d overflowed (a block of values below ~4e-36): numpy's cast */
+            if (fabsf(v) < 2147483648.0f) { /* (x86's cvttss2si) gives INT32_MIN, whose low byte is 0 */
+                q = (int32_t)v; /* roundf (half away from zero, as ggml) without a libm call: truncate, */
+                float r = v - (float)q; /* then the exact remainder decides */
+                q += (r >= 0.5f) - (r <= -0.5f);
+            }
+            out[2 + j] = (byte)(uint32_t)q; /* the low byte, as numpy's float -> int8 cast keeps it */
         }
     }
 }
