@@ -153,3 +153,22 @@ def test_hf_config_needs_a_folder_target(tmp_path: Path) -> None:
     recipe = recipe.model_copy(update={"target": recipe.target.model_copy(update={"hf_config": True})})
     with build_plan(recipe, tmp_path) as plan:
         assert any("hf_config" in f for f in plan.fatal), plan.fatal
+
+
+def test_head_dim_other_than_hidden_over_heads(tmp_path: Path) -> None:
+    """head_dim 32 with hidden 64 and 4 heads: the key/value lengths are written and transformers reads
+    the model back equal."""
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                   max_position_embeddings=64)
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    res = migrate_in_process("convert", str(tmp_path / "hf"), str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    fields = gguf.GGUFReader(str(out)).fields
+    assert fields["llama.attention.key_length"].contents() == fields["llama.attention.value_length"].contents() == 32
+    original = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf")
+    back = transformers.LlamaForCausalLM.from_pretrained(tmp_path, gguf_file=out.name)
+    a, b = original.state_dict(), back.state_dict()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []

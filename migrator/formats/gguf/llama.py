@@ -70,6 +70,8 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
         f"{arch}.attention.layer_norm_rms_epsilon": config.get("rms_norm_eps", 1e-6),
         f"{arch}.vocab_size": config["vocab_size"],
     }
+    if head_dim != hidden // heads:  # llama.cpp then reads the head size from these, not hidden / heads
+        meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = head_dim
     if config.get("_name_or_path"):
         meta["general.name"] = str(config["_name_or_path"]).rstrip("/").rsplit("/", 1)[-1]
     return {
