@@ -175,6 +175,8 @@ def test_cli_convert_inspect_diff(tmp_path: Path) -> None:
     assert [(t["name"], t["ggml_type"], t["dtype"]) for t in info["tensors"]] == [("w", "Q4_0", "F32"),
                                                                                 ("b", "F32", "F32")]
     assert info["metadata"]["tokenizer.ggml.tokens"].startswith("[50 x STRING:")
+    assert info["details"]["metadata_types"]["tokenizer.ggml.tokens"] == "ARRAY[STRING] x 50"
+    assert info["details"]["metadata_types"]["general.architecture"] == "STRING"
     res = migrate_in_process("inspect", str(src))
     assert res.returncode == 0 and "Q4_0" in res.stdout and "ggml type" in res.stdout
     bpk = tmp_path / "s.bpk"

@@ -108,4 +108,7 @@ class GGUFReader(Reader):
         counts: dict[str, int] = {}
         for info in h.tensors:
             counts[info.gtype.name] = counts.get(info.gtype.name, 0) + 1
-        return {"version": h.version, "alignment": h.alignment, "data_start": h.data_start, "ggml_types": counts}
+        types = {k: v.type.name + (f"[{v.item_type.name}] x {len(v.data)}" if v.item_type is not None else "")
+                 for k, v in h.metadata.items()}  # the metadata's own text does not say UINT32 from INT64
+        return {"version": h.version, "alignment": h.alignment, "data_start": h.data_start, "ggml_types": counts,
+                "metadata_types": types}
