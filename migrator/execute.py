@@ -69,7 +69,8 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     if getattr(plan.writer, "sharded", False):
         from .remote import check_folder_target
 
-        check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs)
+        check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
+                            names=plan.writer.names())  # type: ignore[union-attr]
     elif plan.writer is not None:
         check_target(as_path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
                      protect=read_by(plan), outputs=outputs)
@@ -81,7 +82,8 @@ def plan_target_problems(plan: Plan) -> list[str]:
         from .remote import check_folder_target
 
         try:
-            check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan))
+            check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
+                                names=plan.writer.names())  # type: ignore[union-attr]
         except MigratorError as e:
             return [str(e)]
         return []

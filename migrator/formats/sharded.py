@@ -24,6 +24,7 @@ import glob as globlib
 import json
 import mmap
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,6 +49,16 @@ SAFETENSORS_SINGLE = tuple(f"{s}.safetensors" for s in WEIGHT_STEMS)
 PYTORCH_SINGLE = ("pytorch_model.bin", "diffusion_pytorch_model.bin", "adapter_model.bin")
 GLOB_CHARS = frozenset("*?[")
 INDEX_SUFFIX = ".index.json"
+SHARD_FILE_RE = re.compile(r"^(?:model|pytorch_model|diffusion_pytorch_model|adapter_model)-\d{5}-of-\d{5}"
+                           r"\.(?:safetensors|bin)$")
+"""A numbered shard as `save_pretrained` (and migrator) names it."""
+
+
+def is_model_part(name: str) -> bool:
+    """Whether a file name at the top of a folder is one a Hugging Face model's weights are made of:
+    an index, the single weights file, or a numbered shard (what `--overwrite` of a folder replaces)."""
+    return (name.endswith((".safetensors" + INDEX_SUFFIX, ".bin" + INDEX_SUFFIX)) or name in SAFETENSORS_SINGLE
+            or name in PYTORCH_SINGLE or SHARD_FILE_RE.match(name) is not None)
 
 
 def is_sharded_path(path: str | os.PathLike[str]) -> bool:

@@ -173,6 +173,11 @@ class ShardedWriter(Writer):
         reserved = set(names) | ({index_name} if self.index is not None else set())
         self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
 
+    def names(self) -> list[str]:
+        """The files the output folder holds: shards, the index (if any), companion files."""
+        return ([name for name, _ in self.files] + ([self.index_name] if self.index is not None else [])
+                + [name for _, name in self.copies])
+
     def index_bytes(self) -> bytes:
         """The index as `save_pretrained` writes it: sorted keys, two-space indent."""
         return (json.dumps(self.index, indent=2, sort_keys=True) + "\n").encode()

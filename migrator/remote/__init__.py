@@ -128,7 +128,8 @@ def options_for(url: str) -> dict[str, Any]:
 
 # Target checks for local paths and URLs alike: the local ones live in migrator.atomic(_folder).
 
-def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = ()) -> None:
+def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = (),
+                        names: Any = None) -> None:
     """`atomic_folder.check_folder_target`, or the object store's own check for a URL."""
     if is_url(target):
         from .sharded import check_remote_folder
@@ -140,7 +141,7 @@ def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outp
         return
     from ..atomic_folder import check_folder_target as local
 
-    local(target, overwrite=overwrite, protect=protect, outputs=outputs)
+    local(target, overwrite=overwrite, protect=protect, outputs=outputs, names=names)
 
 
 def check_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = ()) -> None:
