@@ -34,6 +34,7 @@ from ..formats.sharded import (
     ShardSet,
     _check_against_index,
     is_model_part,
+    name_problem,
     pick_weights,
 )
 from ..limits import DEFAULT_LIMITS, Limits
@@ -71,6 +72,10 @@ def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
         if info.get("type") == "directory":
             continue
         rel = posixpath.relpath(path.rstrip("/"), base)
+        problem = name_problem(rel, url=True)
+        if problem is not None or not (path.rstrip("/") + "/").startswith(base + "/"):
+            raise FormatError(f"companion '{rel}' leaves the source folder {redact(folder)}: "
+                              f"{problem or 'it is not under it'}", file=redact(folder))
         out.append((as_path(_join(folder, rel)), rel))
     return out
 
@@ -184,9 +189,10 @@ class RemoteShardedReader(ShardedReader):
             if norm in seen:
                 continue
             seen.add(norm)
-            parts = rel.replace("\\", "/").split("/")
-            if rel.startswith(("/", "\\")) or ".." in parts or rel == "" or "://" in rel:
-                raise FormatError(f"shard path '{rel}' leaves the index's folder {redact(folder)}", file=redact(index))
+            problem = name_problem(rel, url=True)
+            if problem is not None:
+                raise FormatError(f"shard path '{rel}' leaves the index's folder {redact(folder)}: {problem}",
+                                  file=redact(index))
             files.append(RemotePath(_join(folder, norm)))
         return files
 
