@@ -119,7 +119,8 @@ def expand_each(patterns: list[str]) -> list[str]:
 
 
 def target_for(pattern: str, source: str, i: int) -> str:
-    """`--target` with its placeholders ({stem}, {name}, {parent}, {i}) filled in for one source."""
+    """`--target` with its placeholders ({stem}, {name}, {parent}, {i}) filled in for one source; a
+    match whose values would make a path part `..`, `.` or empty is refused, naming it."""
     fields = []
     try:
         for _, field, _, conversion in string.Formatter().parse(pattern):
@@ -143,9 +144,29 @@ def target_for(pattern: str, source: str, i: int) -> str:
         u, parent = PurePath(p), p.absolute().parent.name
     values: dict[str, Any] = {"stem": u.stem, "name": u.name, "parent": parent, "i": i}
     try:
-        return pattern.format(**values)
+        filled = pattern.format(**values)
     except (ValueError, TypeError) as e:
         raise JobsUsageError(f"--target '{pattern}': {e}") from None
+    problem = _placed_part_problem(pattern, filled)
+    if problem is not None:
+        from .remote import redact
+
+        raise JobsUsageError(f"--each match {redact(source)}: {problem} in the target {redact(filled)}, which would "
+                             "write outside the target folder; rename it, or give --each a glob that leaves it out")
+    return filled
+
+
+def _placed_part_problem(pattern: str, filled: str) -> str | None:
+    """Why the target `filled` from `pattern` may not be written (None: it may): a placeholder (of
+    any scheme's match: fsspec's globs match dot names such as `in/..`) made a path part `..`, `.` or
+    empty, or a `/`. Parts as the pattern spells them are the user's own (`../out/{stem}.bpk`)."""
+    want, got = pattern.split("/"), filled.split("/")
+    if len(want) != len(got):
+        return "a placeholder made a '/'"
+    for typed, part in zip(want, got, strict=True):
+        if typed != part and part in ("", ".", ".."):
+            return f"a placeholder made the path part '{part}'" if part else "a placeholder made an empty path part"
+    return None
 
 
 def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
