@@ -239,29 +239,122 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
 
 
 def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
-    """Refuse, before anything runs, jobs that would write one target twice or onto a file another
-    job reads, and a `--report` that is one of those files."""
-    targets: dict[str, str] = {}
-    reads: dict[str, str] = {}
+    """Refuse, before anything runs, jobs that would write one target twice, write onto or into what
+    another job reads (its recipe, sources, template) or writes, and a `--report` that is one of
+    those files or inside a target folder. Paths are compared by containment (`_within`: a folder
+    target holds everything under it, a folder source its shards), local ones with links resolved,
+    and by inode (`_identities`: a hard link, a bind mount)."""
+    targets: dict[str, str] = {}  # target -> the job writing it
+    reads: dict[str, str] = {}  # path read -> the first job reading it
+    jobs: list[tuple[str, str | None, list[str]]] = []
     for spec in specs:
-        paths = _planned_paths(spec)
-        if paths is None:
-            continue
-        target, sources = paths
         what = _describe(spec)
-        if target in targets:
-            raise JobsUsageError(f"two jobs write {target}: {targets[target]} and {what}; "
-                                 "give each job its own target (--target 'out/{stem}.bpk')")
-        targets[target] = what
-        for s in sources:
-            reads.setdefault(s, what)
-    for target, what in targets.items():
-        if target in reads and reads[target] != what:
-            raise JobsUsageError(f"{what} writes {target}, which {reads[target]} reads")
+        paths = _planned_paths(spec)
+        target, sources = paths if paths is not None else (None, [])
+        read = [*sources, _where(spec["recipe"], real=True)]
+        if target is not None:
+            other = targets.get(target)
+            if other is not None:
+                raise JobsUsageError(f"two jobs write {target}: {other} and {what}; "
+                                     "give each job its own target (--target 'out/{stem}.bpk')")
+            targets[target] = what
+        for r in read:
+            reads.setdefault(r, what)
+        jobs.append((what, target, read))
+    for what, target, read in jobs:
+        for path in (*read, *([target] if target else [])):  # under another job's target (or that target)
+            for folder in _ancestors(path):
+                owner = targets.get(folder)
+                if owner is not None and owner != what:
+                    verb = "writes" if path == target else "reads"
+                    raise JobsUsageError(f"{owner} writes {folder}, which holds {path} that {what} {verb}")
+        if target is not None:  # inside a folder another job reads
+            for folder in _ancestors(target):
+                owner = reads.get(folder)
+                if owner is not None and owner != what:
+                    raise JobsUsageError(f"{what} writes {target}, which {owner} reads")
+    _check_identities(jobs)
     if report:
-        rep = os.path.realpath(report)
-        if rep in targets or rep in reads:
-            raise JobsUsageError(f"--report {report} is a file the jobs read or write")
+        rep = _where(report, real=True)
+        for folder in _ancestors(rep):
+            if folder in targets or folder in reads:
+                raise JobsUsageError(f"--report {report} is, or is inside, a file the jobs read or write ({folder})")
+        if _identity(rep) in _identities(list(reads), False):
+            raise JobsUsageError(f"--report {report} is a file the jobs read")
+
+
+def _ancestors(path: str) -> list[str]:
+    """`path` and every folder above it (a URL's up to its bucket), as `_where` spells them."""
+    from .remote import is_url
+
+    out = [path.rstrip("/") or path]
+    if is_url(path):
+        scheme, rest = path.split("://", 1)
+        parts = rest.rstrip("/").split("/")
+        out += [f"{scheme}://" + "/".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)]
+        return out
+    parent = os.path.dirname(out[0])
+    while parent and parent != out[-1]:
+        out.append(parent)
+        parent = os.path.dirname(parent)
+    return out
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    if _is_url(path):
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+MAX_WALKED = 100_000
+"""Entries of existing target folders compared by inode with what the other jobs read."""
+
+
+def _identities(paths: list[str], walk: bool) -> set[tuple[int, int]]:
+    """(device, inode) of each existing local path, and of what a folder holds (its top level; with
+    `walk`, all of it, up to MAX_WALKED entries)."""
+    out: set[tuple[int, int]] = set()
+    seen = 0
+    for path in paths:
+        ident = _identity(path)
+        if ident is None:
+            continue
+        out.add(ident)
+        if not os.path.isdir(path):
+            continue
+        for folder, dirs, files in os.walk(path):
+            if not walk:
+                dirs.clear()
+            for name in files + dirs:
+                seen += 1
+                if seen > MAX_WALKED:
+                    return out
+                entry = _identity(os.path.join(folder, name))
+                if entry is not None:
+                    out.add(entry)
+    return out
+
+
+def _check_identities(jobs: list[tuple[str, str | None, list[str]]]) -> None:
+    """No job's target is, or (a folder) holds, by inode, a file another job reads."""
+    if len(jobs) < 2:
+        return
+    read_by: dict[tuple[int, int], str] = {}
+    for what, _, read in jobs:
+        for ident in _identities(read, False):
+            read_by.setdefault(ident, what)
+    for what, target, _ in jobs:
+        if target is None:
+            continue
+        for ident in _identities([target], True):
+            owner = read_by.get(ident)
+            if owner is not None and owner != what:
+                raise JobsUsageError(f"{what} writes {target}, which is or holds a file {owner} reads "
+                                     "(the same file by inode: a hard link or a bind mount)")
 
 
 def _describe(spec: dict[str, Any]) -> str:
