@@ -93,10 +93,12 @@ def plan_target_problems(plan: Plan) -> list[str]:
 
 def read_by(plan: Plan) -> list[Protected]:
     """The files the plan reads, by path and by the inode each reader holds open: no output may
-    replace them (a symlink or hard link to one included)."""
-    files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:])]
+    replace them (a symlink or hard link to one included). Besides sources and template: the recipe
+    and the model config it reads (`plan.read_also`), and the companion files copied."""
+    files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:]), *plan.read_also]
     if plan.template_path is not None:
         files.append(plan.template_path)
+    files += [src for src, _ in getattr(plan.writer, "copies", ()) if not is_url(src)]  # companion files
     for r in _file_readers(plan):
         files += [r.source.identity] if hasattr(r.source, "identity") else getattr(r.source, "identities", [])
     return files

@@ -7,7 +7,9 @@ Exit codes: 0 success, 1 migration errors (missing tensors, shape mismatches, un
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,8 +96,22 @@ def _plan_for(loaded: Any, args: argparse.Namespace, shown: str | None = None) -
         located = SourceKeyError(f"{where}: {_loc_text(e.loc)}: {e}")
         located.file = e.file  # the source file, for --json; the text leads with the recipe line
         raise located from None
+    plan.read_also = _other_inputs(loaded)
     with plan:
         yield plan
+
+
+def _other_inputs(loaded: Any) -> list[Path]:
+    """What a run reads beside its sources and template: the recipe file, and the model config its
+    `${config.KEY}` values come from (named by `config:`, else found beside the first source)."""
+    from .recipe_config import find_config
+
+    found: list[Path] = [Path(os.path.abspath(loaded.path))]
+    with contextlib.suppress(OSError, ValueError):  # a config that cannot be looked for protects nothing
+        config = find_config(loaded.recipe.config, loaded.recipe.inputs()[0].path, loaded.base_dir)
+        if config is not None:
+            found.append(Path(os.path.abspath(config)))
+    return found
 
 
 def _loc_text(loc: tuple[str | int, ...]) -> str:
