@@ -398,25 +398,83 @@ def _nothing() -> Iterator[None]:
 
 
 def _run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
-    """Each job's result as it ends: in worker processes (forked: the parent's imports are reused)."""
+    """Each job's result as it ends: every job in a worker process of its own (forked: the parent's
+    imports are reused), at most `jobs` at once. A worker that dies without a result (SIGKILL from
+    the out-of-memory killer, a crash) fails its own job only: it is reported, its scratch files are
+    removed (`_clean_scratch`), and the other jobs, running or queued, go on. (A process pool would
+    break as a whole when one worker dies, failing every other job.)"""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing.connection import Connection, wait
 
     # fork is safe here: this process has loaded recipes but started no thread (no plan, no cast pool)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method)) as pool:
-        futures = {pool.submit(run_job, spec): spec for spec in specs}
-        try:
-            for f in as_completed(futures):
+    context = multiprocessing.get_context(method)
+    queued = list(specs)
+    running: dict[Connection, tuple[Any, dict[str, Any]]] = {}
+    try:
+        while queued or running:
+            while queued and len(running) < jobs:
+                spec = queued.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                worker = context.Process(target=_job_process, args=(spec, send),  # type: ignore[attr-defined]
+                                         daemon=True)
+                worker.start()
+                send.close()  # the worker holds the only write end: its death is end-of-file here
+                running[receive] = (worker, spec)
+            for conn in wait(list(running)):
+                assert isinstance(conn, Connection)
+                worker, spec = running.pop(conn)
                 try:
-                    yield f.result()
-                except BrokenProcessPool as e:
-                    yield _died(futures[f], f"its worker process died: {e}")
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+                    result: dict[str, Any] | None = conn.recv()
+                except (EOFError, OSError):
+                    result = None
+                conn.close()
+                worker.join()
+                if result is None:
+                    _clean_scratch(spec)
+                    result = _died(spec, _death(worker.exitcode))
+                yield result
+    finally:
+        for conn, (worker, spec) in running.items():  # interrupted: stop the jobs still running
+            worker.kill()
+            worker.join()
+            conn.close()
+            _clean_scratch(spec)
+
+
+def _job_process(spec: dict[str, Any], conn: Any) -> None:
+    """A worker process: run one job and send its result to the parent."""
+    conn.send(run_job(spec))
+    conn.close()
+
+
+def _death(exitcode: int | None) -> str:
+    """How a worker ended without sending its job's result."""
+    import signal
+
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = " (the out-of-memory killer sends it when memory runs out)" if name == "SIGKILL" else ""
+        return f"its worker process was killed by {name}{why}"
+    return f"its worker process exited with code {exitcode} before reporting"
+
+
+def _clean_scratch(spec: dict[str, Any]) -> None:
+    """Remove the scratch file or folder a dead worker left beside its job's target (only those of
+    processes that no longer exist: `atomic.clean_stale_scratch`, `atomic_folder.clean_stale_folders`)."""
+    from .atomic import clean_stale_scratch
+    from .atomic_folder import clean_stale_folders
+
+    paths = _planned_paths(spec)
+    if paths is None or _is_url(paths[0]):
+        return
+    target = Path(paths[0])
+    with suppress(OSError):
+        clean_stale_scratch(target)
+        clean_stale_folders(target)
 
 
 def _died(spec: dict[str, Any], why: str) -> dict[str, Any]:
