@@ -432,3 +432,6 @@ def finish_folder(folder: FolderScratch, writer: ShardedWriter) -> None:
             sink.write(data)
     for src, name in writer.copies:
         folder.copy(src, name)
+    for name, data in writer.generated:
+        with folder.file(name, len(data)) as sink:
+            sink.write(data)

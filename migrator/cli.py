@@ -98,11 +98,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
     conv.add_argument("--max-shard-size", metavar="SIZE",
                       help="write DST as a folder of shards of at most SIZE (5GB = 5*10^9 bytes, 5GiB = 5*2^30, "
-                      "an integer = bytes) plus an index (with --copy alone: 5GB shards); without either, "
-                      "DST/ gets one file")
+                      "an integer = bytes) plus an index; a DST/ without it is a Hugging Face folder of 5GB "
+                      "shards (one model.safetensors when the model fits)")
+    conv.add_argument("--weights-name", metavar="NAME",
+                      help="the weights' file name in a folder DST/ (default: model.safetensors or "
+                           "pytorch_model.bin, adapter_model.* for a PEFT adapter; shards are NAME's stem "
+                           "-00001-of-0000N)")
     conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
                       help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
                       "sharded DST (repeatable)")
+    conv.add_argument("--copy-from", metavar="DIR",
+                      help="the folder --copy globs read from (default: the source's folder), e.g. the Hugging "
+                           "Face folder whose config.json and tokenizer go with a .bpk source")
     conv.add_argument("--emit-recipe", action="store_true",
                       help="print the equivalent recipe as YAML and convert nothing; with -o FILE, convert and "
                       "write the recipe of what ran to FILE")
@@ -408,7 +415,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
     for flag, n in totals.get("flagged", {}).items():
         out.write(f"flagged {flag.replace('_', ' ')}: {count(n, 'tensor')}\n")
-    _print_shards(info)
+    _print_shards(info, limit)
     for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
         print(f"warning: {warning}", file=sys.stderr)
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
@@ -451,42 +458,45 @@ def _remap_problem(pattern: str, replacement: str) -> str | None:
     return f"{message} (hint: {hint})" if hint else message
 
 
-def _print_shards(info: dict[str, Any]) -> None:
-    """A sharded source's per-shard summary: file, tensors, tensor bytes, file size."""
-    from .display import human_bytes, print_table
+def _print_shards(info: dict[str, Any], limit: int | None = None) -> None:
+    """A sharded source's per-shard summary: file, tensors, tensor bytes, file size; the first
+    `limit` shards when --limit N is given (as for tensors)."""
+    from .display import count, human_bytes, print_table
 
     shards = info.get("details", {}).get("shards")
     if not shards:
         return
     index = info["details"].get("index")
+    shown = shards if limit is None else shards[:limit]
     rows = [(os.path.basename(s["file"]), str(s["tensors"]), human_bytes(s["nbytes"]), human_bytes(s["file_size"]))
-            for s in shards]
+            for s in shown]
     sys.stdout.write("\n")
-    print_table(f"{len(shards)} shards" + (f" (index {index})" if index else ""),
+    print_table(count(len(shards), "shard") + (f" (index {index})" if index else ""),
                 ("shard", "tensors", "size", "file size"), rows, right=(1, 2, 3))
+    if len(shown) < len(shards):
+        sys.stdout.write(f"... and {count(len(shards) - len(shown), 'more shard')} (use --limit or --json)\n")
 
 
 def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
-    """`convert SRC DIR/` (an existing folder, or a path ending in '/') without a shard option: one
-    file in DIR, named after the source with the --to format's extension (`DIR/model.bpk`). --to is
-    required there: a folder has no extension to take the format from. With --max-shard-size or
-    --copy, DIR/ is a Hugging Face model folder of shards instead. Any other DST is used as given."""
+    """`convert SRC DIR/` (an existing folder, or a path ending in '/'): a Hugging Face model folder
+    in SafeTensors (the default) or PyTorch (`--to pytorch`): `model.safetensors`, or shards and an
+    index past --max-shard-size, named as save_pretrained names them (`--weights-name` to choose).
+    For Burn (`--to burnpack`) one file in DIR named after the source (`DIR/model.bpk`): a burnpack
+    holds a whole model. Any other DST is used as given."""
     dst: str = args.dst
     if args.max_shard_size or args.copy:
-        return dst
+        return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
     if not (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
         return dst
-    if args.target_format == "auto":
-        parser.error(f"'{dst}' is a folder: give the format with --to (burnpack, safetensors or pytorch); "
-                     "the file is named after the source")
+    if args.target_format != "burnpack":
+        return dst if dst.endswith(("/", os.sep)) else dst + "/"
+    if args.weights_name:
+        return os.path.join(dst, args.weights_name)
     from pathlib import Path
 
     from .formats import writer_class
-    from .formats.detect import FORMATS
 
-    if args.target_format not in FORMATS:
-        parser.error(f"--to: unknown format '{args.target_format}' (use one of {', '.join(FORMATS)})")
-    return os.path.join(dst, Path(args.src).stem + writer_class(args.target_format).default_extension)
+    return os.path.join(dst, Path(args.src.rstrip("/" + os.sep)).stem + writer_class("burnpack").default_extension)
 
 
 def _recipe_output_check(args: argparse.Namespace) -> None:
@@ -556,6 +566,12 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    if args.copy_from:
+        if not args.copy:
+            parser.error("--copy-from DIR says where --copy reads: add --copy GLOB (e.g. --copy config.json)")
+        options.update(copy_from=args.copy_from)
+    if args.weights_name and not (args.target_format == "burnpack" and not args.max_shard_size):
+        options.update(weights_name=args.weights_name)  # a folder's weights; a burnpack's name went into DST
     recipe_text = None
     try:
         if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there

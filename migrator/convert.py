@@ -73,6 +73,8 @@ def build_recipe(
     clear_metadata: bool = False,
     max_shard_size: str | int | None = None,
     copy: Sequence[str] = (),
+    weights_name: str | None = None,
+    copy_from: str | os.PathLike[str] | None = None,
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
 
@@ -96,10 +98,18 @@ def build_recipe(
         data["source"]["contiguous_indices"] = contiguous_indices
     if top_level_key:
         data["source"]["top_level_key"] = top_level_key
-    if max_shard_size is not None:
-        data["target"]["shard"] = {"max_size": max_shard_size}
+    if max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep)):  # DIR/: a Hugging Face folder
+        from .formats.sharded_writer import DEFAULT_MAX_SIZE
+
+        data["target"]["shard"] = {"max_size": DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size}
+        if weights_name is not None:
+            data["target"]["shard"]["name"] = weights_name
+    elif weights_name is not None:
+        raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
     if copy:
         data["target"]["copy"] = list(copy)
+    if copy_from is not None:
+        data["target"]["copy_from"] = os.fspath(copy_from)
     if includes or excludes:
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
@@ -225,7 +235,7 @@ def schema_line() -> str:
 
 
 PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
-                           "clear_metadata", "max_shard_size", "copy"})
+                           "clear_metadata", "max_shard_size", "copy", "weights_name", "copy_from"})
 """Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, forced
 indices, top-level key) goes through a recipe. `contiguous_indices` None/False is understood too."""
 
@@ -250,7 +260,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
         from .remote import check_folder_target
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
-    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits) as plan:
+    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits, hint_syntax="convert") as plan:
         result = run_plan(plan, progress=progress)
         return _result(plan, result.target)
 
@@ -260,6 +270,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
                 max_shard_size: str | int | None = None, copy: Sequence[str] = (),
                 contiguous_indices: bool | None = None, limits: Limits = DEFAULT_LIMITS,
+                weights_name: str | None = None, copy_from: str | os.PathLike[str] | None = None,
                 **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
     None (nothing written) for a PyTorch source that the default renumbering for a burnpack target
@@ -286,6 +297,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     else:
         if copy:
             raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
+        if weights_name is not None:
+            raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
     with open_file(src_path, source_format, limits=limits) as reader:
@@ -304,10 +317,16 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         writer: Writer
         try:
             if sharded:
+                from .formats.sharded_writer import copy_folder, default_weights_name
+
+                folder = getattr(reader, "folder", None)
+                companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
                 writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
                                        max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
                                        copies=[(c, False) for c in copy],
-                                       copy_from=getattr(reader, "folder", None) or src_path.parent)
+                                       copy_from=companions or folder or src_path.parent,
+                                       weights_name=weights_name or default_weights_name(out_fmt, folder))
+                notes += writer.notes
             else:
                 writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
         except MigratorError as e:

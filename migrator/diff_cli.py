@@ -8,6 +8,7 @@ Imported by `migrate --help`: only argparse at module level.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -92,11 +93,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
         else:
             print(f"migrate diff: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
-    if args.html:  # never over A, B or the recipe
+    if args.html:  # never over A, B or the recipe; no more readable than they are (as every report)
         from .html_report import diff_page, write_page
+        from .remote import is_url
 
+        local = [p for p in (args.a, args.b) if not is_url(p) and os.path.exists(p)]
         write_page(args.html, diff_page(doc), overwrite=args.overwrite,
-                   protect=[args.a, args.b, *([args.recipe] if args.recipe else [])], make_folders=True)
+                   protect=[args.a, args.b, *([args.recipe] if args.recipe else [])], make_folders=True,
+                   mode_from=local)
     if args.json:
         from .cli import _write_inspect_json
 

@@ -403,6 +403,23 @@ class ShardSpec(_Strict):
             raise recipe_value_error(str(e), hint="e.g. 5GB, 500MB, 2GiB or 1000000") from None
         return v
 
+    name: str | None = Field(
+        None, description="The weights' file name in the folder: the one file, or the shards' stem and the index "
+        "(NAME.index.json). Default: model.safetensors / pytorch_model.bin, adapter_model.* for a PEFT adapter "
+        "source, as save_pretrained names them.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        from .formats.sharded_writer import check_weights_name
+
+        if v is not None:
+            try:
+                check_weights_name(v)
+            except ValueError as e:
+                raise recipe_value_error(str(e), hint="e.g. model.safetensors or llama.bin") from None
+        return v
+
 
 class CopySpec(_Strict):
     """A companion file (or glob) copied byte for byte into the output folder."""
@@ -442,6 +459,9 @@ class TargetSpec(_Strict):
         description="Companion files copied byte for byte from the source's folder into a sharded output folder "
         "(e.g. [config.json, 'tokenizer*', {path: generation_config.json, optional: true}]); an entry matching no "
         "file is an error unless optional.")
+    copy_from: str | None = Field(
+        None, description="The folder `copy` globs read from, relative to the recipe (default: the source's "
+                          "folder); e.g. the Hugging Face folder whose config and tokenizer go with a .bpk source.")
 
     @model_validator(mode="before")
     @classmethod
@@ -465,6 +485,9 @@ class TargetSpec(_Strict):
         elif self.copy_:
             raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")
+        if self.copy_from is not None and not self.copy_:
+            raise recipe_value_error("target.copy_from says where target.copy reads, but there is no copy",
+                                     key="copy_from", hint="add copy: [config.json, 'tokenizer*']")
         return self
 
     def copies(self) -> list[tuple[str, bool]]:

@@ -64,7 +64,7 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
         assert recipe.source is not None
         recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
     if "target" in absolute:
-        recipe = recipe.model_copy(update={"target": recipe.target.model_copy(update={"path": absolute["target"]})})
+        recipe = recipe.model_copy(update={"target": _target_in(recipe, overrides["target"], absolute["target"])})
     out = dataclasses.replace(loaded, recipe=recipe)
     reads = out.source_paths + ([out.template_path] if out.template_path is not None else [])
     written = _written_candidates(out.target_path, recipe.target.format)
@@ -73,6 +73,29 @@ def _with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
                                        f"the target {out.target_path} is the same file as the source or template",
                                        "write the output to a new file")])
     return out
+
+
+def _target_in(recipe: Any, given: str, path: Any) -> Any:
+    """The recipe's target written to `given`. A folder (`DIR/`, or an existing folder) keeps the
+    recipe's format: a Hugging Face folder for SafeTensors/PyTorch (the recipe's shards, else 5GB
+    ones: one model.safetensors when it fits), for burnpack `DIR/<the recipe's file name>`. A
+    target never changes format because of how --target is spelled."""
+    from .formats.detect import from_extension
+    from .remote import is_url
+
+    target = recipe.target
+    folder = given.endswith(("/", os.sep)) or (not is_url(given) and os.path.isdir(given))
+    if not folder:
+        return target.model_copy(update={"path": path})
+    fmt = target.format if target.format != "auto" else from_extension(target.path) or (
+        "safetensors" if target.shard is not None else "burnpack")
+    if fmt == "burnpack":
+        name = os.path.basename(str(target.path).rstrip("/")) or "model.bpk"
+        return target.model_copy(update={"path": os.path.join(str(path), name)})
+    from .recipe import ShardSpec
+
+    shard = target.shard or ShardSpec.model_validate({})
+    return target.model_copy(update={"path": path, "format": fmt, "shard": shard})
 
 
 @contextmanager
@@ -293,11 +316,13 @@ def _write_plan_page(path: Path, p: Plan, doc: dict[str, Any] | None) -> None:
     """`plan --html`: written as a run's `--report` is (never over a file the plan reads or the
     target, never over an existing file without overwrite)."""
     from .atomic import write_file
-    from .execute import read_by
+    from .execute import read_by, source_modes
     from .html_report import plan_page
 
+    # as private as the files it describes, as a run's --report is
     write_file(path, plan_page(doc if doc is not None else plan_json(p)), overwrite=p.overwrite,
-               protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True)
+               protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True,
+               mode_from=source_modes(p))
 
 
 def _add_target_problems(p: Plan) -> None:

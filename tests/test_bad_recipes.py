@@ -154,10 +154,12 @@ target:
       bool: true
   shard:
     max_size: 5GB
+    name: model.safetensors
   copy:
     - config.json
     - path: 'tokenizer*'
       optional: true
+  copy_from: weights/
 allow_partial: false
 validate: true
 executor:

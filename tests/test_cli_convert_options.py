@@ -85,22 +85,22 @@ def test_a_folder_target_gets_one_file_named_after_the_source(ckpt: Path, tmp_pa
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     existing = tmp_path / "existing"
     existing.mkdir()
-    assert main(["convert", str(ckpt), str(existing), "--to", "safetensors", "--no-progress"]) == 0
+    # SafeTensors in a folder: a Hugging Face folder (model.safetensors), as save_pretrained names it
+    assert main(["convert", str(ckpt), str(existing), "--to", "safetensors", "--no-progress", "--overwrite"]) == 0
     want = torch.load(ckpt, weights_only=True)
-    got = load_file(str(existing / "m.safetensors"))
+    got = load_file(str(existing / "model.safetensors"))
     np.testing.assert_array_equal(got["proj.weight"], want["proj.weight"].numpy())
-    assert f"wrote {existing / 'm.safetensors'} " in capsys.readouterr().out  # the exact path
+    assert f"wrote {existing} " in capsys.readouterr().out  # the exact path
+    # burnpack: one file named after the source
     new = str(tmp_path / "new") + "/"  # not there yet: created
     assert main(["convert", str(ckpt), new, "--to", "burnpack", "--no-progress", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["target"] == str(tmp_path / "new" / "m.bpk")
     assert (tmp_path / "new" / "m.bpk").is_file()
 
 
-def test_a_folder_target_needs_to(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(["convert", str(ckpt), str(tmp_path) + "/", "--no-progress"])
-    assert e.value.code == 2 and "--to" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+def test_a_folder_target_without_to_is_a_safetensors_folder(ckpt: Path, tmp_path: Path) -> None:
+    assert main(["convert", str(ckpt), str(tmp_path / "out") + "/", "--no-progress"]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.safetensors"]
 
 
 def test_an_extensionless_target_gets_bpk_only_for_burnpack(ckpt: Path, tmp_path: Path,

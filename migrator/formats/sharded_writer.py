@@ -39,6 +39,51 @@ PATTERNS = {"safetensors": ("model{suffix}.safetensors", "model.safetensors.inde
             "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json")}
 
 
+def check_weights_name(name: str) -> None:
+    """A weights file name for a folder: one plain file name (no folder part, no hidden or empty name)."""
+    if not name or name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"'{name}' is not a file name: give a plain name such as model.safetensors")
+
+
+def weights_patterns(fmt: str, name: str | None) -> tuple[str, str]:
+    """(shard name pattern with `{suffix}`, index name) of a folder's weights: Hugging Face's defaults
+    for the format, or those of `name` (`llama.safetensors` -> `llama{suffix}.safetensors`,
+    `llama.safetensors.index.json`)."""
+    if name is None:
+        return PATTERNS[fmt]
+    check_weights_name(name)
+    stem, ext = os.path.splitext(name)
+    return stem.replace("{", "{{").replace("}", "}}") + "{suffix}" + ext, name + ".index.json"
+
+
+def copy_folder(folder: Path, target: Path) -> Path:
+    """`target.copy_from` / `--copy-from`: a folder that is not the target nor inside it (the run
+    replaces the target: its companions would be read from what is being replaced)."""
+    from ..remote import is_url
+
+    if not is_url(folder) and not is_url(target):
+        f, t = os.path.realpath(folder), os.path.realpath(target)
+        if f == t or f.startswith(t.rstrip(os.sep) + os.sep):
+            raise PlanError(f"target.copy_from {folder} is the target folder or inside it: copy companions from "
+                            "the model they belong to", file=str(folder))
+        if not os.path.isdir(f):
+            raise PlanError(f"target.copy_from {folder} is not a folder", file=str(folder))
+    return folder
+
+
+def default_weights_name(fmt: str, source_folder: Path | None) -> str | None:
+    """None (Hugging Face's model names) unless the source is a PEFT adapter folder, whose weights
+    `save_pretrained` names `adapter_model.safetensors` / `adapter_model.bin`: its output keeps them."""
+    if source_folder is None or not isinstance(source_folder, Path) or fmt not in PATTERNS:
+        return None
+    try:
+        adapter = (source_folder / "adapter_config.json").is_file() and any(
+            (source_folder / f"adapter_model{ext}").is_file() for ext in (".safetensors", ".bin"))
+    except OSError:
+        return None
+    return ("adapter_model.safetensors" if fmt == "safetensors" else "adapter_model.bin") if adapter else None
+
+
 def parse_size(size: int | str) -> int:
     """Bytes from `5GB` (5*10^9), `5GiB` (5*2^30) or a bare integer, as Hugging Face reads sizes."""
     if isinstance(size, bool):
@@ -157,6 +202,34 @@ def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: 
     return [(p, rel) for rel, p in out.items()]
 
 
+CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
+"""Where a Hugging Face config.json says its weights' dtype (transformers 5 writes `dtype`, 4 wrote
+`torch_dtype`); from_pretrained builds the model in that dtype when asked for `dtype="auto"`."""
+
+
+def config_with_dtype(source: Path, tensors: Sequence[LazyTensor]) -> tuple[bytes, str] | None:
+    """A companion config.json rewritten to say the dtype the written float tensors have, when it
+    says another (a cast model would otherwise load as its old dtype): (new bytes, a note), or None
+    when it agrees, says nothing, or the floats are of several dtypes. Only a local file is read."""
+    from ..recipe_config import ConfigError, load_config
+
+    floats = {t.dtype.torch_name for t in tensors if t.dtype.is_float and t.dtype.torch_name}
+    if len(floats) != 1 or not isinstance(source, Path):
+        return None
+    (written,) = floats
+    try:
+        config = load_config(source)
+    except ConfigError:
+        return None  # copied as it is, as any companion
+    said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}
+    if not said or all(v == written for v in said.values()):
+        return None
+    config.update(dict.fromkeys(said, written))
+    old = ", ".join(f"{k}: {v}" for k, v in said.items())
+    return ((json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+            f"config.json said {old}; it is written saying {written}, the dtype of the weights written")
+
+
 class ShardedWriter(Writer):
     """A folder of shard files (each planned by its format's writer), an index and companion files."""
 
@@ -165,7 +238,8 @@ class ShardedWriter(Writer):
 
     def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
-                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None) -> None:
+                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
+                 weights_name: str | None = None) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from . import writer_class
 
@@ -174,7 +248,7 @@ class ShardedWriter(Writer):
                             "whole model); write safetensors or pytorch shards")
         self.format = fmt  # type: ignore[misc]  # the shards' format
         self.max_size = parse_size(max_size)
-        pattern, index_name = PATTERNS[fmt]
+        pattern, index_name = weights_patterns(fmt, weights_name)
         groups = split_shards(self.tensors, self.max_size) or [[]]
         n = len(groups)
         names = [pattern.format(suffix="")] if n == 1 else [pattern.format(suffix=f"-{i + 1:05d}-of-{n:05d}")
@@ -187,10 +261,19 @@ class ShardedWriter(Writer):
         if n > 1:
             weight_map = {t.name: name for name, group in zip(names, groups, strict=True) for t in group}
             followers = tied_followers(self.tensors)  # stored once, counted once (as huggingface_hub counts)
-            total = sum(t.nbytes for t in self.tensors if id(t) not in followers)
-            self.index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            stored = [t for t in self.tensors if id(t) not in followers]
+            # as transformers' save_pretrained writes it: parameters and bytes of the stored tensors
+            self.index = {"metadata": {"total_parameters": sum(t.numel for t in stored),
+                                       "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
         reserved = set(names) | ({index_name} if self.index is not None else set())
         self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
+        self.generated: list[tuple[str, bytes]] = []  # companions written from these bytes, not copied
+        self.notes: list[str] = []
+        for src, rel in list(self.copies):
+            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors)) is not None:
+                self.copies.remove((src, rel))
+                self.generated.append((rel, updated[0]))
+                self.notes.append(updated[1])
 
     def names(self) -> list[str]:
         """The files the output folder holds: shards, the index (if any), companion files."""

@@ -284,6 +284,10 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
             with remote_output(_join(folder, name), overwrite=overwrite, expected_size=size) as sink:
                 copy_companion(src, sink, size)
             names.append(name)
+        for name, data in writer.generated:
+            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=len(data)) as sink:
+                sink.write(data)
+            names.append(name)
     except BaseException:
         # no index will name them: remove the objects this run completed (with overwrite, old
         # objects of the same names were replaced and are gone either way)
