@@ -98,7 +98,7 @@ def read_by(plan: Plan) -> list[Protected]:
     files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:]), *plan.read_also]
     if plan.template_path is not None:
         files.append(plan.template_path)
-    files += [src for src, _ in getattr(plan.writer, "copies", ()) if not is_url(src)]  # companion files
+    files += [src for src in getattr(plan.writer, "companion_sources", ()) if not is_url(src)]
     for r in _file_readers(plan):
         files += [r.source.identity] if hasattr(r.source, "identity") else getattr(r.source, "identities", [])
     return files

@@ -267,6 +267,7 @@ class ShardedWriter(Writer):
                                        "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
         reserved = set(names) | ({index_name} if self.index is not None else set())
         self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
+        self.companion_sources = [src for src, _ in self.copies]  # read by the run: no output may replace one
         self.generated: list[tuple[str, bytes]] = []  # companions written from these bytes, not copied
         self.notes: list[str] = []
         for src, rel in list(self.copies):
@@ -278,7 +279,7 @@ class ShardedWriter(Writer):
     def names(self) -> list[str]:
         """The files the output folder holds: shards, the index (if any), companion files."""
         return ([name for name, _ in self.files] + ([self.index_name] if self.index is not None else [])
-                + [name for _, name in self.copies])
+                + [name for _, name in self.copies] + [name for name, _ in self.generated])
 
     def index_bytes(self) -> bytes:
         """The index as `save_pretrained` writes it: sorted keys, two-space indent."""
