@@ -416,8 +416,8 @@ def _run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any
             while queued and len(running) < jobs:
                 spec = queued.pop(0)
                 receive, send = context.Pipe(duplex=False)
-                worker = context.Process(target=_job_process, args=(spec, send),  # type: ignore[attr-defined]
-                                         daemon=True)
+                # not daemonic, as a process pool's workers: a job may start processes of its own
+                worker = context.Process(target=_job_process, args=(spec, send))  # type: ignore[attr-defined]
                 worker.start()
                 send.close()  # the worker holds the only write end: its death is end-of-file here
                 running[receive] = (worker, spec)
