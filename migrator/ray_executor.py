@@ -123,8 +123,9 @@ def run_jobs(specs: list[dict[str, Any]], address: str | None) -> Iterator[dict[
                 try:
                     yield ray.get(ref)
                 except Exception as e:
-                    from .jobs import _died
+                    from .jobs import _clean_scratch, _died
 
+                    _clean_scratch(refs[ref])  # a killed task's scratch, when its worker shared this machine
                     yield _died(refs[ref], f"its Ray task failed: {_cause(e)}")
     except BaseException:
         for ref in pending:
