@@ -54,6 +54,12 @@ def wait_a(name):
 
 def wait_c(name):
     return _wait(os.environ["JOBSYNC_DIR"] + "/c.fifo")
+
+
+def hold_then_exit(name):
+    """Like `hold`, then the process ends at once with code 3 (a crash in a native library, say)."""
+    hold(name)
+    os._exit(3)
 '''
 
 
@@ -137,3 +143,13 @@ def test_queued_jobs_still_run_after_a_worker_is_killed(tmp_path: Path) -> None:
     got, want = read_folder(tmp_path / "out" / "e"), weights("e")
     assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)
     assert leftovers(tmp_path) == [] and not (tmp_path / "out" / "b.safetensors").exists()
+
+
+def test_a_worker_that_exits_without_a_result_is_reported(tmp_path: Path) -> None:
+    a = make_job(tmp_path, "a", "wait_a", "out/a.safetensors")
+    b = make_job(tmp_path, "b", "hold_then_exit", "out/b.safetensors")
+    p = run(tmp_path, ["a"], str(a), str(b), "--jobs", "2")
+    assert p.returncode == 1, p.stdout + p.stderr
+    check(tmp_path / "out" / "a.safetensors", "a")
+    assert "b.yaml did not finish: its worker process exited with code 3" in p.stderr.replace(str(tmp_path) + "/", "")
+    assert "2 jobs: 1 ok, 1 failed" in p.stdout
