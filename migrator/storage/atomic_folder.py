@@ -174,7 +174,7 @@ def check_no_foreign(target: Path, names: Iterable[str]) -> None:
 
 def foreign_entries(target: Path, names: Iterable[str]) -> list[str]:
     """What the existing folder `target` holds beyond a model folder's parts: the weights at its top
-    (`formats.sharded.is_model_part`, and the flat `.safetensors`/`.bin` shards its indexes name) and
+    (`files.sharded.is_model_part`, and the flat `.safetensors`/`.bin` shards its indexes name) and
     the files the new folder holds (`names`, relative paths, and the folders leading to them). These
     are the user's files, which publishing the new folder in its place would delete. Sorted; a
     subfolder holding nothing allowed is one entry, `name/`."""
