@@ -9,7 +9,8 @@ from typing import Any
 from ..storage.remote import is_url, url_of
 
 
-def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = ()) -> None:
+def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = (),
+                        names: Any = None) -> None:
     """`atomic_folder.check_folder_target`, or the object store's own check for a URL."""
     if is_url(target):
         from ..storage.remote.upload import check_remote_target
@@ -21,7 +22,7 @@ def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outp
         return
     from ..storage.atomic_folder import check_folder_target as local
 
-    local(target, overwrite=overwrite, protect=protect, outputs=outputs)
+    local(target, overwrite=overwrite, protect=protect, outputs=outputs, names=names)
 
 
 def check_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = ()) -> None:

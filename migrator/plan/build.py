@@ -88,6 +88,8 @@ class Plan:
     readers: list[Reader] = field(default_factory=list, repr=False)
     writer: Writer | None = field(default=None, repr=False)  # planned and checked; None when fatal
     inputs: list[tuple[str, Path]] = field(default_factory=list)  # (label, path) per source read
+    # the run's other inputs (the recipe, the model config it reads): no output may replace them
+    read_also: list[Path] = field(default_factory=list)
 
     @property
     def union(self) -> UnionReader | None:

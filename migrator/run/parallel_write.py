@@ -306,7 +306,7 @@ def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], ru
 
     out = writer.resolve_path(path)
     with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protected_files(protect), outputs=outputs,
-                       mode_from=mode_from) as folder:
+                       mode_from=mode_from, names=writer.names()) as folder:
         tasks = [ShardTask(i, i, name, shard.total_size) for i, (name, shard) in enumerate(writer.files)]
         runner.write_shards(folder, writer, tasks)
         finish_folder(folder, writer)
