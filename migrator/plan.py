@@ -45,6 +45,7 @@ from .scalars import Scalar
 from .tensor import LazyTensor
 
 if TYPE_CHECKING:
+    from .formats.pytorch.tree import Node
     from .modules import ModuleType
     from .sources import UnionReader
 
@@ -279,7 +280,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         more = f" and {len(report.renumbered) - 5} more" if len(report.renumbered) > 5 else ""
         notes.append(f"renumbered {len(report.renumbered)} names to contiguous indices (contiguous_indices; "
                      f"Burn's Vec<Module> has no gaps): {shown}{more}")
-    scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
+    structure = _structure(recipe, reader, out_fmt, tpl_path, entries, notes, fatal)
+    scalars = _scalars(recipe, reader, out_fmt, notes if structure is None else [], fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers)
     if not fatal:
@@ -296,7 +298,9 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                                             copy_from=folder, weights_name=name)
                 plan.notes += plan.writer.notes
             else:
-                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
+                kept = {} if structure is None else {"structure": structure}
+                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars,
+                                                    **kept)
         except MigratorError as e:
             fatal.append(str(e))
     return plan
@@ -665,6 +669,25 @@ def _shape_hint(result: LazyTensor, expected: tuple[int, ...], ops: tuple[str, .
     if layout:
         return f"{layout[0]} transposes only Linear weights: declare it a Linear, {entry % 'Linear'}"
     return "the shape is transposed: add pytorch_to_burn to adapters: (burn_to_pytorch from a Burn file)"
+
+
+def _structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path: Path | None, entries: list[PlanEntry],
+               notes: list[str], fatal: list[str]) -> Node | None:
+    """The checkpoint's structure for a PyTorch -> PyTorch run of one whole source into one file (no
+    top_level_key, template or shards; those write a flat state_dict), with each tensor where its
+    source was, under its new name (`formats.pytorch.tree`); None otherwise, or when refused (`fatal`)."""
+    tree = getattr(reader, "structure", None)
+    if tree is None or out_fmt != "pytorch" or recipe.target.shard is not None or tpl_path is not None:
+        return None
+    from .formats.pytorch.tree import place_tensors
+
+    try:
+        placed = place_tensors(tree, [(e.source, e.target) for e in entries if e.source is not None], reader.label)
+    except PlanError as e:
+        fatal.append(str(e))
+        return None
+    notes += placed.notes
+    return placed.root
 
 
 def _scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str], fatal: list[str]) -> dict[str, Scalar]:

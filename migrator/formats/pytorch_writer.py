@@ -33,6 +33,7 @@ from ..scalars import Scalar
 from ..streaming import SMALL_READ, Ahead, write_all, write_computed, write_tensor
 from ..tensor import LazyTensor
 from .base import Writer
+from .pytorch.tree import Node, TensorSlot
 
 ARCHIVE = "archive"
 ALIGNMENT = 64
@@ -80,10 +81,12 @@ class PytorchWriter(Writer):
         metadata: Mapping[str, str] | None = None,
         scalars: Mapping[str, Scalar] | None = None,
         force_zip64: bool = False,
+        structure: Node | None = None,
     ) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         self.dropped = sorted(self.metadata) + sorted(self.scalars)
         self._force_zip64 = force_zip64
+        self._structure = structure
         seen: set[str] = set()
         for t in self.tensors:
             if t.name in seen:
@@ -100,6 +103,8 @@ class PytorchWriter(Writer):
                 t.name.encode("utf-8")
             except UnicodeEncodeError:
                 raise PlanError("name is not valid UTF-8 text", tensor=t.name) from None
+        if structure is not None:
+            _check_slots(structure, seen)
         # One storage per distinct byte range: tensors that were tied in the source stay tied.
         self._storage_of: list[int] = []
         self._storages: list[LazyTensor] = []
@@ -203,42 +208,76 @@ class PytorchWriter(Writer):
     def _build_pickle(self) -> bytes:
         p = _Pickle()
         p.raw(b"\x80\x02")
+        if self._structure is not None:
+            self._emit_structure(p, self._structure)
+            p.raw(b".")
+            return p.getvalue()
         p.global_("collections", "OrderedDict")
         p.raw(b")R")
         p.put()
         for batch_start in range(0, len(self.tensors), 1000):
             p.raw(b"(")
             for i in range(batch_start, min(batch_start + 1000, len(self.tensors))):
-                t, s = self.tensors[i], self._storage_of[i]
-                storage = self._storages[s]
-                p.unicode(t.name)
-                dtype_name = _torch_dtype(t)
-                typed = _TYPED_STORAGES.get(dtype_name)
-                p.global_("torch._utils", "_rebuild_tensor_v2" if typed else "_rebuild_tensor_v3")
-                p.raw(b"((")
-                p.unicode("storage")
-                if typed:
-                    p.global_("torch", typed)
-                    numel = storage.nbytes // (storage.dtype.itemsize or 1)
-                else:
-                    p.global_("torch.storage", "UntypedStorage")
-                    numel = storage.nbytes
-                p.unicode(str(s))
-                p.unicode("cpu")
-                p.int(numel)
-                p.raw(b"tQ")
-                p.int(0)
-                p.tuple(t.shape)
-                p.tuple(_contiguous_strides(t.shape))
-                p.raw(b"\x89")  # requires_grad False
-                p.global_("collections", "OrderedDict")
-                p.raw(b")R")  # backward hooks: an empty OrderedDict, as torch writes
-                if not typed:
-                    p.global_("torch", dtype_name)
-                p.raw(b"tR")
+                p.unicode(self.tensors[i].name)
+                self._emit_tensor(p, i)
             p.raw(b"u")
         p.raw(b".")
         return p.getvalue()
+
+    def _emit_tensor(self, p: _Pickle, i: int) -> None:
+        """`_rebuild_tensor_v2(storage, 0, shape, strides, False, OrderedDict())` (v3 with its dtype for
+        dtypes without a typed storage class), as torch.save writes a contiguous tensor."""
+        t, s = self.tensors[i], self._storage_of[i]
+        storage = self._storages[s]
+        dtype_name = _torch_dtype(t)
+        typed = _TYPED_STORAGES.get(dtype_name)
+        p.global_("torch._utils", "_rebuild_tensor_v2" if typed else "_rebuild_tensor_v3")
+        p.raw(b"((")
+        p.unicode("storage")
+        if typed:
+            p.global_("torch", typed)
+            numel = storage.nbytes // (storage.dtype.itemsize or 1)
+        else:
+            p.global_("torch.storage", "UntypedStorage")
+            numel = storage.nbytes
+        p.unicode(str(s))
+        p.unicode("cpu")
+        p.int(numel)
+        p.raw(b"tQ")
+        p.int(0)
+        p.tuple(t.shape)
+        p.tuple(_contiguous_strides(t.shape))
+        p.raw(b"\x89")  # requires_grad False
+        p.global_("collections", "OrderedDict")
+        p.raw(b")R")  # backward hooks: an empty OrderedDict, as torch writes
+        if not typed:
+            p.global_("torch", dtype_name)
+        p.raw(b"tR")
+
+    def _emit_structure(self, p: _Pickle, root: Node) -> None:
+        """The checkpoint's containers with their values, each tensor where its slot is; only opcodes and
+        globals torch.load(weights_only=True) accepts. A loop, not recursion: nesting may go 1000 deep."""
+        index = {t.name: i for i, t in enumerate(self.tensors)}
+        _open(p, root)
+        stack: list[tuple[Node, int]] = [(root, 0)]
+        while stack:
+            node, i = stack.pop()
+            while i < len(node.values):
+                if i and i % 1000 == 0 and node.kind != "tuple":  # a mark's items stay on the stack: batches
+                    p.raw(b"u(" if node.kind != "list" else b"e(")
+                if node.kind in ("dict", "odict"):
+                    _plain(p, node.keys[i])
+                value = node.values[i]
+                i += 1
+                if isinstance(value, Node):
+                    stack.append((node, i))
+                    _open(p, value)
+                    node, i = value, 0
+                elif isinstance(value, TensorSlot):
+                    self._emit_tensor(p, index[value.name])
+                else:
+                    _plain(p, value)
+            _close(p, node)
 
     # ------------------------------------------------------------------------------------------
     # streaming
@@ -291,6 +330,65 @@ class PytorchWriter(Writer):
                 write_all(sink, view[start : start + _CRC_CHUNK])
         finally:
             view.release()
+
+
+def _open(p: _Pickle, node: Node) -> None:
+    if node.kind == "odict":
+        p.global_("collections", "OrderedDict")
+        p.raw(b")R(")
+    else:
+        p.raw({"dict": b"}(", "list": b"](", "tuple": b"("}[node.kind])
+
+
+def _close(p: _Pickle, node: Node) -> None:
+    p.raw({"dict": b"u", "odict": b"u", "list": b"e", "tuple": b"t"}[node.kind])
+    if node.attrs:  # an OrderedDict's BUILD state (a state_dict's _metadata), as torch.save writes it
+        _plain(p, node.attrs)
+        p.raw(b"b")
+
+
+def _plain(p: _Pickle, value: object) -> None:
+    """None, a bool, int, float or str; or a dict of those (at most 3 deep: a state_dict's _metadata,
+    which `tree._module_versions` checked), written as OrderedDicts as torch writes them."""
+    if value is None:
+        p.raw(b"N")
+    elif value is True or value is False:
+        p.raw(b"\x88" if value else b"\x89")
+    elif type(value) is int:
+        p.int(value)
+    elif type(value) is float:
+        p.raw(b"G" + struct.pack(">d", value))
+    elif type(value) is str:
+        p.unicode(value)
+    elif isinstance(value, dict):
+        p.global_("collections", "OrderedDict")
+        p.raw(b")R(")
+        for k, v in value.items():
+            _plain(p, k)
+            _plain(p, v)
+        p.raw(b"u")
+    else:
+        raise TypeError(f"not a plain value: {type(value).__name__}")
+
+
+def _check_slots(root: Node, names: set[str]) -> None:
+    """Every tensor in exactly one slot, every slot a tensor: else the pickle would not hold the data."""
+    placed: set[str] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        for v in node.values:
+            if isinstance(v, Node):
+                todo.append(v)
+            elif isinstance(v, TensorSlot):
+                if v.name not in names:
+                    raise PlanError("the checkpoint structure names a tensor that is not written", tensor=v.name)
+                if v.name in placed:
+                    raise PlanError("the checkpoint structure holds this tensor twice", tensor=v.name)
+                placed.add(v.name)
+    if len(placed) != len(names):
+        missing = sorted(names - placed)
+        raise PlanError("the checkpoint structure has no place for this tensor", tensor=missing[0])
 
 
 def _seekable(sink: BinaryIO) -> bool:

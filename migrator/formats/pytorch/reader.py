@@ -15,6 +15,7 @@ from .core import _Span
 from .flatten import Flattener
 from .legacy import LegacyContainer
 from .tar import TarContainer
+from .tree import CheckpointTree, describe_tree
 from .zip import _RawMember
 
 
@@ -52,6 +53,8 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
         root = self._open()
         selected, prefix = self._select(root, top_level_key)
         pending = self._flatten(selected, prefix)
+        # the containers around the tensors, for a PyTorch target to write back (only without a selection)
+        self.structure: CheckpointTree | None = describe_tree(root, limits, self.label) if self._whole else None
         del root, selected  # the pickle's objects go before the tensors are made: a lower peak
         self._root = None  # kept by _select only for the errors of _flatten
         self.tensors = pending.build(self.source)

@@ -1,0 +1,326 @@
+"""A checkpoint's structure, kept so that a PyTorch -> PyTorch run writes it back with only tensor keys renamed.
+
+A training checkpoint is more than a state_dict: `{"model": sd, "optimizer": {"state": {0: {...}},
+"param_groups": [...]}, "epoch": 3, "args": {...}}`. The reader flattens it into named tensors (the
+plan works on those names); `describe_tree` also records the containers around them, as plain data:
+
+* `Node`: a dict, OrderedDict, list or tuple, with its keys as stored (strings, or ints such as an
+  optimizer's parameter ids) and its values in order; an OrderedDict's `_metadata` (module
+  versions, set by BUILD) is kept when it is plain data;
+* `TensorSlot`: where a tensor goes, by its flattened name (`model.layers.0.weight` for
+  `ckpt["model"]["layers.0.weight"]`);
+* None, bools, 64-bit ints, floats and strings as themselves.
+
+Nothing from the pickle is kept: no placeholder, no `TensorRef`; what the tree cannot hold (numpy
+arrays, devices, objects of unknown classes, non-string keys) is listed in `dropped`. The walk is
+bounded like the flattening that ran before it (`max_nodes` values, `max_nesting` levels; that walk
+refused cycles already). A flat state_dict (a dict of tensors and nothing else) has no tree: the
+writer's flat OrderedDict is that structure already.
+
+`place_tensors` is the plan's side: it gives each slot its tensor's target name (after remaps,
+filters, ops) and the key that name implies inside the slot's container, refusing a rename that
+leaves the container (the key would move between dicts, which `load_state_dict` would not see).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ... import safepickle as sp
+from ...errors import LimitExceededError, PlanError
+from ...limits import Limits
+from ..base import utf8_ok
+
+NodeKind = Literal["dict", "odict", "list", "tuple"]
+Plain = None | bool | int | float | str
+_INT64, _UINT64 = 1 << 63, 1 << 64
+
+
+@dataclass(slots=True)
+class TensorSlot:
+    """A tensor's place in the structure, by its name (the reader's flattened name, then the target's)."""
+
+    name: str
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """One container: `keys` (dict kinds only: each key as stored, str or int) and `values` in order.
+    `path` is the dotted name of the container, as tensor names are formed ("" at the top)."""
+
+    kind: NodeKind
+    path: str
+    keys: list[str | int] = field(default_factory=list)
+    values: list[Node | TensorSlot | Plain] = field(default_factory=list)
+    attrs: dict[str, Any] | None = None  # an OrderedDict's `_metadata`, plain data only
+
+    @property
+    def is_dict(self) -> bool:
+        return self.kind in ("dict", "odict")
+
+    def items(self) -> Iterator[tuple[str | int, Node | TensorSlot | Plain]]:
+        """(key, value): a dict's keys, a list's or tuple's indices."""
+        return zip(self.keys, self.values, strict=True) if self.is_dict else enumerate(self.values)
+
+
+@dataclass
+class CheckpointTree:
+    """The structure of a whole checkpoint: `root`, the non-tensor values kept (`kept`, dotted paths,
+    values inside lists/tuples counted under the list's path) and those that cannot be written back
+    (`dropped`)."""
+
+    root: Node
+    kept: list[str] = field(default_factory=list)
+    kept_count: int = 0
+    dropped: list[str] = field(default_factory=list)
+
+
+def _key_text(key: Any) -> str | None:
+    if type(key) is str:
+        return key
+    if type(key) is int and -_INT64 <= key < _INT64:
+        return str(key)
+    return None
+
+
+def _is_plain(value: Any) -> bool:
+    t = type(value)
+    if value is None or t is bool or t is float:
+        return True
+    if t is int:
+        return -_INT64 <= value < _UINT64
+    return t is str and utf8_ok(value)
+
+
+def _kind(value: Any) -> NodeKind:
+    if isinstance(value, sp.ODict):
+        return "odict"
+    return "dict" if isinstance(value, dict) else "list" if isinstance(value, list) else "tuple"
+
+
+def _pairs(value: Any) -> Iterator[tuple[Any, Any]]:
+    return iter(value.items()) if isinstance(value, dict) else enumerate(value)
+
+
+def _module_versions(value: Any) -> dict[str, Any] | None:
+    """A state_dict's `_metadata` ({module prefix: {"version": 1}}) when it is that plain data."""
+    attrs = getattr(value, "_attrs", None)
+    meta = attrs.get("_metadata") if attrs else None
+    if not isinstance(meta, dict) or len(meta) > 1_000_000:
+        return None
+    for k, v in meta.items():
+        if type(k) is not str or not utf8_ok(k) or not isinstance(v, dict) or len(v) > 100:
+            return None
+        if not all(type(vk) is str and utf8_ok(vk) and _is_plain(vv) for vk, vv in v.items()):
+            return None
+    return {"_metadata": meta}
+
+
+def is_flat(root: Any) -> bool:
+    """A dict of string keys to tensors: the flat OrderedDict the writer writes is its structure."""
+    return (isinstance(root, dict) and all(type(v) is sp.TensorRef for v in root.values())
+            and all(type(k) is str for k in root))
+
+
+def describe_tree(root: Any, limits: Limits, label: str) -> CheckpointTree | None:
+    """The structure around the tensors of a whole checkpoint, or None for a flat state_dict.
+    Runs after `Flattener._flatten`, which refused cycles, unsupported tensors and placeholders."""
+    if is_flat(root) or not isinstance(root, (dict, list, tuple)):
+        return None
+    top = Node(_kind(root), "", attrs=_module_versions(root))
+    tree = CheckpointTree(top)
+    kept: dict[str, None] = {}  # ordered set of the paths shown
+    stack: list[tuple[Node, Iterator[tuple[Any, Any]], str | None]] = [(top, _pairs(root), None)]
+    visits = 0
+    while stack:
+        node, it, in_list = stack[-1]
+        for key, value in it:
+            visits += 1
+            if visits > limits.max_nodes:
+                raise LimitExceededError(f"more than {limits.max_nodes} values in the checkpoint structure "
+                                         "(max_nodes)", file=label)
+            text = _key_text(key) if node.is_dict else str(key)
+            if text is None or not utf8_ok(text):
+                tree.dropped.append(f"{node.path}.<non-string key>" if node.path else "<non-string key>")
+                continue
+            name = f"{node.path}.{text}" if node.path else text
+            child: Node | TensorSlot | Plain
+            if type(value) is sp.TensorRef:
+                child = TensorSlot(name)
+            elif isinstance(value, (dict, list, tuple)):
+                child = Node(_kind(value), name, attrs=_module_versions(value))
+            elif _is_plain(value):
+                child = value
+                tree.kept_count += 1
+                kept[in_list or name] = None
+            else:
+                tree.dropped.append(name)
+                continue
+            if node.is_dict:
+                node.keys.append(key)
+            node.values.append(child)
+            if isinstance(child, Node):
+                inner = in_list or (name if child.kind in ("list", "tuple") else None)
+                stack.append((child, _pairs(value), inner))
+                break
+        else:
+            stack.pop()
+    tree.kept = list(kept)
+    return tree
+
+
+# ---------------------------------------------------------------------------------------------------
+# the plan's side
+
+
+@dataclass
+class Placed:
+    """The structure with each slot named as its output tensor, and what the plan should say about it."""
+
+    root: Node
+    notes: list[str]
+
+
+def place_tensors(tree: CheckpointTree, moves: Sequence[tuple[str, str]], label: str) -> Placed:
+    """Give every slot its output tensor: `moves` are (source name, target name) of the plan's entries.
+    A slot whose tensor is not written (a filter) is left out; a rename keeps the tensor in its own
+    container, with the key its new name gives there. Refused (PlanError naming the key): a rename that
+    leaves its container or renames a list element, one source made into several outputs, an output
+    made from no slot, two keys that collide."""
+    targets: dict[str, str] = {}
+    for src, dst in moves:
+        if src in targets:
+            raise PlanError(f"'{src}' becomes both '{targets[src]}' and '{dst}': the checkpoint's structure has one "
+                            "place for it; write SafeTensors, or pick a part with --top-level-key (top_level_key) "
+                            "for a flat state_dict", file=label, tensor=src)
+        targets[src] = dst
+    placed: set[str] = set()
+    left_out: list[str] = []
+    renamed: dict[str, str] = {}  # old key or name -> new name, to find what still refers to old names
+    touched: list[Node] = []  # containers with a renamed key: checked for collisions
+    versions_dropped: list[str] = []
+    root = Node(tree.root.kind, "", attrs=tree.root.attrs)
+    stack: list[tuple[Node, Iterator[tuple[str | int, Any]], Node]] = [(tree.root, tree.root.items(), root)]
+    while stack:
+        old, it, new = stack[-1]
+        for key, value in it:
+            if isinstance(value, Node):
+                child = Node(value.kind, value.path, attrs=value.attrs)
+                _add(new, key, child)
+                stack.append((value, value.items(), child))
+                break
+            if not isinstance(value, TensorSlot):
+                _add(new, key, value)
+                continue
+            target = targets.get(value.name)
+            if target is None:
+                left_out.append(value.name)
+                continue
+            placed.add(value.name)
+            if target != value.name:
+                key = _new_key(old, key, value.name, target, label)
+                renamed[value.name] = target
+                renamed[value.name[len(old.path) + 1:] if old.path else value.name] = target
+                if not touched or touched[-1] is not new:
+                    touched.append(new)
+                    if new.attrs is not None:  # module prefixes that no longer match the keys
+                        new.attrs = None
+                        versions_dropped.append(new.path or "the top level")
+            _add(new, key, TensorSlot(target))
+        else:
+            stack.pop()
+    unplaced = [dst for src, dst in moves if src not in placed]
+    if unplaced:
+        raise PlanError(f"'{unplaced[0]}' has no place in the checkpoint's structure (made by an op from several "
+                        "tensors?); write SafeTensors, or pick a part with --top-level-key (top_level_key) for a "
+                        "flat state_dict", file=label, tensor=unplaced[0])
+    for node in touched:
+        _refuse_collisions(node, label)
+    notes = _notes(tree, root, left_out, renamed)
+    if versions_dropped:
+        notes.append(f"module versions (state_dict _metadata) not kept for {_shown(versions_dropped)}: keys there "
+                     "were renamed (load_state_dict then takes every module to be of the current version)")
+    return Placed(root, notes)
+
+
+def _new_key(node: Node, key: str | int, name: str, target: str, label: str) -> str | int:
+    """The key `target` names inside `node`; PlanError when it leaves the container."""
+    prefix = f"{node.path}." if node.path else ""
+    if not node.is_dict:
+        raise PlanError(f"'{name}' -> '{target}': '{name}' is element {key} of the {node.kind} '{node.path}', "
+                        "which has no names to rename; keep its name", file=label, tensor=name)
+    if not target.startswith(prefix) or len(target) == len(prefix):
+        where = f"'{node.path}'" if node.path else "the top level"
+        raise PlanError(f"'{name}' -> '{target}' moves the tensor out of its dict {where}: a PyTorch -> PyTorch run "
+                        f"keeps the checkpoint's structure and renames keys inside their dicts only (so "
+                        f"load_state_dict still finds them); rename within {where} (target names starting "
+                        f"'{prefix}'), or pick that part with --top-level-key (top_level_key) for a flat state_dict, "
+                        "or write SafeTensors", file=label, tensor=name)
+    new = target[len(prefix):]
+    return key if type(key) is int and new == str(key) else new
+
+
+def _add(node: Node, key: str | int, value: Node | TensorSlot | Plain) -> None:
+    if node.is_dict:
+        node.keys.append(key)
+    node.values.append(value)
+
+
+def _refuse_collisions(node: Node, label: str) -> None:
+    """Two keys of one dict that name the same value after renames (`1` and `'1'` included)."""
+    seen: set[str] = set()
+    for key in node.keys:
+        text = str(key)
+        if text in seen:
+            name = f"{node.path}.{text}" if node.path else text
+            raise PlanError(f"two values of the checkpoint would be named '{name}' after the renames", file=label,
+                            tensor=name)
+        seen.add(text)
+
+
+def _notes(tree: CheckpointTree, root: Node, left_out: list[str], renamed: Mapping[str, str]) -> list[str]:
+    notes = []
+    if tree.kept_count:
+        notes.append(f"kept {tree.kept_count} non-tensor values of the checkpoint (a PyTorch -> PyTorch run keeps "
+                     f"its structure): {_shown(tree.kept)}")
+    if tree.dropped:
+        notes.append(f"{len(tree.dropped)} values of the checkpoint not written (not tensors, numbers, strings, "
+                     f"None or containers): {_shown(tree.dropped)}")
+    if left_out:
+        notes.append(f"{len(left_out)} tensors left out of the checkpoint's structure (filtered or used by "
+                     f"ops): {_shown(left_out)}")
+    stale = _old_names(root, renamed) if renamed else []
+    if stale:
+        notes.append(f"{len(stale)} values of the checkpoint name tensors that were renamed and are kept as stored "
+                     "(e.g. an optimizer keyed by parameter names, or param_names): update them where they are "
+                     f"used to match parameters: {_shown(stale)}")
+    return notes
+
+
+def _nodes(root: Node) -> Iterator[Node]:
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo.extend(v for v in node.values if isinstance(v, Node))
+
+
+def _old_names(root: Node, renamed: Mapping[str, str]) -> list[str]:
+    """Paths of string values and of container keys equal to a renamed tensor's old key or name."""
+    found = []
+    for node in _nodes(root):
+        for key, value in node.items():
+            path = f"{node.path}.{key}" if node.path else str(key)
+            if (type(value) is str and value in renamed) or (
+                    node.is_dict and type(key) is str and key in renamed and not isinstance(value, TensorSlot)):
+                found.append(path)
+        if len(found) > 1000:
+            break
+    return found
+
+
+def _shown(names: Sequence[str], limit: int = 10) -> str:
+    shown = ", ".join(n[:200] for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
