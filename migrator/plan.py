@@ -87,6 +87,7 @@ class Plan:
     readers: list[Reader] = field(default_factory=list, repr=False)
     writer: Writer | None = field(default=None, repr=False)  # planned and checked; None when fatal
     inputs: list[tuple[str, Path]] = field(default_factory=list)  # (label, path) per source read
+    structure_notes: list[str] = field(default_factory=list)  # a PyTorch checkpoint's structure: what was kept
 
     @property
     def union(self) -> UnionReader | None:
@@ -280,10 +281,12 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         more = f" and {len(report.renumbered) - 5} more" if len(report.renumbered) > 5 else ""
         notes.append(f"renumbered {len(report.renumbered)} names to contiguous indices (contiguous_indices; "
                      f"Burn's Vec<Module> has no gaps): {shown}{more}")
-    structure = _structure(recipe, reader, out_fmt, tpl_path, entries, notes, fatal)
+    kept: list[str] = []  # what keeping a checkpoint's structure says
+    structure = _structure(recipe, reader, out_fmt, tpl_path, entries, kept, fatal)
+    notes += kept
     scalars = _scalars(recipe, reader, out_fmt, notes if structure is None else [], fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
-                notes, fatal, readers)
+                notes, fatal, readers, structure_notes=kept)
     if not fatal:
         try:
             if recipe.target.shard is not None:
@@ -298,9 +301,9 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                                             copy_from=folder, weights_name=name)
                 plan.notes += plan.writer.notes
             else:
-                kept = {} if structure is None else {"structure": structure}
+                tree = {} if structure is None else {"structure": structure}
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars,
-                                                    **kept)
+                                                    **tree)
         except MigratorError as e:
             fatal.append(str(e))
     return plan
@@ -682,7 +685,8 @@ def _structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path: Path | No
     from .formats.pytorch.tree import place_tensors
 
     try:
-        placed = place_tensors(tree, [(e.source, e.target) for e in entries if e.source is not None], reader.label)
+        placed = place_tensors(tree, reader.names(), [(e.source, e.target) for e in entries if e.source is not None],
+                               reader.label)
     except PlanError as e:
         fatal.append(str(e))
         return None

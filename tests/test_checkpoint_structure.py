@@ -219,8 +219,48 @@ def test_recipe_run_keeps_structure(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("version: 1\nsource:\n  path: train.pt\nremap:\n  - from: '^model\\.0\\.'\n    to: 'model.inp.'\n"
                       "  - from: '^model\\.2\\.'\n    to: 'model.out.'\ntarget:\n  path: out.pt\n")
-    r = migrate_in_process("run", str(recipe))
+    r = migrate_in_process("run", str(recipe), "--report", str(tmp_path / "report.json"))
     assert r.returncode == 0, r.stderr
+    assert "note: kept 27 non-tensor values of the checkpoint" in r.stdout
+    kept = json.loads((tmp_path / "report.json").read_text())["checkpoint_structure"]
+    assert kept[0].startswith("kept 27 non-tensor values") and "args.schedule" in kept[0]
     out = torch.load(tmp_path / "out.pt", weights_only=True)
     assert list(out) == list(original) and list(out["model"]) == ["inp.weight", "inp.bias", "out.weight", "out.bias"]
     assert out["optimizer"]["param_groups"] == original["optimizer"]["param_groups"]
+
+
+@pytest.mark.parametrize(("remap", "message"), [
+    (r"^extra\.w$=extra.version", "two values of the checkpoint would be named 'extra.version' after the renames"),
+    (r"^ema\.0$=ema.first", "'ema.0' -> 'ema.first': 'ema.0' is element 0 of the list 'ema'"),
+])
+def test_renames_the_structure_cannot_hold_are_refused(tmp_path: Path, remap: str, message: str) -> None:
+    src, dst = tmp_path / "c.pt", tmp_path / "out.pt"
+    torch.save({"extra": {"w": torch.ones(2), "version": 1}, "ema": [torch.zeros(1), torch.ones(1)]}, src)
+    r = migrate_in_process("convert", str(src), str(dst), "--remap", remap)
+    assert r.returncode == 1 and message in r.stderr, r.stderr
+    assert not dst.exists()
+
+
+def test_filtered_tensors_leave_their_slots_and_are_listed(tmp_path: Path) -> None:
+    src, dst = tmp_path / "train.pt", tmp_path / "model-only.pt"
+    original = _training_checkpoint(src)
+    r = migrate_in_process("convert", str(src), str(dst), "--exclude", r"^optimizer\.state\.", "--json")
+    assert r.returncode == 0, r.stderr
+    out = torch.load(dst, weights_only=True)
+    assert out["optimizer"]["state"] == {0: {}, 1: {}, 2: {}, 3: {}}
+    assert out["optimizer"]["param_groups"] == original["optimizer"]["param_groups"]
+    _model().load_state_dict(out["model"], strict=True)
+    notes = json.loads(r.stdout)["notes"]
+    assert any(n.startswith("12 tensors left out of the checkpoint's structure") and "optimizer.state.0.step" in n
+               for n in notes), notes
+
+
+def test_values_the_structure_cannot_hold_are_listed(tmp_path: Path) -> None:
+    src, dst = tmp_path / "c.pt", tmp_path / "out.pt"
+    torch.save({"w": torch.ones(2), "device": torch.device("cpu"), "dtype": torch.float16, "epoch": 2}, src)
+    r = migrate_in_process("convert", str(src), str(dst), "--json")
+    assert r.returncode == 0, r.stderr
+    out = torch.load(dst, weights_only=True)
+    assert list(out) == ["w", "epoch"] and out["epoch"] == 2 and _bit_equal(out["w"], torch.ones(2))
+    notes = json.loads(r.stdout)["notes"]
+    assert any(n.startswith("2 values of the checkpoint not written") and "device, dtype" in n for n in notes), notes

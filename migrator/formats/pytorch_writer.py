@@ -13,8 +13,12 @@ cache. A large computed tensor (cast, transpose) is streamed piece by piece, mad
 (`streaming.Ahead`) and checksummed as written; its header's CRC field is filled in afterwards. A
 small one, or any on a sink that cannot seek back, is made whole and checksummed before its header.
 
-Only tensors are written: a state_dict must hold nothing else for `load_state_dict`, so metadata
-and scalars are not carried into `.pt` (they are listed in `dropped`).
+Without a `structure`, only tensors are written, as one flat OrderedDict: a state_dict must hold
+nothing else for `load_state_dict`, so metadata and scalars are not carried into `.pt` (they are
+listed in `dropped`). With one (`formats.pytorch.tree.Node`, a checkpoint's containers as the plan
+placed its tensors), the pickle is that tree: dicts, OrderedDicts (with a state_dict's `_metadata`),
+lists, tuples, None, bools, ints, floats and strings, each tensor in its slot, still with only the
+globals and opcodes `torch.load(weights_only=True)` accepts.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import BinaryIO
 
 from ..dtypes import DType
 from ..errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
+from ..safepickle import ODict
 from ..scalars import Scalar
 from ..streaming import SMALL_READ, Ahead, write_all, write_computed, write_tensor
 from ..tensor import LazyTensor
@@ -349,7 +354,7 @@ def _close(p: _Pickle, node: Node) -> None:
 
 def _plain(p: _Pickle, value: object) -> None:
     """None, a bool, int, float or str; or a dict of those (at most 3 deep: a state_dict's _metadata,
-    which `tree._module_versions` checked), written as OrderedDicts as torch writes them."""
+    which `tree._module_versions` checked)."""
     if value is None:
         p.raw(b"N")
     elif value is True or value is False:
@@ -360,9 +365,12 @@ def _plain(p: _Pickle, value: object) -> None:
         p.raw(b"G" + struct.pack(">d", value))
     elif type(value) is str:
         p.unicode(value)
-    elif isinstance(value, dict):
-        p.global_("collections", "OrderedDict")
-        p.raw(b")R(")
+    elif isinstance(value, dict):  # an OrderedDict stays one, a dict a dict
+        if isinstance(value, ODict):
+            p.global_("collections", "OrderedDict")
+            p.raw(b")R(")
+        else:
+            p.raw(b"}(")
         for k, v in value.items():
             _plain(p, k)
             _plain(p, v)

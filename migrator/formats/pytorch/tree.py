@@ -36,23 +36,29 @@ from ..base import utf8_ok
 NodeKind = Literal["dict", "odict", "list", "tuple"]
 Plain = None | bool | int | float | str
 _INT64, _UINT64 = 1 << 63, 1 << 64
+_SHOWN = 1000  # names kept for a note (counts are exact)
 
 
 @dataclass(slots=True)
 class TensorSlot:
-    """A tensor's place in the structure, by its name (the reader's flattened name, then the target's)."""
+    """A tensor's place in the structure. In a reader's tree every slot is `SOURCE_SLOT` (the k-th slot
+    in walk order is the reader's k-th tensor: the flattening walks the same way), with None as its key
+    in a dict when the key is the end of the tensor's name: per tensor, a tree costs two list entries.
+    In a placed tree (`place_tensors`), each slot names its output tensor and keys are real."""
 
     name: str
+
+
+SOURCE_SLOT = TensorSlot("")
 
 
 @dataclass(slots=True, eq=False)
 class Node:
     """One container: `keys` (dict kinds only: each key as stored, str or int) and `values` in order.
-    `path` is the dotted name of the container, as tensor names are formed ("" at the top)."""
+    Its dotted name is not stored (a hostile pickle's deep paths would add up): walks build it."""
 
     kind: NodeKind
-    path: str
-    keys: list[str | int] = field(default_factory=list)
+    keys: list[str | int | None] = field(default_factory=list)  # None: a tensor's key, from its name
     values: list[Node | TensorSlot | Plain] = field(default_factory=list)
     attrs: dict[str, Any] | None = None  # an OrderedDict's `_metadata`, plain data only
 
@@ -60,7 +66,7 @@ class Node:
     def is_dict(self) -> bool:
         return self.kind in ("dict", "odict")
 
-    def items(self) -> Iterator[tuple[str | int, Node | TensorSlot | Plain]]:
+    def items(self) -> Iterator[tuple[str | int | None, Node | TensorSlot | Plain]]:
         """(key, value): a dict's keys, a list's or tuple's indices."""
         return zip(self.keys, self.values, strict=True) if self.is_dict else enumerate(self.values)
 
@@ -75,6 +81,7 @@ class CheckpointTree:
     kept: list[str] = field(default_factory=list)
     kept_count: int = 0
     dropped: list[str] = field(default_factory=list)
+    dropped_count: int = 0
 
 
 def _key_text(key: Any) -> str | None:
@@ -129,41 +136,51 @@ def describe_tree(root: Any, limits: Limits, label: str) -> CheckpointTree | Non
     Runs after `Flattener._flatten`, which refused cycles, unsupported tensors and placeholders."""
     if is_flat(root) or not isinstance(root, (dict, list, tuple)):
         return None
-    top = Node(_kind(root), "", attrs=_module_versions(root))
+    top = Node(_kind(root), attrs=_module_versions(root))
     tree = CheckpointTree(top)
     kept: dict[str, None] = {}  # ordered set of the paths shown
-    stack: list[tuple[Node, Iterator[tuple[Any, Any]], str | None]] = [(top, _pairs(root), None)]
+    stack: list[tuple[Node, str, Iterator[tuple[Any, Any]], str | None]] = [(top, "", _pairs(root), None)]
     visits = 0
     while stack:
-        node, it, in_list = stack[-1]
+        node, path, it, in_list = stack[-1]
         for key, value in it:
             visits += 1
             if visits > limits.max_nodes:
                 raise LimitExceededError(f"more than {limits.max_nodes} values in the checkpoint structure "
                                          "(max_nodes)", file=label)
+            if type(value) is sp.TensorRef and (type(key) is str or not node.is_dict):  # named as the reader did
+                if node.is_dict:
+                    node.keys.append(None)  # not the pickle's key object: see `Flattener._flatten`
+                node.values.append(SOURCE_SLOT)
+                continue
             text = _key_text(key) if node.is_dict else str(key)
             if text is None or not utf8_ok(text):
-                tree.dropped.append(f"{node.path}.<non-string key>" if node.path else "<non-string key>")
+                tree.dropped_count += 1
+                if len(tree.dropped) < _SHOWN:
+                    tree.dropped.append(f"{path}.<non-string key>" if path else "<non-string key>")
                 continue
-            name = f"{node.path}.{text}" if node.path else text
+            name = f"{path}.{text}" if path else text
             child: Node | TensorSlot | Plain
-            if type(value) is sp.TensorRef:
-                child = TensorSlot(name)
+            if type(value) is sp.TensorRef:  # under an int key
+                child = SOURCE_SLOT
             elif isinstance(value, (dict, list, tuple)):
-                child = Node(_kind(value), name, attrs=_module_versions(value))
+                child = Node(_kind(value), attrs=_module_versions(value))
             elif _is_plain(value):
                 child = value
                 tree.kept_count += 1
-                kept[in_list or name] = None
+                if len(kept) < _SHOWN:
+                    kept[in_list or name] = None
             else:
-                tree.dropped.append(name)
+                tree.dropped_count += 1
+                if len(tree.dropped) < _SHOWN:
+                    tree.dropped.append(name)
                 continue
             if node.is_dict:
                 node.keys.append(key)
             node.values.append(child)
             if isinstance(child, Node):
                 inner = in_list or (name if child.kind in ("list", "tuple") else None)
-                stack.append((child, _pairs(value), inner))
+                stack.append((child, name, _pairs(value), inner))
                 break
         else:
             stack.pop()
@@ -183,12 +200,14 @@ class Placed:
     notes: list[str]
 
 
-def place_tensors(tree: CheckpointTree, moves: Sequence[tuple[str, str]], label: str) -> Placed:
-    """Give every slot its output tensor: `moves` are (source name, target name) of the plan's entries.
-    A slot whose tensor is not written (a filter) is left out; a rename keeps the tensor in its own
-    container, with the key its new name gives there. Refused (PlanError naming the key): a rename that
-    leaves its container or renames a list element, one source made into several outputs, an output
-    made from no slot, two keys that collide."""
+def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tuple[str, str]],
+                  label: str) -> Placed:
+    """Give every slot its output tensor: `names` are the reader's tensor names (the k-th is the k-th
+    slot's), `moves` the (source name, target name) of the plan's entries. A slot whose tensor is not
+    written (a filter) is left out; a rename keeps the tensor in its own container, with the key its new
+    name gives there. Refused (PlanError naming the key): a rename that leaves its container or renames
+    a list element, one source made into several outputs, an output made from no slot, two keys that
+    collide."""
     targets: dict[str, str] = {}
     for src, dst in moves:
         if src in targets:
@@ -199,45 +218,56 @@ def place_tensors(tree: CheckpointTree, moves: Sequence[tuple[str, str]], label:
     placed: set[str] = set()
     left_out: list[str] = []
     renamed: dict[str, str] = {}  # old key or name -> new name, to find what still refers to old names
-    touched: list[Node] = []  # containers with a renamed key: checked for collisions
+    touched: list[tuple[Node, str]] = []  # containers with a renamed key (and path): checked for collisions
     versions_dropped: list[str] = []
-    root = Node(tree.root.kind, "", attrs=tree.root.attrs)
-    stack: list[tuple[Node, Iterator[tuple[str | int, Any]], Node]] = [(tree.root, tree.root.items(), root)]
+    slots = iter(names)
+    root = Node(tree.root.kind, attrs=tree.root.attrs)
+    stack: list[tuple[Node, str, Iterator[tuple[Any, Any]], Node]] = [(tree.root, "", tree.root.items(), root)]
     while stack:
-        old, it, new = stack[-1]
+        old, path, it, new = stack[-1]
         for key, value in it:
             if isinstance(value, Node):
-                child = Node(value.kind, value.path, attrs=value.attrs)
+                child = Node(value.kind, attrs=value.attrs)
                 _add(new, key, child)
-                stack.append((value, value.items(), child))
+                stack.append((value, f"{path}.{key}" if path else str(key), value.items(), child))
                 break
             if not isinstance(value, TensorSlot):
                 _add(new, key, value)
                 continue
-            target = targets.get(value.name)
+            name = next(slots, None)
+            prefix = f"{path}." if path else ""
+            if name is None or not name.startswith(prefix):
+                raise PlanError("the checkpoint's structure and its tensors disagree (a bug): write SafeTensors, "
+                                "or use --top-level-key", file=label, tensor=name)
+            if key is None:
+                key = name[len(prefix):]
+            target = targets.get(name)
             if target is None:
-                left_out.append(value.name)
+                left_out.append(name)
                 continue
-            placed.add(value.name)
-            if target != value.name:
-                key = _new_key(old, key, value.name, target, label)
-                renamed[value.name] = target
-                renamed[value.name[len(old.path) + 1:] if old.path else value.name] = target
-                if not touched or touched[-1] is not new:
-                    touched.append(new)
+            placed.add(name)
+            if target != name:
+                key = _new_key(old, path, key, name, target, label)
+                renamed[name] = target
+                renamed[name[len(prefix):]] = target
+                if not touched or touched[-1][0] is not new:
+                    touched.append((new, path))
                     if new.attrs is not None:  # module prefixes that no longer match the keys
                         new.attrs = None
-                        versions_dropped.append(new.path or "the top level")
+                        versions_dropped.append(path or "the top level")
             _add(new, key, TensorSlot(target))
         else:
             stack.pop()
+    if next(slots, None) is not None:
+        raise PlanError("the checkpoint's structure and its tensors disagree (a bug): write SafeTensors, or use "
+                        "--top-level-key", file=label)
     unplaced = [dst for src, dst in moves if src not in placed]
     if unplaced:
         raise PlanError(f"'{unplaced[0]}' has no place in the checkpoint's structure (made by an op from several "
                         "tensors?); write SafeTensors, or pick a part with --top-level-key (top_level_key) for a "
                         "flat state_dict", file=label, tensor=unplaced[0])
-    for node in touched:
-        _refuse_collisions(node, label)
+    for node, path in touched:
+        _refuse_collisions(node, path, label)
     notes = _notes(tree, root, left_out, renamed)
     if versions_dropped:
         notes.append(f"module versions (state_dict _metadata) not kept for {_shown(versions_dropped)}: keys there "
@@ -245,14 +275,14 @@ def place_tensors(tree: CheckpointTree, moves: Sequence[tuple[str, str]], label:
     return Placed(root, notes)
 
 
-def _new_key(node: Node, key: str | int, name: str, target: str, label: str) -> str | int:
-    """The key `target` names inside `node`; PlanError when it leaves the container."""
-    prefix = f"{node.path}." if node.path else ""
+def _new_key(node: Node, path: str, key: str | int, name: str, target: str, label: str) -> str | int:
+    """The key `target` names inside `node` (named `path`); PlanError when it leaves the container."""
+    prefix = f"{path}." if path else ""
     if not node.is_dict:
-        raise PlanError(f"'{name}' -> '{target}': '{name}' is element {key} of the {node.kind} '{node.path}', "
+        raise PlanError(f"'{name}' -> '{target}': '{name}' is element {key} of the {node.kind} '{path}', "
                         "which has no names to rename; keep its name", file=label, tensor=name)
     if not target.startswith(prefix) or len(target) == len(prefix):
-        where = f"'{node.path}'" if node.path else "the top level"
+        where = f"'{path}'" if path else "the top level"
         raise PlanError(f"'{name}' -> '{target}' moves the tensor out of its dict {where}: a PyTorch -> PyTorch run "
                         f"keeps the checkpoint's structure and renames keys inside their dicts only (so "
                         f"load_state_dict still finds them); rename within {where} (target names starting "
@@ -262,19 +292,19 @@ def _new_key(node: Node, key: str | int, name: str, target: str, label: str) -> 
     return key if type(key) is int and new == str(key) else new
 
 
-def _add(node: Node, key: str | int, value: Node | TensorSlot | Plain) -> None:
+def _add(node: Node, key: str | int | None, value: Node | TensorSlot | Plain) -> None:
     if node.is_dict:
         node.keys.append(key)
     node.values.append(value)
 
 
-def _refuse_collisions(node: Node, label: str) -> None:
+def _refuse_collisions(node: Node, path: str, label: str) -> None:
     """Two keys of one dict that name the same value after renames (`1` and `'1'` included)."""
     seen: set[str] = set()
     for key in node.keys:
         text = str(key)
         if text in seen:
-            name = f"{node.path}.{text}" if node.path else text
+            name = f"{path}.{text}" if path else text
             raise PlanError(f"two values of the checkpoint would be named '{name}' after the renames", file=label,
                             tensor=name)
         seen.add(text)
@@ -285,8 +315,8 @@ def _notes(tree: CheckpointTree, root: Node, left_out: list[str], renamed: Mappi
     if tree.kept_count:
         notes.append(f"kept {tree.kept_count} non-tensor values of the checkpoint (a PyTorch -> PyTorch run keeps "
                      f"its structure): {_shown(tree.kept)}")
-    if tree.dropped:
-        notes.append(f"{len(tree.dropped)} values of the checkpoint not written (not tensors, numbers, strings, "
+    if tree.dropped_count:
+        notes.append(f"{tree.dropped_count} values of the checkpoint not written (not tensors, numbers, strings, "
                      f"None or containers): {_shown(tree.dropped)}")
     if left_out:
         notes.append(f"{len(left_out)} tensors left out of the checkpoint's structure (filtered or used by "
@@ -299,25 +329,19 @@ def _notes(tree: CheckpointTree, root: Node, left_out: list[str], renamed: Mappi
     return notes
 
 
-def _nodes(root: Node) -> Iterator[Node]:
-    todo = [root]
-    while todo:
-        node = todo.pop()
-        yield node
-        todo.extend(v for v in node.values if isinstance(v, Node))
-
-
 def _old_names(root: Node, renamed: Mapping[str, str]) -> list[str]:
     """Paths of string values and of container keys equal to a renamed tensor's old key or name."""
-    found = []
-    for node in _nodes(root):
+    found: list[str] = []
+    todo: list[tuple[Node, str]] = [(root, "")]
+    while todo and len(found) < _SHOWN:
+        node, base = todo.pop()
         for key, value in node.items():
-            path = f"{node.path}.{key}" if node.path else str(key)
+            path = f"{base}.{key}" if base else str(key)
+            if isinstance(value, Node):
+                todo.append((value, path))
             if (type(value) is str and value in renamed) or (
                     node.is_dict and type(key) is str and key in renamed and not isinstance(value, TensorSlot)):
                 found.append(path)
-        if len(found) > 1000:
-            break
     return found
 
 
