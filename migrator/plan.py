@@ -684,9 +684,13 @@ def _structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path: Path | No
         return None
     from .formats.pytorch.tree import place_tensors
 
+    names = reader.names()
+    known = set(names)
+    # an op's output made from several inputs names them all ("a, b"): it goes where its first input was
+    moves = [(e.source if e.source in known else e.source.split(", ", 1)[0], e.target)
+             for e in entries if e.source is not None]
     try:
-        placed = place_tensors(tree, reader.names(), [(e.source, e.target) for e in entries if e.source is not None],
-                               reader.label)
+        placed = place_tensors(tree, names, moves, reader.label)
     except PlanError as e:
         fatal.append(str(e))
         return None

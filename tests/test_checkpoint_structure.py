@@ -207,7 +207,7 @@ def test_parameter_names_that_a_rename_leaves_behind_are_noted(tmp_path: Path) -
     r = migrate_in_process("convert", str(src), str(dst), *REMAP, "--json")
     assert r.returncode == 0, r.stderr
     notes = json.loads(r.stdout)["notes"]
-    stale = [n for n in notes if "renamed and are kept as stored" in n]
+    stale = [n for n in notes if n.startswith("kept as stored, ") and "naming renamed tensors" in n]
     assert stale and "optimizer.param_groups.0.param_names" in stale[0]
     out = torch.load(dst, weights_only=True)
     assert out["optimizer"]["param_groups"][0]["param_names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
@@ -264,3 +264,23 @@ def test_values_the_structure_cannot_hold_are_listed(tmp_path: Path) -> None:
     assert list(out) == ["w", "epoch"] and out["epoch"] == 2 and _bit_equal(out["w"], torch.ones(2))
     notes = json.loads(r.stdout)["notes"]
     assert any(n.startswith("2 values of the checkpoint not written") and "device, dtype" in n for n in notes), notes
+
+
+def test_op_outputs_go_where_their_source_was(tmp_path: Path) -> None:
+    """A split's parts take their source's place; a concat's output its first input's (torch.split/cat the oracle)."""
+    original = _training_checkpoint(tmp_path / "train.pt")
+    recipe = tmp_path / "ops.yaml"
+    recipe.write_text("version: 1\nsource:\n  path: train.pt\nops:\n"
+                      "  - split: {from: 'model\\.0\\.weight', dim: 0, parts: 2, to: ['model.0.a', 'model.0.b']}\n"
+                      "  - concat: {from: ['model\\.0\\.bias', 'model.2.bias'], dim: 0, to: 'model.biases'}\n"
+                      "target:\n  path: out.pt\n")
+    r = migrate_in_process("run", str(recipe), "--json")
+    assert r.returncode == 0, r.stderr
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    sd = original["model"]
+    assert list(out["model"]) == ["0.a", "0.b", "biases", "2.weight"]
+    a, b = torch.split(sd["0.weight"], 4, dim=0)
+    assert _bit_equal(out["model"]["0.a"], a.contiguous()) and _bit_equal(out["model"]["0.b"], b.contiguous())
+    assert _bit_equal(out["model"]["biases"], torch.cat([sd["0.bias"], sd["2.bias"]]))
+    assert out["optimizer"]["param_groups"] == original["optimizer"]["param_groups"]
+    assert any(n.startswith("1 tensor left out") and "model.2.bias" in n for n in json.loads(r.stdout)["notes"])

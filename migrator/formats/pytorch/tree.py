@@ -206,15 +206,12 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
     slot's), `moves` the (source name, target name) of the plan's entries. A slot whose tensor is not
     written (a filter) is left out; a rename keeps the tensor in its own container, with the key its new
     name gives there. Refused (PlanError naming the key): a rename that leaves its container or renames
-    a list element, one source made into several outputs, an output made from no slot, two keys that
-    collide."""
-    targets: dict[str, str] = {}
+    a list element, a list element made into several outputs, an output made from no slot, two keys
+    that collide. Outputs of ops go where their source was (a split's parts all there; a concat's where
+    its first input was: the other inputs are left out)."""
+    targets: dict[str, list[str]] = {}  # a split makes several outputs of one source: all go where it was
     for src, dst in moves:
-        if src in targets:
-            raise PlanError(f"'{src}' becomes both '{targets[src]}' and '{dst}': the checkpoint's structure has one "
-                            "place for it; write SafeTensors, or pick a part with --top-level-key (top_level_key) "
-                            "for a flat state_dict", file=label, tensor=src)
-        targets[src] = dst
+        targets.setdefault(src, []).append(dst)
     placed: set[str] = set()
     left_out: list[str] = []
     renamed: dict[str, str] = {}  # old key or name -> new name, to find what still refers to old names
@@ -241,21 +238,28 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
                                 "or use --top-level-key", file=label, tensor=name)
             if key is None:
                 key = name[len(prefix):]
-            target = targets.get(name)
-            if target is None:
+            outputs = targets.get(name)
+            if outputs is None:
                 left_out.append(name)
                 continue
             placed.add(name)
-            if target != name:
-                key = _new_key(old, path, key, name, target, label)
-                renamed[name] = target
-                renamed[name[len(prefix):]] = target
-                if not touched or touched[-1][0] is not new:
-                    touched.append((new, path))
-                    if new.attrs is not None:  # module prefixes that no longer match the keys
-                        new.attrs = None
-                        versions_dropped.append(path or "the top level")
-            _add(new, key, TensorSlot(target))
+            if len(outputs) > 1 and not old.is_dict:
+                raise PlanError(f"'{name}' becomes {', '.join(repr(o) for o in outputs[:5])}: it is element {key} of "
+                                f"the {old.kind} '{path}', which has one place for it; write SafeTensors, or pick a "
+                                "part with --top-level-key (top_level_key) for a flat state_dict", file=label,
+                                tensor=name)
+            for target in outputs:
+                new_key = key
+                if target != name:
+                    new_key = _new_key(old, path, key, name, target, label)
+                    renamed[name] = target
+                    renamed[name[len(prefix):]] = target
+                    if not touched or touched[-1][0] is not new:
+                        touched.append((new, path))
+                        if new.attrs is not None:  # module prefixes that no longer match the keys
+                            new.attrs = None
+                            versions_dropped.append(path or "the top level")
+                _add(new, new_key, TensorSlot(target))
         else:
             stack.pop()
     if next(slots, None) is not None:
@@ -316,16 +320,16 @@ def _notes(tree: CheckpointTree, root: Node, left_out: list[str], renamed: Mappi
         notes.append(f"kept {tree.kept_count} non-tensor values of the checkpoint (a PyTorch -> PyTorch run keeps "
                      f"its structure): {_shown(tree.kept)}")
     if tree.dropped_count:
-        notes.append(f"{tree.dropped_count} values of the checkpoint not written (not tensors, numbers, strings, "
-                     f"None or containers): {_shown(tree.dropped)}")
+        notes.append(f"{_count(tree.dropped_count, 'value')} of the checkpoint not written (only tensors, numbers, "
+                     f"strings, None and containers are): {_shown(tree.dropped)}")
     if left_out:
-        notes.append(f"{len(left_out)} tensors left out of the checkpoint's structure (filtered or used by "
+        notes.append(f"{_count(len(left_out), 'tensor')} left out of the checkpoint's structure (filtered or used by "
                      f"ops): {_shown(left_out)}")
     stale = _old_names(root, renamed) if renamed else []
     if stale:
-        notes.append(f"{len(stale)} values of the checkpoint name tensors that were renamed and are kept as stored "
-                     "(e.g. an optimizer keyed by parameter names, or param_names): update them where they are "
-                     f"used to match parameters: {_shown(stale)}")
+        notes.append(f"kept as stored, {_count(len(stale), 'value')} of the checkpoint naming renamed tensors (e.g. "
+                     "an optimizer keyed by parameter names, or param_names): update them where they are used to "
+                     f"match parameters: {_shown(stale)}")
     return notes
 
 
@@ -343,6 +347,10 @@ def _old_names(root: Node, renamed: Mapping[str, str]) -> list[str]:
                     node.is_dict and type(key) is str and key in renamed and not isinstance(value, TensorSlot)):
                 found.append(path)
     return found
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _shown(names: Sequence[str], limit: int = 10) -> str:
