@@ -123,7 +123,8 @@ def test_training_checkpoint_pt_to_pt_keeps_structure_and_optimizer(tmp_path: Pa
     assert not any("scalars not written" in n for n in notes)
 
 
-def test_tuples_nested_lists_and_plain_values_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_tuples_nested_lists_and_plain_values_round_trip(tmp_path: Path, zip_format: bool) -> None:
     torch.manual_seed(1)
     w = torch.randn(3, 2)
     tied = torch.randn(4)
@@ -142,7 +143,7 @@ def test_tuples_nested_lists_and_plain_values_round_trip(tmp_path: Path) -> None
         "deep": deep,
     }
     src, dst = tmp_path / "misc.pt", tmp_path / "copy.pt"
-    torch.save(ckpt, src)
+    torch.save(ckpt, src, _use_new_zipfile_serialization=zip_format)
     r = migrate_in_process("convert", str(src), str(dst))
     assert r.returncode == 0, r.stderr
     out = torch.load(dst, weights_only=True)
