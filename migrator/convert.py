@@ -302,8 +302,9 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
-    with open_file(src_path, source_format, limits=limits) as reader:
-        if out_fmt == "pytorch" and not sharded and getattr(reader, "structure", None) is not None:
+    structure = {"keep_structure": True} if out_fmt == "pytorch" and not sharded else {}
+    with open_file(src_path, source_format, limits=limits, **structure) as reader:
+        if getattr(reader, "structure", None) is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan._structure`)
         tensors = list(reader.tensors)
         if reader.format == "pytorch" and contiguous_indices is None and out_fmt == "burnpack":

@@ -165,7 +165,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                                       for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
-        reader = open_source(recipe.inputs()[0], src_path, limits=limits)
+        one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+        reader = open_source(recipe.inputs()[0], src_path, limits=limits, keep_structure=one_file)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
@@ -282,9 +283,11 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         notes.append(f"renumbered {len(report.renumbered)} names to contiguous indices (contiguous_indices; "
                      f"Burn's Vec<Module> has no gaps): {shown}{more}")
     kept: list[str] = []  # what keeping a checkpoint's structure says
+    problems = len(fatal)
     structure = _structure(recipe, reader, out_fmt, tpl_path, entries, kept, fatal)
     notes += kept
-    scalars = _scalars(recipe, reader, out_fmt, notes if structure is None else [], fatal)
+    flat = structure is None and len(fatal) == problems  # else the scalars are in the structure (or refused)
+    scalars = _scalars(recipe, reader, out_fmt, notes if flat else [], fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers, structure_notes=kept)
     if not fatal:

@@ -285,3 +285,17 @@ def test_op_outputs_go_where_their_source_was(tmp_path: Path) -> None:
     assert _bit_equal(out["model"]["biases"], torch.cat([sd["0.bias"], sd["2.bias"]]))
     assert out["optimizer"]["param_groups"] == original["optimizer"]["param_groups"]
     assert any(n.startswith("1 tensor left out") and "model.2.bias" in n for n in json.loads(r.stdout)["notes"])
+
+
+def test_the_structure_is_read_only_for_a_pytorch_target(tmp_path: Path) -> None:
+    """Reading for any other target (or inspecting) keeps nothing more than before."""
+    import migrator
+
+    _training_checkpoint(tmp_path / "train.pt")
+    with migrator.open_file(tmp_path / "train.pt") as plain:
+        assert plain.structure is None  # type: ignore[attr-defined]
+    with migrator.open_file(tmp_path / "train.pt", keep_structure=True) as kept:
+        assert kept.structure is not None  # type: ignore[attr-defined]
+        assert kept.names() == plain.names()
+    with migrator.open_file(tmp_path / "train.pt", keep_structure=True, top_level_key="model") as selected:
+        assert selected.structure is None  # type: ignore[attr-defined]

@@ -89,6 +89,8 @@ def reader_over(source: ByteSource, path: str | os.PathLike[str] | None, format:
         fmt = detect(source, path) if format == "auto" else format
         cls = reader_class(fmt)
         key = options.pop("top_level_key", None) if not cls.nested_keys else None
+        if not getattr(cls, "keeps_structure", False):  # only a PyTorch checkpoint has containers to keep
+            options.pop("keep_structure", None)
         reader = cls(source, limits=limits, **options)  # type: ignore[call-arg]
         if key is not None:
             reader.select(key)
@@ -102,6 +104,7 @@ def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, opti
     from .sharded import ShardedReader
 
     key = options.pop("top_level_key", None)
+    options.pop("keep_structure", None)  # shards are state_dicts: written back flat
     if options:
         raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
     reader = ShardedReader(src, format, limits=limits)

@@ -2,7 +2,8 @@
 
 A training checkpoint is more than a state_dict: `{"model": sd, "optimizer": {"state": {0: {...}},
 "param_groups": [...]}, "epoch": 3, "args": {...}}`. The reader flattens it into named tensors (the
-plan works on those names); `describe_tree` also records the containers around them, as plain data:
+plan works on those names); opened with `keep_structure=True` (the plan does so for a PyTorch
+target), it also records the containers around them (`describe_tree`), as plain data:
 
 * `Node`: a dict, OrderedDict, list or tuple, with its keys as stored (strings, or ints such as an
   optimizer's parameter ids) and its values in order; an OrderedDict's `_metadata` (module
