@@ -299,3 +299,23 @@ def test_the_structure_is_read_only_for_a_pytorch_target(tmp_path: Path) -> None
         assert kept.names() == plain.names()
     with migrator.open_file(tmp_path / "train.pt", keep_structure=True, top_level_key="model") as selected:
         assert selected.structure is None  # type: ignore[attr-defined]
+
+
+def test_shared_plain_containers_stay_shared_and_a_memo_bomb_stays_small(tmp_path: Path) -> None:
+    """torch.load gives one object where the source pickled one (memo): so does the output, written once."""
+    bomb: Any = [0.5]
+    for _ in range(14):  # 2**14 leaves by path, 15 lists in the file
+        bomb = [bomb, bomb]
+    schedule = {"milestones": [10, 20], "gamma": 0.1}
+    src, dst = tmp_path / "c.pt", tmp_path / "out.pt"
+    torch.save({"w": torch.ones(3), "sched_a": schedule, "sched_b": schedule, "bomb": bomb}, src)
+    r = migrate_in_process("convert", str(src), str(dst))
+    assert r.returncode == 0, r.stderr
+    theirs, ours = torch.load(src, weights_only=True), torch.load(dst, weights_only=True)
+    assert theirs["sched_a"] is theirs["sched_b"] and ours["sched_a"] is ours["sched_b"]
+    assert ours["sched_a"] == schedule and ours["bomb"][0] is ours["bomb"][1]
+    assert dst.stat().st_size < src.stat().st_size + 4096
+    node = ours["bomb"]
+    for _ in range(14):
+        node = node[1]
+    assert node == [0.5]

@@ -261,9 +261,11 @@ class PytorchWriter(Writer):
 
     def _emit_structure(self, p: _Pickle, root: Node) -> None:
         """The checkpoint's containers with their values, each tensor where its slot is; only opcodes and
-        globals torch.load(weights_only=True) accepts. A loop, not recursion: nesting may go 1000 deep."""
+        globals torch.load(weights_only=True) accepts. A loop, not recursion: nesting may go 1000 deep.
+        A container without tensors is memoized: where the source shared it, the output shares it too."""
         index = {t.name: i for i, t in enumerate(self.tensors)}
-        _open(p, root)
+        memo: dict[int, int] = {}  # id(Node) -> memo index, for Nodes without tensors
+        _open(p, root, memo)
         stack: list[tuple[Node, int]] = [(root, 0)]
         while stack:
             node, i = stack.pop()
@@ -274,15 +276,17 @@ class PytorchWriter(Writer):
                     _plain(p, node.keys[i])
                 value = node.values[i]
                 i += 1
-                if isinstance(value, Node):
+                if isinstance(value, Node) and id(value) in memo:
+                    p.get(memo[id(value)])
+                elif isinstance(value, Node):
                     stack.append((node, i))
-                    _open(p, value)
+                    _open(p, value, memo)
                     node, i = value, 0
                 elif isinstance(value, TensorSlot):
                     self._emit_tensor(p, index[value.name])
                 else:
                     _plain(p, value)
-            _close(p, node)
+            _close(p, node, memo)
 
     # ------------------------------------------------------------------------------------------
     # streaming
@@ -337,16 +341,25 @@ class PytorchWriter(Writer):
             view.release()
 
 
-def _open(p: _Pickle, node: Node) -> None:
+def _open(p: _Pickle, node: Node, memo: dict[int, int]) -> None:
+    """A container's start; one without tensors is memoized here (a tuple once it is built)."""
+    if node.kind == "tuple":
+        p.raw(b"(")
+        return
     if node.kind == "odict":
         p.global_("collections", "OrderedDict")
-        p.raw(b")R(")
+        p.raw(b")R")
     else:
-        p.raw({"dict": b"}(", "list": b"](", "tuple": b"("}[node.kind])
+        p.raw(b"}" if node.kind == "dict" else b"]")
+    if not node.tensors:
+        memo[id(node)] = p.put()
+    p.raw(b"(")
 
 
-def _close(p: _Pickle, node: Node) -> None:
+def _close(p: _Pickle, node: Node, memo: dict[int, int]) -> None:
     p.raw({"dict": b"u", "odict": b"u", "list": b"e", "tuple": b"t"}[node.kind])
+    if node.kind == "tuple" and not node.tensors:
+        memo[id(node)] = p.put()
     if node.attrs:  # an OrderedDict's BUILD state (a state_dict's _metadata), as torch.save writes it
         _plain(p, node.attrs)
         p.raw(b"b")
@@ -494,13 +507,13 @@ class _Pickle:
         self._parts.append(b"q" + bytes([idx]) if idx < 256 else b"r" + struct.pack("<I", idx))
         return idx
 
-    def _get(self, idx: int) -> None:
+    def get(self, idx: int) -> None:
         self._parts.append(b"h" + bytes([idx]) if idx < 256 else b"j" + struct.pack("<I", idx))
 
     def global_(self, module: str, name: str) -> None:
         key = ("g", f"{module}\n{name}")
         if key in self._memo:
-            self._get(self._memo[key])
+            self.get(self._memo[key])
             return
         self.raw(b"c" + f"{module}\n{name}\n".encode())
         self._memo[key] = self.put()
@@ -508,7 +521,7 @@ class _Pickle:
     def unicode(self, s: str) -> None:
         key = ("s", s)
         if key in self._memo:
-            self._get(self._memo[key])
+            self.get(self._memo[key])
             return
         b = s.encode("utf-8")
         self.raw(b"X" + struct.pack("<I", len(b)) + b)

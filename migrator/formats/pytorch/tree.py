@@ -62,6 +62,7 @@ class Node:
     keys: list[str | int | None] = field(default_factory=list)  # None: a tensor's key, from its name
     values: list[Node | TensorSlot | Plain] = field(default_factory=list)
     attrs: dict[str, Any] | None = None  # an OrderedDict's `_metadata`, plain data only
+    tensors: bool = False  # whether a tensor slot is inside: a Node without is shared where the pickle shares it
 
     @property
     def is_dict(self) -> bool:
@@ -132,6 +133,11 @@ def is_flat(root: Any) -> bool:
             and all(type(k) is str for k in root))
 
 
+_Frame = tuple[Node, str, Iterator[tuple[Any, Any]], str | None, int, int, int]
+"""`describe_tree`'s walk: node, its path, its items, the enclosing list's path, the container's id, and the
+plain and dropped counts when it was entered."""
+
+
 def describe_tree(root: Any, limits: Limits, label: str) -> CheckpointTree | None:
     """The structure around the tensors of a whole checkpoint, or None for a flat state_dict.
     Runs after `Flattener._flatten`, which refused cycles, unsupported tensors and placeholders."""
@@ -140,10 +146,13 @@ def describe_tree(root: Any, limits: Limits, label: str) -> CheckpointTree | Non
     top = Node(_kind(root), attrs=_module_versions(root))
     tree = CheckpointTree(top)
     kept: dict[str, None] = {}  # ordered set of the paths shown
-    stack: list[tuple[Node, str, Iterator[tuple[Any, Any]], str | None]] = [(top, "", _pairs(root), None)]
+    # a container without tensors that the pickle shares (memo) is one Node, kept once: id -> (Node, the
+    # plain values and the dropped ones it holds), so a memo bomb of plain values costs its distinct objects
+    shared: dict[int, tuple[Node, int, int]] = {}
+    stack: list[_Frame] = [(top, "", _pairs(root), None, id(root), 0, 0)]
     visits = 0
     while stack:
-        node, path, it, in_list = stack[-1]
+        node, path, it, in_list = stack[-1][:4]
         for key, value in it:
             visits += 1
             if visits > limits.max_nodes:
@@ -153,6 +162,7 @@ def describe_tree(root: Any, limits: Limits, label: str) -> CheckpointTree | Non
                 if node.is_dict:
                     node.keys.append(None)  # not the pickle's key object: see `Flattener._flatten`
                 node.values.append(SOURCE_SLOT)
+                node.tensors = True
                 continue
             text = _key_text(key) if node.is_dict else str(key)
             if text is None or not utf8_ok(text):
@@ -162,8 +172,14 @@ def describe_tree(root: Any, limits: Limits, label: str) -> CheckpointTree | Non
                 continue
             name = f"{path}.{text}" if path else text
             child: Node | TensorSlot | Plain
+            again = shared.get(id(value)) if isinstance(value, (dict, list, tuple)) else None
             if type(value) is sp.TensorRef:  # under an int key
                 child = SOURCE_SLOT
+                node.tensors = True
+            elif again is not None:
+                child = again[0]
+                tree.kept_count += again[1]
+                tree.dropped_count += again[2]
             elif isinstance(value, (dict, list, tuple)):
                 child = Node(_kind(value), attrs=_module_versions(value))
             elif _is_plain(value):
@@ -179,12 +195,16 @@ def describe_tree(root: Any, limits: Limits, label: str) -> CheckpointTree | Non
             if node.is_dict:
                 node.keys.append(key)
             node.values.append(child)
-            if isinstance(child, Node):
+            if isinstance(child, Node) and again is None:
                 inner = in_list or (name if child.kind in ("list", "tuple") else None)
-                stack.append((child, name, _pairs(value), inner))
+                stack.append((child, name, _pairs(value), inner, id(value), tree.kept_count, tree.dropped_count))
                 break
         else:
-            stack.pop()
+            done, _, _, _, oid, kept0, dropped0 = stack.pop()
+            if done.tensors and stack:
+                stack[-1][0].tensors = True
+            elif not done.tensors:
+                shared[oid] = (done, tree.kept_count - kept0, tree.dropped_count - dropped0)
     tree.kept = list(kept)
     return tree
 
@@ -219,13 +239,16 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
     touched: list[tuple[Node, str]] = []  # containers with a renamed key (and path): checked for collisions
     versions_dropped: list[str] = []
     slots = iter(names)
-    root = Node(tree.root.kind, attrs=tree.root.attrs)
+    root = Node(tree.root.kind, attrs=tree.root.attrs, tensors=True)
     stack: list[tuple[Node, str, Iterator[tuple[Any, Any]], Node]] = [(tree.root, "", tree.root.items(), root)]
     while stack:
         old, path, it, new = stack[-1]
         for key, value in it:
+            if isinstance(value, Node) and not value.tensors:  # nothing in it changes: the same Node
+                _add(new, key, value)
+                continue
             if isinstance(value, Node):
-                child = Node(value.kind, attrs=value.attrs)
+                child = Node(value.kind, attrs=value.attrs, tensors=True)
                 _add(new, key, child)
                 stack.append((value, f"{path}.{key}" if path else str(key), value.items(), child))
                 break
@@ -338,11 +361,13 @@ def _old_names(root: Node, renamed: Mapping[str, str]) -> list[str]:
     """Paths of string values and of container keys equal to a renamed tensor's old key or name."""
     found: list[str] = []
     todo: list[tuple[Node, str]] = [(root, "")]
+    seen: set[int] = set()  # a shared Node is looked through once
     while todo and len(found) < _SHOWN:
         node, base = todo.pop()
         for key, value in node.items():
             path = f"{base}.{key}" if base else str(key)
-            if isinstance(value, Node):
+            if isinstance(value, Node) and id(value) not in seen:
+                seen.add(id(value))
                 todo.append((value, path))
             if (type(value) is str and value in renamed) or (
                     node.is_dict and type(key) is str and key in renamed and not isinstance(value, TensorSlot)):
