@@ -29,9 +29,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ... import safepickle as sp
-from ...errors import LimitExceededError, PlanError
-from ...limits import Limits
+from ...core.errors import LimitExceededError, PlanError
+from ...core.limits import Limits
+from .. import safepickle as sp
 from ..base import utf8_ok
 
 NodeKind = Literal["dict", "odict", "list", "tuple"]
@@ -125,6 +125,11 @@ def _module_versions(value: Any) -> dict[str, Any] | None:
         if not all(type(vk) is str and utf8_ok(vk) and _is_plain(vv) for vk, vv in v.items()):
             return None
     return {"_metadata": meta}
+
+
+def is_ordered_dict(value: Any) -> bool:
+    """Whether a dict kept in the tree (a `_metadata`) was pickled as an OrderedDict, for the writer."""
+    return isinstance(value, sp.ODict)
 
 
 def is_flat(root: Any) -> bool:
