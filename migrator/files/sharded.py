@@ -20,6 +20,7 @@ every shard tensor is listed; all shards are in one format.
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import json
 import mmap
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.bytesource import ByteSource, FileSource, FileSpan, FileView, closed_error
-from ..core.errors import FormatError, LimitExceededError, UnknownFormatError
+from ..core.errors import FormatError, LimitExceededError, MigratorError, UnknownFormatError
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import Buffer, LazyTensor
@@ -59,6 +60,23 @@ def is_model_part(name: str) -> bool:
     an index, the single weights file, or a numbered shard (what `--overwrite` of a folder replaces)."""
     return (name.endswith((".safetensors" + INDEX_SUFFIX, ".bin" + INDEX_SUFFIX)) or name in SAFETENSORS_SINGLE
             or name in PYTORCH_SINGLE or SHARD_FILE_RE.match(name) is not None)
+
+
+def model_parts(folder: Path) -> set[str]:
+    """The names at `folder`'s top that belong to the model there: `is_model_part` names and the flat
+    `.safetensors`/`.bin` shards its indexes name (what `--overwrite` of a folder may replace; the
+    `owned` of `storage.atomic_folder`)."""
+    try:
+        top = os.listdir(folder)
+    except OSError:
+        return set()
+    parts = {n for n in top if is_model_part(n)}
+    for n in top:
+        if n.endswith(INDEX_SUFFIX) and is_model_part(n):
+            with contextlib.suppress(MigratorError, OSError):
+                weight_map, _ = read_index(folder / n)
+                parts |= {v for v in weight_map.values() if "/" not in v and v.endswith((".safetensors", ".bin"))}
+    return parts
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".bpk", INDEX_SUFFIX)

@@ -310,10 +310,11 @@ def save_sharded(writer: ShardedWriter, path: str | os.PathLike[str], *, overwri
     """Write a `ShardedWriter`'s shards, index and companion files as one folder, atomically
     (`protect`, `outputs`, `mode_from`: as `atomic_folder`)."""
     from ..storage.atomic_folder import atomic_folder
+    from .sharded import model_parts
 
     out = writer.resolve_path(path)
     with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protect, outputs=outputs,
-                       mode_from=mode_from, names=writer.names()) as folder:
+                       mode_from=mode_from, names=writer.names(), owned=model_parts) as folder:
         for name, shard in writer.files:
             with folder.file(name, shard.total_size) as sink:
                 if progress is None:

@@ -21,8 +21,9 @@ def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outp
         check_remote_folder(url, overwrite=overwrite)
         return
     from ..storage.atomic_folder import check_folder_target as local
+    from .sharded import model_parts
 
-    local(target, overwrite=overwrite, protect=protect, outputs=outputs, names=names)
+    local(target, overwrite=overwrite, protect=protect, outputs=outputs, names=names, owned=model_parts)
 
 
 def check_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = ()) -> None:

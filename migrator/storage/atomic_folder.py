@@ -42,7 +42,7 @@ import re
 import shutil
 import stat
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -126,8 +126,15 @@ def check_folder_distinct(target: Path, protect: Iterable[Protected] = (),
                                         f"({os.path.join(folder, name)})", file=str(target))
 
 
+Owned = Callable[[Path], Iterable[str]]
+"""The names at an existing folder's top that belong to the model already there (`files.sharded.
+model_parts`: its weights, shards and indexes). The caller knows what a model folder is made of;
+publishing a folder does not."""
+
+
 def check_folder_target(target: Path, *, overwrite: bool, protect: Iterable[Protected] = (),
-                        outputs: Iterable[str | os.PathLike[str]] = (), names: Iterable[str] | None = None) -> None:
+                        outputs: Iterable[str | os.PathLike[str]] = (), names: Iterable[str] | None = None,
+                        owned: Owned | None = None) -> None:
     """Refuse a target that is a file, an existing folder without overwrite, the current folder (or one
     holding it), or a folder holding files that are not a model's (`foreign_entries`; `names`: the
     relative paths the new folder will hold, None when not known yet: then a folder without any
@@ -146,7 +153,7 @@ def check_folder_target(target: Path, *, overwrite: bool, protect: Iterable[Prot
                               "published whole, which would leave you in a deleted folder; write to a new "
                               "folder, or run from outside it", file=str(target))
     if names is not None:
-        check_no_foreign(target, names)
+        check_no_foreign(target, names, owned)
         return
     try:
         listed = os.listdir(target)
@@ -160,9 +167,9 @@ def check_folder_target(target: Path, *, overwrite: bool, protect: Iterable[Prot
 MAX_FOREIGN_SHOWN = 8
 
 
-def check_no_foreign(target: Path, names: Iterable[str]) -> None:
+def check_no_foreign(target: Path, names: Iterable[str], owned: Owned | None = None) -> None:
     """Refuse to replace the folder `target` when it holds anything `foreign_entries` finds."""
-    foreign = foreign_entries(target, names)
+    foreign = foreign_entries(target, names, owned)
     if foreign:
         shown = ", ".join(foreign[:MAX_FOREIGN_SHOWN])
         more = f" and {len(foreign) - MAX_FOREIGN_SHOWN} more" if len(foreign) > MAX_FOREIGN_SHOWN else ""
@@ -172,15 +179,11 @@ def check_no_foreign(target: Path, names: Iterable[str]) -> None:
                           file=str(target))
 
 
-def foreign_entries(target: Path, names: Iterable[str]) -> list[str]:
+def foreign_entries(target: Path, names: Iterable[str], owned: Owned | None = None) -> list[str]:
     """What the existing folder `target` holds beyond a model folder's parts: the weights at its top
-    (`files.sharded.is_model_part`, and the flat `.safetensors`/`.bin` shards its indexes name) and
-    the files the new folder holds (`names`, relative paths, and the folders leading to them). These
-    are the user's files, which publishing the new folder in its place would delete. Sorted; a
-    subfolder holding nothing allowed is one entry, `name/`."""
-    from ..core.errors import MigratorError
-    from ..files.sharded import INDEX_SUFFIX, is_model_part, read_index
-
+    (`owned`: `files.sharded.model_parts`) and the files the new folder holds (`names`, relative
+    paths, and the folders leading to them). These are the user's files, which publishing the new
+    folder in its place would delete. Sorted; a subfolder holding nothing allowed is one entry, `name/`."""
     allowed = {os.path.normpath(n) for n in names}
     needed: set[str] = set()  # the folders leading to a new file
     for n in allowed:
@@ -190,11 +193,7 @@ def foreign_entries(target: Path, names: Iterable[str]) -> list[str]:
         top = os.listdir(target)
     except OSError as e:
         raise OutputError(f"cannot list the existing target folder: {_describe(e)}", file=str(target)) from e
-    for n in top:
-        if n.endswith(INDEX_SUFFIX) and is_model_part(n):
-            with contextlib.suppress(MigratorError, OSError):
-                weight_map, _ = read_index(target / n)
-                allowed |= {v for v in weight_map.values() if "/" not in v and v.endswith((".safetensors", ".bin"))}
+    parts = set(owned(target)) if owned is not None else set()
     foreign: list[str] = []
     pending = [""]
     seen = 0
@@ -218,7 +217,7 @@ def foreign_entries(target: Path, names: Iterable[str]) -> list[str]:
                 pending.append(rel)
             elif is_dir:
                 foreign.append(rel + "/")
-            elif rel not in allowed and (rel_dir or not is_model_part(name)):
+            elif rel not in allowed and (rel_dir or name not in parts):
                 foreign.append(rel)
     return sorted(foreign)
 
@@ -346,7 +345,7 @@ class FolderScratch:
 def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False, fsync: bool = True,
                   protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
                   mode_from: Iterable[str | os.PathLike[str] | int] = (),
-                  names: Iterable[str] | None = None) -> Iterator[FolderScratch]:
+                  names: Iterable[str] | None = None, owned: Owned | None = None) -> Iterator[FolderScratch]:
     """Yield a scratch folder to write the whole output into; publish it as `target` on success.
     `protect`, `outputs`, `mode_from`: see the module docstring; `names`: the files the new folder
     will hold, when known up front (an old folder holding anything else is refused before writing;
@@ -354,7 +353,7 @@ def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False, fs
     target = Path(os.path.normpath(os.path.abspath(target)))
     protect, outputs = list(protect), list(outputs)
     names = None if names is None else list(names)
-    check_folder_target(target, overwrite=overwrite, protect=protect, outputs=outputs, names=names)
+    check_folder_target(target, overwrite=overwrite, protect=protect, outputs=outputs, names=names, owned=owned)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -383,7 +382,7 @@ def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False, fs
             folder.sync()
         check_folder_distinct(target, protect, outputs)  # again: a link to a source may have appeared meanwhile
         if overwrite and target.is_dir() and not target.is_symlink():  # again: a file may have been added meanwhile
-            check_no_foreign(target, [*(names or ()), *_names_in(scratch)])
+            check_no_foreign(target, [*(names or ()), *_names_in(scratch)], owned)
         old = _publish(scratch, target, overwrite=overwrite)
         published = True
     except OSError as e:
