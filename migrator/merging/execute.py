@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from .peft_adapter import Folded, FoldPlan, Replaced, fold_plan, open_adapter
 from .problems import MergeInputError
 
 if TYPE_CHECKING:
-    from .mergekit_config import MergeSpec
+    from .mergekit_config import LoadedConfig, MergeSpec
 
 COMPANIONS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt",
@@ -118,18 +119,41 @@ def merge_tensors(spec: MergeSpec, models: Mapping[str, Mapping[str, LazyTensor]
     return out
 
 
-def merge_folder(spec: MergeSpec, out: str | os.PathLike[str], *, overwrite: bool = False,
-                 max_shard_size: int | str = DEFAULT_SHARD) -> None:
-    """Run a merge spec: open each model folder, write the merged tensors and the base's companion files."""
-    from contextlib import ExitStack
-
+def open_models(paths: Mapping[str, str], loras: Mapping[str, str],
+                stack: ExitStack) -> dict[str, Mapping[str, LazyTensor]]:
+    """Each model opened (once per folder), a `base+lora` one with its adapter folded in (lazily)."""
     from ..formats import open_file
 
+    readers: dict[str, Mapping[str, LazyTensor]] = {}
+    models: dict[str, Mapping[str, LazyTensor]] = {}
+    for ref, path in paths.items():
+        if path not in readers:
+            readers[path] = stack.enter_context(open_file(path))
+        tensors = readers[path]
+        lora = loras.get(ref)
+        if lora is not None:
+            adapter = stack.enter_context(open_adapter(lora))
+            folded = fold_tensors(tensors, fold_plan(tensors, adapter))
+            tensors = {t.name: t for t in folded}
+        models[ref] = tensors
+    return models
+
+
+def merge_folder(config: str | os.PathLike[str] | LoadedConfig, out: str | os.PathLike[str], *,
+                 seed: int | None = None, overwrite: bool = False,
+                 max_shard_size: int | str = DEFAULT_SHARD) -> MergeSpec:
+    """Run a mergekit config: the merged tensors in shards, the base's companion files with its config.json
+    updated (`num_hidden_layers` after slices, `dtype`), and the config itself as `mergekit_config.yml`."""
+    from .mergekit_config import LoadedConfig, load_config, merge_spec, model_paths
+
+    loaded = config if isinstance(config, LoadedConfig) else load_config(config)
     with ExitStack() as stack:
-        models: dict[str, Mapping[str, LazyTensor]] = {}
-        for model_id, path in spec.models.items():
-            models[model_id] = stack.enter_context(open_file(path))
+        models = open_models(*model_paths(loaded), stack)
+        spec = merge_spec(loaded, {ref: list(t.keys()) for ref, t in models.items()}, seed=seed)
         tensors = merge_tensors(spec, models)
         companions = Path(spec.models[spec.companions_from]) if spec.companions_from else None
         _save_folder(tensors, out, companions, overwrite=overwrite, max_shard_size=max_shard_size,
                      config_update=spec.config_update)
+    _write_text(Path(out) / "mergekit_config.yml", loaded.text)
+    return spec
+
