@@ -131,6 +131,15 @@ slices:
         parameters: {scale: [{filter: o_proj, value: 0.5}, {value: 1.0}]}
 dtype: float32
 """,
+    "lora_linear": """
+merge_method: linear
+models:
+  - model: m0+ad0
+    parameters: {weight: 0.5}
+  - model: m1
+    parameters: {weight: 0.5}
+dtype: float32
+""",
     "bf16_out": """
 merge_method: linear
 models:
@@ -146,8 +155,8 @@ RUN_ALL = """
 import sys
 from mergekit.scripts.run_yaml import main
 for cfg, out in zip(sys.argv[1::2], sys.argv[2::2]):
-    main([cfg, out, "--quiet", "--random-seed", "7", "--no-copy-tokenizer", "--no-write-model-card"],
-         standalone_mode=False)
+    main([cfg, out, "--quiet", "--random-seed", "7", "--no-copy-tokenizer", "--no-write-model-card",
+          "--lora-merge-cache", "lora-cache"], standalone_mode=False)
 """
 
 
@@ -164,6 +173,16 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for p in doubled.parameters():
             p.mul_(2)
     doubled.save_pretrained(root / "m0x2")
+    import peft
+
+    adapted = peft.get_peft_model(tiny_llama(layers=4, seed=0),
+                                  peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    adapted.save_pretrained(root / "ad0")
     args: list[str] = []
     for name, text in CONFIGS.items():
         (root / f"{name}.yml").write_text(text)
@@ -192,7 +211,7 @@ def _ours(root: Path, name: str, **kwargs: Any) -> Path:
 
 
 @pytest.mark.parametrize("name", ["linear", "task_arithmetic", "slerp", "slerp_colinear", "ties", "ties_d1",
-                                  "dare_ties_d1", "passthrough"])
+                                  "dare_ties_d1", "passthrough", "lora_linear"])
 def test_matches_mergekit(merged: Path, name: str) -> None:
     ours = _tensors(_ours(merged, name, seed=1))
     theirs = _tensors(merged / f"mk-{name}")

@@ -85,41 +85,59 @@ LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 
 @pytest.mark.parametrize("rslora", [False, True])
 def test_linear_lora_bit_equal(tmp_path: Path, rslora: bool) -> None:
-    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=LLAMA_TARGETS, use_rslora=rslora)
+    config = peft.LoraConfig(r=8, lora_alpha=13, target_modules=LLAMA_TARGETS, use_rslora=rslora)
     base, adapter, theirs = _oracle(tmp_path, tiny_llama(), config)
     ours = _ours(tmp_path, base, adapter)
     _assert_equal(ours, theirs)
     assert len(_changed(base, theirs)) == 14  # 7 projections x 2 layers really changed
 
 
+def test_merged_folder_loads_with_peft_logits(tmp_path: Path) -> None:
+    import transformers
+
+    config = peft.LoraConfig(r=8, lora_alpha=13, target_modules=LLAMA_TARGETS)
+    model = tiny_llama()
+    base, adapter = tmp_path / "base", tmp_path / "adapter"
+    model.save_pretrained(base)
+    wrapped = peft.get_peft_model(model, config)
+    _randomize(wrapped)
+    wrapped.save_pretrained(adapter)
+    reference = wrapped.merge_and_unload()
+    fold_folder(base, adapter, tmp_path / "out")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = torch.arange(12).reshape(1, 12)
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(ids).logits.numpy(), reference(ids).logits.numpy(), rtol=0, atol=1e-5)
+
+
 def test_rank_and_alpha_patterns(tmp_path: Path) -> None:
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+    config = peft.LoraConfig(r=4, lora_alpha=7, target_modules=["q_proj", "v_proj", "down_proj"],
                              rank_pattern={"layers.0.self_attn.q_proj": 2, "down_proj": 6},
                              alpha_pattern={"v_proj": 3, "model.layers.1.mlp.down_proj": 5})
     base, adapter, theirs = _oracle(tmp_path, tiny_llama(), config)
     _assert_equal(_ours(tmp_path, base, adapter), theirs)
     with open_adapter(adapter) as a:
-        assert a.config.rank_and_alpha("model.layers.0.self_attn.q_proj") == (2, 8)
+        assert a.config.rank_and_alpha("model.layers.0.self_attn.q_proj") == (2, 7)
         assert a.config.rank_and_alpha("model.layers.1.mlp.down_proj") == (6, 5)
     assert pattern_key({"q_proj": 1}, "model.layers.0.self_attn.q_proj") == "q_proj"
     assert pattern_key({"q_proj": 1}, "model.layers.0.self_attn.xq_proj") == "model.layers.0.self_attn.xq_proj"
 
 
 def test_dora_within_1e6(tmp_path: Path) -> None:
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], use_dora=True)
+    config = peft.LoraConfig(r=4, lora_alpha=7, target_modules=["q_proj", "v_proj", "up_proj"], use_dora=True)
     base, adapter, theirs = _oracle(tmp_path, tiny_llama(), config)
     _assert_equal(_ours(tmp_path, base, adapter), theirs, atol=1e-6)
 
 
 def test_gpt2_fan_in_fan_out(tmp_path: Path) -> None:
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True)
+    config = peft.LoraConfig(r=4, lora_alpha=7, target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True)
     base, adapter, theirs = _oracle(tmp_path, tiny_gpt2(), config)
     _assert_equal(_ours(tmp_path, base, adapter), theirs)
     assert any("c_attn" in k for k in _changed(base, theirs))
 
 
 def test_gpt2_dora_fan_in_fan_out(tmp_path: Path) -> None:
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
+    config = peft.LoraConfig(r=4, lora_alpha=7, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
                              use_dora=True)
     base, adapter, theirs = _oracle(tmp_path, tiny_gpt2(), config)
     _assert_equal(_ours(tmp_path, base, adapter), theirs, atol=1e-6)
@@ -127,14 +145,14 @@ def test_gpt2_dora_fan_in_fan_out(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dora", [False, True])
 def test_embedding_lora(tmp_path: Path, dora: bool) -> None:
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"], use_dora=dora)
+    config = peft.LoraConfig(r=4, lora_alpha=7, target_modules=["embed_tokens", "q_proj"], use_dora=dora)
     base, adapter, theirs = _oracle(tmp_path, tiny_llama(), config)
     _assert_equal(_ours(tmp_path, base, adapter), theirs, atol=1e-6 if dora else 0.0)
     assert "model.embed_tokens.weight" in _changed(base, theirs)
 
 
 def test_modules_to_save_replace_the_base(tmp_path: Path) -> None:
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["lm_head"])
+    config = peft.LoraConfig(r=4, lora_alpha=7, target_modules=["q_proj"], modules_to_save=["lm_head"])
     model = tiny_llama()
     base, adapter = tmp_path / "base", tmp_path / "adapter"
     model.save_pretrained(base)
@@ -153,7 +171,7 @@ def test_modules_to_save_replace_the_base(tmp_path: Path) -> None:
 
 
 def test_bf16_base_rounds_once(tmp_path: Path) -> None:
-    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "down_proj"])
+    config = peft.LoraConfig(r=8, lora_alpha=13, target_modules=["q_proj", "down_proj"])
     model = tiny_llama()
     base, adapter, theirs = _oracle(tmp_path, model, config, dtype=torch.bfloat16)
     ours = _ours(tmp_path, base, adapter)
@@ -175,7 +193,7 @@ def test_bf16_base_rounds_once(tmp_path: Path) -> None:
 
 
 def test_sharded_base_and_bin_adapter(tmp_path: Path) -> None:
-    config = peft.LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj", "o_proj"])
+    config = peft.LoraConfig(r=4, lora_alpha=5, target_modules=["q_proj", "o_proj"])
     base, adapter, theirs = _oracle(tmp_path, tiny_llama(layers=3), config, shard="40KB", safe=False)
     assert (base / "model.safetensors.index.json").is_file()
     assert (adapter / "adapter_model.bin").is_file()
@@ -201,7 +219,7 @@ def test_conv2d(tmp_path: Path, dora: bool) -> None:
     model = _Convs()
     (tmp_path / "base").mkdir()
     save(model.state_dict(), tmp_path / "base" / "model.safetensors")
-    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=3, lora_alpha=6, target_modules=["point", "wide"],
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=3, lora_alpha=7, target_modules=["point", "wide"],
                                                          use_dora=dora))
     _randomize(wrapped)
     wrapped.save_pretrained(tmp_path / "adapter")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..dtypes import DType
 from ..tensor import LazyTensor
@@ -67,7 +67,7 @@ class _Linear(Kernel):
         self.weights = np.asarray(weights, dtype=compute.numpy())
         self.denominator = self.weights.sum() if normalize else None  # in the compute dtype, as mergekit
 
-    def band(self, start: int, arrays: list[np.ndarray]) -> np.ndarray:
+    def band(self, state: Any, start: int, arrays: list[np.ndarray]) -> np.ndarray:
         out = arrays[0] * self.weights[0]
         for x, w in zip(arrays[1:], self.weights[1:], strict=True):
             out += x * w
@@ -137,7 +137,6 @@ class _TaskArithmetic(Kernel):
         n = len(models)
         self.thresholds: list[float | None] = [None] * n  # magnitude: keep |d| >= threshold
         self.factors: list[float | None] = [None] * n  # rescale: L1 before / L1 after sparsifying
-        self.generators: list[np.random.Generator | None] = [None] * n
 
     def _active(self, i: int) -> bool:
         """Whether model i's delta is sparsified at all (density < 1)."""
@@ -175,31 +174,32 @@ class _TaskArithmetic(Kernel):
         if not self.rescale or not any(self._active(i) for i in range(len(self.inputs) - 1)):
             return
         # random drop with L1 rescale: one streamed pass draws the masks to total |d| before and after
-        self.begin()
+        generators = self.begin()
         before = [0.0] * (len(self.inputs) - 1)
         after = [0.0] * (len(self.inputs) - 1)
         for _, arrays in read_bands(self.inputs, self.compute, self.step):
             for i, x in enumerate(arrays[1:]):
-                gen = self.generators[i]
+                gen = generators[i]
                 if gen is None:
                     continue
                 magnitude = np.abs(x - arrays[0])
                 keep = gen.random(magnitude.size) < self.densities[i]
                 before[i] += float(magnitude.sum(dtype=np.float64))
                 after[i] += float(magnitude[keep].sum(dtype=np.float64))
-        for i, gen in enumerate(self.generators):
+        for i, gen in enumerate(generators):
             if gen is not None:
                 self.factors[i] = _l1_factor(before[i], after[i])
 
-    def begin(self) -> None:
+    def begin(self) -> list[np.random.Generator | None]:
+        """DARE's random streams, one per model, at the tensor's first element (none without a random drop)."""
         if self.sparsify != "random":
-            return
+            return [None] * (len(self.inputs) - 1)
         if self.seed is None:
             raise MergeInputError("a random drop (DARE) needs a seed", tensor=self.name)
-        self.generators = [dare_generator(self.seed, self.name, i + 1) if self._active(i) else None
-                           for i in range(len(self.inputs) - 1)]
+        return [dare_generator(self.seed, self.name, i + 1) if self._active(i) else None
+                for i in range(len(self.inputs) - 1)]
 
-    def band(self, start: int, arrays: list[np.ndarray]) -> np.ndarray:
+    def band(self, state: Any, start: int, arrays: list[np.ndarray]) -> np.ndarray:
         import numpy as np
 
         base = arrays[0]
@@ -208,10 +208,8 @@ class _TaskArithmetic(Kernel):
             delta = x - base
             if self.sparsify == "magnitude" and self.thresholds[i] is not None:
                 delta[np.abs(delta) < self.thresholds[i]] = 0
-            elif self.sparsify == "random" and self.generators[i] is not None:
-                gen = self.generators[i]
-                assert gen is not None
-                delta[gen.random(delta.size) >= self.densities[i]] = 0
+            elif state[i] is not None:
+                delta[state[i].random(delta.size) >= self.densities[i]] = 0
             factor = self.factors[i]
             if factor is not None:
                 delta *= self.np_dtype.type(factor)
@@ -291,7 +289,7 @@ class _Slerp(Kernel):
         self.coefficients = slerp_coefficients(self.t, math.sqrt(aa), math.sqrt(bb), ab, self.compute,
                                                self.dot_threshold, self.eps)
 
-    def band(self, start: int, arrays: list[np.ndarray]) -> np.ndarray:
+    def band(self, state: Any, start: int, arrays: list[np.ndarray]) -> np.ndarray:
         assert self.coefficients is not None
         ca, cb = self.coefficients
         dt = arrays[0].dtype.type

@@ -14,8 +14,9 @@ never executed reads nothing.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import dtypes
 from ..dtypes import DType
@@ -99,8 +100,11 @@ def read_bands(inputs: Sequence[LazyTensor], compute: DType, step: int) -> Itera
 class Kernel:
     """What a computed tensor does: `prepare` (an optional first pass) and `band` (one band's values).
 
-    `band(start, arrays)` gets the band's first flat element index and the inputs' decoded elements
-    (flat, in the compute dtype) and returns the output's elements for the same positions."""
+    Each streamed pass calls `begin()` once and hands what it returns (a pass's own state, e.g. random
+    streams positioned at the tensor's start) to every `band(state, start, arrays)`, with the band's first
+    flat element index and the inputs' decoded elements (flat, in the compute dtype); `band` returns the
+    output's elements for the same positions. Two passes (a writer's read-ahead thread and a loader) never
+    share state."""
 
     inputs: Sequence[LazyTensor]
     step: int
@@ -108,32 +112,35 @@ class Kernel:
     def prepare(self) -> None:
         """A first pass over the inputs, when a whole-tensor statistic is needed (default: none)."""
 
-    def begin(self) -> None:
-        """Called before each streamed pass (a random sampler restarts its streams here)."""
+    def begin(self) -> Any:
+        """A new pass's state (default: none)."""
+        return None
 
-    def band(self, start: int, arrays: list[np.ndarray]) -> np.ndarray:
+    def band(self, state: Any, start: int, arrays: list[np.ndarray]) -> np.ndarray:
         raise NotImplementedError
 
 class _Stream:
     """The `chunks` of a computed tensor: prepare once, then one band of output per band of input."""
 
-    __slots__ = ("compute", "kernel", "prepared")
+    __slots__ = ("compute", "kernel", "lock", "prepared")
 
     def __init__(self, kernel: Kernel, compute: DType) -> None:
         self.kernel, self.compute, self.prepared = kernel, compute, False
+        self.lock = threading.Lock()
 
     def __call__(self) -> Iterator[memoryview]:
         import numpy as np
 
         k = self.kernel
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # inf/NaN propagate like torch
-            if not self.prepared:
-                k.prepare()
-                self.prepared = True
-            k.begin()
+            with self.lock:
+                if not self.prepared:
+                    k.prepare()
+                    self.prepared = True
+            state = k.begin()
             want = self.compute.numpy()
             for start, arrays in read_bands(k.inputs, self.compute, k.step):
-                out = np.ascontiguousarray(k.band(start, arrays), dtype=want)
+                out = np.ascontiguousarray(k.band(state, start, arrays), dtype=want)
                 yield out.reshape(-1).view(np.uint8).data
 
 class _Gathered:

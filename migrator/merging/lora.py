@@ -26,7 +26,7 @@ a first streamed pass over all of W before the output streams.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..dtypes import DType
 from ..tensor import LazyTensor
@@ -125,7 +125,7 @@ class _Fold(Kernel):
         assert self.magnitude is not None
         self.column_factor = self.magnitude / np.sqrt(squares).astype(self.compute.numpy())
 
-    def band(self, start: int, arrays: list[np.ndarray]) -> np.ndarray:
+    def band(self, state: Any, start: int, arrays: list[np.ndarray]) -> np.ndarray:
         import numpy as np
 
         (w,) = arrays
