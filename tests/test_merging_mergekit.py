@@ -367,3 +367,12 @@ def test_shape_mismatch_is_named_before_reading() -> None:
     b = from_numpy("w", np.zeros((3, 2), np.float32))
     with pytest.raises(MergeInputError, match=r"inputs disagree in shape: 'w' \(memory\) \[2, 3\], 'w' .*\[3, 2\]"):
         arithmetic.linear("w", [a, b], [1, 1])
+
+
+def test_duplicate_models_are_refused(merged: Path) -> None:
+    cfg = load_config(_config(merged, "merge_method: linear\nmodels:\n  - {model: m0}\n  - {model: m0}\n"
+                                      "parameters: {weight: 1}\n"))
+    with open_file(merged / "m0") as r:
+        names = {"m0": list(r.keys())}
+    with pytest.raises(RecipeError, match=r"cfg\.yml:3:3: models: a model is given twice: m0, m0"):
+        merge_spec(cfg, names)

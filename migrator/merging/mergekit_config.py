@@ -537,6 +537,10 @@ def _check_contract(loaded: LoadedConfig, method: str, slices: Sequence[OutputSl
     for i, s in enumerate(slices):
         slice_base = s.base_model or base
         refs = [src.model for src in s.sources]
+        if len(set(refs)) != len(refs):
+            raise RecipeError([loaded.issue(("slices", i) if loaded.config.slices else ("models",),
+                                            f"a model is given twice: {', '.join(refs)}",
+                                            "each input of a merge must be a different model")])
         if method == "passthrough" and len(refs) != 1:
             raise RecipeError([loaded.issue(("slices", i) if loaded.config.slices else ("models",),
                                             f"passthrough takes exactly one model per slice, got {len(refs)}")])
