@@ -16,8 +16,9 @@ torch's round-to-nearest-even. The formulas are mergekit 0.1.5's (see docs/mergi
 
 Memory: a band of each input (4 MiB) at a time, except two steps that need a whole-tensor statistic.
 SLERP's norms and dot product and DARE's L1 rescale come from a first streamed pass; TIES's k-th
-largest magnitude needs one delta tensor whole (`np.partition`), so its first pass holds one input's
-|delta| at a time (4 bytes per element of that tensor), never the model.
+largest magnitude needs one delta tensor whole (`ndarray.partition`), so its first pass holds the
+base tensor and one model's |delta| of that tensor (in the compute dtype, partitioned in place),
+never the model.
 """
 
 from __future__ import annotations
@@ -159,17 +160,18 @@ class _TaskArithmetic(Kernel):
                     continue
                 if base is None:  # the one whole-tensor step: hold base and one |delta| of this tensor
                     base = whole_values(self.inputs[0], self.compute)
-                delta = whole_values(model, self.compute)
-                delta -= base
+                # |delta| in place, then partitioned in place: two tensors' worth of memory (base and this one)
+                magnitude = whole_values(model, self.compute)
+                magnitude -= base
+                np.abs(magnitude, out=magnitude)
                 k = max(1, int(density * numel))
-                magnitude = np.abs(delta)
-                threshold = float(np.partition(magnitude, numel - k)[numel - k])
+                magnitude.partition(numel - k)
+                threshold = float(magnitude[numel - k])
                 self.thresholds[i] = threshold
-                if self.rescale:
-                    kept = magnitude >= threshold
-                    self.factors[i] = _l1_factor(float(magnitude.sum(dtype=np.float64)),
-                                                 float(magnitude[kept].sum(dtype=np.float64)))
-                del delta, magnitude
+                if self.rescale:  # sums do not depend on the order the partition left
+                    kept = float(np.sum(magnitude, where=magnitude >= threshold, dtype=np.float64))
+                    self.factors[i] = _l1_factor(float(magnitude.sum(dtype=np.float64)), kept)
+                del magnitude
             return
         if not self.rescale or not any(self._active(i) for i in range(len(self.inputs) - 1)):
             return

@@ -173,4 +173,9 @@ def computed(name: str, shape: tuple[int, ...], kernel: Kernel, compute: DType, 
 def whole_values(t: LazyTensor, compute: DType) -> np.ndarray:
     """All of one tensor's elements decoded (flat): for the small inputs (LoRA A and B, a magnitude vector)
     and for the one step that needs a whole tensor at once (TIES's k-th magnitude)."""
-    return decode(BandReader(t).read(t.nbytes), t.dtype, compute)
+    import numpy as np
+
+    out = np.empty(t.numel, dtype=compute.numpy())
+    for start, (values,) in read_bands([t], compute, elements_per_band([t], compute)):
+        out[start:start + values.size] = values
+    return out
