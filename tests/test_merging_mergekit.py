@@ -376,3 +376,17 @@ def test_duplicate_models_are_refused(merged: Path) -> None:
         names = {"m0": list(r.keys())}
     with pytest.raises(RecipeError, match=r"cfg\.yml:3:3: models: a model is given twice: m0, m0"):
         merge_spec(cfg, names)
+
+
+def test_companions_come_from_the_base(merged: Path, tmp_path: Path) -> None:
+    import shutil
+
+    for name in ("m0", "m1"):
+        shutil.copytree(merged / name, tmp_path / name)
+        (tmp_path / name / "tokenizer.json").write_text(f'{{"from": "{name}"}}')
+    (tmp_path / "cfg.yml").write_text("merge_method: ties\nbase_model: m0\ntokenizer_source: base\n"
+                                      "models: [{model: m1, parameters: {weight: 1, density: 0.5}}]\n")
+    out = tmp_path / "out"
+    merge_folder(tmp_path / "cfg.yml", out)
+    assert json.loads((out / "tokenizer.json").read_text()) == {"from": "m0"}
+    assert (out / "generation_config.json").read_bytes() == (tmp_path / "m0" / "generation_config.json").read_bytes()

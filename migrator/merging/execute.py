@@ -79,14 +79,16 @@ def _write_text(path: Path, text: str) -> None:
 def fold_folder(base: str | os.PathLike[str], adapter: str | os.PathLike[str], out: str | os.PathLike[str], *,
                 lora_scale: float | None = None, out_dtype: DType | None = None, overwrite: bool = False,
                 max_shard_size: int | str = DEFAULT_SHARD) -> FoldPlan:
-    """`base` (a file or Hugging Face folder) with the PEFT adapter folded in, written to the folder `out`."""
+    """`base` (a file or Hugging Face folder) with the PEFT adapter folded in, written to the folder `out`
+    (with the base folder's config, generation and tokenizer files)."""
     from ..formats import open_file
 
     with open_file(base) as reader, open_adapter(adapter) as peft:
         plan = fold_plan(reader, peft, lora_scale=lora_scale)
         tensors = fold_tensors(reader, plan, out_dtype=out_dtype)
-        base_dir = Path(base) if Path(base).is_dir() else Path(base).parent
-        _save_folder(tensors, out, base_dir, overwrite=overwrite, max_shard_size=max_shard_size)
+        # companion files come from a model folder only (a loose file's folder may hold anything)
+        companions = Path(base) if Path(base).is_dir() else None
+        _save_folder(tensors, out, companions, overwrite=overwrite, max_shard_size=max_shard_size)
     return plan
 
 
