@@ -339,6 +339,8 @@ def _config(tmp_path: Path, text: str) -> Path:
     ("merge_method: linear\nmodels: [{model: .}]\ndtype: int8\n", "dtype 'int8' is not a float dtype"),
     ("merge_method: linear\nmodels: [{model: ./missing}]\n", "model folder './missing' does not exist"),
     ("merge_method: linear\nmodels: [\n", r"cfg\.yml:3:1: invalid YAML"),
+    ("merge_method: linear\nmodels: [{model: ., parameters: {weight: {foo: 1}}}]\n",
+     r"cfg\.yml:2:42: models\[0\]\.parameters\.weight: a parameter is a scalar, a list of numbers"),
 ])
 def test_refusals_name_the_line(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(RecipeError, match=message):

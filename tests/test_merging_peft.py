@@ -294,3 +294,10 @@ def test_plan_reads_no_tensor_bytes(tmp_path: Path) -> None:
         # scaling = lora_scale * alpha / r; each delta element is 0.5 * (sum over r of 1 * 1) = 1
         folded = next(t for t in out if t.name == "a.proj.weight")
         assert np.array_equal(folded.numpy(), np.full((4, 3), 2.0, np.float32))
+
+
+def test_adapting_and_replacing_one_weight_is_an_error(tmp_path: Path) -> None:
+    adapter = _write_adapter(tmp_path / "ad", LORA, {**AB, "base_model.model.a.proj.weight": np.ones((4, 3),
+                                                                                                     np.float32)})
+    with pytest.raises(AdapterError, match=r"both adapts and replaces \(modules_to_save\) a\.proj\.weight"):
+        fold_folder(_small_base(tmp_path), adapter, tmp_path / "out")

@@ -204,6 +204,11 @@ def _validation_issues(loaded: LoadedConfig, e: ValidationError) -> list[RecipeI
     for err in e.errors():
         path = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p[:1].isupper() or "[" in p)))
         path = tuple(p for p in path if p not in ("list[...]", "bool", "int", "float", "str"))
+        if "parameters" in path[:-1]:  # one message per parameter, not one per member of the Setting union
+            path = path[:path.index("parameters") + 2]
+            out.setdefault(path, loaded.issue(path, "a parameter is a scalar, a list of numbers (a gradient over "
+                                              "the layers) or a list of {filter: NAME_PART, value: ...}"))
+            continue
         unknown = err["type"] == "extra_forbidden"
         message = f"'{path[-1]}' is not a mergekit config key migrator knows" if unknown else err["msg"]
         out.setdefault(path, loaded.issue(path, message, key=unknown))

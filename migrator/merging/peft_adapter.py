@@ -260,6 +260,9 @@ def fold_plan(base: Mapping[str, LazyTensor], adapter: PeftAdapter, *, lora_scal
     if unmatched:
         raise AdapterError(f"{len(unmatched)} adapter tensor(s) match no base weight: {', '.join(unmatched)}",
                            file=where)
+    both = sorted(set(folds) & set(replaced))
+    if both:
+        raise AdapterError(f"the adapter both adapts and replaces (modules_to_save) {', '.join(both)}", file=where)
     for name in base:
         if name in folds:
             entries[name] = folds[name]
