@@ -6,6 +6,7 @@ tensor raises)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -129,3 +130,25 @@ def test_empty_tensors() -> None:
                 arithmetic.task_arithmetic("e", from_numpy("e", e), [from_numpy("e", e)], [1.0], densities=[0.5],
                                            sparsify="magnitude", consensus="sum")):
         assert out.shape == (0, 4) and out.nbytes == 0 and bytes(out.data()) == b""
+
+
+@pytest.mark.parametrize("rescale", ["density", "l1", False])
+def test_dare_keeps_what_the_sampler_draws(rescale: str | bool) -> None:
+    """Kept elements are exactly those whose draw is < density; kept deltas times 1/density (the DARE paper),
+    the L1 ratio (mergekit) or 1."""
+    base, model = _pieces_only("base", A), _pieces_only("m", B)
+    out = _streamed(arithmetic.task_arithmetic("layer.w", base, [model], [1.0], densities=[0.4], sparsify="random",
+                                               rescale=rescale, seed=123))  # type: ignore[arg-type]
+    key = int.from_bytes(hashlib.sha256(b"123\x00layer.w\x001").digest()[:16], "little")  # the documented key
+    draws = np.random.Generator(np.random.Philox(key=key)).random(A.size)
+    keep = (draws < 0.4).reshape(A.shape)
+    d = B - A
+    factor = {"density": np.float32(1 / 0.4), False: np.float32(1),
+              "l1": np.float32(np.abs(d).sum(dtype=np.float64) / np.abs(d[keep]).sum(dtype=np.float64))}[rescale]
+    assert np.array_equal(out != A, keep)
+    expected = A + np.where(keep, d * factor, np.float32(0))
+    if rescale == "l1":  # the ratio is summed in another order than here
+        np.testing.assert_allclose(out, expected, rtol=0, atol=1e-6)
+    else:
+        assert np.array_equal(out, expected)
+    assert abs(keep.mean() - 0.4) < 5 * np.sqrt(0.4 * 0.6 / keep.size)

@@ -8,7 +8,8 @@ torch's round-to-nearest-even. The formulas are mergekit 0.1.5's (see docs/mergi
 - `linear`: sum_i w_i x_i, divided by sum_i w_i when `normalize`;
 - `task_arithmetic` (also TIES, DARE-TIES, DARE-linear): deltas d_i = x_i - base, each sparsified
   (`magnitude`: the top `density` share of |d_i|; `random`: each element kept with probability
-  `density`), optionally rescaled to its L1 norm before sparsifying, weighted (w_i d_i), combined
+  `density`), optionally rescaled (`rescale`: mergekit's L1 norm ratio, or "density": the DARE
+  paper's 1 / density), weighted (w_i d_i), combined
   with an optional sign election (`consensus` sum/count), summed, divided by the summed weights
   of the elected deltas when `normalize`, times `lambda_`, added to base;
 - `slerp`: mergekit's spherical interpolation of the whole tensor (linear when nearly colinear);
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 Sparsify = Literal["magnitude", "random"]
+Rescale = Literal["l1", "density"]
 Consensus = Literal["sum", "count"]
 
 
@@ -123,7 +125,8 @@ def dare_generator(seed: int, tensor: str, model: int) -> np.random.Generator:
 class _TaskArithmetic(Kernel):
     def __init__(self, name: str, base: LazyTensor, models: Sequence[LazyTensor], weights: Sequence[float],
                  densities: Sequence[float], sparsify: Sparsify | None, consensus: Consensus | None,
-                 normalize: bool, lambda_: float, rescale: bool, seed: int | None, compute: DType) -> None:
+                 normalize: bool, lambda_: float, rescale: Rescale | None, seed: int | None,
+                 compute: DType) -> None:
         import numpy as np
 
         self.name = name
@@ -168,12 +171,16 @@ class _TaskArithmetic(Kernel):
                 magnitude.partition(numel - k)
                 threshold = float(magnitude[numel - k])
                 self.thresholds[i] = threshold
-                if self.rescale:  # sums do not depend on the order the partition left
+                if self.rescale == "l1":  # sums do not depend on the order the partition left
                     kept = float(np.sum(magnitude, where=magnitude >= threshold, dtype=np.float64))
                     self.factors[i] = _l1_factor(float(magnitude.sum(dtype=np.float64)), kept)
                 del magnitude
             return
-        if not self.rescale or not any(self._active(i) for i in range(len(self.inputs) - 1)):
+        if self.rescale == "density":  # 1 / density, known without a pass
+            self.factors = [1 / self.densities[i] if self._active(i) and self.densities[i] > 0 else None
+                            for i in range(len(self.inputs) - 1)]
+            return
+        if self.rescale != "l1" or not any(self._active(i) for i in range(len(self.inputs) - 1)):
             return
         # random drop with L1 rescale: one streamed pass draws the masks to total |d| before and after
         generators = self.begin()
@@ -251,10 +258,13 @@ def _l1_factor(before: float, after: float, eps: float = 1e-7) -> float | None:
 def task_arithmetic(name: str, base: LazyTensor, models: Sequence[LazyTensor], weights: Sequence[float], *,
                     densities: Sequence[float] | None = None, sparsify: Sparsify | None = None,
                     consensus: Consensus | None = None, normalize: bool = False, lambda_: float = 1.0,
-                    rescale: bool = False, seed: int | None = None,
+                    rescale: bool | Rescale = False, seed: int | None = None,
                     out_dtype: DType | None = None) -> LazyTensor:
     """base + lambda_ * combine_i(w_i * sparsify(models[i] - base)): mergekit's task_arithmetic (no sparsify,
-    no consensus), ties (magnitude + sum), dare_ties (random + sum), dare_linear (random)."""
+    no consensus), ties (magnitude + sum), dare_ties (random + sum), dare_linear (random).
+
+    `rescale` of a sparsified delta: True or "l1" is mergekit's (|d|_1 / |kept d|_1, a first pass for a
+    random drop), "density" multiplies the kept elements by 1 / density (the DARE paper's)."""
     check_inputs(f"{sparsify}-sparsified merge" if sparsify else "task arithmetic", [base, *models])
     if len(weights) != len(models) or (densities is not None and len(densities) != len(models)):
         raise MergeInputError(f"task arithmetic: {len(models)} models but {len(weights)} weights"
@@ -265,7 +275,7 @@ def task_arithmetic(name: str, base: LazyTensor, models: Sequence[LazyTensor], w
         raise MergeInputError("a random drop (DARE) needs a seed", tensor=name)
     compute = compute_dtype([base, *models])
     kernel = _TaskArithmetic(name, base, models, weights, densities or [1.0] * len(models), sparsify, consensus,
-                             normalize, lambda_, rescale, seed, compute)
+                             normalize, lambda_, "l1" if rescale is True else (rescale or None), seed, compute)
     return computed(name, base.shape, kernel, compute, _out([base], out_dtype), base.origin)
 
 
