@@ -32,15 +32,18 @@ BAND_BYTES = 4 << 20
 DECODABLE = frozenset({"F64", "F32", "F16", "BF16"})
 """Input dtypes a computation reads (Burn's FLEX32 is F32 bits and is read as F32)."""
 
+
 def compute_dtype(inputs: Sequence[LazyTensor]) -> DType:
     """F64 when any input is F64, else F32: the precision every arithmetic step runs in."""
     return dtypes.F64 if any(t.dtype.name == "F64" for t in inputs) else dtypes.F32
+
 
 def check_decodable(t: LazyTensor, what: str) -> None:
     """Refuse, naming the tensor, an input whose values cannot be computed on (ints, bools, quantized)."""
     if t.dtype.name not in DECODABLE and t.dtype.name != "FLEX32":
         raise UnsupportedDTypeError(f"{what} needs float inputs (F64, F32, F16, BF16), got {t.dtype.display}",
                                     file=t.origin, tensor=t.name)
+
 
 def decode(raw: memoryview | bytes | bytearray, dtype: DType, compute: DType) -> np.ndarray:
     """Little-endian element bytes of `dtype` as a fresh, writable array in the compute dtype (exact widening)."""
@@ -49,6 +52,7 @@ def decode(raw: memoryview | bytes | bytearray, dtype: DType, compute: DType) ->
     name = "F32" if dtype.name == "FLEX32" else dtype.name
     src = np.frombuffer(raw, dtype=dtypes.BY_NAME[name].numpy())
     return src.astype(compute.numpy(), copy=True)
+
 
 class BandReader:
     """A tensor's bytes front to back: `read(n)` returns the next n bytes (one copy at most)."""
@@ -82,11 +86,13 @@ class BandReader:
         self.pos += n
         return memoryview(buf)
 
+
 def elements_per_band(inputs: Sequence[LazyTensor], compute: DType, row: int = 1) -> int:
     """How many elements (a multiple of `row`) one band holds: BAND_BYTES of the widest stream."""
     widest = max([compute.itemsize or 4] + [t.dtype.itemsize or 4 for t in inputs])
     rows = max(1, BAND_BYTES // max(1, widest * row))
     return rows * row
+
 
 def read_bands(inputs: Sequence[LazyTensor], compute: DType, step: int) -> Iterator[tuple[int, list[np.ndarray]]]:
     """(first element, [each input's next `step` elements decoded]) over equally sized inputs, in order."""
@@ -96,6 +102,7 @@ def read_bands(inputs: Sequence[LazyTensor], compute: DType, step: int) -> Itera
         n = min(step, total - start)
         yield start, [decode(r.read(n * (t.dtype.itemsize or 4)), t.dtype, compute)
                       for r, t in zip(readers, inputs, strict=True)]
+
 
 class Kernel:
     """What a computed tensor does: `prepare` (an optional first pass) and `band` (one band's values).
@@ -118,6 +125,7 @@ class Kernel:
 
     def band(self, state: Any, start: int, arrays: list[np.ndarray]) -> np.ndarray:
         raise NotImplementedError
+
 
 class _Stream:
     """The `chunks` of a computed tensor: prepare once, then one band of output per band of input."""
@@ -143,6 +151,7 @@ class _Stream:
                 out = np.ascontiguousarray(k.band(state, start, arrays), dtype=want)
                 yield out.reshape(-1).view(np.uint8).data
 
+
 class _Gathered:
     """The loader of a computed tensor: its bands joined (a writer normally streams `chunks` instead)."""
 
@@ -159,6 +168,7 @@ class _Gathered:
             done += len(piece)
         return memoryview(buf)[:done]
 
+
 def computed(name: str, shape: tuple[int, ...], kernel: Kernel, compute: DType, out_dtype: DType,
              origin: str | None = None) -> LazyTensor:
     """A lazy tensor whose values `kernel` computes in `compute`, rounded once to `out_dtype`."""
@@ -169,6 +179,7 @@ def computed(name: str, shape: tuple[int, ...], kernel: Kernel, compute: DType, 
     stream = _Stream(kernel, compute)
     wide = LazyTensor(name, compute, shape, nbytes, _Gathered(stream, nbytes), None, None, origin, stream)
     return cast(wide, out_dtype)
+
 
 def whole_values(t: LazyTensor, compute: DType) -> np.ndarray:
     """All of one tensor's elements decoded (flat): for the small inputs (LoRA A and B, a magnitude vector)
