@@ -271,6 +271,9 @@ def fold_plan(base: Mapping[str, LazyTensor], adapter: PeftAdapter, *, lora_scal
             if new.shape != base[name].shape:
                 raise AdapterError(f"modules_to_save tensor '{new.name}' {list(new.shape)} does not fit the base's "
                                    f"{list(base[name].shape)}", file=where, tensor=name)
+            if new.dtype != base[name].dtype:
+                notes.append(f"{name}: the adapter's {new.dtype.display} copy is written as the base's "
+                             f"{base[name].dtype.display}")
             entries[name] = Replaced(new)
         else:
             entries[name] = Unchanged()
