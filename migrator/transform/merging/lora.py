@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..dtypes import DType
-from ..tensor import LazyTensor
+from ...core.dtypes import DType
+from ...core.errors import AdapterError
+from ...core.tensor import LazyTensor
 from .bands import Kernel, check_decodable, compute_dtype, computed, elements_per_band, read_bands, whole_values
-from .problems import AdapterError
 
 if TYPE_CHECKING:
     import numpy as np

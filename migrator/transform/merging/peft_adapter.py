@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..tensor import LazyTensor
+from ...core.errors import AdapterError
+from ...core.tensor import LazyTensor
 from .lora import Fold, Form, check_fold, expected_shape
-from .problems import AdapterError
 
 PREFIX = "base_model.model."
 CONFIG_FILE = "adapter_config.json"
@@ -142,7 +142,7 @@ class PeftAdapter:
 
 def open_adapter(folder: str | os.PathLike[str]) -> PeftAdapter:
     """Read `adapter_config.json` and open the adapter's weights (no tensor data is read)."""
-    from ..formats import open_file
+    from ...files.io import open_file
 
     root = Path(folder)
     config_path = root / CONFIG_FILE

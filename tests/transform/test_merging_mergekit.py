@@ -2,7 +2,7 @@
 
 Three seeded 4-layer tiny Llamas are saved once; every config is run through mergekit's CLI command
 (its click entry point, all configs in one interpreter: importing mergekit costs seconds) and through
-`merging.execute.merge_folder`, with bands of a few hundred bytes so that every op streams. Each
+`run.merge.merge_folder`, with bands of a few hundred bytes so that every op streams. Each
 tensor must be within 1e-6 of mergekit's, and config.json equal to the one mergekit writes.
 """
 
@@ -21,12 +21,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mergekit")
 
-from migrator.formats import open_file
-from migrator.merging import arithmetic
-from migrator.merging.execute import merge_folder
-from migrator.merging.mergekit_config import evaluate, load_config, merge_spec
-from migrator.merging.problems import MergeInputError
-from migrator.recipe_issues import RecipeError
+from migrator.core.errors import MergeInputError
+from migrator.files.io import open_file
+from migrator.recipe.issues import RecipeError
+from migrator.recipe.mergekit import evaluate, load_config, merge_spec
+from migrator.run.merge import merge_folder
+from migrator.transform.merging import arithmetic
 from tests.model_support import tiny_llama
 
 CONFIGS: dict[str, str] = {
@@ -196,7 +196,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("migrator.merging.bands.BAND_BYTES", 512)
+    monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 512)
 
 
 def _tensors(folder: Path) -> dict[str, np.ndarray]:
@@ -299,7 +299,7 @@ def test_dare_is_reproducible_and_seeded(merged: Path) -> None:
 
 def test_sampler_does_not_depend_on_bands(monkeypatch: pytest.MonkeyPatch, merged: Path) -> None:
     a = _tensors(_ours(merged, "dare_linear", seed=9))
-    monkeypatch.setattr("migrator.merging.bands.BAND_BYTES", 1 << 22)
+    monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 1 << 22)
     out = merged / "ours-dare-big-bands"
     merge_folder(merged / "dare_linear.yml", out, seed=9)
     b = _tensors(out)
@@ -311,7 +311,7 @@ def test_gradient_and_filter_evaluation() -> None:
     assert evaluate([1, 0.5, 0.7, 0.3, 0], "x", 0.5) == 0.7
     assert evaluate([True, False], "x", 0.9) is True  # non-numeric lists are indexed, not interpolated
     setting = [{"filter": "self_attn", "value": 2.0}, {"value": 1.0}]
-    from migrator.merging.mergekit_config import Conditional
+    from migrator.recipe.mergekit import Conditional
 
     conds = [Conditional(**s) for s in setting]  # type: ignore[arg-type]
     assert evaluate(conds, "model.layers.0.self_attn.q_proj.weight", 0) == 2.0
@@ -363,7 +363,7 @@ def test_missing_layer_and_tensor_are_named(merged: Path, tmp_path: Path) -> Non
 
 
 def test_shape_mismatch_is_named_before_reading() -> None:
-    from migrator.tensor import from_numpy
+    from migrator.core.tensor import from_numpy
 
     a = from_numpy("w", np.zeros((2, 3), np.float32))
     b = from_numpy("w", np.zeros((3, 2), np.float32))

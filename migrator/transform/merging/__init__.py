@@ -4,8 +4,7 @@
   passthrough);
 - `lora`: the LoRA (and DoRA) fold of one weight as a lazy tensor;
 - `peft_adapter`: a PEFT adapter folder read, checked and planned onto a base model's names;
-- `mergekit_config`: mergekit's YAML read and resolved into a neutral per-tensor merge spec;
-- `execute`: a driver from a plan or spec to written Hugging Face folders.
+- `tensors`: a fold plan or a merge spec (`recipe.mergekit`) turned into the output's lazy tensors.
 
 Nothing here imports torch; every module imports numpy only when bytes are computed.
 """

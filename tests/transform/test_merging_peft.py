@@ -17,17 +17,18 @@ import pytest
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
-from migrator.formats import open_file  # noqa: E402
-from migrator.merging.execute import fold_folder, fold_tensors  # noqa: E402
-from migrator.merging.peft_adapter import fold_plan, open_adapter, pattern_key  # noqa: E402
-from migrator.merging.problems import AdapterError  # noqa: E402
+from migrator.core.errors import AdapterError  # noqa: E402
+from migrator.files.io import open_file  # noqa: E402
+from migrator.run.merge import fold_folder  # noqa: E402
+from migrator.transform.merging.peft_adapter import fold_plan, open_adapter, pattern_key  # noqa: E402
+from migrator.transform.merging.tensors import fold_tensors  # noqa: E402
 from tests.model_support import tiny_gpt2, tiny_llama  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bands of a few rows (the tiny weights would otherwise fit one band), so every test streams."""
-    monkeypatch.setattr("migrator.merging.bands.BAND_BYTES", 300)
+    monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 300)
 
 
 def _randomize(model: Any, seed: int = 1) -> None:
@@ -214,7 +215,7 @@ class _Convs(torch.nn.Module):
 
 @pytest.mark.parametrize("dora", [False, True])
 def test_conv2d(tmp_path: Path, dora: bool) -> None:
-    from migrator.formats import save
+    from migrator.files.io import save
 
     torch.manual_seed(0)
     model = _Convs()
@@ -232,7 +233,7 @@ def test_conv2d(tmp_path: Path, dora: bool) -> None:
 
 
 def _write_adapter(folder: Path, config: dict[str, Any], tensors: dict[str, np.ndarray]) -> Path:
-    from migrator.formats import save
+    from migrator.files.io import save
 
     folder.mkdir()
     (folder / "adapter_config.json").write_text(json.dumps(config))
@@ -241,7 +242,7 @@ def _write_adapter(folder: Path, config: dict[str, Any], tensors: dict[str, np.n
 
 
 def _small_base(tmp_path: Path) -> Path:
-    from migrator.formats import save
+    from migrator.files.io import save
 
     path = tmp_path / "base.safetensors"
     save({"a.proj.weight": np.ones((4, 3), np.float32), "a.norm": np.ones(4, np.float32)}, path)

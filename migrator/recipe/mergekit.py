@@ -29,11 +29,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .. import dtypes
-from ..dtypes import DType
-from ..errors import MigratorError
-from ..recipe_issues import RecipeError, RecipeIssue
-from .problems import MergeInputError
+from ..core import dtypes
+from ..core.dtypes import DType
+from ..core.errors import MergeInputError, MigratorError
+from .issues import RecipeError, RecipeIssue
 
 METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare_ties", "dare_linear", "passthrough")
 MAX_CONFIG_BYTES = 1 << 20
@@ -324,7 +323,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
 def _reference_problem(ref: str, base_dir: Path) -> tuple[str, str] | None:
     """Why a model reference cannot be read, or None: local folders and URLs are read, hub ids are not."""
-    from ..remote import is_url
+    from ..storage.remote import is_url
 
     if is_url(ref):
         return None
@@ -338,7 +337,7 @@ def _reference_problem(ref: str, base_dir: Path) -> tuple[str, str] | None:
 
 
 def resolve_path(ref: str, base_dir: Path) -> str:
-    from ..remote import is_url
+    from ..storage.remote import is_url
 
     if is_url(ref) or Path(ref).is_absolute():
         return ref

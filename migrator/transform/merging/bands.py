@@ -18,10 +18,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import dtypes
-from ..dtypes import DType
-from ..errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
-from ..tensor import LazyTensor
+from ...core import dtypes
+from ...core.dtypes import DType
+from ...core.errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
+from ...core.tensor import LazyTensor
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,7 +58,7 @@ class BandReader:
     """A tensor's bytes front to back: `read(n)` returns the next n bytes (one copy at most)."""
 
     def __init__(self, tensor: LazyTensor) -> None:
-        from ..casts import source_pieces
+        from ...core.casts import source_pieces
 
         self.tensor = tensor
         self._pieces = iter(source_pieces(tensor, BAND_BYTES))
@@ -172,7 +172,7 @@ class _Gathered:
 def computed(name: str, shape: tuple[int, ...], kernel: Kernel, compute: DType, out_dtype: DType,
              origin: str | None = None) -> LazyTensor:
     """A lazy tensor whose values `kernel` computes in `compute`, rounded once to `out_dtype`."""
-    from ..casts import cast
+    from ...core.casts import cast
 
     nbytes = compute.nbytes(shape)
     assert nbytes is not None

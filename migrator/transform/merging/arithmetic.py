@@ -29,10 +29,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..dtypes import DType
-from ..tensor import LazyTensor
+from ...core.dtypes import DType
+from ...core.errors import MergeInputError
+from ...core.tensor import LazyTensor
 from .bands import Kernel, check_decodable, compute_dtype, computed, elements_per_band, read_bands, whole_values
-from .problems import MergeInputError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -98,7 +98,7 @@ def scale(name: str, tensor: LazyTensor, factor: float, *, out_dtype: DType | No
 def passthrough(name: str, tensor: LazyTensor, *, factor: float | None = None,
                 out_dtype: DType | None = None) -> LazyTensor:
     """The tensor itself (renamed, cast to `out_dtype` if given), or `factor` times it (mergekit's `scale`)."""
-    from ..casts import cast
+    from ...core.casts import cast
 
     if factor is not None:
         return scale(name, tensor, factor, out_dtype=out_dtype)
