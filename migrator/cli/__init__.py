@@ -74,7 +74,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "written\natomically, an existing DST refused without --overwrite.",
                     "  migrate convert model.safetensors model.bpk\n"
                     "  migrate convert ckpt.pt model.bpk --top-level-key state_dict --adapter pytorch_to_burn\n"
-                    "  migrate convert ckpt.pt out/ --to burnpack   # writes out/ckpt.bpk")
+                    "  migrate convert ckpt.pt out/ --to burnpack   # writes out/ckpt.bpk\n"
+                    "  migrate convert base/ merged/ --lora adapter/   # a LoRA adapter folded in")
     conv.add_argument("src", help="the file to read")
     conv.add_argument("dst", help="the file to write (its extension picks the format; none: burnpack, .bpk "
                       "appended); a folder (existing, or ending in '/'): one file in it named after SRC, "
@@ -93,6 +94,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                       help="declare the module type of matching module paths, as a recipe's modules: "
                            "(repeatable; e.g. Linear='^fc\\d+$')")
     conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
+    conv.add_argument("--lora", metavar="ADAPTER",
+                      help="fold this PEFT LoRA adapter folder into SRC (PEFT's merge_and_unload, streamed); with "
+                           "DST/ the base's config.json, generation and tokenizer files are carried over")
+    conv.add_argument("--lora-scale", type=float, metavar="S",
+                      help="with --lora: multiply the adapter's scaling (lora_alpha / r) by S (default 1)")
     conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
                       help="renumber index segments 0,1,2,... (default: on for a PyTorch source written for Burn, "
                            "i.e. a .bpk target or --adapter pytorch_to_burn; the no- form keeps the names)")
@@ -529,7 +535,7 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, modules=args.modules,
-                   contiguous_indices=args.contiguous_indices,
+                   contiguous_indices=args.contiguous_indices, lora=args.lora, lora_scale=args.lora_scale,
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)

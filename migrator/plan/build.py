@@ -154,7 +154,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                                       for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
-        reader = open_source(recipe.inputs()[0], src_path, limits=limits)
+        reader = open_source(recipe.inputs()[0], src_path, limits=limits, base_dir=base_dir)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
@@ -213,7 +213,8 @@ def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAUL
         return False
     from .sources import open_source
 
-    with open_source(recipe.source, resolve_path(base_dir, recipe.source.path), limits=limits) as reader:
+    with open_source(recipe.source, resolve_path(base_dir, recipe.source.path), limits=limits,
+                     base_dir=base_dir) as reader:
         return reader.format == "pytorch"
 
 
@@ -238,7 +239,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     # 5. metadata, scalars, and whether the target format can hold the result
     meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
                            clear=recipe.target.clear_metadata)
-    notes: list[str] = []
+    notes: list[str] = list(getattr(reader, "notes", []))  # what a source did on its own (a LoRA fold)
     if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256

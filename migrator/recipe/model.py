@@ -9,7 +9,7 @@ a new `version`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -55,7 +55,7 @@ def _shape_tag(value: object, mapping: str = "map") -> str | None:
     """
     if isinstance(value, BaseModel):  # serialising: the member is the model itself
         return next(iter(type(value).model_fields))
-    if isinstance(value, str):
+    if isinstance(value, str | PurePath):  # a path member serialises from its Path
         return "name"
     if isinstance(value, list):
         return "list"
@@ -159,6 +159,15 @@ _STORAGE_HELP = ("fsspec options for a URL path (s3://, gs://, az://, hf://, htt
 _Number = BeforeValidator(_no_bool)
 
 
+class LoraSpec(_Strict):
+    """A PEFT LoRA adapter folded into the source's weights as PEFT's merge_and_unload does."""
+
+    path: _Path = Field(description="The adapter folder (adapter_config.json plus adapter_model.safetensors or "
+                                    ".bin), relative to the recipe's folder.")
+    scale: Annotated[float, _Number] | None = Field(
+        None, description="Multiplies every module's scaling (lora_alpha / r): PEFT's merge with a scale. Default 1.")
+
+
 class SourceSpec(_Strict):
     """The file tensors come from."""
 
@@ -175,6 +184,19 @@ class SourceSpec(_Strict):
         None, description="Match template paths with enum-variant (inner CamelCase) segments removed, as Burn does. "
                           "Default: true for PyTorch sources.")
     storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
+    lora: Annotated[Annotated[_Path, Tag("name")] | Annotated[LoraSpec, Tag("map")],
+                    _tagged("an adapter folder or {path, scale}")] | None = Field(
+        None, description="A PEFT LoRA adapter folder folded into this source's weights (W + scaling B A, DoRA, "
+                          "modules_to_save) before anything else: {path: ADAPTER, scale: S} or the folder alone. "
+                          "See docs/merging.md.")
+
+    def lora_adapter(self) -> tuple[Path, float | None] | None:
+        """(adapter folder as written, scale) when `lora` is given."""
+        if self.lora is None:
+            return None
+        if isinstance(self.lora, LoraSpec):
+            return self.lora.path, self.lora.scale
+        return self.lora, None
 
 
 class RemapSpec(_Strict):

@@ -39,6 +39,9 @@ source:
   skip_enum_variants: false
   storage_options:
     endpoint_url: 'http://127.0.0.1:9000'
+  lora:
+    path: adapters/lora
+    scale: 0.5
 remap:
   - from: '^model\.'
     to: ''
@@ -184,7 +187,7 @@ SOURCES = r"""sources:
     filter:
       include: [{regex: '^encoder\.'}]
     prefix: bert.
-  - {path: weights/head.pt, name: head}
+  - {path: weights/head.pt, name: head, lora: adapters/head}
 """
 BASE_SOURCES = BASE[:BASE.index("source:")] + SOURCES + BASE[BASE.index("remap:"):]
 
@@ -392,7 +395,7 @@ def test_invalid_replacement_points_at_to(tmp_path: Path, to: str) -> None:
     text = BASE.replace("    to: ''", "    to: '" + to + "'").replace("    syntax: rust", "    syntax: auto")
     with pytest.raises(RecipeError) as e:
         load_text(tmp_path, text)
-    assert "recipe.yaml:13:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
+    assert "recipe.yaml:16:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------
