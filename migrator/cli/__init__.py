@@ -204,6 +204,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
     add_diff(sub, _command)
 
+    from .merge import add_parser as add_merge
+
+    add_merge(sub, _command, NO_FSYNC_HELP, LIMIT_HELP)
+
     sch = _command(sub, "schema", "print the recipe JSON Schema",
                    "Print the recipe JSON Schema (for editors: yaml-language-server, VS Code).",
                    "  migrate schema -o recipe.schema.json\n"
@@ -263,6 +267,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return _inspect(args)
         if args.command == "convert":
             return _convert(args, commands["convert"])
+        if args.command == "merge":
+            from .merge import run as merge
+
+            return merge(args, commands["merge"], _limits(args))
         if args.command == "diff":
             from .diff import run as diff
 

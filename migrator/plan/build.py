@@ -270,7 +270,9 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                            copy_from=folder, weights_name=name)
+                                            copy_from=folder, weights_name=name,
+                                            config_update=getattr(reader, "config_update", None),
+                                            generated=getattr(reader, "generated", ()))
                 plan.notes += plan.writer.notes
             else:
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)

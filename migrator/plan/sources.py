@@ -54,6 +54,16 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
     base's tensors with the adapter folded in (the adapter's path taken from `base_dir`)."""
     from ..files.io import open_file
 
+    if spec.format == "mergekit":
+        from ..transform.merging.merged import MergedReader
+
+        if spec.lora is not None:
+            raise PlanError("a mergekit source takes no lora: (write model: PATH+ADAPTER in the config)",
+                            file=str(path))
+        return MergedReader(path, seed=spec.seed)
+    if spec.seed is not None:
+        raise PlanError("source.seed is the seed of a merge's random drop: it needs format: mergekit",
+                        file=str(path))
     key = spec.top_level_key
     options: dict[str, Any] = {} if key is None else {"top_level_key": key}
     if limits is not None:

@@ -88,7 +88,8 @@ def build_recipe(
     if lora is not None:
         data["source"]["lora"] = os.fspath(lora) if lora_scale is None else {"path": os.fspath(lora),
                                                                               "scale": lora_scale}
-        if not copy and "shard" in data["target"]:  # as PEFT's merged save_pretrained: a loadable folder
+        # as PEFT's merged save_pretrained: a loadable folder (from a model folder: a loose file's may hold anything)
+        if not copy and "shard" in data["target"] and os.path.isdir(src):
             data["target"]["copy"] = [{"path": c, "optional": True} for c in LORA_COMPANIONS]
     if copy:
         data["target"]["copy"] = list(copy)

@@ -30,6 +30,8 @@ from .checks import check_regex, recipe_value_error
 from .ops import OpSpec
 
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
+SourceFormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "mergekit"]
+"""A source's formats: a file format, or `mergekit` (a mergekit YAML whose merged tensors are read)."""
 if TYPE_CHECKING:
     AdapterName = str
 else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices
@@ -172,7 +174,9 @@ class SourceSpec(_Strict):
     """The file tensors come from."""
 
     path: _Path = Field(description="File to read, relative to the recipe's folder.")
-    format: FormatName = Field("auto", description="Detected from magic bytes when auto.")
+    format: SourceFormatName = Field(
+        "auto", description="Detected from magic bytes when auto; mergekit: path is a mergekit YAML config, read "
+                            "as its merged tensors (docs/merging.md).")
     top_level_key: Annotated[Annotated[str, Tag("name")] | Annotated[list[str], Tag("list")],
                              _tagged("a string or a list of strings")] | None = Field(
         None, description="Nested dict holding the tensors: a dotted path ('model.state_dict') or a list of keys.")
@@ -189,6 +193,10 @@ class SourceSpec(_Strict):
         None, description="A PEFT LoRA adapter folder folded into this source's weights (W + scaling B A, DoRA, "
                           "modules_to_save) before anything else: {path: ADAPTER, scale: S} or the folder alone. "
                           "See docs/merging.md.")
+
+    seed: Annotated[int, _Number] | None = Field(
+        None, description="format mergekit: the seed of DARE's random drop (dare_ties, dare_linear with density "
+                          "< 1 need one), so a run is reproducible.")
 
     def lora_adapter(self) -> tuple[Path, float | None] | None:
         """(adapter folder as written, scale) when `lora` is given."""

@@ -42,6 +42,7 @@ source:
   lora:
     path: adapters/lora
     scale: 0.5
+  seed: 7
 remap:
   - from: '^model\.'
     to: ''
@@ -187,7 +188,7 @@ SOURCES = r"""sources:
     filter:
       include: [{regex: '^encoder\.'}]
     prefix: bert.
-  - {path: weights/head.pt, name: head, lora: adapters/head}
+  - {path: weights/head.pt, name: head, lora: adapters/head, seed: 3}
 """
 BASE_SOURCES = BASE[:BASE.index("source:")] + SOURCES + BASE[BASE.index("remap:"):]
 
@@ -395,7 +396,7 @@ def test_invalid_replacement_points_at_to(tmp_path: Path, to: str) -> None:
     text = BASE.replace("    to: ''", "    to: '" + to + "'").replace("    syntax: rust", "    syntax: auto")
     with pytest.raises(RecipeError) as e:
         load_text(tmp_path, text)
-    assert "recipe.yaml:16:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
+    assert "recipe.yaml:17:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -392,3 +392,63 @@ def test_companions_come_from_the_base(merged: Path, tmp_path: Path) -> None:
     merge_folder(tmp_path / "cfg.yml", out)
     assert json.loads((out / "tokenizer.json").read_text()) == {"from": "m0"}
     assert (out / "generation_config.json").read_bytes() == (tmp_path / "m0" / "generation_config.json").read_bytes()
+
+
+def test_cli_merge_matches_mergekit_and_loads(merged: Path, tmp_path: Path) -> None:
+    """`migrate merge` end to end: mergekit's tensors and config.json, a folder from_pretrained loads."""
+    import transformers
+
+    from tests.cli_support import migrate_in_process
+
+    out = tmp_path / "slerp"
+    done = migrate_in_process("merge", str(merged / "slerp.yml"), str(out), "--json", "--max-shard-size", "60KB")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["target"] == str(out)
+    assert (out / "model.safetensors.index.json").is_file()  # sharded as asked
+    ours, theirs = _tensors(out), _tensors(merged / "mk-slerp")
+    assert sorted(ours) == sorted(theirs)
+    for k in theirs:
+        np.testing.assert_allclose(ours[k], theirs[k], rtol=0, atol=1e-6, err_msg=k)
+    assert json.loads((out / "config.json").read_text()) == json.loads((merged / "mk-slerp" / "config.json")
+                                                                        .read_text())
+    assert (out / "mergekit_config.yml").read_text() == CONFIGS["slerp"]
+    transformers.AutoModelForCausalLM.from_pretrained(out)  # loads: every weight present, shapes right
+
+
+def test_cli_merge_emit_recipe_round_trip(merged: Path, tmp_path: Path) -> None:
+    """The recipe `--emit-recipe -o` writes reproduces the merge byte for byte when run."""
+    import shutil
+
+    from tests.cli_support import migrate_in_process
+
+    out, recipe = tmp_path / "pt", tmp_path / "recipes" / "pt.yaml"
+    done = migrate_in_process("merge", str(merged / "passthrough.yml"), str(out), "--dtype", "BF16",
+                              "--emit-recipe", "-o", str(recipe))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 7
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    shutil.copytree(out, tmp_path / "first")
+    again = migrate_in_process("run", str(recipe), "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "first").iterdir())
+    for p in out.iterdir():
+        assert p.read_bytes() == (tmp_path / "first" / p.name).read_bytes(), p.name
+
+
+def test_cli_merge_exit_codes(merged: Path, tmp_path: Path) -> None:
+    from tests.cli_support import migrate_in_process
+
+    bad = _config(tmp_path, "merge_method: linear\nmodels:\n  - model: meta-llama/Llama-3-8B\n")
+    done = migrate_in_process("merge", str(bad), str(tmp_path / "o1"))
+    assert done.returncode == 2 and "cfg.yml:3:12:" in done.stderr and "hub id" in done.stderr
+    done = migrate_in_process("merge", str(bad), str(tmp_path / "o1"), "--json")
+    assert done.returncode == 2 and json.loads(done.stdout)["error"]["issues"][0]["line"] == 3
+    small = tmp_path / "small"
+    tiny_llama(layers=4, seed=0, hidden=16).save_pretrained(small)
+    mixed = _config(tmp_path, f"merge_method: linear\nmodels:\n  - {{model: {merged / 'm0'}, parameters: "
+                              f"{{weight: 1}}}}\n  - {{model: {small}, parameters: {{weight: 1}}}}\n")
+    done = migrate_in_process("merge", str(mixed), str(tmp_path / "o2"))
+    assert done.returncode == 1 and "disagree in shape" in done.stderr
+    assert not (tmp_path / "o2").exists()
+    done = migrate_in_process("merge", str(merged / "dare_linear.yml"), str(tmp_path / "o3"))
+    assert done.returncode == 2 and "give a seed" in done.stderr

@@ -18,6 +18,7 @@ from .lora import fold
 from .peft_adapter import Folded, FoldPlan, Replaced, fold_plan, open_adapter
 
 if TYPE_CHECKING:
+    from ...formats.base import Reader
     from ...recipe.mergekit import MergeSpec
 
 
@@ -68,17 +69,18 @@ def merge_tensors(spec: MergeSpec, models: Mapping[str, Mapping[str, LazyTensor]
     return out
 
 
-def open_models(paths: Mapping[str, str], loras: Mapping[str, str],
-                stack: ExitStack) -> dict[str, Mapping[str, LazyTensor]]:
-    """Each model opened (once per folder), a `base+lora` one with its adapter folded in (lazily)."""
+def open_models(paths: Mapping[str, str], loras: Mapping[str, str], stack: ExitStack,
+                readers: dict[str, Reader] | None = None) -> dict[str, Mapping[str, LazyTensor]]:
+    """Each model opened (once per folder), a `base+lora` one with its adapter folded in (lazily);
+    `readers`, when given, receives each folder's reader."""
     from ...files.io import open_file
 
-    readers: dict[str, Mapping[str, LazyTensor]] = {}
+    readers = {} if readers is None else readers
     models: dict[str, Mapping[str, LazyTensor]] = {}
     for ref, path in paths.items():
         if path not in readers:
             readers[path] = stack.enter_context(open_file(path))
-        tensors = readers[path]
+        tensors: Mapping[str, LazyTensor] = readers[path]
         lora = loras.get(ref)
         if lora is not None:
             adapter = stack.enter_context(open_adapter(lora))
