@@ -14,6 +14,12 @@ def tiny_bert() -> object:
     return transformers.BertModel(cfg).eval()
 
 
+def tiny_bert_folder(folder: object, max_shard_size: str = "20KB") -> object:
+    """`tiny_bert()` saved as a Hugging Face folder of shards (save_pretrained); returns the folder."""
+    tiny_bert().save_pretrained(folder, max_shard_size=max_shard_size)  # type: ignore[attr-defined]
+    return folder
+
+
 def tiny_llama(layers: int = 2, hidden: int = 32, seed: int = 0, vocab: int = 96) -> object:
     """A seeded LlamaForCausalLM with `layers` layers (4 heads, 2 KV heads, untied lm_head)."""
     import torch

@@ -368,7 +368,7 @@ def _sources_plan(loaded: Any, a: str, shown: str) -> Plan:
 
 def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options: dict[str, Any],
                   b_format: str) -> Plan:
-    """A one-off recipe from convert-style options (`convert.build_recipe`); its target is never written.
+    """A one-off recipe from convert-style options (`recipe.convert.build_recipe`); its target is never written.
     It is planned as B's format when B is a burnpack (so a PyTorch A is renumbered by default, as
     `convert` to a .bpk does), else as SafeTensors (names kept)."""
     from ..plan.build import build_plan
@@ -382,7 +382,7 @@ def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options:
 
 PLAN_OPTIONS = ("remaps", "includes", "excludes", "adapters", "dtype", "modules", "contiguous_indices",
                 "source_format", "top_level_key")
-"""`convert.build_recipe` options `diff_document` takes (any set but the last two: through a plan)."""
+"""`recipe.convert.build_recipe` options `diff_document` takes (any set but the last two: through a plan)."""
 
 
 def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recipe: str | os.PathLike[str] | None = None,
@@ -392,7 +392,7 @@ def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recip
     """The `migrate diff --json` document comparing A and B (files, folders, indexes, globs).
 
     `recipe`: A is that recipe's source (in place of its `source.path`), B its output. `options`:
-    `convert.build_recipe`'s (`remaps`, `adapters`, `dtype`, `modules`, `contiguous_indices`,
+    `recipe.convert.build_recipe`'s (`remaps`, `adapters`, `dtype`, `modules`, `contiguous_indices`,
     `includes`, `excludes`) make a one-off recipe the same way; `source_format` and
     `top_level_key` only say how to read A. `each` is called with every tensor entry as it is made.
     """

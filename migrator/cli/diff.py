@@ -8,6 +8,7 @@ Imported by `migrate --help`: only argparse at module level.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -58,12 +59,11 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
     return p
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
-        check_remaps: Callable[[list[str], argparse.ArgumentParser], None]) -> int:
-    """`check_remaps`: `cli.check_remap_options`, passed in because `cli` imports this module."""
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..files.sharded_writer import parse_size
+    from .options import check_remap_options
 
-    check_remaps(args.remap, parser)
+    check_remap_options(args.remap, parser)
     options = dict(remaps=args.remap, includes=args.include, excludes=args.exclude, adapters=args.adapter,
                    dtype=args.dtype, modules=args.modules, contiguous_indices=args.contiguous_indices)
     if args.recipe and any(v not in (None, []) for v in options.values()):
@@ -94,11 +94,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser,
         else:
             print(f"migrate diff: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
-    if args.html:  # never over A, B or the recipe
+    if args.html:  # never over A, B or the recipe; no more readable than they are (as every report)
         from ..analysis.html_report import diff_page, write_page
+        from ..storage.remote import is_url
 
+        local = [p for p in (args.a, args.b) if not is_url(p) and os.path.exists(p)]
         write_page(args.html, diff_page(doc), overwrite=args.overwrite,
-                   protect=[args.a, args.b, *([args.recipe] if args.recipe else [])], make_folders=True)
+                   protect=[args.a, args.b, *([args.recipe] if args.recipe else [])], make_folders=True,
+                   mode_from=local)
     if args.json:
         from .output import write_inspect_json
 

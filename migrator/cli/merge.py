@@ -11,14 +11,14 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import EXIT_MIGRATION, EXIT_OK
 
 
-def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser], no_fsync_help: str,
-               limit_help: str) -> argparse.ArgumentParser:
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from .options import LIMIT_HELP, NO_FSYNC_HELP, command
+
     p = command(sub, "merge", "run a mergekit config: merged weights, streamed, as a Hugging Face folder",
                 "Run a mergekit YAML (linear, task_arithmetic, slerp, ties, dare_ties, dare_linear, "
                 "passthrough;\nmodels as local folders or URLs, model: PATH+ADAPTER folds a LoRA first) into "
@@ -43,17 +43,18 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser], no_fsy
     p.add_argument("-o", "--recipe-output", metavar="FILE", help="with --emit-recipe: the recipe file (its paths "
                    "relative to FILE's folder)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and -o FILE)")
-    p.add_argument("--no-fsync", action="store_true", help=no_fsync_help)
+    p.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     p.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=limit_help)
+    p.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
     return p
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser, limits: dict[str, Any]) -> int:
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..files.sharded_writer import parse_size
     from ..recipe.convert import emit_recipe
     from ..run.merge import merge, merge_recipe
+    from .options import limits_of
 
     try:
         parse_size(args.max_shard_size)
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, limits: dict[
 
     sha = hashlib.sha256(recipe_text.encode()).hexdigest() if recipe_text else None
     result = merge(args.config, out, progress=False if args.no_progress else None, recipe_sha256=sha, **options,
-                   **limits)
+                   **limits_of(args))
     problem = None
     if recipe_text is not None:
         from ..core.errors import MigratorError

@@ -10,15 +10,105 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError, error_json
-from ..plan.build import Plan
-from ..plan.document import plan_json
-from ..plan.loaded import load, open_plan
-from ..run import recipe as engine
-from ..run.recipe import run_one_recipe
+from .options import LIMIT_HELP, NO_FSYNC_HELP, command, positive
+
+if TYPE_CHECKING:  # the plan and the run are imported by the commands, not by `migrate --help`
+    from ..plan.build import Plan
+
+
+def add_run_parser(sub: Any) -> argparse.ArgumentParser:
+    run = command(sub, "run", "run recipes: plan, stream, write atomically, report",
+                   "Run a recipe: plan it, stream every tensor into the target, publish it atomically, print "
+                   "the\nloading summary. Exit 0 success, 1 migration error, 2 invalid recipe.\n"
+                   "Several recipes, or one recipe over --each sources, are jobs run in parallel processes "
+                   "(--jobs);\neach is atomic and reported, one failing does not stop the others, the exit "
+                   "code is the worst.\n--target placeholders with --each: {stem} (file name without its last "
+                   "extension), {name}\n(file name), {parent} (name of its folder), {i} (position among the "
+                   "sorted matches, from 0).",
+                   "  migrate run recipes/mlp-to-burn.yaml\n"
+                   "  migrate run r.yaml --overwrite --report report.json --json\n"
+                   "  migrate run a.yaml b.yaml c.yaml --jobs 2 --report all.json\n"
+                   "  migrate run r.yaml --each 'runs/*/last.pt' --target 'out/{parent}-{stem}.bpk'\n"
+                   "  migrate run big.yaml --workers 2            # one job, its tensors or shards by 2 workers")
+    run.add_argument("recipes", nargs="+", metavar="recipe", help="recipe YAML files (several: one job each)")
+    run.add_argument("--report", metavar="FILE", help="also write the report: JSON, or a self-contained HTML page "
+                     "when FILE ends in .html (several jobs: JSON, one document with every job)")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing target")
+    run.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
+    run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
+    run.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
+                    "(relative to the current folder)")
+    run.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
+                    "(relative to the current folder); with --each, a pattern with placeholders")
+    run.add_argument("--each", nargs="+", metavar="GLOB", help="run the one recipe once per matching source "
+                     "(quoted globs, ** recursive, or paths), writing --target with its placeholders filled in")
+    run.add_argument("--jobs", type=positive, metavar="N", help="jobs run at once, each in its own process "
+                     "(default: the CPUs available; 1: one after the other); with one job: --workers")
+    run.add_argument("--workers", type=positive, metavar="W", help="write one job's output with W workers: "
+                     "disjoint ranges of one .bpk/.safetensors file, or whole shards of a folder (default 1)")
+    run.add_argument("--executor", choices=("local", "ray"), default=None,
+                     help="where jobs and write tasks run: here (default), or as Ray tasks (pip install "
+                     "'migrator[ray]'; paths must be on storage every node sees); wins over the recipe's executor:")
+    run.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster to join (default: $RAY_ADDRESS, "
+                     "else a local Ray started for the run)")
+    run.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    return run
+
+
+def add_plan_parser(sub: Any) -> argparse.ArgumentParser:
+    plan = command(sub, "plan", "show what a recipe would do (names, ops, dtypes, shapes); write nothing",
+                    "Show what a recipe would do, tensor by tensor (source and target names, module, ops, "
+                    "dtypes,\nshapes, sizes), and the loading summary; writes nothing. Recipes with "
+                    "`predicate` filters\nimport and run that code.",
+                    "  migrate plan recipes/mlp-to-burn.yaml\n"
+                    "  migrate plan r.yaml --json | jq '.entries[] | .target'")
+    plan.add_argument("recipe", help="the recipe YAML file")
+    plan.add_argument("--json", action="store_true", help="print the plan (or the error) as JSON")
+    plan.add_argument("--html", metavar="FILE", help="write the plan as a self-contained HTML page instead of "
+                      "the table")
+    plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would "
+                      "(and replace an existing HTML page)")
+    plan.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
+                    "(relative to the current folder)")
+    plan.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
+                    "(relative to the current folder)")
+    plan.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    return plan
+
+
+def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
+    val = command(sub, "validate", "validate recipes and check their sources parse (headers only)",
+                   "Check recipes (schema, regexes, paths) and that their sources parse (headers only), "
+                   "for CI.\nRecipes with `predicate` filters import and run that code. Exit code: the "
+                   "worst of all recipes.",
+                   "  migrate validate recipes/*.yaml\n"
+                   "  migrate validate a.yaml b.yaml --json")
+    val.add_argument("recipes", nargs="+", help="recipe YAML files")
+    val.add_argument("--json", action="store_true", help="print one JSON document with a result per recipe")
+    val.add_argument("--overwrite", action="store_true", help="check the targets as `run --overwrite` would")
+    val.add_argument("--source", metavar="PATH", help="(one recipe only) read PATH instead of "
+                    "the recipe's source.path (relative to the current folder)")
+    val.add_argument("--target", metavar="PATH", help="(one recipe only) write PATH instead of "
+                    "the recipe's target.path (relative to the current folder)")
+    val.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    return val
+
+
+def add_schema_parser(sub: Any) -> argparse.ArgumentParser:
+    sch = command(sub, "schema", "print the recipe JSON Schema",
+                   "Print the recipe JSON Schema (for editors: yaml-language-server, VS Code).",
+                   "  migrate schema -o recipe.schema.json\n"
+                   "  migrate schema | jq '.properties | keys'")
+    sch.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (atomically) instead of stdout")
+    sch.add_argument("--overwrite", action="store_true", help="replace an existing FILE")
+    return sch
+
 
 
 def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
@@ -37,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
 
     if is_many(args):
         return run_many(args)
+    from ..run.recipe import run_one_recipe
+
     outcome = run_one_recipe(args.recipes[0], args, Path(args.report) if args.report else None)
     if args.json:
         json.dump(outcome.document, sys.stdout, indent=2)
@@ -45,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
+    from ..plan.document import plan_json
+    from ..plan.loaded import load, open_plan
     from ..recipe.loader import RecipeError
+    from ..run import recipe as engine
 
     try:
         loaded = load(args.recipe, args)
@@ -73,11 +168,14 @@ def _write_plan_page(path: Path, p: Plan, doc: dict[str, Any] | None) -> None:
     """`plan --html`: written as a run's `--report` is (never over a file the plan reads or the
     target, never over an existing file without overwrite)."""
     from ..analysis.html_report import plan_page
-    from ..run.execute import read_by
+    from ..plan.document import plan_json
+    from ..run.execute import read_by, source_modes
     from ..storage.atomic import write_file
 
+    # as private as the files it describes, as a run's --report is
     write_file(path, plan_page(doc if doc is not None else plan_json(p)), overwrite=p.overwrite,
-               protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True)
+               protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True,
+               mode_from=source_modes(p))
 
 
 def add_target_problems(p: Plan) -> None:
@@ -171,6 +269,7 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    from ..plan.loaded import load, open_plan
     from ..recipe.loader import RecipeError
 
     result: dict[str, Any] = {"recipe": path}

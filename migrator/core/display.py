@@ -72,9 +72,15 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
 
 
+PIPED_WIDTH = 160
+"""Tables written to a pipe or file fit this many columns (long names wrap at dots, every character
+kept): a 400-column line is unreadable in a pager or a CI log. `COLUMNS` sets another width, and
+`--json` gives every name whole on one line."""
+
+
 def terminal_width(stream: TextIO | None = None) -> int | None:
     """The width to fit: the terminal's (`COLUMNS` wins, as everywhere); piped, `COLUMNS` if set,
-    else None (no limit: each line is as wide as its content)."""
+    else PIPED_WIDTH."""
     stream = sys.stdout if stream is None else stream
     env = os.environ.get("COLUMNS", "")
     if env.isdigit() and int(env) > 0:
@@ -84,7 +90,7 @@ def terminal_width(stream: TextIO | None = None) -> int | None:
             return os.get_terminal_size(stream.fileno()).columns or None
     except (OSError, ValueError, AttributeError):
         pass
-    return None
+    return PIPED_WIDTH
 
 
 def cell_width(s: str) -> int:

@@ -125,8 +125,9 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                module_origins: Mapping[tuple[str, int], str] | None = None,
                source_origins: Mapping[int, str] | None = None,
                op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
-               limits: Limits = DEFAULT_LIMITS) -> Plan:
+               limits: Limits = DEFAULT_LIMITS, hint_syntax: str = "recipe") -> Plan:
     """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
+    `hint_syntax` ("recipe" or "convert"): how a hint spells what to add (`modules:` or `--modules`).
 
     `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line;
     `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error, `source_origins`
@@ -163,7 +164,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         copy_from = None if recipe.target.copy_from is None else copy_folder(
             resolve_path(base_dir, recipe.target.copy_from), tgt_path)
         plan = _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
-                        head_dim=_head_dim(recipe, base_dir), copy_from=copy_from,
+                        head_dim=_head_dim(recipe, base_dir), copy_from=copy_from, hint_syntax=hint_syntax,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync, limits=limits)
@@ -218,6 +219,15 @@ def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAUL
         return reader.format == "pytorch"
 
 
+@dataclass
+class _Declarations:
+    """Adapter errors that one module declaration each would fix ((type, module path, what it does)),
+    and every module path of the plan, so that one hint covers them all (`modules.declaration_hint`)."""
+
+    wanted: list[tuple[str, str, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+
+
 _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 """A kept source tensor after renames and adapters: (source, result, ops, module)."""
 
@@ -225,16 +235,22 @@ _Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
              readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
              head_dim: tuple[int, str, str] | None = None, copy_from: Path | None = None,
+             hint_syntax: str = "recipe",
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
              op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
              limits: Limits = DEFAULT_LIMITS) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
+    declares = _Declarations()  # modules one declaration each would fix
     entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins, limits,
-                                    for_burn=recipe.for_burn(out_fmt), head_dim=head_dim)
+                                    for_burn=recipe.for_burn(out_fmt), head_dim=head_dim, declares=declares)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
+    if declares.wanted:
+        from ..transform.modules import declaration_hint
+
+        fatal.append(declaration_hint(declares.wanted, declares.paths, hint_syntax))
 
     # 5. metadata, scalars, and whether the target format can hold the result
     meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
@@ -285,7 +301,8 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
                   fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
                   op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
                   limits: Limits = DEFAULT_LIMITS, *, for_burn: bool = False,
-                  head_dim: tuple[int, str, str] | None = None) -> tuple[list[PlanEntry], ApplyReport]:
+                  head_dim: tuple[int, str, str] | None = None,
+                  declares: _Declarations | None = None) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`.
     `for_burn`: the output is for Burn (`Recipe.for_burn`), so a PyTorch source is renumbered by default."""
     is_pytorch = reader.format == "pytorch"
@@ -333,9 +350,10 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
 
         adapter = build_adapter(recipe.adapters)
         resolver = ModuleResolver(recipe.modules, shapes_of if shapes_of is not None else
-                                  list(zip(current, [t.shape for t in tensors], strict=True)), module_origins)
+                                  list(zip(current, [t.shape for t in tensors], strict=True)), module_origins,
+                                  reader.format)
     del names, current
-    items = _adapted(kept, kept_names, ops, adapter, resolver, errors, made)
+    items = _adapted(kept, kept_names, ops, adapter, resolver, errors, made, declares)
 
     # 4. template slots, or the source order when there is no template
     cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastSpec) else None
@@ -361,6 +379,10 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
         renumbered = reader.renumbered
     report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
                          errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered)
+    if declares is not None and declares.wanted:  # the hint's patterns must not match other modules
+        from ..transform.modules import module_path
+
+        declares.paths = list(dict.fromkeys(module_path(n) for n in kept_names))
     if isinstance(reader, UnionReader):  # several sources: say which one each tensor came from
         add_provenance(report, reader, list(zip(skipped, skipped_from, strict=True)),
                        list(zip(unused, unused_from, strict=True)) if tpl_path is not None else [])
@@ -407,7 +429,8 @@ def _renamed(recipe: Recipe, names: list[str], renumber_default: bool, label: st
 
 
 def _adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[str]], adapter: Any, resolver: Any,
-             errors: list[ReportError], made: dict[int, tuple[LazyTensor, Any]] | None = None) -> Iterator[_Item]:
+             errors: list[ReportError], made: dict[int, tuple[LazyTensor, Any]] | None = None,
+             declares: _Declarations | None = None) -> Iterator[_Item]:
     """Each kept tensor renamed, then adapted; a tensor whose adapter fails is reported in `errors` and
     left out. Lazy, so a plan without a template never holds these tuples for all tensors at once.
     `made`: op outputs (by id) -> the source tensor the report names and their ops so far."""
@@ -431,6 +454,8 @@ def _adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[
             result = adapt(base, module)
         except MigratorError as e:
             errors.append(ReportError.adapter_error(new, e.detail, source=src.name))
+            if declares is not None and getattr(e, "declare", None) is not None:
+                declares.wanted.append(e.declare)  # type: ignore[attr-defined]
             continue
         yield src, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
 

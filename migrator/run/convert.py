@@ -74,7 +74,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
         from ..storage.paths import resolve_path
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
-    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits) as plan:
+    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits, hint_syntax="convert") as plan:
         result = run_plan(plan, progress=progress)
         return result_of(plan, result.target)
 

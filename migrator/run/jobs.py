@@ -293,7 +293,8 @@ def run_many(args: argparse.Namespace) -> int:
         if not args.json:
             if "stdout" in result and result.get("captured", True):
                 status = "ok" if result["code"] == EXIT_OK else f"failed (exit {result['code']})"
-                sys.stdout.write(f"[{len(results)}/{n}] {escape(describe_job(spec))}: {status}\n")
+                # the job's own number (input order): jobs end in any order, a number names one job
+                sys.stdout.write(f"[{result['index'] + 1}/{n}] {escape(describe_job(spec))}: {status}\n")
             sys.stdout.write(result.get("stdout", ""))
             sys.stdout.flush()
         sys.stderr.write(result.get("stderr", ""))

@@ -161,10 +161,18 @@ class _LayoutAdapter:
     def _check_unneeded(self, tensor: LazyTensor, module: ModuleType, param: str, rank: int) -> None:
         """Raise when the unresolved type would change the outcome; otherwise Burn keeps the tensor."""
         if param == "weight" and rank == 2:
-            raise AdapterError(
+            fitting = self._fitting(module)
+            one = fitting[0] if fitting is not None and len(fitting) == 1 else None
+            # one answer: the plan gives one declaration for every such module (modules.declaration_hint)
+            hint = (f"declare it {one} ({_WHAT_IT_DOES[one]}): one declaration for all such modules follows"
+                    if one is not None else self._two_d_hint(tensor, module))
+            error = AdapterError(
                 f"{self.name} must know if this 2-D weight is a Linear's (transpose) or not (e.g. an "
-                f"Embedding's: keep), but its module type is unresolved: {module.reason}; "
-                f"{self._two_d_hint(tensor, module)}", tensor=tensor.name)
+                f"Embedding's: keep), but its module type is unresolved: {module.reason}; {hint}",
+                tensor=tensor.name)
+            if one is not None:
+                error.declare = (one, module_path(tensor.name), _WHAT_IT_DOES[one])
+            raise error
         if param in self.renames and rank == 1 and not module.norm_excluded:
             raise AdapterError(
                 f"{self.name} must know if this is a norm layer's {param} (rename to {self.renames[param]}) "
@@ -172,13 +180,19 @@ class _LayoutAdapter:
                 f"{_declare_hint(tensor, 'LayerNorm', 'or GroupNorm, RmsNorm: the same here; other types keep it')}",
                 tensor=tensor.name)
 
+    def _fitting(self, module: ModuleType) -> list[str] | None:
+        """The types that fit the module's tensors and this direction (None: not worked out)."""
+        if module.candidates is None:
+            return None
+        return [t for t in module.candidates
+                if not (t == "Linear" and module.weight_layout not in (None, self.expected_layout))]
+
     def _two_d_hint(self, tensor: LazyTensor, module: ModuleType) -> str:
         """Only the types that fit the module's tensors and this direction: never one that would write
         wrong weights (a Linear whose bias shows the other layout; GPT-2's square c_proj as a Linear)."""
-        if module.candidates is None:  # not worked out by the resolver: the generic choice
+        fitting = self._fitting(module)
+        if fitting is None:  # not worked out by the resolver: the generic choice
             return _declare_hint(tensor, "Linear", "or Embedding, or any other type name, to keep it")
-        fitting = [t for t in module.candidates
-                   if not (t == "Linear" and module.weight_layout not in (None, self.expected_layout))]
         if not fitting:
             return ("no module type migrator knows fits these tensors; check the names (a remap gone wrong?) "
                     "or declare a type name of your own to keep them as they are")

@@ -39,9 +39,11 @@ Linear                 ``weight`` 2-D, params within {weight, bias}, name not em
                        length equals exactly one weight dimension. Under GPT-2's Conv1D names
                        (``c_attn``/``c_fc``/``c_proj``) only a bias of dim 0 (``[out, in]``, as
                        OpenAI CLIP's Linear ``c_fc``) counts
-(unresolved)           anything else, with the reason. GPT-2's Conv1D is never inferred: a bias of
-                       dim 1 says ``[in, out]``, which is a Conv1D in a PyTorch file but a Linear in
-                       a Burn file, and a square weight says nothing; it is declared (``Conv1D``)
+Conv1D                 GPT-2's Conv1D names (``c_attn``/``c_fc``/``c_proj``) with a bias of dim 1
+                       (``[in, out]``) in a PyTorch or SafeTensors file, whose Linears are
+                       ``[out, in]``. In a Burn file that layout is also a Linear's, and a square
+                       weight says nothing: those are declared (``Conv1D``)
+(unresolved)           anything else, with the reason
 =====================  ===========================================================================
 
 Every declared or inferred type that migrator knows (Burn's 15 and ``Conv1D``) must also fit the
@@ -62,7 +64,7 @@ unresolved module needs no decision.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,7 +74,51 @@ from ..recipe.adapter_names import qualify
 
 
 class AdapterError(MigratorError):
-    """An adapter cannot decide what to do with a tensor (unknown or conflicting module type)."""
+    """An adapter cannot decide what to do with a tensor (unknown or conflicting module type).
+
+    `declare`: (type name, module path, what the type does) when exactly one declaration fixes it,
+    so a plan can give one declaration covering every such module (`declaration_hint`)."""
+
+    declare: tuple[str, str, str] | None = None
+
+
+def declaration_hint(wanted: Sequence[tuple[str, str, str]], all_paths: Iterable[str],
+                     syntax: str = "recipe") -> str:
+    """One line declaring every module of `wanted` ((type, module path, what it does) each). Index
+    segments become `\\d+`, so one pattern covers every layer, but only where the pattern then
+    matches no other module of `all_paths` than those wanted with that type (a Sequential's `1` and
+    `3` may be a Linear and a LayerNorm); else the exact paths. `syntax`: "recipe" (a `modules:`
+    entry) or "convert" (`--modules` options)."""
+    paths_of: dict[str, set[str]] = {}
+    does: dict[str, str] = {}
+    for type_name, path, what in wanted:
+        paths_of.setdefault(type_name, set()).add(path)
+        does[type_name] = what
+    everything = list(all_paths)
+    by_type: dict[str, list[str]] = {}
+    for type_name, paths in paths_of.items():
+        patterns = by_type.setdefault(type_name, [])
+        for path in sorted(paths):
+            exact = exact_regex(path)[1:-1]
+            general = "\\.".join("\\d+" if seg.isdigit() else exact_regex(seg)[1:-1] for seg in path.split("."))
+            if general != exact:
+                matcher = compile_regex("^" + general + "$")
+                if any(p not in paths and matcher.search(p) for p in everything):
+                    general = exact  # the general form would also declare a module of another kind
+            if general not in patterns:
+                patterns.append(general)
+    limit = 8  # a model whose modules share no shape needs a declaration per kind; list the first
+    regexes = {t: ("^" + ps[0] + "$") if len(ps) == 1 else "^(?:" + "|".join(ps[:limit]) + ")$"
+               for t, ps in by_type.items()}
+    more = sum(max(0, len(ps) - limit) for ps in by_type.values())
+    if syntax == "convert":
+        text = " ".join(f"--modules '{t}={rx}'" for t, rx in regexes.items())
+    else:
+        text = "modules: {" + ", ".join(f"{t}: [{yaml_quoted(rx)}]" for t, rx in regexes.items()) + "}"
+    whats = "; ".join(f"{t}: {does[t]}" for t in regexes)
+    count = len({p for _, p, _ in wanted})
+    return (f"declare the type of these {count} module{'s' if count != 1 else ''} at once: {text} ({whats})"
+            + (f"; {more} more module names not listed" if more else ""))
 
 
 BURN_MODULE_TYPES: tuple[str, ...] = (
@@ -310,8 +356,15 @@ _LAYOUT_TEXT = {"out_in": "bias matches dim 0: [out, in], PyTorch's layout",
                 "in_out": "bias matches dim 1: [in, out], Burn's layout"}
 
 
-def infer(path: str, params: Mapping[str, tuple[int, ...]]) -> ModuleType:
-    """Infer a module's type from its path and its own parameters (name -> shape); see module doc."""
+TORCH_LAYOUT_FORMATS = frozenset({"pytorch", "safetensors"})
+"""Source formats whose Linear weights are [out, in] (PyTorch's): there, a GPT-2-named 2-D weight whose
+bias matches dim 1 can only be transformers' Conv1D. A burnpack (Burn's Linear is [in, out]) cannot
+tell the two apart."""
+
+
+def infer(path: str, params: Mapping[str, tuple[int, ...]], source_format: str | None = None) -> ModuleType:
+    """Infer a module's type from its path and its own parameters (name -> shape), and the format of
+    the file the tensors come from (GPT-2's Conv1D needs it); see module doc."""
     name = path.rpartition(".")[2]
     keys = set(params)
     listing = ", ".join(f"{k} {_dims(s)}" for k, s in sorted(params.items())) or "no tensors"
@@ -370,6 +423,10 @@ def infer(path: str, params: Mapping[str, tuple[int, ...]]) -> ModuleType:
             if layout == "out_in":  # no Conv1D: OpenAI CLIP's Linear c_fc/c_proj, in PyTorch's layout
                 return found("Linear", f"2-D weight {_dims(w)} under '{name}' (GPT-2's Conv1D naming, but "
                                        f"a Conv1D's bias matches dim 1); {_LAYOUT_TEXT[layout]}", with_layout=True)
+            if layout == "in_out" and source_format in TORCH_LAYOUT_FORMATS:
+                return found("Conv1D", f"2-D weight {_dims(w)} under '{name}' (GPT-2's Conv1D naming) with a bias "
+                                       f"of dim 1: [in, out], which in a {source_format} file is a Conv1D (a "
+                                       "Linear there is [out, in]); kept as stored", with_layout=True)
             if layout == "in_out":
                 return refuse(f"'{name}' is GPT-2's Conv1D naming and its bias matches dim 1: [in, out], a "
                               "Conv1D (kept as stored) if this is a PyTorch file, a Conv1D or a Linear if it is "
@@ -421,7 +478,8 @@ class ModuleResolver:
     """
 
     def __init__(self, declared: Mapping[str, Sequence[str]], tensors: Sequence[tuple[str, tuple[int, ...]]],
-                 origins: Mapping[tuple[str, int], str] | None = None) -> None:
+                 origins: Mapping[tuple[str, int], str] | None = None, source_format: str | None = None) -> None:
+        self.source_format = source_format  # what inference may assume of layouts (`infer`)
         self._declared: list[tuple[str, re.Pattern[str], str]] = []  # (type, regex, how the recipe says it)
         for type_name, patterns in declared.items():
             if isinstance(patterns, str):
@@ -451,6 +509,11 @@ class ModuleResolver:
         # type depends only on the declaration or the last path segment plus the params, so the
         # work (and the ModuleType object) is shared per (declaration or name, params) signature.
         self._by_signature: dict[tuple[object, ...], ModuleType | _Misfit] = {}
+
+    @property
+    def module_paths(self) -> Iterable[str]:
+        """Every module path of the tensors (a module per distinct path)."""
+        return self._params.keys()
 
     def params(self, path: str) -> dict[str, tuple[int, ...]]:
         """The module's own tensors (last segment -> shape)."""
@@ -496,7 +559,7 @@ class ModuleResolver:
             found = self._by_signature.get(signature)
             if found is None:
                 params = _as_dict(flat)
-                module = infer(path, params)
+                module = infer(path, params, self.source_format)
                 found = self._by_signature[signature] = _checked(module, params, f"inference: {module.reason}")
         if isinstance(found, _Misfit):
             raise found.error(path)

@@ -37,14 +37,30 @@ def sequential() -> nn.Sequential:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
 
 
+SUMMARY = re.compile(r"--modules '(\w+)=((?:[^']|'\\'')*)'")
+
+
 def hints(text: str) -> list[tuple[str, str, str]]:
-    """(tensor, type, regex) of every `modules:` entry suggested, per error line."""
+    """(tensor, type, regex) of every `modules:` entry suggested, per error line; an error whose one
+    answer is in the closing declaration (`convert`'s `--modules` syntax) gets that entry's regex."""
     out = []
+    deferred: list[str] = []
+    summary = [line for line in text.splitlines() if "at once: --modules" in line]
     for line in text.splitlines():
         tensor = ERROR_FOR.search(line)
+        if tensor is not None and "one declaration for all such modules follows" in line:
+            deferred.append(tensor.group(1))
+            continue
+        if line in summary:
+            continue
         for type_name, rx in HINT.findall(line):
             assert tensor is not None, line
             out.append((tensor.group(1), type_name, rx.replace("''", "'")))
+    assert len(summary) == (1 if deferred else 0), summary
+    for name in deferred:
+        entries = [(t, rx) for t, rx in SUMMARY.findall(summary[0]) if compile_regex(rx).search(module_path(name))]
+        assert len(entries) == 1, (name, summary)
+        out.append((name, *entries[0]))
     return out
 
 
@@ -243,7 +259,7 @@ def test_an_inferred_type_that_does_not_fit_names_the_inference_rule(monkeypatch
     import migrator.transform.modules as modules
 
     wrong = modules.ModuleType("LayerNorm", "inferred", "a rule that went wrong")
-    monkeypatch.setattr(modules, "infer", lambda path, params: wrong)
+    monkeypatch.setattr(modules, "infer", lambda path, params, source_format=None: wrong)
     with pytest.raises(AdapterError) as e:
         ModuleResolver({}, [("fc.weight", (4, 3))]).resolve("fc.weight")
     assert "tensor 'fc.weight' [4, 3] does not fit module type LayerNorm" in str(e.value)

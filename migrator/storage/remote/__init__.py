@@ -1,9 +1,10 @@
 """Object-store URLs (`s3://`, `gs://`, `az://`, `hf://`, `http(s)://`, `memory://`) wherever a path goes.
 
 This module is what the rest of migrator imports to ask "is this a URL?": it imports nothing beyond
-the standard library, so a run on local paths never loads fsspec. The readers, the uploader and the
-sharded folders over URLs are in the submodules (`fs`, `source`, `upload`, `sharded`), each
-importing fsspec and the protocol's package on first use.
+the standard library, so a run on local paths never loads fsspec. Ranged reads, uploads and the
+fsspec side are in the submodules (`source`, `upload`, `fs`; storage options in `options`), each
+importing fsspec and the protocol's package on first use; opening and saving folders of shards on
+a store is `files.remote_open` and `files.remote_sharded`.
 
 A recipe's paths are `pathlib.Path`s, which fold `s3://b/k` into `s3:/b/k`; `RemotePath` is a Path
 that prints (and `os.fspath`s) as the URL again, so the plan, the report and the commands carry it
