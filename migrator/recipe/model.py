@@ -515,7 +515,8 @@ class Recipe(_Strict):
         default_factory=dict, description="Module type -> regexes of module paths (tensor name minus last segment).")
     ops: list[OpSpec] = Field(
         default_factory=list, description="Tensor ops (split, concat, stack, unstack, reshape, permute, slice, "
-        "rope_permute), in order, on the names after remap and filter, before adapters.")
+        "rope_permute; computed: linear, scale, slerp, task_arithmetic, ties, dare_ties, dare_linear, lora_fold), in "
+        "order, on the names after remap and filter, before adapters.")
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="Layout adapters, chained in order: " + ", ".join(adapter_names.ALL[1:] + adapter_names.ALL[:1])

@@ -126,3 +126,22 @@ def test_bad_lora_options(tmp_path: Path) -> None:
     recipe.write_text("version: 1\nsource: {path: base, lora: {path: adapter, scale: yes}}\ntarget: {path: o3/}\n")
     done = migrate_in_process("run", str(recipe))
     assert done.returncode == 2 and "r.yaml:2:" in done.stderr
+
+
+def test_lora_fold_op_equals_peft(tmp_path: Path) -> None:
+    """The `lora_fold` op over a base and an adapter kept apart by a prefix: PEFT's merged values."""
+    _, _, merged = _base_and_adapter(tmp_path)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "version: 1\nsources: [{path: base}, {path: adapter/adapter_model.safetensors, prefix: 'ad.'}]\n"
+        "ops:\n  - lora_fold:\n      from: ['(.*(q_proj|v_proj|down_proj))\\.weight',\n"
+        "             'ad.base_model.model.$1.lora_A.weight', 'ad.base_model.model.$1.lora_B.weight']\n"
+        "      scaling: 2.0\n"
+        "target: {path: out.safetensors}\n")
+    done = migrate_in_process("run", str(recipe))
+    assert done.returncode == 0, done.stderr
+    ours = _tensors(tmp_path / "out.safetensors")
+    theirs = merged.state_dict()
+    assert sorted(ours) == sorted(theirs)  # every lora_A/lora_B consumed by the folds
+    for k, v in theirs.items():
+        assert np.array_equal(ours[k], v.numpy()), k

@@ -123,6 +123,79 @@ ops:
       from: 'n\.(\d+)'
       over: 1
       to: 'n'
+  - linear:
+      from:
+        - 'a\.(.*)'
+        - 'b.$1'
+      weights:
+        - 0.5
+        - 0.5
+      normalize: false
+      to: 'o.$1'
+      dtype: F32
+      optional: true
+  - scale:
+      from: 'p'
+      factor: 0.5
+      to: 'p2'
+      dtype: F16
+      optional: true
+  - slerp:
+      from:
+        - 'q\.(.*)'
+        - 'r.$1'
+      t: 0.3
+      to: 'q2.$1'
+      dtype: BF16
+      optional: true
+  - task_arithmetic:
+      from:
+        - 's\.(.*)'
+        - 't.$1'
+      weights:
+        - 0.5
+      density: 0.5
+      lambda: 0.9
+      normalize: true
+      rescale: false
+      seed: 3
+      to: 's2.$1'
+      dtype: F32
+      optional: true
+  - ties:
+      from:
+        - 'u\.(.*)'
+        - 'v.$1'
+      weights:
+        - 1.0
+      density: 0.5
+      optional: true
+  - dare_ties:
+      from:
+        - 'w\.(.*)'
+        - 'x.$1'
+      weights:
+        - 1.0
+      seed: 1
+      optional: true
+  - dare_linear:
+      from:
+        - 'y\.(.*)'
+        - 'z.$1'
+      weights:
+        - 1.0
+      seed: 1
+      optional: true
+  - lora_fold:
+      from:
+        - 'aa\.(.*)\.weight'
+        - 'ab.$1.lora_A.weight'
+        - 'ab.$1.lora_B.weight'
+      scaling: 2.0
+      form: transposed
+      to: 'ac.$1'
+      dtype: F16
+      optional: true
 adapters:
   - pytorch_to_burn
   - half_precision:

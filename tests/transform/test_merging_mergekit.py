@@ -452,3 +452,45 @@ def test_cli_merge_exit_codes(merged: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "o2").exists()
     done = migrate_in_process("merge", str(merged / "dare_linear.yml"), str(tmp_path / "o3"))
     assert done.returncode == 2 and "give a seed" in done.stderr
+
+
+def test_recipe_ops_match_mergekit(merged: Path, tmp_path: Path) -> None:
+    """Hand-written `ops:` over `sources:` with prefixes give mergekit's merges (ties, slerp)."""
+    from tests.cli_support import migrate_in_process
+
+    def run(models: tuple[str, ...], op: str) -> dict[str, np.ndarray]:
+        recipe = tmp_path / "r.yaml"
+        sources = "".join(f"  - {{path: {merged / m}, prefix: '{m}.'}}\n" for m in models)
+        recipe.write_text("version: 1\nsources:\n" + sources + "ops:\n  - " + op + "\ntarget: {path: out/}\n")
+        done = migrate_in_process("run", str(recipe), "--overwrite")
+        assert done.returncode == 0, done.stderr
+        return _tensors(tmp_path / "out")
+
+    cases = [(("m0", "m1", "m2"), "ties: {from: ['m0\\.(.*)', 'm1.$1', 'm2.$1'], to: '$1', weights: [0.4, 0.7], "
+                                  "density: 1.0}", "ties_d1"),
+             (("m0", "m0x2"), "slerp: {from: ['m0\\.(.*)', 'm0x2.$1'], to: '$1', t: 0.3}", "slerp_colinear")]
+    for models, op, name in cases:
+        ours, theirs = run(models, op), _tensors(merged / f"mk-{name}")
+        assert sorted(ours) == sorted(theirs), name
+        for k in theirs:
+            np.testing.assert_allclose(ours[k], theirs[k], rtol=0, atol=1e-6, err_msg=k)
+
+
+def test_recipe_op_errors_name_line_and_tensors(merged: Path, tmp_path: Path) -> None:
+    from tests.cli_support import migrate_in_process
+
+    small = tmp_path / "small"
+    tiny_llama(layers=4, seed=0, hidden=16).save_pretrained(small)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsources:\n  - {{path: {merged / 'm0'}, prefix: a.}}\n"
+                      f"  - {{path: {small}, prefix: b.}}\nops:\n"
+                      "  - linear: {from: ['a\\.(.*)', 'b.$1'], to: '$1', weights: [1, 1]}\n"
+                      "target: {path: out/}\n")
+    done = migrate_in_process("run", str(recipe))
+    assert done.returncode == 2
+    assert "r.yaml:6:" in done.stderr and "disagree in shape" in done.stderr and "'b.lm_head.weight'" in done.stderr
+    recipe.write_text("version: 1\nsource: {path: x}\nops:\n"
+                      "  - ties: {from: ['a\\.(.*)', 'b.$1', 'c.$1'], weights: [1]}\n"
+                      "target: {path: out/}\n")
+    done = migrate_in_process("run", str(recipe))
+    assert done.returncode == 2 and "r.yaml:4:" in done.stderr and "weights has 1 entries for 2 models" in done.stderr
