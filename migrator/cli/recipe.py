@@ -127,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
 
     if is_many(args):
         return run_many(args)
-    from ..run.recipe import run_one_recipe
+    from ..run.recipe import RunOptions, run_one_recipe
 
-    outcome = run_one_recipe(args.recipes[0], args, Path(args.report) if args.report else None)
+    outcome = run_one_recipe(args.recipes[0], RunOptions.of(args), Path(args.report) if args.report else None)
     if args.json:
         json.dump(outcome.document, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -199,14 +199,14 @@ def run_job(spec: dict[str, Any], capture: bool = True) -> dict[str, Any]:
     and error are in the result."""
     from ..core.display import escape
     from ..core.errors import error_json
-    from .recipe import run_one_recipe
+    from .recipe import RunOptions, run_one_recipe
 
     out, err = io.StringIO(), io.StringIO()
     ns = namespace(spec)
     result: dict[str, Any] = {"index": spec.get("index", 0)}
     with (redirect_stdout(out) if capture else _nothing()), (redirect_stderr(err) if capture else _nothing()):
         try:
-            outcome = run_one_recipe(spec["recipe"], ns)
+            outcome = run_one_recipe(spec["recipe"], RunOptions.of(ns))
             result.update(code=outcome.code, document=outcome.document, report=outcome.report)
         except MigratorError as e:
             if not ns.json:

@@ -7,15 +7,15 @@ JSON output come from `run_one_recipe`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.display import count, escape, human_bytes
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError, error_json
+from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.base import WriterKind
 from ..plan.build import Plan
 from ..plan.document import plan_error, plan_json
@@ -25,6 +25,33 @@ from .job_spec import JOB_OPTIONS, is_many, where
 
 if TYPE_CHECKING:
     from .parallel_write import Runner
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one recipe runs: `migrate run`'s options (or a job's), as a value. `source`/`target`
+    replace the recipe's paths; `one_of_many`: the run is one job of several, so `jobs` is how many
+    run at once, not this one's workers."""
+
+    source: str | None = None
+    target: str | None = None
+    overwrite: bool = False
+    no_fsync: bool = False
+    hash_sources: bool = False
+    json: bool = False
+    no_progress: bool = False
+    workers: int | None = None
+    jobs: int | None = None
+    executor: str | None = None
+    ray_address: str | None = None
+    reader_limits: Limits = DEFAULT_LIMITS
+    one_of_many: bool = False
+
+    @classmethod
+    def of(cls, args: Any) -> RunOptions:
+        """From the command line's namespace (or a job's): the attributes it has and sets."""
+        given = {f.name: getattr(args, f.name, None) for f in fields(cls) if f.name != "one_of_many"}
+        return cls(**{k: v for k, v in given.items() if v is not None}, one_of_many=is_many_ns(args))
 
 
 @dataclass
@@ -37,7 +64,7 @@ class RunOutcome:
     report: dict[str, Any] | None = None
 
 
-def run_one_recipe(path: str, args: argparse.Namespace, report_path: Path | None = None,
+def run_one_recipe(path: str, args: RunOptions, report_path: Path | None = None,
                runner: Any = None) -> RunOutcome:
     """Run one recipe, printing its text output (none under `--json`: the caller prints `document`);
     with `report_path`, write its report there. `runner`: the workers that write the output
@@ -152,13 +179,13 @@ URL_TARGET_SERIAL = ("an object-store target is uploaded by this process, its pa
                      "--workers and --executor ray split the writing of local targets only")
 
 
-def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | None:
+def runner_for(args: RunOptions, plan: Plan, loaded: Any) -> Runner | None:
     """The workers that write one job's output: `--workers W` (or `--jobs W` for one job) threads, or
     Ray tasks with `--executor ray`; None (this thread, as always) otherwise or when the output
     cannot be split (a single PyTorch file)."""
     from .parallel_write import LocalRunner, can_split
 
-    workers = getattr(args, "workers", None) or (getattr(args, "jobs", None) if not is_many_ns(args) else None)
+    workers = args.workers or (args.jobs if not args.one_of_many else None)
     if not can_split(plan.writer):
         return None
     if is_url(plan.target_path):  # one job to a store: the driver uploads it (parts already in flight)
@@ -169,22 +196,22 @@ def runner_for(args: argparse.Namespace, plan: Plan, loaded: Any) -> Runner | No
     if executor == "ray":
         from .ray_executor import RayRunner
 
-        spec = {"recipe": str(loaded.path.absolute()), **{k: getattr(args, k, None) for k in JOB_OPTIONS}}
-        for k in ("source", "target"):
-            v = getattr(args, k, None)
-            spec[k] = where(v) if v else None
+        spec = {"recipe": str(loaded.path.absolute()), **{k: getattr(args, k) for k in JOB_OPTIONS},
+                "source": where(args.source) if args.source else None,
+                "target": where(args.target) if args.target else None}
         return RayRunner(spec, workers, address)
     if workers and workers > 1:
         return LocalRunner(workers)
     return None
 
 
-def is_many_ns(args: argparse.Namespace) -> bool:
+def is_many_ns(args: Any) -> bool:
+    """Whether a namespace is one job of several (a job's has no `recipes`)."""
     recipes = getattr(args, "recipes", None)
     return recipes is None or is_many(args)
 
 
-def executor_for(args: argparse.Namespace, recipe: Any) -> tuple[str, str | None]:
+def executor_for(args: Any, recipe: Any) -> tuple[str, str | None]:
     """(executor, Ray address) of one run: `--executor`/`--ray-address` when given, else the recipe's
     `executor:`, else this machine."""
     spec = getattr(recipe, "executor", None)
