@@ -76,7 +76,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
     with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits, hint_syntax="convert") as plan:
         result = run_plan(plan, progress=progress)
-        return result_of(plan, result.target)
+        return _result(plan, result.target)
 
 
 def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None,
@@ -157,7 +157,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                              metadata=meta, scalars_written=len(scalars), notes=notes)
 
 
-def result_of(plan: Plan, written: str) -> ConvertResult:
+def _result(plan: Plan, written: str) -> ConvertResult:
     return ConvertResult(
         source=str(plan.source_path), source_format=plan.source_format, target=written,
         target_format=plan.target_format, tensors=len(plan.entries),

@@ -53,7 +53,7 @@ def merge(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: 
     from ..files.targets import check_folder_target
     from ..plan.build import build_plan
     from ..storage.paths import resolve_path
-    from .convert import result_of
+    from .convert import _result
     from .execute import run_plan
 
     recipe = merge_recipe(config, out, seed=seed, dtype=dtype, max_shard_size=max_shard_size, overwrite=overwrite,
@@ -61,7 +61,7 @@ def merge(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: 
     check_folder_target(resolve_path(Path.cwd(), out), overwrite=overwrite)  # before any model is opened
     with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits) as plan:
         written = run_plan(plan, progress=progress)
-        return result_of(plan, written.target)
+        return _result(plan, written.target)
 
 
 def merge_folder(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: int | None = None,
