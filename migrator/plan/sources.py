@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.bytesource import ByteSource
-from ..core.errors import FormatError, PlanError, TensorNotFoundError
+from ..core.errors import AdapterError, FormatError, PlanError, TensorNotFoundError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Reader
@@ -81,6 +81,14 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
     from ..transform.merging.folded import open_folded
 
     adapter = lora[0] if base_dir is None else resolve_path(base_dir, lora[0])
+    if not os.path.exists(adapter):
+        from ..recipe.mergekit import HUB_ID
+
+        if HUB_ID.match(os.fspath(lora[0])):
+            reader.close()
+            raise AdapterError(f"'{lora[0]}' is a Hugging Face hub id: migrator reads local adapter folders; download "
+                               f"it first (huggingface-cli download {lora[0]} --local-dir DIR) and give DIR",
+                               file=os.fspath(lora[0]))
     return open_folded(reader, adapter, lora_scale=lora[1])
 
 

@@ -318,7 +318,7 @@ def _model_references(c: MergekitConfig) -> list[tuple[tuple[Any, ...], str]]:
     return out
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
 
 def _reference_problem(ref: str, base_dir: Path) -> tuple[str, str] | None:
@@ -330,7 +330,7 @@ def _reference_problem(ref: str, base_dir: Path) -> tuple[str, str] | None:
     path = Path(ref) if Path(ref).is_absolute() else base_dir / ref
     if path.exists():
         return None
-    if _HUB_ID.match(ref):
+    if HUB_ID.match(ref):
         return (f"'{ref}' is a Hugging Face hub id: migrator reads local folders and URLs, not the hub",
                 f"download it first (huggingface-cli download {ref.split('@')[0]} --local-dir DIR) and give DIR")
     return f"model folder '{ref}' does not exist (looked in {path})", "model paths are relative to the config's folder"

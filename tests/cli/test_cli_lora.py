@@ -120,6 +120,8 @@ def test_bad_lora_options(tmp_path: Path) -> None:
     base, _, _ = _base_and_adapter(tmp_path)
     done = migrate_in_process("convert", str(base), f"{tmp_path}/o1/", "--lora", str(base))
     assert done.returncode == 1 and "not a PEFT adapter folder" in done.stderr
+    done = migrate_in_process("convert", str(base), f"{tmp_path}/o1/", "--lora", "someone/llama-lora")
+    assert done.returncode == 1 and "hub id" in done.stderr and "huggingface-cli download" in done.stderr
     done = migrate_in_process("convert", str(base), f"{tmp_path}/o2/", "--lora-scale", "2")
     assert done.returncode == 2 and "--lora-scale" in done.stderr
     recipe = tmp_path / "r.yaml"

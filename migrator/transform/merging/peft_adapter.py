@@ -146,6 +146,8 @@ def open_adapter(folder: str | os.PathLike[str]) -> PeftAdapter:
 
     root = Path(folder)
     config_path = root / CONFIG_FILE
+    if not root.exists():
+        raise AdapterError("no such adapter folder", file=str(root))
     if not config_path.is_file():
         raise AdapterError(f"not a PEFT adapter folder: no {CONFIG_FILE}", file=str(root))
     try:
