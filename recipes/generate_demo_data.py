@@ -16,6 +16,8 @@
   the template the encoder-surgery recipe fills.
 - gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny/ (+ llama-hf-tiny/config.json):
   the `ops:` recipes' inputs (recipes/ops_demo.py).
+- llama-base/, llama-chat/, llama-code/, llama-lora/: Hugging Face Llama folders and a PEFT LoRA adapter,
+  the merge recipes' inputs (recipes/merge_demo.py).
 """
 
 from __future__ import annotations
@@ -133,9 +135,13 @@ def main(out_dir: str = "demo-out") -> None:
     import ops_demo  # beside this script: the checkpoints of the ops: recipes
 
     ops_demo.write(out)
+    import merge_demo  # beside this script: the models and adapter of the merge recipes
+
+    merge_demo.write(out)
     print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, classifier-init.bpk, "
           f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny/, bert-*-donor.safetensors, "
-          f"bert-cls-init.safetensors, bert-24-layers.safetensors, bert-6-layers-*.safetensors in {out}/")
+          f"bert-cls-init.safetensors, bert-24-layers.safetensors, bert-6-layers-*.safetensors, "
+          f"llama-{{base,chat,code,lora}}/ in {out}/")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p.add_argument("--version", action="version", version=f"migrator {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     # each command's module adds its own parser; in this order, `migrate --help` lists them
-    from . import convert, diff, inspect, recipe
+    from . import convert, diff, inspect, merge, recipe
 
     inspect.add_parser(sub)
     convert.add_parser(sub)
@@ -46,6 +46,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     recipe.add_plan_parser(sub)
     recipe.add_validate_parser(sub)
     diff.add_parser(sub, command)
+    merge.add_parser(sub)
     recipe.add_schema_parser(sub)
     return p, dict(sub.choices)
 
@@ -93,6 +94,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from .convert import run as convert
 
             return convert(args, commands["convert"])
+        if args.command == "merge":
+            from .merge import run as merge
+
+            return merge(args, commands["merge"])
         if args.command == "diff":
             from .diff import run as diff
 

@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "written\natomically, an existing DST refused without --overwrite.",
                     "  migrate convert model.safetensors model.bpk\n"
                     "  migrate convert ckpt.pt model.bpk --top-level-key state_dict --adapter pytorch_to_burn\n"
-                    "  migrate convert ckpt.pt out/ --to burnpack   # writes out/ckpt.bpk")
+                    "  migrate convert ckpt.pt out/ --to burnpack   # writes out/ckpt.bpk\n"
+                    "  migrate convert base/ merged/ --lora adapter/   # a LoRA adapter folded in")
     conv.add_argument("src", help="the file to read")
     conv.add_argument("dst", help="the file to write (its extension picks the format; none: burnpack, .bpk "
                       "appended); a folder (existing, or ending in '/'): one file in it named after SRC, "
@@ -44,6 +45,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     conv.add_argument("--quantize", metavar="TYPE",
                       help="GGUF target: write 2-D float tensors as TYPE (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, "
                       "F32); 1-D tensors and norms stay F32 (a recipe's target.quantize picks per tensor)")
+    conv.add_argument("--lora", metavar="ADAPTER",
+                      help="fold this PEFT LoRA adapter folder into SRC (PEFT's merge_and_unload, streamed); with "
+                           "DST/ the base's config.json, generation and tokenizer files are carried over")
+    conv.add_argument("--lora-scale", type=float, metavar="S",
+                      help="with --lora: multiply the adapter's scaling (lora_alpha / r) by S (default 1)")
     conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
                       help="renumber index segments 0,1,2,... (default: on for a PyTorch source written for Burn, "
                            "i.e. a .bpk target or --adapter pytorch_to_burn; the no- form keeps the names)")
@@ -162,7 +168,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, modules=args.modules,
-                   contiguous_indices=args.contiguous_indices,
+                   contiguous_indices=args.contiguous_indices, lora=args.lora, lora_scale=args.lora_scale,
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)

@@ -93,3 +93,12 @@ class OutputError(MigratorError):
 
 class UnsafePickleError(FormatError):
     """A pickle asks for something migrator refuses to construct or call."""
+
+
+class MergeInputError(MigratorError):
+    """Merge inputs that cannot be combined: a missing tensor, shapes or dtypes that disagree. A bad
+    mergekit YAML is a `recipe.issues.RecipeError` (exit 2) with the YAML line and column instead."""
+
+
+class AdapterError(MigratorError):
+    """A PEFT adapter migrator cannot fold: an unsupported feature, or a tensor matching no base weight."""

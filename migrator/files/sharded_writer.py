@@ -212,27 +212,36 @@ CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
 `torch_dtype`); from_pretrained builds the model in that dtype when asked for `dtype="auto"`."""
 
 
-def config_with_dtype(source: Path, tensors: Sequence[LazyTensor]) -> tuple[bytes, str] | None:
+def config_with_dtype(source: Path, tensors: Sequence[LazyTensor],
+                      update: Mapping[str, Any] | None = None) -> tuple[bytes, str] | None:
     """A companion config.json rewritten to say the dtype the written float tensors have, when it
-    says another (a cast model would otherwise load as its old dtype): (new bytes, a note), or None
-    when it agrees, says nothing, or the floats are of several dtypes. Only a local file is read."""
+    says another (a cast model would otherwise load as its old dtype), and with `update`'s entries
+    (a merge's `num_hidden_layers`) set: (new bytes, a note), or None when nothing changes (it agrees
+    or says no dtype, or the floats are of several dtypes). Only a local file is read."""
     from .model_config import ConfigError, load_config
 
-    floats = {t.dtype.torch_name for t in tensors if t.dtype.is_float and t.dtype.torch_name}
-    if len(floats) != 1 or not isinstance(source, Path):
+    if not isinstance(source, Path):
         return None
-    (written,) = floats
     try:
         config = load_config(source)
     except ConfigError:
         return None  # copied as it is, as any companion
-    said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}
-    if not said or all(v == written for v in said.values()):
+    notes = []
+    changed = {k: v for k, v in (update or {}).items() if config.get(k) != v}
+    if changed:
+        config.update(changed)
+        notes.append("config.json is written with " + ", ".join(f"{k}: {json.dumps(v)}" for k, v in changed.items()))
+    floats = {t.dtype.torch_name for t in tensors if t.dtype.is_float and t.dtype.torch_name}
+    if len(floats) == 1:
+        (written,) = floats
+        said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}
+        if said and not all(v == written for v in said.values()):
+            config.update(dict.fromkeys(said, written))
+            old = ", ".join(f"{k}: {v}" for k, v in said.items())
+            notes.append(f"config.json said {old}; it is written saying {written}, the dtype of the weights written")
+    if not notes:
         return None
-    config.update(dict.fromkeys(said, written))
-    old = ", ".join(f"{k}: {v}" for k, v in said.items())
-    return ((json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
-            f"config.json said {old}; it is written saying {written}, the dtype of the weights written")
+    return (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(), "; ".join(notes)
 
 
 class ShardedWriter(Writer):
@@ -244,7 +253,10 @@ class ShardedWriter(Writer):
     def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
                  copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
-                 weights_name: str | None = None, made: Mapping[str, bytes] | None = None) -> None:
+                 weights_name: str | None = None, config_update: Mapping[str, Any] | None = None,
+                 generated: Sequence[tuple[str, bytes]] = ()) -> None:
+        """`config_update`: entries set in a copied config.json; `generated`: companion files written
+        from these bytes (name, content), in place of a copy of the same name."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from ..formats.registry import writer_class
 
@@ -270,14 +282,15 @@ class ShardedWriter(Writer):
             # as transformers' save_pretrained writes it: parameters and bytes of the stored tensors
             self.index = {"metadata": {"total_parameters": sum(t.numel for t in stored),
                                        "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
-        reserved = set(names) | ({index_name} if self.index is not None else set()) | set(made or {})
+        reserved = set(names) | ({index_name} if self.index is not None else set())
         self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
         self.companion_sources = [src for src, _ in self.copies]  # read by the run: no output may replace one
-        # companions written from these bytes, not copied: those the plan made (a GGUF's config.json),
-        # and a copied config.json whose dtype the cast changed
-        self.generated: list[tuple[str, bytes]] = list((made or {}).items())
+        # companions written from these bytes, not copied (a GGUF's config.json, a merge's): in place of a
+        # copy of the same name; a copied config.json whose dtype the cast changed joins them below
+        self.generated: list[tuple[str, bytes]] = list(generated)
+        self.copies = [(src, rel) for src, rel in self.copies if rel not in {name for name, _ in generated}]
         for src, rel in list(self.copies):
-            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors)) is not None:
+            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors, config_update)) is not None:
                 self.copies.remove((src, rel))
                 self.generated.append((rel, updated[0]))
                 self.notes.append(updated[1])

@@ -160,7 +160,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
         one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
-        reader = open_source(recipe.inputs()[0], src_path, limits=limits, keep_structure=one_file)
+        reader = open_source(recipe.inputs()[0], src_path, limits=limits, keep_structure=one_file, base_dir=base_dir)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
@@ -219,7 +219,8 @@ def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAUL
         return False
     from .sources import open_source
 
-    with open_source(recipe.source, resolve_path(base_dir, recipe.source.path), limits=limits) as reader:
+    with open_source(recipe.source, resolve_path(base_dir, recipe.source.path), limits=limits,
+                     base_dir=base_dir) as reader:
         return reader.format == "pytorch"
 
 
@@ -259,7 +260,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     # 5. metadata, scalars, and whether the target format can hold the result
     meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
                            clear=recipe.target.clear_metadata)
-    notes: list[str] = []
+    notes: list[str] = list(getattr(reader, "notes", []))  # what a source did on its own (a LoRA fold)
     if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
@@ -293,10 +294,12 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 if copy_from is not None:
                     folder = copy_from
                 name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
+                made = _made_files(recipe, reader, [e.tensor.name for e in entries])  # a GGUF's config.json
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=folder, weights_name=name,
-                                            made=_made_files(recipe, reader, [e.tensor.name for e in entries]))
+                                            config_update=getattr(reader, "config_update", None),
+                                            generated=[*getattr(reader, "generated", ()), *made.items()])
                 plan.notes += plan.writer.notes
             else:
                 if recipe.target.hf_config:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.bytesource import ByteSource
-from ..core.errors import FormatError, PlanError, TensorNotFoundError
+from ..core.errors import AdapterError, FormatError, PlanError, TensorNotFoundError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Reader
@@ -47,12 +48,24 @@ class SourceKeyError(PlanError):
 
 
 def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None,
-                keep_structure: bool = False) -> Reader:
+                keep_structure: bool = False, base_dir: Path | None = None) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
     top_level_key is a `SourceKeyError` that points at that key. `keep_structure`: a PyTorch
-    checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target."""
+    checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target.
+    With `lora:`, the reader lists the base's tensors with the adapter folded in (the adapter's path
+    taken from `base_dir`)."""
     from ..files.io import open_file
 
+    if spec.format == "mergekit":
+        from ..transform.merging.merged import MergedReader
+
+        if spec.lora is not None:
+            raise PlanError("a mergekit source takes no lora: (write model: PATH+ADAPTER in the config)",
+                            file=str(path))
+        return MergedReader(path, seed=spec.seed)
+    if spec.seed is not None:
+        raise PlanError("source.seed is the seed of a merge's random drop: it needs format: mergekit",
+                        file=str(path))
     key = spec.top_level_key
     options: dict[str, Any] = {} if key is None else {"top_level_key": key}
     if limits is not None:
@@ -60,12 +73,50 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
     if keep_structure:
         options["keep_structure"] = True
     try:
-        return open_file(path, spec.format, **options)
+        reader = open_file(path, spec.format, **options)
     except TensorNotFoundError as e:
         error = SourceKeyError(e.detail, file=e.file)
         if entry is not None:
             error.loc = ("sources", entry, "top_level_key")  # type: ignore[assignment]
         raise error from None
+    lora = spec.lora_adapter()
+    if lora is None:
+        return reader
+    from ..transform.merging.folded import open_folded
+
+    adapter = lora[0] if base_dir is None else resolve_path(base_dir, lora[0])
+    if not os.path.exists(adapter):
+        from ..recipe.mergekit import HUB_ID
+
+        if HUB_ID.match(os.fspath(lora[0])):
+            reader.close()
+            raise AdapterError(f"'{lora[0]}' is a Hugging Face hub id: migrator reads local adapter folders; download "
+                               f"it first (huggingface-cli download {lora[0]} --local-dir DIR) and give DIR",
+                               file=os.fspath(lora[0]))
+    return open_folded(reader, adapter, lora_scale=lora[1])
+
+
+LORA_TENSOR = re.compile(r"\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)(\.|$)")
+"""A PEFT adapter's own tensor names: they mean nothing in a model until folded."""
+
+
+def check_unfolded_adapters(parts: Sequence[SourcePart], entries: Sequence[SourceEntry]) -> None:
+    """Refuse a `sources:` union that would write a LoRA adapter's A/B matrices beside a model's weights,
+    unmerged (easy to take for a merged model). The entry's `lora:` folds it; a `prefix` keeps its
+    tensors apart on purpose (e.g. for a `lora_fold` op)."""
+    if len(parts) < 2:
+        return
+    for part, entry in zip(parts, entries, strict=True):
+        if entry.prefix or entry.lora is not None:
+            continue
+        found = [t.name for t in part.reader.tensors if LORA_TENSOR.search(t.name)]
+        if found:
+            more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+            raise PlanError(f"source '{part.label}' holds LoRA adapter tensors ('{found[0]}'{more}): joined with "
+                            "the other sources they would be written unmerged, not folded into the model; to fold "
+                            "the adapter into its base, give the base's entry lora: ADAPTER_FOLDER (and drop this "
+                            "entry); to keep its tensors apart on purpose, give this entry a prefix",
+                            file=str(part.path))
 
 
 @dataclass
@@ -144,6 +195,7 @@ class UnionReader(Reader):
             raise PlanError("two sources give the same name: " + "; ".join(lines) + more
                             + " (give one a prefix or a filter)", file=self.source.label)
         self.metadata = _agreed(p.reader.metadata for p in self.parts)
+        self.notes = [f"source '{p.label}': {n}" for p in self.parts for n in getattr(p.reader, "notes", [])]
         self.scalars = self._scalars()
 
     def _renamed(self, part: SourcePart, entry: SourceEntry, index: int) -> list[tuple[LazyTensor, str]]:
@@ -232,8 +284,9 @@ def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | No
     try:
         for i, entry in enumerate(recipe.sources):
             path = resolve_path(base_dir, entry.path)
-            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits),
+            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits, base_dir=base_dir),
                                     (origins or {}).get(i)))
+        check_unfolded_adapters(parts, recipe.sources)
         return UnionReader(parts, recipe.sources, for_burn=for_burn)
     except BaseException:
         for p in parts:

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from .model import Recipe
 
 
+LORA_COMPANIONS = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
+                   "vocab.*", "merges.txt", "added_tokens.json", "chat_template.jinja", "preprocessor_config.json")
+"""The base folder's files a `--lora` folder target carries over, each when present."""
+
+
 class ConvertUsageError(MigratorError):
     """A convert option is malformed (e.g. --remap without '=')."""
 
@@ -44,11 +49,15 @@ def build_recipe(
     weights_name: str | None = None,
     copy_from: str | os.PathLike[str] | None = None,
     quantize: str | None = None,
+    lora: str | os.PathLike[str] | None = None,
+    lora_scale: float | None = None,
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
 
     `adapters` are names or `float_cast:DTYPE`; `modules` are `TYPE=REGEX`. A value the recipe
     model refuses raises ConvertUsageError with the recipe's message and hint, naming the option.
+    `lora`: a PEFT adapter folder folded into `src` (`source.lora`); a folder target then carries the
+    base's config, generation and tokenizer files (each optional) unless `copy` says which.
     """
     remap = []
     for item in remaps:
@@ -75,6 +84,14 @@ def build_recipe(
             data["target"]["shard"]["name"] = weights_name
     elif weights_name is not None:
         raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
+    if lora_scale is not None and lora is None:
+        raise ConvertUsageError("--lora-scale scales a LoRA adapter: add --lora ADAPTER_FOLDER")
+    if lora is not None:
+        data["source"]["lora"] = os.fspath(lora) if lora_scale is None else {"path": os.fspath(lora),
+                                                                              "scale": lora_scale}
+        # as PEFT's merged save_pretrained: a loadable folder (from a model folder: a loose file's may hold anything)
+        if not copy and "shard" in data["target"] and os.path.isdir(src):
+            data["target"]["copy"] = [{"path": c, "optional": True} for c in LORA_COMPANIONS]
     if copy:
         data["target"]["copy"] = list(copy)
     if copy_from is not None:
@@ -234,7 +251,8 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
     if first == "filter" and second in ("include", "exclude") and n is not None:
         return f"--{second} '{data['filter'][second][n]['regex']}'"
     names: dict[str, str | dict[str, str]] = {
-        "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
+        "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC",
+                                      "lora": "--lora/--lora-scale"},
         "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize"}}
     found = names.get(first, first)
     return found.get(second or "", first) if isinstance(found, dict) else found
@@ -250,6 +268,11 @@ def emit_recipe(recipe: Recipe, out: str | os.PathLike[str] | None = None) -> st
     if out is not None:
         folder = os.path.dirname(os.path.abspath(out))
         data["source"]["path"] = _relative_to(data["source"]["path"], folder)
+        lora = data["source"].get("lora")
+        if isinstance(lora, str):
+            data["source"]["lora"] = _relative_to(lora, folder)
+        elif isinstance(lora, dict):
+            lora["path"] = _relative_to(lora["path"], folder)
         data["target"]["path"] = _relative_to(data["target"]["path"], folder)
         if data["target"].get("template"):
             data["target"]["template"] = _relative_to(data["target"]["template"], folder)

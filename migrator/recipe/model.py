@@ -9,7 +9,7 @@ a new `version`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -30,6 +30,8 @@ from .checks import check_regex, recipe_value_error
 from .ops import OpSpec
 
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf"]
+SourceFormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf", "mergekit"]
+"""A source's formats: a file format, or `mergekit` (a mergekit YAML whose merged tensors are read)."""
 GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 """The ggml types a GGUF target can be written in (formats/gguf/writer.py's WRITABLE_TYPES)."""
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ def _shape_tag(value: object, mapping: str = "map") -> str | None:
     """
     if isinstance(value, BaseModel):  # serialising: the member is the model itself
         return next(iter(type(value).model_fields))
-    if isinstance(value, str):
+    if isinstance(value, str | PurePath):  # a path member serialises from its Path
         return "name"
     if isinstance(value, list):
         return "list"
@@ -161,11 +163,22 @@ _STORAGE_HELP = ("fsspec options for a URL path (s3://, gs://, az://, hf://, htt
 _Number = BeforeValidator(_no_bool)
 
 
+class LoraSpec(_Strict):
+    """A PEFT LoRA adapter folded into the source's weights as PEFT's merge_and_unload does."""
+
+    path: _Path = Field(description="The adapter folder (adapter_config.json plus adapter_model.safetensors or "
+                                    ".bin), relative to the recipe's folder.")
+    scale: Annotated[float, _Number] | None = Field(
+        None, description="Multiplies every module's scaling (lora_alpha / r): PEFT's merge with a scale. Default 1.")
+
+
 class SourceSpec(_Strict):
     """The file tensors come from."""
 
     path: _Path = Field(description="File to read, relative to the recipe's folder.")
-    format: FormatName = Field("auto", description="Detected from magic bytes when auto.")
+    format: SourceFormatName = Field(
+        "auto", description="Detected from magic bytes when auto; mergekit: path is a mergekit YAML config, read "
+                            "as its merged tensors (docs/merging.md).")
     top_level_key: Annotated[Annotated[str, Tag("name")] | Annotated[list[str], Tag("list")],
                              _tagged("a string or a list of strings")] | None = Field(
         None, description="Nested dict holding the tensors: a dotted path ('model.state_dict') or a list of keys.")
@@ -177,6 +190,23 @@ class SourceSpec(_Strict):
         None, description="Match template paths with enum-variant (inner CamelCase) segments removed, as Burn does. "
                           "Default: true for PyTorch sources.")
     storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
+    lora: Annotated[Annotated[_Path, Tag("name")] | Annotated[LoraSpec, Tag("map")],
+                    _tagged("an adapter folder or {path, scale}")] | None = Field(
+        None, description="A PEFT LoRA adapter folder folded into this source's weights (W + scaling B A, DoRA, "
+                          "modules_to_save) before anything else: {path: ADAPTER, scale: S} or the folder alone. "
+                          "See docs/merging.md.")
+
+    seed: Annotated[int, _Number] | None = Field(
+        None, description="format mergekit: the seed of DARE's random drop (dare_ties, dare_linear with density "
+                          "< 1 need one), so a run is reproducible.")
+
+    def lora_adapter(self) -> tuple[Path, float | None] | None:
+        """(adapter folder as written, scale) when `lora` is given."""
+        if self.lora is None:
+            return None
+        if isinstance(self.lora, LoraSpec):
+            return self.lora.path, self.lora.scale
+        return self.lora, None
 
 
 class RemapSpec(_Strict):
@@ -499,7 +529,8 @@ class Recipe(_Strict):
         default_factory=dict, description="Module type -> regexes of module paths (tensor name minus last segment).")
     ops: list[OpSpec] = Field(
         default_factory=list, description="Tensor ops (split, concat, stack, unstack, reshape, permute, slice, "
-        "rope_permute), in order, on the names after remap and filter, before adapters.")
+        "rope_permute; computed: linear, scale, slerp, task_arithmetic, ties, dare_ties, dare_linear, lora_fold), in "
+        "order, on the names after remap and filter, before adapters.")
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="Layout adapters, chained in order: " + ", ".join(adapter_names.ALL[1:] + adapter_names.ALL[:1])

@@ -1,4 +1,5 @@
-"""The recipe's `ops:` entries (split, concat, stack, unstack, reshape, permute, slice, rope_permute).
+"""The recipe's `ops:` entries (split, concat, stack, unstack, reshape, permute, slice, rope_permute; the
+arithmetic ops linear, scale, slerp, task_arithmetic, ties, dare_ties, dare_linear, lora_fold are `merge_ops.py`).
 
 Each entry is a one-key mapping naming its op, like an adapter with options. What can be checked
 without the source's shapes is checked here, at validation (sizes and parts, dims forming a
@@ -13,96 +14,36 @@ the shared model; what both validate with is in checks.py.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
-    WithJsonSchema,
     model_validator,
 )
 
-OP_NAMES = ("split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute")
+from . import merge_ops
+from .op_base import (  # noqa: F401  re-exported: the ops' helpers are imported from here
+    _INDEX_REF,
+    Int,
+    Ints,
+    Pattern,
+    _no_bool,
+    _no_bools,
+    _Op,
+    _problem,
+    _regex,
+    check_template,
+    has_index_ref,
+    substitute_index,
+    whole_name_pattern,
+)
 
-_INDEX_REF = re.compile(r"\$\$|\$\{i\}|\$i(?![A-Za-z0-9_])")
-
-
-def substitute_index(text: str, index: int | None) -> str:
-    """`text` with every `$i` / `${i}` replaced by `index` (`$$` is left for the remap syntax)."""
-    if index is None:
-        return text
-    return _INDEX_REF.sub(lambda m: m.group(0) if m.group(0) == "$$" else str(index), text)
-
-
-def has_index_ref(text: str) -> bool:
-    return any(m.group(0) != "$$" for m in _INDEX_REF.finditer(text))
-
-
-def _problem(message: str, *, key: str | None = None, hint: str | None = None) -> Exception:
-    from .checks import recipe_value_error
-
-    return recipe_value_error(message, key=key, hint=hint)
-
-
-def _regex(value: str) -> str:
-    from .checks import check_regex
-
-    return check_regex(value)
-
-
-def _no_bool(value: object) -> object:
-    if isinstance(value, bool):
-        raise _problem(f"expected a number, got {str(value).lower()}")
-    return value
-
-
-def _no_bools(value: object) -> object:
-    if isinstance(value, list):
-        for v in value:
-            _no_bool(v)
-    return value
-
-
-Pattern = Annotated[str, AfterValidator(_regex)]
-Int = Annotated[int, BeforeValidator(_no_bool), WithJsonSchema({"anyOf": [
-    {"type": "integer"},
-    {"type": "string", "pattern": r"^\$\{.*\}$", "description": "A value from the model's config, resolved when "
-     "the recipe is loaded: ${config.KEY}, with fallbacks after '|' (${config.num_key_value_heads | "
-     "config.num_attention_heads}) and * or // between terms."}]})]
-Ints = Annotated[list[int], BeforeValidator(_no_bools)]
-
-
-def whole_name_pattern(pattern: str) -> str:
-    """`pattern` anchored to the whole name (same groups, same numbering)."""
-    return f"^(?:{pattern})$"
-
-
-def check_template(pattern: str, template: str, key: str, *, index_ok: bool) -> None:
-    """`template` may refer only to groups `pattern` has (and to `$i` where `index_ok`)."""
-    from ..naming import NamingError, RemapRule
-
-    if has_index_ref(template) and not index_ok:
-        raise _problem(f"'{template}' uses $i, but this op has no part index", key=key,
-                       hint="$i is the part number of split and unstack outputs")
-    try:
-        rule = RemapRule(whole_name_pattern(pattern), substitute_index(template, 0))
-    except NamingError as e:
-        raise _problem(e.message, key=key) from None
-    problem = rule.missing_group_problem()
-    if problem is not None:
-        raise _problem(problem[0], key=key, hint=problem[1])
-
-
-class _Op(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
-
-    optional: bool = Field(False, description="A `from` pattern matching no tensor is not an error.")
+OP_NAMES = ("split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute", "linear", "scale",
+            "slerp", "task_arithmetic", "ties", "dare_ties", "dare_linear", "lora_fold")
 
 
 class _Unary(_Op):
@@ -315,6 +256,28 @@ class RopePermuteOpSpec(BaseModel):
         description="Meta's interleaved rotary layout of q/k weights to Hugging Face's, or back (inverse).")
 
 
+def _wrapper(kind: str, spec: type[BaseModel], text: str) -> type[BaseModel]:
+    """The one-key model `{KIND: SPEC}` of an op."""
+    from pydantic import create_model
+
+    model: type[BaseModel] = create_model(  # type: ignore[call-overload]
+        f"{''.join(p.title() for p in kind.split('_'))}OpSpec", __config__=_Op.model_config,
+        **{kind: (spec, Field(description=text))})
+    return model
+
+
+LinearOpSpec = _wrapper("linear", merge_ops.LinearSpec, "A weighted sum of inputs (mergekit's linear).")
+ScaleOpSpec = _wrapper("scale", merge_ops.ScaleSpec, "Each matching tensor times a factor.")
+SlerpOpSpec = _wrapper("slerp", merge_ops.SlerpSpec, "Spherical interpolation of two inputs (mergekit's slerp).")
+TaskArithmeticOpSpec = _wrapper("task_arithmetic", merge_ops.TaskArithmeticSpec,
+                                "A base plus weighted deltas of models (mergekit's task_arithmetic).")
+TiesOpSpec = _wrapper("ties", merge_ops.TaskArithmeticSpec, "TIES: trimmed deltas, sign election, disjoint mean.")
+DareTiesOpSpec = _wrapper("dare_ties", merge_ops.TaskArithmeticSpec,
+                          "DARE-TIES: deltas dropped at random, sign election.")
+DareLinearOpSpec = _wrapper("dare_linear", merge_ops.TaskArithmeticSpec, "DARE: deltas dropped at random, summed.")
+LoraFoldOpSpec = _wrapper("lora_fold", merge_ops.LoraFoldSpec, "A LoRA pair folded into its weight: W + s B @ A.")
+
+
 def _op_tag(value: object) -> str | None:
     if isinstance(value, BaseModel):
         return next(iter(type(value).model_fields))
@@ -350,7 +313,15 @@ OpSpec = Annotated[
     | Annotated[ReshapeOpSpec, Tag("reshape")]
     | Annotated[PermuteOpSpec, Tag("permute")]
     | Annotated[SliceOpSpec, Tag("slice")]
-    | Annotated[RopePermuteOpSpec, Tag("rope_permute")],
+    | Annotated[RopePermuteOpSpec, Tag("rope_permute")]
+    | Annotated[LinearOpSpec, Tag("linear")]  # type: ignore[valid-type]
+    | Annotated[ScaleOpSpec, Tag("scale")]  # type: ignore[valid-type]
+    | Annotated[SlerpOpSpec, Tag("slerp")]  # type: ignore[valid-type]
+    | Annotated[TaskArithmeticOpSpec, Tag("task_arithmetic")]  # type: ignore[valid-type]
+    | Annotated[TiesOpSpec, Tag("ties")]  # type: ignore[valid-type]
+    | Annotated[DareTiesOpSpec, Tag("dare_ties")]  # type: ignore[valid-type]
+    | Annotated[DareLinearOpSpec, Tag("dare_linear")]  # type: ignore[valid-type]
+    | Annotated[LoraFoldOpSpec, Tag("lora_fold")],  # type: ignore[valid-type]
     Discriminator(_op_tag, custom_error_type="recipe_union", custom_error_message="expected an op"),
     BeforeValidator(_known_op),
 ]

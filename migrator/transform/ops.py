@@ -22,6 +22,7 @@ from typing import Any
 
 from ..core.tensor import LazyTensor
 from ..naming import RemapRule, compile_regex, parse_usize
+from ..recipe.merge_ops import MERGE_OP_NAMES
 from ..recipe.ops import op_kind_and_spec, substitute_index, whole_name_pattern
 from . import lazy_ops as lazy
 
@@ -113,6 +114,11 @@ class _Op:
             raise _Failed
         return d % n if n else 0
 
+
+COMPUTING = frozenset(MERGE_OP_NAMES)
+"""The ops that compute values (`recipe/merge_ops.py`, `transform/merging`)."""
+JOINING = frozenset({"concat", "stack"} | COMPUTING - {"scale"})
+"""The ops whose `from` may list several inputs."""
 
 HeadDim = tuple[int, str, str]
 """The head size the model's config declares, how (`recipe.config.head_dim_of`), and the config's path."""
@@ -209,7 +215,7 @@ def _instances(step: _Op, slots: list[_Slot], by_name: dict[str, int]) -> list[l
     """The nodes of this op, each as its input slots in order."""
     spec = step.spec
     matches = [(k, m) for k, s in enumerate(slots) if (m := step.regex.search(s.name)) is not None]
-    if step.kind not in ("concat", "stack"):
+    if step.kind not in JOINING:
         return [[k] for k, _ in matches]
     if isinstance(spec.from_, list):
         out = []
@@ -288,6 +294,8 @@ def _build(step: _Op, inputs: list[_Slot]) -> list[_Slot]:
     rank = len(shape)
     if kind in ("concat", "stack"):
         return [_join(step, inputs)]
+    if kind in COMPUTING:
+        return [_compute(step, inputs)]
     if kind == "reshape":
         target = _reshaped(step, s, list(spec.shape))
         out_name = step.expand(spec.to, name) if spec.to else name
@@ -420,3 +428,51 @@ def _join(step: _Op, inputs: list[_Slot]) -> _Slot:
     label = ", ".join(dict.fromkeys(s.src.name for s in inputs))
     src = first.src if label == first.src.name else first.src.renamed(label)
     return _Slot(out_name, tensor, src, (f"{kind} dim {d} of {len(inputs)}",), True)
+
+
+_TASK_DEFAULTS: dict[str, tuple[str | None, str | None, bool, bool]] = {
+    "task_arithmetic": (None, None, False, False), "ties": ("magnitude", "sum", True, False),
+    "dare_ties": ("random", "sum", False, True), "dare_linear": ("random", None, False, True)}
+"""(sparsify, consensus, normalize, rescale) of each task-arithmetic op when the recipe does not say: mergekit's."""
+
+
+def _compute(step: _Op, inputs: list[_Slot]) -> _Slot:
+    """A computed tensor (`recipe/merge_ops.py`): shapes and dtypes checked now, values when written."""
+    from ..core.dtypes import parse
+    from ..core.errors import AdapterError, MergeInputError, UnsupportedDTypeError
+    from .merging import arithmetic, lora
+
+    spec, kind = step.spec, step.kind
+    first = inputs[0]
+    out_name = step.expand(spec.to, first.name) if spec.to else first.name
+    dtype = parse(spec.dtype) if spec.dtype else None
+    ts = [s.tensor.renamed(s.name) for s in inputs]  # errors name the tensors as the recipe sees them
+    try:
+        if kind == "linear":
+            tensor = arithmetic.linear(out_name, ts, spec.weights, normalize=spec.normalize, out_dtype=dtype)
+            text = f"linear of {len(ts)}, weights {spec.weights}"
+        elif kind == "scale":
+            tensor = arithmetic.scale(out_name, ts[0], spec.factor, out_dtype=dtype)
+            text = f"scale {spec.factor}"
+        elif kind == "slerp":
+            tensor = arithmetic.slerp(out_name, ts[0], ts[1], spec.t, out_dtype=dtype)
+            text = f"slerp t {spec.t}"
+        elif kind == "lora_fold":
+            tensor = lora.fold(out_name, ts[0], lora.Fold(ts[1], ts[2], spec.scaling, form=spec.form),
+                               out_dtype=dtype)
+            text = f"lora_fold scaling {spec.scaling}"
+        else:
+            sparsify, consensus, normalize, rescale = _TASK_DEFAULTS[kind]
+            tensor = arithmetic.task_arithmetic(
+                out_name, ts[0], ts[1:], spec.weights, densities=spec.densities(),
+                sparsify=sparsify,  # type: ignore[arg-type]
+                consensus=consensus,  # type: ignore[arg-type]
+                normalize=normalize if spec.normalize is None else spec.normalize, lambda_=spec.lambda_,
+                rescale=rescale if spec.rescale is None else spec.rescale, seed=spec.seed, out_dtype=dtype)
+            text = f"{kind} of {len(ts)}, weights {spec.weights}"
+    except (MergeInputError, AdapterError, UnsupportedDTypeError) as e:
+        step.fail(e.detail if e.tensor is None or e.tensor in e.detail else f"'{e.tensor}': {e.detail}", "from")
+        raise _Failed from None
+    label = ", ".join(dict.fromkeys(s.src.name for s in inputs))
+    src = first.src if label == first.src.name else first.src.renamed(label)
+    return _Slot(out_name, tensor, src, (text,), True)

@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = {"numpy", "ml_dtypes", "pydantic", "pydantic_core", "yaml", "_yaml", "rich", "typing_extensions",
            "annotated_types", "typing_inspection", "markdown_it", "mdurl", "pygments", "migrator", "ops_demo",
-           "generate_demo_data", "_virtualenv", "_distutils_hack", "sitecustomize", "usercustomize"}
+           "merge_demo", "generate_demo_data", "_virtualenv", "_distutils_hack", "sitecustomize", "usercustomize"}
 
 
 def _makefile_recipes() -> list[str]:

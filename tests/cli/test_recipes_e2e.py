@@ -93,6 +93,21 @@ def test_all_recipes_run_and_round_trip(workspace: Path) -> None:
             name = f"encoder.layer.{i}.attention.self.query.weight"
             want = lo[name] if i < 6 else hi[f"encoder.layer.{i - 6}.attention.self.query.weight"]
             np.testing.assert_array_equal(st[name].numpy(), want.numpy())
+    # the merge recipes: a LoRA fold (W + alpha / r B @ A), a depth up-scaling (layers 0-2 then 1-3)
+    from safetensors.numpy import load_file as load_st
+
+    base = load_st(str(out / "llama-base" / "model.safetensors"))
+    adapter = load_st(str(out / "llama-lora" / "adapter_model.safetensors"))
+    folded = load_st(str(out / "llama-lora-merged" / "model.safetensors"))
+    p = "model.layers.2.self_attn.v_proj"
+    a, b = adapter[f"base_model.model.{p}.lora_A.weight"], adapter[f"base_model.model.{p}.lora_B.weight"]
+    np.testing.assert_allclose(folded[p + ".weight"], base[p + ".weight"] + (b @ a) * np.float32(2), rtol=0, atol=1e-7)
+    assert np.array_equal(folded["model.layers.2.mlp.up_proj.weight"], base["model.layers.2.mlp.up_proj.weight"])
+    upscaled = load_st(str(out / "llama-upscaled" / "model.safetensors"))
+    assert np.array_equal(upscaled["model.layers.3.mlp.down_proj.weight"], base["model.layers.1.mlp.down_proj.weight"])
+    assert json.loads((out / "llama-upscaled" / "config.json").read_text())["num_hidden_layers"] == 6
+    for merged in ("llama-slerp", "llama-ties"):
+        assert sorted(load_st(str(out / merged / "model.safetensors"))) == sorted(base)
 
 
 def test_run_twice_gives_identical_bytes(workspace: Path) -> None:

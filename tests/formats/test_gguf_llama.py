@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_support import migrate_in_process
-from model_support import tiny_llama
+from model_support import tiny_llama_rope as tiny_llama
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

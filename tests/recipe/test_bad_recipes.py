@@ -39,6 +39,10 @@ source:
   skip_enum_variants: false
   storage_options:
     endpoint_url: 'http://127.0.0.1:9000'
+  lora:
+    path: adapters/lora
+    scale: 0.5
+  seed: 7
 remap:
   - from: '^model\.'
     to: ''
@@ -119,6 +123,79 @@ ops:
       from: 'n\.(\d+)'
       over: 1
       to: 'n'
+  - linear:
+      from:
+        - 'a\.(.*)'
+        - 'b.$1'
+      weights:
+        - 0.5
+        - 0.5
+      normalize: false
+      to: 'o.$1'
+      dtype: F32
+      optional: true
+  - scale:
+      from: 'p'
+      factor: 0.5
+      to: 'p2'
+      dtype: F16
+      optional: true
+  - slerp:
+      from:
+        - 'q\.(.*)'
+        - 'r.$1'
+      t: 0.3
+      to: 'q2.$1'
+      dtype: BF16
+      optional: true
+  - task_arithmetic:
+      from:
+        - 's\.(.*)'
+        - 't.$1'
+      weights:
+        - 0.5
+      density: 0.5
+      lambda: 0.9
+      normalize: true
+      rescale: false
+      seed: 3
+      to: 's2.$1'
+      dtype: F32
+      optional: true
+  - ties:
+      from:
+        - 'u\.(.*)'
+        - 'v.$1'
+      weights:
+        - 1.0
+      density: 0.5
+      optional: true
+  - dare_ties:
+      from:
+        - 'w\.(.*)'
+        - 'x.$1'
+      weights:
+        - 1.0
+      seed: 1
+      optional: true
+  - dare_linear:
+      from:
+        - 'y\.(.*)'
+        - 'z.$1'
+      weights:
+        - 1.0
+      seed: 1
+      optional: true
+  - lora_fold:
+      from:
+        - 'aa\.(.*)\.weight'
+        - 'ab.$1.lora_A.weight'
+        - 'ab.$1.lora_B.weight'
+      scaling: 2.0
+      form: transposed
+      to: 'ac.$1'
+      dtype: F16
+      optional: true
 adapters:
   - pytorch_to_burn
   - half_precision:
@@ -188,7 +265,7 @@ SOURCES = r"""sources:
     filter:
       include: [{regex: '^encoder\.'}]
     prefix: bert.
-  - {path: weights/head.pt, name: head}
+  - {path: weights/head.pt, name: head, lora: adapters/head, seed: 3}
 """
 BASE_SOURCES = BASE[:BASE.index("source:")] + SOURCES + BASE[BASE.index("remap:"):]
 
@@ -396,7 +473,7 @@ def test_invalid_replacement_points_at_to(tmp_path: Path, to: str) -> None:
     text = BASE.replace("    to: ''", "    to: '" + to + "'").replace("    syntax: rust", "    syntax: auto")
     with pytest.raises(RecipeError) as e:
         load_text(tmp_path, text)
-    assert "recipe.yaml:13:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
+    assert "recipe.yaml:17:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------

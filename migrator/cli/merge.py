@@ -1,0 +1,112 @@
+"""`migrate merge CONFIG OUT/`: a mergekit config run into a Hugging Face folder (`run/merge.py`).
+
+Exit 0 when written, 1 for a data error (models whose tensors disagree, a bad adapter), 2 for a
+usage error or a config mergekit would refuse or migrator does not support (FILE:LINE:COL).
+Imported by `migrate --help`: only argparse at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..core.errors import EXIT_MIGRATION, EXIT_OK
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from .options import LIMIT_HELP, NO_FSYNC_HELP, command
+
+    p = command(sub, "merge", "run a mergekit config: merged weights, streamed, as a Hugging Face folder",
+                "Run a mergekit YAML (linear, task_arithmetic, slerp, ties, dare_ties, dare_linear, "
+                "passthrough;\nmodels as local folders or URLs, model: PATH+ADAPTER folds a LoRA first) into "
+                "the folder OUT:\nSafeTensors shards plus index, the reference model's config.json "
+                "(num_hidden_layers after\nslices, the dtype), generation and tokenizer files, and the config "
+                "as mergekit_config.yml.\nEach output tensor is computed band by band from the matching input "
+                "tensors (docs/merging.md).\nExit 0 written, 1 data error, 2 usage or config error.",
+                "  migrate merge mergekit_config.yml merged/\n"
+                "  migrate merge dare.yml merged/ --seed 7 --dtype BF16 --max-shard-size 2GB\n"
+                "  migrate merge slerp.yml merged/ --emit-recipe -o slerp-recipe.yaml")
+    p.add_argument("config", help="the mergekit YAML file")
+    p.add_argument("out", help="the folder to write (refused if it exists, unless --overwrite)")
+    p.add_argument("--seed", type=int, metavar="N", help="the seed of DARE's random drop (needed by dare_ties and "
+                   "dare_linear with density < 1); the same seed gives the same bytes")
+    p.add_argument("--dtype", metavar="DTYPE", help="cast the merged weights (F32, F16, BF16, F64); default: the "
+                   "config's out_dtype or dtype, else the reference model's")
+    p.add_argument("--max-shard-size", metavar="SIZE", default="5GB",
+                   help="the largest shard (5GB = 5*10^9 bytes, 5GiB = 5*2^30, an integer = bytes; default 5GB)")
+    p.add_argument("--emit-recipe", action="store_true",
+                   help="print the equivalent recipe as YAML and merge nothing; with -o FILE, merge and write the "
+                        "recipe of what ran to FILE")
+    p.add_argument("-o", "--recipe-output", metavar="FILE", help="with --emit-recipe: the recipe file (its paths "
+                   "relative to FILE's folder)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and -o FILE)")
+    p.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
+    p.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    return p
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ..files.sharded_writer import parse_size
+    from ..recipe.convert import emit_recipe
+    from ..run.merge import merge, merge_recipe
+    from .options import limits_of
+
+    try:
+        parse_size(args.max_shard_size)
+    except ValueError as e:
+        parser.error(f"--max-shard-size: {e}")
+    if args.recipe_output and not args.emit_recipe:
+        parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
+    out = args.out if args.out.endswith(("/", os.sep)) else args.out + "/"
+    options = dict(seed=args.seed, dtype=args.dtype, max_shard_size=args.max_shard_size, overwrite=args.overwrite,
+                   fsync=not args.no_fsync)
+    recipe_text = None
+    if args.emit_recipe:
+        recipe_text = emit_recipe(merge_recipe(args.config, out, **options), args.recipe_output)
+        if not args.recipe_output:
+            sys.stdout.write(recipe_text)
+            return EXIT_OK
+        from pathlib import Path
+
+        from ..storage.atomic import check_target
+
+        check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.config], outputs=[out])
+    import hashlib
+
+    sha = hashlib.sha256(recipe_text.encode()).hexdigest() if recipe_text else None
+    result = merge(args.config, out, progress=False if args.no_progress else None, recipe_sha256=sha, **options,
+                   **limits_of(args))
+    problem = None
+    if recipe_text is not None:
+        from ..core.errors import MigratorError
+        from ..storage.atomic import write_file
+
+        try:
+            write_file(args.recipe_output, recipe_text.encode(), overwrite=args.overwrite, protect=[args.config],
+                       outputs=[out], fsync=not args.no_fsync, make_folders=True)
+        except MigratorError as e:
+            problem = str(e)
+    from ..core.display import count, escape, human_bytes
+
+    if args.json:
+        doc = result.__dict__ | ({"recipe": args.recipe_output} if recipe_text is not None and not problem else {})
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"wrote {escape(result.target)}: {count(result.tensors, 'tensor')}, {human_bytes(result.nbytes)} "
+              f"merged by {escape(args.config)}")
+        for note in result.notes:
+            print(f"  note: {escape(note, keep_newlines=True)}")
+        if recipe_text is not None and not problem:
+            print(f"wrote {escape(args.recipe_output)}, the recipe of this merge (again: migrate run "
+                  f"{escape(args.recipe_output)} --overwrite)")
+    if problem:
+        print(f"migrate: error: wrote {escape(result.target)}, but the recipe was not written: "
+              f"{escape(problem, keep_newlines=True)}", file=sys.stderr)
+        return EXIT_MIGRATION
+    return EXIT_OK

@@ -1,0 +1,192 @@
+"""Streaming plumbing for computed weights: read tensors band by band, decode them, emit a computed tensor.
+
+A computed weight (a merge, a LoRA fold) is a `LazyTensor` whose `chunks` yield its bytes a band at a
+time: each input is read front to back once per pass (`BandReader`), decoded into the compute dtype
+(`decode`: F32, or F64 when an input is F64), combined by a kernel, and the band's F32/F64 bytes are
+handed on. `computed` wraps such a kernel; the caller rounds the result to its output dtype once, with
+`casts.cast` (torch's round-to-nearest-even, bit for bit), so no intermediate value is ever rounded to
+a narrow dtype.
+
+A kernel that needs a whole-tensor statistic first (a norm, a k-th value) computes it in `prepare`,
+which runs on the first request for bytes, by its own streamed pass over the inputs: a plan that is
+never executed reads nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...core import dtypes
+from ...core.dtypes import DType
+from ...core.errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
+from ...core.tensor import LazyTensor
+
+if TYPE_CHECKING:
+    import numpy as np
+
+BAND_BYTES = 4 << 20
+"""Target size of one band of one input: a few of these per input bound a merge's scratch memory."""
+
+DECODABLE = frozenset({"F64", "F32", "F16", "BF16"})
+"""Input dtypes a computation reads (Burn's FLEX32 is F32 bits and is read as F32)."""
+
+
+def compute_dtype(inputs: Sequence[LazyTensor]) -> DType:
+    """F64 when any input is F64, else F32: the precision every arithmetic step runs in."""
+    return dtypes.F64 if any(t.dtype.name == "F64" for t in inputs) else dtypes.F32
+
+
+def check_decodable(t: LazyTensor, what: str) -> None:
+    """Refuse, naming the tensor, an input whose values cannot be computed on (ints, bools, quantized)."""
+    if t.dtype.name not in DECODABLE and t.dtype.name != "FLEX32":
+        raise UnsupportedDTypeError(f"{what} needs float inputs (F64, F32, F16, BF16), got {t.dtype.display}",
+                                    file=t.origin, tensor=t.name)
+
+
+def decode(raw: memoryview | bytes | bytearray, dtype: DType, compute: DType) -> np.ndarray:
+    """Little-endian element bytes of `dtype` as a fresh, writable array in the compute dtype (exact widening)."""
+    import numpy as np
+
+    name = "F32" if dtype.name == "FLEX32" else dtype.name
+    src = np.frombuffer(raw, dtype=dtypes.BY_NAME[name].numpy())
+    return src.astype(compute.numpy(), copy=True)
+
+
+class BandReader:
+    """A tensor's bytes front to back: `read(n)` returns the next n bytes (one copy at most)."""
+
+    def __init__(self, tensor: LazyTensor) -> None:
+        from ...core.casts import source_pieces
+
+        self.tensor = tensor
+        self._pieces = iter(source_pieces(tensor, BAND_BYTES))
+        self._left = memoryview(b"")
+        self.pos = 0
+
+    def read(self, n: int) -> memoryview:
+        if len(self._left) >= n:
+            out, self._left = self._left[:n], self._left[n:]
+            self.pos += n
+            return out
+        buf = bytearray(n)
+        done = 0
+        while done < n:
+            if not self._left:
+                piece = next(self._pieces, None)
+                if piece is None:
+                    raise TensorBytesSizeMismatchError(f"ended after {self.pos + done} of {self.tensor.nbytes} bytes",
+                                                       file=self.tensor.origin, tensor=self.tensor.name)
+                self._left = memoryview(piece).cast("B")
+            k = min(n - done, len(self._left))
+            buf[done:done + k] = self._left[:k]
+            self._left = self._left[k:]
+            done += k
+        self.pos += n
+        return memoryview(buf)
+
+
+def elements_per_band(inputs: Sequence[LazyTensor], compute: DType, row: int = 1) -> int:
+    """How many elements (a multiple of `row`) one band holds: BAND_BYTES of the widest stream."""
+    widest = max([compute.itemsize or 4] + [t.dtype.itemsize or 4 for t in inputs])
+    rows = max(1, BAND_BYTES // max(1, widest * row))
+    return rows * row
+
+
+def read_bands(inputs: Sequence[LazyTensor], compute: DType, step: int) -> Iterator[tuple[int, list[np.ndarray]]]:
+    """(first element, [each input's next `step` elements decoded]) over equally sized inputs, in order."""
+    readers = [BandReader(t) for t in inputs]
+    total = inputs[0].numel if inputs else 0
+    for start in range(0, total, step):
+        n = min(step, total - start)
+        yield start, [decode(r.read(n * (t.dtype.itemsize or 4)), t.dtype, compute)
+                      for r, t in zip(readers, inputs, strict=True)]
+
+
+class Kernel:
+    """What a computed tensor does: `prepare` (an optional first pass) and `band` (one band's values).
+
+    Each streamed pass calls `begin()` once and hands what it returns (a pass's own state, e.g. random
+    streams positioned at the tensor's start) to every `band(state, start, arrays)`, with the band's first
+    flat element index and the inputs' decoded elements (flat, in the compute dtype); `band` returns the
+    output's elements for the same positions. Two passes (a writer's read-ahead thread and a loader) never
+    share state."""
+
+    inputs: Sequence[LazyTensor]
+    step: int
+
+    def prepare(self) -> None:
+        """A first pass over the inputs, when a whole-tensor statistic is needed (default: none)."""
+
+    def begin(self) -> Any:
+        """A new pass's state (default: none)."""
+        return None
+
+    def band(self, state: Any, start: int, arrays: list[np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _Stream:
+    """The `chunks` of a computed tensor: prepare once, then one band of output per band of input."""
+
+    __slots__ = ("compute", "kernel", "lock", "prepared")
+
+    def __init__(self, kernel: Kernel, compute: DType) -> None:
+        self.kernel, self.compute, self.prepared = kernel, compute, False
+        self.lock = threading.Lock()
+
+    def __call__(self) -> Iterator[memoryview]:
+        import numpy as np
+
+        k = self.kernel
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # inf/NaN propagate like torch
+            with self.lock:
+                if not self.prepared:
+                    k.prepare()
+                    self.prepared = True
+            state = k.begin()
+            want = self.compute.numpy()
+            for start, arrays in read_bands(k.inputs, self.compute, k.step):
+                out = np.ascontiguousarray(k.band(state, start, arrays), dtype=want)
+                yield out.reshape(-1).view(np.uint8).data
+
+
+class _Gathered:
+    """The loader of a computed tensor: its bands joined (a writer normally streams `chunks` instead)."""
+
+    __slots__ = ("nbytes", "stream")
+
+    def __init__(self, stream: _Stream, nbytes: int) -> None:
+        self.stream, self.nbytes = stream, nbytes
+
+    def __call__(self) -> memoryview:
+        buf = bytearray(self.nbytes)
+        done = 0
+        for piece in self.stream():
+            buf[done:done + len(piece)] = piece
+            done += len(piece)
+        return memoryview(buf)[:done]
+
+
+def computed(name: str, shape: tuple[int, ...], kernel: Kernel, compute: DType, out_dtype: DType,
+             origin: str | None = None) -> LazyTensor:
+    """A lazy tensor whose values `kernel` computes in `compute`, rounded once to `out_dtype`."""
+    from ...core.casts import cast
+
+    nbytes = compute.nbytes(shape)
+    assert nbytes is not None
+    stream = _Stream(kernel, compute)
+    wide = LazyTensor(name, compute, shape, nbytes, _Gathered(stream, nbytes), None, None, origin, stream)
+    return cast(wide, out_dtype)
+
+
+def whole_values(t: LazyTensor, compute: DType) -> np.ndarray:
+    """All of one tensor's elements decoded (flat): for the small inputs (LoRA A and B, a magnitude vector)
+    and for the one step that needs a whole tensor at once (TIES's k-th magnitude)."""
+    import numpy as np
+
+    out = np.empty(t.numel, dtype=compute.numpy())
+    for start, (values,) in read_bands([t], compute, elements_per_band([t], compute)):
+        out[start:start + values.size] = values
+    return out

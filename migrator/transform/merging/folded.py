@@ -1,0 +1,80 @@
+"""A base model with a PEFT LoRA adapter folded in, read as one source.
+
+`FoldedReader` lists the base's tensors in the base's order, each folded weight (`W + s B A`) or
+`modules_to_save` replacement a lazy tensor computed when written: remaps, filters, ops, adapters,
+dtype casts and any writer then treat it as a plain checkpoint. `notes` say what the fold did (how
+many weights folded, which replaced, what was inferred), for the plan and the report.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...core.tensor import LazyTensor
+from ...formats.base import Reader
+from .peft_adapter import FoldPlan, PeftAdapter, fold_plan, open_adapter
+from .tensors import fold_tensors
+
+MAX_NAMED = 8
+"""Tensor names listed in a note (the count of the rest follows)."""
+
+
+class FoldedReader(Reader):
+    """`base` with `adapter` folded in (see the module docstring); closing it closes both."""
+
+    format = "mixed"  # set per instance: the base's format
+
+    def __init__(self, base: Reader, adapter: PeftAdapter, *, lora_scale: float | None = None) -> None:
+        self.base = base
+        self.adapter = adapter
+        self.plan: FoldPlan = fold_plan(base, adapter, lora_scale=lora_scale)
+        self.tensors: list[LazyTensor] = fold_tensors(base, self.plan)
+        self.format = base.format  # type: ignore[misc]
+        self.source = base.source
+        self.metadata = dict(base.metadata)
+        self.scalars = dict(base.scalars)
+        for attr in ("folder", "shards", "index_path"):  # what target.copy and --hash-sources look at
+            if hasattr(base, attr):
+                setattr(self, attr, getattr(base, attr))
+        self.notes = fold_notes(self.plan, adapter.folder)
+
+    def extra(self) -> dict[str, Any]:
+        return {**self.base.extra(), "lora": {"adapter": self.adapter.folder, "folded": self.plan.folded(),
+                                              "replaced": self.plan.replaced()}}
+
+    def close(self) -> None:
+        try:
+            self.adapter.close()
+        finally:
+            self.base.close()
+
+
+def fold_notes(plan: FoldPlan, adapter: str) -> list[str]:
+    """What a fold did, as plan notes: the folded and replaced tensors, then the fold plan's own notes."""
+    def listed(names: list[str]) -> str:
+        more = f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else ""
+        return ", ".join(names[:MAX_NAMED]) + more
+
+    folded, replaced = plan.folded(), plan.replaced()
+    notes = [f"LoRA adapter {adapter}: folded into {len(folded)} weights"
+             + (f" ({listed(folded)})" if folded else "")]
+    if replaced:
+        notes.append(f"LoRA adapter {adapter}: {len(replaced)} tensors replaced by the adapter's copies "
+                     f"(modules_to_save or base_layer): {listed(replaced)}")
+    return notes + [f"LoRA adapter {adapter}: {n}" for n in plan.notes]
+
+
+def open_folded(base: Reader, adapter: str | os.PathLike[str], *, lora_scale: float | None = None) -> FoldedReader:
+    """`base` with the PEFT adapter folder `adapter` folded in; on an error both are closed."""
+    try:
+        peft = open_adapter(adapter)
+    except BaseException:
+        base.close()
+        raise
+    try:
+        return FoldedReader(base, peft, lora_scale=lora_scale)
+    except BaseException:
+        peft.close()
+        base.close()
+        raise
