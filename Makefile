@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(BUILD_HASH)
 RUNTIME_STAMP := $(VENV)/.runtime-$(BUILD_HASH)
 DEMO := demo-out
 
-.PHONY: install install-runtime demo test lint ubsan bench schema clean
+.PHONY: install install-runtime demo test test-llamacpp lint ubsan bench schema clean
 
 install: $(STAMP)
 	# Bytecode for the package, as a wheel install writes it: with PYTHONDONTWRITEBYTECODE set (it is
@@ -72,6 +72,25 @@ demo: install-runtime
 TEST_JOBS ?= 2
 test: lint
 	$(VENV)/bin/pytest -q -n $(TEST_JOBS) --dist loadfile
+
+# llama.cpp as an oracle of the GGUF files migrator writes (optional; not part of `make test`):
+# llama-cpp-python compiles llama.cpp from source (CPU only, no BLAS/OpenMP/CURL, no tools or
+# examples; ~20 min on 2 busy cores), once, into $(LLAMACPP), a folder of its own that only this target
+# puts on sys.path, so `make test` and CI never see it. --no-deps: its requirements (numpy,
+# typing-extensions, jinja2) are in the dev set-up already, diskcache is pinned beside it.
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP ?= $(VENV)/llamacpp-$(LLAMACPP_VERSION)
+LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF \
+	-DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+	-DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF
+test-llamacpp: install $(LLAMACPP)/.built
+	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}$(abspath $(LLAMACPP)) $(VENV)/bin/pytest -q -n 0 -s -m llamacpp \
+		tests/formats/test_gguf_llamacpp.py
+
+$(LLAMACPP)/.built:
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet --no-deps \
+		--target $(LLAMACPP) llama-cpp-python==$(LLAMACPP_VERSION) diskcache==5.6.3
+	touch $@
 
 # ruff, then mypy on the package ([tool.mypy] in pyproject.toml: no errors, no unused `type: ignore`);
 # a cold mypy run takes ~5 s of CPU here, a warm one (.mypy_cache) well under a second

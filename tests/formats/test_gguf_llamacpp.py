@@ -1,0 +1,188 @@
+"""llama.cpp itself as the oracle of the GGUF files migrator writes from a Hugging Face Llama folder:
+the file loads, llama.cpp tokenizes text as SentencePiece does, its F32 logits are within 1e-2 of
+transformers', and on Q8_0/Q4_0 files its logits are as close to transformers' as on the file
+gguf-py writes from the same weights with its own quantizer.
+
+Optional and slow to set up: llama-cpp-python compiles llama.cpp from source, so `make test-llamacpp`
+builds it once into its own folder and runs only this file (marker `llamacpp`). Everywhere else
+(`make test`, CI) llama_cpp is not importable and the module skips.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from cli_support import migrate_in_process
+from model_support import tiny_llama
+from test_gguf_llama import TEXT, sentencepiece_model
+
+pytestmark = pytest.mark.llamacpp
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is built by `make test-llamacpp` only")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+spm = pytest.importorskip("sentencepiece")
+
+PROMPT = "the quick brown fox jumps over the lazy dog"
+GGML_TYPE_F32 = 0  # ggml_type of the KV cache: F32, so the F32 comparison has no F16 rounding in it
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' tiny Llama with weights drawn at 1.5/sqrt(fan_in) (the default init's 0.02 gives
+    logits of ~0.1, which a 1e-2 bound would barely test) and norm weights other than 1."""
+    folder = tmp_path_factory.mktemp("llamacpp") / "hf"
+    model = tiny_llama(vocab_size=300)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[1] ** 0.5))
+            else:
+                p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=gen))
+    model.save_pretrained(folder)
+    sentencepiece_model(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sp(hf_folder: Path) -> Any:
+    return spm.SentencePieceProcessor(model_file=str(hf_folder / "tokenizer.model"))
+
+
+@pytest.fixture(scope="module")
+def prompt_and_hf_logits(hf_folder: Path, sp: Any) -> tuple[list[int], np.ndarray]:
+    tokens = [sp.bos_id(), *sp.encode(PROMPT)]
+    model = transformers.LlamaForCausalLM.from_pretrained(hf_folder).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0].numpy()
+    # logits of this size make the 1e-2 bound a real test (a wrong permute or norm moves them by ~1)
+    assert logits.std() > 1.0
+    return tokens, logits
+
+
+def convert(hf_folder: Path, out: Path, *options: str) -> Path:
+    res = migrate_in_process("convert", str(hf_folder), str(out), *options)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return out
+
+
+def load(path: Path) -> Any:
+    return llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=1, logits_all=True,
+                           type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)
+
+
+def llama_cpp_logits(path: Path, tokens: list[int]) -> np.ndarray:
+    llm = load(path)
+    try:
+        llm.eval(tokens)
+        return np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(hf_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return convert(hf_folder, tmp_path_factory.mktemp("f32") / "m.gguf")
+
+
+def test_llama_cpp_loads_our_f32_file(f32_gguf: Path, hf_folder: Path) -> None:
+    llm = load(f32_gguf)
+    try:
+        config = transformers.AutoConfig.from_pretrained(hf_folder)
+        assert llm.n_vocab() == config.vocab_size == 300
+        assert llm.n_embd() == config.hidden_size
+        assert llm.token_bos() == 1 and llm.token_eos() == 2
+        assert llm.metadata["general.architecture"] == "llama"
+        assert int(llm.metadata["llama.block_count"]) == config.num_hidden_layers
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("text", [TEXT, "quick dogs jump", "zebra \u00e9t\u00e9 42"])
+def test_llama_cpp_tokenizes_like_sentencepiece(f32_gguf: Path, sp: Any, text: str) -> None:
+    llm = load(f32_gguf)
+    try:
+        assert llm.tokenize(text.encode(), add_bos=False) == sp.encode(text)
+        assert llm.tokenize(text.encode(), add_bos=True) == [1, *sp.encode(text)]
+    finally:
+        llm.close()
+
+
+def test_llama_cpp_keeps_user_defined_symbols_whole(f32_gguf: Path, sp: Any) -> None:
+    """`<sep>` (a SentencePiece user-defined symbol, token type USER_DEFINED in our file) is one token
+    to llama.cpp as to SentencePiece; typed NORMAL, llama.cpp would spell it out in bytes. What follows
+    it differs by llama.cpp's own rule (it gives the text after the symbol a space prefix of its own:
+    "cat<sep>dog" -> ... <sep> "▁d" ..., SentencePiece: <sep> "d"), which no key/value changes."""
+    llm = load(f32_gguf)
+    try:
+        got = llm.tokenize(b"cat<sep>dog", add_bos=False)
+        expected = sp.encode("cat<sep>dog")
+        sep = sp.piece_to_id("<sep>")
+        assert got[: got.index(sep) + 1] == expected[: expected.index(sep) + 1]
+    finally:
+        llm.close()
+
+
+def test_llama_cpp_f32_logits_match_transformers(
+        f32_gguf: Path, prompt_and_hf_logits: tuple[list[int], np.ndarray]) -> None:
+    tokens, expected = prompt_and_hf_logits
+    got = llama_cpp_logits(f32_gguf, tokens)
+    diff = float(np.abs(got - expected).max())
+    print(f"\nF32: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits "
+          f"(logit std {expected.std():.2f})")
+    assert got.shape == expected.shape
+    assert diff < 1e-2
+
+
+def gguf_py_file(f32_path: Path, quantized_path: Path, out: Path) -> Path:
+    """The file gguf-py writes of the same weights: key/values as in our quantized file, each tensor
+    quantized by gguf.quants.quantize from our F32 file's values to the type our file gave it."""
+    f32 = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(f32_path)).tensors}
+    ours = gguf.GGUFReader(str(quantized_path))
+    writer = gguf.GGUFWriter(str(out), "llama")
+    for field in ours.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue  # the header's own counts, and the key the writer adds itself
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=field.types[-1])
+        else:
+            writer.add_key_value(field.name, field.contents(), field.types[0])
+    for t in ours.tensors:
+        values = f32[t.name]
+        if t.tensor_type == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(t.name, values)
+        elif t.tensor_type == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(t.name, values.astype(np.float16))
+        else:
+            writer.add_tensor(t.name, gguf.quants.quantize(values, t.tensor_type), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_llama_cpp_quantized_logits_as_on_gguf_py_s_file(
+        qtype: str, f32_gguf: Path, hf_folder: Path, tmp_path: Path,
+        prompt_and_hf_logits: tuple[list[int], np.ndarray]) -> None:
+    tokens, expected = prompt_and_hf_logits
+    ours = convert(hf_folder, tmp_path / "ours.gguf", "--quantize", qtype)
+    reference = gguf_py_file(f32_gguf, ours, tmp_path / "gguf-py.gguf")
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(ours)).tensors}
+    assert types["blk.0.attn_q.weight"] == types["output.weight"] == qtype
+
+    ours_err = float(np.abs(llama_cpp_logits(ours, tokens) - expected).max())
+    ref_err = float(np.abs(llama_cpp_logits(reference, tokens) - expected).max())
+    print(f"\n{qtype}: max |llama.cpp - transformers| on migrator's file {ours_err:.4g}, "
+          f"on gguf-py's file {ref_err:.4g}")
+    assert ours_err <= ref_err + 1e-6
+    # the same bytes in each tensor, so the two files are the same model to llama.cpp
+    ref_data = {t.name: np.asarray(t.data).tobytes() for t in gguf.GGUFReader(str(reference)).tensors}
+    assert [t.name for t in gguf.GGUFReader(str(ours)).tensors
+            if np.asarray(t.data).tobytes() != ref_data[t.name]] == []
