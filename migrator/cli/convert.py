@@ -4,12 +4,11 @@ recipe would check them; `--emit-recipe` writes the recipe of what ran."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
-from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE
+from ..core.errors import EXIT_OK, EXIT_USAGE
 from .options import LIMIT_HELP, NO_FSYNC_HELP, check_remap_options, command, limits_of
 from .output import print_json_error
 
@@ -214,25 +213,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
     problem = _write_recipe(args, recipe_text) if recipe_text is not None else None
-    if args.json:
-        doc = result.__dict__ | ({"recipe": args.recipe_output} if recipe_text is not None and not problem else {})
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        from ..core.display import count, escape, human_bytes
+    from ..core.display import count, escape, human_bytes
+    from .output import print_written
 
-        print(f"wrote {escape(result.target)} ({result.target_format}): {count(result.tensors, 'tensor')}, "
-              f"{human_bytes(result.nbytes)} from {escape(result.source)} ({result.source_format})")
-        for note in result.notes:
-            print(f"  note: {escape(note, keep_newlines=True)}")
-        if recipe_text is not None and not problem:
-            print(f"wrote {escape(args.recipe_output)}, the recipe of this conversion (again: migrate run "
-                  f"{escape(args.recipe_output)} --overwrite)")
-    if problem:
-        from ..core.display import escape
-
-        print(f"migrate: error: wrote {escape(result.target)}, but the recipe was not written: "
-              f"{escape(problem, keep_newlines=True)}", file=sys.stderr)
-        return EXIT_MIGRATION
-    return EXIT_OK
+    headline = (f"wrote {escape(result.target)} ({result.target_format}): {count(result.tensors, 'tensor')}, "
+                f"{human_bytes(result.nbytes)} from {escape(result.source)} ({result.source_format})")
+    return print_written(result, as_json=args.json, headline=headline, recipe_output=args.recipe_output,
+                         recipe_written=recipe_text is not None, problem=problem, what="conversion")
 

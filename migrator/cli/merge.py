@@ -8,12 +8,11 @@ Imported by `migrate --help`: only argparse at module level.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
-from ..core.errors import EXIT_MIGRATION, EXIT_OK
+from ..core.errors import EXIT_OK
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -92,21 +91,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except MigratorError as e:
             problem = str(e)
     from ..core.display import count, escape, human_bytes
+    from .output import print_written
 
-    if args.json:
-        doc = result.__dict__ | ({"recipe": args.recipe_output} if recipe_text is not None and not problem else {})
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(f"wrote {escape(result.target)}: {count(result.tensors, 'tensor')}, {human_bytes(result.nbytes)} "
-              f"merged by {escape(args.config)}")
-        for note in result.notes:
-            print(f"  note: {escape(note, keep_newlines=True)}")
-        if recipe_text is not None and not problem:
-            print(f"wrote {escape(args.recipe_output)}, the recipe of this merge (again: migrate run "
-                  f"{escape(args.recipe_output)} --overwrite)")
-    if problem:
-        print(f"migrate: error: wrote {escape(result.target)}, but the recipe was not written: "
-              f"{escape(problem, keep_newlines=True)}", file=sys.stderr)
-        return EXIT_MIGRATION
-    return EXIT_OK
+    headline = (f"wrote {escape(result.target)}: {count(result.tensors, 'tensor')}, {human_bytes(result.nbytes)} "
+                f"merged by {escape(args.config)}")
+    return print_written(result, as_json=args.json, headline=headline, recipe_output=args.recipe_output,
+                         recipe_written=recipe_text is not None, problem=problem, what="merge")

@@ -31,3 +31,29 @@ def write_inspect_json(info: dict[str, Any], out: Any) -> None:
                          + comma)
     lines.append("}")
     write_lines(out, lines)
+
+
+def print_written(result: Any, *, as_json: bool, headline: str, recipe_output: str | None,
+                  recipe_written: bool, problem: str | None, what: str) -> int:
+    """What `convert` and `merge` print once the output is written: `result`'s fields as JSON (with
+    the recipe file when one was written), or `headline`, the notes and the recipe line ("the
+    recipe of this `what`"); a recipe that could not be written after the output is exit 1."""
+    from ..core.display import escape
+    from ..core.errors import EXIT_MIGRATION, EXIT_OK
+
+    if as_json:
+        doc = result.__dict__ | ({"recipe": recipe_output} if recipe_written and not problem else {})
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(headline)
+        for note in result.notes:
+            print(f"  note: {escape(note, keep_newlines=True)}")
+        if recipe_written and not problem:
+            print(f"wrote {escape(recipe_output)}, the recipe of this {what} (again: migrate run "
+                  f"{escape(recipe_output)} --overwrite)")
+    if problem:
+        print(f"migrate: error: wrote {escape(result.target)}, but the recipe was not written: "
+              f"{escape(problem, keep_newlines=True)}", file=sys.stderr)
+        return EXIT_MIGRATION
+    return EXIT_OK
