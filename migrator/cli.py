@@ -208,8 +208,8 @@ def _positive(text: str) -> int:
 
 
 def _print_json_error(error: dict[str, Any]) -> None:
-    json.dump({"error": error}, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    from .display import print_json
+    print_json({"error": error})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -588,8 +588,8 @@ def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     problem = _write_recipe(args, recipe_text) if recipe_text is not None else None
     if args.json:
         doc = result.__dict__ | ({"recipe": args.recipe_output} if recipe_text is not None and not problem else {})
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from .display import print_json
+        print_json(doc)
     else:
         from .display import count, escape, human_bytes
 

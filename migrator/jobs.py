@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import glob as globlib
 import io
-import json
 import os
 import string
 import sys
@@ -103,12 +102,20 @@ def _glob(pattern: str) -> list[str]:
     return sorted(f"{proto}://{p.lstrip('/')}" for p in found)
 
 
+def _glob_part(pattern: str) -> str:
+    """What of `pattern` may hold glob characters: over http(s) a '?' starts the query (a presigned
+    URL, a SAS token), which is part of the address, not a wildcard."""
+    if _is_url(pattern) and pattern.split(":", 1)[0].lower() in ("http", "https"):
+        return pattern.split("?", 1)[0]
+    return pattern
+
+
 def expand_each(patterns: list[str]) -> list[str]:
     """The sources of `--each`: each pattern's matches (a glob, sorted; `**` recursive; on a store,
     its objects through fsspec) or the path as given, in order, each once."""
     out: list[str] = []
     for pattern in patterns:
-        if _GLOB_CHARS & set(pattern):
+        if _GLOB_CHARS & set(_glob_part(pattern)):
             matches = _glob(pattern)
             if not matches:
                 raise JobsUsageError(f"--each '{pattern}' matches no file")
@@ -359,17 +366,18 @@ def run_many(args: argparse.Namespace) -> int:
     ordered = [results[i] for i in range(n)]
     worst = max((r["code"] for r in ordered), default=EXIT_OK)
     if args.json:
-        json.dump(jobs_document(specs, ordered, worst), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from .display import print_json
+        print_json(jobs_document(specs, ordered, worst))
     else:
         ok = sum(r["code"] == EXIT_OK for r in ordered)
         sys.stdout.write(f"{n} jobs: {ok} ok, {n - ok} failed\n")
     if args.report:
         from .atomic import write_file
+        from .display import json_text
 
         doc = jobs_report(specs, ordered, worst)
         try:
-            write_file(args.report, (json.dumps(doc, indent=2) + "\n").encode(), overwrite=bool(args.overwrite),
+            write_file(args.report, (json_text(doc) + "\n").encode(), overwrite=bool(args.overwrite),
                        fsync=not args.no_fsync, make_folders=True)
         except MigratorError as e:
             print(f"migrate: error: the report was not written: {escape(e)}", file=sys.stderr)
@@ -398,8 +406,8 @@ def _usage_error(e: Exception, args: argparse.Namespace) -> int:
     from .errors import error_json
 
     if args.json:
-        json.dump({"error": error_json(e)}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from .display import print_json
+        print_json({"error": error_json(e)})
     else:
         print(f"migrate run: {escape(e, keep_newlines=True)}", file=sys.stderr)
     return EXIT_USAGE

@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 migration errors (missing tensors, shape mismatches, un
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,8 +104,8 @@ def _loc_text(loc: tuple[str | int, ...]) -> str:
 
 def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
-        json.dump({"error": error_json(e)}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from .display import print_json
+        print_json({"error": error_json(e)})
     else:
         print(f"migrate: invalid recipe:\n{escape(e, keep_newlines=True)}", file=sys.stderr)
     return EXIT_USAGE
@@ -149,10 +148,11 @@ def _write_report(path: Path, plan: Plan, doc: dict[str, Any]) -> None:
     """Written through the same atomic path as the output, after it: never onto a file the run
     read or wrote, never over an existing file without overwrite."""
     from .atomic import write_file
+    from .display import json_text
     from .execute import read_by, source_modes
     from .html_report import is_html_path, plan_page
 
-    data = plan_page(plan_json(plan), doc) if is_html_path(path) else (json.dumps(doc, indent=2) + "\n").encode()
+    data = plan_page(plan_json(plan), doc) if is_html_path(path) else (json_text(doc) + "\n").encode()
     write_file(path, data, overwrite=plan.overwrite, protect=read_by(plan),
                outputs=[plan.target_path], fsync=plan.fsync, mode_from=source_modes(plan), make_folders=True)
 
@@ -165,8 +165,8 @@ def run(args: argparse.Namespace) -> int:
         return run_many(args)
     outcome = run_one_recipe(args.recipes[0], args, Path(args.report) if args.report else None)
     if args.json:
-        json.dump(outcome.document, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from .display import print_json
+        print_json(outcome.document)
     return outcome.code
 
 
@@ -261,8 +261,8 @@ def plan(args: argparse.Namespace) -> int:
         if args.html:  # the page instead of the table; the summary is still printed
             _write_plan_page(Path(args.html), p, doc)
         if doc is not None and args.json:
-            json.dump(doc, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            from .display import print_json
+            print_json(doc)
         else:
             if not args.html:  # the page has the table and the op nodes
                 _print_plan_table(p)
@@ -388,8 +388,8 @@ def validate(args: argparse.Namespace) -> int:
     results = [_validate_one(path, args) for path in args.recipes]
     worst = max(r["exit_code"] for r in results)
     if getattr(args, "json", False):
-        json.dump({"ok": worst == EXIT_OK, "exit_code": worst, "recipes": results}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from .display import print_json
+        print_json({"ok": worst == EXIT_OK, "exit_code": worst, "recipes": results})
         return worst
     for r in results:
         shown = escape(r["recipe"])

@@ -19,8 +19,12 @@ from typing import Any
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
 """`scheme:/` (a Path keeps one slash of two); two letters at least, so `C:/` is never a URL."""
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
-_QUERY = re.compile(r"(://[^\s?'\"]*)\?[^\s'\":]*")
+_URL_END = "\\s'\"<>`"
+"""Characters that end a URL inside other text: whitespace, quotes (a JSON string, a quoted path), angle brackets."""
+_USERINFO = re.compile(rf"(?<=://)[^/?#{_URL_END}]*@")
+"""The user info of a URL: everything of its authority up to the *last* '@' (a password may hold '@')."""
+_QUERY = re.compile(rf"(://[^?#{_URL_END}]*)\?[^#{_URL_END}]*")
+"""A URL's whole query, ':' and '@' included: presigned and SAS signatures, credentials, dates."""
 
 READ_ONLY = frozenset({"http", "https"})
 
@@ -57,7 +61,14 @@ def protocol(url: str) -> str:
 
 def redact(text: str) -> str:
     """`text` with the user-info of every URL in it (`user:password@`) replaced by `***@`, and its
-    query (a presigned URL's signature, a SAS token) by `?***`."""
+    query (a presigned URL's signature, a SAS token) by `?***`.
+
+    The one rule for every URL migrator shows or stores: error messages, terminal text
+    (`display.escape`), JSON on stdout, reports and HTML pages (`display.json_text`) all pass through
+    it. A URL ends at whitespace, a quote or an angle bracket, so in JSON text it never reaches into
+    the next string."""
+    if "://" not in text:  # the common case: no URL at all
+        return text
     return _QUERY.sub(r"\1?***", _USERINFO.sub("***@", text))
 
 
