@@ -20,6 +20,7 @@ import argparse
 import glob as globlib
 import io
 import os
+import re
 import string
 import sys
 from collections.abc import Iterator
@@ -78,7 +79,9 @@ def _where(path: str, *, real: bool = False) -> str:
         from .remote import url_of
 
         return url_of(path)
-    path = os.path.expanduser(path)
+    from .remote import local_of
+
+    path = os.path.expanduser(os.fspath(local_of(path)))
     return os.path.realpath(path) if real else os.path.abspath(path)
 
 
@@ -125,16 +128,33 @@ def expand_each(patterns: list[str]) -> list[str]:
     return out
 
 
+MAX_FORMAT_WIDTH = 255
+"""The widest a placeholder's format spec may pad (`{i:04}`): a path part is at most 255 bytes."""
+
+
+def _check_format_spec(pattern: str, field: str, spec: str) -> None:
+    """A placeholder's format spec is the user's, never a source's: no nested placeholder (`{i:{stem}}`
+    would let a file name choose the padding: 900 MB of it), and no width beyond MAX_FORMAT_WIDTH."""
+    if "{" in spec or "}" in spec:
+        raise JobsUsageError(f"--target '{pattern}': {{{field}:{spec}}} nests a placeholder in a format spec; "
+                             "a format spec is literal, e.g. {i:04}")
+    for digits in re.findall(r"\d+", spec):
+        if len(digits) > 3 or int(digits) > MAX_FORMAT_WIDTH:
+            raise JobsUsageError(f"--target '{pattern}': {{{field}:{spec}}} pads beyond {MAX_FORMAT_WIDTH} "
+                                 "characters")
+
+
 def target_for(pattern: str, source: str, i: int) -> str:
     """`--target` with its placeholders ({stem}, {name}, {parent}, {i}) filled in for one source."""
     fields = []
     try:
-        for _, field, _, conversion in string.Formatter().parse(pattern):
+        for _, field, spec, conversion in string.Formatter().parse(pattern):
             if field is None:
                 continue
             if field not in PLACEHOLDERS or conversion:
                 raise JobsUsageError(f"--target '{pattern}': unknown placeholder {{{field}}}; use "
                                      + ", ".join(f"{{{k}}}" for k in PLACEHOLDERS) + " ({{ and }} for braces)")
+            _check_format_spec(pattern, field, spec or "")
             fields.append(field)
     except ValueError as e:
         raise JobsUsageError(f"--target '{pattern}': {e} ({{{{ and }}}} for literal braces)") from None

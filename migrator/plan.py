@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__, dtypes
 from .dtypes import DType
-from .errors import MigratorError, PlanError
+from .errors import LimitExceededError, MigratorError, PlanError
 from .formats import Reader, Writer, open_file, writer_class
 from .formats.detect import target_format
 from .limits import DEFAULT_LIMITS, Limits
@@ -277,6 +277,17 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     return plan
 
 
+def check_name_lengths(names: Iterable[str], limits: Limits, file: str) -> None:
+    """Refuse a name longer than `limits.max_name_chars` before any pattern sees it: Python's `re`
+    can backtrack in time quadratic in a name's length, and every recipe pattern (remaps, filters,
+    ops, adapters, module rules) is matched against every name."""
+    most = limits.max_name_chars
+    for name in names:
+        if len(name) > most:
+            raise LimitExceededError(f"tensor name of {len(name):,} characters ('{name[:60]}...'): names longer than "
+                                     f"{most} characters are not matched against patterns (max_name_chars)", file=file)
+
+
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
                   fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
                   op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
@@ -287,6 +298,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     is_pytorch = reader.format == "pytorch"
     tensors = reader.tensors
     names = [t.name for t in tensors]
+    check_name_lengths(names, limits, reader.label)
     renumbered: list[tuple[str, str]] = []
     current, ops = _renamed(recipe, names, is_pytorch and for_burn, reader.label, getattr(reader, "describe", repr),
                             renumbered)
@@ -495,6 +507,7 @@ def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pyt
 
     from .template_match import AmbiguousMatch, match_slots
 
+    check_name_lengths([t.name for t in template.tensors], limits, template.label)
     try:  # by name, or by position where the template's indices have gaps (see template_match)
         keys = match_slots([t.name for t in template.tensors], lookup)
     except AmbiguousMatch as e:

@@ -45,6 +45,24 @@ def is_url(path: object) -> bool:
     return m is not None and m.group(1).lower() != "file"
 
 
+_FILE_URL = re.compile(r"^file:/+", re.IGNORECASE)
+
+
+def local_of(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """A `file:` URL as the local path it names (`file:///data/m.bpk` -> `/data/m.bpk`, percent-escapes
+    decoded); anything else unchanged. A Path folds `file:///x` into `file:/x`: both are read as `/x`,
+    so a target never becomes a folder literally named `file:`."""
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        return path
+    m = _FILE_URL.match(text)
+    if m is None:
+        return path
+    from urllib.parse import unquote
+
+    return "/" + unquote(text[m.end():])
+
+
 def url_of(path: str | os.PathLike[str]) -> str:
     """The URL `path` spells, with the `//` after the scheme restored."""
     text = os.fspath(path)
@@ -108,7 +126,7 @@ def as_path(path: str | os.PathLike[str]) -> PosixPath:
     """`Path(path)`, or a `RemotePath` when it is a URL (a Path would lose the URL's `//`)."""
     from pathlib import Path
 
-    return RemotePath(url_of(path)) if is_url(path) else Path(path)  # type: ignore[return-value]
+    return RemotePath(url_of(path)) if is_url(path) else Path(local_of(path))  # type: ignore[return-value]
 
 
 _OPTIONS: dict[str, dict[str, Any]] = {}

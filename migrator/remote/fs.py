@@ -7,11 +7,12 @@ supplies them, and `check_storage_options` refuses option keys that look like se
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ..errors import FormatError, MigratorError
@@ -67,11 +68,17 @@ def check_storage_options(options: Mapping[str, Any], where: str = "storage_opti
             "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*, HF_TOKEN) or the protocol's config files")
 
 
+TIMEOUT_OPTIONS = ("timeout", "request_timeout")
+"""Storage options migrator reads itself (never handed to fsspec): `Tuning.timeout` and `.request_timeout`."""
+
+
 @dataclass(frozen=True)
 class Tuning:
     """How remote bytes move: block size and blocks in flight for reads, part size and parts in flight for
-    uploads, attempts per request and the first back-off (doubled per retry). From the environment:
-    MIGRATOR_REMOTE_BLOCK_SIZE, _CONCURRENCY, _PART_SIZE, _UPLOAD_CONCURRENCY, _RETRIES, _BACKOFF."""
+    uploads, attempts per request and the first back-off (doubled per retry), and how long a server may
+    keep us waiting. From the environment: MIGRATOR_REMOTE_BLOCK_SIZE, _CONCURRENCY, _PART_SIZE,
+    _UPLOAD_CONCURRENCY, _RETRIES, _BACKOFF, _TIMEOUT, _REQUEST_TIMEOUT; a recipe's storage options
+    `timeout` and `request_timeout` override the last two for their URLs."""
 
     block_size: int = 16 << 20
     concurrency: int = 4
@@ -79,6 +86,11 @@ class Tuning:
     retries: int = 4
     backoff: float = 0.25
     upload_concurrency: int = 8
+    timeout: float = 60.0
+    """Seconds to connect, and to wait for a response's first or next bytes (a silent or stalled server)."""
+    request_timeout: float = 600.0
+    """Seconds one read request (a HEAD, a ranged GET of a block) may take in all: a server dripping a
+    byte at a time never trips `timeout`, this ends it. A 16 MiB block at 600 s is 28 KB/s at least."""
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -94,15 +106,63 @@ class Tuning:
                 raise MigratorError(f"MIGRATOR_REMOTE_{name} must not be negative")
             return value
 
+        def seconds(name: str, default: float) -> float:
+            raw = os.environ.get(f"MIGRATOR_REMOTE_{name}")
+            return default if raw is None or raw == "" else positive_seconds(raw, f"MIGRATOR_REMOTE_{name}")
+
         d = cls()
         block = max(64 << 10, num("BLOCK_SIZE", d.block_size)) // (64 << 10) * (64 << 10)  # whole elements
         part = max(5 << 20, num("PART_SIZE", d.part_size))  # S3's smallest part but the last
         return cls(block, max(1, num("CONCURRENCY", d.concurrency)), part, max(1, num("RETRIES", d.retries)),
-                   num("BACKOFF", d.backoff, float), max(1, num("UPLOAD_CONCURRENCY", d.upload_concurrency)))
+                   num("BACKOFF", d.backoff, float), max(1, num("UPLOAD_CONCURRENCY", d.upload_concurrency)),
+                   seconds("TIMEOUT", d.timeout), seconds("REQUEST_TIMEOUT", d.request_timeout))
 
 
-def tuning() -> Tuning:
-    return Tuning.from_env()
+def positive_seconds(value: object, where: str) -> float:
+    """A timeout in seconds: a finite number above 0 (0 or inf would mean waiting forever)."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (0 < seconds < math.inf):
+        raise MigratorError(f"{where}={value!r}: expected a number of seconds above 0")
+    return seconds
+
+
+def tuning(url: str | None = None) -> Tuning:
+    """The environment's tuning, with the timeouts of `url`'s storage options (a recipe's) when given."""
+    tune = Tuning.from_env()
+    if url is None:
+        return tune
+    options = options_for(url)
+    for key in TIMEOUT_OPTIONS:
+        if key in options:
+            tune = replace(tune, **{key: positive_seconds(options[key], f"storage_options.{key}")})  # type: ignore[arg-type]
+    return tune
+
+
+def _with_timeouts(proto: str, options: dict[str, Any], tune: Tuning) -> dict[str, Any]:
+    """`options` with the protocol's own connect and read timeouts set to `tune.timeout` (where the
+    options do not set them): a silent server, or one that stops after the headers, fails the request.
+    The whole request's deadline (`request_timeout`) is applied per call (`object_info`, `get_range`)."""
+    t = tune.timeout
+    if proto in ("http", "https"):
+        import aiohttp
+
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t))
+        options["client_kwargs"] = client
+    elif proto in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", t)
+        config.setdefault("read_timeout", t)
+        options["config_kwargs"] = config
+    elif proto in ("gs", "gcs"):
+        options.setdefault("requests_timeout", tune.request_timeout)
+    elif proto in ("az", "abfs", "abfss"):
+        options.setdefault("connection_timeout", t)
+        options.setdefault("read_timeout", t)
+    return options
 
 
 _FS_CACHE: dict[tuple[str, str], Any] = {}
@@ -125,19 +185,24 @@ def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec filesystem for `url` (with its registered options) and the path in it."""
     proto = protocol(url)
     extra = EXTRAS.get(proto)
+    if extra is None or "::" in url:  # fsspec would open zip://, tar://, file:: chains over local files
+        raise MigratorError(f"unsupported URL '{proto}://...'" + (" (chained URLs with '::' are not read)" if extra
+                            else "") + ": migrator reads s3://, gs://, az://, hf://, http(s):// and memory:// URLs, "
+                            "and local paths", file=redact(url))
     try:
         import fsspec
     except ImportError:
         raise MissingExtraError(f"{proto}:// URLs need fsspec: pip install 'migrator[{extra or 'remote'}]'",
                                 file=redact(url)) from None
-    options = options_for(url)
-    key = (proto, repr(sorted(options.items())) + _environment_key())
+    options = {k: v for k, v in options_for(url).items() if k not in TIMEOUT_OPTIONS}
+    tune = tuning(url)
+    key = (proto, repr(sorted(options.items())) + _environment_key() + repr((tune.timeout, tune.request_timeout)))
     fs = _FS_CACHE.get(key)
     if fs is None:
         try:
             cls = fsspec.get_filesystem_class(proto)
             # fsspec's own instance cache ignores the environment: ours is keyed by it
-            fs = cls(**options, skip_instance_cache=True)
+            fs = cls(**_with_timeouts(proto, options, tune), skip_instance_cache=True)
         except ImportError:
             pkg = PACKAGES.get(extra or "", f"the fsspec package for {proto}://")
             hint = f"pip install 'migrator[{extra}]'" if extra else "install the fsspec implementation for it"
@@ -182,8 +247,22 @@ def http_status(e: BaseException | None) -> int | None:
     return None
 
 
+def timed_out(e: BaseException | None) -> BaseException | None:
+    """The timeout behind an error, looked for along its causes (fsspec's http turns a HEAD that timed
+    out into a FileNotFoundError; botocore's timeouts are not TimeoutErrors but say so in their name)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, TimeoutError) or "Timeout" in type(e).__name__:
+            return e
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
 def is_permanent(e: BaseException) -> bool:
     """Errors a retry cannot fix: missing object, access denied, a failed condition, a bad request."""
+    if timed_out(e) is not None:
+        return False
     if isinstance(e, FileNotFoundError | FileExistsError | PermissionError | IsADirectoryError | NotADirectoryError
                   | ValueError):
         return True
@@ -191,11 +270,24 @@ def is_permanent(e: BaseException) -> bool:
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
 
 
-def storage_error(e: BaseException, url: str, what: str) -> MigratorError:
+def storage_error(e: BaseException, url: str, what: str, tune: Tuning | None = None) -> MigratorError:
     """The error to raise for a failed request, naming the object (credentials redacted)."""
     from ..errors import TargetExistsError
 
     label = redact(url)
+    late = timed_out(e)
+    if late is not None:
+        tune = tune or tuning(url)
+        from fsspec.exceptions import FSTimeoutError
+
+        inner = late.__cause__ if isinstance(late, FSTimeoutError) else None
+        # fsspec wraps every timeout of the loop in an FSTimeoutError: the deadline's own is a bare
+        # TimeoutError (asyncio.wait_for) or none; a connect or read timeout is the client's subclass
+        if isinstance(late, FSTimeoutError) and (inner is None or type(inner) is TimeoutError):
+            return StorageError(f"{what}: timed out after {tune.request_timeout:g} s: the request did not complete "
+                                "(MIGRATOR_REMOTE_REQUEST_TIMEOUT, storage option request_timeout)", file=label)
+        return StorageError(f"{what}: timed out after {tune.timeout:g} s waiting for the server to connect or send "
+                            "(MIGRATOR_REMOTE_TIMEOUT, storage option timeout)", file=label)
     status = http_status(e)
     if isinstance(e, FileExistsError) or status == 412:
         return TargetExistsError("target was created by someone else while this run wrote it; nothing was "
@@ -220,7 +312,7 @@ def with_retries(call: Callable[[], T], url: str, what: str, tune: Tuning | None
             raise
         except Exception as e:
             if is_permanent(e) or attempt == tune.retries:
-                err = storage_error(e, url, what)
+                err = storage_error(e, url, what, tune)
                 if attempt > 1:
                     err = type(err)(f"{err.detail} (after {attempt} attempts)", file=err.file)
                 raise err from None
@@ -256,7 +348,8 @@ def stream_size(src: str | os.PathLike[str]) -> int:
         return os.stat(src).st_size
     url = str(src)
     fs, path = filesystem(url)
-    return with_retries(lambda: int(fs.info(path)["size"]), url, "cannot open")
+    tune = tuning(url)
+    return with_retries(lambda: int(object_info(fs, path, tune)["size"]), url, "cannot open", tune)
 
 
 def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | None = None) -> Iterator[bytes]:
@@ -268,12 +361,17 @@ def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | N
 
     if size is None:
         size = stream_size(src)
-    if is_url(src):
-        url = str(src)
-        fs, path = filesystem(url)
-        f = with_retries(lambda: fs.open(path, "rb", block_size=STREAM_BLOCK, cache_type="none"), url, "cannot open")
-    else:
-        f = open(src, "rb")  # noqa: SIM115  # closed below, after the generator's last block
+    if is_url(src):  # ranged GETs, each bounded and timed like every other read of an object
+        from .source import RemoteSource
+
+        remote = RemoteSource(str(src), size)
+        try:
+            for start in range(0, size, STREAM_BLOCK):
+                yield remote.fetch(start, min(STREAM_BLOCK, size - start), what)
+        finally:
+            remote.close()
+        return
+    f = open(src, "rb")  # noqa: SIM115  # closed below, after the generator's last block
     done = 0
     try:
         while block := f.read(STREAM_BLOCK):
@@ -283,3 +381,60 @@ def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | N
         f.close()
     if done != size:
         raise FormatError(f"{what} changed while it was read: {done} bytes, {size} expected", file=redact(str(src)))
+
+
+def _deadline(fs: Any, tune: Tuning) -> dict[str, Any]:
+    """fsspec's `timeout=` for a call of an async filesystem's sync method: the whole call is cancelled
+    after `request_timeout` seconds (a synchronous filesystem, hf://, relies on its own timeouts)."""
+    return {"timeout": tune.request_timeout} if getattr(fs, "async_impl", False) else {}
+
+
+def object_info(fs: Any, path: str, tune: Tuning) -> dict[str, Any]:
+    """`fs.info(path)` within the request deadline."""
+    return fs.info(path, **_deadline(fs, tune))
+
+
+def get_range(fs: Any, path: str, start: int, end: int, tune: Tuning) -> bytes:
+    """Bytes [start, end) of an object by one ranged request within the request deadline, never reading
+    more than that (over http(s), a server that ignores Range, or runs on past it, is cut off)."""
+    if type(fs).__name__ == "HTTPFileSystem":
+        from fsspec.asyn import sync
+
+        return sync(fs.loop, _http_range, fs, path, start, end, timeout=tune.request_timeout)
+    return bytes(fs.cat_file(path, start=start, end=end, **_deadline(fs, tune)))
+
+
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-")
+
+
+async def _http_range(fs: Any, url: str, start: int, end: int) -> bytes:
+    """One ranged GET over http(s) that reads at most `end - start` bytes of the body and then hangs up.
+
+    fsspec's own `cat_file` reads whatever body comes: a server ignoring Range would send the whole
+    object (gigabytes) for a 64 KiB header. Here a 200 (the whole object) is accepted only for a range
+    starting at 0, whose bytes are then the body's first ones; any other 200, or a 206 for another
+    start, is an error, and a longer body than asked is cut off (the connection is closed, not drained).
+    """
+    kw = dict(fs.kwargs)
+    headers = dict(kw.pop("headers", None) or {})
+    headers["Range"] = f"bytes={start}-{end - 1}"
+    want = end - start
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+        fs._raise_not_found_for_status(r, url)
+        m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
+        if (r.status == 206 and (m is None or int(m.group(1)) != start)) or (r.status != 206 and start != 0):
+            r.close()
+            raise StorageError(f"the server ignored the Range of a request (asked bytes {start}-{end - 1}, got "
+                               f"status {r.status}, Content-Range {r.headers.get('Content-Range')!r}): this server "
+                               "cannot serve parts of the object", file=redact(url))
+        parts, got = [], 0
+        while got < want:
+            piece = await r.content.read(min(want - got, 1 << 20))
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+        if not r.content.at_eof():  # more than asked: stop reading, drop the connection
+            r.close()
+    return b"".join(parts)

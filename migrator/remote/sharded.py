@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import FormatError, LimitExceededError, OutputError, TargetExistsError
+from ..formats.bounded_json import load_bounded_json
 from ..formats.sharded import (
     GLOB_CHARS,
     INDEX_SUFFIX,
     ShardedReader,
     ShardSet,
     _check_against_index,
+    index_fields,
     pick_weights,
 )
 from ..limits import DEFAULT_LIMITS, Limits
@@ -99,19 +101,7 @@ def read_remote_index(url: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[s
         raw = src.read(0, src.size, "index")
     finally:
         src.close()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise FormatError(f"index is not JSON: {e}", file=redact(url)) from None
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                   for k, v in weight_map.items()):
-        raise FormatError('not an index: expected a JSON object with "weight_map": {tensor name: shard file}',
-                          file=redact(url))
-    meta = data.get("metadata") or {}
-    if not isinstance(meta, dict):
-        raise FormatError('not an index: "metadata" must be an object', file=redact(url))
-    return weight_map, meta
+    return index_fields(load_bounded_json(raw, limits, redact(url), "index"), redact(url))
 
 
 class _RemoteShard:
