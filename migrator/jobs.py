@@ -91,12 +91,12 @@ def _glob(pattern: str) -> list[str]:
     if not _is_url(pattern):
         return sorted(globlib.glob(os.path.expanduser(pattern), recursive=True))
     from .remote import protocol, url_of
-    from .remote.fs import describe, filesystem
+    from .remote.fs import deadline, describe, filesystem, tuning
 
     url = url_of(pattern)
     fs, path = filesystem(url)
     try:
-        found = fs.glob(path)
+        found = fs.glob(path, **deadline(fs, tuning(url)))
     except FileNotFoundError:
         return []
     except Exception as e:

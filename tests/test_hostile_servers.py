@@ -188,6 +188,20 @@ def test_a_server_that_never_answers_times_out_naming_the_url(silent: str, monke
     assert "Traceback" not in out and not (tmp_path / "out.safetensors").exists()
 
 
+@pytest.mark.parametrize("url", ["s3://bucket/m.safetensors", "s3://bucket/folder/"])
+def test_an_s3_endpoint_that_never_answers_times_out(silent: str, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    pytest.importorskip("s3fs")
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": silent}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("MIGRATOR_REMOTE_RETRIES", "1")
+    small_timeouts(monkeypatch, read="0.5", request="2")
+    with alarm(90, "a silent S3 endpoint hung migrate"):
+        p = cli("inspect", url, check=1)
+    assert "timed out" in p.stderr and url.rstrip("/") in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("mode", ["stall", "drip"])
 def test_headers_then_silence_or_a_drip_times_out(misbehaving: Any, monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path, mode: str) -> None:

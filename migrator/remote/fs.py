@@ -383,15 +383,16 @@ def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | N
         raise FormatError(f"{what} changed while it was read: {done} bytes, {size} expected", file=redact(str(src)))
 
 
-def _deadline(fs: Any, tune: Tuning) -> dict[str, Any]:
-    """fsspec's `timeout=` for a call of an async filesystem's sync method: the whole call is cancelled
-    after `request_timeout` seconds (a synchronous filesystem, hf://, relies on its own timeouts)."""
+def deadline(fs: Any, tune: Tuning) -> dict[str, Any]:
+    """fsspec's `timeout=` for a call of an async filesystem's sync method (a HEAD, a ranged GET, a
+    listing): the whole call is cancelled after `request_timeout` seconds (a synchronous filesystem,
+    hf://, relies on its own timeouts)."""
     return {"timeout": tune.request_timeout} if getattr(fs, "async_impl", False) else {}
 
 
 def object_info(fs: Any, path: str, tune: Tuning) -> dict[str, Any]:
     """`fs.info(path)` within the request deadline."""
-    return fs.info(path, **_deadline(fs, tune))
+    return fs.info(path, **deadline(fs, tune))
 
 
 def get_range(fs: Any, path: str, start: int, end: int, tune: Tuning) -> bytes:
@@ -401,7 +402,7 @@ def get_range(fs: Any, path: str, start: int, end: int, tune: Tuning) -> bytes:
         from fsspec.asyn import sync
 
         return sync(fs.loop, _http_range, fs, path, start, end, timeout=tune.request_timeout)
-    return bytes(fs.cat_file(path, start=start, end=end, **_deadline(fs, tune)))
+    return bytes(fs.cat_file(path, start=start, end=end, **deadline(fs, tune)))
 
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-")

@@ -39,7 +39,7 @@ from ..formats.sharded import (
 from ..limits import DEFAULT_LIMITS, Limits
 from ..scalars import Scalar
 from . import RemotePath, as_path, protocol, redact, url_of
-from .fs import StorageError, filesystem, stream_blocks, stream_size, with_retries
+from .fs import StorageError, deadline, filesystem, stream_blocks, stream_size, tuning, with_retries
 from .source import RemoteSource
 
 
@@ -52,7 +52,8 @@ def _listing(url: str, missing_ok: bool = False) -> set[str]:
     with contextlib.suppress(AttributeError, TypeError):
         fs.invalidate_cache(path)
     try:
-        entries = with_retries(lambda: fs.ls(path, detail=True), url, "cannot list the folder")
+        entries = with_retries(lambda: fs.ls(path, detail=True, **deadline(fs, tuning(url))), url,
+                               "cannot list the folder")
     except StorageError as e:
         if missing_ok and e.detail.endswith("no such object"):
             return set()
@@ -65,7 +66,8 @@ def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
     `folder` that `pattern` matches (fsspec's glob), in sorted order; folders are left out."""
     fs, base = filesystem(folder)
     base = base.rstrip("/")
-    found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True), folder, "cannot list companion files")
+    found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True, **deadline(fs, tuning(folder))), folder,
+                         "cannot list companion files")
     out: list[tuple[Path, str]] = []
     for path, info in sorted(found.items()):
         if info.get("type") == "directory":
@@ -132,7 +134,7 @@ class RemoteShardedReader(ShardedReader):
                 raise FormatError("a glob needs a store that lists objects; http(s):// does not: name the index",
                                   file=self.given)
             fs, path = filesystem(url)
-            found = with_retries(lambda: fs.glob(path), url, "cannot list the glob")
+            found = with_retries(lambda: fs.glob(path, **deadline(fs, tuning(url))), url, "cannot list the glob")
             proto = protocol(url)
             files = [RemotePath(url_of(f"{proto}://{p.lstrip('/')}")) for p in sorted(found)]
             self.folder = RemotePath(posixpath.dirname(url))
