@@ -128,7 +128,7 @@ def test_plan_run_report_and_each(served: tuple[HttpServer, dict[str, np.ndarray
                cli("plan", str(recipe), "--html", str(tmp_path / "p.html")),
                cli("validate", str(recipe), "--json"),
                cli("run", str(recipe), "--report", str(tmp_path / "r.json"), "--json"),
-               cli("run", str(recipe), "--overwrite", "--report", str(tmp_path / "r.html")),
+               cli("run", str(recipe), "--overwrite", "--report", str(tmp_path / "r.html"), "--hash-sources"),
                cli("run", str(recipe), "--each", url, "--target", str(tmp_path / "each/{i}.safetensors"),
                    "--report", str(tmp_path / "each.json")),
                cli("run", str(recipe), "--each", url, "--target", str(tmp_path / "each/{i}.safetensors"),
@@ -138,6 +138,10 @@ def test_plan_run_report_and_each(served: tuple[HttpServer, dict[str, np.ndarray
                   *(f.read_text() for f in (tmp_path / "p.html", tmp_path / "r.json", tmp_path / "r.html",
                                             tmp_path / "each.json")))
     assert json.loads((tmp_path / "r.json").read_text())["status"]
+    with open(tmp_path / "out.safetensors", "rb") as f:  # the output's metadata (--hash-sources) names the source
+        header = f.read(int.from_bytes(f.read(8), "little"))
+    assert b"migrator.source_sha256" in header
+    assert_hidden(secrets, header.decode())
 
 
 @pytest.mark.parametrize("kind", KINDS)
