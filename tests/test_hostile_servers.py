@@ -284,3 +284,23 @@ def test_tensor_bytes_from_a_server_that_ignores_range(misbehaving: Any, monkeyp
         assert "ignored the Range" in p.stderr and "/m.safetensors" in p.stderr
         assert not (tmp_path / "o.safetensors").exists()
     assert b.sent < len(data) * 8  # each response cut short (a few socket buffers at most)
+
+
+@pytest.mark.parametrize("mode", ["whole", "longer"])
+def test_an_s3_endpoint_that_ignores_range(misbehaving: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                           mode: str) -> None:
+    """The same server as an S3-compatible endpoint (path-style requests: it serves any key)."""
+    pytest.importorskip("s3fs")
+    b = Misbehaviour(mode, head=big_safetensors_header())
+    endpoint = misbehaving(b)
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with alarm(120, "reading from a Range-ignoring S3 endpoint"):
+        p = cli("inspect", "s3://bucket/m.safetensors", "--json")
+        assert json.loads(p.stdout)["tensors"][0]["shape"] == [BIG - len(b.head)]
+        if mode == "whole":  # a tensor's bytes from a later offset: refused
+            q = cli("convert", "s3://bucket/m.safetensors", str(tmp_path / "o.safetensors"), check=1)
+            assert "ignored the Range" in q.stderr and "bucket/m.safetensors" in q.stderr, q.stderr
+    assert b.sent < 64 << 20, b.sent  # never the 256 MiB

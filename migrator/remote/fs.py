@@ -397,15 +397,42 @@ def object_info(fs: Any, path: str, tune: Tuning) -> dict[str, Any]:
 
 def get_range(fs: Any, path: str, start: int, end: int, tune: Tuning) -> bytes:
     """Bytes [start, end) of an object by one ranged request within the request deadline, never reading
-    more than that (over http(s), a server that ignores Range, or runs on past it, is cut off)."""
-    if type(fs).__name__ == "HTTPFileSystem":
+    more than that over http(s) and S3 (a server that ignores Range, or runs on past it, is cut off)."""
+    kind = type(fs).__name__
+    if kind in ("HTTPFileSystem", "S3FileSystem"):
         from fsspec.asyn import sync
 
-        return sync(fs.loop, _http_range, fs, path, start, end, timeout=tune.request_timeout)
+        get = _http_range if kind == "HTTPFileSystem" else _s3_range
+        return sync(fs.loop, get, fs, path, start, end, timeout=tune.request_timeout)
     return bytes(fs.cat_file(path, start=start, end=end, **deadline(fs, tune)))
 
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-")
+
+
+def _check_range(url: str, start: int, end: int, status: int, content_range: str | None) -> None:
+    """A response to a ranged request must hold the bytes asked for: a 206 (or a range header) starting
+    at `start`, or, for a range from 0, the whole object (a 200, whose first bytes are those)."""
+    m = _CONTENT_RANGE.match(content_range or "")
+    if (m is not None and int(m.group(1)) == start) or (m is None and status != 206 and start == 0):
+        return
+    raise StorageError(f"the server ignored the Range of a request (asked bytes {start}-{end - 1}, got status "
+                       f"{status}, Content-Range {content_range!r}): this server cannot serve parts of the object",
+                       file=redact(url))
+
+
+async def _read_at_most(read: Callable[[int], Any], want: int) -> tuple[bytes, bool]:
+    """Up to `want` bytes from `read(n)` (an async read of at most n bytes; b"" at the end), and whether
+    the body ended there. Never more than asked is read, whatever the response declared."""
+    parts: list[bytes] = []
+    got = 0
+    while got < want:
+        piece = await read(min(want - got, 1 << 20))
+        if not piece:
+            return b"".join(parts), True
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts), False
 
 
 async def _http_range(fs: Any, url: str, start: int, end: int) -> bytes:
@@ -419,23 +446,32 @@ async def _http_range(fs: Any, url: str, start: int, end: int) -> bytes:
     kw = dict(fs.kwargs)
     headers = dict(kw.pop("headers", None) or {})
     headers["Range"] = f"bytes={start}-{end - 1}"
-    want = end - start
     session = await fs.set_session()
     async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
         fs._raise_not_found_for_status(r, url)
-        m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
-        if (r.status == 206 and (m is None or int(m.group(1)) != start)) or (r.status != 206 and start != 0):
+        try:
+            _check_range(url, start, end, r.status, r.headers.get("Content-Range"))
+        except StorageError:
             r.close()
-            raise StorageError(f"the server ignored the Range of a request (asked bytes {start}-{end - 1}, got "
-                               f"status {r.status}, Content-Range {r.headers.get('Content-Range')!r}): this server "
-                               "cannot serve parts of the object", file=redact(url))
-        parts, got = [], 0
-        while got < want:
-            piece = await r.content.read(min(want - got, 1 << 20))
-            if not piece:
-                break
-            parts.append(piece)
-            got += len(piece)
-        if not r.content.at_eof():  # more than asked: stop reading, drop the connection
+            raise
+        data, ended = await _read_at_most(r.content.read, end - start)
+        if not ended and not r.content.at_eof():  # more than asked: stop reading, drop the connection
             r.close()
-    return b"".join(parts)
+    return data
+
+
+async def _s3_range(fs: Any, path: str, start: int, end: int) -> bytes:
+    """`_http_range` for S3 (an S3-compatible endpoint may ignore Range too): one GetObject, at most the
+    range's bytes read from its body, which is then closed (the connection dropped, not drained)."""
+    bucket, key, version = fs.split_path(path)
+    extra = {"VersionId": version} if version else {}
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra,
+                             **fs.req_kw)
+    body = resp["Body"]
+    try:
+        status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        _check_range(f"s3://{path}", start, end, status, resp.get("ContentRange"))
+        data, _ = await _read_at_most(body.read, end - start)
+    finally:
+        body.close()
+    return data
