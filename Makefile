@@ -4,9 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(abspath $(VENV))/bin/python
-# Reinstall when the package definition, the compiled kernels (pip builds migrator/_kernels.c) or
+# Reinstall when the package definition, the compiled kernels (pip builds migrator/core/_kernels.c) or
 # these install steps change.
-BUILD_INPUTS := pyproject.toml setup.py migrator/_kernels.c Makefile
+BUILD_INPUTS := pyproject.toml setup.py migrator/core/_kernels.c Makefile
 BUILD_HASH := $(shell cat $(BUILD_INPUTS) | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-$(BUILD_HASH)
 RUNTIME_STAMP := $(VENV)/.runtime-$(BUILD_HASH)
@@ -37,7 +37,7 @@ $(STAMP): $(BUILD_INPUTS) $(RUNTIME_STAMP)
 	# first, so that no oracle's own torch requirement (peft, mergekit) can pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
-	# Azurite, Azure's Blob service emulator (node), for tests/test_azure.py's az:// tests on 127.0.0.1;
+	# Azurite, Azure's Blob service emulator (node), for tests/storage/test_azure.py's az:// tests on 127.0.0.1;
 	# pinned, into the venv (git ignores it; the tests look there). Without npm those tests skip.
 	# stdout is npm's package count only: errors still reach stderr.
 	if command -v npm >/dev/null 2>&1; then \
@@ -87,12 +87,12 @@ UBSAN := build/ubsan
 SANITIZE := -fsanitize=undefined,address -fno-sanitize-recover=all -fno-omit-frame-pointer -g
 ubsan: install
 	rm -rf $(UBSAN) && mkdir -p $(UBSAN)/tmp
-	cp -r migrator $(UBSAN)/ && rm -f $(UBSAN)/migrator/_kernels*.so
+	cp -r migrator $(UBSAN)/ && rm -f $(UBSAN)/migrator/core/_kernels*.so
 	CFLAGS="$(SANITIZE)" LDFLAGS="$(SANITIZE)" $(PY) setup.py -q build_ext --build-lib $(UBSAN) --build-temp $(UBSAN)/tmp
 	cd $(UBSAN) && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 		MIGRATOR_SHARED_FIXTURES=$(CURDIR)/../shared/fixtures PYTHONPATH=$(CURDIR)/$(UBSAN) \
-		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_casts.py \
-		$(CURDIR)/tests/test_stats.py $(CURDIR)/tests/test_diff.py
+		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/core/test_kernels.py $(CURDIR)/tests/core/test_casts.py \
+		$(CURDIR)/tests/analysis/test_stats.py $(CURDIR)/tests/analysis/test_diff.py
 
 bench: install
 	$(PY) benchmarks/suite.py

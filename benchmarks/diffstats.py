@@ -11,11 +11,11 @@ Page cache: warm. Both files are read before every job (outside the timing) and 
 they stay cached; every job, `cat` included, reads from memory, so the figures compare CPU
 cost, not the disk. Jobs run in rotated order per round; a ratio is the median of per-round
 ratios to the `cat` of the same round. `startup` is the interpreter plus the imports diff and
-stats need (`python -c "import migrator.diff, migrator.stats"`): the part of each migrator run
+stats need (`python -c "import migrator.analysis.diff, migrator.analysis.stats"`): the part of each migrator run
 that does not depend on the model's size. CPU seconds (user + sys, every thread) are given too:
 on a shared machine they move less than wall times, and migrator uses a second thread.
 `(numpy)`: stats without the compiled kernels (MIGRATOR_NO_KERNELS=1), the A/B for
-migrator/_kernels.c's float_stats. Peak RSS (mapped file pages included) from GNU time.
+migrator/core/_kernels.c's float_stats. Peak RSS (mapped file pages included) from GNU time.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
         Job("inspect A --stats", [*migrate, "inspect", str(a), "--stats", "--json"]),
         Job("inspect A --stats (numpy)", ["env", "MIGRATOR_NO_KERNELS=1", *migrate, "inspect", str(a), "--stats",
                                             "--json"]),
-        Job("startup", [py, "-c", "import migrator.diff, migrator.stats"]),
+        Job("startup", [py, "-c", "import migrator.analysis.diff, migrator.analysis.stats"]),
     ]
     import os
 

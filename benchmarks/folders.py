@@ -59,8 +59,9 @@ def main() -> None:
     if not single.exists():  # each tensor made when written: a 6 GiB model never sits in memory
         import numpy as np
 
-        from migrator import dtypes, save
-        from migrator.tensor import LazyTensor
+        from migrator import save
+        from migrator.core import dtypes
+        from migrator.core.tensor import LazyTensor
 
         def random(i: int) -> LazyTensor:
             def make() -> memoryview:
@@ -121,7 +122,7 @@ def main() -> None:
             save_file(arrays, str(many / name))
             weight_map.update(dict.fromkeys(arrays, name))
         (many / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    from migrator.formats import open_file
+    from migrator.files.io import open_file
 
     walls, cpus = [], []
     for _ in range(5):

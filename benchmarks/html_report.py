@@ -85,8 +85,10 @@ def main() -> None:
         sys.exit(f"no browser: {why}")
     r = recipe()
     page_file = OUT / "100k.plan.html"
-    from migrator.html_report import plan_page
-    from migrator.recipe_cli import _add_target_problems, _load, _plan_for, plan_json
+    from migrator.analysis.html_report import plan_page
+    from migrator.cli.recipe import add_target_problems
+    from migrator.plan.document import plan_json
+    from migrator.plan.loaded import load, open_plan
 
     migrate = [sys.executable, "-m", "migrator.cli", "plan", str(r)]
     for _ in range(args.rounds):
@@ -94,8 +96,8 @@ def main() -> None:
             subprocess.run([*migrate, "--html", str(page_file), "--overwrite"], check=True, stdout=subprocess.DEVNULL)
         with clock("migrate plan --json > /dev/null (for comparison)", child=True):
             subprocess.run([*migrate, "--json"], check=True, stdout=subprocess.DEVNULL)
-        with _plan_for(_load(str(r)), argparse.Namespace()) as p:
-            _add_target_problems(p)
+        with open_plan(load(str(r)), argparse.Namespace()) as p:
+            add_target_problems(p)
             with clock("plan_json(plan) in process", cpu=True):
                 doc = plan_json(p)
             with clock("plan_page(doc) in process (the render)", cpu=True):

@@ -48,8 +48,8 @@ MODULES = {"Linear": [r"^layers\.\d+$"]}
 def _lazy(shapes: list[tuple[str, tuple[int, ...]]], seed: int) -> list:
     import numpy as np
 
-    from migrator import dtypes
-    from migrator.tensor import LazyTensor
+    from migrator.core import dtypes
+    from migrator.core.tensor import LazyTensor
 
     out = []
     for i, (name, shape) in enumerate(shapes):

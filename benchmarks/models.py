@@ -95,8 +95,8 @@ def lazy_random(shapes: Shapes | tuple[tuple[str, tuple[int, ...]], ...], seed: 
     """Lazy fp32 tensors whose bytes are generated only when a writer asks for them."""
     import numpy as np
 
-    from migrator import dtypes
-    from migrator.tensor import LazyTensor
+    from migrator.core import dtypes
+    from migrator.core.tensor import LazyTensor
 
     out = []
     for i, (name, shape) in enumerate(shapes):

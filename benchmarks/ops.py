@@ -27,8 +27,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import harness  # noqa: E402
 
-from migrator import dtypes, save  # noqa: E402
-from migrator.tensor import LazyTensor  # noqa: E402
+from migrator import save  # noqa: E402
+from migrator.core import dtypes  # noqa: E402
+from migrator.core.tensor import LazyTensor  # noqa: E402
 
 BOUND_EXTRA = 150 << 20
 

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-PRODUCER = "migrator"
+from .core.version import PRODUCER, __version__
 
 if TYPE_CHECKING:
     from .api import run_recipe
-    from .formats import open_file, save, to_bytes
-    from .report import ApplyReport
-    from .scalars import Scalar
-    from .tensor import LazyTensor, from_numpy
+    from .core.scalars import Scalar
+    from .core.tensor import LazyTensor, from_numpy
+    from .files.io import open_file, save, to_bytes
+    from .plan.report import ApplyReport
 
-_LAZY = {"open_file": "formats", "save": "formats", "to_bytes": "formats",
-         "LazyTensor": "tensor", "from_numpy": "tensor", "Scalar": "scalars", "ApplyReport": "report",
-         "run_recipe": "api"}
+_LAZY = {"open_file": "files.io", "save": "files.io", "to_bytes": "files.io",
+         "LazyTensor": "core.tensor", "from_numpy": "core.tensor", "Scalar": "core.scalars",
+         "ApplyReport": "plan.report", "run_recipe": "api"}
 
 __all__ = ["PRODUCER", "ApplyReport", "LazyTensor", "Scalar", "__version__", "from_numpy", "open_file",
            "run_recipe", "save", "to_bytes"]
@@ -48,4 +47,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names and the module's own dunders: not what its code imports (`Any`, `annotations`)."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import MigratorError
+from .core.errors import MigratorError
 
 if TYPE_CHECKING:
-    from .recipe import Recipe
-    from .report import ApplyReport
+    from .plan.report import ApplyReport
+    from .recipe.model import Recipe
 
 
 class RecipeRunError(MigratorError):
@@ -32,23 +32,21 @@ def run_recipe(recipe: str | os.PathLike[str] | Recipe | dict[str, Any], *, over
     settings when given. An invalid recipe raises `RecipeError`; a run that writes nothing raises
     `RecipeRunError`, whose `report` says why.
     """
-    from .execute import run_plan
-    from .plan import build_plan
-    from .recipe import Recipe as RecipeModel
-    from .report import ReportError
+    from .plan.build import build_plan
+    from .plan.report import ReportError
+    from .recipe.model import Recipe as RecipeModel
+    from .run.execute import run_plan
 
-    sha256 = origins = op_origins = None
-    if isinstance(recipe, str | os.PathLike):
-        from .recipe_loader import load_recipe
+    options: dict[str, Any] = dict(hash_sources=hash_sources, overwrite=overwrite, fsync=fsync)
+    if isinstance(recipe, str | os.PathLike):  # as `migrate run` plans it: errors name their recipe line
+        from .plan.loaded import plan_of
+        from .recipe.loader import load_recipe
 
-        loaded = load_recipe(recipe)
-        model, folder, sha256, origins = loaded.recipe, loaded.base_dir, loaded.sha256, loaded.module_origins
-        op_origins = loaded.op_origins
+        planned = plan_of(load_recipe(recipe), **options)
     else:
         model = recipe if isinstance(recipe, RecipeModel) else RecipeModel.model_validate(recipe)
-        folder = Path(base_dir) if base_dir is not None else Path.cwd()
-    with build_plan(model, folder, recipe_sha256=sha256, hash_sources=hash_sources, overwrite=overwrite, fsync=fsync,
-                    module_origins=origins, op_origins=op_origins) as plan:
+        planned = build_plan(model, Path(base_dir) if base_dir is not None else Path.cwd(), **options)
+    with planned as plan:
         report = plan.report
         report.target = str(plan.target_path)
         try:

@@ -1,20 +1,39 @@
-"""The `migrate` command run in the test's own process (a subprocess starts a new interpreter per
-call): exit code, stdout and stderr as a CompletedProcess, like subprocess.run would give."""
+"""The `migrate` command for tests: in the test's own process (a subprocess starts a new interpreter
+per call), or in a new process when the test needs one (exit on a signal, a fresh import state, the
+`python -m migrator.cli` entry point); either way an exit code, stdout and stderr as a
+CompletedProcess."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
+import os
 import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def migrate_in_process(*args: str) -> subprocess.CompletedProcess[str]:
     from migrator.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as e:
-            code = int(e.code or 0)
+    out, err, threshold = io.StringIO(), io.StringIO(), gc.get_threshold()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse's usage errors
+                code = int(e.code or 0)
+    finally:
+        gc.set_threshold(*threshold)  # main tunes the collector for a one-shot process
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def migrate_subprocess(*args: str, cwd: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None,
+                       timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m migrator.cli ARGS` in a new process, this repository's package first on its path;
+    `env` adds to (or overrides) this process's environment."""
+    return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=timeout)

@@ -12,3 +12,9 @@ def tiny_bert() -> object:
     cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=37, max_position_embeddings=64)
     return transformers.BertModel(cfg).eval()
+
+
+def tiny_bert_folder(folder: object, max_shard_size: str = "20KB") -> object:
+    """`tiny_bert()` saved as a Hugging Face folder of shards (save_pretrained); returns the folder."""
+    tiny_bert().save_pretrained(folder, max_shard_size=max_shard_size)  # type: ignore[attr-defined]
+    return folder

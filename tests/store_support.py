@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 from cli_support import migrate_in_process
 
-from migrator import dtypes
-from migrator.tensor import LazyTensor
+from migrator.core import dtypes
+from migrator.core.tensor import LazyTensor
 
 
 class Boom(Exception):

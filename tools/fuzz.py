@@ -27,7 +27,7 @@ Anything else is a crash, saved under `tools/fuzz-crashes/` (gitignored):
 path and with the reference parser alone, and counts any difference in tensors (bytes included),
 metadata, scalars, extra() or error (type, message, tensor) as a failure.
 
-This module is also imported by tests/test_fuzz.py, which runs the same seeds, mutations and
+This module is also imported by tests/formats/test_fuzz.py, which runs the same seeds, mutations and
 checks under Hypothesis for a bounded number of cases.
 """
 
@@ -67,9 +67,9 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 
 import migrator  # noqa: E402
-from migrator import dtypes  # noqa: E402
-from migrator.errors import MigratorError  # noqa: E402
-from migrator.tensor import from_numpy  # noqa: E402
+from migrator.core import dtypes  # noqa: E402
+from migrator.core.errors import MigratorError  # noqa: E402
+from migrator.core.tensor import from_numpy  # noqa: E402
 
 READERS = ("burnpack", "safetensors", "pytorch-zip", "pytorch-legacy", "pytorch-tar", "recipe")
 FORMAT_OF = {"burnpack": "burnpack", "safetensors": "safetensors", "pytorch-zip": "pytorch",
@@ -108,7 +108,7 @@ def _tiny_tensors() -> list[Any]:
 
 
 def burnpack_seeds() -> list[bytes]:
-    from migrator.scalars import Scalar
+    from migrator.core.scalars import Scalar
 
     ts = _tiny_tensors()
     bf16 = from_numpy("bf", np.arange(4, dtype=np.float32), dtype=dtypes.FLEX32)
@@ -188,7 +188,7 @@ def _pickle_with_pids(obj: Any, pid: Callable[[Any], Any]) -> bytes:
 
 
 def pytorch_tar_seeds() -> list[bytes]:
-    """The old tar layout as torch <= 0.3 wrote it (same construction as tests/test_pytorch_reader.py)."""
+    """The old tar layout as torch <= 0.3 wrote it (same construction as tests/formats/test_pytorch_reader.py)."""
     torch = _torch()
     root_a = np.arange(24, dtype=np.float32)
     root_b = np.array([7, -8, 9], dtype=np.int64)
@@ -631,8 +631,8 @@ def exercise(reader: str, data: bytes, *, path: Path | None = None, auto: bool =
 
 
 def _check_reader(r: Any, size: int, largest: list[int] | None) -> None:
-    from migrator.inspect import summarize
-    from migrator.limits import DEFAULT_LIMITS
+    from migrator.analysis.inspect import summarize
+    from migrator.core.limits import DEFAULT_LIMITS
 
     json.dumps(summarize(r), default=str)  # what `migrate inspect --json` prints
     assert isinstance(r.metadata, dict) and isinstance(r.scalars, dict)
@@ -663,7 +663,7 @@ def _check_reader(r: Any, size: int, largest: list[int] | None) -> None:
 
 def _transforms(t: Any) -> None:
     """What a recipe does to a tensor: a float cast (dtype: {cast: F16}) and a Linear transpose."""
-    from migrator import casts
+    from migrator.core import casts
 
     made = []
     if t.dtype.name in casts.CASTABLE:
@@ -717,7 +717,7 @@ def _scalar_keys(scalars: dict[str, Any]) -> dict[str, tuple[str, Any]]:
 
 
 def _exercise_recipe(data: bytes, path: Path | None) -> None:
-    from migrator.recipe_loader import load_recipe, parse_recipe
+    from migrator.recipe.loader import load_recipe, parse_recipe
 
     if path is not None:
         path.write_bytes(data)
@@ -841,7 +841,7 @@ def differential_outcome(cls: type, data: bytes) -> tuple[Any, ...]:
     """Everything a header reader gives for `data`: tensors (with their bytes), metadata, scalars and
     extra(), or its error's type, message and tensor. A non-MigratorError is returned too: the two
     paths must then fail the same way (and the ordinary fuzz mode reports it as a crash)."""
-    from migrator.bytesource import MemorySource
+    from migrator.core.bytesource import MemorySource
 
     try:
         r = cls(MemorySource(data))
@@ -852,7 +852,7 @@ def differential_outcome(cls: type, data: bytes) -> tuple[Any, ...]:
 
 def fast_path_taken(reader: str, data: bytes) -> bool:
     """Whether the fast path itself (not its fallback) accepted `data`."""
-    from migrator.bytesource import MemorySource
+    from migrator.core.bytesource import MemorySource
 
     _, reference = _header_reader_classes(reader)
     try:
@@ -948,10 +948,10 @@ def mutate_pickle(data: bytes, rng: random.Random) -> bytes:
 
 def _pickle_storage(pid: Any) -> Any:
     """A persistent_load like the zip reader's: a StorageRef for storage ids, a typed error otherwise."""
-    from migrator import safepickle as sp
+    from migrator.formats import safepickle as sp
 
     if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
-        raise migrator.errors.FormatError(f"bad persistent id {sp.describe(pid)}")
+        raise migrator.core.errors.FormatError(f"bad persistent id {sp.describe(pid)}")
     stype, key = pid[1], pid[2]
     return sp.StorageRef(key if type(key) is str else "?", getattr(stype, "name", "?"),
                          getattr(stype, "dtype", None), pid[4] if type(pid[4]) is int else None, "cpu")
@@ -959,7 +959,7 @@ def _pickle_storage(pid: Any) -> Any:
 
 def pickle_graph(v: Any, seen: dict[int, int] | None = None) -> Any:
     """A comparable form of an unpickled value (shared references become back-references)."""
-    from migrator import safepickle as sp
+    from migrator.formats import safepickle as sp
 
     seen = {} if seen is None else seen
     todo: list[Any] = []  # iterative: mutated inputs nest deeply
@@ -998,13 +998,13 @@ def pickle_graph(v: Any, seen: dict[int, int] | None = None) -> Any:
 
 def pickle_outcome(data: bytes, fast: bool, limits: dict[str, int] | None) -> Any:
     """What one run of the interpreter gives: the value, counts and position, or the error."""
-    from migrator import safepickle as sp
+    from migrator.formats import safepickle as sp
 
     u = sp.Unpickler(data, persistent_load=_pickle_storage, limits=sp.Limits(**limits) if limits else sp.DEFAULT_LIMITS,
                      fast=fast)
     try:
         result = u.load()
-    except migrator.errors.MigratorError as e:
+    except migrator.core.errors.MigratorError as e:
         return ("error", type(e).__name__, str(e))
     return ("ok", pickle_graph(result), u.objects, u.spent, u.placeholders, u.pos, u.protocol, sorted(u.opaque))
 

@@ -1,7 +1,7 @@
-"""Regenerate schemas/recipe.schema.json from migrator/recipe.py (`--check`: exit 1 when stale).
+"""Regenerate schemas/recipe.schema.json from migrator/recipe/model.py (`--check`: exit 1 when stale).
 
 The schema is checked in so editors (yaml-language-server) can validate recipes without
-installing migrator; tests/test_recipe.py fails when it no longer matches the models.
+installing migrator; tests/recipe/test_recipe.py fails when it no longer matches the models.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from migrator.recipe_loader import recipe_json_schema_text  # noqa: E402
+from migrator.recipe.loader import recipe_json_schema_text  # noqa: E402
 
 SCHEMA_PATH = REPO / "schemas" / "recipe.schema.json"
 

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzz
 
 import migrator
-from migrator.dtypes import BY_TORCH
-from migrator.errors import MigratorError
+from migrator.core.dtypes import BY_TORCH
+from migrator.core.errors import MigratorError
 
 
 @contextlib.contextmanager

@@ -64,11 +64,11 @@ def deepseek_shapes() -> Iterator[tuple[str, str, tuple[int, ...]]]:
 
 def make_models(folder: Path) -> tuple[Path, Path]:
     """The model as `deepseek.safetensors` and `deepseek.bpk` (made once; zero bytes as data)."""
-    from migrator import dtypes
-    from migrator.atomic import atomic_output
+    from migrator.core import dtypes
+    from migrator.core.tensor import LazyTensor
     from migrator.formats.burnpack import BurnpackWriter
     from migrator.formats.safetensors import SafetensorsWriter
-    from migrator.tensor import LazyTensor
+    from migrator.storage.atomic import atomic_output
 
     st, bpk = folder / "deepseek.safetensors", folder / "deepseek.bpk"
     if st.exists() and bpk.exists():

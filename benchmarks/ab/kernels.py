@@ -1,7 +1,7 @@
-"""A/B of two builds of migrator._kernels: alternating runs, CPU time of the calling thread.
+"""A/B of two builds of migrator.core._kernels: alternating runs, CPU time of the calling thread.
 
 Usage: python benchmarks/ab/kernels.py OLD_DIR NEW_DIR, each holding one built `_kernels*.so`
-(build each version with `python setup.py build_ext --inplace` and copy migrator/_kernels*.so).
+(build each version with `python setup.py build_ext --inplace` and copy migrator/core/_kernels*.so).
 Thread CPU time, not wall time: on a machine shared with other jobs one call's wall time varies 2x;
 the loops run on the calling thread, so its CPU time is the kernel's.
 """
@@ -22,7 +22,7 @@ ROUNDS = 9
 
 
 def load(folder: str) -> Any:
-    spec = importlib.util.spec_from_file_location("migrator._kernels", glob.glob(f"{folder}/_kernels*.so")[0])
+    spec = importlib.util.spec_from_file_location("migrator.core._kernels", glob.glob(f"{folder}/_kernels*.so")[0])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs import make_source  # benchmarks/jobs.py
 
-from migrator.parallel_write import LocalRunner, RangeTask, save_file_parallel, write_range
+from migrator.run.parallel_write import LocalRunner, RangeTask, save_file_parallel, write_range
 
 
 class ForkRunner:
@@ -43,9 +43,9 @@ class ForkRunner:
         for task in tasks:
             pid = os.fork()
             if pid == 0:
-                import migrator.casts
+                import migrator.core.casts
 
-                migrator.casts._pool = None  # the parent's cast threads do not exist here: a fresh pool
+                migrator.core.casts._pool = None  # the parent's cast threads do not exist here: a fresh pool
                 code = 1
                 try:
                     write_range(fd, tensors, offsets, task, start_writeback=start_writeback)
@@ -63,10 +63,10 @@ class ForkRunner:
 
 
 def run_once(recipe_text: str, work: Path, runner: Any) -> float:
-    from migrator.execute import read_by, source_modes
-    from migrator.formats import save_planned
-    from migrator.plan import build_plan
-    from migrator.recipe_loader import load_recipe
+    from migrator.files.io import save_planned
+    from migrator.plan.build import build_plan
+    from migrator.recipe.loader import load_recipe
+    from migrator.run.execute import read_by, source_modes
 
     path = work / "ab.yaml"
     path.write_text(recipe_text)

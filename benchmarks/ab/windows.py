@@ -1,4 +1,4 @@
-"""A/B of the choices in migrator/windows.py and migrator/stats.py, in one process, rounds alternated.
+"""A/B of the choices in migrator/analysis/windows.py and migrator/analysis/stats.py, in one process, rounds alternated.
 
     python benchmarks/ab/windows.py [--rounds 5]     # after benchmarks/diffstats.py made the files
 
@@ -61,9 +61,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     rounds = ap.parse_args().rounds
-    from migrator import native, windows
-    from migrator.diff import diff_document
-    from migrator.stats import inspect_with_stats
+    from migrator.analysis import windows
+    from migrator.analysis.diff import diff_document
+    from migrator.analysis.stats import inspect_with_stats
+    from migrator.core import native
 
     kernels = native.kernels
 

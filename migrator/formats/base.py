@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from enum import Enum
 from operator import attrgetter
 from types import TracebackType
 from typing import Any, BinaryIO, ClassVar
 
-from ..bytesource import ByteSource
-from ..dtypes import DType
-from ..errors import TensorNotFoundError
-from ..scalars import Scalar
-from ..similarity import did_you_mean
-from ..tensor import LazyTensor
+from ..core.bytesource import ByteSource
+from ..core.dtypes import DType
+from ..core.errors import TensorNotFoundError
+from ..core.scalars import Scalar
+from ..core.tensor import LazyTensor
+from ..naming.similarity import did_you_mean
 
 
 class Reader(Mapping[str, LazyTensor], ABC):
@@ -111,6 +112,18 @@ def select_prefix(tensors: Sequence[LazyTensor], key: str | Sequence[str], label
     return kept
 
 
+class WriterKind(Enum):
+    """What a writer produces, which decides how it is published and whether workers can share it."""
+
+    FILE = "file"
+    """One file, streamed in order by one writer (a PyTorch zip: its layout is known only as it is written)."""
+    LAID_OUT = "laid_out"
+    """One file whose header and tensor offsets are planned up front (`Writer.layout`): workers may
+    write its tensors' byte ranges side by side."""
+    FOLDER = "folder"
+    """A folder of shard files, an index and companion files (`files.sharded_writer.ShardedWriter`)."""
+
+
 class Writer(ABC):
     """Plans a whole output from declared lengths, then streams it tensor by tensor.
 
@@ -120,6 +133,7 @@ class Writer(ABC):
 
     format: ClassVar[str]
     default_extension: ClassVar[str]
+    kind: ClassVar[WriterKind] = WriterKind.FILE
 
     def __init__(
         self,
@@ -145,6 +159,11 @@ class Writer(ABC):
     def resolve_path(path: str | os.PathLike[str]) -> str:
         """The path actually written (burnpack appends `.bpk` to extension-less paths)."""
         return os.fspath(path)
+
+    def layout(self) -> tuple[bytes, list[LazyTensor], list[int]]:
+        """A LAID_OUT writer's plan: the bytes before the first tensor, the tensors in file order and
+        each one's offset."""
+        raise NotImplementedError(f"a {self.kind.value} writer has no layout planned up front")
 
 
 # C-level field getters, for passes over 100k tensors with map()
@@ -192,7 +211,7 @@ def check_u64_sizes(tensors: Sequence[LazyTensor], why: str) -> None:
     by its byte count, so only empty tensors are looked at."""
     if 0 not in map(attrgetter("nbytes"), tensors):  # one C-level pass for the usual case
         return
-    from ..errors import PlanError
+    from ..core.errors import PlanError
 
     u64 = (1 << 64) - 1
     for t in tensors:

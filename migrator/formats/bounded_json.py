@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import FormatError, LimitExceededError
-from ..limits import Limits
+from ..core.errors import FormatError, LimitExceededError
+from ..core.limits import Limits
 
 __all__ = ["MAX_DEPTH", "check_json_budget", "json_cost", "load_bounded_json"]
 

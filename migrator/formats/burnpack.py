@@ -1,6 +1,7 @@
 """Burn's burnpack (`.bpk`) container: 10-byte header, CBOR metadata, 256-aligned tensor data.
 
-Byte-compatible with burn-pack's writer and at least as strict as its reader (spec §1).
+Byte-compatible with burn-pack's writer and at least as strict as its reader (docs/burn-compatibility.md,
+"The burnpack file").
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ from itertools import accumulate, chain, compress, islice, repeat
 from operator import add, and_, attrgetter, is_not, lt, ne, sub
 from typing import Any, BinaryIO, ClassVar, TypeVar
 
-from .. import dtypes
-from ..bytesource import ByteSource, FileSource
-from ..dtypes import DType, Kind
-from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
-from ..limits import DEFAULT_LIMITS, Limits
-from ..scalars import SCALAR_KINDS, Scalar
-from ..streaming import Ahead, write_all, write_tensor, write_zeros
-from ..tensor import LazyTensor, stored, stored_many
+from ..core import dtypes
+from ..core.bytesource import ByteSource, FileSource
+from ..core.dtypes import DType, Kind
+from ..core.errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import SCALAR_KINDS, Scalar
+from ..core.streaming import Ahead, write_all, write_tensor, write_zeros
+from ..core.tensor import LazyTensor, stored, stored_many
 from . import cbor
 from .base import (
     Reader,
     Writer,
+    WriterKind,
     check_u64_sizes,
     distinct_str_names,
     get_dtype,
@@ -127,7 +129,6 @@ _DTYPE_KEY, _SHAPE_KEY, _OFFSETS_KEY, _PARAM_ID_KEY = (cbor.encode(k) for k in (
                                                                                  "param_id"))
 _OFFSETS_PAIR = _OFFSETS_KEY + b"\x82"  # "data_offsets": [start, end]
 _UINT_WIDTH = {0x18: 1, 0x19: 2, 0x1A: 4, 0x1B: 8}  # an unsigned integer's head -> bytes after it
-_NAME_WIDTH = {0x78: 1, 0x79: 2}  # a text head with a 1- or 2-byte length (longer names: generic decoder)
 _MAX_KEY = 1 + len(_DTYPE_KEY) + max(map(len, _TEXT_DTYPES)) + len(_SHAPE_KEY) + 1 + 23 * 9
 """The longest descriptor prefix the scanner reads: map head, dtype, shape of at most 23 u64 dimensions."""
 _PAD = b"\xff" * 64
@@ -551,6 +552,7 @@ class BurnpackWriter(Writer):
 
     format: ClassVar[str] = "burnpack"
     default_extension: ClassVar[str] = EXTENSION
+    kind = WriterKind.LAID_OUT
 
     def __init__(
         self,
@@ -728,7 +730,7 @@ class BurnpackWriter(Writer):
     def layout(self) -> tuple[bytes, list[LazyTensor], list[int]]:
         """What `write_to` writes, as placed pieces: the bytes before the data (header and CBOR), the
         tensors in write order and each one's file offset; every other byte up to `total_size` is zero.
-        Workers writing disjoint ranges of it (`migrator.parallel_write`) give `write_to`'s bytes."""
+        Workers writing disjoint ranges of it (`migrator.run.parallel_write`) give `write_to`'s bytes."""
         header = self.header
         data_start = self.data_start
         return (struct.pack("<IHI", MAGIC, VERSION, len(header)) + bytes(header), self.tensors,

@@ -11,7 +11,7 @@ import struct
 import sys
 from typing import Any
 
-from ..limits import DEFAULT_LIMITS, Limits
+from ..core.limits import DEFAULT_LIMITS, Limits
 
 MAX_DEPTH = 128  # Burn's: deeper input is refused by Burn too, so it is not a `Limits` field
 # What decoding may build: `limits.header_object_bytes` x the input + `limits.header_object_base`

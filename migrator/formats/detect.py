@@ -6,8 +6,8 @@ import os
 import struct
 from pathlib import Path
 
-from ..bytesource import ByteSource
-from ..errors import UnknownFormatError
+from ..core.bytesource import ByteSource
+from ..core.errors import UnknownFormatError
 
 FORMATS = ("burnpack", "safetensors", "pytorch")
 

@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..dtypes import DType
-from ..errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
-from ..scalars import Scalar
-from ..streaming import SMALL_READ, Ahead, write_all, write_computed, write_tensor
-from ..tensor import LazyTensor
+from ..core.dtypes import DType
+from ..core.errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
+from ..core.scalars import Scalar
+from ..core.streaming import SMALL_READ, Ahead, write_all, write_computed, write_tensor
+from ..core.tensor import LazyTensor
 from .base import Writer
 
 ARCHIVE = "archive"
@@ -105,7 +105,7 @@ class PytorchWriter(Writer):
         self._storages: list[LazyTensor] = []
         by_span: dict[tuple[object, int, int, str], int] = {}
         for t in self.tensors:
-            key = _span_key(t) if t.span is not None else None
+            key = span_key(t) if t.span is not None else None
             if key is not None and key in by_span:
                 self._storage_of.append(by_span[key])
                 continue
@@ -344,7 +344,7 @@ def _crc(view: memoryview) -> int:
     return crc
 
 
-def _span_key(t: LazyTensor) -> tuple[object, int, int, str]:
+def span_key(t: LazyTensor) -> tuple[object, int, int, str]:
     """Which stored bytes a tensor is: its span's source object where it has one (a sharded source's
     descriptors are opened and closed per shard, so their numbers are reused), else the descriptor."""
     span = t.span

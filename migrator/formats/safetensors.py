@@ -17,17 +17,18 @@ from itertools import accumulate, chain, islice, repeat
 from operator import add, itemgetter, lt, sub
 from typing import Any, BinaryIO, ClassVar, Literal
 
-from .. import dtypes
-from ..bytesource import ByteSource
-from ..dtypes import DType
-from ..errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
-from ..limits import DEFAULT_LIMITS, Limits
-from ..scalars import Scalar
-from ..streaming import Ahead, write_all, write_tensor
-from ..tensor import LazyTensor, stored, stored_many
+from ..core import dtypes
+from ..core.bytesource import ByteSource
+from ..core.dtypes import DType
+from ..core.errors import FormatError, LimitExceededError, PlanError, UnsupportedDTypeError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import Scalar
+from ..core.streaming import Ahead, write_all, write_tensor
+from ..core.tensor import LazyTensor, stored, stored_many
 from .base import (
     Reader,
     Writer,
+    WriterKind,
     check_u64_sizes,
     distinct_str_names,
     get_dtype,
@@ -51,7 +52,8 @@ LIBRARY_DTYPE_ORDER: tuple[str, ...] = (
 )
 _RANK = {name: i for i, name in enumerate(LIBRARY_DTYPE_ORDER)}
 
-# Burn-only dtypes SafeTensors has no name for, written with the name Burn gives them (spec §7.2).
+# Burn-only dtypes SafeTensors has no name for, written with the name Burn gives them
+# (docs/burn-compatibility.md, "PyTorch and SafeTensors files").
 _BURN_ALIASES: dict[str, str] = {"FLEX32": "F32", "BOOL_U8": "U8", "BOOL_U32": "U32"}
 
 
@@ -76,7 +78,6 @@ def safetensors_name(dtype: DType, tensor: str | None = None) -> str:
 # accept and build the same tensors; on any doubt they return None, and the per-entry checks decide
 # and explain. tools/fuzz.py --differential compares the two on mutated headers.
 
-_FIELDS = {"dtype": 0, "shape": 1, "data_offsets": 2}
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 # metadata; per tensor in data order its name and (dtype, shape, nbytes); data_start, then each tensor's end
@@ -478,6 +479,7 @@ class SafetensorsWriter(Writer):
 
     format = "safetensors"
     default_extension = ".safetensors"
+    kind = WriterKind.LAID_OUT
 
     def __init__(
         self,

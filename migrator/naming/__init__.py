@@ -1,8 +1,8 @@
 """Tensor-name transforms: key remapping, contiguous indices, enum-variant stripping, collisions.
 
 These are the pure building blocks of a recipe (no file I/O). Their semantics follow Burn's
-burn-store crate (spec §4) so that a recipe written against Burn's documentation renames tensors
-exactly as Burn would.
+burn-store crate (docs/burn-compatibility.md, "Names") so that a recipe written against Burn's
+documentation renames tensors exactly as Burn would.
 
 The package's modules: `regex` (Rust pattern spellings), `remap` (replacements, index arithmetic,
 ordered rules), `indices` (contiguous indices, enum variants, collisions) and `filters` (the

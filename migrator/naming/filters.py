@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..errors import PlanError
+from ..core.errors import PlanError
 from .regex import compile_regex
 
 __all__ = ["NameFilter"]

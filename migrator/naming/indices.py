@@ -1,4 +1,5 @@
-"""Contiguous indices (spec §4.2), enum-variant segments (§4.3) and name collisions."""
+"""Contiguous indices, enum-variant segments and name collisions, as Burn's store applies them
+(docs/burn-compatibility.md, "Names")."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ _MAY_HAVE_INDEX = re.compile(r"(?:^|\.)\+?[0-9]")
 
 
 def contiguous_names(names: list[str]) -> list[str]:
-    """Every numeric path segment renumbered to 0, 1, 2, … per position key (spec §4.2), in input order.
+    """Every numeric path segment renumbered to 0, 1, 2, … per position key (the rank of its value
+    among the values seen at that position), in input order.
 
     Closes the gaps PyTorch's `nn.Sequential` leaves for parameter-free layers. The key of an index
     is the *original* prefix before it, so renumbering one level never changes another's key. An
@@ -99,7 +101,8 @@ def _is_variant_segment(segment: str) -> bool:
 
 
 def strip_enum_variant(path: str) -> str | None:
-    """`path` without its first inner CamelCase segment, or None when it has none (spec §5.8 step 1).
+    """`path` without its first inner CamelCase segment, or None when it has none (the first
+    step of Burn's "did you mean" for an enum variant).
 
     Used to suggest `feature.weight` for a missing `feature.BaseConv.weight`.
     """

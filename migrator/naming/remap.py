@@ -1,4 +1,5 @@
-"""Remap rules: a regex and a replacement, applied in order to every tensor name (spec §4.1).
+"""Remap rules: a regex and a replacement, applied in order to every tensor name,
+as Burn's KeyRemapper does (docs/burn-compatibility.md, "Names").
 
 Replacement syntax
 ------------------

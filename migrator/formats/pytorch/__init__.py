@@ -1,7 +1,7 @@
 """PyTorch checkpoints (`torch.save`): zip (torch >= 1.6), legacy (pre-1.6 stream) and old tar.
 
-The pickle is read by `migrator.safepickle` (no code from the file ever runs); storages are located
-in the container without copying, and each tensor becomes a lazy view that honours the storage
+The pickle is read by `formats.safepickle` (no code from the file ever runs); storages are located in
+the container without copying, and each tensor becomes a lazy view that honours the storage
 offset and strides torch recorded, so values equal `torch.load`'s exactly:
 
 * a C-contiguous tensor is a zero-copy window on the file (`tensor.stored`, kernel-copyable);
@@ -12,7 +12,7 @@ offset and strides torch recorded, so values equal `torch.load`'s exactly:
 
 Unsupported dtypes (complex128, quantized, sparse, ...) raise `UnsupportedDTypeError` at open
 naming the tensor, but only for tensors inside the selection (`top_level_key`), so a checkpoint
-can still be read for the parts that are supported. Its bounds are `migrator.limits.Limits`
+can still be read for the parts that are supported. Its bounds are `migrator.core.limits.Limits`
 fields (`max_pickle_bytes`, `max_zip_entries`, `max_nodes`, ...), read from the reader's `limits`.
 """
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ... import safepickle as sp
-from ...errors import FormatError
+from ...core.errors import FormatError
+from .. import safepickle as sp
 from ..base import Reader
 
 

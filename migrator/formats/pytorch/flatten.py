@@ -5,9 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ... import safepickle as sp
-from ...errors import FormatError, LimitExceededError, TensorNotFoundError, UnsafePickleError, UnsupportedDTypeError
-from ...scalars import Scalar
+from ...core.errors import (
+    FormatError,
+    LimitExceededError,
+    TensorNotFoundError,
+    UnsafePickleError,
+    UnsupportedDTypeError,
+)
+from ...core.scalars import Scalar
+from .. import safepickle as sp
 from .views import TensorBuilder, _Pending
 
 
@@ -275,7 +281,7 @@ def _key_hint(node: Any, seg: str) -> str:
     """"; did you mean 'model'?" for a mistyped key (Burn's similarity rule, over this level's keys)."""
     if not isinstance(node, dict) or len(seg) > 1000:
         return ""
-    from ...similarity import did_you_mean
+    from ...naming.similarity import did_you_mean
 
     keys = [t for t in map(_key_text, list(node)[:10_000]) if t is not None and len(t) <= 1000]
     guess = did_you_mean(seg, keys)

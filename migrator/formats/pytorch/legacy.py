@@ -6,8 +6,8 @@ import contextlib
 import struct
 from typing import Any
 
-from ... import safepickle as sp
-from ...errors import FormatError, LimitExceededError, UnsafePickleError, UnsupportedDTypeError
+from ...core.errors import FormatError, LimitExceededError, UnsafePickleError, UnsupportedDTypeError
+from .. import safepickle as sp
 from .core import ReaderCore, _Span
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C

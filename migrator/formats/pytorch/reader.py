@@ -5,11 +5,11 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-from ... import safepickle as sp
-from ...bytesource import ByteSource
-from ...limits import DEFAULT_LIMITS, Limits
-from ...scalars import Scalar
-from ...tensor import LazyTensor
+from ...core.bytesource import ByteSource
+from ...core.limits import DEFAULT_LIMITS, Limits
+from ...core.scalars import Scalar
+from ...core.tensor import LazyTensor
+from .. import safepickle as sp
 from ..base import utf8_ok
 from .core import _Span
 from .flatten import Flattener

@@ -5,10 +5,10 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from ... import safepickle as sp
-from ...bytesource import ByteSource
-from ...errors import FormatError, LimitExceededError, UnsupportedDTypeError
-from ...limits import Limits
+from ...core.bytesource import ByteSource
+from ...core.errors import FormatError, LimitExceededError, UnsupportedDTypeError
+from ...core.limits import Limits
+from .. import safepickle as sp
 from .core import ReaderCore, _Span, _storage_dtype, _type_name
 
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from ... import safepickle as sp
-from ...bytesource import ByteSource
-from ...dtypes import BY_TORCH
-from ...errors import LimitExceededError, UnsupportedDTypeError
-from ...tensor import LazyTensor, stored, stored_many
+from ...core.bytesource import ByteSource
+from ...core.dtypes import BY_TORCH
+from ...core.errors import LimitExceededError, UnsupportedDTypeError
+from ...core.tensor import LazyTensor, stored, stored_many
+from .. import safepickle as sp
 from .core import _Span
 from .zip import ZipContainer
 
@@ -172,7 +172,7 @@ _UINTS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 class StridedView:
     """The loader of a strided view: its elements copied into C order from the storage window
     [start, start + window) of `src`. An object rather than a closure so a reader that holds
-    only a window at a time (migrator/tiles.py) can copy the same elements band by band."""
+    only a window at a time (migrator/analysis/tiles.py) can copy the same elements band by band."""
 
     __slots__ = ("itemsize", "shape", "src", "start", "strides", "swap", "unit", "window")
 

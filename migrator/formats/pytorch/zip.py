@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...bytesource import ByteSource
-from ...errors import FormatError, LimitExceededError
-from ...limits import Limits
+from ...core.bytesource import ByteSource
+from ...core.errors import FormatError, LimitExceededError
+from ...core.limits import Limits
 from .core import ReaderCore, _Span
 
 

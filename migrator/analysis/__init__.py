@@ -1,0 +1,1 @@
+"""Looking at checkpoints: inspect, stats, diff, and the HTML report."""

@@ -1,0 +1,43 @@
+"""What a file holds, as plain data: the `migrate inspect` view."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..core.dtypes import Kind
+from ..files.io import Reader, open_file
+from ..formats.burnpack import describe_qfloat
+
+
+def summarize(reader: Reader) -> dict[str, Any]:
+    """A JSON-ready description: format, tensors in data order, metadata, scalars, totals."""
+    tensors = []
+    locations = getattr(reader, "locations", None)  # a sharded source: each tensor's shard and offset
+    shards = getattr(reader, "shards", None)
+    for i, t in enumerate(reader.tensors):
+        entry: dict[str, Any] = {"name": t.name, "dtype": t.dtype.display, "shape": list(t.shape),
+                                 "nbytes": t.nbytes, "offset": t.span.offset if t.span else None}
+        if locations is not None and shards is not None:
+            shard, entry["offset"] = locations[i]
+            entry["file"] = str(shards[shard].path)
+        if t.param_id is not None:
+            entry["param_id"] = t.param_id
+        if t.dtype.kind is Kind.QUANTIZED:
+            entry["scheme"] = describe_qfloat(t.dtype)
+        tensors.append(entry)
+    return {
+        "path": reader.path,
+        "format": reader.format,
+        "file_size": reader.source.size,
+        "tensors": tensors,
+        "metadata": dict(reader.metadata),
+        "scalars": {k: v.to_json() for k, v in reader.scalars.items()},
+        "totals": {"tensors": len(tensors), "nbytes": sum(t.nbytes for t in reader.tensors)},
+        "details": reader.extra(),
+    }
+
+
+def inspect_file(path: str | os.PathLike[str], *, format: str = "auto", **options: Any) -> dict[str, Any]:
+    with open_file(path, format, **options) as reader:
+        return summarize(reader)

@@ -1,0 +1,8 @@
+"""`python -m migrator.cli`: the `migrate` command."""
+
+import sys
+
+from . import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""`migrate convert SRC DST`: a one-off conversion (`run/convert.py`), its options checked as a
+recipe would check them; `--emit-recipe` writes the recipe of what ran."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE
+from .options import LIMIT_HELP, NO_FSYNC_HELP, check_remap_options, command, limits_of
+from .output import print_json_error
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from ..recipe import adapter_names
+
+    conv = command(sub, "convert", "convert a file to another format (format from each path)",
+                    "Convert SRC to DST in one step (a one-off recipe): formats from the paths' extensions, "
+                    "written\natomically, an existing DST refused without --overwrite.",
+                    "  migrate convert model.safetensors model.bpk\n"
+                    "  migrate convert ckpt.pt model.bpk --top-level-key state_dict --adapter pytorch_to_burn\n"
+                    "  migrate convert ckpt.pt out/ --to burnpack   # writes out/ckpt.bpk")
+    conv.add_argument("src", help="the file to read")
+    conv.add_argument("dst", help="the file to write (its extension picks the format; none: burnpack, .bpk "
+                      "appended); a folder (existing, or ending in '/'): one file in it named after SRC, "
+                      "format from --to")
+    conv.add_argument("--overwrite", action="store_true", help="replace an existing target")
+    conv.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
+    conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
+    conv.add_argument("--to", dest="target_format", default="auto", help="target format (default: extension)")
+    conv.add_argument("--top-level-key", help="the nested dict (PyTorch) or name prefix holding the tensors")
+    conv.add_argument("--remap", action="append", default=[], metavar="REGEX=REPL", help="rename (repeatable, ordered)")
+    conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
+    conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
+    conv.add_argument("--adapter", action="append", default=[], metavar="NAME",
+                      help=" | ".join(adapter_names.CLI_FORMS) + " (repeatable, chained in order)")
+    conv.add_argument("--modules", action="append", default=[], metavar="TYPE=REGEX",
+                      help="declare the module type of matching module paths, as a recipe's modules: "
+                           "(repeatable; e.g. Linear='^fc\\d+$')")
+    conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
+    conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
+                      help="renumber index segments 0,1,2,... (default: on for a PyTorch source written for Burn, "
+                           "i.e. a .bpk target or --adapter pytorch_to_burn; the no- form keeps the names)")
+    conv.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
+                      help="add a metadata entry (repeatable)")
+    conv.add_argument("--no-metadata", action="store_true", help="write no metadata except --metadata entries")
+    conv.add_argument("--max-shard-size", metavar="SIZE",
+                      help="write DST as a folder of shards of at most SIZE (5GB = 5*10^9 bytes, 5GiB = 5*2^30, "
+                      "an integer = bytes) plus an index; a DST/ without it is a Hugging Face folder of 5GB "
+                      "shards (one model.safetensors when the model fits)")
+    conv.add_argument("--weights-name", metavar="NAME",
+                      help="the weights' file name in a folder DST/ (default: model.safetensors or "
+                           "pytorch_model.bin, adapter_model.* for a PEFT adapter; shards are NAME's stem "
+                           "-00001-of-0000N)")
+    conv.add_argument("--copy", action="append", default=[], metavar="GLOB",
+                      help="copy matching companion files (config.json, 'tokenizer*') from the source folder into a "
+                      "sharded DST (repeatable)")
+    conv.add_argument("--copy-from", metavar="DIR",
+                      help="the folder --copy globs read from (default: the source's folder), e.g. the Hugging "
+                           "Face folder whose config.json and tokenizer go with a .bpk source")
+    conv.add_argument("--emit-recipe", action="store_true",
+                      help="print the equivalent recipe as YAML and convert nothing; with -o FILE, convert and "
+                      "write the recipe of what ran to FILE")
+    conv.add_argument("-o", "--recipe-output", metavar="FILE",
+                      help="with --emit-recipe: the recipe file (written atomically after the output; refused if it "
+                      "exists, unless --overwrite), its paths relative to FILE's folder")
+    conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
+    conv.add_argument("--no-progress", action="store_true", help="no progress bar")
+    conv.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    return conv
+
+
+def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """`convert SRC DIR/` (an existing folder, or a path ending in '/'): a Hugging Face model folder
+    in SafeTensors (the default) or PyTorch (`--to pytorch`): `model.safetensors`, or shards and an
+    index past --max-shard-size, named as save_pretrained names them (`--weights-name` to choose).
+    For Burn (`--to burnpack`) one file in DIR named after the source (`DIR/model.bpk`): a burnpack
+    holds a whole model. Any other DST is used as given."""
+    dst: str = args.dst
+    if args.max_shard_size or args.copy:
+        return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
+    if not (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
+        return dst
+    if args.target_format != "burnpack":
+        return dst if dst.endswith(("/", os.sep)) else dst + "/"
+    if args.weights_name:
+        return os.path.join(dst, args.weights_name)
+    from pathlib import Path
+
+    from ..formats.registry import writer_class
+
+    return os.path.join(dst, Path(args.src.rstrip("/" + os.sep)).stem + writer_class("burnpack").default_extension)
+
+
+def _recipe_output_check(args: argparse.Namespace) -> None:
+    """`-o FILE` is refused before converting what the write after it would refuse."""
+    from pathlib import Path
+
+    from ..storage.atomic import check_target
+
+    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=[args.dst])
+
+
+def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
+    """Write the recipe of what ran to `-o FILE` (atomically, after the output); the problem, if any."""
+    from ..core.errors import MigratorError
+    from ..storage.atomic import write_file
+
+    try:
+        write_file(args.recipe_output, text.encode(), overwrite=args.overwrite, protect=[args.src],
+                   outputs=[args.dst], fsync=not args.no_fsync, make_folders=True)
+    except MigratorError as e:
+        return str(e)
+    return None
+
+
+def _check_convert_values(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Values a recipe would refuse at its LINE:COL are usage errors here (exit 2, JSON with --json),
+    found before any file is opened: the shard size, and a target whose format cannot be told."""
+    if args.max_shard_size is not None:
+        from ..files.sharded_writer import parse_size
+
+        try:
+            parse_size(args.max_shard_size)
+        except ValueError as e:
+            parser.error(f"--max-shard-size: {e}")
+    from ..core.errors import UnknownFormatError
+    from ..formats.detect import FORMATS, target_format
+
+    for option, value in (("--from", args.source_format), ("--to", args.target_format)):
+        if value != "auto" and value not in FORMATS:
+            parser.error(f"{option}: unknown format '{value}' (formats: {', '.join(FORMATS)})")
+    folder = args.max_shard_size is not None or str(args.dst).endswith(("/", os.sep))
+    if not folder:
+        try:
+            target_format(args.dst, args.target_format)
+        except UnknownFormatError as e:
+            parser.error(f"{e.detail} (--to {'|'.join(FORMATS)})")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ..recipe.convert import ConvertUsageError, build_recipe, emit_recipe
+    from ..run.convert import convert
+
+    extra: dict[str, str] = {}
+    for item in args.metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--metadata expects KEY=VALUE, got {item!r}")
+        extra[key] = value
+    check_remap_options(args.remap, parser)
+    _check_convert_values(args, parser)
+    if args.recipe_output and not args.emit_recipe:
+        parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
+    args.dst = _folder_target(args, parser)
+    options = dict(source_format=args.source_format, target_format_name=args.target_format,
+                   top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
+                   adapters=args.adapter, dtype=args.dtype, modules=args.modules,
+                   contiguous_indices=args.contiguous_indices,
+                   overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
+    if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
+        options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    if args.copy_from:
+        if not args.copy:
+            parser.error("--copy-from DIR says where --copy reads: add --copy GLOB (e.g. --copy config.json)")
+        options.update(copy_from=args.copy_from)
+    if args.weights_name and not (args.target_format == "burnpack" and not args.max_shard_size):
+        options.update(weights_name=args.weights_name)  # a folder's weights; a burnpack's name went into DST
+    recipe_text = None
+    try:
+        if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there
+            recipe = build_recipe(args.src, args.dst, **options)
+            from pathlib import Path
+
+            from ..plan.build import renumbers_by_default
+
+            if renumbers_by_default(recipe, Path(os.getcwd()), **limits_of(args)):  # write out what the default does
+                options["contiguous_indices"] = True
+                recipe = build_recipe(args.src, args.dst, **options)
+            recipe_text = emit_recipe(recipe, args.recipe_output)
+            if not args.recipe_output:
+                sys.stdout.write(recipe_text)
+                return EXIT_OK
+            _recipe_output_check(args)
+        import hashlib
+
+        sha = hashlib.sha256(recipe_text.encode()).hexdigest() if recipe_text else None
+        result = convert(args.src, args.dst, progress=False if args.no_progress else None, recipe_sha256=sha,
+                         **options, **limits_of(args))
+    except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
+        if args.json:
+            print_json_error({"kind": "UsageError", "message": str(e)})
+        else:
+            from ..core.display import escape
+
+            print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
+        return EXIT_USAGE
+    problem = _write_recipe(args, recipe_text) if recipe_text is not None else None
+    if args.json:
+        doc = result.__dict__ | ({"recipe": args.recipe_output} if recipe_text is not None and not problem else {})
+        from ..core.display import print_json
+        print_json(doc)
+    else:
+        from ..core.display import count, escape, human_bytes
+
+        print(f"wrote {escape(result.target)} ({result.target_format}): {count(result.tensors, 'tensor')}, "
+              f"{human_bytes(result.nbytes)} from {escape(result.source)} ({result.source_format})")
+        for note in result.notes:
+            print(f"  note: {escape(note, keep_newlines=True)}")
+        if recipe_text is not None and not problem:
+            print(f"wrote {escape(args.recipe_output)}, the recipe of this conversion (again: migrate run "
+                  f"{escape(args.recipe_output)} --overwrite)")
+    if problem:
+        from ..core.display import escape
+
+        print(f"migrate: error: wrote {escape(result.target)}, but the recipe was not written: "
+              f"{escape(problem, keep_newlines=True)}", file=sys.stderr)
+        return EXIT_MIGRATION
+    return EXIT_OK
+

@@ -1,0 +1,149 @@
+"""`migrate diff A B` on the command line: arguments, the text table, exit codes.
+
+Exit 0 when every tensor is identical (or close, with a tolerance), 1 when anything differs or
+is missing on one side (or the recipe's plan could not have made B), 2 for usage errors.
+Imported by `migrate --help`: only argparse at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE
+
+EXIT_DIFFERENT = EXIT_MIGRATION  # diff's 1: something differs or is missing
+_NAMES = {"only_in_a": "only in A", "only_in_b": "only in B", "shape_mismatch": "shape mismatch",
+          "dtype_mismatch": "dtype mismatch"}
+
+
+def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = command(sub, "diff", "compare two checkpoints tensor by tensor (streamed)",
+                "Compare A and B tensor by tensor, streamed in windows: names matched directly, through "
+                "a recipe\n(A = its source, B = its output, compared after the plan's renames, layout ops "
+                "and casts), or\nthrough convert's options. Exact (bit-identical) unless --atol/--rtol. "
+                "Exit 0 all matched,\n1 anything differs, 2 usage error.",
+                "  migrate diff model.safetensors model.bpk\n"
+                "  migrate diff tiny-bert.pt tiny-bert.bpk --recipe recipes/bert-to-burn.yaml --json\n"
+                "  migrate diff a.pt b.bpk --adapter pytorch_to_burn --dtype F16\n"
+                "  migrate diff a.safetensors b-f16.safetensors --atol 1e-3 --rtol 1e-3")
+    p.add_argument("a", help="the first checkpoint (file, model folder, index or quoted glob); a recipe's source")
+    p.add_argument("b", help="the second checkpoint; a recipe's output")
+    p.add_argument("--recipe", metavar="RECIPE.yaml", help="compare B with what the recipe makes of A")
+    p.add_argument("--atol", type=float, metavar="X", help="tolerance mode: |a-b| <= atol + rtol*|b| (default 0)")
+    p.add_argument("--rtol", type=float, metavar="X", help="tolerance mode, relative part (default 0)")
+    p.add_argument("--a-format", default="auto", help="A's format (default: detect)")
+    p.add_argument("--b-format", default="auto", help="B's format (default: detect)")
+    p.add_argument("--top-level-key", help="A: the nested dict (PyTorch) or name prefix holding the tensors")
+    p.add_argument("--remap", action="append", default=[], metavar="REGEX=REPL", help="rename A's tensors "
+                   "(repeatable, ordered; as convert's)")
+    p.add_argument("--include", action="append", default=[], metavar="REGEX", help="compare only matching A names")
+    p.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="leave out matching A names")
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME",
+                   help="as convert's: pytorch_to_burn | burn_to_pytorch | half_precision | float_cast:DTYPE")
+    p.add_argument("--modules", action="append", default=[], metavar="TYPE=REGEX",
+                   help="declare module types, as convert's (repeatable)")
+    p.add_argument("--dtype", metavar="DTYPE", help="A's floats cast to DTYPE first, as convert's --dtype")
+    p.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
+                   help="renumber A's index segments as convert does (default with other options: on for a "
+                        "PyTorch A when B is a burnpack)")
+    p.add_argument("--window", default="4MiB", metavar="SIZE",
+                   help="bytes read per tensor side at a time (default 4MiB; 4MB = 4*10^6)")
+    p.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
+    p.add_argument("--json", action="store_true", help="print the comparison (or the error) as JSON")
+    p.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing HTML page")
+    return p
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ..files.sharded_writer import parse_size
+    from .options import check_remap_options
+
+    check_remap_options(args.remap, parser)
+    options = dict(remaps=args.remap, includes=args.include, excludes=args.exclude, adapters=args.adapter,
+                   dtype=args.dtype, modules=args.modules, contiguous_indices=args.contiguous_indices)
+    if args.recipe and any(v not in (None, []) for v in options.values()):
+        parser.error("--recipe and convert's options (--remap, --adapter, --dtype, ...) do not combine: "
+                     "put the options into the recipe")
+    try:
+        window = parse_size(args.window)
+    except ValueError as e:
+        parser.error(f"--window: {e}".replace("a shard size", "a window"))
+    from ..analysis.diff import diff_document, tolerance
+
+    try:
+        tolerance(args.atol, args.rtol)
+    except ValueError as e:
+        parser.error(str(e))
+    from ..recipe.convert import ConvertUsageError
+
+    try:
+        doc = diff_document(args.a, args.b, recipe=args.recipe, atol=args.atol, rtol=args.rtol,
+                            b_format=args.b_format, window=window, source_format=args.a_format,
+                            top_level_key=args.top_level_key, **options)
+    except ConvertUsageError as e:
+        from ..core.display import escape
+        from .output import print_json_error
+
+        if args.json:
+            print_json_error({"kind": "UsageError", "message": str(e)})
+        else:
+            print(f"migrate diff: {escape(e, keep_newlines=True)}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.html:  # never over A, B or the recipe; no more readable than they are (as every report)
+        from ..analysis.html_report import diff_page, write_page
+        from ..storage.remote import is_url
+
+        local = [p for p in (args.a, args.b) if not is_url(p) and os.path.exists(p)]
+        write_page(args.html, diff_page(doc), overwrite=args.overwrite,
+                   protect=[args.a, args.b, *([args.recipe] if args.recipe else [])], make_folders=True,
+                   mode_from=local)
+    if args.json:
+        from .output import write_inspect_json
+
+        write_inspect_json(doc, sys.stdout)
+    else:
+        print_diff(doc, every=args.all)
+    return EXIT_OK if doc["matched"] else EXIT_DIFFERENT
+
+
+def _number(x: float | None) -> str:
+    return "-" if x is None else ("0" if x == 0 else f"{x:.3g}")
+
+
+def print_diff(doc: dict[str, Any], *, every: bool = False) -> None:
+    """The table of tensors that differ (every tensor with `every`), then the counts."""
+    from ..core.display import count, escape, print_table
+
+    tensors = doc["tensors"]
+    shown = tensors if every else [t for t in tensors if t["status"] != "identical"]
+    rows = []
+    for t in shown:
+        dtype = t["dtype_b"] or t["dtype_a"] or "-"
+        if t["dtype_a"] and t["dtype_b"] and t["dtype_a"] != t["dtype_b"]:
+            dtype = f"{t['dtype_a']} -> {t['dtype_b']}"
+        sa, sb = t["shape_a"], t["shape_b"]
+        shape = str(sb if sb is not None else sa) if sa is None or sb is None or sa == sb else f"{sa} -> {sb}"
+        first = "-" if t["first_index"] is None else str(t["first_index"])
+        differing = "-" if t["differing"] is None else f"{t['differing']:,}"
+        name = t["name"]
+        if t["a_name"] and t["a_name"] != name:
+            name = f"{t['a_name']} -> {name}"
+        rows.append((name, _NAMES.get(t["status"], t["status"]), dtype, shape, _number(t["max_abs_diff"]),
+                     _number(t["max_rel_diff"]), differing, first))
+    mode = "exact" if doc["mode"] == "exact" else f"atol {doc['atol']:g}, rtol {doc['rtol']:g}"
+    title = f"{doc['a']} vs {doc['b']} ({mode}" + (f", through {doc['recipe']})" if doc["recipe"] else ")")
+    if rows:
+        print_table(title, ("tensor", "status", "dtype", "shape", "max abs", "max rel", "differing", "first index"),
+                    rows, right=(4, 5, 6))
+    else:
+        print(escape(title))
+    counts = ", ".join(f"{n:,} {_NAMES.get(k, k)}" for k, n in doc["summary"].items() if n)
+    print(f"{count(len(tensors), 'tensor')}: {counts or 'none'}")
+    for problem in doc.get("plan_errors") or ():
+        print(f"error: the recipe's plan fails: {escape(problem, keep_newlines=True)}", file=sys.stderr)
+    print("A and B match" if doc["matched"] else "A and B differ")

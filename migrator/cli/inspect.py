@@ -1,0 +1,134 @@
+"""`migrate inspect FILE`: a file's tensors, metadata and scalars (`--stats`: values too), as a
+table, JSON or an HTML page."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..core.errors import EXIT_OK
+from .options import LIMIT_HELP, command, limits_of, reader_options
+from .output import write_inspect_json
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    ins = command(sub, "inspect", "list the tensors, metadata and scalars of a file",
+                   "List a file's tensors (name, dtype, shape, size, offset in data order), its metadata and "
+                   "scalars.\nReads headers only. Names from the file are shown literally, unprintable "
+                   "characters escaped (\\x1b); --json keeps the exact strings.",
+                   "  migrate inspect model.safetensors --limit 20\n"
+                   "  migrate inspect ckpt.pt --top-level-key state_dict --json\n"
+                   "  migrate inspect model.bpk --stats")
+    ins.add_argument("file", help="a .bpk, .safetensors or PyTorch file")
+    ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
+    ins.add_argument("--format", default="auto", help="auto | burnpack | safetensors | pytorch")
+    ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path)")
+    ins.add_argument("--limit", dest="limit_args", action="append", default=[], metavar="N | NAME=VALUE",
+                     help="N: show at most N tensors in the table; NAME=VALUE: " + LIMIT_HELP)
+    ins.add_argument("--stats", action="store_true", help="read every tensor (streamed): min, max, mean, std, "
+                     "mean |x|, zeros, NaN/Inf; flags all-zero, all-equal, NaN/Inf tensors")
+    ins.add_argument("--html", metavar="FILE", help="write the listing as a self-contained HTML page instead of "
+                     "the table")
+    ins.add_argument("--overwrite", action="store_true", help="replace an existing HTML page")
+    return ins
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.inspect import inspect_file
+
+    if args.stats:
+        from ..analysis.stats import inspect_with_stats
+
+        info = inspect_with_stats(args.file, format=args.format, **reader_options(args), **limits_of(args))
+    else:
+        info = inspect_file(args.file, format=args.format, **reader_options(args), **limits_of(args))
+    if args.html:
+        from ..analysis.html_report import inspect_page, write_page
+
+        write_page(args.html, inspect_page(info), overwrite=args.overwrite, protect=[args.file], make_folders=True)
+    if args.json:
+        write_inspect_json(info, sys.stdout)
+        return EXIT_OK
+    if args.html:
+        from ..core.display import escape
+
+        print(f"wrote {escape(args.html)}")
+        return EXIT_OK
+    _print_inspect(info, args.limit)
+    return EXIT_OK
+
+
+def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
+    from ..core.display import count, human_bytes, print_table
+
+    tensors = info["tensors"]
+    with_ids = any("param_id" in t for t in tensors)
+    sharded = any("file" in t for t in tensors)
+    header = (["name", "dtype", "shape", "size", "offset"] + (["param_id"] if with_ids else [])
+              + (["shard"] if sharded else []))
+    with_stats = bool(tensors) and "stats" in tensors[0]
+    if with_stats:
+        from ..analysis.stats import STATS_HEADER, stats_cells
+
+        header += STATS_HEADER
+    shown = tensors if limit is None else tensors[:limit]
+    sizes: dict[int, str] = {}
+    rows = []
+    for t in shown:
+        nbytes = t["nbytes"]
+        size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
+        row = [t["name"], t["dtype"], str(t["shape"]), size, "-" if t["offset"] is None else str(t["offset"])]
+        if with_ids:
+            row.append(str(t.get("param_id", "")))
+        if sharded:
+            row.append(os.path.basename(t.get("file", "")))
+        if with_stats:
+            row += stats_cells(t)
+        rows.append(row)
+    title = f"{info['path']} ({info['format']}, {human_bytes(info['file_size'])})"
+    right: tuple[int, ...] = (3, 4, 5) if with_ids else (3, 4)
+    if with_stats:  # the numeric stats columns, not the flags
+        right += tuple(range(len(header) - len(STATS_HEADER), len(header) - 1))
+    print_table(title, header, rows, right=right)
+    out = sys.stdout
+    if len(shown) < len(tensors):
+        out.write(f"... and {count(len(tensors) - len(shown), 'more tensor')} (use --limit or --json)\n")
+    totals = info["totals"]
+    out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
+    for flag, n in totals.get("flagged", {}).items():
+        out.write(f"flagged {flag.replace('_', ' ')}: {count(n, 'tensor')}\n")
+    _print_shards(info, limit)
+    for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
+        print(f"warning: {warning}", file=sys.stderr)
+    for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
+        if mapping:
+            pairs = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in mapping.items()]
+            out.write("\n")
+            print_table(title, ("key", "value"), pairs, wrap_cols=(0, 1))
+    placeholders = info["details"].get("placeholders")
+    if placeholders:  # objects of classes migrator does not build (a checkpoint's args, configs, callbacks)
+        out.write("\n")
+        print_table("objects not built (placeholders)", ("key", "class"),
+                    [(p["key"] or "(root)", p["class"]) for p in placeholders], wrap_cols=(0, 1))
+
+
+def _print_shards(info: dict[str, Any], limit: int | None = None) -> None:
+    """A sharded source's per-shard summary: file, tensors, tensor bytes, file size; the first
+    `limit` shards when --limit N is given (as for tensors)."""
+    from ..core.display import count, human_bytes, print_table
+
+    shards = info.get("details", {}).get("shards")
+    if not shards:
+        return
+    index = info["details"].get("index")
+    shown = shards if limit is None else shards[:limit]
+    rows = [(os.path.basename(s["file"]), str(s["tensors"]), human_bytes(s["nbytes"]), human_bytes(s["file_size"]))
+            for s in shown]
+    sys.stdout.write("\n")
+    print_table(count(len(shards), "shard") + (f" (index {index})" if index else ""),
+                ("shard", "tensors", "size", "file size"), rows, right=(1, 2, 3))
+    if len(shown) < len(shards):
+        sys.stdout.write(f"... and {count(len(shards) - len(shown), 'more shard')} (use --limit or --json)\n")

@@ -1,0 +1,200 @@
+"""Open any supported file, folder, index, glob or URL lazily; save lazy tensors atomically in any format."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from operator import attrgetter
+from typing import Any, BinaryIO, cast
+
+from ..core.bytesource import ByteSource
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import Scalar
+from ..core.tensor import LazyTensor
+from ..formats.base import Reader, Writer, WriterKind
+from ..formats.detect import FORMATS, target_format
+from ..formats.registry import reader_class, writer_class
+from ..storage.atomic import Protected, atomic_output
+from ..storage.remote import is_url
+from .single import open_single, reader_over
+
+__all__ = ["FORMATS", "Reader", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
+           "to_bytes", "writer_class"]
+
+Source = str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource
+
+
+def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIMITS, **options: Any) -> Reader:
+    """Open a file or buffer lazily; `options` go to the format's reader (e.g. `top_level_key`).
+
+    `limits` bounds what the file may make the reader allocate (`migrator.core.limits.Limits`).
+
+    A path may also name a model folder, an index (`*.index.json`) or a glob of shards: all its
+    shards are then read as one source (`files.sharded`).
+    """
+    if isinstance(src, str | os.PathLike):
+        if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
+            from .remote_open import open_url
+
+            return open_url(src, format, options, limits)
+        from ..storage.remote import local_of
+
+        src = local_of(src)  # file:///x reads /x
+        from .sharded import is_sharded_path
+
+        if is_sharded_path(src):
+            return _open_sharded(src, format, limits, options)
+    return open_single(src, format, limits, options)
+
+
+def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:
+    from .sharded import ShardedReader
+
+    key = options.pop("top_level_key", None)
+    if options:
+        raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
+    reader = ShardedReader(src, format, limits=limits)
+    try:
+        if key is not None:
+            reader.select(key)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+def save(
+    tensors: Sequence[LazyTensor] | Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    format: str = "auto",
+    metadata: Mapping[str, str] | None = None,
+    scalars: Mapping[str, Scalar | bool | int | float] | None = None,
+    overwrite: bool = False,
+    protect: Iterable[str | os.PathLike[str]] = (),
+    progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+    fsync: bool = True,
+    max_shard_size: int | str | None = None,
+) -> str:
+    """Write `tensors` to `path` atomically; returns the path written.
+
+    `tensors`: LazyTensors, or a mapping of name -> LazyTensor / numpy array / torch tensor (a
+    reader is one); `scalars`: `Scalar`s or plain bools, ints and floats (Burn's variant for each).
+
+    `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
+    `fsync=False` publishes without flushing to disk first (see `migrator.storage.atomic`).
+    `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
+    (`format` auto means SafeTensors there; see `files.sharded_writer`).
+    """
+    from ..core.arrays import as_scalars
+    from ..core.tensor import as_tensors
+
+    tensors, scalars = as_tensors(tensors), as_scalars(scalars)
+    if max_shard_size is not None:
+        from .sharded_writer import ShardedWriter
+
+        shard_fmt = format if format != "auto" else "safetensors"
+        sharded = ShardedWriter(shard_fmt, tensors, metadata=metadata, scalars=scalars, max_size=max_shard_size)
+        return save_planned(sharded, path, overwrite=overwrite, progress=progress, fsync=fsync)
+    fmt = target_format(path, format)
+    writer = writer_class(fmt)(tensors, metadata=metadata, scalars=scalars)
+    # a new file's permissions: those the files the tensors came from share (see migrator.storage.atomic)
+    origins = sorted(o for o in set(map(attrgetter("origin"), tensors)) if o and not o.startswith("<"))
+    return save_planned(writer, path, overwrite=overwrite, protect=protect, progress=progress, fsync=fsync,
+                        mode_from=origins)
+
+
+def save_planned(
+    writer: Writer,
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    protect: Iterable[Protected] = (),
+    progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+    fsync: bool = True,
+    outputs: Iterable[str | os.PathLike[str]] = (),
+    mode_from: Iterable[str | os.PathLike[str] | int] = (),
+    make_folders: bool = False,
+) -> str:
+    """Write an already planned `writer` to `path` atomically (see `save`); returns the path written.
+
+    `protect`, `outputs`, `mode_from`, `make_folders`: see `migrator.storage.atomic.atomic_output`.
+    A `ShardedWriter` writes a folder, published whole (`migrator.storage.atomic_folder`).
+    """
+    if is_url(path):  # an object store: a multipart upload, or shards published index-last
+        return _save_remote(writer, path, overwrite=overwrite, protect=protect, progress=progress)
+    if writer.kind is WriterKind.FOLDER:
+        from .sharded_writer import ShardedWriter, save_sharded
+
+        return save_sharded(cast(ShardedWriter, writer), path, overwrite=overwrite, progress=progress, fsync=fsync,
+                            protect=protected_files(protect), outputs=outputs, mode_from=mode_from)
+    out = writer.resolve_path(path)
+    with atomic_output(out, overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
+                       expected_size=writer.total_size, fsync=fsync, mode_from=mode_from,
+                       make_folders=make_folders) as sink:
+        if progress is None:
+            writer.write_to(sink)
+        else:
+            with progress(sink, writer.total_size):
+                writer.write_to(sink)
+    return out
+
+
+def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: bool, protect: Iterable[Protected],
+                 progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None) -> str:
+    from ..storage.remote import url_of
+
+    url = url_of(path)
+    if writer.kind is WriterKind.FOLDER:
+        from .remote_sharded import save_sharded_remote
+
+        return save_sharded_remote(writer, url, overwrite=overwrite, progress=progress)
+    from ..storage.remote.upload import remote_output
+
+    out = url_of(writer.resolve_path(url))
+    with (remote_output(out, overwrite=overwrite, expected_size=writer.total_size, protect=protect) as sink,
+          progress(sink, writer.total_size) if progress is not None else nullcontext()):
+        writer.write_to(sink)
+    return out
+
+
+def protected_files(protect: Iterable[Protected]) -> list[Protected]:
+    """The files a write must not replace: a sharded source (folder, index, glob) stands for every
+    file of its folder (or every match of its glob), so no shard or index is replaced while read."""
+    import glob as globlib
+
+    from .sharded import INDEX_SUFFIX, is_sharded_path
+
+    out: list[Protected] = []
+    for p in protect:
+        if isinstance(p, tuple):  # a (device, inode) identity of a file held open
+            out.append(p)
+            continue
+        text = os.fspath(p)
+        if is_url(text) or not is_sharded_path(text):  # a URL is no local file: nothing to expand
+            out.append(p)
+            continue
+        folder = text if os.path.isdir(text) else os.path.dirname(text) or "."
+        names = globlib.glob(text) if not os.path.isdir(text) and not text.endswith(INDEX_SUFFIX) else \
+            [os.path.join(folder, n) for n in os.listdir(folder)]
+        out += names
+    return out
+
+
+def to_bytes(
+    tensors: Sequence[LazyTensor] | Mapping[str, Any],
+    format: str,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    scalars: Mapping[str, Scalar | bool | int | float] | None = None,
+) -> bytes:
+    """Write `tensors` into memory (Burn's `into_bytes`); takes what `save` takes."""
+    from ..core.arrays import as_scalars
+    from ..core.tensor import as_tensors
+
+    writer = writer_class(format)(as_tensors(tensors), metadata=metadata, scalars=as_scalars(scalars))
+    buf = io.BytesIO()
+    writer.write_to(buf)
+    return buf.getvalue()

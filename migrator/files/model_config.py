@@ -1,0 +1,59 @@
+"""A model folder's config (`config.json`, Meta's `params.json`): where it is, read as bounded JSON.
+
+A recipe takes values from it (`recipe/config.py`), and a written folder's copy is rewritten to say
+the dtype its tensors have (`sharded_writer.config_with_dtype`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+MAX_CONFIG_BYTES = 16 * 2**20
+"""A model's config.json is a few KiB; a tokenizer-sized one is still far below this."""
+
+CONFIG_NAMES = ("config.json", "params.json")
+"""Looked for, in order, beside the source when the recipe names no `config:`."""
+
+
+class ConfigError(ValueError):
+    """A reference that cannot be resolved, or a config that cannot be read (the message says which)."""
+
+
+def find_config(named: str | None, first_source: str | os.PathLike[str] | None, base_dir: Path) -> Path | None:
+    """The config file a recipe's values come from: `named` (relative to `base_dir`), else one of
+    CONFIG_NAMES beside `first_source` (its folder, or the folder it is in). None when there is none;
+    a URL source has no local config beside it."""
+    if named is not None:
+        p = Path(os.path.expanduser(named))
+        return p if p.is_absolute() else base_dir / p
+    written = os.fspath(first_source) if first_source is not None else ""
+    if not written or "://" in written:
+        return None
+    src = Path(os.path.expanduser(written))
+    src = src if src.is_absolute() else base_dir / src
+    folder = src if src.is_dir() or written.endswith(("/", os.sep)) else src.parent
+    for name in CONFIG_NAMES:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The config as a dict; ConfigError for a missing, oversized, non-JSON or non-object file."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read the config {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"the config {path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"the config {path} is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"the config {path} is not a JSON object")
+    return data

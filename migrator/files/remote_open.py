@@ -1,0 +1,49 @@
+"""Opening a URL as a reader: one object, or a folder / index / glob of shard objects."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..formats.base import Reader
+from ..storage.remote import redact, url_of
+from ..storage.remote.fs import filesystem, object_info, tuning, with_retries
+
+
+def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
+             limits: Limits = DEFAULT_LIMITS) -> Reader:
+    """`files.io.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
+    from ..storage.remote.source import RemoteSource
+    from .remote_sharded import RemoteShardedReader, is_remote_sharded
+    from .single import reader_over
+
+    url = url_of(src)
+    info: dict[str, Any] | None = None
+    if not url.endswith("/"):
+        fs, path = filesystem(url)
+        try:
+            tune = tuning(url)
+            info = with_retries(lambda: object_info(fs, path, tune), url, "cannot open", tune)
+        except Exception as e:
+            if "no such object" not in str(e) or not set("*?[").intersection(os.path.basename(url)):
+                raise
+    if is_remote_sharded(url, info):
+        key = options.pop("top_level_key", None)
+        if options:
+            raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
+        sharded = RemoteShardedReader(url, format, info, limits)
+        try:
+            if key is not None:
+                sharded.select(key)
+        except BaseException:
+            sharded.close()
+            raise
+        return sharded
+    assert info is not None
+    source = RemoteSource(url, size=info.get("size") if isinstance(info.get("size"), int) else None)
+    return reader_over(source, url, format, limits, options)
+
+
+def label(src: str | os.PathLike[str]) -> str:
+    return redact(url_of(src))

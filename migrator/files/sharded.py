@@ -1,0 +1,469 @@
+"""A checkpoint spread over several files read as one: a model folder, an index, or a glob.
+
+Hugging Face ships every large model as a folder of shards (`model-00001-of-00004.safetensors`, ...)
+with an index (`model.safetensors.index.json`) whose `weight_map` names each tensor's shard.
+`ShardedReader` lists the tensors of every shard as one logical source. Opening parses each shard's
+header and closes the shard again: a tensor's bytes are read by opening its shard when they are
+asked for, and only a few shards stay open (`OPEN_SHARDS`, least recently used closed first), so a
+1,000-shard model never holds 1,000 descriptors.
+
+A shard tensor's `span` is a `_ShardView` whose `fd` opens its shard on demand, so unchanged bytes
+are still copied in the kernel. A descriptor is closed only when it is none thread's most recently
+asked-for one: every user of `span.fd` (streaming, casts, the PyTorch writer's CRC) asks for it
+again right before each syscall, so the descriptor a thread is using is never closed (nor its number
+reused) under it. The soft limit is OPEN_SHARDS plus one per thread reading.
+
+What holds after opening, each checked with an error naming the files: no tensor is in two shards;
+with an index, every `weight_map` entry names a shard inside the folder that holds that tensor, and
+every shard tensor is listed; all shards are in one format.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import mmap
+import os
+import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.bytesource import ByteSource, FileSource, FileSpan, FileView, closed_error, not_regular
+from ..core.errors import FormatError, LimitExceededError, UnknownFormatError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import Scalar
+from ..core.tensor import Buffer, LazyTensor
+from ..formats.base import Reader
+from ..formats.bounded_json import load_bounded_json
+
+OPEN_SHARDS = 4
+"""Shard descriptors kept open between reads (least recently used closed first)."""
+SMALL_READ = 256 << 10
+"""Tensors up to this size are read with one pread rather than mapped."""
+
+# The weights a Hugging Face model folder may hold, by kind, in the order transformers looks.
+WEIGHT_STEMS = ("model", "diffusion_pytorch_model", "adapter_model")
+SAFETENSORS_SINGLE = tuple(f"{s}.safetensors" for s in WEIGHT_STEMS)
+PYTORCH_SINGLE = ("pytorch_model.bin", "diffusion_pytorch_model.bin", "adapter_model.bin")
+GLOB_CHARS = frozenset("*?[")
+INDEX_SUFFIX = ".index.json"
+
+
+def is_sharded_path(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` names a folder, an index file or a glob rather than one weights file."""
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        return True
+    if text.endswith(INDEX_SUFFIX):
+        return True
+    return not os.path.exists(text) and bool(GLOB_CHARS.intersection(os.path.basename(text)))
+
+
+def folder_weights(folder: Path) -> Path:
+    """The index or weights file of a model folder: SafeTensors first, then PyTorch `.bin`.
+
+    Two candidates of one kind (say an index and `model.safetensors`) are an error: which one
+    transformers would load depends on its version, so the user names it.
+    """
+    try:
+        names = set(os.listdir(folder))
+    except OSError as e:
+        raise FormatError(f"cannot list the folder: {e.strerror}", file=str(folder)) from None
+    return pick_weights(names, folder)
+
+
+def pick_weights(names: set[str], folder: Path) -> Path:
+    """`folder_weights` given the folder's file names (a local folder's, or an object-store prefix's)."""
+    kinds = (
+        sorted(n for n in names if n.endswith(".safetensors" + INDEX_SUFFIX)) + [n for n in SAFETENSORS_SINGLE
+                                                                                  if n in names],
+        sorted(n for n in names if n.endswith(".bin" + INDEX_SUFFIX)) + [n for n in PYTORCH_SINGLE if n in names],
+    )
+    for found in kinds:
+        if len(found) > 1:
+            raise FormatError(f"the folder holds several weights of one kind: {', '.join(sorted(found))}; name the one "
+                              "to read (e.g. " + str(folder / found[0]) + ")", file=str(folder))
+        if found:
+            return folder / found[0]
+    looked = ", ".join(["*.safetensors.index.json", *SAFETENSORS_SINGLE, "*.bin.index.json", *PYTORCH_SINGLE])
+    raise FormatError(f"not a model folder: none of {looked} is in it; name a weights file, an index or a glob",
+                      file=str(folder))
+
+
+class _Shard:
+    """One shard file: its identity when its header was read, and the reader's descriptor table."""
+
+    __slots__ = ("fds", "identity", "label", "path", "size")
+
+    def __init__(self, path: Path, size: int, identity: tuple[int, int], fds: _Descriptors) -> None:
+        self.path, self.size, self.identity, self.fds = path, size, identity, fds
+        self.label = str(path)
+
+
+class _Descriptors:
+    """The few shard descriptors open at a time; only this class closes them."""
+
+    def __init__(self, limit: int = OPEN_SHARDS) -> None:
+        self.limit = limit
+        self.open: OrderedDict[int, int] = OrderedDict()  # shard id -> fd
+        self.pinned: dict[int, int] = {}  # thread id -> the shard id it asked for last
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def fd_for(self, shard: _Shard) -> int:
+        """The shard's descriptor, kept open until this thread asks for another shard's."""
+        with self.lock:
+            self.pinned[threading.get_ident()] = id(shard)
+            return self._fd(shard)
+
+    def _fd(self, shard: _Shard) -> int:
+        if self.closed:
+            raise closed_error(str(shard.path))
+        fd = self.open.get(id(shard))
+        if fd is not None:
+            self.open.move_to_end(id(shard))
+            return fd
+        try:
+            fd = os.open(shard.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise FormatError(f"cannot open shard: {e.strerror}", file=str(shard.path)) from None
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != shard.identity or st.st_size != shard.size:
+            os.close(fd)
+            raise FormatError("the shard changed since its header was read", file=str(shard.path))
+        self.open[id(shard)] = fd
+        if len(self.open) > self.limit:
+            alive = {t.ident for t in threading.enumerate()}  # a finished thread's pin is dropped
+            self.pinned = {k: v for k, v in self.pinned.items() if k in alive}
+            keep = set(self.pinned.values()) | {id(shard)}
+            for key in [k for k in self.open if k not in keep][: len(self.open) - self.limit]:
+                os.close(self.open.pop(key))
+        return fd
+
+    def read(self, shard: _Shard, offset: int, length: int, label: str) -> memoryview:
+        """`length` bytes at `offset`: a pread when small, else a map (which holds its own reference
+        to the file, so the descriptor may be closed while the view lives)."""
+        if length == 0:
+            return memoryview(b"")
+        with self.lock:
+            fd = self._fd(shard)
+            if length <= SMALL_READ:
+                data = os.pread(fd, length, offset)
+                if len(data) != length:
+                    raise FormatError(f"short read at offset {offset}", file=label)
+                return memoryview(data)
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            try:
+                mm = mmap.mmap(fd, length + offset - start, access=mmap.ACCESS_READ, offset=start)
+            except (ValueError, OSError) as e:
+                raise FormatError(f"cannot map bytes [{offset}, {offset + length}): {e}", file=label) from None
+        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+        return memoryview(mm)[offset - start: offset - start + length]
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.pinned.clear()
+            while self.open:
+                os.close(self.open.popitem()[1])
+
+    def __len__(self) -> int:
+        return len(self.open)
+
+
+class _ShardView(FileView):
+    """A tensor stored verbatim in a shard: its loader and its span (`source` is the `_Shard`).
+
+    `fd` is a property (it shadows FileSpan's slot, which stays unset): the shard is opened when a
+    writer asks. Equality and hashing use the shard, never a descriptor number.
+    """
+
+    __slots__ = ()
+
+    @property
+    def fd(self) -> int:
+        shard: _Shard = self.source  # type: ignore[assignment]
+        return shard.fds.fd_for(shard)
+
+    def __call__(self) -> memoryview:
+        shard: _Shard = self.source  # type: ignore[assignment]
+        return shard.fds.read(shard, self.offset, self.length, shard.label)
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is _ShardView and other.source is self.source and other.offset == self.offset
+                and other.length == self.length)
+
+    def __hash__(self) -> int:
+        return hash((id(self.source), self.offset, self.length))
+
+
+_set_offset, _set_length, _set_view_source = (FileSpan.offset.__set__, FileSpan.length.__set__,  # type: ignore[attr-defined, misc]
+                                              FileView.source.__set__)  # type: ignore[attr-defined]
+
+
+def _shard_view(shard: _Shard, offset: int, length: int) -> _ShardView:
+    view = object.__new__(_ShardView)
+    _set_offset(view, offset)
+    _set_length(view, length)
+    _set_view_source(view, shard)
+    return view
+
+
+class Reopened:
+    """The loader of a shard tensor that is not a plain byte range (e.g. a strided PyTorch view):
+    the shard is opened again and that tensor's bytes copied out, so nothing stays open."""
+
+    __slots__ = ("fmt", "limits", "name", "shard")
+
+    def __init__(self, shard: _Shard, fmt: str, name: str, limits: Limits) -> None:
+        self.shard, self.fmt, self.name, self.limits = shard, fmt, name, limits
+
+    def __call__(self) -> bytes:
+        from .single import open_single
+
+        with open_single(self.shard.path, self.fmt, self.limits, {}) as reader:
+            return bytes(reader[self.name].data())
+
+    def pieces(self, streamed: Callable[[LazyTensor], Iterator[Buffer]]) -> Iterator[Buffer]:
+        """The tensor's bytes as `streamed` hands them out of the shard opened again (closed at the end)."""
+        from .single import open_single
+
+        with open_single(self.shard.path, self.fmt, self.limits, {}) as reader:
+            yield from streamed(reader[self.name])
+
+
+class ShardSet(ByteSource):
+    """The `source` of a sharded reader: its label and total size (bytes are read per shard), the
+    (device, inode) of every shard (no output may replace one) and the permission bits they share
+    (a new output gets no more, as for a single-file source)."""
+
+    def __init__(self, path: str, size: int, identities: Sequence[tuple[int, int]] = (), mode: int = 0o666) -> None:
+        self.path = path
+        self.label = path
+        self.size = size
+        self.identities = list(identities)
+        self.mode = mode
+
+    def view(self, offset: int, length: int) -> memoryview:
+        raise FormatError("a sharded source has no single byte range; read its tensors", file=self.label)
+
+
+class ShardedReader(Reader):
+    """Every shard's tensors as one source (shard order, then each shard's data order)."""
+
+    def __init__(self, path: str | os.PathLike[str], format: str = "auto", *,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
+        text = os.fspath(path)
+        self.limits = limits
+        self.given = text
+        self.index_path: Path | None = None
+        weight_map: dict[str, str] | None = None
+        index_meta: dict[str, Any] = {}
+        if os.path.isdir(text):
+            self.folder = Path(text)
+            found = folder_weights(self.folder)
+            if found.name.endswith(INDEX_SUFFIX):
+                self.index_path = found
+                weight_map, index_meta = read_index(found, limits)
+                files = _index_files(found, weight_map)
+            else:
+                files = [found]
+        elif text.endswith(INDEX_SUFFIX) or (os.path.isfile(text) and text.endswith(".json")):
+            self.index_path = Path(text)
+            self.folder = self.index_path.parent
+            weight_map, index_meta = read_index(self.index_path, limits)
+            files = _index_files(self.index_path, weight_map)
+        else:
+            files = [Path(p) for p in sorted(globlib.glob(text)) if os.path.isfile(p)]
+            self.folder = Path(os.path.dirname(text) or ".")
+            if not files:
+                raise FormatError("no file matches this glob", file=text)
+        if len(files) > limits.max_shards:
+            raise LimitExceededError(f"{len(files)} shards, over the {limits.max_shards} limit (max_shards)", file=text)
+        self.fds = _Descriptors()
+        self.shards: list[_Shard] = []
+        self.shard_of: dict[str, int] = {}  # tensor name -> index into self.shards
+        self.locations: list[tuple[int, int | None]] = []  # per tensor: shard index, offset in it
+        self.tensors = []
+        self.scalars: dict[str, Scalar] = {}
+        self._open_shards(files, format)
+        if weight_map is not None:
+            assert self.index_path is not None
+            _check_against_index(self.index_path, weight_map, self)
+        self.metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in index_meta.items()
+                         if k != "total_size"} | self._shard_metadata
+        self.source = ShardSet(text, sum(s.size for s in self.shards), [s.identity for s in self.shards],
+                               self._modes)
+
+    def _open_shards(self, files: Sequence[Path], fmt: str) -> None:
+        from ..formats.detect import detect
+        from ..formats.registry import reader_class
+
+        formats: dict[str, Path] = {}
+        self._modes = 0o7777
+        metas: dict[str, set[str]] = {}
+        scalar_from: dict[str, Path] = {}
+        for i, path in enumerate(files):
+            source = FileSource(path)
+            try:
+                shard_fmt = detect(source, path) if fmt == "auto" else fmt
+                reader = reader_class(shard_fmt)(source, limits=self.limits)  # type: ignore[call-arg]
+            except UnknownFormatError as e:
+                source.close()
+                raise FormatError(f"shard of {self.given}: {e.detail}", file=str(path)) from None
+            except BaseException:
+                source.close()
+                raise
+            with reader:
+                formats.setdefault(reader.format, path)
+                if len(formats) > 1:
+                    (f1, p1), (f2, p2) = list(formats.items())[:2]
+                    raise FormatError(f"mixed formats in one source: {p1} is {f1}, {p2} is {f2}", file=self.given)
+                shard = _Shard(path, source.size, source.identity, self.fds)
+                self._modes &= source.mode
+                self.shards.append(shard)
+                fd = source.fd
+                origin = str(path)
+                for t in reader.tensors:
+                    other = self.shard_of.get(t.name)
+                    if other is not None:
+                        raise FormatError(f"tensor '{t.name}' is in two shards: {self.shards[other].path} and {path}",
+                                          file=self.given)
+                    self.shard_of[t.name] = i
+                    span = t.span
+                    if span is not None and span.fd == fd:
+                        view: _ShardView | None = _shard_view(shard, span.offset, span.length)
+                        loader: Any = view
+                        self.locations.append((i, span.offset))
+                    else:
+                        view, loader = None, Reopened(shard, reader.format, t.name, self.limits)
+                        self.locations.append((i, None))
+                    self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, view, t.param_id,
+                                                   origin))
+                for k, v in reader.metadata.items():
+                    metas.setdefault(k, set()).add(v)
+                for k, s in reader.scalars.items():
+                    if k in self.scalars and self.scalars[k] != s:
+                        raise FormatError(f"scalar '{k}' differs between shards {scalar_from[k]} and {path}",
+                                          file=self.given)
+                    self.scalars[k], scalar_from[k] = s, Path(path)
+        self.format = next(iter(formats)) if formats else "safetensors"  # type: ignore[misc]  # the shards' format
+        # each shard's own metadata where the shards agree (e.g. `format: pt`); a key they disagree on is dropped
+        self._shard_metadata = {k: next(iter(v)) for k, v in metas.items() if len(v) == 1}
+
+    def file_of(self, index: int) -> str:
+        """The shard file holding the `index`-th tensor."""
+        return str(self.shards[self.locations[index][0]].path)
+
+    def extra(self) -> dict[str, Any]:
+        counts = [0] * len(self.shards)
+        nbytes = [0] * len(self.shards)
+        for (i, _), t in zip(self.locations, self.tensors, strict=True):
+            counts[i] += 1
+            nbytes[i] += t.nbytes
+        return {"index": None if self.index_path is None else str(self.index_path),
+                "shards": [{"file": str(s.path), "file_size": s.size, "tensors": counts[i], "nbytes": nbytes[i]}
+                           for i, s in enumerate(self.shards)]}
+
+    def select(self, top_level_key: str | Sequence[str]) -> None:
+        keep = {id(t): loc for t, loc in zip(self.tensors, self.locations, strict=True)}
+        before = self.tensors
+        super().select(top_level_key)
+        prefix = (top_level_key if isinstance(top_level_key, str) else ".".join(top_level_key)) + "."
+        self.locations = [keep[id(t)] for t in before if t.name.startswith(prefix)]
+
+    def close(self) -> None:
+        self.fds.close()
+
+
+def read_index(path: Path, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, str], dict[str, Any]]:
+    """An index's `weight_map` (tensor -> shard file) and `metadata`, checked for shape; an index over
+    `limits.max_index_bytes` is refused before it is read (a 100k-tensor index is ~10 MB), and its JSON
+    is bounded as every header is (`bounded_json`). A FIFO, folder or device is refused unopened for
+    reading (opened non-blocking, then fstat'ed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise FormatError(f"cannot read index: {e.strerror}", file=str(path)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"cannot read index: {not_regular(st.st_mode)}", file=str(path))
+        if st.st_size > limits.max_index_bytes:
+            raise LimitExceededError(f"index is {st.st_size} bytes, over the {limits.max_index_bytes} limit "
+                                     "(max_index_bytes)", file=str(path))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(limits.max_index_bytes + 1)
+    except OSError as e:
+        raise FormatError(f"cannot read index: {e.strerror}", file=str(path)) from None
+    finally:
+        os.close(fd)
+    if len(raw) > limits.max_index_bytes:  # grew since the fstat
+        raise LimitExceededError(f"index is over the {limits.max_index_bytes} limit (max_index_bytes)", file=str(path))
+    return index_fields(load_bounded_json(raw, limits, str(path), "index"), str(path))
+
+
+def index_fields(data: Any, file: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The `weight_map` and `metadata` of a parsed index (local or remote), checked for shape."""
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in weight_map.items()):
+        raise FormatError('not an index: expected a JSON object with "weight_map": {tensor name: shard file}',
+                          file=file)
+    meta = data.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise FormatError('not an index: "metadata" must be an object', file=file)
+    return weight_map, meta
+
+
+def _index_files(index: Path, weight_map: Mapping[str, str]) -> list[Path]:
+    """The distinct shard files an index names, in name order, each checked to stay in its folder."""
+    folder = index.parent
+    real_folder = os.path.realpath(folder)
+    files: list[Path] = []
+    seen: set[str] = set()
+    for rel in sorted(set(weight_map.values())):
+        if os.path.normpath(rel) in seen:  # `./a` and `a`: one file
+            continue
+        seen.add(os.path.normpath(rel))
+        parts = rel.replace("\\", "/").split("/")
+        if os.path.isabs(rel) or rel.startswith(("/", "\\")) or ".." in parts or rel == "":
+            raise FormatError(f"shard path '{rel}' leaves the index's folder {folder}", file=str(index))
+        path = folder / rel
+        # a flat name can leave the folder only as a symlink: resolve just those, and nested names
+        real = os.path.realpath(path) if "/" in rel or os.path.islink(path) else None
+        if real is not None and os.path.commonpath([real_folder, real]) != real_folder:
+            raise FormatError(f"shard path '{rel}' leaves the index's folder {folder} (it resolves to {real})",
+                              file=str(index))
+        try:
+            mode = os.stat(path).st_mode  # follows a link; a stat never blocks, unlike an open of a FIFO
+        except OSError:
+            mode = None
+        if mode is None or not stat.S_ISREG(mode):
+            names = sorted(k for k, v in weight_map.items() if v == rel)
+            what = "is missing" if mode is None else f"is {not_regular(mode)}"
+            raise FormatError(f"shard {path} named by the index {what} (it should hold "
+                              f"{len(names)} tensors, e.g. '{names[0]}')", file=str(index))
+        files.append(path)
+    return files
+
+
+def _check_against_index(index: Path, weight_map: Mapping[str, str], reader: ShardedReader) -> None:
+    folder = index.parent
+    shard_rel = [os.path.normpath(os.path.relpath(s.path, folder)) for s in reader.shards]
+    for name, i in reader.shard_of.items():
+        rel = weight_map.get(name)
+        shard = reader.shards[i].path
+        if rel is None:
+            raise FormatError(f"shard {shard} holds tensor '{name}', which the index does not list", file=str(index))
+        if rel != shard_rel[i] and os.path.normpath(rel) != shard_rel[i]:
+            raise FormatError(f"the index puts tensor '{name}' in {folder / rel}, but it is in {shard}",
+                              file=str(index))
+    for name, rel in weight_map.items():
+        if name not in reader.shard_of:
+            raise FormatError(f"the index puts tensor '{name}' in {folder / rel}, which does not hold it",
+                              file=str(index))

@@ -1,0 +1,312 @@
+"""Sharded outputs: Hugging Face's model-folder layout, split exactly as `huggingface_hub` splits.
+
+`split_shards` walks the tensors in output order and starts a new shard when the next tensor would
+push the current one past the limit; a tensor larger than the limit gets a shard of its own, placed
+where it is met, while the current shard keeps filling (huggingface_hub's
+`split_state_dict_into_shards_factory`, whose result the tests compare against). Shards are named
+`model-00001-of-00003.safetensors` (`pytorch_model-...bin` for PyTorch) with an index
+`model.safetensors.index.json`; a model that fits one shard is one `model.safetensors` and no index,
+as `save_pretrained` writes it.
+
+Tied tensors (two names over the same stored bytes, as torch saves `lm_head.weight` and
+`wte.weight` of a model that ties them) are grouped as huggingface_hub groups tensors sharing a
+storage: the first one met is placed and counted, the others join its shard (after its tensors)
+and add nothing to its size nor to the index's `total_size`. A PyTorch shard then writes them as
+one storage again. Ties are the PyTorch writer's: the same bytes of one file with the same dtype; a
+tensor that views only part of another's storage is not grouped (huggingface_hub would group it).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from ..core.errors import PlanError
+from ..core.scalars import Scalar
+from ..core.tensor import LazyTensor
+from ..formats.base import Writer, WriterKind
+
+if TYPE_CHECKING:
+    from ..storage.atomic import Protected
+    from ..storage.atomic_folder import FolderScratch
+
+DEFAULT_MAX_SIZE = "5GB"  # huggingface_hub's and save_pretrained's default
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+PATTERNS = {"safetensors": ("model{suffix}.safetensors", "model.safetensors.index.json"),
+            "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json")}
+
+
+def check_weights_name(name: str) -> None:
+    """A weights file name for a folder: one plain file name (no folder part, no hidden or empty name)."""
+    if not name or name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"'{name}' is not a file name: give a plain name such as model.safetensors")
+
+
+def weights_patterns(fmt: str, name: str | None) -> tuple[str, str]:
+    """(shard name pattern with `{suffix}`, index name) of a folder's weights: Hugging Face's defaults
+    for the format, or those of `name` (`llama.safetensors` -> `llama{suffix}.safetensors`,
+    `llama.safetensors.index.json`)."""
+    if name is None:
+        return PATTERNS[fmt]
+    check_weights_name(name)
+    stem, ext = os.path.splitext(name)
+    return stem.replace("{", "{{").replace("}", "}}") + "{suffix}" + ext, name + ".index.json"
+
+
+def copy_folder(folder: Path, target: Path) -> Path:
+    """`target.copy_from` / `--copy-from`: a folder that is not the target nor inside it (the run
+    replaces the target: its companions would be read from what is being replaced)."""
+    from ..storage.remote import is_url
+
+    if not is_url(folder) and not is_url(target):
+        f, t = os.path.realpath(folder), os.path.realpath(target)
+        if f == t or f.startswith(t.rstrip(os.sep) + os.sep):
+            raise PlanError(f"target.copy_from {folder} is the target folder or inside it: copy companions from "
+                            "the model they belong to", file=str(folder))
+        if not os.path.isdir(f):
+            raise PlanError(f"target.copy_from {folder} is not a folder", file=str(folder))
+    return folder
+
+
+def default_weights_name(fmt: str, source_folder: Path | None) -> str | None:
+    """None (Hugging Face's model names) unless the source is a PEFT adapter folder, whose weights
+    `save_pretrained` names `adapter_model.safetensors` / `adapter_model.bin`: its output keeps them."""
+    if source_folder is None or not isinstance(source_folder, Path) or fmt not in PATTERNS:
+        return None
+    try:
+        adapter = (source_folder / "adapter_config.json").is_file() and any(
+            (source_folder / f"adapter_model{ext}").is_file() for ext in (".safetensors", ".bin"))
+    except OSError:
+        return None
+    return ("adapter_model.safetensors" if fmt == "safetensors" else "adapter_model.bin") if adapter else None
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from `5GB` (5*10^9), `5GiB` (5*2^30) or a bare integer, as Hugging Face reads sizes."""
+    if isinstance(size, bool):
+        raise ValueError(f"expected a size, got {str(size).lower()}")
+    if isinstance(size, int):
+        value = size
+    else:
+        m = _SIZE.match(size)
+        if m is None or (m[2] and m[2][-1] == "b"):
+            raise ValueError(f"cannot read size '{size}': write an integer (bytes) or one with a unit, "
+                             "e.g. 5GB (5*10^9 bytes) or 5GiB (5*2^30 bytes)")
+        value = int(m[1]) * _UNITS[(m[2] or "").upper()]
+    if value <= 0:
+        raise ValueError(f"a shard size must be positive, got {size}")
+    return value
+
+
+def tie_key(t: LazyTensor) -> tuple[object, int, int, str] | None:
+    """What makes two tensors tied (see the module docstring), or None for a tensor of its own."""
+    if t.span is None:
+        return None
+    from ..formats.pytorch_writer import span_key
+
+    return span_key(t)
+
+
+def tied_followers(tensors: Sequence[LazyTensor]) -> dict[int, LazyTensor]:
+    """id() of each tensor tied to an earlier one -> that earlier one (the first of its group)."""
+    first: dict[tuple[object, int, int, str], LazyTensor] = {}
+    out: dict[int, LazyTensor] = {}
+    for t in tensors:
+        key = tie_key(t)
+        if key is None:
+            continue
+        leader = first.setdefault(key, t)
+        if leader is not t:
+            out[id(t)] = leader
+    return out
+
+
+def split_shards(tensors: Sequence[LazyTensor], max_size: int) -> list[list[LazyTensor]]:
+    """huggingface_hub's split of `tensors` (in order) into shards of at most `max_size` bytes."""
+    shards: list[list[LazyTensor]] = []
+    current: list[LazyTensor] = []
+    size = 0
+    followers = tied_followers(tensors)
+    joining: dict[int, list[LazyTensor]] = {}  # id() of a group's first tensor -> the others
+    for t in tensors:
+        leader = followers.get(id(t))
+        if leader is not None:
+            joining.setdefault(id(leader), []).append(t)
+            continue
+        if t.nbytes > max_size:
+            shards.append([t])
+            continue
+        if size + t.nbytes > max_size:
+            shards.append(current)
+            current, size = [], 0
+        current.append(t)
+        size += t.nbytes
+    if current:
+        shards.append(current)
+    if joining:
+        for shard in shards:
+            shard.extend([f for t in list(shard) for f in joining.get(id(t), ())])
+    return shards
+
+
+def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: set[str]) -> list[tuple[Path, str]]:
+    """Companion files to copy: (file, name in the output) per match of each (glob, optional) entry.
+
+    Globs are relative to the source's folder and may not leave it; a required entry matching no
+    file, and a match that would replace a written shard or index, are errors. A folder on an object
+    store is listed through fsspec, and its matches are `RemotePath`s (their URLs).
+    """
+    from ..storage.remote import is_url
+
+    out: dict[str, Path] = {}
+    for pattern, optional in entries:
+        parts = pattern.replace("\\", "/").split("/")
+        if os.path.isabs(pattern) or ".." in parts:
+            raise PlanError(f"target.copy: '{pattern}' leaves the source folder {folder}")
+        if is_url(folder):
+            from .remote_sharded import glob_companions
+
+            found = glob_companions(str(folder), pattern)
+        else:
+            found = [(Path(m), os.path.relpath(m, folder))
+                     for m in sorted(globlib.glob(globlib.escape(str(folder)) + "/" + pattern)) if os.path.isfile(m)]
+        if not found and not optional:
+            raise PlanError(f"target.copy: no file in {folder} matches '{pattern}' (mark it optional: "
+                            f"{{path: '{pattern}', optional: true}} if it may be absent)")
+        for match, rel in found:
+            if rel in reserved:
+                raise PlanError(f"target.copy: '{rel}' would replace a file migrator writes in the output folder")
+            out[rel] = match
+    return [(p, rel) for rel, p in out.items()]
+
+
+CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
+"""Where a Hugging Face config.json says its weights' dtype (transformers 5 writes `dtype`, 4 wrote
+`torch_dtype`); from_pretrained builds the model in that dtype when asked for `dtype="auto"`."""
+
+
+def config_with_dtype(source: Path, tensors: Sequence[LazyTensor]) -> tuple[bytes, str] | None:
+    """A companion config.json rewritten to say the dtype the written float tensors have, when it
+    says another (a cast model would otherwise load as its old dtype): (new bytes, a note), or None
+    when it agrees, says nothing, or the floats are of several dtypes. Only a local file is read."""
+    from .model_config import ConfigError, load_config
+
+    floats = {t.dtype.torch_name for t in tensors if t.dtype.is_float and t.dtype.torch_name}
+    if len(floats) != 1 or not isinstance(source, Path):
+        return None
+    (written,) = floats
+    try:
+        config = load_config(source)
+    except ConfigError:
+        return None  # copied as it is, as any companion
+    said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}
+    if not said or all(v == written for v in said.values()):
+        return None
+    config.update(dict.fromkeys(said, written))
+    old = ", ".join(f"{k}: {v}" for k, v in said.items())
+    return ((json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+            f"config.json said {old}; it is written saying {written}, the dtype of the weights written")
+
+
+class ShardedWriter(Writer):
+    """A folder of shard files (each planned by its format's writer), an index and companion files."""
+
+    default_extension = ""
+    kind = WriterKind.FOLDER
+
+    def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
+                 scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
+                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
+                 weights_name: str | None = None) -> None:
+        super().__init__(tensors, metadata=metadata, scalars=scalars)
+        from ..formats.registry import writer_class
+
+        if fmt not in PATTERNS:
+            raise PlanError(f"a sharded target cannot be {fmt}: Burn has one file per model (a burnpack holds the "
+                            "whole model); write safetensors or pytorch shards")
+        self.format = fmt  # type: ignore[misc]  # the shards' format
+        self.max_size = parse_size(max_size)
+        pattern, index_name = weights_patterns(fmt, weights_name)
+        groups = split_shards(self.tensors, self.max_size) or [[]]
+        n = len(groups)
+        names = [pattern.format(suffix="")] if n == 1 else [pattern.format(suffix=f"-{i + 1:05d}-of-{n:05d}")
+                                                             for i in range(n)]
+        cls = writer_class(fmt)
+        self.files: list[tuple[str, Writer]] = [(name, cls(group, metadata=metadata, scalars=scalars))
+                                                for name, group in zip(names, groups, strict=True)]
+        self.index: dict[str, Any] | None = None
+        self.index_name = index_name
+        if n > 1:
+            weight_map = {t.name: name for name, group in zip(names, groups, strict=True) for t in group}
+            followers = tied_followers(self.tensors)  # stored once, counted once (as huggingface_hub counts)
+            stored = [t for t in self.tensors if id(t) not in followers]
+            # as transformers' save_pretrained writes it: parameters and bytes of the stored tensors
+            self.index = {"metadata": {"total_parameters": sum(t.numel for t in stored),
+                                       "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
+        reserved = set(names) | ({index_name} if self.index is not None else set())
+        self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
+        self.generated: list[tuple[str, bytes]] = []  # companions written from these bytes, not copied
+        self.notes: list[str] = []
+        for src, rel in list(self.copies):
+            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors)) is not None:
+                self.copies.remove((src, rel))
+                self.generated.append((rel, updated[0]))
+                self.notes.append(updated[1])
+
+    def index_bytes(self) -> bytes:
+        """The index as `save_pretrained` writes it: sorted keys, two-space indent."""
+        return (json.dumps(self.index, indent=2, sort_keys=True) + "\n").encode()
+
+    @property
+    def total_size(self) -> int:
+        return sum(w.total_size for _, w in self.files)
+
+    def write_to(self, sink: BinaryIO) -> None:
+        raise TypeError("a sharded output is a folder: save it with files.io.save_planned")
+
+    @staticmethod
+    def resolve_path(path: str | os.PathLike[str]) -> str:
+        return os.path.normpath(os.fspath(path))
+
+
+def save_sharded(writer: ShardedWriter, path: str | os.PathLike[str], *, overwrite: bool = False,
+                 progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+                 fsync: bool = True, protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
+                 mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> str:
+    """Write a `ShardedWriter`'s shards, index and companion files as one folder, atomically
+    (`protect`, `outputs`, `mode_from`: as `atomic_folder`)."""
+    from ..storage.atomic_folder import atomic_folder
+
+    out = writer.resolve_path(path)
+    with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protect, outputs=outputs,
+                       mode_from=mode_from) as folder:
+        for name, shard in writer.files:
+            with folder.file(name, shard.total_size) as sink:
+                if progress is None:
+                    shard.write_to(sink)
+                else:
+                    with progress(sink, shard.total_size):
+                        shard.write_to(sink)
+        finish_folder(folder, writer)
+    return out
+
+
+def finish_folder(folder: FolderScratch, writer: ShardedWriter) -> None:
+    """After the shards: the index (when the layout has one) and the companion files, into `folder`."""
+    if writer.index is not None:
+        data = writer.index_bytes()
+        with folder.file(writer.index_name, len(data)) as sink:
+            sink.write(data)
+    for src, name in writer.copies:
+        folder.copy(src, name)
+    for name, data in writer.generated:
+        with folder.file(name, len(data)) as sink:
+            sink.write(data)

@@ -1,0 +1,698 @@
+"""Compile a recipe into a lazy plan: per source tensor, name after remaps -> contiguous indices ->
+filter -> adapters -> template slot -> dtype policy. No tensor byte is read here.
+
+The plan also holds the report a run would give (applied, skipped, missing, unused, errors), so
+`migrate plan` can show it and `migrate run` can refuse to write anything when it has errors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core import dtypes
+from ..core.dtypes import DType
+from ..core.errors import LimitExceededError, MigratorError, PlanError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import Scalar
+from ..core.tensor import LazyTensor
+from ..core.version import __version__
+from ..files.io import Reader, Writer, open_file, writer_class
+from ..formats.detect import target_format
+from ..naming import (
+    KeyRemapper,
+    NameFilter,
+    NamingError,
+    RemapRule,
+    contiguous_names,
+    find_collisions,
+    strip_enum_variant,
+)
+from ..recipe.model import CastSpec, Recipe
+from ..storage.paths import resolve_path
+from ..storage.remote import as_path
+from ..storage.remote.options import register_options
+from .metadata import (
+    RECIPE_HASH_KEY,
+    TEMPLATE_HASH_KEY,
+    VERSION_KEY,
+    loadable_metadata,
+    output_metadata,
+    sha256_file,
+)
+from .report import ApplyReport, ReportError
+
+if TYPE_CHECKING:
+    from ..transform.modules import ModuleType
+    from .sources import UnionReader
+
+
+@dataclass(slots=True)
+class PlanEntry:
+    """One tensor of the output and how it is made (slotted: a 100k-tensor plan holds 100k)."""
+
+    target: str
+    source: str | None  # name in the source file; None when a template value is kept
+    tensor: LazyTensor  # the final lazy tensor (target name, dtype, shape, param_id)
+    source_tensor: LazyTensor | None  # as read from the source file
+    ops: tuple[str, ...] = ()
+    module: ModuleType | None = None
+    kept_from_template: bool = False
+
+    @property
+    def before(self) -> tuple[DType, tuple[int, ...]] | None:
+        """The source tensor's dtype and shape."""
+        t = self.source_tensor
+        return None if t is None else (t.dtype, t.shape)
+
+
+@dataclass
+class Plan:
+    source_path: Path
+    source_format: str
+    target_path: Path
+    target_format: str
+    template_path: Path | None
+    entries: list[PlanEntry]
+    report: ApplyReport
+    metadata: dict[str, str]
+    scalars: dict[str, Scalar]
+    overwrite: bool
+    fsync: bool = True
+    notes: list[str] = field(default_factory=list)
+    fatal: list[str] = field(default_factory=list)  # problems that stop a run before writing
+    readers: list[Reader] = field(default_factory=list, repr=False)
+    writer: Writer | None = field(default=None, repr=False)  # planned and checked; None when fatal
+    inputs: list[tuple[str, Path]] = field(default_factory=list)  # (label, path) per source read
+
+    @property
+    def union(self) -> UnionReader | None:
+        """The joined reader of a recipe with `sources:` (it knows each tensor's source), else None."""
+        from .sources import UnionReader
+
+        first = self.readers[0] if self.readers else None
+        return first if isinstance(first, UnionReader) else None
+
+    @property
+    def ok(self) -> bool:
+        return not self.fatal
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _enum_free(name: str) -> str:
+    """The name with every enum-variant-looking segment removed: Burn strips the variants its live
+    module has; a file has no module, so every inner CamelCase segment counts."""
+    while (stripped := strip_enum_variant(name)) is not None:
+        name = stripped
+    return name
+
+
+def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
+               overwrite: bool | None = None, fsync: bool | None = None,
+               module_origins: Mapping[tuple[str, int], str] | None = None,
+               source_origins: Mapping[int, str] | None = None,
+               op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
+               limits: Limits = DEFAULT_LIMITS, hint_syntax: str = "recipe") -> Plan:
+    """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
+    `hint_syntax` ("recipe" or "convert"): how a hint spells what to add (`modules:` or `--modules`).
+
+    `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line;
+    `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error, `source_origins`
+    (`LoadedRecipe.source_origins`) for a `sources:` entry's. `limits` bounds what the source and
+    template files may make their readers allocate."""
+    if recipe.unresolved_references:  # placeholders stand for them: never plan with those
+        from ..recipe.issues import RecipeError
+
+        raise RecipeError(recipe.unresolved_references)
+    src_path = resolve_path(base_dir, recipe.inputs()[0].path)
+    tgt_path = resolve_path(base_dir, recipe.target.path)
+    tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
+    for spec in recipe.inputs():  # URLs only: a local path ignores them
+        register_options(resolve_path(base_dir, spec.path), spec.storage_options)
+    register_options(tgt_path, recipe.target.storage_options)
+    if tpl_path is not None:
+        register_options(tpl_path, recipe.target.template_storage_options or recipe.target.storage_options)
+    out_fmt = output_format(recipe, tgt_path)
+    if recipe.target.shard is None:
+        tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
+    from .sources import open_source, open_sources
+
+    if recipe.sources is not None:
+        reader: Reader = open_sources(recipe, base_dir, source_origins, limits=limits,
+                                      for_burn=recipe.for_burn(out_fmt))
+        inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
+    else:
+        reader = open_source(recipe.inputs()[0], src_path, limits=limits)
+        inputs = [(str(src_path), src_path)]
+    readers: list[Reader] = [reader]
+    try:
+        from ..files.sharded_writer import copy_folder
+
+        copy_from = None if recipe.target.copy_from is None else copy_folder(
+            resolve_path(base_dir, recipe.target.copy_from), tgt_path)
+        plan = _compile(recipe, reader, src_path, tgt_path, out_fmt, tpl_path, readers,
+                        head_dim=_head_dim(recipe, base_dir), copy_from=copy_from, hint_syntax=hint_syntax,
+                        recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
+                        op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
+                        fsync=recipe.target.fsync if fsync is None else fsync, limits=limits)
+        plan.inputs = inputs
+        return plan
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+
+
+def _head_dim(recipe: Recipe, base_dir: Path) -> tuple[int, str, str] | None:
+    """The head size the model's config declares, for a recipe with `rope_permute` ops to be checked
+    against (`recipe.config`); None without such ops or a config that says."""
+    from ..recipe.config import ConfigError, find_config, head_dim_of, load_config
+    from ..recipe.ops import op_kind_and_spec
+
+    if not any(op_kind_and_spec(op)[0] == "rope_permute" for op in recipe.ops):
+        return None
+    path = find_config(recipe.config, recipe.inputs()[0].path, base_dir)
+    if path is None:
+        return None
+    try:
+        found = head_dim_of(load_config(path))
+    except ConfigError as e:
+        raise PlanError(str(e), file=str(path)) from None
+    return None if found is None else (found[0], found[1], os.path.normpath(path))
+
+
+def output_format(recipe: Recipe, tgt_path: Path) -> str:
+    """The format the recipe writes: a folder of shards in the format named, else the shards' suffix,
+    else SafeTensors; a file in the format named, else by its extension."""
+    if recipe.target.shard is not None:
+        from ..formats.detect import from_extension
+
+        return recipe.target.format if recipe.target.format != "auto" else from_extension(tgt_path) or "safetensors"
+    return target_format(tgt_path, recipe.target.format)
+
+
+def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAULT_LIMITS) -> bool:
+    """Whether a one-source recipe that leaves `contiguous_indices` unset renumbers its source's
+    names: a PyTorch source whose output is for Burn. Opens the source's header to know its format;
+    `--emit-recipe` uses it to write the setting out."""
+    if recipe.source is None or recipe.source.contiguous_indices is not None:
+        return False
+    if not recipe.for_burn(output_format(recipe, resolve_path(base_dir, recipe.target.path))):
+        return False
+    from .sources import open_source
+
+    with open_source(recipe.source, resolve_path(base_dir, recipe.source.path), limits=limits) as reader:
+        return reader.format == "pytorch"
+
+
+@dataclass
+class _Declarations:
+    """Adapter errors that one module declaration each would fix ((type, module path, what it does)),
+    and every module path of the plan, so that one hint covers them all (`modules.declaration_hint`)."""
+
+    wanted: list[tuple[str, str, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+
+
+_Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
+"""A kept source tensor after renames and adapters: (source, result, ops, module)."""
+
+
+def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out_fmt: str, tpl_path: Path | None,
+             readers: list[Reader], *, recipe_sha256: str | None, hash_sources: bool, overwrite: bool,
+             head_dim: tuple[int, str, str] | None = None, copy_from: Path | None = None,
+             hint_syntax: str = "recipe",
+             fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
+             op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
+             limits: Limits = DEFAULT_LIMITS) -> Plan:
+    fatal: list[str] = []
+    # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
+    declares = _Declarations()  # modules one declaration each would fix
+    entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins, limits,
+                                    for_burn=recipe.for_burn(out_fmt), head_dim=head_dim, declares=declares)
+    for e in report.errors:
+        if e.kind != "shape_mismatch" or recipe.validate_shapes:
+            fatal.append(str(e))
+    if declares.wanted:
+        from ..transform.modules import declaration_hint
+
+        fatal.append(declaration_hint(declares.wanted, declares.paths, hint_syntax))
+
+    # 5. metadata, scalars, and whether the target format can hold the result
+    meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
+                           clear=recipe.target.clear_metadata)
+    notes: list[str] = []
+    if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
+        if recipe_sha256:
+            meta[RECIPE_HASH_KEY] = recipe_sha256
+            meta[VERSION_KEY] = __version__
+        if hash_sources:
+            from .sources import hash_metadata
+
+            meta.update(hash_metadata(reader, src_path))
+            if tpl_path is not None:
+                meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
+        loadable_metadata(meta, out_fmt)  # the provenance keys alone must not make it unloadable
+    if report.renumbered:
+        shown = ", ".join(f"{old} -> {new}" for old, new in report.renumbered[:5])
+        more = f" and {len(report.renumbered) - 5} more" if len(report.renumbered) > 5 else ""
+        notes.append(f"renumbered {len(report.renumbered)} names to contiguous indices (contiguous_indices; "
+                     f"Burn's Vec<Module> has no gaps): {shown}{more}")
+    scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
+    plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
+                notes, fatal, readers)
+    if not fatal:
+        try:
+            if recipe.target.shard is not None:
+                from ..files.sharded_writer import ShardedWriter, default_weights_name
+
+                folder = getattr(reader, "folder", None) or src_path.parent
+                if copy_from is not None:
+                    folder = copy_from
+                name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
+                plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
+                                            max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
+                                            copy_from=folder, weights_name=name)
+                plan.notes += plan.writer.notes
+            else:
+                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
+        except MigratorError as e:
+            fatal.append(str(e))
+    return plan
+
+
+def check_name_lengths(names: Iterable[str], limits: Limits, file: str) -> None:
+    """Refuse a name longer than `limits.max_name_chars` before any pattern sees it: Python's `re`
+    can backtrack in time quadratic in a name's length, and every recipe pattern (remaps, filters,
+    ops, adapters, module rules) is matched against every name."""
+    most = limits.max_name_chars
+    for name in names:
+        if len(name) > most:
+            raise LimitExceededError(f"tensor name of {len(name):,} characters ('{name[:60]}...'): names longer than "
+                                     f"{most} characters are not matched against patterns (max_name_chars)", file=file)
+
+
+def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
+                  fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
+                  op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
+                  limits: Limits = DEFAULT_LIMITS, *, for_burn: bool = False,
+                  head_dim: tuple[int, str, str] | None = None,
+                  declares: _Declarations | None = None) -> tuple[list[PlanEntry], ApplyReport]:
+    """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`.
+    `for_burn`: the output is for Burn (`Recipe.for_burn`), so a PyTorch source is renumbered by default."""
+    is_pytorch = reader.format == "pytorch"
+    tensors = reader.tensors
+    names = [t.name for t in tensors]
+    check_name_lengths(names, limits, reader.label)
+    renumbered: list[tuple[str, str]] = []
+    current, ops = _renamed(recipe, names, is_pytorch and for_burn, reader.label, getattr(reader, "describe", repr),
+                            renumbered)
+
+    # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)
+    include = NameFilter(recipe.filter.include) if recipe.filter.include is not None else None
+    exclude = NameFilter(recipe.filter.exclude) if recipe.filter.exclude else None
+    kept: list[LazyTensor] = tensors
+    kept_names: list[str] = current
+    skipped: list[str] = []
+    skipped_from: list[str] = []  # the source tensor of each skipped name
+    if include is not None or exclude is not None:
+        kept, kept_names = [], []
+        for t, new in zip(tensors, current, strict=True):
+            if (include is not None and not include(new)) or (exclude is not None and exclude(new)):
+                skipped.append(new)
+                skipped_from.append(t.name)
+            else:
+                kept.append(t)
+                kept_names.append(new)
+
+    # 2b. ops (migrator.transform.ops): their outputs replace their inputs, which no later step sees
+    made: dict[int, tuple[LazyTensor, tuple[str, ...]]] | None = None
+    op_nodes: list[dict[str, Any]] = []
+    shapes_of: list[tuple[str, tuple[int, ...]]] | None = None
+    if recipe.ops:
+        from ..transform.ops import apply_ops
+
+        done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins, head_dim=head_dim)
+        kept, kept_names, made = done.tensors, done.names, done.made
+        op_nodes = [n.to_json() for n in done.nodes]
+        shapes_of = list(zip(kept_names, [t.shape for t in kept], strict=True))  # module types see the outputs
+
+    # 3. adapters, with module types resolved from declarations and the source's own names
+    errors: list[ReportError] = []
+    adapter = resolver = None
+    if recipe.adapters:
+        from ..transform.adapters import build_adapter
+        from ..transform.modules import ModuleResolver
+
+        adapter = build_adapter(recipe.adapters)
+        resolver = ModuleResolver(recipe.modules, shapes_of if shapes_of is not None else
+                                  list(zip(current, [t.shape for t in tensors], strict=True)), module_origins,
+                                  reader.format)
+    del names, current
+    items = _adapted(kept, kept_names, ops, adapter, resolver, errors, made, declares)
+
+    # 4. template slots, or the source order when there is no template
+    cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastSpec) else None
+    missing: list[tuple[str, str]] = []
+    unused: list[str] = []
+    if tpl_path is not None:
+        by_name = _by_name(items, fatal)  # a template looks sources up by name
+        entries, applied, missing, unused = _fill_template(recipe, tpl_path, readers, is_pytorch, by_name, adapter,
+                                                           resolver, cast_to, errors, fatal, limits)
+        unused_from = [by_name[n][0].name for n in unused]
+        sources = [e.source for e in entries if e.source is not None and not e.kept_from_template]
+    else:
+        resolver = None  # the generator holds it only while it runs: 100k modules' params are freed with it
+        entries, applied = _in_source_order(items, cast_to)
+        sources = [e.source for e in entries]  # type: ignore[misc]  # every entry has a source here
+        if len(set(applied)) != len(applied):  # only to name the clash
+            _by_name(((e.source_tensor, e.tensor, e.ops, e.module) for e in entries), fatal)  # type: ignore[misc]
+        if recipe.dtype == "template":
+            fatal.append("dtype: template needs target.template")
+    from .sources import UnionReader, add_provenance
+
+    if isinstance(reader, UnionReader):  # several sources: each renumbered its own names
+        renumbered = reader.renumbered
+    report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
+                         errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered)
+    if declares is not None and declares.wanted:  # the hint's patterns must not match other modules
+        from ..transform.modules import module_path
+
+        declares.paths = list(dict.fromkeys(module_path(n) for n in kept_names))
+    if isinstance(reader, UnionReader):  # several sources: say which one each tensor came from
+        add_provenance(report, reader, list(zip(skipped, skipped_from, strict=True)),
+                       list(zip(unused, unused_from, strict=True)) if tpl_path is not None else [])
+    return entries, report
+
+
+def _renamed(recipe: Recipe, names: list[str], renumber_default: bool, label: str,
+             describe: Callable[[str], str] = repr, renumbered: list[tuple[str, str]] | None = None
+             ) -> tuple[list[str], dict[str, list[str]]]:
+    """Step 1, names: remaps, then contiguous indices (`renumber_default` when the recipe does not
+    say: a PyTorch source whose output is for Burn). Returns the new names (`names` itself when none
+    changes) and the ops of the renamed tensors only; each renumbering (name before -> after) is
+    appended to `renumbered`. `describe` shows a source name in an error (with several sources:
+    which one it is from)."""
+    ops: dict[str, list[str]] = {}  # only for renamed tensors: most names pass unchanged
+    remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in recipe.remap]) if recipe.remap else None
+    current = names
+    if remapper is not None:
+        try:
+            current = list(map(remapper.remap_name, names))
+        except NamingError as e:  # validated already; kept for safety
+            raise PlanError(f"remap: {e}") from None
+        ops = {orig: [f"remap {orig} -> {new}"] for orig, new in zip(names, current, strict=True) if new != orig}
+    # several sources: each entry renumbered its own indices already
+    contiguous = recipe.source.contiguous_indices if recipe.source is not None else False
+    if contiguous is None:
+        contiguous = renumber_default
+    if contiguous:
+        mapped = contiguous_names(current)
+        if mapped is not current:
+            for orig, before, new in zip(names, current, mapped, strict=True):
+                if new is not before and new != before:  # unchanged names come back as the same object
+                    ops.setdefault(orig, []).append(f"index {before} -> {new}")
+                    if renumbered is not None:
+                        renumbered.append((before, new))
+        current = mapped
+    # a set is enough to know there is no collision; find_collisions only names them
+    collisions = find_collisions(zip(current, names, strict=True)) if len(set(current)) != len(current) else None
+    if collisions:
+        lines = [f"'{new}' <- {', '.join(describe(o) for o in origs)}" for new, origs in sorted(collisions.items())]
+        raise PlanError("several source tensors map to the same name after remap/indices: " + "; ".join(lines),
+                        file=label)
+    return current, ops
+
+
+def _adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[str]], adapter: Any, resolver: Any,
+             errors: list[ReportError], made: dict[int, tuple[LazyTensor, Any]] | None = None,
+             declares: _Declarations | None = None) -> Iterator[_Item]:
+    """Each kept tensor renamed, then adapted; a tensor whose adapter fails is reported in `errors` and
+    left out. Lazy, so a plan without a template never holds these tuples for all tensors at once.
+    `made`: op outputs (by id) -> the source tensor the report names and their ops so far."""
+    if adapter is None or resolver is None:
+        for t, new in zip(kept, kept_names, strict=True):
+            pre = ops.get(t.name) if ops else None
+            src = t
+            if made and id(t) in made:
+                src, pre = made[id(t)]
+            yield src, t if new is t.name or new == t.name else t.renamed(new), () if pre is None else tuple(pre), None
+        return
+    resolve, adapt = resolver.resolve, adapter.adapt
+    for t, new in zip(kept, kept_names, strict=True):
+        base = t if new is t.name or new == t.name else t.renamed(new)
+        pre = ops.get(t.name) if ops else None
+        src = t
+        if made and id(t) in made:
+            src, pre = made[id(t)]
+        try:
+            module = resolve(new)
+            result = adapt(base, module)
+        except MigratorError as e:
+            errors.append(ReportError.adapter_error(new, e.detail, source=src.name))
+            if declares is not None and getattr(e, "declare", None) is not None:
+                declares.wanted.append(e.declare)  # type: ignore[attr-defined]
+            continue
+        yield src, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
+
+
+def _by_name(items: Iterable[_Item], fatal: list[str]) -> dict[str, _Item]:
+    """Results by name; two results with one name are fatal (the later one is kept)."""
+    by_name: dict[str, _Item] = {}
+    for item in items:
+        name = item[1].name
+        if name in by_name:
+            fatal.append(f"adapters map '{by_name[name][0].name}' and '{item[0].name}' onto the same name "
+                         f"'{name}'")
+        by_name[name] = item
+    return by_name
+
+
+def _in_source_order(items: Iterator[_Item], cast_to: DType | None) -> tuple[list[PlanEntry], list[str]]:
+    """An entry per adapted tensor, cast by the dtype policy, and the names applied."""
+    entries: list[PlanEntry] = []
+    applied: list[str] = []
+    append_entry, append_applied = entries.append, applied.append
+    cast = _Casts(cast_to)
+    joined: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}  # few distinct op lists
+    for src, result, t_ops, module in items:
+        tensor, more = cast(result)
+        name = result.name
+        if more and t_ops:  # e.g. transpose + cast: one shared tuple per distinct pair, not one per tensor
+            all_ops = joined.get((t_ops, more))
+            if all_ops is None:
+                all_ops = t_ops + more
+                if len(joined) < 4096:
+                    joined[(t_ops, more)] = all_ops
+        else:
+            all_ops = more or t_ops
+        append_entry(PlanEntry(name, src.name, tensor, src, all_ops, module))
+        append_applied(name)
+    return entries, applied
+
+
+def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pytorch: bool,
+                   by_name: dict[str, _Item], adapter: Any, resolver: Any, cast_to: DType | None,
+                   errors: list[ReportError], fatal: list[str], limits: Limits = DEFAULT_LIMITS
+                   ) -> tuple[list[PlanEntry], list[str], list[tuple[str, str]], list[str]]:
+    """An entry per template slot: entries, applied, missing and unused names."""
+    entries: list[PlanEntry] = []
+    missing: list[tuple[str, str]] = []
+    applied: list[str] = []
+    template = open_file(tpl_path, recipe.target.template_format, limits=limits)
+    readers.append(template)
+    if recipe.source is None:
+        from .sources import skip_enum_variants
+
+        skip_enum = skip_enum_variants(recipe, is_pytorch)
+    else:
+        chosen = recipe.source.skip_enum_variants
+        skip_enum = is_pytorch if chosen is None else chosen
+    enum_free = {_enum_free(n): n for n in by_name} if skip_enum else {}
+
+    def lookup(name: str) -> str | None:
+        key = name if name in by_name else None
+        if key is None and skip_enum:
+            key = enum_free.get(_enum_free(name))
+        if key is None and adapter is not None:
+            key = _alternative(adapter, resolver, name, by_name)
+        return key
+
+    from ..transform.template_match import AmbiguousMatch, match_slots
+
+    check_name_lengths([t.name for t in template.tensors], limits, template.label)
+    try:  # by name, or by position where the template's indices have gaps (see template_match)
+        keys = match_slots([t.name for t in template.tensors], lookup)
+    except AmbiguousMatch as e:
+        fatal.append(str(e))
+        keys = [None] * len(template.tensors)
+    used: set[str] = set()
+    for slot, key in zip(template.tensors, keys, strict=True):
+        if key is None or key in used:
+            missing.append((slot.name, ""))
+            entries.append(PlanEntry(slot.name, None, slot, None, ("template value kept",), None, True))
+            continue
+        used.add(key)
+        src, result, t_ops, module = by_name[key]
+        entry = _fit_to_slot(slot, src, result, t_ops, module, recipe, cast_to, errors)
+        entries.append(entry)
+        if not entry.kept_from_template:
+            applied.append(slot.name)
+    unused = sorted(n for n in by_name if n not in used)
+    if missing and not recipe.allow_partial:
+        fatal.append(f"{len(missing)} template tensors have no source (set allow_partial to keep the template's "
+                     "values)")
+    return entries, applied, missing, unused
+
+
+def _alternative(adapter: Any, resolver: Any, slot_name: str,
+                 by_name: dict[str, tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]]) -> str | None:
+    """Burn's alternative-name lookup: the template's `norm.gamma` may be the source's `norm.weight`."""
+    if resolver is None:
+        return None
+    module_path, _, param = slot_name.rpartition(".")
+    try:
+        module = resolver.resolve(slot_name)
+    except MigratorError:  # a conflicting declaration: reported where the source tensor is adapted
+        return None
+    if module.name is None:
+        return None
+    alt = adapter.alternative_name(param, module)
+    if alt is None:
+        return None
+    key = f"{module_path}.{alt}" if module_path else alt
+    return key if key in by_name else None
+
+
+_CAST_OPS: dict[tuple[DType, DType], tuple[str, ...]] = {}
+"""The ops text of each (from, to) cast, made once: a 100k-tensor plan would format it 100k times."""
+
+
+def _apply_cast(t: LazyTensor, to: DType | None) -> tuple[LazyTensor, tuple[str, ...]]:
+    if to is None:
+        return t, ()
+    dtype = t.dtype
+    if not dtype.is_float or dtype == to:
+        return t, ()
+    from ..core.casts import cast
+
+    return cast(t, to), _cast_ops(dtype, to)
+
+
+def _cast_ops(dtype: DType, to: DType) -> tuple[str, ...]:
+    text = _CAST_OPS.get((dtype, to))
+    if text is None:
+        text = _CAST_OPS[(dtype, to)] = (f"cast {dtype.display} -> {to.display}",)
+    return text
+
+
+class _Casts:
+    """The dtype policy's cast for one plan's tensors, decided once per source dtype, not per tensor.
+
+    Keyed by the dtype's identity (a C-level id() rather than DType's Python-level hash): the plan's
+    tensors keep their dtypes alive, and the entry keeps it too, so an id is never reused meanwhile.
+    """
+
+    def __init__(self, to: DType | None) -> None:
+        self.to = to
+        self.by_dtype: dict[int, tuple[DType, Callable[[LazyTensor], LazyTensor] | None, tuple[str, ...]]] = {}
+
+    def __call__(self, t: LazyTensor) -> tuple[LazyTensor, tuple[str, ...]]:
+        """As `_apply_cast(t, to)`."""
+        if self.to is None:
+            return t, ()
+        how = self.by_dtype.get(id(t.dtype))
+        if how is None:
+            how = self.by_dtype[id(t.dtype)] = self._decide(t.dtype, self.to)
+        _, fn, text = how
+        return (t, ()) if fn is None else (fn(t), text)
+
+    @staticmethod
+    def _decide(dtype: DType, to: DType) -> tuple[DType, Callable[[LazyTensor], LazyTensor] | None, tuple[str, ...]]:
+        if not dtype.is_float or dtype == to:
+            return dtype, None, ()
+        from ..core.casts import cast, caster
+
+        one = caster(dtype, to)
+        if one is None:  # not a plain float cast: `cast` decides (and names the tensor in its error)
+            one = partial(cast, to=to)
+        return dtype, one, _cast_ops(dtype, to)
+
+
+def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tuple[str, ...], module: Any,
+                 recipe: Recipe, cast_to: DType | None, errors: list[ReportError]) -> PlanEntry:
+    """Put a source tensor into a template slot: shape check, dtype policy, param_id, name."""
+    if result.shape != slot.shape:
+        errors.append(ReportError.shape_mismatch(slot.name, slot.shape, result.shape, source=src.name,
+                                                 hint=_shape_hint(result, slot.shape, ops, recipe)))
+        return PlanEntry(slot.name, src.name, slot, src, (*ops, "shape mismatch: template value kept"), module, True)
+    tensor, more = _apply_cast(result, cast_to)
+    if recipe.dtype == "template" and tensor.dtype != slot.dtype:
+        if tensor.dtype.is_float and slot.dtype.is_float:
+            tensor, more = _apply_cast(tensor, slot.dtype)
+        else:
+            errors.append(ReportError.dtype_mismatch(slot.name, slot.dtype.display, tensor.dtype.display,
+                                                     source=src.name))
+            return PlanEntry(slot.name, src.name, slot, src, ops, module, True)
+    param_id = src.param_id if src.param_id is not None else slot.param_id
+    final = replace(tensor, name=slot.name, param_id=param_id)
+    return PlanEntry(slot.name, src.name, final, src, (*ops, *more), module)
+
+
+def _shape_hint(result: LazyTensor, expected: tuple[int, ...], ops: tuple[str, ...], recipe: Recipe) -> str | None:
+    """What likely fixes a 2-D weight that arrives transposed (the one mismatch with a usual cause)."""
+    found = result.shape
+    if len(found) != 2 or found[::-1] != tuple(expected):
+        return None
+    from ..transform.modules import GPT2_CONV1D, exact_regex, module_path, yaml_quoted
+
+    path = module_path(result.name)
+    entry = "modules: {%s: [" + yaml_quoted(exact_regex(path)) + "]}"
+    if GPT2_CONV1D.match(path.rpartition(".")[2]):
+        return (f"GPT-2's Conv1D is stored [in, out], already Burn's Linear layout: declare {entry % 'Conv1D'} "
+                "(kept as stored)")
+    if any(op.startswith("transpose") for op in ops):
+        return "an adapter transposed it as a Linear's weight; if it is none, declare its module's type in modules:"
+    layout = [a for a in recipe.adapters if a in ("pytorch_to_burn", "burn_to_pytorch")]
+    if layout:
+        return f"{layout[0]} transposes only Linear weights: declare it a Linear, {entry % 'Linear'}"
+    return "the shape is transposed: add pytorch_to_burn to adapters: (burn_to_pytorch from a Burn file)"
+
+
+def _scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str], fatal: list[str]) -> dict[str, Scalar]:
+    spec = recipe.target.scalars
+    if spec == "none":
+        return {}
+    if spec == "keep":
+        if out_fmt != "burnpack":
+            if reader.scalars:
+                notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
+            return {}
+        return dict(reader.scalars)
+    if out_fmt != "burnpack":
+        fatal.append(f"target.scalars: {out_fmt} files cannot hold typed scalars (only burnpack can)")
+        return {}
+    out: dict[str, Scalar] = {}
+    for name, v in spec.items():
+        if v.int_ is not None:
+            out[name] = Scalar("Int", v.int_)
+        elif v.uint is not None:
+            out[name] = Scalar("UInt", v.uint)
+        elif v.float_ is not None:
+            out[name] = Scalar("Float", float(v.float_))
+        else:
+            out[name] = Scalar("Bool", bool(v.bool_))
+    return out

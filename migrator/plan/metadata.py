@@ -1,0 +1,71 @@
+"""What goes into an output's metadata: Burn-like defaults, the source's entries, provenance."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ..core.version import PRODUCER, __version__
+
+METADATA_FORMATS = ("burnpack", "safetensors")
+RECIPE_HASH_KEY = "migrator.recipe_sha256"
+VERSION_KEY = "migrator.version"
+SOURCE_HASH_KEY = "migrator.source_sha256"
+TEMPLATE_HASH_KEY = "migrator.template_sha256"
+
+# transformers 4.x refuses a SafeTensors file whose metadata exists and whose `format` is not one of
+# pt, tf, flax, mlx (transformers 5 and Burn do not look), so a SafeTensors output names PyTorch's.
+SAFETENSORS_FORMAT = "pt"
+
+
+def default_metadata(fmt: str) -> dict[str, str]:
+    """What Burn's stores write on every save (`format`, `producer`, `version`), migrator as producer.
+
+    For SafeTensors `format` is `pt`, not Burn's `safetensors`: that is the value transformers 4.x
+    requires, and Burn ignores the key.
+    """
+    if fmt not in METADATA_FORMATS:
+        return {}
+    return {"format": SAFETENSORS_FORMAT if fmt == "safetensors" else fmt, "producer": PRODUCER,
+            "version": __version__}
+
+
+def loadable_metadata(meta: dict[str, str], fmt: str, *, clear: bool = False) -> dict[str, str]:
+    """Give non-empty SafeTensors metadata without a `format` key `format: pt`, in place.
+
+    transformers 4.x refuses such a file (no metadata at all is fine, so empty stays empty).
+    `clear` (`--no-metadata`) means the user chose the entries: nothing is added then.
+    """
+    if fmt == "safetensors" and meta and not clear:
+        meta.setdefault("format", SAFETENSORS_FORMAT)
+    return meta
+
+
+def output_metadata(source_format: str, target_format: str, source_meta: Mapping[str, str], *,
+                    extra: Mapping[str, str] | None = None, clear: bool = False) -> dict[str, str]:
+    """Same format: the source's metadata untouched (a rewrite stays byte-identical).
+
+    Across formats: the source's entries, then the target's defaults on top, so `format` always
+    names the file it is written in (`pt` for SafeTensors). `clear` drops everything; `extra` is
+    added last, so an explicit `format` wins.
+    """
+    if clear:
+        meta: dict[str, str] = {}
+    elif source_format == target_format:
+        meta = dict(source_meta)
+    else:
+        meta = {**source_meta, **default_metadata(target_format)}
+    meta.update(extra or {})
+    return loadable_metadata(meta, target_format, clear=clear) if target_format in METADATA_FORMATS else {}
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """sha256 of a local file, or of an object on a store (read once more, front to back)."""
+    import hashlib  # only for --hash-sources: every other run skips its ~3 ms import
+
+    from ..storage.remote.fs import stream_blocks
+
+    h = hashlib.sha256()
+    for block in stream_blocks(path, "source"):
+        h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,326 @@
+"""Several checkpoints read as one source (a recipe's `sources:` list): model surgery.
+
+Each entry is opened as `source:` would be (a file, a model folder, an index, a glob), then its
+tensors go through its own steps, in this order: its `filter` (on the names as the checkpoint
+stores them, so a layer range can be cut before it is renumbered), its `remap` rules, contiguous
+indices (its `contiguous_indices`, default on for a PyTorch file, as for `source:`), then its
+`prefix` (verbatim). `UnionReader` lists every entry's kept tensors, in entry
+order, under those names: the recipe's global remap, filter, modules, adapters, dtype and target
+then treat the union as one source.
+
+What holds once a `UnionReader` exists, else a `PlanError` naming the sources, their tensors and
+(when the recipe was loaded from a file) their recipe lines: no two entries give one name; no entry's
+own remap maps two of its tensors onto one name. Each union tensor remembers its entry and its name
+in that entry's checkpoint (`origin_of`), so reports can say where a skipped or unused tensor came
+from. Metadata is the entries where every source agrees; scalars must agree where two sources have one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core.bytesource import ByteSource
+from ..core.errors import FormatError, PlanError, TensorNotFoundError
+from ..core.scalars import Scalar
+from ..core.tensor import LazyTensor
+from ..formats.base import Reader
+from ..naming import KeyRemapper, NamingError, RemapRule, contiguous_names, find_collisions
+from ..storage.paths import resolve_path
+
+if TYPE_CHECKING:
+    from ..recipe.model import Recipe, SourceEntry, SourceSpec
+    from .report import ApplyReport
+
+MAX_LISTED = 5
+"""Collisions named in one error (the count of the rest follows)."""
+
+
+class SourceKeyError(PlanError):
+    """`source.top_level_key` selects nothing (the message lists what there is, with a did-you-mean)."""
+
+    loc = ("source", "top_level_key")
+
+
+def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None) -> Reader:
+    """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
+    top_level_key is a `SourceKeyError` that points at that key."""
+    from ..files.io import open_file
+
+    key = spec.top_level_key
+    options: dict[str, Any] = {} if key is None else {"top_level_key": key}
+    if limits is not None:
+        options["limits"] = limits
+    try:
+        return open_file(path, spec.format, **options)
+    except TensorNotFoundError as e:
+        error = SourceKeyError(e.detail, file=e.file)
+        if entry is not None:
+            error.loc = ("sources", entry, "top_level_key")  # type: ignore[assignment]
+        raise error from None
+
+
+@dataclass
+class SourcePart:
+    """One entry of `sources:`, opened: its reader, and where the recipe declares it."""
+
+    label: str
+    path: Path
+    reader: Reader
+    where: str | None = None  # 'recipe.yaml:LINE:COL' of the entry, when known
+
+    def describe(self, tensor: str) -> str:
+        at = f" ({self.where})" if self.where else ""
+        return f"'{tensor}' of source '{self.label}'{at}"
+
+
+class _Union(ByteSource):
+    """The union's `source`: a label naming every part (bytes are read through each part's reader)."""
+
+    def __init__(self, label: str, size: int) -> None:
+        self.label = label
+        self.path = label
+        self.size = size
+
+    def view(self, offset: int, length: int) -> memoryview:
+        raise FormatError("several sources have no single byte range; read their tensors", file=self.label)
+
+
+@dataclass(slots=True)
+class Origin:
+    """Where a union tensor comes from: the index of its part and its name in that part's checkpoint."""
+
+    part: int
+    tensor: str
+
+
+@dataclass
+class Skipped:
+    """A tensor an entry's own filter left out: its name (as stored), its part, its name again."""
+
+    name: str
+    part: int
+    tensor: str
+
+
+class UnionReader(Reader):
+    """Every part's kept tensors as one source (see the module docstring)."""
+
+    format = "mixed"  # set per instance: the parts' format when they agree
+
+    def __init__(self, parts: Sequence[SourcePart], entries: Sequence[SourceEntry], *, for_burn: bool = False) -> None:
+        self.parts = list(parts)
+        self.for_burn = for_burn  # the output is for Burn: PyTorch parts are renumbered by default
+        self.renumbered: list[tuple[str, str]] = []  # (union name before, after) per renumbered tensor
+        self.tensors: list[LazyTensor] = []
+        self.origin_of: dict[str, Origin] = {}
+        self.skipped: list[Skipped] = []
+        formats = {p.reader.format for p in self.parts}
+        self.format = formats.pop() if len(formats) == 1 else "mixed"  # type: ignore[misc]
+        first = self.parts[0]
+        self.folder = getattr(first.reader, "folder", None) or first.path.parent  # where target.copy looks
+        self.source = _Union(" + ".join(p.label for p in self.parts), sum(p.reader.source.size for p in self.parts))
+        clashes: dict[str, list[tuple[int, str]]] = {}
+        for i, (part, entry) in enumerate(zip(self.parts, entries, strict=True)):
+            for t, final in self._renamed(part, entry, i):
+                seen = self.origin_of.get(final)
+                if seen is not None:
+                    clashes.setdefault(final, [(seen.part, seen.tensor)]).append((i, t.name))
+                    continue
+                self.origin_of[final] = Origin(i, t.name)
+                self.tensors.append(t if final == t.name else t.renamed(final))
+        if clashes:
+            lines = [f"'{name}' <- " + " and ".join(self.parts[p].describe(t) for p, t in who)
+                     for name, who in list(clashes.items())[:MAX_LISTED]]
+            more = f"; and {len(clashes) - MAX_LISTED} more" if len(clashes) > MAX_LISTED else ""
+            raise PlanError("two sources give the same name: " + "; ".join(lines) + more
+                            + " (give one a prefix or a filter)", file=self.source.label)
+        self.metadata = _agreed(p.reader.metadata for p in self.parts)
+        self.scalars = self._scalars()
+
+    def _renamed(self, part: SourcePart, entry: SourceEntry, index: int) -> list[tuple[LazyTensor, str]]:
+        """(tensor, union name) per kept tensor of `part`; the filtered-out go to `self.skipped`."""
+        from ..naming import NameFilter
+
+        include = NameFilter(entry.filter.include) if entry.filter.include is not None else None
+        exclude = NameFilter(entry.filter.exclude) if entry.filter.exclude else None
+        kept: list[LazyTensor] = []
+        for t in part.reader.tensors:
+            if (include is not None and not include(t.name)) or (exclude is not None and exclude(t.name)):
+                self.skipped.append(Skipped(t.name, index, t.name))
+            else:
+                kept.append(t)
+        names = [t.name for t in kept]
+        current = names
+        if entry.remap:
+            remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in entry.remap])
+            try:
+                current = [remapper.remap_name(n) for n in names]
+            except NamingError as e:
+                raise PlanError(f"remap of source '{part.label}': {e}", file=part.label) from None
+        contiguous = entry.contiguous_indices
+        if contiguous is None:
+            contiguous = self.for_burn and part.reader.format == "pytorch"
+        if contiguous:
+            mapped = contiguous_names(current)
+            self.renumbered += [(entry.prefix + old, entry.prefix + new)
+                                for old, new in zip(current, mapped, strict=True) if new is not old and new != old]
+            current = mapped
+        if len(set(current)) != len(current):
+            collisions = find_collisions(zip(current, names, strict=True))
+            lines = [f"'{new}' <- {', '.join(repr(o) for o in origs)}" for new, origs in sorted(collisions.items())]
+            raise PlanError(f"source '{part.label}': several tensors map to the same name after its remap/indices: "
+                            + "; ".join(lines[:MAX_LISTED]), file=part.label)
+        return [(t, entry.prefix + new) for t, new in zip(kept, current, strict=True)]
+
+    def _scalars(self) -> dict[str, Scalar]:
+        out: dict[str, Scalar] = {}
+        owner: dict[str, str] = {}
+        for p in self.parts:
+            for k, v in p.reader.scalars.items():
+                if k in out and out[k] != v:
+                    raise PlanError(f"scalar '{k}' differs between sources '{owner[k]}' and '{p.label}'",
+                                    file=self.source.label)
+                out[k], owner[k] = v, p.label
+        return out
+
+    def label_of(self, name: str) -> str | None:
+        """The source label of union tensor `name`."""
+        o = self.origin_of.get(name)
+        return None if o is None else self.parts[o.part].label
+
+    def describe(self, name: str) -> str:
+        """`name` as an error should show it: its original name and its source."""
+        o = self.origin_of.get(name)
+        return repr(name) if o is None else self.parts[o.part].describe(o.tensor)
+
+    def extra(self) -> dict[str, Any]:
+        return {"sources": [{"name": p.label, "path": str(p.path), "format": p.reader.format,
+                             "tensors": len(p.reader.tensors)} for p in self.parts]}
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.reader.close()
+
+
+def _agreed(metas: Any) -> dict[str, str]:
+    """The metadata entries every source has with one value."""
+    metas = list(metas)
+    if not metas:
+        return {}
+    out = dict(metas[0])
+    for m in metas[1:]:
+        out = {k: v for k, v in out.items() if m.get(k) == v}
+    return out
+
+
+def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | None = None, *,
+                 limits: Any = None, for_burn: bool = False) -> UnionReader:
+    """Open every `sources:` entry and join them; `origins` maps an entry's index to its recipe line,
+    `limits` (`formats.Limits`) bounds each entry's reader as `source:`'s, `for_burn` (the output is
+    for Burn) turns on the renumbering of PyTorch parts that do not say."""
+    assert recipe.sources is not None
+    parts: list[SourcePart] = []
+    try:
+        for i, entry in enumerate(recipe.sources):
+            path = resolve_path(base_dir, entry.path)
+            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits),
+                                    (origins or {}).get(i)))
+        return UnionReader(parts, recipe.sources, for_burn=for_burn)
+    except BaseException:
+        for p in parts:
+            p.reader.close()
+        raise
+
+
+def skip_enum_variants(recipe: Recipe, is_pytorch: bool) -> bool:
+    """Whether template lookups drop enum-variant segments: an entry's explicit choice (any true
+    wins), else the default for the source's format (on for PyTorch)."""
+    explicit = [s.skip_enum_variants for s in recipe.inputs() if s.skip_enum_variants is not None]
+    return any(explicit) if explicit else is_pytorch
+
+
+OP_OUTPUT = "(ops)"
+"""The source named for a tensor an op made (it may join tensors of several sources)."""
+
+
+def add_provenance(report: ApplyReport, union: UnionReader, skipped: Sequence[tuple[str, str]],
+                   unused: Sequence[tuple[str, str]]) -> None:
+    """Fill the report's `applied_from`, `skipped_from` and `unused_from` (a source label per tensor).
+
+    `skipped`/`unused`: (reported name, union name) pairs. The entries' own filter skips join
+    `skipped` here, under their stored names."""
+    def triple(name: str, union_name: str) -> tuple[str, str, str]:
+        o = union.origin_of.get(union_name)
+        return (name, OP_OUTPUT, union_name) if o is None else (name, union.parts[o.part].label, o.tensor)
+
+    report.applied_from = [triple(s, s)[1] for s in report.sources]
+    report.skipped_from = sorted([triple(n, u) for n, u in skipped]
+                                 + [(s.name, union.parts[s.part].label, s.tensor) for s in union.skipped])
+    report.skipped = [n for n, _, _ in report.skipped_from]
+    report.unused_from = sorted(triple(n, u) for n, u in unused)
+
+
+SOURCE_FILES_HASH_KEY = "migrator.source_files_sha256"
+"""A sharded source's digests: JSON, each file (relative to its folder) -> sha256."""
+SOURCES_HASH_KEY = "migrator.sources_sha256"
+"""Several sources' digests: JSON, each source's name -> {file: sha256}."""
+
+
+def hash_metadata(reader: Reader, path: Path) -> dict[str, str]:
+    """The `--hash-sources` metadata: one file's sha256 (`migrator.source_sha256`, as before), a
+    sharded source's per-file table, or one table per source of a `sources:` recipe."""
+    from .metadata import SOURCE_HASH_KEY
+
+    if isinstance(reader, UnionReader):
+        return {SOURCES_HASH_KEY: digests_json({p.label: file_digests(p.reader, p.path) for p in reader.parts})}
+    digests = file_digests(reader, path)
+    if getattr(reader, "shards", None) is None:
+        return {SOURCE_HASH_KEY: next(iter(digests.values()))}
+    return {SOURCE_FILES_HASH_KEY: digests_json(digests)}
+
+
+def file_digests(reader: Reader, path: Path) -> dict[str, str]:
+    """sha256 of every file a source reads: the file itself, or each shard and the index of a
+    sharded source (keyed by their path relative to its folder)."""
+    from ..storage.remote import as_path
+    from .metadata import sha256_file
+
+    shards = getattr(reader, "shards", None)
+    if shards is None:
+        return {path.name: sha256_file(path)}
+    folder = as_path(getattr(reader, "folder", path.parent))  # a URL stays a URL (Path would drop a '/')
+    files = [s.path for s in shards]
+    index = getattr(reader, "index_path", None)
+    if index is not None:
+        files.insert(0, as_path(index))
+    return {os.path.relpath(f, folder): sha256_file(f) for f in files}
+
+
+def digests_json(digests: Mapping[str, Any]) -> str:
+    """A digest table as one metadata value (compact JSON, keys sorted)."""
+    return json.dumps(dict(digests), sort_keys=True, separators=(",", ":"))
+
+
+def override_source(recipe: Recipe, value: str, shown: str) -> Recipe:
+    """`--source NAME=PATH` for a `sources:` recipe: entry NAME reads PATH (taken from the current
+    folder) instead. A bare PATH is refused: which entry it replaces would be a guess."""
+    from ..recipe.loader import RecipeError, RecipeIssue
+
+    assert recipe.sources is not None
+    labels = [s.label for s in recipe.sources]
+    name, sep, path = value.partition("=")
+    if not sep or name not in labels or not path:
+        problem = (f"unknown source name '{name}'" if sep and name not in labels
+                   else f"this recipe has {len(labels)} sources: --source needs NAME=PATH")
+        raise RecipeError([RecipeIssue(shown, 0, 0, "--source", problem,
+                                       "the names are " + ", ".join(f"'{n}'" for n in labels))])
+    i = labels.index(name)
+    entries = list(recipe.sources)
+    absolute = Path(os.path.abspath(os.path.expanduser(path)))
+    entries[i] = entries[i].model_copy(update={"path": absolute, "name": name})
+    return recipe.model_copy(update={"sources": entries})

@@ -1,0 +1,202 @@
+"""The one-off recipe of `migrate convert` (and of `diff`'s convert-style options): built from
+command-line options, validated as any recipe, and written out as YAML (`emit_recipe`) so a
+one-off can become a checked-in recipe. Running it is `run/convert.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import MigratorError
+from . import adapter_names
+
+if TYPE_CHECKING:
+    from .model import Recipe
+
+
+class ConvertUsageError(MigratorError):
+    """A convert option is malformed (e.g. --remap without '=')."""
+
+
+def build_recipe(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    source_format: str = "auto",
+    target_format_name: str = "auto",
+    top_level_key: str | None = None,
+    remaps: Sequence[str] = (),
+    includes: Sequence[str] = (),
+    excludes: Sequence[str] = (),
+    adapters: Sequence[str] = (),
+    dtype: str | None = None,
+    modules: Sequence[str] = (),
+    contiguous_indices: bool | None = None,
+    overwrite: bool = False,
+    fsync: bool = True,
+    metadata: Mapping[str, str] | None = None,
+    clear_metadata: bool = False,
+    max_shard_size: str | int | None = None,
+    copy: Sequence[str] = (),
+    weights_name: str | None = None,
+    copy_from: str | os.PathLike[str] | None = None,
+) -> Recipe:
+    """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
+
+    `adapters` are names or `float_cast:DTYPE`; `modules` are `TYPE=REGEX`. A value the recipe
+    model refuses raises ConvertUsageError with the recipe's message and hint, naming the option.
+    """
+    remap = []
+    for item in remaps:
+        pattern, sep, repl = item.partition("=")
+        if not sep or not pattern:
+            raise ConvertUsageError(f"--remap expects 'REGEX=REPLACEMENT', got {item!r}")
+        remap.append({"from": pattern, "to": repl})
+    data: dict[str, Any] = {
+        "version": 1,
+        "source": {"path": os.fspath(src), "format": source_format},
+        "remap": remap,
+        "target": {"path": os.fspath(dst), "format": target_format_name, "overwrite": overwrite, "fsync": fsync,
+                   "metadata": dict(metadata or {}), "clear_metadata": clear_metadata},
+    }
+    if contiguous_indices is not None:  # None: the recipe's default (on for PyTorch sources)
+        data["source"]["contiguous_indices"] = contiguous_indices
+    if top_level_key:
+        data["source"]["top_level_key"] = top_level_key
+    if max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep)):  # DIR/: a Hugging Face folder
+        from ..files.sharded_writer import DEFAULT_MAX_SIZE
+
+        data["target"]["shard"] = {"max_size": DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size}
+        if weights_name is not None:
+            data["target"]["shard"]["name"] = weights_name
+    elif weights_name is not None:
+        raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
+    if copy:
+        data["target"]["copy"] = list(copy)
+    if copy_from is not None:
+        data["target"]["copy_from"] = os.fspath(copy_from)
+    if includes or excludes:
+        data["filter"] = {"include": [{"regex": r} for r in includes] or None,
+                          "exclude": [{"regex": r} for r in excludes]}
+    if adapters:
+        data["adapters"] = [_adapter_spec(a) for a in adapters]
+    if dtype:
+        data["dtype"] = {"cast": dtype}
+    declared: dict[str, list[str]] = {}
+    module_options: list[tuple[str, int, str]] = []  # (type, index in its list, option as given)
+    for item in modules:
+        type_name, sep, pattern = item.partition("=")
+        if not sep or not type_name.strip() or not pattern:
+            raise ConvertUsageError(f"--modules expects TYPE=REGEX (e.g. Linear='^fc\\d+$'), got {item!r}")
+        module_options.append((type_name, len(declared.setdefault(type_name, [])), item))
+        declared[type_name].append(pattern)
+    if declared:
+        data["modules"] = declared
+    from pydantic import ValidationError
+
+    from .model import Recipe
+
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError:
+        raise _usage_error(data, module_options) from None
+
+
+_ADAPTER_FORMS = adapter_names.CLI_FORMS
+
+
+def _adapter_spec(value: str) -> str | dict[str, Any]:
+    """`--adapter NAME` or `--adapter float_cast:DTYPE` as the recipe spells it."""
+    name, sep, arg = value.partition(":")
+    if name == "float_cast":
+        if not arg:
+            raise ConvertUsageError(f"--adapter '{value}': float_cast needs a dtype, e.g. --adapter float_cast:BF16 "
+                                    "(or --dtype BF16, the recipe's dtype cast of every float tensor)")
+        return {"float_cast": {"to": arg}}
+    if sep or name not in _ADAPTER_FORMS:
+        from ..naming.similarity import did_you_mean
+
+        guess = did_you_mean(value, list(_ADAPTER_FORMS))
+        lead = f"did you mean '{guess}'? " if guess else ""
+        raise ConvertUsageError(f"--adapter: unknown adapter '{value}' (hint: {lead}valid adapters: "
+                                f"{', '.join(_ADAPTER_FORMS)})")
+    return name
+
+
+def _usage_error(data: dict[str, Any], module_options: list[tuple[str, int, str]]) -> ConvertUsageError:
+    """The recipe loader's messages for what the model refused (the same words as for a recipe
+    file: "did you mean 'F16'?"), each naming the command-line option instead of a recipe line."""
+    import yaml
+
+    from .loader import RecipeError, parse_recipe
+
+    try:
+        parse_recipe(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    except RecipeError as e:
+        lines = [f"{_option_for(issue.loc, data, module_options)}: {issue.message}"
+                 + (f" (hint: {issue.hint})" if issue.hint else "") for issue in e.issues]
+        return ConvertUsageError("invalid option:\n  " + "\n  ".join(lines))
+    return ConvertUsageError("invalid option")  # the loader accepts what the model refused: not expected
+
+
+def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, int, str]]) -> str:
+    """The option (and value) a recipe location comes from, e.g. 'adapters[1].float_cast.to' -> --adapter."""
+    import re
+
+    head = re.match(r"([a-z_]+)(?:\.([^.\[]+))?(?:\[(\d+)\])?", loc)
+    if head is None:
+        return "option"
+    first, second, index = head.group(1), head.group(2), head.group(3)
+    n = int(index) if index is not None else None
+    if first == "adapters" and n is not None:
+        spec = data["adapters"][n]
+        return "--adapter '" + (spec if isinstance(spec, str) else f"float_cast:{spec['float_cast']['to']}") + "'"
+    if first == "modules" and second is not None and n is not None:
+        given = [item for type_name, i, item in module_options if type_name == second and i == n]
+        return f"--modules '{given[0]}'" if given else "--modules"
+    if first == "remap" and n is not None:
+        rule = data["remap"][n]
+        return f"--remap '{rule['from']}={rule['to']}'"
+    if first == "filter" and second in ("include", "exclude") and n is not None:
+        return f"--{second} '{data['filter'][second][n]['regex']}'"
+    names: dict[str, str | dict[str, str]] = {
+        "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
+        "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
+    found = names.get(first, first)
+    return found.get(second or "", first) if isinstance(found, dict) else found
+
+
+def emit_recipe(recipe: Recipe, out: str | os.PathLike[str] | None = None) -> str:
+    """The recipe as YAML to check in. With `out` (the file it will be written to), its paths are
+    made relative to that file's folder, as a recipe's paths are read; without, they stay as given
+    (relative to the current folder, where a recipe printed to stdout is usually saved)."""
+    import yaml
+
+    data = recipe.dump()
+    if out is not None:
+        folder = os.path.dirname(os.path.abspath(out))
+        data["source"]["path"] = _relative_to(data["source"]["path"], folder)
+        data["target"]["path"] = _relative_to(data["target"]["path"], folder)
+        if data["target"].get("template"):
+            data["target"]["template"] = _relative_to(data["target"]["template"], folder)
+    return schema_line() + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def _relative_to(path: str, folder: str) -> str:
+    """A command-line path (relative to the current folder) as seen from `folder`; a trailing '/'
+    (a folder target) is kept."""
+    rel = os.path.relpath(os.path.abspath(os.path.expanduser(path)), folder)
+    return rel + "/" if path.endswith(("/", os.sep)) and not rel.endswith("/") else rel
+
+
+def schema_line() -> str:
+    """The yaml-language-server line naming the recipe schema: the schema file of this installation
+    as an absolute file URL when it is there (a checkout or an editable install), else how to make one."""
+    schema = Path(__file__).resolve().parents[2] / "schemas" / "recipe.schema.json"
+    if schema.is_file():
+        return f"# yaml-language-server: $schema={schema.as_uri()}\n"
+    return ("# schema: run `migrate schema -o recipe.schema.json` and add the line\n"
+            "# yaml-language-server: $schema=recipe.schema.json\n")

@@ -1,0 +1,372 @@
+"""The recipe's `ops:` entries (split, concat, stack, unstack, reshape, permute, slice, rope_permute).
+
+Each entry is a one-key mapping naming its op, like an adapter with options. What can be checked
+without the source's shapes is checked here, at validation (sizes and parts, dims forming a
+permutation, `to` referring only to groups its pattern has); the shape checks run when the plan
+is built (`migrator.transform.ops`). Names: `from` is a regex that must match a whole (post-remap) name;
+`to` is a replacement in remap syntax ($1, ${name}) and `$i` is the part index where an op has
+parts (split, unstack).
+
+Kept apart from model.py (which imports this module) so the op surface can grow without touching
+the shared model; what both validate with is in checks.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    WithJsonSchema,
+    model_validator,
+)
+
+OP_NAMES = ("split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute")
+
+_INDEX_REF = re.compile(r"\$\$|\$\{i\}|\$i(?![A-Za-z0-9_])")
+
+
+def substitute_index(text: str, index: int | None) -> str:
+    """`text` with every `$i` / `${i}` replaced by `index` (`$$` is left for the remap syntax)."""
+    if index is None:
+        return text
+    return _INDEX_REF.sub(lambda m: m.group(0) if m.group(0) == "$$" else str(index), text)
+
+
+def has_index_ref(text: str) -> bool:
+    return any(m.group(0) != "$$" for m in _INDEX_REF.finditer(text))
+
+
+def _problem(message: str, *, key: str | None = None, hint: str | None = None) -> Exception:
+    from .checks import recipe_value_error
+
+    return recipe_value_error(message, key=key, hint=hint)
+
+
+def _regex(value: str) -> str:
+    from .checks import check_regex
+
+    return check_regex(value)
+
+
+def _no_bool(value: object) -> object:
+    if isinstance(value, bool):
+        raise _problem(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+def _no_bools(value: object) -> object:
+    if isinstance(value, list):
+        for v in value:
+            _no_bool(v)
+    return value
+
+
+Pattern = Annotated[str, AfterValidator(_regex)]
+Int = Annotated[int, BeforeValidator(_no_bool), WithJsonSchema({"anyOf": [
+    {"type": "integer"},
+    {"type": "string", "pattern": r"^\$\{.*\}$", "description": "A value from the model's config, resolved when "
+     "the recipe is loaded: ${config.KEY}, with fallbacks after '|' (${config.num_key_value_heads | "
+     "config.num_attention_heads}) and * or // between terms."}]})]
+Ints = Annotated[list[int], BeforeValidator(_no_bools)]
+
+
+def whole_name_pattern(pattern: str) -> str:
+    """`pattern` anchored to the whole name (same groups, same numbering)."""
+    return f"^(?:{pattern})$"
+
+
+def check_template(pattern: str, template: str, key: str, *, index_ok: bool) -> None:
+    """`template` may refer only to groups `pattern` has (and to `$i` where `index_ok`)."""
+    from ..naming import NamingError, RemapRule
+
+    if has_index_ref(template) and not index_ok:
+        raise _problem(f"'{template}' uses $i, but this op has no part index", key=key,
+                       hint="$i is the part number of split and unstack outputs")
+    try:
+        rule = RemapRule(whole_name_pattern(pattern), substitute_index(template, 0))
+    except NamingError as e:
+        raise _problem(e.message, key=key) from None
+    problem = rule.missing_group_problem()
+    if problem is not None:
+        raise _problem(problem[0], key=key, hint=problem[1])
+
+
+class _Op(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
+
+    optional: bool = Field(False, description="A `from` pattern matching no tensor is not an error.")
+
+
+class _Unary(_Op):
+    from_: Pattern = Field(alias="from", description="Regex matching whole tensor names (after remap and filter); "
+                           "every match is one input.")
+    to: str | None = Field(None, description="Output name, with $1 / ${name} from `from`'s groups; default: the "
+                           "input's name.")
+
+    @model_validator(mode="after")
+    def _to_groups(self) -> Any:
+        if self.to is not None:
+            check_template(self.from_, self.to, "to", index_ok=False)
+        return self
+
+
+MAX_PARTS = 1 << 16
+"""Outputs one `split` or `unstack` may make: a name each, so a count from a recipe (`parts: 2**63`) or
+from a header (a dim of [2**40, 0]) must not decide how many are built."""
+
+
+class SplitSpec(_Op):
+    """One input cut along `dim` into consecutive parts (torch.split / torch.chunk)."""
+
+    from_: Pattern = Field(alias="from", description="Regex matching whole tensor names; every match is split.")
+    dim: Int = Field(0, description="Dimension to cut (negative counts from the end).")
+    sizes: Ints | None = Field(None, description="Length of each part along dim; they must add up to its size.")
+    parts: Int | None = Field(None, description="Number of equal parts (instead of sizes); must divide the size.")
+    to: Annotated[Annotated[str, Tag("name")] | Annotated[list[str], Tag("list")],
+                  Discriminator(lambda v: "list" if isinstance(v, list) else "name")] = Field(
+        description="A name per part (a list), or one name with $i for the part index; $1 / ${name} from `from`.")
+
+    @model_validator(mode="after")
+    def _parts(self) -> SplitSpec:
+        if (self.sizes is None) == (self.parts is None):
+            raise _problem("give exactly one of sizes, parts", hint="sizes: [768, 768, 768] or parts: 3")
+        if self.sizes is not None and (not self.sizes or any(s < 0 for s in self.sizes)):
+            raise _problem("sizes must be a non-empty list of lengths >= 0", key="sizes")
+        if self.parts is not None and self.parts < 1:
+            raise _problem("parts must be at least 1", key="parts")
+        if self.parts is not None and self.parts > MAX_PARTS:
+            raise _problem(f"parts must be at most {MAX_PARTS}", key="parts")
+        if self.sizes is not None and len(self.sizes) > MAX_PARTS:
+            raise _problem(f"sizes may list at most {MAX_PARTS} parts", key="sizes")
+        n = len(self.sizes) if self.sizes is not None else self.parts
+        if isinstance(self.to, list):
+            if len(self.to) != n:
+                raise _problem(f"to names {len(self.to)} outputs for {n} parts", key="to")
+            for t in self.to:
+                check_template(self.from_, t, "to", index_ok=True)
+        else:
+            if not has_index_ref(self.to) and n != 1:
+                raise _problem(f"one name for {n} parts: every part would get it", key="to",
+                               hint="use $i for the part index, or list one name per part")
+            check_template(self.from_, self.to, "to", index_ok=True)
+        return self
+
+
+_From = Annotated[Annotated[str, Tag("name")] | Annotated[list[str], Tag("list")],
+                  Discriminator(lambda v: "list" if isinstance(v, list) else "name")]
+
+
+class _Joining(_Op):
+    from_: _From = Field(
+        alias="from", description="Either a list: a regex, then the other inputs' names with $1 / ${name} from its "
+        "groups (in order); or one regex with `over`: all its matches, ordered by that group's integer value.")
+    over: Annotated[int | str, BeforeValidator(_no_bool)] | None = Field(
+        None, description="With one regex: the group (number or name) holding the input's index; the matches that "
+        "agree on every other group form one output, indices 0..N-1.")
+    dim: Int = Field(0, description="Dimension to join along.")
+    to: str = Field(description="Output name, with $1 / ${name} from the (first) pattern's groups.")
+
+    @model_validator(mode="after")
+    def _inputs(self) -> Any:
+        from ..naming import compile_regex
+
+        if isinstance(self.from_, list):
+            if self.over is not None:
+                raise _problem("over needs `from` to be one regex, not a list", key="over")
+            if len(self.from_) < 1:
+                raise _problem("from lists no input", key="from")
+            _regex(self.from_[0])
+            for name in self.from_[1:]:
+                check_template(self.from_[0], name, "from", index_ok=False)
+            pattern = self.from_[0]
+        else:
+            if self.over is None:
+                raise _problem("one `from` regex needs `over`: the group holding each input's index",
+                               key="from", hint="or list the inputs: from: [REGEX, NAME, ...]")
+            _regex(self.from_)
+            pattern = self.from_
+            compiled = compile_regex(pattern)
+            if isinstance(self.over, int):
+                if not 1 <= self.over <= compiled.groups:
+                    raise _problem(f"over: group {self.over} does not exist; the pattern has {compiled.groups} "
+                                   f"group{'' if compiled.groups == 1 else 's'}", key="over")
+            elif self.over not in compiled.groupindex:
+                raise _problem(f"over: the pattern has no group named '{self.over}'", key="over")
+        check_template(pattern, self.to, "to", index_ok=False)
+        return self
+
+
+class ConcatSpec(_Joining):
+    """Inputs joined end to end along an existing `dim` (torch.cat)."""
+
+
+class StackSpec(_Joining):
+    """Inputs of one shape joined along a new `dim` (torch.stack)."""
+
+
+class UnstackSpec(_Op):
+    """One input cut along `dim` into its slices, that dim removed (torch.unbind)."""
+
+    from_: Pattern = Field(alias="from", description="Regex matching whole tensor names; every match is unstacked.")
+    dim: Int = Field(0, description="Dimension to remove.")
+    to: str = Field(description="Output name with $i for the index; $1 / ${name} from `from`.")
+
+    @model_validator(mode="after")
+    def _index(self) -> UnstackSpec:
+        if not has_index_ref(self.to):
+            raise _problem("to must use $i: every output would get the same name", key="to",
+                           hint="e.g. 'layers.$1.experts.$i.w1.weight'")
+        check_template(self.from_, self.to, "to", index_ok=True)
+        return self
+
+
+class ReshapeSpec(_Unary):
+    """The same elements in a new shape (torch.reshape of a contiguous tensor: no byte moves)."""
+
+    shape: Ints = Field(description="New shape; one entry may be -1 (inferred from the element count).")
+
+    @model_validator(mode="after")
+    def _shape(self) -> ReshapeSpec:
+        if any(d < -1 for d in self.shape) or self.shape.count(-1) > 1:
+            raise _problem(f"shape {self.shape}: lengths are >= 0, with at most one -1", key="shape")
+        return self
+
+
+class PermuteSpec(_Unary):
+    """Dimensions reordered (torch.permute; [1, 0] is a transpose)."""
+
+    dims: Ints = Field(description="Output dim k is input dim dims[k]: a permutation of 0..rank-1.")
+
+    @model_validator(mode="after")
+    def _perm(self) -> PermuteSpec:
+        if sorted(self.dims) != list(range(len(self.dims))):
+            raise _problem(f"dims {self.dims} is not a permutation of 0..{len(self.dims) - 1}", key="dims")
+        return self
+
+
+class SliceSpec(_Unary):
+    """The range [start, stop) of `dim` (tensor[..., start:stop])."""
+
+    dim: Int = Field(0, description="Dimension to cut (negative counts from the end).")
+    start: Int = Field(0, description="First index kept (negative counts from the end).")
+    stop: Int | None = Field(None, description="One past the last index kept (negative counts from the end); "
+                             "default: the end.")
+
+
+class RopePermuteSpec(_Unary):
+    """Meta's rotary layout of a q/k projection (interleaved pairs) to Hugging Face's (two halves per head),
+    the permutation of Hugging Face's Llama conversion script; `inverse` goes back."""
+
+    heads: Int = Field(description="Attention heads in this weight (for k: the key/value heads). Take it from the "
+                               "model's config: ${config.num_attention_heads}, or for k ${config.num_key_value_heads "
+                               "| config.num_attention_heads}.")
+    head_dim: Int | None = Field(None, description="Size of one head; each matched tensor must have heads x head_dim "
+                                                   "rows. Default: rows / heads, checked against the config's.")
+    inverse: bool = Field(False, description="Hugging Face layout -> Meta layout.")
+
+    @model_validator(mode="after")
+    def _heads(self) -> RopePermuteSpec:
+        if self.heads < 1:
+            raise _problem("heads must be at least 1", key="heads")
+        if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
+            raise _problem(f"head_dim {self.head_dim} must be even (rotary pairs) and at least 2", key="head_dim")
+        return self
+
+
+class SplitOpSpec(BaseModel):
+    model_config = _Op.model_config
+    split: SplitSpec = Field(description="Cut each matching tensor along a dim into parts (torch.split / torch.chunk).")
+
+
+class ConcatOpSpec(BaseModel):
+    model_config = _Op.model_config
+    concat: ConcatSpec = Field(description="Join inputs end to end along an existing dim (torch.cat).")
+
+
+class StackOpSpec(BaseModel):
+    model_config = _Op.model_config
+    stack: StackSpec = Field(description="Join inputs of one shape along a new dim (torch.stack).")
+
+
+class UnstackOpSpec(BaseModel):
+    model_config = _Op.model_config
+    unstack: UnstackSpec = Field(
+        description="Cut each matching tensor into its slices along a dim, removing it (torch.unbind).")
+
+
+class ReshapeOpSpec(BaseModel):
+    model_config = _Op.model_config
+    reshape: ReshapeSpec = Field(
+        description="Give each matching tensor a new shape with the same elements (torch.reshape).")
+
+
+class PermuteOpSpec(BaseModel):
+    model_config = _Op.model_config
+    permute: PermuteSpec = Field(description="Reorder each matching tensor's dims (torch.permute).")
+
+
+class SliceOpSpec(BaseModel):
+    model_config = _Op.model_config
+    slice: SliceSpec = Field(description="Keep a range of one dim of each matching tensor (tensor[..., start:stop]).")
+
+
+class RopePermuteOpSpec(BaseModel):
+    model_config = _Op.model_config
+    rope_permute: RopePermuteSpec = Field(
+        description="Meta's interleaved rotary layout of q/k weights to Hugging Face's, or back (inverse).")
+
+
+def _op_tag(value: object) -> str | None:
+    if isinstance(value, BaseModel):
+        return next(iter(type(value).model_fields))
+    if isinstance(value, dict) and len(value) == 1:
+        key = next(iter(value))
+        return key if key in OP_NAMES else None
+    return None
+
+
+def _known_op(value: object) -> object:
+    """An entry is a one-key mapping naming a known op: said so with the valid names, not a union dump."""
+    if isinstance(value, BaseModel):
+        return value
+    valid = "ops: " + ", ".join(OP_NAMES)
+    if not isinstance(value, dict) or len(value) != 1:
+        keys = ", ".join(map(str, value)) if isinstance(value, dict) else None
+        raise _problem("an op entry has exactly one key, the op's name" + (f" (got {keys})" if keys else ""),
+                       hint="e.g. {split: {from: ..., dim: 1, parts: 3, to: 'x.$i'}}; " + valid)
+    name = next(iter(value))
+    if name not in OP_NAMES:
+        from ..naming.similarity import did_you_mean
+
+        guess = did_you_mean(str(name), list(OP_NAMES))
+        raise _problem(f"unknown op '{name}'", hint=(f"did you mean '{guess}'? " if guess else "") + valid)
+    return value
+
+
+OpSpec = Annotated[
+    Annotated[SplitOpSpec, Tag("split")]
+    | Annotated[ConcatOpSpec, Tag("concat")]
+    | Annotated[StackOpSpec, Tag("stack")]
+    | Annotated[UnstackOpSpec, Tag("unstack")]
+    | Annotated[ReshapeOpSpec, Tag("reshape")]
+    | Annotated[PermuteOpSpec, Tag("permute")]
+    | Annotated[SliceOpSpec, Tag("slice")]
+    | Annotated[RopePermuteOpSpec, Tag("rope_permute")],
+    Discriminator(_op_tag, custom_error_type="recipe_union", custom_error_message="expected an op"),
+    BeforeValidator(_known_op),
+]
+"""One `ops:` entry: `{OP: {options}}`."""
+
+
+def op_kind_and_spec(op: BaseModel) -> tuple[str, Any]:
+    """('split', SplitSpec(...)) for an entry."""
+    kind = next(iter(type(op).model_fields))
+    return kind, getattr(op, kind)

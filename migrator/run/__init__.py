@@ -1,0 +1,1 @@
+"""Running plans: one recipe, many jobs, one output written in parallel, Ray."""

@@ -1,0 +1,167 @@
+"""`migrate convert`: a one-off conversion that builds a recipe in memory and runs it.
+
+Plain by default (every tensor, same bytes): burnpack -> burnpack with nothing changed is
+byte-identical. PyTorch index renumbering follows the recipe default: on for a PyTorch source whose
+output is for Burn (a burnpack target or the `pytorch_to_burn` adapter), as Burn's PyTorch store
+does (`features.0, features.2` become `features.0, features.1`), off for SafeTensors and PyTorch
+targets, which must keep the names the PyTorch module loads. `contiguous_indices=False` keeps the
+names, True renumbers any source. `emit_recipe` gives the
+YAML to check in, so a one-off can become a recipe.
+
+A conversion with nothing to rename, filter, adapt or cast skips the recipe machinery (pydantic
+alone costs ~0.2 s of start-up, a third of copying a 1.4 GB model): `_plain_copy` does exactly
+what the plan would do for such a recipe, which tests/run/test_convert_plain.py checks file by file.
+A PyTorch source whose names renumbering for a burnpack would change is handed to the recipe path
+instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import MigratorError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..recipe.convert import ConvertUsageError, build_recipe
+from ..storage.remote import as_path
+
+if TYPE_CHECKING:
+    from ..formats.base import Writer
+    from ..plan.build import Plan
+
+
+@dataclass
+class ConvertResult:
+    source: str
+    source_format: str
+    target: str
+    target_format: str
+    tensors: int
+    nbytes: int
+    metadata: dict[str, str]
+    scalars_written: int
+    notes: list[str] = field(default_factory=list)
+    renumbered: list[dict[str, str]] = field(default_factory=list)
+    """{"from", "to"} per tensor name whose index segments were renumbered (contiguous_indices)."""
+
+
+PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
+                           "clear_metadata", "max_shard_size", "copy", "weights_name", "copy_from"})
+"""Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, forced
+indices, top-level key) goes through a recipe. `contiguous_indices` None/False is understood too."""
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
+            recipe_sha256: str | None = None, limits: Limits = DEFAULT_LIMITS, **options: Any) -> ConvertResult:
+    """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options).
+
+    `recipe_sha256`: the hash of the recipe this conversion is recorded as (`--emit-recipe -o`), put
+    in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes.
+    `limits` bounds what the source may make its reader allocate."""
+    if recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
+        done = _plain_copy(src, dst, progress=progress, limits=limits, **options)
+        if done is not None:
+            return done
+    from ..plan.build import build_plan
+    from .execute import run_plan
+
+    recipe = build_recipe(src, dst, **options)
+    if recipe.target.shard is not None:  # an existing folder is refused before any source is opened
+        from ..files.targets import check_folder_target
+        from ..storage.paths import resolve_path
+
+        check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
+    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits, hint_syntax="convert") as plan:
+        result = run_plan(plan, progress=progress)
+        return _result(plan, result.target)
+
+
+def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None,
+                source_format: str = "auto", target_format_name: str = "auto", overwrite: bool = False,
+                fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
+                max_shard_size: str | int | None = None, copy: Sequence[str] = (),
+                contiguous_indices: bool | None = None, limits: Limits = DEFAULT_LIMITS,
+                weights_name: str | None = None, copy_from: str | os.PathLike[str] | None = None,
+                **_: Any) -> ConvertResult | None:
+    """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
+    None (nothing written) for a PyTorch source that the default renumbering for a burnpack target
+    would rename: the recipe path does that (and says so).
+
+    (No collision check: every reader refuses files that name a tensor twice.)
+    """
+    from ..files.io import open_file, save_planned
+    from ..formats.detect import target_format
+    from ..formats.registry import writer_class
+    from ..plan.metadata import output_metadata
+    from ..storage.atomic import Protected
+    from ..storage.paths import resolve_path
+    from .execute import MigrationError, progress_for
+
+    src_path, dst_path = resolve_path(Path.cwd(), src), resolve_path(Path.cwd(), dst)
+    sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
+    if sharded:  # as a recipe's sharded target: format named, else from a suffix, else SafeTensors
+        from ..files.sharded_writer import DEFAULT_MAX_SIZE, ShardedWriter
+        from ..files.targets import check_folder_target
+        from ..formats.detect import from_extension
+
+        out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
+        check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
+    else:
+        if copy:
+            raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
+        if weights_name is not None:
+            raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
+        out_fmt = target_format(dst_path, target_format_name)
+        dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
+    with open_file(src_path, source_format, limits=limits) as reader:
+        tensors = list(reader.tensors)
+        if reader.format == "pytorch" and contiguous_indices is None and out_fmt == "burnpack":
+            from ..naming import contiguous_names
+
+            names = [t.name for t in tensors]
+            if contiguous_names(names) != names:
+                return None
+        meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
+        notes: list[str] = []
+        scalars = dict(reader.scalars) if out_fmt == "burnpack" else {}
+        if reader.scalars and out_fmt != "burnpack":
+            notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
+        writer: Writer
+        try:
+            if sharded:
+                from ..files.sharded_writer import copy_folder, default_weights_name
+
+                folder = getattr(reader, "folder", None)
+                companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
+                writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
+                                       max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
+                                       copies=[(c, False) for c in copy],
+                                       copy_from=companions or folder or src_path.parent,
+                                       weights_name=weights_name or default_weights_name(out_fmt, folder))
+                notes += writer.notes
+            else:
+                writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
+        except MigratorError as e:
+            raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
+        source = reader.source
+        read: list[Protected] = [src_path] + ([source.identity] if hasattr(source, "identity")
+                                              else getattr(source, "identities", []))
+        written = save_planned(writer, dst_path, overwrite=overwrite, protect=read, progress=progress_for(progress),
+                               fsync=fsync, mode_from=[source.mode] if hasattr(source, "mode") else [],
+                               make_folders=True)
+        return ConvertResult(source=str(src_path), source_format=reader.format, target=written,
+                             target_format=out_fmt, tensors=len(tensors), nbytes=sum(t.nbytes for t in tensors),
+                             metadata=meta, scalars_written=len(scalars), notes=notes)
+
+
+def _result(plan: Plan, written: str) -> ConvertResult:
+    return ConvertResult(
+        source=str(plan.source_path), source_format=plan.source_format, target=written,
+        target_format=plan.target_format, tensors=len(plan.entries),
+        nbytes=sum(e.tensor.nbytes for e in plan.entries), metadata=plan.metadata,
+        scalars_written=len(plan.scalars), notes=plan.notes,
+        renumbered=[{"from": old, "to": new} for old, new in plan.report.renumbered],
+    )

@@ -1,0 +1,452 @@
+"""`migrate run` of many jobs: several recipes, or one recipe over `--each` sources, in parallel.
+
+Every job is a whole `migrate run` of one recipe (plan, stream, atomic publish, report) in a worker
+process (`--jobs N`, default: the CPUs this process may use; `--jobs 1`: one after the other, in this
+process) or in a Ray task (`--executor ray`). A job's failure does not stop the others; the exit code is
+the worst. Before any job runs, the jobs are checked against each other: two jobs writing one target,
+or a job writing a file another job reads, are a usage error (exit 2) and nothing runs.
+
+Output stays readable in parallel: a worker's text output is captured and printed whole, with a
+heading line, when its job ends (no progress bars); `--json` and `--report` give one document with
+every job (`jobs_document`, `jobs_report`).
+
+One job can also be written by several workers (`--workers W`, or `--jobs W` with one job):
+`recipe.runner_for` picks the runner of `migrator.run.parallel_write` (threads here, or Ray tasks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob as globlib
+import io
+import os
+import re
+import string
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppress
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError
+from ..storage.remote import is_url
+from .job_spec import JOB_OPTIONS, describe_job, namespace, where
+
+if TYPE_CHECKING:
+    pass
+
+PLACEHOLDERS = {
+    "stem": "the source's file (or folder) name without its last extension: runs/a/last.pt -> last",
+    "name": "the source's file name: last.pt",
+    "parent": "the name of the folder holding the source: a",
+    "i": "the source's position among the matches (sorted, from 0; {i:03d} pads it)",
+}
+_GLOB_CHARS = set("*?[")
+class JobsUsageError(MigratorError):
+    """The jobs cannot all run as given (a glob matching nothing, two jobs writing one target...)."""
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as `nproc` counts), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    count = getattr(os, "process_cpu_count", os.cpu_count)()
+    return max(1, count or 1)
+
+
+def _glob(pattern: str) -> list[str]:
+    """A glob's matches, sorted: local files, or objects of a store through fsspec's glob (the store's
+    listing; `**` recursive), as URLs."""
+    if not is_url(pattern):
+        return sorted(globlib.glob(os.path.expanduser(pattern), recursive=True))
+    from ..storage.remote import protocol, url_of
+    from ..storage.remote.fs import deadline, describe, filesystem, tuning
+
+    url = url_of(pattern)
+    fs, path = filesystem(url)
+    try:
+        found = fs.glob(path, **deadline(fs, tuning(url)))
+    except FileNotFoundError:
+        return []
+    except Exception as e:
+        raise JobsUsageError(f"--each '{pattern}': cannot list the store: {describe(e)}") from None
+    proto = protocol(url)
+    return sorted(f"{proto}://{p.lstrip('/')}" for p in found)
+
+
+def _glob_part(pattern: str) -> str:
+    """What of `pattern` may hold glob characters: over http(s) a '?' starts the query (a presigned
+    URL, a SAS token), which is part of the address, not a wildcard."""
+    if is_url(pattern) and pattern.split(":", 1)[0].lower() in ("http", "https"):
+        return pattern.split("?", 1)[0]
+    return pattern
+
+
+def expand_each(patterns: list[str]) -> list[str]:
+    """The sources of `--each`: each pattern's matches (a glob, sorted; `**` recursive; on a store,
+    its objects through fsspec) or the path as given, in order, each once."""
+    out: list[str] = []
+    for pattern in patterns:
+        if _GLOB_CHARS & set(_glob_part(pattern)):
+            matches = _glob(pattern)
+            if not matches:
+                raise JobsUsageError(f"--each '{pattern}' matches no file")
+        else:
+            matches = [pattern]
+        out += [m for m in matches if m not in out]
+    return out
+
+
+MAX_FORMAT_WIDTH = 255
+"""The widest a placeholder's format spec may pad (`{i:04}`): a path part is at most 255 bytes."""
+
+
+def _check_format_spec(pattern: str, field: str, spec: str) -> None:
+    """A placeholder's format spec is the user's, never a source's: no nested placeholder (`{i:{stem}}`
+    would let a file name choose the padding: 900 MB of it), and no width beyond MAX_FORMAT_WIDTH."""
+    if "{" in spec or "}" in spec:
+        raise JobsUsageError(f"--target '{pattern}': {{{field}:{spec}}} nests a placeholder in a format spec; "
+                             "a format spec is literal, e.g. {i:04}")
+    for digits in re.findall(r"\d+", spec):
+        if len(digits) > 3 or int(digits) > MAX_FORMAT_WIDTH:
+            raise JobsUsageError(f"--target '{pattern}': {{{field}:{spec}}} pads beyond {MAX_FORMAT_WIDTH} "
+                                 "characters")
+
+
+def target_for(pattern: str, source: str, i: int) -> str:
+    """`--target` with its placeholders ({stem}, {name}, {parent}, {i}) filled in for one source."""
+    fields = []
+    try:
+        for _, field, spec, conversion in string.Formatter().parse(pattern):
+            if field is None:
+                continue
+            if field not in PLACEHOLDERS or conversion:
+                raise JobsUsageError(f"--target '{pattern}': unknown placeholder {{{field}}}; use "
+                                     + ", ".join(f"{{{k}}}" for k in PLACEHOLDERS) + " ({{ and }} for braces)")
+            _check_format_spec(pattern, field, spec or "")
+            fields.append(field)
+    except ValueError as e:
+        raise JobsUsageError(f"--target '{pattern}': {e} ({{{{ and }}}} for literal braces)") from None
+    if is_url(source):  # from the URL's path: s3://bucket/runs/a/last.pt has parent a (bucket at the top)
+        from pathlib import PurePosixPath
+
+        from ..storage.remote import url_of
+
+        u: PurePath = PurePosixPath("/" + url_of(source).split("://", 1)[1].split("?", 1)[0].rstrip("/"))
+        parent = u.parent.name
+    else:
+        p = Path(source.rstrip("/" + os.sep) or source)
+        u, parent = PurePath(p), p.absolute().parent.name
+    values: dict[str, Any] = {"stem": u.stem, "name": u.name, "parent": parent, "i": i}
+    try:
+        return pattern.format(**values)
+    except (ValueError, TypeError) as e:
+        raise JobsUsageError(f"--target '{pattern}': {e}") from None
+
+
+def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One spec per job: the recipe, its `--source`/`--target` overrides (absolute, so any worker
+    can use them; `given` keeps them as typed, for the report) and the options every job shares."""
+    options = {k: getattr(args, k, None) for k in JOB_OPTIONS}
+    each = getattr(args, "each", None)
+    if each:
+        if len(args.recipes) != 1:
+            raise JobsUsageError("--each runs one recipe over many sources: give one recipe")
+        if args.source:
+            raise JobsUsageError("--each gives the sources: --source cannot be used with it")
+        if not args.target:
+            raise JobsUsageError("--each needs --target with placeholders, e.g. --target 'out/{stem}.bpk' "
+                                 "(" + ", ".join(f"{{{k}}}" for k in PLACEHOLDERS) + ")")
+        sources = expand_each(each)
+        pairs = [(args.recipes[0], {"source": s, "target": target_for(args.target, s, i)})
+                 for i, s in enumerate(sources)]
+    else:
+        pairs = [(r, {k: v for k in ("source", "target") if (v := getattr(args, k, None))}) for r in args.recipes]
+    return [{"recipe": os.path.abspath(recipe), "label": recipe, "given": given,
+             **{k: where(v) for k, v in given.items()}, **options}
+            for recipe, given in pairs]
+
+
+def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """(target, sources) of a job as its run will resolve them, from the recipe alone (no file
+    is opened); None when the recipe does not load (the job then fails on its own)."""
+    from ..files.io import writer_class
+    from ..formats.detect import target_format
+    from ..recipe.loader import RecipeError, load_recipe
+
+    try:  # without the overrides: the check of an override target onto its own source is the job's
+        loaded = load_recipe(spec["recipe"])
+    except (RecipeError, MigratorError):
+        return None
+    recipe = loaded.recipe
+    def resolve(p: Any) -> str:  # a URL as written, a local path from the recipe's folder
+        return str(p) if is_url(p) else str(loaded.resolve(p))
+
+    target: Any = spec["target"] if spec.get("target") else resolve(recipe.target.path)
+    if recipe.target.shard is None and not str(target).endswith("/"):
+        with suppress(MigratorError):
+            target = writer_class(target_format(target, recipe.target.format)).resolve_path(target)
+    sources = [spec["source"]] if spec.get("source") else [resolve(s.path) for s in recipe.inputs()]
+    if recipe.target.template:
+        sources.append(resolve(recipe.target.template))
+    return where(str(target), real=True), [where(s, real=True) for s in sources]
+
+
+def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
+    """Refuse, before anything runs, jobs that would write one target twice or onto a file another
+    job reads, and a `--report` that is one of those files."""
+    targets: dict[str, str] = {}
+    reads: dict[str, str] = {}
+    for spec in specs:
+        paths = _planned_paths(spec)
+        if paths is None:
+            continue
+        target, sources = paths
+        what = describe_job(spec)
+        if target in targets:
+            raise JobsUsageError(f"two jobs write {target}: {targets[target]} and {what}; "
+                                 "give each job its own target (--target 'out/{stem}.bpk')")
+        targets[target] = what
+        for s in sources:
+            reads.setdefault(s, what)
+    for target, what in targets.items():
+        if target in reads and reads[target] != what:
+            raise JobsUsageError(f"{what} writes {target}, which {reads[target]} reads")
+    if report:
+        rep = os.path.realpath(report)
+        if rep in targets or rep in reads:
+            raise JobsUsageError(f"--report {report} is a file the jobs read or write")
+
+
+def run_job(spec: dict[str, Any], capture: bool = True) -> dict[str, Any]:
+    """One job (a whole `migrate run` of one recipe) in this process; with `capture`, its text output
+    is returned (`stdout`, `stderr`) instead of printed. Never raises for a failed job: its exit code
+    and error are in the result."""
+    from ..core.display import escape
+    from ..core.errors import error_json
+    from .recipe import RunOptions, run_one_recipe
+
+    out, err = io.StringIO(), io.StringIO()
+    ns = namespace(spec)
+    result: dict[str, Any] = {"index": spec.get("index", 0)}
+    with (redirect_stdout(out) if capture else _nothing()), (redirect_stderr(err) if capture else _nothing()):
+        try:
+            outcome = run_one_recipe(spec["recipe"], RunOptions.of(ns))
+            result.update(code=outcome.code, document=outcome.document, report=outcome.report)
+        except MigratorError as e:
+            if not ns.json:
+                print(f"migrate: error: {escape(e, keep_newlines=True)}", file=sys.stderr)
+            result.update(code=e.exit_code, document={"error": error_json(e)}, report=None)
+        except Exception as e:  # a bug in one job must not take the others down
+            message = f"{type(e).__name__}: {e}"
+            print(f"migrate: internal error: {escape(message)}", file=sys.stderr)
+            result.update(code=EXIT_MIGRATION, report=None,
+                          document={"error": {"kind": "InternalError", "message": message, "file": spec["recipe"],
+                                              "tensor": None}})
+    result.update(stdout=out.getvalue(), stderr=err.getvalue())
+    return result
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
+    """Each job's result as it ends: in worker processes (forked: the parent's imports are reused)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    # fork is safe here: this process has loaded recipes but started no thread (no plan, no cast pool)
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {pool.submit(run_job, spec): spec for spec in specs}
+        try:
+            for f in as_completed(futures):
+                try:
+                    yield f.result()
+                except BrokenProcessPool as e:
+                    yield died(futures[f], f"its worker process died: {e}")
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def died(spec: dict[str, Any], why: str) -> dict[str, Any]:
+    message = f"job {describe_job(spec)} did not finish: {why}"
+    return {"index": spec["index"], "code": EXIT_MIGRATION, "report": None, "stdout": "",
+            "stderr": f"migrate: error: {message}\n",
+            "document": {"error": {"kind": "WorkerError", "message": message, "file": spec["recipe"], "tensor": None}}}
+
+
+def run_many(args: argparse.Namespace) -> int:
+    """`migrate run` of several jobs; see the module docstring."""
+    from ..core.display import escape
+
+    try:
+        specs = job_specs(args)
+        for i, spec in enumerate(specs):
+            spec["index"] = i
+        check_jobs(specs, args.report)
+        if args.report and args.report.lower().endswith((".html", ".htm")):
+            raise JobsUsageError("--report of several jobs is one JSON document: give a .json file")
+        report_path = Path(args.report) if args.report else None
+        if report_path:
+            from ..storage.atomic import check_target
+
+            check_target(report_path, overwrite=bool(args.overwrite))
+    except MigratorError as e:
+        return _usage_error(e, args)
+    try:
+        executor, address = jobs_executor(args, specs)
+    except MigratorError as e:
+        return _usage_error(e, args)
+    jobs = args.jobs or available_cpus()
+    results: dict[int, dict[str, Any]] = {}
+    n = len(specs)
+    if executor == "ray":
+        stream: Iterator[dict[str, Any]] = run_ray_jobs(specs, address)
+    elif jobs == 1 or n == 1:
+        stream = _serial(specs, args)
+    else:
+        stream = _run_local(specs, min(jobs, n))
+    for result in stream:
+        results[result["index"]] = result
+        spec = specs[result["index"]]
+        if not args.json:
+            if "stdout" in result and result.get("captured", True):
+                status = "ok" if result["code"] == EXIT_OK else f"failed (exit {result['code']})"
+                # the job's own number (input order): jobs end in any order, a number names one job
+                sys.stdout.write(f"[{result['index'] + 1}/{n}] {escape(describe_job(spec))}: {status}\n")
+            sys.stdout.write(result.get("stdout", ""))
+            sys.stdout.flush()
+        sys.stderr.write(result.get("stderr", ""))
+        sys.stderr.flush()
+    ordered = [results[i] for i in range(n)]
+    worst = max((r["code"] for r in ordered), default=EXIT_OK)
+    if args.json:
+        from ..core.display import print_json
+        print_json(jobs_document(specs, ordered, worst))
+    else:
+        ok = sum(r["code"] == EXIT_OK for r in ordered)
+        sys.stdout.write(f"{n} jobs: {ok} ok, {n - ok} failed\n")
+    if args.report:
+        from ..core.display import json_text
+        from ..storage.atomic import write_file
+
+        doc = jobs_report(specs, ordered, worst)
+        try:
+            write_file(args.report, (json_text(doc) + "\n").encode(), overwrite=bool(args.overwrite),
+                       fsync=not args.no_fsync, make_folders=True)
+        except MigratorError as e:
+            print(f"migrate: error: the report was not written: {escape(e)}", file=sys.stderr)
+            return max(worst, EXIT_MIGRATION)
+    return worst
+
+
+def _serial(specs: list[dict[str, Any]], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """One job after the other in this process, printing as they go (a progress bar where there is
+    a terminal)."""
+    from ..core.display import escape
+
+    for i, spec in enumerate(specs):
+        if not args.json:
+            sys.stdout.write(f"[{i + 1}/{len(specs)}] {escape(describe_job(spec))}\n")
+            sys.stdout.flush()
+        result = run_job({**spec, "no_progress": args.no_progress}, capture=bool(args.json))
+        result["captured"] = False
+        if not args.json:
+            result.pop("stdout", None)
+        yield result
+
+
+def _usage_error(e: Exception, args: argparse.Namespace) -> int:
+    from ..core.display import escape
+    from ..core.errors import error_json
+
+    if args.json:
+        from ..core.display import print_json
+        print_json({"error": error_json(e)})
+    else:
+        print(f"migrate run: {escape(e, keep_newlines=True)}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _job_head(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    return {"recipe": spec["label"], **({"overrides": spec["given"]} if spec["given"] else {}),
+            "exit_code": result["code"]}
+
+
+def jobs_document(specs: list[dict[str, Any]], results: list[dict[str, Any]], worst: int) -> dict[str, Any]:
+    """`run --json` of several jobs: {"ok", "exit_code", "jobs": [per job: recipe, overrides,
+    exit_code and the one-recipe document (report, errors, notes, or error)]}."""
+    return {"ok": worst == EXIT_OK, "exit_code": worst,
+            "jobs": [{**(h := _job_head(s, r)), **r["document"], **h} for s, r in zip(specs, results, strict=True)]}
+
+
+def jobs_report(specs: list[dict[str, Any]], results: list[dict[str, Any]], worst: int) -> dict[str, Any]:
+    """`--report` of several jobs: {"status", "exit_code", "jobs": [per job: recipe, overrides,
+    exit_code and the one-recipe report (status, target, written, applied...)]}; a job whose recipe
+    did not load has status "invalid" and its error."""
+    jobs = []
+    for s, r in zip(specs, results, strict=True):
+        report = r.get("report")
+        if report is None:
+            error = r["document"].get("error", {})
+            report = {"status": "invalid" if r["code"] == EXIT_USAGE else "failed", "written": False,
+                      "errors": [{"kind": error.get("kind", "error"), "message": error.get("message", "")}]}
+        head = _job_head(s, r)
+        jobs.append({**head, **report, **head})  # the head first, and its values
+    return {"status": "ok" if worst == EXIT_OK else "failed", "exit_code": worst, "jobs": jobs}
+
+
+def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """Where several jobs run: `--executor` when given, else their recipes' common `executor:` (one
+    dispatcher runs them all, so recipes that disagree need the flag)."""
+    from .recipe import executor_for
+
+    if getattr(args, "executor", None):
+        return executor_for(args, None)
+    from ..recipe.loader import RecipeError, load_recipe
+
+    seen: dict[tuple[str, str | None], str] = {}
+    for spec in specs:
+        try:
+            recipe = load_recipe(spec["recipe"]).recipe
+        except (RecipeError, MigratorError):
+            continue  # that job fails on its own
+        seen.setdefault(executor_for(args, recipe), spec["label"])
+    if len(seen) > 1:
+        (a, first), (b, second) = list(seen.items())[:2]
+        raise JobsUsageError(f"the recipes ask for different executors ({first}: {_spell(a)}, {second}: "
+                             f"{_spell(b)}): give --executor (and --ray-address) for the run")
+    return next(iter(seen), ("local", None))
+
+
+def _spell(executor: tuple[str, str | None]) -> str:
+    name, address = executor
+    return name + (f" at {address}" if address else "")
+
+
+def run_ray_jobs(specs: list[dict[str, Any]], address: str | None) -> Iterator[dict[str, Any]]:
+    """Each job's result (`run_job`) as its Ray task ends (`--executor ray`)."""
+    from .ray_executor import TASK_RETRIES, _cause, ray_module
+
+    ray = ray_module(address)
+    remote = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(run_job)
+    refs = {remote.remote({**spec, "executor": "local"}): spec for spec in specs}  # no tasks inside tasks
+    pending = list(refs)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    yield ray.get(ref)
+                except Exception as e:
+                    yield died(refs[ref], f"its Ray task failed: {_cause(e)}")
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref)
+        raise

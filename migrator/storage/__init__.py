@@ -1,0 +1,1 @@
+"""Where bytes land: atomic files and folders, paths, object-store URLs."""

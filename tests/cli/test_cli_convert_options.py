@@ -1,0 +1,112 @@
+"""`migrate convert` takes a recipe's one-off options (--modules, --dtype, float_cast, half_precision)
+and refuses bad values with a recipe's words, naming the option, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from migrator.cli import main
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    """Module names no heuristic calls a Linear (`proj`, `head`): only a declaration does."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"proj": torch.nn.Linear(3, 4), "head": torch.nn.Linear(4, 2)})
+    path = tmp_path / "m.pt"
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def test_modules_declares_linears_for_pytorch_to_burn(ckpt: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.safetensors"
+    assert main(["convert", str(ckpt), str(out), "--no-progress", "--adapter", "pytorch_to_burn",
+                 "--modules", "Linear=^proj$", "--modules", "Linear=^head$"]) == 0
+    got, sd = load_file(str(out)), torch.load(ckpt, weights_only=True)
+    for name in ("proj", "head"):  # Burn's Linear stores [in, out]: x @ W + b is the torch module's forward
+        np.testing.assert_array_equal(got[f"{name}.weight"], sd[f"{name}.weight"].numpy().T)
+
+
+def test_dtype_and_float_cast_adapter_cast_like_torch(ckpt: Path, tmp_path: Path) -> None:
+    import ml_dtypes
+
+    sd = torch.load(ckpt, weights_only=True)
+    for flag in (["--dtype", "BF16"], ["--adapter", "float_cast:BF16"]):
+        out = tmp_path / f"{flag[0].strip('-')}.safetensors"
+        assert main(["convert", str(ckpt), str(out), "--no-progress", "--no-contiguous-indices", *flag]) == 0
+        got = load_file(str(out))
+        want = sd["proj.weight"].to(torch.bfloat16).view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        assert got["proj.weight"].dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(got["proj.weight"].view(np.int16), want.view(np.int16))
+
+
+def test_half_precision_adapter_converts_linears(ckpt: Path, tmp_path: Path) -> None:
+    out = tmp_path / "h.safetensors"
+    assert main(["convert", str(ckpt), str(out), "--no-progress", "--adapter", "half_precision",
+                 "--modules", "Linear=^(proj|head)$"]) == 0
+    got, sd = load_file(str(out)), torch.load(ckpt, weights_only=True)
+    assert got["head.bias"].dtype == np.float16
+    np.testing.assert_array_equal(got["head.bias"], sd["head.bias"].half().numpy())
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--dtype", "F61"], ["--dtype", "unknown dtype 'F61'", "did you mean 'F64'?"]),
+    (["--dtype", "BF61"], ["did you mean 'BF16'?"]),
+    (["--adapter", "float_cast:F61"], ["--adapter 'float_cast:F61'", "unknown dtype 'F61'", "did you mean"]),
+    (["--adapter", "float_cast"], ["float_cast needs a dtype", "--dtype"]),
+    (["--adapter", "pytorch_to_brun"], ["unknown adapter 'pytorch_to_brun'", "did you mean 'pytorch_to_burn'?"]),
+    (["--modules", "Linear=("], ["--modules 'Linear=('", "invalid regex '('"]),
+    (["--modules", "Linear"], ["--modules expects TYPE=REGEX"]),
+    (["--include", "["], ["--include '['", "invalid regex '['"]),
+])
+def test_bad_values_get_the_recipe_message_and_exit_2(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     flags: list[str], words: list[str]) -> None:
+    out = tmp_path / "x.bpk"
+    assert main(["convert", str(ckpt), str(out), "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+    for raw in ("validation error", "pydantic", "literal_error", "type="):
+        assert raw not in err
+    assert not out.exists()
+    assert main(["convert", str(ckpt), str(out), "--no-progress", "--json", *flags]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["kind"] == "UsageError" and words[0] in doc["error"]["message"]
+
+
+def test_a_folder_target_gets_one_file_named_after_the_source(ckpt: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    # SafeTensors in a folder: a Hugging Face folder (model.safetensors), as save_pretrained names it
+    assert main(["convert", str(ckpt), str(existing), "--to", "safetensors", "--no-progress", "--overwrite"]) == 0
+    want = torch.load(ckpt, weights_only=True)
+    got = load_file(str(existing / "model.safetensors"))
+    np.testing.assert_array_equal(got["proj.weight"], want["proj.weight"].numpy())
+    assert f"wrote {existing} " in capsys.readouterr().out  # the exact path
+    # burnpack: one file named after the source
+    new = str(tmp_path / "new") + "/"  # not there yet: created
+    assert main(["convert", str(ckpt), new, "--to", "burnpack", "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["target"] == str(tmp_path / "new" / "m.bpk")
+    assert (tmp_path / "new" / "m.bpk").is_file()
+
+
+def test_a_folder_target_without_to_is_a_safetensors_folder(ckpt: Path, tmp_path: Path) -> None:
+    assert main(["convert", str(ckpt), str(tmp_path / "out") + "/", "--no-progress"]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.safetensors"]
+
+
+def test_an_extensionless_target_gets_bpk_only_for_burnpack(ckpt: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert", str(ckpt), str(tmp_path / "plain"), "--to", "safetensors", "--no-progress"]) == 0
+    assert f"wrote {tmp_path / 'plain'} " in capsys.readouterr().out
+    assert "proj.weight" in load_file(str(tmp_path / "plain"))
+    assert main(["convert", str(ckpt), str(tmp_path / "burn"), "--no-progress"]) == 0
+    assert f"wrote {tmp_path / 'burn.bpk'} " in capsys.readouterr().out and (tmp_path / "burn.bpk").is_file()

@@ -1,0 +1,5 @@
+"""The example recipes of recipes/, in an order in which each one's inputs exist (`make demo`'s)."""
+
+ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",
+         "hf-folder-reshard", "gpt2-split-qkv", "gpt2-merge-qkv", "mixtral-stack-experts", "mixtral-unstack-experts",
+         "llama-meta-to-hf", "llama-hf-to-meta", "bert-graft", "bert-cut-layers", "bert-stack-layers"]
