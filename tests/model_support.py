@@ -18,3 +18,16 @@ def tiny_bert_folder(folder: object, max_shard_size: str = "20KB") -> object:
     """`tiny_bert()` saved as a Hugging Face folder of shards (save_pretrained); returns the folder."""
     tiny_bert().save_pretrained(folder, max_shard_size=max_shard_size)  # type: ignore[attr-defined]
     return folder
+
+
+def tiny_llama(vocab_size: int = 320) -> object:
+    """A 2-layer LlamaForCausalLM with grouped-query attention (4 heads, 2 KV heads) and a RoPE base other
+    than the default, seeded."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   rms_norm_eps=1e-5, rope_theta=50000.0, bos_token_id=1, eos_token_id=2)
+    return transformers.LlamaForCausalLM(cfg).eval()

@@ -3,8 +3,9 @@
     .venv/bin/python tools/fuzz.py --reader burnpack --cases 100000
     .venv/bin/python tools/fuzz.py --reader safetensors --differential --cases 100000
     .venv/bin/python tools/fuzz.py --reader pytorch-zip --differential --cases 100000
+    .venv/bin/python tools/fuzz.py --reader gguf --differential --cases 100000
 
-Readers: burnpack, safetensors, pytorch-zip, pytorch-legacy, pytorch-tar, recipe. Seeds are made
+Readers: burnpack, safetensors, pytorch-zip, pytorch-legacy, pytorch-tar, gguf, recipe. Seeds are made
 on the spot (migrator's own writers; torch for the legacy, TAR and torch-written zip seeds) and
 mutated by byte flips, truncations, insertions, deletions, splices and overwrites of length fields
 with huge or negative values; the zip and TAR mutators can also repair CRCs and header checksums
@@ -25,7 +26,10 @@ Anything else is a crash, saved under `tools/fuzz-crashes/` (gitignored):
 
 `--differential` (safetensors, burnpack) reads every mutated input with the reader's header fast
 path and with the reference parser alone, and counts any difference in tensors (bytes included),
-metadata, scalars, extra() or error (type, message, tensor) as a failure.
+metadata, scalars, extra() or error (type, message, tensor) as a failure. `--reader gguf
+--differential` reads every mutated input migrator accepts with gguf-py's reader as well: both must
+agree on tensor names, ggml types, shapes, stored bytes and key/values (inputs only gguf-py accepts
+are counted, not failures: migrator refuses overlapping or misaligned data, which gguf-py reads).
 
 This module is also imported by tests/formats/test_fuzz.py, which runs the same seeds, mutations and
 checks under Hypothesis for a bounded number of cases.
@@ -71,9 +75,9 @@ from migrator.core import dtypes  # noqa: E402
 from migrator.core.errors import MigratorError  # noqa: E402
 from migrator.core.tensor import from_numpy  # noqa: E402
 
-READERS = ("burnpack", "safetensors", "pytorch-zip", "pytorch-legacy", "pytorch-tar", "recipe")
+READERS = ("burnpack", "safetensors", "pytorch-zip", "pytorch-legacy", "pytorch-tar", "gguf", "recipe")
 FORMAT_OF = {"burnpack": "burnpack", "safetensors": "safetensors", "pytorch-zip": "pytorch",
-             "pytorch-legacy": "pytorch", "pytorch-tar": "pytorch"}
+             "pytorch-legacy": "pytorch", "pytorch-tar": "pytorch", "gguf": "gguf"}
 CRASH_DIR = REPO / "tools" / "fuzz-crashes"
 ALLOC_SLACK = 64 << 20
 MATERIALISE_LIMIT = 256 << 20  # larger declared tensors are bound-checked, not materialised
@@ -276,9 +280,50 @@ def recipe_seeds() -> list[bytes]:
     return out
 
 
+def gguf_seeds() -> list[bytes]:
+    """migrator-written GGUF (typed key/values, quantized tensors) and, with gguf-py installed, a file
+    it writes holding a K-quant and an IQ tensor (random blocks) at a custom alignment."""
+    from migrator.formats.gguf.constants import ValueType
+    from migrator.formats.gguf.header import Value
+    from migrator.formats.gguf.writer import GGUFWriter
+
+    ts = _tiny_tensors()
+    rng = np.random.default_rng(5)
+    w = from_numpy("blk.0.attn_q.weight", rng.standard_normal((4, 64)).astype(np.float32))
+    meta: dict[str, str] = {"general.architecture": "llama", "general.name": "fuzz \u2713", "llama.block_count": "1",
+                            "tokenizer.ggml.tokens": Value(ValueType.ARRAY, ["<s>", "a", "\u00e9"], ValueType.STRING),
+                            "tokenizer.ggml.scores": Value(ValueType.ARRAY, np.float32([0, -1, 2.5]),
+                                                           ValueType.FLOAT32)}
+    out = [migrator.to_bytes([*ts[:2], w], "gguf", metadata=meta), migrator.to_bytes([], "gguf")]
+    for rule in ("Q8_0", "Q4_1"):
+        buf = io.BytesIO()
+        GGUFWriter([ts[0], w], metadata=meta, quantize={".*": rule}).write_to(buf)
+        out.append(buf.getvalue())
+    try:
+        import gguf
+    except ImportError:
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "seed.gguf")
+        gw = gguf.GGUFWriter(path, "llama")
+        gw.add_custom_alignment(64)
+        gw.add_array("nested", [[1, 2], [3]])
+        for name, size in (("Q4_K", 144), ("IQ2_XS", 74)):
+            blocks = rng.integers(0, 256, (2, size), dtype=np.uint8)
+            blocks[:, :2] = np.float16([0.5, -0.25]).view(np.uint8).reshape(2, 2)
+            gw.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[name])
+        gw.write_header_to_file()
+        gw.write_kv_data_to_file()
+        gw.write_tensors_to_file()
+        gw.close()
+        out.append(Path(path).read_bytes())
+    return out
+
+
 SEEDS: dict[str, Callable[[], list[bytes]]] = {
     "burnpack": burnpack_seeds, "safetensors": safetensors_seeds, "pytorch-zip": pytorch_zip_seeds,
-    "pytorch-legacy": pytorch_legacy_seeds, "pytorch-tar": pytorch_tar_seeds, "recipe": recipe_seeds,
+    "pytorch-legacy": pytorch_legacy_seeds, "pytorch-tar": pytorch_tar_seeds, "gguf": gguf_seeds,
+    "recipe": recipe_seeds,
 }
 
 
@@ -401,6 +446,13 @@ def length_fields(data: bytes, reader: str) -> list[tuple[int, int, str]]:
         return _pickle_fields(data, 512) if len(data) > 512 else []
     if reader == "pytorch-legacy":
         return _pickle_fields(data, 0)
+    if reader == "gguf":  # the counts, then every u64 that looks like a string length or a small count
+        out = [(8, 8, "<"), (16, 8, "<")]
+        for p in range(24, min(len(data) - 8, 4096), 4):
+            v = int.from_bytes(data[p:p + 8], "little")
+            if 0 < v < 4096:
+                out.append((p, 8, "<"))
+        return out
     return []
 
 
@@ -704,10 +756,17 @@ def _round_trip(r: Any) -> None:
                 u = b[name]
                 if (t.dtype.name, t.shape) != (u.dtype.name, u.shape) or bytes(t.data()) != bytes(u.data()):
                     raise WrongResult(f"{name}: re-encoded ({out}) tensor differs")
-            if meta is not None and back.metadata != meta:
+            got, want = back.metadata, meta
+            if out == "gguf" and meta is not None:  # the writer computes these two from the tensors it writes
+                got = {k: v for k, v in got.items() if k not in _GGUF_COMPUTED}
+                want = {k: v for k, v in meta.items() if k not in _GGUF_COMPUTED}
+            if want is not None and got != want:
                 raise WrongResult(f"re-encoded ({out}) metadata differs")
             if scalars is not None and _scalar_keys(back.scalars) != _scalar_keys(scalars):
                 raise WrongResult(f"re-encoded ({out}) scalars differ")
+
+
+_GGUF_COMPUTED = ("general.file_type", "general.quantization_version")
 
 
 def _scalar_keys(scalars: dict[str, Any]) -> dict[str, tuple[str, Any]]:
@@ -1039,6 +1098,132 @@ def differential_pickle(cases: int, seed: int, timeout: float) -> dict[str, Any]
             "outcomes": dict(outcomes.most_common()), "differences": len(differences)}
 
 
+# ----------------------------------------------------------------------------------------------
+# --reader gguf --differential: migrator's GGUF reader against gguf-py's
+
+
+def _comparable(v: Any) -> Any:
+    """Floats as their bits (NaN equals itself), lists item by item."""
+    if isinstance(v, list):
+        return [_comparable(x) for x in v]
+    if isinstance(v, float):
+        return struct.pack("<d", v)
+    return v
+
+
+def _gguf_py_facts(path: Path) -> tuple[Any, ...]:
+    """What gguf-py's reader gives: per tensor (name, ggml type, PyTorch-order shape, stored bytes),
+    and per key (value types, contents); a key whose strings are not UTF-8 is compared as None."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    tensors = [(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist())),
+                np.asarray(t.data).tobytes()) for t in r.tensors]
+    fields = {}
+    for key, f in r.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            contents = f.contents()
+        except UnicodeDecodeError:
+            contents = None
+        fields[key] = ([int(t) for t in f.types], _comparable(contents))
+    return tensors, fields
+
+
+def _utf8_clean(s: str) -> bool:
+    return not any(0xDC80 <= ord(c) <= 0xDCFF for c in s)  # no surrogate escape of an undecodable byte
+
+
+def _value_types(v: Any) -> list[int]:
+    """A value's type tags as gguf-py lists them (arrays: the item types down the first items)."""
+    from migrator.formats.gguf.constants import ValueType
+
+    out = [int(v.type)]
+    while v.type is ValueType.ARRAY and v.item_type is not None:
+        out.append(int(v.item_type))
+        if v.item_type is not ValueType.ARRAY or not v.data:
+            break
+        v = v.data[0]
+    return out
+
+
+def _value_contents(v: Any) -> Any:
+    """A value as gguf-py's `contents()` gives it (arrays of arrays flattened)."""
+    from migrator.formats.gguf.constants import ValueType
+
+    if v.type is not ValueType.ARRAY:
+        if isinstance(v.data, str):
+            return v.data if _utf8_clean(v.data) else None
+        return _comparable(v.data.item() if hasattr(v.data, "item") else v.data)
+    if v.item_type is ValueType.ARRAY:
+        return [x for item in v.data for x in (_value_contents(item) or [])]
+    items = v.data.tolist() if hasattr(v.data, "tolist") else list(v.data)
+    if v.item_type is ValueType.STRING and not all(map(_utf8_clean, items)):
+        return None
+    return _comparable(items)
+
+
+def _migrator_gguf_facts(path: Path, data: bytes) -> tuple[Any, ...]:
+    with migrator.open_file(path, format="gguf") as r:
+        tensors = []
+        for t in r.tensors:
+            loader = t.loader
+            raw = data[loader.offset:loader.offset + loader.length] if hasattr(loader, "gtype") else bytes(t.data())
+            tensors.append((t.name, r.ggml_type(t), t.shape, raw))
+        fields = {k: (_value_types(v), _value_contents(v)) for k, v in r.header.metadata.items()}
+    return tensors, fields
+
+
+def differential_gguf(cases: int, rng: random.Random, timeout: float, crash_dir: Path,
+                      max_seconds: float | None) -> dict[str, Any]:
+    """Mutated GGUF inputs: every one migrator accepts must read the same in gguf-py."""
+    pool = list(build_seeds("gguf"))
+    counts: Counter[str] = Counter()
+    scratch = Path(tempfile.mkdtemp(prefix="migrator-fuzz-gguf-"))
+    path = scratch / "case.gguf"
+    started = time.monotonic()
+    n = 0
+    for n in range(1, cases + 1):
+        base = rng.choice(pool)
+        data = apply_ops(base, random_ops(rng, base, "gguf"), "gguf", pool)
+        path.write_bytes(data)
+        ours: Any = None
+        theirs: Any = None
+        try:
+            with time_limit(timeout):
+                try:
+                    ours = _migrator_gguf_facts(path, data)
+                except MigratorError as e:
+                    counts[f"migrator refuses: {type(e).__name__}"] += 1
+                    continue
+                try:
+                    theirs = _gguf_py_facts(path)
+                except Exception as e:  # any refusal of gguf-py's is a difference here
+                    theirs = ("error", type(e).__name__, str(e)[:200])
+        except CaseTimeout:
+            counts["timeout"] += 1
+            (crash_dir / f"gguf-differential-timeout-{hashlib.sha1(data).hexdigest()[:12]}.bin").write_bytes(data)
+            continue
+        if ours != theirs:
+            counts["different"] += 1
+            name = f"gguf-differential-{hashlib.sha1(data).hexdigest()[:12]}.bin"
+            (crash_dir / name).write_bytes(data)
+            print(f"[{n}] DIFFERENT -> {crash_dir / name}\n  migrator: {str(ours)[:300]}\n"
+                  f"  gguf-py: {str(theirs)[:300]}", file=sys.stderr, flush=True)
+        else:
+            counts["same"] += 1
+            if len(pool) < 512 and data not in pool and rng.random() < 0.2:
+                pool.append(data)
+        if max_seconds and time.monotonic() - started > max_seconds:
+            break
+    path.unlink(missing_ok=True)
+    scratch.rmdir()
+    return {"reader": "gguf", "mode": "differential (gguf-py)", "cases": n,
+            "seconds": round(time.monotonic() - started, 1), "differences": counts["different"],
+            "timeouts": counts["timeout"], "outcomes": dict(counts.most_common())}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reader", choices=READERS, required=True)
@@ -1055,7 +1240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--differential", action="store_true",
                    help="compare fast and reference paths on every mutated input (safetensors, burnpack: the "
                         "header fast path against the reference parser; pytorch-*: the pickle record scanner "
-                        "against the opcode loop)")
+                        "against the opcode loop; gguf: migrator's reader against gguf-py's)")
     args = p.parse_args(argv)
 
     seed = args.seed if args.seed is not None else int(time.time())
@@ -1066,6 +1251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = random.Random(seed)
     crash_dir: Path = args.crash_dir
     crash_dir.mkdir(parents=True, exist_ok=True)
+    if args.differential and args.reader == "gguf":
+        summary = {"seed": seed, **differential_gguf(args.cases, rng, args.timeout, crash_dir, args.max_seconds)}
+        print(json.dumps(summary, indent=2))
+        if args.report:
+            args.report.write_text(json.dumps(summary, indent=2) + "\n")
+        return 1 if summary["differences"] or summary["timeouts"] else 0
     if args.differential:
         if args.reader not in DIFFERENTIAL_READERS:
             p.error(f"--differential compares header fast paths: --reader {' or '.join(DIFFERENTIAL_READERS)}")

@@ -40,6 +40,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="declare the module type of matching module paths, as a recipe's modules: "
                            "(repeatable; e.g. Linear='^fc\\d+$')")
     conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
+    conv.add_argument("--quantize", metavar="TYPE",
+                      help="GGUF target: write 2-D float tensors as TYPE (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, "
+                      "F32); 1-D tensors and norms stay F32 (a recipe's target.quantize picks per tensor)")
     conv.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
                       help="renumber index segments 0,1,2,... (default: on for a PyTorch source written for Burn, "
                            "i.e. a .bpk target or --adapter pytorch_to_burn; the no- form keeps the names)")
@@ -162,6 +165,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
+    if args.quantize:
+        from ..formats.detect import from_extension
+
+        if (args.target_format if args.target_format != "auto" else from_extension(args.dst)) != "gguf":
+            parser.error("--quantize applies to GGUF targets (DST ending in .gguf, or --to gguf)")
+        options.update(quantize=args.quantize)
     if args.copy_from:
         if not args.copy:
             parser.error("--copy-from DIR says where --copy reads: add --copy GLOB (e.g. --copy config.json)")

@@ -67,8 +67,9 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     tensors = info["tensors"]
     with_ids = any("param_id" in t for t in tensors)
     sharded = any("file" in t for t in tensors)
-    header = (["name", "dtype", "shape", "size", "offset"] + (["param_id"] if with_ids else [])
-              + (["shard"] if sharded else []))
+    ggml = any("ggml_type" in t for t in tensors)  # GGUF: the stored type beside the dtype read
+    header = (["name", "dtype"] + (["ggml type"] if ggml else []) + ["shape", "size", "offset"]
+              + (["param_id"] if with_ids else []) + (["shard"] if sharded else []))
     with_stats = bool(tensors) and "stats" in tensors[0]
     if with_stats:
         from ..analysis.stats import STATS_HEADER, stats_cells
@@ -80,7 +81,8 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     for t in shown:
         nbytes = t["nbytes"]
         size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
-        row = [t["name"], t["dtype"], str(t["shape"]), size, "-" if t["offset"] is None else str(t["offset"])]
+        row = [t["name"], t["dtype"], *([t.get("ggml_type", "")] if ggml else []), str(t["shape"]), size,
+               "-" if t["offset"] is None else str(t["offset"])]
         if with_ids:
             row.append(str(t.get("param_id", "")))
         if sharded:
@@ -90,6 +92,8 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
         rows.append(row)
     title = f"{info['path']} ({info['format']}, {human_bytes(info['file_size'])})"
     right: tuple[int, ...] = (3, 4, 5) if with_ids else (3, 4)
+    if ggml:
+        right = tuple(i + 1 for i in right)
     if with_stats:  # the numeric stats columns, not the flags
         right += tuple(range(len(header) - len(STATS_HEADER), len(header) - 1))
     print_table(title, header, rows, right=right)

@@ -3,7 +3,8 @@
 A `Limits` is passed to `open_file(..., limits=)` and `build_plan(..., limits=)` (and from the
 command line with `--limit NAME=VALUE`); each reader reads its bounds from the value it was given,
 so two readers in one process can have different limits and nothing is changed process-wide.
-Every field is checked in exactly one place (named in its comment). SECURITY.md lists them.
+Every field is checked in the places its comment names (one per format that has such a bound).
+SECURITY.md lists them.
 
 Bounds that are part of a format rather than a defence (Burn's CBOR nesting of 128, torch's int64
 sizes, the counts Burn's own reader refuses when migrator writes a burnpack) are constants of
@@ -28,11 +29,11 @@ class Limits:
     # burnpack (formats/burnpack.py)
     max_file_bytes: int = 100 * GiB  # a burnpack file's size (files only, not buffers)
     max_metadata_bytes: int = 100 * MiB  # its CBOR metadata
-    max_tensors: int = 100_000  # tensors in its tensor map
+    max_tensors: int = 100_000  # tensors in its tensor map (GGUF: tensor infos, formats/gguf/header.py)
     max_tensor_bytes: int = 10 * GiB  # bytes of one tensor (elements: at most 8 x this)
     # SafeTensors (formats/safetensors.py)
-    max_header_bytes: int = 100_000_000  # the JSON header (the safetensors library's bound)
-    # burnpack CBOR (formats/cbor.py) and SafeTensors JSON (formats/safetensors.py)
+    max_header_bytes: int = 100_000_000  # the JSON header (the safetensors library's bound); a GGUF header
+    # burnpack CBOR (formats/cbor.py), SafeTensors JSON (formats/safetensors.py), GGUF (formats/gguf/header.py)
     header_object_bytes: int = 14  # bytes of Python objects a header may build per header byte...
     header_object_base: int = 56 * MiB  # ...plus this many, whatever its size
     # PyTorch containers (formats/pytorch/)

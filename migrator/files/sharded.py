@@ -24,6 +24,7 @@ import glob as globlib
 import json
 import mmap
 import os
+import re
 import stat
 import threading
 from collections import OrderedDict
@@ -52,14 +53,39 @@ GLOB_CHARS = frozenset("*?[")
 INDEX_SUFFIX = ".index.json"
 
 
+# llama.cpp's split files: model-00001-of-00003.gguf (gguf-split, gguf-py's split_max_tensors/_size)
+GGUF_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
 def is_sharded_path(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` names a folder, an index file or a glob rather than one weights file."""
+    """Whether `path` names a folder, an index file, a glob or one of several split GGUF files rather
+    than one weights file."""
     text = os.fspath(path)
     if os.path.isdir(text):
         return True
     if text.endswith(INDEX_SUFFIX):
         return True
+    split = GGUF_SPLIT.match(os.path.basename(text))
+    if split is not None and int(split["count"]) > 1 and os.path.isfile(text):
+        return True
     return not os.path.exists(text) and bool(GLOB_CHARS.intersection(os.path.basename(text)))
+
+
+def gguf_split_files(path: Path, limits: Limits = DEFAULT_LIMITS) -> list[Path] | None:
+    """Every file of the split GGUF `path` belongs to (any one of them names the set), in order; None
+    when `path` is not named like a split file."""
+    m = GGUF_SPLIT.match(path.name)
+    if m is None:
+        return None
+    count = int(m["count"])
+    if count > limits.max_shards:
+        raise LimitExceededError(f"{count} split files, over the {limits.max_shards} limit (max_shards)",
+                                 file=str(path))
+    files = [path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise FormatError(f"split GGUF of {count} files lacks {', '.join(missing[:5])}", file=str(path))
+    return files
 
 
 def folder_weights(folder: Path) -> Path:
@@ -88,7 +114,14 @@ def pick_weights(names: set[str], folder: Path) -> Path:
                               "to read (e.g. " + str(folder / found[0]) + ")", file=str(folder))
         if found:
             return folder / found[0]
-    looked = ", ".join(["*.safetensors.index.json", *SAFETENSORS_SINGLE, "*.bin.index.json", *PYTORCH_SINGLE])
+    splits = sorted(n for n in names if (m := GGUF_SPLIT.match(n)) is not None and int(m["no"]) == 1)
+    if len(splits) > 1:
+        raise FormatError(f"the folder holds several split GGUF models: {', '.join(splits)}; name one",
+                          file=str(folder))
+    if splits:
+        return folder / splits[0]
+    looked = ", ".join(["*.safetensors.index.json", *SAFETENSORS_SINGLE, "*.bin.index.json", *PYTORCH_SINGLE,
+                        "*-00001-of-*.gguf"])
     raise FormatError(f"not a model folder: none of {looked} is in it; name a weights file, an index or a glob",
                       file=str(folder))
 
@@ -223,17 +256,19 @@ class Reopened:
         self.shard, self.fmt, self.name, self.limits = shard, fmt, name, limits
 
     def __call__(self) -> bytes:
-        from .single import open_single
-
-        with open_single(self.shard.path, self.fmt, self.limits, {}) as reader:
+        with self._open() as reader:
             return bytes(reader[self.name].data())
 
     def pieces(self, streamed: Callable[[LazyTensor], Iterator[Buffer]]) -> Iterator[Buffer]:
         """The tensor's bytes as `streamed` hands them out of the shard opened again (closed at the end)."""
-        from .single import open_single
-
-        with open_single(self.shard.path, self.fmt, self.limits, {}) as reader:
+        with self._open() as reader:
             yield from streamed(reader[self.name])
+
+    def _open(self) -> Reader:
+        """The shard file alone (not `open_file`, which takes one file of a split GGUF for the whole set)."""
+        from .single import reader_over
+
+        return reader_over(FileSource(self.shard.path), self.shard.path, self.fmt, self.limits, {})
 
 
 class ShardSet(ByteSource):
@@ -271,12 +306,15 @@ class ShardedReader(Reader):
                 weight_map, index_meta = read_index(found, limits)
                 files = _index_files(found, weight_map)
             else:
-                files = [found]
+                files = gguf_split_files(found, limits) or [found]
         elif text.endswith(INDEX_SUFFIX) or (os.path.isfile(text) and text.endswith(".json")):
             self.index_path = Path(text)
             self.folder = self.index_path.parent
             weight_map, index_meta = read_index(self.index_path, limits)
             files = _index_files(self.index_path, weight_map)
+        elif os.path.isfile(text) and GGUF_SPLIT.match(os.path.basename(text)):  # one file of a split GGUF
+            files = gguf_split_files(Path(text), limits) or []
+            self.folder = Path(os.path.dirname(text) or ".")
         else:
             files = [Path(p) for p in sorted(globlib.glob(text)) if os.path.isfile(p)]
             self.folder = Path(os.path.dirname(text) or ".")
@@ -296,6 +334,8 @@ class ShardedReader(Reader):
             _check_against_index(self.index_path, weight_map, self)
         self.metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in index_meta.items()
                          if k != "total_size"} | self._shard_metadata
+        if self.format == "gguf":  # split.no/count/tensors.count describe the files read, not the model
+            self.metadata = {k: v for k, v in self.metadata.items() if not k.startswith("split.")}
         self.source = ShardSet(text, sum(s.size for s in self.shards), [s.identity for s in self.shards],
                                self._modes)
 
@@ -304,6 +344,7 @@ class ShardedReader(Reader):
         from ..formats.registry import reader_class
 
         formats: dict[str, Path] = {}
+        stored: dict[str, str] = {}
         self._modes = 0o7777
         metas: dict[str, set[str]] = {}
         scalar_from: dict[str, Path] = {}
@@ -319,6 +360,8 @@ class ShardedReader(Reader):
                 source.close()
                 raise
             with reader:
+                if hasattr(reader, "ggml_type"):  # GGUF: each tensor's stored type, for inspect
+                    stored.update((t.name, reader.ggml_type(t)) for t in reader.tensors)
                 formats.setdefault(reader.format, path)
                 if len(formats) > 1:
                     (f1, p1), (f2, p2) = list(formats.items())[:2]
@@ -352,6 +395,8 @@ class ShardedReader(Reader):
                                           file=self.given)
                     self.scalars[k], scalar_from[k] = s, Path(path)
         self.format = next(iter(formats)) if formats else "safetensors"  # type: ignore[misc]  # the shards' format
+        if stored:
+            self.ggml_type = lambda t: stored.get(t.name, t.dtype.name)
         # each shard's own metadata where the shards agree (e.g. `format: pt`); a key they disagree on is dropped
         self._shard_metadata = {k: next(iter(v)) for k, v in metas.items() if len(v) == 1}
 

@@ -225,7 +225,7 @@ class ShardedWriter(Writer):
     def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
                  copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
-                 weights_name: str | None = None) -> None:
+                 weights_name: str | None = None, made: Mapping[str, bytes] | None = None) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from ..formats.registry import writer_class
 
@@ -251,10 +251,11 @@ class ShardedWriter(Writer):
             # as transformers' save_pretrained writes it: parameters and bytes of the stored tensors
             self.index = {"metadata": {"total_parameters": sum(t.numel for t in stored),
                                        "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
-        reserved = set(names) | ({index_name} if self.index is not None else set())
+        reserved = set(names) | ({index_name} if self.index is not None else set()) | set(made or {})
         self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
-        self.generated: list[tuple[str, bytes]] = []  # companions written from these bytes, not copied
-        self.notes: list[str] = []
+        # companions written from these bytes, not copied: those the plan made (a GGUF's config.json),
+        # and a copied config.json whose dtype the cast changed
+        self.generated: list[tuple[str, bytes]] = list((made or {}).items())
         for src, rel in list(self.copies):
             if rel == "config.json" and (updated := config_with_dtype(src, self.tensors)) is not None:
                 self.copies.remove((src, rel))

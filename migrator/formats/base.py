@@ -145,6 +145,7 @@ class Writer(ABC):
         self.tensors = list(tensors)
         self.metadata = dict(metadata or {})
         self.scalars = dict(scalars or {})
+        self.notes: list[str] = []  # what the plan should say of the output (a GGUF tensor left F16, ...)
 
     @property
     @abstractmethod

@@ -9,9 +9,10 @@ from pathlib import Path
 from ..core.bytesource import ByteSource
 from ..core.errors import UnknownFormatError
 
-FORMATS = ("burnpack", "safetensors", "pytorch")
+FORMATS = ("burnpack", "safetensors", "pytorch", "gguf")
 
 BURNPACK_MAGIC = b"NRUB"
+GGUF_MAGIC = b"GGUF"
 PYTORCH_LEGACY_MAGIC = bytes.fromhex("80028a0a6cfc9c46f9206aa850192e")
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 
@@ -25,6 +26,7 @@ EXTENSIONS = {
     ".bin": "pytorch",
     ".ckpt": "pytorch",
     ".tar": "pytorch",
+    ".gguf": "gguf",
 }
 
 
@@ -32,6 +34,8 @@ def from_magic(source: ByteSource) -> str | None:
     head = source.read(0, min(source.size, 512), "format detection")
     if head[:4] == BURNPACK_MAGIC:
         return "burnpack"
+    if head[:4] == GGUF_MAGIC:
+        return "gguf"
     if head[:4] in ZIP_MAGICS or head.startswith(PYTORCH_LEGACY_MAGIC):
         return "pytorch"
     if len(head) >= 262 and head[257:262] == b"ustar":
@@ -55,8 +59,9 @@ def detect(source: ByteSource, path: str | os.PathLike[str] | None = None) -> st
         fmt = from_extension(path)
     if fmt is None:
         raise UnknownFormatError(
-            "unrecognised format: not burnpack (magic NRUB), SafeTensors (u64 header length + JSON) or "
-            "PyTorch (zip, tar, legacy pickle); name the format explicitly if the extension is unusual",
+            "unrecognised format: not burnpack (magic NRUB), SafeTensors (u64 header length + JSON), "
+            "PyTorch (zip, tar, legacy pickle) or GGUF (magic GGUF); name the format explicitly if the extension is "
+            "unusual",
             file=source.label,
         )
     return fmt
@@ -74,6 +79,6 @@ def target_format(path: str | os.PathLike[str], explicit: str = "auto") -> str:
     fmt = from_extension(path)
     if fmt is None:
         raise UnknownFormatError(
-            f"cannot tell the output format from extension '{suffix}'; use .bpk, .safetensors or .pt, "
+            f"cannot tell the output format from extension '{suffix}'; use .bpk, .safetensors, .pt or .gguf, "
             "or name the format", file=os.fspath(path))
     return fmt

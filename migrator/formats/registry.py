@@ -20,6 +20,10 @@ def reader_class(fmt: str) -> type[Reader]:
         from .pytorch import PytorchReader
 
         return PytorchReader
+    if fmt == "gguf":
+        from .gguf import GGUFReader
+
+        return GGUFReader
     raise UnknownFormatError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
 
 
@@ -36,4 +40,8 @@ def writer_class(fmt: str) -> type[Writer]:
         from .pytorch_writer import PytorchWriter
 
         return PytorchWriter
+    if fmt == "gguf":
+        from .gguf.writer import GGUFWriter
+
+        return GGUFWriter
     raise UnknownFormatError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")

@@ -285,13 +285,48 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                            copy_from=folder, weights_name=name)
+                                            copy_from=folder, weights_name=name,
+                                            made=_made_files(recipe, reader, [e.tensor.name for e in entries]))
                 plan.notes += plan.writer.notes
             else:
-                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], metadata=meta, scalars=scalars)
+                if recipe.target.hf_config:
+                    raise PlanError("target.hf_config writes a config.json into a folder target (end the path with "
+                                    "'/')")
+                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], scalars=scalars,
+                                                    **_writer_options(recipe, out_fmt, meta, reader, src_path))
+                notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
         except MigratorError as e:
             fatal.append(str(e))
     return plan
+
+
+def _made_files(recipe: Recipe, reader: Reader, names: list[str]) -> dict[str, bytes]:
+    """Companion files a sharded target is given from the plan: a config.json made from a GGUF's key/values."""
+    if not recipe.target.hf_config:
+        return {}
+    import json
+
+    from ..formats.gguf.llama import hf_config
+
+    return {"config.json": (json.dumps(hf_config(reader.metadata, names), indent=2) + "\n").encode()}
+
+
+def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: Reader,
+                    src_path: Path) -> dict[str, Any]:
+    """The writer's metadata, and options only one format's writer takes: a GGUF target's per-tensor
+    quantization rules, and its key/values with a tokenizer's (target.tokenizer, relative to the
+    source's folder)."""
+    target = recipe.target
+    if (target.quantize or target.tokenizer) and out_fmt != "gguf":
+        raise PlanError(f"target.quantize and target.tokenizer apply to GGUF targets; this target is {out_fmt}")
+    if out_fmt != "gguf":
+        return {"metadata": meta}
+    if target.tokenizer:
+        from ..formats.gguf.tokenizer import tokenizer_metadata
+
+        folder = Path(getattr(reader, "folder", None) or src_path.parent)
+        meta = {**meta, **tokenizer_metadata(folder / target.tokenizer)}
+    return {"quantize": target.quantize, "metadata": meta}
 
 
 def check_name_lengths(names: Iterable[str], limits: Limits, file: str) -> None:

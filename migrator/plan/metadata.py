@@ -49,14 +49,25 @@ def output_metadata(source_format: str, target_format: str, source_meta: Mapping
     names the file it is written in (`pt` for SafeTensors). `clear` drops everything; `extra` is
     added last, so an explicit `format` wins.
     """
+    if target_format == "gguf":  # typed key/values: only a GGUF source's carry over
+        carried = dict(source_meta) if source_format == "gguf" and not clear else {}
+        return {**carried, **(extra or {})}
     if clear:
         meta: dict[str, str] = {}
     elif source_format == target_format:
         meta = dict(source_meta)
     else:
-        meta = {**source_meta, **default_metadata(target_format)}
+        meta = {**_carried(source_format, source_meta), **default_metadata(target_format)}
     meta.update(extra or {})
     return loadable_metadata(meta, target_format, clear=clear) if target_format in METADATA_FORMATS else {}
+
+
+def _carried(source_format: str, source_meta: Mapping[str, str]) -> dict[str, str]:
+    """The source entries another format takes: a GGUF source's arrays (vocabularies, merges) are left
+    out, since their text is only a summary; its other key/values become plain text."""
+    if source_format != "gguf":
+        return dict(source_meta)
+    return {k: str(v) for k, v in source_meta.items() if getattr(v, "item_type", None) is None}
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

@@ -43,6 +43,7 @@ def build_recipe(
     copy: Sequence[str] = (),
     weights_name: str | None = None,
     copy_from: str | os.PathLike[str] | None = None,
+    quantize: str | None = None,
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
 
@@ -78,6 +79,8 @@ def build_recipe(
         data["target"]["copy"] = list(copy)
     if copy_from is not None:
         data["target"]["copy_from"] = os.fspath(copy_from)
+    if quantize:  # a GGUF target: every tensor the rule may take
+        data["target"]["quantize"] = {".*": quantize}
     if includes or excludes:
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}
@@ -95,6 +98,8 @@ def build_recipe(
         declared[type_name].append(pattern)
     if declared:
         data["modules"] = declared
+    _hf_to_gguf(data, src, dst, target_format_name)
+    _gguf_to_hf(data, src, dst)
     from pydantic import ValidationError
 
     from .model import Recipe
@@ -103,6 +108,72 @@ def build_recipe(
         return Recipe.model_validate(data)
     except ValidationError:
         raise _usage_error(data, module_options) from None
+
+
+def llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], target_format_name: str
+                 ) -> dict[str, Any] | None:
+    """The config.json of a Hugging Face Llama-family folder being converted to GGUF, else None."""
+    import json
+
+    from ..formats.detect import from_extension
+
+    folder = Path(src)
+    if ((target_format_name if target_format_name != "auto" else from_extension(dst)) != "gguf"
+            or not (folder / "config.json").is_file()):
+        return None
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConvertUsageError(f"{folder / 'config.json'}: not readable JSON ({e})") from None
+    from ..formats.gguf.llama import architecture
+
+    return config if isinstance(config, dict) and architecture(config) is not None else None
+
+
+def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                target_format_name: str) -> None:
+    """A Hugging Face Llama-family folder converted to GGUF: the recipe its config.json calls for
+    (llama.cpp's names, q/k permute, architecture key/values, tokenizer.model), merged into `data`."""
+    config = llama_config(src, dst, target_format_name)
+    if config is None:
+        return
+    from ..formats.gguf.llama import hf_to_gguf
+
+    folder = Path(src)
+    extra = hf_to_gguf(config)
+    data["remap"] = extra["remap"] + data["remap"]
+    kept = data.setdefault("filter", {"exclude": []})
+    kept["exclude"] = extra["filter"]["exclude"] + kept["exclude"]
+    data["ops"] = extra["ops"]
+    data["target"]["metadata"] = {**extra["metadata"], **data["target"]["metadata"]}
+    if (folder / "tokenizer.model").is_file():
+        data["target"]["tokenizer"] = "tokenizer.model"
+
+
+def llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],
+               max_shard_size: object) -> dict[str, str] | None:
+    """The key/values of a llama GGUF file being converted into a model folder (a sharded target), else None."""
+    sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
+    if not sharded or not os.fspath(src).endswith(".gguf") or not os.path.isfile(src):
+        return None
+    from ..files.io import open_file
+
+    with open_file(src, "gguf") as reader:
+        meta = dict(reader.metadata)
+    return meta if getattr(meta.get("general.architecture"), "data", None) == "llama" else None
+
+
+def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """A llama GGUF converted into a model folder: Hugging Face names and layout, and a config.json."""
+    meta = llama_gguf(src, dst, data["target"].get("shard"))
+    if meta is None:
+        return
+    from ..formats.gguf.llama import gguf_to_hf
+
+    extra = gguf_to_hf(meta)
+    data["remap"] = extra["remap"] + data["remap"]
+    data["ops"] = extra["ops"]
+    data["target"]["hf_config"] = True
 
 
 _ADAPTER_FORMS = adapter_names.CLI_FORMS
@@ -164,7 +235,7 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
         return f"--{second} '{data['filter'][second][n]['regex']}'"
     names: dict[str, str | dict[str, str]] = {
         "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "format": "--from", "path": "SRC"},
-        "target": {"format": "--to", "metadata": "--metadata", "path": "DST"}}
+        "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize"}}
     found = names.get(first, first)
     return found.get(second or "", first) if isinstance(found, dict) else found
 

@@ -29,7 +29,9 @@ from . import adapter_names
 from .checks import check_regex, recipe_value_error
 from .ops import OpSpec
 
-FormatName = Literal["auto", "burnpack", "safetensors", "pytorch"]
+FormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf"]
+GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+"""The ggml types a GGUF target can be written in (formats/gguf/writer.py's WRITABLE_TYPES)."""
 if TYPE_CHECKING:
     AdapterName = str
 else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices
@@ -407,6 +409,18 @@ class TargetSpec(_Strict):
         _tagged("'keep', 'none' or a mapping"),
     ] = Field(
         "keep", description="burnpack scalars: keep the source's, none, or declare them.")
+    quantize: dict[Regex, GGUFTypeName] = Field(
+        default_factory=dict, description="GGUF targets: the ggml type of each tensor, {regex: type}, the first regex "
+        "found in a tensor's name deciding (e.g. {'.*': Q8_0}). As llama.cpp does, 1-D tensors and norms stay F32, a "
+        "tensor whose rows are not whole blocks is written F16 (the plan notes it), non-float tensors keep their "
+        "type; tensors no rule matches keep their dtype.")
+    tokenizer: str | None = Field(
+        None, description="GGUF targets: a SentencePiece model, relative to the source's folder (e.g. "
+        "tokenizer.model), written as the tokenizer.ggml.* key/values llama.cpp reads (special tokens and "
+        "add_bos/add_eos from config.json / tokenizer_config.json beside it).")
+    hf_config: bool = Field(
+        False, description="A folder target from a llama GGUF source: write the config.json of a LlamaForCausalLM "
+        "made from its key/values (with the remaps and permute `migrate convert model.gguf out/` adds).")
     shard: ShardSpec | None = Field(
         None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "
         "with '/'.")

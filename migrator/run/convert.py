@@ -61,7 +61,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
     `recipe_sha256`: the hash of the recipe this conversion is recorded as (`--emit-recipe -o`), put
     in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes.
     `limits` bounds what the source may make its reader allocate."""
-    if recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items()):
+    from ..recipe.convert import llama_config, llama_gguf
+
+    if (recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items())
+            and llama_config(src, dst, options.get("target_format_name", "auto")) is None
+            and llama_gguf(src, dst, options.get("max_shard_size")) is None):
         done = _plain_copy(src, dst, progress=progress, limits=limits, **options)
         if done is not None:
             return done
@@ -144,6 +148,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 notes += writer.notes
             else:
                 writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
+                notes += writer.notes  # e.g. a GGUF file without general.architecture
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
         source = reader.source

@@ -304,5 +304,3 @@ def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False, fs
         _fsync_dir(target.parent, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-

@@ -412,3 +412,26 @@ def test_differential_outcome_sees_a_difference() -> None:
     shipped, reference = fuzz._header_reader_classes("safetensors")
     assert fuzz.differential_outcome(Lossy, with_meta[0]) != fuzz.differential_outcome(reference, with_meta[0])
     assert fuzz.differential_outcome(shipped, with_meta[0]) == fuzz.differential_outcome(reference, with_meta[0])
+
+
+def test_gguf_differential_against_gguf_py(tmp_path: Path) -> None:
+    """A short `tools/fuzz.py --reader gguf --differential` run: every mutated GGUF input migrator
+    accepts reads the same in gguf-py (names, ggml types, shapes, stored bytes, key/values)."""
+    import random
+
+    pytest.importorskip("gguf")
+    summary = fuzz.differential_gguf(300, random.Random(5), 30.0, tmp_path, None)
+    assert summary["differences"] == 0 and summary["timeouts"] == 0, summary
+    assert summary["outcomes"].get("same", 0) > 30, summary
+
+
+def test_gguf_differential_sees_a_difference(tmp_path: Path) -> None:
+    """The comparison can fail: shapes in GGUF's own order (not reversed) differ from gguf-py's."""
+    pytest.importorskip("gguf")
+    data = next(d for d in fuzz.build_seeds("gguf") if b"attn_q" in d)
+    path = tmp_path / "s.gguf"
+    path.write_bytes(data)
+    ours, theirs = fuzz._migrator_gguf_facts(path, data), fuzz._gguf_py_facts(path)
+    assert ours == theirs
+    unreversed = ([(n, g, shape[::-1], raw) for n, g, shape, raw in ours[0]], ours[1])
+    assert unreversed != theirs

@@ -153,6 +153,10 @@ target:
       float: 0.001
     best:
       bool: true
+  quantize:
+    '\.weight$': Q8_0
+  tokenizer: tokenizer.model
+  hf_config: false
   shard:
     max_size: 5GB
     name: model.safetensors
@@ -327,10 +331,10 @@ def test_every_field_with_a_wrong_type_is_an_error_at_its_line(tmp_path: Path, p
 
 # ----------------------------------------------------------------------------------------------
 # unknown keys, at every level that is a model (user mappings -- metadata, modules, scalar names,
-# -- take any key)
+# quantize regexes -- take any key)
 
 MODEL_MAPPINGS = [p for p, _, v in [((), None, ROOT), *ENTRIES] if isinstance(v, MappingNode)
-                  and p not in (("modules",), ("target", "metadata"), ("target", "scalars"),
+                  and p not in (("modules",), ("target", "metadata"), ("target", "scalars"), ("target", "quantize"),
                                 ("source", "storage_options"), ("target", "storage_options"),
                                 ("target", "template_storage_options"))]
 

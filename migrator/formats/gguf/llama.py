@@ -1,0 +1,163 @@
+"""Hugging Face Llama-family checkpoints as GGUF: the recipe pieces llama.cpp's converter applies.
+
+`hf_to_gguf(config)` gives, for a `config.json` of LlamaForCausalLM or MistralForCausalLM, the
+remaps (HF names -> llama.cpp's `blk.N.attn_q.weight` ...), the q/k rotary permute (GGUF keeps
+Meta's interleaved layout: `rope_permute` with `inverse: true`, k with the KV head count) and the
+architecture key/values (context and embedding length, block count, heads, KV heads, RoPE base and
+dimension, norm epsilon, vocab size) as recipe data. `migrate convert hf-folder/ out.gguf` merges
+them into its recipe; the tokenizer is `tokenizer.py`'s.
+
+The way back: `gguf_to_hf(metadata)` gives the inverse recipe data (HF names, the forward permute,
+`target.hf_config`), and `hf_config(metadata, names)` the config.json a sharded target is given, so
+`migrate convert model.gguf out/` writes a folder `from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama"}
+
+# HF name -> llama.cpp's (gguf-py's tensor_mapping for LLAMA), in remap syntax
+_REMAPS = (
+    (r"^model\.embed_tokens\.", "token_embd."),
+    (r"^model\.norm\.", "output_norm."),
+    (r"^lm_head\.", "output."),
+    (r"^model\.layers\.(\d+)\.self_attn\.q_proj\.", "blk.$1.attn_q."),
+    (r"^model\.layers\.(\d+)\.self_attn\.k_proj\.", "blk.$1.attn_k."),
+    (r"^model\.layers\.(\d+)\.self_attn\.v_proj\.", "blk.$1.attn_v."),
+    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", "blk.$1.attn_output."),
+    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", "blk.$1.ffn_gate."),
+    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", "blk.$1.ffn_up."),
+    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", "blk.$1.ffn_down."),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.", "blk.$1.attn_norm."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", "blk.$1.ffn_norm."),
+)
+
+
+def architecture(config: dict[str, Any]) -> str | None:
+    """The llama.cpp architecture of a Hugging Face config, when this module can convert it."""
+    archs = config.get("architectures") or []
+    return next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+
+
+def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """Recipe data (remap, filter, ops, target.metadata) for a Llama-family config.json."""
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    hidden = int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    arch = architecture(config) or "llama"
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        from ...core.errors import PlanError
+
+        raise PlanError(f"RoPE scaling '{rope.get('rope_type', rope.get('type'))}' is not converted to GGUF yet "
+                        "(llama.cpp writes it as a rope_freqs tensor)")
+    theta = config.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    meta = {
+        "general.architecture": arch,
+        f"{arch}.context_length": config.get("max_position_embeddings", 2048),
+        f"{arch}.embedding_length": hidden,
+        f"{arch}.block_count": config["num_hidden_layers"],
+        f"{arch}.feed_forward_length": config["intermediate_size"],
+        f"{arch}.attention.head_count": heads,
+        f"{arch}.attention.head_count_kv": kv_heads,
+        f"{arch}.rope.freq_base": float(theta),
+        f"{arch}.rope.dimension_count": head_dim,
+        f"{arch}.attention.layer_norm_rms_epsilon": config.get("rms_norm_eps", 1e-6),
+        f"{arch}.vocab_size": config["vocab_size"],
+    }
+    if head_dim != hidden // heads:  # llama.cpp then reads the head size from these, not hidden / heads
+        meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = head_dim
+    if config.get("_name_or_path"):
+        meta["general.name"] = str(config["_name_or_path"]).rstrip("/").rsplit("/", 1)[-1]
+    return {
+        "remap": [{"from": a, "to": b} for a, b in _REMAPS],
+        "filter": {"exclude": [{"regex": r"\.rotary_emb\.inv_freq$"}]},
+        "ops": [{"rope_permute": {"from": r"blk\.\d+\.attn_q\.weight", "heads": heads, "inverse": True}},
+                {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}],
+        "metadata": {k: _text(v) for k, v in meta.items()},
+    }
+
+
+def _text(v: object) -> str:
+    """A config value as the text the GGUF writer types by key (floats with their full precision)."""
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def _back(pattern: str, repl: str) -> tuple[str, str]:
+    """A forward remap (HF -> GGUF) turned around (GGUF -> HF)."""
+    source = re.escape(repl).replace(r"\$1", r"(\d+)")
+    target = pattern.lstrip("^").replace(r"(\d+)", "$1").replace("\\", "")
+    return "^" + source, target
+
+
+def _value(meta: Mapping[str, str], key: str, default: Any = None) -> Any:
+    v = meta.get(key)
+    if v is None:
+        return default
+    return getattr(v, "data", v)
+
+
+def gguf_to_hf(metadata: Mapping[str, str]) -> dict[str, Any]:
+    """Recipe data (remap, ops, target.hf_config) turning a llama GGUF back into Hugging Face names and layout."""
+    arch = _value(metadata, "general.architecture")
+    heads = int(_value(metadata, f"{arch}.attention.head_count"))
+    kv_heads = int(_value(metadata, f"{arch}.attention.head_count_kv", heads))
+    return {
+        "remap": [{"from": a, "to": b} for a, b in map(lambda r: _back(*r), _REMAPS)],
+        "ops": [{"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.q_proj\.weight", "heads": heads}},
+                {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}],
+        "hf_config": True,
+    }
+
+
+def hf_config(metadata: Mapping[str, str], names: Sequence[str]) -> dict[str, Any]:
+    """A LlamaForCausalLM config.json from a llama GGUF's key/values and the tensor names written."""
+    from ...core.errors import PlanError
+
+    arch = _value(metadata, "general.architecture")
+    if arch != "llama":
+        raise PlanError(f"target.hf_config: a config.json is made for llama GGUF sources, not '{arch}'")
+
+    def need(key: str) -> Any:
+        v = _value(metadata, f"{arch}.{key}")
+        if v is None:
+            raise PlanError(f"target.hf_config: the GGUF has no {arch}.{key}")
+        return v
+
+    heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
+    tokens = _value(metadata, "tokenizer.ggml.tokens")
+    vocab = _value(metadata, f"{arch}.vocab_size", len(tokens) if tokens is not None else None)
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")), "num_attention_heads": heads,
+        "num_key_value_heads": int(_value(metadata, f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(_value(metadata, f"{arch}.rope.dimension_count", hidden // heads)),
+        "max_position_embeddings": int(_value(metadata, f"{arch}.context_length", 2048)),
+        "rms_norm_eps": _decimal(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _decimal(_value(metadata, f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "lm_head.weight" not in names,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+    }
+    if vocab is not None:
+        config["vocab_size"] = int(vocab)
+    for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                    ("padding_token_id", "pad_token_id")):
+        v = _value(metadata, f"tokenizer.ggml.{key}")
+        if v is not None:
+            config[hf] = int(v)
+    return config
+
+
+def _decimal(v: Any) -> float:
+    """A FLOAT32 key/value as the shortest decimal that is that float32 (1e-05, not 9.999999747378752e-06):
+    the value the config.json it came from most likely held."""
+    import numpy as np
+
+    return float(str(np.float32(v)))
