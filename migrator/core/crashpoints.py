@@ -11,7 +11,10 @@ or lets it go on with SIGCONT. The points, in the order a single-file write pass
 - `published`: the target is the new file; the folder is not yet synced;
 - `done`: the folder is synced.
 
-The variable is read once, at import; unset (as everywhere outside the crash tests) a point costs a
+`MIGRATOR_KILL_AT` lists points (same names) at which the process sends itself SIGKILL instead, as
+the out-of-memory killer would: for runs whose process the test does not wait on (a `--jobs` worker).
+
+The variables are read once, at import; unset (as everywhere outside the crash tests) a point costs a
 lookup in an empty set. This gives the tests exact kill moments instead of timed guesses.
 """
 
@@ -20,14 +23,16 @@ from __future__ import annotations
 import os
 import signal
 
-_POINTS = frozenset(p.strip() for p in os.environ.get("MIGRATOR_STOP_AT", "").split(",") if p.strip())
+_STOPS = frozenset(p.strip() for p in os.environ.get("MIGRATOR_STOP_AT", "").split(",") if p.strip())
+_KILLS = frozenset(p.strip() for p in os.environ.get("MIGRATOR_KILL_AT", "").split(",") if p.strip())
+_POINTS = _STOPS | _KILLS
 _tensors = 0
 
 
 def reached(point: str) -> None:
-    """Stop this process if `point` is one a test asked for."""
+    """Stop (or kill) this process if `point` is one a test asked for."""
     if point in _POINTS:
-        os.kill(os.getpid(), signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGKILL if point in _KILLS else signal.SIGSTOP)
 
 
 def tensor_written() -> None:

@@ -53,6 +53,7 @@ def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, opti
     from .sharded import ShardedReader
 
     key = options.pop("top_level_key", None)
+    options.pop("keep_structure", None)  # shards are state_dicts: written back flat
     if options:
         raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
     reader = ShardedReader(src, format, limits=limits)

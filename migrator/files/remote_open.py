@@ -30,6 +30,7 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
                 raise
     if is_remote_sharded(url, info):
         key = options.pop("top_level_key", None)
+        options.pop("keep_structure", None)  # shards are state_dicts: written back flat
         if options:
             raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
         sharded = RemoteShardedReader(url, format, info, limits)

@@ -10,8 +10,9 @@ index-last. Every shard is uploaded as its own atomic object (`upload.remote_out
 companion files, and the index object only after all of them completed: a reader that goes by the
 index never sees a partial model, and an interrupted run leaves no index (the shards it completed
 are deleted again, unless the process is killed outright). Overwriting first deletes the old index,
-so a reader never pairs the old index with new shards; the old shard objects that the new model
-does not reuse are deleted after the new index is written.
+so a reader never pairs the old index with new shards; the old weights objects that the new model
+does not reuse (`is_model_part` names: single weights file, numbered shards) are deleted after the
+new index is written. Every other object under the prefix is the user's and is kept.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from .sharded import (
     ShardSet,
     _check_against_index,
     index_fields,
+    is_model_part,
+    name_problem,
     pick_weights,
 )
 
@@ -72,6 +75,10 @@ def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
         if info.get("type") == "directory":
             continue
         rel = posixpath.relpath(path.rstrip("/"), base)
+        problem = name_problem(rel, url=True)
+        if problem is not None or not (path.rstrip("/") + "/").startswith(base + "/"):
+            raise FormatError(f"companion '{rel}' leaves the source folder {redact(folder)}: "
+                              f"{problem or 'it is not under it'}", file=redact(folder))
         out.append((as_path(_join(folder, rel)), rel))
     return out
 
@@ -166,9 +173,10 @@ class RemoteShardedReader(ShardedReader):
             if norm in seen:
                 continue
             seen.add(norm)
-            parts = rel.replace("\\", "/").split("/")
-            if rel.startswith(("/", "\\")) or ".." in parts or rel == "" or "://" in rel:
-                raise FormatError(f"shard path '{rel}' leaves the index's folder {redact(folder)}", file=redact(index))
+            problem = name_problem(rel, url=True)
+            if problem is not None:
+                raise FormatError(f"shard path '{rel}' leaves the index's folder {redact(folder)}: {problem}",
+                                  file=redact(index))
             files.append(RemotePath(_join(folder, norm)))
         return files
 
@@ -245,7 +253,7 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
     check_remote_folder(folder, overwrite=overwrite)
     old = _listing(folder, missing_ok=True) if overwrite else set()
     index_name = writer.index_name if writer.index is not None else None
-    old_indexes = sorted(n for n in old if n.endswith(INDEX_SUFFIX))
+    old_indexes = sorted(n for n in old if n.endswith(INDEX_SUFFIX) and is_model_part(n))
     for n in old_indexes:  # readers going by the index now see no model until the new one is complete
         delete(_join(folder, n))
     names: list[str] = []
@@ -276,7 +284,8 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
         with remote_output(_join(folder, index_name), overwrite=overwrite, expected_size=len(data)) as sink:
             sink.write(data)
         names.append(index_name)
-    stale = sorted(n for n in old if n not in names and n.endswith((".safetensors", ".bin")))
+    # only the old model's weights: every other object under the prefix is the user's, and is kept
+    stale = sorted(n for n in old if n not in names and is_model_part(n))
     for n in stale:
         with contextlib.suppress(OutputError):  # an old shard nothing points to any more: harmless to leave
             delete(_join(folder, n))

@@ -20,6 +20,7 @@ every shard tensor is listed; all shards are in one format.
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import json
 import mmap
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.bytesource import ByteSource, FileSource, FileSpan, FileView, closed_error, not_regular
-from ..core.errors import FormatError, LimitExceededError, UnknownFormatError
+from ..core.errors import FormatError, LimitExceededError, MigratorError, UnknownFormatError
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import Buffer, LazyTensor
@@ -51,6 +52,99 @@ SAFETENSORS_SINGLE = tuple(f"{s}.safetensors" for s in WEIGHT_STEMS)
 PYTORCH_SINGLE = ("pytorch_model.bin", "diffusion_pytorch_model.bin", "adapter_model.bin")
 GLOB_CHARS = frozenset("*?[")
 INDEX_SUFFIX = ".index.json"
+SHARD_FILE_RE = re.compile(r"^(?:model|pytorch_model|diffusion_pytorch_model|adapter_model)-\d{5}-of-\d{5}"
+                           r"\.(?:safetensors|bin)$")
+"""A numbered shard as `save_pretrained` (and migrator) names it."""
+
+
+def is_model_part(name: str) -> bool:
+    """Whether a file name at the top of a folder is one a Hugging Face model's weights are made of:
+    an index, the single weights file, or a numbered shard (what `--overwrite` of a folder replaces)."""
+    return (name.endswith((".safetensors" + INDEX_SUFFIX, ".bin" + INDEX_SUFFIX)) or name in SAFETENSORS_SINGLE
+            or name in PYTORCH_SINGLE or SHARD_FILE_RE.match(name) is not None)
+
+
+def model_parts(folder: Path) -> set[str]:
+    """The names at `folder`'s top that belong to the model there: `is_model_part` names and the flat
+    `.safetensors`/`.bin` shards its indexes name (what `--overwrite` of a folder may replace; the
+    `owned` of `storage.atomic_folder`)."""
+    try:
+        top = os.listdir(folder)
+    except OSError:
+        return set()
+    parts = {n for n in top if is_model_part(n)}
+    for n in top:
+        if n.endswith(INDEX_SUFFIX) and is_model_part(n):
+            with contextlib.suppress(MigratorError, OSError):
+                weight_map, _ = read_index(folder / n)
+                parts |= {v for v in weight_map.values() if "/" not in v and v.endswith((".safetensors", ".bin"))}
+    return parts
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".bpk", INDEX_SUFFIX)
+"""Files that hold (or index) a model's weights: never companion files, whatever a glob matches."""
+
+
+def is_weights_file(name: str) -> bool:
+    """Whether a file name is a weights file or an index (by its suffix)."""
+    return name.endswith(WEIGHT_SUFFIXES)
+
+
+MAX_DECODES = 4
+"""Percent-decodings undone before a name is judged (`%252e` is `%2e` is `.`)."""
+
+
+def name_problem(rel: str, *, url: bool = False) -> str | None:
+    """Why a relative name from an index or a copy entry may not be joined to its folder (None: it may).
+    Judged after percent-decoding, as a server decodes `%2e%2e/` to `../`, whatever the scheme: an
+    empty or absolute name, a `..` part, a scheme or a control character is refused; in a URL also
+    `?` and `#`, which would change what is fetched."""
+    from urllib.parse import unquote
+
+    decoded = rel
+    for _ in range(MAX_DECODES):
+        step = unquote(decoded)
+        if step == decoded:
+            break
+        decoded = step
+    else:
+        if unquote(decoded) != decoded:
+            return "it is percent-encoded more times than any server decodes"
+    shown = f" (decoded from '{rel}')" if decoded != rel else ""
+    if decoded == "":
+        return "it is empty"
+    if decoded.startswith(("/", "\\")) or os.path.isabs(decoded):
+        return "it is absolute" + shown
+    if ".." in decoded.replace("\\", "/").split("/"):
+        return "it climbs out with '..'" + shown
+    if "://" in decoded:
+        return "it names a scheme" + shown
+    if any(ord(c) < 32 or ord(c) == 127 for c in decoded):
+        return "it holds a control character"
+    if url and ("?" in decoded or "#" in decoded):
+        return "it holds '?' or '#'" + shown
+    return None
+
+
+def hf_blobs(folder: str) -> str | None:
+    """The `blobs` folder of the Hugging Face cache repository whose snapshot `folder` (resolved) is
+    (`.../models--org--name/snapshots/REV`), or None when it is not a snapshot."""
+    snapshots = os.path.dirname(folder)
+    if os.path.basename(snapshots) != "snapshots":
+        return None
+    blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+    return os.path.realpath(blobs) if os.path.isdir(blobs) else None
+
+
+def resolves_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    """Whether `path`, links resolved, is inside `folder` (resolved): the rule for a shard an index
+    names and for a companion file. The one exception: in a Hugging Face cache snapshot, whose files
+    are links to `../../blobs/HASH`, a file directly in that repository's `blobs/` is inside."""
+    real, top = os.path.realpath(path), os.path.realpath(folder)
+    if os.path.commonpath([top, real]) == top:
+        return True
+    blobs = hf_blobs(top)
+    return blobs is not None and os.path.dirname(real) == blobs
 
 
 # llama.cpp's split files: model-00001-of-00003.gguf (gguf-split, gguf-py's split_max_tensors/_size)
@@ -468,22 +562,20 @@ def index_fields(data: Any, file: str) -> tuple[dict[str, str], dict[str, Any]]:
 def _index_files(index: Path, weight_map: Mapping[str, str]) -> list[Path]:
     """The distinct shard files an index names, in name order, each checked to stay in its folder."""
     folder = index.parent
-    real_folder = os.path.realpath(folder)
     files: list[Path] = []
     seen: set[str] = set()
     for rel in sorted(set(weight_map.values())):
         if os.path.normpath(rel) in seen:  # `./a` and `a`: one file
             continue
         seen.add(os.path.normpath(rel))
-        parts = rel.replace("\\", "/").split("/")
-        if os.path.isabs(rel) or rel.startswith(("/", "\\")) or ".." in parts or rel == "":
-            raise FormatError(f"shard path '{rel}' leaves the index's folder {folder}", file=str(index))
+        problem = name_problem(rel)
+        if problem is not None:
+            raise FormatError(f"shard path '{rel}' leaves the index's folder {folder}: {problem}", file=str(index))
         path = folder / rel
         # a flat name can leave the folder only as a symlink: resolve just those, and nested names
-        real = os.path.realpath(path) if "/" in rel or os.path.islink(path) else None
-        if real is not None and os.path.commonpath([real_folder, real]) != real_folder:
-            raise FormatError(f"shard path '{rel}' leaves the index's folder {folder} (it resolves to {real})",
-                              file=str(index))
+        if ("/" in rel or os.path.islink(path)) and not resolves_inside(path, folder):
+            raise FormatError(f"shard path '{rel}' leaves the index's folder {folder} (it resolves to "
+                              f"{os.path.realpath(path)})", file=str(index))
         try:
             mode = os.stat(path).st_mode  # follows a link; a stat never blocks, unlike an open of a FIFO
         except OSError:

@@ -160,24 +160,43 @@ def split_shards(tensors: Sequence[LazyTensor], max_size: int) -> list[list[Lazy
 def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: set[str]) -> list[tuple[Path, str]]:
     """Companion files to copy: (file, name in the output) per match of each (glob, optional) entry.
 
-    Globs are relative to the source's folder and may not leave it; a required entry matching no
-    file, and a match that would replace a written shard or index, are errors. A folder on an object
-    store is listed through fsspec, and its matches are `RemotePath`s (their URLs).
+    Globs are relative to the source's folder and may not leave it: a pattern with `..` (also
+    percent-encoded) or an absolute one is refused, and so is a match that resolves out of the folder
+    through a link (`sharded.resolves_inside`: a Hugging Face cache snapshot's links into its
+    repository's blobs are inside). Weight files and indexes are never companions: a glob skips them,
+    an entry naming one is an error. A required entry matching no file, and a match that would replace
+    a written shard or index, are errors. A folder on an object store is listed through fsspec, and
+    its matches are `RemotePath`s (their URLs).
     """
-    from ..storage.remote import is_url
+    from ..storage.remote import is_url, redact
+    from .sharded import GLOB_CHARS, is_weights_file, name_problem, resolves_inside
 
     out: dict[str, Path] = {}
     for pattern, optional in entries:
-        parts = pattern.replace("\\", "/").split("/")
-        if os.path.isabs(pattern) or ".." in parts:
-            raise PlanError(f"target.copy: '{pattern}' leaves the source folder {folder}")
+        problem = name_problem(pattern, url=is_url(folder))
+        if problem is not None:
+            raise PlanError(f"target.copy: '{pattern}' leaves the source folder {redact(str(folder))}: {problem}")
         if is_url(folder):
             from .remote_sharded import glob_companions
 
             found = glob_companions(str(folder), pattern)
         else:
-            found = [(Path(m), os.path.relpath(m, folder))
-                     for m in sorted(globlib.glob(globlib.escape(str(folder)) + "/" + pattern)) if os.path.isfile(m)]
+            found = []
+            for m in sorted(globlib.glob(globlib.escape(str(folder)) + "/" + pattern)):
+                if not os.path.isfile(m):
+                    continue
+                if not resolves_inside(m, folder):
+                    raise PlanError(f"target.copy: '{os.path.relpath(m, folder)}' leaves the source folder {folder} "
+                                    f"(it resolves to {os.path.realpath(m)})")
+                found.append((Path(m), os.path.relpath(m, folder)))
+        weights = [rel for _, rel in found if is_weights_file(rel)]
+        if weights and not GLOB_CHARS.intersection(pattern):
+            raise PlanError(f"target.copy: '{pattern}' is a weight file or an index, never a companion file: the "
+                            "output's weights are the tensors migrator writes")
+        found = [(m, rel) for m, rel in found if not is_weights_file(rel)]
+        if not found and weights and not optional:
+            raise PlanError(f"target.copy: '{pattern}' matches only weight files or indexes "
+                            f"({', '.join(weights[:3])}), which are never companion files")
         if not found and not optional:
             raise PlanError(f"target.copy: no file in {folder} matches '{pattern}' (mark it optional: "
                             f"{{path: '{pattern}', optional: true}} if it may be absent)")
@@ -253,6 +272,7 @@ class ShardedWriter(Writer):
                                        "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
         reserved = set(names) | ({index_name} if self.index is not None else set()) | set(made or {})
         self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
+        self.companion_sources = [src for src, _ in self.copies]  # read by the run: no output may replace one
         # companions written from these bytes, not copied: those the plan made (a GGUF's config.json),
         # and a copied config.json whose dtype the cast changed
         self.generated: list[tuple[str, bytes]] = list((made or {}).items())
@@ -261,6 +281,11 @@ class ShardedWriter(Writer):
                 self.copies.remove((src, rel))
                 self.generated.append((rel, updated[0]))
                 self.notes.append(updated[1])
+
+    def names(self) -> list[str]:
+        """The files the output folder holds: shards, the index (if any), companion files."""
+        return ([name for name, _ in self.files] + ([self.index_name] if self.index is not None else [])
+                + [name for _, name in self.copies] + [name for name, _ in self.generated])
 
     def index_bytes(self) -> bytes:
         """The index as `save_pretrained` writes it: sorted keys, two-space indent."""
@@ -285,10 +310,11 @@ def save_sharded(writer: ShardedWriter, path: str | os.PathLike[str], *, overwri
     """Write a `ShardedWriter`'s shards, index and companion files as one folder, atomically
     (`protect`, `outputs`, `mode_from`: as `atomic_folder`)."""
     from ..storage.atomic_folder import atomic_folder
+    from .sharded import model_parts
 
     out = writer.resolve_path(path)
     with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protect, outputs=outputs,
-                       mode_from=mode_from) as folder:
+                       mode_from=mode_from, names=writer.names(), owned=model_parts) as folder:
         for name, shard in writer.files:
             with folder.file(name, shard.total_size) as sink:
                 if progress is None:

@@ -9,7 +9,8 @@ from typing import Any
 from ..storage.remote import is_url, url_of
 
 
-def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = ()) -> None:
+def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = (),
+                        names: Any = None) -> None:
     """`atomic_folder.check_folder_target`, or the object store's own check for a URL."""
     if is_url(target):
         from ..storage.remote.upload import check_remote_target
@@ -20,8 +21,9 @@ def check_folder_target(target: Any, *, overwrite: bool, protect: Any = (), outp
         check_remote_folder(url, overwrite=overwrite)
         return
     from ..storage.atomic_folder import check_folder_target as local
+    from .sharded import model_parts
 
-    local(target, overwrite=overwrite, protect=protect, outputs=outputs)
+    local(target, overwrite=overwrite, protect=protect, outputs=outputs, names=names, owned=model_parts)
 
 
 def check_target(target: Any, *, overwrite: bool, protect: Any = (), outputs: Any = ()) -> None:

@@ -13,8 +13,12 @@ cache. A large computed tensor (cast, transpose) is streamed piece by piece, mad
 (`streaming.Ahead`) and checksummed as written; its header's CRC field is filled in afterwards. A
 small one, or any on a sink that cannot seek back, is made whole and checksummed before its header.
 
-Only tensors are written: a state_dict must hold nothing else for `load_state_dict`, so metadata
-and scalars are not carried into `.pt` (they are listed in `dropped`).
+Without a `structure`, only tensors are written, as one flat OrderedDict: a state_dict must hold
+nothing else for `load_state_dict`, so metadata and scalars are not carried into `.pt` (they are
+listed in `dropped`). With one (`formats.pytorch.tree.Node`, a checkpoint's containers as the plan
+placed its tensors), the pickle is that tree: dicts, OrderedDicts (with a state_dict's `_metadata`),
+lists, tuples, None, bools, ints, floats and strings, each tensor in its slot, still with only the
+globals and opcodes `torch.load(weights_only=True)` accepts.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..core.scalars import Scalar
 from ..core.streaming import SMALL_READ, Ahead, write_all, write_computed, write_tensor
 from ..core.tensor import LazyTensor
 from .base import Writer
+from .pytorch.tree import Node, TensorSlot, is_ordered_dict
 
 ARCHIVE = "archive"
 ALIGNMENT = 64
@@ -80,10 +85,12 @@ class PytorchWriter(Writer):
         metadata: Mapping[str, str] | None = None,
         scalars: Mapping[str, Scalar] | None = None,
         force_zip64: bool = False,
+        structure: Node | None = None,
     ) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         self.dropped = sorted(self.metadata) + sorted(self.scalars)
         self._force_zip64 = force_zip64
+        self._structure = structure
         seen: set[str] = set()
         for t in self.tensors:
             if t.name in seen:
@@ -100,6 +107,8 @@ class PytorchWriter(Writer):
                 t.name.encode("utf-8")
             except UnicodeEncodeError:
                 raise PlanError("name is not valid UTF-8 text", tensor=t.name) from None
+        if structure is not None:
+            _check_slots(structure, seen)
         # One storage per distinct byte range: tensors that were tied in the source stay tied.
         self._storage_of: list[int] = []
         self._storages: list[LazyTensor] = []
@@ -203,42 +212,80 @@ class PytorchWriter(Writer):
     def _build_pickle(self) -> bytes:
         p = _Pickle()
         p.raw(b"\x80\x02")
+        if self._structure is not None:
+            self._emit_structure(p, self._structure)
+            p.raw(b".")
+            return p.getvalue()
         p.global_("collections", "OrderedDict")
         p.raw(b")R")
         p.put()
         for batch_start in range(0, len(self.tensors), 1000):
             p.raw(b"(")
             for i in range(batch_start, min(batch_start + 1000, len(self.tensors))):
-                t, s = self.tensors[i], self._storage_of[i]
-                storage = self._storages[s]
-                p.unicode(t.name)
-                dtype_name = _torch_dtype(t)
-                typed = _TYPED_STORAGES.get(dtype_name)
-                p.global_("torch._utils", "_rebuild_tensor_v2" if typed else "_rebuild_tensor_v3")
-                p.raw(b"((")
-                p.unicode("storage")
-                if typed:
-                    p.global_("torch", typed)
-                    numel = storage.nbytes // (storage.dtype.itemsize or 1)
-                else:
-                    p.global_("torch.storage", "UntypedStorage")
-                    numel = storage.nbytes
-                p.unicode(str(s))
-                p.unicode("cpu")
-                p.int(numel)
-                p.raw(b"tQ")
-                p.int(0)
-                p.tuple(t.shape)
-                p.tuple(_contiguous_strides(t.shape))
-                p.raw(b"\x89")  # requires_grad False
-                p.global_("collections", "OrderedDict")
-                p.raw(b")R")  # backward hooks: an empty OrderedDict, as torch writes
-                if not typed:
-                    p.global_("torch", dtype_name)
-                p.raw(b"tR")
+                p.unicode(self.tensors[i].name)
+                self._emit_tensor(p, i)
             p.raw(b"u")
         p.raw(b".")
         return p.getvalue()
+
+    def _emit_tensor(self, p: _Pickle, i: int) -> None:
+        """`_rebuild_tensor_v2(storage, 0, shape, strides, False, OrderedDict())` (v3 with its dtype for
+        dtypes without a typed storage class), as torch.save writes a contiguous tensor."""
+        t, s = self.tensors[i], self._storage_of[i]
+        storage = self._storages[s]
+        dtype_name = _torch_dtype(t)
+        typed = _TYPED_STORAGES.get(dtype_name)
+        p.global_("torch._utils", "_rebuild_tensor_v2" if typed else "_rebuild_tensor_v3")
+        p.raw(b"((")
+        p.unicode("storage")
+        if typed:
+            p.global_("torch", typed)
+            numel = storage.nbytes // (storage.dtype.itemsize or 1)
+        else:
+            p.global_("torch.storage", "UntypedStorage")
+            numel = storage.nbytes
+        p.unicode(str(s))
+        p.unicode("cpu")
+        p.int(numel)
+        p.raw(b"tQ")
+        p.int(0)
+        p.tuple(t.shape)
+        p.tuple(_contiguous_strides(t.shape))
+        p.raw(b"\x89")  # requires_grad False
+        p.global_("collections", "OrderedDict")
+        p.raw(b")R")  # backward hooks: an empty OrderedDict, as torch writes
+        if not typed:
+            p.global_("torch", dtype_name)
+        p.raw(b"tR")
+
+    def _emit_structure(self, p: _Pickle, root: Node) -> None:
+        """The checkpoint's containers with their values, each tensor where its slot is; only opcodes and
+        globals torch.load(weights_only=True) accepts. A loop, not recursion: nesting may go 1000 deep.
+        A container without tensors is memoized: where the source shared it, the output shares it too."""
+        index = {t.name: i for i, t in enumerate(self.tensors)}
+        memo: dict[int, int] = {}  # id(Node) -> memo index, for Nodes without tensors
+        _open(p, root, memo)
+        stack: list[tuple[Node, int]] = [(root, 0)]
+        while stack:
+            node, i = stack.pop()
+            while i < len(node.values):
+                if i and i % 1000 == 0 and node.kind != "tuple":  # a mark's items stay on the stack: batches
+                    p.raw(b"u(" if node.kind != "list" else b"e(")
+                if node.kind in ("dict", "odict"):
+                    _plain(p, node.keys[i])
+                value = node.values[i]
+                i += 1
+                if isinstance(value, Node) and id(value) in memo:
+                    p.get(memo[id(value)])
+                elif isinstance(value, Node):
+                    stack.append((node, i))
+                    _open(p, value, memo)
+                    node, i = value, 0
+                elif isinstance(value, TensorSlot):
+                    self._emit_tensor(p, index[value.name])
+                else:
+                    _plain(p, value)
+            _close(p, node, memo)
 
     # ------------------------------------------------------------------------------------------
     # streaming
@@ -291,6 +338,77 @@ class PytorchWriter(Writer):
                 write_all(sink, view[start : start + _CRC_CHUNK])
         finally:
             view.release()
+
+
+def _open(p: _Pickle, node: Node, memo: dict[int, int]) -> None:
+    """A container's start; one without tensors is memoized here (a tuple once it is built)."""
+    if node.kind == "tuple":
+        p.raw(b"(")
+        return
+    if node.kind == "odict":
+        p.global_("collections", "OrderedDict")
+        p.raw(b")R")
+    else:
+        p.raw(b"}" if node.kind == "dict" else b"]")
+    if not node.tensors:
+        memo[id(node)] = p.put()
+    p.raw(b"(")
+
+
+def _close(p: _Pickle, node: Node, memo: dict[int, int]) -> None:
+    p.raw({"dict": b"u", "odict": b"u", "list": b"e", "tuple": b"t"}[node.kind])
+    if node.kind == "tuple" and not node.tensors:
+        memo[id(node)] = p.put()
+    if node.attrs:  # an OrderedDict's BUILD state (a state_dict's _metadata), as torch.save writes it
+        _plain(p, node.attrs)
+        p.raw(b"b")
+
+
+def _plain(p: _Pickle, value: object) -> None:
+    """None, a bool, int, float or str; or a dict of those (at most 3 deep: a state_dict's _metadata,
+    which `tree._module_versions` checked)."""
+    if value is None:
+        p.raw(b"N")
+    elif value is True or value is False:
+        p.raw(b"\x88" if value else b"\x89")
+    elif type(value) is int:
+        p.int(value)
+    elif type(value) is float:
+        p.raw(b"G" + struct.pack(">d", value))
+    elif type(value) is str:
+        p.unicode(value)
+    elif isinstance(value, dict):  # an OrderedDict stays one, a dict a dict
+        if is_ordered_dict(value):
+            p.global_("collections", "OrderedDict")
+            p.raw(b")R(")
+        else:
+            p.raw(b"}(")
+        for k, v in value.items():
+            _plain(p, k)
+            _plain(p, v)
+        p.raw(b"u")
+    else:
+        raise TypeError(f"not a plain value: {type(value).__name__}")
+
+
+def _check_slots(root: Node, names: set[str]) -> None:
+    """Every tensor in exactly one slot, every slot a tensor: else the pickle would not hold the data."""
+    placed: set[str] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        for v in node.values:
+            if isinstance(v, Node):
+                todo.append(v)
+            elif isinstance(v, TensorSlot):
+                if v.name not in names:
+                    raise PlanError("the checkpoint structure names a tensor that is not written", tensor=v.name)
+                if v.name in placed:
+                    raise PlanError("the checkpoint structure holds this tensor twice", tensor=v.name)
+                placed.add(v.name)
+    if len(placed) != len(names):
+        missing = sorted(names - placed)
+        raise PlanError("the checkpoint structure has no place for this tensor", tensor=missing[0])
 
 
 def _seekable(sink: BinaryIO) -> bool:
@@ -388,13 +506,13 @@ class _Pickle:
         self._parts.append(b"q" + bytes([idx]) if idx < 256 else b"r" + struct.pack("<I", idx))
         return idx
 
-    def _get(self, idx: int) -> None:
+    def get(self, idx: int) -> None:
         self._parts.append(b"h" + bytes([idx]) if idx < 256 else b"j" + struct.pack("<I", idx))
 
     def global_(self, module: str, name: str) -> None:
         key = ("g", f"{module}\n{name}")
         if key in self._memo:
-            self._get(self._memo[key])
+            self.get(self._memo[key])
             return
         self.raw(b"c" + f"{module}\n{name}\n".encode())
         self._memo[key] = self.put()
@@ -402,7 +520,7 @@ class _Pickle:
     def unicode(self, s: str) -> None:
         key = ("s", s)
         if key in self._memo:
-            self._get(self._memo[key])
+            self.get(self._memo[key])
             return
         b = s.encode("utf-8")
         self.raw(b"X" + struct.pack("<I", len(b)) + b)

@@ -47,6 +47,7 @@ from .metadata import (
 from .report import ApplyReport, ReportError
 
 if TYPE_CHECKING:
+    from ..formats.pytorch.tree import Node
     from ..transform.modules import ModuleType
     from .sources import UnionReader
 
@@ -88,6 +89,9 @@ class Plan:
     readers: list[Reader] = field(default_factory=list, repr=False)
     writer: Writer | None = field(default=None, repr=False)  # planned and checked; None when fatal
     inputs: list[tuple[str, Path]] = field(default_factory=list)  # (label, path) per source read
+    # the run's other inputs (the recipe, the model config it reads): no output may replace them
+    read_also: list[Path] = field(default_factory=list)
+    structure_notes: list[str] = field(default_factory=list)  # a PyTorch checkpoint's structure: what was kept
 
     @property
     def union(self) -> UnionReader | None:
@@ -155,7 +159,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                                       for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
-        reader = open_source(recipe.inputs()[0], src_path, limits=limits)
+        one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+        reader = open_source(recipe.inputs()[0], src_path, limits=limits, keep_structure=one_file)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
@@ -271,9 +276,14 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         more = f" and {len(report.renumbered) - 5} more" if len(report.renumbered) > 5 else ""
         notes.append(f"renumbered {len(report.renumbered)} names to contiguous indices (contiguous_indices; "
                      f"Burn's Vec<Module> has no gaps): {shown}{more}")
-    scalars = _scalars(recipe, reader, out_fmt, notes, fatal)
+    kept: list[str] = []  # what keeping a checkpoint's structure says
+    problems = len(fatal)
+    structure = _structure(recipe, reader, out_fmt, tpl_path, entries, kept, fatal)
+    notes += kept
+    flat = structure is None and len(fatal) == problems  # else the scalars are in the structure (or refused)
+    scalars = _scalars(recipe, reader, out_fmt, notes if flat else [], fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
-                notes, fatal, readers)
+                notes, fatal, readers, structure_notes=kept)
     if not fatal:
         try:
             if recipe.target.shard is not None:
@@ -292,8 +302,9 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 if recipe.target.hf_config:
                     raise PlanError("target.hf_config writes a config.json into a folder target (end the path with "
                                     "'/')")
+                tree: dict[str, Any] = {} if structure is None else {"structure": structure}
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries], scalars=scalars,
-                                                    **_writer_options(recipe, out_fmt, meta, reader, src_path))
+                                                    **_writer_options(recipe, out_fmt, meta, reader, src_path), **tree)
                 notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
         except MigratorError as e:
             fatal.append(str(e))
@@ -705,6 +716,30 @@ def _shape_hint(result: LazyTensor, expected: tuple[int, ...], ops: tuple[str, .
     if layout:
         return f"{layout[0]} transposes only Linear weights: declare it a Linear, {entry % 'Linear'}"
     return "the shape is transposed: add pytorch_to_burn to adapters: (burn_to_pytorch from a Burn file)"
+
+
+def _structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path: Path | None, entries: list[PlanEntry],
+               notes: list[str], fatal: list[str]) -> Node | None:
+    """The checkpoint's structure for a PyTorch -> PyTorch run of one whole source into one file (no
+    top_level_key, template or shards; those write a flat state_dict), with each tensor where its
+    source was, under its new name (`formats.pytorch.tree`); None otherwise, or when refused (`fatal`)."""
+    tree = getattr(reader, "structure", None)
+    if tree is None or out_fmt != "pytorch" or recipe.target.shard is not None or tpl_path is not None:
+        return None
+    from ..formats.pytorch.tree import place_tensors
+
+    names = reader.names()
+    known = set(names)
+    # an op's output made from several inputs names them all ("a, b"): it goes where its first input was
+    moves = [(e.source if e.source in known else e.source.split(", ", 1)[0], e.target)
+             for e in entries if e.source is not None]
+    try:
+        placed = place_tensors(tree, names, moves, reader.label)
+    except PlanError as e:
+        fatal.append(str(e))
+        return None
+    notes += placed.notes
+    return placed.root
 
 
 def _scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str], fatal: list[str]) -> dict[str, Scalar]:

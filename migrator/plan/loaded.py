@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,9 +99,11 @@ def plan_of(loaded: LoadedRecipe, *, recipe: Recipe | None = None, **options: An
     """`build_plan` of a loaded recipe file, given all the loader knows of it: its hash, and where its
     modules, ops and sources are written (an error names its recipe line, whichever command planned
     it). `recipe`: the file's recipe with a path replaced (`diff`'s A); `options`: `build_plan`'s."""
-    return build_plan(loaded.recipe if recipe is None else recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
+    plan = build_plan(loaded.recipe if recipe is None else recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
                       module_origins=loaded.module_origins, op_origins=loaded.op_origins,
                       source_origins=loaded.source_origins, **options)
+    plan.read_also = other_inputs(loaded)  # no output of the run may replace the recipe or its config
+    return plan
 
 
 @contextmanager
@@ -124,6 +126,19 @@ def open_plan(loaded: Any, args: Any, shown: str | None = None) -> Iterator[Plan
         raise located from None
     with plan:
         yield plan
+
+
+def other_inputs(loaded: Any) -> list[Path]:
+    """What a run reads beside its sources and template: the recipe file, and the model config its
+    `${config.KEY}` values come from (named by `config:`, else found beside the first source)."""
+    from ..recipe.config import find_config
+
+    found: list[Path] = [Path(os.path.abspath(loaded.path))]
+    with suppress(OSError, ValueError):  # a config that cannot be looked for protects nothing
+        config = find_config(loaded.recipe.config, loaded.recipe.inputs()[0].path, loaded.base_dir)
+        if config is not None:
+            found.append(Path(os.path.abspath(config)))
+    return found
 
 
 def loc_text(loc: tuple[str | int, ...]) -> str:

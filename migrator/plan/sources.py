@@ -46,15 +46,19 @@ class SourceKeyError(PlanError):
     loc = ("source", "top_level_key")
 
 
-def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None) -> Reader:
+def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None,
+                keep_structure: bool = False) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
-    top_level_key is a `SourceKeyError` that points at that key."""
+    top_level_key is a `SourceKeyError` that points at that key. `keep_structure`: a PyTorch
+    checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target."""
     from ..files.io import open_file
 
     key = spec.top_level_key
     options: dict[str, Any] = {} if key is None else {"top_level_key": key}
     if limits is not None:
         options["limits"] = limits
+    if keep_structure:
+        options["keep_structure"] = True
     try:
         return open_file(path, spec.format, **options)
     except TensorNotFoundError as e:

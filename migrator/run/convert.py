@@ -92,7 +92,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 **_: Any) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
     None (nothing written) for a PyTorch source that the default renumbering for a burnpack target
-    would rename: the recipe path does that (and says so).
+    would rename, and for a PyTorch checkpoint with a structure (nested dicts, optimizer state, epoch)
+    written to PyTorch: the recipe path does those (and says so).
 
     (No collision check: every reader refuses files that name a tensor twice.)
     """
@@ -120,7 +121,10 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
-    with open_file(src_path, source_format, limits=limits) as reader:
+    structure = {"keep_structure": True} if out_fmt == "pytorch" and not sharded else {}
+    with open_file(src_path, source_format, limits=limits, **structure) as reader:
+        if getattr(reader, "structure", None) is not None:
+            return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)
         tensors = list(reader.tensors)
         if reader.format == "pytorch" and contiguous_indices is None and out_fmt == "burnpack":
             from ..naming import contiguous_names

@@ -71,7 +71,8 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
     if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:
         from ..files.targets import check_folder_target
 
-        check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs)
+        check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
+                            names=plan.writer.names())  # type: ignore[attr-defined]
     elif plan.writer is not None:
         check_target(as_path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
                      protect=read_by(plan), outputs=outputs)
@@ -84,7 +85,8 @@ def plan_target_problems(plan: Plan) -> list[str]:
         from ..files.targets import check_folder_target
 
         try:
-            check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan))
+            check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
+                                names=plan.writer.names())  # type: ignore[attr-defined]
         except MigratorError as e:
             return [str(e)]
         return []
@@ -94,10 +96,12 @@ def plan_target_problems(plan: Plan) -> list[str]:
 
 def read_by(plan: Plan) -> list[Protected]:
     """The files the plan reads, by path and by the inode each reader holds open: no output may
-    replace them (a symlink or hard link to one included)."""
-    files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:])]
+    replace them (a symlink or hard link to one included). Besides sources and template: the recipe
+    and the model config it reads (`plan.read_also`), and the companion files copied."""
+    files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:]), *plan.read_also]
     if plan.template_path is not None:
         files.append(plan.template_path)
+    files += [src for src in getattr(plan.writer, "companion_sources", ()) if not is_url(src)]
     for r in _file_readers(plan):
         files += [r.source.identity] if hasattr(r.source, "identity") else getattr(r.source, "identities", [])
     return files

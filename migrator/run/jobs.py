@@ -114,7 +114,8 @@ def _check_format_spec(pattern: str, field: str, spec: str) -> None:
 
 
 def target_for(pattern: str, source: str, i: int) -> str:
-    """`--target` with its placeholders ({stem}, {name}, {parent}, {i}) filled in for one source."""
+    """`--target` with its placeholders ({stem}, {name}, {parent}, {i}) filled in for one source; a
+    match whose values would make a path part `..`, `.` or empty is refused, naming it."""
     fields = []
     try:
         for _, field, spec, conversion in string.Formatter().parse(pattern):
@@ -139,9 +140,29 @@ def target_for(pattern: str, source: str, i: int) -> str:
         u, parent = PurePath(p), p.absolute().parent.name
     values: dict[str, Any] = {"stem": u.stem, "name": u.name, "parent": parent, "i": i}
     try:
-        return pattern.format(**values)
+        filled = pattern.format(**values)
     except (ValueError, TypeError) as e:
         raise JobsUsageError(f"--target '{pattern}': {e}") from None
+    problem = _placed_part_problem(pattern, filled)
+    if problem is not None:
+        from ..storage.remote import redact
+
+        raise JobsUsageError(f"--each match {redact(source)}: {problem} in the target {redact(filled)}, which would "
+                             "write outside the target folder; rename it, or give --each a glob that leaves it out")
+    return filled
+
+
+def _placed_part_problem(pattern: str, filled: str) -> str | None:
+    """Why the target `filled` from `pattern` may not be written (None: it may): a placeholder (of
+    any scheme's match: fsspec's globs match dot names such as `in/..`) made a path part `..`, `.` or
+    empty, or a `/`. Parts as the pattern spells them are the user's own (`../out/{stem}.bpk`)."""
+    want, got = pattern.split("/"), filled.split("/")
+    if len(want) != len(got):
+        return "a placeholder made a '/'"
+    for typed, part in zip(want, got, strict=True):
+        if typed != part and part in ("", ".", ".."):
+            return f"a placeholder made the path part '{part}'" if part else "a placeholder made an empty path part"
+    return None
 
 
 def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -193,29 +214,120 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
 
 
 def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
-    """Refuse, before anything runs, jobs that would write one target twice or onto a file another
-    job reads, and a `--report` that is one of those files."""
-    targets: dict[str, str] = {}
-    reads: dict[str, str] = {}
+    """Refuse, before anything runs, jobs that would write one target twice, write onto or into what
+    another job reads (its recipe, sources, template) or writes, and a `--report` that is one of
+    those files or inside a target folder. Paths are compared by containment (`_within`: a folder
+    target holds everything under it, a folder source its shards), local ones with links resolved,
+    and by inode (`_identities`: a hard link, a bind mount)."""
+    targets: dict[str, str] = {}  # target -> the job writing it
+    reads: dict[str, str] = {}  # path read -> the first job reading it
+    jobs: list[tuple[str, str | None, list[str]]] = []
     for spec in specs:
-        paths = _planned_paths(spec)
-        if paths is None:
-            continue
-        target, sources = paths
         what = describe_job(spec)
-        if target in targets:
-            raise JobsUsageError(f"two jobs write {target}: {targets[target]} and {what}; "
-                                 "give each job its own target (--target 'out/{stem}.bpk')")
-        targets[target] = what
-        for s in sources:
-            reads.setdefault(s, what)
-    for target, what in targets.items():
-        if target in reads and reads[target] != what:
-            raise JobsUsageError(f"{what} writes {target}, which {reads[target]} reads")
+        paths = _planned_paths(spec)
+        target, sources = paths if paths is not None else (None, [])
+        read = [*sources, where(spec["recipe"], real=True)]
+        if target is not None:
+            other = targets.get(target)
+            if other is not None:
+                raise JobsUsageError(f"two jobs write {target}: {other} and {what}; "
+                                     "give each job its own target (--target 'out/{stem}.bpk')")
+            targets[target] = what
+        for r in read:
+            reads.setdefault(r, what)
+        jobs.append((what, target, read))
+    for what, target, read in jobs:
+        for path in (*read, *([target] if target else [])):  # under another job's target (or that target)
+            for folder in _ancestors(path):
+                owner = targets.get(folder)
+                if owner is not None and owner != what:
+                    verb = "writes" if path == target else "reads"
+                    raise JobsUsageError(f"{owner} writes {folder}, which holds {path} that {what} {verb}")
+        if target is not None:  # inside a folder another job reads
+            for folder in _ancestors(target):
+                owner = reads.get(folder)
+                if owner is not None and owner != what:
+                    raise JobsUsageError(f"{what} writes {target}, which {owner} reads")
+    _check_identities(jobs)
     if report:
-        rep = os.path.realpath(report)
-        if rep in targets or rep in reads:
-            raise JobsUsageError(f"--report {report} is a file the jobs read or write")
+        rep = where(report, real=True)
+        for folder in _ancestors(rep):
+            if folder in targets or folder in reads:
+                raise JobsUsageError(f"--report {report} is, or is inside, a file the jobs read or write ({folder})")
+        if _identity(rep) in _identities(list(reads), False):
+            raise JobsUsageError(f"--report {report} is a file the jobs read")
+
+
+def _ancestors(path: str) -> list[str]:
+    """`path` and every folder above it (a URL's up to its bucket), as `where` spells them."""
+    out = [path.rstrip("/") or path]
+    if is_url(path):
+        scheme, rest = path.split("://", 1)
+        parts = rest.rstrip("/").split("/")
+        out += [f"{scheme}://" + "/".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)]
+        return out
+    parent = os.path.dirname(out[0])
+    while parent and parent != out[-1]:
+        out.append(parent)
+        parent = os.path.dirname(parent)
+    return out
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    if is_url(path):
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+MAX_WALKED = 100_000
+"""Entries of existing target folders compared by inode with what the other jobs read."""
+
+
+def _identities(paths: list[str], walk: bool) -> set[tuple[int, int]]:
+    """(device, inode) of each existing local path, and of what a folder holds (its top level; with
+    `walk`, all of it, up to MAX_WALKED entries)."""
+    out: set[tuple[int, int]] = set()
+    seen = 0
+    for path in paths:
+        ident = _identity(path)
+        if ident is None:
+            continue
+        out.add(ident)
+        if not os.path.isdir(path):
+            continue
+        for folder, dirs, files in os.walk(path):
+            if not walk:
+                dirs.clear()
+            for name in files + dirs:
+                seen += 1
+                if seen > MAX_WALKED:
+                    return out
+                entry = _identity(os.path.join(folder, name))
+                if entry is not None:
+                    out.add(entry)
+    return out
+
+
+def _check_identities(jobs: list[tuple[str, str | None, list[str]]]) -> None:
+    """No job's target is, or (a folder) holds, by inode, a file another job reads."""
+    if len(jobs) < 2:
+        return
+    read_by: dict[tuple[int, int], str] = {}
+    for what, _, read in jobs:
+        for ident in _identities(read, False):
+            read_by.setdefault(ident, what)
+    for what, target, _ in jobs:
+        if target is None:
+            continue
+        for ident in _identities([target], True):
+            owner = read_by.get(ident)
+            if owner is not None and owner != what:
+                raise JobsUsageError(f"{what} writes {target}, which is or holds a file {owner} reads "
+                                     "(the same file by inode: a hard link or a bind mount)")
 
 
 def run_job(spec: dict[str, Any], capture: bool = True) -> dict[str, Any]:
@@ -253,25 +365,83 @@ def _nothing() -> Iterator[None]:
 
 
 def _run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
-    """Each job's result as it ends: in worker processes (forked: the parent's imports are reused)."""
+    """Each job's result as it ends: every job in a worker process of its own (forked: the parent's
+    imports are reused), at most `jobs` at once. A worker that dies without a result (SIGKILL from
+    the out-of-memory killer, a crash) fails its own job only: it is reported, its scratch files are
+    removed (`_clean_scratch`), and the other jobs, running or queued, go on. (A process pool would
+    break as a whole when one worker dies, failing every other job.)"""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing.connection import Connection, wait
 
     # fork is safe here: this process has loaded recipes but started no thread (no plan, no cast pool)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method)) as pool:
-        futures = {pool.submit(run_job, spec): spec for spec in specs}
-        try:
-            for f in as_completed(futures):
+    context = multiprocessing.get_context(method)
+    queued = list(specs)
+    running: dict[Connection, tuple[Any, dict[str, Any]]] = {}
+    try:
+        while queued or running:
+            while queued and len(running) < jobs:
+                spec = queued.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                # not daemonic, as a process pool's workers: a job may start processes of its own
+                worker = context.Process(target=_job_process, args=(spec, send))  # type: ignore[attr-defined]
+                worker.start()
+                send.close()  # the worker holds the only write end: its death is end-of-file here
+                running[receive] = (worker, spec)
+            for conn in wait(list(running)):
+                assert isinstance(conn, Connection)
+                worker, spec = running.pop(conn)
                 try:
-                    yield f.result()
-                except BrokenProcessPool as e:
-                    yield died(futures[f], f"its worker process died: {e}")
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+                    result: dict[str, Any] | None = conn.recv()
+                except (EOFError, OSError):
+                    result = None
+                conn.close()
+                worker.join()
+                if result is None:
+                    _clean_scratch(spec)
+                    result = died(spec, _death(worker.exitcode))
+                yield result
+    finally:
+        for conn, (worker, spec) in running.items():  # interrupted: stop the jobs still running
+            worker.kill()
+            worker.join()
+            conn.close()
+            _clean_scratch(spec)
+
+
+def _job_process(spec: dict[str, Any], conn: Any) -> None:
+    """A worker process: run one job and send its result to the parent."""
+    conn.send(run_job(spec))
+    conn.close()
+
+
+def _death(exitcode: int | None) -> str:
+    """How a worker ended without sending its job's result."""
+    import signal
+
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = " (the out-of-memory killer sends it when memory runs out)" if name == "SIGKILL" else ""
+        return f"its worker process was killed by {name}{why}"
+    return f"its worker process exited with code {exitcode} before reporting"
+
+
+def _clean_scratch(spec: dict[str, Any]) -> None:
+    """Remove the scratch file or folder a dead worker left beside its job's target (only those of
+    processes that no longer exist: `atomic.clean_stale_scratch`, `atomic_folder.clean_stale_folders`)."""
+    from ..storage.atomic import clean_stale_scratch
+    from ..storage.atomic_folder import clean_stale_folders
+
+    paths = _planned_paths(spec)
+    if paths is None or is_url(paths[0]):
+        return
+    target = Path(paths[0])
+    with suppress(OSError):
+        clean_stale_scratch(target)
+        clean_stale_folders(target)
 
 
 def died(spec: dict[str, Any], why: str) -> dict[str, Any]:
@@ -445,6 +615,7 @@ def run_ray_jobs(specs: list[dict[str, Any]], address: str | None) -> Iterator[d
                 try:
                     yield ray.get(ref)
                 except Exception as e:
+                    _clean_scratch(refs[ref])  # a killed task's scratch, when its worker shared this machine
                     yield died(refs[ref], f"its Ray task failed: {_cause(e)}")
     except BaseException:
         for ref in pending:

@@ -301,12 +301,13 @@ def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], ru
     """`sharded_writer.save_sharded` with the shards written by `runner`'s workers; the driver writes
     the index and the companion files, and publishes after every shard task succeeded."""
     from ..files.io import protected_files
+    from ..files.sharded import model_parts
     from ..files.sharded_writer import finish_folder
     from ..storage.atomic_folder import atomic_folder
 
     out = writer.resolve_path(path)
     with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protected_files(protect), outputs=outputs,
-                       mode_from=mode_from) as folder:
+                       mode_from=mode_from, names=writer.names(), owned=model_parts) as folder:
         tasks = [ShardTask(i, i, name, shard.total_size) for i, (name, shard) in enumerate(writer.files)]
         runner.write_shards(folder, writer, tasks)
         finish_folder(folder, writer)

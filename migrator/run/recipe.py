@@ -156,6 +156,8 @@ def report_document(plan: Plan, failure: str | None = None, written: str | None 
     doc["status"] = "ok" if ok else "failed"
     doc["target"] = written if ok and written else str(plan.target_path)
     doc["written"] = ok
+    if plan.structure_notes:  # a PyTorch -> PyTorch run kept the checkpoint's structure: what it kept
+        doc["checkpoint_structure"] = list(plan.structure_notes)
     if overrides:
         doc["source"] = str(plan.source_path)
         doc["overrides"] = dict(overrides)

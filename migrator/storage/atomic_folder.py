@@ -13,8 +13,11 @@ Publishing:
   old folder is first renamed aside, then the new one renamed in: a crash between the two renames
   leaves no target, with the old folder complete at its aside name (`...tmpdir`, removed by the next run).
 
-Only a folder that is empty or holds model files (weights, an index) is replaced: `overwrite` on a
-mistyped path must not delete an unrelated tree.
+`overwrite` replaces a model, never the user's other files: an existing folder is replaced only when
+it holds nothing but a model folder's parts (its weights: index, single weights file, numbered
+shards, the shards its index names) and the files the new folder holds (`foreign_entries`); checked
+up front and again right before the publish. Nor is the current folder (or one holding it) replaced:
+the process, and the shell it was started from, would be left in a deleted folder.
 
 `fsync=True` flushes every file, the scratch folder and the parent folder; `fsync=False` skips that
 (the publish is still one rename of a complete folder).
@@ -37,8 +40,9 @@ import itertools
 import os
 import re
 import shutil
+import stat
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -122,10 +126,19 @@ def check_folder_distinct(target: Path, protect: Iterable[Protected] = (),
                                         f"({os.path.join(folder, name)})", file=str(target))
 
 
+Owned = Callable[[Path], Iterable[str]]
+"""The names at an existing folder's top that belong to the model already there (`files.sharded.
+model_parts`: its weights, shards and indexes). The caller knows what a model folder is made of;
+publishing a folder does not."""
+
+
 def check_folder_target(target: Path, *, overwrite: bool, protect: Iterable[Protected] = (),
-                        outputs: Iterable[str | os.PathLike[str]] = ()) -> None:
-    """Refuse a target that is a file, an existing folder without overwrite, or a folder that is no
-    model folder; and one holding a file being read or another output (`check_folder_distinct`)."""
+                        outputs: Iterable[str | os.PathLike[str]] = (), names: Iterable[str] | None = None,
+                        owned: Owned | None = None) -> None:
+    """Refuse a target that is a file, an existing folder without overwrite, the current folder (or one
+    holding it), or a folder holding files that are not a model's (`foreign_entries`; `names`: the
+    relative paths the new folder will hold, None when not known yet: then a folder without any
+    model file is refused); and one holding a file being read or another output (`check_folder_distinct`)."""
     check_folder_distinct(target, protect, outputs)
     if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
         raise OutputError("the target exists and is not a folder (a sharded output is a folder)", file=str(target))
@@ -134,13 +147,84 @@ def check_folder_target(target: Path, *, overwrite: bool, protect: Iterable[Prot
     if not overwrite:
         raise TargetExistsError("already exists; to replace it pass --overwrite (or set target.overwrite: true in "
                                 "the recipe)", file=str(target))
+    with contextlib.suppress(OSError):  # a current folder that was deleted holds nothing of the target
+        if _inside(os.getcwd(), target):
+            raise OutputError("refusing to replace the current folder (or a folder holding it): the folder is "
+                              "published whole, which would leave you in a deleted folder; write to a new "
+                              "folder, or run from outside it", file=str(target))
+    if names is not None:
+        check_no_foreign(target, names, owned)
+        return
     try:
-        names = os.listdir(target)
+        listed = os.listdir(target)
     except OSError as e:
         raise OutputError(f"cannot list the existing target folder: {_describe(e)}", file=str(target)) from e
-    if names and not any(MODEL_FILE_RE.match(n) for n in names):
+    if listed and not any(MODEL_FILE_RE.match(n) for n in listed):
         raise OutputError("refusing to replace a folder that holds no model files (weights or an index); "
                           "remove it yourself or choose another target", file=str(target))
+
+
+MAX_FOREIGN_SHOWN = 8
+
+
+def check_no_foreign(target: Path, names: Iterable[str], owned: Owned | None = None) -> None:
+    """Refuse to replace the folder `target` when it holds anything `foreign_entries` finds."""
+    foreign = foreign_entries(target, names, owned)
+    if foreign:
+        shown = ", ".join(foreign[:MAX_FOREIGN_SHOWN])
+        more = f" and {len(foreign) - MAX_FOREIGN_SHOWN} more" if len(foreign) > MAX_FOREIGN_SHOWN else ""
+        raise OutputError(f"refusing to replace the folder: it holds files that are not part of a model folder "
+                          f"({shown}{more}); --overwrite replaces a model's weights, its index and the companion "
+                          "files asked for, and never deletes other files: move them out or choose another target",
+                          file=str(target))
+
+
+def foreign_entries(target: Path, names: Iterable[str], owned: Owned | None = None) -> list[str]:
+    """What the existing folder `target` holds beyond a model folder's parts: the weights at its top
+    (`owned`: `files.sharded.model_parts`) and the files the new folder holds (`names`, relative
+    paths, and the folders leading to them). These are the user's files, which publishing the new
+    folder in its place would delete. Sorted; a subfolder holding nothing allowed is one entry, `name/`."""
+    allowed = {os.path.normpath(n) for n in names}
+    needed: set[str] = set()  # the folders leading to a new file
+    for n in allowed:
+        while n := os.path.dirname(n):
+            needed.add(n)
+    try:
+        top = os.listdir(target)
+    except OSError as e:
+        raise OutputError(f"cannot list the existing target folder: {_describe(e)}", file=str(target)) from e
+    parts = set(owned(target)) if owned is not None else set()
+    foreign: list[str] = []
+    pending = [""]
+    seen = 0
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            entries = os.listdir(target / rel_dir) if rel_dir else top
+        except OSError as e:
+            raise OutputError(f"cannot list the existing target folder: {_describe(e)}", file=str(target)) from e
+        for name in entries:
+            seen += 1
+            if seen > MAX_CHECKED_FILES:
+                raise OutputError(f"the existing target folder holds over {MAX_CHECKED_FILES} files; refusing to "
+                                  "replace it", file=str(target))
+            rel = os.path.join(rel_dir, name)
+            try:
+                is_dir = stat.S_ISDIR(os.lstat(target / rel).st_mode)
+            except OSError:
+                continue  # gone meanwhile
+            if is_dir and rel in needed:
+                pending.append(rel)
+            elif is_dir:
+                foreign.append(rel + "/")
+            elif rel not in allowed and (rel_dir or name not in parts):
+                foreign.append(rel)
+    return sorted(foreign)
+
+
+def _names_in(folder: Path) -> list[str]:
+    """Relative paths of the files under `folder` (the scratch folder: what the new folder holds)."""
+    return [os.path.relpath(os.path.join(d, f), folder) for d, _, files in os.walk(folder) for f in files]
 
 
 def _renameat2(src: Path, dst: Path, flags: int) -> bool:
@@ -260,12 +344,16 @@ class FolderScratch:
 @contextlib.contextmanager
 def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False, fsync: bool = True,
                   protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
-                  mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> Iterator[FolderScratch]:
+                  mode_from: Iterable[str | os.PathLike[str] | int] = (),
+                  names: Iterable[str] | None = None, owned: Owned | None = None) -> Iterator[FolderScratch]:
     """Yield a scratch folder to write the whole output into; publish it as `target` on success.
-    `protect`, `outputs`, `mode_from`: see the module docstring."""
-    target = Path(os.path.normpath(target))
+    `protect`, `outputs`, `mode_from`: see the module docstring; `names`: the files the new folder
+    will hold, when known up front (an old folder holding anything else is refused before writing;
+    it is checked against what the scratch folder holds right before the publish in any case)."""
+    target = Path(os.path.normpath(os.path.abspath(target)))
     protect, outputs = list(protect), list(outputs)
-    check_folder_target(target, overwrite=overwrite, protect=protect, outputs=outputs)
+    names = None if names is None else list(names)
+    check_folder_target(target, overwrite=overwrite, protect=protect, outputs=outputs, names=names, owned=owned)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -293,6 +381,8 @@ def atomic_folder(target: str | os.PathLike[str], *, overwrite: bool = False, fs
         if fsync:
             folder.sync()
         check_folder_distinct(target, protect, outputs)  # again: a link to a source may have appeared meanwhile
+        if overwrite and target.is_dir() and not target.is_symlink():  # again: a file may have been added meanwhile
+            check_no_foreign(target, [*(names or ()), *_names_in(scratch)], owned)
         old = _publish(scratch, target, overwrite=overwrite)
         published = True
     except OSError as e:

@@ -248,7 +248,7 @@ def test_overwrite_refuses_a_folder_without_model_files(tmp_path: Path, small_sr
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
     p = migrate("run", str(_recipe(tmp_path, "  path: out/")), "--overwrite", check=False)
-    assert p.returncode == 1 and "refusing to replace a folder that holds no model files" in p.stderr
+    assert p.returncode == 1 and "not part of a model folder (notes.txt)" in p.stderr
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
 

@@ -126,7 +126,8 @@ def test_full_disk_leaves_the_target_as_it_was(work: Path, overwrite: bool) -> N
     if overwrite:
         shutil.copytree(work / "ref-old", out)
     proc = subprocess.Popen([sys.executable, "-m", "migrator.cli", "convert", "src/model.safetensors", target + "/",
-                             "--max-shard-size", "4MiB", "--no-progress", *(["--overwrite"] if overwrite else [])],
+                             "--max-shard-size", "4MiB", "--copy", "config.json", "--no-progress",
+                             *(["--overwrite"] if overwrite else [])],
                             cwd=work, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=_small_files)
     _, err = proc.communicate(timeout=120)

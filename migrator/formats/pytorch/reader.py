@@ -15,6 +15,7 @@ from .core import _Span
 from .flatten import Flattener
 from .legacy import LegacyContainer
 from .tar import TarContainer
+from .tree import CheckpointTree, describe_tree
 from .zip import _RawMember
 
 
@@ -23,6 +24,7 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
 
     format = "pytorch"
     nested_keys = True  # top_level_key walks the pickled dicts
+    keeps_structure = True  # keep_structure: the containers around the tensors, for a PyTorch target
 
     def __init__(
         self,
@@ -30,6 +32,7 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
         *,
         top_level_key: str | list[str] | tuple[str, ...] | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        keep_structure: bool = False,
     ) -> None:
         self.source = source
         self.tensors: list[LazyTensor] = []
@@ -52,6 +55,10 @@ class PytorchReader(Flattener, TarContainer, LegacyContainer):
         root = self._open()
         selected, prefix = self._select(root, top_level_key)
         pending = self._flatten(selected, prefix)
+        # the containers around the tensors, for a PyTorch target to write back (only without a selection)
+        self.structure: CheckpointTree | None = None
+        if keep_structure and self._whole:
+            self.structure = describe_tree(root, limits, self.label)
         del root, selected  # the pickle's objects go before the tensors are made: a lower peak
         self._root = None  # kept by _select only for the errors of _flatten
         self.tensors = pending.build(self.source)
