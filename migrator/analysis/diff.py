@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,10 @@ def _values(raw: np.ndarray) -> np.ndarray:
     return raw.astype(np.float64)
 
 
+_F64_MAX = sys.float_info.max
+"""Where a difference beyond float64's range is shown: JSON holds no Infinity (`diff --json`)."""
+
+
 class _Tally:
     """What the element-wise looks found so far in one tensor."""
 
@@ -139,13 +144,14 @@ class _Tally:
             va, vb = va[finite], vb[finite]
             if len(va) == 0:
                 return
-        d = np.abs(va - vb)
-        self.max_abs = max(self.max_abs, float(d.max()))
-        mag = np.abs(vb)
-        nz = mag != 0
-        if nz.any():
-            rel = float((d[nz] / mag[nz]).max())
-            self.max_rel = rel if self.max_rel is None else max(self.max_rel, rel)
+        with np.errstate(over="ignore"):  # two finite F64s can differ by more than F64 holds
+            d = np.abs(va - vb)
+            self.max_abs = max(self.max_abs, min(float(d.max()), _F64_MAX))
+            mag = np.abs(vb)
+            nz = mag != 0
+            if nz.any():
+                rel = min(float((d[nz] / mag[nz]).max()), _F64_MAX)
+                self.max_rel = rel if self.max_rel is None else max(self.max_rel, rel)
 
 
 def compare(a: LazyTensor, b: LazyTensor, tol: Tolerance | None = None,
@@ -199,7 +205,8 @@ def _compare_same(a: LazyTensor, b: LazyTensor, tol: Tolerance | None,
     dtype = b.dtype
     itemsize = dtype.itemsize
     elementwise = itemsize in _ITEM_SIZES
-    step = window - window % itemsize if elementwise and itemsize else window
+    # whole elements per window, one at least (`--window 1` on F32 data)
+    step = max(itemsize, window - window % itemsize) if elementwise and itemsize else window
     tally = _Tally() if elementwise else None
     identical = True
     base = 0

@@ -28,6 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from ..core.display import json_text
+from ..core.redact import redact
+
 __all__ = ["diff_page", "inspect_page", "is_html_path", "plan_page", "write_page"]
 
 MAX_DEPTH = 48
@@ -517,8 +520,9 @@ def _html(payload: Mapping[str, Any]) -> bytes:
     css, js = _asset("report.css"), _asset("report.js")
     if "</" in css or "</script" in js.lower():  # an asset must never end its own element
         raise AssertionError("an inlined asset holds '</'")
-    data = json.dumps(payload, ensure_ascii=True, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
-    title = html.escape(f"{payload['title']}: {payload['subtitle']}")
+    data = json_text(payload, indent=None, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    data = data.replace("<", "\\u003c")
+    title = html.escape(redact(f"{payload['title']}: {payload['subtitle']}"))
     script, style = f"\n{js}", f"\n{css}"
     return "".join((
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',

@@ -8,8 +8,8 @@ from typing import Any
 
 
 def print_json_error(error: dict[str, Any]) -> None:
-    json.dump({"error": error}, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    from ..core.display import print_json
+    print_json({"error": error})
 
 
 def write_inspect_json(info: dict[str, Any], out: Any) -> None:
@@ -38,13 +38,11 @@ def print_written(result: Any, *, as_json: bool, headline: str, recipe_output: s
     """What `convert` and `merge` print once the output is written: `result`'s fields as JSON (with
     the recipe file when one was written), or `headline`, the notes and the recipe line ("the
     recipe of this `what`"); a recipe that could not be written after the output is exit 1."""
-    from ..core.display import escape
+    from ..core.display import escape, print_json
     from ..core.errors import EXIT_MIGRATION, EXIT_OK
 
-    if as_json:
-        doc = result.__dict__ | ({"recipe": recipe_output} if recipe_written and not problem else {})
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+    if as_json:  # URLs redacted, as every document printed
+        print_json(result.__dict__ | ({"recipe": recipe_output} if recipe_written and not problem else {}))
     else:
         print(headline)
         for note in result.notes:

@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 migration errors (missing tensors, shape mismatches, un
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,8 +112,8 @@ def add_schema_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
-        json.dump({"error": error_json(e)}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from ..core.display import print_json
+        print_json({"error": error_json(e)})
     else:
         print(f"migrate: invalid recipe:\n{escape(e, keep_newlines=True)}", file=sys.stderr)
     return EXIT_USAGE
@@ -131,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
 
     outcome = run_one_recipe(args.recipes[0], RunOptions.of(args), Path(args.report) if args.report else None)
     if args.json:
-        json.dump(outcome.document, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from ..core.display import print_json
+        print_json(outcome.document)
     return outcome.code
 
 
@@ -152,8 +151,8 @@ def plan(args: argparse.Namespace) -> int:
         if args.html:  # the page instead of the table; the summary is still printed
             _write_plan_page(Path(args.html), p, doc)
         if doc is not None and args.json:
-            json.dump(doc, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            from ..core.display import print_json
+            print_json(doc)
         else:
             if not args.html:  # the page has the table and the op nodes
                 _print_plan_table(p)
@@ -250,8 +249,8 @@ def validate(args: argparse.Namespace) -> int:
     results = [_validate_one(path, args) for path in args.recipes]
     worst = max(r["exit_code"] for r in results)
     if getattr(args, "json", False):
-        json.dump({"ok": worst == EXIT_OK, "exit_code": worst, "recipes": results}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from ..core.display import print_json
+        print_json({"ok": worst == EXIT_OK, "exit_code": worst, "recipes": results})
         return worst
     for r in results:
         shown = escape(r["recipe"])

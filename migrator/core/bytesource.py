@@ -125,14 +125,14 @@ class FileSource(ByteSource):
         try:
             mode = os.stat(self.path).st_mode
             if not _is_regular(mode):
-                raise FormatError(_not_regular(mode), file=self.label)
+                raise FormatError(not_regular(mode), file=self.label)
             self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
             raise FormatError(f"cannot open: {e.strerror}", file=self.label) from e
         st = os.fstat(self.fd)
         if not _is_regular(st.st_mode):
             os.close(self.fd)
-            raise FormatError(_not_regular(st.st_mode), file=self.label)
+            raise FormatError(not_regular(st.st_mode), file=self.label)
         os.set_blocking(self.fd, True)
         self.size = st.st_size
         self.identity = (st.st_dev, st.st_ino)
@@ -197,7 +197,7 @@ def _is_regular(mode: int) -> bool:
     return stat.S_ISREG(mode)
 
 
-def _not_regular(mode: int) -> str:
+def not_regular(mode: int) -> str:
     kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
             "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
             "a special file")

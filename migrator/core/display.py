@@ -7,18 +7,25 @@ prints text from a file goes through `escape()` first and never through Rich mar
 shown is the string itself, its unprintable characters written as `\\x1b`, `\\u202e`, ...
 JSON output is not escaped this way: `json.dumps` already writes every control character as
 `\\u001b` and a reader gets the exact string back.
+
+Both kinds of output show URLs redacted (`remote.redact`: user info as `***@`, a query such as a
+presigned signature or a SAS token as `?***`): `escape` for text and `json_text` for JSON documents
+(stdout, reports, HTML pages) are the two ways out, so a credential in a URL reaches no output.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import unicodedata
 from collections.abc import Collection, Sequence
 from typing import Any, TextIO
 
-__all__ = ["count", "escape", "fit_table", "human_bytes", "print_table", "terminal_width", "wrap",
-           "write_lines"]
+from .redact import redact
+
+__all__ = ["count", "escape", "fit_table", "human_bytes", "json_text", "print_json", "print_table", "terminal_width",
+           "wrap", "write_lines"]
 
 
 def _escape_char(ch: str) -> str:
@@ -40,7 +47,7 @@ def escape(text: object, *, keep_newlines: bool = False) -> str:
     a name embedded in such a message can then start a line, but never an escape sequence.
     Backslashes are kept as they are (regex patterns stay readable): the exact string is in `--json`.
     """
-    s = text if isinstance(text, str) else str(text)
+    s = redact(text if isinstance(text, str) else str(text))
     if s.isprintable():  # the common case, checked in C
         return s
     out = []
@@ -50,6 +57,17 @@ def escape(text: object, *, keep_newlines: bool = False) -> str:
         else:
             out.append(_escape_char(ch))
     return "".join(out)
+
+
+def json_text(doc: Any, *, indent: int | None = 2, **kwargs: Any) -> str:
+    """`doc` as JSON text with every URL in it redacted: what `--json`, reports and pages carry."""
+    return redact(json.dumps(doc, indent=indent, **kwargs))
+
+
+def print_json(doc: Any, out: TextIO | None = None) -> None:
+    """`doc` as indented JSON and a newline on `out` (stdout), URLs redacted."""
+    out = out or sys.stdout
+    out.write(json_text(doc) + "\n")
 
 
 _IEC_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
@@ -270,9 +288,10 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
 
 def write_lines(stream: TextIO, lines: Sequence[str], chunk: int = 1000) -> None:
     """Each line and a newline, a chunk of lines a write. One huge write into a pipe whose reader
-    left (`| head`) can end silently part way; later writes raise BrokenPipeError as they should."""
+    left (`| head`) can end silently part way; later writes raise BrokenPipeError as they should.
+    URLs are redacted (the lines may be JSON: `inspect --json`)."""
     for start in range(0, len(lines), chunk):
-        stream.write("\n".join(lines[start:start + chunk]) + "\n")
+        stream.write(redact("\n".join(lines[start:start + chunk])) + "\n")
 
 
 def _isatty(stream: Any) -> bool:

@@ -59,6 +59,9 @@ class Limits:
     # sharded sources (formats/sharded.py)
     max_index_bytes: int = 64 * MiB  # a `*.index.json`
     max_shards: int = 100_000  # files of one sharded source
+    # names (plan.py): Python's `re` can take time quadratic in a name's length ((.*)\.weight$ on a
+    # 60,000-dot name: 13 s), so a plan refuses longer source and template names before matching any
+    max_name_chars: int = 1024
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

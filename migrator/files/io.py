@@ -39,6 +39,9 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
             from .remote_open import open_url
 
             return open_url(src, format, options, limits)
+        from ..storage.remote import local_of
+
+        src = local_of(src)  # file:///x reads /x
         from .sharded import is_sharded_path
 
         if is_sharded_path(src):

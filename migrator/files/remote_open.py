@@ -8,7 +8,7 @@ from typing import Any
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.base import Reader
 from ..storage.remote import redact, url_of
-from ..storage.remote.fs import filesystem, with_retries
+from ..storage.remote.fs import filesystem, object_info, tuning, with_retries
 
 
 def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
@@ -23,7 +23,8 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
     if not url.endswith("/"):
         fs, path = filesystem(url)
         try:
-            info = with_retries(lambda: fs.info(path), url, "cannot open")
+            tune = tuning(url)
+            info = with_retries(lambda: object_info(fs, path, tune), url, "cannot open", tune)
         except Exception as e:
             if "no such object" not in str(e) or not set("*?[").intersection(os.path.basename(url)):
                 raise

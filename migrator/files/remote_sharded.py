@@ -28,8 +28,9 @@ from typing import Any, BinaryIO
 from ..core.errors import FormatError, LimitExceededError, OutputError, TargetExistsError
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
+from ..formats.bounded_json import load_bounded_json
 from ..storage.remote import RemotePath, as_path, protocol, redact, url_of
-from ..storage.remote.fs import StorageError, copy_companion, filesystem, stream_size, with_retries
+from ..storage.remote.fs import StorageError, copy_companion, deadline, filesystem, stream_size, tuning, with_retries
 from ..storage.remote.source import RemoteSource
 from .sharded import (
     GLOB_CHARS,
@@ -37,6 +38,7 @@ from .sharded import (
     ShardedReader,
     ShardSet,
     _check_against_index,
+    index_fields,
     is_model_part,
     name_problem,
     pick_weights,
@@ -52,7 +54,8 @@ def _listing(url: str, missing_ok: bool = False) -> set[str]:
     with contextlib.suppress(AttributeError, TypeError):
         fs.invalidate_cache(path)
     try:
-        entries = with_retries(lambda: fs.ls(path, detail=True), url, "cannot list the folder")
+        entries = with_retries(lambda: fs.ls(path, detail=True, **deadline(fs, tuning(url))), url,
+                               "cannot list the folder")
     except StorageError as e:
         if missing_ok and e.detail.endswith("no such object"):
             return set()
@@ -65,7 +68,8 @@ def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
     `folder` that `pattern` matches (fsspec's glob), in sorted order; folders are left out."""
     fs, base = filesystem(folder)
     base = base.rstrip("/")
-    found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True), folder, "cannot list companion files")
+    found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True, **deadline(fs, tuning(folder))), folder,
+                         "cannot list companion files")
     out: list[tuple[Path, str]] = []
     for path, info in sorted(found.items()):
         if info.get("type") == "directory":
@@ -98,19 +102,7 @@ def read_remote_index(url: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[s
         raw = src.read(0, src.size, "index")
     finally:
         src.close()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise FormatError(f"index is not JSON: {e}", file=redact(url)) from None
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                   for k, v in weight_map.items()):
-        raise FormatError('not an index: expected a JSON object with "weight_map": {tensor name: shard file}',
-                          file=redact(url))
-    meta = data.get("metadata") or {}
-    if not isinstance(meta, dict):
-        raise FormatError('not an index: "metadata" must be an object', file=redact(url))
-    return weight_map, meta
+    return index_fields(load_bounded_json(raw, limits, redact(url), "index"), redact(url))
 
 
 class _RemoteShard:
@@ -141,7 +133,7 @@ class RemoteShardedReader(ShardedReader):
                 raise FormatError("a glob needs a store that lists objects; http(s):// does not: name the index",
                                   file=self.given)
             fs, path = filesystem(url)
-            found = with_retries(lambda: fs.glob(path), url, "cannot list the glob")
+            found = with_retries(lambda: fs.glob(path, **deadline(fs, tuning(url))), url, "cannot list the glob")
             proto = protocol(url)
             files = [RemotePath(url_of(f"{proto}://{p.lstrip('/')}")) for p in sorted(found)]
             self.folder = RemotePath(posixpath.dirname(url))

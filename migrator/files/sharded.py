@@ -26,18 +26,20 @@ import json
 import mmap
 import os
 import re
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.bytesource import ByteSource, FileSource, FileSpan, FileView, closed_error
+from ..core.bytesource import ByteSource, FileSource, FileSpan, FileView, closed_error, not_regular
 from ..core.errors import FormatError, LimitExceededError, MigratorError, UnknownFormatError
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import Buffer, LazyTensor
 from ..formats.base import Reader
+from ..formats.bounded_json import load_bounded_json
 
 OPEN_SHARDS = 4
 """Shard descriptors kept open between reads (least recently used closed first)."""
@@ -519,28 +521,41 @@ class ShardedReader(Reader):
 
 def read_index(path: Path, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, str], dict[str, Any]]:
     """An index's `weight_map` (tensor -> shard file) and `metadata`, checked for shape; an index over
-    `limits.max_index_bytes` is refused before it is read (a 100k-tensor index is ~10 MB)."""
+    `limits.max_index_bytes` is refused before it is read (a 100k-tensor index is ~10 MB), and its JSON
+    is bounded as every header is (`bounded_json`). A FIFO, folder or device is refused unopened for
+    reading (opened non-blocking, then fstat'ed)."""
     try:
-        size = os.stat(path).st_size
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise FormatError(f"cannot read index: {e.strerror}", file=str(path)) from None
-    if size > limits.max_index_bytes:
-        raise LimitExceededError(f"index is {size} bytes, over the {limits.max_index_bytes} limit (max_index_bytes)",
-                                 file=str(path))
     try:
-        data = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise FormatError(f"index is not JSON: {e}", file=str(path)) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"cannot read index: {not_regular(st.st_mode)}", file=str(path))
+        if st.st_size > limits.max_index_bytes:
+            raise LimitExceededError(f"index is {st.st_size} bytes, over the {limits.max_index_bytes} limit "
+                                     "(max_index_bytes)", file=str(path))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(limits.max_index_bytes + 1)
     except OSError as e:
         raise FormatError(f"cannot read index: {e.strerror}", file=str(path)) from None
+    finally:
+        os.close(fd)
+    if len(raw) > limits.max_index_bytes:  # grew since the fstat
+        raise LimitExceededError(f"index is over the {limits.max_index_bytes} limit (max_index_bytes)", file=str(path))
+    return index_fields(load_bounded_json(raw, limits, str(path), "index"), str(path))
+
+
+def index_fields(data: Any, file: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The `weight_map` and `metadata` of a parsed index (local or remote), checked for shape."""
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                    for k, v in weight_map.items()):
         raise FormatError('not an index: expected a JSON object with "weight_map": {tensor name: shard file}',
-                          file=str(path))
+                          file=file)
     meta = data.get("metadata") or {}
     if not isinstance(meta, dict):
-        raise FormatError('not an index: "metadata" must be an object', file=str(path))
+        raise FormatError('not an index: "metadata" must be an object', file=file)
     return weight_map, meta
 
 
@@ -561,9 +576,14 @@ def _index_files(index: Path, weight_map: Mapping[str, str]) -> list[Path]:
         if ("/" in rel or os.path.islink(path)) and not resolves_inside(path, folder):
             raise FormatError(f"shard path '{rel}' leaves the index's folder {folder} (it resolves to "
                               f"{os.path.realpath(path)})", file=str(index))
-        if not path.is_file():
+        try:
+            mode = os.stat(path).st_mode  # follows a link; a stat never blocks, unlike an open of a FIFO
+        except OSError:
+            mode = None
+        if mode is None or not stat.S_ISREG(mode):
             names = sorted(k for k, v in weight_map.items() if v == rel)
-            raise FormatError(f"shard {path} named by the index is missing (it should hold "
+            what = "is missing" if mode is None else f"is {not_regular(mode)}"
+            raise FormatError(f"shard {path} named by the index {what} (it should hold "
                               f"{len(names)} tensors, e.g. '{names[0]}')", file=str(index))
         files.append(path)
     return files

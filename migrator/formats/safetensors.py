@@ -38,13 +38,9 @@ from .base import (
     shapes_of,
     utf8_ok,
 )
+from .bounded_json import check_json_budget
 
 MAX_HEADER_SIZE = 100_000_000  # the library's limit: the writer makes no larger header (the reader: Limits)
-# Upper bounds, in bytes, of what one `{`/`[`, one `:` and one `"` lets json.loads build (CPython
-# 64-bit, GC headers included): a list or _Pairs; a (key, value) tuple and its slot; half a string.
-_CONTAINER_COST = 88
-_PAIR_COST = 80
-_QUOTE_COST = 36
 METADATA_KEY = "__metadata__"
 _ENTRY_FIELDS = ("dtype", "shape", "data_offsets")
 _U64_MAX = 2**64 - 1
@@ -197,18 +193,9 @@ class SafetensorsReader(Reader):
 
     def _check_budget(self, raw: bytes) -> None:
         """Refuse a header whose parse could build more than `header_object_bytes` x its size +
-        `header_object_base` bytes of Python objects (the limits), before parsing it. Every object,
-        array, pair and string the JSON parser creates needs at least one `{`, `[`, `:` or two `"`
-        bytes of its own, so counting those bytes (in C) bounds what parsing builds; it overcounts
-        such bytes inside strings, which real headers have few of."""
-        cost = (_CONTAINER_COST * (raw.count(b"{") + raw.count(b"[")) + _PAIR_COST * raw.count(b":")
-                + _QUOTE_COST * raw.count(b'"'))
-        per_byte, base = self.limits.header_object_bytes, self.limits.header_object_base
-        if cost > per_byte * len(raw) + base:
-            raise LimitExceededError(
-                f"the {len(raw)}-byte JSON header could build ~{cost} bytes of objects (from its count of "
-                f"objects, arrays, pairs and strings), over the budget of {per_byte} x its size + {base} bytes "
-                "(header_object_bytes, header_object_base)", file=self.label)
+        `header_object_base` bytes of Python objects (the limits), before parsing it
+        (`bounded_json.check_json_budget`: the rule every JSON header follows)."""
+        check_json_budget(raw, self.limits, self.label, "JSON header")
 
     def _decode(self, raw: bytes) -> _Pairs:
         try:

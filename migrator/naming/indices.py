@@ -16,7 +16,10 @@ def parse_usize(text: str) -> int | None:
     digits = text[1:] if text.startswith("+") else text
     if not digits or not digits.isascii() or not digits.isdigit():
         return None
-    value = int(digits)
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > 20:  # over u64 for sure; int() of 4,300+ digits would raise
+        return None
+    value = int(significant)
     return value if value <= _USIZE_MAX else None
 
 

@@ -175,7 +175,10 @@ def _shifted(value: str | None, ref: _Ref, name: str) -> str:
     if value is None or not value or not value.isascii() or not value.isdigit():
         shown = "did not take part in the match" if value is None else f"is '{value}', not a number"
         raise IndexArithmeticError(f"{ref.spelled} on tensor '{name}': group {ref.index} {shown}", pattern=name)
-    result = int(value) + ref.offset
+    if len(value.lstrip("0")) > 20:  # beyond 64 bits (and int() refuses 4,300+ digits)
+        raise IndexArithmeticError(f"{ref.spelled} on tensor '{name[:200]}': group {ref.index} is a number of "
+                                   f"{len(value)} digits; index arithmetic takes indices below 2^64", pattern=name)
+    result = int(value.lstrip("0") or "0") + ref.offset
     if result < 0:
         raise IndexArithmeticError(f"{ref.spelled} on tensor '{name}' gives {result} (group {ref.index} is "
                                    f"'{value}'): an index cannot be negative", pattern=name)

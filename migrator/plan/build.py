@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import dtypes
 from ..core.dtypes import DType
-from ..core.errors import MigratorError, PlanError
+from ..core.errors import LimitExceededError, MigratorError, PlanError
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
@@ -343,6 +343,17 @@ def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: 
     return {"quantize": target.quantize, "metadata": meta}
 
 
+def check_name_lengths(names: Iterable[str], limits: Limits, file: str) -> None:
+    """Refuse a name longer than `limits.max_name_chars` before any pattern sees it: Python's `re`
+    can backtrack in time quadratic in a name's length, and every recipe pattern (remaps, filters,
+    ops, adapters, module rules) is matched against every name."""
+    most = limits.max_name_chars
+    for name in names:
+        if len(name) > most:
+            raise LimitExceededError(f"tensor name of {len(name):,} characters ('{name[:60]}...'): names longer than "
+                                     f"{most} characters are not matched against patterns (max_name_chars)", file=file)
+
+
 def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers: list[Reader],
                   fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
                   op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
@@ -354,6 +365,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     is_pytorch = reader.format == "pytorch"
     tensors = reader.tensors
     names = [t.name for t in tensors]
+    check_name_lengths(names, limits, reader.label)
     renumbered: list[tuple[str, str]] = []
     current, ops = _renamed(recipe, names, is_pytorch and for_burn, reader.label, getattr(reader, "describe", repr),
                             renumbered)
@@ -570,6 +582,7 @@ def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pyt
 
     from ..transform.template_match import AmbiguousMatch, match_slots
 
+    check_name_lengths([t.name for t in template.tensors], limits, template.label)
     try:  # by name, or by position where the template's indices have gaps (see template_match)
         keys = match_slots([t.name for t in template.tensors], lookup)
     except AmbiguousMatch as e:

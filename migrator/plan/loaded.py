@@ -53,9 +53,9 @@ def with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
         from .sources import override_source
 
         recipe = override_source(recipe, overrides.pop("source"), str(loaded.path))
-    from ..storage.remote import as_path, is_url
+    from ..storage.remote import as_path, is_url, local_of
 
-    absolute = {k: as_path(v) if is_url(v) else Path(os.path.abspath(os.path.expanduser(v)))
+    absolute = {k: as_path(v) if is_url(v) else Path(os.path.abspath(os.path.expanduser(local_of(v))))
                 for k, v in overrides.items()}
     if "source" in absolute:
         assert recipe.source is not None

@@ -59,6 +59,11 @@ class _Unary(_Op):
         return self
 
 
+MAX_PARTS = 1 << 16
+"""Outputs one `split` or `unstack` may make: a name each, so a count from a recipe (`parts: 2**63`) or
+from a header (a dim of [2**40, 0]) must not decide how many are built."""
+
+
 class SplitSpec(_Op):
     """One input cut along `dim` into consecutive parts (torch.split / torch.chunk)."""
 
@@ -78,6 +83,10 @@ class SplitSpec(_Op):
             raise _problem("sizes must be a non-empty list of lengths >= 0", key="sizes")
         if self.parts is not None and self.parts < 1:
             raise _problem("parts must be at least 1", key="parts")
+        if self.parts is not None and self.parts > MAX_PARTS:
+            raise _problem(f"parts must be at most {MAX_PARTS}", key="parts")
+        if self.sizes is not None and len(self.sizes) > MAX_PARTS:
+            raise _problem(f"sizes may list at most {MAX_PARTS} parts", key="sizes")
         n = len(self.sizes) if self.sizes is not None else self.parts
         if isinstance(self.to, list):
             if len(self.to) != n:

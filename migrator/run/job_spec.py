@@ -31,7 +31,9 @@ def where(path: str, *, real: bool = False) -> str:
         from ..storage.remote import url_of
 
         return url_of(path)
-    path = os.path.expanduser(path)
+    from ..storage.remote import local_of
+
+    path = os.path.expanduser(os.fspath(local_of(path)))
     return os.path.realpath(path) if real else os.path.abspath(path)
 
 

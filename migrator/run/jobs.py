@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import glob as globlib
 import io
-import json
 import os
+import re
 import string
 import sys
 from collections.abc import Iterator
@@ -60,12 +60,12 @@ def _glob(pattern: str) -> list[str]:
     if not is_url(pattern):
         return sorted(globlib.glob(os.path.expanduser(pattern), recursive=True))
     from ..storage.remote import protocol, url_of
-    from ..storage.remote.fs import describe, filesystem
+    from ..storage.remote.fs import deadline, describe, filesystem, tuning
 
     url = url_of(pattern)
     fs, path = filesystem(url)
     try:
-        found = fs.glob(path)
+        found = fs.glob(path, **deadline(fs, tuning(url)))
     except FileNotFoundError:
         return []
     except Exception as e:
@@ -74,12 +74,20 @@ def _glob(pattern: str) -> list[str]:
     return sorted(f"{proto}://{p.lstrip('/')}" for p in found)
 
 
+def _glob_part(pattern: str) -> str:
+    """What of `pattern` may hold glob characters: over http(s) a '?' starts the query (a presigned
+    URL, a SAS token), which is part of the address, not a wildcard."""
+    if is_url(pattern) and pattern.split(":", 1)[0].lower() in ("http", "https"):
+        return pattern.split("?", 1)[0]
+    return pattern
+
+
 def expand_each(patterns: list[str]) -> list[str]:
     """The sources of `--each`: each pattern's matches (a glob, sorted; `**` recursive; on a store,
     its objects through fsspec) or the path as given, in order, each once."""
     out: list[str] = []
     for pattern in patterns:
-        if _GLOB_CHARS & set(pattern):
+        if _GLOB_CHARS & set(_glob_part(pattern)):
             matches = _glob(pattern)
             if not matches:
                 raise JobsUsageError(f"--each '{pattern}' matches no file")
@@ -89,17 +97,34 @@ def expand_each(patterns: list[str]) -> list[str]:
     return out
 
 
+MAX_FORMAT_WIDTH = 255
+"""The widest a placeholder's format spec may pad (`{i:04}`): a path part is at most 255 bytes."""
+
+
+def _check_format_spec(pattern: str, field: str, spec: str) -> None:
+    """A placeholder's format spec is the user's, never a source's: no nested placeholder (`{i:{stem}}`
+    would let a file name choose the padding: 900 MB of it), and no width beyond MAX_FORMAT_WIDTH."""
+    if "{" in spec or "}" in spec:
+        raise JobsUsageError(f"--target '{pattern}': {{{field}:{spec}}} nests a placeholder in a format spec; "
+                             "a format spec is literal, e.g. {i:04}")
+    for digits in re.findall(r"\d+", spec):
+        if len(digits) > 3 or int(digits) > MAX_FORMAT_WIDTH:
+            raise JobsUsageError(f"--target '{pattern}': {{{field}:{spec}}} pads beyond {MAX_FORMAT_WIDTH} "
+                                 "characters")
+
+
 def target_for(pattern: str, source: str, i: int) -> str:
     """`--target` with its placeholders ({stem}, {name}, {parent}, {i}) filled in for one source; a
     match whose values would make a path part `..`, `.` or empty is refused, naming it."""
     fields = []
     try:
-        for _, field, _, conversion in string.Formatter().parse(pattern):
+        for _, field, spec, conversion in string.Formatter().parse(pattern):
             if field is None:
                 continue
             if field not in PLACEHOLDERS or conversion:
                 raise JobsUsageError(f"--target '{pattern}': unknown placeholder {{{field}}}; use "
                                      + ", ".join(f"{{{k}}}" for k in PLACEHOLDERS) + " ({{ and }} for braces)")
+            _check_format_spec(pattern, field, spec or "")
             fields.append(field)
     except ValueError as e:
         raise JobsUsageError(f"--target '{pattern}': {e} ({{{{ and }}}} for literal braces)") from None
@@ -472,17 +497,18 @@ def run_many(args: argparse.Namespace) -> int:
     ordered = [results[i] for i in range(n)]
     worst = max((r["code"] for r in ordered), default=EXIT_OK)
     if args.json:
-        json.dump(jobs_document(specs, ordered, worst), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from ..core.display import print_json
+        print_json(jobs_document(specs, ordered, worst))
     else:
         ok = sum(r["code"] == EXIT_OK for r in ordered)
         sys.stdout.write(f"{n} jobs: {ok} ok, {n - ok} failed\n")
     if args.report:
+        from ..core.display import json_text
         from ..storage.atomic import write_file
 
         doc = jobs_report(specs, ordered, worst)
         try:
-            write_file(args.report, (json.dumps(doc, indent=2) + "\n").encode(), overwrite=bool(args.overwrite),
+            write_file(args.report, (json_text(doc) + "\n").encode(), overwrite=bool(args.overwrite),
                        fsync=not args.no_fsync, make_folders=True)
         except MigratorError as e:
             print(f"migrate: error: the report was not written: {escape(e)}", file=sys.stderr)
@@ -511,8 +537,8 @@ def _usage_error(e: Exception, args: argparse.Namespace) -> int:
     from ..core.errors import error_json
 
     if args.json:
-        json.dump({"error": error_json(e)}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from ..core.display import print_json
+        print_json({"error": error_json(e)})
     else:
         print(f"migrate run: {escape(e, keep_newlines=True)}", file=sys.stderr)
     return EXIT_USAGE

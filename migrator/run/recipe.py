@@ -7,7 +7,6 @@ JSON output come from `run_one_recipe`.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -169,10 +168,11 @@ def write_report(path: Path, plan: Plan, doc: dict[str, Any]) -> None:
     """Written through the same atomic path as the output, after it: never onto a file the run
     read or wrote, never over an existing file without overwrite."""
     from ..analysis.html_report import is_html_path, plan_page
+    from ..core.display import json_text
     from ..storage.atomic import write_file
     from .execute import read_by, source_modes
 
-    data = plan_page(plan_json(plan), doc) if is_html_path(path) else (json.dumps(doc, indent=2) + "\n").encode()
+    data = plan_page(plan_json(plan), doc) if is_html_path(path) else (json_text(doc) + "\n").encode()
     write_file(path, data, overwrite=plan.overwrite, protect=read_by(plan),
                outputs=[plan.target_path], fsync=plan.fsync, mode_from=source_modes(plan), make_folders=True)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 def resolve_path(base_dir: Path, path: str | os.PathLike[str]) -> Path:
     """User folder expanded, relative to `base_dir` (a recipe's folder, or the current one), normalised.
     A URL (`s3://...`) is taken as it is (a `RemotePath`)."""
-    from .remote import RemotePath, is_url, url_of
+    from .remote import RemotePath, is_url, local_of, url_of
 
     if is_url(path):
         return RemotePath(url_of(path))
-    p = Path(os.path.expanduser(os.fspath(path)))
+    p = Path(os.path.expanduser(os.fspath(local_of(path))))
     return Path(os.path.normpath(p if p.is_absolute() else base_dir / p))

@@ -23,11 +23,8 @@ from typing import Any
 from ..core.tensor import LazyTensor
 from ..naming import RemapRule, compile_regex, parse_usize
 from ..recipe.merge_ops import MERGE_OP_NAMES
-from ..recipe.ops import op_kind_and_spec, substitute_index, whole_name_pattern
+from ..recipe.ops import MAX_PARTS, op_kind_and_spec, substitute_index, whole_name_pattern
 from . import lazy_ops as lazy
-
-MAX_PARTS = 1 << 16
-"""Most outputs one unstack may make (its count comes from the file, not the recipe)."""
 
 Origins = Mapping[tuple[int, str], tuple[str, int, int]]
 """(op index, key or '') -> (recipe file, line, column), from the loader."""
@@ -244,10 +241,13 @@ def _instances(step: _Op, slots: list[_Slot], by_name: dict[str, int]) -> list[l
     for indexed in keyed.values():
         indexed.sort()
         indices = [v for v, _ in indexed]
-        if indices != list(range(len(indices))):
+        # the first place the sorted indices leave 0, 1, 2, ...: found in one pass, whatever the
+        # indices are (0 and 4e9 must not build a four-billion-entry range to name the gap)
+        first = next((i for i, v in enumerate(indices) if v != i), None)
+        if first is not None:
             names = ", ".join(f"'{slots[k].name}'" for _, k in indexed[:4])
-            gaps = sorted(set(range(max(indices) + 1)) - set(indices))
-            what = f"index {gaps[0]} is missing" if gaps else "an index appears twice"
+            twice = first > 0 and indices[first] == indices[first - 1]
+            what = f"index {indices[first]} appears twice" if twice else f"index {first} is missing"
             step.fail(f"{step.kind} inputs must have indices 0..N-1 in group {over}: {what} (inputs {names}"
                       f"{', ...' if len(indexed) > 4 else ''})", "over")
             continue
@@ -345,6 +345,9 @@ def _build(step: _Op, inputs: list[_Slot]) -> list[_Slot]:
             if size % spec.parts:
                 step.fail(f"'{name}' has {size} along dim {d} (shape {list(shape)}): not divisible into {spec.parts} "
                           "equal parts", "parts", "give sizes: [...] for unequal parts")
+                raise _Failed
+            if spec.parts > MAX_PARTS:  # checked by the recipe too; a caller may build specs itself
+                step.fail(f"split into {spec.parts} parts: at most {MAX_PARTS}", "parts")
                 raise _Failed
             sizes = [size // spec.parts] * spec.parts
         outs, start = [], 0

@@ -18,10 +18,10 @@ import re
 from pathlib import PosixPath
 from typing import Any
 
+from ...core.redact import redact  # the rule for every URL shown or stored: here for the store's errors
+
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
 """`scheme:/` (a Path keeps one slash of two); two letters at least, so `C:/` is never a URL."""
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
-_QUERY = re.compile(r"(://[^\s?'\"]*)\?[^\s'\":]*")
 
 READ_ONLY = frozenset({"http", "https"})
 
@@ -42,6 +42,24 @@ def is_url(path: object) -> bool:
     return m is not None and m.group(1).lower() != "file"
 
 
+_FILE_URL = re.compile(r"^file:/+", re.IGNORECASE)
+
+
+def local_of(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """A `file:` URL as the local path it names (`file:///data/m.bpk` -> `/data/m.bpk`, percent-escapes
+    decoded); anything else unchanged. A Path folds `file:///x` into `file:/x`: both are read as `/x`,
+    so a target never becomes a folder literally named `file:`."""
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        return path
+    m = _FILE_URL.match(text)
+    if m is None:
+        return path
+    from urllib.parse import unquote
+
+    return "/" + unquote(text[m.end():])
+
+
 def url_of(path: str | os.PathLike[str]) -> str:
     """The URL `path` spells, with the `//` after the scheme restored."""
     text = os.fspath(path)
@@ -54,12 +72,6 @@ def url_of(path: str | os.PathLike[str]) -> str:
 
 def protocol(url: str) -> str:
     return url.split(":", 1)[0].lower()
-
-
-def redact(text: str) -> str:
-    """`text` with the user-info of every URL in it (`user:password@`) replaced by `***@`, and its
-    query (a presigned URL's signature, a SAS token) by `?***`."""
-    return _QUERY.sub(r"\1?***", _USERINFO.sub("***@", text))
 
 
 class RemotePath(PosixPath):
@@ -98,6 +110,6 @@ def as_path(path: str | os.PathLike[str]) -> PosixPath:
     """`Path(path)`, or a `RemotePath` when it is a URL (a Path would lose the URL's `//`)."""
     from pathlib import Path
 
-    return RemotePath(url_of(path)) if is_url(path) else Path(path)  # type: ignore[return-value]
+    return RemotePath(url_of(path)) if is_url(path) else Path(local_of(path))  # type: ignore[return-value]
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from ...core.bytesource import ByteSource, closed_error
 from ...core.errors import FormatError, MigratorError
 from . import redact
-from .fs import Tuning, check_length, filesystem, storage_error, tuning, with_retries
+from .fs import Tuning, check_length, filesystem, get_range, object_info, storage_error, tuning, with_retries
 
 HEAD_BLOCK = 64 << 10
 TAIL_BLOCK = 128 << 10
@@ -42,7 +42,7 @@ class RemoteSource(ByteSource):
         self.url = url
         self.path = url
         self.label = redact(url)
-        self.tune = tune or tuning()
+        self.tune = tune or tuning(url)
         self.fs, self.fs_path = filesystem(url)
         self.requests = 0  # ranged GETs made (tests count them)
         self.closed = False
@@ -58,7 +58,7 @@ class RemoteSource(ByteSource):
 
     def _size(self) -> int:
         def info() -> dict[str, Any]:
-            return self.fs.info(self.fs_path)
+            return object_info(self.fs, self.fs_path, self.tune)
 
         meta = with_retries(info, self.url, "cannot open", self.tune)
         if meta.get("type") == "directory":
@@ -78,8 +78,8 @@ class RemoteSource(ByteSource):
         def get() -> bytes:
             with self._lock:
                 self.requests += 1
-            data = self.fs.cat_file(self.fs_path, start=offset, end=offset + length)
-            return check_length(bytes(data), length, offset)
+            data = get_range(self.fs, self.fs_path, offset, offset + length, self.tune)
+            return check_length(data, length, offset)
 
         return with_retries(get, self.url, what, self.tune)
 
@@ -152,7 +152,8 @@ class RemoteSource(ByteSource):
                 with self._lock:
                     self.requests += 1
                 bucket, key, _ = self.fs.split_path(self.fs_path)
-                resp = self.fs.call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={offset}-")
+                resp = self.fs.call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={offset}-",
+                                       timeout=self.tune.request_timeout)
                 body = resp["Body"]
                 with self._lock:
                     self._streams[me] = (body, offset)
@@ -168,7 +169,7 @@ class RemoteSource(ByteSource):
                 return b"".join(parts)
 
             try:
-                data = check_length(sync(self.fs.loop, exact), length, offset)
+                data = check_length(sync(self.fs.loop, exact, timeout=self.tune.request_timeout), length, offset)
             except BaseException:
                 self._close_stream(me)
                 raise
@@ -263,7 +264,7 @@ class BlockChunks:
         except MigratorError:
             raise
         except Exception as e:  # a pool error that is not a request's own
-            raise storage_error(e, src.url, "tensor data") from None
+            raise storage_error(e, src.url, "tensor data", src.tune) from None
         finally:
             for f in pending:
                 f.cancel()
