@@ -32,7 +32,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
     p = _Parser(
         prog="migrate",
-        description="Move neural-network weights between burnpack (.bpk), SafeTensors and PyTorch files.",
+        description="Move neural-network weights between burnpack (.bpk), SafeTensors, PyTorch and GGUF files.",
         epilog="run `migrate COMMAND --help` for a command's arguments and examples",
     )
     p.add_argument("--version", action="version", version=f"migrator {__version__}")
