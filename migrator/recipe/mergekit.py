@@ -158,9 +158,11 @@ def load_config(path: str | os.PathLike[str], base_dir: str | os.PathLike[str] |
     """Read and check a mergekit YAML; relative model paths resolve against `base_dir` (default: its folder)."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise MigratorError(f"cannot read the merge config ({e.strerror})", file=str(p)) from None
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # parse_config refuses a longer one: never read it all
+    except OSError as e:  # the command's argument names no readable file: a usage error, as for a recipe
+        raise RecipeError([RecipeIssue(str(p), 0, 0, "", f"cannot read the merge config: {e.strerror or e}")]) \
+            from None
     return parse_config(raw, str(p), Path(base_dir) if base_dir is not None else p.parent)
 
 

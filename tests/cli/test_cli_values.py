@@ -62,3 +62,11 @@ def test_common_dtype_spellings_are_accepted(src: Path, tmp_path: Path, spelling
 def test_an_unknown_dtype_suggests_one(src: Path, tmp_path: Path) -> None:
     r = migrate("convert", str(src), str(tmp_path / "o.safetensors"), "--dtype", "FP61")
     assert r.returncode == 2 and "unknown dtype 'FP61'" in r.stderr and "F16" in r.stderr
+
+
+def test_merge_config_that_cannot_be_read_is_a_usage_error(tmp_path: Path) -> None:
+    r = migrate("merge", str(tmp_path / "missing.yml"), str(tmp_path / "out") + "/")
+    assert r.returncode == 2 and "cannot read the merge config" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+    r = migrate("merge", str(tmp_path / "missing.yml"), str(tmp_path / "out") + "/", "--json")
+    assert r.returncode == 2 and "cannot read the merge config" in r.stdout
