@@ -36,6 +36,17 @@ class Reader(Mapping[str, LazyTensor], ABC):
     tensors: list[LazyTensor]
     metadata: dict[str, str]
     scalars: dict[str, Scalar]
+    # What a source kind adds to a plan; nothing unless a reader sets it (declared here so that a plan
+    # reads them as attributes instead of probing each reader):
+    notes: Sequence[str] = ()
+    """What the source did on its own (a LoRA fold, a merge), for the plan's notes."""
+    config_update: Mapping[str, Any] | None = None
+    """Entries a merge sets in the config.json copied into a folder target (num_hidden_layers, dtype)."""
+    generated: Sequence[tuple[str, bytes]] = ()
+    """Companion files the source makes, (name, bytes), written in place of copies of those names."""
+    structure: Any = None
+    """A PyTorch checkpoint's containers around its tensors (`formats.pytorch.tree.CheckpointTree`), when
+    opened with `keep_structure`: a PyTorch target writes them back."""
 
     @property
     def label(self) -> str:

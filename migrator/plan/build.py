@@ -260,7 +260,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     # 5. metadata, scalars, and whether the target format can hold the result
     meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
                            clear=recipe.target.clear_metadata)
-    notes: list[str] = list(getattr(reader, "notes", []))  # what a source did on its own (a LoRA fold)
+    notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
     if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
@@ -298,8 +298,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=folder, weights_name=name,
-                                            config_update=getattr(reader, "config_update", None),
-                                            generated=[*getattr(reader, "generated", ()), *made.items()])
+                                            config_update=reader.config_update,
+                                            generated=[*reader.generated, *made.items()])
                 plan.notes += plan.writer.notes
             else:
                 if recipe.target.hf_config:
@@ -726,7 +726,7 @@ def _structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path: Path | No
     """The checkpoint's structure for a PyTorch -> PyTorch run of one whole source into one file (no
     top_level_key, template or shards; those write a flat state_dict), with each tensor where its
     source was, under its new name (`formats.pytorch.tree`); None otherwise, or when refused (`fatal`)."""
-    tree = getattr(reader, "structure", None)
+    tree = reader.structure
     if tree is None or out_fmt != "pytorch" or recipe.target.shard is not None or tpl_path is not None:
         return None
     from ..formats.pytorch.tree import place_tensors

@@ -123,7 +123,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
     structure = {"keep_structure": True} if out_fmt == "pytorch" and not sharded else {}
     with open_file(src_path, source_format, limits=limits, **structure) as reader:
-        if getattr(reader, "structure", None) is not None:
+        if reader.structure is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)
         tensors = list(reader.tensors)
         if reader.format == "pytorch" and contiguous_indices is None and out_fmt == "burnpack":
