@@ -20,12 +20,12 @@ held whole; peak memory is a few bands plus, for a general permute, the input's 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ..core.bytesource import FileView, file_view
 from ..core.errors import TensorBytesSizeMismatchError
-from ..core.tensor import LazyTensor
+from ..core.tensor import Buffer, LazyTensor
 
 if TYPE_CHECKING:
     import numpy as np
@@ -111,12 +111,13 @@ class _Sequential:
             n -= k
 
 
-class _Whole:
-    """The loader of a streamed op output: its pieces gathered into one buffer."""
+class Gathered:
+    """The loader of a streamed output (an op's, a merge's): its pieces gathered into one buffer. A
+    writer normally streams the pieces instead; this is for a caller that asks for the whole tensor."""
 
     __slots__ = ("chunks", "nbytes")
 
-    def __init__(self, chunks: _Chunks, nbytes: int) -> None:
+    def __init__(self, chunks: Callable[[], Iterator[Buffer]], nbytes: int) -> None:
         self.chunks, self.nbytes = chunks, nbytes
 
     def __call__(self) -> memoryview:
@@ -142,7 +143,7 @@ def _made(name: str, like: LazyTensor, shape: tuple[int, ...], chunks: _Chunks,
           param_id: int | None = None) -> LazyTensor:
     nbytes = like.dtype.nbytes(shape)
     assert nbytes is not None  # byte-sized dtypes only (checked when planned)
-    return LazyTensor(name, like.dtype, shape, nbytes, _Whole(chunks, nbytes), None, param_id, like.origin, chunks)
+    return LazyTensor(name, like.dtype, shape, nbytes, Gathered(chunks, nbytes), None, param_id, like.origin, chunks)
 
 
 def itemsize(t: LazyTensor) -> int:

@@ -22,6 +22,7 @@ from ...core import dtypes
 from ...core.dtypes import DType
 from ...core.errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
 from ...core.tensor import LazyTensor
+from ..lazy_ops import Gathered
 
 if TYPE_CHECKING:
     import numpy as np
@@ -152,23 +153,6 @@ class _Stream:
                 yield out.reshape(-1).view(np.uint8).data
 
 
-class _Gathered:
-    """The loader of a computed tensor: its bands joined (a writer normally streams `chunks` instead)."""
-
-    __slots__ = ("nbytes", "stream")
-
-    def __init__(self, stream: _Stream, nbytes: int) -> None:
-        self.stream, self.nbytes = stream, nbytes
-
-    def __call__(self) -> memoryview:
-        buf = bytearray(self.nbytes)
-        done = 0
-        for piece in self.stream():
-            buf[done:done + len(piece)] = piece
-            done += len(piece)
-        return memoryview(buf)[:done]
-
-
 def computed(name: str, shape: tuple[int, ...], kernel: Kernel, compute: DType, out_dtype: DType,
              origin: str | None = None) -> LazyTensor:
     """A lazy tensor whose values `kernel` computes in `compute`, rounded once to `out_dtype`."""
@@ -177,7 +161,7 @@ def computed(name: str, shape: tuple[int, ...], kernel: Kernel, compute: DType, 
     nbytes = compute.nbytes(shape)
     assert nbytes is not None
     stream = _Stream(kernel, compute)
-    wide = LazyTensor(name, compute, shape, nbytes, _Gathered(stream, nbytes), None, None, origin, stream)
+    wide = LazyTensor(name, compute, shape, nbytes, Gathered(stream, nbytes), None, None, origin, stream)
     return cast(wide, out_dtype)
 
 
