@@ -362,22 +362,3 @@ def digests_json(digests: Mapping[str, Any]) -> str:
     """A digest table as one metadata value (compact JSON, keys sorted)."""
     return json.dumps(dict(digests), sort_keys=True, separators=(",", ":"))
 
-
-def override_source(recipe: Recipe, value: str, shown: str) -> Recipe:
-    """`--source NAME=PATH` for a `sources:` recipe: entry NAME reads PATH (taken from the current
-    folder) instead. A bare PATH is refused: which entry it replaces would be a guess."""
-    from ..recipe.loader import RecipeError, RecipeIssue
-
-    assert recipe.sources is not None
-    labels = [s.label for s in recipe.sources]
-    name, sep, path = value.partition("=")
-    if not sep or name not in labels or not path:
-        problem = (f"unknown source name '{name}'" if sep and name not in labels
-                   else f"this recipe has {len(labels)} sources: --source needs NAME=PATH")
-        raise RecipeError([RecipeIssue(shown, 0, 0, "--source", problem,
-                                       "the names are " + ", ".join(f"'{n}'" for n in labels))])
-    i = labels.index(name)
-    entries = list(recipe.sources)
-    absolute = Path(os.path.abspath(os.path.expanduser(path)))
-    entries[i] = entries[i].model_copy(update={"path": absolute, "name": name})
-    return recipe.model_copy(update={"sources": entries})
