@@ -290,10 +290,10 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
             if recipe.target.shard is not None:
                 from ..files.sharded_writer import ShardedWriter, default_weights_name
 
-                folder = getattr(reader, "folder", None) or src_path.parent
+                folder = reader.folder or src_path.parent
                 if copy_from is not None:
                     folder = copy_from
-                name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
+                name = recipe.target.shard.name or default_weights_name(out_fmt, reader.folder)
                 made = _made_files(recipe, reader, [e.tensor.name for e in entries])  # a GGUF's config.json
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
@@ -338,7 +338,7 @@ def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: 
     if target.tokenizer:
         from ..formats.gguf.tokenizer import tokenizer_metadata
 
-        folder = Path(getattr(reader, "folder", None) or src_path.parent)
+        folder = Path(reader.folder or src_path.parent)
         meta = {**meta, **tokenizer_metadata(folder / target.tokenizer)}
     return {"quantize": target.quantize, "metadata": meta}
 
@@ -367,7 +367,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     names = [t.name for t in tensors]
     check_name_lengths(names, limits, reader.label)
     renumbered: list[tuple[str, str]] = []
-    current, ops = _renamed(recipe, names, is_pytorch and for_burn, reader.label, getattr(reader, "describe", repr),
+    current, ops = _renamed(recipe, names, is_pytorch and for_burn, reader.label, reader.describe,
                             renumbered)
 
     # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)

@@ -177,7 +177,7 @@ class UnionReader(Reader):
         formats = {p.reader.format for p in self.parts}
         self.format = formats.pop() if len(formats) == 1 else "mixed"  # type: ignore[misc]
         first = self.parts[0]
-        self.folder = getattr(first.reader, "folder", None) or first.path.parent  # where target.copy looks
+        self.folder = first.reader.folder or first.path.parent  # where target.copy looks
         self.source = _Union(" + ".join(p.label for p in self.parts), sum(p.reader.source.size for p in self.parts))
         clashes: dict[str, list[tuple[int, str]]] = {}
         for i, (part, entry) in enumerate(zip(self.parts, entries, strict=True)):
@@ -195,7 +195,7 @@ class UnionReader(Reader):
             raise PlanError("two sources give the same name: " + "; ".join(lines) + more
                             + " (give one a prefix or a filter)", file=self.source.label)
         self.metadata = _agreed(p.reader.metadata for p in self.parts)
-        self.notes = [f"source '{p.label}': {n}" for p in self.parts for n in getattr(p.reader, "notes", [])]
+        self.notes = [f"source '{p.label}': {n}" for p in self.parts for n in p.reader.notes]
         self.scalars = self._scalars()
 
     def _renamed(self, part: SourcePart, entry: SourceEntry, index: int) -> list[tuple[LazyTensor, str]]:
@@ -248,6 +248,9 @@ class UnionReader(Reader):
         """The source label of union tensor `name`."""
         o = self.origin_of.get(name)
         return None if o is None else self.parts[o.part].label
+
+    def file_readers(self) -> list[Reader]:
+        return [p.reader for p in self.parts]
 
     def describe(self, name: str) -> str:
         """`name` as an error should show it: its original name and its source."""
@@ -336,7 +339,7 @@ def hash_metadata(reader: Reader, path: Path) -> dict[str, str]:
     if isinstance(reader, UnionReader):
         return {SOURCES_HASH_KEY: digests_json({p.label: file_digests(p.reader, p.path) for p in reader.parts})}
     digests = file_digests(reader, path)
-    if getattr(reader, "shards", None) is None:
+    if reader.shards is None:
         return {SOURCE_HASH_KEY: next(iter(digests.values()))}
     return {SOURCE_FILES_HASH_KEY: digests_json(digests)}
 
@@ -347,12 +350,12 @@ def file_digests(reader: Reader, path: Path) -> dict[str, str]:
     from ..storage.remote import as_path
     from .metadata import sha256_file
 
-    shards = getattr(reader, "shards", None)
+    shards = reader.shards
     if shards is None:
         return {path.name: sha256_file(path)}
-    folder = as_path(getattr(reader, "folder", path.parent))  # a URL stays a URL (Path would drop a '/')
+    folder = as_path(reader.folder or path.parent)  # a URL stays a URL (Path would drop a '/')
     files = [s.path for s in shards]
-    index = getattr(reader, "index_path", None)
+    index = reader.index_path
     if index is not None:
         files.insert(0, as_path(index))
     return {os.path.relpath(f, folder): sha256_file(f) for f in files}

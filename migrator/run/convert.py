@@ -142,7 +142,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             if sharded:
                 from ..files.sharded_writer import copy_folder, default_weights_name
 
-                folder = getattr(reader, "folder", None)
+                folder = reader.folder
                 companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
                 writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
                                        max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,

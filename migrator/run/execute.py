@@ -114,8 +114,7 @@ def source_modes(plan: Plan) -> list[int]:
 
 def _file_readers(plan: Plan) -> list[Any]:
     """The plan's readers, each source of a `sources:` recipe on its own."""
-    return [p.reader for r in plan.readers for p in getattr(r, "parts", ())] + [
-        r for r in plan.readers if not hasattr(r, "parts")]
+    return [f for r in plan.readers for f in r.file_readers()]
 
 
 def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractContextManager[None]] | None:

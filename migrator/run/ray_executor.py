@@ -163,9 +163,9 @@ class RayRunner:
 def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
                     fault: dict[str, Any] | None) -> int:
     """A write task in another process (a Ray worker): re-plan the job from its recipe (headers
-    only: the job's `engine`, `recipe.run_recipe`, with `use=`), check the plan agrees with the driver's, write the task's
-    bytes into the driver's scratch file or folder; returns the bytes written. The driver publishes;
-    this never does."""
+    only: the job's `engine`, `recipe.run_recipe`, with `use=`), check the plan agrees with the
+    driver's, write the task's bytes into the driver's scratch file or folder; returns the bytes
+    written. The driver publishes; this never does."""
     from dataclasses import replace
 
     task = task_from_json(task_doc)
