@@ -35,6 +35,7 @@ from ..formats.base import Writer, WriterKind
 if TYPE_CHECKING:
     from ..storage.atomic import Protected
     from ..storage.atomic_folder import FolderScratch
+    from ..storage.remote.options import StorageOptions
 
 DEFAULT_MAX_SIZE = "5GB"  # huggingface_hub's and save_pretrained's default
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -157,7 +158,8 @@ def split_shards(tensors: Sequence[LazyTensor], max_size: int) -> list[list[Lazy
     return shards
 
 
-def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: set[str]) -> list[tuple[Path, str]]:
+def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: set[str],
+                   storage: StorageOptions | None = None) -> list[tuple[Path, str]]:
     """Companion files to copy: (file, name in the output) per match of each (glob, optional) entry.
 
     Globs are relative to the source's folder and may not leave it: a pattern with `..` (also
@@ -165,8 +167,8 @@ def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: 
     through a link (`sharded.resolves_inside`: a Hugging Face cache snapshot's links into its
     repository's blobs are inside). Weight files and indexes are never companions: a glob skips them,
     an entry naming one is an error. A required entry matching no file, and a match that would replace
-    a written shard or index, are errors. A folder on an object store is listed through fsspec, and
-    its matches are `RemotePath`s (their URLs).
+    a written shard or index, are errors. A folder on an object store is listed through fsspec (with
+    its options from `storage`), and its matches are `RemotePath`s (their URLs).
     """
     from ..storage.remote import is_url, redact
     from .sharded import GLOB_CHARS, is_weights_file, name_problem, resolves_inside
@@ -179,7 +181,7 @@ def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: 
         if is_url(folder):
             from .remote_sharded import glob_companions
 
-            found = glob_companions(str(folder), pattern)
+            found = glob_companions(str(folder), pattern, storage)
         else:
             found = []
             for m in sorted(globlib.glob(globlib.escape(str(folder)) + "/" + pattern)):
@@ -254,9 +256,10 @@ class ShardedWriter(Writer):
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
                  copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
                  weights_name: str | None = None, config_update: Mapping[str, Any] | None = None,
-                 generated: Sequence[tuple[str, bytes]] = ()) -> None:
+                 generated: Sequence[tuple[str, bytes]] = (), storage: StorageOptions | None = None) -> None:
         """`config_update`: entries set in a copied config.json; `generated`: companion files written
-        from these bytes (name, content), in place of a copy of the same name."""
+        from these bytes (name, content), in place of a copy of the same name; `storage`: the options
+        companion files on an object store are listed and read with."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from ..formats.registry import writer_class
 
@@ -283,7 +286,8 @@ class ShardedWriter(Writer):
             self.index = {"metadata": {"total_parameters": sum(t.numel for t in stored),
                                        "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
         reserved = set(names) | ({index_name} if self.index is not None else set())
-        self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
+        self.storage = storage
+        self.copies = resolve_copies(copies, copy_from, reserved, storage) if copies and copy_from is not None else []
         self.companion_sources = [src for src, _ in self.copies]  # read by the run: no output may replace one
         # companions written from these bytes, not copied (a GGUF's config.json, a merge's): in place of a
         # copy of the same name; a copied config.json whose dtype the cast changed joins them below
@@ -346,7 +350,7 @@ def finish_folder(folder: FolderScratch, writer: ShardedWriter) -> None:
         with folder.file(writer.index_name, len(data)) as sink:
             sink.write(data)
     for src, name in writer.copies:
-        folder.copy(src, name)
+        folder.copy(src, name, writer.storage)
     for name, data in writer.generated:
         with folder.file(name, len(data)) as sink:
             sink.write(data)

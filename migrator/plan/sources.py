@@ -32,6 +32,7 @@ from ..core.tensor import LazyTensor
 from ..formats.base import Reader
 from ..naming import KeyRemapper, NamingError, RemapRule, contiguous_names, find_collisions
 from ..storage.paths import resolve_path
+from ..storage.remote.options import StorageOptions
 
 if TYPE_CHECKING:
     from ..recipe.model import Recipe, SourceEntry, SourceSpec
@@ -48,7 +49,8 @@ class SourceKeyError(PlanError):
 
 
 def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None,
-                keep_structure: bool = False, base_dir: Path | None = None) -> Reader:
+                keep_structure: bool = False, base_dir: Path | None = None,
+                storage: StorageOptions | None = None) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
     top_level_key is a `SourceKeyError` that points at that key. `keep_structure`: a PyTorch
     checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target.
@@ -73,7 +75,7 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
     if keep_structure:
         options["keep_structure"] = True
     try:
-        reader = open_file(path, spec.format, **options)
+        reader = open_file(path, spec.format, storage=storage, **options)
     except TensorNotFoundError as e:
         error = SourceKeyError(e.detail, file=e.file)
         if entry is not None:
@@ -278,7 +280,8 @@ def _agreed(metas: Any) -> dict[str, str]:
 
 
 def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | None = None, *,
-                 limits: Any = None, for_burn: bool = False) -> UnionReader:
+                 limits: Any = None, for_burn: bool = False,
+                 storage: StorageOptions | None = None) -> UnionReader:
     """Open every `sources:` entry and join them; `origins` maps an entry's index to its recipe line,
     `limits` (`formats.Limits`) bounds each entry's reader as `source:`'s, `for_burn` (the output is
     for Burn) turns on the renumbering of PyTorch parts that do not say."""
@@ -287,7 +290,8 @@ def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | No
     try:
         for i, entry in enumerate(recipe.sources):
             path = resolve_path(base_dir, entry.path)
-            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits, base_dir=base_dir),
+            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits, base_dir=base_dir,
+                                                                storage=storage),
                                     (origins or {}).get(i)))
         check_unfolded_adapters(parts, recipe.sources)
         return UnionReader(parts, recipe.sources, for_burn=for_burn)
@@ -331,20 +335,21 @@ SOURCES_HASH_KEY = "migrator.sources_sha256"
 """Several sources' digests: JSON, each source's name -> {file: sha256}."""
 
 
-def hash_metadata(reader: Reader, path: Path) -> dict[str, str]:
+def hash_metadata(reader: Reader, path: Path, storage: StorageOptions | None = None) -> dict[str, str]:
     """The `--hash-sources` metadata: one file's sha256 (`migrator.source_sha256`, as before), a
     sharded source's per-file table, or one table per source of a `sources:` recipe."""
     from .metadata import SOURCE_HASH_KEY
 
     if isinstance(reader, UnionReader):
-        return {SOURCES_HASH_KEY: digests_json({p.label: file_digests(p.reader, p.path) for p in reader.parts})}
-    digests = file_digests(reader, path)
+        return {SOURCES_HASH_KEY: digests_json({p.label: file_digests(p.reader, p.path, storage)
+                                                for p in reader.parts})}
+    digests = file_digests(reader, path, storage)
     if reader.shards is None:
         return {SOURCE_HASH_KEY: next(iter(digests.values()))}
     return {SOURCE_FILES_HASH_KEY: digests_json(digests)}
 
 
-def file_digests(reader: Reader, path: Path) -> dict[str, str]:
+def file_digests(reader: Reader, path: Path, storage: StorageOptions | None = None) -> dict[str, str]:
     """sha256 of every file a source reads: the file itself, or each shard and the index of a
     sharded source (keyed by their path relative to its folder)."""
     from ..storage.remote import as_path
@@ -352,13 +357,13 @@ def file_digests(reader: Reader, path: Path) -> dict[str, str]:
 
     shards = reader.shards
     if shards is None:
-        return {path.name: sha256_file(path)}
+        return {path.name: sha256_file(path, storage)}
     folder = as_path(reader.folder or path.parent)  # a URL stays a URL (Path would drop a '/')
     files = [s.path for s in shards]
     index = reader.index_path
     if index is not None:
         files.insert(0, as_path(index))
-    return {os.path.relpath(f, folder): sha256_file(f) for f in files}
+    return {os.path.relpath(f, folder): sha256_file(f, storage) for f in files}
 
 
 def digests_json(digests: Mapping[str, Any]) -> str:

@@ -121,7 +121,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
-    structure = {"keep_structure": True} if out_fmt == "pytorch" and not sharded else {}
+    structure: dict[str, Any] = {"keep_structure": True} if out_fmt == "pytorch" and not sharded else {}
     with open_file(src_path, source_format, limits=limits, **structure) as reader:
         if reader.structure is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)

@@ -60,7 +60,7 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
             return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
     written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
                            outputs=outputs, progress=progress_for(progress), fsync=plan.fsync,
-                           mode_from=source_modes(plan), make_folders=True)
+                           mode_from=source_modes(plan), make_folders=True, storage=plan.storage)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
 
 
@@ -72,10 +72,10 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
         from ..files.targets import check_folder_target
 
         check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
-                            names=plan.writer.names())  # type: ignore[attr-defined]
+                            names=plan.writer.names(), storage=plan.storage)  # type: ignore[attr-defined]
     elif plan.writer is not None:
         check_target(as_path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
-                     protect=read_by(plan), outputs=outputs)
+                     protect=read_by(plan), outputs=outputs, storage=plan.storage)
 
 
 def plan_target_problems(plan: Plan) -> list[str]:
@@ -86,12 +86,12 @@ def plan_target_problems(plan: Plan) -> list[str]:
 
         try:
             check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
-                                names=plan.writer.names())  # type: ignore[attr-defined]
+                                names=plan.writer.names(), storage=plan.storage)  # type: ignore[attr-defined]
         except MigratorError as e:
             return [str(e)]
         return []
     target = as_path(writer_class(plan.target_format).resolve_path(plan.target_path))
-    return target_problems(target, overwrite=plan.overwrite, protect=read_by(plan))
+    return target_problems(target, overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
 
 
 def read_by(plan: Plan) -> list[Protected]:
