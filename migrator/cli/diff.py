@@ -60,7 +60,7 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ..files.sharded_writer import parse_size
+    from ..files.shard_layout import parse_size
     from .options import check_remap_options
 
     check_remap_options(args.remap, parser)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import glob as globlib
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -31,36 +30,12 @@ from ..core.errors import PlanError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Writer, WriterKind
+from .shard_layout import DEFAULT_MAX_SIZE, PATTERNS, parse_size, weights_patterns
 
 if TYPE_CHECKING:
     from ..storage.atomic import Protected
     from ..storage.atomic_folder import FolderScratch
     from ..storage.remote.options import StorageOptions
-
-DEFAULT_MAX_SIZE = "5GB"  # huggingface_hub's and save_pretrained's default
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-PATTERNS = {"safetensors": ("model{suffix}.safetensors", "model.safetensors.index.json"),
-            "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json")}
-
-
-def check_weights_name(name: str) -> None:
-    """A weights file name for a folder: one plain file name (no folder part, no hidden or empty name)."""
-    if not name or name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name or "\0" in name:
-        raise ValueError(f"'{name}' is not a file name: give a plain name such as model.safetensors")
-
-
-def weights_patterns(fmt: str, name: str | None) -> tuple[str, str]:
-    """(shard name pattern with `{suffix}`, index name) of a folder's weights: Hugging Face's defaults
-    for the format, or those of `name` (`llama.safetensors` -> `llama{suffix}.safetensors`,
-    `llama.safetensors.index.json`)."""
-    if name is None:
-        return PATTERNS[fmt]
-    check_weights_name(name)
-    stem, ext = os.path.splitext(name)
-    return stem.replace("{", "{{").replace("}", "}}") + "{suffix}" + ext, name + ".index.json"
-
 
 def copy_folder(folder: Path, target: Path) -> Path:
     """`target.copy_from` / `--copy-from`: a folder that is not the target nor inside it (the run
@@ -88,23 +63,6 @@ def default_weights_name(fmt: str, source_folder: Path | None) -> str | None:
     except OSError:
         return None
     return ("adapter_model.safetensors" if fmt == "safetensors" else "adapter_model.bin") if adapter else None
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes from `5GB` (5*10^9), `5GiB` (5*2^30) or a bare integer, as Hugging Face reads sizes."""
-    if isinstance(size, bool):
-        raise ValueError(f"expected a size, got {str(size).lower()}")
-    if isinstance(size, int):
-        value = size
-    else:
-        m = _SIZE.match(size)
-        if m is None or (m[2] and m[2][-1] == "b"):
-            raise ValueError(f"cannot read size '{size}': write an integer (bytes) or one with a unit, "
-                             "e.g. 5GB (5*10^9 bytes) or 5GiB (5*2^30 bytes)")
-        value = int(m[1]) * _UNITS[(m[2] or "").upper()]
-    if value <= 0:
-        raise ValueError(f"a shard size must be positive, got {size}")
-    return value
 
 
 def tie_key(t: LazyTensor) -> tuple[object, int, int, str] | None:
