@@ -148,10 +148,10 @@ def print_run(outcome: RunOutcome, *, as_json: bool, out: TextIO | None = None, 
             what = "invalid recipe:\n" if outcome.invalid else "error: "
             print(f"migrate: {what}{escape(outcome.error, keep_newlines=True)}", file=err)
         return
-    if outcome.summary is None:
+    if outcome.planned is None:
         return
     if not as_json and outcome.failure is None:
-        print_outcome(outcome.summary, outcome.notes, outcome.unlisted, out=out, err=err)
+        print_outcome(outcome.planned.display(), outcome.notes, outcome.unlisted, out=out, err=err)
     if outcome.failure is not None:
         print(f"migrate: error: {escape(outcome.failure, keep_newlines=True)}", file=err)
     written = outcome.written

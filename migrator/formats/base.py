@@ -178,6 +178,8 @@ class Writer(ABC):
     format: ClassVar[str]
     default_extension: ClassVar[str]
     kind: ClassVar[WriterKind] = WriterKind.FILE
+    companion_sources: Sequence[str | os.PathLike[str]] = ()
+    """Files copied into the output beside the tensors (a folder's companions): read by the run."""
 
     def __init__(
         self,

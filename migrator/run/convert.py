@@ -156,10 +156,10 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
         source = reader.source
-        read: list[Protected] = [src_path] + ([source.identity] if hasattr(source, "identity")
-                                              else getattr(source, "identities", []))
+        read: list[Protected] = [src_path, *([source.identity] if source.identity is not None
+                                              else source.identities)]
         written = save_planned(writer, dst_path, overwrite=overwrite, protect=read, progress=progress_for(progress),
-                               fsync=fsync, mode_from=[source.mode] if hasattr(source, "mode") else [],
+                               fsync=fsync, mode_from=[source.mode] if source.mode is not None else [],
                                make_folders=True)
         return ConvertResult(source=str(src_path), source_format=reader.format, target=written,
                              target_format=out_fmt, tensors=len(tensors), nbytes=sum(t.nbytes for t in tensors),

@@ -101,15 +101,16 @@ def read_by(plan: Plan) -> list[Protected]:
     files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:]), *plan.read_also]
     if plan.template_path is not None:
         files.append(plan.template_path)
-    files += [src for src in getattr(plan.writer, "companion_sources", ()) if not is_url(src)]
+    if plan.writer is not None:
+        files += [src for src in plan.writer.companion_sources if not is_url(src)]
     for r in _file_readers(plan):
-        files += [r.source.identity] if hasattr(r.source, "identity") else getattr(r.source, "identities", [])
+        files += [r.source.identity] if r.source.identity is not None else list(r.source.identities)
     return files
 
 
 def source_modes(plan: Plan) -> list[int]:
     """The permission bits of the files the plan reads: a new output gets no more than they share."""
-    return [r.source.mode for r in _file_readers(plan) if hasattr(r.source, "mode")]
+    return [r.source.mode for r in _file_readers(plan) if r.source.mode is not None]
 
 
 def _file_readers(plan: Plan) -> list[Any]:

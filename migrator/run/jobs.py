@@ -511,8 +511,8 @@ def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tupl
     dispatcher runs them all, so recipes that disagree need the flag)."""
     from .recipe import executor_for
 
-    if getattr(args, "executor", None):
-        return executor_for(args, None)
+    if args.executor:
+        return executor_for(args.executor, args.ray_address, None)
     from ..recipe.loader import RecipeError, load_recipe
 
     seen: dict[tuple[str, str | None], str] = {}
@@ -521,7 +521,7 @@ def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tupl
             recipe = load_recipe(spec["recipe"]).recipe
         except (RecipeError, MigratorError):
             continue  # that job fails on its own
-        seen.setdefault(executor_for(args, recipe), spec["label"])
+        seen.setdefault(executor_for(args.executor, args.ray_address, recipe), spec["label"])
     if len(seen) > 1:
         (a, first), (b, second) = list(seen.items())[:2]
         raise JobsUsageError(f"the recipes ask for different executors ({first}: {_spell(a)}, {second}: "

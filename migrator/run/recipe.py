@@ -75,7 +75,7 @@ class RunOptions:
 
     def overrides(self) -> dict[str, str]:
         """{"source": PATH, "target": PATH} as given (either may be absent)."""
-        return {k: v for k in ("source", "target") if (v := getattr(self, k))}
+        return {k: v for k, v in (("source", self.source), ("target", self.target)) if v}
 
 
 @dataclass(frozen=True)
@@ -86,16 +86,17 @@ class RunOutcome:
 
     `error`: why nothing was planned or the plan was refused before writing (`invalid`: the recipe
     did not load); `failure`: the write failed (nothing published); `report_error`: the output was
-    published but the `--report` was not written. `summary` is the plan's summary as planned and
-    `unlisted` its problems the summary does not list; `concluded` the report as the run ended
-    (`ApplyReport.concluded`); `written` what was published; `value` what `use` returned."""
+    published but the `--report` was not written. `planned` is the plan's report as planned (its
+    summary is `planned.display()`) and `unlisted` the plan's problems that summary does not list;
+    `concluded` the report as the run ended (`ApplyReport.concluded`); `written` what was published;
+    `value` what `use` returned."""
 
     code: int
     document: dict[str, Any]
     report: dict[str, Any]
     error: MigratorError | None = None
     invalid: bool = False
-    summary: str | None = None
+    planned: ApplyReport | None = field(default=None, repr=False)
     unlisted: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     concluded: ApplyReport | None = field(default=None, repr=False)
@@ -105,10 +106,6 @@ class RunOutcome:
     target_format: str = ""
     written: RunResult | None = None
     value: Any = None
-
-    @property
-    def planned(self) -> bool:
-        return self.summary is not None
 
 
 def run_recipe(recipe: str | os.PathLike[str] | Recipe, options: RunOptions = RunOptions(), *,
@@ -198,7 +195,7 @@ def _write(plan: Plan, loaded: LoadedRecipe | None, recipe: Any, options: RunOpt
             report_error = e
     shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary
     return RunOutcome(EXIT_OK if result is not None and report_error is None else EXIT_MIGRATION, document, report,
-                      summary=plan.report.display(), unlisted=tuple(p for p in plan.fatal if p not in shown),
+                      planned=plan.report, unlisted=tuple(p for p in plan.fatal if p not in shown),
                       notes=tuple(plan.notes), concluded=concluded, failure=failure, report_error=report_error,
                       target=str(plan.target_path), target_format=plan.target_format, written=result)
 
@@ -256,7 +253,7 @@ def runner_for(options: RunOptions, plan: Plan, loaded: LoadedRecipe | None, rec
     if not can_split(plan.writer):
         return None
     model = loaded.recipe if loaded is not None else recipe
-    executor, address = executor_for(options, model)
+    executor, address = executor_for(options.executor, options.ray_address, model)
     if is_url(plan.target_path):  # one job to a store: the driver uploads it (parts already in flight)
         if executor == "ray" or (workers and workers > 1):
             plan.notes.append(URL_TARGET_SERIAL)
@@ -276,12 +273,9 @@ def runner_for(options: RunOptions, plan: Plan, loaded: LoadedRecipe | None, rec
     return None
 
 
-def executor_for(options: Any, recipe: Any) -> tuple[str, str | None]:
-    """(executor, Ray address) of one run: `--executor`/`--ray-address` when given, else the recipe's
-    `executor:`, else this machine."""
-    spec = getattr(recipe, "executor", None)
-    ray = spec.ray if spec is not None else None
-    given = getattr(options, "executor", None)
+def executor_for(given: str | None, address: str | None, recipe: Recipe | None) -> tuple[str, str | None]:
+    """(executor, Ray address) of one run: `--executor`/`--ray-address` (`given`, `address`) when
+    given, else the recipe's `executor:`, else this machine."""
+    ray = recipe.executor.ray if recipe is not None and recipe.executor is not None else None
     executor = given or ("ray" if ray is not None else "local")
-    address = getattr(options, "ray_address", None) or (ray.address if ray is not None and executor == "ray" else None)
-    return executor, address
+    return executor, address or (ray.address if ray is not None and executor == "ray" else None)
