@@ -42,6 +42,8 @@ PLACEHOLDERS = {
     "i": "the source's position among the matches (sorted, from 0; {i:03d} pads it)",
 }
 _GLOB_CHARS = set("*?[")
+
+
 def is_many(args: argparse.Namespace) -> bool:
     """Whether `migrate run` was given several jobs: several recipes, or one over `--each` sources."""
     return len(args.recipes) > 1 or bool(getattr(args, "each", None))
