@@ -96,7 +96,7 @@ def main() -> None:
             subprocess.run([*migrate, "--html", str(page_file), "--overwrite"], check=True, stdout=subprocess.DEVNULL)
         with clock("migrate plan --json > /dev/null (for comparison)", child=True):
             subprocess.run([*migrate, "--json"], check=True, stdout=subprocess.DEVNULL)
-        with open_plan(load(str(r)), argparse.Namespace()) as p:
+        with open_plan(load(str(r))) as p:
             add_target_problems(p)
             with clock("plan_json(plan) in process", cpu=True):
                 doc = plan_json(p)

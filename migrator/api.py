@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .core.errors import MigratorError
@@ -32,30 +31,21 @@ def run_recipe(recipe: str | os.PathLike[str] | Recipe | dict[str, Any], *, over
     settings when given. An invalid recipe raises `RecipeError`; a run that writes nothing raises
     `RecipeRunError`, whose `report` says why.
     """
-    from .plan.build import build_plan
-    from .plan.report import ReportError
     from .recipe.model import Recipe as RecipeModel
-    from .run.execute import run_plan
+    from .run.recipe import RunOptions
+    from .run.recipe import run_recipe as engine
 
-    options: dict[str, Any] = dict(hash_sources=hash_sources, overwrite=overwrite, fsync=fsync)
-    if isinstance(recipe, str | os.PathLike):  # as `migrate run` plans it: errors name their recipe line
-        from .plan.loaded import plan_of
-        from .recipe.loader import load_recipe
-
-        planned = plan_of(load_recipe(recipe), **options)
-    else:
-        model = recipe if isinstance(recipe, RecipeModel) else RecipeModel.model_validate(recipe)
-        planned = build_plan(model, Path(base_dir) if base_dir is not None else Path.cwd(), **options)
-    with planned as plan:
-        report = plan.report
-        report.target = str(plan.target_path)
-        try:
-            result = run_plan(plan, progress=progress)
-        except MigratorError as e:
-            known = {str(x) for x in report.errors}
-            report.errors += [ReportError(str(plan.target_path), "run_error", m, None, None)
-                              for m in [*plan.fatal, *([] if plan.fatal else [str(e)])] if m not in known]
-            report.status, report.written = "failed", False
-            raise RecipeRunError(str(e.detail), report=report, file=str(plan.target_path)) from None
-        report.target, report.status, report.written = result.target, "ok", True
-        return report
+    if not isinstance(recipe, str | os.PathLike | RecipeModel):
+        recipe = RecipeModel.model_validate(recipe)
+    options = RunOptions(overwrite=overwrite, fsync=fsync, hash_sources=hash_sources, progress=progress,
+                         base_dir=None if base_dir is None else os.fspath(base_dir))
+    outcome = engine(recipe, options)  # as `migrate run` runs it: errors name their recipe line
+    report = outcome.concluded
+    if outcome.invalid or report is None:  # the recipe did not load, or nothing was planned
+        assert outcome.error is not None
+        raise outcome.error
+    if outcome.written is None:
+        why = outcome.error or outcome.failure
+        detail = why.detail if why is not None else outcome.document["error"]["message"]
+        raise RecipeRunError(detail, report=report, file=outcome.target)
+    return report

@@ -44,6 +44,9 @@ if TYPE_CHECKING:  # numpy is imported when a window differs: identical models n
 
     from ..plan.build import Plan
 
+Planner = Callable[[Callable[["Plan"], Any]], Any]
+"""Opens a recipe's plan, calls the function with it, returns what it returned (`diff_document`)."""
+
 BLOCK = 1 << 17
 """Elements looked at per step in a window that differs: its float64 scratch stays small."""
 
@@ -340,39 +343,6 @@ def tolerance(atol: float | None, rtol: float | None) -> Tolerance | None:
     return Tolerance(atol or 0.0, rtol or 0.0)
 
 
-def _recipe_plan(recipe_path: str | os.PathLike[str], a: str | os.PathLike[str]) -> Plan:
-    """The recipe's plan reading A instead of its own source (A relative to the current folder)."""
-    from ..plan.loaded import plan_of
-    from ..recipe.loader import load_recipe
-
-    loaded = load_recipe(recipe_path)
-    recipe = loaded.recipe
-    if recipe.source is None:  # several sources: A is one of them as the recipe names it, or NAME=PATH
-        return _sources_plan(loaded, os.fspath(a), str(recipe_path))
-    source = recipe.source.model_copy(update={"path": Path(os.path.abspath(os.path.expanduser(a)))})
-    recipe = recipe.model_copy(update={"source": source})
-    return plan_of(loaded, recipe=recipe, overwrite=True)
-
-
-def _sources_plan(loaded: Any, a: str, shown: str) -> Plan:
-    """A `sources:` recipe's plan: A is one of its sources (the others are read as the recipe says),
-    or NAME=PATH to read PATH for the entry called NAME."""
-    from ..core.errors import PlanError
-    from ..plan.loaded import plan_of
-    from ..plan.sources import override_source
-    from ..storage.atomic import same_file
-
-    recipe = loaded.recipe
-    given = Path(os.path.abspath(os.path.expanduser(a)))
-    if not any(same_file(p, given) or p == given for p in loaded.source_paths):
-        if "=" not in a:
-            names = ", ".join(f"'{s.label}'" for s in recipe.sources)
-            raise PlanError(f"{a} is none of the recipe's sources ({names}): give one of them, or NAME=PATH",
-                            file=shown)
-        recipe = override_source(recipe, a, shown)
-    return plan_of(loaded, recipe=recipe, overwrite=True)
-
-
 def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options: dict[str, Any],
                   b_format: str) -> Plan:
     """A one-off recipe from convert-style options (`recipe.convert.build_recipe`); its target is never written.
@@ -393,12 +363,15 @@ PLAN_OPTIONS = ("remaps", "includes", "excludes", "adapters", "dtype", "modules"
 
 
 def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recipe: str | os.PathLike[str] | None = None,
-                  atol: float | None = None, rtol: float | None = None, b_format: str = "auto",
-                  window: int = DEFAULT_WINDOW, each: Callable[[dict[str, Any]], None] | None = None,
-                  **options: Any) -> dict[str, Any]:
+                  planner: Planner | None = None, atol: float | None = None, rtol: float | None = None,
+                  b_format: str = "auto", window: int = DEFAULT_WINDOW,
+                  each: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> dict[str, Any]:
     """The `migrate diff --json` document comparing A and B (files, folders, indexes, globs).
 
-    `recipe`: A is that recipe's source (in place of its `source.path`), B its output. `options`:
+    `recipe`: A is that recipe's source (in place of its `source.path`), B its output; the recipe's
+    plan is opened by `planner`, which calls the function it is given with the open plan and returns
+    what that returned (`migrate diff` passes the engine, `migrator.run.recipe.run_recipe` with
+    `use=`: the plan is built as `migrate run` builds it, and never written). `options`:
     `recipe.convert.build_recipe`'s (`remaps`, `adapters`, `dtype`, `modules`, `contiguous_indices`,
     `includes`, `excludes`) make a one-off recipe the same way; `source_format` and
     `top_level_key` only say how to read A. `each` is called with every tensor entry as it is made.
@@ -418,17 +391,21 @@ def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recip
         if recipe is not None or through_plan:
             if recipe is not None and through_plan:
                 raise ValueError("give a recipe or convert options, not both")
-            if recipe is not None:
-                plan = _recipe_plan(recipe, a)
-            else:
-                read = {k: options[k] for k in ("source_format", "top_level_key") if options.get(k)}
-                plan = _options_plan(a, b, {**through_plan, **read}, rb.format)
-            with plan:
-                pairs = plan_pairs(plan, rb)
-                entries = diff_pairs(pairs, tol, window, each)
+            def compare(plan: Plan) -> list[dict[str, Any]]:
+                found = diff_pairs(plan_pairs(plan, rb), tol, window, each)
                 doc["a_format"], doc["b_format"] = plan.source_format, rb.format
                 doc["plan_errors"] = list(plan.fatal)
                 doc["dropped"] = {"skipped": list(plan.report.skipped), "unused": list(plan.report.unused)}
+                return found
+
+            if recipe is not None:
+                if planner is None:
+                    raise TypeError("a recipe's plan is opened by `planner` (migrator.run.recipe.run_recipe)")
+                entries = planner(compare)
+            else:
+                read = {k: options[k] for k in ("source_format", "top_level_key") if options.get(k)}
+                with _options_plan(a, b, {**through_plan, **read}, rb.format) as plan:
+                    entries = compare(plan)
         else:
             read = {"top_level_key": options["top_level_key"]} if options.get("top_level_key") else {}
             with open_file(a, options.get("source_format") or "auto", **read) as ra:

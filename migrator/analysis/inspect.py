@@ -13,14 +13,14 @@ from ..formats.burnpack import describe_qfloat
 def summarize(reader: Reader) -> dict[str, Any]:
     """A JSON-ready description: format, tensors in data order, metadata, scalars, totals."""
     tensors = []
-    locations = getattr(reader, "locations", None)  # a sharded source: each tensor's shard and offset
-    shards = getattr(reader, "shards", None)
-    ggml_type = getattr(reader, "ggml_type", None)  # GGUF: the type each tensor is stored in
+    locations = reader.locations  # a sharded source: each tensor's shard and offset
+    shards = reader.shards
     for i, t in enumerate(reader.tensors):
         entry: dict[str, Any] = {"name": t.name, "dtype": t.dtype.display, "shape": list(t.shape),
                                  "nbytes": t.nbytes, "offset": t.span.offset if t.span else None}
-        if ggml_type is not None:
-            entry["ggml_type"] = ggml_type(t)
+        stored = reader.ggml_type(t)  # GGUF: the type each tensor is stored in
+        if stored is not None:
+            entry["ggml_type"] = stored
             if entry["offset"] is None:  # dequantized on read: where its blocks are
                 entry["offset"] = getattr(t.loader, "offset", None)
         if locations is not None and shards is not None:

@@ -129,7 +129,7 @@ def _check_convert_values(args: argparse.Namespace, parser: argparse.ArgumentPar
     """Values a recipe would refuse at its LINE:COL are usage errors here (exit 2, JSON with --json),
     found before any file is opened: the shard size, and a target whose format cannot be told."""
     if args.max_shard_size is not None:
-        from ..files.sharded_writer import parse_size
+        from ..files.shard_layout import parse_size
 
         try:
             parse_size(args.max_shard_size)

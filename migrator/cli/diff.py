@@ -60,7 +60,7 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ..files.sharded_writer import parse_size
+    from ..files.shard_layout import parse_size
     from .options import check_remap_options
 
     check_remap_options(args.remap, parser)
@@ -82,7 +82,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..recipe.convert import ConvertUsageError
 
     try:
-        doc = diff_document(args.a, args.b, recipe=args.recipe, atol=args.atol, rtol=args.rtol,
+        doc = diff_document(args.a, args.b, recipe=args.recipe, planner=_planner(args) if args.recipe else None,
+                            atol=args.atol, rtol=args.rtol,
                             b_format=args.b_format, window=window, source_format=args.a_format,
                             top_level_key=args.top_level_key, **options)
     except ConvertUsageError as e:
@@ -109,6 +110,20 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print_diff(doc, every=args.all)
     return EXIT_OK if doc["matched"] else EXIT_DIFFERENT
+
+
+def _planner(args: argparse.Namespace) -> Callable[[Callable[[Any], Any]], Any]:
+    """The recipe's plan as `migrate run` builds it, reading A (`--source A`), compared and never
+    written: the engine (`migrator.run.recipe.run_recipe`) with the comparison as its `use`."""
+    def planner(use: Callable[[Any], Any]) -> Any:
+        from ..run.recipe import RunOptions, run_recipe
+
+        outcome = run_recipe(args.recipe, RunOptions(source=args.a, overwrite=True, compared=True), use=use)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
+
+    return planner
 
 
 def _number(x: float | None) -> str:

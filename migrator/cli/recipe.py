@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..core.display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError, error_json
@@ -17,6 +18,8 @@ from .options import LIMIT_HELP, NO_FSYNC_HELP, command, positive
 
 if TYPE_CHECKING:  # the plan and the run are imported by the commands, not by `migrate --help`
     from ..plan.build import Plan
+    from ..run.jobs import JobResult
+    from ..run.recipe import RunOutcome
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:
@@ -120,32 +123,165 @@ def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """One recipe as before; several, or one over `--each` sources: `migrator.run.jobs`."""
-    from ..run.job_spec import is_many
-    from ..run.jobs import run_many
+    """One recipe: `migrator.run.recipe.run_recipe`, its outcome printed; several, or one over
+    `--each` sources: `run_many`."""
+    from ..run.jobs import is_many
 
     if is_many(args):
         return run_many(args)
-    from ..run.recipe import RunOptions, run_one_recipe
+    from ..run.recipe import RunOptions, run_recipe
 
-    outcome = run_one_recipe(args.recipes[0], RunOptions.of(args), Path(args.report) if args.report else None)
+    outcome = run_recipe(args.recipes[0], RunOptions.of(args))
+    print_run(outcome, as_json=args.json)
     if args.json:
         from ..core.display import print_json
         print_json(outcome.document)
     return outcome.code
 
 
-def plan(args: argparse.Namespace) -> int:
-    from ..plan.document import plan_json
-    from ..plan.loaded import load, open_plan
-    from ..recipe.loader import RecipeError
-    from ..run import recipe as engine
+def print_run(outcome: RunOutcome, *, as_json: bool, out: TextIO | None = None, err: TextIO | None = None) -> None:
+    """One recipe's outcome as `migrate run` prints it (`--json`: the lines to stderr only; the
+    document is the caller's to print)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    if outcome.error is not None:
+        if not as_json:
+            what = "invalid recipe:\n" if outcome.invalid else "error: "
+            print(f"migrate: {what}{escape(outcome.error, keep_newlines=True)}", file=err)
+        return
+    if outcome.planned is None:
+        return
+    if not as_json and outcome.failure is None:
+        print_outcome(outcome.planned.display(), outcome.notes, outcome.unlisted, out=out, err=err)
+    if outcome.failure is not None:
+        print(f"migrate: error: {escape(outcome.failure, keep_newlines=True)}", file=err)
+    written = outcome.written
+    if outcome.report_error is not None:
+        done = f"wrote {written.target}, but " if written else ""
+        print(f"migrate: error: {done}the report was not written: {outcome.report_error}", file=err)
+        return
+    if written is None:
+        print(f"migrate: nothing written to {escape(outcome.target)}", file=err)
+        return
+    if not as_json:
+        print(f"wrote {escape(written.target)} ({outcome.target_format}): {count(written.tensors, 'tensor')}, "
+              f"{human_bytes(written.nbytes)}", file=out)
+
+
+def print_outcome(summary: str, notes: Iterable[str], unlisted: Iterable[str], *, out: TextIO | None = None,
+                  err: TextIO | None = None) -> None:
+    """A plan's summary (it escapes the names it shows), its notes, and its problems the summary does
+    not list."""
+    out, err = out or sys.stdout, err or sys.stderr
+    print(summary, file=out)
+    for note in notes:
+        print(f"note: {escape(note, keep_newlines=True)}", file=out)
+    for problem in unlisted:
+        print(f"error: {escape(problem, keep_newlines=True)}", file=err)
+
+
+def print_plan_outcome(p: Plan) -> None:
+    shown = {str(e) for e in p.report.displayed_errors()}  # listed in the summary
+    print_outcome(p.report.display(), p.notes, [f for f in p.fatal if f not in shown])
+
+
+def run_many(args: argparse.Namespace) -> int:
+    """`migrate run` of several jobs (`migrator.run.jobs`): each job's outcome printed as it ends, with
+    a heading line (one after the other: the heading first, a progress bar on a terminal), then the
+    count; `--json` and `--report`: one document with every job."""
+    from ..run import jobs as many
 
     try:
-        loaded = load(args.recipe, args)
+        specs = many.prepare(args)
+        executor, address = many.jobs_executor(args, specs)
+    except MigratorError as e:
+        if args.json:
+            from ..core.display import print_json
+            print_json({"error": error_json(e)})
+        else:
+            print(f"migrate run: {escape(e, keep_newlines=True)}", file=sys.stderr)
+        return EXIT_USAGE
+    n = len(specs)
+    jobs = args.jobs or many.available_cpus()
+    serial = executor != "ray" and (jobs == 1 or n == 1)
+    if executor == "ray":
+        stream: Iterator[JobResult] = many.run_ray_jobs(specs, address)
+    elif serial:
+        stream = _serial(specs, args)
+    else:
+        stream = many.run_local(specs, min(jobs, n))
+    results: dict[int, JobResult] = {}
+    for result in stream:
+        results[result.index] = result
+        _print_job(result, specs[result.index], n, heading=not serial, as_json=args.json)
+    ordered = [results[i] for i in range(n)]
+    worst = max((r.code for r in ordered), default=EXIT_OK)
+    if args.json:
+        from ..core.display import print_json
+        print_json(many.jobs_document(specs, ordered, worst))
+    else:
+        ok = sum(r.code == EXIT_OK for r in ordered)
+        sys.stdout.write(f"{n} jobs: {ok} ok, {n - ok} failed\n")
+    if args.report:
+        from ..core.display import json_text
+        from ..storage.atomic import write_file
+
+        doc = many.jobs_report(specs, ordered, worst)
+        try:
+            write_file(args.report, (json_text(doc) + "\n").encode(), overwrite=bool(args.overwrite),
+                       fsync=not args.no_fsync, make_folders=True)
+        except MigratorError as e:
+            print(f"migrate: error: the report was not written: {escape(e)}", file=sys.stderr)
+            return max(worst, EXIT_MIGRATION)
+    return worst
+
+
+def _serial(specs: list[dict[str, Any]], args: argparse.Namespace) -> Iterator[JobResult]:
+    """One job after the other in this process, each heading printed before its job runs (a progress
+    bar where there is a terminal)."""
+    from ..run.jobs import describe_job, run_job
+
+    for i, spec in enumerate(specs):
+        if not args.json:
+            sys.stdout.write(f"[{i + 1}/{len(specs)}] {escape(describe_job(spec))}\n")
+            sys.stdout.flush()
+        yield run_job(spec, progress=False if args.no_progress or args.json else None)
+
+
+def _print_job(result: JobResult, spec: dict[str, Any], n: int, *, heading: bool, as_json: bool) -> None:
+    """A job's output, whole: its heading (when not printed before it ran) and what `migrate run` of
+    its recipe prints; a job that did not finish, its error."""
+    import io
+
+    from ..run.jobs import describe_job
+
+    out, err = io.StringIO(), io.StringIO()
+    if result.outcome is not None:
+        print_run(result.outcome, as_json=as_json, out=out, err=err)
+    elif result.lost is not None and result.lost["kind"] == "InternalError":
+        print(f"migrate: internal error: {escape(result.lost['message'])}", file=err)
+    elif result.lost is not None:
+        err.write(f"migrate: error: {result.lost['message']}\n")
+    if not as_json:
+        if heading:
+            status = "ok" if result.code == EXIT_OK else f"failed (exit {result.code})"
+            # the job's own number (input order): jobs end in any order, a number names one job
+            sys.stdout.write(f"[{result.index + 1}/{n}] {escape(describe_job(spec))}: {status}\n")
+        sys.stdout.write(out.getvalue())
+        sys.stdout.flush()
+    sys.stderr.write(err.getvalue())
+    sys.stderr.flush()
+
+
+def plan(args: argparse.Namespace) -> int:
+    from ..plan.document import plan_json
+    from ..plan.loaded import load, open_plan, overrides_of, settings_of
+    from ..recipe.loader import RecipeError
+
+    try:
+        loaded = load(args.recipe, overrides_of(args))
     except RecipeError as e:
         return _recipe_error(e, args)
-    with open_plan(loaded, args) as p:
+    with open_plan(loaded, **settings_of(args), shown=args.recipe) as p:
         add_target_problems(p)
         doc = plan_json(p) if args.json or args.html else None
         if args.html:  # the page instead of the table; the summary is still printed
@@ -157,7 +293,7 @@ def plan(args: argparse.Namespace) -> int:
             if not args.html:  # the page has the table and the op nodes
                 _print_plan_table(p)
                 _print_op_nodes(p)
-            engine.print_outcome(p)
+            print_plan_outcome(p)
             if args.html:
                 print(f"wrote {escape(args.html)}")
         return EXIT_OK if p.ok else EXIT_MIGRATION
@@ -268,16 +404,16 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
-    from ..plan.loaded import load, open_plan
+    from ..plan.loaded import load, open_plan, overrides_of, settings_of
     from ..recipe.loader import RecipeError
 
     result: dict[str, Any] = {"recipe": path}
     try:
-        loaded = load(path, args)
+        loaded = load(path, overrides_of(args))
     except RecipeError as e:
         return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
     try:
-        with open_plan(loaded, args, path) as p:
+        with open_plan(loaded, **settings_of(args), shown=path) as p:
             add_target_problems(p)
             result.update(tensors=len(p.entries), target=str(p.target_path))
             if p.fatal:

@@ -11,6 +11,7 @@ import mmap
 import os
 import stat
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -81,6 +82,13 @@ class ByteSource(ABC):
 
     label: str
     size: int
+    # What a source says of the files it reads (declared here so a run reads them as attributes):
+    identity: tuple[int, int] | None = None
+    """(device, inode) of the one open file read, so no output replaces it through another path."""
+    identities: Sequence[tuple[int, int]] = ()
+    """(device, inode) of each file read, for a source of several (a folder of shards)."""
+    mode: int | None = None
+    """The permission bits of the file(s) read: an output gets no more than they allow."""
 
     def check_range(self, offset: int, length: int, what: str) -> None:
         if offset < 0 or length < 0 or offset + length > self.size:
@@ -115,6 +123,9 @@ class ByteSource(ABC):
 
 class FileSource(ByteSource):
     """A file kept open by descriptor; each view maps only the pages it covers."""
+
+    identity: tuple[int, int]
+    mode: int
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)

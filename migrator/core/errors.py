@@ -30,6 +30,18 @@ class MigratorError(Exception):
         parts.append(message)
         super().__init__(": ".join(parts))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A run's outcome crosses processes (a job's worker, a Ray task) with its error: rebuilt from
+        # its state, not by calling __init__ again (subclasses take other arguments: RecipeError's issues).
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[MigratorError], args: tuple[Any, ...], state: dict[str, Any]) -> MigratorError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 def error_json(e: BaseException) -> dict[str, Any]:
     """An error as the CLI's `--json` prints it: `kind` (the class name), `message` (the full text,

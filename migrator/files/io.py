@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from operator import attrgetter
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ..core.bytesource import ByteSource
 from ..core.limits import DEFAULT_LIMITS, Limits
@@ -20,16 +20,21 @@ from ..storage.atomic import Protected, atomic_output
 from ..storage.remote import is_url
 from .single import open_single, reader_over
 
+if TYPE_CHECKING:
+    from ..storage.remote.options import StorageOptions
+
 __all__ = ["FORMATS", "Reader", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
            "to_bytes", "writer_class"]
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource
 
 
-def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIMITS, **options: Any) -> Reader:
+def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIMITS,
+              storage: StorageOptions | None = None, **options: Any) -> Reader:
     """Open a file or buffer lazily; `options` go to the format's reader (e.g. `top_level_key`).
 
-    `limits` bounds what the file may make the reader allocate (`migrator.core.limits.Limits`).
+    `limits` bounds what the file may make the reader allocate (`migrator.core.limits.Limits`);
+    `storage`: the options a URL is opened with (a recipe's `storage_options:`).
 
     A path may also name a model folder, an index (`*.index.json`) or a glob of shards: all its
     shards are then read as one source (`files.sharded`).
@@ -38,7 +43,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
             from .remote_open import open_url
 
-            return open_url(src, format, options, limits)
+            return open_url(src, format, options, limits, storage)
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x
@@ -118,14 +123,16 @@ def save_planned(
     outputs: Iterable[str | os.PathLike[str]] = (),
     mode_from: Iterable[str | os.PathLike[str] | int] = (),
     make_folders: bool = False,
+    storage: StorageOptions | None = None,
 ) -> str:
     """Write an already planned `writer` to `path` atomically (see `save`); returns the path written.
 
     `protect`, `outputs`, `mode_from`, `make_folders`: see `migrator.storage.atomic.atomic_output`.
-    A `ShardedWriter` writes a folder, published whole (`migrator.storage.atomic_folder`).
+    A `ShardedWriter` writes a folder, published whole (`migrator.storage.atomic_folder`). `storage`:
+    the options a URL is written with.
     """
     if is_url(path):  # an object store: a multipart upload, or shards published index-last
-        return _save_remote(writer, path, overwrite=overwrite, protect=protect, progress=progress)
+        return _save_remote(writer, path, overwrite=overwrite, protect=protect, progress=progress, storage=storage)
     if writer.kind is WriterKind.FOLDER:
         from .sharded_writer import ShardedWriter, save_sharded
 
@@ -144,18 +151,20 @@ def save_planned(
 
 
 def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: bool, protect: Iterable[Protected],
-                 progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None) -> str:
+                 progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+                 storage: StorageOptions | None = None) -> str:
     from ..storage.remote import url_of
 
     url = url_of(path)
     if writer.kind is WriterKind.FOLDER:
         from .remote_sharded import save_sharded_remote
 
-        return save_sharded_remote(writer, url, overwrite=overwrite, progress=progress)
+        return save_sharded_remote(writer, url, overwrite=overwrite, progress=progress, storage=storage)
     from ..storage.remote.upload import remote_output
 
     out = url_of(writer.resolve_path(url))
-    with (remote_output(out, overwrite=overwrite, expected_size=writer.total_size, protect=protect) as sink,
+    with (remote_output(out, overwrite=overwrite, expected_size=writer.total_size, protect=protect,
+                        storage=storage) as sink,
           progress(sink, writer.total_size) if progress is not None else nullcontext()):
         writer.write_to(sink)
     return out

@@ -9,10 +9,11 @@ from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.base import Reader
 from ..storage.remote import redact, url_of
 from ..storage.remote.fs import filesystem, object_info, tuning, with_retries
+from ..storage.remote.options import StorageOptions
 
 
 def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
-             limits: Limits = DEFAULT_LIMITS) -> Reader:
+             limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None) -> Reader:
     """`files.io.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
     from ..storage.remote.source import RemoteSource
     from .remote_sharded import RemoteShardedReader, is_remote_sharded
@@ -21,9 +22,9 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
     url = url_of(src)
     info: dict[str, Any] | None = None
     if not url.endswith("/"):
-        fs, path = filesystem(url)
+        fs, path = filesystem(url, storage)
         try:
-            tune = tuning(url)
+            tune = tuning(url, storage)
             info = with_retries(lambda: object_info(fs, path, tune), url, "cannot open", tune)
         except Exception as e:
             if "no such object" not in str(e) or not set("*?[").intersection(os.path.basename(url)):
@@ -33,7 +34,7 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
         options.pop("keep_structure", None)  # shards are state_dicts: written back flat
         if options:
             raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-        sharded = RemoteShardedReader(url, format, info, limits)
+        sharded = RemoteShardedReader(url, format, info, limits, storage)
         try:
             if key is not None:
                 sharded.select(key)
@@ -42,7 +43,7 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
             raise
         return sharded
     assert info is not None
-    source = RemoteSource(url, size=info.get("size") if isinstance(info.get("size"), int) else None)
+    source = RemoteSource(url, size=info.get("size") if isinstance(info.get("size"), int) else None, storage=storage)
     return reader_over(source, url, format, limits, options)
 
 

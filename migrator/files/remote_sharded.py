@@ -31,6 +31,7 @@ from ..core.scalars import Scalar
 from ..formats.bounded_json import load_bounded_json
 from ..storage.remote import RemotePath, as_path, protocol, redact, url_of
 from ..storage.remote.fs import StorageError, copy_companion, deadline, filesystem, stream_size, tuning, with_retries
+from ..storage.remote.options import StorageOptions
 from ..storage.remote.source import RemoteSource
 from .sharded import (
     GLOB_CHARS,
@@ -49,12 +50,12 @@ def _join(folder: str, name: str) -> str:
     return folder.rstrip("/") + "/" + name
 
 
-def _listing(url: str, missing_ok: bool = False) -> set[str]:
-    fs, path = filesystem(url)
+def _listing(url: str, missing_ok: bool = False, storage: StorageOptions | None = None) -> set[str]:
+    fs, path = filesystem(url, storage)
     with contextlib.suppress(AttributeError, TypeError):
         fs.invalidate_cache(path)
     try:
-        entries = with_retries(lambda: fs.ls(path, detail=True, **deadline(fs, tuning(url))), url,
+        entries = with_retries(lambda: fs.ls(path, detail=True, **deadline(fs, tuning(url, storage))), url,
                                "cannot list the folder")
     except StorageError as e:
         if missing_ok and e.detail.endswith("no such object"):
@@ -63,13 +64,13 @@ def _listing(url: str, missing_ok: bool = False) -> set[str]:
     return {posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") != "directory"}
 
 
-def glob_companions(folder: str, pattern: str) -> list[tuple[Path, str]]:
+def glob_companions(folder: str, pattern: str, storage: StorageOptions | None = None) -> list[tuple[Path, str]]:
     """(URL as a `RemotePath`, path relative to `folder`) of each object under the store folder
     `folder` that `pattern` matches (fsspec's glob), in sorted order; folders are left out."""
-    fs, base = filesystem(folder)
+    fs, base = filesystem(folder, storage)
     base = base.rstrip("/")
-    found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True, **deadline(fs, tuning(folder))), folder,
-                         "cannot list companion files")
+    found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True, **deadline(fs, tuning(folder, storage))),
+                         folder, "cannot list companion files")
     out: list[tuple[Path, str]] = []
     for path, info in sorted(found.items()):
         if info.get("type") == "directory":
@@ -92,9 +93,10 @@ def is_remote_sharded(url: str, info: dict[str, Any] | None) -> bool:
     return info is None and bool(GLOB_CHARS.intersection(posixpath.basename(url)))
 
 
-def read_remote_index(url: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, str], dict[str, Any]]:
+def read_remote_index(url: str, limits: Limits = DEFAULT_LIMITS,
+                      storage: StorageOptions | None = None) -> tuple[dict[str, str], dict[str, Any]]:
     """A remote index's `weight_map` and `metadata` (size bounded before it is read)."""
-    src = RemoteSource(url)
+    src = RemoteSource(url, storage=storage)
     try:
         if src.size > limits.max_index_bytes:
             raise LimitExceededError(f"index is {src.size} bytes, over the {limits.max_index_bytes} limit "
@@ -116,24 +118,26 @@ class RemoteShardedReader(ShardedReader):
     """`ShardedReader` over shard objects (shard order, then each shard's data order)."""
 
     def __init__(self, url: str, format: str = "auto", info: dict[str, Any] | None = None,
-                 limits: Limits = DEFAULT_LIMITS) -> None:
+                 limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None) -> None:
         url = url.rstrip("/") if not url.endswith("://") else url
         self.given = redact(url)
         self.limits = limits
+        self.storage = storage
         self.index_path = None
         weight_map: dict[str, str] | None = None
         index_meta: dict[str, Any] = {}
         if url.endswith(INDEX_SUFFIX):
             self.index_path = RemotePath(url)
             self.folder = self.index_path.parent
-            weight_map, index_meta = read_remote_index(url, limits)
+            weight_map, index_meta = read_remote_index(url, limits, storage)
             files = self._index_files(url, weight_map)
         elif info is None and GLOB_CHARS.intersection(posixpath.basename(url)):
             if protocol(url) in ("http", "https"):
                 raise FormatError("a glob needs a store that lists objects; http(s):// does not: name the index",
                                   file=self.given)
-            fs, path = filesystem(url)
-            found = with_retries(lambda: fs.glob(path, **deadline(fs, tuning(url))), url, "cannot list the glob")
+            fs, path = filesystem(url, storage)
+            found = with_retries(lambda: fs.glob(path, **deadline(fs, tuning(url, storage))), url,
+                                 "cannot list the glob")
             proto = protocol(url)
             files = [RemotePath(url_of(f"{proto}://{p.lstrip('/')}")) for p in sorted(found)]
             self.folder = RemotePath(posixpath.dirname(url))
@@ -141,10 +145,10 @@ class RemoteShardedReader(ShardedReader):
                 raise FormatError("no object matches this glob", file=self.given)
         else:
             self.folder = RemotePath(url)
-            found_path = pick_weights(_listing(url), self.folder)
+            found_path = pick_weights(_listing(url, storage=storage), self.folder)
             if found_path.name.endswith(INDEX_SUFFIX):
                 self.index_path = RemotePath(str(found_path))
-                weight_map, index_meta = read_remote_index(str(found_path), limits)
+                weight_map, index_meta = read_remote_index(str(found_path), limits, storage)
                 files = self._index_files(str(found_path), weight_map)
             else:
                 files = [RemotePath(str(found_path))]
@@ -189,7 +193,7 @@ class RemoteShardedReader(ShardedReader):
         scalar_from: dict[str, str] = {}
         for i, path in enumerate(files):
             try:
-                source = RemoteSource(str(path))
+                source = RemoteSource(str(path), storage=self.storage)
             except FormatError as e:
                 if self.index_path is not None and e.detail.startswith("cannot open: no such object"):
                     raise FormatError(f"shard {redact(str(path))} named by the index is missing",
@@ -224,6 +228,7 @@ class RemoteShardedReader(ShardedReader):
                                       file=self.given)
                 self.scalars[k], scalar_from[k] = s, source.label
         self.format = next(iter(formats)) if formats else "safetensors"  # type: ignore[misc]
+        self._ggml_types = {}
         self._shard_metadata = {k: next(iter(v)) for k, v in metas.items() if len(v) == 1}
 
     def file_of(self, index: int) -> str:
@@ -234,10 +239,10 @@ class RemoteShardedReader(ShardedReader):
             s.source.close()  # type: ignore[attr-defined]
 
 
-def check_remote_folder(url: str, *, overwrite: bool) -> None:
+def check_remote_folder(url: str, *, overwrite: bool, storage: StorageOptions | None = None) -> None:
     """Refuse a target prefix that already holds a model (its index or a weights file) without overwrite."""
     if not overwrite:
-        names = _listing(url, missing_ok=True)
+        names = _listing(url, missing_ok=True, storage=storage)
         held = sorted(n for n in names if n.endswith((INDEX_SUFFIX, ".safetensors", ".bin", ".pt")))
         if held:
             raise TargetExistsError(f"target folder exists and holds a model ({', '.join(held[:3])}); "
@@ -245,31 +250,35 @@ def check_remote_folder(url: str, *, overwrite: bool) -> None:
 
 
 def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
-                        progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None) -> str:
-    """Upload a `ShardedWriter`'s shards, companions and index to the prefix `url`, index last."""
+                        progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
+                        storage: StorageOptions | None = None) -> str:
+    """Upload a `ShardedWriter`'s shards, companions and index to the prefix `url`, index last (the
+    target's and the companions' storage options in `storage`)."""
     from ..storage.remote.upload import delete, remote_output
 
     folder = url.rstrip("/")
-    check_remote_folder(folder, overwrite=overwrite)
-    old = _listing(folder, missing_ok=True) if overwrite else set()
+    check_remote_folder(folder, overwrite=overwrite, storage=storage)
+    old = _listing(folder, missing_ok=True, storage=storage) if overwrite else set()
     index_name = writer.index_name if writer.index is not None else None
     old_indexes = sorted(n for n in old if n.endswith(INDEX_SUFFIX) and is_model_part(n))
     for n in old_indexes:  # readers going by the index now see no model until the new one is complete
-        delete(_join(folder, n))
+        delete(_join(folder, n), storage)
     names: list[str] = []
     try:
         for name, shard in writer.files:
-            with (remote_output(_join(folder, name), overwrite=overwrite, expected_size=shard.total_size) as sink,
+            with (remote_output(_join(folder, name), overwrite=overwrite, expected_size=shard.total_size,
+                                storage=storage) as sink,
                   progress(sink, shard.total_size) if progress is not None else contextlib.nullcontext()):
                 shard.write_to(sink)
             names.append(name)
         for src, name in writer.copies:
-            size = stream_size(src)
-            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=size) as sink:
-                copy_companion(src, sink, size)
+            size = stream_size(src, storage)
+            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=size, storage=storage) as sink:
+                copy_companion(src, sink, size, storage)
             names.append(name)
         for name, data in writer.generated:
-            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=len(data)) as sink:
+            with remote_output(_join(folder, name), overwrite=overwrite, expected_size=len(data),
+                               storage=storage) as sink:
                 sink.write(data)
             names.append(name)
     except BaseException:
@@ -277,16 +286,17 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
         # objects of the same names were replaced and are gone either way)
         for name in names:
             with contextlib.suppress(Exception):
-                delete(_join(folder, name))
+                delete(_join(folder, name), storage)
         raise
     if index_name is not None:
         data = writer.index_bytes()
-        with remote_output(_join(folder, index_name), overwrite=overwrite, expected_size=len(data)) as sink:
+        with remote_output(_join(folder, index_name), overwrite=overwrite, expected_size=len(data),
+                               storage=storage) as sink:
             sink.write(data)
         names.append(index_name)
     # only the old model's weights: every other object under the prefix is the user's, and is kept
     stale = sorted(n for n in old if n not in names and is_model_part(n))
     for n in stale:
         with contextlib.suppress(OutputError):  # an old shard nothing points to any more: harmless to leave
-            delete(_join(folder, n))
+            delete(_join(folder, n), storage)
     return folder + "/"

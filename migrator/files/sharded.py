@@ -454,8 +454,10 @@ class ShardedReader(Reader):
                 source.close()
                 raise
             with reader:
-                if hasattr(reader, "ggml_type"):  # GGUF: each tensor's stored type, for inspect
-                    stored.update((t.name, reader.ggml_type(t)) for t in reader.tensors)
+                for t in reader.tensors:  # GGUF: each tensor's stored type, for inspect
+                    if (kind := reader.ggml_type(t)) is None:
+                        break
+                    stored[t.name] = kind
                 formats.setdefault(reader.format, path)
                 if len(formats) > 1:
                     (f1, p1), (f2, p2) = list(formats.items())[:2]
@@ -489,10 +491,13 @@ class ShardedReader(Reader):
                                           file=self.given)
                     self.scalars[k], scalar_from[k] = s, Path(path)
         self.format = next(iter(formats)) if formats else "safetensors"  # type: ignore[misc]  # the shards' format
-        if stored:
-            self.ggml_type = lambda t: stored.get(t.name, t.dtype.name)
+        self._ggml_types = stored
         # each shard's own metadata where the shards agree (e.g. `format: pt`); a key they disagree on is dropped
         self._shard_metadata = {k: next(iter(v)) for k, v in metas.items() if len(v) == 1}
+
+    def ggml_type(self, tensor: LazyTensor) -> str | None:
+        """A GGUF folder's: the type each tensor is stored as in its shard."""
+        return self._ggml_types.get(tensor.name, tensor.dtype.name) if self._ggml_types else None
 
     def file_of(self, index: int) -> str:
         """The shard file holding the `index`-th tensor."""

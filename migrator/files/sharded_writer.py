@@ -21,7 +21,6 @@ from __future__ import annotations
 import glob as globlib
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -31,35 +30,12 @@ from ..core.errors import PlanError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Writer, WriterKind
+from .shard_layout import DEFAULT_MAX_SIZE, PATTERNS, parse_size, weights_patterns
 
 if TYPE_CHECKING:
     from ..storage.atomic import Protected
     from ..storage.atomic_folder import FolderScratch
-
-DEFAULT_MAX_SIZE = "5GB"  # huggingface_hub's and save_pretrained's default
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-PATTERNS = {"safetensors": ("model{suffix}.safetensors", "model.safetensors.index.json"),
-            "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json")}
-
-
-def check_weights_name(name: str) -> None:
-    """A weights file name for a folder: one plain file name (no folder part, no hidden or empty name)."""
-    if not name or name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name or "\0" in name:
-        raise ValueError(f"'{name}' is not a file name: give a plain name such as model.safetensors")
-
-
-def weights_patterns(fmt: str, name: str | None) -> tuple[str, str]:
-    """(shard name pattern with `{suffix}`, index name) of a folder's weights: Hugging Face's defaults
-    for the format, or those of `name` (`llama.safetensors` -> `llama{suffix}.safetensors`,
-    `llama.safetensors.index.json`)."""
-    if name is None:
-        return PATTERNS[fmt]
-    check_weights_name(name)
-    stem, ext = os.path.splitext(name)
-    return stem.replace("{", "{{").replace("}", "}}") + "{suffix}" + ext, name + ".index.json"
-
+    from ..storage.remote.options import StorageOptions
 
 def copy_folder(folder: Path, target: Path) -> Path:
     """`target.copy_from` / `--copy-from`: a folder that is not the target nor inside it (the run
@@ -87,23 +63,6 @@ def default_weights_name(fmt: str, source_folder: Path | None) -> str | None:
     except OSError:
         return None
     return ("adapter_model.safetensors" if fmt == "safetensors" else "adapter_model.bin") if adapter else None
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes from `5GB` (5*10^9), `5GiB` (5*2^30) or a bare integer, as Hugging Face reads sizes."""
-    if isinstance(size, bool):
-        raise ValueError(f"expected a size, got {str(size).lower()}")
-    if isinstance(size, int):
-        value = size
-    else:
-        m = _SIZE.match(size)
-        if m is None or (m[2] and m[2][-1] == "b"):
-            raise ValueError(f"cannot read size '{size}': write an integer (bytes) or one with a unit, "
-                             "e.g. 5GB (5*10^9 bytes) or 5GiB (5*2^30 bytes)")
-        value = int(m[1]) * _UNITS[(m[2] or "").upper()]
-    if value <= 0:
-        raise ValueError(f"a shard size must be positive, got {size}")
-    return value
 
 
 def tie_key(t: LazyTensor) -> tuple[object, int, int, str] | None:
@@ -157,7 +116,8 @@ def split_shards(tensors: Sequence[LazyTensor], max_size: int) -> list[list[Lazy
     return shards
 
 
-def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: set[str]) -> list[tuple[Path, str]]:
+def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: set[str],
+                   storage: StorageOptions | None = None) -> list[tuple[Path, str]]:
     """Companion files to copy: (file, name in the output) per match of each (glob, optional) entry.
 
     Globs are relative to the source's folder and may not leave it: a pattern with `..` (also
@@ -165,8 +125,8 @@ def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: 
     through a link (`sharded.resolves_inside`: a Hugging Face cache snapshot's links into its
     repository's blobs are inside). Weight files and indexes are never companions: a glob skips them,
     an entry naming one is an error. A required entry matching no file, and a match that would replace
-    a written shard or index, are errors. A folder on an object store is listed through fsspec, and
-    its matches are `RemotePath`s (their URLs).
+    a written shard or index, are errors. A folder on an object store is listed through fsspec (with
+    its options from `storage`), and its matches are `RemotePath`s (their URLs).
     """
     from ..storage.remote import is_url, redact
     from .sharded import GLOB_CHARS, is_weights_file, name_problem, resolves_inside
@@ -179,7 +139,7 @@ def resolve_copies(entries: Sequence[tuple[str, bool]], folder: Path, reserved: 
         if is_url(folder):
             from .remote_sharded import glob_companions
 
-            found = glob_companions(str(folder), pattern)
+            found = glob_companions(str(folder), pattern, storage)
         else:
             found = []
             for m in sorted(globlib.glob(globlib.escape(str(folder)) + "/" + pattern)):
@@ -254,9 +214,10 @@ class ShardedWriter(Writer):
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
                  copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
                  weights_name: str | None = None, config_update: Mapping[str, Any] | None = None,
-                 generated: Sequence[tuple[str, bytes]] = ()) -> None:
+                 generated: Sequence[tuple[str, bytes]] = (), storage: StorageOptions | None = None) -> None:
         """`config_update`: entries set in a copied config.json; `generated`: companion files written
-        from these bytes (name, content), in place of a copy of the same name."""
+        from these bytes (name, content), in place of a copy of the same name; `storage`: the options
+        companion files on an object store are listed and read with."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from ..formats.registry import writer_class
 
@@ -283,7 +244,8 @@ class ShardedWriter(Writer):
             self.index = {"metadata": {"total_parameters": sum(t.numel for t in stored),
                                        "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
         reserved = set(names) | ({index_name} if self.index is not None else set())
-        self.copies = resolve_copies(copies, copy_from, reserved) if copies and copy_from is not None else []
+        self.storage = storage
+        self.copies = resolve_copies(copies, copy_from, reserved, storage) if copies and copy_from is not None else []
         self.companion_sources = [src for src, _ in self.copies]  # read by the run: no output may replace one
         # companions written from these bytes, not copied (a GGUF's config.json, a merge's): in place of a
         # copy of the same name; a copied config.json whose dtype the cast changed joins them below
@@ -346,7 +308,7 @@ def finish_folder(folder: FolderScratch, writer: ShardedWriter) -> None:
         with folder.file(writer.index_name, len(data)) as sink:
             sink.write(data)
     for src, name in writer.copies:
-        folder.copy(src, name)
+        folder.copy(src, name, writer.storage)
     for name, data in writer.generated:
         with folder.file(name, len(data)) as sink:
             sink.write(data)

@@ -34,7 +34,7 @@ def reader_over(source: ByteSource, path: str | os.PathLike[str] | None, format:
         fmt = detect(source, path) if format == "auto" else format
         cls = reader_class(fmt)
         key = options.pop("top_level_key", None) if not cls.nested_keys else None
-        if not getattr(cls, "keeps_structure", False):  # only a PyTorch checkpoint has containers to keep
+        if not cls.keeps_structure:  # only a PyTorch checkpoint has containers to keep
             options.pop("keep_structure", None)
         reader = cls(source, limits=limits, **options)  # type: ignore[call-arg]
         if key is not None:

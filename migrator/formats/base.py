@@ -7,8 +7,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import Enum
 from operator import attrgetter
+from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO, ClassVar, Protocol
 
 from ..core.bytesource import ByteSource
 from ..core.dtypes import DType
@@ -16,6 +17,13 @@ from ..core.errors import TensorNotFoundError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..naming.similarity import did_you_mean
+
+
+class ShardFile(Protocol):
+    """One file of a sharded source."""
+
+    @property
+    def path(self) -> Path: ...
 
 
 class Reader(Mapping[str, LazyTensor], ABC):
@@ -47,6 +55,19 @@ class Reader(Mapping[str, LazyTensor], ABC):
     structure: Any = None
     """A PyTorch checkpoint's containers around its tensors (`formats.pytorch.tree.CheckpointTree`), when
     opened with `keep_structure`: a PyTorch target writes them back."""
+    keeps_structure: ClassVar[bool] = False
+    """Whether the format has containers to keep (`keep_structure`): a PyTorch checkpoint's."""
+    # What a folder of files adds (`files.sharded`, `files.remote_sharded`, and the readers over one):
+    folder: Path | None = None
+    """The folder the source's files are in (a model folder, an index's, a glob's): where a target's
+    `copy:` looks for companion files."""
+    index_path: Path | None = None
+    """A sharded source's index file, when it has one."""
+    shards: Sequence[ShardFile] | None = None
+    """A sharded source's files, in order; None for a single file."""
+    locations: Sequence[tuple[int, int | None]] | None = None
+    """Per tensor of a sharded source: its shard (an index into `shards`) and its offset in that file
+    (None when the shard's own reader reads it)."""
 
     @property
     def label(self) -> str:
@@ -95,6 +116,18 @@ class Reader(Mapping[str, LazyTensor], ABC):
     def extra(self) -> dict[str, Any]:
         """Format-specific facts for `inspect` (e.g. a burnpack's data-section start)."""
         return {}
+
+    def ggml_type(self, tensor: LazyTensor) -> str | None:
+        """The GGUF type `tensor` is stored as (a GGUF file or folder); None for every other format."""
+        return None
+
+    def describe(self, name: str) -> str:
+        """How an error names one of this reader's tensors (several sources say which one it is from)."""
+        return repr(name)
+
+    def file_readers(self) -> list[Reader]:
+        """The readers of the files this one reads: itself, or each source's of several."""
+        return [self]
 
     def close(self) -> None:
         self.source.close()
@@ -145,6 +178,8 @@ class Writer(ABC):
     format: ClassVar[str]
     default_extension: ClassVar[str]
     kind: ClassVar[WriterKind] = WriterKind.FILE
+    companion_sources: Sequence[str | os.PathLike[str]] = ()
+    """Files copied into the output beside the tensors (a folder's companions): read by the run."""
 
     def __init__(
         self,

@@ -35,7 +35,7 @@ from ..naming import (
 from ..recipe.model import CastSpec, Recipe
 from ..storage.paths import resolve_path
 from ..storage.remote import as_path
-from ..storage.remote.options import register_options
+from ..storage.remote.options import NO_STORAGE_OPTIONS, StorageOptions
 from .metadata import (
     RECIPE_HASH_KEY,
     TEMPLATE_HASH_KEY,
@@ -92,6 +92,8 @@ class Plan:
     # the run's other inputs (the recipe, the model config it reads): no output may replace them
     read_also: list[Path] = field(default_factory=list)
     structure_notes: list[str] = field(default_factory=list)  # a PyTorch checkpoint's structure: what was kept
+    # the recipe's storage_options, per URL: what reads, checks and writes the plan's URLs is given them
+    storage: StorageOptions | None = None
 
     @property
     def union(self) -> UnionReader | None:
@@ -144,23 +146,20 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
     src_path = resolve_path(base_dir, recipe.inputs()[0].path)
     tgt_path = resolve_path(base_dir, recipe.target.path)
     tpl_path = resolve_path(base_dir, recipe.target.template) if recipe.target.template else None
-    for spec in recipe.inputs():  # URLs only: a local path ignores them
-        register_options(resolve_path(base_dir, spec.path), spec.storage_options)
-    register_options(tgt_path, recipe.target.storage_options)
-    if tpl_path is not None:
-        register_options(tpl_path, recipe.target.template_storage_options or recipe.target.storage_options)
+    storage = storage_of(recipe, base_dir)
     out_fmt = output_format(recipe, tgt_path)
     if recipe.target.shard is None:
         tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
     from .sources import open_source, open_sources
 
     if recipe.sources is not None:
-        reader: Reader = open_sources(recipe, base_dir, source_origins, limits=limits,
+        reader: Reader = open_sources(recipe, base_dir, source_origins, limits=limits, storage=storage,
                                       for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
         one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
-        reader = open_source(recipe.inputs()[0], src_path, limits=limits, keep_structure=one_file, base_dir=base_dir)
+        reader = open_source(recipe.inputs()[0], src_path, limits=limits, keep_structure=one_file, base_dir=base_dir,
+                             storage=storage)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
@@ -172,7 +171,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                         head_dim=_head_dim(recipe, base_dir), copy_from=copy_from, hint_syntax=hint_syntax,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
-                        fsync=recipe.target.fsync if fsync is None else fsync, limits=limits)
+                        fsync=recipe.target.fsync if fsync is None else fsync, limits=limits, storage=storage)
         plan.inputs = inputs
         return plan
     except BaseException:
@@ -209,6 +208,19 @@ def output_format(recipe: Recipe, tgt_path: Path) -> str:
     return target_format(tgt_path, recipe.target.format)
 
 
+def storage_of(recipe: Recipe, base_dir: Path) -> StorageOptions:
+    """The recipe's `storage_options:` per URL (its sources', its target's, its template's), refused
+    when one holds a credential; a local path's are ignored."""
+    storage = NO_STORAGE_OPTIONS
+    for spec in recipe.inputs():
+        storage = storage.adding(resolve_path(base_dir, spec.path), spec.storage_options)
+    storage = storage.adding(resolve_path(base_dir, recipe.target.path), recipe.target.storage_options)
+    if recipe.target.template:
+        storage = storage.adding(resolve_path(base_dir, recipe.target.template),
+                                 recipe.target.template_storage_options or recipe.target.storage_options)
+    return storage
+
+
 def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAULT_LIMITS) -> bool:
     """Whether a one-source recipe that leaves `contiguous_indices` unset renumbers its source's
     names: a PyTorch source whose output is for Burn. Opens the source's header to know its format;
@@ -220,7 +232,7 @@ def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAUL
     from .sources import open_source
 
     with open_source(recipe.source, resolve_path(base_dir, recipe.source.path), limits=limits,
-                     base_dir=base_dir) as reader:
+                     base_dir=base_dir, storage=storage_of(recipe, base_dir)) as reader:
         return reader.format == "pytorch"
 
 
@@ -243,12 +255,13 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
              hint_syntax: str = "recipe",
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
              op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
-             limits: Limits = DEFAULT_LIMITS) -> Plan:
+             limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
     declares = _Declarations()  # modules one declaration each would fix
     entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins, limits,
-                                    for_burn=recipe.for_burn(out_fmt), head_dim=head_dim, declares=declares)
+                                    for_burn=recipe.for_burn(out_fmt), head_dim=head_dim, declares=declares,
+                                    storage=storage)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -268,9 +281,9 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         if hash_sources:
             from .sources import hash_metadata
 
-            meta.update(hash_metadata(reader, src_path))
+            meta.update(hash_metadata(reader, src_path, storage))
             if tpl_path is not None:
-                meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path)
+                meta[TEMPLATE_HASH_KEY] = sha256_file(tpl_path, storage)
         loadable_metadata(meta, out_fmt)  # the provenance keys alone must not make it unloadable
     if report.renumbered:
         shown = ", ".join(f"{old} -> {new}" for old, new in report.renumbered[:5])
@@ -284,22 +297,22 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     flat = structure is None and len(fatal) == problems  # else the scalars are in the structure (or refused)
     scalars = _scalars(recipe, reader, out_fmt, notes if flat else [], fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
-                notes, fatal, readers, structure_notes=kept)
+                notes, fatal, readers, structure_notes=kept, storage=storage)
     if not fatal:
         try:
             if recipe.target.shard is not None:
                 from ..files.sharded_writer import ShardedWriter, default_weights_name
 
-                folder = getattr(reader, "folder", None) or src_path.parent
+                folder = reader.folder or src_path.parent
                 if copy_from is not None:
                     folder = copy_from
-                name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
+                name = recipe.target.shard.name or default_weights_name(out_fmt, reader.folder)
                 made = _made_files(recipe, reader, [e.tensor.name for e in entries])  # a GGUF's config.json
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=folder, weights_name=name,
                                             config_update=reader.config_update,
-                                            generated=[*reader.generated, *made.items()])
+                                            generated=[*reader.generated, *made.items()], storage=storage)
                 plan.notes += plan.writer.notes
             else:
                 if recipe.target.hf_config:
@@ -338,7 +351,7 @@ def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: 
     if target.tokenizer:
         from ..formats.gguf.tokenizer import tokenizer_metadata
 
-        folder = Path(getattr(reader, "folder", None) or src_path.parent)
+        folder = Path(reader.folder or src_path.parent)
         meta = {**meta, **tokenizer_metadata(folder / target.tokenizer)}
     return {"quantize": target.quantize, "metadata": meta}
 
@@ -358,6 +371,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
                   fatal: list[str], module_origins: Mapping[tuple[str, int], str] | None = None,
                   op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
                   limits: Limits = DEFAULT_LIMITS, *, for_burn: bool = False,
+                  storage: StorageOptions | None = None,
                   head_dim: tuple[int, str, str] | None = None,
                   declares: _Declarations | None = None) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`.
@@ -367,7 +381,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     names = [t.name for t in tensors]
     check_name_lengths(names, limits, reader.label)
     renumbered: list[tuple[str, str]] = []
-    current, ops = _renamed(recipe, names, is_pytorch and for_burn, reader.label, getattr(reader, "describe", repr),
+    current, ops = _renamed(recipe, names, is_pytorch and for_burn, reader.label, reader.describe,
                             renumbered)
 
     # 2. filter, on the renamed names (names and `current` run in parallel: no name -> name dict)
@@ -420,7 +434,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     if tpl_path is not None:
         by_name = _by_name(items, fatal)  # a template looks sources up by name
         entries, applied, missing, unused = _fill_template(recipe, tpl_path, readers, is_pytorch, by_name, adapter,
-                                                           resolver, cast_to, errors, fatal, limits)
+                                                           resolver, cast_to, errors, fatal, limits, storage)
         unused_from = [by_name[n][0].name for n in unused]
         sources = [e.source for e in entries if e.source is not None and not e.kept_from_template]
     else:
@@ -555,13 +569,14 @@ def _in_source_order(items: Iterator[_Item], cast_to: DType | None) -> tuple[lis
 
 def _fill_template(recipe: Recipe, tpl_path: Path, readers: list[Reader], is_pytorch: bool,
                    by_name: dict[str, _Item], adapter: Any, resolver: Any, cast_to: DType | None,
-                   errors: list[ReportError], fatal: list[str], limits: Limits = DEFAULT_LIMITS
+                   errors: list[ReportError], fatal: list[str], limits: Limits = DEFAULT_LIMITS,
+                   storage: StorageOptions | None = None
                    ) -> tuple[list[PlanEntry], list[str], list[tuple[str, str]], list[str]]:
     """An entry per template slot: entries, applied, missing and unused names."""
     entries: list[PlanEntry] = []
     missing: list[tuple[str, str]] = []
     applied: list[str] = []
-    template = open_file(tpl_path, recipe.target.template_format, limits=limits)
+    template = open_file(tpl_path, recipe.target.template_format, limits=limits, storage=storage)
     readers.append(template)
     if recipe.source is None:
         from .sources import skip_enum_variants

@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.limits import DEFAULT_LIMITS
+from ..core.limits import DEFAULT_LIMITS, Limits
 from .build import Plan, build_plan
 from .sources import SourceKeyError
 
@@ -22,13 +22,15 @@ if TYPE_CHECKING:
     from ..recipe.model import Recipe
 
 
-def load(path: str, args: Any = None) -> Any:
-    """The recipe, with the command line's `--source` / `--target` (if any) in place of its paths."""
+def load(path: str | os.PathLike[str], overrides: Mapping[str, str] | None = None, *, compared: bool = False,
+         shown: str | None = None) -> LoadedRecipe:
+    """The recipe, with the command line's `--source` / `--target` (if any) in place of its paths.
+    `compared`: the plan is compared, never written (`diff --recipe`: `source` is A); `shown`: the
+    recipe's path as given, for the errors about an override."""
     from ..recipe.loader import load_recipe
 
     loaded = load_recipe(path)
-    overrides = overrides_of(args)
-    return with_paths(loaded, overrides) if overrides else loaded
+    return with_paths(loaded, overrides, compared=compared, shown=shown) if overrides else loaded
 
 
 def overrides_of(args: Any) -> dict[str, str]:
@@ -36,33 +38,35 @@ def overrides_of(args: Any) -> dict[str, str]:
     return {k: v for k in ("source", "target") if (v := getattr(args, k, None))}
 
 
-def with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
-    """`loaded` reading/writing the given paths instead of its own.
+def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: bool = False,
+               shown: str | None = None) -> LoadedRecipe:
+    """`loaded` reading/writing the given paths instead of its own: the one place a command line's
+    paths replace a recipe's (`migrate run | plan | validate`, each job, `diff --recipe`).
 
     Command-line paths are taken from the current folder (as every shell path is), not from the
-    recipe's: they are made absolute here, so the recipe's folder no longer applies to them. The
-    loader's "target is the source" check is repeated for the new pair: the run would destroy its input.
+    recipe's (`storage.paths.given_path`), so the recipe's folder no longer applies to them. A
+    `sources:` recipe's `--source` is NAME=PATH (`_source_entry`). The loader's "target is the
+    source" check is repeated for the new pair: the run would destroy its input (a compared plan
+    writes nothing: not checked).
     """
     import dataclasses
-    import os
 
     from ..recipe.loader import RecipeError, RecipeIssue, read_candidates, same_file, written_candidates
+    from ..storage.paths import given_path
 
     recipe = loaded.recipe
-    if "source" in overrides and recipe.sources is not None:
-        from .sources import override_source
-
-        recipe = override_source(recipe, overrides.pop("source"), str(loaded.path))
-    from ..storage.remote import as_path, is_url, local_of
-
-    absolute = {k: as_path(v) if is_url(v) else Path(os.path.abspath(os.path.expanduser(local_of(v))))
-                for k, v in overrides.items()}
+    rest = dict(overrides)
+    if "source" in rest and recipe.sources is not None:
+        recipe = _source_entry(loaded, rest.pop("source"), compared, shown or str(loaded.path))
+    absolute = {k: given_path(v) for k, v in rest.items()}
     if "source" in absolute:
         assert recipe.source is not None
         recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
     if "target" in absolute:
-        recipe = recipe.model_copy(update={"target": _target_in(recipe, overrides["target"], absolute["target"])})
+        recipe = recipe.model_copy(update={"target": _target_in(recipe, rest["target"], absolute["target"])})
     out = dataclasses.replace(loaded, recipe=recipe)
+    if compared:
+        return out
     reads = out.source_paths + ([out.template_path] if out.template_path is not None else [])
     written = written_candidates(out.target_path, recipe.target.format)
     if any(same_file(w, c) for w in written for r in reads for c in read_candidates(r)):
@@ -70,6 +74,38 @@ def with_paths(loaded: Any, overrides: dict[str, str]) -> Any:
                                        f"the target {out.target_path} is the same file as the source or template",
                                        "write the output to a new file")])
     return out
+
+
+def _source_entry(loaded: LoadedRecipe, value: str, compared: bool, shown: str) -> Recipe:
+    """`--source NAME=PATH` for a `sources:` recipe: entry NAME reads PATH instead. A bare PATH is
+    refused (which entry it replaces would be a guess), except by `diff`, whose A may be one of the
+    recipe's own sources (the plan is then the recipe's)."""
+    from ..core.errors import PlanError
+    from ..recipe.loader import RecipeError, RecipeIssue
+    from ..storage.atomic import same_file
+    from ..storage.paths import given_path
+
+    recipe = loaded.recipe
+    assert recipe.sources is not None
+    labels = [s.label for s in recipe.sources]
+    if compared:
+        given = given_path(value)
+        if any(same_file(p, given) or p == given for p in loaded.source_paths):
+            return recipe
+        if "=" not in value:
+            names = ", ".join(f"'{n}'" for n in labels)
+            raise PlanError(f"{value} is none of the recipe's sources ({names}): give one of them, or NAME=PATH",
+                            file=shown)
+    name, sep, path = value.partition("=")
+    if not sep or name not in labels or not path:
+        problem = (f"unknown source name '{name}'" if sep and name not in labels
+                   else f"this recipe has {len(labels)} sources: --source needs NAME=PATH")
+        raise RecipeError([RecipeIssue(shown, 0, 0, "--source", problem,
+                                       "the names are " + ", ".join(f"'{n}'" for n in labels))])
+    i = labels.index(name)
+    entries = list(recipe.sources)
+    entries[i] = entries[i].model_copy(update={"path": given_path(path), "name": name})
+    return recipe.model_copy(update={"sources": entries})
 
 
 def _target_in(recipe: Any, given: str, path: Any) -> Any:
@@ -107,18 +143,16 @@ def plan_of(loaded: LoadedRecipe, *, recipe: Recipe | None = None, **options: An
 
 
 @contextmanager
-def open_plan(loaded: Any, args: Any, shown: str | None = None) -> Iterator[Plan]:
-    """The recipe's plan, open for the block, read within the command line's `--limit` settings."""
+def open_plan(loaded: LoadedRecipe, *, hash_sources: bool = False, overwrite: bool | None = None,
+              fsync: bool | None = None, limits: Limits = DEFAULT_LIMITS, shown: str | None = None) -> Iterator[Plan]:
+    """The recipe's plan, open for the block, read within `limits` (the command line's `--limit`); a
+    wrong `top_level_key` is named at its recipe line (`shown`: the recipe's path as given)."""
     try:
-        plan = plan_of(loaded, hash_sources=getattr(args, "hash_sources", False),
-                       overwrite=True if getattr(args, "overwrite", False) else None,
-                       fsync=False if getattr(args, "no_fsync", False) else None,
-                       limits=getattr(args, "reader_limits", DEFAULT_LIMITS))
+        plan = plan_of(loaded, hash_sources=hash_sources, overwrite=overwrite, fsync=fsync, limits=limits)
     except SourceKeyError as e:  # about one recipe value: name its line
         from ..recipe.loader import locate
 
-        given = shown or getattr(args, "recipe", None)  # the recipe's path as given
-        where = locate(loaded, e.loc, given if isinstance(given, str) else None)
+        where = locate(loaded, e.loc, shown)
         if where is None:
             raise
         located = SourceKeyError(f"{where}: {loc_text(e.loc)}: {e}")
@@ -126,6 +160,13 @@ def open_plan(loaded: Any, args: Any, shown: str | None = None) -> Iterator[Plan
         raise located from None
     with plan:
         yield plan
+
+
+def settings_of(args: Any) -> dict[str, Any]:
+    """`open_plan`'s settings from a command line's namespace (`plan`, `validate`)."""
+    return {"overwrite": True if getattr(args, "overwrite", False) else None,
+            "fsync": False if getattr(args, "no_fsync", False) else None,
+            "limits": getattr(args, "reader_limits", DEFAULT_LIMITS)}
 
 
 def other_inputs(loaded: Any) -> list[Path]:

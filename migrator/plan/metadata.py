@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..core.version import PRODUCER, __version__
+
+if TYPE_CHECKING:
+    from ..storage.remote.options import StorageOptions
 
 METADATA_FORMATS = ("burnpack", "safetensors")
 RECIPE_HASH_KEY = "migrator.recipe_sha256"
@@ -70,13 +74,14 @@ def _carried(source_format: str, source_meta: Mapping[str, str]) -> dict[str, st
     return {k: str(v) for k, v in source_meta.items() if getattr(v, "item_type", None) is None}
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """sha256 of a local file, or of an object on a store (read once more, front to back)."""
+def sha256_file(path: str | os.PathLike[str], storage: StorageOptions | None = None) -> str:
+    """sha256 of a local file, or of an object on a store (read once more, front to back, with its
+    options from `storage`)."""
     import hashlib  # only for --hash-sources: every other run skips its ~3 ms import
 
     from ..storage.remote.fs import stream_blocks
 
     h = hashlib.sha256()
-    for block in stream_blocks(path, "source"):
+    for block in stream_blocks(path, "source", storage=storage):
         h.update(block)
     return h.hexdigest()

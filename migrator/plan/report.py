@@ -13,7 +13,7 @@ migrator's own, for machines (CI checks, the CLI's `--json`), with the exact nam
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from ..core.display import count as _count
@@ -190,6 +190,19 @@ class ApplyReport:
             raise ValueError(f"sources has {len(self.sources)} names for {len(self.applied)} applied tensors")
         if self.applied_from and len(self.applied_from) != len(self.applied):
             raise ValueError(f"applied_from has {len(self.applied_from)} names for {len(self.applied)} applied tensors")
+
+    def concluded(self, target: str, problems: Sequence[str], written: str | None) -> ApplyReport:
+        """This plan's report as its run ended (a copy: the plan's own summary stays as planned).
+
+        The one rule for a run's report: a failed run says so, `status` "failed", `written` false,
+        and every problem that stopped it is in `errors` (as a `run_error` when the plan's report has
+        no entry for it), never `"errors": []`; `target` is what was published, else the planned path.
+        """
+        known = {str(e) for e in self.errors}
+        added = [ReportError(target, "run_error", m, None, None) for m in problems if m not in known]
+        ok = not problems
+        return replace(self, errors=[*self.errors, *added], status="ok" if ok else "failed",
+                                   target=written if ok and written else target, written=ok)
 
     def renames(self) -> list[tuple[str, str]]:
         """(source name, target name) per applied tensor, in applied order (needs `sources`)."""

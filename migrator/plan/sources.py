@@ -32,6 +32,7 @@ from ..core.tensor import LazyTensor
 from ..formats.base import Reader
 from ..naming import KeyRemapper, NamingError, RemapRule, contiguous_names, find_collisions
 from ..storage.paths import resolve_path
+from ..storage.remote.options import StorageOptions
 
 if TYPE_CHECKING:
     from ..recipe.model import Recipe, SourceEntry, SourceSpec
@@ -48,7 +49,8 @@ class SourceKeyError(PlanError):
 
 
 def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None,
-                keep_structure: bool = False, base_dir: Path | None = None) -> Reader:
+                keep_structure: bool = False, base_dir: Path | None = None,
+                storage: StorageOptions | None = None) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
     top_level_key is a `SourceKeyError` that points at that key. `keep_structure`: a PyTorch
     checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target.
@@ -73,7 +75,7 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
     if keep_structure:
         options["keep_structure"] = True
     try:
-        reader = open_file(path, spec.format, **options)
+        reader = open_file(path, spec.format, storage=storage, **options)
     except TensorNotFoundError as e:
         error = SourceKeyError(e.detail, file=e.file)
         if entry is not None:
@@ -177,7 +179,7 @@ class UnionReader(Reader):
         formats = {p.reader.format for p in self.parts}
         self.format = formats.pop() if len(formats) == 1 else "mixed"  # type: ignore[misc]
         first = self.parts[0]
-        self.folder = getattr(first.reader, "folder", None) or first.path.parent  # where target.copy looks
+        self.folder = first.reader.folder or first.path.parent  # where target.copy looks
         self.source = _Union(" + ".join(p.label for p in self.parts), sum(p.reader.source.size for p in self.parts))
         clashes: dict[str, list[tuple[int, str]]] = {}
         for i, (part, entry) in enumerate(zip(self.parts, entries, strict=True)):
@@ -195,7 +197,7 @@ class UnionReader(Reader):
             raise PlanError("two sources give the same name: " + "; ".join(lines) + more
                             + " (give one a prefix or a filter)", file=self.source.label)
         self.metadata = _agreed(p.reader.metadata for p in self.parts)
-        self.notes = [f"source '{p.label}': {n}" for p in self.parts for n in getattr(p.reader, "notes", [])]
+        self.notes = [f"source '{p.label}': {n}" for p in self.parts for n in p.reader.notes]
         self.scalars = self._scalars()
 
     def _renamed(self, part: SourcePart, entry: SourceEntry, index: int) -> list[tuple[LazyTensor, str]]:
@@ -249,6 +251,9 @@ class UnionReader(Reader):
         o = self.origin_of.get(name)
         return None if o is None else self.parts[o.part].label
 
+    def file_readers(self) -> list[Reader]:
+        return [p.reader for p in self.parts]
+
     def describe(self, name: str) -> str:
         """`name` as an error should show it: its original name and its source."""
         o = self.origin_of.get(name)
@@ -275,7 +280,8 @@ def _agreed(metas: Any) -> dict[str, str]:
 
 
 def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | None = None, *,
-                 limits: Any = None, for_burn: bool = False) -> UnionReader:
+                 limits: Any = None, for_burn: bool = False,
+                 storage: StorageOptions | None = None) -> UnionReader:
     """Open every `sources:` entry and join them; `origins` maps an entry's index to its recipe line,
     `limits` (`formats.Limits`) bounds each entry's reader as `source:`'s, `for_burn` (the output is
     for Burn) turns on the renumbering of PyTorch parts that do not say."""
@@ -284,7 +290,8 @@ def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | No
     try:
         for i, entry in enumerate(recipe.sources):
             path = resolve_path(base_dir, entry.path)
-            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits, base_dir=base_dir),
+            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits, base_dir=base_dir,
+                                                                storage=storage),
                                     (origins or {}).get(i)))
         check_unfolded_adapters(parts, recipe.sources)
         return UnionReader(parts, recipe.sources, for_burn=for_burn)
@@ -328,56 +335,38 @@ SOURCES_HASH_KEY = "migrator.sources_sha256"
 """Several sources' digests: JSON, each source's name -> {file: sha256}."""
 
 
-def hash_metadata(reader: Reader, path: Path) -> dict[str, str]:
+def hash_metadata(reader: Reader, path: Path, storage: StorageOptions | None = None) -> dict[str, str]:
     """The `--hash-sources` metadata: one file's sha256 (`migrator.source_sha256`, as before), a
     sharded source's per-file table, or one table per source of a `sources:` recipe."""
     from .metadata import SOURCE_HASH_KEY
 
     if isinstance(reader, UnionReader):
-        return {SOURCES_HASH_KEY: digests_json({p.label: file_digests(p.reader, p.path) for p in reader.parts})}
-    digests = file_digests(reader, path)
-    if getattr(reader, "shards", None) is None:
+        return {SOURCES_HASH_KEY: digests_json({p.label: file_digests(p.reader, p.path, storage)
+                                                for p in reader.parts})}
+    digests = file_digests(reader, path, storage)
+    if reader.shards is None:
         return {SOURCE_HASH_KEY: next(iter(digests.values()))}
     return {SOURCE_FILES_HASH_KEY: digests_json(digests)}
 
 
-def file_digests(reader: Reader, path: Path) -> dict[str, str]:
+def file_digests(reader: Reader, path: Path, storage: StorageOptions | None = None) -> dict[str, str]:
     """sha256 of every file a source reads: the file itself, or each shard and the index of a
     sharded source (keyed by their path relative to its folder)."""
     from ..storage.remote import as_path
     from .metadata import sha256_file
 
-    shards = getattr(reader, "shards", None)
+    shards = reader.shards
     if shards is None:
-        return {path.name: sha256_file(path)}
-    folder = as_path(getattr(reader, "folder", path.parent))  # a URL stays a URL (Path would drop a '/')
+        return {path.name: sha256_file(path, storage)}
+    folder = as_path(reader.folder or path.parent)  # a URL stays a URL (Path would drop a '/')
     files = [s.path for s in shards]
-    index = getattr(reader, "index_path", None)
+    index = reader.index_path
     if index is not None:
         files.insert(0, as_path(index))
-    return {os.path.relpath(f, folder): sha256_file(f) for f in files}
+    return {os.path.relpath(f, folder): sha256_file(f, storage) for f in files}
 
 
 def digests_json(digests: Mapping[str, Any]) -> str:
     """A digest table as one metadata value (compact JSON, keys sorted)."""
     return json.dumps(dict(digests), sort_keys=True, separators=(",", ":"))
 
-
-def override_source(recipe: Recipe, value: str, shown: str) -> Recipe:
-    """`--source NAME=PATH` for a `sources:` recipe: entry NAME reads PATH (taken from the current
-    folder) instead. A bare PATH is refused: which entry it replaces would be a guess."""
-    from ..recipe.loader import RecipeError, RecipeIssue
-
-    assert recipe.sources is not None
-    labels = [s.label for s in recipe.sources]
-    name, sep, path = value.partition("=")
-    if not sep or name not in labels or not path:
-        problem = (f"unknown source name '{name}'" if sep and name not in labels
-                   else f"this recipe has {len(labels)} sources: --source needs NAME=PATH")
-        raise RecipeError([RecipeIssue(shown, 0, 0, "--source", problem,
-                                       "the names are " + ", ".join(f"'{n}'" for n in labels))])
-    i = labels.index(name)
-    entries = list(recipe.sources)
-    absolute = Path(os.path.abspath(os.path.expanduser(path)))
-    entries[i] = entries[i].model_copy(update={"path": absolute, "name": name})
-    return recipe.model_copy(update={"sources": entries})

@@ -384,7 +384,7 @@ class ShardSpec(_Strict):
     @field_validator("max_size")
     @classmethod
     def _size(cls, v: int | str) -> int | str:
-        from ..files.sharded_writer import parse_size
+        from ..files.shard_layout import parse_size
 
         try:
             parse_size(v)
@@ -400,7 +400,7 @@ class ShardSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        from ..files.sharded_writer import check_weights_name
+        from ..files.shard_layout import check_weights_name
 
         if v is not None:
             try:

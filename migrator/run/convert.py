@@ -121,7 +121,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
-    structure = {"keep_structure": True} if out_fmt == "pytorch" and not sharded else {}
+    structure: dict[str, Any] = {"keep_structure": True} if out_fmt == "pytorch" and not sharded else {}
     with open_file(src_path, source_format, limits=limits, **structure) as reader:
         if reader.structure is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)
@@ -142,7 +142,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             if sharded:
                 from ..files.sharded_writer import copy_folder, default_weights_name
 
-                folder = getattr(reader, "folder", None)
+                folder = reader.folder
                 companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
                 writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
                                        max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
@@ -156,10 +156,10 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         except MigratorError as e:
             raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
         source = reader.source
-        read: list[Protected] = [src_path] + ([source.identity] if hasattr(source, "identity")
-                                              else getattr(source, "identities", []))
+        read: list[Protected] = [src_path, *([source.identity] if source.identity is not None
+                                              else source.identities)]
         written = save_planned(writer, dst_path, overwrite=overwrite, protect=read, progress=progress_for(progress),
-                               fsync=fsync, mode_from=[source.mode] if hasattr(source, "mode") else [],
+                               fsync=fsync, mode_from=[source.mode] if source.mode is not None else [],
                                make_folders=True)
         return ConvertResult(source=str(src_path), source_format=reader.format, target=written,
                              target_format=out_fmt, tensors=len(tensors), nbytes=sum(t.nbytes for t in tensors),

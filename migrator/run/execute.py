@@ -60,7 +60,7 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
             return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
     written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
                            outputs=outputs, progress=progress_for(progress), fsync=plan.fsync,
-                           mode_from=source_modes(plan), make_folders=True)
+                           mode_from=source_modes(plan), make_folders=True, storage=plan.storage)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
 
 
@@ -72,10 +72,10 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
         from ..files.targets import check_folder_target
 
         check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
-                            names=plan.writer.names())  # type: ignore[attr-defined]
+                            names=plan.writer.names(), storage=plan.storage)  # type: ignore[attr-defined]
     elif plan.writer is not None:
         check_target(as_path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
-                     protect=read_by(plan), outputs=outputs)
+                     protect=read_by(plan), outputs=outputs, storage=plan.storage)
 
 
 def plan_target_problems(plan: Plan) -> list[str]:
@@ -86,12 +86,12 @@ def plan_target_problems(plan: Plan) -> list[str]:
 
         try:
             check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
-                                names=plan.writer.names())  # type: ignore[attr-defined]
+                                names=plan.writer.names(), storage=plan.storage)  # type: ignore[attr-defined]
         except MigratorError as e:
             return [str(e)]
         return []
     target = as_path(writer_class(plan.target_format).resolve_path(plan.target_path))
-    return target_problems(target, overwrite=plan.overwrite, protect=read_by(plan))
+    return target_problems(target, overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
 
 
 def read_by(plan: Plan) -> list[Protected]:
@@ -101,21 +101,21 @@ def read_by(plan: Plan) -> list[Protected]:
     files: list[Protected] = [plan.source_path, *(path for _, path in plan.inputs[1:]), *plan.read_also]
     if plan.template_path is not None:
         files.append(plan.template_path)
-    files += [src for src in getattr(plan.writer, "companion_sources", ()) if not is_url(src)]
+    if plan.writer is not None:
+        files += [src for src in plan.writer.companion_sources if not is_url(src)]
     for r in _file_readers(plan):
-        files += [r.source.identity] if hasattr(r.source, "identity") else getattr(r.source, "identities", [])
+        files += [r.source.identity] if r.source.identity is not None else list(r.source.identities)
     return files
 
 
 def source_modes(plan: Plan) -> list[int]:
     """The permission bits of the files the plan reads: a new output gets no more than they share."""
-    return [r.source.mode for r in _file_readers(plan) if hasattr(r.source, "mode")]
+    return [r.source.mode for r in _file_readers(plan) if r.source.mode is not None]
 
 
 def _file_readers(plan: Plan) -> list[Any]:
     """The plan's readers, each source of a `sources:` recipe on its own."""
-    return [p.reader for r in plan.readers for p in getattr(r, "parts", ())] + [
-        r for r in plan.readers if not hasattr(r, "parts")]
+    return [f for r in plan.readers for f in r.file_readers()]
 
 
 def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractContextManager[None]] | None:

@@ -6,8 +6,9 @@ process) or in a Ray task (`--executor ray`). A job's failure does not stop the 
 the worst. Before any job runs, the jobs are checked against each other: two jobs writing one target,
 or a job writing a file another job reads, are a usage error (exit 2) and nothing runs.
 
-Output stays readable in parallel: a worker's text output is captured and printed whole, with a
-heading line, when its job ends (no progress bars); `--json` and `--report` give one document with
+Each job is `recipe.run_recipe`, whose outcome (a value: nothing is printed in a worker) is sent back
+whole (`JobResult`); `migrate run` prints each one, with a heading line, as its job ends
+(`cli/recipe.py`; no progress bars in parallel), and `--json` and `--report` give one document with
 every job (`jobs_document`, `jobs_report`).
 
 One job can also be written by several workers (`--workers W`, or `--jobs W` with one job):
@@ -18,22 +19,21 @@ from __future__ import annotations
 
 import argparse
 import glob as globlib
-import io
 import os
 import re
 import string
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppress
+from contextlib import suppress
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError
+from ..core.errors import EXIT_MIGRATION, EXIT_OK, MigratorError
+from ..storage.paths import where
 from ..storage.remote import is_url
-from .job_spec import JOB_OPTIONS, describe_job, namespace, where
 
 if TYPE_CHECKING:
-    pass
+    from .recipe import RunOutcome
 
 PLACEHOLDERS = {
     "stem": "the source's file (or folder) name without its last extension: runs/a/last.pt -> last",
@@ -42,6 +42,18 @@ PLACEHOLDERS = {
     "i": "the source's position among the matches (sorted, from 0; {i:03d} pads it)",
 }
 _GLOB_CHARS = set("*?[")
+
+
+def is_many(args: argparse.Namespace) -> bool:
+    """Whether `migrate run` was given several jobs: several recipes, or one over `--each` sources."""
+    return len(args.recipes) > 1 or bool(getattr(args, "each", None))
+
+
+def describe_job(spec: dict[str, Any]) -> str:
+    source = spec["given"].get("source")
+    return spec["label"] + (f" ({source})" if source else "")
+
+
 class JobsUsageError(MigratorError):
     """The jobs cannot all run as given (a glob matching nothing, two jobs writing one target...)."""
 
@@ -168,7 +180,9 @@ def _placed_part_problem(pattern: str, filled: str) -> str | None:
 def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One spec per job: the recipe, its `--source`/`--target` overrides (absolute, so any worker
     can use them; `given` keeps them as typed, for the report) and the options every job shares."""
-    options = {k: getattr(args, k, None) for k in JOB_OPTIONS}
+    from .recipe import RunOptions
+
+    shared = replace(RunOptions.of(args), source=None, target=None, report=None, one_of_many=True)
     each = getattr(args, "each", None)
     if each:
         if len(args.recipes) != 1:
@@ -183,9 +197,12 @@ def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
                  for i, s in enumerate(sources)]
     else:
         pairs = [(r, {k: v for k in ("source", "target") if (v := getattr(args, k, None))}) for r in args.recipes]
-    return [{"recipe": os.path.abspath(recipe), "label": recipe, "given": given,
-             **{k: where(v) for k, v in given.items()}, **options}
-            for recipe, given in pairs]
+    specs = []
+    for recipe, given in pairs:
+        paths = {k: where(v) for k, v in given.items()}
+        specs.append({"recipe": os.path.abspath(recipe), "label": recipe, "given": given, **paths,
+                      "options": replace(shared, source=paths.get("source"), target=paths.get("target"))})
+    return specs
 
 
 def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
@@ -330,41 +347,44 @@ def _check_identities(jobs: list[tuple[str, str | None, list[str]]]) -> None:
                                      "(the same file by inode: a hard link or a bind mount)")
 
 
-def run_job(spec: dict[str, Any], capture: bool = True) -> dict[str, Any]:
-    """One job (a whole `migrate run` of one recipe) in this process; with `capture`, its text output
-    is returned (`stdout`, `stderr`) instead of printed. Never raises for a failed job: its exit code
-    and error are in the result."""
-    from ..core.display import escape
-    from ..core.errors import error_json
-    from .recipe import RunOptions, run_one_recipe
+@dataclass(frozen=True)
+class JobResult:
+    """One job's end: its run's outcome (`recipe.RunOutcome`, sent back whole from a worker), or, for
+    a job that did not finish, `lost`: its error (kind "WorkerError": its worker died; "InternalError":
+    a bug in migrator, which must not take the other jobs down)."""
 
-    out, err = io.StringIO(), io.StringIO()
-    ns = namespace(spec)
-    result: dict[str, Any] = {"index": spec.get("index", 0)}
-    with (redirect_stdout(out) if capture else _nothing()), (redirect_stderr(err) if capture else _nothing()):
-        try:
-            outcome = run_one_recipe(spec["recipe"], RunOptions.of(ns))
-            result.update(code=outcome.code, document=outcome.document, report=outcome.report)
-        except MigratorError as e:
-            if not ns.json:
-                print(f"migrate: error: {escape(e, keep_newlines=True)}", file=sys.stderr)
-            result.update(code=e.exit_code, document={"error": error_json(e)}, report=None)
-        except Exception as e:  # a bug in one job must not take the others down
-            message = f"{type(e).__name__}: {e}"
-            print(f"migrate: internal error: {escape(message)}", file=sys.stderr)
-            result.update(code=EXIT_MIGRATION, report=None,
-                          document={"error": {"kind": "InternalError", "message": message, "file": spec["recipe"],
-                                              "tensor": None}})
-    result.update(stdout=out.getvalue(), stderr=err.getvalue())
-    return result
+    index: int
+    outcome: RunOutcome | None = None
+    lost: dict[str, Any] | None = None
+
+    @property
+    def code(self) -> int:
+        return self.outcome.code if self.outcome is not None else EXIT_MIGRATION
+
+    @property
+    def document(self) -> dict[str, Any]:
+        return self.outcome.document if self.outcome is not None else {"error": self.lost}
+
+    @property
+    def report(self) -> dict[str, Any]:
+        from .recipe import report_of
+
+        return self.outcome.report if self.outcome is not None else report_of(EXIT_MIGRATION, self.lost or {})
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
+def run_job(spec: dict[str, Any], progress: bool | None = False) -> JobResult:
+    """One job (a whole run of one recipe: `recipe.run_recipe`) in this process. Never raises for a
+    failed job: its outcome says how it failed."""
+    from .recipe import run_recipe
+
+    try:
+        return JobResult(spec.get("index", 0), run_recipe(spec["recipe"], replace(spec["options"], progress=progress)))
+    except Exception as e:  # a bug in one job must not take the others down
+        return JobResult(spec.get("index", 0), lost={"kind": "InternalError", "message": f"{type(e).__name__}: {e}",
+                                                     "file": spec["recipe"], "tensor": None})
 
 
-def _run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
+def run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[JobResult]:
     """Each job's result as it ends: every job in a worker process of its own (forked: the parent's
     imports are reused), at most `jobs` at once. A worker that dies without a result (SIGKILL from
     the out-of-memory killer, a crash) fails its own job only: it is reported, its scratch files are
@@ -392,7 +412,7 @@ def _run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any
                 assert isinstance(conn, Connection)
                 worker, spec = running.pop(conn)
                 try:
-                    result: dict[str, Any] | None = conn.recv()
+                    result: JobResult | None = conn.recv()
                 except (EOFError, OSError):
                     result = None
                 conn.close()
@@ -444,131 +464,47 @@ def _clean_scratch(spec: dict[str, Any]) -> None:
         clean_stale_folders(target)
 
 
-def died(spec: dict[str, Any], why: str) -> dict[str, Any]:
+def died(spec: dict[str, Any], why: str) -> JobResult:
     message = f"job {describe_job(spec)} did not finish: {why}"
-    return {"index": spec["index"], "code": EXIT_MIGRATION, "report": None, "stdout": "",
-            "stderr": f"migrate: error: {message}\n",
-            "document": {"error": {"kind": "WorkerError", "message": message, "file": spec["recipe"], "tensor": None}}}
+    return JobResult(spec["index"], lost={"kind": "WorkerError", "message": message, "file": spec["recipe"],
+                                          "tensor": None})
 
 
-def run_many(args: argparse.Namespace) -> int:
-    """`migrate run` of several jobs; see the module docstring."""
-    from ..core.display import escape
-
-    try:
-        specs = job_specs(args)
-        for i, spec in enumerate(specs):
-            spec["index"] = i
-        check_jobs(specs, args.report)
-        if args.report and args.report.lower().endswith((".html", ".htm")):
-            raise JobsUsageError("--report of several jobs is one JSON document: give a .json file")
-        report_path = Path(args.report) if args.report else None
-        if report_path:
-            from ..storage.atomic import check_target
-
-            check_target(report_path, overwrite=bool(args.overwrite))
-    except MigratorError as e:
-        return _usage_error(e, args)
-    try:
-        executor, address = jobs_executor(args, specs)
-    except MigratorError as e:
-        return _usage_error(e, args)
-    jobs = args.jobs or available_cpus()
-    results: dict[int, dict[str, Any]] = {}
-    n = len(specs)
-    if executor == "ray":
-        stream: Iterator[dict[str, Any]] = run_ray_jobs(specs, address)
-    elif jobs == 1 or n == 1:
-        stream = _serial(specs, args)
-    else:
-        stream = _run_local(specs, min(jobs, n))
-    for result in stream:
-        results[result["index"]] = result
-        spec = specs[result["index"]]
-        if not args.json:
-            if "stdout" in result and result.get("captured", True):
-                status = "ok" if result["code"] == EXIT_OK else f"failed (exit {result['code']})"
-                # the job's own number (input order): jobs end in any order, a number names one job
-                sys.stdout.write(f"[{result['index'] + 1}/{n}] {escape(describe_job(spec))}: {status}\n")
-            sys.stdout.write(result.get("stdout", ""))
-            sys.stdout.flush()
-        sys.stderr.write(result.get("stderr", ""))
-        sys.stderr.flush()
-    ordered = [results[i] for i in range(n)]
-    worst = max((r["code"] for r in ordered), default=EXIT_OK)
-    if args.json:
-        from ..core.display import print_json
-        print_json(jobs_document(specs, ordered, worst))
-    else:
-        ok = sum(r["code"] == EXIT_OK for r in ordered)
-        sys.stdout.write(f"{n} jobs: {ok} ok, {n - ok} failed\n")
-    if args.report:
-        from ..core.display import json_text
-        from ..storage.atomic import write_file
-
-        doc = jobs_report(specs, ordered, worst)
-        try:
-            write_file(args.report, (json_text(doc) + "\n").encode(), overwrite=bool(args.overwrite),
-                       fsync=not args.no_fsync, make_folders=True)
-        except MigratorError as e:
-            print(f"migrate: error: the report was not written: {escape(e)}", file=sys.stderr)
-            return max(worst, EXIT_MIGRATION)
-    return worst
-
-
-def _serial(specs: list[dict[str, Any]], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    """One job after the other in this process, printing as they go (a progress bar where there is
-    a terminal)."""
-    from ..core.display import escape
-
+def prepare(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The jobs of `migrate run` of several (numbered), checked against each other before any runs
+    (a `JobsUsageError` otherwise), and the `--report` they share checked too."""
+    specs = job_specs(args)
     for i, spec in enumerate(specs):
-        if not args.json:
-            sys.stdout.write(f"[{i + 1}/{len(specs)}] {escape(describe_job(spec))}\n")
-            sys.stdout.flush()
-        result = run_job({**spec, "no_progress": args.no_progress}, capture=bool(args.json))
-        result["captured"] = False
-        if not args.json:
-            result.pop("stdout", None)
-        yield result
+        spec["index"] = i
+    check_jobs(specs, args.report)
+    if args.report and args.report.lower().endswith((".html", ".htm")):
+        raise JobsUsageError("--report of several jobs is one JSON document: give a .json file")
+    if args.report:
+        from ..storage.atomic import check_target
+
+        check_target(Path(args.report), overwrite=bool(args.overwrite))
+    return specs
 
 
-def _usage_error(e: Exception, args: argparse.Namespace) -> int:
-    from ..core.display import escape
-    from ..core.errors import error_json
-
-    if args.json:
-        from ..core.display import print_json
-        print_json({"error": error_json(e)})
-    else:
-        print(f"migrate run: {escape(e, keep_newlines=True)}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _job_head(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+def _job_head(spec: dict[str, Any], result: JobResult) -> dict[str, Any]:
     return {"recipe": spec["label"], **({"overrides": spec["given"]} if spec["given"] else {}),
-            "exit_code": result["code"]}
+            "exit_code": result.code}
 
 
-def jobs_document(specs: list[dict[str, Any]], results: list[dict[str, Any]], worst: int) -> dict[str, Any]:
+def jobs_document(specs: list[dict[str, Any]], results: list[JobResult], worst: int) -> dict[str, Any]:
     """`run --json` of several jobs: {"ok", "exit_code", "jobs": [per job: recipe, overrides,
     exit_code and the one-recipe document (report, errors, notes, or error)]}."""
     return {"ok": worst == EXIT_OK, "exit_code": worst,
-            "jobs": [{**(h := _job_head(s, r)), **r["document"], **h} for s, r in zip(specs, results, strict=True)]}
+            "jobs": [{**(h := _job_head(s, r)), **r.document, **h} for s, r in zip(specs, results, strict=True)]}
 
 
-def jobs_report(specs: list[dict[str, Any]], results: list[dict[str, Any]], worst: int) -> dict[str, Any]:
+def jobs_report(specs: list[dict[str, Any]], results: list[JobResult], worst: int) -> dict[str, Any]:
     """`--report` of several jobs: {"status", "exit_code", "jobs": [per job: recipe, overrides,
-    exit_code and the one-recipe report (status, target, written, applied...)]}; a job whose recipe
-    did not load has status "invalid" and its error."""
+    exit_code and the one-recipe report (`recipe.RunOutcome.report`: status, target, written...)]}."""
     jobs = []
     for s, r in zip(specs, results, strict=True):
-        report = r.get("report")
-        if report is None:
-            error = r["document"].get("error", {})
-            report = {"status": "invalid" if r["code"] == EXIT_USAGE else "failed", "written": False,
-                      "errors": [{"kind": error.get("kind", "error"), "message": error.get("message", "")}]}
         head = _job_head(s, r)
-        jobs.append({**head, **report, **head})  # the head first, and its values
+        jobs.append({**head, **r.report, **head})  # the head first, and its values
     return {"status": "ok" if worst == EXIT_OK else "failed", "exit_code": worst, "jobs": jobs}
 
 
@@ -577,8 +513,8 @@ def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tupl
     dispatcher runs them all, so recipes that disagree need the flag)."""
     from .recipe import executor_for
 
-    if getattr(args, "executor", None):
-        return executor_for(args, None)
+    if args.executor:
+        return executor_for(args.executor, args.ray_address, None)
     from ..recipe.loader import RecipeError, load_recipe
 
     seen: dict[tuple[str, str | None], str] = {}
@@ -587,7 +523,7 @@ def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tupl
             recipe = load_recipe(spec["recipe"]).recipe
         except (RecipeError, MigratorError):
             continue  # that job fails on its own
-        seen.setdefault(executor_for(args, recipe), spec["label"])
+        seen.setdefault(executor_for(args.executor, args.ray_address, recipe), spec["label"])
     if len(seen) > 1:
         (a, first), (b, second) = list(seen.items())[:2]
         raise JobsUsageError(f"the recipes ask for different executors ({first}: {_spell(a)}, {second}: "
@@ -600,13 +536,14 @@ def _spell(executor: tuple[str, str | None]) -> str:
     return name + (f" at {address}" if address else "")
 
 
-def run_ray_jobs(specs: list[dict[str, Any]], address: str | None) -> Iterator[dict[str, Any]]:
+def run_ray_jobs(specs: list[dict[str, Any]], address: str | None) -> Iterator[JobResult]:
     """Each job's result (`run_job`) as its Ray task ends (`--executor ray`)."""
     from .ray_executor import TASK_RETRIES, _cause, ray_module
 
     ray = ray_module(address)
     remote = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(run_job)
-    refs = {remote.remote({**spec, "executor": "local"}): spec for spec in specs}  # no tasks inside tasks
+    # no tasks inside tasks
+    refs = {remote.remote({**spec, "options": replace(spec["options"], executor="local")}): spec for spec in specs}
     pending = list(refs)
     try:
         while pending:

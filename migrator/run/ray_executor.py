@@ -44,6 +44,7 @@ from .parallel_write import (
 if TYPE_CHECKING:
     from ..files.sharded_writer import ShardedWriter
     from ..formats.base import Writer
+    from ..plan.build import Plan
     from ..storage.atomic_folder import FolderScratch
 
 TASK_RETRIES = 3
@@ -118,7 +119,7 @@ class RayRunner:
 
     def __init__(self, job: dict[str, Any], workers: int | None, address: str | None) -> None:
         self.ray = ray_module(address)
-        self.job = {**job, "executor": "local"}
+        self.job = job  # the recipe, its `RunOptions` (executor local: no tasks inside tasks) and the engine
         self.workers = workers or max(1, int(self.ray.cluster_resources().get("CPU", 1)))
         self.fault = fault_from_env()
 
@@ -162,37 +163,48 @@ class RayRunner:
 def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
                     fault: dict[str, Any] | None) -> int:
     """A write task in another process (a Ray worker): re-plan the job from its recipe (headers
-    only), check the plan agrees with the driver's, write the task's bytes into the driver's scratch
-    file or folder; returns the bytes written. The driver publishes; this never does."""
-    from ..storage.atomic_folder import FolderScratch
-    from .execute import source_modes
-    from .job_spec import open_job_plan
+    only: the job's `engine`, `recipe.run_recipe`, with `use=`), check the plan agrees with the
+    driver's, write the task's bytes into the driver's scratch file or folder; returns the bytes
+    written. The driver publishes; this never does."""
+    from dataclasses import replace
 
     task = task_from_json(task_doc)
     shard = isinstance(task, ShardTask)
     mid_task = fault is not None and fault.get("kind") == "kill" and not shard
     if not mid_task:
         inject_fault(fault, task.index)  # a range task's kill comes after its first tensor is written
+    options = job["options"]
     # the range tasks never write the header, the only bytes the sources' hashes go into
-    with open_job_plan(job, hash_sources=job.get("hash_sources", False) and shard) as plan:
-        writer = plan.writer
-        if writer is None:
-            raise TaskError("the plan has errors here, none on the driver: did a source change meanwhile?\n  "
-                            + "\n  ".join(plan.fatal), file=str(plan.target_path))
-        if isinstance(task, ShardTask):
-            folder = FolderScratch(Path(scratch), Path(plan.target_path), plan.fsync, overwrite=plan.overwrite,
-                                   mode_from=source_modes(plan))
-            path = write_shard(folder, writer, task)  # type: ignore[arg-type]
-            return os.path.getsize(path)
-        prefix, tensors, offsets = writer.layout()
-        if task.hi > len(tensors) or (offsets[task.hi - 1] + tensors[task.hi - 1].nbytes != task.end) or (
-                (offsets[task.lo - 1] + tensors[task.lo - 1].nbytes if task.lo else len(prefix)) != task.start):
-            raise TaskError(f"write task {task.index}: the tensors are planned at other offsets here than on the "
-                            "driver: did a source change meanwhile?", file=str(plan.target_path))
-        fd = os.open(scratch, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
-        try:
-            write_range(fd, tensors, offsets, task, start_writeback=plan.fsync,
-                        after_first=(lambda: inject_fault(fault, task.index)) if mid_task else None)
-        finally:
-            os.close(fd)  # on a network file system, close sends the pages to the server
-        return task.end - task.start
+    outcome = job["engine"](job["recipe"], replace(options, hash_sources=options.hash_sources and shard),
+                            use=lambda plan: _write_part(plan, task, scratch, fault if mid_task else None))
+    if outcome.error is not None:
+        raise outcome.error
+    return int(outcome.value)
+
+
+def _write_part(plan: Plan, task: RangeTask | ShardTask, scratch: str, fault: dict[str, Any] | None) -> int:
+    """One task's byte range (or shard) of the re-planned job, into the driver's scratch."""
+    from ..storage.atomic_folder import FolderScratch
+    from .execute import source_modes
+
+    writer = plan.writer
+    if writer is None:
+        raise TaskError("the plan has errors here, none on the driver: did a source change meanwhile?\n  "
+                        + "\n  ".join(plan.fatal), file=str(plan.target_path))
+    if isinstance(task, ShardTask):
+        folder = FolderScratch(Path(scratch), Path(plan.target_path), plan.fsync, overwrite=plan.overwrite,
+                               mode_from=source_modes(plan))
+        path = write_shard(folder, writer, task)  # type: ignore[arg-type]
+        return os.path.getsize(path)
+    prefix, tensors, offsets = writer.layout()
+    if task.hi > len(tensors) or (offsets[task.hi - 1] + tensors[task.hi - 1].nbytes != task.end) or (
+            (offsets[task.lo - 1] + tensors[task.lo - 1].nbytes if task.lo else len(prefix)) != task.start):
+        raise TaskError(f"write task {task.index}: the tensors are planned at other offsets here than on the "
+                        "driver: did a source change meanwhile?", file=str(plan.target_path))
+    fd = os.open(scratch, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        write_range(fd, tensors, offsets, task, start_writeback=plan.fsync,
+                    after_first=(lambda: inject_fault(fault, task.index)) if fault is not None else None)
+    finally:
+        os.close(fd)  # on a network file system, close sends the pages to the server
+    return task.end - task.start

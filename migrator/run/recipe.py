@@ -1,161 +1,223 @@
-"""`migrate run` of one recipe: load it, plan it, refuse before writing what a write would refuse,
-write the output (with the workers `runner_for` picks), publish it, then the report.
+"""The engine: one recipe run, as a value. Every way of running a recipe comes here.
 
-`migrate run`, each of many jobs (`jobs.py`, in a worker process or a Ray task) and its text and
-JSON output come from `run_one_recipe`.
+`run_recipe(recipe, RunOptions)` loads the recipe (`plan/loaded.py`: the command line's paths in
+place of its own), plans it, refuses before writing what a write would refuse, writes the output
+(with the workers `runner_for` picks), publishes it, writes the `--report`, and returns what
+happened (`RunOutcome`: the report, what was written, the notes, the error if any). It prints
+nothing: `migrate run` turns the outcome into its text or JSON (`cli/recipe.py`).
+
+Its callers: `migrate run` of one recipe; each of many jobs (`jobs.py`, in a worker process or a
+Ray task: the outcome is sent back whole); `migrator.run_recipe`; and, with `use=` (the open plan
+is handed to a function instead of being written), each Ray write task re-planning its job
+(`ray_executor.py`) and `migrate diff --recipe` (the plan compared with B).
 """
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass, fields
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.display import count, escape, human_bytes
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError, error_json
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.base import WriterKind
 from ..plan.build import Plan
 from ..plan.document import plan_error, plan_json
-from ..plan.loaded import load, open_plan, overrides_of
 from ..storage.remote import is_url
-from .job_spec import JOB_OPTIONS, is_many, where
 
 if TYPE_CHECKING:
+    from ..plan.report import ApplyReport
+    from ..recipe.loader import LoadedRecipe
+    from ..recipe.model import Recipe
+    from .execute import RunResult
     from .parallel_write import Runner
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How one recipe runs: `migrate run`'s options (or a job's), as a value. `source`/`target`
-    replace the recipe's paths; `one_of_many`: the run is one job of several, so `jobs` is how many
-    run at once, not this one's workers."""
+    """How one recipe runs, as a value (what `migrate run`'s options, a job's or an API call's say).
+
+    `source`/`target` replace the recipe's paths (from the current folder); `overwrite`/`fsync`: None
+    keeps the recipe's `target:` setting; `progress`: None draws a bar when stderr is a terminal;
+    `workers` (or `jobs` of one job) write one output; `one_of_many`: the run is one job of several,
+    so `jobs` is how many run at once, not this one's workers; `report`: also write the `--report`
+    there; `compared`: the plan is compared, never written (`diff --recipe`: `source` is A);
+    `base_dir`: where a `Recipe` object's relative paths start (default: the current folder)."""
 
     source: str | None = None
     target: str | None = None
-    overwrite: bool = False
-    no_fsync: bool = False
+    overwrite: bool | None = None
+    fsync: bool | None = None
     hash_sources: bool = False
-    json: bool = False
-    no_progress: bool = False
+    progress: bool | None = False
     workers: int | None = None
     jobs: int | None = None
     executor: str | None = None
     ray_address: str | None = None
     reader_limits: Limits = DEFAULT_LIMITS
     one_of_many: bool = False
+    report: str | None = None
+    compared: bool = False
+    base_dir: str | None = None
 
     @classmethod
     def of(cls, args: Any) -> RunOptions:
-        """From the command line's namespace (or a job's): the attributes it has and sets."""
-        given = {f.name: getattr(args, f.name, None) for f in fields(cls) if f.name != "one_of_many"}
-        return cls(**{k: v for k, v in given.items() if v is not None}, one_of_many=is_many_ns(args))
+        """From `migrate run`'s command line (the options every job shares, for many)."""
+        return cls(source=getattr(args, "source", None), target=getattr(args, "target", None),
+                   overwrite=True if args.overwrite else None, fsync=False if args.no_fsync else None,
+                   hash_sources=bool(args.hash_sources), progress=False if args.no_progress else None,
+                   workers=args.workers, jobs=args.jobs, executor=args.executor, ray_address=args.ray_address,
+                   reader_limits=getattr(args, "reader_limits", DEFAULT_LIMITS),
+                   report=getattr(args, "report", None))
+
+    def overrides(self) -> dict[str, str]:
+        """{"source": PATH, "target": PATH} as given (either may be absent)."""
+        return {k: v for k, v in (("source", self.source), ("target", self.target)) if v}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunOutcome:
-    """One recipe's run: its exit code, its `run --json` document and its `--report` document (None
-    when the recipe did not load)."""
+    """What one recipe's run did. `code`: the exit code; `document`: `run --json`'s (the report,
+    errors, notes; or the error); `report`: the `--report` document (`report_of`: also when the
+    recipe did not load or was refused, for a report of many jobs).
+
+    `error`: why nothing was planned or the plan was refused before writing (`invalid`: the recipe
+    did not load); `failure`: the write failed (nothing published); `report_error`: the output was
+    published but the `--report` was not written. `planned` is the plan's report as planned (its
+    summary is `planned.display()`) and `unlisted` the plan's problems that summary does not list;
+    `concluded` the report as the run ended (`ApplyReport.concluded`); `written` what was published;
+    `value` what `use` returned."""
 
     code: int
     document: dict[str, Any]
-    report: dict[str, Any] | None = None
+    report: dict[str, Any]
+    error: MigratorError | None = None
+    invalid: bool = False
+    planned: ApplyReport | None = field(default=None, repr=False)
+    unlisted: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    concluded: ApplyReport | None = field(default=None, repr=False)
+    failure: MigratorError | None = None
+    report_error: MigratorError | None = None
+    target: str = ""
+    target_format: str = ""
+    written: RunResult | None = None
+    value: Any = None
 
 
-def run_one_recipe(path: str, args: RunOptions, report_path: Path | None = None,
-               runner: Any = None) -> RunOutcome:
-    """Run one recipe, printing its text output (none under `--json`: the caller prints `document`);
-    with `report_path`, write its report there. `runner`: the workers that write the output
-    (`migrator.run.parallel_write`; None: this thread). A MigratorError while planning propagates."""
-    from ..recipe.loader import RecipeError
+def run_recipe(recipe: str | os.PathLike[str] | Recipe, options: RunOptions = RunOptions(), *,
+               use: Callable[[Plan], Any] | None = None) -> RunOutcome:
+    """Run one recipe (a file, or a `Recipe` object) and say what happened; prints nothing. With
+    `use`, the open plan is given to `use` instead of being written (its result is `value`)."""
+    from ..recipe.issues import RecipeError
+
+    try:
+        loaded = _load(recipe, options)
+    except RecipeError as e:
+        return _refused(e, invalid=True)
+    plan: Plan | None = None
+    try:
+        with _planned(recipe, loaded, options) as plan:
+            if use is not None:
+                return RunOutcome(EXIT_OK, {}, {}, value=use(plan), target=str(plan.target_path),
+                                  target_format=plan.target_format)
+            return _write(plan, loaded, recipe, options)
+    except MigratorError as e:  # not planned, or refused before anything was written
+        return _refused(e, plan=plan)
+
+
+def _load(recipe: str | os.PathLike[str] | Recipe, options: RunOptions) -> LoadedRecipe | None:
+    from ..plan.loaded import load
+
+    if not isinstance(recipe, str | os.PathLike):
+        if options.overrides():
+            raise ValueError("--source/--target replace a recipe file's paths: give the recipe's own")
+        return None
+    return load(recipe, options.overrides(), compared=options.compared,
+                shown=os.fspath(recipe) if options.compared else None)
+
+
+@contextmanager
+def _planned(recipe: Any, loaded: LoadedRecipe | None, options: RunOptions) -> Iterator[Plan]:
+    settings: dict[str, Any] = dict(hash_sources=options.hash_sources, overwrite=options.overwrite,
+                                    fsync=options.fsync, limits=options.reader_limits)
+    if loaded is None:  # a Recipe object: its paths from `base_dir`
+        from ..plan.build import build_plan
+
+        base = Path(options.base_dir) if options.base_dir is not None else Path.cwd()
+        with build_plan(recipe, base, **settings) as plan:
+            yield plan
+        return
+    from ..plan.loaded import open_plan
+
+    with open_plan(loaded, **settings) as plan:
+        yield plan
+
+
+def _write(plan: Plan, loaded: LoadedRecipe | None, recipe: Any, options: RunOptions) -> RunOutcome:
+    """The planned run: refuse what the writes would refuse, write, publish, then the report."""
     from ..storage.atomic import check_target
     from .execute import check_plan_target, read_by, run_plan
 
-    try:
-        loaded = load(path, args)
-    except RecipeError as e:
-        if not args.json:
-            print(f"migrate: invalid recipe:\n{escape(e, keep_newlines=True)}", file=sys.stderr)
-        return RunOutcome(EXIT_USAGE, {"error": error_json(e)})
-    with open_plan(loaded, args) as plan:
-        # Everything the writes would refuse is refused before anything is written.
-        outputs = [report_path] if report_path else []
-        check_plan_target(plan)
-        if report_path:  # not a file the run reads, not the target (by path or inode), not over a file
-            check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=[plan.target_path])
-            if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:  # nor inside the output folder
-                from ..storage.atomic_folder import check_folder_distinct
+    report_path = Path(options.report) if options.report else None
+    outputs = [report_path] if report_path else []
+    # Everything the writes would refuse is refused before anything is written.
+    check_plan_target(plan)
+    if report_path:  # not a file the run reads, not the target (by path or inode), not over a file
+        check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=[plan.target_path])
+        if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:  # nor inside the output folder
+            from ..storage.atomic_folder import check_folder_distinct
 
-                check_folder_distinct(plan.target_path, outputs=outputs)
-        result = None
-        failure: str | None = None
-        if plan.ok:
-            if runner is None:
-                runner = runner_for(args, plan, loaded)
-            try:
-                result = run_plan(plan, progress=False if args.no_progress or runner is not None else None,
-                                  outputs=outputs, runner=runner)
-            except MigratorError as e:  # the write failed (disk full, source truncated...): nothing published
-                failure = str(e)
-        # The summary comes after the output is published, never before; a failed write has none
-        # (it would list as applied what was not written): its error follows.
-        errors = plan.fatal + ([failure] if failure else [])
-        error = plan_error(plan) or ({"error": {"kind": "OutputError", "message": failure,
-                                                 "file": str(plan.target_path), "tensor": None}}
-                                      if failure else {})
-        document = {"report": report_document(plan, failure, result.target if result else None),
-                    "errors": errors, "notes": plan.notes, **error}
-        report = report_document(plan, failure, result.target if result else None, overrides_of(args))
-        outcome = RunOutcome(EXIT_OK if result is not None else EXIT_MIGRATION, document, report)
-        if not args.json and failure is None:
-            print_outcome(plan)
-        if failure:
-            print(f"migrate: error: {escape(failure, keep_newlines=True)}", file=sys.stderr)
-        if report_path:
-            try:
-                write_report(report_path, plan, report)
-            except MigratorError as e:
-                done = f"wrote {result.target}, but " if result else ""
-                print(f"migrate: error: {done}the report was not written: {e}", file=sys.stderr)
-                outcome.code = EXIT_MIGRATION
-                return outcome
-        if result is None:
-            print(f"migrate: nothing written to {escape(plan.target_path)}", file=sys.stderr)
-            return outcome
-        if not args.json:
-            print(f"wrote {escape(result.target)} ({plan.target_format}): {count(result.tensors, 'tensor')}, "
-                  f"{human_bytes(result.nbytes)}")
-    return outcome
+            check_folder_distinct(plan.target_path, outputs=outputs)
+    result = None
+    failure: MigratorError | None = None
+    if plan.ok:
+        runner = runner_for(options, plan, loaded, recipe)
+        try:
+            result = run_plan(plan, progress=False if runner is not None else options.progress, outputs=outputs,
+                              runner=runner)
+        except MigratorError as e:  # the write failed (disk full, source truncated...): nothing published
+            failure = e
+    problems = [*plan.fatal, *([str(failure)] if failure else [])]
+    concluded = plan.report.concluded(str(plan.target_path), problems, result.target if result else None)
+    error = plan_error(plan) or ({"error": {"kind": "OutputError", "message": str(failure),
+                                            "file": str(plan.target_path), "tensor": None}} if failure else {})
+    document = {"report": _report_json(concluded, plan), "errors": problems, "notes": list(plan.notes), **error}
+    report = _report_json(concluded, plan, options.overrides())
+    report_error = None
+    if report_path:
+        try:
+            write_report(report_path, plan, report)
+        except MigratorError as e:
+            report_error = e
+    shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary
+    return RunOutcome(EXIT_OK if result is not None and report_error is None else EXIT_MIGRATION, document, report,
+                      planned=plan.report, unlisted=tuple(p for p in plan.fatal if p not in shown),
+                      notes=tuple(plan.notes), concluded=concluded, failure=failure, report_error=report_error,
+                      target=str(plan.target_path), target_format=plan.target_format, written=result)
 
 
-def print_outcome(plan: Plan) -> None:
-    print(plan.report.display())  # escapes the names it shows
-    for note in plan.notes:
-        print(f"note: {escape(note, keep_newlines=True)}")
-    shown = {str(e) for e in plan.report.displayed_errors()}  # listed in the summary just printed
-    for problem in plan.fatal:
-        if problem not in shown:
-            print(f"error: {escape(problem, keep_newlines=True)}", file=sys.stderr)
+def _refused(e: MigratorError, *, invalid: bool = False, plan: Plan | None = None) -> RunOutcome:
+    """Nothing planned (`invalid`: the recipe did not load), or the plan refused before writing."""
+    concluded = None if plan is None else plan.report.concluded(str(plan.target_path), [str(e)], None)
+    return RunOutcome(e.exit_code, {"error": error_json(e)}, report_of(e.exit_code, error_json(e)), error=e,
+                      invalid=invalid, concluded=concluded, target="" if plan is None else str(plan.target_path))
 
 
-def report_document(plan: Plan, failure: str | None = None, written: str | None = None,
-                    overrides: dict[str, str] | None = None) -> dict[str, Any]:
-    """The `--report` JSON: the apply report, the target and whether the run published it; with
-    `--source` / `--target`, also `"overrides"`: the paths as given and the `source` read.
+def report_of(code: int, error: dict[str, Any]) -> dict[str, Any]:
+    """The `--report` of a run that planned nothing (its recipe is invalid, a source unreadable, its
+    worker died): status "invalid" (exit 2) or "failed", nothing written, its error."""
+    return {"status": "invalid" if code == EXIT_USAGE else "failed", "written": False,
+            "errors": [{"kind": error.get("kind", "error"), "message": error.get("message", "")}]}
 
-    A failed run says so: `status` is "failed" and every problem that stopped it is in `errors`
-    (as a `run_error` when the apply report has no entry for it), never `"errors": []`.
-    """
-    doc = plan.report.to_json()
-    problems = list(plan.fatal) + ([failure] if failure else [])
-    known = {str(e) for e in plan.report.errors}
-    doc["errors"] += [{"path": str(plan.target_path), "kind": "run_error", "message": m, "expected": None,
-                       "found": None} for m in problems if m not in known]
-    ok = not problems
-    doc["status"] = "ok" if ok else "failed"
-    doc["target"] = written if ok and written else str(plan.target_path)
-    doc["written"] = ok
+
+def _report_json(concluded: ApplyReport, plan: Plan, overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The `--report` JSON: the concluded report; with `--source` / `--target`, also `"overrides"`:
+    the paths as given and the `source` read."""
+    doc = concluded.to_json()
     if plan.structure_notes:  # a PyTorch -> PyTorch run kept the checkpoint's structure: what it kept
         doc["checkpoint_structure"] = list(plan.structure_notes)
     if overrides:
@@ -181,44 +243,39 @@ URL_TARGET_SERIAL = ("an object-store target is uploaded by this process, its pa
                      "--workers and --executor ray split the writing of local targets only")
 
 
-def runner_for(args: RunOptions, plan: Plan, loaded: Any) -> Runner | None:
+def runner_for(options: RunOptions, plan: Plan, loaded: LoadedRecipe | None, recipe: Any) -> Runner | None:
     """The workers that write one job's output: `--workers W` (or `--jobs W` for one job) threads, or
-    Ray tasks with `--executor ray`; None (this thread, as always) otherwise or when the output
-    cannot be split (a single PyTorch file)."""
+    Ray tasks with `--executor ray`, each re-planning the job (`run_recipe` with `use=`); None (this
+    thread, as always) otherwise or when the output cannot be split (a single PyTorch file)."""
     from .parallel_write import LocalRunner, can_split
 
-    workers = args.workers or (args.jobs if not args.one_of_many else None)
+    workers = options.workers or (options.jobs if not options.one_of_many else None)
     if not can_split(plan.writer):
         return None
+    model = loaded.recipe if loaded is not None else recipe
+    executor, address = executor_for(options.executor, options.ray_address, model)
     if is_url(plan.target_path):  # one job to a store: the driver uploads it (parts already in flight)
-        if executor_for(args, loaded.recipe)[0] == "ray" or (workers and workers > 1):
+        if executor == "ray" or (workers and workers > 1):
             plan.notes.append(URL_TARGET_SERIAL)
         return None
-    executor, address = executor_for(args, loaded.recipe)
     if executor == "ray":
+        from ..storage.paths import where
         from .ray_executor import RayRunner
 
-        spec = {"recipe": str(loaded.path.absolute()), **{k: getattr(args, k) for k in JOB_OPTIONS},
-                "source": where(args.source) if args.source else None,
-                "target": where(args.target) if args.target else None}
-        return RayRunner(spec, workers, address)
+        source, target = options.source, options.target
+        job_options = replace(options, executor="local", report=None, progress=False,
+                              source=where(source) if source else None, target=where(target) if target else None)
+        # each task re-plans the job with this function (passed, not imported: the runner is below it)
+        return RayRunner({"recipe": str(loaded.path.absolute()) if loaded is not None else recipe,
+                          "options": job_options, "engine": run_recipe}, workers, address)
     if workers and workers > 1:
         return LocalRunner(workers)
     return None
 
 
-def is_many_ns(args: Any) -> bool:
-    """Whether a namespace is one job of several (a job's has no `recipes`)."""
-    recipes = getattr(args, "recipes", None)
-    return recipes is None or is_many(args)
-
-
-def executor_for(args: Any, recipe: Any) -> tuple[str, str | None]:
-    """(executor, Ray address) of one run: `--executor`/`--ray-address` when given, else the recipe's
-    `executor:`, else this machine."""
-    spec = getattr(recipe, "executor", None)
-    ray = spec.ray if spec is not None else None
-    given = getattr(args, "executor", None)
+def executor_for(given: str | None, address: str | None, recipe: Recipe | None) -> tuple[str, str | None]:
+    """(executor, Ray address) of one run: `--executor`/`--ray-address` (`given`, `address`) when
+    given, else the recipe's `executor:`, else this machine."""
+    ray = recipe.executor.ray if recipe is not None and recipe.executor is not None else None
     executor = given or ("ray" if ray is not None else "local")
-    address = getattr(args, "ray_address", None) or (ray.address if ray is not None and executor == "ray" else None)
-    return executor, address
+    return executor, address or (ray.address if ray is not None and executor == "ray" else None)

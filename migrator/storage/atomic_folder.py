@@ -44,7 +44,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..core.errors import OutputError, SameFileError, TargetExistsError
 from .atomic import (
@@ -58,6 +58,9 @@ from .atomic import (
     output_mode,
     reserve,
 )
+
+if TYPE_CHECKING:
+    from .remote.options import StorageOptions
 
 SCRATCH_DIR_RE = re.compile(r"^(?P<target>.+)\.migrator-(?P<pid>\d+)-(?P<n>\d+)\.tmpdir$")
 MODEL_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth|bpk|index\.json)$")
@@ -322,18 +325,18 @@ class FolderScratch:
             os.ftruncate(fd, written)
         self.written.append(path)
 
-    def copy(self, src: Path, name: str) -> None:
+    def copy(self, src: Path, name: str, storage: StorageOptions | None = None) -> None:
         """A companion file, byte for byte: a local one copied by the kernel (and given its
-        permission bits, as `cp` does), an object on a store streamed in."""
+        permission bits, as `cp` does), an object on a store streamed in (with its options from
+        `storage`)."""
         from .remote import is_url
 
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if is_url(src):
             from .remote.fs import copy_companion
-
             with open(path, "xb") as sink:
-                copy_companion(src, sink)
+                copy_companion(src, sink, storage=storage)
             os.chmod(path, self._mode(name, []))
         else:
             shutil.copyfile(src, path)

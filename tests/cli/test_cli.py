@@ -195,13 +195,13 @@ def test_commands_pause_the_collector_only_while_they_run(model: Path, tmp_path:
     back after, also when the run fails: a library caller's process keeps its collector."""
     import gc
 
+    from migrator.cli import recipe as run_cli
     from migrator.run import execute
-    from migrator.run import recipe as engine
 
     seen: list[bool] = []
-    print_outcome = engine.print_outcome
-    monkeypatch.setattr(engine, "print_outcome", lambda plan, **kw: (seen.append(gc.isenabled()),
-                                                                           print_outcome(plan, **kw)))
+    print_outcome = run_cli.print_outcome
+    monkeypatch.setattr(run_cli, "print_outcome", lambda *a, **kw: (seen.append(gc.isenabled()),
+                                                                     print_outcome(*a, **kw)))
     check_plan_target = execute.check_plan_target  # a refused run stops there, before the outcome
     monkeypatch.setattr(execute, "check_plan_target", lambda plan: (seen.append(gc.isenabled()),
                                                                      check_plan_target(plan)))

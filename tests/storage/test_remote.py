@@ -444,7 +444,7 @@ def test_part_size_grows_to_stay_within_10000_parts() -> None:
     import migrator.storage.remote.upload as up
 
     real = up.filesystem
-    up.filesystem = lambda url: (_Fs(), "b/k")  # type: ignore[assignment]
+    up.filesystem = lambda url, storage=None: (_Fs(), "b/k")  # type: ignore[assignment]
     try:
         tune = Tuning(part_size=16 << 20)
         assert S3Upload("s3://b/k", False, tune, 1 << 30).part_size == 16 << 20

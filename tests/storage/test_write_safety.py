@@ -186,12 +186,12 @@ def test_failed_plan_report_is_not_errors_empty(ws: Path, capsys: pytest.Capture
 
 def test_summary_is_printed_after_the_output_is_published(
         ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from migrator.run import recipe as engine
+    from migrator.cli import recipe as run_cli
 
     seen: list[bool] = []
-    outcome = engine.print_outcome
-    monkeypatch.setattr(engine, "print_outcome",
-                        lambda plan: (seen.append((ws / "out.safetensors").exists()), outcome(plan)))
+    outcome = run_cli.print_outcome
+    monkeypatch.setattr(run_cli, "print_outcome",
+                        lambda *a, **kw: (seen.append((ws / "out.safetensors").exists()), outcome(*a, **kw)))
     assert _run(capsys, "plain.yaml")[0] == 0
     assert seen == [True]
 

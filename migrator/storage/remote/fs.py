@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from ...core.errors import FormatError, MigratorError
 from . import protocol, redact
-from .options import options_for
+from .options import NO_STORAGE_OPTIONS, StorageOptions
 
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
           "adl": "azure", "hf": "hf", "http": "http", "https": "http", "memory": "remote"}
@@ -93,12 +93,12 @@ def positive_seconds(value: object, where: str) -> float:
     return seconds
 
 
-def tuning(url: str | None = None) -> Tuning:
+def tuning(url: str | None = None, storage: StorageOptions | None = None) -> Tuning:
     """The environment's tuning, with the timeouts of `url`'s storage options (a recipe's) when given."""
     tune = Tuning.from_env()
     if url is None:
         return tune
-    options = options_for(url)
+    options = (storage or NO_STORAGE_OPTIONS).for_url(url)
     for key in TIMEOUT_OPTIONS:
         if key in options:
             tune = replace(tune, **{key: positive_seconds(options[key], f"storage_options.{key}")})  # type: ignore[arg-type]
@@ -145,8 +145,8 @@ def _environment_key() -> str:
     return repr(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT_PREFIXES)))
 
 
-def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem for `url` (with its registered options) and the path in it."""
+def filesystem(url: str, storage: StorageOptions | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem for `url` (with its options from `storage`) and the path in it."""
     proto = protocol(url)
     extra = EXTRAS.get(proto)
     if extra is None or "::" in url:  # fsspec would open zip://, tar://, file:: chains over local files
@@ -158,8 +158,8 @@ def filesystem(url: str) -> tuple[Any, str]:
     except ImportError:
         raise MissingExtraError(f"{proto}:// URLs need fsspec: pip install 'migrator[{extra or 'remote'}]'",
                                 file=redact(url)) from None
-    options = {k: v for k, v in options_for(url).items() if k not in TIMEOUT_OPTIONS}
-    tune = tuning(url)
+    options = {k: v for k, v in (storage or NO_STORAGE_OPTIONS).for_url(url).items() if k not in TIMEOUT_OPTIONS}
+    tune = tuning(url, storage)
     key = (proto, repr(sorted(options.items())) + _environment_key() + repr((tune.timeout, tune.request_timeout)))
     fs = _FS_CACHE.get(key)
     if fs is None:
@@ -300,19 +300,20 @@ def check_length(data: bytes, want: int, offset: int) -> bytes:
 STREAM_BLOCK = 8 << 20
 
 
-def stream_size(src: str | os.PathLike[str]) -> int:
+def stream_size(src: str | os.PathLike[str], storage: StorageOptions | None = None) -> int:
     """The size of a local file or of a store object (`stream_blocks` checks it is what it reads)."""
     from . import is_url
 
     if not is_url(src):
         return os.stat(src).st_size
     url = str(src)
-    fs, path = filesystem(url)
-    tune = tuning(url)
+    fs, path = filesystem(url, storage)
+    tune = tuning(url, storage)
     return with_retries(lambda: int(object_info(fs, path, tune)["size"]), url, "cannot open", tune)
 
 
-def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | None = None) -> Iterator[bytes]:
+def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | None = None,
+                  storage: StorageOptions | None = None) -> Iterator[bytes]:
     """A local file or a store object, read front to back in STREAM_BLOCK blocks (a store object
     through fsspec, uncached, so at most one block is held); the bytes are checked to add up to its
     size (`size`, when the caller has it from `stream_size`, else asked here), so an object changed
@@ -320,11 +321,11 @@ def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | N
     from . import is_url
 
     if size is None:
-        size = stream_size(src)
+        size = stream_size(src, storage)
     if is_url(src):  # ranged GETs, each bounded, timed and retried like every other read of an object
         url = str(src)
-        fs, path = filesystem(url)
-        tune = tuning(url)
+        fs, path = filesystem(url, storage)
+        tune = tuning(url, storage)
         for start in range(0, size, STREAM_BLOCK):
             n = min(STREAM_BLOCK, size - start)
 
@@ -345,10 +346,11 @@ def stream_blocks(src: str | os.PathLike[str], what: str = "file", size: int | N
         raise FormatError(f"{what} changed while it was read: {done} bytes, {size} expected", file=redact(str(src)))
 
 
-def copy_companion(src: str | os.PathLike[str], sink: BinaryIO, size: int | None = None) -> None:
+def copy_companion(src: str | os.PathLike[str], sink: BinaryIO, size: int | None = None,
+                   storage: StorageOptions | None = None) -> None:
     """Copy a companion file, local or on a store, into `sink` (`fs.stream_blocks`: byte for byte,
     in blocks, checked against its size, `size` if the caller already asked for it)."""
-    for block in stream_blocks(src, "companion file", size):
+    for block in stream_blocks(src, "companion file", size, storage):
         sink.write(block)
 
 

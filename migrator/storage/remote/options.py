@@ -1,5 +1,5 @@
-"""Storage options (a recipe's `storage_options:`): refused when they hold a credential, then kept
-per URL prefix for the code that opens that URL.
+"""Storage options (a recipe's `storage_options:`): refused when they hold a credential, then carried
+per URL prefix (`StorageOptions`, a value) to the code that opens that URL.
 
 Standard library only, like the package's `__init__`: a run on local paths never loads fsspec.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.errors import MigratorError
@@ -51,25 +52,34 @@ def check_storage_options(options: Mapping[str, Any], where: str = "storage_opti
             "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*, HF_TOKEN) or the protocol's config files")
 
 
-_OPTIONS: dict[str, dict[str, Any]] = {}
+@dataclass(frozen=True)
+class StorageOptions:
+    """A run's storage options (a recipe's `storage_options:`), per URL prefix, as a value: what opens,
+    lists, checks or writes a URL is given them (`fs.filesystem(url, storage)`), so two runs in one
+    process never see each other's. A prefix holds for every URL below it; the longest one wins."""
+
+    prefixes: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+
+    def adding(self, url: str | os.PathLike[str], options: Mapping[str, Any] | None) -> StorageOptions:
+        """These options and `options` for `url` (a local path, or no options: unchanged). Refused
+        when they hold a credential (`check_storage_options`)."""
+        if not options or not is_url(url):
+            return self
+        check_storage_options(options)
+        prefix = url_of(url).rstrip("/")
+        kept = tuple((p, o) for p, o in self.prefixes if p != prefix)
+        return StorageOptions((*kept, (prefix, dict(options))))
+
+    def for_url(self, url: str) -> dict[str, Any]:
+        """The options of the longest prefix of `url` (none: the protocol's defaults)."""
+        best: tuple[str, Mapping[str, Any]] | None = None
+        for prefix, options in self.prefixes:
+            under = url == prefix or url.startswith(prefix.rstrip("/") + "/")
+            if under and (best is None or len(prefix) > len(best[0])):
+                best = (prefix, options)
+        return dict(best[1]) if best is not None else {}
 
 
-def register_options(url: str | os.PathLike[str], options: dict[str, Any] | None) -> None:
-    """Storage options (a recipe's `storage_options:`) for `url` and everything below it.
-
-    Checked for secrets first (`check_storage_options`). Kept per process: the recipe's paths are
-    opened and written by code far from the recipe (sharded folders, templates).
-    """
-    if not options or not is_url(url):
-        return
-    check_storage_options(options)
-    _OPTIONS[url_of(url).rstrip("/")] = dict(options)
-
-
-def options_for(url: str) -> dict[str, Any]:
-    """The options registered for the longest prefix of `url` (none: the protocol's defaults)."""
-    best = ""
-    for prefix in _OPTIONS:
-        if (url == prefix or url.startswith(prefix.rstrip("/") + "/")) and len(prefix) > len(best):
-            best = prefix
-    return dict(_OPTIONS[best]) if best else {}
+NO_STORAGE_OPTIONS = StorageOptions()
+"""Every protocol's defaults (the environment's credentials and endpoints): `migrate inspect`, `convert`,
+the Python API's `open_file` of a URL."""

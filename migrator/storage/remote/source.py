@@ -29,6 +29,7 @@ from ...core.bytesource import ByteSource, closed_error
 from ...core.errors import FormatError, MigratorError
 from . import redact
 from .fs import Tuning, check_length, filesystem, get_range, object_info, storage_error, tuning, with_retries
+from .options import StorageOptions
 
 HEAD_BLOCK = 64 << 10
 TAIL_BLOCK = 128 << 10
@@ -38,12 +39,13 @@ TAIL_BLOCK = 128 << 10
 class RemoteSource(ByteSource):
     """An object read by ranged GETs (see the module docstring)."""
 
-    def __init__(self, url: str, size: int | None = None, tune: Tuning | None = None) -> None:
+    def __init__(self, url: str, size: int | None = None, tune: Tuning | None = None,
+                 storage: StorageOptions | None = None) -> None:
         self.url = url
         self.path = url
         self.label = redact(url)
-        self.tune = tune or tuning(url)
-        self.fs, self.fs_path = filesystem(url)
+        self.tune = tune or tuning(url, storage)
+        self.fs, self.fs_path = filesystem(url, storage)
         self.requests = 0  # ranged GETs made (tests count them)
         self.closed = False
         self.size = self._size() if size is None else size

@@ -34,6 +34,7 @@ from typing import Any, BinaryIO, TypeVar
 from ...core.errors import MigratorError, OutputError, SameFileError, TargetExistsError
 from . import READ_ONLY, protocol, redact, url_of
 from .fs import Tuning, describe, filesystem, http_status, storage_error, tuning, with_retries
+from .options import StorageOptions
 
 T = TypeVar("T")
 
@@ -42,8 +43,8 @@ MISSING_CONTAINER = "the bucket or container does not exist"
 MAX_PARTS = 10_000
 
 
-def exists(url: str) -> bool:
-    fs, path = filesystem(url)
+def exists(url: str, storage: StorageOptions | None = None) -> bool:
+    fs, path = filesystem(url, storage)
     with contextlib.suppress(AttributeError, TypeError):
         fs.invalidate_cache(path)
     try:
@@ -52,8 +53,8 @@ def exists(url: str) -> bool:
         return False
 
 
-def delete(url: str) -> None:
-    fs, path = filesystem(url)
+def delete(url: str, storage: StorageOptions | None = None) -> None:
+    fs, path = filesystem(url, storage)
     try:
         fs.rm_file(path)
     except FileNotFoundError:
@@ -62,17 +63,19 @@ def delete(url: str) -> None:
         raise OutputError(f"cannot delete: {describe(e)}", file=redact(url)) from None
 
 
-def target_problems(url: str, *, overwrite: bool, protect: Iterable[object] = ()) -> list[str]:
+def target_problems(url: str, *, overwrite: bool, protect: Iterable[object] = (),
+                    storage: StorageOptions | None = None) -> list[str]:
     """What a write to `url` would refuse (for `validate` and `plan`): read-only protocol, the object
     exists without overwrite, the object is one the run reads."""
     try:
-        check_remote_target(url, overwrite=overwrite, protect=protect)
+        check_remote_target(url, overwrite=overwrite, protect=protect, storage=storage)
     except (OutputError, TargetExistsError, SameFileError) as e:
         return [str(e)]
     return []
 
 
-def check_remote_target(url: str, *, overwrite: bool, protect: Iterable[object] = ()) -> None:
+def check_remote_target(url: str, *, overwrite: bool, protect: Iterable[object] = (),
+                        storage: StorageOptions | None = None) -> None:
     label = redact(url)
     if protocol(url) in READ_ONLY:
         raise OutputError(f"{protocol(url)}:// is read-only: write to s3://, gs://, az://, memory:// or a local path",
@@ -80,7 +83,7 @@ def check_remote_target(url: str, *, overwrite: bool, protect: Iterable[object] 
     for p in protect:
         if isinstance(p, str | os.PathLike) and _same_url(p, url):
             raise SameFileError("the target is a file this run reads", file=label)
-    if not overwrite and exists(url):
+    if not overwrite and exists(url, storage):
         raise TargetExistsError("target exists; use --overwrite (target.overwrite: true) to replace it", file=label)
 
 
@@ -92,12 +95,13 @@ def _same_url(p: str | os.PathLike[str], url: str) -> bool:
 
 @contextlib.contextmanager
 def remote_output(url: str, *, overwrite: bool = False, expected_size: int | None = None,
-                  protect: Iterable[object] = (), tune: Tuning | None = None) -> Iterator[BinaryIO]:
+                  protect: Iterable[object] = (), tune: Tuning | None = None,
+                  storage: StorageOptions | None = None) -> Iterator[BinaryIO]:
     """A sink whose bytes become the object `url` only when the block succeeds (module docstring)."""
-    check_remote_target(url, overwrite=overwrite, protect=protect)
+    check_remote_target(url, overwrite=overwrite, protect=protect, storage=storage)
     tune = tune or tuning()
-    sink: _Sink = (S3Upload(url, overwrite, tune, expected_size) if protocol(url) in ("s3", "s3a")
-                   else ScratchObjectUpload(url, overwrite))
+    sink: _Sink = (S3Upload(url, overwrite, tune, expected_size, storage) if protocol(url) in ("s3", "s3a")
+                   else ScratchObjectUpload(url, overwrite, storage))
     try:
         yield sink  # type: ignore[misc]
         if expected_size is not None and sink.position != expected_size:
@@ -194,9 +198,10 @@ class S3Upload(_Sink):
     is bounded by (parts in flight + 1) x part size, and no part is copied on its way to the socket.
     """
 
-    def __init__(self, url: str, overwrite: bool, tune: Tuning, expected_size: int | None = None) -> None:
+    def __init__(self, url: str, overwrite: bool, tune: Tuning, expected_size: int | None = None,
+                 storage: StorageOptions | None = None) -> None:
         super().__init__(url)
-        self.fs, path = filesystem(url)
+        self.fs, path = filesystem(url, storage)
         self.bucket, self.key, _ = self.fs.split_path(path)
         self.overwrite = overwrite
         self.tune = tune
@@ -308,9 +313,9 @@ class ScratchObjectUpload(_Sink):
     the move) that fails is an `OutputError` naming the target, never the client's own exception:
     a missing bucket, say, surfaces only when the first bytes are flushed."""
 
-    def __init__(self, url: str, overwrite: bool) -> None:
+    def __init__(self, url: str, overwrite: bool, storage: StorageOptions | None = None) -> None:
         super().__init__(url)
-        self.fs, self.path = filesystem(url)
+        self.fs, self.path = filesystem(url, storage)
         self.overwrite = overwrite
         self.scratch = f"{self.path}.migrator-{os.getpid()}-{next(_counter)}.tmp"
         self._f = self._request(lambda: self.fs.open(self.scratch, "wb"), "cannot start the upload")

@@ -34,9 +34,8 @@ class FoldedReader(Reader):
         self.source = base.source
         self.metadata = dict(base.metadata)
         self.scalars = dict(base.scalars)
-        for attr in ("folder", "shards", "index_path"):  # what target.copy and --hash-sources look at
-            if hasattr(base, attr):
-                setattr(self, attr, getattr(base, attr))
+        # what target.copy and --hash-sources look at
+        self.folder, self.shards, self.index_path = base.folder, base.shards, base.index_path
         self.notes = fold_notes(self.plan, adapter.folder)
 
     def extra(self) -> dict[str, Any]:
