@@ -1102,7 +1102,7 @@ static float kq_fit_offset(const float *x, const float *w, int n, int nmax, floa
     return scale;
 }
 
-/* x ~ scale * (q - nmax) with q in [0, 2 nmax), weights x^2: Q6_K's sub-block fit. The step that maps
+/* x ~ scale * (q - nmax) with q in [0, 2 nmax), weights x^2: Q6_K's sub-block fit (n <= 16). The step that maps
  * the value of largest magnitude to -nmax, then 18 nearby steps, kept when their least-squares score
  * sum(w x l)^2 / sum(w l^2) is higher. */
 static float kq_fit_signed(const float *x, int n, int nmax, uint8_t *q)
@@ -1119,13 +1119,17 @@ static float kq_fit_signed(const float *x, int n, int nmax, uint8_t *q)
         memset(q, 0, (size_t)n);
         return 0.0f;
     }
+    float w[16], wx[16]; /* the weights x^2 and x^3 (w * x, the same product each candidate takes) */
+    for (int i = 0; i < n; i++) {
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+    }
     float iscale = -nmax / max, sum_xl = 0, sum_l2 = 0;
     for (int i = 0; i < n; i++) {
         int l = kq_clamp(kq_round(iscale * x[i]), -nmax, nmax - 1);
         q[i] = (uint8_t)(l + nmax);
-        float w = x[i] * x[i];
-        sum_xl += w * x[i] * l;
-        sum_l2 += w * l * l;
+        sum_xl += wx[i] * l;
+        sum_l2 += w[i] * l * l;
     }
     float scale = sum_l2 != 0 ? sum_xl / sum_l2 : 0.0f, best = scale * sum_xl;
     for (int s = -9; s <= 9; s++) {
@@ -1135,9 +1139,8 @@ static float kq_fit_signed(const float *x, int n, int nmax, uint8_t *q)
         float xl = 0, l2 = 0;
         for (int i = 0; i < n; i++) {
             int l = kq_clamp(kq_round(iscale * x[i]), -nmax, nmax - 1);
-            float w = x[i] * x[i];
-            xl += w * x[i] * l;
-            l2 += w * l * l;
+            xl += wx[i] * l;
+            l2 += w[i] * l * l;
         }
         if (l2 > 0 && xl * xl > best * l2) {
             for (int i = 0; i < n; i++)
