@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -76,8 +76,8 @@ def k_quants() -> None:
         fn = getattr(lib, f"quantize_row_{name[0].lower()}{name[1]}_K_ref")
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
         out = np.empty(x.size // 256 * t.type_size, np.uint8)
-        ours = best(lambda t=t: quants.quantize(x, t, out), 3) / 4
-        ref = best(lambda fn=fn: fn(x.ctypes.data, out.ctypes.data, x.size), 3) / 4
+        ours = best(lambda t=t, out=out: quants.quantize(x, t, out), 3) / 4
+        ref = best(lambda fn=fn, out=out: fn(x.ctypes.data, out.ctypes.data, x.size), 3) / 4
         print(f"{name} quantize    migrator {ours:6.0f} MB/s (compiled, 1 thread)   ggml reference {ref:6.0f} MB/s   "
               f"x{ours / ref:.2f}")
 

@@ -109,3 +109,21 @@ def mix_types(mix: str, tensors: Sequence[tuple[str, Sequence[int]]],
             i_ffn_down += 1
         out[name] = fallback(chosen, row)
     return out
+
+
+def describe(types: Mapping[str, str]) -> str:
+    """The chosen types by tensor group, for the plan: `blk.N.attn_v.weight Q6_K in blocks 2, 4, else Q4_K`."""
+    groups: dict[str, dict[str, list[int]]] = {}
+    for name, gtype in types.items():
+        layer = _layer(name)
+        group = _LAYER.sub("blk.N.", name, count=1) if layer >= 0 else name
+        groups.setdefault(group, {}).setdefault(gtype, []).append(layer)
+    parts = []
+    for group, by_type in groups.items():
+        ranked = sorted(by_type.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        if len(ranked) == 1 or group == ranked[0][0]:
+            parts.append(f"{group} {ranked[0][0]}")
+            continue
+        rest = "; ".join(f"{gtype} in blocks {', '.join(map(str, sorted(layers)))}" for gtype, layers in ranked[1:])
+        parts.append(f"{group} {rest}, else {ranked[0][0]}")
+    return ", ".join(parts)
