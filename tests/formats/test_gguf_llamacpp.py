@@ -221,13 +221,15 @@ def hostile_rows() -> dict[str, np.ndarray]:
     outlier = normal[:32].copy()
     outlier[:, 100] = 1e3
     ties = (rng.integers(-8, 8, (32, 1024)) * np.float32(0.5)).astype(np.float32)
+    odd = normal[:8].copy()
+    odd[0, 5], odd[1, 700], odd[2, 9], odd[3], odd[4] = np.nan, np.inf, -np.inf, np.nan, np.inf
     return {"normal": normal * np.float32(0.02), "zeros": np.zeros((8, 1024), np.float32),
             "tiny": normal[:32] * np.float32(1e-30), "subnormal": normal[:32] * np.float32(1e-41),
             "huge": normal[:32] * np.float32(1e30), "f16-range": normal[:32] * np.float32(3e3),
             "one outlier": outlier, "negative only": -np.abs(normal[:32]), "positive only": np.abs(normal[:32]),
             "constant": np.full((8, 1024), 0.37, np.float32), "half steps": ties,
             "sparse": np.where(rng.random((32, 1024)) < 0.9, 0, normal[:32]).astype(np.float32),
-            "split over threads": rng.standard_normal((1100, 1024)).astype(np.float32)}  # > quants.SPLIT_VALUES
+            "non-finite": odd, "split over threads": rng.standard_normal((1100, 1024)).astype(np.float32)}  # > quants.SPLIT_VALUES
 
 
 @pytest.mark.parametrize("name", K_TYPES)
