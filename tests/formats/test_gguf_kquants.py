@@ -123,6 +123,27 @@ def test_mix_types_of_a_32_layer_llama(mix: str, base: str, more: list[int], bum
             assert types[f"blk.{i}.{role}.weight"] == base
 
 
+@pytest.mark.parametrize(("mix", "base", "v", "down", "out"), [
+    ("Q3_K_S", "Q3_K", "Q3_K", "Q3_K", "Q3_K"), ("Q3_K_L", "Q3_K", "Q5_K", "Q5_K", "Q5_K"),
+    ("Q2_K", "Q2_K", "Q3_K", "Q3_K", "Q3_K")])
+def test_q2_q3_mixes(mix: str, base: str, v: str, down: str, out: str) -> None:
+    types = mix_types(mix, LLAMA3_8B)
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == base
+    assert {types[f"blk.{i}.attn_v.weight"] for i in range(32)} == {v}
+    assert {types[f"blk.{i}.ffn_down.weight"] for i in range(32)} == {down}
+    assert {types[f"blk.{i}.attn_output.weight"] for i in range(32)} == {out}
+    assert {types[f"blk.{i}.attn_q.weight"] for i in range(32)} == {base}
+
+
+def test_q3_k_m_and_q2_k_with_grouped_query_attention() -> None:
+    types = mix_types("Q3_K_M", LLAMA3_8B)
+    assert [types[f"blk.{i}.attn_v.weight"] for i in range(4)] == ["Q5_K", "Q5_K", "Q4_K", "Q4_K"]
+    assert [types[f"blk.{i}.ffn_down.weight"] for i in range(3)] == ["Q5_K", "Q5_K", "Q4_K"]  # first 32/16
+    assert types["blk.5.attn_output.weight"] == "Q4_K" and types["blk.5.attn_q.weight"] == "Q3_K"
+    gqa = {"general.architecture": "llama", "llama.attention.head_count": 32, "llama.attention.head_count_kv": 8}
+    assert mix_types("Q2_K", LLAMA3_8B, gqa)["blk.0.attn_v.weight"] == "Q4_K"  # 4 query heads per KV head
+
+
 def test_use_more_bits() -> None:
     assert [i for i in range(32) if use_more_bits(i, 32)] == MORE_BITS_32
     assert [i for i in range(8) if use_more_bits(i, 8)] == [0, 3, 6, 7]

@@ -201,7 +201,8 @@ def test_llama_cpp_quantized_logits_as_on_gguf_py_s_file(
 
 K_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 K_SIZES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
-MIX_FTYPES = {"Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}  # llama_ftype
+MIX_FTYPES = {"Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
+              "Q5_K_M": 17, "Q6_K": 18}  # llama_ftype
 
 
 def ggml_reference(name: str, x: np.ndarray) -> bytes:
@@ -229,7 +230,8 @@ def hostile_rows() -> dict[str, np.ndarray]:
             "one outlier": outlier, "negative only": -np.abs(normal[:32]), "positive only": np.abs(normal[:32]),
             "constant": np.full((8, 1024), 0.37, np.float32), "half steps": ties,
             "sparse": np.where(rng.random((32, 1024)) < 0.9, 0, normal[:32]).astype(np.float32),
-            "non-finite": odd, "split over threads": rng.standard_normal((1100, 1024)).astype(np.float32)}  # > quants.SPLIT_VALUES
+            "non-finite": odd,
+            "split over threads": rng.standard_normal((1100, 1024)).astype(np.float32)}  # > quants.SPLIT_VALUES
 
 
 @pytest.mark.parametrize("name", K_TYPES)
@@ -252,21 +254,25 @@ def llama_quantize(src: Path, out: Path, mix: str) -> Path:
 @pytest.fixture(scope="module")
 def hf_k_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     """Tiny Llamas of 8 layers (rows of 256 and 512: whole K blocks; 8 layers give the _M mixes' more-bits
-    layers 0, 3, 6, 7), of 3 layers with rows of 160 (K-quants fall back to 32-value types) and of 2
-    with rows of 80 (F16)."""
+    layers 0, 3, 6, 7), of 3 layers with rows of 160 (K-quants fall back to 32-value types), of 2
+    with rows of 80 (F16), and of 20 layers with rows of 256 (key 20: llama.cpp counts layers in
+    numeric order, blk.2 before blk.10)."""
     root = tmp_path_factory.mktemp("kquants")
     folders = {}
-    for hidden, layers in ((256, 8), (160, 3), (80, 2)):
-        folders[hidden] = root / f"hf{hidden}"
-        save_with_test_weights(tiny_llama(layers=layers, hidden=hidden, vocab=300), folders[hidden])
+    for hidden, layers in ((256, 8), (160, 3), (80, 2), (256, 20)):
+        key = hidden if layers != 20 else layers
+        folders[key] = root / f"hf{hidden}-{layers}"
+        save_with_test_weights(tiny_llama(layers=layers, hidden=hidden, vocab=300), folders[key])
     sentencepiece_model(folders[256])
     return folders
 
 
-@pytest.mark.parametrize(("hidden", "mix"), [(256, "Q4_K_M"), (256, "Q4_K_S"), (256, "Q5_K_M"), (256, "Q5_K_S"),
-                                             (256, "Q6_K"), (160, "Q4_K_M"), (160, "Q5_K_S"), (80, "Q6_K")])
+@pytest.mark.parametrize(("hidden", "mix"), [
+    *((256, mix) for mix in MIX_FTYPES), (160, "Q4_K_M"), (160, "Q5_K_S"), (160, "Q3_K_M"), (80, "Q6_K"),
+    (20, "Q4_K_M"), (20, "Q3_K_M")])
 def test_mix_file_equals_llama_quantize(hidden: int, mix: str, hf_k_folders: dict[int, Path],
                                         tmp_path: Path) -> None:
+    """`hidden` picks the folder (20: the 20-layer one)."""
     folder = hf_k_folders[hidden]
     ours = convert(folder, tmp_path / "ours.gguf", "--quantize", mix)
     theirs = llama_quantize(convert(folder, tmp_path / "f32.gguf"), tmp_path / "theirs.gguf", mix)
@@ -275,7 +281,7 @@ def test_mix_file_equals_llama_quantize(hidden: int, mix: str, hf_k_folders: dic
     assert sorted(ta) == sorted(tb)
     types = {n: t.tensor_type.name for n, t in ta.items()}
     assert types == {n: t.tensor_type.name for n, t in tb.items()}
-    print(f"\n{mix}, rows of {hidden}: " + ", ".join(f"{k} x {v}" for k, v in sorted(
+    print(f"\n{mix}, {folder.name}: " + ", ".join(f"{k} x {v}" for k, v in sorted(
         {v: sum(1 for x in types.values() if x == v) for v in set(types.values())}.items())))
     assert [n for n in ta if np.asarray(ta[n].data).tobytes() != np.asarray(tb[n].data).tobytes()] == []
     assert int(a.fields["general.file_type"].contents()) == int(b.fields["general.file_type"].contents())

@@ -1,4 +1,5 @@
-"""llama.cpp's K-quant mixes (`Q4_K_M`, `Q4_K_S`, `Q5_K_M`, `Q5_K_S`, `Q6_K`): each tensor's type.
+"""llama.cpp's K-quant mixes (`Q4_K_M`, `Q4_K_S`, `Q5_K_M`, `Q5_K_S`, `Q6_K`, `Q3_K_S`, `Q3_K_M`,
+`Q3_K_L`, `Q2_K`): each tensor's type.
 
 llama-quantize does not give every tensor the mix's base type: it picks per tensor by its role and
 layer, which this module restates for the Llama family (llama, mistral: dense, one attention V and
@@ -9,10 +10,13 @@ one FFN down projection per block), so that `--quantize Q4_K_M` writes what llam
   tensors are F32 in every GGUF the writer makes);
 * `output.weight` (and `token_embd.weight` when there is no `output.weight`: tied embeddings) is
   Q6_K, or Q8_0 when its rows are not whole 256-value blocks;
-* `attn_v.weight`: Q6_K in the `use_more_bits` layers for the _M mixes, Q5_K in the first 4 for
-  Q4_K_S, and at least Q5_K in a 70B Llama (80 blocks, grouped-query attention);
-* `ffn_down`: Q6_K in the `use_more_bits` layers for the _M mixes, Q5_K in the first eighth of the
-  layers for Q4_K_S;
+* `attn_v.weight`: Q6_K in the `use_more_bits` layers for Q4_K_M/Q5_K_M, Q5_K in the first 4 for
+  Q4_K_S, Q5_K in the first 2 (else Q4_K) for Q3_K_M, Q5_K for Q3_K_L, Q4_K (with 4+ query heads per
+  KV head) or Q3_K for Q2_K, and at least Q5_K in a 70B Llama (80 blocks, grouped-query attention)
+  where the choice was Q3_K or Q4_K;
+* `ffn_down`: Q6_K in the `use_more_bits` layers for Q4_K_M/Q5_K_M, Q5_K in the first eighth of the
+  layers for Q4_K_S, Q5_K in the first sixteenth (else Q4_K) for Q3_K_M, Q5_K for Q3_K_L, Q3_K for Q2_K;
+* `attn_output.weight`: Q4_K for Q3_K_M, Q5_K for Q3_K_L, Q3_K for Q2_K;
 * everything else: the base type;
 * then, as llama.cpp does for any type, a tensor whose rows are not whole blocks of the chosen type
   falls back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, and F16 when its rows are not
@@ -30,9 +34,11 @@ from collections.abc import Mapping, Sequence
 
 from .constants import BY_NAME
 
-BASE_TYPES: dict[str, str] = {"Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q5_K_M": "Q5_K", "Q5_K_S": "Q5_K", "Q6_K": "Q6_K"}
+BASE_TYPES: dict[str, str] = {"Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q5_K_M": "Q5_K", "Q5_K_S": "Q5_K", "Q6_K": "Q6_K",
+                              "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K", "Q2_K": "Q2_K"}
 """The mixes, with the type of the tensors no rule changes."""
-FILE_TYPES: dict[str, int] = {"Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}
+FILE_TYPES: dict[str, int] = {"Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15,
+                              "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}
 """llama_ftype of each mix (`general.file_type`)."""
 FALLBACKS: dict[str, str] = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 """llama.cpp's type for a tensor whose rows are not whole 256-value blocks."""
@@ -84,6 +90,7 @@ def mix_types(mix: str, tensors: Sequence[tuple[str, Sequence[int]]],
     n_layer = int(meta.get(f"{arch}.block_count", 0) or 0) or 1 + max((_layer(n) for n in names), default=-1)
     heads, kv_heads = meta.get(f"{arch}.attention.head_count"), meta.get(f"{arch}.attention.head_count_kv")
     is_70b = arch == "llama" and n_layer == 80 and heads is not None and kv_heads not in (None, heads)
+    gqa = int(heads) // int(kv_heads) if heads and kv_heads and int(kv_heads) else 1
     i_attn_v = i_ffn_down = 0
     out: dict[str, str] = {}
     for name, shape in ordered:
@@ -98,6 +105,12 @@ def mix_types(mix: str, tensors: Sequence[tuple[str, Sequence[int]]],
                 chosen = "Q6_K"
             elif mix == "Q4_K_S" and i_attn_v < 4:
                 chosen = "Q5_K"
+            elif mix == "Q3_K_M":
+                chosen = "Q5_K" if i_attn_v < 2 else "Q4_K"
+            elif mix == "Q3_K_L":
+                chosen = "Q5_K"
+            elif mix == "Q2_K":
+                chosen = "Q4_K" if gqa >= 4 else "Q3_K"
             if is_70b and chosen in ("Q3_K", "Q4_K"):
                 chosen = "Q5_K"
             i_attn_v += 1
@@ -106,7 +119,15 @@ def mix_types(mix: str, tensors: Sequence[tuple[str, Sequence[int]]],
                 chosen = "Q6_K"
             elif mix == "Q4_K_S" and i_ffn_down < n_layer // 8:
                 chosen = "Q5_K"
+            elif mix == "Q3_K_M":
+                chosen = "Q5_K" if i_ffn_down < n_layer // 16 else "Q4_K"
+            elif mix == "Q3_K_L":
+                chosen = "Q5_K"
+            elif mix == "Q2_K":
+                chosen = "Q3_K"
             i_ffn_down += 1
+        elif "attn_output.weight" in name:
+            chosen = {"Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "Q2_K": "Q3_K"}.get(mix, base)
         out[name] = fallback(chosen, row)
     return out
 
