@@ -144,6 +144,14 @@ def test_q3_k_m_and_q2_k_with_grouped_query_attention() -> None:
     assert mix_types("Q2_K", LLAMA3_8B, gqa)["blk.0.attn_v.weight"] == "Q4_K"  # 4 query heads per KV head
 
 
+def test_mix_on_an_expert_model_says_llama_cpp_may_differ() -> None:
+    t = [from_numpy("blk.0.ffn_up.weight", np.ones((2, 256), np.float32))]
+    meta = {"general.architecture": "llama", "llama.expert_count": "8"}
+    assert any("8-expert model" in n for n in GGUFWriter(t, quantize="Q4_K_M", metadata=meta).notes)
+    dense = GGUFWriter(t, quantize="Q4_K_M", metadata={"general.architecture": "llama"})
+    assert not any("expert" in n for n in dense.notes)
+
+
 def test_use_more_bits() -> None:
     assert [i for i in range(32) if use_more_bits(i, 32)] == MORE_BITS_32
     assert [i for i in range(8) if use_more_bits(i, 8)] == [0, 3, 6, 7]

@@ -148,3 +148,16 @@ def describe(types: Mapping[str, str]) -> str:
         rest = "; ".join(f"{gtype} in blocks {', '.join(map(str, sorted(layers)))}" for gtype, layers in ranked[1:])
         parts.append(f"{group} {rest}, else {ranked[0][0]}")
     return ", ".join(parts)
+
+
+def caveat(metadata: Mapping[str, object]) -> str | None:
+    """Why llama-quantize may choose other types for this model than `mix_types` does, or None."""
+    meta = {k: str(v) for k, v in metadata.items()}
+    arch = meta.get("general.architecture")
+    experts = int(meta.get(f"{arch}.expert_count", "0") or 0)
+    if experts > 1:
+        return (f"the mix follows llama-quantize's rules for dense models; for this {experts}-expert model it "
+                "chooses some types differently (e.g. attn_k/attn_v Q8_0 for 8 experts)")
+    if arch not in (None, "llama"):
+        return f"the mix follows llama-quantize's rules for the llama architecture; for {arch} some may differ"
+    return None

@@ -45,7 +45,7 @@ from .constants import (
     ValueType,
 )
 from .header import Value
-from .mixes import BASE_TYPES, describe, fallback, is_mix, mix_types
+from .mixes import BASE_TYPES, caveat, describe, fallback, is_mix, mix_types
 from .mixes import FILE_TYPES as MIX_FILE_TYPES
 from .quants import K_QUANTIZED, QUANTIZERS, require_kernels
 from .reader import GGML_OF, Dequantized
@@ -208,6 +208,9 @@ class GGUFWriter(Writer):
         kept_f32 = {t.name: "F32" for t in self.tensors if t.dtype.is_float and t.name not in chosen
                     and (len(t.shape) < 2 or _NORM.search(t.name))}  # as in every GGUF llama.cpp quantizes
         self.notes.append(f"{mix}: llama.cpp's per-tensor types: {describe(chosen)} (norms and 1-D tensors F32)")
+        warning = caveat(meta)
+        if warning:
+            self.notes.append(f"{mix}: {warning}")
         return [("^" + re.escape(name) + "$", gtype) for name, gtype in {**chosen, **kept_f32}.items()]
 
     def _general(self, meta: dict[str, Value]) -> dict[str, Value]:
