@@ -2,13 +2,19 @@
 64 MiB F32 tensor (best of 5; gguf-py best of 3). MB/s of F32 bytes (input to quantize, output of
 dequantize). Run with OMP_NUM_THREADS=1; docs/gguf.md has the figures.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_quants.py
+gguf-py cannot quantize the K-quants: with llama-cpp-python on PYTHONPATH (`make test-llamacpp`
+builds it) migrator's Q2_K..Q6_K quantizers (one thread: the split over CPUs is switched off) are
+timed against ggml's own reference quantizers, called through ctypes, on 16 MiB (best of 3).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD:.venv/llamacpp-0.3.36 .venv/bin/python tools/bench_gguf_quants.py
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -53,6 +59,27 @@ def main() -> None:
         ref = best(theirs, 3)
         print(f"{label:16s} migrator {fast:6.0f} MB/s ({'compiled' if compiled else 'numpy'}; numpy alone "
               f"{plain:.0f})   gguf-py {ref:6.0f} MB/s   x{fast / ref:.1f}")
+    k_quants()
+
+
+def k_quants() -> None:
+    try:
+        import llama_cpp
+    except ImportError:
+        print("K-quants: llama_cpp is not importable (make test-llamacpp builds it); skipped")
+        return
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    x = (np.random.default_rng(1).standard_normal(VALUES // 4) * 0.02).astype(np.float32)
+    quants.SPLIT_VALUES = 1 << 62  # one thread, as ggml's reference
+    for name in quants.K_QUANTIZED:
+        t = BY_NAME[name]
+        fn = getattr(lib, f"quantize_row_{name[0].lower()}{name[1]}_K_ref")
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+        out = np.empty(x.size // 256 * t.type_size, np.uint8)
+        ours = best(lambda t=t, out=out: quants.quantize(x, t, out), 3) / 4
+        ref = best(lambda fn=fn, out=out: fn(x.ctypes.data, out.ctypes.data, x.size), 3) / 4
+        print(f"{name} quantize    migrator {ours:6.0f} MB/s (compiled, 1 thread)   ggml reference {ref:6.0f} MB/s   "
+              f"x{ours / ref:.2f}")
 
 
 if __name__ == "__main__":

@@ -42,8 +42,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                            "(repeatable; e.g. Linear='^fc\\d+$')")
     conv.add_argument("--dtype", metavar="DTYPE", help="cast every float tensor (F64, F32, Flex32, F16, BF16)")
     conv.add_argument("--quantize", metavar="TYPE",
-                      help="GGUF target: write 2-D float tensors as TYPE (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, "
-                      "F32); 1-D tensors and norms stay F32 (a recipe's target.quantize picks per tensor)")
+                      help="GGUF target: write 2-D float tensors as TYPE (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, "
+                      "F16, BF16, F32), or as llama.cpp's mix (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_S/M/L, Q2_K: "
+                      "llama-quantize's type per tensor); 1-D tensors and norms stay F32 (a recipe's "
+                      "target.quantize picks per tensor)")
     conv.add_argument("--lora", metavar="ADAPTER",
                       help="fold this PEFT LoRA adapter folder into SRC (PEFT's merge_and_unload, streamed); with "
                            "DST/ the base's config.json, generation and tokenizer files are carried over")

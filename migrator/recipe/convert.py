@@ -96,8 +96,10 @@ def build_recipe(
         data["target"]["copy"] = list(copy)
     if copy_from is not None:
         data["target"]["copy_from"] = os.fspath(copy_from)
-    if quantize:  # a GGUF target: every tensor the rule may take
-        data["target"]["quantize"] = {".*": quantize}
+    if quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
+        from ..formats.gguf.mixes import is_mix
+
+        data["target"]["quantize"] = quantize.upper() if is_mix(quantize) else {".*": quantize}
     if includes or excludes:
         data["filter"] = {"include": [{"regex": r} for r in includes] or None,
                           "exclude": [{"regex": r} for r in excludes]}

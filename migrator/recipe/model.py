@@ -32,8 +32,11 @@ from .ops import OpSpec
 FormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf"]
 SourceFormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf", "mergekit"]
 """A source's formats: a file format, or `mergekit` (a mergekit YAML whose merged tensors are read)."""
-GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                       "Q6_K"]
 """The ggml types a GGUF target can be written in (formats/gguf/writer.py's WRITABLE_TYPES)."""
+GGUFMixName = Literal["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q2_K"]
+"""llama.cpp's K-quant mixes (formats/gguf/mixes.py): a type per tensor by llama-quantize's rules."""
 if TYPE_CHECKING:
     AdapterName = str
 else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices
@@ -439,11 +442,13 @@ class TargetSpec(_Strict):
         _tagged("'keep', 'none' or a mapping"),
     ] = Field(
         "keep", description="burnpack scalars: keep the source's, none, or declare them.")
-    quantize: dict[Regex, GGUFTypeName] = Field(
+    quantize: dict[Regex, GGUFTypeName] | GGUFMixName = Field(
         default_factory=dict, description="GGUF targets: the ggml type of each tensor, {regex: type}, the first regex "
         "found in a tensor's name deciding (e.g. {'.*': Q8_0}). As llama.cpp does, 1-D tensors and norms stay F32, a "
-        "tensor whose rows are not whole blocks is written F16 (the plan notes it), non-float tensors keep their "
-        "type; tensors no rule matches keep their dtype.")
+        "tensor whose rows are not whole blocks falls back (K-quants to Q5_0/Q5_1/Q8_0/Q4_0, else F16; the plan notes "
+        "it), non-float tensors keep their type; tensors no rule matches keep their dtype. Or one of llama.cpp's "
+        "K-quant mixes (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_S, Q3_K_M, Q3_K_L, Q2_K), which picks "
+        "each tensor's type as llama-quantize does.")
     tokenizer: str | None = Field(
         None, description="GGUF targets: a SentencePiece model, relative to the source's folder (e.g. "
         "tokenizer.model), written as the tokenizer.ggml.* key/values llama.cpp reads (special tokens and "

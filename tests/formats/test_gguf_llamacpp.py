@@ -3,6 +3,11 @@ the file loads, llama.cpp tokenizes text as SentencePiece does, its F32 logits a
 transformers', and on Q8_0/Q4_0 files its logits are as close to transformers' as on the file
 gguf-py writes from the same weights with its own quantizer.
 
+K-quants: our Q2_K..Q6_K blocks are byte-equal to ggml's reference quantizers (called through
+ctypes in the library llama-cpp-python built), and a `--quantize Q4_K_M` (Q4_K_S, Q5_K_M, Q5_K_S,
+Q6_K) file has the types and bytes of every tensor that llama-quantize (`llama_model_quantize`)
+gives from our F32 file, so llama.cpp's logits on both are the same.
+
 Optional and slow to set up: llama-cpp-python compiles llama.cpp from source, so `make test-llamacpp`
 builds it once into its own folder and runs only this file (marker `llamacpp`). Everywhere else
 (`make test`, CI) llama_cpp is not importable and the module skips.
@@ -10,13 +15,14 @@ builds it once into its own folder and runs only this file (marker `llamacpp`). 
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from cli_support import migrate_in_process
-from model_support import tiny_llama
+from model_support import tiny_llama, tiny_llama_rope
 from test_gguf_llama import TEXT, sentencepiece_model
 
 pytestmark = pytest.mark.llamacpp
@@ -36,7 +42,12 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tests' tiny Llama with weights drawn at 1.5/sqrt(fan_in) (the default init's 0.02 gives
     logits of ~0.1, which a 1e-2 bound would barely test) and norm weights other than 1."""
     folder = tmp_path_factory.mktemp("llamacpp") / "hf"
-    model = tiny_llama(vocab_size=300)
+    save_with_test_weights(tiny_llama_rope(vocab_size=300), folder)
+    sentencepiece_model(folder)
+    return folder
+
+
+def save_with_test_weights(model: Any, folder: Path) -> None:
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
@@ -45,8 +56,6 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
             else:
                 p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=gen))
     model.save_pretrained(folder)
-    sentencepiece_model(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +195,109 @@ def test_llama_cpp_quantized_logits_as_on_gguf_py_s_file(
     ref_data = {t.name: np.asarray(t.data).tobytes() for t in gguf.GGUFReader(str(reference)).tensors}
     assert [t.name for t in gguf.GGUFReader(str(ours)).tensors
             if np.asarray(t.data).tobytes() != ref_data[t.name]] == []
+
+
+# -- K-quants ---------------------------------------------------------------------------------------
+
+K_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+K_SIZES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+MIX_FTYPES = {"Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
+              "Q5_K_M": 17, "Q6_K": 18}  # llama_ftype
+
+
+def ggml_reference(name: str, x: np.ndarray) -> bytes:
+    """ggml's `quantize_row_<type>_ref` (what llama-quantize runs without an importance matrix)."""
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    fn = getattr(lib, f"quantize_row_{name[0].lower()}{name[1]}_K_ref")
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros(x.size // 256 * K_SIZES[name], np.uint8)
+    fn(x.ctypes.data, out.ctypes.data, x.size)
+    return out.tobytes()
+
+
+def hostile_rows() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    normal = rng.standard_normal((256, 1024)).astype(np.float32)
+    outlier = normal[:32].copy()
+    outlier[:, 100] = 1e3
+    ties = (rng.integers(-8, 8, (32, 1024)) * np.float32(0.5)).astype(np.float32)
+    odd = normal[:8].copy()
+    odd[0, 5], odd[1, 700], odd[2, 9], odd[3], odd[4] = np.nan, np.inf, -np.inf, np.nan, np.inf
+    return {"normal": normal * np.float32(0.02), "zeros": np.zeros((8, 1024), np.float32),
+            "tiny": normal[:32] * np.float32(1e-30), "subnormal": normal[:32] * np.float32(1e-41),
+            "huge": normal[:32] * np.float32(1e30), "f16-range": normal[:32] * np.float32(3e3),
+            "one outlier": outlier, "negative only": -np.abs(normal[:32]), "positive only": np.abs(normal[:32]),
+            "constant": np.full((8, 1024), 0.37, np.float32), "half steps": ties,
+            "sparse": np.where(rng.random((32, 1024)) < 0.9, 0, normal[:32]).astype(np.float32),
+            "non-finite": odd,
+            "split over threads": rng.standard_normal((1100, 1024)).astype(np.float32)}  # > quants.SPLIT_VALUES
+
+
+@pytest.mark.parametrize("name", K_TYPES)
+def test_k_quants_bytes_equal_ggml_reference(name: str) -> None:
+    from migrator.formats.gguf import quants
+    from migrator.formats.gguf.constants import BY_NAME
+
+    for label, x in hostile_rows().items():
+        with np.errstate(all="ignore"):
+            assert quants.quantize(x, BY_NAME[name]).tobytes() == ggml_reference(name, x), f"{name}: {label}"
+
+
+def llama_quantize(src: Path, out: Path, mix: str) -> Path:
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = MIX_FTYPES[mix], 1
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_k_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Tiny Llamas of 8 layers (rows of 256 and 512: whole K blocks; 8 layers give the _M mixes' more-bits
+    layers 0, 3, 6, 7), of 3 layers with rows of 160 (K-quants fall back to 32-value types), of 2
+    with rows of 80 (F16), and of 20 layers with rows of 256 (key 20: llama.cpp counts layers in
+    numeric order, blk.2 before blk.10)."""
+    root = tmp_path_factory.mktemp("kquants")
+    folders = {}
+    for hidden, layers in ((256, 8), (160, 3), (80, 2), (256, 20)):
+        key = hidden if layers != 20 else layers
+        folders[key] = root / f"hf{hidden}-{layers}"
+        save_with_test_weights(tiny_llama(layers=layers, hidden=hidden, vocab=300), folders[key])
+    sentencepiece_model(folders[256])
+    return folders
+
+
+@pytest.mark.parametrize(("hidden", "mix"), [
+    *((256, mix) for mix in MIX_FTYPES), (160, "Q4_K_M"), (160, "Q5_K_S"), (160, "Q3_K_M"), (80, "Q6_K"),
+    (20, "Q4_K_M"), (20, "Q3_K_M")])
+def test_mix_file_equals_llama_quantize(hidden: int, mix: str, hf_k_folders: dict[int, Path],
+                                        tmp_path: Path) -> None:
+    """`hidden` picks the folder (20: the 20-layer one)."""
+    folder = hf_k_folders[hidden]
+    ours = convert(folder, tmp_path / "ours.gguf", "--quantize", mix)
+    theirs = llama_quantize(convert(folder, tmp_path / "f32.gguf"), tmp_path / "theirs.gguf", mix)
+    a, b = gguf.GGUFReader(str(ours)), gguf.GGUFReader(str(theirs))
+    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+    assert sorted(ta) == sorted(tb)
+    types = {n: t.tensor_type.name for n, t in ta.items()}
+    assert types == {n: t.tensor_type.name for n, t in tb.items()}
+    print(f"\n{mix}, {folder.name}: " + ", ".join(f"{k} x {v}" for k, v in sorted(
+        {v: sum(1 for x in types.values() if x == v) for v in set(types.values())}.items())))
+    assert [n for n in ta if np.asarray(ta[n].data).tobytes() != np.asarray(tb[n].data).tobytes()] == []
+    assert int(a.fields["general.file_type"].contents()) == int(b.fields["general.file_type"].contents())
+    assert int(a.fields["general.file_type"].contents()) == MIX_FTYPES[mix]
+
+
+def test_llama_cpp_logits_on_our_q4_k_m_equal_its_own(hf_k_folders: dict[int, Path], tmp_path: Path) -> None:
+    folder = hf_k_folders[256]
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    tokens = [sp.bos_id(), *sp.encode(PROMPT)]
+    ours = convert(folder, tmp_path / "ours.gguf", "--quantize", "Q4_K_M")
+    theirs = llama_quantize(convert(folder, tmp_path / "f32.gguf"), tmp_path / "theirs.gguf", "Q4_K_M")
+    got, expected = llama_cpp_logits(ours, tokens), llama_cpp_logits(theirs, tokens)
+    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        hf = model(torch.tensor([tokens])).logits[0].numpy()
+    print(f"\nQ4_K_M: max |llama.cpp - transformers| {float(np.abs(got - hf).max()):.4g} on migrator's file, "
+          f"{float(np.abs(expected - hf).max()):.4g} on llama-quantize's")
+    assert np.array_equal(got, expected)

@@ -141,8 +141,10 @@ def test_alignment_from_metadata(tmp_path: Path) -> None:
 
 def test_bad_rules_and_dtypes_refused() -> None:
     t = [from_numpy("w", np.ones((2, 32), np.float32))]
-    with pytest.raises(PlanError, match="Q3_K"):
-        GGUFWriter(t, quantize={".*": "Q3_K"})
+    with pytest.raises(PlanError, match="IQ2_XS"):
+        GGUFWriter(t, quantize={".*": "IQ2_XS"})
+    with pytest.raises(PlanError, match="unknown quantization mix 'Q7_K_M'"):
+        GGUFWriter(t, quantize="Q7_K_M")
     with pytest.raises(PlanError, match="regex"):
         GGUFWriter(t, quantize={"(": "Q8_0"})
     with pytest.raises(PlanError, match="UINT32"):

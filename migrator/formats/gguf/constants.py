@@ -112,6 +112,8 @@ SCALAR_FORMATS: dict[ValueType, tuple[str, str]] = {
 
 # The file type llama.cpp records in `general.file_type` (llama_ftype) for a file whose weights are
 # mostly of one ggml type.
+# A file of one K-quant throughout gets the number of its _S mix, the closest llama.cpp has (Q2_K's
+# own for Q2_K, Q3_K_S for Q3_K); formats/gguf/mixes.py has the _M/_S mixes' own.
 FILE_TYPES: dict[str, int] = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
-                              "BF16": 32}
+                              "Q2_K": 10, "Q3_K": 11, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "BF16": 32}
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION

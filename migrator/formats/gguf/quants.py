@@ -6,6 +6,12 @@ order of float32 operations, so results are bit-equal to ggml's and to gguf-py's
 quantizes (n, block_size) float32 blocks bit-equal to ggml's `quantize_row_*_ref`. Work is done a
 slab of blocks at a time (`SLAB_BLOCKS`), so temporaries stay in cache whatever the tensor's size.
 
+The K-quants (`K_QUANTIZED`: Q2_K..Q6_K) are quantized by the compiled kernels only
+(`migrator/core/_kernels.c`, bit-equal to ggml's reference quantizers): their fit is a search over
+candidate scales per sub-block, element by element, which numpy would run at a few MB/s. Without the
+kernels they are refused (`KQuantsUnavailableError`, raised when a plan chooses one). Large inputs
+are split over the available CPUs (`quantize`), the loops running without the GIL.
+
 Block layouts (bytes, little-endian): see each function. The IQ types index fixed grids (`grids.py`);
 their sign patterns (`ksigns`) follow a rule and are made here.
 """
@@ -13,13 +19,17 @@ their sign patterns (`ksigns`) follow a rule and are made here.
 from __future__ import annotations
 
 import base64
+import itertools
+import threading
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
 import numpy as np
 
+from ...core.errors import UnsupportedDTypeError
 from .constants import BY_NAME, QK_K, GGMLType
 
 F32 = np.float32
@@ -424,15 +434,74 @@ QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+K_QUANTIZED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+"""Quantized by the compiled kernels only (bit-equal to ggml's `quantize_row_*_ref`)."""
+SPLIT_VALUES = 1 << 20
+"""A K-quant input of at least this many values (4 MiB of F32) is split over the available CPUs: the
+K-quant fits run at ~70-150 MB/s a core, slower than reading and writing."""
+_split_pool: list[ThreadPoolExecutor] = []
+_split_lock = threading.Lock()
+
+
+class KQuantsUnavailableError(UnsupportedDTypeError):
+    """A K-quant output without the compiled kernels."""
+
+
+def require_kernels(name: str) -> None:
+    """Raise KQuantsUnavailableError when `name` is a K-quant and the compiled kernels are not built."""
+    if name in K_QUANTIZED and _kernels() is None:
+        raise KQuantsUnavailableError(
+            f"writing {name} needs migrator's compiled kernels (migrator/core/_kernels.c), which are not built "
+            "or are switched off (MIGRATOR_NO_KERNELS): reinstall with a C compiler, or choose Q8_0/Q4_0/Q4_1/"
+            "Q5_0/Q5_1")
+
+
+def _workers() -> int:
+    from ...core.casts import available_cpus
+
+    return min(available_cpus(), 8)
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Threads for the other parts of a split input (their tasks wait on nothing, so they always finish)."""
+    with _split_lock:
+        if not _split_pool:
+            _split_pool.append(ThreadPoolExecutor(max_workers=max(1, _workers() - 1),
+                                                  thread_name_prefix="migrator-quantize"))
+        return _split_pool[0]
+
+
+def _quantize_split(k: Any, kind: str, x: np.ndarray, out: np.ndarray, type_size: int) -> None:
+    """One kernel call per part of the blocks: the first in this thread, the others on the pool."""
+    n = len(x)
+    parts = min(_workers(), n)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    rows = out.reshape(n, type_size)
+    futures = [_pool().submit(k.gguf_blocks, kind, x[a:b], rows[a:b]) for a, b in itertools.pairwise(bounds[1:])]
+    try:
+        k.gguf_blocks(kind, x[:bounds[1]], rows[:bounds[1]])
+    finally:
+        for f in futures:
+            f.result()
+
+
 def quantize(values: np.ndarray, gtype: GGMLType, out: np.ndarray | None = None) -> np.ndarray:
     """Float32 values (a multiple of the block size) -> the blocks' bytes, as a flat uint8 array."""
-    fn = QUANTIZERS[gtype.name]
     x = np.ascontiguousarray(values, dtype=F32).reshape(-1, gtype.block_size)
     n = len(x)
     if out is None:
         out = np.empty(n * gtype.type_size, dtype=np.uint8)
     k = _kernels()
-    if k is not None and k.gguf_blocks(f"quantize {gtype.name}", x, out):
+    kind = f"quantize {gtype.name}"
+    if gtype.name in K_QUANTIZED:
+        require_kernels(gtype.name)
+        if x.size >= SPLIT_VALUES and _workers() > 1:
+            _quantize_split(k, kind, x, out, gtype.type_size)
+        else:
+            k.gguf_blocks(kind, x, out)
+        return out
+    fn = QUANTIZERS[gtype.name]
+    if k is not None and k.gguf_blocks(kind, x, out):
         return out
     rows = out.reshape(n, gtype.type_size)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs: ggml's casts are undefined too
@@ -442,7 +511,7 @@ def quantize(values: np.ndarray, gtype: GGMLType, out: np.ndarray | None = None)
 
 
 def quantizable(name: str) -> bool:
-    return name in QUANTIZERS
+    return name in QUANTIZERS or name in K_QUANTIZED
 
 
 def readable(name: str) -> bool:

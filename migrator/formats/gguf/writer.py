@@ -10,7 +10,9 @@ ggml type: its blocks are copied as they are.
 `quantize` is a list of (regex, type) rules, the first whose regex is found in a tensor's name
 choosing its type (F32, F16, BF16 or a quantized type in `quants.QUANTIZERS`), with llama.cpp's
 conventions: 1-D tensors and norms matched by a rule are written F32, and a tensor whose rows are not a whole number of
-blocks is written F16 instead (`notes` says so). Non-float tensors are never converted.
+blocks falls back as llama.cpp's does (a K-quant to Q5_0/Q5_1/Q8_0/Q4_0, else F16; `notes` says so). Non-float
+tensors are never converted. `quantize` may instead name one of llama.cpp's K-quant mixes (`Q4_K_M` ...,
+`mixes.py`), which chooses each tensor's type as llama-quantize does and sets `general.file_type` to the mix's.
 
 Metadata: `header.Value`s keep their GGUF type (a GGUF source's key/values); plain strings get the
 type llama.cpp gives the key (`_KEY_TYPES`), else STRING. `general.file_type` and
@@ -43,13 +45,15 @@ from .constants import (
     ValueType,
 )
 from .header import Value
-from .quants import QUANTIZERS
+from .mixes import BASE_TYPES, caveat, describe, fallback, is_mix, mix_types
+from .mixes import FILE_TYPES as MIX_FILE_TYPES
+from .quants import K_QUANTIZED, QUANTIZERS, require_kernels
 from .reader import GGML_OF, Dequantized
 
 VERSION = 3
 MAX_NAME_BYTES = 63  # llama.cpp's GGML_MAX_NAME (64) with its terminating NUL
-WRITABLE_TYPES = ("F32", "F16", "BF16", *sorted(QUANTIZERS))
-PIECE_BLOCKS = 1 << 16  # blocks quantized per streamed piece (2 MiB of Q8_0 input per 32-element block)
+WRITABLE_TYPES = ("F32", "F16", "BF16", *sorted(QUANTIZERS), *K_QUANTIZED)
+PIECE_VALUES = 1 << 21  # values quantized per streamed piece (8 MiB of F32 input)
 
 # The GGUF type llama.cpp gives a key, by its suffix (after the architecture prefix), for metadata
 # given as text (a recipe's target.metadata). Anything else is a STRING.
@@ -126,15 +130,20 @@ class GGUFWriter(Writer):
 
     def __init__(self, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None,
-                 quantize: Sequence[tuple[str, str]] | Mapping[str, str] | None = None) -> None:
+                 quantize: Sequence[tuple[str, str]] | Mapping[str, str] | str | None = None) -> None:
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         if self.scalars:
             raise PlanError(f"GGUF has no typed scalars ({', '.join(sorted(self.scalars))}); drop them "
                             "(target.scalars: none) or store them as metadata")
-        rules = list(quantize.items() if isinstance(quantize, Mapping) else quantize or ())
+        meta = {k: typed(k, v) for k, v in self.metadata.items()}
+        self.mix: str | None = None
+        if isinstance(quantize, str):
+            self.mix = quantize.upper()
+            rules = self._mix_rules(self.mix, meta)
+        else:
+            rules = list(quantize.items() if isinstance(quantize, Mapping) else quantize or ())
         self.rules = [(_compile(pattern), _check_type(name)) for pattern, name in rules]
         self.passed_through = 0
-        meta = {k: typed(k, v) for k, v in self.metadata.items()}
         self.alignment = _alignment(meta)
         self.types = [self._output_type(t) for t in self.tensors]
         if self.rules:
@@ -184,10 +193,25 @@ class GGUFWriter(Writer):
         if len(t.shape) < 2 or _NORM.search(t.name):  # llama.cpp keeps these F32 at every output type
             return BY_NAME["F32"]
         if gtype.quantized and t.shape[-1] % gtype.block_size:
+            instead = fallback(chosen, t.shape[-1])
             self.notes.append(f"{t.name}: rows of {t.shape[-1]} are not a multiple of {chosen}'s block of "
-                              f"{gtype.block_size}; written F16")
-            return BY_NAME["F16"]
+                              f"{gtype.block_size}; written {instead} (as llama.cpp does)")
+            return BY_NAME[instead]
         return gtype
+
+    def _mix_rules(self, mix: str, meta: dict[str, Value]) -> list[tuple[str, str]]:
+        """One exact-name rule per tensor llama-quantize would quantize under `mix`."""
+        if not is_mix(mix):
+            raise PlanError(f"unknown quantization mix '{mix}' (mixes: {', '.join(BASE_TYPES)})")
+        floats = [(t.name, t.shape) for t in self.tensors if t.dtype.is_float]
+        chosen = mix_types(mix, floats, meta)
+        kept_f32 = {t.name: "F32" for t in self.tensors if t.dtype.is_float and t.name not in chosen
+                    and (len(t.shape) < 2 or _NORM.search(t.name))}  # as in every GGUF llama.cpp quantizes
+        self.notes.append(f"{mix}: llama.cpp's per-tensor types: {describe(chosen)} (norms and 1-D tensors F32)")
+        warning = caveat(meta)
+        if warning:
+            self.notes.append(f"{mix}: {warning}")
+        return [("^" + re.escape(name) + "$", gtype) for name, gtype in {**chosen, **kept_f32}.items()]
 
     def _general(self, meta: dict[str, Value]) -> dict[str, Value]:
         """general.file_type and general.quantization_version, from the types written."""
@@ -196,7 +220,9 @@ class GGUFWriter(Writer):
         quantized = [name for name in weights if BY_NAME[name].quantized]
         main = max(quantized, key=weights.__getitem__) if quantized else (
             max(weights, key=weights.__getitem__) if weights else "F32")
-        if main in FILE_TYPES:
+        if self.mix is not None:
+            out["general.file_type"] = Value(ValueType.UINT32, MIX_FILE_TYPES[self.mix])
+        elif main in FILE_TYPES:
             out["general.file_type"] = Value(ValueType.UINT32, FILE_TYPES[main])
         out["general.quantization_version"] = Value(ValueType.UINT32, QUANTIZATION_VERSION)
         if "general.architecture" not in meta:
@@ -265,7 +291,7 @@ class _QuantizedPieces:
         from .quants import quantize
 
         f32 = cast(self.tensor, dtypes.F32)
-        step = PIECE_BLOCKS * self.gtype.block_size * 4
+        step = max(1, PIECE_VALUES // self.gtype.block_size) * self.gtype.block_size * 4
         pending = b""
         for piece in source_pieces(f32, step):
             data = pending + bytes(piece) if pending else piece
@@ -289,7 +315,9 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 def _check_type(name: str) -> str:
     if name.upper() not in WRITABLE_TYPES:
-        raise PlanError(f"cannot write ggml type '{name}' (writable: {', '.join(WRITABLE_TYPES)})")
+        raise PlanError(f"cannot write ggml type '{name}' (writable: {', '.join(WRITABLE_TYPES)}; "
+                        f"mixes: {', '.join(BASE_TYPES)})")
+    require_kernels(name.upper())
     return name.upper()
 
 
