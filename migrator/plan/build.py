@@ -294,7 +294,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 if copy_from is not None:
                     folder = copy_from
                 name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
-                made = _made_files(recipe, reader, [e.tensor.name for e in entries])  # a GGUF's config.json
+                made = _made_files(recipe, reader, [e.tensor.name for e in entries], notes)  # a GGUF's config.json
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=folder, weights_name=name,
@@ -307,26 +307,32 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                                     "'/')")
                 tree: dict[str, Any] = {} if structure is None else {"structure": structure}
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries], scalars=scalars,
-                                                    **_writer_options(recipe, out_fmt, meta, reader, src_path), **tree)
+                                                    **_writer_options(recipe, out_fmt, meta, reader, src_path, notes),
+                                                    **tree)
                 notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
         except MigratorError as e:
             fatal.append(str(e))
     return plan
 
 
-def _made_files(recipe: Recipe, reader: Reader, names: list[str]) -> dict[str, bytes]:
-    """Companion files a sharded target is given from the plan: a config.json made from a GGUF's key/values."""
+def _made_files(recipe: Recipe, reader: Reader, names: list[str], notes: list[str]) -> dict[str, bytes]:
+    """Companion files a sharded target is given from the plan: a config.json made from a GGUF's key/values,
+    and the tokenizer files of its vocabulary where it can be spelled as a tokenizer.json."""
     if not recipe.target.hf_config:
         return {}
     import json
 
+    from ..formats.gguf.bpe import hf_tokenizer_files
     from ..formats.gguf.llama import hf_config
 
-    return {"config.json": (json.dumps(hf_config(reader.metadata, names), indent=2) + "\n").encode()}
+    made = {"config.json": (json.dumps(hf_config(reader.metadata, names), indent=2) + "\n").encode()}
+    tokenizer, said = hf_tokenizer_files(reader.metadata)
+    notes += said
+    return {**made, **tokenizer}
 
 
 def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: Reader,
-                    src_path: Path) -> dict[str, Any]:
+                    src_path: Path, notes: list[str]) -> dict[str, Any]:
     """The writer's metadata, and options only one format's writer takes: a GGUF target's per-tensor
     quantization rules, and its key/values with a tokenizer's (target.tokenizer, relative to the
     source's folder)."""
@@ -336,10 +342,13 @@ def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: 
     if out_fmt != "gguf":
         return {"metadata": meta}
     if target.tokenizer:
-        from ..formats.gguf.tokenizer import tokenizer_metadata
+        from ..formats.gguf.tokenizer import tokenizer_key_values
 
         folder = Path(getattr(reader, "folder", None) or src_path.parent)
-        meta = {**meta, **tokenizer_metadata(folder / target.tokenizer)}
+        tokenizer, said = tokenizer_key_values(folder / target.tokenizer)
+        notes += said
+        given = {k: v for k, v in meta.items() if k in target.metadata}  # the recipe's own word wins (e.g. .pre)
+        meta = {**meta, **tokenizer, **given}
     return {"quantize": target.quantize, "metadata": meta}
 
 

@@ -165,6 +165,21 @@ def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os
     data["target"]["metadata"] = {**extra["metadata"], **data["target"]["metadata"]}
     if (folder / "tokenizer.model").is_file():
         data["target"]["tokenizer"] = "tokenizer.model"
+    elif (folder / "tokenizer.json").is_file() and _byte_level_bpe(folder / "tokenizer.json"):
+        data["target"]["tokenizer"] = "tokenizer.json"
+
+
+def _byte_level_bpe(path: Path) -> bool:
+    """Whether a folder's tokenizer.json is a byte-level BPE the GGUF writer converts (else the weights
+    are written without a tokenizer, and the plan says llama.cpp needs one). An unreadable one is
+    taken, so the plan names its problem."""
+    from ..core.errors import FormatError
+    from ..formats.gguf.bpe import byte_level_problem, read_json
+
+    try:
+        return byte_level_problem(read_json(path)) is None
+    except FormatError:
+        return True
 
 
 def llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],

@@ -445,9 +445,9 @@ class TargetSpec(_Strict):
         "tensor whose rows are not whole blocks is written F16 (the plan notes it), non-float tensors keep their "
         "type; tensors no rule matches keep their dtype.")
     tokenizer: str | None = Field(
-        None, description="GGUF targets: a SentencePiece model, relative to the source's folder (e.g. "
-        "tokenizer.model), written as the tokenizer.ggml.* key/values llama.cpp reads (special tokens and "
-        "add_bos/add_eos from config.json / tokenizer_config.json beside it).")
+        None, description="GGUF targets: a SentencePiece model (e.g. tokenizer.model) or a byte-level BPE "
+        "tokenizer.json, relative to the source's folder, written as the tokenizer.ggml.* key/values llama.cpp reads "
+        "(special tokens and add_bos/add_eos from config.json / tokenizer_config.json beside it).")
     hf_config: bool = Field(
         False, description="A folder target from a llama GGUF source: write the config.json of a LlamaForCausalLM "
         "made from its key/values (with the remaps and permute `migrate convert model.gguf out/` adds).")

@@ -186,3 +186,31 @@ def test_llama_cpp_quantized_logits_as_on_gguf_py_s_file(
     ref_data = {t.name: np.asarray(t.data).tobytes() for t in gguf.GGUFReader(str(reference)).tensors}
     assert [t.name for t in gguf.GGUFReader(str(ours)).tensors
             if np.asarray(t.data).tobytes() != ref_data[t.name]] == []
+
+
+@pytest.fixture(scope="module", params=["llama-bpe", "qwen2", "gpt-2"])
+def bpe_family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny Llama folder with a byte-level BPE tokenizer.json of the family, and our F32 GGUF of it."""
+    from test_gguf_bpe import bpe_folder
+
+    folder = bpe_folder(tmp_path_factory.mktemp("bpe") / "hf", request.param)
+    return folder, convert(folder, folder.parent / "m.gguf")
+
+
+def test_llama_cpp_tokenizes_like_the_bpe_tokenizer(bpe_family: tuple[Path, Path]) -> None:
+    """llama.cpp splits text with the regex its table holds for tokenizer.ggml.pre and applies our merges:
+    the ids equal the original tokenizer's (special tokens in the text parsed, as transformers does)."""
+    from test_gguf_bpe import TEXTS
+
+    folder, path = bpe_family
+    want = transformers.AutoTokenizer.from_pretrained(folder)
+    llm = load(path)
+    try:
+        assert llm.n_vocab() == len(want) + 3
+        assert llm.token_bos() == want.bos_token_id and llm.token_eos() == want.eos_token_id
+        for text in TEXTS:
+            expected = want(text, add_special_tokens=False)["input_ids"]
+            assert llm.tokenize(text.encode(), add_bos=False, special=True) == expected, text
+            assert llm.tokenize(text.encode(), add_bos=True, special=True) == [want.bos_token_id, *expected], text
+    finally:
+        llm.close()
