@@ -294,6 +294,9 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 if copy_from is not None:
                     folder = copy_from
                 name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
+                if recipe.target.rope_scaling is not None and not recipe.target.hf_config:
+                    raise PlanError("target.rope_scaling applies to a GGUF target, or to a folder's config.json "
+                                    "made with target.hf_config")
                 made = _made_files(recipe, reader, [e.tensor.name for e in entries], notes)  # a GGUF's config.json
                 plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
@@ -306,9 +309,10 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                     raise PlanError("target.hf_config writes a config.json into a folder target (end the path with "
                                     "'/')")
                 tree: dict[str, Any] = {} if structure is None else {"structure": structure}
-                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], scalars=scalars,
-                                                    **_writer_options(recipe, out_fmt, meta, reader, src_path, notes),
-                                                    **tree)
+                options = _writer_options(recipe, out_fmt, meta, reader, src_path, notes)
+                made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
+                plan.writer = writer_class(out_fmt)([e.tensor for e in entries] + made_tensors, scalars=scalars,
+                                                    **options, **tree)
                 notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
         except MigratorError as e:
             fatal.append(str(e))
@@ -323,9 +327,13 @@ def _made_files(recipe: Recipe, reader: Reader, names: list[str], notes: list[st
     import json
 
     from ..formats.gguf.bpe import hf_tokenizer_files
-    from ..formats.gguf.llama import hf_config
+    from ..formats.gguf.llama import ROPE_FREQS, hf_config
 
-    made = {"config.json": (json.dumps(hf_config(reader.metadata, names), indent=2) + "\n").encode()}
+    scaling = recipe.target.rope_scaling
+    given = {"rope_scaling": scaling.model_dump()} if scaling is not None else None
+    rope_freqs = reader[ROPE_FREQS].numpy() if ROPE_FREQS in reader else None
+    config = hf_config(reader.metadata, names, rope_freqs=rope_freqs, given=given)
+    made = {"config.json": (json.dumps(config, indent=2) + "\n").encode()}
     tokenizer, said = hf_tokenizer_files(reader.metadata)
     notes += said
     return {**made, **tokenizer}
@@ -337,10 +345,22 @@ def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: 
     quantization rules, and its key/values with a tokenizer's (target.tokenizer, relative to the
     source's folder)."""
     target = recipe.target
-    if (target.quantize or target.tokenizer) and out_fmt != "gguf":
-        raise PlanError(f"target.quantize and target.tokenizer apply to GGUF targets; this target is {out_fmt}")
+    if (target.quantize or target.tokenizer or target.rope_scaling) and out_fmt != "gguf":
+        raise PlanError("target.quantize, target.tokenizer and target.rope_scaling apply to GGUF targets; this target "
+                        f"is {out_fmt}")
     if out_fmt != "gguf":
         return {"metadata": meta}
+    made_tensors = []
+    if target.rope_scaling is not None:
+        import json
+
+        from ..formats.gguf.llama import ROPE_SCALING_KEY, rope_freqs_tensor
+
+        scaling = target.rope_scaling.model_dump()
+        made_tensors.append(rope_freqs_tensor(scaling, meta))
+        meta = {**meta, ROPE_SCALING_KEY: json.dumps(scaling)}
+        notes.append(f"{made_tensors[0].name}: {made_tensors[0].shape[0]} RoPE factors computed from "
+                     f"target.rope_scaling (llama3, factor {scaling['factor']}), as llama.cpp's converter writes them")
     if target.tokenizer:
         from ..formats.gguf.tokenizer import tokenizer_key_values
 
@@ -349,7 +369,7 @@ def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: 
         notes += said
         given = {k: v for k, v in meta.items() if k in target.metadata}  # the recipe's own word wins (e.g. .pre)
         meta = {**meta, **tokenizer, **given}
-    return {"quantize": target.quantize, "metadata": meta}
+    return {"quantize": target.quantize, "metadata": meta, "made_tensors": made_tensors}
 
 
 def check_name_lengths(names: Iterable[str], limits: Limits, file: str) -> None:

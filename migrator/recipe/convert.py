@@ -163,6 +163,8 @@ def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os
     kept["exclude"] = extra["filter"]["exclude"] + kept["exclude"]
     data["ops"] = extra["ops"]
     data["target"]["metadata"] = {**extra["metadata"], **data["target"]["metadata"]}
+    if "rope_scaling" in extra:
+        data["target"]["rope_scaling"] = extra["rope_scaling"]
     if (folder / "tokenizer.model").is_file():
         data["target"]["tokenizer"] = "tokenizer.model"
     elif (folder / "tokenizer.json").is_file() and _byte_level_bpe(folder / "tokenizer.json"):
@@ -205,6 +207,8 @@ def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os
     extra = gguf_to_hf(meta)
     data["remap"] = extra["remap"] + data["remap"]
     data["ops"] = extra["ops"]
+    kept = data.setdefault("filter", {"exclude": []})
+    kept["exclude"] = extra["filter"]["exclude"] + kept["exclude"]
     data["target"]["hf_config"] = True
 
 

@@ -214,3 +214,42 @@ def test_llama_cpp_tokenizes_like_the_bpe_tokenizer(bpe_family: tuple[Path, Path
             assert llm.tokenize(text.encode(), add_bos=True, special=True) == [want.bos_token_id, *expected], text
     finally:
         llm.close()
+
+
+def test_llama_cpp_llama31_rope_scaling_logits_match_transformers(tmp_path: Path) -> None:
+    """A Llama 3.1-shaped tiny model (llama3 RoPE scaling, byte-level BPE tokenizer): llama.cpp, which scales
+    each rotary frequency by our rope_freqs.weight, gives transformers' logits within 1e-2; without the
+    scaling transformers' own logits move by far more, so the factors are what is being checked."""
+    from test_gguf_bpe import BOS, EOS, bpe_tokenizer
+    from test_gguf_rope import tiny_llama31
+
+    tok = bpe_tokenizer("llama-bpe")
+    folder = tmp_path / "hf"
+    model = tiny_llama31(vocab_size=tok.get_vocab_size())
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[1] ** 0.5))
+            else:
+                p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=gen))
+    model.config.bos_token_id, model.config.eos_token_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    model.save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS).save_pretrained(folder)
+    path = convert(folder, tmp_path / "m.gguf")
+
+    tokens = transformers.AutoTokenizer.from_pretrained(folder)(TEXT)["input_ids"]
+    assert 30 < len(tokens) <= 64  # the context load() gives
+    with torch.no_grad():
+        expected = model(torch.tensor([tokens])).logits[0].numpy()
+        plain = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            **{**model.config.to_dict(), "rope_scaling": None, "rope_parameters": None, "rope_theta": 10000.0}))
+        plain.load_state_dict(model.state_dict())
+        unscaled = plain.eval()(torch.tensor([tokens])).logits[0].numpy()
+    got = llama_cpp_logits(path, tokens)
+    diff = float(np.abs(got - expected).max())
+    moved = float(np.abs(unscaled - expected).max())
+    print(f"\nllama3 RoPE scaling: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits; "
+          f"without the scaling transformers' logits move by {moved:.3g}")
+    assert moved > 0.5
+    assert diff < 1e-2

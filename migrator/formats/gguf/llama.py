@@ -14,6 +14,7 @@ The way back: `gguf_to_hf(metadata)` gives the inverse recipe data (HF names, th
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,12 +52,8 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
     head_dim = int(config.get("head_dim") or hidden // heads)
     arch = architecture(config) or "llama"
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-        from ...core.errors import PlanError
-
-        raise PlanError(f"RoPE scaling '{rope.get('rope_type', rope.get('type'))}' is not converted to GGUF yet "
-                        "(llama.cpp writes it as a rope_freqs tensor)")
     theta = config.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    scaling = _rope_scaling(rope)
     meta = {
         "general.architecture": arch,
         f"{arch}.context_length": config.get("max_position_embeddings", 2048),
@@ -72,15 +69,77 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
     }
     if head_dim != hidden // heads:  # llama.cpp then reads the head size from these, not hidden / heads
         meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = head_dim
+    if scaling is not None and scaling["rope_type"] == "linear":  # llama.cpp's own keys
+        meta[f"{arch}.rope.scaling.type"] = "linear"
+        meta[f"{arch}.rope.scaling.factor"] = float(scaling["factor"])
     if config.get("_name_or_path"):
         meta["general.name"] = str(config["_name_or_path"]).rstrip("/").rsplit("/", 1)[-1]
-    return {
+    out = {
         "remap": [{"from": a, "to": b} for a, b in _REMAPS],
         "filter": {"exclude": [{"regex": r"\.rotary_emb\.inv_freq$"}]},
         "ops": [{"rope_permute": {"from": r"blk\.\d+\.attn_q\.weight", "heads": heads, "inverse": True}},
                 {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}],
         "metadata": {k: _text(v) for k, v in meta.items()},
     }
+    if scaling is not None and scaling["rope_type"] == "llama3":
+        out["rope_scaling"] = scaling
+    return out
+
+
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+ROPE_SCALING_KEY = "migrator.rope_scaling"
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def _rope_scaling(rope: Mapping[str, Any]) -> dict[str, Any] | None:
+    """config.json's RoPE scaling as GGUF can hold it: None (none), linear (llama.cpp's keys) or llama3
+    (the rope_freqs tensor); PlanError for the other kinds."""
+    from ...core.errors import PlanError
+
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in ("default", None):
+        return None
+    if kind == "linear" and isinstance(rope.get("factor"), (int, float)):
+        return {"rope_type": "linear", "factor": float(rope["factor"])}
+    if kind == "llama3":
+        missing = [k for k in ("factor", "original_max_position_embeddings") if rope.get(k) is None]
+        if missing:
+            raise PlanError(f"rope_scaling llama3 without {', '.join(missing)} in config.json")
+        return {"rope_type": "llama3", **{k: rope[k] for k in LLAMA3_KEYS if rope.get(k) is not None}}
+    raise PlanError(f"RoPE scaling '{kind}' is not converted to GGUF yet (linear and llama3 are)")
+
+
+def llama3_rope_factors(scaling: Mapping[str, Any], theta: float, dims: int) -> Any:
+    """Llama 3.1's per-dimension RoPE factors (what llama.cpp divides each rotary frequency by), F32, one
+    per pair of rotated dimensions. A frequency whose wavelength is below original / high_freq_factor
+    keeps its speed (1), one above original / low_freq_factor is slowed by `factor`, and between the two
+    the inverse frequency is blended linearly in original / wavelength."""
+    import numpy as np
+
+    factor = float(scaling["factor"])
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    original = float(scaling["original_max_position_embeddings"])
+    # the base frequencies as transformers and llama.cpp compute them: in float32
+    inv_freq = np.float32(1.0) / np.float32(theta) ** (np.arange(0, dims, 2, dtype=np.float32) / np.float32(dims))
+    wavelength = 2 * np.pi / inv_freq.astype(np.float64)
+    blend = (original / wavelength - low) / (high - low)
+    factors = np.where(wavelength < original / high, 1.0,
+                       np.where(wavelength > original / low, factor, 1.0 / ((1.0 - blend) / factor + blend)))
+    return factors.astype(np.float32)
+
+
+def rope_freqs_tensor(scaling: Mapping[str, Any], meta: Mapping[str, str]) -> Any:
+    """The rope_freqs.weight tensor of a GGUF target, from its rope.freq_base and rope.dimension_count
+    key/values (PlanError naming a missing one)."""
+    from ...core.errors import PlanError
+    from ...core.tensor import from_numpy
+
+    arch = _value(meta, "general.architecture")
+    theta, dims = _value(meta, f"{arch}.rope.freq_base"), _value(meta, f"{arch}.rope.dimension_count")
+    if arch is None or theta is None or dims is None:
+        raise PlanError("target.rope_scaling needs general.architecture and its rope.freq_base and "
+                        "rope.dimension_count key/values (target.metadata)")
+    return from_numpy(ROPE_FREQS, llama3_rope_factors(scaling, float(theta), int(dims)))
 
 
 def _text(v: object) -> str:
@@ -109,14 +168,19 @@ def gguf_to_hf(metadata: Mapping[str, str]) -> dict[str, Any]:
     kv_heads = int(_value(metadata, f"{arch}.attention.head_count_kv", heads))
     return {
         "remap": [{"from": a, "to": b} for a, b in map(lambda r: _back(*r), _REMAPS)],
+        "filter": {"exclude": [{"regex": "^" + re.escape(ROPE_FREQS) + "$"}]},  # config.json's rope_scaling
         "ops": [{"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.q_proj\.weight", "heads": heads}},
                 {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}],
         "hf_config": True,
     }
 
 
-def hf_config(metadata: Mapping[str, str], names: Sequence[str]) -> dict[str, Any]:
-    """A LlamaForCausalLM config.json from a llama GGUF's key/values and the tensor names written."""
+def hf_config(metadata: Mapping[str, str], names: Sequence[str], *, rope_freqs: Any = None,
+              given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A LlamaForCausalLM config.json from a llama GGUF's key/values and the tensor names written, with
+    `given` entries over it. `rope_freqs`: the GGUF's per-dimension RoPE factors, when it has them: the
+    rope_scaling they were computed from is needed (`migrator.rope_scaling`, which migrator writes, or
+    `given`) and must reproduce them exactly; the factors alone do not determine it."""
     from ...core.errors import PlanError
 
     arch = _value(metadata, "general.architecture")
@@ -152,7 +216,45 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str]) -> dict[str, An
         v = _value(metadata, f"tokenizer.ggml.{key}")
         if v is not None:
             config[hf] = int(v)
+    if _value(metadata, f"{arch}.rope.scaling.type") == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": _decimal(need("rope.scaling.factor"))}
+    elif _value(metadata, f"{arch}.rope.scaling.type") not in (None, "none"):
+        raise PlanError(f"target.hf_config: RoPE scaling '{_value(metadata, f'{arch}.rope.scaling.type')}' is not "
+                        "made into a config.json (linear is)")
+    recorded = _value(metadata, ROPE_SCALING_KEY)
+    if rope_freqs is not None and recorded is not None:
+        try:
+            config["rope_scaling"] = json.loads(recorded)
+        except ValueError:
+            raise PlanError(f"target.hf_config: {ROPE_SCALING_KEY} is not JSON: {str(recorded)[:80]!a}") from None
+    config.update(given or {})
+    if rope_freqs is not None:
+        _check_rope_freqs(config, rope_freqs)
     return config
+
+
+def _check_rope_freqs(config: Mapping[str, Any], rope_freqs: Any) -> None:
+    """The config's llama3 rope_scaling reproduces the GGUF's rope_freqs.weight bit for bit (PlanError if not)."""
+    import numpy as np
+
+    from ...core.errors import PlanError
+
+    scaling = config.get("rope_scaling")
+    if not isinstance(scaling, dict) or scaling.get("rope_type") != "llama3":
+        raise PlanError(
+            "target.hf_config: the GGUF has rope_freqs.weight (per-dimension RoPE factors: Llama 3.1's llama3 "
+            "scaling) but not the settings they were computed from; the factors alone do not determine factor, "
+            "low_freq_factor, high_freq_factor and original_max_position_embeddings. Give them in a recipe: "
+            "target.rope_scaling: {rope_type: llama3, factor: 8.0, low_freq_factor: 1.0, "
+            "high_freq_factor: 4.0, original_max_position_embeddings: 8192} (Llama 3.1's)")
+    missing = [k for k in ("factor", "original_max_position_embeddings") if k not in scaling]
+    if missing:
+        raise PlanError(f"target.hf_config: rope_scaling llama3 needs {', '.join(missing)}")
+    made = llama3_rope_factors(scaling, float(config["rope_theta"]), int(config["head_dim"]))
+    found = np.asarray(rope_freqs, dtype=np.float32).reshape(-1)
+    if made.shape != found.shape or not np.array_equal(made, found):
+        raise PlanError(f"target.hf_config: rope_scaling {json.dumps(scaling)} does not give the GGUF's "
+                        f"rope_freqs.weight (computed {made[:4].tolist()}..., stored {found[:4].tolist()}...)")
 
 
 def _decimal(v: Any) -> float:
