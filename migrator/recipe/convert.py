@@ -194,7 +194,9 @@ def llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],
 
     with open_file(src, "gguf") as reader:
         meta = dict(reader.metadata)
-    return meta if getattr(meta.get("general.architecture"), "data", None) == "llama" else None
+    from ..formats.gguf.llama import HF_CLASSES
+
+    return meta if getattr(meta.get("general.architecture"), "data", None) in HF_CLASSES else None
 
 
 def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +61,13 @@ def bpe_tokenizer(family: str, vocab_size: int = 420) -> Any:
     return tok
 
 
-def bpe_folder(folder: Path, family: str, padding: int = 3) -> Path:
-    """A tiny LlamaForCausalLM folder with `family`'s tokenizer (tokenizer.json, tokenizer_config.json),
-    its embedding `padding` rows larger than the tokenizer (ids no token holds, as many models have)."""
+def bpe_folder(folder: Path, family: str, padding: int = 3, model_of: Callable[[int], Any] | None = None) -> Path:
+    """A tiny model folder (`model_of(vocab_size)`, by default a LlamaForCausalLM) with `family`'s tokenizer
+    (tokenizer.json, tokenizer_config.json), its embedding `padding` rows larger than the tokenizer (ids
+    no token holds, as many models have)."""
     tok = bpe_tokenizer(family)
     n = tok.get_vocab_size()
-    model = tiny_llama_rope(vocab_size=n + padding)
+    model = (model_of or tiny_llama_rope)(n + padding)
     model.config.bos_token_id, model.config.eos_token_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
     model.save_pretrained(folder)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS)

@@ -36,7 +36,14 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tests' tiny Llama with weights drawn at 1.5/sqrt(fan_in) (the default init's 0.02 gives
     logits of ~0.1, which a 1e-2 bound would barely test) and norm weights other than 1."""
     folder = tmp_path_factory.mktemp("llamacpp") / "hf"
-    model = tiny_llama(vocab_size=300)
+    model = redrawn(tiny_llama(vocab_size=300))
+    model.save_pretrained(folder)
+    sentencepiece_model(folder)
+    return folder
+
+
+def redrawn(model: Any) -> Any:
+    """The model with its matrices drawn at 1.5/sqrt(fan_in) and its vectors (norms, biases) in [0.75, 1.25)."""
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
@@ -44,9 +51,7 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[1] ** 0.5))
             else:
                 p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=gen))
-    model.save_pretrained(folder)
-    sentencepiece_model(folder)
-    return folder
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -225,14 +230,7 @@ def test_llama_cpp_llama31_rope_scaling_logits_match_transformers(tmp_path: Path
 
     tok = bpe_tokenizer("llama-bpe")
     folder = tmp_path / "hf"
-    model = tiny_llama31(vocab_size=tok.get_vocab_size())
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[1] ** 0.5))
-            else:
-                p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=gen))
+    model = redrawn(tiny_llama31(vocab_size=tok.get_vocab_size()))
     model.config.bos_token_id, model.config.eos_token_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
     model.save_pretrained(folder)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS).save_pretrained(folder)
@@ -252,4 +250,27 @@ def test_llama_cpp_llama31_rope_scaling_logits_match_transformers(tmp_path: Path
     print(f"\nllama3 RoPE scaling: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits; "
           f"without the scaling transformers' logits move by {moved:.3g}")
     assert moved > 0.5
+    assert diff < 1e-2
+
+
+@pytest.mark.parametrize("arch, family", [("qwen2", "qwen2"), ("phi3", "gpt-2")])
+def test_llama_cpp_qwen2_phi3_logits_match_transformers(arch: str, family: str, tmp_path: Path) -> None:
+    """Qwen2 (q/k/v biases) and Phi-3 (fused qkv, gate_up) written unpermuted: llama.cpp, rotating them as
+    GPT-NeoX does, gives transformers' logits within 1e-2 on a BPE-tokenized prompt."""
+    from test_gguf_archs import tiny_phi3, tiny_qwen2
+    from test_gguf_bpe import TEXTS, bpe_folder
+
+    build = {"qwen2": tiny_qwen2, "phi3": tiny_phi3}[arch]
+    folder = bpe_folder(tmp_path / "hf", family, model_of=lambda vocab: redrawn(build(vocab)))
+    path = convert(folder, tmp_path / "m.gguf")
+    tokens = transformers.AutoTokenizer.from_pretrained(folder)(TEXTS[0] + " " + TEXTS[1])["input_ids"]
+    model = getattr(transformers, {"qwen2": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM"}[arch]).from_pretrained(
+        folder).eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([tokens])).logits[0].numpy()
+    assert expected.std() > 1.0
+    got = llama_cpp_logits(path, tokens)
+    diff = float(np.abs(got - expected).max())
+    print(f"\n{arch}: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits "
+          f"(logit std {expected.std():.2f})")
     assert diff < 1e-2

@@ -57,7 +57,8 @@ _KEY_TYPES: dict[str, ValueType] = {
     **{k: ValueType.UINT32 for k in (
         ".context_length", ".embedding_length", ".block_count", ".feed_forward_length", ".vocab_size",
         ".attention.head_count", ".attention.head_count_kv", ".attention.key_length", ".attention.value_length",
-        ".rope.dimension_count", ".expert_count", ".expert_used_count", "general.alignment", "general.file_type",
+        ".rope.dimension_count", ".rope.scaling.original_context_length", ".attention.sliding_window",
+        ".expert_count", ".expert_used_count", "general.alignment", "general.file_type",
         "general.quantization_version", "_token_id")},
     **{k: ValueType.FLOAT32 for k in (
         ".attention.layer_norm_epsilon", ".attention.layer_norm_rms_epsilon", ".rope.freq_base",
