@@ -294,15 +294,14 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 if copy_from is not None:
                     folder = copy_from
                 name = recipe.target.shard.name or default_weights_name(out_fmt, getattr(reader, "folder", None))
-                if recipe.target.rope_scaling is not None and not recipe.target.hf_config:
-                    raise PlanError("target.rope_scaling applies to a GGUF target, or to a folder's config.json "
-                                    "made with target.hf_config")
                 made = _made_files(recipe, reader, [e.tensor.name for e in entries], notes)  # a GGUF's config.json
-                plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
+                options = _writer_options(recipe, out_fmt, meta, reader, src_path, notes, folder_target=True)
+                made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
+                plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries] + made_tensors, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=folder, weights_name=name,
                                             config_update=reader.config_update,
-                                            generated=[*reader.generated, *made.items()])
+                                            generated=[*reader.generated, *made.items()], **options)
                 plan.notes += plan.writer.notes
             else:
                 if recipe.target.hf_config:
@@ -340,18 +339,20 @@ def _made_files(recipe: Recipe, reader: Reader, names: list[str], notes: list[st
 
 
 def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: Reader,
-                    src_path: Path, notes: list[str]) -> dict[str, Any]:
+                    src_path: Path, notes: list[str], *, folder_target: bool = False) -> dict[str, Any]:
     """The writer's metadata, and options only one format's writer takes: a GGUF target's per-tensor
-    quantization rules, and its key/values with a tokenizer's (target.tokenizer, relative to the
-    source's folder)."""
+    quantization rules, its key/values with a tokenizer's (target.tokenizer, relative to the
+    source's folder), and the tensors it is given (`made_tensors`: rope_freqs.weight). A folder
+    target's rope_scaling with hf_config is its config.json's (`_made_files`)."""
     target = recipe.target
-    if (target.quantize or target.tokenizer or target.rope_scaling) and out_fmt != "gguf":
+    rope_tensor = target.rope_scaling is not None and not (folder_target and target.hf_config)
+    if (target.quantize or target.tokenizer or rope_tensor) and out_fmt != "gguf":
         raise PlanError("target.quantize, target.tokenizer and target.rope_scaling apply to GGUF targets; this target "
                         f"is {out_fmt}")
     if out_fmt != "gguf":
         return {"metadata": meta}
     made_tensors = []
-    if target.rope_scaling is not None:
+    if target.rope_scaling is not None and rope_tensor:
         import json
 
         from ..formats.gguf.llama import ROPE_SCALING_KEY, rope_freqs_tensor

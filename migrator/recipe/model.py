@@ -474,7 +474,8 @@ class TargetSpec(_Strict):
         False, description="A folder target from a llama GGUF source: write the config.json of a LlamaForCausalLM "
         "made from its key/values (with the remaps and permute `migrate convert model.gguf out/` adds).")
     shard: ShardSpec | None = Field(
-        None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "
+        None, description="Write a folder of shards plus an index (SafeTensors or PyTorch), or of llama.cpp's split "
+        "files (GGUF: NAME-00001-of-0000N.gguf, no index). Implied by a path ending "
         "with '/'.")
     copy_: list[Annotated[Annotated[str, Tag("name")] | Annotated[CopySpec, Tag("path")],  # a model's tag: its
                           _tagged("a glob or {path, optional}", mapping="path")]] = Field(  # first field's name
@@ -504,7 +505,7 @@ class TargetSpec(_Strict):
             if fmt == "burnpack":
                 raise recipe_value_error("a sharded target cannot be burnpack: Burn has one file per model (a .bpk "
                                        "holds the whole model)", key="shard",
-                                       hint="write format: safetensors or pytorch shards, or drop target.shard")
+                                       hint="write format: safetensors, pytorch or gguf shards, or drop target.shard")
         elif self.copy_:
             raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")

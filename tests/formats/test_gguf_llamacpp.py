@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cli_support import migrate_in_process
-from model_support import tiny_llama
+from model_support import tiny_llama_rope
 from test_gguf_llama import TEXT, sentencepiece_model
 
 pytestmark = pytest.mark.llamacpp
@@ -36,7 +36,7 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tests' tiny Llama with weights drawn at 1.5/sqrt(fan_in) (the default init's 0.02 gives
     logits of ~0.1, which a 1e-2 bound would barely test) and norm weights other than 1."""
     folder = tmp_path_factory.mktemp("llamacpp") / "hf"
-    model = redrawn(tiny_llama(vocab_size=300))
+    model = redrawn(tiny_llama_rope(vocab_size=300))
     model.save_pretrained(folder)
     sentencepiece_model(folder)
     return folder
@@ -274,3 +274,20 @@ def test_llama_cpp_qwen2_phi3_logits_match_transformers(arch: str, family: str, 
     print(f"\n{arch}: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits "
           f"(logit std {expected.std():.2f})")
     assert diff < 1e-2
+
+
+def test_llama_cpp_loads_our_split_files(hf_folder: Path, f32_gguf: Path, tmp_path: Path,
+                                         prompt_and_hf_logits: tuple[list[int], np.ndarray]) -> None:
+    """llama.cpp, given the first of our split files, finds the others and computes the single file's logits."""
+    tokens, expected = prompt_and_hf_logits
+    res = migrate_in_process("convert", str(hf_folder), str(tmp_path / "split") + "/", "--to", "gguf",
+                             "--max-shard-size", "40KB")
+    assert res.returncode == 0, res.stdout + res.stderr
+    files = sorted((tmp_path / "split").iterdir())
+    assert len(files) > 2
+    got = llama_cpp_logits(files[0], tokens)
+    single = llama_cpp_logits(f32_gguf, tokens)
+    print(f"\nsplit into {len(files)} files: max |split - single file| = {np.abs(got - single).max():.3g}, "
+          f"|split - transformers| = {np.abs(got - expected).max():.3g}")
+    assert np.array_equal(got, single)
+    assert float(np.abs(got - expected).max()) < 1e-2
