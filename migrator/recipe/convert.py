@@ -116,7 +116,7 @@ def build_recipe(
     if declared:
         data["modules"] = declared
     _hf_to_gguf(data, src, dst, target_format_name)
-    _gguf_to_hf(data, src, dst)
+    _gguf_to_hf(data, src, dst, target_format_name)
     from pydantic import ValidationError
 
     from .model import Recipe
@@ -185,10 +185,11 @@ def _byte_level_bpe(path: Path) -> bool:
 
 
 def llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-               max_shard_size: object) -> dict[str, str] | None:
-    """The key/values of a llama GGUF file being converted into a model folder (a sharded target), else None."""
+               max_shard_size: object, target_format_name: str = "auto") -> dict[str, str] | None:
+    """The key/values of a GGUF file (of an architecture `gguf_to_hf` knows) being converted into a Hugging
+    Face model folder (a sharded target not in GGUF: that is split GGUF files), else None."""
     sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
-    if not sharded or not os.fspath(src).endswith(".gguf") or not os.path.isfile(src):
+    if not sharded or target_format_name == "gguf" or not os.fspath(src).endswith(".gguf") or not os.path.isfile(src):
         return None
     from ..files.io import open_file
 
@@ -199,9 +200,10 @@ def llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     return meta if getattr(meta.get("general.architecture"), "data", None) in HF_CLASSES else None
 
 
-def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                target_format_name: str) -> None:
     """A llama GGUF converted into a model folder: Hugging Face names and layout, and a config.json."""
-    meta = llama_gguf(src, dst, data["target"].get("shard"))
+    meta = llama_gguf(src, dst, data["target"].get("shard"), target_format_name)
     if meta is None:
         return
     from ..formats.gguf.llama import gguf_to_hf

@@ -101,3 +101,20 @@ def test_one_file_is_still_numbered_and_overwrite_replaces_the_splits(hf_folder:
     assert sorted(p.name for p in (tmp_path / "split").iterdir()) == ["model-00001-of-00001.gguf"]
     fields = _fields(gguf.GGUFReader(str(tmp_path / "split" / "model-00001-of-00001.gguf")))
     assert (fields["split.no"], fields["split.count"]) == (0, 1)
+
+
+def test_a_quantized_gguf_is_split_block_for_block(hf_folder: Path, tmp_path: Path) -> None:
+    """GGUF -> split GGUF (`--to gguf` on a folder target: not the Hugging Face folder a GGUF source
+    otherwise becomes): the same names, types and bytes, quantized blocks copied as stored."""
+    _convert(hf_folder, str(tmp_path / "q.gguf"), "--quantize", "Q8_0")
+    res = migrate_in_process("convert", str(tmp_path / "q.gguf"), str(tmp_path / "split") + "/", "--to", "gguf",
+                             "--max-shard-size", f"{LIMIT}B")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "written in their stored ggml types" in res.stdout + res.stderr
+    files = sorted((tmp_path / "split").iterdir())
+    assert len(files) > 2 and all(f.suffix == ".gguf" for f in files)  # no config.json: still GGUF
+    one = gguf.GGUFReader(str(tmp_path / "q.gguf"))
+    split = [t for f in files for t in gguf.GGUFReader(str(f)).tensors]
+    assert [(t.name, t.tensor_type) for t in split] == [(t.name, t.tensor_type) for t in one.tensors]
+    assert all(np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes() for a, b in zip(split, one.tensors,
+                                                                                           strict=True))
