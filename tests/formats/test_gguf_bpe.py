@@ -173,14 +173,15 @@ def test_a_wordpiece_tokenizer_json_is_not_converted(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content, message", [
-    ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("[" * 100 + "]" * 100, "nested too deeply"),
     ('{"model": {"type": "BPE", "vocab": {"a": 99999999999}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}}',
      "ids are integers below"),
     ('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a b", "c"]]}, "pre_tokenizer": {"type": "ByteLevel"}}',
      "is not two tokens"),
     ('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}, '
      '"added_tokens": [{"id": -1, "content": "x"}]}', "added token without a valid id"),
-    ("not json", "not valid JSON"),
+    ("not json", "is not JSON"),
 ])
 def test_hostile_tokenizer_json_is_a_clean_error(tmp_path: Path, content: str, message: str) -> None:
     from migrator.core.errors import FormatError

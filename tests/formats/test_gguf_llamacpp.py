@@ -1,7 +1,9 @@
 """llama.cpp itself as the oracle of the GGUF files migrator writes from a Hugging Face Llama folder:
 the file loads, llama.cpp tokenizes text as SentencePiece does, its F32 logits are within 1e-2 of
 transformers', and on Q8_0/Q4_0 files its logits are as close to transformers' as on the file
-gguf-py writes from the same weights with its own quantizer.
+gguf-py writes from the same weights with its own quantizer. Also: byte-level BPE tokenizers
+(llama-bpe, qwen2, gpt-2) tokenized as the original, Llama 3.1 RoPE scaling, Qwen2 and Phi-3 logits
+within 1e-2 of transformers', and split files loaded from the first.
 
 Optional and slow to set up: llama-cpp-python compiles llama.cpp from source, so `make test-llamacpp`
 builds it once into its own folder and runs only this file (marker `llamacpp`). Everywhere else

@@ -15,9 +15,9 @@ in the table is written as "default" with a note saying llama.cpp may split text
 (`--metadata tokenizer.ggml.pre=NAME` sets it). llama.cpp's own converter picks the name by hashing
 the tokenizer's output on a test text, which needs the tokenizer run; a regex match needs only JSON.
 
-The file is untrusted: read whole only up to `MAX_JSON_BYTES`, nesting bounded by json's recursion
-limit (an error, not a crash), every field type-checked, token ids bounded before the token table
-is allocated.
+The file is untrusted: read whole only up to `MAX_JSON_BYTES` and parsed by `bounded_json` (the
+objects it may build and its nesting bounded before and after parsing, as for SafeTensors headers),
+every field type-checked, token ids bounded before the token table is allocated.
 
 Back (`hf_tokenizer_files`): a GGUF's gpt2 vocabulary as `tokenizer.json` + `tokenizer_config.json`
 that transformers' `AutoTokenizer` loads, when its `tokenizer.ggml.pre` is one of the table's.
@@ -59,18 +59,18 @@ _SPECIALS = (("bos", "bos_token", "bos_token_id"), ("eos", "eos_token", "eos_tok
 
 def read_json(path: Path, what: str = "tokenizer") -> dict[str, Any]:
     """A JSON object read bounded (size, nesting); FormatError naming the file otherwise."""
+    from ...core.limits import DEFAULT_LIMITS
+    from ..bounded_json import load_bounded_json
+
     label = str(path)
     try:
         size = path.stat().st_size
         if size > MAX_JSON_BYTES:
             raise FormatError(f"a {size}-byte {what} file; at most {MAX_JSON_BYTES} are read", file=label)
-        value = json.loads(path.read_bytes())
+        raw = path.read_bytes()
     except OSError as e:
         raise FormatError(f"cannot read the {what}: {e.strerror}", file=label) from None
-    except RecursionError:
-        raise FormatError(f"the {what} JSON nests too deeply", file=label) from None
-    except ValueError as e:
-        raise FormatError(f"the {what} is not valid JSON: {e}", file=label) from None
+    value = load_bounded_json(raw, DEFAULT_LIMITS, label, f"the {what}")
     if not isinstance(value, dict):
         raise FormatError(f"the {what} is not a JSON object", file=label)
     return value
