@@ -205,3 +205,14 @@ def test_special_ids_fall_back_to_config_json(tmp_path: Path) -> None:
     assert meta["tokenizer.ggml.eos_token_id"].data == config["eos_token_id"]
     assert len(meta["tokenizer.ggml.tokens"].data) == config["vocab_size"]
     assert np.asarray(meta["tokenizer.ggml.token_type"].data)[-1] == 5
+
+
+def test_pre_tokenizer_table_is_transformers_s() -> None:
+    """The split regex we recognise for each name is the one transformers' GGUF loader rebuilds for that
+    name (its copy of each family's tokenizer.json regex), so a file we name loads back splitting alike."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+    from migrator.formats.gguf.bpe import PRE_TOKENIZERS
+
+    assert {name: regex for name, (regex, _) in PRE_TOKENIZERS.items()} == {
+        name: GGUF_PRE_TOKENIZER_SPLITS[name] for name in PRE_TOKENIZERS}

@@ -155,3 +155,16 @@ def test_other_rope_scaling_is_refused(tmp_path: Path) -> None:
         tmp_path / "hf")
     res = migrate_in_process("convert", str(tmp_path / "hf"), str(tmp_path / "m.gguf"))
     assert res.returncode != 0 and "RoPE scaling 'yarn' is not converted to GGUF" in res.stdout + res.stderr
+
+
+def test_rope_scaling_needs_a_gguf_target_or_hf_config(tmp_path: Path) -> None:
+    from migrator.plan.build import build_plan
+    from migrator.recipe.convert import build_recipe
+    from migrator.recipe.model import RopeScalingSpec
+
+    tiny_llama31(scaling=None).save_pretrained(tmp_path / "hf")
+    recipe = build_recipe(tmp_path / "hf", tmp_path / "out.safetensors")
+    recipe = recipe.model_copy(update={"target": recipe.target.model_copy(
+        update={"rope_scaling": RopeScalingSpec(**SCALING)})})
+    with build_plan(recipe, tmp_path) as plan:
+        assert any("rope_scaling apply to GGUF targets" in f for f in plan.fatal), plan.fatal
