@@ -127,9 +127,11 @@ class GGUFWriter(Writer):
 
     def __init__(self, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None,
-                 quantize: Sequence[tuple[str, str]] | Mapping[str, str] | None = None, general: bool = True) -> None:
+                 quantize: Sequence[tuple[str, str]] | Mapping[str, str] | None = None, general: bool = True,
+                 types: Sequence[GGMLType] | None = None) -> None:
         """`general`: compute general.file_type / quantization_version (and note a missing architecture or
-        tokenizer); a split file after the first (`split_writers`) takes its key/values as given."""
+        tokenizer); a split file (`split_writers`) takes its key/values as given. `types`: each tensor's
+        output type as already decided (a split file's, by the whole model's plan), else chosen here."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         if self.scalars:
             raise PlanError(f"GGUF has no typed scalars ({', '.join(sorted(self.scalars))}); drop them "
@@ -139,7 +141,7 @@ class GGUFWriter(Writer):
         self.passed_through = 0
         meta = {k: typed(k, v) for k, v in self.metadata.items()}
         self.alignment = _alignment(meta)
-        self.types = [self._output_type(t) for t in self.tensors]
+        self.types = list(types) if types is not None else [self._output_type(t) for t in self.tensors]
         if self.rules:
             counts = Counter(g.name for g in self.types)
             self.notes.append("GGUF types written: " + ", ".join(f"{n} x {k}" for k, n in counts.most_common()))
@@ -353,6 +355,7 @@ def split_writers(tensors: Sequence[LazyTensor], max_size: int, stem: str = "mod
         split = {SPLIT_NO: Value(ValueType.UINT16, no), SPLIT_COUNT: Value(ValueType.UINT16, count),
                  SPLIT_TENSORS: total}
         kv = {**whole.kv, **split} if no == 0 else {**alignment, **split}
-        writer = GGUFWriter([whole.tensors[i] for i in group], metadata=kv, quantize=quantize, general=False)
+        writer = GGUFWriter([whole.tensors[i] for i in group], metadata=kv, general=False,
+                            types=[whole.types[i] for i in group])  # the whole model's choices, not re-made per file
         files.append((SPLIT_NAME.format(stem=stem, no=no + 1, count=count), writer))
     return files, list(whole.notes)
