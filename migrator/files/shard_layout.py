@@ -13,7 +13,8 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 PATTERNS = {"safetensors": ("model{suffix}.safetensors", "model.safetensors.index.json"),
-            "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json")}
+            "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json"),
+            "gguf": ("model{suffix}.gguf", "")}  # llama.cpp's split files: no index, always numbered
 
 
 def check_weights_name(name: str) -> None:

@@ -61,7 +61,7 @@ def is_model_part(name: str) -> bool:
     """Whether a file name at the top of a folder is one a Hugging Face model's weights are made of:
     an index, the single weights file, or a numbered shard (what `--overwrite` of a folder replaces)."""
     return (name.endswith((".safetensors" + INDEX_SUFFIX, ".bin" + INDEX_SUFFIX)) or name in SAFETENSORS_SINGLE
-            or name in PYTORCH_SINGLE or SHARD_FILE_RE.match(name) is not None)
+            or name in PYTORCH_SINGLE or SHARD_FILE_RE.match(name) is not None or GGUF_SPLIT.match(name) is not None)
 
 
 def model_parts(folder: Path) -> set[str]:
@@ -81,7 +81,7 @@ def model_parts(folder: Path) -> set[str]:
     return parts
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".bpk", INDEX_SUFFIX)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".bpk", ".gguf", INDEX_SUFFIX)
 """Files that hold (or index) a model's weights: never companion files, whatever a glob matches."""
 
 

@@ -55,7 +55,7 @@ def copy_folder(folder: Path, target: Path) -> Path:
 def default_weights_name(fmt: str, source_folder: Path | None) -> str | None:
     """None (Hugging Face's model names) unless the source is a PEFT adapter folder, whose weights
     `save_pretrained` names `adapter_model.safetensors` / `adapter_model.bin`: its output keeps them."""
-    if source_folder is None or not isinstance(source_folder, Path) or fmt not in PATTERNS:
+    if source_folder is None or not isinstance(source_folder, Path) or fmt not in ("safetensors", "pytorch"):
         return None
     try:
         adapter = (source_folder / "adapter_config.json").is_file() and any(
@@ -214,28 +214,35 @@ class ShardedWriter(Writer):
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
                  copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
                  weights_name: str | None = None, config_update: Mapping[str, Any] | None = None,
-                 generated: Sequence[tuple[str, bytes]] = (), storage: StorageOptions | None = None) -> None:
+                 generated: Sequence[tuple[str, bytes]] = (), storage: StorageOptions | None = None,
+                 quantize: Mapping[str, str] | str | None = None) -> None:
         """`config_update`: entries set in a copied config.json; `generated`: companion files written
         from these bytes (name, content), in place of a copy of the same name; `storage`: the options
-        companion files on an object store are listed and read with."""
+        companion files on an object store are listed and read with; `quantize`: a GGUF target's rules
+        or llama.cpp mix name (its files are llama.cpp's split layout, `formats.gguf.writer.split_writers`)."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from ..formats.registry import writer_class
 
         if fmt not in PATTERNS:
             raise PlanError(f"a sharded target cannot be {fmt}: Burn has one file per model (a burnpack holds the "
-                            "whole model); write safetensors or pytorch shards")
+                            "whole model); write safetensors, pytorch or gguf shards")
         self.format = fmt  # type: ignore[misc]  # the shards' format
         self.max_size = parse_size(max_size)
         pattern, index_name = weights_patterns(fmt, weights_name)
-        groups = split_shards(self.tensors, self.max_size) or [[]]
-        n = len(groups)
-        names = [pattern.format(suffix="")] if n == 1 else [pattern.format(suffix=f"-{i + 1:05d}-of-{n:05d}")
-                                                             for i in range(n)]
-        cls = writer_class(fmt)
-        self.files: list[tuple[str, Writer]] = [(name, cls(group, metadata=metadata, scalars=scalars))
-                                                for name, group in zip(names, groups, strict=True)]
         self.index: dict[str, Any] | None = None
         self.index_name = index_name
+        if fmt == "gguf":
+            groups = self._gguf_files(pattern, metadata, quantize)
+            n = 1  # no index
+        else:
+            groups = split_shards(self.tensors, self.max_size) or [[]]
+            n = len(groups)
+            names = [pattern.format(suffix="")] if n == 1 else [pattern.format(suffix=f"-{i + 1:05d}-of-{n:05d}")
+                                                                 for i in range(n)]
+            cls = writer_class(fmt)
+            self.files: list[tuple[str, Writer]] = [(name, cls(group, metadata=metadata, scalars=scalars))
+                                                    for name, group in zip(names, groups, strict=True)]
+        names = [name for name, _ in self.files]
         if n > 1:
             weight_map = {t.name: name for name, group in zip(names, groups, strict=True) for t in group}
             followers = tied_followers(self.tensors)  # stored once, counted once (as huggingface_hub counts)
@@ -256,6 +263,21 @@ class ShardedWriter(Writer):
                 self.copies.remove((src, rel))
                 self.generated.append((rel, updated[0]))
                 self.notes.append(updated[1])
+
+    def _gguf_files(self, pattern: str, metadata: Mapping[str, str] | None,
+                    quantize: Mapping[str, str] | str | None) -> list[list[LazyTensor]]:
+        """llama.cpp's split files (`NAME-00001-of-0000N.gguf`, numbered even when one): self.files, and
+        the tensors of each."""
+        from ..formats.gguf.writer import split_writers
+
+        if self.scalars:
+            raise PlanError(f"GGUF has no typed scalars ({', '.join(sorted(self.scalars))}); drop them "
+                            "(target.scalars: none) or store them as metadata")
+        stem = pattern.split("{suffix}", 1)[0].replace("{{", "{").replace("}}", "}")
+        files, notes = split_writers(self.tensors, self.max_size, stem, metadata=metadata, quantize=quantize)
+        self.files = list(files)
+        self.notes += notes
+        return [list(w.tensors) for _, w in files]
 
     def names(self) -> list[str]:
         """The files the output folder holds: shards, the index (if any), companion files."""

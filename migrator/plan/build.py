@@ -307,53 +307,83 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 if copy_from is not None:
                     folder = copy_from
                 name = recipe.target.shard.name or default_weights_name(out_fmt, reader.folder)
-                made = _made_files(recipe, reader, [e.tensor.name for e in entries])  # a GGUF's config.json
-                plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries], metadata=meta, scalars=scalars,
+                made = _made_files(recipe, reader, [e.tensor.name for e in entries], notes)  # a GGUF's config.json
+                options = _writer_options(recipe, out_fmt, meta, reader, src_path, notes, folder_target=True)
+                made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
+                plan.writer = ShardedWriter(out_fmt, [e.tensor for e in entries] + made_tensors, scalars=scalars,
                                             max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                             copy_from=folder, weights_name=name,
                                             config_update=reader.config_update,
-                                            generated=[*reader.generated, *made.items()], storage=storage)
+                                            generated=[*reader.generated, *made.items()], storage=storage, **options)
                 plan.notes += plan.writer.notes
             else:
                 if recipe.target.hf_config:
                     raise PlanError("target.hf_config writes a config.json into a folder target (end the path with "
                                     "'/')")
                 tree: dict[str, Any] = {} if structure is None else {"structure": structure}
-                plan.writer = writer_class(out_fmt)([e.tensor for e in entries], scalars=scalars,
-                                                    **_writer_options(recipe, out_fmt, meta, reader, src_path), **tree)
+                options = _writer_options(recipe, out_fmt, meta, reader, src_path, notes)
+                made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
+                plan.writer = writer_class(out_fmt)([e.tensor for e in entries] + made_tensors, scalars=scalars,
+                                                    **options, **tree)
                 notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
         except MigratorError as e:
             fatal.append(str(e))
     return plan
 
 
-def _made_files(recipe: Recipe, reader: Reader, names: list[str]) -> dict[str, bytes]:
-    """Companion files a sharded target is given from the plan: a config.json made from a GGUF's key/values."""
+def _made_files(recipe: Recipe, reader: Reader, names: list[str], notes: list[str]) -> dict[str, bytes]:
+    """Companion files a sharded target is given from the plan: a config.json made from a GGUF's key/values,
+    and the tokenizer files of its vocabulary where it can be spelled as a tokenizer.json."""
     if not recipe.target.hf_config:
         return {}
     import json
 
-    from ..formats.gguf.llama import hf_config
+    from ..formats.gguf.bpe import hf_tokenizer_files
+    from ..formats.gguf.llama import ROPE_FREQS, hf_config
 
-    return {"config.json": (json.dumps(hf_config(reader.metadata, names), indent=2) + "\n").encode()}
+    scaling = recipe.target.rope_scaling
+    given = {"rope_scaling": scaling.model_dump()} if scaling is not None else None
+    rope_freqs = reader[ROPE_FREQS].numpy() if ROPE_FREQS in reader else None
+    config = hf_config(reader.metadata, names, rope_freqs=rope_freqs, given=given)
+    made = {"config.json": (json.dumps(config, indent=2) + "\n").encode()}
+    tokenizer, said = hf_tokenizer_files(reader.metadata)
+    notes += said
+    return {**made, **tokenizer}
 
 
 def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: Reader,
-                    src_path: Path) -> dict[str, Any]:
+                    src_path: Path, notes: list[str], *, folder_target: bool = False) -> dict[str, Any]:
     """The writer's metadata, and options only one format's writer takes: a GGUF target's per-tensor
-    quantization rules, and its key/values with a tokenizer's (target.tokenizer, relative to the
-    source's folder)."""
+    quantization rules, its key/values with a tokenizer's (target.tokenizer, relative to the
+    source's folder), and the tensors it is given (`made_tensors`: rope_freqs.weight). A folder
+    target's rope_scaling with hf_config is its config.json's (`_made_files`)."""
     target = recipe.target
-    if (target.quantize or target.tokenizer) and out_fmt != "gguf":
-        raise PlanError(f"target.quantize and target.tokenizer apply to GGUF targets; this target is {out_fmt}")
+    rope_tensor = target.rope_scaling is not None and not (folder_target and target.hf_config)
+    if (target.quantize or target.tokenizer or rope_tensor) and out_fmt != "gguf":
+        raise PlanError("target.quantize, target.tokenizer and target.rope_scaling apply to GGUF targets; this target "
+                        f"is {out_fmt}")
     if out_fmt != "gguf":
         return {"metadata": meta}
+    made_tensors = []
+    if target.rope_scaling is not None and rope_tensor:
+        import json
+
+        from ..formats.gguf.llama import ROPE_SCALING_KEY, rope_freqs_tensor
+
+        scaling = target.rope_scaling.model_dump()
+        made_tensors.append(rope_freqs_tensor(scaling, meta))
+        meta = {**meta, ROPE_SCALING_KEY: json.dumps(scaling)}
+        notes.append(f"{made_tensors[0].name}: {made_tensors[0].shape[0]} RoPE factors computed from "
+                     f"target.rope_scaling (llama3, factor {scaling['factor']}), as llama.cpp's converter writes them")
     if target.tokenizer:
-        from ..formats.gguf.tokenizer import tokenizer_metadata
+        from ..formats.gguf.tokenizer import tokenizer_key_values
 
         folder = Path(reader.folder or src_path.parent)
-        meta = {**meta, **tokenizer_metadata(folder / target.tokenizer)}
-    return {"quantize": target.quantize, "metadata": meta}
+        tokenizer, said = tokenizer_key_values(folder / target.tokenizer)
+        notes += said
+        given = {k: v for k, v in meta.items() if k in target.metadata}  # the recipe's own word wins (e.g. .pre)
+        meta = {**meta, **tokenizer, **given}
+    return {"quantize": target.quantize, "metadata": meta, "made_tensors": made_tensors}
 
 
 def check_name_lengths(names: Iterable[str], limits: Limits, file: str) -> None:

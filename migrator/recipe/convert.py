@@ -118,7 +118,7 @@ def build_recipe(
     if declared:
         data["modules"] = declared
     _hf_to_gguf(data, src, dst, target_format_name)
-    _gguf_to_hf(data, src, dst)
+    _gguf_to_hf(data, src, dst, target_format_name)
     from pydantic import ValidationError
 
     from .model import Recipe
@@ -165,26 +165,47 @@ def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os
     kept["exclude"] = extra["filter"]["exclude"] + kept["exclude"]
     data["ops"] = extra["ops"]
     data["target"]["metadata"] = {**extra["metadata"], **data["target"]["metadata"]}
+    if "rope_scaling" in extra:
+        data["target"]["rope_scaling"] = extra["rope_scaling"]
     if (folder / "tokenizer.model").is_file():
         data["target"]["tokenizer"] = "tokenizer.model"
+    elif (folder / "tokenizer.json").is_file() and _byte_level_bpe(folder / "tokenizer.json"):
+        data["target"]["tokenizer"] = "tokenizer.json"
+
+
+def _byte_level_bpe(path: Path) -> bool:
+    """Whether a folder's tokenizer.json is a byte-level BPE the GGUF writer converts (else the weights
+    are written without a tokenizer, and the plan says llama.cpp needs one). An unreadable one is
+    taken, so the plan names its problem."""
+    from ..core.errors import FormatError
+    from ..formats.gguf.bpe import byte_level_problem, read_json
+
+    try:
+        return byte_level_problem(read_json(path)) is None
+    except FormatError:
+        return True
 
 
 def llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-               max_shard_size: object) -> dict[str, str] | None:
-    """The key/values of a llama GGUF file being converted into a model folder (a sharded target), else None."""
+               max_shard_size: object, target_format_name: str = "auto") -> dict[str, str] | None:
+    """The key/values of a GGUF file (of an architecture `gguf_to_hf` knows) being converted into a Hugging
+    Face model folder (a sharded target not in GGUF: that is split GGUF files), else None."""
     sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
-    if not sharded or not os.fspath(src).endswith(".gguf") or not os.path.isfile(src):
+    if not sharded or target_format_name == "gguf" or not os.fspath(src).endswith(".gguf") or not os.path.isfile(src):
         return None
     from ..files.io import open_file
 
     with open_file(src, "gguf") as reader:
         meta = dict(reader.metadata)
-    return meta if getattr(meta.get("general.architecture"), "data", None) == "llama" else None
+    from ..formats.gguf.llama import HF_CLASSES
+
+    return meta if getattr(meta.get("general.architecture"), "data", None) in HF_CLASSES else None
 
 
-def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                target_format_name: str) -> None:
     """A llama GGUF converted into a model folder: Hugging Face names and layout, and a config.json."""
-    meta = llama_gguf(src, dst, data["target"].get("shard"))
+    meta = llama_gguf(src, dst, data["target"].get("shard"), target_format_name)
     if meta is None:
         return
     from ..formats.gguf.llama import gguf_to_hf
@@ -192,6 +213,8 @@ def _gguf_to_hf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os
     extra = gguf_to_hf(meta)
     data["remap"] = extra["remap"] + data["remap"]
     data["ops"] = extra["ops"]
+    kept = data.setdefault("filter", {"exclude": []})
+    kept["exclude"] = extra["filter"]["exclude"] + kept["exclude"]
     data["target"]["hf_config"] = True
 
 

@@ -420,6 +420,23 @@ class CopySpec(_Strict):
     optional: bool = Field(False, description="No matching file is not an error.")
 
 
+class RopeScalingSpec(_Strict):
+    """Llama 3.1's RoPE scaling (config.json's `rope_scaling` with `rope_type: llama3`)."""
+
+    rope_type: Literal["llama3"] = Field(description="The scaling llama.cpp writes as per-dimension factors.")
+    factor: float = Field(gt=0, description="How much the lowest frequencies are slowed (8.0 in Llama 3.1).")
+    low_freq_factor: float = Field(1.0, gt=0, description="Wavelengths above original / this are divided by factor.")
+    high_freq_factor: float = Field(4.0, gt=0, description="Wavelengths below original / this are kept.")
+    original_max_position_embeddings: int = Field(gt=0, description="The context the model was trained with.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RopeScalingSpec:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise recipe_value_error("high_freq_factor must be above low_freq_factor (they bound the smoothed band)",
+                                     key="high_freq_factor")
+        return self
+
+
 class TargetSpec(_Strict):
     """The file (or, for a sharded output, the folder) to write."""
 
@@ -450,14 +467,20 @@ class TargetSpec(_Strict):
         "K-quant mixes (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_S, Q3_K_M, Q3_K_L, Q2_K), which picks "
         "each tensor's type as llama-quantize does.")
     tokenizer: str | None = Field(
-        None, description="GGUF targets: a SentencePiece model, relative to the source's folder (e.g. "
-        "tokenizer.model), written as the tokenizer.ggml.* key/values llama.cpp reads (special tokens and "
-        "add_bos/add_eos from config.json / tokenizer_config.json beside it).")
+        None, description="GGUF targets: a SentencePiece model (e.g. tokenizer.model) or a byte-level BPE "
+        "tokenizer.json, relative to the source's folder, written as the tokenizer.ggml.* key/values llama.cpp reads "
+        "(special tokens and add_bos/add_eos from config.json / tokenizer_config.json beside it).")
+    rope_scaling: RopeScalingSpec | None = Field(
+        None, description="Llama 3.1 RoPE scaling. A GGUF target: written as llama.cpp does, a rope_freqs.weight F32 "
+        "tensor of per-dimension factors (from these, the rope.freq_base and rope.dimension_count key/values), and "
+        "the settings as the migrator.rope_scaling key (JSON). A folder with hf_config: the config.json's "
+        "rope_scaling, for a GGUF whose rope_freqs.weight came without its settings (checked against it).")
     hf_config: bool = Field(
         False, description="A folder target from a llama GGUF source: write the config.json of a LlamaForCausalLM "
         "made from its key/values (with the remaps and permute `migrate convert model.gguf out/` adds).")
     shard: ShardSpec | None = Field(
-        None, description="Write a folder of shards plus an index (SafeTensors or PyTorch). Implied by a path ending "
+        None, description="Write a folder of shards plus an index (SafeTensors or PyTorch), or of llama.cpp's split "
+        "files (GGUF: NAME-00001-of-0000N.gguf, no index). Implied by a path ending "
         "with '/'.")
     copy_: list[Annotated[Annotated[str, Tag("name")] | Annotated[CopySpec, Tag("path")],  # a model's tag: its
                           _tagged("a glob or {path, optional}", mapping="path")]] = Field(  # first field's name
@@ -487,7 +510,7 @@ class TargetSpec(_Strict):
             if fmt == "burnpack":
                 raise recipe_value_error("a sharded target cannot be burnpack: Burn has one file per model (a .bpk "
                                        "holds the whole model)", key="shard",
-                                       hint="write format: safetensors or pytorch shards, or drop target.shard")
+                                       hint="write format: safetensors, pytorch or gguf shards, or drop target.shard")
         elif self.copy_:
             raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")

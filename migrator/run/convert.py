@@ -65,7 +65,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
 
     if (recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items())
             and llama_config(src, dst, options.get("target_format_name", "auto")) is None
-            and llama_gguf(src, dst, options.get("max_shard_size")) is None):
+            and llama_gguf(src, dst, options.get("max_shard_size"), options.get("target_format_name", "auto")) is None):
         done = _plain_copy(src, dst, progress=progress, limits=limits, **options)
         if done is not None:
             return done

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from .remote.options import StorageOptions
 
 SCRATCH_DIR_RE = re.compile(r"^(?P<target>.+)\.migrator-(?P<pid>\d+)-(?P<n>\d+)\.tmpdir$")
-MODEL_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth|bpk|index\.json)$")
+MODEL_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth|bpk|gguf|index\.json)$")
 _counter = itertools.count()
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100

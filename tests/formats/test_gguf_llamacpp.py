@@ -1,7 +1,9 @@
 """llama.cpp itself as the oracle of the GGUF files migrator writes from a Hugging Face Llama folder:
 the file loads, llama.cpp tokenizes text as SentencePiece does, its F32 logits are within 1e-2 of
 transformers', and on Q8_0/Q4_0 files its logits are as close to transformers' as on the file
-gguf-py writes from the same weights with its own quantizer.
+gguf-py writes from the same weights with its own quantizer. Also: byte-level BPE tokenizers
+(llama-bpe, qwen2, gpt-2) tokenized as the original, Llama 3.1 RoPE scaling, Qwen2 and Phi-3 logits
+within 1e-2 of transformers', and split files loaded from the first.
 
 K-quants: our Q2_K..Q6_K blocks are byte-equal to ggml's reference quantizers (called through
 ctypes in the library llama-cpp-python built), and a `--quantize Q4_K_M` (Q4_K_S, Q5_K_M, Q5_K_S,
@@ -47,7 +49,8 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def save_with_test_weights(model: Any, folder: Path) -> None:
+def redrawn(model: Any) -> Any:
+    """The model with its matrices drawn at 1.5/sqrt(fan_in) and its vectors (norms, biases) in [0.75, 1.25)."""
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
@@ -55,7 +58,11 @@ def save_with_test_weights(model: Any, folder: Path) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[1] ** 0.5))
             else:
                 p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=gen))
-    model.save_pretrained(folder)
+    return model
+
+
+def save_with_test_weights(model: Any, folder: Path) -> None:
+    redrawn(model).save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -301,3 +308,103 @@ def test_llama_cpp_logits_on_our_q4_k_m_equal_its_own(hf_k_folders: dict[int, Pa
     print(f"\nQ4_K_M: max |llama.cpp - transformers| {float(np.abs(got - hf).max()):.4g} on migrator's file, "
           f"{float(np.abs(expected - hf).max()):.4g} on llama-quantize's")
     assert np.array_equal(got, expected)
+
+
+@pytest.fixture(scope="module", params=["llama-bpe", "qwen2", "gpt-2"])
+def bpe_family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny Llama folder with a byte-level BPE tokenizer.json of the family, and our F32 GGUF of it."""
+    from test_gguf_bpe import bpe_folder
+
+    folder = bpe_folder(tmp_path_factory.mktemp("bpe") / "hf", request.param)
+    return folder, convert(folder, folder.parent / "m.gguf")
+
+
+def test_llama_cpp_tokenizes_like_the_bpe_tokenizer(bpe_family: tuple[Path, Path]) -> None:
+    """llama.cpp splits text with the regex its table holds for tokenizer.ggml.pre and applies our merges:
+    the ids equal the original tokenizer's (special tokens in the text parsed, as transformers does)."""
+    from test_gguf_bpe import TEXTS
+
+    folder, path = bpe_family
+    want = transformers.AutoTokenizer.from_pretrained(folder)
+    llm = load(path)
+    try:
+        assert llm.n_vocab() == len(want) + 3
+        assert llm.token_bos() == want.bos_token_id and llm.token_eos() == want.eos_token_id
+        for text in TEXTS:
+            expected = want(text, add_special_tokens=False)["input_ids"]
+            assert llm.tokenize(text.encode(), add_bos=False, special=True) == expected, text
+            assert llm.tokenize(text.encode(), add_bos=True, special=True) == [want.bos_token_id, *expected], text
+    finally:
+        llm.close()
+
+
+def test_llama_cpp_llama31_rope_scaling_logits_match_transformers(tmp_path: Path) -> None:
+    """A Llama 3.1-shaped tiny model (llama3 RoPE scaling, byte-level BPE tokenizer): llama.cpp, which scales
+    each rotary frequency by our rope_freqs.weight, gives transformers' logits within 1e-2; without the
+    scaling transformers' own logits move by far more, so the factors are what is being checked."""
+    from test_gguf_bpe import BOS, EOS, bpe_tokenizer
+    from test_gguf_rope import tiny_llama31
+
+    tok = bpe_tokenizer("llama-bpe")
+    folder = tmp_path / "hf"
+    model = redrawn(tiny_llama31(vocab_size=tok.get_vocab_size()))
+    model.config.bos_token_id, model.config.eos_token_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    model.save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS).save_pretrained(folder)
+    path = convert(folder, tmp_path / "m.gguf")
+
+    tokens = transformers.AutoTokenizer.from_pretrained(folder)(TEXT)["input_ids"]
+    assert 30 < len(tokens) <= 64  # the context load() gives
+    with torch.no_grad():
+        expected = model(torch.tensor([tokens])).logits[0].numpy()
+        plain = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            **{**model.config.to_dict(), "rope_scaling": None, "rope_parameters": None, "rope_theta": 10000.0}))
+        plain.load_state_dict(model.state_dict())
+        unscaled = plain.eval()(torch.tensor([tokens])).logits[0].numpy()
+    got = llama_cpp_logits(path, tokens)
+    diff = float(np.abs(got - expected).max())
+    moved = float(np.abs(unscaled - expected).max())
+    print(f"\nllama3 RoPE scaling: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits; "
+          f"without the scaling transformers' logits move by {moved:.3g}")
+    assert moved > 0.5
+    assert diff < 1e-2
+
+
+@pytest.mark.parametrize("arch, family", [("qwen2", "qwen2"), ("phi3", "gpt-2")])
+def test_llama_cpp_qwen2_phi3_logits_match_transformers(arch: str, family: str, tmp_path: Path) -> None:
+    """Qwen2 (q/k/v biases) and Phi-3 (fused qkv, gate_up) written unpermuted: llama.cpp, rotating them as
+    GPT-NeoX does, gives transformers' logits within 1e-2 on a BPE-tokenized prompt."""
+    from test_gguf_archs import tiny_phi3, tiny_qwen2
+    from test_gguf_bpe import TEXTS, bpe_folder
+
+    build = {"qwen2": tiny_qwen2, "phi3": tiny_phi3}[arch]
+    folder = bpe_folder(tmp_path / "hf", family, model_of=lambda vocab: redrawn(build(vocab)))
+    path = convert(folder, tmp_path / "m.gguf")
+    tokens = transformers.AutoTokenizer.from_pretrained(folder)(TEXTS[0] + " " + TEXTS[1])["input_ids"]
+    model = getattr(transformers, {"qwen2": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM"}[arch]).from_pretrained(
+        folder).eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([tokens])).logits[0].numpy()
+    assert expected.std() > 1.0
+    got = llama_cpp_logits(path, tokens)
+    diff = float(np.abs(got - expected).max())
+    print(f"\n{arch}: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits "
+          f"(logit std {expected.std():.2f})")
+    assert diff < 1e-2
+
+
+def test_llama_cpp_loads_our_split_files(hf_folder: Path, f32_gguf: Path, tmp_path: Path,
+                                         prompt_and_hf_logits: tuple[list[int], np.ndarray]) -> None:
+    """llama.cpp, given the first of our split files, finds the others and computes the single file's logits."""
+    tokens, expected = prompt_and_hf_logits
+    res = migrate_in_process("convert", str(hf_folder), str(tmp_path / "split") + "/", "--to", "gguf",
+                             "--max-shard-size", "40KB")
+    assert res.returncode == 0, res.stdout + res.stderr
+    files = sorted((tmp_path / "split").iterdir())
+    assert len(files) > 2
+    got = llama_cpp_logits(files[0], tokens)
+    single = llama_cpp_logits(f32_gguf, tokens)
+    print(f"\nsplit into {len(files)} files: max |split - single file| = {np.abs(got - single).max():.3g}, "
+          f"|split - transformers| = {np.abs(got - expected).max():.3g}")
+    assert np.array_equal(got, single)
+    assert float(np.abs(got - expected).max()) < 1e-2

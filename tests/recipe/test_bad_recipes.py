@@ -233,6 +233,12 @@ target:
   quantize:
     '\.weight$': Q8_0
   tokenizer: tokenizer.model
+  rope_scaling:
+    rope_type: llama3
+    factor: 8.0
+    low_freq_factor: 1.0
+    high_freq_factor: 4.0
+    original_max_position_embeddings: 8192
   hf_config: false
   shard:
     max_size: 5GB

@@ -32,7 +32,8 @@ ADAPTERS = ("valid adapters: identity, pytorch_to_burn, burn_to_pytorch, half_pr
             "{half_precision: {...}}, {float_cast: {to: DTYPE}}")
 USE_FLOAT = "use one of F64, F32, Flex32, F16, BF16"
 TARGET_KEYS = ("path, format, template, template_format, storage_options, template_storage_options, overwrite, fsync, "
-               "metadata, clear_metadata, scalars, quantize, tokenizer, hf_config, shard, copy, copy_from")
+               "metadata, clear_metadata, scalars, quantize, tokenizer, rope_scaling, hf_config, shard, copy, "
+               "copy_from")
 TOP_KEYS = ("version, description, config, source, sources, remap, filter, modules, ops, adapters, dtype, target, "
             "allow_partial, validate, executor")
 

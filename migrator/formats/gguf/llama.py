@@ -1,11 +1,15 @@
-"""Hugging Face Llama-family checkpoints as GGUF: the recipe pieces llama.cpp's converter applies.
+"""Hugging Face decoder checkpoints as GGUF (Llama, Mistral, Qwen2, Phi-3): the recipe pieces
+llama.cpp's converter applies.
 
-`hf_to_gguf(config)` gives, for a `config.json` of LlamaForCausalLM or MistralForCausalLM, the
-remaps (HF names -> llama.cpp's `blk.N.attn_q.weight` ...), the q/k rotary permute (GGUF keeps
-Meta's interleaved layout: `rope_permute` with `inverse: true`, k with the KV head count) and the
-architecture key/values (context and embedding length, block count, heads, KV heads, RoPE base and
-dimension, norm epsilon, vocab size) as recipe data. `migrate convert hf-folder/ out.gguf` merges
-them into its recipe; the tokenizer is `tokenizer.py`'s.
+`hf_to_gguf(config)` gives, for a `config.json` naming one of `ARCHITECTURES`, the remaps (HF names ->
+llama.cpp's `blk.N.attn_q.weight` ...; biases follow their weights), for llama only the q/k rotary
+permute (GGUF keeps Meta's interleaved layout: `rope_permute` with `inverse: true`, k with the KV
+head count; llama.cpp rotates qwen2 and phi3 as GPT-NeoX does, the layout Hugging Face stores), and
+the architecture key/values (context and embedding length, block count, heads, KV heads, RoPE base
+and dimension, norm epsilon, vocab size; Phi-3's sliding window and original context) as recipe
+data. `migrate convert hf-folder/ out.gguf` merges them into its recipe; the tokenizer is
+`tokenizer.py`'s or `bpe.py`'s. Llama 3.1's RoPE scaling becomes a `rope_freqs.weight` tensor
+(`llama3_rope_factors`), as llama.cpp's converter writes it.
 
 The way back: `gguf_to_hf(metadata)` gives the inverse recipe data (HF names, the forward permute,
 `target.hf_config`), and `hf_config(metadata, names)` the config.json a sharded target is given, so
@@ -14,27 +18,43 @@ The way back: `gguf_to_hf(metadata)` gives the inverse recipe data (HF names, th
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                 "Phi3ForCausalLM": "phi3"}
+# the class and model_type a config.json made from a GGUF of each llama.cpp architecture names
+HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+              "phi3": ("Phi3ForCausalLM", "phi3")}
+# llama.cpp rotates q/k of these as GPT-NeoX does (halves), as Hugging Face stores them: no permute.
+# Its llama rotation is Meta's interleaved pairs, which the converter permutes q and k into.
+PERMUTED = frozenset({"llama"})
 
-# HF name -> llama.cpp's (gguf-py's tensor_mapping for LLAMA), in remap syntax
-_REMAPS = (
+# HF name -> llama.cpp's (gguf-py's tensor_mapping), in remap syntax. A prefix maps a layer's weight
+# and its bias alike (Qwen2's q/k/v biases).
+_COMMON = (
     (r"^model\.embed_tokens\.", "token_embd."),
     (r"^model\.norm\.", "output_norm."),
     (r"^lm_head\.", "output."),
-    (r"^model\.layers\.(\d+)\.self_attn\.q_proj\.", "blk.$1.attn_q."),
-    (r"^model\.layers\.(\d+)\.self_attn\.k_proj\.", "blk.$1.attn_k."),
-    (r"^model\.layers\.(\d+)\.self_attn\.v_proj\.", "blk.$1.attn_v."),
     (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", "blk.$1.attn_output."),
-    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", "blk.$1.ffn_gate."),
-    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", "blk.$1.ffn_up."),
     (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", "blk.$1.ffn_down."),
     (r"^model\.layers\.(\d+)\.input_layernorm\.", "blk.$1.attn_norm."),
     (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", "blk.$1.ffn_norm."),
 )
+_SEPARATE = (
+    (r"^model\.layers\.(\d+)\.self_attn\.q_proj\.", "blk.$1.attn_q."),
+    (r"^model\.layers\.(\d+)\.self_attn\.k_proj\.", "blk.$1.attn_k."),
+    (r"^model\.layers\.(\d+)\.self_attn\.v_proj\.", "blk.$1.attn_v."),
+    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", "blk.$1.ffn_gate."),
+    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", "blk.$1.ffn_up."),
+)
+_FUSED = (  # Phi-3: q, k, v in one projection, gate and up in another, kept fused by llama.cpp
+    (r"^model\.layers\.(\d+)\.self_attn\.qkv_proj\.", "blk.$1.attn_qkv."),
+    (r"^model\.layers\.(\d+)\.mlp\.gate_up_proj\.", "blk.$1.ffn_up."),
+)
+REMAPS = {"llama": _COMMON + _SEPARATE, "qwen2": _COMMON + _SEPARATE, "phi3": _COMMON + _FUSED}
 
 
 def architecture(config: dict[str, Any]) -> str | None:
@@ -44,19 +64,24 @@ def architecture(config: dict[str, Any]) -> str | None:
 
 
 def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
-    """Recipe data (remap, filter, ops, target.metadata) for a Llama-family config.json."""
+    """Recipe data (remap, filter, ops, target.metadata, target.rope_scaling) for a config.json of `ARCHITECTURES`."""
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     hidden = int(config["hidden_size"])
     head_dim = int(config.get("head_dim") or hidden // heads)
     arch = architecture(config) or "llama"
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+    theta = config.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    scaling = _rope_scaling(rope)
+    if scaling is not None and arch != "llama":
         from ...core.errors import PlanError
 
-        raise PlanError(f"RoPE scaling '{rope.get('rope_type', rope.get('type'))}' is not converted to GGUF yet "
-                        "(llama.cpp writes it as a rope_freqs tensor)")
-    theta = config.get("rope_theta") or rope.get("rope_theta") or 10000.0
+        raise PlanError(f"RoPE scaling '{scaling['rope_type']}' is converted for Llama models, not {arch}")
+    if config.get("use_sliding_window"):  # Qwen2's; llama.cpp's qwen2 attends to the whole context
+        from ...core.errors import PlanError
+
+        raise PlanError("use_sliding_window: llama.cpp's qwen2 has no sliding-window attention")
+    rotary = config.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0
     meta = {
         "general.architecture": arch,
         f"{arch}.context_length": config.get("max_position_embeddings", 2048),
@@ -66,21 +91,89 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
         f"{arch}.attention.head_count": heads,
         f"{arch}.attention.head_count_kv": kv_heads,
         f"{arch}.rope.freq_base": float(theta),
-        f"{arch}.rope.dimension_count": head_dim,
+        f"{arch}.rope.dimension_count": int(head_dim * rotary),
         f"{arch}.attention.layer_norm_rms_epsilon": config.get("rms_norm_eps", 1e-6),
         f"{arch}.vocab_size": config["vocab_size"],
     }
     if head_dim != hidden // heads:  # llama.cpp then reads the head size from these, not hidden / heads
         meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = head_dim
+    if arch == "phi3":
+        if isinstance(config.get("sliding_window"), int):
+            meta[f"{arch}.attention.sliding_window"] = config["sliding_window"]
+        if isinstance(config.get("original_max_position_embeddings"), int):
+            meta[f"{arch}.rope.scaling.original_context_length"] = config["original_max_position_embeddings"]
+    if scaling is not None and scaling["rope_type"] == "linear":  # llama.cpp's own keys
+        meta[f"{arch}.rope.scaling.type"] = "linear"
+        meta[f"{arch}.rope.scaling.factor"] = float(scaling["factor"])
     if config.get("_name_or_path"):
         meta["general.name"] = str(config["_name_or_path"]).rstrip("/").rsplit("/", 1)[-1]
-    return {
-        "remap": [{"from": a, "to": b} for a, b in _REMAPS],
+    out = {
+        "remap": [{"from": a, "to": b} for a, b in REMAPS[arch]],
         "filter": {"exclude": [{"regex": r"\.rotary_emb\.inv_freq$"}]},
         "ops": [{"rope_permute": {"from": r"blk\.\d+\.attn_q\.weight", "heads": heads, "inverse": True}},
-                {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}],
+                {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}]
+        if arch in PERMUTED else [],
         "metadata": {k: _text(v) for k, v in meta.items()},
     }
+    if scaling is not None and scaling["rope_type"] == "llama3":
+        out["rope_scaling"] = scaling
+    return out
+
+
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+ROPE_SCALING_KEY = "migrator.rope_scaling"
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def _rope_scaling(rope: Mapping[str, Any]) -> dict[str, Any] | None:
+    """config.json's RoPE scaling as GGUF can hold it: None (none), linear (llama.cpp's keys) or llama3
+    (the rope_freqs tensor); PlanError for the other kinds."""
+    from ...core.errors import PlanError
+
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in ("default", None):
+        return None
+    if kind == "linear" and isinstance(rope.get("factor"), (int, float)):
+        return {"rope_type": "linear", "factor": float(rope["factor"])}
+    if kind == "llama3":
+        missing = [k for k in ("factor", "original_max_position_embeddings") if rope.get(k) is None]
+        if missing:
+            raise PlanError(f"rope_scaling llama3 without {', '.join(missing)} in config.json")
+        return {"rope_type": "llama3", **{k: rope[k] for k in LLAMA3_KEYS if rope.get(k) is not None}}
+    raise PlanError(f"RoPE scaling '{kind}' is not converted to GGUF yet (linear and llama3 are)")
+
+
+def llama3_rope_factors(scaling: Mapping[str, Any], theta: float, dims: int) -> Any:
+    """Llama 3.1's per-dimension RoPE factors (what llama.cpp divides each rotary frequency by), F32, one
+    per pair of rotated dimensions. A frequency whose wavelength is below original / high_freq_factor
+    keeps its speed (1), one above original / low_freq_factor is slowed by `factor`, and between the two
+    the inverse frequency is blended linearly in original / wavelength."""
+    import numpy as np
+
+    factor = float(scaling["factor"])
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    original = float(scaling["original_max_position_embeddings"])
+    # the base frequencies as transformers and llama.cpp compute them: in float32
+    inv_freq = np.float32(1.0) / np.float32(theta) ** (np.arange(0, dims, 2, dtype=np.float32) / np.float32(dims))
+    wavelength = 2 * np.pi / inv_freq.astype(np.float64)
+    blend = (original / wavelength - low) / (high - low)
+    factors = np.where(wavelength < original / high, 1.0,
+                       np.where(wavelength > original / low, factor, 1.0 / ((1.0 - blend) / factor + blend)))
+    return factors.astype(np.float32)
+
+
+def rope_freqs_tensor(scaling: Mapping[str, Any], meta: Mapping[str, str]) -> Any:
+    """The rope_freqs.weight tensor of a GGUF target, from its rope.freq_base and rope.dimension_count
+    key/values (PlanError naming a missing one)."""
+    from ...core.errors import PlanError
+    from ...core.tensor import from_numpy
+
+    arch = _value(meta, "general.architecture")
+    theta, dims = _value(meta, f"{arch}.rope.freq_base"), _value(meta, f"{arch}.rope.dimension_count")
+    if arch is None or theta is None or dims is None:
+        raise PlanError("target.rope_scaling needs general.architecture and its rope.freq_base and "
+                        "rope.dimension_count key/values (target.metadata)")
+    return from_numpy(ROPE_FREQS, llama3_rope_factors(scaling, float(theta), int(dims)))
 
 
 def _text(v: object) -> str:
@@ -103,25 +196,34 @@ def _value(meta: Mapping[str, str], key: str, default: Any = None) -> Any:
 
 
 def gguf_to_hf(metadata: Mapping[str, str]) -> dict[str, Any]:
-    """Recipe data (remap, ops, target.hf_config) turning a llama GGUF back into Hugging Face names and layout."""
+    """Recipe data (remap, filter, ops, target.hf_config) turning a GGUF of `HF_CLASSES` back into Hugging Face
+    names and layout."""
     arch = _value(metadata, "general.architecture")
     heads = int(_value(metadata, f"{arch}.attention.head_count"))
     kv_heads = int(_value(metadata, f"{arch}.attention.head_count_kv", heads))
     return {
-        "remap": [{"from": a, "to": b} for a, b in map(lambda r: _back(*r), _REMAPS)],
+        "remap": [{"from": a, "to": b} for a, b in map(lambda r: _back(*r), REMAPS[arch])],
+        "filter": {"exclude": [{"regex": "^" + re.escape(ROPE_FREQS) + "$"}]},  # config.json's rope_scaling
         "ops": [{"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.q_proj\.weight", "heads": heads}},
-                {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}],
+                {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}]
+        if arch in PERMUTED else [],
         "hf_config": True,
     }
 
 
-def hf_config(metadata: Mapping[str, str], names: Sequence[str]) -> dict[str, Any]:
-    """A LlamaForCausalLM config.json from a llama GGUF's key/values and the tensor names written."""
+def hf_config(metadata: Mapping[str, str], names: Sequence[str], *, rope_freqs: Any = None,
+              given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The config.json (LlamaForCausalLM, Qwen2ForCausalLM, Phi3ForCausalLM) from a GGUF's key/values and the
+    tensor names written, with
+    `given` entries over it. `rope_freqs`: the GGUF's per-dimension RoPE factors, when it has them: the
+    rope_scaling they were computed from is needed (`migrator.rope_scaling`, which migrator writes, or
+    `given`) and must reproduce them exactly; the factors alone do not determine it."""
     from ...core.errors import PlanError
 
     arch = _value(metadata, "general.architecture")
-    if arch != "llama":
-        raise PlanError(f"target.hf_config: a config.json is made for llama GGUF sources, not '{arch}'")
+    if arch not in HF_CLASSES:
+        raise PlanError(f"target.hf_config: a config.json is made for {', '.join(HF_CLASSES)} GGUF sources, not "
+                        f"'{arch}'")
 
     def need(key: str) -> Any:
         v = _value(metadata, f"{arch}.{key}")
@@ -133,18 +235,33 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str]) -> dict[str, An
     hidden = int(need("embedding_length"))
     tokens = _value(metadata, "tokenizer.ggml.tokens")
     vocab = _value(metadata, f"{arch}.vocab_size", len(tokens) if tokens is not None else None)
+    head_dim = int(_value(metadata, f"{arch}.attention.key_length", hidden // heads))
+    rotated = int(_value(metadata, f"{arch}.rope.dimension_count", head_dim))
+    hf_class, model_type = HF_CLASSES[arch]
     config: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "architectures": [hf_class], "model_type": model_type,
         "hidden_size": hidden, "intermediate_size": int(need("feed_forward_length")),
         "num_hidden_layers": int(need("block_count")), "num_attention_heads": heads,
         "num_key_value_heads": int(_value(metadata, f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": int(_value(metadata, f"{arch}.rope.dimension_count", hidden // heads)),
         "max_position_embeddings": int(_value(metadata, f"{arch}.context_length", 2048)),
         "rms_norm_eps": _decimal(need("attention.layer_norm_rms_epsilon")),
         "rope_theta": _decimal(_value(metadata, f"{arch}.rope.freq_base", 10000.0)),
         "tie_word_embeddings": "lm_head.weight" not in names,
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+        "hidden_act": "silu",
     }
+    if arch == "llama":
+        config.update({"head_dim": rotated, "attention_bias": False, "mlp_bias": False})
+    elif head_dim != hidden // heads:
+        config["head_dim"] = head_dim
+    if arch == "qwen2":
+        config["use_sliding_window"] = False
+    if arch == "phi3":
+        window = _value(metadata, f"{arch}.attention.sliding_window")
+        config["sliding_window"] = int(window) if window else None
+        original = _value(metadata, f"{arch}.rope.scaling.original_context_length")
+        config["original_max_position_embeddings"] = int(original or config["max_position_embeddings"])
+        if rotated != head_dim:
+            config["partial_rotary_factor"] = rotated / head_dim
     if vocab is not None:
         config["vocab_size"] = int(vocab)
     for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
@@ -152,7 +269,45 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str]) -> dict[str, An
         v = _value(metadata, f"tokenizer.ggml.{key}")
         if v is not None:
             config[hf] = int(v)
+    if _value(metadata, f"{arch}.rope.scaling.type") == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": _decimal(need("rope.scaling.factor"))}
+    elif _value(metadata, f"{arch}.rope.scaling.type") not in (None, "none"):
+        raise PlanError(f"target.hf_config: RoPE scaling '{_value(metadata, f'{arch}.rope.scaling.type')}' is not "
+                        "made into a config.json (linear is)")
+    recorded = _value(metadata, ROPE_SCALING_KEY)
+    if rope_freqs is not None and recorded is not None:
+        try:
+            config["rope_scaling"] = json.loads(recorded)
+        except ValueError:
+            raise PlanError(f"target.hf_config: {ROPE_SCALING_KEY} is not JSON: {str(recorded)[:80]!a}") from None
+    config.update(given or {})
+    if rope_freqs is not None:
+        _check_rope_freqs(config, rope_freqs)
     return config
+
+
+def _check_rope_freqs(config: Mapping[str, Any], rope_freqs: Any) -> None:
+    """The config's llama3 rope_scaling reproduces the GGUF's rope_freqs.weight bit for bit (PlanError if not)."""
+    import numpy as np
+
+    from ...core.errors import PlanError
+
+    scaling = config.get("rope_scaling")
+    if not isinstance(scaling, dict) or scaling.get("rope_type") != "llama3":
+        raise PlanError(
+            "target.hf_config: the GGUF has rope_freqs.weight (per-dimension RoPE factors: Llama 3.1's llama3 "
+            "scaling) but not the settings they were computed from; the factors alone do not determine factor, "
+            "low_freq_factor, high_freq_factor and original_max_position_embeddings. Give them in a recipe: "
+            "target.rope_scaling: {rope_type: llama3, factor: 8.0, low_freq_factor: 1.0, "
+            "high_freq_factor: 4.0, original_max_position_embeddings: 8192} (Llama 3.1's)")
+    missing = [k for k in ("factor", "original_max_position_embeddings") if k not in scaling]
+    if missing:
+        raise PlanError(f"target.hf_config: rope_scaling llama3 needs {', '.join(missing)}")
+    made = llama3_rope_factors(scaling, float(config["rope_theta"]), int(config["head_dim"]))
+    found = np.asarray(rope_freqs, dtype=np.float32).reshape(-1)
+    if made.shape != found.shape or not np.array_equal(made, found):
+        raise PlanError(f"target.hf_config: rope_scaling {json.dumps(scaling)} does not give the GGUF's "
+                        f"rope_freqs.weight (computed {made[:4].tolist()}..., stored {found[:4].tolist()}...)")
 
 
 def _decimal(v: Any) -> float:

@@ -116,6 +116,16 @@ def _json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def tokenizer_key_values(path: Path) -> tuple[dict[str, str], list[str]]:
+    """A recipe's `target.tokenizer` as `tokenizer.ggml.*` key/values, and the notes a plan shows: a
+    `.json` file is a byte-level BPE tokenizer.json (`bpe.py`), anything else a SentencePiece model."""
+    if path.suffix == ".json":
+        from .bpe import bpe_metadata
+
+        return bpe_metadata(path)
+    return tokenizer_metadata(path), []
+
+
 def tokenizer_metadata(model: Path) -> dict[str, str]:
     """The `tokenizer.ggml.*` key/values of a SentencePiece model (as Values: typed, and str for display)."""
     pieces, scores, types, ids, space_prefix = read_model(model)

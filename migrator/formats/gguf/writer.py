@@ -61,7 +61,8 @@ _KEY_TYPES: dict[str, ValueType] = {
     **{k: ValueType.UINT32 for k in (
         ".context_length", ".embedding_length", ".block_count", ".feed_forward_length", ".vocab_size",
         ".attention.head_count", ".attention.head_count_kv", ".attention.key_length", ".attention.value_length",
-        ".rope.dimension_count", ".expert_count", ".expert_used_count", "general.alignment", "general.file_type",
+        ".rope.dimension_count", ".rope.scaling.original_context_length", ".attention.sliding_window",
+        ".expert_count", ".expert_used_count", "general.alignment", "general.file_type",
         "general.quantization_version", "_token_id")},
     **{k: ValueType.FLOAT32 for k in (
         ".attention.layer_norm_epsilon", ".attention.layer_norm_rms_epsilon", ".rope.freq_base",
@@ -130,7 +131,11 @@ class GGUFWriter(Writer):
 
     def __init__(self, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None,
-                 quantize: Sequence[tuple[str, str]] | Mapping[str, str] | str | None = None) -> None:
+                 quantize: Sequence[tuple[str, str]] | Mapping[str, str] | str | None = None, general: bool = True,
+                 types: Sequence[GGMLType] | None = None) -> None:
+        """`general`: compute general.file_type / quantization_version (and note a missing architecture or
+        tokenizer); a split file (`split_writers`) takes its key/values as given. `types`: each tensor's
+        output type as already decided (a split file's, by the whole model's plan), else chosen here."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         if self.scalars:
             raise PlanError(f"GGUF has no typed scalars ({', '.join(sorted(self.scalars))}); drop them "
@@ -145,7 +150,7 @@ class GGUFWriter(Writer):
         self.rules = [(_compile(pattern), _check_type(name)) for pattern, name in rules]
         self.passed_through = 0
         self.alignment = _alignment(meta)
-        self.types = [self._output_type(t) for t in self.tensors]
+        self.types = list(types) if types is not None else [self._output_type(t) for t in self.tensors]
         if self.rules:
             counts = Counter(g.name for g in self.types)
             self.notes.append("GGUF types written: " + ", ".join(f"{n} x {k}" for k, n in counts.most_common()))
@@ -169,7 +174,8 @@ class GGUFWriter(Writer):
             self.offsets.append(pos)
             pos += size + (-size % self.alignment)
         self.data_size = pos
-        meta.update(self._general(meta))
+        if general:
+            meta.update(self._general(meta))
         self.kv = meta
         self.header = self._header()
 
@@ -229,7 +235,7 @@ class GGUFWriter(Writer):
             self.notes.append("general.architecture is not set: llama.cpp needs it (set it in target.metadata)")
         elif "tokenizer.ggml.model" not in meta:
             self.notes.append("no tokenizer.ggml.* key/values: llama.cpp needs a tokenizer to run the model "
-                              "(target.tokenizer: a SentencePiece tokenizer.model)")
+                              "(target.tokenizer: a SentencePiece tokenizer.model or a byte-level BPE tokenizer.json)")
         return out
 
     def _header(self) -> bytes:
@@ -337,3 +343,47 @@ def _numel(shape: Sequence[int]) -> int:
         n *= d
     return n
 
+
+
+# -- split files (llama.cpp's gguf-split layout) ------------------------------------------------------
+
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+MAX_SPLITS = 65535  # split.no / split.count are UINT16
+SPLIT_NAME = "{stem}-{no:05d}-of-{count:05d}.gguf"
+
+
+def split_writers(tensors: Sequence[LazyTensor], max_size: int, stem: str = "model", *,
+                  metadata: Mapping[str, str] | None = None,
+                  quantize: Sequence[tuple[str, str]] | Mapping[str, str] | str | None = None
+                  ) -> tuple[list[tuple[str, GGUFWriter]], list[str]]:
+    """One model as llama.cpp's gguf-split writes it: files `STEM-00001-of-0000N.gguf`, each a GGUF of its
+    own tensors (in order; a new file starts when the next tensor's data would pass `max_size` bytes, so a
+    tensor larger than that has a file of its own), every file carrying split.no (0-based), split.count and
+    split.tensors.count (all files' tensors), the first also every other key/value. Types, general.* keys
+    and notes are the whole model's, planned once. Returns ((file name, writer) per file, notes)."""
+    whole = GGUFWriter(tensors, metadata=metadata, quantize=quantize)
+    groups: list[list[int]] = []
+    size = 0
+    for i, start in enumerate(whole.offsets):
+        padded = (whole.offsets[i + 1] if i + 1 < len(whole.offsets) else whole.data_size) - start
+        if not groups or (size + padded > max_size and size > 0):
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += padded
+    groups = groups or [[]]
+    count = len(groups)
+    if count > MAX_SPLITS:
+        raise PlanError(f"{count} split files: GGUF counts splits in a UINT16 (at most {MAX_SPLITS}); raise the "
+                        "shard size")
+    total = Value(ValueType.INT32, len(whole.tensors))
+    alignment = {ALIGNMENT_KEY: whole.kv[ALIGNMENT_KEY]} if ALIGNMENT_KEY in whole.kv else {}
+    files = []
+    for no, group in enumerate(groups):
+        split = {SPLIT_NO: Value(ValueType.UINT16, no), SPLIT_COUNT: Value(ValueType.UINT16, count),
+                 SPLIT_TENSORS: total}
+        kv = {**whole.kv, **split} if no == 0 else {**alignment, **split}
+        writer = GGUFWriter([whole.tensors[i] for i in group], metadata=kv, general=False,
+                            types=[whole.types[i] for i in group])  # the whole model's choices, not re-made per file
+        files.append((SPLIT_NAME.format(stem=stem, no=no + 1, count=count), writer))
+    return files, list(whole.notes)

@@ -1,0 +1,120 @@
+"""Split GGUF output (llama.cpp's gguf-split layout: NAME-00001-of-0000N.gguf with split.* key/values),
+checked with gguf-py: each file reads, the split keys have the types gguf-py's own split writer gives
+them, the files together hold the single-file conversion's tensors byte for byte and its key/values
+(in the first file), and no file's data passes the limit unless one tensor does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_support import migrate_in_process
+from model_support import tiny_llama_rope
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+spm = pytest.importorskip("sentencepiece")
+
+LIMIT = 30_000
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from test_gguf_llama import sentencepiece_model
+
+    folder = tmp_path_factory.mktemp("split") / "hf"
+    tiny_llama_rope(vocab_size=300).save_pretrained(folder)
+    sentencepiece_model(folder)
+    return folder
+
+
+def _convert(src: Path, dst: str, *options: str) -> None:
+    res = migrate_in_process("convert", str(src), dst, *options)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _fields(r: object) -> dict[str, object]:
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("quantize", [(), ("--quantize", "Q8_0")], ids=["f32", "q8_0"])
+def test_split_files_hold_the_single_file_s_model(hf_folder: Path, tmp_path: Path, quantize: tuple[str, ...]) -> None:
+    _convert(hf_folder, str(tmp_path / "one.gguf"), *quantize)
+    _convert(hf_folder, str(tmp_path / "split") + "/", "--to", "gguf", "--max-shard-size", f"{LIMIT}B", *quantize)
+    files = sorted((tmp_path / "split").iterdir())
+    n = len(files)
+    assert n > 2
+    assert [f.name for f in files] == [f"model-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
+    one = gguf.GGUFReader(str(tmp_path / "one.gguf"))
+    readers = [gguf.GGUFReader(str(f)) for f in files]
+    for i, r in enumerate(readers):
+        fields = _fields(r)
+        assert (fields["split.no"], fields["split.count"], fields["split.tensors.count"]) == (i, n, len(one.tensors))
+        if i:  # after the first, only the split keys
+            assert set(fields) == {"split.no", "split.count", "split.tensors.count"}
+        data = sum(int(t.n_bytes) for t in r.tensors)
+        assert data <= LIMIT or len(r.tensors) == 1, (i, data)
+    first = _fields(readers[0])
+    assert {k: v for k, v in first.items() if not k.startswith("split.")} == _fields(one)
+    split_tensors = [t for r in readers for t in r.tensors]
+    assert [t.name for t in split_tensors] == [t.name for t in one.tensors]
+    for a, b in zip(split_tensors, one.tensors, strict=True):
+        assert a.tensor_type == b.tensor_type and list(a.shape) == list(b.shape), a.name
+        assert np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes(), a.name
+
+
+def test_split_key_types_are_gguf_py_s(hf_folder: Path, tmp_path: Path) -> None:
+    """gguf-py's GGUFWriter in split mode types split.no/count UINT16 and split.tensors.count INT32 (as
+    llama.cpp reads them); ours the same."""
+    _convert(hf_folder, str(tmp_path / "split") + "/", "--to", "gguf", "--max-shard-size", f"{LIMIT}B")
+    ours = gguf.GGUFReader(str(next((tmp_path / "split").glob("*-00001-of-*.gguf"))))
+    writer = gguf.GGUFWriter(str(tmp_path / "ref.gguf"), "llama", split_max_tensors=1)
+    for name in ("a", "b"):
+        writer.add_tensor(name, np.zeros(4, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ref = gguf.GGUFReader(str(next(tmp_path.glob("ref-00001-of-00002.gguf"))))
+    for key in ("split.no", "split.count", "split.tensors.count"):
+        assert ours.fields[key].types == ref.fields[key].types, key
+
+
+def test_split_folder_reads_back_as_the_single_file(hf_folder: Path, tmp_path: Path) -> None:
+    """migrator's reader of the split folder (already checked against gguf-py) gives the single file's tensors."""
+    import migrator
+
+    _convert(hf_folder, str(tmp_path / "one.gguf"))
+    _convert(hf_folder, str(tmp_path / "split") + "/", "--to", "gguf", "--max-shard-size", f"{LIMIT}B")
+    with migrator.open_file(tmp_path / "split") as split, migrator.open_file(tmp_path / "one.gguf") as one:
+        assert split.names() == one.names()
+        assert all(np.array_equal(split[n].numpy(), one[n].numpy()) for n in one.names())
+
+
+def test_one_file_is_still_numbered_and_overwrite_replaces_the_splits(hf_folder: Path, tmp_path: Path) -> None:
+    out = str(tmp_path / "split") + "/"
+    _convert(hf_folder, out, "--to", "gguf", "--max-shard-size", f"{LIMIT}B")
+    res = migrate_in_process("convert", str(hf_folder), out, "--to", "gguf")
+    assert res.returncode != 0  # the folder exists
+    _convert(hf_folder, out, "--to", "gguf", "--overwrite")  # the old split files are the model's: replaced
+    assert sorted(p.name for p in (tmp_path / "split").iterdir()) == ["model-00001-of-00001.gguf"]
+    fields = _fields(gguf.GGUFReader(str(tmp_path / "split" / "model-00001-of-00001.gguf")))
+    assert (fields["split.no"], fields["split.count"]) == (0, 1)
+
+
+def test_a_quantized_gguf_is_split_block_for_block(hf_folder: Path, tmp_path: Path) -> None:
+    """GGUF -> split GGUF (`--to gguf` on a folder target: not the Hugging Face folder a GGUF source
+    otherwise becomes): the same names, types and bytes, quantized blocks copied as stored."""
+    _convert(hf_folder, str(tmp_path / "q.gguf"), "--quantize", "Q8_0")
+    res = migrate_in_process("convert", str(tmp_path / "q.gguf"), str(tmp_path / "split") + "/", "--to", "gguf",
+                             "--max-shard-size", f"{LIMIT}B")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "written in their stored ggml types" in res.stdout + res.stderr
+    files = sorted((tmp_path / "split").iterdir())
+    assert len(files) > 2 and all(f.suffix == ".gguf" for f in files)  # no config.json: still GGUF
+    one = gguf.GGUFReader(str(tmp_path / "q.gguf"))
+    split = [t for f in files for t in gguf.GGUFReader(str(f)).tensors]
+    assert [(t.name, t.tensor_type) for t in split] == [(t.name, t.tensor_type) for t in one.tensors]
+    assert all(np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes() for a, b in zip(split, one.tensors,
+                                                                                           strict=True))
