@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("core", "naming", "storage", "formats", "files", "recipe", "transform", "plan", "analysis", "run", "cli")
 """Bottom to top. A module at the top of migrator/ (`api`, `__init__`) is above all of them."""
 MAX_CHAIN = 12
+# Counting imports inside functions too, the chain issue 26 measures (20 at 36b74e3, its cycles
+# condensed; 12 is its target): a ratchet, lowered as the chain shortens, so it cannot grow unseen.
+MAX_CHAIN_ALL_IMPORTS = 31
 MAX_TOP_MODULES = 6
 LEAVES = {"migrator.formats.safepickle": ({"core"}, ("migrator.formats.pytorch.",))}
 """package -> (the packages it may import from, the module prefixes that may import it)"""
@@ -262,6 +265,13 @@ def test_longest_import_chain() -> None:
     assert not problems  # a chain is only defined without cycles
     chain = longest_chain(graph(found, eager_only=True))
     assert len(chain) <= MAX_CHAIN, " -> ".join(chain)
+
+
+def test_longest_chain_counting_imports_inside_functions_does_not_grow() -> None:
+    problems, found = check(ROOT)
+    assert not problems
+    chain = longest_chain(graph(found))
+    assert len(chain) <= MAX_CHAIN_ALL_IMPORTS, " -> ".join(chain)
 
 
 def test_top_of_the_package_holds_only_the_public_api() -> None:
