@@ -6,8 +6,10 @@ from array import array
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...core.errors import FormatError
-from .. import safepickle as sp
+from ...core.limits import Limits
 from ..base import Reader
+from ..safepickle import values as sp
+from ..safepickle.vm import Unpickler
 
 
 class _Span(NamedTuple):
@@ -21,7 +23,7 @@ class _Span(NamedTuple):
 class ReaderCore(Reader):
     """The state the container readers and the flattening share (set up by `PytorchReader.__init__`)."""
 
-    _limits: sp.Limits
+    _limits: Limits
     _extra: dict[str, Any]
     _opaque: set[str]
     _protocol: int | None
@@ -45,11 +47,11 @@ class ReaderCore(Reader):
 
 
     def _unpickler(self, data: bytes | memoryview, *, start: int = 0, end: int | None = None,
-                   persistent: Any = None, what: str = "pickle") -> sp.Unpickler:
-        return sp.Unpickler(data, label=self.label, start=start, end=end, persistent_load=persistent,
+                   persistent: Any = None, what: str = "pickle") -> Unpickler:
+        return Unpickler(data, label=self.label, start=start, end=end, persistent_load=persistent,
                             limits=self._limits, what=what)
 
-    def _run_main(self, u: sp.Unpickler) -> Any:
+    def _run_main(self, u: Unpickler) -> Any:
         root = u.load()
         self._protocol = u.protocol  # None: protocol 0/1 pickles carry no PROTO opcode
         self._opaque |= u.opaque

@@ -13,7 +13,7 @@ from ...core.errors import (
     UnsupportedDTypeError,
 )
 from ...core.scalars import Scalar
-from .. import safepickle as sp
+from ..safepickle import values as sp
 from .views import TensorBuilder, _Pending
 
 

@@ -7,7 +7,7 @@ import struct
 from typing import Any
 
 from ...core.errors import FormatError, LimitExceededError, UnsafePickleError, UnsupportedDTypeError
-from .. import safepickle as sp
+from ..safepickle import values as sp
 from .core import ReaderCore, _Span
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C

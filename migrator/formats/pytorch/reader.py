@@ -9,8 +9,8 @@ from ...core.bytesource import ByteSource
 from ...core.limits import DEFAULT_LIMITS, Limits
 from ...core.scalars import Scalar
 from ...core.tensor import LazyTensor
-from .. import safepickle as sp
 from ..base import utf8_ok
+from ..safepickle import values as sp
 from .core import _Span
 from .flatten import Flattener
 from .legacy import LegacyContainer

@@ -8,7 +8,7 @@ from typing import Any
 from ...core.bytesource import ByteSource
 from ...core.errors import FormatError, LimitExceededError, UnsupportedDTypeError
 from ...core.limits import Limits
-from .. import safepickle as sp
+from ..safepickle import values as sp
 from .core import ReaderCore, _Span, _storage_dtype, _type_name
 
 

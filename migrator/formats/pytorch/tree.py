@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 from ...core.errors import LimitExceededError, PlanError
 from ...core.limits import Limits
-from .. import safepickle as sp
 from ..base import utf8_ok
+from ..safepickle import values as sp
 
 NodeKind = Literal["dict", "odict", "list", "tuple"]
 Plain = None | bool | int | float | str

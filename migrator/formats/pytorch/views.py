@@ -10,7 +10,7 @@ from ...core.bytesource import ByteSource
 from ...core.dtypes import BY_TORCH
 from ...core.errors import LimitExceededError, UnsupportedDTypeError
 from ...core.tensor import LazyTensor, stored, stored_many
-from .. import safepickle as sp
+from ..safepickle import values as sp
 from .core import _Span
 from .zip import ZipContainer
 
