@@ -39,8 +39,9 @@ class ReaderCore(Reader):
     _zip_root: str
     _storage_refs: dict[Any, sp.StorageRef]  # a storage key -> its first reference (see _storage_pid)
 
-    if TYPE_CHECKING:  # defined by `Flattener`, which every reader built on this core is
+    if TYPE_CHECKING:  # defined by `Flattener` and `ZipContainer`, which every reader built on this core is
         def _placeholder_error(self, name: str, value: sp.Placeholder | sp.Opaque) -> FormatError: ...
+        def _zip_span(self, key: str, tensor: str) -> _Span: ...
 
     def _err(self, message: str, tensor: str | None = None) -> FormatError:
         return FormatError(message, file=self.label, tensor=tensor)

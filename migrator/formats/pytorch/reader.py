@@ -16,10 +16,10 @@ from .flatten import Flattener
 from .legacy import LegacyContainer
 from .tar import TarContainer
 from .tree import CheckpointTree, describe_tree
-from .zip import _RawMember
+from .zip import ZipContainer, _RawMember
 
 
-class PytorchReader(Flattener, TarContainer, LegacyContainer):
+class PytorchReader(Flattener, ZipContainer, TarContainer, LegacyContainer):
     """Reads every torch.save container lazily; see the module docstring for the guarantees."""
 
     format = "pytorch"

@@ -11,15 +11,17 @@ from ...core.dtypes import BY_TORCH
 from ...core.errors import LimitExceededError, UnsupportedDTypeError
 from ...core.tensor import LazyTensor, stored, stored_many
 from ..safepickle import values as sp
-from .core import _Span
-from .zip import ZipContainer
+from .core import ReaderCore, _Span
 
 _SUPPORTED = dict(BY_TORCH)
 
 
 
-class TensorBuilder(ZipContainer):
-    """Checks each selected tensor against its storage and queues its lazy tensor (`_Pending`)."""
+class TensorBuilder(ReaderCore):
+    """Checks each selected tensor against its storage and queues its lazy tensor (`_Pending`).
+
+    It needs only the storages' spans, which each container locates (`ZipContainer._zip_span`, the
+    `_spans` of legacy and tar files): the reader composes them, so this builds on the shared core."""
 
     def _storage_span(self, ref: sp.StorageRef, tensor: str) -> _Span:
         """The bytes a storage covers, resolving legacy storage views; checked against the declared size."""
