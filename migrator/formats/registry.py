@@ -1,4 +1,4 @@
-"""The codec of each format name: its reader and writer class, imported when first asked for."""
+"""The codec of each format name: its reader and writer class, imported from its module when first asked for."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ def reader_class(fmt: str) -> type[Reader]:
 
         return SafetensorsReader
     if fmt == "pytorch":
-        from .pytorch import PytorchReader
+        from .pytorch.reader import PytorchReader
 
         return PytorchReader
     if fmt == "gguf":
-        from .gguf import GGUFReader
+        from .gguf.reader import GGUFReader
 
         return GGUFReader
     raise UnknownFormatError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
