@@ -66,7 +66,7 @@ def run_once(recipe_text: str, work: Path, runner: Any) -> float:
     from migrator.files.io import save_planned
     from migrator.plan.build import build_plan
     from migrator.recipe.loader import load_recipe
-    from migrator.run.execute import read_by, source_modes
+    from migrator.run.execute import read_by
 
     path = work / "ab.yaml"
     path.write_text(recipe_text)
@@ -77,10 +77,10 @@ def run_once(recipe_text: str, work: Path, runner: Any) -> float:
     with build_plan(loaded.recipe, loaded.base_dir) as plan:
         assert plan.writer is not None, plan.fatal
         if runner is None:
-            save_planned(plan.writer, out, overwrite=True, protect=read_by(plan), mode_from=source_modes(plan))
+            save_planned(plan.writer, out, overwrite=True, protect=read_by(plan), mode_from=plan.source_modes())
         else:
             save_file_parallel(plan.writer, out, runner, overwrite=True, protect=read_by(plan),
-                               mode_from=source_modes(plan))
+                               mode_from=plan.source_modes())
     wall = time.perf_counter() - t
     out.unlink()
     return wall

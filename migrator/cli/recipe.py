@@ -304,13 +304,13 @@ def _write_plan_page(path: Path, p: Plan, doc: dict[str, Any] | None) -> None:
     target, never over an existing file without overwrite)."""
     from ..analysis.html_report import plan_page
     from ..plan.document import plan_json
-    from ..run.execute import read_by, source_modes
+    from ..run.execute import read_by
     from ..storage.atomic import write_file
 
     # as private as the files it describes, as a run's --report is
     write_file(path, plan_page(doc if doc is not None else plan_json(p)), overwrite=p.overwrite,
                protect=read_by(p), outputs=[p.target_path], fsync=p.fsync, make_folders=True,
-               mode_from=source_modes(p))
+               mode_from=p.source_modes())
 
 
 def add_target_problems(p: Plan) -> None:

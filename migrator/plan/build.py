@@ -107,6 +107,14 @@ class Plan:
     def ok(self) -> bool:
         return not self.fatal
 
+    def file_readers(self) -> list[Reader]:
+        """The plan's readers, each source of a `sources:` recipe on its own."""
+        return [f for r in self.readers for f in r.file_readers()]
+
+    def source_modes(self) -> list[int]:
+        """The permission bits of the files the plan reads: a new output gets no more than they share."""
+        return [r.source.mode for r in self.file_readers() if r.source.mode is not None]
+
     def close(self) -> None:
         for r in self.readers:
             r.close()

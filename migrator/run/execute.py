@@ -51,16 +51,16 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
         if plan.writer.kind is WriterKind.FOLDER:
             written = save_folder_parallel(plan.writer, plan.target_path, runner,  # type: ignore[arg-type]
                                            overwrite=plan.overwrite, fsync=plan.fsync, protect=read_by(plan),
-                                           outputs=outputs, mode_from=source_modes(plan))
+                                           outputs=outputs, mode_from=plan.source_modes())
             return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
         if plan.writer.kind is WriterKind.LAID_OUT:
             written = save_file_parallel(plan.writer, plan.target_path, runner, overwrite=plan.overwrite,
                                          protect=read_by(plan), outputs=outputs, fsync=plan.fsync,
-                                         mode_from=source_modes(plan), make_folders=True)
+                                         mode_from=plan.source_modes(), make_folders=True)
             return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
     written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
                            outputs=outputs, progress=progress_for(progress), fsync=plan.fsync,
-                           mode_from=source_modes(plan), make_folders=True, storage=plan.storage)
+                           mode_from=plan.source_modes(), make_folders=True, storage=plan.storage)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
 
 
@@ -103,19 +103,9 @@ def read_by(plan: Plan) -> list[Protected]:
         files.append(plan.template_path)
     if plan.writer is not None:
         files += [src for src in plan.writer.companion_sources if not is_url(src)]
-    for r in _file_readers(plan):
+    for r in plan.file_readers():
         files += [r.source.identity] if r.source.identity is not None else list(r.source.identities)
     return files
-
-
-def source_modes(plan: Plan) -> list[int]:
-    """The permission bits of the files the plan reads: a new output gets no more than they share."""
-    return [r.source.mode for r in _file_readers(plan) if r.source.mode is not None]
-
-
-def _file_readers(plan: Plan) -> list[Any]:
-    """The plan's readers, each source of a `sources:` recipe on its own."""
-    return [f for r in plan.readers for f in r.file_readers()]
 
 
 def progress_for(progress: bool | None) -> Callable[[BinaryIO, int], AbstractContextManager[None]] | None:

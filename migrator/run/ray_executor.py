@@ -185,7 +185,6 @@ def run_remote_task(job: dict[str, Any], task_doc: dict[str, Any], scratch: str,
 def _write_part(plan: Plan, task: RangeTask | ShardTask, scratch: str, fault: dict[str, Any] | None) -> int:
     """One task's byte range (or shard) of the re-planned job, into the driver's scratch."""
     from ..storage.atomic_folder import FolderScratch
-    from .execute import source_modes
 
     writer = plan.writer
     if writer is None:
@@ -193,7 +192,7 @@ def _write_part(plan: Plan, task: RangeTask | ShardTask, scratch: str, fault: di
                         + "\n  ".join(plan.fatal), file=str(plan.target_path))
     if isinstance(task, ShardTask):
         folder = FolderScratch(Path(scratch), Path(plan.target_path), plan.fsync, overwrite=plan.overwrite,
-                               mode_from=source_modes(plan))
+                               mode_from=plan.source_modes())
         path = write_shard(folder, writer, task)  # type: ignore[arg-type]
         return os.path.getsize(path)
     prefix, tensors, offsets = writer.layout()

@@ -232,11 +232,11 @@ def write_report(path: Path, plan: Plan, doc: dict[str, Any]) -> None:
     from ..analysis.html_report import is_html_path, plan_page
     from ..core.display import json_text
     from ..storage.atomic import write_file
-    from .execute import read_by, source_modes
+    from .execute import read_by
 
     data = plan_page(plan_json(plan), doc) if is_html_path(path) else (json_text(doc) + "\n").encode()
     write_file(path, data, overwrite=plan.overwrite, protect=read_by(plan),
-               outputs=[plan.target_path], fsync=plan.fsync, mode_from=source_modes(plan), make_folders=True)
+               outputs=[plan.target_path], fsync=plan.fsync, mode_from=plan.source_modes(), make_folders=True)
 
 
 URL_TARGET_SERIAL = ("an object-store target is uploaded by this process, its parts in parallel: "
