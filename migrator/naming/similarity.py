@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from functools import lru_cache
 
-from . import strip_enum_variant
+from .indices import strip_enum_variant
 
 __all__ = ["SUGGESTION_THRESHOLD", "did_you_mean", "jaro"]
 
