@@ -28,7 +28,7 @@ LAYERS = ("core", "naming", "storage", "formats", "files", "recipe", "transform"
 MAX_CHAIN = 12
 # Counting imports inside functions too, the chain issue 26 measures (20 at 36b74e3, its cycles
 # condensed; 12 is its target): a ratchet, lowered as the chain shortens, so it cannot grow unseen.
-MAX_CHAIN_ALL_IMPORTS = 27
+MAX_CHAIN_ALL_IMPORTS = 26
 MAX_TOP_MODULES = 6
 LEAVES = {"migrator.formats.safepickle": ({"core"}, ("migrator.formats.pytorch.",))}
 """package -> (the packages it may import from, the module prefixes that may import it)"""

@@ -1,4 +1,7 @@
-"""What every torch.save container shares: errors, unpicklers, persistent ids and sys_info records."""
+"""What the torch.save containers and the flattening share: the reader's state, errors, persistent ids, sys_info.
+
+Running the interpreter over a container's pickles is `pickles.py`'s: the flattening and the view
+builder work on what it built (`safepickle.values`), so they need not import the interpreter."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ from ...core.errors import FormatError
 from ...core.limits import Limits
 from ..base import Reader
 from ..safepickle import values as sp
-from ..safepickle.vm import Unpickler
 
 
 class _Span(NamedTuple):
@@ -45,20 +47,6 @@ class ReaderCore(Reader):
 
     def _err(self, message: str, tensor: str | None = None) -> FormatError:
         return FormatError(message, file=self.label, tensor=tensor)
-
-
-    def _unpickler(self, data: bytes | memoryview, *, start: int = 0, end: int | None = None,
-                   persistent: Any = None, what: str = "pickle") -> Unpickler:
-        return Unpickler(data, label=self.label, start=start, end=end, persistent_load=persistent,
-                            limits=self._limits, what=what)
-
-    def _run_main(self, u: Unpickler) -> Any:
-        root = u.load()
-        self._protocol = u.protocol  # None: protocol 0/1 pickles carry no PROTO opcode
-        self._opaque |= u.opaque
-        if isinstance(root, (sp.Placeholder, sp.Opaque)):  # whatever is selected is inside it: say so first
-            raise self._placeholder_error("", root)
-        return root
 
     # -- persistent ids ---------------------------------------------------------------------------
 

@@ -8,14 +8,15 @@ from typing import Any
 
 from ...core.errors import FormatError, LimitExceededError, UnsafePickleError, UnsupportedDTypeError
 from ..safepickle import values as sp
-from .core import ReaderCore, _Span
+from .core import _Span
+from .pickles import PickleContainer
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL_VERSION = 1001
 
 
 
-class LegacyContainer(ReaderCore):
+class LegacyContainer(PickleContainer):
     """Opens a legacy stream (or explains why a plain pickle is not a checkpoint)."""
 
     def _open_pickle_stream(self) -> Any:

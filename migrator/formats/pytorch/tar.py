@@ -9,10 +9,11 @@ from ...core.bytesource import ByteSource
 from ...core.errors import FormatError, LimitExceededError, UnsupportedDTypeError
 from ...core.limits import Limits
 from ..safepickle import values as sp
-from .core import ReaderCore, _Span, _storage_dtype, _type_name
+from .core import _Span, _storage_dtype, _type_name
+from .pickles import PickleContainer
 
 
-class TarContainer(ReaderCore):
+class TarContainer(PickleContainer):
     """Opens a tar checkpoint; its storages and tensor records are read before the main pickle."""
 
     _tar_storage_types: dict[str, sp.StorageType | str]

@@ -17,7 +17,8 @@ import numpy as np
 from ...core.bytesource import ByteSource
 from ...core.errors import FormatError, LimitExceededError
 from ...core.limits import Limits
-from .core import ReaderCore, _Span
+from .core import _Span
+from .pickles import PickleContainer
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _fold(name: str) -> str:
     return name.translate(_ASCII_LOWER)
 
 
-class ZipContainer(ReaderCore):
+class ZipContainer(PickleContainer):
     """Opens a zip checkpoint and locates its storages' bytes."""
 
     _zip_members: dict[str, _RawMember]
