@@ -2,8 +2,8 @@
 the file loads, llama.cpp tokenizes text as SentencePiece does, its F32 logits are within 1e-2 of
 transformers', and on Q8_0/Q4_0 files its logits are as close to transformers' as on the file
 gguf-py writes from the same weights with its own quantizer. Also: byte-level BPE tokenizers
-(llama-bpe, qwen2, gpt-2) tokenized as the original, Llama 3.1 RoPE scaling, Qwen2 and Phi-3 logits
-within 1e-2 of transformers', and split files loaded from the first.
+(llama-bpe, qwen2, gpt-2) tokenized as the original, Llama 3.1 RoPE scaling, Qwen2, Phi-3 and Gemma 2
+logits within 1e-2 of transformers', and split files loaded from the first.
 
 K-quants: our Q2_K..Q6_K blocks are byte-equal to ggml's reference quantizers (called through
 ctypes in the library llama-cpp-python built), and a `--quantize Q4_K_M` (Q4_K_S, Q5_K_M, Q5_K_S,
@@ -408,3 +408,29 @@ def test_llama_cpp_loads_our_split_files(hf_folder: Path, f32_gguf: Path, tmp_pa
           f"|split - transformers| = {np.abs(got - expected).max():.3g}")
     assert np.array_equal(got, single)
     assert float(np.abs(got - expected).max()) < 1e-2
+
+
+def test_llama_cpp_gemma2_logits_match_transformers(tmp_path: Path) -> None:
+    """Gemma 2 (norms stored as weight + 1, soft-capped attention and output logits, a sliding window
+    shorter than the prompt on every other layer, tied embeddings) with a SentencePiece tokenizer: llama.cpp
+    gives transformers' logits within 1e-2."""
+    from test_gguf_archs import tiny_gemma2
+
+    folder = tmp_path / "hf"
+    model = redrawn(tiny_gemma2(vocab_size=300))
+    model.config.sliding_window = 16
+    model.save_pretrained(folder)
+    sentencepiece_model(folder)
+    path = convert(folder, tmp_path / "m.gguf")
+    sp_model = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    tokens = [sp_model.bos_id(), *sp_model.encode(PROMPT)]
+    assert len(tokens) > 2 * model.config.sliding_window
+    model = transformers.Gemma2ForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([tokens])).logits[0].numpy()
+    assert expected.std() > 1.0
+    got = llama_cpp_logits(path, tokens)
+    diff = float(np.abs(got - expected).max())
+    print(f"\ngemma2: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits "
+          f"(logit std {expected.std():.2f})")
+    assert diff < 1e-2

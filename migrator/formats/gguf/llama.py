@@ -1,5 +1,5 @@
-"""Hugging Face decoder checkpoints as GGUF (Llama, Mistral, Qwen2, Phi-3): the recipe pieces
-llama.cpp's converter applies.
+"""Hugging Face decoder checkpoints as GGUF (Llama, Mistral, Qwen2, Phi-3, Gemma 2): the recipe pieces
+llama.cpp's converter applies (Gemma 2's norms as weight + 1: the `offset` op).
 
 `hf_to_gguf(config)` gives, for a `config.json` naming one of `ARCHITECTURES`, the remaps (HF names ->
 llama.cpp's `blk.N.attn_q.weight` ...; biases follow their weights), for llama only the q/k rotary
@@ -24,10 +24,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "Phi3ForCausalLM": "phi3"}
+                 "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2"}
 # the class and model_type a config.json made from a GGUF of each llama.cpp architecture names
 HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-              "phi3": ("Phi3ForCausalLM", "phi3")}
+              "phi3": ("Phi3ForCausalLM", "phi3"), "gemma2": ("Gemma2ForCausalLM", "gemma2")}
 # llama.cpp rotates q/k of these as GPT-NeoX does (halves), as Hugging Face stores them: no permute.
 # Its llama rotation is Meta's interleaved pairs, which the converter permutes q and k into.
 PERMUTED = frozenset({"llama"})
@@ -54,7 +54,22 @@ _FUSED = (  # Phi-3: q, k, v in one projection, gate and up in another, kept fus
     (r"^model\.layers\.(\d+)\.self_attn\.qkv_proj\.", "blk.$1.attn_qkv."),
     (r"^model\.layers\.(\d+)\.mlp\.gate_up_proj\.", "blk.$1.ffn_up."),
 )
-REMAPS = {"llama": _COMMON + _SEPARATE, "qwen2": _COMMON + _SEPARATE, "phi3": _COMMON + _FUSED}
+_GEMMA2 = (  # four norms a layer: around attention and around the MLP
+    (r"^model\.embed_tokens\.", "token_embd."),
+    (r"^model\.norm\.", "output_norm."),
+    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", "blk.$1.attn_output."),
+    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", "blk.$1.ffn_down."),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.", "blk.$1.attn_norm."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", "blk.$1.post_attention_norm."),
+    (r"^model\.layers\.(\d+)\.pre_feedforward_layernorm\.", "blk.$1.ffn_norm."),
+    (r"^model\.layers\.(\d+)\.post_feedforward_layernorm\.", "blk.$1.post_ffw_norm."),
+)
+REMAPS = {"llama": _COMMON + _SEPARATE, "qwen2": _COMMON + _SEPARATE, "phi3": _COMMON + _FUSED,
+          "gemma2": _GEMMA2 + _SEPARATE}
+# Gemma's RMSNorm multiplies by (1 + weight); llama.cpp's by its weight, so its converter stores weight + 1,
+# computed in F32 (BF16 checkpoints are widened first), and transformers' GGUF loader takes 1 off again
+NORM_OFFSET = frozenset({"gemma2"})
+GELU_TANH = "gelu_pytorch_tanh"
 
 
 def architecture(config: dict[str, Any]) -> str | None:
@@ -105,19 +120,47 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
     if scaling is not None and scaling["rope_type"] == "linear":  # llama.cpp's own keys
         meta[f"{arch}.rope.scaling.type"] = "linear"
         meta[f"{arch}.rope.scaling.factor"] = float(scaling["factor"])
+    if arch == "gemma2":
+        meta.update(_gemma2_metadata(config, head_dim))
     if config.get("_name_or_path"):
         meta["general.name"] = str(config["_name_or_path"]).rstrip("/").rsplit("/", 1)[-1]
+    ops: list[dict[str, Any]] = [
+        {"rope_permute": {"from": r"blk\.\d+\.attn_q\.weight", "heads": heads, "inverse": True}},
+        {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}
+    ] if arch in PERMUTED else []
+    excluded = [{"regex": r"\.rotary_emb\.inv_freq$"}]
+    if arch in NORM_OFFSET:
+        ops.append({"offset": {"from": r"(blk\.\d+\.\w+|output)_norm\.weight", "value": 1.0, "dtype": "F32"}})
+        excluded.append({"regex": r"^lm_head\.weight$"})  # tied: llama.cpp's output is token_embd
     out = {
         "remap": [{"from": a, "to": b} for a, b in REMAPS[arch]],
-        "filter": {"exclude": [{"regex": r"\.rotary_emb\.inv_freq$"}]},
-        "ops": [{"rope_permute": {"from": r"blk\.\d+\.attn_q\.weight", "heads": heads, "inverse": True}},
-                {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}]
-        if arch in PERMUTED else [],
+        "filter": {"exclude": excluded},
+        "ops": ops,
         "metadata": {k: _text(v) for k, v in meta.items()},
     }
     if scaling is not None and scaling["rope_type"] == "llama3":
         out["rope_scaling"] = scaling
     return out
+
+
+def _gemma2_metadata(config: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """Gemma 2's own key/values (what llama.cpp's converter writes), PlanError for what llama.cpp cannot run."""
+    from ...core.errors import PlanError
+
+    if config.get("tie_word_embeddings") is False:
+        raise PlanError("Gemma2 with tie_word_embeddings false: llama.cpp's gemma2 always uses the token "
+                        "embedding as the output layer")
+    act = config.get("hidden_activation") or config.get("hidden_act") or GELU_TANH
+    if act != GELU_TANH:
+        raise PlanError(f"Gemma2 with hidden_activation '{act}': llama.cpp's gemma2 uses {GELU_TANH}")
+    meta: dict[str, Any] = {"gemma2.attention.key_length": head_dim, "gemma2.attention.value_length": head_dim,
+                            "tokenizer.ggml.add_space_prefix": "false"}
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(key) is not None:
+            meta[f"gemma2.{key}"] = float(config[key])
+    if isinstance(config.get("sliding_window"), int):
+        meta["gemma2.attention.sliding_window"] = config["sliding_window"]
+    return meta
 
 
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -201,12 +244,16 @@ def gguf_to_hf(metadata: Mapping[str, str]) -> dict[str, Any]:
     arch = _value(metadata, "general.architecture")
     heads = int(_value(metadata, f"{arch}.attention.head_count"))
     kv_heads = int(_value(metadata, f"{arch}.attention.head_count_kv", heads))
+    ops: list[dict[str, Any]] = [
+        {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.q_proj\.weight", "heads": heads}},
+        {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}
+    ] if arch in PERMUTED else []
+    if arch in NORM_OFFSET:  # llama.cpp's weight + 1 back to Gemma's weight, in F32 as transformers' loader does
+        ops.append({"offset": {"from": r"model\.(layers\.\d+\.\w+_layer|)norm\.weight", "value": -1.0}})
     return {
         "remap": [{"from": a, "to": b} for a, b in map(lambda r: _back(*r), REMAPS[arch])],
         "filter": {"exclude": [{"regex": "^" + re.escape(ROPE_FREQS) + "$"}]},  # config.json's rope_scaling
-        "ops": [{"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.q_proj\.weight", "heads": heads}},
-                {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}]
-        if arch in PERMUTED else [],
+        "ops": ops,
         "hf_config": True,
     }
 
@@ -255,6 +302,9 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str], *, rope_freqs: 
         config["head_dim"] = head_dim
     if arch == "qwen2":
         config["use_sliding_window"] = False
+    if arch == "gemma2":
+        del config["hidden_act"]  # Gemma2Config's is hidden_activation
+        config.update(_gemma2_config(metadata, config, head_dim))
     if arch == "phi3":
         window = _value(metadata, f"{arch}.attention.sliding_window")
         config["sliding_window"] = int(window) if window else None
@@ -284,6 +334,25 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str], *, rope_freqs: 
     if rope_freqs is not None:
         _check_rope_freqs(config, rope_freqs)
     return config
+
+
+def _gemma2_config(metadata: Mapping[str, str], config: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """Gemma2ForCausalLM's own config.json entries, as llama.cpp runs the GGUF: it scales queries by
+    1/sqrt(head_dim), by 1/sqrt(hidden / heads) for its 27B (46 blocks), whatever Gemma 2's
+    query_pre_attn_scalar was; every other layer (from the first) attends to a sliding window."""
+    layers = int(config["num_hidden_layers"])
+    out: dict[str, Any] = {"head_dim": head_dim, "hidden_activation": GELU_TANH, "attention_bias": False,
+                           "tie_word_embeddings": True,
+                           "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"]
+                           if layers == 46 else head_dim,
+                           "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                           for i in range(layers)]}
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        v = _value(metadata, f"gemma2.{key}")
+        out[key] = _decimal(v) if v is not None else None
+    window = _value(metadata, "gemma2.attention.sliding_window")
+    out["sliding_window"] = int(window) if window else None
+    return out
 
 
 def _check_rope_freqs(config: Mapping[str, Any], rope_freqs: Any) -> None:
