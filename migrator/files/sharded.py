@@ -11,7 +11,9 @@ A shard tensor's `span` is a `_ShardView` whose `fd` opens its shard on demand, 
 are still copied in the kernel. A descriptor is closed only when it is none thread's most recently
 asked-for one: every user of `span.fd` (streaming, casts, the PyTorch writer's CRC) asks for it
 again right before each syscall, so the descriptor a thread is using is never closed (nor its number
-reused) under it. The soft limit is OPEN_SHARDS plus one per thread reading.
+reused) under it. The soft limit is OPEN_SHARDS plus one per thread reading. A loader that reads
+ranges of its file itself (a GGUF's quantized tensor: `over(source)`) is given the shard as a
+`_ShardBytes` source, so its reads take the same descriptors and a GGUF writer still sees its blocks.
 
 What holds after opening, each checked with an error naming the files: no tensor is in two shards;
 with an index, every `weight_map` entry names a shard inside the folder that holds that tensor, and

@@ -347,11 +347,12 @@ def _made_files(recipe: Recipe, reader: Reader, names: list[str], notes: list[st
     rope_freqs = reader[ROPE_FREQS].numpy() if ROPE_FREQS in reader else None
     config = hf_config(reader.metadata, names, rope_freqs=rope_freqs, given=given)
     made = {"config.json": (json.dumps(config, indent=2) + "\n").encode()}
-    tokenizer, said = hf_tokenizer_files(reader.metadata)
     if getattr(reader.metadata.get("tokenizer.ggml.model"), "data", None) == "llama":  # SentencePiece
         from ..formats.gguf.spm import sentencepiece_files
 
         tokenizer, said = sentencepiece_files(reader.metadata)
+    else:
+        tokenizer, said = hf_tokenizer_files(reader.metadata)
     notes += said
     return {**made, **tokenizer}
 
