@@ -60,6 +60,22 @@ def tiny_gemma2(dtype: Any = None, vocab_size: int = 96) -> Any:
     return model if dtype is None else model.to(dtype)
 
 
+def tiny_gemma(vocab_size: int = 96) -> Any:
+    """A 2-layer GemmaForCausalLM (head_dim 32 with hidden 64 and 4 heads, tied embeddings), seeded; norm
+    weights on tiny_gemma2's grid."""
+    torch.manual_seed(0)
+    cfg = transformers.GemmaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                                   max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=1,
+                                   pad_token_id=0)
+    model = transformers.GemmaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.randint(-32, 33, p.shape).float() / 64)
+    return model
+
+
 MODELS = {"qwen2": tiny_qwen2, "qwen2-tied": lambda: tiny_qwen2(tied=True), "phi3": tiny_phi3, "gemma2": tiny_gemma2}
 CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen2-tied": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM",
            "gemma2": "Gemma2ForCausalLM"}
@@ -166,3 +182,32 @@ def test_gemma2_untied_is_refused(tmp_path: Path) -> None:
     model.save_pretrained(tmp_path / "hf")
     res = migrate_in_process("convert", str(tmp_path / "hf"), str(tmp_path / "m.gguf"))
     assert res.returncode != 0 and "tie_word_embeddings" in res.stdout + res.stderr
+
+
+def test_gemma_round_trip(tmp_path: Path) -> None:
+    """Gemma (1), which transformers' GGUF loader does not read (llama.cpp is its oracle:
+    test_gguf_llamacpp.py): gguf-py reads norms of weight + 1 (torch's, in F32) and the key/values llama.cpp's
+    converter writes; the folder made back loads in transformers equal to the original, logits too."""
+    original = tiny_gemma()
+    original.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    res = migrate_in_process("convert", str(tmp_path / "hf"), str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = gguf.GGUFReader(str(out))
+    state = original.state_dict()
+    tensors = {t.name: np.asarray(t.data) for t in r.tensors}
+    assert r.fields["general.architecture"].contents() == "gemma" and "output.weight" not in tensors
+    fields = r.fields
+    assert fields["gemma.attention.key_length"].contents() == fields["gemma.attention.value_length"].contents() == 32
+    assert np.array_equal(tensors["blk.1.ffn_norm.weight"],
+                          (state["model.layers.1.post_attention_layernorm.weight"] + 1).numpy())
+    assert np.array_equal(tensors["blk.0.attn_k.weight"], state["model.layers.0.self_attn.k_proj.weight"].numpy())
+    res = migrate_in_process("convert", str(out), str(tmp_path / "back") + "/")
+    assert res.returncode == 0, res.stdout + res.stderr
+    back = transformers.GemmaForCausalLM.from_pretrained(tmp_path / "back").eval()
+    a = back.state_dict()
+    assert set(a) == set(state) and [k for k in a if not torch.equal(a[k], state[k])] == []
+    for key in ("head_dim", "num_key_value_heads", "hidden_act", "tie_word_embeddings", "rms_norm_eps"):
+        assert getattr(back.config, key) == getattr(original.config, key), key
+    tokens = torch.tensor([[2, 5, 17, 42, 7, 9, 33, 60]])
+    assert torch.equal(back(tokens).logits, original(tokens).logits)

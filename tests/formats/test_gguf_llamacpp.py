@@ -410,27 +410,43 @@ def test_llama_cpp_loads_our_split_files(hf_folder: Path, f32_gguf: Path, tmp_pa
     assert float(np.abs(got - expected).max()) < 1e-2
 
 
-def test_llama_cpp_gemma2_logits_match_transformers(tmp_path: Path) -> None:
-    """Gemma 2 (norms stored as weight + 1, soft-capped attention and output logits, a sliding window
-    shorter than the prompt on every other layer, tied embeddings) with a SentencePiece tokenizer: llama.cpp
-    gives transformers' logits within 1e-2."""
-    from test_gguf_archs import tiny_gemma2
+@pytest.mark.parametrize("arch", ["gemma", "gemma2"])
+def test_llama_cpp_gemma_logits_match_transformers(arch: str, tmp_path: Path) -> None:
+    """Gemma and Gemma 2 (norms stored as weight + 1, tied embeddings; Gemma 2: soft-capped attention and
+    output logits, a sliding window shorter than the prompt on every other layer) with a SentencePiece
+    tokenizer: llama.cpp gives transformers' logits within 1e-2."""
+    from test_gguf_archs import tiny_gemma, tiny_gemma2
 
     folder = tmp_path / "hf"
-    model = redrawn(tiny_gemma2(vocab_size=300))
-    model.config.sliding_window = 16
+    model = redrawn((tiny_gemma if arch == "gemma" else tiny_gemma2)(vocab_size=300))
+    if arch == "gemma2":
+        model.config.sliding_window = 16
     model.save_pretrained(folder)
     sentencepiece_model(folder)
     path = convert(folder, tmp_path / "m.gguf")
     sp_model = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
     tokens = [sp_model.bos_id(), *sp_model.encode(PROMPT)]
-    assert len(tokens) > 2 * model.config.sliding_window
-    model = transformers.Gemma2ForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    assert arch == "gemma" or len(tokens) > 2 * model.config.sliding_window
+    cls = transformers.GemmaForCausalLM if arch == "gemma" else transformers.Gemma2ForCausalLM
+    model = cls.from_pretrained(folder, attn_implementation="eager").eval()
     with torch.no_grad():
         expected = model(torch.tensor([tokens])).logits[0].numpy()
+        for layer in model.model.layers:  # ggml's GELU: a table of F16 results indexed by F16 inputs
+            layer.mlp.act_fn = _F16Gelu()
+        table_gelu = model(torch.tensor([tokens])).logits[0].numpy()
     assert expected.std() > 1.0
     got = llama_cpp_logits(path, tokens)
-    diff = float(np.abs(got - expected).max())
-    print(f"\ngemma2: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits "
-          f"(logit std {expected.std():.2f})")
+    diff, diff_table = float(np.abs(got - expected).max()), float(np.abs(got - table_gelu).max())
+    print(f"\n{arch}: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits "
+          f"(logit std {expected.std():.2f}); with ggml's F16 GELU in transformers {diff_table:.3g}")
     assert diff < 1e-2
+    assert diff_table < 3e-3  # most of the difference is the GELU table
+
+
+class _F16Gelu(torch.nn.Module):
+    """ggml's CPU GELU (GGML_GELU_FP16): the tanh approximation looked up at the F16 input, an F16 result;
+    0 below -10, the input above 10."""
+
+    def forward(self, x: Any) -> Any:
+        y = torch.nn.functional.gelu(x.half().float(), approximate="tanh").half().float()
+        return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))

@@ -1,5 +1,5 @@
-"""Hugging Face decoder checkpoints as GGUF (Llama, Mistral, Qwen2, Phi-3, Gemma 2): the recipe pieces
-llama.cpp's converter applies (Gemma 2's norms as weight + 1: the `offset` op).
+"""Hugging Face decoder checkpoints as GGUF (Llama, Mistral, Qwen2, Phi-3, Gemma, Gemma 2): the recipe pieces
+llama.cpp's converter applies (Gemma's norms as weight + 1: the `offset` op).
 
 `hf_to_gguf(config)` gives, for a `config.json` naming one of `ARCHITECTURES`, the remaps (HF names ->
 llama.cpp's `blk.N.attn_q.weight` ...; biases follow their weights), for llama only the q/k rotary
@@ -24,10 +24,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2"}
+                 "Phi3ForCausalLM": "phi3", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2"}
 # the class and model_type a config.json made from a GGUF of each llama.cpp architecture names
 HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-              "phi3": ("Phi3ForCausalLM", "phi3"), "gemma2": ("Gemma2ForCausalLM", "gemma2")}
+              "phi3": ("Phi3ForCausalLM", "phi3"), "gemma": ("GemmaForCausalLM", "gemma"),
+              "gemma2": ("Gemma2ForCausalLM", "gemma2")}
 # llama.cpp rotates q/k of these as GPT-NeoX does (halves), as Hugging Face stores them: no permute.
 # Its llama rotation is Meta's interleaved pairs, which the converter permutes q and k into.
 PERMUTED = frozenset({"llama"})
@@ -65,10 +66,10 @@ _GEMMA2 = (  # four norms a layer: around attention and around the MLP
     (r"^model\.layers\.(\d+)\.post_feedforward_layernorm\.", "blk.$1.post_ffw_norm."),
 )
 REMAPS = {"llama": _COMMON + _SEPARATE, "qwen2": _COMMON + _SEPARATE, "phi3": _COMMON + _FUSED,
-          "gemma2": _GEMMA2 + _SEPARATE}
+          "gemma": _COMMON + _SEPARATE, "gemma2": _GEMMA2 + _SEPARATE}
 # Gemma's RMSNorm multiplies by (1 + weight); llama.cpp's by its weight, so its converter stores weight + 1,
 # computed in F32 (BF16 checkpoints are widened first), and transformers' GGUF loader takes 1 off again
-NORM_OFFSET = frozenset({"gemma2"})
+NORM_OFFSET = frozenset({"gemma", "gemma2"})
 GELU_TANH = "gelu_pytorch_tanh"
 
 
@@ -120,8 +121,8 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
     if scaling is not None and scaling["rope_type"] == "linear":  # llama.cpp's own keys
         meta[f"{arch}.rope.scaling.type"] = "linear"
         meta[f"{arch}.rope.scaling.factor"] = float(scaling["factor"])
-    if arch == "gemma2":
-        meta.update(_gemma2_metadata(config, head_dim))
+    if arch in NORM_OFFSET:
+        meta.update(_gemma_metadata(arch, config, head_dim))
     if config.get("_name_or_path"):
         meta["general.name"] = str(config["_name_or_path"]).rstrip("/").rsplit("/", 1)[-1]
     ops: list[dict[str, Any]] = [
@@ -143,18 +144,21 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _gemma2_metadata(config: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
-    """Gemma 2's own key/values (what llama.cpp's converter writes), PlanError for what llama.cpp cannot run."""
+def _gemma_metadata(arch: str, config: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """Gemma's and Gemma 2's own key/values (what llama.cpp's converter writes), PlanError for what llama.cpp
+    cannot run."""
     from ...core.errors import PlanError
 
     if config.get("tie_word_embeddings") is False:
-        raise PlanError("Gemma2 with tie_word_embeddings false: llama.cpp's gemma2 always uses the token "
+        raise PlanError(f"{arch} with tie_word_embeddings false: llama.cpp's {arch} always uses the token "
                         "embedding as the output layer")
     act = config.get("hidden_activation") or config.get("hidden_act") or GELU_TANH
     if act != GELU_TANH:
-        raise PlanError(f"Gemma2 with hidden_activation '{act}': llama.cpp's gemma2 uses {GELU_TANH}")
-    meta: dict[str, Any] = {"gemma2.attention.key_length": head_dim, "gemma2.attention.value_length": head_dim,
+        raise PlanError(f"{arch} with hidden_activation '{act}': llama.cpp's {arch} uses {GELU_TANH}")
+    meta: dict[str, Any] = {f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
                             "tokenizer.ggml.add_space_prefix": "false"}
+    if arch == "gemma":
+        return meta
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if config.get(key) is not None:
             meta[f"gemma2.{key}"] = float(config[key])
@@ -302,6 +306,8 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str], *, rope_freqs: 
         config["head_dim"] = head_dim
     if arch == "qwen2":
         config["use_sliding_window"] = False
+    if arch == "gemma":
+        config.update({"head_dim": head_dim, "hidden_act": GELU_TANH, "attention_bias": False})
     if arch == "gemma2":
         del config["hidden_act"]  # Gemma2Config's is hidden_activation
         config.update(_gemma2_config(metadata, config, head_dim))
