@@ -1,4 +1,4 @@
-"""Qwen2, Phi-3 and Gemma 2 Hugging Face folders <-> GGUF, checked by transformers' GGUF loader: it reads
+"""Qwen2, Phi-3, Gemma 2 and Gemma 3 Hugging Face folders <-> GGUF, checked by transformers' GGUF loader: it reads
 our file back with every parameter `torch.equal` to the original (names, biases, no q/k permute:
 llama.cpp rotates these as GPT-NeoX does; Gemma's norms stored as weight + 1, which it takes off
 again), and the folder we make back from the GGUF equals what it reads from the same file."""
@@ -76,9 +76,30 @@ def tiny_gemma(vocab_size: int = 96) -> Any:
     return model
 
 
-MODELS = {"qwen2": tiny_qwen2, "qwen2-tied": lambda: tiny_qwen2(tied=True), "phi3": tiny_phi3, "gemma2": tiny_gemma2}
+def tiny_gemma3(vocab_size: int = 96) -> Any:
+    """A 7-layer Gemma3ForCausalLM (q/k norms; five sliding layers, then a global one with linear RoPE
+    scaling), seeded; norm weights on tiny_gemma2's grid."""
+    torch.manual_seed(0)
+    rope = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+    cfg = transformers.Gemma3TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=96,
+                                        num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                        query_pre_attn_scalar=16, max_position_embeddings=128, sliding_window=16,
+                                        rope_parameters=rope, rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=1,
+                                        pad_token_id=0)
+    cfg.architectures = ["Gemma3ForCausalLM"]
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.randint(-32, 33, p.shape).float() / 64)
+    return model
+
+
+MODELS = {"qwen2": tiny_qwen2, "qwen2-tied": lambda: tiny_qwen2(tied=True), "phi3": tiny_phi3, "gemma2": tiny_gemma2,
+          "gemma3": tiny_gemma3}
 CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen2-tied": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM",
-           "gemma2": "Gemma2ForCausalLM"}
+           "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -119,12 +140,19 @@ def test_transformers_reads_our_gguf_back_equal(converted: tuple[str, Path, Path
         assert r.fields["gemma2.attention.sliding_window"].contents() == 32
         assert r.fields["gemma2.final_logit_softcapping"].contents() == 30.0
         assert r.fields["tokenizer.ggml.add_space_prefix"].contents() is False
+    elif arch == "gemma3":  # q/k norms + 1 too; the global layers' RoPE as llama.cpp's keys
+        assert np.array_equal(tensors["blk.6.attn_k_norm.weight"],
+                              a["model.layers.6.self_attn.k_norm.weight"].numpy() + np.float32(1))
+        assert r.fields["gemma3.rope.freq_base"].contents() == 1_000_000.0
+        assert r.fields["gemma3.rope.scaling.type"].contents() == "linear"
+        assert r.fields["gemma3.rope.scaling.factor"].contents() == 4.0
+        assert r.fields["gemma3.attention.sliding_window"].contents() == 16
     else:  # llama.cpp refuses the file unless these are UINT32
         field = r.fields["phi3.rope.scaling.original_context_length"]
         assert field.types == [gguf.GGUFValueType.UINT32] and field.contents() == 128
         assert np.array_equal(tensors["blk.0.attn_qkv.weight"], a["model.layers.0.self_attn.qkv_proj.weight"].numpy())
         assert np.array_equal(tensors["blk.1.ffn_up.weight"], a["model.layers.1.mlp.gate_up_proj.weight"].numpy())
-    assert ("output.weight" in tensors) == (kind not in ("qwen2-tied", "gemma2"))
+    assert ("output.weight" in tensors) == (kind not in ("qwen2-tied", "gemma2", "gemma3"))
 
 
 def test_gguf_to_folder_equals_what_transformers_reads(converted: tuple[str, Path, Path], tmp_path: Path) -> None:
@@ -139,8 +167,12 @@ def test_gguf_to_folder_equals_what_transformers_reads(converted: tuple[str, Pat
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                 "max_position_embeddings", "rms_norm_eps", "vocab_size", "tie_word_embeddings"):
         assert getattr(ours.config, key) == getattr(original.config, key), key
-    assert ours.config.rope_parameters["rope_theta"] == original.config.rope_parameters["rope_theta"]
-    tokens = torch.tensor([[1, 5, 17, 42, 7, 9, 33, 60]])
+    if kind == "gemma3":  # by layer type
+        assert ours.config.rope_parameters == original.config.rope_parameters
+        assert ours.config.layer_types == original.config.layer_types
+    else:
+        assert ours.config.rope_parameters["rope_theta"] == original.config.rope_parameters["rope_theta"]
+    tokens = torch.tensor([[1, 5, 17, 42, 7, 9, 33, 60] * 5])  # past the sliding windows
     assert torch.equal(ours(tokens).logits, original(tokens).logits)
 
 
@@ -211,3 +243,28 @@ def test_gemma_round_trip(tmp_path: Path) -> None:
         assert getattr(back.config, key) == getattr(original.config, key), key
     tokens = torch.tensor([[2, 5, 17, 42, 7, 9, 33, 60]])
     assert torch.equal(back(tokens).logits, original(tokens).logits)
+
+
+def test_gemma3_config_of_the_hub_s_kind_and_refusals(tmp_path: Path) -> None:
+    """A config.json as the Hub's Gemma 3 files spell it (rope_theta, rope_local_base_freq, rope_scaling, not
+    transformers 5's rope_parameters by layer type) gives the same keys; a sliding-layer base other than
+    llama.cpp's fixed 10000, or soft-capping (which llama.cpp's gemma3 does not do), is refused."""
+    import json
+
+    tiny_gemma3().save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    del config["rope_parameters"]
+    config.update(rope_theta=500000.0, rope_local_base_freq=10000.0,
+                  rope_scaling={"rope_type": "linear", "factor": 2.0})
+    path.write_text(json.dumps(config))
+    res = migrate_in_process("convert", str(tmp_path / "hf"), str(tmp_path / "m.gguf"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    fields = gguf.GGUFReader(str(tmp_path / "m.gguf")).fields
+    assert fields["gemma3.rope.freq_base"].contents() == 500000.0
+    assert fields["gemma3.rope.scaling.factor"].contents() == 2.0
+    for change, said in (({"rope_local_base_freq": 20000.0}, "sliding layers"),
+                         ({"final_logit_softcapping": 30.0}, "soft-caps nothing")):
+        path.write_text(json.dumps({**config, **change}))
+        res = migrate_in_process("convert", str(tmp_path / "hf"), str(tmp_path / "x.gguf"))
+        assert res.returncode != 0 and said in res.stdout + res.stderr, res.stdout + res.stderr
