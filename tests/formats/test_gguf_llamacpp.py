@@ -295,6 +295,36 @@ def test_mix_file_equals_llama_quantize(hidden: int, mix: str, hf_k_folders: dic
     assert int(a.fields["general.file_type"].contents()) == MIX_FTYPES[mix]
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "phi3", "gemma", "gemma2", "gemma3"])
+def test_mixes_of_other_architectures_equal_llama_quantize(arch: str, tmp_path: Path) -> None:
+    """Every mix of an 8-layer model of each architecture (rows of 256 and 512; Phi-3's fused attn_qkv and
+    ffn_up, Gemma 3's q/k norms) has the types and bytes llama-quantize gives from our F32 file, and the plan
+    does not warn that they may differ."""
+    cls, config, extra = {
+        "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+        "phi3": ("Phi3ForCausalLM", "Phi3Config", {"pad_token_id": 0}),
+        "gemma": ("GemmaForCausalLM", "GemmaConfig", {"head_dim": 64}),
+        "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", {"head_dim": 64, "query_pre_attn_scalar": 64}),
+        "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", {"head_dim": 64, "query_pre_attn_scalar": 64})}[arch]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config)(vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        **extra)
+    cfg.architectures = [cls]
+    save_with_test_weights(getattr(transformers, cls)(cfg), tmp_path / "hf")
+    f32 = convert(tmp_path / "hf", tmp_path / "f32.gguf")
+    for mix in MIX_FTYPES:
+        res = migrate_in_process("convert", str(tmp_path / "hf"), str(tmp_path / f"{mix}.gguf"), "--quantize", mix)
+        assert res.returncode == 0 and "may differ" not in res.stdout + res.stderr, res.stdout + res.stderr
+        ours = {t.name: t for t in gguf.GGUFReader(str(tmp_path / f"{mix}.gguf")).tensors}
+        quantized = llama_quantize(f32, tmp_path / f"{mix}-lq.gguf", mix)
+        theirs = {t.name: t for t in gguf.GGUFReader(str(quantized)).tensors}
+        assert sorted(ours) == sorted(theirs)
+        assert [n for n in ours if ours[n].tensor_type != theirs[n].tensor_type] == [], mix
+        assert [n for n in ours if np.asarray(ours[n].data).tobytes() != np.asarray(theirs[n].data).tobytes()] == [], \
+            mix
+
+
 def test_llama_cpp_logits_on_our_q4_k_m_equal_its_own(hf_k_folders: dict[int, Path], tmp_path: Path) -> None:
     folder = hf_k_folders[256]
     sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
