@@ -62,3 +62,27 @@ def gguf_reference(path: Path) -> dict[str, tuple[str, np.ndarray]]:
             values = values.view(np.float32)
         out[t.name] = (t.tensor_type.name, np.asarray(values).reshape(shape))
     return out
+
+
+def split_with_gguf_py(src: Path, folder: Path, max_tensors: int) -> list[Path]:
+    """`src` cut into split files by gguf-py's own split writer (`split_max_tensors`), every key/value and
+    tensor (quantized blocks as stored) copied: the files gguf-split / convert_hf_to_gguf.py --split-max-tensors
+    give. Returns them in order."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    folder.mkdir(parents=True, exist_ok=True)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(folder / "model.gguf"), arch, split_max_tensors=max_tensors)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sorted(folder.glob("model-*-of-*.gguf"))

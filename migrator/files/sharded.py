@@ -11,7 +11,9 @@ A shard tensor's `span` is a `_ShardView` whose `fd` opens its shard on demand, 
 are still copied in the kernel. A descriptor is closed only when it is none thread's most recently
 asked-for one: every user of `span.fd` (streaming, casts, the PyTorch writer's CRC) asks for it
 again right before each syscall, so the descriptor a thread is using is never closed (nor its number
-reused) under it. The soft limit is OPEN_SHARDS plus one per thread reading.
+reused) under it. The soft limit is OPEN_SHARDS plus one per thread reading. A loader that reads
+ranges of its file itself (a GGUF's quantized tensor: `over(source)`) is given the shard as a
+`_ShardBytes` source, so its reads take the same descriptors and a GGUF writer still sees its blocks.
 
 What holds after opening, each checked with an error naming the files: no tensor is in two shards;
 with an index, every `weight_map` entry names a shard inside the folder that holds that tensor, and
@@ -340,6 +342,24 @@ def _shard_view(shard: _Shard, offset: int, length: int) -> _ShardView:
     return view
 
 
+class _ShardBytes(ByteSource):
+    """One shard as a ByteSource, for a loader that reads ranges of its file itself (a GGUF's quantized
+    tensor, dequantized a piece at a time, or its blocks copied as stored): its reads and spans go through
+    the reader's descriptor table, as a verbatim tensor's do."""
+
+    def __init__(self, shard: _Shard) -> None:
+        self.shard = shard
+        self.label = shard.label
+        self.size = shard.size
+        self.identity = shard.identity
+
+    def view(self, offset: int, length: int) -> memoryview:
+        return self.shard.fds.read(self.shard, offset, length, self.label)
+
+    def span(self, offset: int, length: int) -> FileSpan | None:
+        return _shard_view(self.shard, offset, length)
+
+
 class Reopened:
     """The loader of a shard tensor that is not a plain byte range (e.g. a strided PyTorch view):
     the shard is opened again and that tensor's bytes copied out, so nothing stays open."""
@@ -474,15 +494,21 @@ class ShardedReader(Reader):
                                           file=self.given)
                     self.shard_of[t.name] = i
                     span = t.span
+                    rebase = getattr(t.loader, "over", None)  # a loader reading its own file ranges (GGUF's)
+                    chunks = None
                     if span is not None and span.fd == fd:
                         view: _ShardView | None = _shard_view(shard, span.offset, span.length)
                         loader: Any = view
                         self.locations.append((i, span.offset))
+                    elif rebase is not None:  # the same loader over this shard (a writer may copy its blocks)
+                        view, loader = None, rebase(_ShardBytes(shard))
+                        chunks = getattr(loader, "pieces", None)
+                        self.locations.append((i, loader.offset))
                     else:
                         view, loader = None, Reopened(shard, reader.format, t.name, self.limits)
                         self.locations.append((i, None))
                     self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, view, t.param_id,
-                                                   origin))
+                                                   origin, chunks))
                 for k, v in reader.metadata.items():
                     metas.setdefault(k, set()).add(v)
                 for k, s in reader.scalars.items():

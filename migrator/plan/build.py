@@ -341,7 +341,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
 def _made_files(recipe: Recipe, reader: Reader, names: list[str], notes: list[str]) -> dict[str, bytes]:
     """Companion files a sharded target is given from the plan: a config.json made from a GGUF's key/values,
-    and the tokenizer files of its vocabulary where it can be spelled as a tokenizer.json."""
+    and the tokenizer files of its vocabulary where they can be written (a tokenizer.json for byte-level BPE, a
+    tokenizer.model for SentencePiece)."""
     if not recipe.target.hf_config:
         return {}
     import json
@@ -354,7 +355,12 @@ def _made_files(recipe: Recipe, reader: Reader, names: list[str], notes: list[st
     rope_freqs = reader[ROPE_FREQS].numpy() if ROPE_FREQS in reader else None
     config = hf_config(reader.metadata, names, rope_freqs=rope_freqs, given=given)
     made = {"config.json": (json.dumps(config, indent=2) + "\n").encode()}
-    tokenizer, said = hf_tokenizer_files(reader.metadata)
+    if getattr(reader.metadata.get("tokenizer.ggml.model"), "data", None) == "llama":  # SentencePiece
+        from ..formats.gguf.spm import sentencepiece_files
+
+        tokenizer, said = sentencepiece_files(reader.metadata)
+    else:
+        tokenizer, said = hf_tokenizer_files(reader.metadata)
     notes += said
     return {**made, **tokenizer}
 

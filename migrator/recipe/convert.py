@@ -188,14 +188,26 @@ def _byte_level_bpe(path: Path) -> bool:
 
 def llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                max_shard_size: object, target_format_name: str = "auto") -> dict[str, str] | None:
-    """The key/values of a GGUF file (of an architecture `gguf_to_hf` knows) being converted into a Hugging
-    Face model folder (a sharded target not in GGUF: that is split GGUF files), else None."""
+    """The key/values of a GGUF model (of an architecture `gguf_to_hf` knows) being converted into a Hugging
+    Face model folder (a sharded target not in GGUF: that is split GGUF files), else None. The model is a
+    `.gguf` file, one file of a split GGUF (the whole set is read) or a folder holding a split GGUF."""
     sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
-    if not sharded or target_format_name == "gguf" or not os.fspath(src).endswith(".gguf") or not os.path.isfile(src):
+    if not sharded or target_format_name == "gguf":
+        return None
+    path = os.fspath(src)
+    if os.path.isdir(path):
+        from ..core.errors import FormatError
+        from ..files.sharded import folder_weights
+
+        try:
+            path = os.fspath(folder_weights(Path(path)))
+        except FormatError:  # not a model folder: the plan says so
+            return None
+    if not path.endswith(".gguf") or not os.path.isfile(path):
         return None
     from ..files.io import open_file
 
-    with open_file(src, "gguf") as reader:
+    with open_file(path, "gguf") as reader:
         meta = dict(reader.metadata)
     from ..formats.gguf.llama import HF_CLASSES
 

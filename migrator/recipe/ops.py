@@ -1,4 +1,4 @@
-"""The recipe's `ops:` entries (split, concat, stack, unstack, reshape, permute, slice, rope_permute; the
+"""The recipe's `ops:` entries (split, concat, stack, unstack, reshape, permute, slice, rope_permute, offset; the
 arithmetic ops linear, scale, slerp, task_arithmetic, ties, dare_ties, dare_linear, lora_fold are `merge_ops.py`).
 
 Each entry is a one-key mapping naming its op, like an adapter with options. What can be checked
@@ -42,8 +42,8 @@ from .op_base import (  # noqa: F401  re-exported: the ops' helpers are imported
     whole_name_pattern,
 )
 
-OP_NAMES = ("split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute", "linear", "scale",
-            "slerp", "task_arithmetic", "ties", "dare_ties", "dare_linear", "lora_fold")
+OP_NAMES = ("split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute", "offset", "linear",
+            "scale", "slerp", "task_arithmetic", "ties", "dare_ties", "dare_linear", "lora_fold")
 
 
 class _Unary(_Op):
@@ -222,6 +222,21 @@ class RopePermuteSpec(_Unary):
         return self
 
 
+class OffsetSpec(_Unary):
+    """A constant added to every element (x + value): Gemma's RMSNorm weights, which llama.cpp stores as
+    weight + 1 (Hugging Face's Gemma multiplies by 1 + weight)."""
+
+    value: merge_ops.Number = Field(description="The constant added (1.0, or -1.0 to undo it).")
+    dtype: merge_ops.ComputedDType = Field(None, description="Output dtype (F64, F32, F16, BF16); default: the "
+                                           "input's. Computed in F32 (F64 when the input or output is F64), "
+                                           "rounded once.")
+
+    @model_validator(mode="after")
+    def _dtype(self) -> OffsetSpec:
+        merge_ops._float_dtype(self.dtype)
+        return self
+
+
 class SplitOpSpec(BaseModel):
     model_config = _Op.model_config
     split: SplitSpec = Field(description="Cut each matching tensor along a dim into parts (torch.split / torch.chunk).")
@@ -263,6 +278,12 @@ class RopePermuteOpSpec(BaseModel):
     model_config = _Op.model_config
     rope_permute: RopePermuteSpec = Field(
         description="Meta's interleaved rotary layout of q/k weights to Hugging Face's, or back (inverse).")
+
+
+class OffsetOpSpec(BaseModel):
+    model_config = _Op.model_config
+    offset: OffsetSpec = Field(description="Add a constant to every element of each matching float tensor "
+                               "(x + value; Gemma's norms in GGUF are weight + 1).")
 
 
 def _wrapper(kind: str, spec: type[BaseModel], text: str) -> type[BaseModel]:
@@ -323,6 +344,7 @@ OpSpec = Annotated[
     | Annotated[PermuteOpSpec, Tag("permute")]
     | Annotated[SliceOpSpec, Tag("slice")]
     | Annotated[RopePermuteOpSpec, Tag("rope_permute")]
+    | Annotated[OffsetOpSpec, Tag("offset")]
     | Annotated[LinearOpSpec, Tag("linear")]  # type: ignore[valid-type]
     | Annotated[ScaleOpSpec, Tag("scale")]  # type: ignore[valid-type]
     | Annotated[SlerpOpSpec, Tag("slerp")]  # type: ignore[valid-type]

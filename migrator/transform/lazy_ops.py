@@ -10,6 +10,7 @@ What holds for each (shapes are checked before any of these is made, by `migrato
   back to back when nothing precedes the dim, else band by band of output rows, each band taking
   its rows from every input in turn;
 - rope_permute reorders the rows inside each head's block, head band by head band;
+- offset adds a constant band by band, in F32 (F64 for F64), through lazy casts on either side;
 - permute [1, 0] of a matrix is the tiled transpose of `casts` (of a dim-0 concat: a dim-1 concat of
   its inputs' transposes); any other permute reads its input as one view (a memory map for a
   stored tensor) and writes bands of the first output dim.
@@ -29,6 +30,8 @@ from ..core.tensor import Buffer, LazyTensor
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..core.dtypes import DType
 
 BAND = 4 << 20
 """Target bytes of one streamed piece: well inside the L3 cache, and a few of them fit the memory bound."""
@@ -309,6 +312,37 @@ class _Rope(_Chunks):
             else:
                 src = raw.reshape(n, self.half, 2, self.rowbytes)
             yield np.ascontiguousarray(src.swapaxes(1, 2)).reshape(-1).data
+
+
+# -- offset -----------------------------------------------------------------------------------------------
+
+
+def offset(t: LazyTensor, name: str, value: float, out_dtype: DType) -> LazyTensor:
+    """t + value: the input cast to F32 (F64 when the input or output is F64), the constant added there,
+    rounded once to `out_dtype`; streamed a band at a time."""
+    from ..core import dtypes
+    from ..core.casts import cast
+
+    compute = dtypes.F64 if dtypes.F64 in (t.dtype, out_dtype) else dtypes.F32
+    wide = cast(t, compute)
+    summed = _made(name, wide, t.shape, _Offset(wide, value))
+    return cast(summed, out_dtype)
+
+
+class _Offset(_Chunks):
+    __slots__ = ("tensor", "value")
+
+    def __init__(self, tensor: LazyTensor, value: float) -> None:
+        self.tensor, self.value = tensor, value
+
+    def __call__(self) -> Iterator[memoryview]:
+        import numpy as np
+
+        kind = np.dtype("<f8" if self.tensor.dtype.itemsize == 8 else "<f4")
+        value = np.asarray(self.value, dtype=kind)
+        r = _Sequential(self.tensor)
+        for piece in r.pieces(self.tensor.nbytes):
+            yield (np.frombuffer(piece, dtype=kind) + value).view(np.uint8).data
 
 
 # -- permute ----------------------------------------------------------------------------------------------

@@ -300,6 +300,8 @@ def _build(step: _Op, inputs: list[_Slot]) -> list[_Slot]:
         target = _reshaped(step, s, list(spec.shape))
         out_name = step.expand(spec.to, name) if spec.to else name
         return [_out(step, s, lazy.reshape(t, out_name, target), f"reshape {list(shape)} -> {list(target)}")]
+    if kind == "offset":
+        return [_offset(step, s)]
     _byte_sized(step, s)
     if kind == "permute":
         dims = tuple(spec.dims)
@@ -372,6 +374,21 @@ def _build(step: _Op, inputs: list[_Slot]) -> list[_Slot]:
             outs.append(_out(step, s, lazy.reshape(part, out_name, rest), f"unstack dim {d}: index {k}"))
         return outs
     raise AssertionError(kind)
+
+
+def _offset(step: _Op, s: _Slot) -> _Slot:
+    """x + value, checked now (a float input of a castable dtype), computed when written."""
+    from ..core.casts import CASTABLE
+    from ..core.dtypes import parse
+
+    spec, t = step.spec, s.tensor
+    if not t.dtype.is_float or t.dtype.name not in CASTABLE:
+        step.fail(f"'{s.name}' is {t.dtype.display}: offset adds to F64, F32, F16 or BF16 tensors", "from")
+        raise _Failed
+    out_dtype = parse(spec.dtype) if spec.dtype else t.dtype
+    out_name = step.expand(spec.to, s.name) if spec.to else s.name
+    text = f"offset {spec.value:+g}" + (f" -> {out_dtype.name}" if out_dtype != t.dtype else "")
+    return _out(step, s, lazy.offset(t, out_name, float(spec.value), out_dtype), text)
 
 
 def _reshaped(step: _Op, s: _Slot, want: list[int]) -> tuple[int, ...]:

@@ -21,7 +21,9 @@ spm = pytest.importorskip("sentencepiece")
 TEXT = "the quick brown fox jumps over the lazy dog while a cat naps on the warm mat by the door"
 
 
-def sentencepiece_model(folder: Path, vocab_size: int = 300) -> Path:
+def sentencepiece_model(folder: Path, vocab_size: int = 300, **options: object) -> Path:
+    """A BPE tokenizer.model trained in `folder` (byte fallback, a user-defined `<sep>`); `options` go to the
+    trainer (e.g. Llama's normalizer: normalization_rule_name='identity', remove_extra_whitespaces=False)."""
     rng = random.Random(0)
     words = TEXT.split() + ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7))) for _ in range(300)]
     corpus = folder / "corpus.txt"
@@ -29,7 +31,7 @@ def sentencepiece_model(folder: Path, vocab_size: int = 300) -> Path:
     prefix = folder / "tokenizer"
     spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size,
                                    model_type="bpe", byte_fallback=True, character_coverage=1.0,
-                                   user_defined_symbols=["<sep>"], minloglevel=2)
+                                   user_defined_symbols=["<sep>"], minloglevel=2, **options)
     corpus.unlink()
     (folder / "tokenizer.vocab").unlink()
     return prefix.with_suffix(".model")

@@ -2,8 +2,8 @@
 the file loads, llama.cpp tokenizes text as SentencePiece does, its F32 logits are within 1e-2 of
 transformers', and on Q8_0/Q4_0 files its logits are as close to transformers' as on the file
 gguf-py writes from the same weights with its own quantizer. Also: byte-level BPE tokenizers
-(llama-bpe, qwen2, gpt-2) tokenized as the original, Llama 3.1 RoPE scaling, Qwen2 and Phi-3 logits
-within 1e-2 of transformers', and split files loaded from the first.
+(llama-bpe, qwen2, gpt-2) tokenized as the original, Llama 3.1 RoPE scaling, Qwen2, Phi-3 and Gemma 1-3
+logits within 1e-2 of transformers', and split files loaded from the first.
 
 K-quants: our Q2_K..Q6_K blocks are byte-equal to ggml's reference quantizers (called through
 ctypes in the library llama-cpp-python built), and a `--quantize Q4_K_M` (Q4_K_S, Q5_K_M, Q5_K_S,
@@ -295,6 +295,36 @@ def test_mix_file_equals_llama_quantize(hidden: int, mix: str, hf_k_folders: dic
     assert int(a.fields["general.file_type"].contents()) == MIX_FTYPES[mix]
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "phi3", "gemma", "gemma2", "gemma3"])
+def test_mixes_of_other_architectures_equal_llama_quantize(arch: str, tmp_path: Path) -> None:
+    """Every mix of an 8-layer model of each architecture (rows of 256 and 512; Phi-3's fused attn_qkv and
+    ffn_up, Gemma 3's q/k norms) has the types and bytes llama-quantize gives from our F32 file, and the plan
+    does not warn that they may differ."""
+    cls, config, extra = {
+        "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+        "phi3": ("Phi3ForCausalLM", "Phi3Config", {"pad_token_id": 0}),
+        "gemma": ("GemmaForCausalLM", "GemmaConfig", {"head_dim": 64}),
+        "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", {"head_dim": 64, "query_pre_attn_scalar": 64}),
+        "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", {"head_dim": 64, "query_pre_attn_scalar": 64})}[arch]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config)(vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        **extra)
+    cfg.architectures = [cls]
+    save_with_test_weights(getattr(transformers, cls)(cfg), tmp_path / "hf")
+    f32 = convert(tmp_path / "hf", tmp_path / "f32.gguf")
+    for mix in MIX_FTYPES:
+        res = migrate_in_process("convert", str(tmp_path / "hf"), str(tmp_path / f"{mix}.gguf"), "--quantize", mix)
+        assert res.returncode == 0 and "may differ" not in res.stdout + res.stderr, res.stdout + res.stderr
+        ours = {t.name: t for t in gguf.GGUFReader(str(tmp_path / f"{mix}.gguf")).tensors}
+        quantized = llama_quantize(f32, tmp_path / f"{mix}-lq.gguf", mix)
+        theirs = {t.name: t for t in gguf.GGUFReader(str(quantized)).tensors}
+        assert sorted(ours) == sorted(theirs)
+        assert [n for n in ours if ours[n].tensor_type != theirs[n].tensor_type] == [], mix
+        assert [n for n in ours if np.asarray(ours[n].data).tobytes() != np.asarray(theirs[n].data).tobytes()] == [], \
+            mix
+
+
 def test_llama_cpp_logits_on_our_q4_k_m_equal_its_own(hf_k_folders: dict[int, Path], tmp_path: Path) -> None:
     folder = hf_k_folders[256]
     sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
@@ -408,3 +438,48 @@ def test_llama_cpp_loads_our_split_files(hf_folder: Path, f32_gguf: Path, tmp_pa
           f"|split - transformers| = {np.abs(got - expected).max():.3g}")
     assert np.array_equal(got, single)
     assert float(np.abs(got - expected).max()) < 1e-2
+
+
+@pytest.mark.parametrize("arch", ["gemma", "gemma2", "gemma3"])
+def test_llama_cpp_gemma_logits_match_transformers(arch: str, tmp_path: Path) -> None:
+    """Gemma, Gemma 2 and Gemma 3 (norms stored as weight + 1, tied embeddings; Gemma 2: soft-capped
+    attention and output logits, a sliding window shorter than the prompt on every other layer; Gemma 3:
+    q/k norms, five sliding layers of six, linear RoPE scaling on the global ones) with a SentencePiece
+    tokenizer: llama.cpp gives transformers' logits within 1e-2 once transformers computes GELU as ggml does
+    (a table of F16 results at F16 inputs); with torch's own GELU within 1e-2 (Gemma 3: 3e-2)."""
+    from test_gguf_archs import tiny_gemma, tiny_gemma2, tiny_gemma3
+
+    folder = tmp_path / "hf"
+    model = redrawn({"gemma": tiny_gemma, "gemma2": tiny_gemma2, "gemma3": tiny_gemma3}[arch](vocab_size=300))
+    if arch == "gemma2":
+        model.config.sliding_window = 16
+    model.save_pretrained(folder)
+    sentencepiece_model(folder)
+    path = convert(folder, tmp_path / "m.gguf")
+    sp_model = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    tokens = [sp_model.bos_id(), *sp_model.encode(PROMPT)]
+    assert arch == "gemma" or len(tokens) > 2 * model.config.sliding_window
+    cls = getattr(transformers, {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                                 "gemma3": "Gemma3ForCausalLM"}[arch])
+    model = cls.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([tokens])).logits[0].numpy()
+        for layer in model.model.layers:  # ggml's GELU: a table of F16 results indexed by F16 inputs
+            layer.mlp.act_fn = _F16Gelu()
+        table_gelu = model(torch.tensor([tokens])).logits[0].numpy()
+    assert expected.std() > 1.0
+    got = llama_cpp_logits(path, tokens)
+    diff, diff_table = float(np.abs(got - expected).max()), float(np.abs(got - table_gelu).max())
+    print(f"\n{arch}: max |llama.cpp - transformers| = {diff:.3g} over {expected.size} logits "
+          f"(logit std {expected.std():.2f}); with ggml's F16 GELU in transformers {diff_table:.3g}")
+    assert diff_table < 1e-2  # against the arithmetic ggml does; most of what is left below is its GELU table
+    assert diff < (3e-2 if arch == "gemma3" else 1e-2)  # Gemma 3's 7 layers add up more of the table's rounding
+
+
+class _F16Gelu(torch.nn.Module):
+    """ggml's CPU GELU (GGML_GELU_FP16): the tanh approximation looked up at the F16 input, an F16 result;
+    0 below -10, the input above 10."""
+
+    def forward(self, x: Any) -> Any:
+        y = torch.nn.functional.gelu(x.half().float(), approximate="tanh").half().float()
+        return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))

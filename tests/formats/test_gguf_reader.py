@@ -159,7 +159,9 @@ def test_split_gguf_is_one_source(tmp_path: Path) -> None:
     single = gguf.GGUFReader(str(out))
     assert [t.name for t in single.tensors] == list(ref) and "split.count" not in single.fields
     assert single.fields["general.name"].contents() == "split"
-    assert [t.tensor_type.name for t in single.tensors] == ["F32", "F32", "F32", "F32", "F32"]
+    # quantized blocks copied as stored, as from a single file (bytes: test_gguf_split.py)
+    assert [t.tensor_type.name for t in single.tensors] == [ref[n][0] for n in ref]
+    assert "Q8_0" in [ref[n][0] for n in ref]
 
 
 def test_split_gguf_with_a_file_missing(tmp_path: Path) -> None:

@@ -118,3 +118,54 @@ def test_a_quantized_gguf_is_split_block_for_block(hf_folder: Path, tmp_path: Pa
     assert [(t.name, t.tensor_type) for t in split] == [(t.name, t.tensor_type) for t in one.tensors]
     assert all(np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes() for a, b in zip(split, one.tensors,
                                                                                            strict=True))
+
+
+@pytest.mark.parametrize("quantize", [(), ("--quantize", "Q8_0")], ids=["f32", "q8_0"])
+@pytest.mark.parametrize("named", ["folder", "first", "third"])
+def test_split_gguf_to_hf_folder_equals_what_transformers_reads_from_the_single_file(
+        hf_folder: Path, tmp_path: Path, quantize: tuple[str, ...], named: str) -> None:
+    """A split GGUF made by gguf-py's split writer (from a single file), named by its folder or any of its
+    files, becomes a Hugging Face folder whose model equals what transformers reads from the single file
+    (transformers reads no split files), with the same config and tokenizer."""
+    from gguf_support import split_with_gguf_py
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    _convert(hf_folder, str(tmp_path / "one.gguf"), *quantize)
+    files = split_with_gguf_py(tmp_path / "one.gguf", tmp_path / "split", max_tensors=5)
+    assert len(files) == 5
+    src = {"folder": tmp_path / "split", "first": files[0], "third": files[2]}[named]
+    _convert(src, str(tmp_path / "back") + "/")
+    folder = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back")
+    single = transformers.LlamaForCausalLM.from_pretrained(tmp_path, gguf_file="one.gguf")
+    a, b = folder.state_dict(), single.state_dict()
+    assert set(a) == set(b)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                "rms_norm_eps", "vocab_size", "bos_token_id", "eos_token_id", "tie_word_embeddings"):
+        # rms_norm_eps: transformers gives the float32 stored (9.9999997e-06), the config made the decimal (1e-05)
+        assert getattr(folder.config, key) == pytest.approx(getattr(single.config, key), rel=1e-6), key
+    assert folder.config.rope_parameters["rope_theta"] == single.config.rope_parameters["rope_theta"]
+
+
+@pytest.mark.parametrize("target", ["single", "split"])
+def test_a_split_quantized_source_keeps_its_blocks(hf_folder: Path, tmp_path: Path, target: str) -> None:
+    """Split GGUF (gguf-py's split writer) -> GGUF, one file or split again at another size: gguf-py reads
+    every tensor with the source's type and bytes (blocks copied as stored, not dequantized and written F32)."""
+    from gguf_support import split_with_gguf_py
+
+    _convert(hf_folder, str(tmp_path / "q.gguf"), "--quantize", "Q4_K_M")  # rows of 64: Q5_0, Q8_0 ... fallbacks
+    source = gguf.GGUFReader(str(tmp_path / "q.gguf")).tensors
+    assert len({t.tensor_type.name for t in source} - {"F32"}) >= 2
+    files = split_with_gguf_py(tmp_path / "q.gguf", tmp_path / "split", max_tensors=4)
+    out = tmp_path / ("out.gguf" if target == "single" else "out")
+    res = migrate_in_process("convert", str(files[0] if target == "single" else tmp_path / "split"),
+                             str(out) + ("" if target == "single" else "/"), "--to", "gguf",
+                             *(() if target == "single" else ("--max-shard-size", f"{LIMIT}B")))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "written in their stored ggml types" in res.stdout + res.stderr
+    outputs = [out] if target == "single" else sorted(out.iterdir())
+    written = [t for f in outputs for t in gguf.GGUFReader(str(f)).tensors]
+    assert [(t.name, t.tensor_type) for t in written] == [(t.name, t.tensor_type) for t in source]
+    assert [t.name for a, t in zip(written, source, strict=True)
+            if np.asarray(a.data).tobytes() != np.asarray(t.data).tobytes()] == []

@@ -119,6 +119,12 @@ ops:
       inverse: true
       to: 'm2'
       optional: true
+  - offset:
+      from: 'm3'
+      value: 1.0
+      to: 'm4'
+      dtype: F32
+      optional: true
   - concat:
       from: 'n\.(\d+)'
       over: 1

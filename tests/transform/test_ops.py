@@ -472,3 +472,41 @@ def test_streamed_ops_never_materialise_a_stored_input(tmp_path: Path, monkeypat
                 limit = 64 // 4 * 48 * 4 if label == "rope" else 1000  # rope: one head's rows at least
                 assert max(len(p) for p in pieces) <= limit, label
             assert b"".join(pieces) == want.contiguous().numpy().tobytes(), label
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("band", [None, 40])
+def test_offset_equals_torch(tmp_path: Path, dtype: torch.dtype, band: int | None,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """x + value computed in F32 (F64 for F64), rounded once to the output dtype: torch's own x.float() + value,
+    from a stored tensor and from a computed (permuted) one, in whole and in small bands."""
+    if band is not None:
+        monkeypatch.setattr(lazy, "BAND", band)
+    g = torch.Generator().manual_seed(5)
+    t = {"n": rand((37,), dtype, g), "m": rand((6, 5), dtype, g)}
+    src = tmp_path / "in.safetensors"
+    st.save_file(t, src)
+    got = run(tmp_path, src, """
+version: 1
+source: {path: SRC}
+ops:
+  - offset: {from: 'n', value: 1.0, to: 'n.plus'}
+  - offset: {from: 'm', value: -0.3, dtype: F32, to: 'm.f32'}
+  - permute: {from: 'm\\.f32', dims: [1, 0], to: 'mt'}
+  - offset: {from: 'mt', value: 2.5, dtype: F16}
+target: {path: out.safetensors}
+""")
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    want = {"n.plus": (t["n"].to(wide) + 1.0).to(dtype),
+            "mt": ((t["m"].to(wide) + -0.3).float().t() + 2.5).half()}
+    if dtype == torch.float64:  # -0.3 added in F64 (the input's), rounded to F32 once
+        want["mt"] = ((t["m"] + -0.3).float().t().float() + 2.5).half()
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v.contiguous()), k
+
+
+def test_offset_of_an_integer_tensor_is_a_recipe_error(tmp_path: Path) -> None:
+    st.save_file({"i": torch.arange(4)}, tmp_path / "in.safetensors")
+    message = plan_error(tmp_path, "  - offset: {from: i, value: 1}")
+    assert "ops[0].offset.from: 'i' is I64: offset adds to F64, F32, F16 or BF16 tensors" in message

@@ -1,5 +1,5 @@
-"""Hugging Face decoder checkpoints as GGUF (Llama, Mistral, Qwen2, Phi-3): the recipe pieces
-llama.cpp's converter applies.
+"""Hugging Face decoder checkpoints as GGUF (Llama, Mistral, Qwen2, Phi-3, Gemma 1-3): the recipe pieces
+llama.cpp's converter applies (Gemma's norms as weight + 1: the `offset` op).
 
 `hf_to_gguf(config)` gives, for a `config.json` naming one of `ARCHITECTURES`, the remaps (HF names ->
 llama.cpp's `blk.N.attn_q.weight` ...; biases follow their weights), for llama only the q/k rotary
@@ -24,10 +24,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "Phi3ForCausalLM": "phi3"}
+                 "Phi3ForCausalLM": "phi3", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
+                 "Gemma3ForCausalLM": "gemma3"}
 # the class and model_type a config.json made from a GGUF of each llama.cpp architecture names
 HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-              "phi3": ("Phi3ForCausalLM", "phi3")}
+              "phi3": ("Phi3ForCausalLM", "phi3"), "gemma": ("GemmaForCausalLM", "gemma"),
+              "gemma2": ("Gemma2ForCausalLM", "gemma2"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text")}
 # llama.cpp rotates q/k of these as GPT-NeoX does (halves), as Hugging Face stores them: no permute.
 # Its llama rotation is Meta's interleaved pairs, which the converter permutes q and k into.
 PERMUTED = frozenset({"llama"})
@@ -54,7 +56,27 @@ _FUSED = (  # Phi-3: q, k, v in one projection, gate and up in another, kept fus
     (r"^model\.layers\.(\d+)\.self_attn\.qkv_proj\.", "blk.$1.attn_qkv."),
     (r"^model\.layers\.(\d+)\.mlp\.gate_up_proj\.", "blk.$1.ffn_up."),
 )
-REMAPS = {"llama": _COMMON + _SEPARATE, "qwen2": _COMMON + _SEPARATE, "phi3": _COMMON + _FUSED}
+_GEMMA2 = (  # four norms a layer: around attention and around the MLP
+    (r"^model\.embed_tokens\.", "token_embd."),
+    (r"^model\.norm\.", "output_norm."),
+    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", "blk.$1.attn_output."),
+    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", "blk.$1.ffn_down."),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.", "blk.$1.attn_norm."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", "blk.$1.post_attention_norm."),
+    (r"^model\.layers\.(\d+)\.pre_feedforward_layernorm\.", "blk.$1.ffn_norm."),
+    (r"^model\.layers\.(\d+)\.post_feedforward_layernorm\.", "blk.$1.post_ffw_norm."),
+)
+_QK_NORMS = (  # Gemma 3's RMSNorm of each head's queries and keys
+    (r"^model\.layers\.(\d+)\.self_attn\.q_norm\.", "blk.$1.attn_q_norm."),
+    (r"^model\.layers\.(\d+)\.self_attn\.k_norm\.", "blk.$1.attn_k_norm."),
+)
+REMAPS = {"llama": _COMMON + _SEPARATE, "qwen2": _COMMON + _SEPARATE, "phi3": _COMMON + _FUSED,
+          "gemma": _COMMON + _SEPARATE, "gemma2": _GEMMA2 + _SEPARATE, "gemma3": _GEMMA2 + _SEPARATE + _QK_NORMS}
+# Gemma's RMSNorm multiplies by (1 + weight); llama.cpp's by its weight, so its converter stores weight + 1,
+# computed in F32 (BF16 checkpoints are widened first), and transformers' GGUF loader takes 1 off again
+NORM_OFFSET = frozenset({"gemma", "gemma2", "gemma3"})
+GEMMA3_LOCAL_BASE = 10000.0  # llama.cpp's gemma3 sliding layers' RoPE base, fixed (not read from the file)
+GELU_TANH = "gelu_pytorch_tanh"
 
 
 def architecture(config: dict[str, Any]) -> str | None:
@@ -71,9 +93,11 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
     head_dim = int(config.get("head_dim") or hidden // heads)
     arch = architecture(config) or "llama"
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if arch == "gemma3":
+        rope = _gemma3_global_rope(config)
     theta = config.get("rope_theta") or rope.get("rope_theta") or 10000.0
     scaling = _rope_scaling(rope)
-    if scaling is not None and arch != "llama":
+    if scaling is not None and arch != "llama" and not (arch == "gemma3" and scaling["rope_type"] == "linear"):
         from ...core.errors import PlanError
 
         raise PlanError(f"RoPE scaling '{scaling['rope_type']}' is converted for Llama models, not {arch}")
@@ -105,19 +129,57 @@ def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
     if scaling is not None and scaling["rope_type"] == "linear":  # llama.cpp's own keys
         meta[f"{arch}.rope.scaling.type"] = "linear"
         meta[f"{arch}.rope.scaling.factor"] = float(scaling["factor"])
+    if arch in NORM_OFFSET:
+        meta.update(_gemma_metadata(arch, config, head_dim))
     if config.get("_name_or_path"):
         meta["general.name"] = str(config["_name_or_path"]).rstrip("/").rsplit("/", 1)[-1]
+    ops: list[dict[str, Any]] = [
+        {"rope_permute": {"from": r"blk\.\d+\.attn_q\.weight", "heads": heads, "inverse": True}},
+        {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}
+    ] if arch in PERMUTED else []
+    excluded = [{"regex": r"\.rotary_emb\.inv_freq$"}]
+    if arch in NORM_OFFSET:
+        ops.append({"offset": {"from": r"(blk\.\d+\.\w+|output)_norm\.weight", "value": 1.0, "dtype": "F32"}})
+        excluded.append({"regex": r"^lm_head\.weight$"})  # tied: llama.cpp's output is token_embd
     out = {
         "remap": [{"from": a, "to": b} for a, b in REMAPS[arch]],
-        "filter": {"exclude": [{"regex": r"\.rotary_emb\.inv_freq$"}]},
-        "ops": [{"rope_permute": {"from": r"blk\.\d+\.attn_q\.weight", "heads": heads, "inverse": True}},
-                {"rope_permute": {"from": r"blk\.\d+\.attn_k\.weight", "heads": kv_heads, "inverse": True}}]
-        if arch in PERMUTED else [],
+        "filter": {"exclude": excluded},
+        "ops": ops,
         "metadata": {k: _text(v) for k, v in meta.items()},
     }
     if scaling is not None and scaling["rope_type"] == "llama3":
         out["rope_scaling"] = scaling
     return out
+
+
+def _gemma_metadata(arch: str, config: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """Gemma's and Gemma 2's own key/values (what llama.cpp's converter writes), PlanError for what llama.cpp
+    cannot run."""
+    from ...core.errors import PlanError
+
+    if config.get("tie_word_embeddings") is False:
+        raise PlanError(f"{arch} with tie_word_embeddings false: llama.cpp's {arch} always uses the token "
+                        "embedding as the output layer")
+    act = config.get("hidden_activation") or config.get("hidden_act") or GELU_TANH
+    if act != GELU_TANH:
+        raise PlanError(f"{arch} with hidden_activation '{act}': llama.cpp's {arch} uses {GELU_TANH}")
+    meta: dict[str, Any] = {f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
+                            "tokenizer.ggml.add_space_prefix": "false"}
+    if arch == "gemma":
+        return meta
+    if arch == "gemma3":
+        capped = [k for k in ("attn_logit_softcapping", "final_logit_softcapping") if config.get(k) is not None]
+        if capped:
+            raise PlanError(f"gemma3 with {' and '.join(capped)}: llama.cpp's gemma3 soft-caps nothing")
+        if isinstance(config.get("sliding_window"), int):
+            meta["gemma3.attention.sliding_window"] = config["sliding_window"]
+        return meta
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(key) is not None:
+            meta[f"gemma2.{key}"] = float(config[key])
+    if isinstance(config.get("sliding_window"), int):
+        meta["gemma2.attention.sliding_window"] = config["sliding_window"]
+    return meta
 
 
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -201,12 +263,17 @@ def gguf_to_hf(metadata: Mapping[str, str]) -> dict[str, Any]:
     arch = _value(metadata, "general.architecture")
     heads = int(_value(metadata, f"{arch}.attention.head_count"))
     kv_heads = int(_value(metadata, f"{arch}.attention.head_count_kv", heads))
+    ops: list[dict[str, Any]] = [
+        {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.q_proj\.weight", "heads": heads}},
+        {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}
+    ] if arch in PERMUTED else []
+    if arch in NORM_OFFSET:  # llama.cpp's weight + 1 back to Gemma's weight, in F32 as transformers' loader does
+        norms = r"model\.(layers\.\d+\.(\w+_layer|self_attn\.[qk]_)|)norm\.weight"  # Gemma 3's q/k norms too
+        ops.append({"offset": {"from": norms, "value": -1.0}})
     return {
         "remap": [{"from": a, "to": b} for a, b in map(lambda r: _back(*r), REMAPS[arch])],
         "filter": {"exclude": [{"regex": "^" + re.escape(ROPE_FREQS) + "$"}]},  # config.json's rope_scaling
-        "ops": [{"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.q_proj\.weight", "heads": heads}},
-                {"rope_permute": {"from": r"model\.layers\.\d+\.self_attn\.k_proj\.weight", "heads": kv_heads}}]
-        if arch in PERMUTED else [],
+        "ops": ops,
         "hf_config": True,
     }
 
@@ -255,6 +322,11 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str], *, rope_freqs: 
         config["head_dim"] = head_dim
     if arch == "qwen2":
         config["use_sliding_window"] = False
+    if arch == "gemma":
+        config.update({"head_dim": head_dim, "hidden_act": GELU_TANH, "attention_bias": False})
+    if arch in ("gemma2", "gemma3"):
+        del config["hidden_act"]  # Gemma2Config's is hidden_activation
+        config.update(_gemma2_config(metadata, config, head_dim))
     if arch == "phi3":
         window = _value(metadata, f"{arch}.attention.sliding_window")
         config["sliding_window"] = int(window) if window else None
@@ -274,6 +346,9 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str], *, rope_freqs: 
     elif _value(metadata, f"{arch}.rope.scaling.type") not in (None, "none"):
         raise PlanError(f"target.hf_config: RoPE scaling '{_value(metadata, f'{arch}.rope.scaling.type')}' is not "
                         "made into a config.json (linear is)")
+    if arch == "gemma3":  # in rope_parameters, by layer type
+        config.pop("rope_scaling", None)
+        config.pop("rope_theta", None)
     recorded = _value(metadata, ROPE_SCALING_KEY)
     if rope_freqs is not None and recorded is not None:
         try:
@@ -284,6 +359,55 @@ def hf_config(metadata: Mapping[str, str], names: Sequence[str], *, rope_freqs: 
     if rope_freqs is not None:
         _check_rope_freqs(config, rope_freqs)
     return config
+
+
+def _gemma3_global_rope(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma 3's RoPE settings of its global layers (llama.cpp's rope.freq_base and linear scaling); its
+    sliding layers must use llama.cpp's fixed base (PlanError otherwise). transformers 5 nests them by
+    layer type in rope_parameters; older config.json files have rope_theta, rope_local_base_freq and
+    rope_scaling."""
+    from ...core.errors import PlanError
+
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        full, local = dict(params["full_attention"]), dict(params.get("sliding_attention") or {})
+    else:
+        full = {**(config.get("rope_scaling") or {}), "rope_theta": config.get("rope_theta", 1_000_000.0)}
+        local = {"rope_theta": config.get("rope_local_base_freq", GEMMA3_LOCAL_BASE)}
+    base = float(local.get("rope_theta", GEMMA3_LOCAL_BASE))
+    if base != GEMMA3_LOCAL_BASE or local.get("rope_type", "default") not in ("default", None):
+        raise PlanError(f"gemma3 sliding layers with RoPE {local}: llama.cpp's rotate with base "
+                        f"{GEMMA3_LOCAL_BASE:g}, unscaled")
+    return full
+
+
+def _gemma2_config(metadata: Mapping[str, str], config: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """Gemma2ForCausalLM's and Gemma3ForCausalLM's own config.json entries, as llama.cpp runs the GGUF: it
+    scales queries by 1/sqrt(head_dim), by 1/sqrt(hidden / heads) for its 27B (46 blocks for Gemma 2, 62 for
+    Gemma 3), whatever query_pre_attn_scalar was; Gemma 2's every other layer (from the first) attends to
+    a sliding window, Gemma 3's five of every six; Gemma 3's sliding layers rotate with base 10000."""
+    arch = config["model_type"].split("_")[0]
+    layers = int(config["num_hidden_layers"])
+    big = {"gemma2": 46, "gemma3": 62}[arch]
+    every = {"gemma2": 2, "gemma3": 6}[arch]
+    out: dict[str, Any] = {"head_dim": head_dim, "hidden_activation": GELU_TANH, "attention_bias": False,
+                           "tie_word_embeddings": True,
+                           "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"]
+                           if layers == big else head_dim,
+                           "layer_types": ["sliding_attention" if i % every < every - 1 else "full_attention"
+                                           for i in range(layers)]}
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        v = _value(metadata, f"{arch}.{key}")
+        out[key] = _decimal(v) if v is not None else None
+    window = _value(metadata, f"{arch}.attention.sliding_window")
+    out["sliding_window"] = int(window) if window else None
+    if arch == "gemma3":
+        full: dict[str, Any] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+        if _value(metadata, "gemma3.rope.scaling.type") == "linear":
+            full = {**full, "rope_type": "linear", "factor": _decimal(_value(metadata, "gemma3.rope.scaling.factor"))}
+        out["rope_parameters"] = {"full_attention": full,
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_BASE}}
+    return out
 
 
 def _check_rope_freqs(config: Mapping[str, Any], rope_freqs: Any) -> None:

@@ -150,6 +150,11 @@ def describe(types: Mapping[str, str]) -> str:
     return ", ".join(parts)
 
 
+# dense architectures whose every mix is llama-quantize's, type for type and byte for byte (its rules name
+# no one of them: tests/formats/test_gguf_llamacpp.py checks each)
+CHECKED_ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "gemma2", "gemma3")
+
+
 def caveat(metadata: Mapping[str, object]) -> str | None:
     """Why llama-quantize may choose other types for this model than `mix_types` does, or None."""
     meta = {k: str(v) for k, v in metadata.items()}
@@ -158,6 +163,6 @@ def caveat(metadata: Mapping[str, object]) -> str | None:
     if experts > 1:
         return (f"the mix follows llama-quantize's rules for dense models; for this {experts}-expert model it "
                 "chooses some types differently (e.g. attn_k/attn_v Q8_0 for 8 experts)")
-    if arch not in (None, "llama"):
+    if arch not in (None, *CHECKED_ARCHITECTURES):
         return f"the mix follows llama-quantize's rules for the llama architecture; for {arch} some may differ"
     return None

@@ -53,6 +53,11 @@ class Dequantized:
             done += len(values)
         return out.view(np.uint8).data
 
+    def over(self, source: ByteSource) -> Dequantized:
+        """This loader reading the same range of `source`: the same file reached another way (a split model's
+        reader hands each shard's tensors its own descriptors), so a writer still sees blocks it may copy."""
+        return Dequantized(source, self.offset, self.length, self.gtype, self.numel)
+
     def pieces(self) -> Iterator[memoryview]:
         block_bytes = self._blocks_per_piece() * self.gtype.type_size
         for start in range(0, self.length, block_bytes):

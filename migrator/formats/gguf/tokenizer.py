@@ -21,7 +21,8 @@ from .header import Value
 
 MAX_MODEL_BYTES = 64 << 20
 # ModelProto: 1 = repeated SentencePiece {1 piece, 2 score, 3 type}, 2 = TrainerSpec {40 unk_id,
-# 41 bos_id, 42 eos_id, 43 pad_id}, 3 = NormalizerSpec {3 add_dummy_prefix}
+# 41 bos_id, 42 eos_id, 43 pad_id}, 3 = NormalizerSpec {1 name, 2 precompiled_charsmap, 3 add_dummy_prefix,
+# 4 remove_extra_whitespaces}
 _NORMAL = 1
 _TRAINER_IDS = {40: "unknown", 41: "bos", 42: "eos", 43: "padding"}
 _DEFAULT_IDS = {"unknown": 0, "bos": 1, "eos": 2, "padding": -1}
@@ -67,8 +68,9 @@ def _fields(buf: bytes, label: str) -> list[tuple[int, int, Any]]:
     return out
 
 
-def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str, int], bool]:
-    """Pieces, scores, types, the trainer's special ids, and whether a space is prefixed."""
+def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str, int], bool, list[str]]:
+    """Pieces, scores, types, the trainer's special ids, whether a space is prefixed, and what the model's
+    normalizer does that llama.cpp does not (a character map, collapsing runs of spaces)."""
     label = str(path)
     try:
         size = path.stat().st_size
@@ -82,6 +84,7 @@ def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str,
     types: list[int] = []
     ids = dict(_DEFAULT_IDS)
     space_prefix = True
+    charsmap, collapses = False, True  # proto2 defaults: no map, remove_extra_whitespaces true
     for number, wire, value in _fields(buf, label):
         if number == 1 and wire == 2:
             text, score, kind = "", 0.0, _NORMAL
@@ -103,9 +106,15 @@ def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str,
             for n, w, v in _fields(value, label):
                 if n == 3 and w == 0:
                     space_prefix = bool(v)
+                elif n == 2 and w == 2:
+                    charsmap = len(v) > 0
+                elif n == 4 and w == 0:
+                    collapses = bool(v)
     if not pieces:
         raise FormatError("not a SentencePiece model: it has no pieces", file=label)
-    return pieces, scores, types, ids, space_prefix
+    lost = [what for what, has in (("its normalization table (e.g. NFKC)", charsmap),
+                                   ("its collapsing of repeated spaces", collapses)) if has]
+    return pieces, scores, types, ids, space_prefix, lost
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -123,12 +132,20 @@ def tokenizer_key_values(path: Path) -> tuple[dict[str, str], list[str]]:
         from .bpe import bpe_metadata
 
         return bpe_metadata(path)
-    return tokenizer_metadata(path), []
+    return sentencepiece_metadata(path)
 
 
 def tokenizer_metadata(model: Path) -> dict[str, str]:
     """The `tokenizer.ggml.*` key/values of a SentencePiece model (as Values: typed, and str for display)."""
-    pieces, scores, types, ids, space_prefix = read_model(model)
+    return sentencepiece_metadata(model)[0]
+
+
+def sentencepiece_metadata(model: Path) -> tuple[dict[str, str], list[str]]:
+    """`tokenizer_metadata`, and a note when the model normalizes text in a way llama.cpp does not (llama.cpp
+    applies no normalizer; its converter drops it too)."""
+    pieces, scores, types, ids, space_prefix, lost = read_model(model)
+    notes = [f"{model.name}: llama.cpp does not apply {' or '.join(lost)}; it tokenizes some text (e.g. "
+             "full-width letters, runs of spaces) otherwise than this SentencePiece model"] if lost else []
     folder = model.parent
     config, tok_config = _json(folder / "config.json"), _json(folder / "tokenizer_config.json")
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
@@ -150,4 +167,4 @@ def tokenizer_metadata(model: Path) -> dict[str, str]:
         value = tok_config.get(flag, default)
         out[f"tokenizer.ggml.{flag}"] = Value(ValueType.BOOL, bool(value))
     out["tokenizer.ggml.add_space_prefix"] = Value(ValueType.BOOL, space_prefix)
-    return out
+    return out, notes

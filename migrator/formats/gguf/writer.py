@@ -66,7 +66,7 @@ _KEY_TYPES: dict[str, ValueType] = {
         "general.quantization_version", "_token_id")},
     **{k: ValueType.FLOAT32 for k in (
         ".attention.layer_norm_epsilon", ".attention.layer_norm_rms_epsilon", ".rope.freq_base",
-        ".rope.scaling.factor")},
+        ".rope.scaling.factor", ".attn_logit_softcapping", ".final_logit_softcapping")},
     **{k: ValueType.BOOL for k in ("add_bos_token", "add_eos_token", "add_space_prefix")},
 }
 _NORM = re.compile(r"norm", re.IGNORECASE)
