@@ -132,8 +132,8 @@ class _Fold(Kernel):
         if not self.row:
             return w
         first, count = start // self.row, w.size // self.row
-        v = w.reshape(count, self.row)
-        v += self._delta(first, count)
+        v = self._delta(first, count)
+        v += w.reshape(count, self.row)  # W + delta, into the fresh delta: W may be a read-only mapped band
         if self.fold.magnitude is None:
             return v
         if self.column_factor is not None:
