@@ -176,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(out, ignore_errors=True)
                 walls[job.label].append(run.wall)
                 rss[job.label] = max(rss[job.label], run.peak_rss)
-                print(f"  {size} round {r + 1} {job.label}: {run.wall:.2f} s, {harness.mib(run.peak_rss)}", flush=True)
+                load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+                print(f"  {size} round {r + 1} {job.label}: {run.wall:.2f} s, {harness.mib(run.peak_rss)} "
+                      f"(load {load})", flush=True)
         import statistics
 
         med = {k: statistics.median(v) for k, v in walls.items()}

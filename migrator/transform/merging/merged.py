@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from ...core.errors import FormatError
 from ...core.tensor import LazyTensor
 from ...formats.base import Reader
 from ...recipe.mergekit import LoadedConfig, MergeSpec, load_config, merge_spec, model_paths
-from .tensors import merge_tensors, open_models
+from .tensors import ModelPart, merge_tensors, open_models
 
 CONFIG_NAME = "mergekit_config.yml"
 """The name mergekit gives the config it copies into its output folder."""
@@ -38,15 +37,6 @@ class _Config(ByteSource):
 
     def view(self, offset: int, length: int) -> memoryview:
         raise FormatError("a merge config holds no tensor bytes; read its tensors", file=self.label)
-
-
-@dataclass
-class ModelPart:
-    """One model a merge reads: its reference in the config, its folder, its reader."""
-
-    label: str
-    path: Path
-    reader: Reader
 
 
 class MergedReader(Reader):
@@ -67,7 +57,8 @@ class MergedReader(Reader):
         except BaseException:
             self._stack.close()
             raise
-        self.parts = [ModelPart(path, Path(path), r) for path, r in readers.items()]  # what a run protects
+        # what a run protects from its output: every model and adapter file it reads
+        self.parts = [ModelPart(path, Path(path), r) for path, r in readers.items()]
         formats = {r.format for r in readers.values()}
         self.format = formats.pop() if len(formats) == 1 else "mixed"  # type: ignore[misc]
         self.source = _Config(Path(self.loaded.file))
@@ -79,6 +70,10 @@ class MergedReader(Reader):
         self.generated = [(CONFIG_NAME, self.loaded.text.encode())]
         self.notes = [f"merge_method {self.spec.method}: {len(self.tensors)} tensors from "
                       f"{len(self.spec.models)} models" + (f", DARE seed {seed}" if seed is not None else "")]
+
+    def file_readers(self) -> list[Reader]:
+        """Every model's reader and every adapter's weights reader: what a run protects from its output."""
+        return [f for p in self.parts for f in p.reader.file_readers()]
 
     def extra(self) -> dict[str, Any]:
         return {"merge_method": self.spec.method, "models": dict(self.spec.models)}
