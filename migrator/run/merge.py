@@ -3,8 +3,9 @@
 `merge_recipe` is the recipe a merge runs: the config as a `format: mergekit` source (its merged
 tensors, `transform/merging/merged.py`), a Hugging Face folder as the target (SafeTensors shards
 plus index, the reference model's config, generation and tokenizer files, each when present, its
-config.json updated with the merge's `num_hidden_layers` and dtype, and the config itself as
-`mergekit_config.yml`), and an optional dtype cast. `merge` plans and runs it as `convert` runs its
+config.json updated with the merge's `num_hidden_layers` and dtype, the config itself as
+`mergekit_config.yml`, and with `tokenizer_source: PATH` that folder's tokenizer files instead of
+the reference's), and an optional dtype cast. `merge` plans and runs it as `convert` runs its
 recipe: atomic folder publish, the same result and notes. `fold_folder` is `convert BASE OUT/ --lora`.
 """
 
@@ -22,24 +23,28 @@ if TYPE_CHECKING:
     from ..recipe.model import Recipe
 
 DEFAULT_SHARD = "5GB"
-COMPANIONS = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.*",
-              "merges.txt", "added_tokens.json", "chat_template.jinja")
-"""The reference model's files a merged folder carries, each when present (as mergekit copies them)."""
+CONFIGS = ("config.json", "generation_config.json")
+"""The reference model's config files a merged folder carries, each when present."""
 
 
 def merge_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: int | None = None,
                  dtype: str | None = None, max_shard_size: int | str = DEFAULT_SHARD, overwrite: bool = False,
                  fsync: bool = True) -> Recipe:
     """The recipe of `migrate merge CONFIG OUT/` (validated like any recipe)."""
+    from ..recipe.mergekit import load_config
     from ..recipe.model import Recipe
+    from ..transform.merging.tokenizer_source import TOKENIZER_FILES
 
+    # the tokenizer files come from the reference model, or (tokenizer_source: PATH) are the merge's own
+    own_tokenizer = load_config(config).config.tokenizer_source not in (None, "base")
+    companions = CONFIGS if own_tokenizer else (*CONFIGS, *TOKENIZER_FILES)
     source: dict[str, Any] = {"path": os.fspath(config), "format": "mergekit"}
     if seed is not None:
         source["seed"] = seed
     data: dict[str, Any] = {
         "version": 1, "source": source,
         "target": {"path": os.fspath(out), "shard": {"max_size": max_shard_size}, "overwrite": overwrite,
-                   "fsync": fsync, "copy": [{"path": c, "optional": True} for c in COMPANIONS]}}
+                   "fsync": fsync, "copy": [{"path": c, "optional": True} for c in companions]}}
     if dtype is not None:
         data["dtype"] = {"cast": dtype}
     return Recipe.model_validate(data)

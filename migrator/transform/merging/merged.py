@@ -6,7 +6,8 @@ one computed lazy tensor per output tensor: remaps, filters, dtype casts and any
 it as a plain checkpoint. What a Hugging Face folder written from it needs beside the weights comes
 with it: the folder whose companion files (config, tokenizer) go with the merge (`folder`), what
 changes in its config.json (`config_update`: `num_hidden_layers` after slices, the dtype) and the
-config itself (`generated`: `mergekit_config.yml`).
+files it makes (`generated`: the config itself as `mergekit_config.yml`, and with `tokenizer_source:
+PATH` that folder's tokenizer files).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ...core.tensor import LazyTensor
 from ...formats.base import Reader
 from ...recipe.mergekit import LoadedConfig, MergeSpec, load_config, merge_spec, model_paths
 from .tensors import ModelPart, merge_tensors, open_models
+from .tokenizer_source import tokenizer_files
 
 CONFIG_NAME = "mergekit_config.yml"
 """The name mergekit gives the config it copies into its output folder."""
@@ -68,6 +70,10 @@ class MergedReader(Reader):
         self.folder = Path(companions) if companions and Path(companions).is_dir() else None
         self.config_update: dict[str, Any] = dict(self.spec.config_update or {})
         self.generated = [(CONFIG_NAME, self.loaded.text.encode())]
+        if self.spec.tokenizer_from is not None:  # that folder's tokenizer files, once checked against the merge
+            reference = self.spec.models[self.spec.companions_from or ""]
+            self.generated += tokenizer_files(self.spec.tokenizer_from, list(self.spec.models.values()), reference,
+                                              self.tensors)
         self.notes = [f"merge_method {self.spec.method}: {len(self.tensors)} tensors from "
                       f"{len(self.spec.models)} models" + (f", DARE seed {seed}" if seed is not None else "")]
 
