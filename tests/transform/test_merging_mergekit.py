@@ -562,3 +562,29 @@ def test_tokenizer_source_that_does_not_fit_is_refused(merged: Path, tmp_path: P
     done = migrate_in_process("merge", str(config), str(tmp_path / "out"))
     assert done.returncode == 1 and message in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["linear", "task_arithmetic", "slerp", "ties", "dare_linear", "lora_linear",
+                                  "bf16_out"])
+def test_emit_recipe_is_a_plain_recipe_that_reruns(merged: Path, tmp_path: Path, name: str) -> None:
+    """`--emit-recipe` of a models: merge (or slices that keep the layers) writes sources + computed ops, no
+    mergekit source; `migrate run` of it writes the same bytes (the recipe replaces mergekit_config.yml)."""
+    import yaml
+
+    from tests.cli_support import migrate_in_process
+
+    out, recipe = tmp_path / "out", tmp_path / "recipes" / "r.yaml"
+    done = migrate_in_process("merge", str(merged / f"{name}.yml"), str(out), "--seed", "7", "--emit-recipe",
+                              "-o", str(recipe))
+    assert done.returncode == 0, done.stderr
+    data = yaml.safe_load(recipe.read_text())
+    assert "source" not in data and data["sources"] and data["ops"]
+    assert all(isinstance(s["path"], str) and not s["path"].startswith("/") for s in data["sources"])
+    first = tmp_path / "first"
+    out.rename(first)
+    again = migrate_in_process("run", str(recipe))
+    assert again.returncode == 0, again.stderr
+    written = sorted(p.name for p in first.iterdir() if p.name != "mergekit_config.yml")
+    assert sorted(p.name for p in out.iterdir()) == written
+    for p in out.iterdir():
+        assert p.read_bytes() == (first / p.name).read_bytes(), p.name
