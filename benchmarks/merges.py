@@ -186,9 +186,8 @@ arithmetic), then written without fsync, then written and fsynced."""
 
 
 def breakdown(work: Path) -> None:
-    import subprocess
-
     import os
+    import subprocess
 
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # as the CLI sets it: the bands run on the cast pool
     for job in ("fold", *CONFIGS):
