@@ -120,10 +120,22 @@ def test_kth_largest_is_partitions(stored: dict[str, LazyTensor], density: float
     native = arithmetic.merge_kernels()
     threshold, total, kept = arithmetic._kth_largest(native, base, model, k, 1000)
     assert np.float32(threshold).view(np.uint32) == expected.view(np.uint32)
-    finite = magnitude[np.isfinite(magnitude)]
-    if np.isfinite(threshold) and np.all(np.isfinite(magnitude)):
-        assert kept == pytest.approx(float(finite[finite >= threshold].sum(dtype=np.float64)))
-    assert np.isnan(total) or np.isinf(total) or total == pytest.approx(float(magnitude.sum(dtype=np.float64)))
+    assert np.isnan(total)  # as numpy's sum of a |delta| holding NaN
+    assert kept == pytest.approx(float(np.sum(magnitude, where=magnitude >= expected, dtype=np.float64)))
+
+
+def test_kth_largest_sums_of_finite_deltas(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    base, model = (rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2))
+    save([from_numpy("base", base), from_numpy("model", model)], tmp_path / "f.safetensors")
+    magnitude = np.abs(model - base).reshape(-1)
+    with open_file(tmp_path / "f.safetensors") as reader:
+        tb, tm = reader.tensors
+        for k in (1, 7, magnitude.size // 3, magnitude.size):
+            threshold, total, kept = arithmetic._kth_largest(arithmetic.merge_kernels(), tb, tm, k, 1000)
+            assert threshold == np.sort(magnitude)[::-1][k - 1]
+            assert total == pytest.approx(float(magnitude.sum(dtype=np.float64)), rel=1e-12)
+            assert kept == pytest.approx(float(magnitude[magnitude >= threshold].sum(dtype=np.float64)), rel=1e-12)
 
 
 def test_bf16_inputs_decode_before_the_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
