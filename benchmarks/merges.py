@@ -1,6 +1,6 @@
 """LoRA folds and two-model merges at model scale: migrator against PEFT and mergekit, same rounds.
 
-    PYTHONPATH=$PWD python benchmarks/merges.py [WORKDIR] [--sizes small,large] [--rounds 1] [--keep]
+    PYTHONPATH=$PWD python benchmarks/merges.py [WORKDIR] [--sizes small,large] [--rounds 1] [--keep] [--breakdown]
 
 Models (generated tensor by tensor into WORKDIR, default benchmarks/out/merges; deleted at the end
 unless --keep), Llama-shaped F32 Hugging Face folders in 200 MB shards with a config.json:
@@ -15,6 +15,9 @@ peak RSS), rounds rotated: migrator `convert BASE OUT/ --lora` against PEFT `Pef
 configs against `mergekit-yaml` on the same configs; `migrate convert BASE OUT/` (the same folder
 with nothing computed: the I/O floor of a migrator job, so that the rest is the arithmetic); and
 `cp -r` of the inputs. The RSS bound of a job: (inputs + 1) x the largest tensor + 150 MiB.
+Each job line gives the load average when it ended (the host is shared). `--breakdown` then times
+each migrator job again in one process: computing its tensors without writing them (read + compute),
+writing without fsync, and the whole job.
 """
 
 from __future__ import annotations
@@ -143,6 +146,54 @@ def jobs(work: Path) -> list[tuple[harness.Job, Path, int]]:
     return res
 
 
+BREAKDOWN = """
+import os, shutil, sys, time
+from migrator.transform.merging.folded import open_folded
+from migrator.transform.merging.merged import MergedReader
+from migrator.files.io import open_file
+from migrator.run import merge as execute
+from migrator.run.convert import convert
+work, job, out = sys.argv[1:4]
+
+def drain():
+    reader = (open_folded(open_file(f"{work}/base"), f"{work}/adapter") if job == "fold"
+              else MergedReader(f"{work}/{job}.yml"))
+    with reader:
+        for t in reader.tensors:
+            if t.chunks is not None:
+                for _ in t.chunks():
+                    pass
+            else:
+                t.data().release()
+
+def write(fsync):
+    shutil.rmtree(out, ignore_errors=True)
+    if job == "fold":
+        convert(f"{work}/base", out + "/", lora=f"{work}/adapter", max_shard_size="200MB", fsync=fsync,
+                progress=False)
+    else:
+        execute.merge(f"{work}/{job}.yml", out, max_shard_size="200MB", fsync=fsync, progress=False)
+    shutil.rmtree(out, ignore_errors=True)
+
+for label, fn in (("read + compute", drain), ("+ write", lambda: write(False)), ("+ fsync", lambda: write(True))):
+    start, cpu = time.perf_counter(), time.process_time()
+    fn()
+    print(f"{job}: {label}: {time.perf_counter() - start:.2f} s wall, {time.process_time() - cpu:.2f} s CPU, "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+"""
+"""Where a migrator job's time goes, in one process: its tensors computed and dropped (reading and the
+arithmetic), then written without fsync, then written and fsynced."""
+
+
+def breakdown(work: Path) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # as the CLI sets it: the bands run on the cast pool
+    for job in ("fold", *CONFIGS):
+        subprocess.run([sys.executable, "-c", BREAKDOWN, str(work), job, str(work / "out")], check=True, env=env)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workdir", nargs="?", default=str(REPO / "benchmarks" / "out" / "merges"))
@@ -150,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--skip", default="", help="comma-separated job labels (or prefixes) not to run")
     ap.add_argument("--keep", action="store_true", help="keep the generated models")
+    ap.add_argument("--breakdown", action="store_true", help="after the rounds, where each migrator job's time "
+                    "goes: read + compute, + write, + fsync (in one process each)")
     args = ap.parse_args(argv)
     import os
 
@@ -176,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(out, ignore_errors=True)
                 walls[job.label].append(run.wall)
                 rss[job.label] = max(rss[job.label], run.peak_rss)
-                print(f"  {size} round {r + 1} {job.label}: {run.wall:.2f} s, {harness.mib(run.peak_rss)}", flush=True)
+                load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+                print(f"  {size} round {r + 1} {job.label}: {run.wall:.2f} s, {harness.mib(run.peak_rss)} "
+                      f"(load {load})", flush=True)
         import statistics
 
         med = {k: statistics.median(v) for k, v in walls.items()}
@@ -192,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{med[label] / ours:.2f} | {harness.mib(rss[label])} | "
                   f"{harness.mib(bound) if within else ''} | {within} |" if cp and ours else
                   f"| {size} | {label} | {med[label]:.1f} | | | {harness.mib(rss[label])} | | |")
+        if args.breakdown:
+            breakdown(work)
         if not args.keep:
             shutil.rmtree(work)
     return 0 if ok else 1

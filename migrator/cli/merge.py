@@ -51,8 +51,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..files.sharded_writer import parse_size
-    from ..recipe.convert import emit_recipe
-    from ..run.merge import merge, merge_recipe
+    from ..run.merge import emitted_recipe, merge
     from .options import limits_of
 
     try:
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                    fsync=not args.no_fsync)
     recipe_text = None
     if args.emit_recipe:
-        recipe_text = emit_recipe(merge_recipe(args.config, out, **options), args.recipe_output)
+        recipe_text = emitted_recipe(args.config, out, args.recipe_output, **options)
         if not args.recipe_output:
             sys.stdout.write(recipe_text)
             return EXIT_OK

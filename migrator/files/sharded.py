@@ -231,6 +231,10 @@ class _Shard:
         self.path, self.size, self.identity, self.fds = path, size, identity, fds
         self.label = str(path)
 
+    def view(self, offset: int, length: int) -> memoryview:
+        """`length` bytes at `offset`, mapped when large (as `ByteSource.view`: a merge's band reader)."""
+        return self.fds.read(self, offset, length, self.label)
+
 
 class _Descriptors:
     """The few shard descriptors open at a time; only this class closes them."""

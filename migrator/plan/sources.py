@@ -252,7 +252,7 @@ class UnionReader(Reader):
         return None if o is None else self.parts[o.part].label
 
     def file_readers(self) -> list[Reader]:
-        return [p.reader for p in self.parts]
+        return [f for p in self.parts for f in p.reader.file_readers()]  # a source may read several files
 
     def describe(self, name: str) -> str:
         """`name` as an error should show it: its original name and its source."""

@@ -6,10 +6,12 @@ Supported: `merge_method` linear, task_arithmetic, slerp, ties, dare_ties, dare_
 `models` or `slices` (with `layer_range`); `base_model`; `parameters` at every level mergekit reads
 them (global, per model, per slice, per slice source), as scalars, gradients (lists interpolated
 over the layers of a slice) or filtered values (`{filter: self_attn, value: ...}`); `dtype`,
-`out_dtype`; `tokenizer_source: base`; `model: path+lora_path`. Refused by name: `modules`,
-`tokenizer`, `chat_template`, `residual_weight`, other merge methods, `int8_mask: true`, parameters
-a method does not take, a tokenizer from another model or a union, and hub ids (only local folders
-and URLs migrator reads).
+`out_dtype`; `tokenizer_source: base` or a model folder (its tokenizer files, when its vocabulary is
+the models' and fits the embedding rows: `transform/merging/tokenizer_source.py`); `model:
+path+lora_path`. Refused by name: `modules`, `tokenizer`, `chat_template`, `residual_weight`, other
+merge methods, `int8_mask: true`, parameters a method does not take, `tokenizer_source: union`
+(a rebuilt vocabulary with embedding rows permuted by token), and hub ids (only local folders and
+URLs migrator reads).
 
 `merge_spec` resolves a config against the models' tensor names (headers only) the way mergekit's
 planner does: layers found by their index segment (`model.layers.N.`), t = i / (n - 1) across
@@ -240,9 +242,20 @@ def _refusals(loaded: LoadedConfig) -> list[RecipeIssue]:
                      ("chat_template", "chat templates")):
         if getattr(c, key) is not None:
             issues.append(loaded.issue((key,), f"'{key}' ({why}) is not supported"))
-    if c.tokenizer_source not in (None, "base"):
-        issues.append(loaded.issue(("tokenizer_source",), f"tokenizer_source '{c.tokenizer_source}' is not supported",
-                                   "only 'base' (the base model's tokenizer files are copied)"))
+    if c.tokenizer_source == "union":
+        issues.append(loaded.issue(("tokenizer_source",), "tokenizer_source 'union' is not supported: mergekit builds "
+                                   "a new vocabulary from every model's and permutes each model's embedding rows "
+                                   "by token, which migrator does not do",
+                                   "merge models that share a vocabulary, with tokenizer_source: base or a model "
+                                   "folder whose tokenizer files to copy"))
+    elif c.tokenizer_source not in (None, "base"):
+        from ..storage.remote import is_url
+
+        problem = _reference_problem(c.tokenizer_source, loaded.base_dir)
+        if problem is None and is_url(c.tokenizer_source):
+            problem = ("a tokenizer_source is read from a local folder, not a URL", "download the tokenizer files")
+        if problem is not None:
+            issues.append(loaded.issue(("tokenizer_source",), problem[0], problem[1]))
     if (c.models is None) == (c.slices is None):
         issues.append(loaded.issue((), "exactly one of 'models' or 'slices' must be given"))
     for key in ("dtype", "out_dtype"):
@@ -413,6 +426,8 @@ class MergeSpec:
     config_update: dict[str, Any] | None = None
     companions_from: str | None = None
     seed: int | None = None
+    tokenizer_from: str | None = None
+    """The folder whose tokenizer files the output takes (`tokenizer_source: PATH`); None: the reference's."""
 
 
 _LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
@@ -520,7 +535,9 @@ def merge_spec(loaded: LoadedConfig, names: Mapping[str, Sequence[str]], *, seed
         for item in tensors:
             if item.params.get("sparsify") == "random":
                 item.params["seed"] = seed
-    return MergeSpec(method, models, tensors, loras, dtype, out_dtype, update, reference, seed)
+    tokenizer = c.tokenizer_source
+    tokenizer_from = None if tokenizer in (None, "base") else resolve_path(str(tokenizer), loaded.base_dir)
+    return MergeSpec(method, models, tensors, loras, dtype, out_dtype, update, reference, seed, tokenizer_from)
 
 
 def model_paths(loaded: LoadedConfig) -> tuple[dict[str, str], dict[str, str]]:

@@ -147,3 +147,26 @@ def test_lora_fold_op_equals_peft(tmp_path: Path) -> None:
     assert sorted(ours) == sorted(theirs)  # every lora_A/lora_B consumed by the folds
     for k, v in theirs.items():
         assert np.array_equal(ours[k], v.numpy()), k
+
+
+def test_the_adapter_is_protected_from_the_output(tmp_path: Path) -> None:
+    """The adapter's weights are read by the run, as the base is: an output over them is refused (a fold
+    and a merge's `base+lora`), and the adapter is left as it was."""
+    base, adapter, _ = _base_and_adapter(tmp_path)
+    before = {p.name: p.read_bytes() for p in adapter.iterdir()}
+    done = migrate_in_process("convert", str(base), f"{adapter}/", "--lora", str(adapter), "--overwrite")
+    assert done.returncode != 0 and "adapter_model.safetensors" in done.stderr, done.stderr
+    config = tmp_path / "merge.yml"
+    config.write_text("merge_method: linear\nmodels:\n  - {model: base+adapter, parameters: {weight: 1.0}}\n"
+                      "  - {model: base, parameters: {weight: 1.0}}\n")
+    done = migrate_in_process("merge", str(config), str(adapter), "--overwrite")
+    assert done.returncode != 0 and "adapter_model.safetensors" in done.stderr, done.stderr
+    weights = adapter / "adapter_model.safetensors"  # a one-file output over the adapter's weights, also nested
+    done = migrate_in_process("convert", str(base), str(weights), "--lora", str(adapter), "--overwrite")
+    assert done.returncode != 0 and "adapter_model.safetensors" in done.stderr, done.stderr
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsources: [{{path: base, lora: adapter}}]\n"
+                      f"target: {{path: {weights}, overwrite: true}}\n")
+    done = migrate_in_process("run", str(recipe))
+    assert done.returncode != 0 and "adapter_model.safetensors" in done.stderr, done.stderr
+    assert {p.name: p.read_bytes() for p in adapter.iterdir()} == before

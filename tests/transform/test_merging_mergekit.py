@@ -334,7 +334,10 @@ def _config(tmp_path: Path, text: str) -> Path:
      r"cfg\.yml:2:34: models\[0\]\.parameters\.wieght: parameter 'wieght' is not one linear takes"),
     ("merge_method: linear\nmodels: [{model: .}]\nresidual: 1\n",
      r"cfg\.yml:3:1: residual: 'residual' is not a mergekit config key"),
-    ("merge_method: linear\nmodels: [{model: .}]\ntokenizer_source: union\n", "tokenizer_source 'union'"),
+    ("merge_method: linear\nmodels: [{model: .}]\ntokenizer_source: union\n",
+     r"cfg\.yml:3:19: tokenizer_source: tokenizer_source 'union' is not supported: mergekit builds a new vocabulary"),
+    ("merge_method: linear\nmodels: [{model: .}]\ntokenizer_source: ./nowhere\n",
+     r"cfg\.yml:3:19: tokenizer_source: model folder './nowhere' does not exist"),
     ("merge_method: linear\nmodels: [{model: .}]\nmodules: {}\n", "'modules' .per-module merges. is not supported"),
     ("merge_method: linear\nmodels: [{model: .}]\ndtype: int8\n", "dtype 'int8' is not a float dtype"),
     ("merge_method: linear\nmodels: [{model: ./missing}]\n", "model folder './missing' does not exist"),
@@ -494,3 +497,94 @@ def test_recipe_op_errors_name_line_and_tensors(merged: Path, tmp_path: Path) ->
                       "target: {path: out/}\n")
     done = migrate_in_process("run", str(recipe))
     assert done.returncode == 2 and "r.yaml:4:" in done.stderr and "weights has 1 entries for 2 models" in done.stderr
+
+
+def _word_tokenizer(folder: Path, words: int, swap: bool = False) -> None:
+    """A WordLevel fast tokenizer of `words` tokens saved into `folder` (ids 0 and 1 swapped with `swap`)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, **{f"w{i}": i for i in range(2, words)}}
+    if swap:
+        vocab["[UNK]"], vocab["[PAD]"] = 1, 0
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(folder)
+
+
+def test_tokenizer_source_folder_matches_mergekit(merged: Path, tmp_path: Path) -> None:
+    """`tokenizer_source: PATH` with the models' vocabulary: mergekit's tensors, and that folder's tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    for name in ("m0", "m1"):
+        shutil.copytree(merged / name, tmp_path / name)
+        _word_tokenizer(tmp_path / name, 96)
+    _word_tokenizer(tmp_path / "tok", 96)
+    (tmp_path / "tok" / "marker.txt").write_text("not a tokenizer file")
+    (tmp_path / "tok" / "special_tokens_map.json").write_text('{"pad_token": "[PAD]", "unk_token": "[UNK]"}')
+    config = tmp_path / "cfg.yml"
+    config.write_text("merge_method: linear\nmodels:\n  - {model: m0, parameters: {weight: 0.3}}\n"
+                      "  - {model: m1, parameters: {weight: 0.7}}\ntokenizer_source: tok\ndtype: float32\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    subprocess.run([str(Path(sys.executable).parent / "mergekit-yaml"), str(config), str(tmp_path / "mk"), "--quiet",
+                    "--no-write-model-card"], check=True, cwd=tmp_path, capture_output=True, env=env)
+    out = tmp_path / "out"
+    merge_folder(config, out)
+    ours, theirs = _tensors(out), _tensors(tmp_path / "mk")
+    assert sorted(ours) == sorted(theirs)
+    for k in theirs:
+        np.testing.assert_allclose(ours[k], theirs[k], rtol=0, atol=1e-6, err_msg=k)
+    assert (out / "tokenizer.json").read_bytes() == (tmp_path / "tok" / "tokenizer.json").read_bytes()
+    assert (out / "special_tokens_map.json").read_bytes() == (tmp_path / "tok" / "special_tokens_map.json").read_bytes()
+    assert not (out / "marker.txt").exists()
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(tmp_path / "mk").get_vocab()
+
+
+@pytest.mark.parametrize(("words", "swap", "message"), [
+    (90, False, "'model.embed_tokens.weight' has 96 rows but the tokenizer_source has 90 tokens"),
+    (96, True, "this model's vocabulary is not the tokenizer_source's"),
+])
+def test_tokenizer_source_that_does_not_fit_is_refused(merged: Path, tmp_path: Path, words: int, swap: bool,
+                                                       message: str) -> None:
+    import shutil
+
+    from tests.cli_support import migrate_in_process
+
+    for name in ("m0", "m1"):
+        shutil.copytree(merged / name, tmp_path / name)
+        _word_tokenizer(tmp_path / name, words)  # the models' vocabulary: the source's but for `swap`
+    _word_tokenizer(tmp_path / "tok", words, swap=swap)
+    config = tmp_path / "cfg.yml"
+    config.write_text("merge_method: linear\nmodels:\n  - {model: m0, parameters: {weight: 0.3}}\n"
+                      "  - {model: m1, parameters: {weight: 0.7}}\ntokenizer_source: tok\n")
+    done = migrate_in_process("merge", str(config), str(tmp_path / "out"))
+    assert done.returncode == 1 and message in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["linear", "task_arithmetic", "slerp", "ties", "dare_linear", "lora_linear",
+                                  "bf16_out"])
+def test_emit_recipe_is_a_plain_recipe_that_reruns(merged: Path, tmp_path: Path, name: str) -> None:
+    """`--emit-recipe` of a models: merge (or slices that keep the layers) writes sources + computed ops, no
+    mergekit source; `migrate run` of it writes the same bytes (the recipe replaces mergekit_config.yml)."""
+    import yaml
+
+    from tests.cli_support import migrate_in_process
+
+    out, recipe = tmp_path / "out", tmp_path / "recipes" / "r.yaml"
+    done = migrate_in_process("merge", str(merged / f"{name}.yml"), str(out), "--seed", "7", "--emit-recipe",
+                              "-o", str(recipe))
+    assert done.returncode == 0, done.stderr
+    data = yaml.safe_load(recipe.read_text())
+    assert "source" not in data and data["sources"] and data["ops"]
+    assert all(isinstance(s["path"], str) and not s["path"].startswith("/") for s in data["sources"])
+    first = tmp_path / "first"
+    out.rename(first)
+    again = migrate_in_process("run", str(recipe))
+    assert again.returncode == 0, again.stderr
+    written = sorted(p.name for p in first.iterdir() if p.name != "mergekit_config.yml")
+    assert sorted(p.name for p in out.iterdir()) == written
+    for p in out.iterdir():
+        assert p.read_bytes() == (first / p.name).read_bytes(), p.name

@@ -15,11 +15,16 @@ torch's round-to-nearest-even. The formulas are mergekit 0.1.5's (see docs/mergi
 - `slerp`: mergekit's spherical interpolation of the whole tensor (linear when nearly colinear);
 - `scale` and `passthrough`.
 
-Memory: a band of each input (4 MiB) at a time, except two steps that need a whole-tensor statistic.
-SLERP's norms and dot product and DARE's L1 rescale come from a first streamed pass; TIES's k-th
-largest magnitude needs one delta tensor whole (`ndarray.partition`), so its first pass holds the
-base tensor and one model's |delta| of that tensor (in the compute dtype, partitioned in place),
-never the model.
+Memory: a band of each input (4 MiB) at a time. SLERP's norms and dot product and DARE's L1 rescale
+come from a first streamed pass. TIES's k-th largest magnitude is found exactly by two streamed
+histogram passes over the bits of |delta| (`_kth_largest`, with the compiled merge kernels and F32
+compute); without them (or in F64) it needs one delta tensor whole (`ndarray.partition`), so that
+first pass holds the base tensor and one model's |delta| of that tensor, never the model.
+
+Speed: with the compiled kernels (migrator/core/_kernels.c) in F32, SLERP's statistics
+(`merge_dot3`), TIES's histograms (`merge_abs_hist`) and the task-arithmetic band
+(`merge_task_band`, the numpy code's operations in its order: the same bits) run in C without the
+GIL; every pass but DARE's random drop computes its bands on several threads (`bands.over_bands`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...core.dtypes import DType
 from ...core.errors import MergeInputError
 from ...core.tensor import LazyTensor
+from . import bands
 from .bands import Kernel, check_decodable, compute_dtype, computed, elements_per_band, read_bands, whole_values
 
 if TYPE_CHECKING:
@@ -40,6 +46,18 @@ if TYPE_CHECKING:
 Sparsify = Literal["magnitude", "random"]
 Rescale = Literal["l1", "density"]
 Consensus = Literal["sum", "count"]
+
+
+MERGE_KERNELS = ("merge_dot3", "merge_abs_hist", "merge_linear_band", "merge_task_band")
+"""The compiled merge loops; a build of an older _kernels.c without them counts as absent."""
+
+
+def merge_kernels() -> Any:
+    """`migrator.core._kernels` when built with the merge loops (and not switched off), else None."""
+    from ...core import casts
+
+    k = casts.kernels
+    return k if k is not None and all(hasattr(k, n) for n in MERGE_KERNELS) else None
 
 
 def check_inputs(op: str, inputs: Sequence[LazyTensor]) -> None:
@@ -69,14 +87,28 @@ class _Linear(Kernel):
         self.inputs, self.step = list(inputs), elements_per_band(inputs, compute)
         self.weights = np.asarray(weights, dtype=compute.numpy())
         self.denominator = self.weights.sum() if normalize else None  # in the compute dtype, as mergekit
+        self.native = merge_kernels() if compute.name == "F32" and len(self.inputs) <= 64 else None
 
     def band(self, state: Any, start: int, arrays: list[np.ndarray]) -> np.ndarray:
+        if self.native is not None:
+            return linear_band(self.native, arrays, [float(w) for w in self.weights],
+                               None if self.denominator is None else float(self.denominator))
         out = arrays[0] * self.weights[0]
         for x, w in zip(arrays[1:], self.weights[1:], strict=True):
             out += x * w
         if self.denominator is not None:
             out /= self.denominator
         return out
+
+
+def linear_band(native: Any, arrays: Sequence[np.ndarray], weights: Sequence[float],
+                divisor: float | None) -> np.ndarray:
+    """((x_0 w_0 + x_1 w_1) + ...) / divisor (if given) in float32 by the compiled loop: numpy's bits."""
+    import numpy as np
+
+    out = np.empty_like(arrays[0])
+    native.merge_linear_band(arrays, weights, divisor is not None, 1.0 if divisor is None else divisor, out)
+    return out
 
 
 def linear(name: str, inputs: Sequence[LazyTensor], weights: Sequence[float], *, normalize: bool = True,
@@ -141,6 +173,8 @@ class _TaskArithmetic(Kernel):
         n = len(models)
         self.thresholds: list[float | None] = [None] * n  # magnitude: keep |d| >= threshold
         self.factors: list[float | None] = [None] * n  # rescale: L1 before / L1 after sparsifying
+        self.parallel = sparsify != "random"  # DARE's draws are one stream per model, band after band
+        self.native = merge_kernels() if compute.name == "F32" and n <= 64 else None
 
     def _active(self, i: int) -> bool:
         """Whether model i's delta is sparsified at all (density < 1)."""
@@ -152,6 +186,20 @@ class _TaskArithmetic(Kernel):
         if self.sparsify is None:
             return
         numel = self.inputs[0].numel
+        if self.sparsify == "magnitude" and self.native is not None:
+            for i, model in enumerate(self.inputs[1:]):
+                density = self.densities[i]
+                if density >= 1 or numel == 0:
+                    continue
+                if density <= 0:
+                    self.thresholds[i] = math.inf
+                    continue
+                k = max(1, int(density * numel))
+                self.thresholds[i], total, kept = _kth_largest(self.native, self.inputs[0], model, k, self.step,
+                                                               sums=self.rescale == "l1")
+                if self.rescale == "l1":
+                    self.factors[i] = _l1_factor(total, kept)
+            return
         if self.sparsify == "magnitude":
             base = None
             for i, model in enumerate(self.inputs[1:]):
@@ -212,6 +260,8 @@ class _TaskArithmetic(Kernel):
         import numpy as np
 
         base = arrays[0]
+        if self.native is not None and self.parallel:
+            return self._native_band(base, arrays[1:])
         deltas = []
         for i, x in enumerate(arrays[1:]):
             delta = x - base
@@ -246,6 +296,67 @@ class _TaskArithmetic(Kernel):
         if self.lambda_ != 1:
             mixed *= self.np_dtype.type(self.lambda_)
         return base + mixed
+
+
+    def _native_band(self, base: np.ndarray, models: list[np.ndarray]) -> np.ndarray:
+        """`band` by the compiled loop: the same float32 operations in the same order (a step numpy skips is a
+        threshold of NaN, which trims nothing, or a factor of 1)."""
+        import numpy as np
+
+        params = [(math.nan if thr is None else thr, 1.0 if f is None else f, float(w))
+                  for thr, f, w in zip(self.thresholds, self.factors, self.weights, strict=True)]
+        total = self.weights.sum()
+        divisor = float(total if abs(float(total)) >= 1e-8 else 1.0)
+        consensus = {None: 0, "sum": 1, "count": 2}[self.consensus]
+        out = np.empty_like(base)
+        assert self.native is not None
+        self.native.merge_task_band(base, models, params, consensus, int(self.normalize), divisor,
+                                    self.lambda_, out)
+        return out
+
+
+def _kth_largest(native: Any, base: LazyTensor, model: LazyTensor, k: int, step: int,
+                 sums: bool = True) -> tuple[float, float, float]:
+    """(the k-th largest |model - base| in F32, sum |model - base|, sum of those >= it), both sums in F64
+    (a NaN makes the first NaN and is left out of the second, as numpy's sums).
+
+    A non-negative float32 orders as its bits, so two streamed histogram passes find the value exactly
+    (the one `np.partition` gives): the top 16 bits' bin holding the k-th largest, then the low 16 bits
+    within it. Each band's histogram is its own (bands run on several threads), added in order. Without
+    `sums`, both sums are 0 (not computed)."""
+    import numpy as np
+
+    from ...core import dtypes
+
+    bins = 1 << 16
+
+    def histogram(prefix: int) -> tuple[np.ndarray, np.ndarray]:
+        def one(item: tuple[int, list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+            counts, totals = np.zeros(bins, dtype=np.uint64), np.zeros(bins + 1, dtype=np.float64)
+            native.merge_abs_hist(item[1][1], item[1][0], counts, totals if sums else None, prefix)
+            return counts, totals
+
+        counts, totals = np.zeros(bins, dtype=np.uint64), np.zeros(bins + 1, dtype=np.float64)
+        for c, s in bands.over_bands(one, read_bands([base, model], dtypes.F32, step)):
+            counts += c
+            totals += s
+        return counts, totals
+
+    def locate(counts: np.ndarray, want: int) -> tuple[int, int]:
+        """(the bin holding the want-th largest, how many lie in the bins above it)."""
+        above = np.cumsum(counts[::-1], dtype=np.uint64)[::-1]  # above[b]: elements in bins >= b
+        b = int(np.flatnonzero(above >= want)[-1])
+        return b, int(above[b] - counts[b])
+
+    high_counts, high_sums = histogram(-1)
+    high, above_high = locate(high_counts, k)
+    low_counts, low_sums = histogram(high)
+    low, _ = locate(low_counts, k - above_high)
+    threshold = float(np.array([(high << 16) | low], dtype=np.uint32).view(np.float32)[0])
+    # as numpy's sums: a NaN makes the total NaN, and is never >= the threshold
+    total = math.nan if high_sums[bins] else float(high_sums[:bins].sum())
+    kept = float(high_sums[high + 1:bins].sum() + low_sums[low:bins].sum())
+    return threshold, total, kept
 
 
 def _l1_factor(before: float, after: float, eps: float = 1e-7) -> float | None:
@@ -292,12 +403,21 @@ class _Slerp(Kernel):
     def prepare(self) -> None:
         import numpy as np
 
-        aa = bb = ab = 0.0
-        for _, (x, y) in read_bands(self.inputs, self.compute, self.step):
+        native = merge_kernels() if self.compute.name == "F32" else None
+
+        def sums(item: tuple[int, list[np.ndarray]]) -> tuple[float, float, float]:
+            x, y = item[1]
+            if native is not None:
+                aa, bb, ab = native.merge_dot3(x, y)
+                return aa, bb, ab
             x64, y64 = x.astype(np.float64), y.astype(np.float64)
-            aa += float(np.dot(x64, x64))
-            bb += float(np.dot(y64, y64))
-            ab += float(np.dot(x64, y64))
+            return float(np.dot(x64, x64)), float(np.dot(y64, y64)), float(np.dot(x64, y64))
+
+        aa = bb = ab = 0.0
+        for a2, b2, a_b in bands.over_bands(sums, read_bands(self.inputs, self.compute, self.step)):
+            aa += a2
+            bb += b2
+            ab += a_b
         self.coefficients = slerp_coefficients(self.t, math.sqrt(aa), math.sqrt(bb), ab, self.compute,
                                                self.dot_threshold, self.eps)
 
@@ -305,6 +425,9 @@ class _Slerp(Kernel):
         assert self.coefficients is not None
         ca, cb = self.coefficients
         dt = arrays[0].dtype.type
+        native = merge_kernels() if self.compute.name == "F32" else None
+        if native is not None:
+            return linear_band(native, arrays, [float(dt(ca)), float(dt(cb))], None)
         return dt(ca) * arrays[0] + dt(cb) * arrays[1]
 
 

@@ -10,13 +10,20 @@ a narrow dtype.
 A kernel that needs a whole-tensor statistic first (a norm, a k-th value) computes it in `prepare`,
 which runs on the first request for bytes, by its own streamed pass over the inputs: a plan that is
 never executed reads nothing.
+
+Speed (benchmarks/RESULTS.md): a stored input is read through a memory map of each band (`BandReader`:
+no copy into a buffer; the band's pages leave the process's RSS with the band), an input already in
+the compute dtype is used as read (kernels never write into their inputs), and the bands of a tensor
+are computed on the cast pool's threads (`casts.pipelined`, in order, a few bands ahead), numpy and
+the compiled merge kernels releasing the GIL. A kernel whose bands depend on each other (DARE's
+random stream) sets `parallel = False`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...core import dtypes
 from ...core.dtypes import DType
@@ -26,6 +33,9 @@ from ..lazy_ops import Gathered
 
 if TYPE_CHECKING:
     import numpy as np
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 BAND_BYTES = 4 << 20
 """Target size of one band of one input: a few of these per input bound a merge's scratch memory."""
@@ -47,26 +57,43 @@ def check_decodable(t: LazyTensor, what: str) -> None:
 
 
 def decode(raw: memoryview | bytes | bytearray, dtype: DType, compute: DType) -> np.ndarray:
-    """Little-endian element bytes of `dtype` as a fresh, writable array in the compute dtype (exact widening)."""
+    """Little-endian element bytes of `dtype` as an array in the compute dtype (exact widening). Bytes
+    already in the compute dtype are not copied: the array may be read-only (a mapped band)."""
     import numpy as np
 
     name = "F32" if dtype.name == "FLEX32" else dtype.name
     src = np.frombuffer(raw, dtype=dtypes.BY_NAME[name].numpy())
-    return src.astype(compute.numpy(), copy=True)
+    want = compute.numpy()
+    return src if src.dtype == want else src.astype(want)
 
 
 class BandReader:
-    """A tensor's bytes front to back: `read(n)` returns the next n bytes (one copy at most)."""
+    """A tensor's bytes front to back: `read(n)` returns the next n bytes (one copy at most).
+
+    A tensor stored verbatim in a file is read through a map of each band (`ByteSource.view`, which
+    checks the range and unmaps when the band's last view is dropped); any other through its pieces."""
 
     def __init__(self, tensor: LazyTensor) -> None:
         from ...core.casts import source_pieces
 
         self.tensor = tensor
-        self._pieces = iter(source_pieces(tensor, BAND_BYTES))
+        span = tensor.span if tensor.chunks is None else None
+        source = getattr(span, "source", None)
+        self._mapped: tuple[Any, int] | None = (source, span.offset) if span is not None and hasattr(source, "view") \
+            else None
+        self._pieces = iter(()) if self._mapped else iter(source_pieces(tensor, BAND_BYTES))
         self._left = memoryview(b"")
         self.pos = 0
 
     def read(self, n: int) -> memoryview:
+        if self._mapped is not None:
+            source, offset = self._mapped
+            if self.pos + n > self.tensor.nbytes:
+                raise TensorBytesSizeMismatchError(f"ended after {self.tensor.nbytes} bytes, {n} more wanted at "
+                                                   f"{self.pos}", file=self.tensor.origin, tensor=self.tensor.name)
+            out: memoryview = source.view(offset + self.pos, n)
+            self.pos += n
+            return out
         if len(self._left) >= n:
             out, self._left = self._left[:n], self._left[n:]
             self.pos += n
@@ -110,12 +137,14 @@ class Kernel:
 
     Each streamed pass calls `begin()` once and hands what it returns (a pass's own state, e.g. random
     streams positioned at the tensor's start) to every `band(state, start, arrays)`, with the band's first
-    flat element index and the inputs' decoded elements (flat, in the compute dtype); `band` returns the
-    output's elements for the same positions. Two passes (a writer's read-ahead thread and a loader) never
-    share state."""
+    flat element index and the inputs' decoded elements (flat, in the compute dtype, possibly read-only:
+    never written into); `band` returns the output's elements for the same positions. Two passes (a
+    writer's read-ahead thread and a loader) never share state. With `parallel`, bands of one pass run on
+    several threads at once (the state must then be read-only)."""
 
     inputs: Sequence[LazyTensor]
     step: int
+    parallel: bool = True
 
     def prepare(self) -> None:
         """A first pass over the inputs, when a whole-tensor statistic is needed (default: none)."""
@@ -147,10 +176,27 @@ class _Stream:
                     k.prepare()
                     self.prepared = True
             state = k.begin()
-            want = self.compute.numpy()
-            for start, arrays in read_bands(k.inputs, self.compute, k.step):
-                out = np.ascontiguousarray(k.band(state, start, arrays), dtype=want)
-                yield out.reshape(-1).view(np.uint8).data
+        want = self.compute.numpy()
+
+        def one(item: tuple[int, list[np.ndarray]]) -> memoryview:
+            out = np.ascontiguousarray(k.band(state, item[0], item[1]), dtype=want)
+            return out.reshape(-1).view(np.uint8).data
+
+        yield from over_bands(one, read_bands(k.inputs, self.compute, k.step), k.parallel)
+
+
+def over_bands(fn: Callable[[T], R], items: Iterable[T], parallel: bool = True) -> Iterator[R]:
+    """`map(fn, items)` in order, inf/NaN propagating silently (numpy's error state is per thread): on the
+    cast pool's threads, a few bands ahead, when `parallel`, else on this thread."""
+    import numpy as np
+
+    from ...core.casts import pipelined
+
+    def quiet(item: T) -> R:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return fn(item)
+
+    yield from pipelined(quiet, items) if parallel else map(quiet, items)
 
 
 def computed(name: str, shape: tuple[int, ...], kernel: Kernel, compute: DType, out_dtype: DType,

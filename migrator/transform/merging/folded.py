@@ -9,12 +9,13 @@ many weights folded, which replaced, what was inferred), for the plan and the re
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from ...core.tensor import LazyTensor
 from ...formats.base import Reader
 from .peft_adapter import FoldPlan, PeftAdapter, fold_plan, open_adapter
-from .tensors import fold_tensors
+from .tensors import ModelPart, fold_tensors
 
 MAX_NAMED = 8
 """Tensor names listed in a note (the count of the rest follows)."""
@@ -37,6 +38,13 @@ class FoldedReader(Reader):
         # what target.copy and --hash-sources look at
         self.folder, self.shards, self.index_path = base.folder, base.shards, base.index_path
         self.notes = fold_notes(self.plan, adapter.folder)
+        self.parts = [ModelPart(base.label, Path(base.label), base)]  # what a run protects: base and adapter
+        if isinstance(adapter.tensors, Reader):
+            self.parts.append(ModelPart(adapter.weights_file, Path(adapter.weights_file), adapter.tensors))
+
+    def file_readers(self) -> list[Reader]:
+        """The base's readers and the adapter's weights reader: what a run protects from its output."""
+        return [f for p in self.parts for f in p.reader.file_readers()]
 
     def extra(self) -> dict[str, Any]:
         return {**self.base.extra(), "lora": {"adapter": self.adapter.folder, "folded": self.plan.folded(),

@@ -108,7 +108,8 @@ class _Fold(Kernel):
         """Rows [first, first + count) of scaling * delta (as PEFT: the product first, then the scaling)."""
         assert self.a is not None and self.b is not None
         product = self.b[first:first + count] @ self.a
-        return product * self.compute.numpy().type(self.fold.scaling)
+        product *= self.compute.numpy().type(self.fold.scaling)  # in place: the same bits, one array fewer
+        return product
 
     def prepare(self) -> None:
         import numpy as np
@@ -132,8 +133,8 @@ class _Fold(Kernel):
         if not self.row:
             return w
         first, count = start // self.row, w.size // self.row
-        v = w.reshape(count, self.row)
-        v += self._delta(first, count)
+        v = self._delta(first, count)
+        v += w.reshape(count, self.row)  # W + delta, into the fresh delta: W may be a read-only mapped band
         if self.fold.magnitude is None:
             return v
         if self.column_factor is not None:

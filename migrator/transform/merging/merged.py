@@ -6,14 +6,14 @@ one computed lazy tensor per output tensor: remaps, filters, dtype casts and any
 it as a plain checkpoint. What a Hugging Face folder written from it needs beside the weights comes
 with it: the folder whose companion files (config, tokenizer) go with the merge (`folder`), what
 changes in its config.json (`config_update`: `num_hidden_layers` after slices, the dtype) and the
-config itself (`generated`: `mergekit_config.yml`).
+files it makes (`generated`: the config itself as `mergekit_config.yml`, and with `tokenizer_source:
+PATH` that folder's tokenizer files).
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ from ...core.errors import FormatError
 from ...core.tensor import LazyTensor
 from ...formats.base import Reader
 from ...recipe.mergekit import LoadedConfig, MergeSpec, load_config, merge_spec, model_paths
-from .tensors import merge_tensors, open_models
+from .tensors import ModelPart, merge_tensors, open_models
+from .tokenizer_source import tokenizer_files
 
 CONFIG_NAME = "mergekit_config.yml"
 """The name mergekit gives the config it copies into its output folder."""
@@ -38,15 +39,6 @@ class _Config(ByteSource):
 
     def view(self, offset: int, length: int) -> memoryview:
         raise FormatError("a merge config holds no tensor bytes; read its tensors", file=self.label)
-
-
-@dataclass
-class ModelPart:
-    """One model a merge reads: its reference in the config, its folder, its reader."""
-
-    label: str
-    path: Path
-    reader: Reader
 
 
 class MergedReader(Reader):
@@ -67,7 +59,8 @@ class MergedReader(Reader):
         except BaseException:
             self._stack.close()
             raise
-        self.parts = [ModelPart(path, Path(path), r) for path, r in readers.items()]  # what a run protects
+        # what a run protects from its output: every model and adapter file it reads
+        self.parts = [ModelPart(path, Path(path), r) for path, r in readers.items()]
         formats = {r.format for r in readers.values()}
         self.format = formats.pop() if len(formats) == 1 else "mixed"  # type: ignore[misc]
         self.source = _Config(Path(self.loaded.file))
@@ -77,8 +70,16 @@ class MergedReader(Reader):
         self.folder = Path(companions) if companions and Path(companions).is_dir() else None
         self.config_update: dict[str, Any] = dict(self.spec.config_update or {})
         self.generated = [(CONFIG_NAME, self.loaded.text.encode())]
+        if self.spec.tokenizer_from is not None:  # that folder's tokenizer files, once checked against the merge
+            reference = self.spec.models[self.spec.companions_from or ""]
+            self.generated += tokenizer_files(self.spec.tokenizer_from, list(self.spec.models.values()), reference,
+                                              self.tensors)
         self.notes = [f"merge_method {self.spec.method}: {len(self.tensors)} tensors from "
                       f"{len(self.spec.models)} models" + (f", DARE seed {seed}" if seed is not None else "")]
+
+    def file_readers(self) -> list[Reader]:
+        """Every model's reader and every adapter's weights reader: what a run protects from its output."""
+        return [f for p in self.parts for f in p.reader.file_readers()]
 
     def extra(self) -> dict[str, Any]:
         return {"merge_method": self.spec.method, "models": dict(self.spec.models)}

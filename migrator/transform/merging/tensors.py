@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...core.dtypes import DType
 from ...core.errors import MergeInputError
 from ...core.tensor import LazyTensor
+from ...formats.base import Reader
 from .lora import fold
 from .peft_adapter import Folded, FoldPlan, Replaced, fold_plan, open_adapter
 
 if TYPE_CHECKING:
-    from ...formats.base import Reader
     from ...recipe.mergekit import MergeSpec
 
 
@@ -69,10 +71,20 @@ def merge_tensors(spec: MergeSpec, models: Mapping[str, Mapping[str, LazyTensor]
     return out
 
 
+@dataclass
+class ModelPart:
+    """One input a computed source reads (a model, an adapter's weights): its label, path and reader. A
+    reader's `parts` are what a run protects from its output and takes the permission bits of."""
+
+    label: str
+    path: Path
+    reader: Reader
+
+
 def open_models(paths: Mapping[str, str], loras: Mapping[str, str], stack: ExitStack,
                 readers: dict[str, Reader] | None = None) -> dict[str, Mapping[str, LazyTensor]]:
     """Each model opened (once per folder), a `base+lora` one with its adapter folded in (lazily);
-    `readers`, when given, receives each folder's reader."""
+    `readers`, when given, receives each folder's reader and each adapter's weights reader."""
     from ...files.io import open_file
 
     readers = {} if readers is None else readers
@@ -84,6 +96,8 @@ def open_models(paths: Mapping[str, str], loras: Mapping[str, str], stack: ExitS
         lora = loras.get(ref)
         if lora is not None:
             adapter = stack.enter_context(open_adapter(lora))
+            if isinstance(adapter.tensors, Reader):
+                readers.setdefault(adapter.weights_file, adapter.tensors)
             folded = fold_tensors(tensors, fold_plan(tensors, adapter))
             tensors = {t.name: t for t in folded}
         models[ref] = tensors
