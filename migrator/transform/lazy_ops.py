@@ -47,7 +47,7 @@ def _prod(dims: Sequence[int]) -> int:
     return n
 
 
-class _Sequential:
+class SequentialReader:
     """Reads a tensor's bytes front to back: `read(n)` the next n bytes, `skip(n)` past them.
 
     A stored tensor is read with pread at any offset (a skip costs nothing); any other one is
@@ -59,14 +59,15 @@ class _Sequential:
         self._pieces: Iterator[memoryview] | None = None
         self._left = memoryview(b"")
 
-    def _next_piece(self) -> memoryview:
+    def _next_piece(self, done: int = 0) -> memoryview:
+        """The next piece of the tensor's own pieces; `done`: bytes of the current read already gathered."""
         if self._pieces is None:
             from ..core.casts import source_pieces
 
             self._pieces = (memoryview(p).cast("B") for p in source_pieces(self.tensor, BAND))
         piece = next(self._pieces, None)
         if piece is None:
-            raise TensorBytesSizeMismatchError(f"ended after {self.pos} of {self.tensor.nbytes} bytes",
+            raise TensorBytesSizeMismatchError(f"ended after {self.pos + done} of {self.tensor.nbytes} bytes",
                                                file=self.tensor.origin, tensor=self.tensor.name)
         return piece
 
@@ -86,7 +87,7 @@ class _Sequential:
         done = 0
         while done < n:
             if not self._left:
-                self._left = self._next_piece()
+                self._left = self._next_piece(done)
             k = min(n - done, len(self._left))
             buf[done:done + k] = self._left[:k]
             self._left = self._left[k:]
@@ -192,7 +193,7 @@ class _Range(_Chunks):
         self.tensor, self.first, self.length = tensor, first, length
 
     def __call__(self) -> Iterator[memoryview]:
-        r = _Sequential(self.tensor)
+        r = SequentialReader(self.tensor)
         r.skip(self.first)
         yield from r.pieces(self.length)
 
@@ -223,7 +224,7 @@ class _Columns(_Chunks):
                                                            file=t.origin, tensor=t.name)
                 yield band
             return
-        r = _Sequential(t)
+        r = SequentialReader(t)
         if row > BAND:  # each row's part on its own (a skip of a stored tensor is free)
             for _ in range(outer):
                 r.skip(a)
@@ -260,9 +261,9 @@ class _Joined(_Chunks):
 
         if self.outer <= 1:  # back to back, one input at a time
             for t in self.inputs:
-                yield from _Sequential(t).pieces(t.nbytes)
+                yield from SequentialReader(t).pieces(t.nbytes)
             return
-        readers = [_Sequential(t) for t in self.inputs]
+        readers = [SequentialReader(t) for t in self.inputs]
         total = sum(self.inners)
         if total > BAND:  # rows too long to band: each input's row in turn
             for _ in range(self.outer):
@@ -303,7 +304,7 @@ class _Rope(_Chunks):
         if not block:
             return
         per_band = max(1, BAND // block)
-        r = _Sequential(self.tensor)
+        r = SequentialReader(self.tensor)
         for h in range(0, self.heads, per_band):
             n = min(per_band, self.heads - h)
             raw = np.frombuffer(r.read(n * block), dtype=np.uint8)
@@ -340,7 +341,7 @@ class _Offset(_Chunks):
 
         kind = np.dtype("<f8" if self.tensor.dtype.itemsize == 8 else "<f4")
         value = np.asarray(self.value, dtype=kind)
-        r = _Sequential(self.tensor)
+        r = SequentialReader(self.tensor)
         for piece in r.pieces(self.tensor.nbytes):
             yield (np.frombuffer(piece, dtype=kind) + value).view(np.uint8).data
 

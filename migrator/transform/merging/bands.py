@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...core import dtypes
+from ...core.bytesource import FileView
 from ...core.dtypes import DType
 from ...core.errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
 from ...core.tensor import LazyTensor
-from ..lazy_ops import Gathered
+from ..lazy_ops import Gathered, SequentialReader
 
 if TYPE_CHECKING:
     import numpy as np
@@ -67,52 +68,27 @@ def decode(raw: memoryview | bytes | bytearray, dtype: DType, compute: DType) ->
     return src if src.dtype == want else src.astype(want)
 
 
-class BandReader:
+class BandReader(SequentialReader):
     """A tensor's bytes front to back: `read(n)` returns the next n bytes (one copy at most).
 
     A tensor stored verbatim in a file is read through a map of each band (`ByteSource.view`, which
-    checks the range and unmaps when the band's last view is dropped); any other through its pieces."""
+    checks the range and unmaps when the band's last view is dropped); any other as `SequentialReader`
+    reads it."""
 
     def __init__(self, tensor: LazyTensor) -> None:
-        from ...core.casts import source_pieces
-
-        self.tensor = tensor
+        super().__init__(tensor)
         span = tensor.span if tensor.chunks is None else None
-        source = getattr(span, "source", None)
-        self._mapped: tuple[Any, int] | None = (source, span.offset) if span is not None and hasattr(source, "view") \
-            else None
-        self._pieces = iter(()) if self._mapped else iter(source_pieces(tensor, BAND_BYTES))
-        self._left = memoryview(b"")
-        self.pos = 0
+        self._mapped = span if isinstance(span, FileView) else None
 
     def read(self, n: int) -> memoryview:
-        if self._mapped is not None:
-            source, offset = self._mapped
-            if self.pos + n > self.tensor.nbytes:
-                raise TensorBytesSizeMismatchError(f"ended after {self.tensor.nbytes} bytes, {n} more wanted at "
-                                                   f"{self.pos}", file=self.tensor.origin, tensor=self.tensor.name)
-            out: memoryview = source.view(offset + self.pos, n)
-            self.pos += n
-            return out
-        if len(self._left) >= n:
-            out, self._left = self._left[:n], self._left[n:]
-            self.pos += n
-            return out
-        buf = bytearray(n)
-        done = 0
-        while done < n:
-            if not self._left:
-                piece = next(self._pieces, None)
-                if piece is None:
-                    raise TensorBytesSizeMismatchError(f"ended after {self.pos + done} of {self.tensor.nbytes} bytes",
-                                                       file=self.tensor.origin, tensor=self.tensor.name)
-                self._left = memoryview(piece).cast("B")
-            k = min(n - done, len(self._left))
-            buf[done:done + k] = self._left[:k]
-            self._left = self._left[k:]
-            done += k
+        if self._mapped is None:
+            return super().read(n)
+        if self.pos + n > self.tensor.nbytes:
+            raise TensorBytesSizeMismatchError(f"ended after {self.tensor.nbytes} bytes, {n} more wanted at "
+                                               f"{self.pos}", file=self.tensor.origin, tensor=self.tensor.name)
+        out = self._mapped.source.view(self._mapped.offset + self.pos, n)
         self.pos += n
-        return memoryview(buf)
+        return out
 
 
 def elements_per_band(inputs: Sequence[LazyTensor], compute: DType, row: int = 1) -> int:
