@@ -15,12 +15,13 @@ so no later step (`json.dumps` of metadata, a report) can hit Python's recursion
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from ..core.errors import FormatError, LimitExceededError
 from ..core.limits import Limits
 
-__all__ = ["MAX_DEPTH", "check_json_budget", "json_cost", "load_bounded_json"]
+__all__ = ["MAX_DEPTH", "check_json_budget", "json_cost", "load_bounded_json", "read_json_object"]
 
 # Upper bounds, in bytes, of what one `{`/`[`, one `:` and one `"` lets json.loads build (CPython
 # 64-bit, GC headers included): a list or dict; a (key, value) pair and its slot; half a string.
@@ -83,4 +84,24 @@ def load_bounded_json(raw: bytes, limits: Limits, file: str | None, what: str = 
         raise FormatError(f"{what} is not JSON: {e}", file=file) from None
     if _too_deep(value, MAX_DEPTH):
         raise FormatError(f"{what} is nested too deeply (at most {MAX_DEPTH} levels)", file=file)
+    return value
+
+
+def read_json_object(path: Path, max_bytes: int, what: str) -> dict[str, Any]:
+    """A JSON object from a small untrusted file (a tokenizer.json, a companion config): at most
+    `max_bytes` read, then parsed by `load_bounded_json` with the default limits; FormatError naming
+    the file otherwise."""
+    from ..core.limits import DEFAULT_LIMITS
+
+    label = str(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise FormatError(f"a {size}-byte {what} file; at most {max_bytes} are read", file=label)
+        raw = path.read_bytes()
+    except OSError as e:
+        raise FormatError(f"cannot read the {what}: {e.strerror}", file=label) from None
+    value = load_bounded_json(raw, DEFAULT_LIMITS, label, f"the {what}")
+    if not isinstance(value, dict):
+        raise FormatError(f"the {what} is not a JSON object", file=label)
     return value

@@ -564,6 +564,30 @@ def test_tokenizer_source_that_does_not_fit_is_refused(merged: Path, tmp_path: P
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"model": {"vocab": {"a": 0}}, "x": NaN}', "is not JSON"),
+    ("[1, 2]", "is not a JSON object"),
+])
+def test_a_hostile_tokenizer_source_is_a_clean_error(merged: Path, tmp_path: Path, text: str, message: str) -> None:
+    """The tokenizer_source's tokenizer.json is untrusted input: an error naming it, exit 1, no traceback."""
+    import shutil
+
+    from tests.cli_support import migrate_in_process
+
+    for name in ("m0", "m1"):
+        shutil.copytree(merged / name, tmp_path / name)
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text(text)
+    config = tmp_path / "cfg.yml"
+    config.write_text("merge_method: linear\nmodels:\n  - {model: m0, parameters: {weight: 0.3}}\n"
+                      "  - {model: m1, parameters: {weight: 0.7}}\ntokenizer_source: tok\n")
+    done = migrate_in_process("merge", str(config), str(tmp_path / "out"))
+    assert done.returncode == 1 and message in done.stderr and "tokenizer.json" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", ["linear", "task_arithmetic", "slerp", "ties", "dare_linear", "lora_linear",
                                   "bf16_out"])
 def test_emit_recipe_is_a_plain_recipe_that_reruns(merged: Path, tmp_path: Path, name: str) -> None:

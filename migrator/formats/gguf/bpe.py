@@ -59,21 +59,9 @@ _SPECIALS = (("bos", "bos_token", "bos_token_id"), ("eos", "eos_token", "eos_tok
 
 def read_json(path: Path, what: str = "tokenizer") -> dict[str, Any]:
     """A JSON object read bounded (size, nesting); FormatError naming the file otherwise."""
-    from ...core.limits import DEFAULT_LIMITS
-    from ..bounded_json import load_bounded_json
+    from ..bounded_json import read_json_object
 
-    label = str(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise FormatError(f"a {size}-byte {what} file; at most {MAX_JSON_BYTES} are read", file=label)
-        raw = path.read_bytes()
-    except OSError as e:
-        raise FormatError(f"cannot read the {what}: {e.strerror}", file=label) from None
-    value = load_bounded_json(raw, DEFAULT_LIMITS, label, f"the {what}")
-    if not isinstance(value, dict):
-        raise FormatError(f"the {what} is not a JSON object", file=label)
-    return value
+    return read_json_object(path, MAX_JSON_BYTES, what)
 
 
 def _optional_json(path: Path) -> dict[str, Any]:

@@ -16,13 +16,13 @@ tokenizer source and the reference model must have one.
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from ...core.errors import MergeInputError
 from ...core.tensor import LazyTensor
+from ...formats.bounded_json import read_json_object
 
 TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "vocab.*", "merges.txt", "added_tokens.json",
                    "chat_template.jinja")
@@ -47,7 +47,7 @@ def read_vocab(folder: Path) -> dict[str, int] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(_read(path))
+        data = read_json_object(path, MAX_TOKENIZER_BYTES, "tokenizer.json")
         model = data["model"]
         raw = model["vocab"]
         if isinstance(raw, dict):
