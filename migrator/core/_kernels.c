@@ -1517,10 +1517,8 @@ static float kq_fit_offset(const float *x, const float *w, int n, int nmax, floa
     return scale;
 }
 
-/* x ~ scale * (q - nmax) with q in [0, 2 nmax), weights x^2: Q6_K's sub-block fit (n <= 16). The step that maps
- * the value of largest magnitude to -nmax, then 18 nearby steps, kept when their least-squares score
- * sum(w x l)^2 / sum(w l^2) is higher. */
-static float kq_fit_signed(const float *x, int n, int nmax, uint8_t *q)
+/* The value of largest magnitude among x[0..n) (the first of equal ones), with its sign; 0 when all are 0. */
+static float kq_signed_max(const float *x, int n)
 {
     float max = 0, amax = 0;
     for (int i = 0; i < n; i++) {
@@ -1530,7 +1528,16 @@ static float kq_fit_signed(const float *x, int n, int nmax, uint8_t *q)
             max = x[i];
         }
     }
-    if (amax < KQ_EPS) {
+    return max;
+}
+
+/* x ~ scale * (q - nmax) with q in [0, 2 nmax), weights x^2: Q6_K's sub-block fit (n <= 16). The step that maps
+ * the value of largest magnitude to -nmax, then 18 nearby steps, kept when their least-squares score
+ * sum(w x l)^2 / sum(w l^2) is higher. */
+static float kq_fit_signed(const float *x, int n, int nmax, uint8_t *q)
+{
+    float max = kq_signed_max(x, n);
+    if (fabsf(max) < KQ_EPS) {
         memset(q, 0, (size_t)n);
         return 0.0f;
     }
@@ -1572,15 +1579,8 @@ static float kq_fit_signed(const float *x, int n, int nmax, uint8_t *q)
  * when that raises the score. q holds l + nmax (all 0 for an all-zero sub-block). */
 static float kq_fit_signed_sweep(const float *x, int n, int nmax, uint8_t *q)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        if (a > amax) {
-            amax = a;
-            max = x[i];
-        }
-    }
-    if (amax < KQ_EPS) {
+    float max = kq_signed_max(x, n);
+    if (fabsf(max) < KQ_EPS) {
         memset(q, 0, (size_t)n);
         return 0.0f;
     }
@@ -1743,15 +1743,10 @@ static void kq_pack_2bit(const uint8_t *q, byte *qs)
 static void kq_q3_k(const float *x, byte *out)
 {
     uint8_t q[256], lv[16];
-    float scales[16], max_scale = 0, amax = 0;
-    for (int j = 0; j < 16; j++) {
+    float scales[16];
+    for (int j = 0; j < 16; j++)
         scales[j] = kq_fit_signed_sweep(x + 16 * j, 16, 4, q + 16 * j);
-        float a = fabsf(scales[j]);
-        if (a > amax) {
-            amax = a;
-            max_scale = scales[j];
-        }
-    }
+    float max_scale = kq_signed_max(scales, 16);
     byte *s = out + 96;
     memset(s, 0, 12);
     uint16_t d = 0;
