@@ -186,20 +186,6 @@ class _TaskArithmetic(Kernel):
         if self.sparsify is None:
             return
         numel = self.inputs[0].numel
-        if self.sparsify == "magnitude" and self.native is not None:
-            for i, model in enumerate(self.inputs[1:]):
-                density = self.densities[i]
-                if density >= 1 or numel == 0:
-                    continue
-                if density <= 0:
-                    self.thresholds[i] = math.inf
-                    continue
-                k = max(1, int(density * numel))
-                self.thresholds[i], total, kept = _kth_largest(self.native, self.inputs[0], model, k, self.step,
-                                                               sums=self.rescale == "l1")
-                if self.rescale == "l1":
-                    self.factors[i] = _l1_factor(total, kept)
-            return
         if self.sparsify == "magnitude":
             base = None
             for i, model in enumerate(self.inputs[1:]):
@@ -209,20 +195,17 @@ class _TaskArithmetic(Kernel):
                 if density <= 0:
                     self.thresholds[i] = math.inf
                     continue
-                if base is None:  # the one whole-tensor step: hold base and one |delta| of this tensor
-                    base = whole_values(self.inputs[0], self.compute)
-                # |delta| in place, then partitioned in place: two tensors' worth of memory (base and this one)
-                magnitude = whole_values(model, self.compute)
-                magnitude -= base
-                np.abs(magnitude, out=magnitude)
                 k = max(1, int(density * numel))
-                magnitude.partition(numel - k)
-                threshold = float(magnitude[numel - k])
+                sums = self.rescale == "l1"
+                if self.native is not None:
+                    threshold, total, kept = _kth_largest(self.native, self.inputs[0], model, k, self.step, sums=sums)
+                else:
+                    if base is None:  # the one whole-tensor step: hold base and one |delta| of this tensor
+                        base = whole_values(self.inputs[0], self.compute)
+                    threshold, total, kept = _kth_largest_whole(base, model, k, self.compute, sums=sums)
                 self.thresholds[i] = threshold
-                if self.rescale == "l1":  # sums do not depend on the order the partition left
-                    kept = float(np.sum(magnitude, where=magnitude >= threshold, dtype=np.float64))
-                    self.factors[i] = _l1_factor(float(magnitude.sum(dtype=np.float64)), kept)
-                del magnitude
+                if sums:
+                    self.factors[i] = _l1_factor(total, kept)
             return
         if self.rescale == "density":  # 1 / density, known without a pass
             self.factors = [1 / self.densities[i] if self._active(i) and self.densities[i] > 0 else None
@@ -357,6 +340,25 @@ def _kth_largest(native: Any, base: LazyTensor, model: LazyTensor, k: int, step:
     total = math.nan if high_sums[bins] else float(high_sums[:bins].sum())
     kept = float(high_sums[high + 1:bins].sum() + low_sums[low:bins].sum())
     return threshold, total, kept
+
+
+def _kth_largest_whole(base: np.ndarray, model: LazyTensor, k: int, compute: DType,
+                       sums: bool = True) -> tuple[float, float, float]:
+    """`_kth_largest` without the compiled kernels: |model - base| held whole (in place, then partitioned
+    in place: two tensors' worth of memory with `base`)."""
+    import numpy as np
+
+    magnitude = whole_values(model, compute)
+    magnitude -= base
+    np.abs(magnitude, out=magnitude)
+    numel = magnitude.size
+    magnitude.partition(numel - k)
+    threshold = float(magnitude[numel - k])
+    if not sums:
+        return threshold, 0.0, 0.0
+    # sums do not depend on the order the partition left
+    kept = float(np.sum(magnitude, where=magnitude >= threshold, dtype=np.float64))
+    return threshold, float(magnitude.sum(dtype=np.float64)), kept
 
 
 def _l1_factor(before: float, after: float, eps: float = 1e-7) -> float | None:
