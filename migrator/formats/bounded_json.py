@@ -21,7 +21,7 @@ from typing import Any
 from ..core.errors import FormatError, LimitExceededError
 from ..core.limits import Limits
 
-__all__ = ["MAX_DEPTH", "check_json_budget", "json_cost", "load_bounded_json", "read_json_object"]
+__all__ = ["MAX_DEPTH", "check_json_budget", "json_cost", "load_bounded_json", "read_capped", "read_json_object"]
 
 # Upper bounds, in bytes, of what one `{`/`[`, one `:` and one `"` lets json.loads build (CPython
 # 64-bit, GC headers included): a list or dict; a (key, value) pair and its slot; half a string.
@@ -87,21 +87,26 @@ def load_bounded_json(raw: bytes, limits: Limits, file: str | None, what: str = 
     return value
 
 
-def read_json_object(path: Path, max_bytes: int, what: str) -> dict[str, Any]:
-    """A JSON object from a small untrusted file (a tokenizer.json, a companion config): at most
-    `max_bytes` read, then parsed by `load_bounded_json` with the default limits; FormatError naming
-    the file otherwise."""
-    from ..core.limits import DEFAULT_LIMITS
-
+def read_capped(path: Path, max_bytes: int, what: str) -> bytes:
+    """A small untrusted file's bytes, refused (FormatError naming it) beyond `max_bytes`: a tokenizer
+    or companion file is read whole, so its size is checked before it is read."""
     label = str(path)
     try:
         size = path.stat().st_size
         if size > max_bytes:
             raise FormatError(f"a {size}-byte {what} file; at most {max_bytes} are read", file=label)
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         raise FormatError(f"cannot read the {what}: {e.strerror}", file=label) from None
-    value = load_bounded_json(raw, DEFAULT_LIMITS, label, f"the {what}")
+
+
+def read_json_object(path: Path, max_bytes: int, what: str) -> dict[str, Any]:
+    """A JSON object from a small untrusted file (a tokenizer.json, a companion config): `read_capped`,
+    then parsed by `load_bounded_json` with the default limits; FormatError naming the file otherwise."""
+    from ..core.limits import DEFAULT_LIMITS
+
+    label = str(path)
+    value = load_bounded_json(read_capped(path, max_bytes, what), DEFAULT_LIMITS, label, f"the {what}")
     if not isinstance(value, dict):
         raise FormatError(f"the {what} is not a JSON object", file=label)
     return value

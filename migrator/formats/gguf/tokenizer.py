@@ -71,14 +71,10 @@ def _fields(buf: bytes, label: str) -> list[tuple[int, int, Any]]:
 def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str, int], bool, list[str]]:
     """Pieces, scores, types, the trainer's special ids, whether a space is prefixed, and what the model's
     normalizer does that llama.cpp does not (a character map, collapsing runs of spaces)."""
+    from ..bounded_json import read_capped
+
     label = str(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_MODEL_BYTES:
-            raise FormatError(f"a {size}-byte SentencePiece model; at most {MAX_MODEL_BYTES} are read", file=label)
-        buf = path.read_bytes()
-    except OSError as e:
-        raise FormatError(f"cannot read the tokenizer: {e.strerror}", file=label) from None
+    buf = read_capped(path, MAX_MODEL_BYTES, "SentencePiece model")
     pieces: list[str] = []
     scores: list[float] = []
     types: list[int] = []
