@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...core.errors import MergeInputError
 from ...core.tensor import LazyTensor
-from ...formats.bounded_json import read_json_object
+from ...formats.bounded_json import read_capped, read_json_object
 
 TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "vocab.*", "merges.txt", "added_tokens.json",
                    "chat_template.jinja")
@@ -31,14 +31,6 @@ MAX_TOKENIZER_BYTES = 256 << 20
 """The largest tokenizer file read (tokenizer.json of a 256k vocabulary is ~20 MB)."""
 EMBEDDINGS = re.compile(r"embed|wte|word_embeddings|tok_embeddings|lm_head")
 """The tensors with one row per token (mergekit's architecture definitions mark them)."""
-
-
-def _read(path: Path) -> bytes:
-    size = path.stat().st_size
-    if size > MAX_TOKENIZER_BYTES:
-        raise MergeInputError(f"larger than {MAX_TOKENIZER_BYTES >> 20} MiB: not a tokenizer file", file=str(path))
-    with open(path, "rb") as f:
-        return f.read(MAX_TOKENIZER_BYTES + 1)
 
 
 def read_vocab(folder: Path) -> dict[str, int] | None:
@@ -99,6 +91,6 @@ def tokenizer_files(source: str, models: Sequence[str], reference: str,
     out = []
     for path in sorted(folder.iterdir()):
         if path.is_file() and any(fnmatch.fnmatch(path.name, p) for p in TOKENIZER_FILES):
-            out.append((path.name, _read(path)))
+            out.append((path.name, read_capped(path, MAX_TOKENIZER_BYTES, "tokenizer")))
     return out
 
