@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..core.errors import EXIT_OK, EXIT_USAGE
-from .options import LIMIT_HELP, NO_FSYNC_HELP, check_remap_options, command, limits_of
+from .options import NO_FSYNC_HELP, add_limit_option, check_remap_options, command, limits_of
 from .output import print_json_error
 
 
@@ -79,7 +79,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       "exists, unless --overwrite), its paths relative to FILE's folder")
     conv.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
-    conv.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    add_limit_option(conv)
     return conv
 
 

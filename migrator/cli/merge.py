@@ -16,7 +16,7 @@ from ..core.errors import EXIT_OK
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from .options import LIMIT_HELP, NO_FSYNC_HELP, command
+    from .options import NO_FSYNC_HELP, add_limit_option, command
 
     p = command(sub, "merge", "run a mergekit config: merged weights, streamed, as a Hugging Face folder",
                 "Run a mergekit YAML (linear, task_arithmetic, slerp, ties, dare_ties, dare_linear, "
@@ -45,7 +45,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     p.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    add_limit_option(p)
     return p
 
 

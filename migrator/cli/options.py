@@ -12,6 +12,11 @@ NO_FSYNC_HELP = ("publish without flushing to disk first (faster, like cp): neve
                  "migrator, but a power loss soon after may lose the new file")
 
 
+def add_limit_option(parser: Any) -> None:
+    """`--limit NAME=VALUE` (repeatable), as every command reading files takes it."""
+    parser.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+
+
 def command(sub: Any, name: str, help: str, description: str, examples: str) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=description, epilog="examples:\n" + examples,

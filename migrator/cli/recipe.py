@@ -14,12 +14,20 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..core.display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError, error_json
-from .options import LIMIT_HELP, NO_FSYNC_HELP, command, positive
+from .options import NO_FSYNC_HELP, add_limit_option, command, positive
 
 if TYPE_CHECKING:  # the plan and the run are imported by the commands, not by `migrate --help`
     from ..plan.build import Plan
     from ..run.jobs import JobResult
     from ..run.recipe import RunOutcome
+
+
+def add_path_overrides(parser: argparse.ArgumentParser, scope: str = "", target_also: str = "") -> None:
+    """`--source`/`--target` in place of the recipe's paths (`plan.loaded.with_paths` applies them)."""
+    parser.add_argument("--source", metavar="PATH", help=f"{scope}read PATH instead of the recipe's source.path "
+                        "(relative to the current folder)")
+    parser.add_argument("--target", metavar="PATH", help=f"{scope}write PATH instead of the recipe's target.path "
+                        f"(relative to the current folder){target_also}")
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:
@@ -44,10 +52,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--hash-sources", action="store_true", help="record the sources' sha256 in the metadata")
     run.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
-                    "(relative to the current folder)")
-    run.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
-                    "(relative to the current folder); with --each, a pattern with placeholders")
+    add_path_overrides(run, target_also="; with --each, a pattern with placeholders")
     run.add_argument("--each", nargs="+", metavar="GLOB", help="run the one recipe once per matching source "
                      "(quoted globs, ** recursive, or paths), writing --target with its placeholders filled in")
     run.add_argument("--jobs", type=positive, metavar="N", help="jobs run at once, each in its own process "
@@ -59,7 +64,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
                      "'migrator[ray]'; paths must be on storage every node sees); wins over the recipe's executor:")
     run.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster to join (default: $RAY_ADDRESS, "
                      "else a local Ray started for the run)")
-    run.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    add_limit_option(run)
     return run
 
 
@@ -76,11 +81,8 @@ def add_plan_parser(sub: Any) -> argparse.ArgumentParser:
                       "the table")
     plan.add_argument("--overwrite", action="store_true", help="check the target as `run --overwrite` would "
                       "(and replace an existing HTML page)")
-    plan.add_argument("--source", metavar="PATH", help="read PATH instead of the recipe's source.path "
-                    "(relative to the current folder)")
-    plan.add_argument("--target", metavar="PATH", help="write PATH instead of the recipe's target.path "
-                    "(relative to the current folder)")
-    plan.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    add_path_overrides(plan)
+    add_limit_option(plan)
     return plan
 
 
@@ -94,11 +96,8 @@ def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
     val.add_argument("recipes", nargs="+", help="recipe YAML files")
     val.add_argument("--json", action="store_true", help="print one JSON document with a result per recipe")
     val.add_argument("--overwrite", action="store_true", help="check the targets as `run --overwrite` would")
-    val.add_argument("--source", metavar="PATH", help="(one recipe only) read PATH instead of "
-                    "the recipe's source.path (relative to the current folder)")
-    val.add_argument("--target", metavar="PATH", help="(one recipe only) write PATH instead of "
-                    "the recipe's target.path (relative to the current folder)")
-    val.add_argument("--limit", dest="limits", action="append", default=[], metavar="NAME=VALUE", help=LIMIT_HELP)
+    add_path_overrides(val, "(one recipe only) ")
+    add_limit_option(val)
     return val
 
 
