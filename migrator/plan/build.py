@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,8 @@ from ..recipe.model import CastSpec, Recipe
 from ..storage.paths import resolve_path
 from ..storage.remote import as_path
 from ..storage.remote.options import NO_STORAGE_OPTIONS, StorageOptions
+from .casts import Casts, apply_cast
+from .kept import checkpoint_structure, target_scalars
 from .metadata import (
     RECIPE_HASH_KEY,
     TEMPLATE_HASH_KEY,
@@ -47,7 +48,6 @@ from .metadata import (
 from .report import ApplyReport, ReportError
 
 if TYPE_CHECKING:
-    from ..formats.pytorch.tree import Node
     from ..transform.modules import ModuleType
     from .sources import UnionReader
 
@@ -300,10 +300,11 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                      f"Burn's Vec<Module> has no gaps): {shown}{more}")
     kept: list[str] = []  # what keeping a checkpoint's structure says
     problems = len(fatal)
-    structure = _structure(recipe, reader, out_fmt, tpl_path, entries, kept, fatal)
+    structure = checkpoint_structure(recipe, reader, out_fmt, tpl_path, ((e.source, e.target) for e in entries),
+                                     kept, fatal)
     notes += kept
     flat = structure is None and len(fatal) == problems  # else the scalars are in the structure (or refused)
-    scalars = _scalars(recipe, reader, out_fmt, notes if flat else [], fatal)
+    scalars = target_scalars(recipe, reader, out_fmt, notes if flat else [], fatal)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers, structure_notes=kept, storage=storage)
     if not fatal:
@@ -593,7 +594,7 @@ def _in_source_order(items: Iterator[_Item], cast_to: DType | None) -> tuple[lis
     entries: list[PlanEntry] = []
     applied: list[str] = []
     append_entry, append_applied = entries.append, applied.append
-    cast = _Casts(cast_to)
+    cast = Casts(cast_to)
     joined: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}  # few distinct op lists
     for src, result, t_ops, module in items:
         tensor, more = cast(result)
@@ -685,61 +686,6 @@ def _alternative(adapter: Any, resolver: Any, slot_name: str,
     return key if key in by_name else None
 
 
-_CAST_OPS: dict[tuple[DType, DType], tuple[str, ...]] = {}
-"""The ops text of each (from, to) cast, made once: a 100k-tensor plan would format it 100k times."""
-
-
-def _apply_cast(t: LazyTensor, to: DType | None) -> tuple[LazyTensor, tuple[str, ...]]:
-    if to is None:
-        return t, ()
-    dtype = t.dtype
-    if not dtype.is_float or dtype == to:
-        return t, ()
-    from ..core.casts import cast
-
-    return cast(t, to), _cast_ops(dtype, to)
-
-
-def _cast_ops(dtype: DType, to: DType) -> tuple[str, ...]:
-    text = _CAST_OPS.get((dtype, to))
-    if text is None:
-        text = _CAST_OPS[(dtype, to)] = (f"cast {dtype.display} -> {to.display}",)
-    return text
-
-
-class _Casts:
-    """The dtype policy's cast for one plan's tensors, decided once per source dtype, not per tensor.
-
-    Keyed by the dtype's identity (a C-level id() rather than DType's Python-level hash): the plan's
-    tensors keep their dtypes alive, and the entry keeps it too, so an id is never reused meanwhile.
-    """
-
-    def __init__(self, to: DType | None) -> None:
-        self.to = to
-        self.by_dtype: dict[int, tuple[DType, Callable[[LazyTensor], LazyTensor] | None, tuple[str, ...]]] = {}
-
-    def __call__(self, t: LazyTensor) -> tuple[LazyTensor, tuple[str, ...]]:
-        """As `_apply_cast(t, to)`."""
-        if self.to is None:
-            return t, ()
-        how = self.by_dtype.get(id(t.dtype))
-        if how is None:
-            how = self.by_dtype[id(t.dtype)] = self._decide(t.dtype, self.to)
-        _, fn, text = how
-        return (t, ()) if fn is None else (fn(t), text)
-
-    @staticmethod
-    def _decide(dtype: DType, to: DType) -> tuple[DType, Callable[[LazyTensor], LazyTensor] | None, tuple[str, ...]]:
-        if not dtype.is_float or dtype == to:
-            return dtype, None, ()
-        from ..core.casts import cast, caster
-
-        one = caster(dtype, to)
-        if one is None:  # not a plain float cast: `cast` decides (and names the tensor in its error)
-            one = partial(cast, to=to)
-        return dtype, one, _cast_ops(dtype, to)
-
-
 def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tuple[str, ...], module: Any,
                  recipe: Recipe, cast_to: DType | None, errors: list[ReportError]) -> PlanEntry:
     """Put a source tensor into a template slot: shape check, dtype policy, param_id, name."""
@@ -747,10 +693,10 @@ def _fit_to_slot(slot: LazyTensor, src: LazyTensor, result: LazyTensor, ops: tup
         errors.append(ReportError.shape_mismatch(slot.name, slot.shape, result.shape, source=src.name,
                                                  hint=_shape_hint(result, slot.shape, ops, recipe)))
         return PlanEntry(slot.name, src.name, slot, src, (*ops, "shape mismatch: template value kept"), module, True)
-    tensor, more = _apply_cast(result, cast_to)
+    tensor, more = apply_cast(result, cast_to)
     if recipe.dtype == "template" and tensor.dtype != slot.dtype:
         if tensor.dtype.is_float and slot.dtype.is_float:
-            tensor, more = _apply_cast(tensor, slot.dtype)
+            tensor, more = apply_cast(tensor, slot.dtype)
         else:
             errors.append(ReportError.dtype_mismatch(slot.name, slot.dtype.display, tensor.dtype.display,
                                                      source=src.name))
@@ -778,53 +724,3 @@ def _shape_hint(result: LazyTensor, expected: tuple[int, ...], ops: tuple[str, .
     if layout:
         return f"{layout[0]} transposes only Linear weights: declare it a Linear, {entry % 'Linear'}"
     return "the shape is transposed: add pytorch_to_burn to adapters: (burn_to_pytorch from a Burn file)"
-
-
-def _structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path: Path | None, entries: list[PlanEntry],
-               notes: list[str], fatal: list[str]) -> Node | None:
-    """The checkpoint's structure for a PyTorch -> PyTorch run of one whole source into one file (no
-    top_level_key, template or shards; those write a flat state_dict), with each tensor where its
-    source was, under its new name (`formats.pytorch.tree`); None otherwise, or when refused (`fatal`)."""
-    tree = reader.structure
-    if tree is None or out_fmt != "pytorch" or recipe.target.shard is not None or tpl_path is not None:
-        return None
-    from ..formats.pytorch.tree import place_tensors
-
-    names = reader.names()
-    known = set(names)
-    # an op's output made from several inputs names them all ("a, b"): it goes where its first input was
-    moves = [(e.source if e.source in known else e.source.split(", ", 1)[0], e.target)
-             for e in entries if e.source is not None]
-    try:
-        placed = place_tensors(tree, names, moves, reader.label)
-    except PlanError as e:
-        fatal.append(str(e))
-        return None
-    notes += placed.notes
-    return placed.root
-
-
-def _scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str], fatal: list[str]) -> dict[str, Scalar]:
-    spec = recipe.target.scalars
-    if spec == "none":
-        return {}
-    if spec == "keep":
-        if out_fmt != "burnpack":
-            if reader.scalars:
-                notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
-            return {}
-        return dict(reader.scalars)
-    if out_fmt != "burnpack":
-        fatal.append(f"target.scalars: {out_fmt} files cannot hold typed scalars (only burnpack can)")
-        return {}
-    out: dict[str, Scalar] = {}
-    for name, v in spec.items():
-        if v.int_ is not None:
-            out[name] = Scalar("Int", v.int_)
-        elif v.uint is not None:
-            out[name] = Scalar("UInt", v.uint)
-        elif v.float_ is not None:
-            out[name] = Scalar("Float", float(v.float_))
-        else:
-            out[name] = Scalar("Bool", bool(v.bool_))
-    return out

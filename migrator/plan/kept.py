@@ -1,0 +1,70 @@
+"""What a target keeps beside its tensors: a PyTorch checkpoint's structure (each tensor where its
+source was, under its new name) and burnpack's typed scalars."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..core.errors import PlanError
+from ..core.scalars import Scalar
+from ..files.io import Reader
+from ..recipe.model import Recipe
+
+if TYPE_CHECKING:
+    from ..formats.pytorch.tree import Node
+
+
+def checkpoint_structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path: Path | None,
+                         moved: Iterable[tuple[str | None, str]],
+                         notes: list[str], fatal: list[str]) -> Node | None:
+    """The checkpoint's structure for a PyTorch -> PyTorch run of one whole source into one file (no
+    top_level_key, template or shards; those write a flat state_dict), with each tensor where its
+    source was, under its new name (`formats.pytorch.tree`; `moved` pairs each planned tensor's source
+    name with its target name); None otherwise, or when refused (`fatal`)."""
+    tree = reader.structure
+    if tree is None or out_fmt != "pytorch" or recipe.target.shard is not None or tpl_path is not None:
+        return None
+    from ..formats.pytorch.tree import place_tensors
+
+    names = reader.names()
+    known = set(names)
+    # an op's output made from several inputs names them all ("a, b"): it goes where its first input was
+    moves = [(source if source in known else source.split(", ", 1)[0], target)
+             for source, target in moved if source is not None]
+    try:
+        placed = place_tensors(tree, names, moves, reader.label)
+    except PlanError as e:
+        fatal.append(str(e))
+        return None
+    notes += placed.notes
+    return placed.root
+
+
+def target_scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str],
+                   fatal: list[str]) -> dict[str, Scalar]:
+    """The burnpack scalars `target.scalars` asks for: the source's, none, or the recipe's own."""
+    spec = recipe.target.scalars
+    if spec == "none":
+        return {}
+    if spec == "keep":
+        if out_fmt != "burnpack":
+            if reader.scalars:
+                notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
+            return {}
+        return dict(reader.scalars)
+    if out_fmt != "burnpack":
+        fatal.append(f"target.scalars: {out_fmt} files cannot hold typed scalars (only burnpack can)")
+        return {}
+    out: dict[str, Scalar] = {}
+    for name, v in spec.items():
+        if v.int_ is not None:
+            out[name] = Scalar("Int", v.int_)
+        elif v.uint is not None:
+            out[name] = Scalar("UInt", v.uint)
+        elif v.float_ is not None:
+            out[name] = Scalar("Float", float(v.float_))
+        else:
+            out[name] = Scalar("Bool", bool(v.bool_))
+    return out
