@@ -54,6 +54,7 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
     from ..recipe.loader import RecipeError, RecipeIssue, read_candidates, same_file, written_candidates
     from ..storage.paths import given_path
 
+    loaded = _configured_for(loaded, overrides, given_path)
     recipe = loaded.recipe
     rest = dict(overrides)
     if "source" in rest and recipe.sources is not None:
@@ -74,6 +75,24 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
                                        f"the target {out.target_path} is the same file as the source or template",
                                        "write the output to a new file")])
     return out
+
+
+def _configured_for(loaded: LoadedRecipe, overrides: Mapping[str, str], given_path: Any) -> LoadedRecipe:
+    """`loaded` with its `${config...}` values taken from the config beside the first source the
+    overrides name (`--source PATH`, or `NAME=PATH` for the first `sources:` entry), since that is
+    the checkpoint the run reads; unchanged when the first source is the recipe's own."""
+    from ..recipe.loader import reload_for_source
+
+    value = overrides.get("source")
+    if value is None:
+        return loaded
+    recipe = loaded.recipe
+    if recipe.sources is not None:
+        name, sep, path = value.partition("=")
+        if not sep or not path or not recipe.sources or name != recipe.sources[0].label:
+            return loaded
+        value = path
+    return reload_for_source(loaded, given_path(value))
 
 
 def _source_entry(loaded: LoadedRecipe, value: str, compared: bool, shown: str) -> Recipe:

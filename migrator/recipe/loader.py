@@ -37,6 +37,7 @@ __all__ = [
     "parse_recipe",
     "recipe_json_schema",
     "recipe_json_schema_text",
+    "reload_for_source",
 ]
 
 MAX_RECIPE_BYTES = 10 * 1024 * 1024
@@ -99,6 +100,19 @@ def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
     return _load(raw, shown, absolute, absolute.parent)
 
 
+def reload_for_source(loaded: LoadedRecipe, source: str | os.PathLike[str]) -> LoadedRecipe:
+    """`loaded` validated again with its `${config...}` values read from the config beside `source`
+    (the checkpoint a command line or a job puts in place of the first source), not beside the
+    recipe's own example source. A recipe with an explicit `config:` keeps it (relative to the
+    recipe), and one without references is returned as it is. The paths themselves are still
+    replaced by the caller (`plan.loaded.with_paths`)."""
+    if "${" not in loaded.text or loaded.recipe.config is not None:
+        return loaded
+    raw = loaded.text.encode("utf-8", "surrogatepass")
+    again = _load(raw, str(loaded.path), loaded.path, loaded.base_dir, config_source=source)
+    return dataclasses.replace(again, sha256=loaded.sha256, warnings=loaded.warnings)
+
+
 def parse_recipe(text: str, name: str = "<recipe>", base_dir: Path | None = None) -> LoadedRecipe:
     """Validate an in-memory recipe (`migrate convert --emit-recipe`); paths resolve from `base_dir`."""
     base = Path(os.path.abspath(base_dir if base_dir is not None else os.getcwd()))
@@ -123,7 +137,8 @@ def recipe_json_schema_text() -> str:
     return json.dumps(recipe_json_schema(), indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
 
-def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
+def _load(raw: bytes, shown: str, path: Path, base_dir: Path, *,
+          config_source: str | os.PathLike[str] | None = None) -> LoadedRecipe:
     if len(raw) > MAX_RECIPE_BYTES:
         raise RecipeError([RecipeIssue(shown, 0, 0, "", f"file is larger than {MAX_RECIPE_BYTES // 2**20} MiB",
                                        "a recipe is a few KiB of YAML; is this the right file?")])
@@ -132,7 +147,8 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
     unresolved: set[tuple[int, int]] = set()  # where a ${config...} value failed: validation adds nothing there
     deferred: list[RecipeIssue] = []  # references with no config to read yet: refused when planned
     if "${" in text:
-        data = _with_config_values(data, base_dir, _Mapper(shown, root, keys), issues, unresolved, deferred)
+        data = _with_config_values(data, base_dir, _Mapper(shown, root, keys), issues, unresolved, deferred,
+                                   config_source)
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(data)
@@ -153,15 +169,19 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path) -> LoadedRecipe:
 
 
 def _with_config_values(data: Any, base_dir: Path, mapper: _Mapper, issues: list[RecipeIssue],
-                        unresolved: set[tuple[int, int]], deferred: list[RecipeIssue]) -> Any:
+                        unresolved: set[tuple[int, int]], deferred: list[RecipeIssue],
+                        config_source: str | os.PathLike[str] | None = None) -> Any:
     """`data` with each `${config...}` value replaced by what the model's config declares
     (`config.py`); a value that cannot be resolved becomes an issue at its LINE:COL, one with no
-    config to read (none beside a source that may not exist yet) a deferred issue."""
+    config to read (none beside a source that may not exist yet) a deferred issue. The config is
+    looked for beside `config_source` when given (the checkpoint actually read), else beside the
+    recipe's first source."""
     from .config import find_config, load_config, resolve_references
 
     def config_for() -> tuple[dict[str, Any] | None, Path | None]:
         named = data.get("config") if isinstance(data, dict) and isinstance(data.get("config"), str) else None
-        path = find_config(named, _first_source_path(data), base_dir)
+        beside = config_source if config_source is not None else _first_source_path(data)
+        path = find_config(named, beside, base_dir)
         return (None, None) if path is None else (load_config(path), path)
 
     def issue(at: tuple[Any, ...], message: str) -> RecipeIssue:

@@ -1,0 +1,109 @@
+"""A shipped recipe run on the user's own model (`--source MODEL`) takes its `${config...}` values
+from MODEL's config, not from the config beside the recipe's example source (issue 34, item 1).
+
+The recipes are run from the repository's own `recipes/` folder, as a user runs them: whether or
+not `make demo` has written the 4-head example model beside them must not matter. Each output is
+checked against Hugging Face's conversion permute written here, and the models are written by
+transformers (HF side) or with torch (Meta side), never by migrator.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_support import migrate_in_process as migrate
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+st = pytest.importorskip("safetensors.torch")
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+# (heads, kv_heads): the demo's model has 4/2, so 4/2 passes only when the user's config is read too
+LAYOUTS = [(8, 4), (4, 2), (8, 8), (4, 1)]
+
+
+def hf_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Hugging Face's Llama conversion permute (Meta's interleaved rotary rows -> HF's halves)."""
+    dim1, dim2 = w.shape
+    return w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+
+
+def _hf_model(folder: Path, heads: int, kv_heads: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(heads * 10 + kv_heads)
+    config = transformers.LlamaConfig(hidden_size=16 * heads, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=64)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(folder, safe_serialization=True)
+    return st.load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), LAYOUTS)
+def test_hf_to_meta_reads_the_users_config(tmp_path: Path, heads: int, kv_heads: int) -> None:
+    hf = _hf_model(tmp_path / "my-llama", heads, kv_heads)
+    out = tmp_path / "meta.pt"
+    r = migrate("run", str(RECIPES / "llama-hf-to-meta.yaml"), "--source", str(tmp_path / "my-llama"),
+                "--target", str(out), "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    meta = torch.load(out, weights_only=True)
+    for i in range(2):
+        assert torch.equal(hf_permute(meta[f"layers.{i}.attention.wq.weight"], heads),
+                           hf[f"model.layers.{i}.self_attn.q_proj.weight"])
+        assert torch.equal(hf_permute(meta[f"layers.{i}.attention.wk.weight"], kv_heads),
+                           hf[f"model.layers.{i}.self_attn.k_proj.weight"])
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), LAYOUTS)
+def test_meta_to_hf_reads_the_users_params(tmp_path: Path, heads: int, kv_heads: int) -> None:
+    torch.manual_seed(7)
+    dim, kv = 16 * heads, 16 * kv_heads
+    layers = {}
+    for i in range(2):
+        layers[f"layers.{i}.attention.wq.weight"] = torch.randn(dim, dim)
+        layers[f"layers.{i}.attention.wk.weight"] = torch.randn(kv, dim)
+        layers[f"layers.{i}.attention.wv.weight"] = torch.randn(kv, dim)
+        layers[f"layers.{i}.attention.wo.weight"] = torch.randn(dim, dim)
+    src = tmp_path / "my-meta"
+    src.mkdir()
+    torch.save(layers, src / "consolidated.00.pth")
+    (src / "params.json").write_text(json.dumps({"dim": dim, "n_layers": 2, "n_heads": heads,
+                                                 "n_kv_heads": kv_heads, "vocab_size": 64}))
+    out = tmp_path / "hf" / "model.safetensors"
+    r = migrate("run", str(RECIPES / "llama-meta-to-hf.yaml"), "--source", str(src / "consolidated.00.pth"),
+                "--target", str(out), "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    hf = st.load_file(out)
+    for i in range(2):
+        assert torch.equal(hf[f"model.layers.{i}.self_attn.q_proj.weight"],
+                           hf_permute(layers[f"layers.{i}.attention.wq.weight"], heads))
+        assert torch.equal(hf[f"model.layers.{i}.self_attn.k_proj.weight"],
+                           hf_permute(layers[f"layers.{i}.attention.wk.weight"], kv_heads))
+
+
+def test_a_source_without_a_config_is_refused_not_read_from_the_example(tmp_path: Path) -> None:
+    hf = tmp_path / "bare"
+    _hf_model(hf, 8, 4)
+    (hf / "config.json").unlink()
+    r = migrate("run", str(RECIPES / "llama-hf-to-meta.yaml"), "--source", str(hf / "model.safetensors"),
+                "--target", str(tmp_path / "x.pt"), "--no-progress")
+    assert r.returncode != 0
+    assert "config" in (r.stdout + r.stderr)
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_each_job_reads_its_own_models_config(tmp_path: Path) -> None:
+    """`--each`: every match is a job of its own, with the config beside that match."""
+    layouts = {"wide": (8, 4), "narrow": (4, 1)}
+    models = {name: _hf_model(tmp_path / "models" / name, *hk) for name, hk in layouts.items()}
+    r = migrate("run", str(RECIPES / "llama-hf-to-meta.yaml"), "--each",
+                str(tmp_path / "models" / "*" / "model.safetensors"),
+                "--target", str(tmp_path / "out" / "{parent}.pt"), "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name, (heads, kv_heads) in layouts.items():
+        meta = torch.load(tmp_path / "out" / f"{name}.pt", weights_only=True)
+        hf = models[name]
+        assert torch.equal(hf_permute(meta["layers.1.attention.wq.weight"], heads),
+                           hf["model.layers.1.self_attn.q_proj.weight"])
+        assert torch.equal(hf_permute(meta["layers.1.attention.wk.weight"], kv_heads),
+                           hf["model.layers.1.self_attn.k_proj.weight"])
