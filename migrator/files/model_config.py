@@ -29,16 +29,24 @@ def find_config(named: str | None, first_source: str | os.PathLike[str] | None, 
     if named is not None:
         p = Path(os.path.expanduser(named))
         return p if p.is_absolute() else base_dir / p
+    folder = config_folder(first_source, base_dir)
+    if folder is None:
+        return None
+    for name in CONFIG_NAMES:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def config_folder(first_source: str | os.PathLike[str] | None, base_dir: Path) -> Path | None:
+    """The folder a source's config is looked for in: the source itself when it is a folder, else the
+    folder it is in (relative paths from `base_dir`); None for no source or a URL."""
     written = os.fspath(first_source) if first_source is not None else ""
     if not written or "://" in written:
         return None
     src = Path(os.path.expanduser(written))
     src = src if src.is_absolute() else base_dir / src
-    folder = src if src.is_dir() or written.endswith(("/", os.sep)) else src.parent
-    for name in CONFIG_NAMES:
-        if (folder / name).is_file():
-            return folder / name
-    return None
+    return src if src.is_dir() or written.endswith(("/", os.sep)) else src.parent
 
 
 def load_config(path: Path) -> dict[str, Any]:

@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..files.model_config import CONFIG_NAMES, MAX_CONFIG_BYTES, ConfigError, find_config, load_config
+from ..files.model_config import CONFIG_NAMES, MAX_CONFIG_BYTES, ConfigError, config_folder, find_config, load_config
 
-__all__ = ["MAX_CONFIG_BYTES", "ConfigError", "find_config", "head_dim_of", "load_config", "resolve_references"]
+__all__ = ["MAX_CONFIG_BYTES", "ConfigError", "config_folder", "find_config", "head_dim_of", "load_config",
+           "resolve_references"]
 
 _EXPRESSION = re.compile(r"^\$\{(.*)\}$", re.DOTALL)
 _TOKEN = re.compile(r"\s*(?:(//|\*|\|)|(config(?:\.[A-Za-z_][A-Za-z0-9_-]*)+)|(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?))")
@@ -70,7 +71,8 @@ def _tokens(text: str) -> Iterator[tuple[str, str]]:
 
 
 def evaluate(expression: str, config: dict[str, Any] | None, config_path: Path | None) -> Any:
-    """The value of one `${...}` expression (see the module docstring)."""
+    """The value of one `${...}` expression (see the module docstring). `config_path` is the config
+    read, or with no config the folder where none was found (for the message)."""
     m = _EXPRESSION.match(expression)
     if m is None or len(expression) > MAX_EXPRESSION_CHARS:
         raise ConfigError(f"'{expression[:60]}' is not a ${{...}} expression of at most {MAX_EXPRESSION_CHARS} "
@@ -103,9 +105,10 @@ def evaluate(expression: str, config: dict[str, Any] | None, config_path: Path |
             value = next(values) if kind == "key" else (float(text) if any(c in text for c in ".eE") else int(text))
             result = value if op is None else _apply(op, result, value, expression)
         return result
-    if config is None:
+    if config is None:  # config_path is then the folder looked in, if any
+        where = f"in {config_path}" if config_path is not None else "beside the source"
         raise NoConfigError(f"'{expression}' refers to {', '.join(wanted)}, but there is no config: none of "
-                            f"{', '.join(CONFIG_NAMES)} is beside the source; name one with `config:`")
+                            f"{', '.join(CONFIG_NAMES)} is {where}; name one with `config:`")
     raise ConfigError(f"'{expression}': the config {config_path} has no {' or '.join(sorted(set(wanted)))}")
 
 

@@ -176,13 +176,13 @@ def _with_config_values(data: Any, base_dir: Path, mapper: _Mapper, issues: list
     config to read (none beside a source that may not exist yet) a deferred issue. The config is
     looked for beside `config_source` when given (the checkpoint actually read), else beside the
     recipe's first source."""
-    from .config import find_config, load_config, resolve_references
+    from .config import config_folder, find_config, load_config, resolve_references
 
     def config_for() -> tuple[dict[str, Any] | None, Path | None]:
         named = data.get("config") if isinstance(data, dict) and isinstance(data.get("config"), str) else None
         beside = config_source if config_source is not None else _first_source_path(data)
         path = find_config(named, beside, base_dir)
-        return (None, None) if path is None else (load_config(path), path)
+        return (None, config_folder(beside, base_dir)) if path is None else (load_config(path), path)
 
     def issue(at: tuple[Any, ...], message: str) -> RecipeIssue:
         node, _, _ = mapper._locate(at)

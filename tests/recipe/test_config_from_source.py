@@ -87,8 +87,10 @@ def test_a_source_without_a_config_is_refused_not_read_from_the_example(tmp_path
     (hf / "config.json").unlink()
     r = migrate("run", str(RECIPES / "llama-hf-to-meta.yaml"), "--source", str(hf / "model.safetensors"),
                 "--target", str(tmp_path / "x.pt"), "--no-progress")
-    assert r.returncode != 0
-    assert "config" in (r.stdout + r.stderr)
+    assert r.returncode == 2, r.stdout + r.stderr
+    # the folder looked in is the user's, and the recipe's line is named
+    assert f"is in {hf}" in r.stderr and "llama-hf-to-meta.yaml:" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
     assert not (tmp_path / "x.pt").exists()
 
 
