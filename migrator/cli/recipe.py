@@ -23,11 +23,15 @@ if TYPE_CHECKING:  # the plan and the run are imported by the commands, not by `
 
 
 def add_path_overrides(parser: argparse.ArgumentParser, scope: str = "", target_also: str = "") -> None:
-    """`--source`/`--target` in place of the recipe's paths (`plan.loaded.with_paths` applies them)."""
+    """`--source`/`--target`/`--config` in place of the recipe's paths (`plan.loaded.with_paths` applies
+    them)."""
     parser.add_argument("--source", metavar="PATH", help=f"{scope}read PATH instead of the recipe's source.path "
                         "(relative to the current folder)")
     parser.add_argument("--target", metavar="PATH", help=f"{scope}write PATH instead of the recipe's target.path "
                         f"(relative to the current folder){target_also}")
+    parser.add_argument("--config", metavar="FILE", help=f"{scope}take ${{config.KEY}} values from FILE (a "
+                        "config.json or params.json, relative to the current folder) instead of the recipe's "
+                        "config: or the config beside the source")
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:

@@ -34,8 +34,8 @@ def load(path: str | os.PathLike[str], overrides: Mapping[str, str] | None = Non
 
 
 def overrides_of(args: Any) -> dict[str, str]:
-    """{"source": PATH, "target": PATH} as given on the command line (either may be absent)."""
-    return {k: v for k in ("source", "target") if (v := getattr(args, k, None))}
+    """{"source": PATH, "target": PATH, "config": FILE} as given on the command line (any may be absent)."""
+    return {k: v for k in ("source", "target", "config") if (v := getattr(args, k, None))}
 
 
 def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: bool = False,
@@ -57,6 +57,7 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
     loaded = _configured_for(loaded, overrides, given_path)
     recipe = loaded.recipe
     rest = dict(overrides)
+    rest.pop("config", None)
     if "source" in rest and recipe.sources is not None:
         recipe = _source_entry(loaded, rest.pop("source"), compared, shown or str(loaded.path))
     absolute = {k: given_path(v) for k, v in rest.items()}
@@ -80,19 +81,21 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
 def _configured_for(loaded: LoadedRecipe, overrides: Mapping[str, str], given_path: Any) -> LoadedRecipe:
     """`loaded` with its `${config...}` values taken from the config beside the first source the
     overrides name (`--source PATH`, or `NAME=PATH` for the first `sources:` entry), since that is
-    the checkpoint the run reads; unchanged when the first source is the recipe's own."""
+    the checkpoint the run reads; unchanged when the first source is the recipe's own. `--config FILE`
+    names the config instead (from the current folder), in place of the recipe's `config:`."""
     from ..recipe.loader import reload_for_source
 
+    config = overrides.get("config")
     value = overrides.get("source")
-    if value is None:
-        return loaded
     recipe = loaded.recipe
-    if recipe.sources is not None:
+    if value is not None and recipe.sources is not None:
         name, sep, path = value.partition("=")
-        if not sep or not path or not recipe.sources or name != recipe.sources[0].label:
-            return loaded
-        value = path
-    return reload_for_source(loaded, given_path(value))
+        first = sep and path and recipe.sources and name == recipe.sources[0].label
+        value = path if first else None
+    if value is None and config is None:
+        return loaded
+    source = given_path(value) if value is not None else loaded.source_path
+    return reload_for_source(loaded, source, config=None if config is None else given_path(config))
 
 
 def _source_entry(loaded: LoadedRecipe, value: str, compared: bool, shown: str) -> Recipe:

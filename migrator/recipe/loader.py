@@ -100,16 +100,24 @@ def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
     return _load(raw, shown, absolute, absolute.parent)
 
 
-def reload_for_source(loaded: LoadedRecipe, source: str | os.PathLike[str]) -> LoadedRecipe:
+def reload_for_source(loaded: LoadedRecipe, source: str | os.PathLike[str], *,
+                      config: str | os.PathLike[str] | None = None) -> LoadedRecipe:
     """`loaded` validated again with its `${config...}` values read from the config beside `source`
     (the checkpoint a command line or a job puts in place of the first source), not beside the
     recipe's own example source. A recipe with an explicit `config:` keeps it (relative to the
-    recipe), and one without references is returned as it is. The paths themselves are still
-    replaced by the caller (`plan.loaded.with_paths`)."""
-    if "${" not in loaded.text or loaded.recipe.config is not None:
+    recipe), unless `config` (`--config FILE`, absolute) replaces it; a recipe without references is
+    returned as it is. The paths themselves are still replaced by the caller (`plan.loaded.with_paths`)."""
+    if config is None and ("${" not in loaded.text or loaded.recipe.config is not None):
         return loaded
-    raw = loaded.text.encode("utf-8", "surrogatepass")
-    again = _load(raw, str(loaded.path), loaded.path, loaded.base_dir, config_source=source)
+    if config is not None:
+        config = os.path.abspath(os.fspath(config))
+    if "${" not in loaded.text:
+        again = loaded
+    else:
+        raw = loaded.text.encode("utf-8", "surrogatepass")
+        again = _load(raw, str(loaded.path), loaded.path, loaded.base_dir, config_source=source, config_named=config)
+    if config is not None:  # kept on the recipe: the run protects it as one of its inputs
+        again = dataclasses.replace(again, recipe=again.recipe.model_copy(update={"config": config}))
     return dataclasses.replace(again, sha256=loaded.sha256, warnings=loaded.warnings)
 
 
@@ -138,7 +146,7 @@ def recipe_json_schema_text() -> str:
 
 
 def _load(raw: bytes, shown: str, path: Path, base_dir: Path, *,
-          config_source: str | os.PathLike[str] | None = None) -> LoadedRecipe:
+          config_source: str | os.PathLike[str] | None = None, config_named: str | None = None) -> LoadedRecipe:
     if len(raw) > MAX_RECIPE_BYTES:
         raise RecipeError([RecipeIssue(shown, 0, 0, "", f"file is larger than {MAX_RECIPE_BYTES // 2**20} MiB",
                                        "a recipe is a few KiB of YAML; is this the right file?")])
@@ -148,7 +156,7 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path, *,
     deferred: list[RecipeIssue] = []  # references with no config to read yet: refused when planned
     if "${" in text:
         data = _with_config_values(data, base_dir, _Mapper(shown, root, keys), issues, unresolved, deferred,
-                                   config_source)
+                                   config_source, config_named)
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(data)
@@ -170,16 +178,19 @@ def _load(raw: bytes, shown: str, path: Path, base_dir: Path, *,
 
 def _with_config_values(data: Any, base_dir: Path, mapper: _Mapper, issues: list[RecipeIssue],
                         unresolved: set[tuple[int, int]], deferred: list[RecipeIssue],
-                        config_source: str | os.PathLike[str] | None = None) -> Any:
+                        config_source: str | os.PathLike[str] | None = None,
+                        config_named: str | None = None) -> Any:
     """`data` with each `${config...}` value replaced by what the model's config declares
     (`config.py`); a value that cannot be resolved becomes an issue at its LINE:COL, one with no
     config to read (none beside a source that may not exist yet) a deferred issue. The config is
     looked for beside `config_source` when given (the checkpoint actually read), else beside the
-    recipe's first source."""
+    recipe's first source; `config_named` (absolute) replaces the recipe's `config:`."""
     from .config import config_folder, find_config, load_config, resolve_references
 
     def config_for() -> tuple[dict[str, Any] | None, Path | None]:
-        named = data.get("config") if isinstance(data, dict) and isinstance(data.get("config"), str) else None
+        named = config_named
+        if named is None and isinstance(data, dict) and isinstance(data.get("config"), str):
+            named = data["config"]
         beside = config_source if config_source is not None else _first_source_path(data)
         path = find_config(named, beside, base_dir)
         return (None, config_folder(beside, base_dir)) if path is None else (load_config(path), path)

@@ -109,3 +109,20 @@ def test_each_job_reads_its_own_models_config(tmp_path: Path) -> None:
                            hf["model.layers.1.self_attn.q_proj.weight"])
         assert torch.equal(hf_permute(meta["layers.1.attention.wk.weight"], kv_heads),
                            hf["model.layers.1.self_attn.k_proj.weight"])
+
+
+def test_config_option_names_the_config(tmp_path: Path) -> None:
+    """`--config FILE` is read in place of the config beside the source (here there is none)."""
+    hf = _hf_model(tmp_path / "weights", 8, 4)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "weights" / "config.json").rename(tmp_path / "elsewhere" / "config.json")
+    out = tmp_path / "meta.pt"
+    for command in ("plan", "run"):
+        r = migrate(command, str(RECIPES / "llama-hf-to-meta.yaml"), "--source", str(tmp_path / "weights"),
+                    "--config", str(tmp_path / "elsewhere" / "config.json"), "--target", str(out),
+                    "--no-progress" if command == "run" else "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+    meta = torch.load(out, weights_only=True)
+    for ours, theirs, heads in (("wq", "q_proj", 8), ("wk", "k_proj", 4)):
+        assert torch.equal(hf_permute(meta[f"layers.0.attention.{ours}.weight"], heads),
+                           hf[f"model.layers.0.self_attn.{theirs}.weight"])
