@@ -54,7 +54,7 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
     from ..recipe.loader import RecipeError, RecipeIssue, read_candidates, same_file, written_candidates
     from ..storage.paths import given_path
 
-    loaded = _configured_for(loaded, overrides, given_path)
+    loaded = _configured_for(loaded, overrides)
     recipe = loaded.recipe
     rest = dict(overrides)
     rest.pop("config", None)
@@ -78,12 +78,13 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
     return out
 
 
-def _configured_for(loaded: LoadedRecipe, overrides: Mapping[str, str], given_path: Any) -> LoadedRecipe:
+def _configured_for(loaded: LoadedRecipe, overrides: Mapping[str, str]) -> LoadedRecipe:
     """`loaded` with its `${config...}` values taken from the config beside the first source the
     overrides name (`--source PATH`, or `NAME=PATH` for the first `sources:` entry), since that is
     the checkpoint the run reads; unchanged when the first source is the recipe's own. `--config FILE`
     names the config instead (from the current folder), in place of the recipe's `config:`."""
     from ..recipe.loader import reload_for_source
+    from ..storage.paths import given_path
 
     config = overrides.get("config")
     value = overrides.get("source")
