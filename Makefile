@@ -37,6 +37,10 @@ $(STAMP): $(BUILD_INPUTS) $(RUNTIME_STAMP)
 	# first, so that no oracle's own torch requirement (peft, mergekit) can pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
+	# deepspeed (the ZeRO checkpoints' writer and zero_to_fp32, the oracle of their reader) ships as an
+	# sdist only: built against the torch above (--no-build-isolation, else pip fetches a CUDA torch to
+	# build it) with no compiled ops; it runs on this CPU with DS_ACCELERATOR=cpu.
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation deepspeed==0.19.8
 	# Azurite, Azure's Blob service emulator (node), for tests/storage/test_azure.py's az:// tests on 127.0.0.1;
 	# pinned, into the venv (git ignores it; the tests look there). Without npm those tests skip.
 	# stdout is npm's package count only: errors still reach stderr.
