@@ -18,6 +18,7 @@ new index is written. Every other object under the prefix is the user's and is k
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import posixpath
 from collections.abc import Callable
@@ -30,7 +31,16 @@ from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..formats.bounded_json import load_bounded_json
 from ..storage.remote import RemotePath, as_path, protocol, redact, url_of
-from ..storage.remote.fs import StorageError, copy_companion, deadline, filesystem, stream_size, tuning, with_retries
+from ..storage.remote.fs import (
+    StorageError,
+    copy_companion,
+    deadline,
+    filesystem,
+    object_info,
+    stream_size,
+    tuning,
+    with_retries,
+)
 from ..storage.remote.options import StorageOptions
 from ..storage.remote.source import RemoteSource
 from .sharded import (
@@ -69,8 +79,21 @@ def glob_companions(folder: str, pattern: str, storage: StorageOptions | None = 
     `folder` that `pattern` matches (fsspec's glob), in sorted order; folders are left out."""
     fs, base = filesystem(folder, storage)
     base = base.rstrip("/")
-    found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True, **deadline(fs, tuning(folder, storage))),
-                         folder, "cannot list companion files")
+    tune = tuning(folder, storage)
+    if not glob.has_magic(pattern):
+        # fsspec's glob of a plain name asks `exists`, which answers False for any error: a server that
+        # timed out would read as "no such file". A HEAD says which it was.
+        name = base + "/" + pattern
+        try:
+            info = with_retries(lambda: object_info(fs, name, tune), folder, "cannot list companion files", tune)
+        except StorageError as e:
+            if e.detail.endswith("no such object"):
+                return []
+            raise
+        found = {info.get("name", name): info}
+    else:
+        found = with_retries(lambda: fs.glob(base + "/" + pattern, detail=True, **deadline(fs, tune)),
+                             folder, "cannot list companion files", tune)
     out: list[tuple[Path, str]] = []
     for path, info in sorted(found.items()):
         if info.get("type") == "directory":

@@ -202,6 +202,73 @@ def test_an_s3_endpoint_that_never_answers_times_out(silent: str, monkeypatch: p
     assert "timed out" in p.stderr and url.rstrip("/") in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("target", ["s3://bucket/o.safetensors", "s3://bucket/dir/"])
+def test_an_s3_target_on_a_silent_endpoint_times_out(silent: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     target: str) -> None:
+    """The target check (a HEAD or a listing) was the request without a deadline: botocore's and s3fs's
+    own retries made a silent endpoint cost 25 timeouts per call."""
+    pytest.importorskip("s3fs")
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": silent}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    small_timeouts(monkeypatch, read="0.5", request="2")  # the default 4 retries: a timeout is not retried
+    monkeypatch.chdir(tmp_path)
+    st_numpy.save_file({"w": np.zeros(2, np.float32)}, "m.safetensors")
+    extra = ["--max-shard-size", "1KB"] if target.endswith("/") else []
+    with alarm(90, "a silent S3 endpoint hung a write"):
+        p = cli("convert", "m.safetensors", target, *extra, check=1)
+    assert "timed out" in p.stderr and target.rstrip("/") in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+def test_a_companion_on_a_silent_server_is_a_timeout_not_a_missing_file(silent: str, monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    small_timeouts(monkeypatch)
+    monkeypatch.setenv("MIGRATOR_REMOTE_RETRIES", "1")
+    monkeypatch.chdir(tmp_path)
+    st_numpy.save_file({"w": np.zeros(2, np.float32)}, "m.safetensors")
+    with alarm(60, "a silent server hung --copy-from"):
+        p = cli("convert", "m.safetensors", "out/", "--copy-from", silent + "/f/", "--copy", "config.json", check=1)
+    assert "timed out" in p.stderr and "no file" not in p.stderr and "127.0.0.1" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_timeout_is_not_retried_whatever_the_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from migrator.storage.remote.fs import TIMEOUT_ATTEMPTS, Tuning, with_retries
+
+    calls: list[int] = []
+
+    def silent() -> None:
+        calls.append(1)
+        raise TimeoutError("no answer")
+
+    def dropped() -> None:
+        calls.append(1)
+        raise ConnectionResetError("reset")
+
+    tune = Tuning(retries=4, backoff=0)
+    for call, attempts in ((silent, TIMEOUT_ATTEMPTS), (dropped, 4)):
+        calls.clear()
+        with pytest.raises(MigratorError):
+            with_retries(call, "http://127.0.0.1:1/m.safetensors", "cannot open", tune)
+        assert len(calls) == attempts
+
+
+def test_the_connect_timeout_is_a_storage_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    from migrator.storage.remote.fs import tuning
+    from migrator.storage.remote.options import StorageOptions
+
+    monkeypatch.delenv("MIGRATOR_REMOTE_CONNECT_TIMEOUT", raising=False)
+    assert tuning().connect_timeout == 10
+    options = StorageOptions().adding("http://h/", {"connect_timeout": 3, "timeout": 7})
+    t = tuning("http://h/m.safetensors", options)
+    assert (t.connect_timeout, t.timeout) == (3, 7)
+    monkeypatch.setenv("MIGRATOR_REMOTE_CONNECT_TIMEOUT", "0")
+    with pytest.raises(MigratorError, match="MIGRATOR_REMOTE_CONNECT_TIMEOUT"):
+        tuning()
+
+
 @pytest.mark.parametrize("mode", ["stall", "drip"])
 def test_headers_then_silence_or_a_drip_times_out(misbehaving: Any, monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path, mode: str) -> None:
@@ -226,7 +293,7 @@ def test_the_timeout_is_a_storage_option_of_a_recipe(misbehaving: Any, monkeypat
                       f"target:\n  path: {tmp_path / 'o.safetensors'}\n")
     with alarm(60, "the recipe's timeout was not applied"):
         p = cli("run", str(recipe), check=1)
-    assert "timed out after 0.5" in p.stderr and "/m.safetensors" in p.stderr, p.stderr
+    assert "send (0.5 s)" in p.stderr and "/m.safetensors" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("value", ["-1", "abc", "0"])
@@ -245,6 +312,7 @@ def test_default_timeouts_are_documented() -> None:
     t = Tuning()
     assert f"MIGRATOR_REMOTE_TIMEOUT` (default {t.timeout:g} s" in doc
     assert f"MIGRATOR_REMOTE_REQUEST_TIMEOUT` (default {t.request_timeout:g} s" in doc
+    assert f"MIGRATOR_REMOTE_CONNECT_TIMEOUT` (default {t.connect_timeout:g} s" in doc
 
 
 # ------------------------------------------------------------------------------- bounded responses

@@ -32,8 +32,14 @@ class MissingExtraError(MigratorError):
     """A URL's protocol needs a package that is not installed."""
 
 
-TIMEOUT_OPTIONS = ("timeout", "request_timeout")
-"""Storage options migrator reads itself (never handed to fsspec): `Tuning.timeout` and `.request_timeout`."""
+TIMEOUT_OPTIONS = ("connect_timeout", "timeout", "request_timeout")
+"""Storage options migrator reads itself (never handed to fsspec): `Tuning.connect_timeout`, `.timeout`
+and `.request_timeout`."""
+
+TIMEOUT_ATTEMPTS = 1
+"""Attempts of a request that timed out (the other transient failures get `Tuning.retries`): a server
+that kept a request waiting `Tuning.timeout` seconds has had its chance, so a silent one costs one
+timeout per request, not `retries` of them (fsspec's http HEAD falls back to a GET: two there)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,10 @@ class Tuning:
     """How remote bytes move: block size and blocks in flight for reads, part size and parts in flight for
     uploads, attempts per request and the first back-off (doubled per retry), and how long a server may
     keep us waiting. From the environment: MIGRATOR_REMOTE_BLOCK_SIZE, _CONCURRENCY, _PART_SIZE,
-    _UPLOAD_CONCURRENCY, _RETRIES, _BACKOFF, _TIMEOUT, _REQUEST_TIMEOUT; a recipe's storage options
-    `timeout` and `request_timeout` override the last two for their URLs."""
+    _UPLOAD_CONCURRENCY, _RETRIES, _BACKOFF, _CONNECT_TIMEOUT, _TIMEOUT, _REQUEST_TIMEOUT; a recipe's
+    storage options `connect_timeout`, `timeout` and `request_timeout` override the last three for their
+    URLs. The store clients' own retries are turned off (`_with_timeouts`): `with_retries` is the one
+    layer, so the worst case of a request is known (`TIMEOUT_ATTEMPTS` timeouts)."""
 
     block_size: int = 16 << 20
     concurrency: int = 4
@@ -50,11 +58,13 @@ class Tuning:
     retries: int = 4
     backoff: float = 0.25
     upload_concurrency: int = 8
-    timeout: float = 60.0
-    """Seconds to connect, and to wait for a response's first or next bytes (a silent or stalled server)."""
+    timeout: float = 30.0
+    """Seconds to wait for a response's first or next bytes (a silent or stalled server)."""
     request_timeout: float = 600.0
     """Seconds one read request (a HEAD, a ranged GET of a block) may take in all: a server dripping a
     byte at a time never trips `timeout`, this ends it. A 16 MiB block at 600 s is 28 KB/s at least."""
+    connect_timeout: float = 10.0
+    """Seconds to open a connection (a host that drops the SYN, a firewalled port)."""
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -79,7 +89,8 @@ class Tuning:
         part = max(5 << 20, num("PART_SIZE", d.part_size))  # S3's smallest part but the last
         return cls(block, max(1, num("CONCURRENCY", d.concurrency)), part, max(1, num("RETRIES", d.retries)),
                    num("BACKOFF", d.backoff, float), max(1, num("UPLOAD_CONCURRENCY", d.upload_concurrency)),
-                   seconds("TIMEOUT", d.timeout), seconds("REQUEST_TIMEOUT", d.request_timeout))
+                   seconds("TIMEOUT", d.timeout), seconds("REQUEST_TIMEOUT", d.request_timeout),
+                   seconds("CONNECT_TIMEOUT", d.connect_timeout))
 
 
 def positive_seconds(value: object, where: str) -> float:
@@ -109,22 +120,25 @@ def _with_timeouts(proto: str, options: dict[str, Any], tune: Tuning) -> dict[st
     """`options` with the protocol's own connect and read timeouts set to `tune.timeout` (where the
     options do not set them): a silent server, or one that stops after the headers, fails the request.
     The whole request's deadline (`request_timeout`) is applied per call (`object_info`, `get_range`)."""
-    t = tune.timeout
+    t, connect = tune.timeout, tune.connect_timeout
     if proto in ("http", "https"):
         import aiohttp
 
         client = dict(options.get("client_kwargs") or {})
-        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t))
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=t))
         options["client_kwargs"] = client
     elif proto in ("s3", "s3a"):
         config = dict(options.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", t)
+        config.setdefault("connect_timeout", connect)
         config.setdefault("read_timeout", t)
+        # botocore's retries (5 in legacy mode) times s3fs's (5) would turn one silent endpoint into 25
+        # timeouts per request: with_retries is the only retry layer
+        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
         options["config_kwargs"] = config
     elif proto in ("gs", "gcs"):
         options.setdefault("requests_timeout", tune.request_timeout)
     elif proto in ("az", "abfs", "abfss"):
-        options.setdefault("connection_timeout", t)
+        options.setdefault("connection_timeout", connect)
         options.setdefault("read_timeout", t)
     return options
 
@@ -167,6 +181,8 @@ def filesystem(url: str, storage: StorageOptions | None = None) -> tuple[Any, st
             cls = fsspec.get_filesystem_class(proto)
             # fsspec's own instance cache ignores the environment: ours is keyed by it
             fs = cls(**_with_timeouts(proto, options, tune), skip_instance_cache=True)
+            if proto in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
+                fs.retries = 1  # s3fs's own retry loop (a class attribute, 5): with_retries is the one layer
         except ImportError:
             pkg = PACKAGES.get(extra or "", f"the fsspec package for {proto}://")
             hint = f"pip install 'migrator[{extra}]'" if extra else "install the fsspec implementation for it"
@@ -250,8 +266,9 @@ def storage_error(e: BaseException, url: str, what: str, tune: Tuning | None = N
         if isinstance(late, FSTimeoutError) and (inner is None or type(inner) is TimeoutError):
             return StorageError(f"{what}: timed out after {tune.request_timeout:g} s: the request did not complete "
                                 "(MIGRATOR_REMOTE_REQUEST_TIMEOUT, storage option request_timeout)", file=label)
-        return StorageError(f"{what}: timed out after {tune.timeout:g} s waiting for the server to connect or send "
-                            "(MIGRATOR_REMOTE_TIMEOUT, storage option timeout)", file=label)
+        return StorageError(f"{what}: timed out waiting for the server to connect ({tune.connect_timeout:g} s) or "
+                            f"send ({tune.timeout:g} s) (MIGRATOR_REMOTE_CONNECT_TIMEOUT and _TIMEOUT, storage options "
+                            "connect_timeout and timeout)", file=label)
     status = http_status(e)
     if isinstance(e, FileExistsError) or status == 412:
         return TargetExistsError("target was created by someone else while this run wrote it; nothing was "
@@ -269,13 +286,15 @@ def with_retries(call: Callable[[], T], url: str, what: str, tune: Tuning | None
     reads, 5xx); a permanent one (404, 403) or the last attempt's raises a `StorageError`."""
     tune = tune or tuning()
     delay = tune.backoff
+    timeouts = 0
     for attempt in range(1, tune.retries + 1):
         try:
             return call()
         except MigratorError:
             raise
         except Exception as e:
-            if is_permanent(e) or attempt == tune.retries:
+            timeouts += timed_out(e) is not None
+            if is_permanent(e) or attempt == tune.retries or timeouts == TIMEOUT_ATTEMPTS:
                 err = storage_error(e, url, what, tune)
                 if attempt > 1:
                     err = type(err)(f"{err.detail} (after {attempt} attempts)", file=err.file)

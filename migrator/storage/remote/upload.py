@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from ...core.errors import MigratorError, OutputError, SameFileError, TargetExistsError
 from . import READ_ONLY, protocol, redact, url_of
-from .fs import Tuning, describe, filesystem, http_status, storage_error, tuning, with_retries
+from .fs import Tuning, deadline, describe, filesystem, http_status, storage_error, tuning, with_retries
 from .options import StorageOptions
 
 T = TypeVar("T")
@@ -48,7 +48,8 @@ def exists(url: str, storage: StorageOptions | None = None) -> bool:
     with contextlib.suppress(AttributeError, TypeError):
         fs.invalidate_cache(path)
     try:
-        return bool(with_retries(lambda: fs.exists(path), url, "cannot check the target"))
+        tune = tuning(url, storage)
+        return bool(with_retries(lambda: fs.exists(path, **deadline(fs, tune)), url, "cannot check the target", tune))
     except FileNotFoundError:
         return False
 
@@ -221,7 +222,8 @@ class S3Upload(_Sink):
     def _call(self, method: str, body: memoryview | None = None, **kwargs: Any) -> Any:
         def attempt() -> Any:  # a fresh reader per attempt: a failed one may have consumed its body
             extra = {} if body is None else {"Body": _PartBody(body)}
-            return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **extra, **kwargs)
+            return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **extra, **kwargs,
+                                   **deadline(self.fs, self.tune))
 
         return with_retries(attempt, self.url, method.replace("_", " "), self.tune)
 
@@ -316,6 +318,7 @@ class ScratchObjectUpload(_Sink):
     def __init__(self, url: str, overwrite: bool, storage: StorageOptions | None = None) -> None:
         super().__init__(url)
         self.fs, self.path = filesystem(url, storage)
+        self.tune = tuning(url, storage)
         self.overwrite = overwrite
         self.scratch = f"{self.path}.migrator-{os.getpid()}-{next(_counter)}.tmp"
         self._f = self._request(lambda: self.fs.open(self.scratch, "wb"), "cannot start the upload")
@@ -336,7 +339,8 @@ class ScratchObjectUpload(_Sink):
     def publish(self) -> None:
         self._request(self._f.close, "cannot upload")
         self._closed = True
-        if not self.overwrite and self._request(lambda: self.fs.exists(self.path), "cannot check the target"):
+        if not self.overwrite and self._request(lambda: self.fs.exists(self.path, **deadline(self.fs, self.tune)),
+                                                "cannot check the target"):
             # racy: see the module docstring
             raise TargetExistsError("target was created by someone else while this run wrote it; nothing was "
                                     "replaced", file=self.label)
