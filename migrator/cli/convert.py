@@ -25,8 +25,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "  migrate convert base/ merged/ --lora adapter/   # a LoRA adapter folded in")
     conv.add_argument("src", help="the file to read")
     conv.add_argument("dst", help="the file to write (its extension picks the format; none: burnpack, .bpk "
-                      "appended); a folder (existing, or ending in '/'): one file in it named after SRC, "
-                      "format from --to")
+                      "appended); a folder (existing, or ending in '/'): DIR/<SRC's stem>.<ext>, the format from "
+                      "--to (default safetensors); a folder or GGUF SRC, or a folder's options (shard size, "
+                      "weights name, copy), make it a Hugging Face model folder (model.safetensors or shards + index)")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing target")
     conv.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
@@ -84,25 +85,37 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
-    """`convert SRC DIR/` (an existing folder, or a path ending in '/'): a Hugging Face model folder
+    """`convert SRC DIR/` (an existing folder, or a path ending in '/').
+
+    A file SRC goes to one file in DIR named after it, in the --to format (SafeTensors without
+    --to): `convert ckpt.pt out/ --to burnpack` writes `out/ckpt.bpk`, `convert ckpt.pt out/`
+    `out/ckpt.safetensors`. A folder SRC (a model folder, sharded or not), a GGUF file (a model
+    with its config and tokenizer), or a folder option
+    (--max-shard-size, --weights-name, --copy, --copy-from), makes DIR a Hugging Face model folder
     in SafeTensors (the default) or PyTorch (`--to pytorch`): `model.safetensors`, or shards and an
-    index past --max-shard-size, named as save_pretrained names them (`--weights-name` to choose).
-    For Burn (`--to burnpack`) one file in DIR named after the source (`DIR/model.bpk`): a burnpack
-    holds a whole model. Any other DST is used as given."""
-    dst: str = args.dst
-    if args.max_shard_size or args.copy:
-        return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
-    if not (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
-        return dst
-    if args.target_format != "burnpack":
-        return dst if dst.endswith(("/", os.sep)) else dst + "/"
-    if args.weights_name:
-        return os.path.join(dst, args.weights_name)
+    index past --max-shard-size, named as save_pretrained names them; for Burn (`--to burnpack`)
+    `DIR/<SRC's name>.bpk`, a burnpack holding a whole model. Any other DST is used as given."""
     from pathlib import Path
 
     from ..formats.registry import writer_class
 
-    return os.path.join(dst, Path(args.src.rstrip("/" + os.sep)).stem + writer_class("burnpack").default_extension)
+    dst: str = args.dst
+    as_folder = dst.endswith(("/", os.sep)) or os.path.isdir(dst)
+    if args.max_shard_size or args.copy:
+        return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
+    if not as_folder:
+        return dst
+    src: str = args.src
+    stem = Path(src.rstrip("/" + os.sep)).stem
+    # a GGUF file carries a whole model (config, tokenizer): it becomes a model folder too
+    folder_source = (src.endswith(("/", os.sep)) or os.path.isdir(src) or args.source_format == "gguf"
+                     or src.lower().endswith(".gguf"))
+    if args.target_format == "burnpack" or not (folder_source or args.weights_name or args.copy_from):
+        if args.weights_name:
+            return os.path.join(dst, args.weights_name)
+        fmt = "safetensors" if args.target_format in (None, "auto") else args.target_format
+        return os.path.join(dst, stem + writer_class(fmt).default_extension)
+    return dst if dst.endswith(("/", os.sep)) else dst + "/"
 
 
 def _recipe_output_check(args: argparse.Namespace) -> None:

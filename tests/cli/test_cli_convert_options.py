@@ -85,12 +85,17 @@ def test_a_folder_target_gets_one_file_named_after_the_source(ckpt: Path, tmp_pa
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     existing = tmp_path / "existing"
     existing.mkdir()
-    # SafeTensors in a folder: a Hugging Face folder (model.safetensors), as save_pretrained names it
+    # a file source: DIR/<SRC's stem>.<ext> (issue 34 item 2d; a folder source makes a Hugging Face folder)
     assert main(["convert", str(ckpt), str(existing), "--to", "safetensors", "--no-progress", "--overwrite"]) == 0
     want = torch.load(ckpt, weights_only=True)
-    got = load_file(str(existing / "model.safetensors"))
+    assert sorted(p.name for p in existing.iterdir()) == ["m.safetensors"]
+    got = load_file(str(existing / "m.safetensors"))
     np.testing.assert_array_equal(got["proj.weight"], want["proj.weight"].numpy())
-    assert f"wrote {existing} " in capsys.readouterr().out  # the exact path
+    assert f"wrote {existing / 'm.safetensors'} " in capsys.readouterr().out  # the exact path
+    assert main(["convert", str(ckpt), str(tmp_path / "pt") + "/", "--to", "pytorch", "--no-progress"]) == 0
+    assert [p.name for p in (tmp_path / "pt").iterdir()] == ["m.pt"]
+    assert torch.equal(torch.load(tmp_path / "pt" / "m.pt", weights_only=True)["proj.weight"], want["proj.weight"])
+    capsys.readouterr()
     # burnpack: one file named after the source
     new = str(tmp_path / "new") + "/"  # not there yet: created
     assert main(["convert", str(ckpt), new, "--to", "burnpack", "--no-progress", "--json"]) == 0
@@ -98,9 +103,12 @@ def test_a_folder_target_gets_one_file_named_after_the_source(ckpt: Path, tmp_pa
     assert (tmp_path / "new" / "m.bpk").is_file()
 
 
-def test_a_folder_target_without_to_is_a_safetensors_folder(ckpt: Path, tmp_path: Path) -> None:
+def test_a_folder_target_without_to_is_a_safetensors_file_named_after_the_source(ckpt: Path, tmp_path: Path) -> None:
     assert main(["convert", str(ckpt), str(tmp_path / "out") + "/", "--no-progress"]) == 0
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["m.safetensors"]
+    # asking for a folder's own files makes it a Hugging Face folder
+    assert main(["convert", str(ckpt), str(tmp_path / "hf") + "/", "--max-shard-size", "1GB", "--no-progress"]) == 0
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["model.safetensors"]
 
 
 def test_an_extensionless_target_gets_bpk_only_for_burnpack(ckpt: Path, tmp_path: Path,
