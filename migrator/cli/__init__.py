@@ -114,9 +114,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if as_json:
             print_json_error(error_json(e))
         else:
-            from ..core.display import escape
+            from ..core.display import clip_words, escape
 
-            print(f"migrate: error: {escape(e, keep_newlines=True)}", file=sys.stderr)
+            print(f"migrate: error: {clip_words(escape(e, keep_newlines=True))}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         if as_json:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..core.display import RICH_TABLE_ROWS, count, escape, human_bytes, print_table
+from ..core.display import RICH_TABLE_ROWS, clip_words, count, escape, human_bytes, print_table
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, EXIT_USAGE, MigratorError, error_json
 from .options import NO_FSYNC_HELP, add_limit_option, command, positive
 
@@ -156,7 +156,7 @@ def print_run(outcome: RunOutcome, *, as_json: bool, out: TextIO | None = None, 
     if not as_json and outcome.failure is None:
         print_outcome(outcome.planned.display(), outcome.notes, outcome.unlisted, out=out, err=err)
     if outcome.failure is not None:
-        print(f"migrate: error: {escape(outcome.failure, keep_newlines=True)}", file=err)
+        print(f"migrate: error: {clip_words(escape(outcome.failure, keep_newlines=True))}", file=err)
     written = outcome.written
     if outcome.report_error is not None:
         done = f"wrote {written.target}, but " if written else ""

@@ -24,8 +24,20 @@ from typing import Any, TextIO
 
 from .redact import redact
 
-__all__ = ["count", "escape", "fit_table", "human_bytes", "json_text", "print_json", "print_table", "terminal_width",
-           "wrap", "write_lines"]
+__all__ = [
+    "clip_words",
+    "count",
+    "escape",
+    "fit_table",
+    "human_bytes",
+    "json_text",
+    "print_json",
+    "print_table",
+    "shortened",
+    "terminal_width",
+    "wrap",
+    "write_lines",
+]
 
 
 def _escape_char(ch: str) -> str:
@@ -57,6 +69,22 @@ def escape(text: object, *, keep_newlines: bool = False) -> str:
         else:
             out.append(_escape_char(ch))
     return "".join(out)
+
+
+def shortened(text: str, most: int = 200) -> str:
+    """`text` cut in the middle when longer than `most` characters, saying how much was left out."""
+    if len(text) <= most:
+        return text
+    head, tail = most * 2 // 3, most // 6
+    return f"{text[:head]}...({len(text) - head - tail:,} characters)...{text[len(text) - tail:]}"
+
+
+def clip_words(message: str, most: int = 300) -> str:
+    """An error message with every space-free run longer than `most` characters (a 60,000-segment
+    tensor name, a path) `shortened`, so that one message stays a readable line; `--json` keeps them whole."""
+    if len(message) <= most:
+        return message
+    return " ".join(shortened(word, most) for word in message.split(" "))
 
 
 def json_text(doc: Any, *, indent: int | None = 2, **kwargs: Any) -> str:

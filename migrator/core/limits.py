@@ -59,9 +59,9 @@ class Limits:
     # sharded sources (formats/sharded.py)
     max_index_bytes: int = 64 * MiB  # a `*.index.json`
     max_shards: int = 100_000  # files of one sharded source
-    # names (plan.py): Python's `re` can take time quadratic in a name's length ((.*)\.weight$ on a
-    # 60,000-dot name: 13 s), so a plan refuses longer source and template names before matching any
-    max_name_chars: int = 1024
+    # names (plan/build.py): 0 is no cap. Patterns run on RE2, linear in a name's length, so names of
+    # any length a format holds are matched; a cap is only for a user who wants one
+    max_name_chars: int = 0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

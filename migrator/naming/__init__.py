@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .filters import NameFilter
 from .indices import contiguous_names, find_collisions, parse_usize, strip_enum_variant
-from .regex import NamingError, compile_regex
+from .regex import NamingError, Regex, RegexMatch, compile_regex
 from .remap import IndexArithmeticError, KeyRemapper, RemapRule, ReplacementSyntax, expand_replacement
 
 __all__ = [
@@ -21,6 +21,8 @@ __all__ = [
     "KeyRemapper",
     "NameFilter",
     "NamingError",
+    "Regex",
+    "RegexMatch",
     "RemapRule",
     "ReplacementSyntax",
     "compile_regex",

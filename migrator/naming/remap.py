@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .indices import parse_usize
-from .regex import NamingError, compile_regex
+from .regex import NamingError, Regex, RegexMatch, compile_regex
 
 __all__ = ["IndexArithmeticError", "KeyRemapper", "RemapRule", "ReplacementSyntax", "expand_replacement"]
 
@@ -115,37 +115,87 @@ def _parse_rust_replacement(replacement: str) -> list[str | int | _Arith]:
     return parts
 
 
-def _python_refs(replacement: str) -> list[tuple[str | int, str]]:
-    """The group references of a Python `re` template (``\\1``, ``\\12``, ``\\g<n>``, ``\\g<name>``),
-    as `re` reads them, each with its spelling: ``\\0`` and three octal digits are character escapes."""
-    refs: list[tuple[str | int, str]] = []
-    i, n = 0, len(replacement)
-    while i < n - 1:
-        if replacement[i] != "\\":
+_PY_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+_OCTAL = "01234567"
+
+
+def _parse_python_template(template: str, pattern: str, spelled: list[tuple[str | int, str]] | None = None
+                           ) -> list[str | int | _Name]:
+    """A Python `re` template (``\\1``, ``\\12``, ``\\g<n>``, ``\\g<name>``, ``\\n``...) split as `re` reads
+    it into literal text and group references (their spelling kept in `_PY_SPELLED`): ``\\0`` and
+    three octal digits are character escapes, an escaped ASCII letter without a meaning is an error."""
+    parts: list[str | int | _Name] = []
+    literal: list[str] = []
+
+    def bad(why: str) -> NamingError:
+        return NamingError(f"invalid Python replacement {template!r}: {why}", pattern=pattern)
+
+    def ref(value: int | _Name, start: int, end: int) -> None:
+        if spelled is not None:
+            spelled.append((value if isinstance(value, int) else str(value), template[start:end]))
+        if literal:
+            parts.append("".join(literal))
+            literal.clear()
+        parts.append(value)
+
+    i, n = 0, len(template)
+    while i < n:
+        c = template[i]
+        if c != "\\":
+            literal.append(c)
             i += 1
             continue
-        nxt = replacement[i + 1]
+        if i + 1 >= n:
+            raise bad("bad escape (end of pattern)")
+        nxt = template[i + 1]
         if nxt == "g":
-            m = re.match(r"g<([^>]*)>", replacement[i + 1 :])
-            if m is not None:
-                ref = m.group(1)
-                refs.append((int(ref) if ref.isascii() and ref.isdigit() else ref, "\\" + m.group(0)))
-                i += 1 + m.end()
-                continue
-        elif nxt.isascii() and nxt.isdigit() and nxt != "0" and not re.match(r"[0-7]{3}", replacement[i + 1 :]):
-            digits = re.match(r"\d\d?", replacement[i + 1 :]).group(0)  # type: ignore[union-attr]
-            refs.append((int(digits), "\\" + digits))
+            close = template.find(">", i + 3) if template.startswith("<", i + 2) else -1
+            if close < 0:
+                raise bad("\\g needs <number> or <name>")
+            name = template[i + 3 : close]
+            if name.isascii() and name.isdigit():
+                ref(int(name), i, close + 1)
+            elif name.isidentifier():
+                ref(_Name(name), i, close + 1)
+            else:
+                raise bad(f"bad character in group name {name!r}")
+            i = close + 1
+        elif nxt == "0":
+            digits = nxt
+            while len(digits) < 3 and i + 1 + len(digits) < n and template[i + 1 + len(digits)] in _OCTAL:
+                digits += template[i + 1 + len(digits)]
+            literal.append(chr(int(digits, 8)))
             i += 1 + len(digits)
-            continue
-        i += 2
-    return refs
+        elif nxt.isascii() and nxt.isdigit():
+            three = template[i + 1 : i + 4]
+            if len(three) == 3 and all(d in _OCTAL for d in three):
+                if int(three, 8) > 0o377:
+                    raise bad(f"octal escape value \\{three} outside of range 0-0o377")
+                literal.append(chr(int(three, 8)))
+                i += 4
+                continue
+            digits = nxt + (template[i + 2] if i + 2 < n and template[i + 2].isascii() and template[i + 2].isdigit()
+                            else "")
+            ref(int(digits), i, i + 1 + len(digits))
+            i += 1 + len(digits)
+        elif nxt in _PY_ESCAPES:
+            literal.append(_PY_ESCAPES[nxt])
+            i += 2
+        elif nxt.isascii() and nxt.isalpha():
+            raise bad(f"bad escape \\{nxt}")
+        else:
+            literal.append("\\" + nxt)
+            i += 2
+    if literal:
+        parts.append("".join(literal))
+    return parts
 
 
-def _has_group(regex: re.Pattern[str], ref: str | int) -> bool:
+def _has_group(regex: Regex, ref: str | int) -> bool:
     return ref <= regex.groups if isinstance(ref, int) else ref in regex.groupindex
 
 
-def _absent_text(refs: Sequence[tuple[str | int, str]], regex: re.Pattern[str]) -> str:
+def _absent_text(refs: Sequence[tuple[str | int, str]], regex: Regex) -> str:
     """"$2: group 2 does not exist; the pattern has 1 group" (and which are named), for each (ref, spelling)."""
     count = regex.groups
     has = f"the pattern has {count} group{'' if count == 1 else 's'}"
@@ -186,7 +236,7 @@ def _shifted(value: str | None, ref: _Ref, name: str) -> str:
     return text.zfill(len(value)) if len(value) > 1 and value[0] == "0" else text
 
 
-def _resolve_parts(parsed: Sequence[str | int | _Arith], regex: re.Pattern[str]
+def _resolve_parts(parsed: Sequence[str | int | _Arith], regex: Regex
                    ) -> tuple[list[str | _Ref], list[str]]:
     """A parsed Rust replacement bound to `regex`'s groups: (parts, references to missing groups)."""
     parts: list[str | _Ref] = []
@@ -224,7 +274,7 @@ def _missing_ref(m: str) -> tuple[str | int, str]:
     return m, f"${m}" if _CAP_LETTERS.fullmatch(m) else f"${{{m}}}"
 
 
-def _expand_parts(parts: Sequence[str | _Ref], m: re.Match[str]) -> str:
+def _expand_parts(parts: Sequence[str | _Ref], m: RegexMatch) -> str:
     out: list[str] = []
     for p in parts:
         if isinstance(p, str):
@@ -236,7 +286,7 @@ def _expand_parts(parts: Sequence[str | _Ref], m: re.Match[str]) -> str:
     return "".join(out)
 
 
-def expand_replacement(m: re.Match[str], replacement: str) -> str:
+def expand_replacement(m: RegexMatch, replacement: str) -> str:
     """`replacement` (Rust syntax, index arithmetic included) expanded for match `m`.
 
     For callers that build their own matches (op output names); a reference to a group the
@@ -271,7 +321,7 @@ class RemapRule:
     pattern: str
     replacement: str
     syntax: ReplacementSyntax = "auto"
-    _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _regex: Regex = field(init=False, repr=False, compare=False)
     _resolved: Literal["rust", "python"] = field(init=False, repr=False, compare=False)
     _parts: tuple[str | _Ref, ...] = field(init=False, repr=False, compare=False)
     _missing: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -286,22 +336,19 @@ class RemapRule:
         if resolved == "rust":
             parts, missing = _resolve_parts(_parse_rust_replacement(self.replacement), regex)
         else:
-            absent = [(ref, spelled) for ref, spelled in _python_refs(self.replacement) if not _has_group(regex, ref)]
+            refs: list[tuple[str | int, str]] = []
+            parsed = _parse_python_template(self.replacement, self.pattern, refs)
+            absent = [(ref, spelled) for ref, spelled in refs if not _has_group(regex, ref)]
             if absent:  # re would say "invalid group reference 2 at position 8"
                 raise NamingError(_absent_text(absent, regex), pattern=self.pattern)
-            try:
-                regex.sub(self.replacement, "")  # makes re parse and check the template now
-            except (re.error, IndexError) as exc:
-                raise NamingError(
-                    f"invalid Python replacement {self.replacement!r}: {exc}", pattern=self.pattern
-                ) from None
+            parts, _ = _resolve_parts(parsed, regex)
         object.__setattr__(self, "_regex", regex)
         object.__setattr__(self, "_resolved", resolved)
         object.__setattr__(self, "_parts", tuple(parts))
         object.__setattr__(self, "_missing", tuple(missing))
 
     @property
-    def regex(self) -> re.Pattern[str]:
+    def regex(self) -> Regex:
         """The compiled (translated) pattern."""
         return self._regex
 
@@ -355,9 +402,7 @@ class RemapRule:
         pieces.append(name[last:])
         return "".join(pieces)
 
-    def _expand(self, m: re.Match[str]) -> str:
-        if self._resolved == "python":
-            return m.expand(self.replacement)
+    def _expand(self, m: RegexMatch) -> str:
         return _expand_parts(self._parts, m)
 
 

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..core.errors import MigratorError
-from ..naming import NamingError, compile_regex
+from ..naming import NamingError, Regex, compile_regex
 from ..recipe.adapter_names import qualify
 
 
@@ -480,7 +480,7 @@ class ModuleResolver:
     def __init__(self, declared: Mapping[str, Sequence[str]], tensors: Sequence[tuple[str, tuple[int, ...]]],
                  origins: Mapping[tuple[str, int], str] | None = None, source_format: str | None = None) -> None:
         self.source_format = source_format  # what inference may assume of layouts (`infer`)
-        self._declared: list[tuple[str, re.Pattern[str], str]] = []  # (type, regex, how the recipe says it)
+        self._declared: list[tuple[str, Regex, str]] = []  # (type, regex, how the recipe says it)
         for type_name, patterns in declared.items():
             if isinstance(patterns, str):
                 patterns = [patterns]

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RUNTIME = {"numpy", "ml_dtypes", "pydantic", "pydantic_core", "yaml", "_yaml", "rich", "typing_extensions",
+RUNTIME = {"numpy", "ml_dtypes", "pydantic", "pydantic_core", "yaml", "_yaml", "rich", "typing_extensions", "re2",
            "annotated_types", "typing_inspection", "markdown_it", "mdurl", "pygments", "migrator", "ops_demo",
            "merge_demo", "generate_demo_data", "_virtualenv", "_distutils_hack", "sitecustomize", "usercustomize"}
 

@@ -18,7 +18,7 @@ import pytest
 
 from migrator import from_numpy, save
 from migrator.naming import NamingError, RemapRule
-from migrator.naming.remap import _python_refs
+from migrator.naming.remap import _parse_python_template
 from migrator.recipe.loader import RecipeError, load_recipe
 
 CASES = [  # (from, to, what the message says)
@@ -71,7 +71,8 @@ def test_references_to_groups_that_exist_still_work(tmp_path: Path) -> None:
 def test_python_refs_are_what_re_resolves(template: str) -> None:
     """`re` itself is the oracle: a template compiles against a pattern with enough groups iff every ref
     found exists."""
-    refs = [ref for ref, _ in _python_refs(template)]
+    refs = [p if isinstance(p, int) else str(p) for p in _parse_python_template(template, "p")
+            if isinstance(p, int) or type(p) is not str]
     wide = re.compile("(?P<x>a)" + "(a)" * 11)
     wide.sub(template, "")  # every ref exists here
     for groups in range(0, 3):
@@ -83,6 +84,23 @@ def test_python_refs_are_what_re_resolves(template: str) -> None:
         except (re.error, IndexError):
             compiled = False
         assert compiled == ok, (template, groups, refs)
+
+
+@pytest.mark.parametrize("template", [r"\1", r"\12", r"\g<1>", r"\g<x>", r"\0", r"\101", r"\\1", r"a\n\1",
+                                      r"\g<1>\2", r"\1\\\2", r"\t\a\b\f\v\r", r"\.\-\1", r"\07x", r"\g<12>é"])
+def test_python_templates_expand_as_re_expands_them(template: str) -> None:
+    """`re.sub` is the oracle of what a Python-syntax template writes (the rule runs on RE2)."""
+    pattern = "(?P<x>a)" + "(b)" * 11
+    text = "za" + "b" * 11 + "z"
+    assert RemapRule(pattern, template, "python").apply(text) == re.sub(pattern, template, text)
+
+
+@pytest.mark.parametrize("template", [r"\q", r"\g<1", r"\g<>", r"\g<-1>", "a\\", r"\477"])
+def test_python_templates_re_refuses_are_refused(template: str) -> None:
+    with pytest.raises(re.error):
+        re.sub("(a)", template, "a")
+    with pytest.raises(NamingError, match="Python replacement"):
+        RemapRule("(a)", template, "python")
 
 
 def test_python_syntax_error_is_a_naming_error_with_the_count() -> None:
