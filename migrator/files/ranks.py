@@ -198,6 +198,9 @@ class RanksReader(Reader):
                         or lay.placements != first.placements:
                     raise FormatError(f"rank {k}'s DTensor disagrees with rank 0's (global shape, dtype, mesh or "
                                       f"placements) in {self.files[k].name}", file=label, tensor=name)
+                if lay.rank is not None and lay.rank != k:
+                    raise FormatError(f"{self.files[k].name} holds the shards of rank {lay.rank}, not of rank {k}",
+                                      file=label, tensor=name)
                 mesh_size = 1
                 for s in lay.mesh:
                     mesh_size *= s

@@ -34,6 +34,7 @@ class ShardLayout:
     mesh: tuple[int, ...]
     coordinate: tuple[int, ...] | None
     placements: tuple[Placement, ...]
+    rank: int | None = None  # the global rank that saved it, when the mesh says
 
 
 def _fields(rec: Any) -> dict[str, Any]:
@@ -110,4 +111,6 @@ def shard_layout(ref: sp.DTensorRef, label: str, name: str) -> ShardLayout:
     if coordinate is not None and (len(coordinate) != len(shape) or any(
             c >= s for c, s in zip(coordinate, shape, strict=True))):
         coordinate = None
-    return ShardLayout(ref.size, ref.dtype, shape, coordinate, placements)
+    rank = mesh.get("_rank")
+    return ShardLayout(ref.size, ref.dtype, shape, coordinate, placements,
+                       rank if type(rank) is int and 0 <= rank < 1 << 31 else None)
