@@ -105,7 +105,7 @@ def test_metadata_path_opens_the_folder(ckpt: Path) -> None:
 
 def test_whole_checkpoint_to_pt_equals_dcp_to_torch_save(ckpt: Path, oracle: Any, tmp_path: Path) -> None:
     out = tmp_path / "whole.pt"
-    code, stdout, stderr = run("convert", str(ckpt / "dcp"), str(out))
+    code, _, stderr = run("convert", str(ckpt / "dcp"), str(out))
     assert code == 0, stderr
     same(torch.load(out, weights_only=True), oracle)
 
@@ -119,6 +119,19 @@ def test_model_to_safetensors_with_top_level_key(ckpt: Path, tmp_path: Path) -> 
     assert sorted(got) == sorted(full)
     for k, v in full.items():
         assert torch.equal(got[k], v), k
+
+
+def test_recipe_source_path_with_top_level_key_and_a_cast(ckpt: Path, tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    out = tmp_path / "model-bf16.safetensors"
+    recipe.write_text(f"version: 1\nsource:\n  path: {ckpt / 'dcp'}\n  top_level_key: model\n"
+                      f"dtype: {{cast: BF16}}\ntarget:\n  path: {out}\n")
+    code, _, stderr = run("run", str(recipe))
+    assert code == 0, stderr
+    got = st_torch.load_file(out)
+    full = torch.load(ckpt / "full.pt", weights_only=True)["model"]
+    for k, v in full.items():
+        assert torch.equal(got[k], v.to(torch.bfloat16)), k
 
 
 def test_inspect_lists_global_shapes(ckpt: Path) -> None:
