@@ -23,6 +23,7 @@ class Flattener(TensorBuilder):
     _whole = True  # no top-level key (set by `_select`)
     _root: Any = None
     _selected = ""  # the key path of the selection, which names inside it are relative to
+    dtensors: dict[str, sp.DTensorRef]  # name -> the DTensor whose local tensor it names (set by the reader)
 
     def _select(self, root: Any, key: str | list[str] | tuple[str, ...] | None) -> tuple[Any, str]:
         """The part of the pickle `key` names (all of it without a key); objects the pickle builds
@@ -100,6 +101,9 @@ class Flattener(TensorBuilder):
                         self._ignored.append(f"{base}.<non-string key>" if base else "<non-string key>")
                         continue
                 name = f"{base}.{key}" if base else "".join((key, ""))  # a copy: see the docstring
+                if type(value) is sp.DTensorRef:  # a rank's shard: its local tensor, the spec kept aside
+                    self.dtensors[name] = value
+                    value = value.local
                 if type(value) is tensor_ref:
                     if name in seen:
                         raise self._err(f"two entries flatten to the same name '{name}'")

@@ -12,6 +12,7 @@ from ...core.tensor import LazyTensor
 from ..base import utf8_ok
 from ..safepickle import values as sp
 from .core import _Span
+from .dtensor import ShardLayout, shard_layout
 from .flatten import Flattener
 from .legacy import LegacyContainer
 from .tar import TarContainer
@@ -33,6 +34,7 @@ class PytorchReader(Flattener, ZipContainer, TarContainer, LegacyContainer):
         top_level_key: str | list[str] | tuple[str, ...] | None = None,
         limits: Limits = DEFAULT_LIMITS,
         keep_structure: bool = False,
+        dtensor_shards: bool = False,
     ) -> None:
         self.source = source
         self.tensors: list[LazyTensor] = []
@@ -52,9 +54,18 @@ class PytorchReader(Flattener, ZipContainer, TarContainer, LegacyContainer):
         self._zip_data: tuple[array, array] | None = None  # see _ZipDirectory.data
         self._zip_found = bytearray()  # 1: _zip_data holds that storage's data offset, checked
         self._zip = False
+        self.dtensors = {}
         root = self._open()
         selected, prefix = self._select(root, top_level_key)
         pending = self._flatten(selected, prefix)
+        # DTensors: one rank's shards, which mean nothing alone (`files/ranks.py` joins the ranks' files)
+        self.shard_layouts = {name: shard_layout(ref, self.label, name) for name, ref in self.dtensors.items()}
+        self.dtensors = {}
+        if self.shard_layouts and not dtensor_shards:
+            first = next(iter(self.shard_layouts))
+            raise self._err("the file holds DTensors: one rank's shards of a distributed checkpoint; open the "
+                            "folder (or a glob) of every rank's file, named like model_world_size_N_rank_K.pt, "
+                            "to read the whole tensors", first)
         # the containers around the tensors, for a PyTorch target to write back (only without a selection)
         self.structure: CheckpointTree | None = None
         if keep_structure and self._whole:
@@ -90,6 +101,9 @@ class PytorchReader(Flattener, ZipContainer, TarContainer, LegacyContainer):
 
     # ------------------------------------------------------------------------------------------
     # public extras
+
+    shard_layouts: dict[str, ShardLayout]
+    """Per tensor that is a DTensor's local shard: what its spec says (only with `dtensor_shards`)."""
 
     def extra(self) -> dict[str, Any]:
         return dict(self._extra)

@@ -13,16 +13,19 @@ import numpy as np
 
 from .values import (
     _DTYPE_ALIASES,
+    _PLACEHOLDER_SIZE,
     _SET_SIZE,
     _STORAGE_DTYPES,
     ELEMENT_SIZES,
     Builtin,
     Device,
+    DTensorRef,
     Handler,
     NumpyArray,
     NumpyDtype,
     ODict,
     Opaque,
+    Record,
     StorageRef,
     StorageType,
     TensorRef,
@@ -60,8 +63,8 @@ _TENSOR_WRAPPERS = frozenset({"torch.nn.parameter.Parameter", "torch.autograd.va
                               "torch.nn.parameter.Buffer"})
 
 
-def _as_tensor(m: Machine, value: Any, what: str) -> TensorRef | UnsupportedTensor:
-    if isinstance(value, (TensorRef, UnsupportedTensor)):
+def _as_tensor(m: Machine, value: Any, what: str) -> TensorRef | UnsupportedTensor | DTensorRef:
+    if isinstance(value, (TensorRef, UnsupportedTensor, DTensorRef)):
         return value
     raise m.error(f"{what} expects a tensor, got {_tname(value)}")
 
@@ -146,7 +149,30 @@ def _h_rebuild_from_type(m: Machine, a: tuple, kw: dict) -> Any:
         result = m.call(func, args, None, "_rebuild_from_type")
     finally:
         m._depth -= 1
+    if isinstance(result, UnsupportedTensor) and isinstance(new_type, Opaque) and new_type.name in _DTENSOR_CLASSES:
+        return _dtensor(m, args, _state)
     return _as_tensor(m, result, "_rebuild_from_type")
+
+
+_DTENSOR_CLASSES = frozenset({"torch.distributed.tensor.DTensor", "torch.distributed.tensor._api.DTensor",
+                              "torch.distributed._tensor.api.DTensor", "torch.distributed._tensor.DTensor"})
+
+
+def _dtensor(m: Machine, args: Any, state: Any) -> DTensorRef:
+    """A DTensor as torch pickles it: `_rebuild_wrapper_subclass(cls, dtype, size, stride, offset, layout,
+    device, requires_grad)` with the state {"_local_tensor": tensor, "_spec": DTensorSpec}; kept as data."""
+    if not isinstance(args, tuple) or len(args) < 3 or not isinstance(args[1], TorchDtype):
+        raise m.error("DTensor: expected (class, dtype, size, ...) to rebuild it from")
+    size = _shape_arg(m, args[2], "DTensor size")
+    if isinstance(state, tuple) and len(state) == 2:  # (dict state, slots state): DTensor's fields are slots
+        state = {**(state[0] if isinstance(state[0], dict) else {}),
+                 **(state[1] if isinstance(state[1], dict) else {})}
+    if not isinstance(state, dict) or not isinstance(state.get("_local_tensor"), TensorRef):
+        raise m.error("DTensor without a local tensor in its state")
+    spec = state.get("_spec")
+    if not isinstance(spec, Record):
+        raise m.error("DTensor without a DTensorSpec in its state")
+    return DTensorRef(state["_local_tensor"], size, args[1].name, spec)
 
 
 def _unsupported(kind: str) -> Handler:
@@ -336,6 +362,61 @@ def _h_numpy_frombuffer(m: Machine, a: tuple, kw: dict) -> NumpyArray:
     return NumpyArray(_shape_arg(m, a[2], "numpy array shape"), dtype)
 
 
+def _record_class(name: str) -> Builtin:
+    """A plain-data class: calling it (NEWOBJ, REDUCE) makes a `Record` of its arguments; BUILD gives it
+    its state. Nothing of the class is imported or run."""
+
+    def handler(m: Machine, a: tuple, kw: dict) -> Record:
+        if kw:
+            raise m.error(f"{name} takes no keyword arguments here")
+        m.charge(_PLACEHOLDER_SIZE)
+        return Record(name, a)
+
+    return Builtin(name, handler)
+
+
+def _h_get_layout(m: Machine, a: tuple, kw: dict) -> Record:
+    """`torch.serialization._get_layout("torch.strided")`: the layout's name, as a record."""
+    if kw or len(a) != 1 or not isinstance(a[0], str) or a[0] not in _LAYOUTS:
+        raise m.error("_get_layout expects one layout name such as 'torch.strided'")
+    return Record("torch.layout", (a[0],))
+
+
+_LAYOUTS = frozenset({"torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
+                      "torch.sparse_bsr", "torch.sparse_bsc", "torch._mkldnn", "torch.jagged"})
+
+RECORD_CLASSES = (
+    # what torch.distributed.checkpoint writes in `.metadata` (torch 2.x)
+    "torch.distributed.checkpoint.metadata.Metadata",
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+    "torch.distributed.checkpoint.metadata.TensorProperties",
+    "torch.distributed.checkpoint.metadata.MetadataIndex",
+    "torch.distributed.checkpoint.metadata.StorageMeta",
+    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    "torch.distributed.checkpoint._hf_utils._HFStorageInfo",
+    # what a pickled DTensor's spec holds (per-rank torch.save files)
+    "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed.tensor._dtensor_spec.TensorMeta",
+    "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
+    "torch.distributed.tensor.placement_types.Shard",
+    "torch.distributed.tensor.placement_types.Replicate",
+    "torch.distributed.tensor.placement_types.Partial",
+    "torch.distributed.tensor.placement_types._StridedShard",
+    "torch.distributed._tensor.placement_types.Shard",
+    "torch.distributed._tensor.placement_types.Replicate",
+    "torch.distributed._tensor.placement_types._StridedShard",
+    "torch.distributed._tensor.placement_types.DTensorSpec",
+    "torch.distributed._tensor.placement_types.TensorMeta",
+    "torch.distributed.device_mesh.DeviceMesh",
+    "torch.distributed._mesh_layout._MeshLayout",
+    "torch.distributed._mesh_layout._FlatLayout",
+)
+"""Classes whose objects are read as `Record`s: plain data (sizes, offsets, names, placements)."""
+
+
 def _builtin(name: str, fn: Handler | None) -> Builtin:
     return Builtin(name, fn)
 
@@ -376,6 +457,10 @@ def _make_table() -> dict[tuple[str, str], Any]:
     for prefix in ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool"):
         for mod in ("torch", "torch.cuda"):  # legacy tar files name the tensor class
             t[(mod, f"{prefix}Tensor")] = TorchType(f"{mod}.{prefix}Tensor")
+    for name in RECORD_CLASSES:
+        mod, _, short = name.rpartition(".")
+        t[(mod, short)] = _record_class(name)
+    t[("torch.serialization", "_get_layout")] = _builtin("torch.serialization._get_layout", _h_get_layout)
     t[("collections", "OrderedDict")] = _builtin("collections.OrderedDict", _h_ordered_dict)
     t[("collections", "defaultdict")] = _builtin("collections.defaultdict", _h_defaultdict)
     t[("builtins", "set")] = _builtin("builtins.set", _h_set)

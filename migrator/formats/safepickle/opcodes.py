@@ -20,6 +20,7 @@ from .values import (
     ODict,
     Opaque,
     Placeholder,
+    Record,
     StorageType,
     TensorRef,
     TorchDtype,
@@ -634,6 +635,8 @@ def _apply_state(m: Machine, obj: Any, state: Any) -> None:
             obj.module = True
     elif isinstance(obj, Opaque):
         obj.state = state  # kept as data only
+    elif isinstance(obj, Record):
+        obj.state = state  # kept as data: the format that allowed the class reads it
     elif isinstance(obj, (Builtin, TorchDtype, StorageType, TorchType)):
         raise m.unsafe(f"BUILD would modify the global {getattr(obj, 'name', '?')}; refused")
     elif state is not None:

@@ -140,6 +140,28 @@ class UnsupportedTensor:
     dtype: str | None = None
 
 
+@dataclass(eq=False, slots=True)
+class Record:
+    """An object of an allow-listed plain-data class (DCP metadata, DTensor specs): its class name, the
+    arguments it was made with and the state BUILD gave it, kept as data. No method of the class runs:
+    the format that asked for the class reads the fields it knows (`formats.dcp.metadata`)."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    state: Any = None
+
+
+@dataclass(eq=False, slots=True)
+class DTensorRef:
+    """A pickled DTensor: this rank's local tensor, the global size and dtype, and its spec (a
+    `Record` of `DTensorSpec`: mesh, placements), read as data by `formats.pytorch.dtensor`."""
+
+    local: TensorRef
+    size: tuple[int, ...]
+    dtype: str | None
+    spec: Any
+
+
 class ODict(dict):
     """An `OrderedDict` (a state_dict); `attrs` keeps BUILD state such as `_metadata`.
 

@@ -1,0 +1,224 @@
+"""Per-rank `torch.save` files of DTensors (verl's `model_world_size_N_rank_K.pt`) read as one checkpoint.
+
+Each rank saved its own state dict, whose values are DTensors: the rank's local shard plus a spec
+(device mesh, placements). A folder holding such files, a glob matching them or any one of them
+names the set; every rank 0..N-1 must be there exactly once, each holding the same tensors with
+the same global shapes. The placements decide where each local tensor goes in the global one: along
+each mesh dimension, `Shard(d)` splits dimension d as torch does (chunks of ceil(size / n), the last
+ones smaller or empty), `Replicate()` leaves it whole (one rank's copy is read). `Partial` (a sum
+still to be taken) and `_StridedShard` are refused. The chunks are then assembled as a DCP
+checkpoint's are (`formats.dcp.assemble`): checked to tile the tensor, rows streamed.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.bytesource import FileSource
+from ..core.errors import FormatError, LimitExceededError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import Scalar
+from ..core.tensor import LazyTensor
+from ..formats.base import Reader
+from ..formats.dcp.assemble import Piece, assemble
+from ..formats.pytorch.dtensor import ShardLayout
+from ..formats.pytorch.reader import PytorchReader
+from .sharded import GLOB_CHARS, ShardSet
+
+RANK_FILE = re.compile(r"^(?P<stem>.+)_world_size_(?P<n>\d{1,6})_rank_(?P<k>\d{1,6})\.(?:pt|pth|bin)$")
+"""verl's per-rank file names (`model_world_size_8_rank_3.pt`; also `optim_` and `extra_state_`)."""
+
+
+def rank_files(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) -> list[Path] | None:
+    """Every rank's file of the set `path` names (a folder, a glob or one rank file), in rank order;
+    None when `path` names no rank file. Refused: a missing rank, a rank twice, a rank beyond N."""
+    text = os.fspath(path)
+    p = Path(text)
+    if p.is_dir():
+        found = [p / n for n in sorted(os.listdir(p)) if RANK_FILE.match(n) and (p / n).is_file()]
+        if not found:
+            return None
+        stems = sorted({_match(f)["stem"] for f in found})
+        stem = "model" if "model" in stems else stems[0] if len(stems) == 1 else None
+        if stem is None:
+            raise FormatError(f"the folder holds the rank files of {', '.join(stems)}; name one set with a glob "
+                              f"(e.g. {p / (stems[0] + '_world_size_*_rank_*.pt')})", file=text)
+        return _checked([f for f in found if _match(f)["stem"] == stem], text, limits)
+    if p.is_file():
+        m = RANK_FILE.match(p.name)
+        if m is None:
+            return None
+        folder = p.parent
+        same = [folder / n for n in sorted(os.listdir(folder))
+                if (r := RANK_FILE.match(n)) and r["stem"] == m["stem"] and (folder / n).is_file()]
+        return _checked(same, text, limits)
+    if not os.path.exists(text) and GLOB_CHARS.intersection(os.path.basename(text)):
+        matched = [Path(f) for f in sorted(globlib.glob(text)) if os.path.isfile(f)]
+        if matched and all(RANK_FILE.match(f.name) for f in matched):
+            return _checked(matched, text, limits)
+    return None
+
+
+def _match(f: Path) -> re.Match[str]:
+    m = RANK_FILE.match(f.name)
+    assert m is not None
+    return m
+
+
+def _checked(files: list[Path], given: str, limits: Limits) -> list[Path]:
+    """The files in rank order, after checking that they are one set of N ranks, each once."""
+    sizes = {int(_match(f)["n"]) for f in files}
+    stems = {_match(f)["stem"] for f in files}
+    if len(stems) > 1:
+        raise FormatError(f"rank files of different checkpoints: {', '.join(sorted(stems))}", file=given)
+    n = max(sizes)
+    if n > limits.max_shards:
+        raise LimitExceededError(f"world size {n}, over the {limits.max_shards} limit (max_shards)", file=given)
+    stem = next(iter(stems))
+    if len(sizes) > 1:
+        odd = next(f for f in files if int(_match(f)["n"]) != n)
+        raise FormatError(f"extra rank file {odd.name}: it is of world size {_match(odd)['n']}, the others of {n}",
+                          file=given)
+    by_rank: dict[int, Path] = {}
+    for f in files:
+        k = int(_match(f)["k"])
+        if k >= n:
+            raise FormatError(f"extra rank file {f.name}: rank {k} of a world of {n} ranks (0..{n - 1})", file=given)
+        if k in by_rank:
+            raise FormatError(f"rank {k} twice: {by_rank[k].name} and {f.name}", file=given)
+        by_rank[k] = f
+    missing = [k for k in range(n) if k not in by_rank]
+    if missing:
+        names = ", ".join(f"{stem}_world_size_{n}_rank_{k}.pt" for k in missing[:5])
+        raise FormatError(f"rank {missing[0]} of {n} is missing ({names}{' ...' if len(missing) > 5 else ''} not "
+                          "found)", file=given)
+    return [by_rank[k] for k in range(n)]
+
+
+def _split(size: int, parts: int, index: int) -> tuple[int, int]:
+    """(offset, length) of part `index` when torch shards `size` into `parts` (torch.chunk's sizes)."""
+    full = -(-size // parts) if parts else 0
+    start = min(full * index, size)
+    return start, max(0, min(full, size - start))
+
+
+def _coordinate(layout: ShardLayout, rank: int) -> tuple[int, ...]:
+    """This rank's place on the mesh: the spec's own coordinate, else the rank in row-major order."""
+    if layout.coordinate is not None:
+        return layout.coordinate
+    out = []
+    for s in reversed(layout.mesh):
+        out.append(rank % s)
+        rank //= s
+    return tuple(reversed(out))
+
+
+def chunk_of(layout: ShardLayout, rank: int, label: str, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offsets, sizes) of a rank's local tensor in the global one, as torch computes them (mesh
+    dimensions in order, each `Shard(d)` splitting what the ones before left of dimension d)."""
+    offsets = [0] * len(layout.size)
+    sizes = list(layout.size)
+    for mesh_dim, (p, coord) in enumerate(zip(layout.placements, _coordinate(layout, rank), strict=True)):
+        if p.kind == "replicate":
+            continue
+        if p.kind == "partial":
+            raise FormatError("a Partial DTensor (a sum still to be reduced across ranks) cannot be joined",
+                              file=label, tensor=name)
+        if p.kind != "shard":
+            raise FormatError(f"DTensor placement {p.kind} is not supported (only Shard and Replicate)", file=label,
+                              tensor=name)
+        if p.dim >= len(sizes):
+            raise FormatError(f"Shard({p.dim}) of a {len(sizes)}-dimensional tensor", file=label, tensor=name)
+        start, length = _split(sizes[p.dim], layout.mesh[mesh_dim], coord)
+        offsets[p.dim] += start
+        sizes[p.dim] = length
+    return tuple(offsets), tuple(sizes)
+
+
+class RanksReader(Reader):
+    """Every rank's file as one checkpoint of global tensors (rank 0's order of names)."""
+
+    format = "pytorch"
+
+    def __init__(self, files: Sequence[Path], *, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self.files = list(files)
+        self.folder = self.files[0].parent
+        self.readers: list[PytorchReader] = []
+        self.tensors: list[LazyTensor] = []
+        self.metadata: dict[str, str] = {}
+        self.scalars: dict[str, Scalar] = {}
+        label = str(self.folder)
+        try:
+            for f in self.files:
+                src = FileSource(f)
+                try:
+                    self.readers.append(PytorchReader(src, limits=limits, dtensor_shards=True))
+                except BaseException:
+                    src.close()
+                    raise
+            self._join(label)
+        except BaseException:
+            self.close()
+            raise
+        first = self.readers[0]
+        self.metadata, self.scalars = dict(first.metadata), dict(first.scalars)
+        modes = 0o7777
+        for r in self.readers:
+            modes &= r.source.mode or 0
+        self.source = ShardSet(label, sum(r.source.size for r in self.readers),
+                               [r.source.identity for r in self.readers if r.source.identity], modes)
+
+    def _join(self, label: str) -> None:
+        names = self.readers[0].names()
+        n = len(self.readers)
+        for k, r in enumerate(self.readers[1:], 1):
+            if set(r.names()) != set(names):
+                extra = sorted(set(r.names()) ^ set(names))[0]
+                where = r.label if extra in r else self.readers[0].label
+                raise FormatError(f"rank {k} and rank 0 hold different tensors: '{extra}' is only in {where}",
+                                  file=label, tensor=extra)
+        for name in names:
+            layouts: list[ShardLayout | None] = [r.shard_layouts.get(name) for r in self.readers]
+            locals_ = [r[name] for r in self.readers]
+            first = layouts[0]
+            if first is None:  # a plain tensor: every rank saved the whole of it, rank 0's is read
+                if any(lay is not None for lay in layouts):
+                    raise FormatError("a DTensor on some ranks, a plain tensor on others", file=label, tensor=name)
+                self.tensors.append(locals_[0])
+                continue
+            pieces: dict[tuple[tuple[int, ...], tuple[int, ...]], Piece] = {}
+            for k, (lay, t) in enumerate(zip(layouts, locals_, strict=True)):
+                if lay is None or lay.size != first.size or lay.dtype != first.dtype or lay.mesh != first.mesh \
+                        or lay.placements != first.placements:
+                    raise FormatError(f"rank {k}'s DTensor disagrees with rank 0's (global shape, dtype, mesh or "
+                                      f"placements) in {self.files[k].name}", file=label, tensor=name)
+                if lay.rank is not None and lay.rank != k:
+                    raise FormatError(f"{self.files[k].name} holds the shards of rank {lay.rank}, not of rank {k}",
+                                      file=label, tensor=name)
+                mesh_size = 1
+                for s in lay.mesh:
+                    mesh_size *= s
+                if mesh_size != n:
+                    raise FormatError(f"the DTensor's mesh {list(lay.mesh)} has {mesh_size} ranks, the files {n}",
+                                      file=label, tensor=name)
+                offsets, sizes = chunk_of(lay, k, label, name)
+                if tuple(t.shape) != sizes:
+                    raise FormatError(f"rank {k}'s local tensor is {list(t.shape)} in {self.files[k].name}, its "
+                                      f"placements make it {list(sizes)}", file=label, tensor=name)
+                pieces.setdefault((offsets, sizes), Piece(offsets, sizes, str(self.files[k]), t))
+            dtype = locals_[0].dtype
+            self.tensors.append(assemble(name, dtype, first.size, list(pieces.values()), label))
+
+    def extra(self) -> dict[str, Any]:
+        return {"container": "ranks", "world_size": len(self.files),
+                "files": [{"file": str(f), "rank": k} for k, f in enumerate(self.files)]}
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()

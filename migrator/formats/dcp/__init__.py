@@ -1,0 +1,13 @@
+"""PyTorch Distributed Checkpoint (DCP) folders: `.metadata` plus `__<rank>_<n>.distcp` files.
+
+What FSDP2, torchtitan, Accelerate's `SHARDED_STATE_DICT`, Megatron-core `torch_dist` and NeMo write.
+`metadata` reads `.metadata` (the restricted interpreter, DCP classes only), `storage` each item's
+torch.save bytes at its offset, `assemble` each global tensor from its chunks, `tree` the nested state
+dict for a `.pt` target, `reader` puts them together as one `Reader`.
+"""
+
+from __future__ import annotations
+
+from .reader import DcpReader, dcp_folder
+
+__all__ = ["DcpReader", "dcp_folder"]

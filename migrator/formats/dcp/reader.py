@@ -1,0 +1,162 @@
+"""`DcpReader`: a PyTorch Distributed Checkpoint folder (`.metadata` + `__R_K.distcp`) as one source.
+
+Every global tensor is assembled from its chunks (`assemble.py`), lazily: opening reads `.metadata`
+and each chunk's small torch.save header, never tensor bytes. Names are DCP's flattened keys
+(`model.layers.0.weight`, `optim.state.layers.0.weight.exp_avg`); `top_level_key` selects a prefix as
+for a `.pt`. Non-tensor values (`optim.param_groups.0.lr`, a step count) are read with the restricted
+interpreter: numbers become scalars, strings metadata, and with `keep_structure` the whole nested
+state dict is kept (`formats.pytorch.tree`) so a `.pt` target is what `dcp_to_torch_save` writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ...core.bytesource import ByteSource, FileSource
+from ...core.errors import FormatError, LimitExceededError
+from ...core.limits import DEFAULT_LIMITS, Limits
+from ...core.scalars import Scalar
+from ...core.tensor import LazyTensor
+from ..base import Reader
+from .assemble import Piece, assemble
+from .metadata import METADATA_FILE, read_metadata
+from .storage import chunk_tensor, item_value
+from .tree import build_tree
+
+MAX_METADATA_BYTES = 1 << 30
+
+
+def dcp_folder(path: str | os.PathLike[str]) -> Path | None:
+    """The checkpoint folder `path` names: a folder holding `.metadata`, or the `.metadata` file itself."""
+    p = Path(path)
+    if p.name == METADATA_FILE and p.is_file():
+        return p.parent
+    if p.is_dir() and (p / METADATA_FILE).is_file():
+        return p
+    return None
+
+
+class DcpSource(ByteSource):
+    """The reader's `source`: the folder's label, the files' identities and shared permission bits."""
+
+    def __init__(self, path: str, size: int, identities: Sequence[tuple[int, int]], mode: int) -> None:
+        self.path, self.label, self.size = path, path, size
+        self.identities, self.mode = list(identities), mode
+
+    def view(self, offset: int, length: int) -> memoryview:
+        raise FormatError("a DCP checkpoint has no single byte range; read its tensors", file=self.label)
+
+
+class DcpReader(Reader):
+    format = "dcp"
+    keeps_structure = True
+
+    def __init__(self, folder: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS,
+                 keep_structure: bool = False) -> None:
+        self.folder = self.root = Path(folder)
+        self.limits = limits
+        meta_path = self.folder / METADATA_FILE
+        self._files: dict[str, FileSource] = {}
+        self.tensors: list[LazyTensor] = []
+        self.scalars: dict[str, Scalar] = {}
+        self.metadata: dict[str, str] = {}
+        self.plain_values: dict[str, Any] = {}
+        self.label_meta = str(meta_path)
+        try:
+            self._open(meta_path, keep_structure)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, meta_path: Path, keep_structure: bool) -> None:
+        src = FileSource(meta_path)
+        try:
+            if src.size > MAX_METADATA_BYTES:
+                raise LimitExceededError(f"{METADATA_FILE} is {src.size} bytes (limit {MAX_METADATA_BYTES})",
+                                         file=str(meta_path))
+            meta = read_metadata(src.read(0, src.size, METADATA_FILE), str(meta_path), self.limits)
+        finally:
+            src.close()
+        self.meta = meta
+        if len(meta.files) > self.limits.max_shards:
+            raise LimitExceededError(f"{len(meta.files)} storage files, over the {self.limits.max_shards} limit "
+                                     "(max_shards)", file=str(meta_path))
+        label = str(meta_path)
+        by_name: dict[str, LazyTensor] = {}
+        self._chunk_files: dict[str, list[str]] = {}
+        for name, entry in meta.tensors.items():
+            pieces = []
+            for chunk in entry.chunks:
+                loc = meta.location(name, chunk.offsets, label)
+                source = self._file(loc.file, name)
+                t = chunk_tensor(source, loc.offset, loc.length, self.limits, name)
+                pieces.append(Piece(chunk.offsets, chunk.sizes, source.label, t))
+            by_name[name] = assemble(name, entry.dtype, entry.size, pieces, label)
+            self._chunk_files[name] = sorted({p.file for p in pieces})
+        for name in meta.byte_values:
+            loc = meta.location(name, None, label)
+            self.plain_values[name] = item_value(self._file(loc.file, name), loc.offset, loc.length, self.limits, name)
+        self.structure = None
+        tree, order = build_tree(meta, self.plain_values, label, self.limits)
+        if keep_structure:
+            self.structure = tree
+        self.tensors = [by_name[n].renamed(n) if by_name[n].name != n else by_name[n] for n in order]
+        _plain_leaves(self.plain_values, self.scalars, self.metadata)
+        sizes = [f.size for f in self._files.values()]
+        modes = 0o7777
+        for f in self._files.values():
+            modes &= f.mode
+        self.source = DcpSource(str(self.folder), sum(sizes), [f.identity for f in self._files.values()], modes)
+
+    def _file(self, rel: str, name: str) -> FileSource:
+        found = self._files.get(rel)
+        if found is None:
+            path = self.root / rel
+            if not path.is_file():
+                raise FormatError(f"storage file {path} named by {METADATA_FILE} is missing", file=str(self.folder),
+                                  tensor=name)
+            found = self._files[rel] = FileSource(path)
+        return found
+
+    def select(self, top_level_key: str | Sequence[str]) -> None:
+        super().select(top_level_key)
+        prefix = (top_level_key if isinstance(top_level_key, str) else ".".join(top_level_key)) + "."
+        self.scalars = {k[len(prefix):]: v for k, v in self.scalars.items() if k.startswith(prefix)}
+        self.metadata = {k[len(prefix):]: v for k, v in self.metadata.items() if k.startswith(prefix)}
+        self.structure = None
+
+    def extra(self) -> dict[str, Any]:
+        return {"container": "dcp", "dcp_version": self.meta.version,
+                "files": [{"file": str(f.path), "file_size": f.size} for f in self._files.values()],
+                "values": sorted(self.plain_values)[:100],
+                "chunks": {n: len(self.meta.tensors[n].chunks) for n in list(self.meta.tensors)[:1000]}}
+
+    def files_of(self, name: str) -> list[str]:
+        """The `.distcp` files that hold a tensor's chunks (by its DCP name)."""
+        return self._chunk_files.get(name, [])
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+def _plain_leaves(values: dict[str, Any], scalars: dict[str, Scalar], metadata: dict[str, str]) -> None:
+    """Numbers of the non-tensor values as scalars, strings as metadata (as a `.pt`'s are), by dotted name."""
+    todo: list[tuple[str, Any]] = list(values.items())[::-1]
+    seen = 0
+    while todo and seen < 1_000_000:
+        name, v = todo.pop()
+        seen += 1
+        if isinstance(v, bool | int | float) and not isinstance(v, str):
+            with contextlib.suppress(ValueError):  # an integer beyond 64 bits
+                scalars[name] = Scalar.of(v)
+        elif isinstance(v, str):
+            metadata[name] = v
+        elif isinstance(v, dict):
+            todo += [(f"{name}.{k}", x) for k, x in v.items() if type(k) in (str, int)][::-1]
+        elif isinstance(v, (list, tuple)):
+            todo += [(f"{name}.{i}", x) for i, x in enumerate(v)][::-1]
