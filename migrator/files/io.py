@@ -52,7 +52,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
         folder = dcp_folder(src)
         if folder is not None:  # a PyTorch Distributed Checkpoint: `.metadata` and its .distcp files
             return _open_dcp(folder, limits, options)
-        from .ranks import rank_files
+        from .rank_files import rank_files
 
         ranks = rank_files(src, limits)
         if ranks is not None:  # per-rank torch.save files of DTensors, one checkpoint
@@ -67,7 +67,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 
 
 def _open_dcp(folder: str | os.PathLike[str], limits: Limits, options: dict[str, Any]) -> Reader:
-    from ..formats.dcp import DcpReader
+    from ..formats.dcp.reader import DcpReader
 
     keep = bool(options.pop("keep_structure", False)) and options.get("top_level_key") in (None, "", [])
     return _selected(DcpReader(folder, limits=limits, keep_structure=keep), options)

@@ -12,15 +12,12 @@ checkpoint's are (`formats.dcp.assemble`): checked to tile the tensor, rows stre
 
 from __future__ import annotations
 
-import glob as globlib
-import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core.bytesource import FileSource
-from ..core.errors import FormatError, LimitExceededError
+from ..core.errors import FormatError
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
@@ -28,76 +25,7 @@ from ..formats.base import Reader
 from ..formats.dcp.assemble import Piece, assemble
 from ..formats.pytorch.dtensor import ShardLayout
 from ..formats.pytorch.reader import PytorchReader
-from .sharded import GLOB_CHARS, ShardSet
-
-RANK_FILE = re.compile(r"^(?P<stem>.+)_world_size_(?P<n>\d{1,6})_rank_(?P<k>\d{1,6})\.(?:pt|pth|bin)$")
-"""verl's per-rank file names (`model_world_size_8_rank_3.pt`; also `optim_` and `extra_state_`)."""
-
-
-def rank_files(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) -> list[Path] | None:
-    """Every rank's file of the set `path` names (a folder, a glob or one rank file), in rank order;
-    None when `path` names no rank file. Refused: a missing rank, a rank twice, a rank beyond N."""
-    text = os.fspath(path)
-    p = Path(text)
-    if p.is_dir():
-        found = [p / n for n in sorted(os.listdir(p)) if RANK_FILE.match(n) and (p / n).is_file()]
-        if not found:
-            return None
-        stems = sorted({_match(f)["stem"] for f in found})
-        stem = "model" if "model" in stems else stems[0] if len(stems) == 1 else None
-        if stem is None:
-            raise FormatError(f"the folder holds the rank files of {', '.join(stems)}; name one set with a glob "
-                              f"(e.g. {p / (stems[0] + '_world_size_*_rank_*.pt')})", file=text)
-        return _checked([f for f in found if _match(f)["stem"] == stem], text, limits)
-    if p.is_file():
-        m = RANK_FILE.match(p.name)
-        if m is None:
-            return None
-        folder = p.parent
-        same = [folder / n for n in sorted(os.listdir(folder))
-                if (r := RANK_FILE.match(n)) and r["stem"] == m["stem"] and (folder / n).is_file()]
-        return _checked(same, text, limits)
-    if not os.path.exists(text) and GLOB_CHARS.intersection(os.path.basename(text)):
-        matched = [Path(f) for f in sorted(globlib.glob(text)) if os.path.isfile(f)]
-        if matched and all(RANK_FILE.match(f.name) for f in matched):
-            return _checked(matched, text, limits)
-    return None
-
-
-def _match(f: Path) -> re.Match[str]:
-    m = RANK_FILE.match(f.name)
-    assert m is not None
-    return m
-
-
-def _checked(files: list[Path], given: str, limits: Limits) -> list[Path]:
-    """The files in rank order, after checking that they are one set of N ranks, each once."""
-    sizes = {int(_match(f)["n"]) for f in files}
-    stems = {_match(f)["stem"] for f in files}
-    if len(stems) > 1:
-        raise FormatError(f"rank files of different checkpoints: {', '.join(sorted(stems))}", file=given)
-    n = max(sizes)
-    if n > limits.max_shards:
-        raise LimitExceededError(f"world size {n}, over the {limits.max_shards} limit (max_shards)", file=given)
-    stem = next(iter(stems))
-    if len(sizes) > 1:
-        odd = next(f for f in files if int(_match(f)["n"]) != n)
-        raise FormatError(f"extra rank file {odd.name}: it is of world size {_match(odd)['n']}, the others of {n}",
-                          file=given)
-    by_rank: dict[int, Path] = {}
-    for f in files:
-        k = int(_match(f)["k"])
-        if k >= n:
-            raise FormatError(f"extra rank file {f.name}: rank {k} of a world of {n} ranks (0..{n - 1})", file=given)
-        if k in by_rank:
-            raise FormatError(f"rank {k} twice: {by_rank[k].name} and {f.name}", file=given)
-        by_rank[k] = f
-    missing = [k for k in range(n) if k not in by_rank]
-    if missing:
-        names = ", ".join(f"{stem}_world_size_{n}_rank_{k}.pt" for k in missing[:5])
-        raise FormatError(f"rank {missing[0]} of {n} is missing ({names}{' ...' if len(missing) > 5 else ''} not "
-                          "found)", file=given)
-    return [by_rank[k] for k in range(n)]
+from .sharded import ShardSet
 
 
 def _split(size: int, parts: int, index: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..core.version import __version__
 from ..files.io import Reader, Writer, open_file, writer_class
+from ..formats.base import has_torch_names
 from ..formats.detect import target_format
 from ..naming import (
     KeyRemapper,
@@ -241,7 +242,7 @@ def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAUL
 
     with open_source(recipe.source, resolve_path(base_dir, recipe.source.path), limits=limits,
                      base_dir=base_dir, storage=storage_of(recipe, base_dir)) as reader:
-        return reader.format == "pytorch"
+        return has_torch_names(reader)
 
 
 @dataclass
@@ -422,7 +423,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
                   declares: _Declarations | None = None) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`.
     `for_burn`: the output is for Burn (`Recipe.for_burn`), so a PyTorch source is renumbered by default."""
-    is_pytorch = reader.format == "pytorch"
+    is_pytorch = has_torch_names(reader)
     tensors = reader.tensors
     names = [t.name for t in tensors]
     check_name_lengths(names, limits, reader.label)

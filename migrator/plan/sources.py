@@ -29,7 +29,7 @@ from ..core.bytesource import ByteSource
 from ..core.errors import AdapterError, FormatError, PlanError, TensorNotFoundError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
-from ..formats.base import Reader
+from ..formats.base import Reader, has_torch_names
 from ..naming import KeyRemapper, NamingError, RemapRule, contiguous_names, find_collisions
 from ..storage.paths import resolve_path
 from ..storage.remote.options import StorageOptions
@@ -222,7 +222,7 @@ class UnionReader(Reader):
                 raise PlanError(f"remap of source '{part.label}': {e}", file=part.label) from None
         contiguous = entry.contiguous_indices
         if contiguous is None:
-            contiguous = self.for_burn and part.reader.format == "pytorch"
+            contiguous = self.for_burn and has_torch_names(part.reader)
         if contiguous:
             mapped = contiguous_names(current)
             self.renumbered += [(entry.prefix + old, entry.prefix + new)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MigratorError
 from ..core.limits import DEFAULT_LIMITS, Limits
+from ..formats.base import has_torch_names
 from ..recipe.convert import ConvertUsageError, build_recipe
 from ..storage.remote import as_path
 
@@ -126,7 +127,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         if reader.structure is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)
         tensors = list(reader.tensors)
-        if reader.format == "pytorch" and contiguous_indices is None and out_fmt == "burnpack":
+        if has_torch_names(reader) and contiguous_indices is None and out_fmt == "burnpack":
             from ..naming import contiguous_names
 
             names = [t.name for t in tensors]

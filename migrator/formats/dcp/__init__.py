@@ -8,6 +8,6 @@ dict for a `.pt` target, `reader` puts them together as one `Reader`.
 
 from __future__ import annotations
 
-from .reader import DcpReader, dcp_folder
+from .layout import dcp_folder
 
-__all__ = ["DcpReader", "dcp_folder"]
+__all__ = ["dcp_folder"]  # the reader: `formats.dcp.reader.DcpReader` (imported only for a DCP source)

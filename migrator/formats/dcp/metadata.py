@@ -19,8 +19,7 @@ from ...core.errors import FormatError, LimitExceededError, UnsafePickleError
 from ...core.limits import Limits
 from ..safepickle import values as sp
 from ..safepickle.vm import Unpickler
-
-METADATA_FILE = ".metadata"
+from .layout import METADATA_FILE
 
 _M = "torch.distributed.checkpoint.metadata."
 METADATA_CLASSES = frozenset({

@@ -23,21 +23,12 @@ from ...core.scalars import Scalar
 from ...core.tensor import LazyTensor
 from ..base import Reader
 from .assemble import Piece, assemble
-from .metadata import METADATA_FILE, read_metadata
+from .layout import METADATA_FILE
+from .metadata import read_metadata
 from .storage import chunk_tensor, item_value
 from .tree import build_tree
 
 MAX_METADATA_BYTES = 1 << 30
-
-
-def dcp_folder(path: str | os.PathLike[str]) -> Path | None:
-    """The checkpoint folder `path` names: a folder holding `.metadata`, or the `.metadata` file itself."""
-    p = Path(path)
-    if p.name == METADATA_FILE and p.is_file():
-        return p.parent
-    if p.is_dir() and (p / METADATA_FILE).is_file():
-        return p
-    return None
 
 
 class DcpSource(ByteSource):
