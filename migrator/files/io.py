@@ -51,41 +51,22 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 
         folder = dcp_folder(src)
         if folder is not None:  # a PyTorch Distributed Checkpoint: `.metadata` and its .distcp files
-            return _open_dcp(folder, limits, options)
+            from .multi_rank import open_dcp
+
+            return open_dcp(folder, limits, options)
         from .rank_files import rank_files
 
         ranks = rank_files(src, limits)
         if ranks is not None:  # per-rank torch.save files of DTensors, one checkpoint
+            from .multi_rank import selected
             from .ranks import RanksReader
 
-            return _selected(RanksReader(ranks, limits=limits), options)
+            return selected(RanksReader(ranks, limits=limits), options)
         from .sharded import is_sharded_path
 
         if is_sharded_path(src):
             return _open_sharded(src, format, limits, options)
     return open_single(src, format, limits, options)
-
-
-def _open_dcp(folder: str | os.PathLike[str], limits: Limits, options: dict[str, Any]) -> Reader:
-    from ..formats.dcp.reader import DcpReader
-
-    keep = bool(options.pop("keep_structure", False)) and options.get("top_level_key") in (None, "", [])
-    return _selected(DcpReader(folder, limits=limits, keep_structure=keep), options)
-
-
-def _selected(reader: Reader, options: dict[str, Any]) -> Reader:
-    """`top_level_key` (a name prefix) of a reader over several files, which takes no other option."""
-    key = options.pop("top_level_key", None)
-    options.pop("keep_structure", None)
-    try:
-        if options:
-            raise TypeError(f"options {sorted(options)} do not apply to this source")
-        if key not in (None, "", []):
-            reader.select(key)
-    except BaseException:
-        reader.close()
-        raise
-    return reader
 
 
 def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:

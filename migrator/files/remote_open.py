@@ -7,8 +7,9 @@ from typing import Any
 
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.base import Reader
+from ..formats.dcp.layout import METADATA_FILE
 from ..storage.remote import redact, url_of
-from ..storage.remote.fs import filesystem, object_info, tuning, with_retries
+from ..storage.remote.fs import StorageError, filesystem, object_info, tuning, with_retries
 from ..storage.remote.options import StorageOptions
 
 
@@ -29,6 +30,12 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
         except Exception as e:
             if "no such object" not in str(e) or not set("*?[").intersection(os.path.basename(url)):
                 raise
+    if is_remote_sharded(url, info) or url.rstrip("/").endswith("/" + METADATA_FILE):
+        folder = remote_dcp_folder(url, storage)
+        if folder is not None:  # a PyTorch Distributed Checkpoint on a store: `.metadata` + .distcp objects
+            from .multi_rank import open_dcp
+
+            return open_dcp(folder, limits, options, storage)
     if is_remote_sharded(url, info):
         key = options.pop("top_level_key", None)
         options.pop("keep_structure", None)  # shards are state_dicts: written back flat
@@ -45,6 +52,23 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
     assert info is not None
     source = RemoteSource(url, size=info.get("size") if isinstance(info.get("size"), int) else None, storage=storage)
     return reader_over(source, url, format, limits, options)
+
+
+def remote_dcp_folder(url: str, storage: StorageOptions | None = None) -> str | None:
+    """The DCP checkpoint a folder URL (or its `.metadata` object's) names: the folder, when it holds
+    `.metadata` (one HEAD); None otherwise."""
+    base = url.rstrip("/")
+    if base.endswith("/" + METADATA_FILE):
+        return base[: -len(METADATA_FILE) - 1]
+    fs, path = filesystem(base + "/" + METADATA_FILE, storage)
+    tune = tuning(url, storage)
+    try:
+        info = with_retries(lambda: object_info(fs, path, tune), url, "cannot open", tune)
+    except StorageError as e:
+        if e.detail.endswith("no such object"):
+            return None
+        raise
+    return base if info.get("type") != "directory" else None
 
 
 def label(src: str | os.PathLike[str]) -> str:

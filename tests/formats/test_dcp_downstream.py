@@ -104,3 +104,42 @@ def test_a_recipe_with_jobs_over_a_dcp_source(ckpt: Path, model: dict[str, Any],
     assert sorted(got) == sorted(want)
     for k, v in want.items():
         assert torch.equal(got[k], v), k
+
+
+# ------------------------------------------------------------------------------- on an object store
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Any:
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    import remote_servers
+
+    yield from remote_servers.moto_endpoint()
+
+
+@pytest.mark.parametrize("suffix", ["/", "", "/.metadata"])
+def test_a_dcp_checkpoint_on_s3(ckpt: Path, model: dict[str, Any], tmp_path: Path, moto_endpoint: str,
+                                monkeypatch: pytest.MonkeyPatch, suffix: str) -> None:
+    boto3 = pytest.importorskip("boto3")
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": moto_endpoint, "MIGRATOR_REMOTE_BACKOFF": "0"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    bucket = f"dcp-{len(suffix)}"
+    client.create_bucket(Bucket=bucket)
+    for f in (ckpt / "dcp").iterdir():
+        client.put_object(Bucket=bucket, Key=f"run/step-1/{f.name}", Body=f.read_bytes())
+    url = f"s3://{bucket}/run/step-1{suffix}"
+    out = tmp_path / "model.safetensors"
+    code, _, err = run("convert", url, str(out), "--top-level-key", "model")
+    assert code == 0, err
+    got = st_torch.load_file(out)
+    assert sorted(got) == sorted(model)
+    for k, v in model.items():
+        assert torch.equal(got[k], v), k
+    client.delete_object(Bucket=bucket, Key="run/step-1/__1_0.distcp")  # a rank's file gone: named
+    code, _, err = run("convert", url, str(tmp_path / "again.safetensors"), "--top-level-key", "model")
+    assert code == 1 and "__1_0.distcp" in err and "missing" in err, err
+    assert not (tmp_path / "again.safetensors").exists()

@@ -13,20 +13,24 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from pathlib import PosixPath
+from typing import TYPE_CHECKING, Any
 
 from ...core.bytesource import ByteSource, FileSource
 from ...core.errors import FormatError, LimitExceededError
 from ...core.limits import DEFAULT_LIMITS, Limits
 from ...core.scalars import Scalar
 from ...core.tensor import LazyTensor
+from ...storage.remote import as_path, is_url
 from ..base import Reader
 from .assemble import Piece, assemble
 from .layout import METADATA_FILE
 from .metadata import read_metadata
 from .storage import chunk_tensor, item_value
 from .tree import build_tree
+
+if TYPE_CHECKING:
+    from ...storage.remote.options import StorageOptions
 
 MAX_METADATA_BYTES = 1 << 30
 
@@ -47,11 +51,12 @@ class DcpReader(Reader):
     keeps_structure = True
 
     def __init__(self, folder: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS,
-                 keep_structure: bool = False) -> None:
-        self.folder = self.root = Path(folder)
+                 keep_structure: bool = False, storage: StorageOptions | None = None) -> None:
+        self.folder = self.root = as_path(folder)  # a local folder, or an object-store prefix
         self.limits = limits
+        self.storage = storage
         meta_path = self.folder / METADATA_FILE
-        self._files: dict[str, FileSource] = {}
+        self._files: dict[str, ByteSource] = {}
         self.tensors: list[LazyTensor] = []
         self.scalars: dict[str, Scalar] = {}
         self.metadata: dict[str, str] = {}
@@ -63,8 +68,8 @@ class DcpReader(Reader):
             self.close()
             raise
 
-    def _open(self, meta_path: Path, keep_structure: bool) -> None:
-        src = FileSource(meta_path)
+    def _open(self, meta_path: PosixPath, keep_structure: bool) -> None:
+        src = self._source(meta_path, METADATA_FILE)
         try:
             if src.size > MAX_METADATA_BYTES:
                 raise LimitExceededError(f"{METADATA_FILE} is {src.size} bytes (limit {MAX_METADATA_BYTES})",
@@ -100,17 +105,32 @@ class DcpReader(Reader):
         sizes = [f.size for f in self._files.values()]
         modes = 0o7777
         for f in self._files.values():
-            modes &= f.mode
-        self.source = DcpSource(str(self.folder), sum(sizes), [f.identity for f in self._files.values()], modes)
+            modes &= f.mode if f.mode is not None else 0o7777
+        self.source = DcpSource(str(self.folder), sum(sizes),
+                                [f.identity for f in self._files.values() if f.identity is not None], modes)
 
-    def _file(self, rel: str, name: str) -> FileSource:
+    def _source(self, path: PosixPath, name: str) -> ByteSource:
+        """A local file, or an object by ranged reads (`storage.remote.source`), named in errors as missing."""
+        if is_url(str(path)):
+            from ...storage.remote.fs import StorageError
+            from ...storage.remote.source import RemoteSource
+
+            try:
+                return RemoteSource(str(path), storage=self.storage)
+            except StorageError as e:
+                if e.detail.endswith("no such object"):
+                    raise FormatError(f"storage file {e.file} named by {METADATA_FILE} is missing",
+                                      file=str(self.folder), tensor=name) from None
+                raise
+        if not path.is_file():
+            raise FormatError(f"storage file {path} named by {METADATA_FILE} is missing", file=str(self.folder),
+                              tensor=name)
+        return FileSource(path)
+
+    def _file(self, rel: str, name: str) -> ByteSource:
         found = self._files.get(rel)
         if found is None:
-            path = self.root / rel
-            if not path.is_file():
-                raise FormatError(f"storage file {path} named by {METADATA_FILE} is missing", file=str(self.folder),
-                                  tensor=name)
-            found = self._files[rel] = FileSource(path)
+            found = self._files[rel] = self._source(self.root / rel, name)
         return found
 
     def select(self, top_level_key: str | Sequence[str]) -> None:
@@ -122,7 +142,7 @@ class DcpReader(Reader):
 
     def extra(self) -> dict[str, Any]:
         return {"container": "dcp", "dcp_version": self.meta.version,
-                "files": [{"file": str(f.path), "file_size": f.size} for f in self._files.values()],
+                "files": [{"file": f.label, "file_size": f.size} for f in self._files.values()],
                 "values": sorted(self.plain_values)[:100],
                 "chunks": {n: len(self.meta.tensors[n].chunks) for n in list(self.meta.tensors)[:1000]}}
 
