@@ -54,6 +54,29 @@ def test_hf_to_meta_reads_the_users_config(tmp_path: Path, heads: int, kv_heads:
                            hf[f"model.layers.{i}.self_attn.k_proj.weight"])
 
 
+def test_hf_to_meta_on_a_mixtral_layout(tmp_path: Path) -> None:
+    """A Mixtral folder (8 query heads, 4 key/value heads, experts): the attention is Llama's, so the
+    shipped recipe permutes it with the Mixtral config's head counts; the experts keep their names."""
+    torch.manual_seed(7)
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                                        num_attention_heads=8, num_key_value_heads=4, num_local_experts=2,
+                                        num_experts_per_tok=1)
+    transformers.MixtralForCausalLM(config).save_pretrained(tmp_path / "my-mixtral", safe_serialization=True)
+    hf = st.load_file(tmp_path / "my-mixtral" / "model.safetensors")
+    out = tmp_path / "meta.pt"
+    r = migrate("run", str(RECIPES / "llama-hf-to-meta.yaml"), "--source", str(tmp_path / "my-mixtral"),
+                "--target", str(out), "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    meta = torch.load(out, weights_only=True)
+    for i in range(2):
+        assert torch.equal(hf_permute(meta[f"layers.{i}.attention.wq.weight"], 8),
+                           hf[f"model.layers.{i}.self_attn.q_proj.weight"])
+        assert torch.equal(hf_permute(meta[f"layers.{i}.attention.wk.weight"], 4),
+                           hf[f"model.layers.{i}.self_attn.k_proj.weight"])
+    experts = sorted(k for k in hf if ".mlp.experts." in k or "block_sparse_moe" in k)
+    assert experts and all(torch.equal(meta[k], hf[k]) for k in experts)
+
+
 @pytest.mark.parametrize(("heads", "kv_heads"), LAYOUTS)
 def test_meta_to_hf_reads_the_users_params(tmp_path: Path, heads: int, kv_heads: int) -> None:
     torch.manual_seed(7)
