@@ -5,6 +5,8 @@ bias; RowwiseParallel: `Shard(1)` weight, `Replicate()` bias; a LayerNorm distri
 trained one AdamW step with fixed gradients; then each rank writes
 * `dcp/`: `torch.distributed.checkpoint.save({"model": ..., "optim": ...})` (get_state_dict's keys),
 * `verl/model_world_size_2_rank_K.pt`: `torch.save` of its model state dict of DTensors (verl's layout),
+* `hf/shard-0000K-model-00001-of-00001.safetensors`: the model through DCP's `HuggingFaceStorageWriter`
+  (`save_distributed=True`: each rank's chunks, placed by `DCP_SHARDING_INFO`),
 and rank 0 writes `full.pt`: every tensor gathered whole (`full_tensor()`), the unsharded oracle.
 """
 
@@ -51,6 +53,8 @@ def _worker(rank: int, port: int, out: str, rows: int) -> None:
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(out, "dcp"))
         os.makedirs(os.path.join(out, "verl"), exist_ok=True)
         torch.save(msd, os.path.join(out, "verl", f"model_world_size_2_rank_{rank}.pt"))
+        # DCP's Hugging Face storage layout: each rank's chunks in SafeTensors files, no .metadata
+        dcp.save(msd, storage_writer=dcp.HuggingFaceStorageWriter(os.path.join(out, "hf"), save_distributed=True))
 
         def whole(v: object) -> object:
             if isinstance(v, DTensor):

@@ -1,17 +1,22 @@
-"""Which files make one per-rank checkpoint (verl's `<stem>_world_size_N_rank_K.pt`): found from names
-alone, with no reader imported, since every source a command opens is asked (`files.io.open_file`)."""
+"""Which files make one checkpoint of many ranks (verl's `<stem>_world_size_N_rank_K.pt`; DCP's Hugging
+Face layout, `shard-R-model-F-of-N.safetensors`): found from names alone, with no reader imported, since
+every source a command opens is asked (`files.io.open_file`)."""
 
 from __future__ import annotations
 
 import glob as globlib
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.errors import FormatError, LimitExceededError
 from ..core.limits import DEFAULT_LIMITS, Limits
 
 GLOB_CHARS = frozenset("*?[")
+
+SHARD_FILE = re.compile(r"^shard-(?P<rank>\d{1,9})-model-(?P<file>\d{1,9})-of-(?P<count>\d{1,9})\.safetensors$")
+"""A DCP checkpoint in the Hugging Face storage layout: rank R's output file F of N (`files.dcp_safetensors`)."""
 
 RANK_FILE = re.compile(r"^(?P<stem>.+)_world_size_(?P<n>\d{1,6})_rank_(?P<k>\d{1,6})\.(?:pt|pth|bin)$")
 """verl's per-rank file names (`model_world_size_8_rank_3.pt`; also `optim_` and `extra_state_`)."""
@@ -81,3 +86,40 @@ def _checked(files: list[Path], given: str, limits: Limits) -> list[Path]:
         raise FormatError(f"rank {missing[0]} of {n} is missing ({names}{' ...' if len(missing) > 5 else ''} not "
                           "found)", file=given)
     return [by_rank[k] for k in range(n)]
+
+
+def dcp_safetensors_files(path: str | os.PathLike[str]) -> list[Path] | None:
+    """The shard files of the folder `path` (or of its `sharded/` subfolder), in (rank, file) order;
+    None when it holds none."""
+    p = Path(path)
+    for folder in (p, p / "sharded"):
+        if not folder.is_dir():
+            continue
+        found = [(m, folder / n) for n in os.listdir(folder) if (m := SHARD_FILE.match(n)) and (folder / n).is_file()]
+        if found:
+            found.sort(key=lambda mf: (int(mf[0]["rank"]), int(mf[0]["file"])))
+            _check_complete([m for m, _ in found], str(folder))
+            return [f for _, f in found]
+    return None
+
+
+def _check_complete(names: Sequence[re.Match[str]], label: str) -> None:
+    """Ranks 1..R each with files 1..N of one N: a missing rank before the last, or a missing file of a
+    rank, is named. (A missing *last* rank leaves no trace in the names or the sharding info, which
+    records no global shape: its chunks' rows are simply not there.)"""
+    counts = {int(m["count"]) for m in names}
+    if len(counts) != 1:
+        raise FormatError(f"shard files of different counts ({', '.join(map(str, sorted(counts)))})", file=label)
+    count = counts.pop()
+    by_rank: dict[int, set[int]] = {}
+    for m in names:
+        by_rank.setdefault(int(m["rank"]), set()).add(int(m["file"]))
+    for rank in range(1, max(by_rank) + 1):
+        files = by_rank.get(rank)
+        if files is None:
+            raise FormatError(f"rank {rank}'s shard files are missing (shard-{rank:05d}-model-*-of-{count:05d}"
+                              ".safetensors)", file=label)
+        absent = sorted(set(range(1, count + 1)) - files)
+        if absent:
+            raise FormatError(f"shard-{rank:05d}-model-{absent[0]:05d}-of-{count:05d}.safetensors is missing",
+                              file=label)

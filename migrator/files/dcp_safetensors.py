@@ -1,0 +1,105 @@
+"""DCP written with the Hugging Face storage layout: one SafeTensors file per rank and shard, each
+tensor a chunk placed by its `saved_offsets`, as one checkpoint of global tensors.
+
+torch's `HuggingFaceStorageWriter(save_distributed=True)` writes, per rank R and output file F of N,
+`shard-0000R-model-0000F-of-0000N.safetensors` (in the folder, or its `sharded/` subfolder when it
+consolidates too) and no `.metadata`: each file's SafeTensors metadata `DCP_SHARDING_INFO` (JSON)
+gives every tensor's offsets in the global tensor, whose shape is where the chunks end. The chunks
+are joined as a DCP checkpoint's are (`formats.dcp.assemble`: checked to tile the tensor, rows
+streamed). Without sharding info a tensor is whole in its file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import FormatError, LimitExceededError
+from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.scalars import Scalar
+from ..core.tensor import LazyTensor
+from ..formats.base import Reader
+from ..formats.bounded_json import load_bounded_json
+from ..formats.dcp.assemble import Piece, assemble
+from .sharded import ShardSet
+from .single import open_single
+
+SHARDING_KEY = "DCP_SHARDING_INFO"
+OFFSETS_KEY = "saved_offsets"
+
+
+def _offsets(reader: Reader, label: str, limits: Limits) -> dict[str, tuple[int, ...]]:
+    raw = reader.metadata.get(SHARDING_KEY)
+    if raw is None:
+        return {}
+    info = load_bounded_json(raw.encode("utf-8", "surrogatepass"), limits, label, SHARDING_KEY)
+    if not isinstance(info, dict):
+        raise FormatError(f"{SHARDING_KEY} is not a JSON object", file=label)
+    out: dict[str, tuple[int, ...]] = {}
+    for name, entry in info.items():
+        offsets = entry.get(OFFSETS_KEY) if isinstance(entry, dict) else None
+        if not isinstance(offsets, list) or not all(type(o) is int and o >= 0 for o in offsets):
+            raise FormatError(f"{SHARDING_KEY}: {OFFSETS_KEY} of '{name}' is not a list of indices", file=label,
+                              tensor=str(name))
+        out[str(name)] = tuple(offsets)
+    return out
+
+
+class DcpSafetensorsReader(Reader):
+    """Every rank's SafeTensors shard as one checkpoint of global tensors, named by their keys."""
+
+    format = "dcp"
+
+    def __init__(self, files: Sequence[Path], *, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self.files = list(files)
+        self.folder = self.files[0].parent
+        if len(self.files) > limits.max_shards:
+            raise LimitExceededError(f"{len(self.files)} shard files, over the {limits.max_shards} limit "
+                                     "(max_shards)", file=str(self.folder))
+        self.readers: list[Reader] = []
+        self.tensors: list[LazyTensor] = []
+        self.metadata: dict[str, str] = {}
+        self.scalars: dict[str, Scalar] = {}
+        label = str(self.folder)
+        try:
+            for f in self.files:
+                self.readers.append(open_single(f, "safetensors", limits, {}))
+            self._join(label)
+        except BaseException:
+            self.close()
+            raise
+        modes = 0o7777
+        for r in self.readers:
+            modes &= r.source.mode or 0
+        self.source = ShardSet(label, sum(r.source.size for r in self.readers),
+                               [r.source.identity for r in self.readers if r.source.identity], modes)
+
+    def _join(self, label: str) -> None:
+        pieces: dict[str, list[Piece]] = {}
+        for f, r in zip(self.files, self.readers, strict=True):
+            placed = _offsets(r, str(f), self.limits)
+            for t in r.tensors:
+                offsets = placed.get(t.name, (0,) * len(t.shape))
+                if len(offsets) != len(t.shape):
+                    raise FormatError(f"{OFFSETS_KEY} {list(offsets)} for a tensor of {len(t.shape)} dimensions",
+                                      file=str(f), tensor=t.name)
+                pieces.setdefault(t.name, []).append(Piece(offsets, tuple(t.shape), str(f), t))
+        for name, chunks in pieces.items():
+            first = chunks[0].tensor
+            if any(p.tensor.dtype is not first.dtype for p in chunks):
+                odd = next(p for p in chunks if p.tensor.dtype is not first.dtype)
+                raise FormatError(f"chunks of different dtypes: {first.dtype.display} in {chunks[0].file}, "
+                                  f"{odd.tensor.dtype.display} in {odd.file}", file=label, tensor=name)
+            if any(len(p.offsets) != len(first.shape) for p in chunks):
+                raise FormatError("chunks of different ranks (numbers of dimensions)", file=label, tensor=name)
+            shape = tuple(max(p.offsets[d] + p.sizes[d] for p in chunks) for d in range(len(first.shape)))
+            self.tensors.append(assemble(name, first.dtype, shape, chunks, label))
+
+    def extra(self) -> dict[str, Any]:
+        return {"container": "dcp-safetensors", "files": [{"file": str(f)} for f in self.files]}
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
