@@ -516,3 +516,21 @@ def test_contiguous_keeps_unchanged_names_and_handles_deep_gaps() -> None:
     assert contiguous_names(names) == _reference_contiguous(names)
     already = ["a.0.w", "a.1.w", "b"]
     assert all(new is old for new, old in zip(contiguous_names(already), already, strict=True))
+
+
+def test_peft_pattern_keys_run_on_re2_and_match_as_peft_does() -> None:
+    """rank_pattern / alpha_pattern keys come from adapter_config.json: PEFT's rule (re.match of
+    `(.*\\.)?(KEY)$`) is the oracle; a catastrophic key returns at once; look-around is refused."""
+    import re
+
+    from migrator.core.errors import AdapterError
+    from migrator.transform.merging.peft_adapter import parse_config, pattern_key
+
+    keys = {"q_proj": 1, r"layers\.0\.self_attn\.v_proj": 2, "mlp.*": 3, "(a+)+": 4}
+    for module in ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj", "layers.1.mlp.up",
+                   "x.q_proj_b", "a" * 12 + "!", "model.aaaa"]:  # Python's re, the oracle, is exponential here
+        want = next((k for k in keys if re.match(rf"(.*\.)?({k})$", module)), module)
+        assert pattern_key(keys, module) == want, module
+    assert pattern_key(keys, "a" * 40 + "!") == "a" * 40 + "!"  # RE2: at once (re: ~2^40 steps)
+    with pytest.raises(AdapterError, match="look-ahead"):
+        parse_config({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "rank_pattern": {"(?=q)q_proj": 2}}, "adapter_config.json")

@@ -32,6 +32,7 @@ from ...core.errors import PlanError, UnsupportedDTypeError
 from ...core.scalars import Scalar
 from ...core.streaming import write_all, write_computed, write_tensor, write_zeros
 from ...core.tensor import LazyTensor, stored
+from ...naming import NamingError, Regex, compile_regex
 from ..base import Writer
 from .constants import (
     ALIGNMENT_KEY,
@@ -312,11 +313,12 @@ class _QuantizedPieces:
         return memoryview(b"".join(bytes(p) for p in self()))
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
+def _compile(pattern: str) -> Regex:
+    """A quantize rule's pattern, on RE2 as every user regex is (`naming.regex`)."""
     try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise PlanError(f"quantize rule '{pattern}' is not a valid regex: {e}") from None
+        return compile_regex(pattern)
+    except NamingError as e:
+        raise PlanError(f"quantize rule '{pattern}' is not a valid regex: {e.message}") from None
 
 
 def _check_type(name: str) -> str:

@@ -20,6 +20,7 @@ or replaced; an adapter tensor that matches no base weight is an error listing e
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from typing import Any
 
 from ...core.errors import AdapterError
 from ...core.tensor import LazyTensor
+from ...naming import NamingError, Regex, compile_regex
 from .lora import Fold, Form, check_fold, expected_shape
 
 PREFIX = "base_model.model."
@@ -73,10 +75,17 @@ class AdapterConfig:
         return alpha / denominator if lora_scale is None else lora_scale * alpha / denominator
 
 
+@functools.lru_cache(maxsize=1024)
+def _key_regex(key: str) -> Regex:
+    """PEFT's test of a rank_pattern / alpha_pattern key, `re.match(rf"(.*\\.)?({K})$", module)`, on RE2:
+    the key comes from a file, and a backtracking engine would let it choose how long a match takes."""
+    return compile_regex(rf"^(.*\.)?({key})$")
+
+
 def pattern_key(patterns: Mapping[str, Any], module: str) -> str:
-    """The first key K of `patterns` with re.match(rf"(.*\\.)?({K})$", module), else `module` itself."""
+    """The first key K of `patterns` matching `module` as PEFT matches it, else `module` itself."""
     for key in patterns:
-        if re.match(rf"(.*\.)?({key})$", module):
+        if _key_regex(key).search(module):
             return key
     return module
 
@@ -108,9 +117,10 @@ def parse_config(raw: Any, where: str) -> AdapterConfig:
             raise AdapterError(f"{key} must map module patterns to numbers", file=where)
         for pattern in value:
             try:
-                re.compile(pattern)
-            except re.error as e:
-                raise AdapterError(f"{key} key {pattern!r} is not a regular expression ({e})", file=where) from None
+                _key_regex(pattern)
+            except NamingError as e:
+                raise AdapterError(f"{key} key {pattern!r} is not a regular expression migrator runs ({e.message})",
+                                   file=where) from None
         patterns[key] = dict(value)
     saved = raw.get("modules_to_save") or []
     return AdapterConfig(r=r, lora_alpha=alpha, use_rslora=bool(raw.get("use_rslora")),
