@@ -33,7 +33,7 @@ def _worker(rank: int, world: int, port: int, out: str, configs: list[str]) -> N
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
     import deepspeed
-    import deepspeed.comm.torch  # noqa: F401  (the module, not the `torch` name deepspeed.comm imports)
+    import deepspeed.comm.torch  # the module itself, not the `torch` name deepspeed.comm imports
     import torch
 
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]

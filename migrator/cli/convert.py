@@ -170,7 +170,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
-                   top_level_key=args.top_level_key, tag=args.tag, remaps=args.remap, includes=args.include, excludes=args.exclude,
+                   top_level_key=args.top_level_key, tag=args.tag, remaps=args.remap, includes=args.include,
+                   excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, modules=args.modules,
                    contiguous_indices=args.contiguous_indices, lora=args.lora, lora_scale=args.lora_scale,
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)

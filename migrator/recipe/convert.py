@@ -291,8 +291,8 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
     if first == "filter" and second in ("include", "exclude") and n is not None:
         return f"--{second} '{data['filter'][second][n]['regex']}'"
     names: dict[str, str | dict[str, str]] = {
-        "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "tag": "--tag", "format": "--from", "path": "SRC",
-                                      "lora": "--lora/--lora-scale"},
+        "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "tag": "--tag", "format": "--from",
+                                      "path": "SRC", "lora": "--lora/--lora-scale"},
         "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize"}}
     found = names.get(first, first)
     return found.get(second or "", first) if isinstance(found, dict) else found

@@ -112,7 +112,7 @@ def zero3_pieces(shapes: Sequence[dict[str, tuple[int, ...]]], lengths: Sequence
             part = -(-n // world)
             if offset + part > total:
                 raise LayoutError(f"shape {list(shape)} needs elements [{offset}, {offset + part}) of each rank's "
-                                  f"flat groups, but they hold {total}", file=label, tensor=name)
+                                  f"partitions (flat groups), but they hold {total}", file=label, tensor=name)
             pieces: list[Piece] = []
             for r in range(world):
                 take = max(0, min(part, n - r * part))  # the last ranks' padding is not the parameter's

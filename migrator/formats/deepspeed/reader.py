@@ -114,8 +114,8 @@ class ZeroReader(Reader):
         if missing:
             prefix = step.optim[min(step.optim)].name.split("zero_pp_rank_")[0]
             raise FormatError(f"rank {missing[0]}'s partition file {prefix}zero_pp_rank_{missing[0]}_mp_rank_00_"
-                              f"optim_states.pt is missing ({len(step.optim)} of the {world} ranks partition_count "
-                              "names are here)", file=str(step.path))
+                              f"optim_states.pt is missing ({len(step.optim)} of the {world} ranks that "
+                              "partition_count names are here)", file=str(step.path))
         extra = sorted(r for r in step.optim if r >= world)
         if extra:
             raise FormatError(f"rank {extra[0]}'s file {step.optim[extra[0]].name} is beyond the {world} ranks "
