@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--keep", help="write (or reuse) the checkpoint here")
     args = ap.parse_args()
     work = Path(args.keep or tempfile.mkdtemp(prefix="zero-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     ckpt = work / "ckpt"
     width, layers = 2048, max(2, round(args.mb * 1e6 / 4 / (2048 * 2049)))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
