@@ -11,6 +11,10 @@ of the child) of each:
 * DeepSpeed: `convert_zero_checkpoint_to_fp32_state_dict(CKPT, OUT, safe_serialization=True)`.
 
 Not run by the tests (it takes minutes and ~3x the checkpoint on disk).
+
+Measured (2 shared cores, page cache warm, `--mb 300 --rounds 2`): 18 Linear(2048) layers, 288 MiB of
+fp32 masters, optimizer files 865 MiB, largest tensor 16 MiB; both outputs equal bit for bit.
+migrator 0.68 s, peak RSS 61 MiB; zero_to_fp32 3.75 s, peak RSS 865 MiB.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ def worker(rank, port, out, width, layers):
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width + (i % 2)) if i % 2 == 0 else
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width + 1) if i % 2 == 0 else
                                   torch.nn.Linear(width + 1, width) for i in range(layers)])
     cfg = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 3}}
