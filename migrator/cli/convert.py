@@ -32,7 +32,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     conv.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
     conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
     conv.add_argument("--to", dest="target_format", default="auto", help="target format (default: extension)")
-    conv.add_argument("--top-level-key", help="the nested dict (PyTorch) or name prefix holding the tensors")
+    conv.add_argument("--top-level-key", help="the nested dict (PyTorch) or name prefix holding the tensors; "
+                      "a DeepSpeed ZeRO folder: 'module' for the module's own weights instead of the fp32 masters")
+    conv.add_argument("--tag", help="a DeepSpeed ZeRO checkpoint folder: the step to read (e.g. global_step10; "
+                      "default: the one its 'latest' file names)")
     conv.add_argument("--remap", action="append", default=[], metavar="REGEX=REPL", help="rename (repeatable, ordered)")
     conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
     conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
@@ -180,7 +183,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
-                   top_level_key=args.top_level_key, remaps=args.remap, includes=args.include, excludes=args.exclude,
+                   top_level_key=args.top_level_key, tag=args.tag, remaps=args.remap, includes=args.include,
+                   excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, modules=args.modules,
                    contiguous_indices=args.contiguous_indices, lora=args.lora, lora_scale=args.lora_scale,
                    overwrite=args.overwrite, fsync=not args.no_fsync, metadata=extra, clear_metadata=args.no_metadata)

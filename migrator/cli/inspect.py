@@ -25,7 +25,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     ins.add_argument("file", help="a .bpk, .safetensors or PyTorch file")
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     ins.add_argument("--format", default="auto", help="auto | burnpack | safetensors | pytorch")
-    ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path)")
+    ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path); a "
+                     "DeepSpeed ZeRO folder: 'module' for the module's own weights instead of the fp32 masters")
+    ins.add_argument("--tag", help="a DeepSpeed ZeRO checkpoint folder: the step to read (default: 'latest')")
     ins.add_argument("--limit", dest="limit_args", action="append", default=[], metavar="N | NAME=VALUE",
                      help="N: show at most N tensors in the table; NAME=VALUE: " + LIMIT_HELP)
     ins.add_argument("--stats", action="store_true", help="read every tensor (streamed): min, max, mean, std, "

@@ -39,7 +39,10 @@ def limits_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def reader_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"top_level_key": args.top_level_key} if args.top_level_key else {}
+    options = {"top_level_key": args.top_level_key} if args.top_level_key else {}
+    if getattr(args, "tag", None):  # a DeepSpeed ZeRO folder's step (inspect)
+        options["tag"] = args.tag
+    return options
 
 
 def check_remap_options(items: list[str], parser: argparse.ArgumentParser) -> None:

@@ -43,10 +43,17 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
             from .remote_open import open_url
 
+            _no_tag(src, options)
             return open_url(src, format, options, limits, storage)
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x
+        if format in ("auto", "deepspeed") and os.path.isdir(src):
+            from ..formats.deepspeed.folder import is_zero_checkpoint
+
+            if is_zero_checkpoint(src, options.get("tag")):  # a DeepSpeed ZeRO checkpoint folder
+                return _open_zero(src, limits, options)
+        _no_tag(src, options)
         from ..formats.dcp import dcp_folder
 
         folder = dcp_folder(src)
@@ -74,7 +81,27 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 
         if is_sharded_path(src):
             return _open_sharded(src, format, limits, options)
+    else:
+        _no_tag("<memory>", options)
     return open_single(src, format, limits, options)
+
+
+def _no_tag(src: str | os.PathLike[str], options: dict[str, Any]) -> None:
+    """A step tag names a step of a ZeRO checkpoint folder: anything else has none to pick."""
+    if options.pop("tag", None) is not None:
+        from ..core.errors import FormatError
+
+        raise FormatError("a step tag (--tag) applies only to a DeepSpeed ZeRO checkpoint folder", file=os.fspath(src))
+
+
+def _open_zero(src: str | os.PathLike[str], limits: Limits, options: dict[str, Any]) -> Reader:
+    from ..formats.deepspeed import ZeroReader
+
+    key, tag = options.pop("top_level_key", None), options.pop("tag", None)
+    options.pop("keep_structure", None)  # the consolidated weights are a flat state_dict
+    if options:
+        raise TypeError(f"options {sorted(options)} do not apply to a DeepSpeed ZeRO checkpoint")
+    return ZeroReader(src, tag=tag, top_level_key=key, limits=limits)
 
 
 def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:

@@ -72,6 +72,8 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
     options: dict[str, Any] = {} if key is None else {"top_level_key": key}
     if limits is not None:
         options["limits"] = limits
+    if spec.tag is not None:  # the step of a DeepSpeed ZeRO checkpoint
+        options["tag"] = spec.tag
     if keep_structure:
         options["keep_structure"] = True
     try:

@@ -185,6 +185,9 @@ class SourceSpec(_Strict):
     top_level_key: Annotated[Annotated[str, Tag("name")] | Annotated[list[str], Tag("list")],
                              _tagged("a string or a list of strings")] | None = Field(
         None, description="Nested dict holding the tensors: a dotted path ('model.state_dict') or a list of keys.")
+    tag: str | None = Field(
+        None, description="A DeepSpeed ZeRO checkpoint folder: the step to read (its folder name, such as "
+                          "global_step10). Default: the step its 'latest' file names.")
     contiguous_indices: bool | None = Field(
         None, description="Renumber index segments 0,1,2,... as Burn's Vec<Module> needs. Default: true for a "
                           "PyTorch source whose output is for Burn (a burnpack target or the pytorch_to_burn "

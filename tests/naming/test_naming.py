@@ -533,4 +533,5 @@ def test_peft_pattern_keys_run_on_re2_and_match_as_peft_does() -> None:
         assert pattern_key(keys, module) == want, module
     assert pattern_key(keys, "a" * 40 + "!") == "a" * 40 + "!"  # RE2: at once (re: ~2^40 steps)
     with pytest.raises(AdapterError, match="look-ahead"):
-        parse_config({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "rank_pattern": {"(?=q)q_proj": 2}}, "adapter_config.json")
+        parse_config({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "rank_pattern": {"(?=q)q_proj": 2}},
+                     "adapter_config.json")

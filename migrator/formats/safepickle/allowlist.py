@@ -1,8 +1,9 @@
 """The allow-list: the globals a checkpoint may name, each an inert handler that only builds data.
 
-Tensor rebuild functions, storage classes, dtypes, `OrderedDict` and a few builtins and numpy
-reductions. Any other global resolves to `Opaque`; `_is_gadget` says which of those are refused as
-soon as they are called (code-running modules) instead of becoming a `Placeholder`.
+Tensor rebuild functions, storage classes, dtypes, `OrderedDict`, a few builtins and numpy
+reductions, and DeepSpeed's `ZeroStageEnum` (read as an int). Any other global resolves to `Opaque`;
+`_is_gadget` says which of those are refused as soon as they are called (code-running modules)
+instead of becoming a `Placeholder`.
 """
 
 from __future__ import annotations
@@ -417,6 +418,13 @@ RECORD_CLASSES = (
 """Classes whose objects are read as `Record`s: plain data (sizes, offsets, names, placements)."""
 
 
+def _h_zero_stage(m: Machine, a: tuple, kw: dict) -> int:
+    """DeepSpeed's `ZeroStageEnum(n)` (an int Enum in its optimizer states): the stage as a plain int."""
+    if kw or len(a) != 1 or type(a[0]) is not int or not 0 <= a[0] <= 3:
+        raise m.error("ZeroStageEnum expects one stage number 0-3")
+    return a[0]
+
+
 def _builtin(name: str, fn: Handler | None) -> Builtin:
     return Builtin(name, fn)
 
@@ -474,6 +482,8 @@ def _make_table() -> dict[tuple[str, str], Any]:
     t[("builtins", "slice")] = _builtin("builtins.slice", _h_slice)
     t[("_codecs", "encode")] = _builtin("_codecs.encode", _h_codecs_encode)
     t[("numpy", "dtype")] = _builtin("numpy.dtype", _h_numpy_dtype)
+    zero = "deepspeed.runtime.zero.config"  # the only DeepSpeed class whose value a ZeRO reader needs
+    t[(zero, "ZeroStageEnum")] = _builtin(f"{zero}.ZeroStageEnum", _h_zero_stage)
     t[("numpy.core.multiarray", "scalar")] = _builtin("numpy.core.multiarray.scalar", _h_numpy_scalar)
     t[("numpy.core.multiarray", "_frombuffer")] = _builtin("numpy.core.numeric._frombuffer", _h_numpy_frombuffer)
     t[("numpy.core.multiarray", "_reconstruct")] = _builtin("numpy.core.multiarray._reconstruct",
