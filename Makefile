@@ -116,7 +116,8 @@ ubsan: install
 	CFLAGS="$(SANITIZE)" LDFLAGS="$(SANITIZE)" $(PY) setup.py -q build_ext --build-lib $(UBSAN) --build-temp $(UBSAN)/tmp
 	cd $(UBSAN) && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libstdc++.so.6)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 		MIGRATOR_SHARED_FIXTURES=$(CURDIR)/../shared/fixtures PYTHONPATH=$(CURDIR)/$(UBSAN) \
-		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/core/test_kernels.py $(CURDIR)/tests/core/test_casts.py \
+		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/core/test_kernels.py $(CURDIR)/tests/core/test_kernels_merge.py \
+		$(CURDIR)/tests/core/test_casts.py \
 		$(CURDIR)/tests/analysis/test_stats.py $(CURDIR)/tests/analysis/test_diff.py \
 		$(CURDIR)/tests/formats/test_gguf_quants.py $(CURDIR)/tests/formats/test_gguf_kquants.py \
 		$(CURDIR)/tests/transform/test_merging_kernels.py
