@@ -4,9 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(abspath $(VENV))/bin/python
-# Reinstall when the package definition, the compiled kernels (pip builds migrator/core/_kernels.c) or
-# these install steps change.
-BUILD_INPUTS := pyproject.toml setup.py migrator/core/_kernels.c Makefile
+# Reinstall when the package definition, the compiled kernels (pip builds migrator/core/kernels/*.c and
+# kernels.h into migrator.core._kernels) or these install steps change.
+BUILD_INPUTS := pyproject.toml setup.py $(sort $(wildcard migrator/core/kernels/*.[ch])) Makefile
 BUILD_HASH := $(shell cat $(BUILD_INPUTS) | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-$(BUILD_HASH)
 RUNTIME_STAMP := $(VENV)/.runtime-$(BUILD_HASH)
@@ -103,20 +103,24 @@ lint: install
 	$(PY) -m mypy
 
 # The kernels built with UndefinedBehaviorSanitizer and AddressSanitizer (any finding aborts) into
-# build/ubsan, beside a copy of the package, and their tests run against that copy. ASan must be the
-# first library loaded into the (uninstrumented) Python: LD_PRELOAD; leak checks would report
-# Python's own allocations.
+# build/ubsan, beside a copy of the package, and the tests of each kernel file (casts, stats, GGUF
+# blocks and K-quants, merges) run against that copy. ASan must be the first library loaded into the
+# (uninstrumented) Python: LD_PRELOAD; leak checks would report Python's own allocations. libstdc++
+# is preloaded beside it: ASan wraps __cxa_throw only if the C++ runtime is loaded when it starts,
+# and torch (imported by a GGUF test) throws while importing.
 UBSAN := build/ubsan
 SANITIZE := -fsanitize=undefined,address -fno-sanitize-recover=all -fno-omit-frame-pointer -g
 ubsan: install
 	rm -rf $(UBSAN) && mkdir -p $(UBSAN)/tmp
 	cp -r migrator $(UBSAN)/ && rm -f $(UBSAN)/migrator/core/_kernels*.so
 	CFLAGS="$(SANITIZE)" LDFLAGS="$(SANITIZE)" $(PY) setup.py -q build_ext --build-lib $(UBSAN) --build-temp $(UBSAN)/tmp
-	cd $(UBSAN) && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	cd $(UBSAN) && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libstdc++.so.6)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 		MIGRATOR_SHARED_FIXTURES=$(CURDIR)/../shared/fixtures PYTHONPATH=$(CURDIR)/$(UBSAN) \
-		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/core/test_kernels.py $(CURDIR)/tests/core/test_casts.py \
+		$(PY) -m pytest -q --capture=sys -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/core/test_kernels.py $(CURDIR)/tests/core/test_kernels_merge.py \
+		$(CURDIR)/tests/core/test_casts.py \
 		$(CURDIR)/tests/analysis/test_stats.py $(CURDIR)/tests/analysis/test_diff.py \
-		$(CURDIR)/tests/formats/test_gguf_quants.py $(CURDIR)/tests/formats/test_gguf_kquants.py
+		$(CURDIR)/tests/formats/test_gguf_quants.py $(CURDIR)/tests/formats/test_gguf_kquants.py \
+		$(CURDIR)/tests/transform/test_merging_kernels.py
 
 bench: install
 	$(PY) benchmarks/suite.py

@@ -1,9 +1,13 @@
-"""Builds the optional compiled kernels (migrator/core/_kernels.c); everything else is in pyproject.toml.
+"""Builds the optional compiled kernels (migrator/core/kernels/*.c, one module: migrator.core._kernels);
+everything else is in pyproject.toml.
 
 `optional=True`: without a C compiler the install still succeeds and casts.py uses numpy.
 """
 
+from glob import glob
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("migrator.core._kernels", ["migrator/core/_kernels.c"], optional=True,
-                             extra_compile_args=["-O3"])])
+# sorted: the same link order, so the same shared object, on every file system
+setup(ext_modules=[Extension("migrator.core._kernels", sorted(glob("migrator/core/kernels/*.c")), optional=True,
+                             depends=["migrator/core/kernels/kernels.h"], extra_compile_args=["-O3"])])

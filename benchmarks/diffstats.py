@@ -15,7 +15,7 @@ stats need (`python -c "import migrator.analysis.diff, migrator.analysis.stats"`
 that does not depend on the model's size. CPU seconds (user + sys, every thread) are given too:
 on a shared machine they move less than wall times, and migrator uses a second thread.
 `(numpy)`: stats without the compiled kernels (MIGRATOR_NO_KERNELS=1), the A/B for
-migrator/core/_kernels.c's float_stats. Peak RSS (mapped file pages included) from GNU time.
+migrator/core/kernels/stats.c's float_stats. Peak RSS (mapped file pages included) from GNU time.
 """
 
 from __future__ import annotations

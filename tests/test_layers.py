@@ -34,6 +34,8 @@ MAX_TOP_MODULES = 6
 LEAVES = {"migrator.formats.safepickle": ({"core"}, ("migrator.formats.pytorch.", "migrator.formats.dcp."))}
 """package -> (the packages it may import from, the module prefixes that may import it)"""
 SCANNED = ("migrator", "tools", "benchmarks", "recipes")
+EXTENSIONS = {"migrator.core._kernels": "migrator/core/kernels/module.c"}
+"""The compiled extensions setup.py builds, each named by the C file that defines the module."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,9 @@ def modules(root: Path, folders: tuple[str, ...] = SCANNED) -> dict[str, Path]:
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
             found[module_name(root, path)] = path
-        for path in sorted((root / folder).rglob("*.c")):  # `from . import _kernels`: built from _kernels.c
-            found[module_name(root, path)] = path
+    for name, source in EXTENSIONS.items():  # `from . import _kernels`: a module built from C files
+        if source.split("/")[0] in folders and (root / source).is_file():
+            found[name] = root / source
     return found
 
 

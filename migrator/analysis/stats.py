@@ -2,7 +2,7 @@
 
 Every tensor is read window by window (windows.py), so memory stays at a few windows whatever
 the tensor's size. F32/F16/BF16/F64 windows are reduced in one pass by the compiled
-`float_stats` loop (migrator/core/_kernels.c; AVX2 when the CPU has it), the next window on a worker
+`float_stats` loop (migrator/core/kernels/stats.c; AVX2 when the CPU has it), the next window on a worker
 thread, without importing numpy; other dtypes, and all of them without the kernels, go through
 numpy (stats_numpy.py; about 4x slower: benchmarks/RESULTS.md). Both give the same figures to
 rounding. What holds:

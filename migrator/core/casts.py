@@ -49,7 +49,7 @@ still in the shared L3 cache when the writer copies it into the page cache, whil
 computes the next ones (larger bands were slower: benchmarks/RESULTS.md)."""
 
 def _load_kernels() -> Any:
-    """The compiled loops (migrator/core/_kernels.c) if they were built; MIGRATOR_NO_KERNELS=1 turns them off."""
+    """The compiled loops (migrator/core/kernels/casts.c) if they were built; MIGRATOR_NO_KERNELS=1 turns them off."""
     if os.environ.get("MIGRATOR_NO_KERNELS"):
         return None
     try:

@@ -1,4 +1,4 @@
-"""The optional compiled kernels (migrator/core/_kernels.c) for modules that must not import numpy.
+"""The optional compiled kernels (migrator/core/kernels/) for modules that must not import numpy.
 
 casts.py loads the same module for its conversions; diff and stats take it from here, so a
 comparison or the stats of a float model can run without numpy's import (a tenth of a second
@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 NEEDED = ("float_stats", "same_bytes")
-"""What diff and stats call: a build of an older _kernels.c without them counts as absent."""
+"""What diff and stats call: an older build of the kernels without them counts as absent."""
 
 
 def load() -> Any:

@@ -18,7 +18,7 @@ GQ = gguf.GGMLQuantizationType
 
 @pytest.fixture(params=["numpy", "compiled"])
 def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test twice: with the compiled loops of migrator/_kernels.c (where a type has one) and
+    """Each test twice: with the compiled loops of migrator/core/kernels/gguf.c and kquants.c (where a type has one) and
     with numpy alone."""
     from migrator.core import native
 

@@ -1,4 +1,4 @@
-"""The compiled merge loops (migrator/core/_kernels.c) against the numpy code they replace: the same bits.
+"""The compiled merge loops (migrator/core/kernels/merge.c) against the numpy code they replace: the same bits.
 
 Each op is built twice over the same stored tensors (read through mapped bands, in several bands
 computed on the cast pool's threads): once with the compiled kernels and once with them switched off

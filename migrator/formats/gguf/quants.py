@@ -7,7 +7,7 @@ quantizes (n, block_size) float32 blocks bit-equal to ggml's `quantize_row_*_ref
 slab of blocks at a time (`SLAB_BLOCKS`), so temporaries stay in cache whatever the tensor's size.
 
 The K-quants (`K_QUANTIZED`: Q2_K..Q6_K) are quantized by the compiled kernels only
-(`migrator/core/_kernels.c`, bit-equal to ggml's reference quantizers): their fit is a search over
+(`migrator/core/kernels/kquants.c`, bit-equal to ggml's reference quantizers): their fit is a search over
 candidate scales per sub-block, element by element, which numpy would run at a few MB/s. Without the
 kernels they are refused (`KQuantsUnavailableError`, raised when a plan chooses one). Large inputs
 are split over the available CPUs (`quantize`), the loops running without the GIL.
@@ -347,7 +347,7 @@ def _kernels() -> Any:
 def dequantize(raw: bytes | bytearray | memoryview | np.ndarray, gtype: GGMLType,
                out: np.ndarray | None = None) -> np.ndarray:
     """Blocks of `gtype` (whole blocks, as bytes) -> a flat float32 array, a slab at a time
-    (or in one call of a compiled loop, for the types `_kernels.c` has: the same bits)."""
+    (or in one call of a compiled loop, for the types `kernels/gguf.c` and `kquants.c` have: the same bits)."""
     fn = DEQUANTIZERS[gtype.name]
     blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, gtype.type_size)
     n = len(blocks)
@@ -451,7 +451,7 @@ def require_kernels(name: str) -> None:
     """Raise KQuantsUnavailableError when `name` is a K-quant and the compiled kernels are not built."""
     if name in K_QUANTIZED and _kernels() is None:
         raise KQuantsUnavailableError(
-            f"writing {name} needs migrator's compiled kernels (migrator/core/_kernels.c), which are not built "
+            f"writing {name} needs migrator's compiled kernels (migrator/core/kernels/), which are not built "
             "or are switched off (MIGRATOR_NO_KERNELS): reinstall with a C compiler, or choose Q8_0/Q4_0/Q4_1/"
             "Q5_0/Q5_1")
 

@@ -21,7 +21,7 @@ histogram passes over the bits of |delta| (`_kth_largest`, with the compiled mer
 compute); without them (or in F64) it needs one delta tensor whole (`ndarray.partition`), so that
 first pass holds the base tensor and one model's |delta| of that tensor, never the model.
 
-Speed: with the compiled kernels (migrator/core/_kernels.c) in F32, SLERP's statistics
+Speed: with the compiled kernels (migrator/core/kernels/merge.c) in F32, SLERP's statistics
 (`merge_dot3`), TIES's histograms (`merge_abs_hist`) and the task-arithmetic band
 (`merge_task_band`, the numpy code's operations in its order: the same bits) run in C without the
 GIL; every pass but DARE's random drop computes its bands on several threads (`bands.over_bands`).
@@ -49,7 +49,7 @@ Consensus = Literal["sum", "count"]
 
 
 MERGE_KERNELS = ("merge_dot3", "merge_abs_hist", "merge_linear_band", "merge_task_band")
-"""The compiled merge loops; a build of an older _kernels.c without them counts as absent."""
+"""The compiled merge loops; an older build of the kernels without them counts as absent."""
 
 
 def merge_kernels() -> Any:
