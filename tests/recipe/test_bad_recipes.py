@@ -35,6 +35,7 @@ source:
   path: weights/model.pt
   format: auto
   top_level_key: state_dict
+  tag: global_step7
   contiguous_indices: true
   skip_enum_variants: false
   storage_options:
@@ -268,6 +269,7 @@ SOURCES = r"""sources:
     name: encoder
     format: auto
     top_level_key: state_dict
+    tag: global_step7
     contiguous_indices: true
     skip_enum_variants: false
     storage_options:
@@ -486,7 +488,7 @@ def test_invalid_replacement_points_at_to(tmp_path: Path, to: str) -> None:
     text = BASE.replace("    to: ''", "    to: '" + to + "'").replace("    syntax: rust", "    syntax: auto")
     with pytest.raises(RecipeError) as e:
         load_text(tmp_path, text)
-    assert "recipe.yaml:17:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
+    assert "recipe.yaml:18:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------
