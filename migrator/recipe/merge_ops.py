@@ -11,9 +11,10 @@ dtypes and the computation are `transform/merging` (docs/merging.md gives the ar
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from .op_base import Pattern, _Op, _problem, _regex, check_template
 
@@ -27,8 +28,26 @@ def _no_bool(value: object) -> object:
     return value
 
 
-Number = Annotated[float, BeforeValidator(_no_bool)]
-Numbers = Annotated[list[float], BeforeValidator(_no_bool)]
+F32_MAX = 3.4028234663852886e38
+"""The largest float32: merges compute in F32 (F64 only when an input is F64), so a parameter beyond
+it would be inf there, and every output value inf or NaN."""
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value) or abs(value) > F32_MAX:
+        raise _problem(f"expected a finite number (at most {F32_MAX:.4g} in magnitude), got {value!r}: it would "
+                       "make every merged value inf or NaN")
+    return value
+
+
+def _all_finite(values: list[float]) -> list[float]:
+    for v in values:
+        _finite(v)
+    return values
+
+
+Number = Annotated[float, BeforeValidator(_no_bool), AfterValidator(_finite)]
+Numbers = Annotated[list[float], BeforeValidator(_no_bool), AfterValidator(_all_finite)]
 
 
 def _float_dtype(value: str | None) -> str | None:
@@ -92,6 +111,11 @@ class LinearSpec(_Computing):
     def _weights(self) -> LinearSpec:
         if len(self.weights) != len(self.from_):
             raise _problem(f"weights has {len(self.weights)} entries for {len(self.from_)} inputs", key="weights")
+        total = math.fsum(self.weights)
+        if self.normalize and (total == 0 or abs(total) > F32_MAX):
+            raise _problem(f"the weights sum to {total:g}: normalize divides by their sum, which would make every "
+                           "merged value inf or NaN", key="weights",
+                           hint="give weights with a non-zero sum, or set normalize: false")
         return self
 
 

@@ -21,6 +21,7 @@ from the most specific level down, filters matched as substrings of the tensor n
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ from ..core import dtypes
 from ..core.dtypes import DType
 from ..core.errors import MergeInputError, MigratorError
 from .issues import RecipeError, RecipeIssue
+from .merge_ops import F32_MAX
 
 METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare_ties", "dare_linear", "passthrough")
 MAX_CONFIG_BYTES = 1 << 20
@@ -602,14 +604,38 @@ def _tensor(loaded: LoadedConfig, out_name: str, inputs: list[tuple[str, str]], 
                                             f"{model} tensor '{name}'")])
         return default if value is None else value
 
+    def number(key: str, value: Any, where: str) -> float:
+        """A parameter as a float: finite and within float32 (merges compute in F32), else every merged
+        value would be inf or NaN and the run would write them with success."""
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise RecipeError([loaded.issue(("parameters",), f"parameter '{key}' for {where} must be a number, "
+                                            f"got {value!r}")]) from None
+        if not math.isfinite(x) or abs(x) > F32_MAX:
+            raise RecipeError([loaded.issue(("parameters",), f"parameter '{key}' for {where} is {x!r}: it must be "
+                                            f"finite and at most {F32_MAX:.4g} in magnitude (merges compute in "
+                                            "float32: it would make every merged value inf or NaN)")])
+        if key == "density" and not 0 <= x <= 1:
+            raise RecipeError([loaded.issue(("parameters",), f"parameter 'density' for {where} is {x!r}: a "
+                                            "density is the fraction of a delta kept, from 0 to 1")])
+        return x
+
     if method == "passthrough":
         model, name = inputs[0]
         scale = _lookup("scale", _levels(loaded, s, model), name, t)
-        return TensorMerge(out_name, "passthrough", tuple(inputs), {"scale": None if scale is None else float(scale)})
+        return TensorMerge(out_name, "passthrough", tuple(inputs),
+                           {"scale": None if scale is None else number("scale", scale, f"'{name}'")})
     if method == "linear":
-        weights = [float(per_input("weight", m, n)) for m, n in inputs]
-        return TensorMerge(out_name, "linear", tuple(inputs), {"weights": weights,
-                                                               "normalize": bool(shared("normalize", True))})
+        weights = [number("weight", per_input("weight", m, n), f"{m} tensor '{n}'") for m, n in inputs]
+        normalize = bool(shared("normalize", True))
+        total = math.fsum(weights)
+        if normalize and (total == 0 or abs(total) > F32_MAX):
+            raise RecipeError([loaded.issue(("parameters",), f"the weights of '{out_name}' sum to {total:g}: "
+                                            "linear divides by their sum (normalize: true), which would make every "
+                                            "merged value inf or NaN; give weights with a non-zero sum, or set "
+                                            "normalize: false")])
+        return TensorMerge(out_name, "linear", tuple(inputs), {"weights": weights, "normalize": normalize})
     assert base is not None
     base_input = next(i for i in inputs if i[0] == base)
     others = [i for i in inputs if i[0] != base]
@@ -617,17 +643,17 @@ def _tensor(loaded: LoadedConfig, out_name: str, inputs: list[tuple[str, str]], 
         t_value = shared("t", None)
         if t_value is None:
             raise RecipeError([loaded.issue(("parameters",), f"slerp needs the parameter 't' (for '{out_name}')")])
-        return TensorMerge(out_name, "slerp", (base_input, *others), {"t": float(t_value)})
+        return TensorMerge(out_name, "slerp", (base_input, *others), {"t": number("t", t_value, f"'{out_name}'")})
     sparsify = {"ties": "magnitude", "dare_ties": "random", "dare_linear": "random"}.get(method)
     consensus = "sum" if method in ("ties", "dare_ties") else None
     params = {
-        "weights": [float(per_input("weight", m, n)) for m, n in others],
-        "densities": [float(per_input("density", m, n, 1.0)) for m, n in others],
+        "weights": [number("weight", per_input("weight", m, n), f"{m} tensor '{n}'") for m, n in others],
+        "densities": [number("density", per_input("density", m, n, 1.0), f"{m} tensor '{n}'") for m, n in others],
         "sparsify": sparsify,
         "consensus": consensus,
         "normalize": bool(shared("normalize", method == "ties")),
         "rescale": bool(shared("rescale", method in ("dare_ties", "dare_linear"))),
-        "lambda": float(shared("lambda", 1.0)),
+        "lambda": number("lambda", shared("lambda", 1.0), f"'{out_name}'"),
     }
     return TensorMerge(out_name, "task_arithmetic", (base_input, *others), params)
 

@@ -8,6 +8,7 @@ a new `version`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -166,12 +167,19 @@ _STORAGE_HELP = ("fsspec options for a URL path (s3://, gs://, az://, hf://, htt
 _Number = BeforeValidator(_no_bool)
 
 
+def _finite_scale(value: float) -> float:
+    if not math.isfinite(value):
+        raise recipe_value_error(f"a LoRA scale must be a finite number, got {value!r}: every folded weight would be "
+                                 "inf or NaN")
+    return value
+
+
 class LoraSpec(_Strict):
     """A PEFT LoRA adapter folded into the source's weights as PEFT's merge_and_unload does."""
 
     path: _Path = Field(description="The adapter folder (adapter_config.json plus adapter_model.safetensors or "
                                     ".bin), relative to the recipe's folder.")
-    scale: Annotated[float, _Number] | None = Field(
+    scale: Annotated[float, _Number, AfterValidator(_finite_scale)] | None = Field(
         None, description="Multiplies every module's scaling (lora_alpha / r): PEFT's merge with a scale. Default 1.")
 
 

@@ -107,14 +107,16 @@ def parse_config(raw: Any, where: str) -> AdapterConfig:
     r, alpha = raw.get("r"), raw.get("lora_alpha")
     if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
         raise AdapterError(f"r must be a positive integer, got {r!r}", file=where)
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool):
-        raise AdapterError(f"lora_alpha must be a number, got {alpha!r}", file=where)
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise AdapterError(f"lora_alpha must be a finite number, got {alpha!r}", file=where)
     patterns: dict[str, dict[str, Any]] = {}
     for key in ("rank_pattern", "alpha_pattern"):
         value = raw.get(key) or {}
         if not isinstance(value, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool)
-                                                  for v in value.values()):
-            raise AdapterError(f"{key} must map module patterns to numbers", file=where)
+                                                  and math.isfinite(v) for v in value.values()):
+            raise AdapterError(f"{key} must map module patterns to finite numbers", file=where)
+        if key == "rank_pattern" and not all(isinstance(v, int) and v > 0 for v in value.values()):
+            raise AdapterError("rank_pattern must map module patterns to positive integer ranks", file=where)
         for pattern in value:
             try:
                 _key_regex(pattern)
