@@ -28,8 +28,10 @@ Anything else is a crash, saved under `tools/fuzz-crashes/` (gitignored):
 path and with the reference parser alone, and counts any difference in tensors (bytes included),
 metadata, scalars, extra() or error (type, message, tensor) as a failure. `--reader gguf
 --differential` reads every mutated input migrator accepts with gguf-py's reader as well: both must
-agree on tensor names, ggml types, shapes, stored bytes and key/values (inputs only gguf-py accepts
-are counted, not failures: migrator refuses overlapping or misaligned data, which gguf-py reads).
+agree on tensor names, ggml types, shapes, stored bytes and key/values; every input migrator refuses
+is given to gguf-py too, and counted as "both refuse" or "only gguf-py reads it" (not failures:
+migrator refuses overlapping or misaligned data, truncated tensor data and claims past its limits,
+which gguf-py reads or maps lazily).
 
 This module is also imported by tests/formats/test_fuzz.py, which runs the same seeds, mutations and
 checks under Hypothesis for a bounded number of cases.
@@ -1190,18 +1192,30 @@ def differential_gguf(cases: int, rng: random.Random, timeout: float, crash_dir:
         path.write_bytes(data)
         ours: Any = None
         theirs: Any = None
+        refused = False
         try:
             with time_limit(timeout):
                 try:
                     ours = _migrator_gguf_facts(path, data)
                 except MigratorError as e:
-                    counts[f"migrator refuses: {type(e).__name__}"] += 1
+                    # accept/reject agreement: does gguf-py read what migrator refuses?
+                    refused = True
+                    try:
+                        _gguf_py_facts(path)
+                        counts[f"only gguf-py reads it (migrator: {type(e).__name__})"] += 1
+                    except CaseTimeout:
+                        raise
+                    except Exception:
+                        counts["both refuse"] += 1
                     continue
                 try:
                     theirs = _gguf_py_facts(path)
                 except Exception as e:  # any refusal of gguf-py's is a difference here
                     theirs = ("error", type(e).__name__, str(e)[:200])
         except CaseTimeout:
+            if refused:  # gguf-py, not migrator, is still reading: it loops over what a header claims
+                counts["both refuse (gguf-py ran out of time)"] += 1
+                continue
             counts["timeout"] += 1
             (crash_dir / f"gguf-differential-timeout-{hashlib.sha1(data).hexdigest()[:12]}.bin").write_bytes(data)
             continue
