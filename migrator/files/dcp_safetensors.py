@@ -17,12 +17,10 @@ from typing import Any
 
 from ..core.errors import FormatError, LimitExceededError
 from ..core.limits import DEFAULT_LIMITS, Limits
-from ..core.scalars import Scalar
-from ..core.tensor import LazyTensor
 from ..formats.base import Reader
 from ..formats.bounded_json import load_bounded_json
 from ..formats.dcp.assemble import Piece, assemble
-from .sharded import ShardSet
+from .ranks import RanksReader
 from .single import open_single
 
 SHARDING_KEY = "DCP_SHARDING_INFO"
@@ -46,35 +44,22 @@ def _offsets(reader: Reader, label: str, limits: Limits) -> dict[str, tuple[int,
     return out
 
 
-class DcpSafetensorsReader(Reader):
+class DcpSafetensorsReader(RanksReader):
     """Every rank's SafeTensors shard as one checkpoint of global tensors, named by their keys."""
 
     format = "dcp"
 
     def __init__(self, files: Sequence[Path], *, limits: Limits = DEFAULT_LIMITS) -> None:
-        self.limits = limits
-        self.files = list(files)
-        self.folder = self.files[0].parent
-        if len(self.files) > limits.max_shards:
-            raise LimitExceededError(f"{len(self.files)} shard files, over the {limits.max_shards} limit "
-                                     "(max_shards)", file=str(self.folder))
-        self.readers: list[Reader] = []
-        self.tensors: list[LazyTensor] = []
-        self.metadata: dict[str, str] = {}
-        self.scalars: dict[str, Scalar] = {}
-        label = str(self.folder)
-        try:
-            for f in self.files:
-                self.readers.append(open_single(f, "safetensors", limits, {}))
-            self._join(label)
-        except BaseException:
-            self.close()
-            raise
-        modes = 0o7777
-        for r in self.readers:
-            modes &= r.source.mode or 0
-        self.source = ShardSet(label, sum(r.source.size for r in self.readers),
-                               [r.source.identity for r in self.readers if r.source.identity], modes)
+        if len(files) > limits.max_shards:
+            raise LimitExceededError(f"{len(files)} shard files, over the {limits.max_shards} limit (max_shards)",
+                                     file=str(files[0].parent))
+        super().__init__(files, limits=limits)
+
+    def _open_rank(self, f: Path) -> Reader:
+        return open_single(f, "safetensors", self.limits, {})
+
+    def _adopt(self, first: Reader) -> None:
+        pass  # each file's metadata is its own sharding info, not the checkpoint's
 
     def _join(self, label: str) -> None:
         pieces: dict[str, list[Piece]] = {}
@@ -99,7 +84,3 @@ class DcpSafetensorsReader(Reader):
 
     def extra(self) -> dict[str, Any]:
         return {"container": "dcp-safetensors", "files": [{"file": str(f)} for f in self.files]}
-
-    def close(self) -> None:
-        for r in self.readers:
-            r.close()

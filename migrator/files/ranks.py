@@ -77,30 +77,36 @@ class RanksReader(Reader):
         self.limits = limits
         self.files = list(files)
         self.folder = self.files[0].parent
-        self.readers: list[PytorchReader] = []
+        self.readers: list[Reader] = []
         self.tensors: list[LazyTensor] = []
         self.metadata: dict[str, str] = {}
         self.scalars: dict[str, Scalar] = {}
         label = str(self.folder)
         try:
             for f in self.files:
-                src = FileSource(f)
-                try:
-                    self.readers.append(PytorchReader(src, limits=limits, dtensor_shards=True))
-                except BaseException:
-                    src.close()
-                    raise
+                self.readers.append(self._open_rank(f))
             self._join(label)
         except BaseException:
             self.close()
             raise
-        first = self.readers[0]
-        self.metadata, self.scalars = dict(first.metadata), dict(first.scalars)
+        self._adopt(self.readers[0])
         modes = 0o7777
         for r in self.readers:
             modes &= r.source.mode or 0
         self.source = ShardSet(label, sum(r.source.size for r in self.readers),
                                [r.source.identity for r in self.readers if r.source.identity], modes)
+
+    def _open_rank(self, f: Path) -> Reader:
+        src = FileSource(f)
+        try:
+            return PytorchReader(src, limits=self.limits, dtensor_shards=True)
+        except BaseException:
+            src.close()
+            raise
+
+    def _adopt(self, first: Reader) -> None:
+        """What the checkpoint says beside its tensors: rank 0's metadata and scalars."""
+        self.metadata, self.scalars = dict(first.metadata), dict(first.scalars)
 
     def _join(self, label: str) -> None:
         names = self.readers[0].names()
@@ -112,7 +118,7 @@ class RanksReader(Reader):
                 raise FormatError(f"rank {k} and rank 0 hold different tensors: '{extra}' is only in {where}",
                                   file=label, tensor=extra)
         for name in names:
-            layouts: list[ShardLayout | None] = [r.shard_layouts.get(name) for r in self.readers]
+            layouts: list[ShardLayout | None] = [r.shard_layouts.get(name) for r in self.readers]  # type: ignore[attr-defined]
             locals_ = [r[name] for r in self.readers]
             first = layouts[0]
             if first is None:  # a plain tensor: every rank saved the whole of it, rank 0's is read
