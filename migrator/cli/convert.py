@@ -36,6 +36,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       "a DeepSpeed ZeRO folder: 'module' for the module's own weights instead of the fp32 masters")
     conv.add_argument("--tag", help="a DeepSpeed ZeRO checkpoint folder: the step to read (e.g. global_step10; "
                       "default: the one its 'latest' file names)")
+    conv.add_argument("--training-state", choices=("keep", "drop"), default=None,
+                      help="a training checkpoint's optimizer state: keep (rewritten to follow every rename, split "
+                      "and permute; needs a .pt target) or drop (default: keep for a whole .pt -> .pt run, drop "
+                      "when --top-level-key selects the model)")
     conv.add_argument("--remap", action="append", default=[], metavar="REGEX=REPL", help="rename (repeatable, ordered)")
     conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
     conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
@@ -183,7 +187,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     args.dst = _folder_target(args, parser)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
-                   top_level_key=args.top_level_key, tag=args.tag, remaps=args.remap, includes=args.include,
+                   top_level_key=args.top_level_key, tag=args.tag, training_state=args.training_state,
+                   remaps=args.remap, includes=args.include,
                    excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, modules=args.modules,
                    contiguous_indices=args.contiguous_indices, lora=args.lora, lora_scale=args.lora_scale,

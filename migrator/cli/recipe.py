@@ -32,6 +32,9 @@ def add_path_overrides(parser: argparse.ArgumentParser, scope: str = "", target_
     parser.add_argument("--config", metavar="FILE", help=f"{scope}take ${{config.KEY}} values from FILE (a "
                         "config.json or params.json, relative to the current folder) instead of the recipe's "
                         "config: or the config beside the source")
+    parser.add_argument("--training-state", choices=("keep", "drop"), default=None,
+                        help=f"{scope}instead of the recipe's training_state: keep a training checkpoint's "
+                        "optimizer state, rewritten to follow the recipe (a .pt target), or drop it")
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:

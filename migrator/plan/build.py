@@ -37,6 +37,7 @@ from ..storage.paths import resolve_path
 from ..storage.remote import as_path
 from ..storage.remote.options import NO_STORAGE_OPTIONS, StorageOptions
 from .casts import Casts, apply_cast
+from .entry import PlanEntry
 from .kept import checkpoint_structure, target_scalars
 from .metadata import (
     RECIPE_HASH_KEY,
@@ -49,27 +50,7 @@ from .metadata import (
 from .report import ApplyReport, ReportError
 
 if TYPE_CHECKING:
-    from ..transform.modules import ModuleType
     from .sources import UnionReader
-
-
-@dataclass(slots=True)
-class PlanEntry:
-    """One tensor of the output and how it is made (slotted: a 100k-tensor plan holds 100k)."""
-
-    target: str
-    source: str | None  # name in the source file; None when a template value is kept
-    tensor: LazyTensor  # the final lazy tensor (target name, dtype, shape, param_id)
-    source_tensor: LazyTensor | None  # as read from the source file
-    ops: tuple[str, ...] = ()
-    module: ModuleType | None = None
-    kept_from_template: bool = False
-
-    @property
-    def before(self) -> tuple[DType, tuple[int, ...]] | None:
-        """The source tensor's dtype and shape."""
-        t = self.source_tensor
-        return None if t is None else (t.dtype, t.shape)
 
 
 @dataclass
@@ -161,13 +142,20 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
     from .sources import open_source, open_sources
 
+    model_key: str | None = None  # training_state: keep under source.top_level_key
     if recipe.sources is not None:
         reader: Reader = open_sources(recipe, base_dir, source_origins, limits=limits, storage=storage,
                                       for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
         one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
-        reader = open_source(recipe.inputs()[0], src_path, limits=limits, keep_structure=one_file, base_dir=base_dir,
+        spec = recipe.inputs()[0]
+        if one_file and recipe.training_state == "keep" and spec.top_level_key:
+            # the whole checkpoint is the target: opened whole, the recipe applied under the key
+            key = spec.top_level_key
+            model_key = key if isinstance(key, str) else ".".join(key)
+            spec = spec.model_copy(update={"top_level_key": None})
+        reader = open_source(spec, src_path, limits=limits, keep_structure=one_file, base_dir=base_dir,
                              storage=storage)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
@@ -180,7 +168,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                         head_dim=_head_dim(recipe, base_dir), copy_from=copy_from, hint_syntax=hint_syntax,
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
-                        fsync=recipe.target.fsync if fsync is None else fsync, limits=limits, storage=storage)
+                        fsync=recipe.target.fsync if fsync is None else fsync, limits=limits, storage=storage,
+                        model_key=model_key)
         plan.inputs = inputs
         return plan
     except BaseException:
@@ -264,13 +253,26 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
              hint_syntax: str = "recipe",
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
              op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
-             limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None) -> Plan:
+             limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None,
+             model_key: str | None = None) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
     declares = _Declarations()  # modules one declaration each would fix
+    from .training_state import training_state
+
+    training = training_state(recipe, reader, out_fmt, tpl_path, fatal, model_key)
     entries, report = _plan_tensors(recipe, reader, tpl_path, readers, fatal, module_origins, op_origins, limits,
                                     for_burn=recipe.for_burn(out_fmt), head_dim=head_dim, declares=declares,
-                                    storage=storage)
+                                    storage=storage, tensors=training.model)
+    if training.optimizers:
+        def replan(tensors: list[LazyTensor]) -> list[PlanEntry]:  # the same steps over moments
+            return _plan_tensors(recipe, reader, None, readers, [], module_origins, op_origins, limits,
+                                 for_burn=recipe.for_burn(out_fmt), head_dim=head_dim, storage=storage,
+                                 tensors=tensors, cast=False)[0]
+
+        entries += training.follow(reader, entries, replan, fatal)
+    report.optimizer = training.fates
+    entries = training.placed(entries)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -283,6 +285,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
                            clear=recipe.target.clear_metadata)
     notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
+    notes += training.notes
     if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
@@ -301,8 +304,9 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                      f"Burn's Vec<Module> has no gaps): {shown}{more}")
     kept: list[str] = []  # what keeping a checkpoint's structure says
     problems = len(fatal)
-    structure = checkpoint_structure(recipe, reader, out_fmt, tpl_path, ((e.source, e.target) for e in entries),
-                                     kept, fatal)
+    structure = checkpoint_structure(recipe, reader, out_fmt, tpl_path,
+                                     ((e.source, e.target) for e in entries if e.optimizer is None), kept, fatal,
+                                     swap=training.swap)
     notes += kept
     flat = structure is None and len(fatal) == problems  # else the scalars are in the structure (or refused)
     scalars = target_scalars(recipe, reader, out_fmt, notes if flat else [], fatal)
@@ -420,11 +424,14 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
                   limits: Limits = DEFAULT_LIMITS, *, for_burn: bool = False,
                   storage: StorageOptions | None = None,
                   head_dim: tuple[int, str, str] | None = None,
-                  declares: _Declarations | None = None) -> tuple[list[PlanEntry], ApplyReport]:
+                  declares: _Declarations | None = None, tensors: list[LazyTensor] | None = None,
+                  cast: bool = True) -> tuple[list[PlanEntry], ApplyReport]:
     """Steps 1-4: the plan's entries and report; problems that stop a run are added to `fatal`.
-    `for_burn`: the output is for Burn (`Recipe.for_burn`), so a PyTorch source is renumbered by default."""
+    `for_burn`: the output is for Burn (`Recipe.for_burn`), so a PyTorch source is renumbered by default.
+    `tensors`: these instead of the reader's (a training checkpoint's model, or its optimizer moments in
+    their parameters' places); `cast`: whether the dtype policy applies (moments keep their dtype)."""
     is_pytorch = has_torch_names(reader)
-    tensors = reader.tensors
+    tensors = reader.tensors if tensors is None else tensors
     names = [t.name for t in tensors]
     check_name_lengths(names, limits, reader.label)
     renumbered: list[tuple[str, str]] = []
@@ -475,7 +482,7 @@ def _plan_tensors(recipe: Recipe, reader: Reader, tpl_path: Path | None, readers
     items = _adapted(kept, kept_names, ops, adapter, resolver, errors, made, declares)
 
     # 4. template slots, or the source order when there is no template
-    cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastSpec) else None
+    cast_to = dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastSpec) and cast else None
     missing: list[tuple[str, str]] = []
     unused: list[str] = []
     if tpl_path is not None:

@@ -23,6 +23,7 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "module": None if e.module is None else {"type": e.module.name, "how": e.module.how,
                                                      "reason": e.module.reason},
             "kept_from_template": e.kept_from_template,
+            **({} if e.optimizer is None else {"optimizer": e.optimizer}),
         })
     return {"source": str(p.source_path), "source_format": p.source_format, "target": str(p.target_path),
             "target_format": p.target_format, "template": None if p.template_path is None else str(p.template_path),

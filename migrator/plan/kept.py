@@ -3,7 +3,7 @@ source was, under its new name) and burnpack's typed scalars."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,11 +18,13 @@ if TYPE_CHECKING:
 
 def checkpoint_structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path: Path | None,
                          moved: Iterable[tuple[str | None, str]],
-                         notes: list[str], fatal: list[str]) -> Node | None:
+                         notes: list[str], fatal: list[str],
+                         swap: Mapping[str, tuple[Node | None, int]] | None = None) -> Node | None:
     """The checkpoint's structure for a PyTorch -> PyTorch run of one whole source into one file (no
     top_level_key, template or shards; those write a flat state_dict), with each tensor where its
     source was, under its new name (`formats.pytorch.tree`; `moved` pairs each planned tensor's source
-    name with its target name); None otherwise, or when refused (`fatal`)."""
+    name with its target name); None otherwise, or when refused (`fatal`). `swap`: containers put in
+    place of the source's (an optimizer rebuilt for the output, or None to leave it out), by path."""
     tree = reader.structure
     if tree is None or out_fmt != "pytorch" or recipe.target.shard is not None or tpl_path is not None:
         return None
@@ -34,7 +36,7 @@ def checkpoint_structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path:
     moves = [(source if source in known else source.split(", ", 1)[0], target)
              for source, target in moved if source is not None]
     try:
-        placed = place_tensors(tree, names, moves, reader.label)
+        placed = place_tensors(tree, names, moves, reader.label, swap=swap)
     except PlanError as e:
         fatal.append(str(e))
         return None

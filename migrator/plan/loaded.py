@@ -34,8 +34,9 @@ def load(path: str | os.PathLike[str], overrides: Mapping[str, str] | None = Non
 
 
 def overrides_of(args: Any) -> dict[str, str]:
-    """{"source": PATH, "target": PATH, "config": FILE} as given on the command line (any may be absent)."""
-    return {k: v for k in ("source", "target", "config") if (v := getattr(args, k, None))}
+    """{"source": PATH, "target": PATH, "config": FILE, "training_state": keep|drop} as given on the
+    command line (any may be absent)."""
+    return {k: v for k in ("source", "target", "config", "training_state") if (v := getattr(args, k, None))}
 
 
 def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: bool = False,
@@ -58,6 +59,7 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
     recipe = loaded.recipe
     rest = dict(overrides)
     rest.pop("config", None)
+    state = rest.pop("training_state", None)  # not a path: the recipe's own key
     if "source" in rest and recipe.sources is not None:
         recipe = _source_entry(loaded, rest.pop("source"), compared, shown or str(loaded.path))
     absolute = {k: given_path(v) for k, v in rest.items()}
@@ -66,6 +68,8 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
         recipe = recipe.model_copy(update={"source": recipe.source.model_copy(update={"path": absolute["source"]})})
     if "target" in absolute:
         recipe = recipe.model_copy(update={"target": _target_in(recipe, rest["target"], absolute["target"])})
+    if state is not None:
+        recipe = recipe.model_copy(update={"training_state": state})
     out = dataclasses.replace(loaded, recipe=recipe)
     if compared:
         return out

@@ -178,6 +178,9 @@ class ApplyReport:
     """The recipe's op nodes (`migrator.transform.ops.OpNode.to_json`: op, index, at, inputs, outputs), in order."""
     renumbered: list[tuple[str, str]] = field(default_factory=list)
     """(name before, name after) per tensor whose index segments were renumbered (contiguous_indices)."""
+    optimizer: list[dict[str, Any]] = field(default_factory=list)
+    """Each optimizer state tensor's fate (`plan.training_state`): optimizer, param, state, fate (followed, copied,
+    dropped), tensor (its name in the output, or in the source when dropped)."""
     target: str | None = None
     status: str | None = None
     written: bool | None = None
@@ -270,6 +273,15 @@ class ApplyReport:
             lines += [f"│    • {escape(_op_text(n))}" for n in shown]
             if len(self.ops) > len(shown):
                 lines.append(f"│    ... and {len(self.ops) - len(shown)} more")
+        if self.optimizer:
+            fates = [f["fate"] for f in self.optimizer]
+            counts = ", ".join(f"{fates.count(k)} {k}" for k in ("followed", "copied", "dropped") if k in fates)
+            lines += ["│", f"├─ Optimizer state ({counts})", "│"]
+            lines += [f"│    • {escape(str(f['param']))}.{escape(str(f['state']))}: {f['fate']}"
+                      + (f" -> {escape(str(f['tensor']))}" if f["fate"] != "dropped" and f["tensor"] else "")
+                      for f in self.optimizer[:_LIST_LIMIT]]
+            if len(self.optimizer) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(self.optimizer) - _LIST_LIMIT} more")
         if self.errors:
             lines += ["│", "├─ Errors", "│"]
             lines += [f"│  ⚠️  {escape(error_display(e), keep_newlines=True)}" for e in self.errors[:_LIST_LIMIT]]
@@ -308,6 +320,8 @@ class ApplyReport:
             data["ops"] = [dict(n) for n in self.ops]
         if self.renumbered:
             data["renumbered"] = [{"from": old, "to": new} for old, new in self.renumbered]
+        if self.optimizer:
+            data["optimizer"] = [dict(f) for f in self.optimizer]
         for key in _RUN_KEYS:
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
@@ -366,6 +380,7 @@ class ApplyReport:
             unused_from=origins["unused_from"],
             ops=[_op_entry(n) for n in data.get("ops", [])],
             renumbered=[(str(e["from"]), str(e["to"])) for e in renumbered],
+            optimizer=_optimizer_fates(data.get("optimizer", [])),
             target=None if target is None else str(target),
             status=status,
             written=written,
@@ -373,7 +388,14 @@ class ApplyReport:
 
 
 _RUN_KEYS = ("status", "target", "written")
-_OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "skipped_from", "unused_from", *_RUN_KEYS})
+_FATE_KEYS = ("optimizer", "param", "state", "fate", "tensor")
+
+
+def _optimizer_fates(items: Any) -> list[dict[str, Any]]:
+    if not isinstance(items, list) or not all(isinstance(e, Mapping) and set(_FATE_KEYS) <= set(e) for e in items):
+        raise ValueError("optimizer must be a list of {optimizer, param, state, fate, tensor} objects")
+    return [{k: e[k] for k in _FATE_KEYS} for e in items]
+_OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "optimizer", "skipped_from", "unused_from", *_RUN_KEYS})
 
 
 def _op_text(node: Mapping[str, Any]) -> str:

@@ -34,6 +34,7 @@ def build_recipe(
     target_format_name: str = "auto",
     top_level_key: str | None = None,
     tag: str | None = None,
+    training_state: str | None = None,
     remaps: Sequence[str] = (),
     includes: Sequence[str] = (),
     excludes: Sequence[str] = (),
@@ -79,6 +80,8 @@ def build_recipe(
         data["source"]["top_level_key"] = top_level_key
     if tag:
         data["source"]["tag"] = tag
+    if training_state is not None:
+        data["training_state"] = training_state
     if max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep)):  # DIR/: a Hugging Face folder
         from ..files.sharded_writer import DEFAULT_MAX_SIZE
 
@@ -291,8 +294,9 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
     if first == "filter" and second in ("include", "exclude") and n is not None:
         return f"--{second} '{data['filter'][second][n]['regex']}'"
     names: dict[str, str | dict[str, str]] = {
-        "dtype": "--dtype", "source": {"top_level_key": "--top-level-key", "tag": "--tag", "format": "--from",
-                                      "path": "SRC", "lora": "--lora/--lora-scale"},
+        "dtype": "--dtype", "training_state": "--training-state",
+        "source": {"top_level_key": "--top-level-key", "tag": "--tag", "format": "--from",
+                   "path": "SRC", "lora": "--lora/--lora-scale"},
         "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize"}}
     found = names.get(first, first)
     return found.get(second or "", first) if isinstance(found, dict) else found

@@ -578,6 +578,10 @@ class Recipe(_Strict):
     target: TargetSpec = Field(description="The file (or folder of shards) to write.")
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")
     validate_shapes: bool = Field(True, alias="validate", description="Shape mismatches are errors.")
+    training_state: Literal["keep", "drop"] | None = Field(
+        None, description="A training checkpoint's optimizer state: keep (every optimizer state dict rewritten so "
+                          "its moments follow their parameters through the recipe) or drop. Default: keep for a "
+                          "whole-checkpoint .pt -> .pt run, drop otherwise.")
     executor: ExecutorSpec | None = Field(
         None, description="Where the run's jobs and write tasks run when the command line does not say "
                           "(--executor and --ray-address win): {ray: {address: auto}}. Default: this machine.")

@@ -50,6 +50,7 @@ class RunOptions:
     source: str | None = None
     target: str | None = None
     config: str | None = None
+    training_state: str | None = None  # --training-state, in place of the recipe's
     overwrite: bool | None = None
     fsync: bool | None = None
     hash_sources: bool = False
@@ -69,6 +70,7 @@ class RunOptions:
         """From `migrate run`'s command line (the options every job shares, for many)."""
         return cls(source=getattr(args, "source", None), target=getattr(args, "target", None),
                    config=getattr(args, "config", None),
+                   training_state=getattr(args, "training_state", None),
                    overwrite=True if args.overwrite else None, fsync=False if args.no_fsync else None,
                    hash_sources=bool(args.hash_sources), progress=False if args.no_progress else None,
                    workers=args.workers, jobs=args.jobs, executor=args.executor, ray_address=args.ray_address,
@@ -76,8 +78,10 @@ class RunOptions:
                    report=getattr(args, "report", None))
 
     def overrides(self) -> dict[str, str]:
-        """{"source": PATH, "target": PATH, "config": FILE} as given (any may be absent)."""
-        return {k: v for k, v in (("source", self.source), ("target", self.target), ("config", self.config)) if v}
+        """{"source": PATH, "target": PATH, "config": FILE, "training_state": keep|drop} as given (any may be
+        absent)."""
+        return {k: v for k, v in (("source", self.source), ("target", self.target), ("config", self.config),
+                                  ("training_state", self.training_state)) if v}
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,7 @@ target:
       optional: true
   copy_from: weights/
 allow_partial: false
+training_state: drop
 validate: true
 executor:
   ray:

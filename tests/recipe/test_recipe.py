@@ -35,7 +35,7 @@ TARGET_KEYS = ("path, format, template, template_format, storage_options, templa
                "metadata, clear_metadata, scalars, quantize, tokenizer, rope_scaling, hf_config, shard, copy, "
                "copy_from")
 TOP_KEYS = ("version, description, config, source, sources, remap, filter, modules, ops, adapters, dtype, target, "
-            "allow_partial, validate, executor")
+            "allow_partial, validate, training_state, executor")
 
 
 def write(folder: Path, text: str, name: str = "recipe.yaml") -> Path:

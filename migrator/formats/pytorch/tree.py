@@ -227,14 +227,16 @@ class Placed:
 
 
 def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tuple[str, str]],
-                  label: str) -> Placed:
+                  label: str, swap: Mapping[str, tuple[Node | None, int]] | None = None) -> Placed:
     """Give every slot its output tensor: `names` are the reader's tensor names (the k-th is the k-th
     slot's), `moves` the (source name, target name) of the plan's entries. A slot whose tensor is not
     written (a filter) is left out; a rename keeps the tensor in its own container, with the key its new
     name gives there. Refused (PlanError naming the key): a rename that leaves its container or renames
     a list element, a list element made into several outputs, an output made from no slot, two keys
     that collide. Outputs of ops go where their source was (a split's parts all there; a concat's where
-    its first input was: the other inputs are left out)."""
+    its first input was: the other inputs are left out). `swap`: dotted path -> (a placed container to put
+    there instead, or None to leave the key out; the tensor slots the source's container holds): an
+    optimizer rebuilt for the output (`plan.training`)."""
     targets: dict[str, list[str]] = {}  # a split makes several outputs of one source: all go where it was
     for src, dst in moves:
         targets.setdefault(src, []).append(dst)
@@ -249,6 +251,13 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
     while stack:
         old, path, it, new = stack[-1]
         for key, value in it:
+            if swap and isinstance(value, Node) and (at := f"{path}.{key}" if path else str(key)) in swap:
+                replacement, held = swap[at]
+                for _ in range(held):  # its slots are the replacement's business
+                    next(slots, None)
+                if replacement is not None:
+                    _add(new, key, replacement)
+                continue
             if isinstance(value, Node) and not value.tensors:  # nothing in it changes: the same Node
                 _add(new, key, value)
                 continue

@@ -1,0 +1,642 @@
+"""Training state through a recipe: a checkpoint's optimizer state follows its parameters.
+
+A PyTorch training checkpoint holds, beside the model, optimizer state dicts (`{"state": {id:
+{"step": ..., "exp_avg": ...}}, "param_groups": [{"params": [ids], ...}]}`) whose ids point at the
+model's parameters. When a recipe renames, splits or permutes a parameter, the moments must move the
+same way or a resumed run applies them to the wrong numbers. This module:
+
+1. finds every optimizer state dict in the checkpoint's structure (`formats.pytorch.tree`): a dict
+   with `state` and `param_groups`, wherever it sits;
+2. tells which parameter each id is (`param_names` in the groups, ids that are names, or the model's
+   tensor order when the counts agree exactly), and refuses when none is certain;
+3. plans each per-parameter tensor shaped like its parameter by running the SAME pipeline (remaps,
+   filter, ops, adapters) over the model's tensors with that moment in the parameter's place: the
+   output at each position is the moment of the parameter's output there. There is no second
+   implementation of any op;
+4. copies scalar state (`step`) to each output of a split and checks it is equal across the inputs of
+   a concat or stack; drops the state of parameters the recipe drops; and rebuilds `param_groups`
+   (new `params` ids and `param_names` in the output's order, hyperparameters kept).
+
+The result is a set of extra plan entries (`{optimizer}.state.{id}.{key}`) and, per optimizer, the new
+container put in place of the old one when the structure is written (`tree.place_tensors(swap=)`).
+A source whose state is keyed by names (DCP's `optim.state.<fqn>.exp_avg`) fits the same path: its ids
+are the names themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import PlanError
+from ..core.tensor import LazyTensor
+from .entry import PlanEntry
+
+if TYPE_CHECKING:
+    from ..formats.pytorch.tree import CheckpointTree, Node
+HINT = ("build the optimizer from model.named_parameters() (torch >= 2.6 saves param_names in param_groups), or "
+        "save it with torch.distributed.checkpoint.state_dict.get_optimizer_state_dict (keyed by names), or set "
+        "training_state: drop")
+
+Key = int | str
+
+
+@dataclass
+class ParamState:
+    """One parameter's optimizer state: tensors by state key (the reader's names), plain values."""
+
+    key: Key
+    tensors: dict[str, str] = field(default_factory=dict)
+    plain: dict[str, Any] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # the state keys as stored
+
+
+@dataclass
+class Optimizer:
+    """An optimizer state dict found in the checkpoint."""
+
+    path: str  # dotted, '' at the top level
+    node: Node
+    states: dict[Key, ParamState]
+    groups: list[Node]
+    params: list[list[Key]]  # per group, as stored
+    param_names: list[list[str]] | None
+    tensor_names: list[str]  # every reader tensor inside it
+    slots: int = 0
+    rule: str = ""
+    file: str = ""  # the checkpoint's label, for errors
+    prefix: str = ""  # before the names the optimizer gives its parameters (`model.` in a whole checkpoint)
+    owner: dict[Key, str] = field(default_factory=dict)  # id -> the model tensor's reader name
+
+    @property
+    def label(self) -> str:
+        return f"'{self.path}'" if self.path else "at the top level"
+
+
+@dataclass
+class Followed:
+    """What following the recipe made: extra entries, the containers to swap in, fates, notes."""
+
+    entries: list[PlanEntry] = field(default_factory=list)
+    swap: dict[str, tuple[Node | None, int]] = field(default_factory=dict)  # path -> (new node or None, slots)
+    fates: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    fatal: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------
+# finding the optimizers
+
+
+def _text_key(node: Node, key: Any) -> str | None:
+    return key if type(key) is str else None
+
+
+def find_optimizers(tree: CheckpointTree, names: Sequence[str], label: str) -> list[Optimizer]:
+    """Every dict with `state` and `param_groups` in the structure (`names`: the reader's tensor names,
+    the k-th is the k-th tensor slot in walk order)."""
+    from ..formats.pytorch.tree import Node, TensorSlot
+
+    found: list[Optimizer] = []
+    slots = iter(names)
+    # walk as place_tensors does: only containers with tensors hold slots
+    stack: list[tuple[Node, str, Any]] = [(tree.root, "", iter(tree.root.items()))]
+    open_optim: list[tuple[int, Optimizer]] = []  # (stack depth, optimizer) being walked
+    if _is_optimizer(tree.root):
+        open_optim.append((0, _new_optimizer(tree.root, "", label)))
+    while stack:
+        _, path, it = stack[-1]
+        for key, value in it:
+            if isinstance(value, TensorSlot):
+                name = next(slots, None)
+                if name is None:
+                    raise PlanError("the checkpoint's structure and its tensors disagree (a bug)", file=label)
+                if open_optim:
+                    open_optim[-1][1].tensor_names.append(name)
+                continue
+            if isinstance(value, Node) and value.tensors:
+                child = f"{path}.{key}" if path else str(key)
+                if _is_optimizer(value):
+                    open_optim.append((len(stack), _new_optimizer(value, child, label)))
+                stack.append((value, child, iter(value.items())))
+                break
+            if isinstance(value, Node) and _is_optimizer(value):  # an optimizer without tensors yet (SGD, no step)
+                child = f"{path}.{key}" if path else str(key)
+                opt = _new_optimizer(value, child, label)
+                _read_state(opt, label)
+                found.append(opt)
+        else:
+            stack.pop()
+            if open_optim and open_optim[-1][0] == len(stack):
+                opt = open_optim.pop()[1]
+                opt.slots = len(opt.tensor_names)
+                _read_state(opt, label)
+                found.append(opt)
+                if open_optim:  # nested optimizers: the outer one's tensors include the inner one's
+                    open_optim[-1][1].tensor_names.extend(opt.tensor_names)
+    return found
+
+
+def _is_optimizer(node: Node) -> bool:
+    if not node.is_dict:
+        return False
+    keys = {k for k in node.keys if type(k) is str}
+    if not {"state", "param_groups"} <= keys:
+        return False
+    groups = node.values[node.keys.index("param_groups")]
+    return isinstance(groups, type(node)) and groups.kind in ("list", "tuple")
+
+
+def _new_optimizer(node: Node, path: str, label: str) -> Optimizer:
+    from ..formats.pytorch.tree import Node as NodeType
+
+    groups_node = node.values[node.keys.index("param_groups")]
+    assert isinstance(groups_node, NodeType)
+    groups: list[Node] = []
+    params: list[list[Key]] = []
+    names: list[list[str]] = []
+    has_names = True
+    where = f"{path}.param_groups" if path else "param_groups"
+    for g, group in enumerate(groups_node.values):
+        if not isinstance(group, NodeType) or not group.is_dict or group.tensors or "params" not in group.keys:
+            raise PlanError(f"{where}[{g}] is not a param group (a dict of params and hyperparameters); set "
+                            "training_state: drop", file=label)
+        ids = group.values[group.keys.index("params")]
+        if not isinstance(ids, NodeType) or not all(type(i) in (int, str) for i in ids.values):
+            raise PlanError(f"{where}[{g}].params is not a list of parameter ids; set training_state: drop",
+                            file=label)
+        groups.append(group)
+        params.append(list(ids.values))  # type: ignore[arg-type]
+        pn = group.values[group.keys.index("param_names")] if "param_names" in group.keys else None
+        if isinstance(pn, NodeType) and len(pn.values) == len(ids.values) and all(type(n) is str for n in pn.values):
+            names.append(list(pn.values))  # type: ignore[arg-type]
+        else:
+            has_names = False
+    state = node.values[node.keys.index("state")]
+    if not isinstance(state, NodeType) or not state.is_dict:
+        raise PlanError(f"{path + '.' if path else ''}state is not a dict of per-parameter state; set "
+                        "training_state: drop", file=label)
+    return Optimizer(path, node, {}, groups, params, names if has_names and names else None, [], file=label)
+
+
+def _read_state(opt: Optimizer, label: str) -> None:
+    """Each parameter's state: its tensors (named as the reader names them) and plain values."""
+    from ..formats.pytorch.tree import Node, TensorSlot
+
+    state = opt.node.values[opt.node.keys.index("state")]
+    assert isinstance(state, Node)
+    base = f"{opt.path}.state." if opt.path else "state."
+    names = iter(n for n in opt.tensor_names if n.startswith(base))
+    for key, value in zip(state.keys, state.values, strict=True):
+        if key is None:  # a tensor directly under state: not per-parameter state
+            raise PlanError(f"{base}... holds a tensor where a parameter's state dict belongs; set "
+                            "training_state: drop", file=label)
+        if not isinstance(value, Node) or not value.is_dict:
+            raise PlanError(f"{base}{key} is not a state dict; set training_state: drop", file=label)
+        ps = ParamState(key)
+        prefix = f"{base}{key}."
+        for k, v in zip(value.keys, value.values, strict=True):
+            if isinstance(v, TensorSlot):
+                name = next(names, None)
+                if name is None or not name.startswith(prefix):
+                    raise PlanError("the optimizer's structure and its tensors disagree (a bug)", file=label)
+                sk = name[len(prefix):] if k is None else str(k)
+                ps.tensors[sk] = name
+                ps.order.append(sk)
+            elif isinstance(v, Node):
+                raise PlanError(f"{prefix}{k} is a container: optimizer state that follows a recipe is tensors and "
+                                "numbers; set training_state: drop", file=label, tensor=f"{prefix}{k}")
+            else:
+                ps.plain[str(k)] = v
+                ps.order.append(str(k))
+        opt.states[key] = ps
+
+
+# ---------------------------------------------------------------------------------------------------
+# which parameter each id is
+
+
+def identify(opt: Optimizer, model: Sequence[str], label: str, prefix: str | None = None) -> None:
+    """Fill `opt.owner` (id -> model tensor name) and `opt.rule`, or raise naming why none is certain.
+    `model`: the model's tensor names as the reader names them; `prefix` (with its dot): where the model
+    is, when known (`source.top_level_key`)."""
+    known = set(model)
+    ids = [i for group in opt.params for i in group]
+    if len(set(ids)) != len(ids):
+        raise PlanError(f"the optimizer {opt.label} lists a parameter id twice in its param_groups", file=label)
+    if opt.param_names is not None or all(type(i) is str for i in ids):
+        by_name = [n for group in opt.param_names for n in group] if opt.param_names is not None else [
+            str(i) for i in ids]
+        found = _model_prefix(by_name, model, known, prefix)
+        if found is None:
+            missing = next(n for n in by_name if not any(f"{p}{n}" in known for p in _prefixes(model, prefix)))
+            raise PlanError(f"the optimizer {opt.label} names parameter '{missing}', which is no tensor of the "
+                            f"model; {HINT}", file=label, tensor=missing)
+        opt.owner = {i: f"{found}{n}" for i, n in zip(ids, by_name, strict=True)}
+        opt.prefix = found
+        opt.rule = "param_names in param_groups" if opt.param_names is not None else "name keys"
+        return
+    if len(opt.params) > 1:  # ids number the groups' params in group order: not the model's order
+        raise PlanError(f"the optimizer {opt.label} has {len(opt.params)} param groups and no parameter names: its "
+                        "ids follow the groups, not the model, so which state belongs to which tensor is not "
+                        f"certain; {HINT}", file=label)
+    params = list(model) if prefix is None else [n for n in model if n.startswith(prefix)]
+    if len(params) != len(ids):
+        raise PlanError(f"the optimizer {opt.label} has {len(ids)} parameters and no names, the model has "
+                        f"{len(params)} tensors (buffers or several models?): which state belongs to which tensor "
+                        f"is not certain; {HINT}", file=label)
+    opt.owner = dict(zip(ids, params, strict=True))
+    opt.rule = f"parameter order ({len(ids)} parameters, {len(params)} model tensors)"
+
+
+def _prefixes(model: Sequence[str], given: str | None) -> list[str]:
+    if given is not None:
+        return [given]
+    return ["", *dict.fromkeys(n.split(".", 1)[0] + "." for n in model if "." in n)]
+
+
+def _model_prefix(names: Sequence[str], model: Sequence[str], known: set[str], given: str | None) -> str | None:
+    """The one prefix under which every parameter name is a model tensor."""
+    fits = [p for p in _prefixes(model, given) if all(f"{p}{n}" in known for n in names)]
+    return fits[0] if len(fits) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# following the plan
+
+
+Replan = Callable[[list[LazyTensor]], "list[PlanEntry]"]
+"""The plan's own steps (remap, filter, ops, adapters; no dtype policy) over a list of tensors."""
+
+
+def follow(optimizers: Sequence[Optimizer], model: Sequence[LazyTensor], tensors: dict[str, LazyTensor],
+           entries: Sequence[PlanEntry], replan: Replan, model_prefix: str = "") -> Followed:
+    """Each optimizer's state through the recipe: `model` the tensors the recipe planned (as the reader
+    names them), `tensors` every reader tensor by name, `entries` the model's plan, `replan` the same
+    pipeline. `model_prefix`: the part of a name before the model's own key (for param_names)."""
+    out = Followed()
+    for opt in optimizers:
+        try:
+            _follow_one(opt, model, tensors, entries, replan, model_prefix, out)
+        except PlanError as e:
+            out.fatal.append(str(e))
+    return out
+
+
+def _sources(entry: PlanEntry) -> list[str]:
+    return [] if entry.source is None else entry.source.split(", ")
+
+
+def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, LazyTensor],
+                entries: Sequence[PlanEntry], replan: Replan, model_prefix: str, out: Followed) -> None:
+    from ..formats.pytorch.tree import Node, TensorSlot
+
+    id_of = {name: i for i, name in opt.owner.items()}
+    group_of = {i: g for g, ids in enumerate(opt.params) for i in ids}
+    shape_of = {t.name: t.shape for t in model}
+    # the moments shaped like their parameter, by state key: each is planned by the recipe's own steps
+    moment_keys: dict[str, None] = {}
+    for i, ps in opt.states.items():
+        owner = opt.owner.get(i)
+        if owner is None:
+            raise PlanError(f"the optimizer {opt.label} has state for id {i!r}, which no param group lists")
+        big = [name for name in ps.tensors.values() if tensors[name].numel > 1]
+        if opt.rule.startswith("parameter order") and big and all(tensors[n].shape != shape_of.get(owner)
+                                                                  for n in big):
+            raise PlanError(f"the optimizer {opt.label}'s state {i!r} ({', '.join(big)}: shape "
+                            f"{list(tensors[big[0]].shape)}) does not fit '{owner}' (shape "
+                            f"{list(shape_of.get(owner, ()))}), its parameter by order: the order is not the "
+                            f"model's; {HINT}", file=opt.file, tensor=big[0])
+        for k, name in ps.tensors.items():
+            if tensors[name].shape == shape_of.get(owner) and tensors[name].numel > 1:
+                moment_keys[k] = None
+    planned: dict[str, list[PlanEntry]] = {}
+    for k in moment_keys:
+        subs: list[LazyTensor] = []
+        for t in model:
+            pid = id_of.get(t.name)
+            held = opt.states.get(pid) if pid is not None else None
+            moment = held.tensors.get(k) if held is not None else None
+            m = tensors[moment] if moment is not None else None
+            subs.append(m.renamed(t.name) if m is not None and m.shape == t.shape else t)
+        again = replan(subs)
+        if [e.target for e in again] != [e.target for e in entries]:
+            raise PlanError(f"the optimizer {opt.label}'s '{k}' does not plan as its parameters do (a bug); set "
+                            "training_state: drop")
+        planned[k] = again
+    state = Node("dict", tensors=True)
+    new_ids: list[list[Key]] = [[] for _ in opt.groups]
+    new_names: list[list[str]] = [[] for _ in opt.groups]
+    used: set[Key] = set()
+    by_name = all(type(i) is str for group in opt.params for i in group) and opt.param_names is None
+    base = f"{opt.path}.state." if opt.path else "state."
+    for n, entry in enumerate(entries):
+        srcs = _sources(entry)
+        ids = [id_of.get(s) for s in srcs]
+        if not srcs or all(i is None for i in ids):
+            continue
+        with_state = [i for i in ids if i is not None and i in opt.states]
+        if None in ids:
+            if with_state:
+                raise PlanError(f"'{entry.target}' joins parameters with optimizer state and tensors without: "
+                                f"their state cannot be joined; set training_state: drop", tensor=entry.target)
+            continue
+        groups = {group_of[i] for i in ids}  # type: ignore[index]
+        if len(groups) > 1:
+            raise PlanError(f"'{entry.target}' joins parameters of different param_groups "
+                            f"({', '.join(str(g) for g in sorted(groups))}) of the optimizer {opt.label}: one "
+                            "parameter has one group; set training_state: drop", tensor=entry.target)
+        g = groups.pop()
+        prefix = model_prefix + opt.prefix
+        rel = entry.target[len(prefix):] if entry.target.startswith(prefix) else entry.target
+        new: Key = rel if by_name else sum(len(x) for x in new_ids)
+        new_ids[g].append(new)
+        new_names[g].append(rel)
+        used.update(ids)  # type: ignore[arg-type]
+        if not with_state:
+            continue
+        if len(with_state) != len(ids):
+            raise PlanError(f"'{entry.target}' joins parameters with optimizer state and parameters without "
+                            "(never stepped): their state cannot be joined; set training_state: drop",
+                            tensor=entry.target)
+        states = [opt.states[i] for i in with_state]
+        one = Node("dict", tensors=True)
+        for k in states[0].order:
+            target = f"{base}{new}.{k}"
+            if k in moment_keys and all(k in s.tensors and tensors[s.tensors[k]].shape == shape_of[opt.owner[s.key]]
+                                        for s in states):
+                e = planned[k][n]
+                if e.tensor.dtype != tensors[states[0].tensors[k]].dtype:
+                    raise PlanError(f"the recipe changes the dtype of '{entry.target}', and with it its optimizer "
+                                    f"state '{k}': moments keep their own dtype; drop the dtype adapter or set "
+                                    "training_state: drop", tensor=entry.target)
+                out.entries.append(PlanEntry(target, e.source, e.tensor.renamed(target), e.source_tensor, e.ops,
+                                             e.module, optimizer="followed"))
+                out.fates.append(_fate(opt, entry.target, k, "followed", target))
+                one.keys.append(k)
+                one.values.append(TensorSlot(target))
+                continue
+            value = _scalar(opt, states, k, entry.target, tensors, shape_of, len(ids))
+            if isinstance(value, LazyTensor):
+                # its own storage: the outputs of a split each get a copy, and torch steps each in place
+                # (`step += 1`), so one storage shared by three would count three steps
+                own = value.derived(dtype=value.dtype, shape=value.shape, loader=value.loader)
+                out.entries.append(PlanEntry(target, value.name, own.renamed(target), value, ("copied",),
+                                             optimizer="copied"))
+                one.keys.append(k)
+                one.values.append(TensorSlot(target))
+            else:
+                one.keys.append(k)
+                one.values.append(value)
+            out.fates.append(_fate(opt, entry.target, k, "copied", target))
+        state.keys.append(new)
+        state.values.append(one)
+    for i, ps in opt.states.items():
+        if i not in used:
+            for k in ps.order:
+                out.fates.append(_fate(opt, opt.owner[i], k, "dropped", ps.tensors.get(k)))
+    dropped = [opt.owner[i] for g in opt.params for i in g if i not in used]
+    out.swap[opt.path] = (_rebuilt(opt, state, new_ids, new_names), opt.slots)
+    said = f"optimizer {opt.label}: state matched to parameters by {opt.rule}; followed the recipe"
+    if dropped:
+        said += f"; dropped the state of {len(dropped)} parameters the recipe drops ({', '.join(dropped[:5])}" + (
+            ", ...)" if len(dropped) > 5 else ")")
+    out.notes.append(said)
+
+
+def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None) -> dict[str, Any]:
+    return {"optimizer": opt.path, "param": param, "state": key, "fate": fate, "tensor": tensor}
+
+
+def _scalar(opt: Optimizer, states: Sequence[ParamState], k: str, target: str, tensors: dict[str, LazyTensor],
+            shape_of: dict[str, tuple[int, ...]], inputs: int) -> Any:
+    """A state value that is not shaped like its parameter: the one input's, or the inputs' common value."""
+    values: list[Any] = []
+    for s in states:
+        if k in s.tensors:
+            t = tensors[s.tensors[k]]
+            if t.numel != 1 and inputs == 1 and t.shape != shape_of[opt.owner[s.key]]:
+                raise PlanError(f"optimizer state '{s.tensors[k]}' (shape {list(t.shape)}) is neither shaped like its "
+                                "parameter nor a scalar: it cannot follow the recipe; set training_state: drop",
+                                tensor=s.tensors[k])
+            if t.numel != 1 and inputs > 1:
+                raise PlanError(f"'{target}' joins parameters whose optimizer state '{k}' is not shaped like them: "
+                                "it cannot be joined; set training_state: drop", tensor=target)
+            values.append(t)
+        elif k in s.plain:
+            values.append(s.plain[k])
+        else:
+            raise PlanError(f"'{target}' joins parameters of which only some have optimizer state '{k}'; set "
+                            "training_state: drop", tensor=target)
+    first = values[0]
+    for v in values[1:]:
+        if not _same(first, v):
+            raise PlanError(f"'{target}' joins parameters whose optimizer state '{k}' differs ({_shown(first)} and "
+                            f"{_shown(v)}): one parameter has one value; set training_state: drop", tensor=target)
+    return first
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, LazyTensor) and isinstance(b, LazyTensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bytes(a.data()) == bytes(b.data())
+    if isinstance(a, LazyTensor) or isinstance(b, LazyTensor):
+        return False
+    return type(a) is type(b) and a == b
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, LazyTensor):
+        try:
+            return repr(v.numpy().reshape(-1)[0].item())
+        except Exception:  # only for the message: any failure shows the name
+            return v.name
+    return repr(v)
+
+
+def _rebuilt(opt: Optimizer, state: Node, ids: list[list[Key]], names: list[list[str]]) -> Node:
+    """The optimizer's dict with the new state and groups; every other value as it was."""
+    from ..formats.pytorch.tree import Node
+
+    groups_old = opt.node.values[opt.node.keys.index("param_groups")]
+    assert isinstance(groups_old, Node)
+    groups = Node(groups_old.kind)
+    for g, old in enumerate(opt.groups):
+        new = Node(old.kind, attrs=old.attrs)
+        for k, v in zip(old.keys, old.values, strict=True):
+            if k == "params":
+                v = Node("list", values=list(ids[g]))
+            elif k == "param_names":
+                v = Node("list", values=list(names[g]))
+            new.keys.append(k)
+            new.values.append(v)
+        groups.values.append(new)
+    node = Node(opt.node.kind, attrs=opt.node.attrs, tensors=True)
+    for k, v in zip(opt.node.keys, opt.node.values, strict=True):
+        if k == "state":
+            v = state
+        elif k == "param_groups":
+            v = groups
+        elif isinstance(v, Node) and v.tensors:
+            raise PlanError(f"the optimizer {opt.label} holds tensors outside its state ('{k}'): they cannot "
+                            "follow the recipe; set training_state: drop")
+        node.keys.append(k)
+        node.values.append(v)
+    return node
+
+
+# ---------------------------------------------------------------------------------------------------
+# the plan's side: keep or drop, and for what
+
+
+@dataclass
+class Training:
+    """What a plan does with a checkpoint's training state: `model` the tensors the recipe plans (None:
+    the reader's), the optimizers to follow, and what following made."""
+
+    mode: str = "drop"
+    model: list[LazyTensor] | None = None
+    prefix: str = ""  # where the model sits when `top_level_key` chose it in a whole checkpoint
+    passthrough: list[LazyTensor] = field(default_factory=list)  # tensors beside the model and optimizers
+    optimizers: list[Optimizer] = field(default_factory=list)
+    swap: dict[str, tuple[Node | None, int]] = field(default_factory=dict)
+    fates: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str]) -> list[PlanEntry]:
+        """The optimizers' entries, after the model's `entries` were planned; problems go to `fatal`."""
+        assert self.model is not None
+        by_name = {t.name: t for t in reader.tensors}
+        for opt in self.optimizers:
+            try:
+                identify(opt, [t.name for t in self.model], reader.label)
+            except PlanError as e:
+                fatal.append(str(e))
+                return []
+        done = follow(self.optimizers, self.model, by_name, entries, replan)
+        fatal += done.fatal
+        self.swap.update(done.swap)
+        self.fates += done.fates
+        self.notes += done.notes
+        return done.entries
+
+    def placed(self, entries: Sequence[PlanEntry]) -> list[PlanEntry]:
+        """The plan's entries named as in the whole checkpoint: the model's under `prefix`, then the
+        tensors beside it, unchanged."""
+        from dataclasses import replace
+
+        if not self.prefix and not self.passthrough:
+            return list(entries)
+        p = self.prefix
+        out = [e if e.optimizer is not None else replace(
+            e, target=p + e.target, tensor=e.tensor.renamed(p + e.target),
+            source=None if e.source is None else ", ".join(p + s for s in e.source.split(", ")))
+            for e in entries]
+        out += [PlanEntry(t.name, t.name, t, t) for t in self.passthrough]
+        return out
+
+
+def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal: list[str],
+                   model_key: str | None = None) -> Training:
+    """Keep or drop the optimizers of a whole PyTorch checkpoint (`training_state`; by default kept when
+    the run keeps the checkpoint's structure: one PyTorch file from a whole checkpoint), and which
+    tensors the recipe then plans (the model's: not the optimizers'). `model_key`: the dotted
+    `source.top_level_key` of a `keep` run, whose source was opened whole: the recipe plans the tensors
+    under it (named without it), every tensor outside it and the optimizers passes through."""
+    from ..transform.ops import COMPUTING
+
+    tree = reader.structure
+    whole = tree is not None and out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+    mode = recipe.training_state or ("keep" if whole else "drop")
+    out = Training(mode)
+    if mode == "keep" and not whole:
+        if recipe.training_state == "keep":
+            fatal.append(_why_not_whole(recipe, reader, out_fmt, tpl_path))
+        return out
+    if not whole:
+        return out
+    optimizers = find_optimizers(tree, reader.names(), reader.label)
+    inside = {n for opt in optimizers for n in opt.tensor_names}
+    if model_key is not None:
+        out.prefix = model_key + "."
+        out.model = [t.renamed(t.name[len(out.prefix):]) for t in reader.tensors
+                     if t.name.startswith(out.prefix) and t.name not in inside]
+        out.passthrough = [t for t in reader.tensors if not t.name.startswith(out.prefix) and t.name not in inside]
+        if not out.model:
+            fatal.append(f"source.top_level_key '{model_key}' selects no tensor outside the optimizers in "
+                         f"{reader.label}")
+            return out
+    if not optimizers:
+        return out
+    if out.model is None:
+        out.model = [t for t in reader.tensors if t.name not in inside]
+        said = _patterns_on_optimizers(recipe, [t.name for t in reader.tensors if t.name in inside])
+        if said == "all" and mode == "keep":  # the filter leaves every optimizer tensor out: the old way to drop
+            out.notes.append(f"optimizer state dropped ({_paths(optimizers)}): the recipe's filter leaves out every "
+                             "tensor in it (training_state: drop says so directly)")
+            mode = out.mode = "drop"
+        elif said and said != "all":
+            fatal.append(f"{said}: a whole-checkpoint .pt run keeps the optimizer state, and it follows its parameters "
+                         "(training_state: keep); the recipe's remaps and filter apply to the model's tensors. Set "
+                         "training_state: drop to leave the optimizer out")
+            return out
+    computed = sorted({_op_kind(op) for op in recipe.ops} & COMPUTING)
+    if mode == "keep" and (computed or any(s.lora is not None for s in recipe.inputs())):
+        what = f"computed ops ({', '.join(computed)})" if computed else "a LoRA folded into the source"
+        out.notes.append(f"optimizer state dropped ({_paths(optimizers)}): {what} make new weights, which stale "
+                         "moments would not fit; training resumes with a fresh optimizer")
+        mode = out.mode = "drop"
+    elif mode == "drop":
+        out.notes.append(f"optimizer state dropped ({_paths(optimizers)}): training_state: drop")
+    if mode == "drop":
+        for opt in optimizers:
+            out.swap[opt.path] = (None, opt.slots)
+            for i, ps in opt.states.items():
+                out.fates += [_fate(opt, str(i), k, "dropped", ps.tensors.get(k)) for k in ps.order]
+        return out
+    out.optimizers = optimizers
+    return out
+
+
+def _patterns_on_optimizers(recipe: Any, names: Sequence[str]) -> str | None:
+    """Whether the recipe's remaps or filter touch the optimizers' own tensors (`names`): "all" when the
+    filter leaves every one out and no remap renames one, else what touches the first one, or None."""
+    from ..naming import KeyRemapper, NameFilter, RemapRule
+
+    if not names:
+        return None
+    if recipe.remap:
+        remapper = KeyRemapper([RemapRule(r.from_, r.to, r.syntax) for r in recipe.remap])
+        renamed = next((n for n in names if remapper.remap_name(n) != n), None)
+        if renamed is not None:
+            return f"a remap renames the optimizer's own tensor '{renamed}'"
+    include = NameFilter(recipe.filter.include) if recipe.filter.include is not None else None
+    exclude = NameFilter(recipe.filter.exclude) if recipe.filter.exclude else None
+    out = [n for n in names if (include is not None and not include(n)) or (exclude is not None and exclude(n))]
+    if not out:
+        return None
+    return "all" if len(out) == len(names) else f"the filter leaves out the optimizer's own tensor '{out[0]}'"
+
+
+def _op_kind(op: Any) -> str:
+    from ..recipe.ops import op_kind_and_spec
+
+    return op_kind_and_spec(op)[0]
+
+
+def _paths(optimizers: Sequence[Optimizer]) -> str:
+    return ", ".join(o.path or "the top level" for o in optimizers)
+
+
+def _why_not_whole(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any) -> str:
+    if out_fmt != "pytorch":
+        return (f"training_state: keep writes the whole checkpoint as PyTorch (.pt); this target is {out_fmt}, which "
+                "has no place for an optimizer (write a .pt target, or set training_state: drop)")
+    if recipe.target.shard is not None or tpl_path is not None:
+        return ("training_state: keep writes the whole checkpoint into one file: a template or shards write a flat "
+                "state_dict (drop them, or set training_state: drop)")
+    if recipe.sources is not None:
+        return ("training_state: keep needs one source (a whole training checkpoint); this recipe has sources: "
+                "(set training_state: drop)")
+    return (f"training_state: keep needs a whole PyTorch checkpoint as its source; {reader.label} has no "
+            "structure to keep (set training_state: drop)")
