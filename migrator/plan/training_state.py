@@ -549,6 +549,13 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
     whole = tree is not None and out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
     mode = recipe.training_state or ("keep" if whole else "drop")
     out = Training(mode)
+    if mode == "keep" and out_fmt == "burnpack" and reader.format == "burnpack":
+        # Burn's training state in a burnpack is each parameter's ParamId (its optimizer record, keyed by
+        # them, is a separate Recorder file): renames keep the ids, an op's outputs are new parameters
+        out.notes.append("training_state: keep: every tensor keeps its param_id through renames and adapters, so "
+                         "Burn's optimizer record (keyed by ParamId) still finds it; outputs of ops are new "
+                         "parameters, with no param_id (Burn mints one)")
+        return out
     if mode == "keep" and not whole:
         if recipe.training_state == "keep":
             fatal.append(_why_not_whole(recipe, reader, out_fmt, tpl_path))
@@ -629,6 +636,11 @@ def _paths(optimizers: Sequence[Optimizer]) -> str:
 
 
 def _why_not_whole(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any) -> str:
+    if out_fmt == "burnpack":
+        return (f"training_state: keep into burnpack: Burn keeps an optimizer's state in its own record file (a "
+                f"Recorder's, keyed by ParamId), which a burnpack does not hold and migrator does not write; from "
+                f"{reader.format} only the model can go to Burn (set training_state: drop; target.scalars writes "
+                "epoch or step as typed scalars)")
     if out_fmt != "pytorch":
         return (f"training_state: keep writes the whole checkpoint as PyTorch (.pt); this target is {out_fmt}, which "
                 "has no place for an optimizer (write a .pt target, or set training_state: drop)")

@@ -441,3 +441,45 @@ def test_patterns_that_touch_the_optimizer_of_a_whole_checkpoint_are_refused(tmp
     assert done.returncode == 1, done.stderr
     assert said in done.stderr and "training_state: drop" in done.stderr and "Traceback" not in done.stderr
     assert (tmp_path / "out.pt").read_bytes() == b"keep me"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Burn: the training state of a burnpack is its param_ids
+
+
+def test_a_burnpack_keeps_its_param_ids_through_renames(tmp_path: Path) -> None:
+    import numpy as np
+
+    from migrator import from_numpy, open_file, save
+    from migrator.core.scalars import Scalar
+
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    save([from_numpy("enc.w", w, param_id=41), from_numpy("enc.qkv", np.ones((6, 3), np.float32), param_id=42)],
+         tmp_path / "s.bpk", scalars={"epoch": Scalar("Int", 3)})
+    (tmp_path / "r.yaml").write_text("""
+version: 1
+source: {path: s.bpk}
+training_state: keep
+remap: [{from: '^enc\\.', to: 'encoder.'}]
+ops:
+  - split: {from: 'encoder\\.qkv', dim: 0, parts: 3, to: ['encoder.q', 'encoder.k', 'encoder.v']}
+target: {path: o.bpk}
+""")
+    done = migrate_in_process("run", str(tmp_path / "r.yaml"))
+    assert done.returncode == 0, done.stderr
+    assert "every tensor keeps its param_id through renames" in done.stdout + done.stderr
+    with open_file(tmp_path / "o.bpk") as o:
+        assert o["encoder.w"].param_id == 41 and o.scalars == {"epoch": Scalar("Int", 3)}
+        assert [o[n].param_id for n in ("encoder.q", "encoder.k", "encoder.v")] == [None, None, None]
+
+
+def test_a_torch_optimizer_into_burnpack_is_refused_with_why(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    old = Old()
+    opt = _optimizer("adamw", old, named=True)
+    _two_steps(old, opt)
+    _write(tmp_path, RECIPE.replace("out.pt", "out.bpk"), {"model": old.state_dict(), "optimizer": opt.state_dict()})
+    done = migrate_in_process("run", str(tmp_path / "recipe.yaml"))
+    assert done.returncode == 1
+    assert "Burn keeps an optimizer's state in its own record file" in done.stderr
+    assert not (tmp_path / "out.bpk").exists()
