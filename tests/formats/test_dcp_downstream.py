@@ -143,3 +143,64 @@ def test_a_dcp_checkpoint_on_s3(ckpt: Path, model: dict[str, Any], tmp_path: Pat
     code, _, err = run("convert", url, str(tmp_path / "again.safetensors"), "--top-level-key", "model")
     assert code == 1 and "__1_0.distcp" in err and "missing" in err, err
     assert not (tmp_path / "again.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------- GGUF and LoRA targets
+
+
+@pytest.mark.parametrize("quantize", [None, "Q8_0"])
+def test_a_gguf_target_reads_in_gguf_py(ckpt: Path, model: dict[str, Any], tmp_path: Path,
+                                        quantize: str | None) -> None:
+    """gguf-py reads the file; with Q8_0 its blocks equal gguf-py's own quantization of the gathered
+    tensors (the rows of a Q8_0 tensor must be multiples of 32: the rest stay F32, as llama.cpp keeps them)."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    out = tmp_path / "model.gguf"
+    extra = ["--quantize", quantize] if quantize else []
+    code, _, err = run("convert", str(ckpt / "dcp"), str(out), "--top-level-key", "model",
+                       "--metadata", "general.architecture=toy", *extra)
+    assert code == 0, err
+    reader = gguf.GGUFReader(out)
+    got = {t.name: t for t in reader.tensors}
+    assert sorted(got) == sorted(model)
+    for k, v in model.items():
+        t = got[k]
+        want = v.numpy()
+        kind = gguf.GGMLQuantizationType(int(t.tensor_type))
+        if kind == gguf.GGMLQuantizationType.F32:
+            assert np.array_equal(np.asarray(t.data).reshape(want.shape), want), k
+        elif kind == gguf.GGMLQuantizationType.F16:  # rows too short for Q8_0 blocks: llama.cpp's F16 fallback
+            assert quantize == "Q8_0" and want.shape[-1] % 32, k
+            assert np.asarray(t.data).tobytes() == want.astype(np.float16).tobytes(), k
+        else:
+            assert quantize == "Q8_0" and kind == gguf.GGMLQuantizationType.Q8_0, (k, kind)
+            assert np.asarray(t.data).tobytes() == gguf.quants.quantize(want, kind).tobytes(), k
+
+
+def test_a_lora_folded_into_a_dcp_source_equals_peft(ckpt: Path, model: dict[str, Any], tmp_path: Path) -> None:
+    """`convert DCP OUT --lora ADAPTER`: PEFT's merge_and_unload on the gathered model is the oracle
+    (within rounding: torch's 8-column matmul sums without FMA)."""
+    peft = pytest.importorskip("peft")
+    from torch import nn
+
+    rows = model["0.weight"].shape[0]
+    net = nn.Sequential(nn.Linear(8, rows), nn.ReLU(), nn.Linear(rows, 6), nn.LayerNorm(6))
+    net.load_state_dict(model)
+    wrapped = peft.get_peft_model(net, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["0", "2"]))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    adapter = tmp_path / "adapter"
+    wrapped.save_pretrained(adapter)
+    want = wrapped.merge_and_unload().state_dict()
+    out = tmp_path / "merged.safetensors"
+    code, _, err = run("convert", str(ckpt / "dcp"), str(out), "--top-level-key", "model", "--lora", str(adapter))
+    assert code == 0, err
+    got = st_torch.load_file(out)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():  # the fold's own bit-equality with PEFT is tests/transform's: here, its input
+        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-6, msg=k)
+    assert not torch.equal(got["0.weight"], model["0.weight"])  # the fold did something
