@@ -278,6 +278,7 @@ class ApplyReport:
             counts = ", ".join(f"{fates.count(k)} {k}" for k in ("followed", "copied", "dropped") if k in fates)
             lines += ["│", f"├─ Optimizer state ({counts})", "│"]
             lines += [f"│    • {escape(str(f['param']))}.{escape(str(f['state']))}: {f['fate']}"
+                      + (f" {escape(str(f['from']))}" if f.get("from") and f["from"] != f["tensor"] else "")
                       + (f" -> {escape(str(f['tensor']))}" if f["fate"] != "dropped" and f["tensor"] else "")
                       for f in self.optimizer[:_LIST_LIMIT]]
             if len(self.optimizer) > _LIST_LIMIT:
@@ -394,7 +395,7 @@ _FATE_KEYS = ("optimizer", "param", "state", "fate", "tensor")
 def _optimizer_fates(items: Any) -> list[dict[str, Any]]:
     if not isinstance(items, list) or not all(isinstance(e, Mapping) and set(_FATE_KEYS) <= set(e) for e in items):
         raise ValueError("optimizer must be a list of {optimizer, param, state, fate, tensor} objects")
-    return [{k: e[k] for k in _FATE_KEYS} for e in items]
+    return [{**{k: e[k] for k in _FATE_KEYS}, "from": e.get("from", e["tensor"])} for e in items]
 _OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "optimizer", "skipped_from", "unused_from", *_RUN_KEYS})
 
 

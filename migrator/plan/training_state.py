@@ -371,9 +371,11 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
                     raise PlanError(f"the recipe changes the dtype of '{entry.target}', and with it its optimizer "
                                     f"state '{k}': moments keep their own dtype; drop the dtype adapter or set "
                                     "training_state: drop", tensor=entry.target)
-                out.entries.append(PlanEntry(target, e.source, e.tensor.renamed(target), e.source_tensor, e.ops,
+                # the entry was planned with the moments in their parameters' places: name the moments
+                moments = ", ".join(s.tensors[k] for s in states)
+                out.entries.append(PlanEntry(target, moments, e.tensor.renamed(target), e.source_tensor, e.ops,
                                              e.module, optimizer="followed"))
-                out.fates.append(_fate(opt, entry.target, k, "followed", target))
+                out.fates.append(_fate(opt, entry.target, k, "followed", target, moments))
                 one.keys.append(k)
                 one.values.append(TensorSlot(target))
                 continue
@@ -389,7 +391,8 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
             else:
                 one.keys.append(k)
                 one.values.append(value)
-            out.fates.append(_fate(opt, entry.target, k, "copied", target))
+            out.fates.append(_fate(opt, entry.target, k, "copied", target,
+                                   ", ".join(s.tensors.get(k, f"{base}{s.key}.{k}") for s in states)))
         state.keys.append(new)
         state.values.append(one)
     for i, ps in opt.states.items():
@@ -405,8 +408,12 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
     out.notes.append(said)
 
 
-def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None) -> dict[str, Any]:
-    return {"optimizer": opt.path, "param": param, "state": key, "fate": fate, "tensor": tensor}
+def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None,
+          source: str | None = None) -> dict[str, Any]:
+    """One state value's fate: `param` the parameter it belongs to (its output name unless dropped),
+    `tensor` where it goes (or, dropped, where it was), `from` the state it is made from."""
+    return {"optimizer": opt.path, "param": param, "state": key, "fate": fate, "tensor": tensor,
+            "from": source if source is not None else tensor}
 
 
 def _scalar(opt: Optimizer, states: Sequence[ParamState], k: str, target: str, tensors: dict[str, LazyTensor],

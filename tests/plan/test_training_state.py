@@ -354,6 +354,11 @@ def test_the_defaults_and_the_command_line(tmp_path: Path) -> None:
     fates = json.loads(done.stdout)["report"]["optimizer"]
     assert {(f["param"], f["state"], f["fate"]) for f in fates} >= {
         ("q.weight", "momentum_buffer", "followed"), ("head.weight", "momentum_buffer", "dropped")}
+    # each followed moment names the state it comes from: qkv.weight's id, as torch numbered it
+    ids = {n: i for g in opt.state_dict()["param_groups"] for n, i in zip(g["param_names"], g["params"], strict=True)}
+    came = {(f["param"], f["state"]): f["from"] for f in fates}
+    assert came[("k.weight", "momentum_buffer")] == f"optimizer.state.{ids['qkv.weight']}.momentum_buffer"
+    assert came[("tok.weight", "momentum_buffer")] == f"optimizer.state.{ids['embed.weight']}.momentum_buffer"
 
     done = migrate_in_process("convert", str(tmp_path / "ckpt.pt"), str(tmp_path / "whole.pt"),
                               "--remap", "^model\\.embed\\.=model.tok.")
