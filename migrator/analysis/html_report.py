@@ -30,6 +30,7 @@ from typing import Any
 
 from ..core.display import json_text
 from ..core.redact import redact
+from ..plan.report import fate_text
 
 __all__ = ["diff_page", "inspect_page", "is_html_path", "plan_page", "write_page"]
 
@@ -381,6 +382,8 @@ def plan_page(plan: Mapping[str, Any], report: Mapping[str, Any] | None = None) 
                   ((s, None) for s in rep.get("skipped", [])), "No source tensor was filtered out.")
     if rep.get("ops"):  # the recipe's op nodes (split, merge, permute, ...): which tensors each made
         page.add_list("ops", "Recipe ops", "⚙", OK, ((_op_node_text(n), None) for n in rep["ops"]))
+    if rep.get("optimizer"):  # training_state: each optimizer state value's fate
+        page.add_list("optimizer", "Optimizer state", "↻", OK, ((fate_text(f), None) for f in rep["optimizer"]))
     page.add_list("errors", "Errors", "!", ERR, ((_error_text(e), None) for e in errors), "No errors.")
     if plan.get("notes"):
         page.add_list("notes", "Notes", "i", OK, ((n, None) for n in plan["notes"]))

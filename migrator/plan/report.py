@@ -277,10 +277,7 @@ class ApplyReport:
             fates = [f["fate"] for f in self.optimizer]
             counts = ", ".join(f"{fates.count(k)} {k}" for k in ("followed", "copied", "dropped") if k in fates)
             lines += ["│", f"├─ Optimizer state ({counts})", "│"]
-            lines += [f"│    • {escape(str(f['param']))}.{escape(str(f['state']))}: {f['fate']}"
-                      + (f" {escape(str(f['from']))}" if f.get("from") and f["from"] != f["tensor"] else "")
-                      + (f" -> {escape(str(f['tensor']))}" if f["fate"] != "dropped" and f["tensor"] else "")
-                      for f in self.optimizer[:_LIST_LIMIT]]
+            lines += [f"│    • {escape(fate_text(f))}" for f in self.optimizer[:_LIST_LIMIT]]
             if len(self.optimizer) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(self.optimizer) - _LIST_LIMIT} more")
         if self.errors:
@@ -390,6 +387,17 @@ class ApplyReport:
 
 _RUN_KEYS = ("status", "target", "written")
 _FATE_KEYS = ("optimizer", "param", "state", "fate", "tensor")
+
+
+def fate_text(f: Mapping[str, Any]) -> str:
+    """One optimizer state value's fate in a line: `k.weight.exp_avg: followed optimizer.state.1.exp_avg ->
+    optimizer.state.2.exp_avg` (where it comes from when that is another name, where it goes unless dropped)."""
+    text = f"{f['param']}.{f['state']}: {f['fate']}"
+    if f.get("from") and f["from"] != f["tensor"]:
+        text += f" {f['from']}"
+    if f["fate"] != "dropped" and f["tensor"]:
+        text += f" -> {f['tensor']}"
+    return text
 
 
 def _optimizer_fates(items: Any) -> list[dict[str, Any]]:

@@ -360,6 +360,18 @@ def test_the_defaults_and_the_command_line(tmp_path: Path) -> None:
     assert came[("k.weight", "momentum_buffer")] == f"optimizer.state.{ids['qkv.weight']}.momentum_buffer"
     assert came[("tok.weight", "momentum_buffer")] == f"optimizer.state.{ids['embed.weight']}.momentum_buffer"
 
+    # the HTML report lists the same fates
+    done = migrate_in_process("plan", str(tmp_path / "recipe.yaml"), "--training-state", "keep", "--overwrite",
+                              "--html", str(tmp_path / "plan.html"))
+    assert done.returncode == 0, done.stderr
+    from tests.analysis.test_html_report import _payload
+
+    lists = {x["key"]: x for x in _payload((tmp_path / "plan.html").read_bytes())["lists"]}
+    texts = [item[0] for item in lists["optimizer"]["items"]]
+    assert len(texts) == len(fates)
+    assert (f"k.weight.momentum_buffer: followed optimizer.state.{ids['qkv.weight']}.momentum_buffer -> "
+            f"optimizer.state.2.momentum_buffer") in texts
+
     done = migrate_in_process("convert", str(tmp_path / "ckpt.pt"), str(tmp_path / "whole.pt"),
                               "--remap", "^model\\.embed\\.=model.tok.")
     assert done.returncode == 0, done.stderr
