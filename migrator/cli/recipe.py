@@ -169,8 +169,9 @@ def print_run(outcome: RunOutcome, *, as_json: bool, out: TextIO | None = None, 
         print(f"migrate: nothing written to {escape(outcome.target)}", file=err)
         return
     if not as_json:
+        also = "" if written.record is None else f", and Burn's optimizer record {escape(written.record)}"
         print(f"wrote {escape(written.target)} ({outcome.target_format}): {count(written.tensors, 'tensor')}, "
-              f"{human_bytes(written.nbytes)}", file=out)
+              f"{human_bytes(written.nbytes)}{also}", file=out)
 
 
 def print_outcome(summary: str, notes: Iterable[str], unlisted: Iterable[str], *, out: TextIO | None = None,

@@ -83,6 +83,8 @@ class Followed:
     fates: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     fatal: list[str] = field(default_factory=list)
+    # per optimizer (by path), each kept parameter's new key -> its tensor's name in the output (Burn's record)
+    owners: dict[str, dict[Key, str]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -353,6 +355,7 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
         new: Key = rel if by_name else sum(len(x) for x in new_ids)
         new_ids[g].append(new)
         new_names[g].append(rel)
+        out.owners.setdefault(opt.path, {})[new] = entry.target
         used.update(ids)  # type: ignore[arg-type]
         if not with_state:
             continue
@@ -502,6 +505,8 @@ class Training:
     swap: dict[str, tuple[Node | None, int]] = field(default_factory=dict)
     fates: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    burn: bool = False  # a PyTorch optimizer into a burnpack: its state becomes Burn's OptimizerRecord
+    owners: dict[str, dict[Key, str]] = field(default_factory=dict)  # `Followed.owners`
 
     def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str]) -> list[PlanEntry]:
         """The optimizers' entries, after the model's `entries` were planned; problems go to `fatal`."""
@@ -518,6 +523,7 @@ class Training:
         self.swap.update(done.swap)
         self.fates += done.fates
         self.notes += done.notes
+        self.owners.update(done.owners)
         return done.entries
 
     def placed(self, entries: Sequence[PlanEntry]) -> list[PlanEntry]:
@@ -525,7 +531,7 @@ class Training:
         tensors beside it, unchanged."""
         from dataclasses import replace
 
-        if not self.prefix and not self.passthrough:
+        if self.burn or (not self.prefix and not self.passthrough):  # a burnpack: the model's names, flat
             return list(entries)
         p = self.prefix
         out = [e if e.optimizer is not None else replace(
@@ -546,9 +552,14 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
     from ..transform.ops import COMPUTING
 
     tree = reader.structure
-    whole = tree is not None and out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+    one_file = tree is not None and recipe.target.shard is None and tpl_path is None
+    whole = one_file and out_fmt == "pytorch"
     mode = recipe.training_state or ("keep" if whole else "drop")
     out = Training(mode)
+    if mode == "keep" and one_file and out_fmt == "burnpack":
+        # a whole PyTorch checkpoint into Burn: the model into the burnpack, each optimizer's state into
+        # Burn's OptimizerRecord beside it (`plan.burn_optimizer`); asked for only, never by default
+        whole = out.burn = True
     if mode == "keep" and out_fmt == "burnpack" and reader.format == "burnpack":
         # Burn's training state in a burnpack is each parameter's ParamId (its optimizer record, keyed by
         # them, is a separate Recorder file): renames keep the ids, an op's outputs are new parameters
@@ -569,6 +580,11 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
         out.model = [t.renamed(t.name[len(out.prefix):]) for t in reader.tensors
                      if t.name.startswith(out.prefix) and t.name not in inside]
         out.passthrough = [t for t in reader.tensors if not t.name.startswith(out.prefix) and t.name not in inside]
+        if out.burn and out.passthrough:  # a burnpack holds one model: what sits beside it has no place
+            shown = ", ".join(t.name for t in out.passthrough[:5]) + (", ..." if len(out.passthrough) > 5 else "")
+            out.notes.append(f"{len(out.passthrough)} tensors outside '{model_key}' and the optimizers not written "
+                             f"(a burnpack holds the model): {shown}")
+            out.passthrough = []
         if not out.model:
             fatal.append(f"source.top_level_key '{model_key}' selects no tensor outside the optimizers in "
                          f"{reader.label}")
@@ -583,7 +599,7 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
                              "tensor in it (training_state: drop says so directly)")
             mode = out.mode = "drop"
         elif said and said != "all":
-            fatal.append(f"{said}: a whole-checkpoint .pt run keeps the optimizer state, and it follows its parameters "
+            fatal.append(f"{said}: a whole-checkpoint run keeps the optimizer state, and it follows its parameters "
                          "(training_state: keep); the recipe's remaps and filter apply to the model's tensors. Set "
                          "training_state: drop to leave the optimizer out")
             return out
@@ -636,11 +652,14 @@ def _paths(optimizers: Sequence[Optimizer]) -> str:
 
 
 def _why_not_whole(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any) -> str:
+    if out_fmt == "burnpack" and (recipe.target.shard is not None or tpl_path is not None):
+        return ("training_state: keep into burnpack writes the model into one .bpk and the optimizer into Burn's "
+                "OptimizerRecord beside it: a template or shards are not supported with it (drop them, or set "
+                "training_state: drop)")
     if out_fmt == "burnpack":
-        return (f"training_state: keep into burnpack: Burn keeps an optimizer's state in its own record file (a "
-                f"Recorder's, keyed by ParamId), which a burnpack does not hold and migrator does not write; from "
-                f"{reader.format} only the model can go to Burn (set training_state: drop; target.scalars writes "
-                "epoch or step as typed scalars)")
+        return (f"training_state: keep into burnpack needs a whole PyTorch training checkpoint (model and optimizer) "
+                f"or a burnpack as its source; {reader.label} ({reader.format}) has no optimizer to keep (set "
+                "training_state: drop; target.scalars writes epoch or step as typed scalars)")
     if out_fmt != "pytorch":
         return (f"training_state: keep writes the whole checkpoint as PyTorch (.pt); this target is {out_fmt}, which "
                 "has no place for an optimizer (write a .pt target, or set training_state: drop)")
