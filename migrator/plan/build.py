@@ -322,10 +322,12 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     notes += kept
     flat = structure is None and len(fatal) == problems  # else the scalars are in the structure (or refused)
     scalars = target_scalars(recipe, reader, out_fmt, notes if flat else [], fatal)
-    if training.burn and recipe.target.scalars == "keep":
-        from .burn_optimizer import model_scalars
+    if training.burn:  # torch's parameter ids and names mean nothing beside a Burn model
+        from .burn_optimizer import without_torch_ids
 
-        scalars = model_scalars(scalars, training)
+        if recipe.target.scalars == "keep":
+            scalars = without_torch_ids(scalars, training)
+        meta = {**without_torch_ids(meta, training), **recipe.target.metadata}
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers, structure_notes=kept, storage=storage)
     if not fatal:

@@ -59,6 +59,7 @@ class BurnRecord:
     scalars: dict[str, Scalar] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)  # the state's .pt-style name -> its name in the record
 
 
 def default_record_path(target: Path) -> Path:
@@ -105,6 +106,8 @@ def burn_record(training: Training, entries: Sequence[PlanEntry], reader: Any,
         fatal.append(f"training_state: keep into burnpack: the optimizer {opt.label}: {e}")
         return model, None
     training.notes += record.notes
+    for fate in training.fates:  # the report names each state where it went: the record's name
+        fate["tensor"] = record.renamed.get(fate["tensor"], fate["tensor"])
     return model, record
 
 
@@ -149,7 +152,10 @@ def _record(opt: Optimizer, training: Training, slotted: dict[str, LazyTensor],
             if str(k) in fields and isinstance(v, TensorSlot):
                 t = slotted[v.name]
                 record.tensors.append(_with_id(t.renamed(f"{pid}.{fields[str(k)]}"), pid))
+                record.renamed[v.name] = f"{pid}.{fields[str(k)]}"
                 wrote = True
+            elif str(k) == "step" and isinstance(v, TensorSlot):
+                record.renamed[v.name] = f"{pid}.{TIME}"
         if not wrote:  # SGD without momentum (momentum_buffer None): Burn re-creates such state on its next step
             continue
         record.scalars[f"{pid}.{RANK}"] = Scalar("UInt", len(model[name].shape))
@@ -220,14 +226,16 @@ def _notes(opt: Optimizer, record: BurnRecord) -> list[str]:
     return notes
 
 
-def model_scalars(scalars: dict[str, Scalar], training: Training) -> dict[str, Scalar]:
-    """The model file's scalars without the optimizers' torch parameter ids (`params`, meaningless in Burn);
-    epoch, step, lr and the other numbers stay."""
-    heads = [f"{o.path}.param_groups." if o.path else "param_groups." for o in training.optimizers]
+def without_torch_ids(values: dict[str, Any], training: Training) -> dict[str, Any]:
+    """The model file's scalars (or metadata) without what names torch's parameters: the optimizers'
+    `params` ids and `param_names` (stale after the recipe, meaningless in Burn) and per-parameter state
+    numbers (in the record now). epoch, step, lr, the other hyperparameters and a scheduler's numbers stay."""
+    heads = [f"{o.path}." if o.path else "" for o in training.optimizers]
     out = {}
-    for k, v in scalars.items():
-        head = next((h for h in heads if k.startswith(h)), None)
-        if head is not None and k[len(head):].split(".")[1:2] == ["params"]:
+    for k, v in values.items():
+        rest = next((k[len(h):] for h in heads if k.startswith(h)), None)
+        parts = [] if rest is None else rest.split(".")
+        if parts[:1] == ["state"] or (parts[:1] == ["param_groups"] and parts[2:3] in (["params"], ["param_names"])):
             continue
         out[k] = v
     return out

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..core.display import count
 from ..core.errors import PlanError
 from ..core.tensor import LazyTensor
 from .entry import PlanEntry
@@ -582,8 +583,8 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
         out.passthrough = [t for t in reader.tensors if not t.name.startswith(out.prefix) and t.name not in inside]
         if out.burn and out.passthrough:  # a burnpack holds one model: what sits beside it has no place
             shown = ", ".join(t.name for t in out.passthrough[:5]) + (", ..." if len(out.passthrough) > 5 else "")
-            out.notes.append(f"{len(out.passthrough)} tensors outside '{model_key}' and the optimizers not written "
-                             f"(a burnpack holds the model): {shown}")
+            out.notes.append(f"{count(len(out.passthrough), 'tensor')} outside '{model_key}' and the optimizers not "
+                             f"written (a burnpack holds the model): {shown}")
             out.passthrough = []
         if not out.model:
             fatal.append(f"source.top_level_key '{model_key}' selects no tensor outside the optimizers in "
