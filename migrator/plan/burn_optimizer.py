@@ -98,6 +98,8 @@ def burn_record(training: Training, entries: Sequence[PlanEntry], reader: Any,
                      "optimizer's (select the model of one with source.top_level_key, or set training_state: drop)")
         return model, None
     opt = training.optimizers[0]
+    if opt.path not in training.swap:  # following the recipe failed: `fatal` says why
+        return model, None
     slotted = {e.target: e.tensor for e in entries if e.optimizer is not None}
     by_target = {e.target: e.tensor for e in model}
     try:
@@ -217,6 +219,8 @@ def _notes(opt: Optimizer, record: BurnRecord) -> list[str]:
         notes.append(f"build it as {which}: the same update as torch's; Burn's defaults differ from torch's "
                      "(epsilon 1e-5, AdamW weight_decay 1e-4; torch: eps 1e-8, AdamW weight_decay 1e-2), and "
                      "amsgrad needs with_amsgrad(true)")
+    elif not record.paths:
+        notes.append("build it as SgdConfig: without momentum SGD keeps no state, so the record is empty")
     else:
         notes.append("build it as SgdConfig with MomentumConfig: torch's momentum_buffer is Burn's velocity (the same "
                      "recurrence); Burn's MomentumConfig defaults to dampening 0.1, torch's to 0")

@@ -88,7 +88,7 @@ def _state(net: Any, opt: Any, key: str) -> dict[str, Any]:
 
 
 def parse_burnpack(path: Path) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """An independent reader: the top-level CBOR keys in order, the CBOR map, and each F32 tensor."""
+    """An independent reader: the top-level CBOR keys in order, the CBOR map, and each tensor (F32 or I64)."""
     data = path.read_bytes()
     assert data[:4] == b"NRUB" and int.from_bytes(data[4:6], "little") == 1
     size = int.from_bytes(data[6:10], "little")
@@ -96,10 +96,10 @@ def parse_burnpack(path: Path) -> tuple[list[str], dict[str, Any], dict[str, Any
     start = -(-(10 + size) // 256) * 256
     arrays = {}
     for name, d in meta["tensors"].items():
-        assert d["dtype"] == "F32"
         lo, hi = d["data_offsets"]
         assert (start + lo) % 256 == 0
-        arrays[name] = np.frombuffer(data[start + lo:start + hi], dtype="<f4").reshape(d["shape"])
+        dtype = {"F32": "<f4", "I64": "<i8"}[d["dtype"]]
+        arrays[name] = np.frombuffer(data[start + lo:start + hi], dtype=dtype).reshape(d["shape"])
     return list(meta), meta, arrays
 
 
@@ -139,7 +139,7 @@ def test_adamw_after_two_steps_is_burns_record(tmp_path: Path) -> None:
             record_name = f"{ids[name]}.momentum.{field}"
             descriptor = meta["tensors"][record_name]
             assert descriptor["param_id"] == ids[name] == int(record_name.split(".")[0])
-            assert descriptor["shape"] == list(want.shape)
+            assert descriptor["shape"] == list(want.shape) and descriptor["dtype"] == "F32"
             assert np.array_equal(arrays[record_name], want.numpy()), record_name
     # the paths map is the whole metadata; the scalars are __rank and momentum.time per parameter
     assert meta["metadata"] == {str(ids[name]): name for name in ids}
@@ -249,3 +249,39 @@ def test_convert_optimizer_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ids = set(_model_ids(tmp_path / "m.bpk").values())
     _, meta, _ = parse_burnpack(tmp_path / "o.bpk")
     assert {d["param_id"] for d in meta["tensors"].values()} == ids
+
+
+def test_sgd_without_momentum_writes_an_empty_record_and_ids_on_buffers(tmp_path: Path) -> None:
+    """torch's plain SGD keeps no state, nor does Burn's (sgd.rs: `SgdState { momentum: None }` holds no
+    tensor); a BatchNorm's buffers are Burn Params too, so they get param_ids like the weights."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(net.named_parameters(), lr=0.1)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ckpt.pt")
+    (tmp_path / "recipe.yaml").write_text("version: 1\nsource: {path: ckpt.pt, top_level_key: model}\n"
+                                          "training_state: keep\ntarget: {path: out.bpk}\n")
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "the record is empty" in done.stdout + done.stderr
+    keys, meta, _ = parse_burnpack(tmp_path / "out-optim.bpk")
+    assert keys == ["tensors"] and meta["tensors"] == {}
+    ids = _model_ids(tmp_path / "out.bpk")
+    assert set(ids) == set(net.state_dict()) and len(set(ids.values())) == len(ids)
+
+
+def test_state_that_cannot_be_matched_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    """Unnamed parameters and a model with buffers: which state is whose is not certain (training_state's
+    own rule); the Burn record is not attempted."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ckpt.pt")
+    (tmp_path / "recipe.yaml").write_text("version: 1\nsource: {path: ckpt.pt, top_level_key: model}\n"
+                                          "training_state: keep\ntarget: {path: out.bpk}\n")
+    _refused(tmp_path, "which state belongs to which tensor is not certain")
