@@ -34,7 +34,8 @@ def add_path_overrides(parser: argparse.ArgumentParser, scope: str = "", target_
                         "config: or the config beside the source")
     parser.add_argument("--training-state", choices=("keep", "drop"), default=None,
                         help=f"{scope}instead of the recipe's training_state: keep a training checkpoint's "
-                        "optimizer state, rewritten to follow the recipe (a .pt target), or drop it")
+                        "optimizer state, rewritten to follow the recipe (a .pt target; a .bpk target gets Burn's "
+                        "optimizer record beside it), or drop it")
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:

@@ -546,10 +546,11 @@ class Training:
 def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal: list[str],
                    model_key: str | None = None) -> Training:
     """Keep or drop the optimizers of a whole PyTorch checkpoint (`training_state`; by default kept when
-    the run keeps the checkpoint's structure: one PyTorch file from a whole checkpoint), and which
-    tensors the recipe then plans (the model's: not the optimizers'). `model_key`: the dotted
-    `source.top_level_key` of a `keep` run, whose source was opened whole: the recipe plans the tensors
-    under it (named without it), every tensor outside it and the optimizers passes through."""
+    the run keeps the checkpoint's structure: one PyTorch file from a whole checkpoint; into one burnpack
+    only when asked, as Burn's optimizer record: `Training.burn`), and which tensors the recipe then plans
+    (the model's: not the optimizers'). `model_key`: the dotted `source.top_level_key` of a `keep` run,
+    whose source was opened whole: the recipe plans the tensors under it (named without it); every
+    tensor outside it and the optimizers passes through (into a .pt; a burnpack leaves them out)."""
     from ..transform.ops import COMPUTING
 
     tree = reader.structure
@@ -562,8 +563,8 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
         # Burn's OptimizerRecord beside it (`plan.burn_optimizer`); asked for only, never by default
         whole = out.burn = True
     if mode == "keep" and out_fmt == "burnpack" and reader.format == "burnpack":
-        # Burn's training state in a burnpack is each parameter's ParamId (its optimizer record, keyed by
-        # them, is a separate Recorder file): renames keep the ids, an op's outputs are new parameters
+        # Burn's training state in a burnpack is each parameter's ParamId (its OptimizerRecord, keyed by
+        # them, is a file of its own): renames keep the ids, an op's outputs are new parameters
         out.notes.append("training_state: keep: every tensor keeps its param_id through renames and adapters, so "
                          "Burn's optimizer record (keyed by ParamId) still finds it; outputs of ops are new "
                          "parameters, with no param_id (Burn mints one)")
