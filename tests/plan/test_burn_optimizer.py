@@ -285,3 +285,36 @@ def test_state_that_cannot_be_matched_is_refused_without_a_traceback(tmp_path: P
     (tmp_path / "recipe.yaml").write_text("version: 1\nsource: {path: ckpt.pt, top_level_key: model}\n"
                                           "training_state: keep\ntarget: {path: out.bpk}\n")
     _refused(tmp_path, "which state belongs to which tensor is not certain")
+
+
+def test_the_model_file_keeps_numbers_but_not_torchs_parameter_ids(tmp_path: Path) -> None:
+    """torch's `params` ids and `param_names` name torch's parameters, before the recipe: stale beside a
+    Burn model, so they are left out; epoch and the hyperparameters stay as typed scalars."""
+    from migrator import open_file
+    from migrator.core.scalars import Scalar
+
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.AdamW(net.named_parameters(), lr=0.5, foreach=False)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": 3}, tmp_path / "ckpt.pt")
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    assert _run(tmp_path).returncode == 0
+    with open_file(tmp_path / "out.bpk") as model:
+        assert model.scalars["epoch"] == Scalar("Int", 3)
+        assert model.scalars["optimizer.param_groups.0.lr"] == Scalar("Float", 0.5)
+        assert not [k for k in [*model.scalars, *model.metadata] if ".params." in k or ".param_names." in k]
+
+
+def test_a_checkpoint_without_an_optimizer_writes_the_model_with_ids(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = Net()
+    torch.save({"model": net.state_dict(), "epoch": 1}, tmp_path / "ckpt.pt")
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "holds no optimizer state dict" in done.stdout + done.stderr
+    assert not (tmp_path / "out-optim.bpk").exists()
+    assert all(isinstance(i, int) for i in _model_ids(tmp_path / "out.bpk").values())
