@@ -129,9 +129,11 @@ def _record(opt: Optimizer, training: Training, slotted: dict[str, LazyTensor],
     if keys & set(ADAM):
         kind, fields = "Adam/AdamW", ADAM
         known = {*ADAM, "step"}
-    elif keys & set(SGD) or not keys:
+    elif keys & set(SGD):
         kind, fields = "SGD", SGD
         known = set(SGD)
+    elif not keys:  # never stepped: no state to carry, in torch or in Burn
+        kind, fields, known = "no state yet", {}, {"-"}
     else:
         known = set()
         kind, fields = "", {}
@@ -219,6 +221,8 @@ def _notes(opt: Optimizer, record: BurnRecord) -> list[str]:
         notes.append(f"build it as {which}: the same update as torch's; Burn's defaults differ from torch's "
                      "(epsilon 1e-5, AdamW weight_decay 1e-4; torch: eps 1e-8, AdamW weight_decay 1e-2), and "
                      "amsgrad needs with_amsgrad(true)")
+    elif record.kind == "no state yet":
+        notes.append("the optimizer has no per-parameter state yet (never stepped): the record is empty")
     elif not record.paths:
         notes.append("build it as SgdConfig: without momentum SGD keeps no state, so the record is empty")
     else:
