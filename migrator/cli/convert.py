@@ -38,8 +38,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       "default: the one its 'latest' file names)")
     conv.add_argument("--training-state", choices=("keep", "drop"), default=None,
                       help="a training checkpoint's optimizer state: keep (rewritten to follow every rename, split "
-                      "and permute; needs a .pt target) or drop (default: keep for a whole .pt -> .pt run, drop "
-                      "when --top-level-key selects the model)")
+                      "and permute; into a .pt target, or into a .bpk target as Burn's optimizer record beside the "
+                      "model) or drop (default: keep for a whole .pt -> .pt run, drop when --top-level-key selects "
+                      "the model)")
+    conv.add_argument("--optimizer-out", metavar="PATH", default=None,
+                      help="with --training-state keep into a .bpk: where Burn's optimizer record is written "
+                      "(default: beside DST, <stem>-optim.bpk)")
     conv.add_argument("--remap", action="append", default=[], metavar="REGEX=REPL", help="rename (repeatable, ordered)")
     conv.add_argument("--include", action="append", default=[], metavar="REGEX", help="keep only matching names")
     conv.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="drop matching names")
@@ -201,6 +205,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if (args.target_format if args.target_format != "auto" else from_extension(args.dst)) != "gguf":
             parser.error("--quantize applies to GGUF targets (DST ending in .gguf, or --to gguf)")
         options.update(quantize=args.quantize)
+    if args.optimizer_out:
+        if args.training_state != "keep":
+            parser.error("--optimizer-out PATH is where Burn's optimizer record goes: add --training-state keep")
+        options.update(optimizer=args.optimizer_out)
     if args.copy_from:
         if not args.copy:
             parser.error("--copy-from DIR says where --copy reads: add --copy GLOB (e.g. --copy config.json)")

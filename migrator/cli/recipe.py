@@ -34,7 +34,8 @@ def add_path_overrides(parser: argparse.ArgumentParser, scope: str = "", target_
                         "config: or the config beside the source")
     parser.add_argument("--training-state", choices=("keep", "drop"), default=None,
                         help=f"{scope}instead of the recipe's training_state: keep a training checkpoint's "
-                        "optimizer state, rewritten to follow the recipe (a .pt target), or drop it")
+                        "optimizer state, rewritten to follow the recipe (a .pt target; a .bpk target gets Burn's "
+                        "optimizer record beside it), or drop it")
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:
@@ -169,8 +170,9 @@ def print_run(outcome: RunOutcome, *, as_json: bool, out: TextIO | None = None, 
         print(f"migrate: nothing written to {escape(outcome.target)}", file=err)
         return
     if not as_json:
+        also = "" if written.record is None else f", and Burn's optimizer record {escape(written.record)}"
         print(f"wrote {escape(written.target)} ({outcome.target_format}): {count(written.tensors, 'tensor')}, "
-              f"{human_bytes(written.nbytes)}", file=out)
+              f"{human_bytes(written.nbytes)}{also}", file=out)
 
 
 def print_outcome(summary: str, notes: Iterable[str], unlisted: Iterable[str], *, out: TextIO | None = None,

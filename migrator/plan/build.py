@@ -76,6 +76,9 @@ class Plan:
     structure_notes: list[str] = field(default_factory=list)  # a PyTorch checkpoint's structure: what was kept
     # the recipe's storage_options, per URL: what reads, checks and writes the plan's URLs is given them
     storage: StorageOptions | None = None
+    # Burn's OptimizerRecord of a PyTorch training checkpoint (training_state: keep), published with the model
+    record: Writer | None = field(default=None, repr=False)
+    record_path: Path | None = None
 
     @property
     def union(self) -> UnionReader | None:
@@ -149,13 +152,16 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
         one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+        # a PyTorch training checkpoint into Burn keeps its optimizer only when asked (`training_state: keep`)
+        burn_keep = (out_fmt == "burnpack" and recipe.training_state == "keep" and recipe.target.shard is None
+                     and tpl_path is None)
         spec = recipe.inputs()[0]
-        if one_file and recipe.training_state == "keep" and spec.top_level_key:
+        if (one_file or burn_keep) and recipe.training_state == "keep" and spec.top_level_key:
             # the whole checkpoint is the target: opened whole, the recipe applied under the key
             key = spec.top_level_key
             model_key = key if isinstance(key, str) else ".".join(key)
             spec = spec.model_copy(update={"top_level_key": None})
-        reader = open_source(spec, src_path, limits=limits, keep_structure=one_file, base_dir=base_dir,
+        reader = open_source(spec, src_path, limits=limits, keep_structure=one_file or burn_keep, base_dir=base_dir,
                              storage=storage)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
@@ -169,7 +175,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                         recipe_sha256=recipe_sha256, hash_sources=hash_sources, module_origins=module_origins,
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync, limits=limits, storage=storage,
-                        model_key=model_key)
+                        model_key=model_key, record_path=None if recipe.target.optimizer is None else resolve_path(
+                            base_dir, recipe.target.optimizer))
         plan.inputs = inputs
         return plan
     except BaseException:
@@ -254,7 +261,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
              op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
              limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None,
-             model_key: str | None = None) -> Plan:
+             model_key: str | None = None, record_path: Path | None = None) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
     declares = _Declarations()  # modules one declaration each would fix
@@ -273,6 +280,11 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         entries += training.follow(reader, entries, replan, fatal)
     report.optimizer = training.fates
     entries = training.placed(entries)
+    record = None
+    if training.burn:  # the model's tensors get param_ids; the optimizers' state becomes Burn's record
+        from .burn_optimizer import burn_record
+
+        entries, record = burn_record(training, entries, reader, fatal)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e))
@@ -310,6 +322,12 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     notes += kept
     flat = structure is None and len(fatal) == problems  # else the scalars are in the structure (or refused)
     scalars = target_scalars(recipe, reader, out_fmt, notes if flat else [], fatal)
+    if training.burn:  # torch's parameter ids and names mean nothing beside a Burn model
+        from .burn_optimizer import without_torch_ids
+
+        if recipe.target.scalars == "keep":
+            scalars = without_torch_ids(scalars, training)
+        meta = {**without_torch_ids(meta, training), **recipe.target.metadata}
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers, structure_notes=kept, storage=storage)
     if not fatal:
@@ -340,6 +358,16 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries] + made_tensors, scalars=scalars,
                                                     **options, **tree)
                 notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
+            if record is not None:
+                from ..formats.burnpack import BurnpackWriter
+                from .burn_optimizer import default_record_path
+
+                # exactly Burn's record: its paths are the whole metadata map (no format/producer keys)
+                plan.record = BurnpackWriter(record.tensors, metadata=record.paths, scalars=record.scalars)
+                plan.record_path = record_path or default_record_path(tgt_path)
+                notes.append(f"Burn's optimizer record: {plan.record.resolve_path(plan.record_path)}, written with "
+                             "the model (ModuleOptimizer::load reads it; target.optimizer or --optimizer-out choose "
+                             "its path)")
         except MigratorError as e:
             fatal.append(str(e))
     return plan

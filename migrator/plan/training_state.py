@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..core.display import count
 from ..core.errors import PlanError
 from ..core.tensor import LazyTensor
 from .entry import PlanEntry
@@ -83,6 +84,8 @@ class Followed:
     fates: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     fatal: list[str] = field(default_factory=list)
+    # per optimizer (by path), each kept parameter's new key -> its tensor's name in the output (Burn's record)
+    owners: dict[str, dict[Key, str]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -353,6 +356,7 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
         new: Key = rel if by_name else sum(len(x) for x in new_ids)
         new_ids[g].append(new)
         new_names[g].append(rel)
+        out.owners.setdefault(opt.path, {})[new] = entry.target
         used.update(ids)  # type: ignore[arg-type]
         if not with_state:
             continue
@@ -509,6 +513,8 @@ class Training:
     swap: dict[str, tuple[Node | None, int]] = field(default_factory=dict)
     fates: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    burn: bool = False  # a PyTorch optimizer into a burnpack: its state becomes Burn's OptimizerRecord
+    owners: dict[str, dict[Key, str]] = field(default_factory=dict)  # `Followed.owners`
 
     def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str]) -> list[PlanEntry]:
         """The optimizers' entries, after the model's `entries` were planned; problems go to `fatal`."""
@@ -525,6 +531,7 @@ class Training:
         self.swap.update(done.swap)
         self.fates += done.fates
         self.notes += done.notes
+        self.owners.update(done.owners)
         return done.entries
 
     def placed(self, entries: Sequence[PlanEntry]) -> list[PlanEntry]:
@@ -532,7 +539,7 @@ class Training:
         tensors beside it, unchanged."""
         from dataclasses import replace
 
-        if not self.prefix and not self.passthrough:
+        if self.burn or (not self.prefix and not self.passthrough):  # a burnpack: the model's names, flat
             return list(entries)
         p = self.prefix
         out = [e if e.optimizer is not None else replace(
@@ -546,19 +553,25 @@ class Training:
 def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal: list[str],
                    model_key: str | None = None) -> Training:
     """Keep or drop the optimizers of a whole PyTorch checkpoint (`training_state`; by default kept when
-    the run keeps the checkpoint's structure: one PyTorch file from a whole checkpoint), and which
-    tensors the recipe then plans (the model's: not the optimizers'). `model_key`: the dotted
-    `source.top_level_key` of a `keep` run, whose source was opened whole: the recipe plans the tensors
-    under it (named without it), every tensor outside it and the optimizers passes through."""
+    the run keeps the checkpoint's structure: one PyTorch file from a whole checkpoint; into one burnpack
+    only when asked, as Burn's optimizer record: `Training.burn`), and which tensors the recipe then plans
+    (the model's: not the optimizers'). `model_key`: the dotted `source.top_level_key` of a `keep` run,
+    whose source was opened whole: the recipe plans the tensors under it (named without it); every
+    tensor outside it and the optimizers passes through (into a .pt; a burnpack leaves them out)."""
     from ..transform.ops import COMPUTING
 
     tree = reader.structure
-    whole = tree is not None and out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+    one_file = tree is not None and recipe.target.shard is None and tpl_path is None
+    whole = one_file and out_fmt == "pytorch"
     mode = recipe.training_state or ("keep" if whole else "drop")
     out = Training(mode)
+    if mode == "keep" and one_file and out_fmt == "burnpack":
+        # a whole PyTorch checkpoint into Burn: the model into the burnpack, each optimizer's state into
+        # Burn's OptimizerRecord beside it (`plan.burn_optimizer`); asked for only, never by default
+        whole = out.burn = True
     if mode == "keep" and out_fmt == "burnpack" and reader.format == "burnpack":
-        # Burn's training state in a burnpack is each parameter's ParamId (its optimizer record, keyed by
-        # them, is a separate Recorder file): renames keep the ids, an op's outputs are new parameters
+        # Burn's training state in a burnpack is each parameter's ParamId (its OptimizerRecord, keyed by
+        # them, is a file of its own): renames keep the ids, an op's outputs are new parameters
         out.notes.append("training_state: keep: every tensor keeps its param_id through renames and adapters, so "
                          "Burn's optimizer record (keyed by ParamId) still finds it; outputs of ops are new "
                          "parameters, with no param_id (Burn mints one)")
@@ -576,6 +589,11 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
         out.model = [t.renamed(t.name[len(out.prefix):]) for t in reader.tensors
                      if t.name.startswith(out.prefix) and t.name not in inside]
         out.passthrough = [t for t in reader.tensors if not t.name.startswith(out.prefix) and t.name not in inside]
+        if out.burn and out.passthrough:  # a burnpack holds one model: what sits beside it has no place
+            shown = ", ".join(t.name for t in out.passthrough[:5]) + (", ..." if len(out.passthrough) > 5 else "")
+            out.notes.append(f"{count(len(out.passthrough), 'tensor')} outside '{model_key}' and the optimizers not "
+                             f"written (a burnpack holds the model): {shown}")
+            out.passthrough = []
         if not out.model:
             fatal.append(f"source.top_level_key '{model_key}' selects no tensor outside the optimizers in "
                          f"{reader.label}")
@@ -590,7 +608,7 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
                              "tensor in it (training_state: drop says so directly)")
             mode = out.mode = "drop"
         elif said and said != "all":
-            fatal.append(f"{said}: a whole-checkpoint .pt run keeps the optimizer state, and it follows its parameters "
+            fatal.append(f"{said}: a whole-checkpoint run keeps the optimizer state, and it follows its parameters "
                          "(training_state: keep); the recipe's remaps and filter apply to the model's tensors. Set "
                          "training_state: drop to leave the optimizer out")
             return out
@@ -643,11 +661,14 @@ def _paths(optimizers: Sequence[Optimizer]) -> str:
 
 
 def _why_not_whole(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any) -> str:
+    if out_fmt == "burnpack" and (recipe.target.shard is not None or tpl_path is not None):
+        return ("training_state: keep into burnpack writes the model into one .bpk and the optimizer into Burn's "
+                "OptimizerRecord beside it: a template or shards are not supported with it (drop them, or set "
+                "training_state: drop)")
     if out_fmt == "burnpack":
-        return (f"training_state: keep into burnpack: Burn keeps an optimizer's state in its own record file (a "
-                f"Recorder's, keyed by ParamId), which a burnpack does not hold and migrator does not write; from "
-                f"{reader.format} only the model can go to Burn (set training_state: drop; target.scalars writes "
-                "epoch or step as typed scalars)")
+        return (f"training_state: keep into burnpack needs a whole PyTorch training checkpoint (model and optimizer) "
+                f"or a burnpack as its source; {reader.label} ({reader.format}) has no optimizer to keep (set "
+                "training_state: drop; target.scalars writes epoch or step as typed scalars)")
     if out_fmt != "pytorch":
         return (f"training_state: keep writes the whole checkpoint as PyTorch (.pt); this target is {out_fmt}, which "
                 "has no place for an optimizer (write a .pt target, or set training_state: drop)")

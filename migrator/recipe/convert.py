@@ -53,6 +53,7 @@ def build_recipe(
     quantize: str | None = None,
     lora: str | os.PathLike[str] | None = None,
     lora_scale: float | None = None,
+    optimizer: str | os.PathLike[str] | None = None,
 ) -> Recipe:
     """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
 
@@ -102,6 +103,8 @@ def build_recipe(
         data["target"]["copy"] = list(copy)
     if copy_from is not None:
         data["target"]["copy_from"] = os.fspath(copy_from)
+    if optimizer is not None:  # Burn's optimizer record of a training checkpoint (--optimizer-out)
+        data["target"]["optimizer"] = os.fspath(optimizer)
     if quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
         from ..formats.gguf.mixes import is_mix
 
@@ -297,7 +300,8 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
         "dtype": "--dtype", "training_state": "--training-state",
         "source": {"top_level_key": "--top-level-key", "tag": "--tag", "format": "--from",
                    "path": "SRC", "lora": "--lora/--lora-scale"},
-        "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize"}}
+        "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize",
+                   "optimizer": "--optimizer-out"}}
     found = names.get(first, first)
     return found.get(second or "", first) if isinstance(found, dict) else found
 

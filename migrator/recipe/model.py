@@ -502,6 +502,10 @@ class TargetSpec(_Strict):
     copy_from: str | None = Field(
         None, description="The folder `copy` globs read from, relative to the recipe (default: the source's "
                           "folder); e.g. the Hugging Face folder whose config and tokenizer go with a .bpk source.")
+    optimizer: _Path | None = Field(
+        None, description="With training_state: keep, a PyTorch training checkpoint into a .bpk: where Burn's "
+        "OptimizerRecord of its optimizer is written, relative to the recipe (default: beside the model, "
+        "<stem>-optim.bpk). Burn loads it with ModuleOptimizer::load.")
 
     @model_validator(mode="before")
     @classmethod

@@ -32,6 +32,7 @@ class RunResult:
     target: str
     tensors: int
     nbytes: int
+    record: str | None = None  # Burn's optimizer record, published with the model
 
 
 def run_plan(plan: Plan, *, progress: bool | None = None,
@@ -45,6 +46,17 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
     if plan.fatal or plan.writer is None:
         raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
+    if plan.record is not None and plan.record_path is not None:  # a model and Burn's optimizer record
+        from ..files.io import save_planned_pair
+
+        if is_url(plan.target_path) or is_url(plan.record_path):
+            raise MigrationError("a model with Burn's optimizer record is written to local files only",
+                                 file=str(plan.target_path))
+        written = save_planned_pair(plan.writer, plan.target_path, plan.record, plan.record_path,
+                                    overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
+                                    fsync=plan.fsync, mode_from=plan.source_modes(), make_folders=True)
+        return RunResult(written, len(tensors), sum(t.nbytes for t in tensors),
+                         plan.record.resolve_path(plan.record_path))
     if runner is not None and not is_url(plan.target_path):  # an upload is parallel in its parts already
         from .parallel_write import save_file_parallel, save_folder_parallel
 
@@ -74,8 +86,14 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
         check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
                             names=plan.writer.names(), storage=plan.storage)  # type: ignore[attr-defined]
     elif plan.writer is not None:
-        check_target(as_path(plan.writer.resolve_path(plan.target_path)), overwrite=plan.overwrite,
-                     protect=read_by(plan), outputs=outputs, storage=plan.storage)
+        target = as_path(plan.writer.resolve_path(plan.target_path))
+        record = None if plan.record is None or plan.record_path is None else as_path(
+            plan.record.resolve_path(plan.record_path))
+        check_target(target, overwrite=plan.overwrite, protect=read_by(plan),
+                     outputs=[*outputs, *([record] if record is not None else [])], storage=plan.storage)
+        if record is not None:
+            check_target(record, overwrite=plan.overwrite, protect=read_by(plan), outputs=[*outputs, target],
+                         storage=plan.storage)
 
 
 def plan_target_problems(plan: Plan) -> list[str]:
@@ -91,7 +109,13 @@ def plan_target_problems(plan: Plan) -> list[str]:
             return [str(e)]
         return []
     target = as_path(writer_class(plan.target_format).resolve_path(plan.target_path))
-    return target_problems(target, overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
+    problems = target_problems(target, overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
+    if plan.record is not None and plan.record_path is not None:
+        record = as_path(plan.record.resolve_path(plan.record_path))
+        if os.path.abspath(record) == os.path.abspath(target):
+            problems.append(f"{record}: the optimizer record and the model would be the same file")
+        problems += target_problems(record, overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
+    return problems
 
 
 def read_by(plan: Plan) -> list[Protected]:

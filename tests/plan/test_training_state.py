@@ -490,13 +490,32 @@ target: {path: o.bpk}
         assert [o[n].param_id for n in ("encoder.q", "encoder.k", "encoder.v")] == [None, None, None]
 
 
-def test_a_torch_optimizer_into_burnpack_is_refused_with_why(tmp_path: Path) -> None:
+def test_a_torch_optimizer_into_burnpack_follows_the_surgery_into_burns_record(tmp_path: Path) -> None:
+    """The surgery above (renames, a split qkv, RoPE-permuted q, a dropped head) into a .bpk: each moment
+    in Burn's OptimizerRecord beside the model equals the torch-written surgery of torch's moment, under
+    the param_id its parameter has in the model file. Burn's record layout itself (names, scalars,
+    metadata, bytes) is checked in tests/plan/test_burn_optimizer.py."""
+    import numpy as np
+
+    from migrator import open_file
+    from migrator.core.scalars import Scalar
+
     torch.manual_seed(0)
     old = Old()
     opt = _optimizer("adamw", old, named=True)
     _two_steps(old, opt)
     _write(tmp_path, RECIPE.replace("out.pt", "out.bpk"), {"model": old.state_dict(), "optimizer": opt.state_dict()})
     done = migrate_in_process("run", str(tmp_path / "recipe.yaml"))
-    assert done.returncode == 1
-    assert "Burn keeps an optimizer's state in its own record file" in done.stderr
-    assert not (tmp_path / "out.bpk").exists()
+    assert done.returncode == 0, done.stderr
+    assert "and Burn's optimizer record" in done.stdout
+    with open_file(tmp_path / "out.bpk") as model, open_file(tmp_path / "out-optim.bpk") as record:
+        ids = {t.name: t.param_id for t in model.tensors}
+        assert set(ids) == set(surgery(old.state_dict()))
+        for key, field in (("exp_avg", "moment_1"), ("exp_avg_sq", "moment_2")):
+            for name, want in surgery(_per_param(old, opt, key)).items():
+                got = record[f"{ids[name]}.momentum.{field}"]
+                assert got.param_id == ids[name]
+                assert np.array_equal(got.numpy(), want.numpy()), (name, key)
+        for name, pid in ids.items():
+            assert record.metadata[str(pid)] == name
+            assert record.scalars[f"{pid}.momentum.time"] == Scalar("UInt", 2)
