@@ -22,14 +22,13 @@ of its own, beside the model's. What this module writes, and where in Burn's sou
   `momentum.velocity`: torch's momentum_buffer (the same recurrence, first step the gradient itself).
 
 The moments come here already through the recipe (`training_state.follow`): a Linear's weight
-transposed for Burn has its moments transposed the same way. Every tensor of the model gets a fresh
-random u64 `param_id`, as Burn mints them: ids made from names would collide when two converted
-models train under one optimizer, and random ones never match a record written for another file.
+transposed for Burn has its moments transposed the same way. Every tensor of the model gets a u64
+`param_id` derived from the source's tensor table and its name (`derived_ids`): reproducible like
+every output, and other for another model's checkpoint, so a record never applies to the wrong one.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,7 +45,6 @@ RANK = "__rank"
 ADAM = {"exp_avg": "momentum.moment_1", "exp_avg_sq": "momentum.moment_2", "max_exp_avg_sq": "momentum.max_moment_2"}
 SGD = {"momentum_buffer": "momentum.velocity"}
 TIME = "momentum.time"
-_RNG = random.SystemRandom()  # ids as Burn mints them: unpredictable, not derived from anything
 
 
 @dataclass
@@ -68,11 +66,34 @@ def default_record_path(target: Path) -> Path:
     return target.with_name(f"{target.stem}-optim.bpk")
 
 
-def fresh_ids(n: int) -> list[int]:
-    """`n` distinct random u64s."""
+def derived_ids(reader: Any, names: Sequence[str], training: Training | None = None) -> list[int]:
+    """A distinct u64 for each of `names`, derived from the source's tensor table (every name, dtype and
+    shape), the optimizers' step counts and the name: the same checkpoint and recipe give the same files
+    (migrator's reproducible output); another model's checkpoint, or another step of the same run, gives
+    other ids, so a record never applies to a model file it was not written with."""
+    import hashlib
+
+    table = hashlib.sha256()
+    for t in reader.tensors:
+        table.update(f"{t.name}\0{t.dtype}\0{list(t.shape)}\n".encode())
+    by_name = {t.name: t for t in reader.tensors}
+    for opt in training.optimizers if training is not None else ():
+        for ps in opt.states.values():  # a few scalars: the bytes of each `step`
+            if "step" in ps.tensors:
+                table.update(bytes(by_name[ps.tensors["step"]].data()))
+            elif "step" in ps.plain:
+                table.update(repr(ps.plain["step"]).encode())
+    seed = table.digest()
     out: dict[int, None] = {}
-    while len(out) < n:
-        out[_RNG.getrandbits(64)] = None
+    for name in names:
+        salt = 0
+        while True:  # a collision of two 64-bit digests: take the next one (it does not happen in practice)
+            digest = hashlib.sha256(seed + f"{salt}\0{name}".encode()).digest()
+            pid = int.from_bytes(digest[:8], "little")
+            if pid not in out:
+                out[pid] = None
+                break
+            salt += 1
     return list(out)
 
 
@@ -85,7 +106,7 @@ def burn_record(training: Training, entries: Sequence[PlanEntry], reader: Any,
     """The model's entries, each tensor given a fresh param_id, and the record of the optimizer whose state
     followed the recipe (None when there is none to keep: the notes say why)."""
     model = [e for e in entries if e.optimizer is None]
-    ids = fresh_ids(len(model))
+    ids = derived_ids(reader, [e.target for e in model], training)
     model = [replace(e, tensor=_with_id(e.tensor, pid)) for e, pid in zip(model, ids, strict=True)]
     if training.mode != "keep" or not training.optimizers:
         if training.mode == "keep":

@@ -161,6 +161,25 @@ def test_adamw_after_two_steps_is_burns_record(tmp_path: Path) -> None:
     assert "AdamWConfig" in said and "epsilon 1e-5" in said
 
 
+def test_the_same_checkpoint_gives_the_same_files_another_step_other_ids(tmp_path: Path) -> None:
+    """Reproducible output: ids are derived from the checkpoint, so a second run is byte-identical; a later
+    step of the same run (the same tensor table) gets other ids, so its record cannot apply to this model."""
+    net, opt = _trained(tmp_path, lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False))
+    assert _run(tmp_path).returncode == 0
+    first = [(tmp_path / f).read_bytes() for f in ("out.bpk", "out-optim.bpk")]
+    assert _run(tmp_path, "--overwrite").returncode == 0
+    assert [(tmp_path / f).read_bytes() for f in ("out.bpk", "out-optim.bpk")] == first
+    ids = _model_ids(tmp_path / "out.bpk")
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    ckpt["optimizer"] = opt.state_dict()
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    assert _run(tmp_path, "--overwrite").returncode == 0
+    assert not set(_model_ids(tmp_path / "out.bpk").values()) & set(ids.values())
+
+
 def test_sgd_momentum_is_burns_velocity(tmp_path: Path) -> None:
     net, opt = _trained(tmp_path, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=False))
     done = _run(tmp_path)
