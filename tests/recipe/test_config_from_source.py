@@ -149,3 +149,29 @@ def test_config_option_names_the_config(tmp_path: Path) -> None:
     for ours, theirs, heads in (("wq", "q_proj", 8), ("wk", "k_proj", 4)):
         assert torch.equal(hf_permute(meta[f"layers.0.attention.{ours}.weight"], heads),
                            hf[f"model.layers.0.self_attn.{theirs}.weight"])
+
+
+def test_the_python_api_reads_the_config_beside_its_source(tmp_path: Path) -> None:
+    """`migrator.run_recipe(RECIPE, source=..., target=...)`, the API's overrides, as `--source` does."""
+    import migrator
+
+    hf = _hf_model(tmp_path / "api-llama", 8, 4)
+    out = tmp_path / "meta.pt"
+    migrator.run_recipe(RECIPES / "llama-hf-to-meta.yaml", source=tmp_path / "api-llama", target=out)
+    meta = torch.load(out, weights_only=True)
+    for ours, theirs, heads in (("wq", "q_proj", 8), ("wk", "k_proj", 4)):
+        assert torch.equal(hf_permute(meta[f"layers.0.attention.{ours}.weight"], heads),
+                           hf[f"model.layers.0.self_attn.{theirs}.weight"])
+
+
+def test_diff_recipe_reads_the_config_beside_a(tmp_path: Path) -> None:
+    """`migrate diff A B --recipe R`: A takes the recipe's source's place, so its config is A's."""
+    _hf_model(tmp_path / "my-llama", 8, 4)
+    out = tmp_path / "meta.pt"
+    r = migrate("run", str(RECIPES / "llama-hf-to-meta.yaml"), "--source", str(tmp_path / "my-llama"),
+                "--target", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    r = migrate("diff", str(tmp_path / "my-llama"), str(out), "--recipe", str(RECIPES / "llama-hf-to-meta.yaml"),
+                "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["matched"] is True
