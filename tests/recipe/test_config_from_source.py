@@ -175,3 +175,24 @@ def test_diff_recipe_reads_the_config_beside_a(tmp_path: Path) -> None:
                 "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["matched"] is True
+
+
+def test_source_name_path_replaces_the_first_of_sources_and_its_config(tmp_path: Path) -> None:
+    """`--source NAME=PATH` on a `sources:` recipe: the first entry's replacement brings its config."""
+    example = tmp_path / "example"
+    _hf_model(example, 4, 2)  # the recipe's own example: 4/2 heads
+    hf = _hf_model(tmp_path / "mine", 8, 4)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "version: 1\nsources:\n  - {name: llama, path: example/model.safetensors}\n"
+        "ops:\n  - rope_permute: {from: 'model\\.layers\\.\\d+\\.self_attn\\.q_proj\\.weight', "
+        "heads: '${config.num_attention_heads}', inverse: true}\n"
+        "  - rope_permute: {from: 'model\\.layers\\.\\d+\\.self_attn\\.k_proj\\.weight', "
+        "heads: '${config.num_key_value_heads}', inverse: true}\n"
+        "target: {path: out.safetensors}\n")
+    r = migrate("run", str(recipe), "--source", f"llama={tmp_path / 'mine'}", "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = st.load_file(tmp_path / "out.safetensors")
+    for ours, heads in (("q_proj", 8), ("k_proj", 4)):
+        name = f"model.layers.1.self_attn.{ours}.weight"
+        assert torch.equal(hf_permute(out[name], heads), hf[name])
