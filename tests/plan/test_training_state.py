@@ -519,3 +519,41 @@ def test_a_torch_optimizer_into_burnpack_follows_the_surgery_into_burns_record(t
         for name, pid in ids.items():
             assert record.metadata[str(pid)] == name
             assert record.scalars[f"{pid}.momentum.time"] == Scalar("UInt", 2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# a Lightning checkpoint: the model under state_dict, the optimizer in a list
+
+
+def test_a_lightning_checkpoint_follows_in_optimizer_states(tmp_path: Path) -> None:
+    """Lightning saves `{"state_dict", "optimizer_states": [...], "lr_schedulers": [...], "epoch",
+    "global_step", ...}`; its optimizer is built from `parameters()` (no names): the order rule."""
+    torch.manual_seed(0)
+    old = Old()
+    opt = _optimizer("adamw", old, named=False)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    _two_steps(old, opt)
+    ckpt = {"epoch": 1, "global_step": 2, "pytorch-lightning_version": "2.5.0", "state_dict": old.state_dict(),
+            "loops": {"fit_loop": {"epoch_progress": {"current": {"completed": 1}}}},
+            "optimizer_states": [opt.state_dict()], "lr_schedulers": [sched.state_dict()]}
+    _write(tmp_path, RECIPE.replace("top_level_key: model", "top_level_key: state_dict"), ckpt)
+    done = migrate_in_process("run", str(tmp_path / "recipe.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "optimizer 'optimizer_states.0': state matched to parameters by parameter order" in done.stdout + done.stderr
+
+    grads = _grads(old, 3)
+    _step(old, opt, grads)
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert list(out) == list(ckpt)
+    assert out["loops"] == ckpt["loops"] and out["lr_schedulers"] == ckpt["lr_schedulers"]
+    new = New()
+    new.load_state_dict(out["state_dict"])
+    new_opt = _optimizer("adamw", new, named=False, order=list(out["state_dict"]))
+    new_opt.load_state_dict(out["optimizer_states"][0])
+    _step(new, new_opt, surgery(grads))
+    want = surgery(dict(old.named_parameters()))
+    for name, p in new.named_parameters():
+        assert torch.equal(p.detach(), want[name].detach()), name
+    want_sq = surgery(_per_param(old, opt, "exp_avg_sq"))
+    for name, got in _per_param(new, new_opt, "exp_avg_sq").items():
+        assert torch.equal(got, want_sq[name]), name
