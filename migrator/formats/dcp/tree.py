@@ -14,10 +14,9 @@ from typing import Any
 
 from ...core.errors import FormatError, LimitExceededError
 from ...core.limits import Limits
-from ..pytorch.tree import SOURCE_SLOT, CheckpointTree, Node
+from ..pytorch.tree import SOURCE_SLOT, CheckpointTree, Node, is_plain
 from .metadata import DcpMetadata
 
-_INT64, _UINT64 = 1 << 63, 1 << 64
 _SHOWN = 1000
 
 
@@ -99,7 +98,7 @@ def build_tree(meta: DcpMetadata, values: dict[str, Any], label: str,
                 items = value.items() if isinstance(value, dict) else enumerate(value)
                 stack.append((child, name, iter(items)))
                 break
-            if _is_plain(value):
+            if is_plain(value):
                 _add(node, key, value)
                 tree.kept_count += 1
                 if len(kept) < _SHOWN:
@@ -120,18 +119,3 @@ def _add(node: Node, key: Any, value: Any) -> None:
     if node.is_dict:
         node.keys.append(key)
     node.values.append(value)
-
-
-def _is_plain(value: Any) -> bool:
-    t = type(value)
-    if value is None or t is bool or t is float:
-        return True
-    if t is int:
-        return -_INT64 <= value < _UINT64
-    if t is str:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return False
-        return True
-    return False

@@ -94,7 +94,8 @@ def _key_text(key: Any) -> str | None:
     return None
 
 
-def _is_plain(value: Any) -> bool:
+def is_plain(value: Any) -> bool:
+    """A value a checkpoint's structure keeps as it is: None, bool, float, a 64-bit int, UTF-8 text."""
     t = type(value)
     if value is None or t is bool or t is float:
         return True
@@ -122,7 +123,7 @@ def _module_versions(value: Any) -> dict[str, Any] | None:
     for k, v in meta.items():
         if type(k) is not str or not utf8_ok(k) or not isinstance(v, dict) or len(v) > 100:
             return None
-        if not all(type(vk) is str and utf8_ok(vk) and _is_plain(vv) for vk, vv in v.items()):
+        if not all(type(vk) is str and utf8_ok(vk) and is_plain(vv) for vk, vv in v.items()):
             return None
     return {"_metadata": meta}
 
@@ -187,7 +188,7 @@ def describe_tree(root: Any, limits: Limits, label: str) -> CheckpointTree | Non
                 tree.dropped_count += again[2]
             elif isinstance(value, (dict, list, tuple)):
                 child = Node(_kind(value), attrs=_module_versions(value))
-            elif _is_plain(value):
+            elif is_plain(value):
                 child = value
                 tree.kept_count += 1
                 if len(kept) < _SHOWN:
