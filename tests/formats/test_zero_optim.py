@@ -294,3 +294,20 @@ def test_a_step_kept_as_a_tensor_is_copied_to_each_parameter(ckpts: Path, tmp_pa
     opt.load_state_dict(out["optimizer"])
     _step(params, opt, 1)
     assert all(float(opt.state[p]["step"]) == 3.0 for p in params.values())  # one storage each: counted once
+
+
+def test_a_checkpoint_saved_before_the_first_step_has_no_state(ckpts: Path, tmp_path: Path) -> None:
+    """An optimizer not stepped yet saves no per-parameter state (torch's, and so DeepSpeed's base
+    optimizer's): the groups are written, the state is empty, and AdamW loads it."""
+    ckpt = Path(shutil.copytree(ckpts / "z1_fp32", tmp_path / "ckpt"))
+    for rank in (0, 1):
+        path = ckpt / "global_step2" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+        sd = torch.load(path, weights_only=False)
+        sd["optimizer_state_dict"]["base_optimizer_state"]["state"] = {}
+        torch.save(sd, path)
+    out = whole(ckpt, tmp_path / "whole.pt")
+    assert out["optimizer"]["state"] == {}
+    assert sum(len(g["param_names"]) for g in out["optimizer"]["param_groups"]) == 6
+    _, opt = _params(out["model"], out["optimizer"]["param_groups"])
+    opt.load_state_dict(out["optimizer"])
+    assert not opt.state

@@ -248,9 +248,9 @@ _DROPPED = object()
 def whole_tree(model: Sequence[str], opt: ZeroOptimizer) -> CheckpointTree:
     """`{"model": ..., "optimizer": {"state": ..., "param_groups": ...}}`, its tensor slots in the order
     `model` (the fp32 view's names) then `opt.tensors()`."""
-    tree = CheckpointTree(Node("dict", tensors=True))
+    tree = CheckpointTree(Node("dict"))
     weights = Node("dict", keys=[None] * len(model), values=[SOURCE_SLOT] * len(model), tensors=bool(model))
-    state = Node("dict", tensors=True)
+    state = Node("dict")
     for name, per in opt.state.items():
         one = Node("dict")
         for k, v in per.items():
@@ -264,6 +264,7 @@ def whole_tree(model: Sequence[str], opt: ZeroOptimizer) -> CheckpointTree:
                 tree.kept_count += 1
         state.keys.append(name)
         state.values.append(one)
+        state.tensors = state.tensors or one.tensors
     groups = Node("list")
     for g, (hyper, names) in enumerate(zip(opt.groups, opt.names, strict=True)):
         group = _node(hyper, tree, f"{OPTIMIZER}.param_groups.{g}")
@@ -272,7 +273,8 @@ def whole_tree(model: Sequence[str], opt: ZeroOptimizer) -> CheckpointTree:
         group.values += [Node("list", values=list(names)), Node("list", values=list(names))]
         groups.values.append(group)
     tree.kept.append(f"{OPTIMIZER}.param_groups")
-    optimizer = Node("dict", keys=["state", "param_groups"], values=[state, groups], tensors=True)
+    optimizer = Node("dict", keys=["state", "param_groups"], values=[state, groups], tensors=state.tensors)
+    tree.root.tensors = weights.tensors or state.tensors
     tree.root.keys += [MODEL, OPTIMIZER]
     tree.root.values += [weights, optimizer]
     return tree
