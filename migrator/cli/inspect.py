@@ -107,6 +107,8 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     for flag, n in totals.get("flagged", {}).items():
         out.write(f"flagged {flag.replace('_', ' ')}: {count(n, 'tensor')}\n")
     _print_shards(info, limit)
+    for note in info["details"].get("notes", ()):  # what the source holds beside the tensors listed
+        out.write(f"note: {note}\n")
     for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
         print(f"warning: {warning}", file=sys.stderr)
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):

@@ -38,7 +38,12 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 
     A path may also name a model folder, an index (`*.index.json`) or a glob of shards: all its
     shards are then read as one source (`files.sharded`).
+
+    `training_state="keep"` with `keep_structure`: a DeepSpeed ZeRO folder lists the whole training
+    checkpoint (fp32 model and optimizer state) instead of its fp32 weights alone. Other sources need
+    no such word: their structure is the file's own, kept by `keep_structure` alone.
     """
+    whole = options.pop("training_state", None) == "keep"
     if isinstance(src, str | os.PathLike):
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
             from .remote_open import open_url
@@ -52,7 +57,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
             from ..formats.deepspeed.folder import is_zero_checkpoint
 
             if is_zero_checkpoint(src, options.get("tag")):  # a DeepSpeed ZeRO checkpoint folder
-                return _open_zero(src, limits, options)
+                return _open_zero(src, limits, options, whole)
         _no_tag(src, options)
         from ..formats.dcp import dcp_folder
 
@@ -94,14 +99,16 @@ def _no_tag(src: str | os.PathLike[str], options: dict[str, Any]) -> None:
         raise FormatError("a step tag (--tag) applies only to a DeepSpeed ZeRO checkpoint folder", file=os.fspath(src))
 
 
-def _open_zero(src: str | os.PathLike[str], limits: Limits, options: dict[str, Any]) -> Reader:
+def _open_zero(src: str | os.PathLike[str], limits: Limits, options: dict[str, Any], whole: bool) -> Reader:
     from ..formats.deepspeed import ZeroReader
 
     key, tag = options.pop("top_level_key", None), options.pop("tag", None)
-    options.pop("keep_structure", None)  # the consolidated weights are a flat state_dict
+    # the consolidated weights are a flat state_dict (what zero_to_fp32 writes, even into a .pt), unless
+    # the run keeps the training state: then the whole checkpoint, with its optimizer
+    keep = bool(options.pop("keep_structure", False)) and whole
     if options:
         raise TypeError(f"options {sorted(options)} do not apply to a DeepSpeed ZeRO checkpoint")
-    return ZeroReader(src, tag=tag, top_level_key=key, limits=limits)
+    return ZeroReader(src, tag=tag, top_level_key=key, keep_structure=keep, limits=limits)
 
 
 def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:

@@ -162,7 +162,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
             model_key = key if isinstance(key, str) else ".".join(key)
             spec = spec.model_copy(update={"top_level_key": None})
         reader = open_source(spec, src_path, limits=limits, keep_structure=one_file or burn_keep, base_dir=base_dir,
-                             storage=storage)
+                             storage=storage, training_state=recipe.training_state)
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:

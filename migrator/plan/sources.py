@@ -50,10 +50,11 @@ class SourceKeyError(PlanError):
 
 def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None,
                 keep_structure: bool = False, base_dir: Path | None = None,
-                storage: StorageOptions | None = None) -> Reader:
+                storage: StorageOptions | None = None, training_state: str | None = None) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
     top_level_key is a `SourceKeyError` that points at that key. `keep_structure`: a PyTorch
-    checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target.
+    checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target;
+    with `training_state="keep"` too, a DeepSpeed ZeRO folder is the whole training checkpoint.
     With `lora:`, the reader lists the base's tensors with the adapter folded in (the adapter's path
     taken from `base_dir`)."""
     from ..files.io import open_file
@@ -76,6 +77,8 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
         options["tag"] = spec.tag
     if keep_structure:
         options["keep_structure"] = True
+        if training_state is not None:
+            options["training_state"] = training_state
     try:
         reader = open_file(path, spec.format, storage=storage, **options)
     except TensorNotFoundError as e:

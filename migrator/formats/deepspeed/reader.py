@@ -6,6 +6,9 @@ partitions (`partitions.py`), then tied names (`shared_params`). Each parameter 
 that reads only its own byte ranges of the rank files, piece by piece. With `top_level_key="module"`
 it lists the module's own weights instead (16-bit under bf16/fp16 training) from the model states
 file, as saved; ZeRO-3 saves no module weights (only empty partitions), which is an error then.
+With `keep_structure` (a `.pt` target with `training_state: keep`) it lists the whole training
+checkpoint instead: `model.<name>` for the fp32 view, then each parameter's optimizer state
+(`optimizer.state.<name>.exp_avg`, ...; `optimizer.py`), with `structure` the nested dict to write.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ...core.limits import DEFAULT_LIMITS, Limits
 from ...core.tensor import LazyTensor
 from ..base import Reader
 from .folder import StepFolder, find_step
+from .optimizer import MODEL, describe, read_optimizer, whole_tree
 from .partitions import Piece, RankFiles, Span, gathered, zero3_pieces, zero12_pieces
 from .states import StateFile, numel
 
@@ -50,11 +54,16 @@ class ZeroReader(Reader):
 
     format = "deepspeed"
     nested_keys = True  # the constructor takes `top_level_key`: which weights
+    keeps_structure = True  # the whole training checkpoint, when asked (`training_state: keep`)
 
     def __init__(self, path: str | os.PathLike[str], *, tag: str | None = None,
-                 top_level_key: str | Sequence[str] | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+                 top_level_key: str | Sequence[str] | None = None, keep_structure: bool = False,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         key = top_level_key if isinstance(top_level_key, str) or top_level_key is None else ".".join(top_level_key)
         self.weights = "fp32" if key in (None, "", "fp32") else key
+        self._whole = keep_structure and self.weights == "fp32"
+        self.structure = None
+        self._optimizer: dict[str, Any] | None = None
         step = find_step(path, tag)
         self.step = step
         self.folder = step.root
@@ -223,7 +232,13 @@ class ZeroReader(Reader):
                     out[alias] = out[target].renamed(alias)
         self._pieces = pieces
         self._files = files
-        return list(out.values())
+        self._optimizer = describe(first, self.stage)
+        if not self._whole:
+            return list(out.values())
+        # the whole checkpoint: the fp32 view under `model.`, then each parameter's optimizer state
+        optimizer = read_optimizer(self.stage, ranks, flats, shapes, pieces, files, label)
+        self.structure = whole_tree(list(out), optimizer)
+        return [t.renamed(f"{MODEL}.{name}") for name, t in out.items()] + optimizer.tensors()
 
     def _check_same_stage(self, state: StateFile) -> None:
         stage = state.int_of(state.at(state.root, "optimizer_state_dict", "zero_stage"), "zero_stage")
@@ -288,10 +303,22 @@ class ZeroReader(Reader):
         info: dict[str, Any] = {
             "zero_stage": self.stage, "world_size": self.world, "tag": self.step.tag,
             "weights": ("module weights from the model states file" if self.weights == "module" else
+                        "the whole training checkpoint: fp32 master weights under 'model.', the optimizer state "
+                        "under 'optimizer.' (training_state: keep)" if self._whole else
                         "fp32 master weights rebuilt from the optimizer partitions (--top-level-key module: the "
                         "module's own weights)"),
             "files": self._files_shown,
         }
+        if self._optimizer is not None:
+            info["optimizer"] = self._optimizer
+            if not self._whole:
+                keys = ", ".join(self._optimizer["state"]) or "none"
+                info["notes"] = [f"optimizer state (not listed): {keys} per parameter, "
+                                 f"{len(self._optimizer['param_groups'])} param groups"
+                                 + (f", step {', '.join(map(str, self._optimizer['step']))}"
+                                    if self._optimizer["step"] else "")
+                                 + "; --training-state keep into a .pt target writes it beside the fp32 model, "
+                                 "consolidated per parameter"]
         pieces = getattr(self, "_pieces", None)
         if pieces is not None:
             info["partitions"] = {name: [[p.rank, p.group, p.start, p.count] for p in ps]

@@ -54,6 +54,9 @@ class StateFile(PytorchReader):
 
     # -- typed access
 
+    def is_tensor(self, value: Any) -> bool:
+        return self._ref_names.get(id(value)) in self._made
+
     def tensor_of(self, value: Any, what: str) -> LazyTensor:
         name = self._ref_names.get(id(value))
         if name is None or name not in self._made:
