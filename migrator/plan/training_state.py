@@ -383,7 +383,7 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
                 one.keys.append(k)
                 one.values.append(TensorSlot(target))
                 continue
-            value = _scalar(opt, states, k, entry.target, tensors, shape_of, len(ids))
+            value = _scalar(opt, states, k, entry.target, tensors, shape_of, len(ids), entry.ops)
             if isinstance(value, LazyTensor):
                 # its own storage: the outputs of a split each get a copy, and torch steps each in place
                 # (`step += 1`), so one storage shared by three would count three steps
@@ -420,17 +420,27 @@ def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None,
             "from": source if source is not None else tensor}
 
 
+# ops after which a parameter holds the same numbers in the same layout (renames: a remap, renumbered
+# indices, an adapter's gamma/beta; a cast): its other state still fits it
+_KEEPS_LAYOUT = ("remap ", "index ", "rename ", "cast ")
+
+
 def _scalar(opt: Optimizer, states: Sequence[ParamState], k: str, target: str, tensors: dict[str, LazyTensor],
-            shape_of: dict[str, tuple[int, ...]], inputs: int) -> Any:
-    """A state value that is not shaped like its parameter: the one input's, or the inputs' common value."""
+            shape_of: dict[str, tuple[int, ...]], inputs: int, ops: Sequence[str] = ()) -> Any:
+    """A state value that is not shaped like its parameter: the one input's, or the inputs' common value.
+    State of another shape (Adafactor's factored row_var/col_var) is copied when the parameter is only
+    renamed or cast, so the numbers it describes are where they were; any other op refuses it."""
     values: list[Any] = []
     for s in states:
         if k in s.tensors:
             t = tensors[s.tensors[k]]
             if t.numel != 1 and inputs == 1 and t.shape != shape_of[opt.owner[s.key]]:
-                raise PlanError(f"optimizer state '{s.tensors[k]}' (shape {list(t.shape)}) is neither shaped like its "
-                                "parameter nor a scalar: it cannot follow the recipe; set training_state: drop",
-                                tensor=s.tensors[k])
+                changed = [op for op in ops if not op.startswith(_KEEPS_LAYOUT)]
+                if changed:
+                    raise PlanError(f"optimizer state '{s.tensors[k]}' (shape {list(t.shape)}) is neither shaped like "
+                                    f"its parameter nor a scalar, and '{target}' goes through {changed[0]}: such "
+                                    "state (Adafactor's factored moments, ...) follows only a renamed or cast "
+                                    "parameter; set training_state: drop", tensor=s.tensors[k])
             if t.numel != 1 and inputs > 1:
                 raise PlanError(f"'{target}' joins parameters whose optimizer state '{k}' is not shaped like them: "
                                 "it cannot be joined; set training_state: drop", tensor=target)

@@ -557,3 +557,54 @@ def test_a_lightning_checkpoint_follows_in_optimizer_states(tmp_path: Path) -> N
     want_sq = surgery(_per_param(old, opt, "exp_avg_sq"))
     for name, got in _per_param(new, new_opt, "exp_avg_sq").items():
         assert torch.equal(got, want_sq[name]), name
+
+
+# ---------------------------------------------------------------------------------------------------
+# factored state (Adafactor): follows renamed parameters, refused through a layout op
+
+
+class Renamed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, D)
+        self.qkv = nn.Linear(D, 3 * D)
+        self.o = nn.Linear(D, D, bias=False)
+        self.norm = nn.LayerNorm(D)
+
+
+def test_adafactor_follows_a_rename_and_resumes(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    old = Old()
+    opt = torch.optim.Adafactor(_groups(old, True), lr=1e-2, foreach=False)
+    _two_steps(old, opt)
+    assert opt.state[old.qkv.weight]["row_var"].shape == (3 * D, 1)  # factored: not the parameter's shape
+    renames = RECIPE.split("ops:")[0] + "target: {path: out.pt}\n"
+    _write(tmp_path, renames, {"model": old.state_dict(), "optimizer": opt.state_dict()})
+    done = migrate_in_process("run", str(tmp_path / "recipe.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    def moved(sd: dict[str, Any]) -> dict[str, Any]:
+        names = {"embed.": "tok.", "out.": "o."}
+        return {next((names[p] + n[len(p):] for p in names if n.startswith(p)), n): v for n, v in sd.items()
+                if not n.startswith("head.")}
+
+    grads = _grads(old, 3)
+    _step(old, opt, grads)
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    new = Renamed()
+    new.load_state_dict(out["model"])
+    new_opt = torch.optim.Adafactor(_groups(new, True), lr=1e-2, foreach=False)
+    new_opt.load_state_dict(out["optimizer"])
+    _step(new, new_opt, moved(grads))
+    want = moved(dict(old.named_parameters()))
+    for name, p in new.named_parameters():
+        assert torch.equal(p.detach(), want[name].detach()), name
+        for key in ("row_var", "col_var"):
+            if key in new_opt.state[p]:
+                assert torch.equal(new_opt.state[p][key], opt.state[want[name]][key]), (name, key)
+
+    done = migrate_in_process("run", str(tmp_path / "recipe.yaml"), "--overwrite")  # sanity: it ran twice
+    assert done.returncode == 0
+    (tmp_path / "recipe.yaml").write_text(RECIPE)  # now a split of the fused qkv: refused, named
+    said = _refused(tmp_path)
+    assert "row_var" in said and "split" in said and "follows only a renamed or cast parameter" in said
