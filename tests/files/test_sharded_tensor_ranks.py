@@ -212,3 +212,29 @@ def test_only_shardedtensors_getattr_is_read() -> None:
                 b"\x80\x02c__builtin__\ngetattr\ncos\nenviron\nX\x03\x00\x00\x00get\x86R."):
         with pytest.raises(UnsafePickleError, match="getattr"):
             sp.load(bad)
+
+
+@pytest.fixture(scope="module")
+def dtensors(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dist_support import write_checkpoints
+
+    return write_checkpoints(tmp_path_factory.mktemp("dist"))
+
+
+def test_dtensor_files_under_rank_names_join_too(dtensors: Path, tmp_path: Path) -> None:
+    """verl's DTensor files renamed `model_rank<K>.pt`: a set by their content, the world size the mesh's."""
+    d = tmp_path / "ranks"
+    d.mkdir()
+    for k in (0, 1):
+        shutil.copy(dtensors / "verl" / f"model_world_size_2_rank_{k}.pt", d / f"model_rank{k}.pt")
+    out = tmp_path / "model.safetensors"
+    code, stderr = convert(d / "model_rank0.pt", out)
+    assert code == 0, stderr
+    got = st_torch.load_file(out)
+    full = torch.load(dtensors / "full.pt", weights_only=True)["model"]
+    assert sorted(got) == sorted(full)
+    for k, v in full.items():
+        assert torch.equal(got[k], v), k
+    out.unlink()
+    (d / "model_rank1.pt").unlink()
+    refused(d, tmp_path, "rank 1 of 2 is missing", "model_rank1.pt not found")
