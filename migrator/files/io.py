@@ -79,12 +79,12 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
             return selected(RanksReader(ranks, limits=limits), options)
         from .rank_files import any_rank_files
 
-        ranked = any_rank_files(src) if format in ("auto", "pytorch") else None
-        if ranked is not None:  # `...rank<K>...` files: one checkpoint if they hold ShardedTensors (FSDP1) or DTensors
+        candidates = any_rank_files(src) if format in ("auto", "pytorch") else None
+        if candidates is not None:  # `...rank<K>...` files: a checkpoint if they hold ShardedTensors or DTensors
             from .multi_rank import selected
             from .sharded_tensor_ranks import open_rank_set
 
-            joined = open_rank_set(ranked, limits)
+            joined = open_rank_set(candidates, limits)
             if joined is not None:
                 return selected(joined, options)
         from .sharded import is_sharded_path

@@ -40,10 +40,11 @@ def _set_key(m: re.Match[str]) -> tuple[str, str, str]:
     return m["head"], m["tail"], m["ext"]
 
 
-def any_rank_files(path: str | os.PathLike[str]) -> list[tuple[int, Path]] | None:
-    """The candidate set of `...rank<K>...` files `path` names (a folder, a glob or one of them), as
-    (rank, file) in rank order; None when it names none. Refused: files of several sets in a folder
-    with none of them the model's, a glob matching several sets, a rank twice (`rank1`, `rank01`)."""
+def any_rank_files(path: str | os.PathLike[str]) -> list[list[tuple[int, Path]]] | None:
+    """The candidate sets of `...rank<K>...` files `path` names, each as (rank, file) in rank order: a
+    folder's sets (the ones whose name says `model` first), or the one set of a glob or of one of its
+    files; None when it names none. Refused: a glob matching several sets, a rank twice (`rank1`,
+    `rank01`). Which set, if any, is a checkpoint is for their content to say (`open_rank_set`)."""
     text = os.fspath(path)
     p = Path(text)
     if p.is_dir():
@@ -53,22 +54,15 @@ def any_rank_files(path: str | os.PathLike[str]) -> list[tuple[int, Path]] | Non
                 groups.setdefault(_set_key(m), []).append(p / n)
         if not groups:
             return None
-        keys = list(groups)
-        if len(keys) > 1:
-            models = [k for k in keys if "model" in k[0] + k[1]]
-            if len(models) != 1:
-                sets = ", ".join(f"{h}*{t}.{e}" for h, t, e in keys)
-                raise FormatError(f"the folder holds the rank files of several sets ({sets}); name one with a glob "
-                                  f"(e.g. {p / (keys[0][0] + '*' + keys[0][1] + '.' + keys[0][2])})", file=text)
-            keys = models
-        return _ranked(groups[keys[0]], text)
+        keys = sorted(groups, key=lambda k: "model" not in k[0] + k[1])
+        return [_ranked(groups[k], text) for k in keys]
     if p.is_file():
         m = RANK_ANY.match(p.name)
         if m is None or RANK_FILE.match(p.name):
             return None
         folder = p.parent
-        return _ranked([folder / n for n in sorted(os.listdir(folder))
-                        if (r := RANK_ANY.match(n)) and _set_key(r) == _set_key(m) and (folder / n).is_file()], text)
+        return [_ranked([folder / n for n in sorted(os.listdir(folder))
+                         if (r := RANK_ANY.match(n)) and _set_key(r) == _set_key(m) and (folder / n).is_file()], text)]
     if not os.path.exists(text) and GLOB_CHARS.intersection(os.path.basename(text)):
         matched = [Path(f) for f in sorted(globlib.glob(text)) if os.path.isfile(f)]
         found = [(RANK_ANY.match(f.name), f) for f in matched]
@@ -78,8 +72,16 @@ def any_rank_files(path: str | os.PathLike[str]) -> list[tuple[int, Path]] | Non
         if len(distinct) > 1:
             sets = ", ".join(sorted(f"{h}*{t}.{e}" for h, t, e in distinct))
             raise FormatError(f"rank files of different checkpoints: {sets}", file=text)
-        return _ranked(matched, text)
+        return [_ranked(matched, text)]
     return None
+
+
+def set_pattern(ranked: list[tuple[int, Path]]) -> str:
+    """A glob naming the set of `ranked` (`ckpt/model_rank*.pt`), for the errors that ask for one."""
+    f = ranked[0][1]
+    m = RANK_ANY.match(f.name)
+    assert m is not None
+    return str(f.parent / f"{m['head']}*{m['tail']}.{m['ext']}")
 
 
 def _ranked(files: list[Path], given: str) -> list[tuple[int, Path]]:

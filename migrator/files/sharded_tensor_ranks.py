@@ -26,7 +26,7 @@ from ..formats.base import Reader
 from ..formats.dcp.assemble import Piece, assemble
 from ..formats.pytorch.reader import PytorchReader
 from ..formats.pytorch.sharded_tensor import ShardedLayout, local_name
-from .rank_files import rank_name
+from .rank_files import rank_name, set_pattern
 from .ranks import RanksReader
 
 
@@ -39,27 +39,43 @@ def _open(f: Path, limits: Limits) -> PytorchReader:
         raise
 
 
-def open_rank_set(ranked: Sequence[tuple[int, Path]], limits: Limits = DEFAULT_LIMITS) -> Reader | None:
-    """The set of `...rank<K>...` files `ranked` as one reader, when its lowest rank's file holds
-    ShardedTensors or DTensors; None when it holds neither (an ordinary file that happens to be named
-    so, opened as any other)."""
-    label = str(ranked[0][1].parent)
-    first = _open(ranked[0][1], limits)
+def open_rank_set(sets: Sequence[Sequence[tuple[int, Path]]], limits: Limits = DEFAULT_LIMITS) -> Reader | None:
+    """The set of `...rank<K>...` files among `sets` whose lowest rank's file holds ShardedTensors or
+    DTensors, as one reader; None when none does (ordinary files that happen to be named so, opened
+    as any other). Of several such sets (a folder's), the first whose name says `model`; else refused,
+    asking for a glob."""
+    found: list[tuple[Sequence[tuple[int, Path]], PytorchReader]] = []
     try:
-        if first.sharded_layouts:
-            return ShardedTensorRanksReader(ranked, limits=limits, first=first)
-        dtensors = first.shard_layouts
+        for ranked in sets:
+            first = _open(ranked[0][1], limits)
+            if first.sharded_layouts or first.shard_layouts:
+                found.append((ranked, first))
+            else:
+                first.close()
+        if len(found) > 1:
+            models = [(r, f) for r, f in found if "model" in r[0][1].name]
+            if len(models) != 1:
+                names = ", ".join(set_pattern(list(r)) for r, _ in found)
+                raise FormatError(f"the folder holds the rank files of several checkpoints ({names}); name one with "
+                                  "a glob", file=str(found[0][0][0][1].parent))
+            found = models + [(r, f) for r, f in found if (r, f) != models[0]]
     except BaseException:
-        first.close()
+        for _, f in found:
+            f.close()
         raise
-    first.close()
-    if not dtensors:
+    if not found:
         return None
-    layout = next(iter(dtensors.values()))
+    for _, f in found[1:]:
+        f.close()
+    ranked, first = found[0]
+    if first.sharded_layouts:
+        return ShardedTensorRanksReader(ranked, limits=limits, first=first)
+    layout = next(iter(first.shard_layouts.values()))
+    first.close()
     world = 1
     for s in layout.mesh:
         world *= s
-    return RanksReader(_complete(ranked, world, label, limits), limits=limits)
+    return RanksReader(_complete(ranked, world, str(ranked[0][1].parent), limits), limits=limits)
 
 
 def _complete(ranked: Sequence[tuple[int, Path]], world: int, label: str, limits: Limits) -> list[Path]:

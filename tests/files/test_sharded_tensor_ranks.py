@@ -238,3 +238,19 @@ def test_dtensor_files_under_rank_names_join_too(dtensors: Path, tmp_path: Path)
     out.unlink()
     (d / "model_rank1.pt").unlink()
     refused(d, tmp_path, "rank 1 of 2 is missing", "model_rank1.pt not found")
+
+
+def test_a_folder_reads_the_set_that_holds_shards(ckpt: Path, full: dict[str, Any], tmp_path: Path) -> None:
+    """Beside other `...rank<K>...` files (plain ones, another checkpoint), the model's set is read; two
+    sets of shards, neither the model's, are refused, asking for a glob."""
+    d = _copy(ckpt, tmp_path, {"model_rank0.pt": "model_rank0.pt", "model_rank1.pt": "model_rank1.pt"})
+    for k in (0, 1):
+        torch.save({"seed": torch.tensor(k)}, d / f"rng_rank{k}.pt")  # plain tensors: not a set of shards
+        shutil.copy(ckpt / "optim" / f"optim_rank{k}.pt", d / f"optim_rank{k}.pt")
+    with open_file(d) as r:
+        assert r.names() == list(full["model"])
+    for k in (0, 1):
+        (d / f"model_rank{k}.pt").rename(d / f"weights_rank{k}.pt")
+    refused(d, tmp_path, "several checkpoints", "optim_rank*.pt", "weights_rank*.pt", "glob")
+    with open_file(d / "weights_rank*.pt") as r:
+        assert r.names() == list(full["model"])
