@@ -5,7 +5,7 @@ no shard of it), each Linear its own FSDP unit, trained one Adam step with fixed
 writes, with torch.save:
 * `sharded/model_rank{K}.pt`: its SHARDED_STATE_DICT (ShardedTensors),
 * `optim/optim_rank{K}.pt`: FSDP.optim_state_dict under SHARDED_STATE_DICT (ShardedTensor moments),
-* `local/pytorch_model_fsdp_0_rank{K}.bin`: its LOCAL_STATE_DICT (flat parameters; Accelerate's name),
+* `local/pytorch_model_fsdp_rank{K}.bin`: its LOCAL_STATE_DICT (flat parameters; Accelerate's name),
 * bad variants of `sharded/` made by editing the ShardedTensors' metadata and local shards before the
   save, as a buggy writer would: `overlap/`, `hole/`, `disagree/` (rank 1's metadata differs from rank
   0's), `fewer/` (rank 1 lacks a tensor);
@@ -101,7 +101,7 @@ def _worker(rank: int, port: int, out: str) -> None:
                 del sd["3.bias"]
             save("fewer", f"model_rank{rank}.pt", sd)
         with FSDP.state_dict_type(m, StateDictType.LOCAL_STATE_DICT):
-            save("local", f"pytorch_model_fsdp_0_rank{rank}.bin", m.state_dict())
+            save("local", f"pytorch_model_fsdp_rank{rank}.bin", m.state_dict())
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -24,7 +24,7 @@ RANK_FILE = re.compile(r"^(?P<stem>.+)_world_size_(?P<n>\d{1,6})_rank_(?P<k>\d{1
 
 RANK_ANY = re.compile(r"^(?P<head>(?:.*[_.-])?rank[_-]?)(?P<k>\d{1,6})(?P<tail>(?:[_.-].*)?)\.(?P<ext>pt|pth|bin)$")
 """Any other per-rank name: `rank` (at the start or after `_`, `-` or `.`), the rank, then the end or a
-separator: `model_rank0.pt`, Accelerate's `pytorch_model_fsdp_0_rank1.bin`, `rank_3-model.pt`. Unlike
+separator: `model_rank0.pt`, Accelerate's `pytorch_model_fsdp_rank1.bin`, `rank_3-model.pt`. Unlike
 verl's, such a name does not give the world size, nor prove that the file is one rank's part: the files
 only make a set when they hold ShardedTensors or DTensors (`files.sharded_tensor_ranks.open_rank_set`)."""
 

@@ -3,7 +3,7 @@ FSDP.optim_state_dict gives under it) read as one checkpoint.
 
 Each rank saved its own state dict, whose values are ShardedTensors: its local shards, plus metadata
 listing every rank's shard (offsets, sizes, the rank it is placed on) and the process group it was
-saved from. The names (`model_rank0.pt`, Accelerate's `pytorch_model_fsdp_0_rank0.bin`, any
+saved from. The names (`model_rank0.pt`, Accelerate's `pytorch_model_fsdp_rank0.bin`, any
 `...rank<K>...` name: `files.rank_files.any_rank_files`) only propose a set; the files make one when
 the lowest rank's holds ShardedTensors (or DTensors, joined by `files.ranks`). The world size is the
 saved process group's (else the highest placement's); every rank 0..N-1 must be there exactly once,

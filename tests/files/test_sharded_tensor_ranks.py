@@ -183,10 +183,10 @@ def _pytorch(path: Path) -> Any:
 
 
 def test_local_state_dict_is_refused_with_what_to_save(ckpt: Path, tmp_path: Path) -> None:
-    line = refused(ckpt / "local", tmp_path, "pytorch_model_fsdp_0_rank0.bin", "_flat_param", "LOCAL_STATE_DICT",
+    line = refused(ckpt / "local", tmp_path, "pytorch_model_fsdp_rank0.bin", "_flat_param", "LOCAL_STATE_DICT",
                    "cannot be consolidated", "SHARDED_STATE_DICT", "FULL_STATE_DICT")
     assert "tensor '0._flat_param'" in line
-    refused(ckpt / "local" / "pytorch_model_fsdp_0_rank1.bin", tmp_path, "LOCAL_STATE_DICT")
+    refused(ckpt / "local" / "pytorch_model_fsdp_rank1.bin", tmp_path, "LOCAL_STATE_DICT")
 
 
 def test_a_rank_file_under_another_name_is_refused_alone(ckpt: Path, tmp_path: Path) -> None:
