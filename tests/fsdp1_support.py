@@ -5,6 +5,7 @@ no shard of it), each Linear its own FSDP unit, trained one Adam step with fixed
 writes, with torch.save:
 * `sharded/model_rank{K}.pt`: its SHARDED_STATE_DICT (ShardedTensors),
 * `optim/optim_rank{K}.pt`: FSDP.optim_state_dict under SHARDED_STATE_DICT (ShardedTensor moments),
+* `both/checkpoint-rank-{K}.pt`: {"model": the first, "optim": the second, "epoch": 3},
 * `local/pytorch_model_fsdp_rank{K}.bin`: its LOCAL_STATE_DICT (flat parameters; Accelerate's name),
 * bad variants of `sharded/` made by editing the ShardedTensors' metadata and local shards before the
   save, as a buggy writer would: `overlap/`, `hole/`, `disagree/` (rank 1's metadata differs from rank
@@ -87,6 +88,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             msd, osd = m.state_dict(), FSDP.optim_state_dict(m, opt)
             save("sharded", f"model_rank{rank}.pt", msd)
             save("optim", f"optim_rank{rank}.pt", osd)
+            save("both", f"checkpoint-rank-{rank}.pt", {"model": msd, "optim": osd, "epoch": 3})
             gathered = {"model": _gathered(msd, rank), "optim": _gathered(osd, rank)}
             if rank == 0:
                 torch.save(gathered, os.path.join(out, "gathered.pt"))

@@ -109,6 +109,21 @@ def test_sharded_optimizer_state_joins_into_the_gathered_one(ckpt: Path, full: d
     assert not torch.equal(want["state.0.weight.exp_avg"], want["state.0.weight.exp_avg_sq"])
 
 
+def test_a_training_checkpoint_per_rank_with_a_top_level_key(ckpt: Path, gathered: dict[str, Any],
+                                                               tmp_path: Path) -> None:
+    out = tmp_path / "model.safetensors"
+    code, stderr = convert(ckpt / "both", out, "--top-level-key", "model")
+    assert code == 0, stderr
+    got = st_torch.load_file(out)
+    assert sorted(got) == sorted(gathered["model"])
+    for k, v in gathered["model"].items():
+        assert torch.equal(got[k], v), k
+    with open_file(ckpt / "both" / "checkpoint-rank-0.pt") as r:
+        assert r.scalars["epoch"].value == 3
+        assert torch.equal(torch.from_numpy(r["optim.state.3.weight.exp_avg_sq"].numpy().copy()),
+                           gathered["optim"]["state"]["3.weight"]["exp_avg_sq"])
+
+
 def refused(src: str | Path, tmp_path: Path, *words: str) -> str:
     out = tmp_path / "out.safetensors"
     code, stderr = convert(src, out)
@@ -134,6 +149,13 @@ def test_missing_rank(ckpt: Path, tmp_path: Path) -> None:
     d = _copy(ckpt, tmp_path, {"model_rank0.pt": "model_rank0.pt"})
     refused(d, tmp_path, "rank 1 of 2 is missing", "model_rank1.pt not found")
     refused(d / "model_rank0.pt", tmp_path, "rank 1 of 2 is missing")
+
+
+def test_a_truncated_rank_file(ckpt: Path, tmp_path: Path) -> None:
+    d = _copy(ckpt, tmp_path, {"model_rank0.pt": "model_rank0.pt", "model_rank1.pt": "model_rank1.pt"})
+    data = (d / "model_rank1.pt").read_bytes()
+    (d / "model_rank1.pt").write_bytes(data[: len(data) // 2])
+    refused(d, tmp_path, "model_rank1.pt")
 
 
 def test_missing_rank_0(ckpt: Path, tmp_path: Path) -> None:

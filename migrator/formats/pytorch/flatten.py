@@ -115,7 +115,7 @@ class Flattener(TensorBuilder):
                     if name in seen:
                         raise self._err(f"two entries flatten to the same name '{name}'")
                     seen.add(name)
-                    if self.order is not None and "\x00" not in name:
+                    if self.order is not None and base not in self.sharded:  # not a ShardedTensor's local shard
                         self.order.append(name)
                     prior = built.get(value)
                     if prior is None:
