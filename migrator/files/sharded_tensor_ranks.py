@@ -58,14 +58,14 @@ def open_rank_set(sets: Sequence[Sequence[tuple[int, Path]]], limits: Limits = D
                 names = ", ".join(set_pattern(list(r)) for r, _ in found)
                 raise FormatError(f"the folder holds the rank files of several checkpoints ({names}); name one with "
                                   "a glob", file=str(found[0][0][0][1].parent))
-            found = models + [(r, f) for r, f in found if (r, f) != models[0]]
+            found = models + [pair for pair in found if pair is not models[0]]  # the model's first
     except BaseException:
         for _, f in found:
             f.close()
         raise
     if not found:
         return None
-    for _, f in found[1:]:
+    for _, f in found[1:]:  # only the chosen set is read
         f.close()
     ranked, first = found[0]
     if first.sharded_layouts:
