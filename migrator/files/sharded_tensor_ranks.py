@@ -71,11 +71,15 @@ def open_rank_set(sets: Sequence[Sequence[tuple[int, Path]]], limits: Limits = D
     if first.sharded_layouts:
         return ShardedTensorRanksReader(ranked, limits=limits, first=first)
     layout = next(iter(first.shard_layouts.values()))
-    first.close()
     world = 1
     for s in layout.mesh:
         world *= s
-    return RanksReader(_complete(ranked, world, str(ranked[0][1].parent), limits), limits=limits)
+    try:
+        files = _complete(ranked, world, str(ranked[0][1].parent), limits)
+    except BaseException:
+        first.close()
+        raise
+    return RanksReader(files, limits=limits, first=first)
 
 
 def _complete(ranked: Sequence[tuple[int, Path]], world: int, label: str, limits: Limits) -> list[Path]:
@@ -107,7 +111,6 @@ class ShardedTensorRanksReader(RanksReader):
 
     def __init__(self, ranked: Sequence[tuple[int, Path]], *, limits: Limits = DEFAULT_LIMITS,
                  first: PytorchReader) -> None:
-        self._first: PytorchReader | None = first
         label = str(ranked[0][1].parent)
         try:
             layout = next(iter(first.sharded_layouts.values()))
@@ -115,13 +118,7 @@ class ShardedTensorRanksReader(RanksReader):
         except BaseException:
             first.close()
             raise
-        super().__init__(files, limits=limits)
-
-    def _open_rank(self, f: Path) -> Reader:
-        if self._first is not None:  # rank 0's file, opened to learn that the set holds ShardedTensors
-            first, self._first = self._first, None
-            return first
-        return _open(f, self.limits)
+        super().__init__(files, limits=limits, first=first)
 
     def _join(self, label: str) -> None:
         readers: list[PytorchReader] = [r for r in self.readers if isinstance(r, PytorchReader)]
@@ -182,9 +179,3 @@ class ShardedTensorRanksReader(RanksReader):
 
     def extra(self) -> dict[str, Any]:
         return {**super().extra(), "container": "sharded_tensor_ranks"}
-
-    def close(self) -> None:
-        if self._first is not None:
-            self._first.close()
-            self._first = None
-        super().close()

@@ -276,3 +276,13 @@ def test_a_folder_reads_the_set_that_holds_shards(ckpt: Path, full: dict[str, An
     refused(d, tmp_path, "several checkpoints", "optim_rank*.pt", "weights_rank*.pt", "glob")
     with open_file(d / "weights_rank*.pt") as r:
         assert r.names() == list(full["model"])
+
+
+def test_shardedtensor_files_under_verl_names(ckpt: Path, full: dict[str, Any], tmp_path: Path) -> None:
+    """verl's names (the world size in them) holding ShardedTensors: joined by their metadata."""
+    d = _copy(ckpt, tmp_path, {f"model_rank{k}.pt": f"model_world_size_2_rank_{k}.pt" for k in (0, 1)})
+    with open_file(d) as r:
+        assert r.extra()["container"] == "sharded_tensor_ranks"
+        assert r.names() == list(full["model"])
+        for k, v in full["model"].items():
+            assert torch.equal(torch.from_numpy(r[k].numpy().copy()), v), k
