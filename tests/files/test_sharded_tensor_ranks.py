@@ -286,3 +286,33 @@ def test_shardedtensor_files_under_verl_names(ckpt: Path, full: dict[str, Any], 
         assert r.names() == list(full["model"])
         for k, v in full["model"].items():
             assert torch.equal(torch.from_numpy(r[k].numpy().copy()), v), k
+
+
+def _edited(src: Path, dst: Path, old: bytes, new: bytes) -> None:
+    """`src` with its pickle's bytes `old` replaced by `new` (same length), the archive rewritten."""
+    import zipfile
+
+    assert len(old) == len(new)
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("data.pkl"):
+                assert old in data
+                data = data.replace(old, new)
+            zout.writestr(info, data)
+
+
+@pytest.mark.parametrize(("old", "new", "words"), [
+    (b"shard_offsets", b"shard_offsetz", ("'0.weight'", "without 2 offsets, 2 sizes and a rank placement")),
+    (b"shards_metadata", b"shards_metadatz", ("'0.weight'", "without the metadata of its shards")),
+    (b"ProcessGroupState", b"ProcessGroupStatf", ("refusing to call 'builtins.getattr'",)),
+    (b"_rank", b"_ranx", ("'0.weight'", "rank placement")),
+    (b"_remote_device", b"_remote_devicf", ("refusing to call 'torch.distributed.remote_device._remote_devicf'",)),
+])
+def test_malformed_shardedtensor_pickles(ckpt: Path, tmp_path: Path, old: bytes, new: bytes,
+                                         words: tuple[str, ...]) -> None:
+    d = tmp_path / "ranks"
+    d.mkdir()
+    shutil.copy(ckpt / "sharded" / "model_rank1.pt", d / "model_rank1.pt")
+    _edited(ckpt / "sharded" / "model_rank0.pt", d / "model_rank0.pt", old, new)
+    refused(d, tmp_path, "model_rank0.pt", *words)
