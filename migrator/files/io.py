@@ -77,11 +77,23 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
         from .rank_files import rank_files
 
         ranks = rank_files(src, limits)
-        if ranks is not None:  # per-rank torch.save files of DTensors, one checkpoint
+        if ranks is not None:  # verl's per-rank torch.save files of DTensors (or of ShardedTensors): one checkpoint
             from .multi_rank import selected
             from .ranks import RanksReader
+            from .sharded_tensor_ranks import open_rank_set
 
-            return selected(RanksReader(ranks, limits=limits), options)
+            joined = open_rank_set([list(enumerate(ranks))], limits)
+            return selected(joined if joined is not None else RanksReader(ranks, limits=limits), options)
+        from .rank_files import any_rank_files
+
+        candidates = any_rank_files(src) if format in ("auto", "pytorch") else None
+        if candidates is not None:  # `...rank<K>...` files: a checkpoint if they hold ShardedTensors or DTensors
+            from .multi_rank import selected
+            from .sharded_tensor_ranks import open_rank_set
+
+            joined = open_rank_set(candidates, limits)
+            if joined is not None:
+                return selected(joined, options)
         from .sharded import is_sharded_path
 
         if is_sharded_path(src):

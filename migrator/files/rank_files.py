@@ -1,6 +1,6 @@
 """Which files make one checkpoint of many ranks (verl's `<stem>_world_size_N_rank_K.pt`; DCP's Hugging
-Face layout, `shard-R-model-F-of-N.safetensors`): found from names alone, with no reader imported, since
-every source a command opens is asked (`files.io.open_file`)."""
+Face layout, `shard-R-model-F-of-N.safetensors`; `...rank<K>...` files, candidates only): found from names
+alone, with no reader imported, since every source a command opens is asked (`files.io.open_file`)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,80 @@ SHARD_FILE = re.compile(r"^shard-(?P<rank>\d{1,9})-model-(?P<file>\d{1,9})-of-(?
 
 RANK_FILE = re.compile(r"^(?P<stem>.+)_world_size_(?P<n>\d{1,6})_rank_(?P<k>\d{1,6})\.(?:pt|pth|bin)$")
 """verl's per-rank file names (`model_world_size_8_rank_3.pt`; also `optim_` and `extra_state_`)."""
+
+
+RANK_ANY = re.compile(r"^(?P<head>(?:.*[_.-])?rank[_-]?)(?P<k>\d{1,6})(?P<tail>(?:[_.-].*)?)\.(?P<ext>pt|pth|bin)$")
+"""Any other per-rank name: `rank` (at the start or after `_`, `-` or `.`), the rank, then the end or a
+separator: `model_rank0.pt`, Accelerate's `pytorch_model_fsdp_rank1.bin`, `rank_3-model.pt`. Unlike
+verl's, such a name does not give the world size, nor prove that the file is one rank's part: the files
+only make a set when they hold ShardedTensors or DTensors (`files.sharded_tensor_ranks.open_rank_set`)."""
+
+
+def rank_name(f: Path, k: int) -> str:
+    """The name rank `k`'s file has in the set of `f` (`model_rank0.pt`, 3 -> `model_rank3.pt`)."""
+    m = RANK_ANY.match(f.name)
+    assert m is not None
+    return f"{m['head']}{k}{m['tail']}.{m['ext']}"
+
+
+def _set_key(m: re.Match[str]) -> tuple[str, str, str]:
+    return m["head"], m["tail"], m["ext"]
+
+
+def any_rank_files(path: str | os.PathLike[str]) -> list[list[tuple[int, Path]]] | None:
+    """The candidate sets of `...rank<K>...` files `path` names, each as (rank, file) in rank order: a
+    folder's sets (the ones whose name says `model` first), or the one set of a glob or of one of its
+    files; None when it names none. Refused: a glob matching several sets, a rank twice (`rank1`,
+    `rank01`). Which set, if any, is a checkpoint is for their content to say (`open_rank_set`)."""
+    text = os.fspath(path)
+    p = Path(text)
+    if p.is_dir():
+        groups: dict[tuple[str, str, str], list[Path]] = {}
+        for n in sorted(os.listdir(p)):
+            if (m := RANK_ANY.match(n)) and not RANK_FILE.match(n) and (p / n).is_file():
+                groups.setdefault(_set_key(m), []).append(p / n)
+        if not groups:
+            return None
+        keys = sorted(groups, key=lambda k: "model" not in k[0] + k[1])
+        return [_ranked(groups[k], text) for k in keys]
+    if p.is_file():
+        m = RANK_ANY.match(p.name)
+        if m is None or RANK_FILE.match(p.name):
+            return None
+        folder = p.parent
+        return [_ranked([folder / n for n in sorted(os.listdir(folder))
+                         if (r := RANK_ANY.match(n)) and _set_key(r) == _set_key(m) and (folder / n).is_file()], text)]
+    if not os.path.exists(text) and GLOB_CHARS.intersection(os.path.basename(text)):
+        matched = [Path(f) for f in sorted(globlib.glob(text)) if os.path.isfile(f)]
+        found = [(RANK_ANY.match(f.name), f) for f in matched]
+        if not matched or not all(m is not None and not RANK_FILE.match(f.name) for m, f in found):
+            return None
+        distinct = {_set_key(m) for m, _ in found if m is not None}
+        if len(distinct) > 1:
+            sets = ", ".join(sorted(f"{h}*{t}.{e}" for h, t, e in distinct))
+            raise FormatError(f"rank files of different checkpoints: {sets}", file=text)
+        return [_ranked(matched, text)]
+    return None
+
+
+def set_pattern(ranked: list[tuple[int, Path]]) -> str:
+    """A glob naming the set of `ranked` (`ckpt/model_rank*.pt`), for the errors that ask for one."""
+    f = ranked[0][1]
+    m = RANK_ANY.match(f.name)
+    assert m is not None
+    return str(f.parent / f"{m['head']}*{m['tail']}.{m['ext']}")
+
+
+def _ranked(files: list[Path], given: str) -> list[tuple[int, Path]]:
+    by_rank: dict[int, Path] = {}
+    for f in files:
+        m = RANK_ANY.match(f.name)
+        assert m is not None
+        k = int(m["k"])
+        if k in by_rank:
+            raise FormatError(f"rank {k} twice: {by_rank[k].name} and {f.name}", file=given)
+        by_rank[k] = f
+    return sorted(by_rank.items())
 
 
 def rank_files(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) -> list[Path] | None:

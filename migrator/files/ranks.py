@@ -73,7 +73,8 @@ class RanksReader(Reader):
 
     format = "pytorch"
 
-    def __init__(self, files: Sequence[Path], *, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(self, files: Sequence[Path], *, limits: Limits = DEFAULT_LIMITS, first: Reader | None = None) -> None:
+        self._first = first  # rank 0's file, when already open (to learn what the set holds)
         self.limits = limits
         self.files = list(files)
         self.folder = self.files[0].parent
@@ -97,6 +98,9 @@ class RanksReader(Reader):
                                [r.source.identity for r in self.readers if r.source.identity], modes)
 
     def _open_rank(self, f: Path) -> Reader:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
         src = FileSource(f)
         try:
             return PytorchReader(src, limits=self.limits, dtensor_shards=True)
@@ -117,6 +121,11 @@ class RanksReader(Reader):
                 where = r.label if extra in r else self.readers[0].label
                 raise FormatError(f"rank {k} and rank 0 hold different tensors: '{extra}' is only in {where}",
                                   file=label, tensor=extra)
+        for k, r in enumerate(self.readers):
+            sharded = r.sharded_layouts  # type: ignore[attr-defined]
+            if sharded:  # FSDP1's: `files/sharded_tensor_ranks.py` reads them, never mixed with DTensors
+                raise FormatError(f"{self.files[k].name} holds ShardedTensors among DTensor rank files", file=label,
+                                  tensor=next(iter(sharded)))
         for name in names:
             layouts: list[ShardLayout | None] = [r.shard_layouts.get(name) for r in self.readers]  # type: ignore[attr-defined]
             locals_ = [r[name] for r in self.readers]
@@ -154,5 +163,8 @@ class RanksReader(Reader):
                 "files": [{"file": str(f), "rank": k} for k, f in enumerate(self.files)]}
 
     def close(self) -> None:
+        if self._first is not None:
+            self._first.close()
+            self._first = None
         for r in self.readers:
             r.close()

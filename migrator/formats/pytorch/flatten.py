@@ -24,6 +24,8 @@ class Flattener(TensorBuilder):
     _root: Any = None
     _selected = ""  # the key path of the selection, which names inside it are relative to
     dtensors: dict[str, sp.DTensorRef]  # name -> the DTensor whose local tensor it names (set by the reader)
+    sharded: dict[str, sp.ShardedTensorRef]  # name -> a ShardedTensor, its local shards named `local_name`
+    order: list[str] | None = None  # the walk's names, a ShardedTensor's once (kept only for rank files)
 
     def _select(self, root: Any, key: str | list[str] | tuple[str, ...] | None) -> tuple[Any, str]:
         """The part of the pickle `key` names (all of it without a key); objects the pickle builds
@@ -104,10 +106,17 @@ class Flattener(TensorBuilder):
                 if type(value) is sp.DTensorRef:  # a rank's shard: its local tensor, the spec kept aside
                     self.dtensors[name] = value
                     value = value.local
+                elif type(value) is sp.ShardedTensorRef:  # a rank's shards: walked as a dict of its local tensors
+                    self.sharded[name] = value
+                    if self.order is not None:
+                        self.order.append(name)
+                    value = {f"\x00{i}": t for i, (t, _) in enumerate(value.shards)}  # named local_name(name, i)
                 if type(value) is tensor_ref:
                     if name in seen:
                         raise self._err(f"two entries flatten to the same name '{name}'")
                     seen.add(name)
+                    if self.order is not None and base not in self.sharded:  # not a ShardedTensor's local shard
+                        self.order.append(name)
                     prior = built.get(value)
                     if prior is None:
                         built[value] = name

@@ -15,6 +15,7 @@ from .core import _Span
 from .dtensor import ShardLayout, shard_layout
 from .flatten import Flattener
 from .legacy import LegacyContainer
+from .sharded_tensor import ShardedLayout, sharded_layout
 from .tar import TarContainer
 from .tree import CheckpointTree, describe_tree
 from .zip import ZipContainer, _RawMember
@@ -55,12 +56,22 @@ class PytorchReader(Flattener, ZipContainer, TarContainer, LegacyContainer):
         self._zip_found = bytearray()  # 1: _zip_data holds that storage's data offset, checked
         self._zip = False
         self.dtensors = {}
+        self.sharded = {}
+        self.order = [] if dtensor_shards else None
         root = self._open()
         selected, prefix = self._select(root, top_level_key)
         pending = self._flatten(selected, prefix)
         # DTensors: one rank's shards, which mean nothing alone (`files/ranks.py` joins the ranks' files)
         self.shard_layouts = {name: shard_layout(ref, self.label, name) for name, ref in self.dtensors.items()}
         self.dtensors = {}
+        # ShardedTensors (FSDP1): the same, and FSDP's LOCAL_STATE_DICT flat parameters are refused here
+        self.sharded_layouts = {name: sharded_layout(ref, self.label, name) for name, ref in self.sharded.items()}
+        self.sharded = {}
+        if self.sharded_layouts and not dtensor_shards:
+            first = next(iter(self.sharded_layouts))
+            raise self._err("the file holds ShardedTensors: one rank's shards of FSDP's SHARDED_STATE_DICT; open "
+                            "the folder (or a glob) of every rank's file, named like model_rank0.pt, to read the "
+                            "whole tensors", first)
         if self.shard_layouts and not dtensor_shards:
             first = next(iter(self.shard_layouts))
             raise self._err("the file holds DTensors: one rank's shards of a distributed checkpoint; open the "
@@ -104,6 +115,10 @@ class PytorchReader(Flattener, ZipContainer, TarContainer, LegacyContainer):
 
     shard_layouts: dict[str, ShardLayout]
     """Per tensor that is a DTensor's local shard: what its spec says (only with `dtensor_shards`)."""
+
+    sharded_layouts: dict[str, ShardedLayout]
+    """Per ShardedTensor: what its metadata says; its local shards are the tensors `local_name` names
+    (only with `dtensor_shards`, which also keeps the walk's `order`)."""
 
     def extra(self) -> dict[str, Any]:
         return dict(self._extra)

@@ -27,6 +27,7 @@ from .values import (
     ODict,
     Opaque,
     Record,
+    ShardedTensorRef,
     StorageRef,
     StorageType,
     TensorRef,
@@ -152,6 +153,9 @@ def _h_rebuild_from_type(m: Machine, a: tuple, kw: dict) -> Any:
         m._depth -= 1
     if isinstance(result, UnsupportedTensor) and isinstance(new_type, Opaque) and new_type.name in _DTENSOR_CLASSES:
         return _dtensor(m, args, _state)
+    if isinstance(result, UnsupportedTensor) and isinstance(new_type, Opaque) \
+            and new_type.name in SHARDED_TENSOR_CLASSES:
+        return _sharded_tensor(m, args, _state)
     return _as_tensor(m, result, "_rebuild_from_type")
 
 
@@ -174,6 +178,51 @@ def _dtensor(m: Machine, args: Any, state: Any) -> DTensorRef:
     if not isinstance(spec, Record):
         raise m.error("DTensor without a DTensorSpec in its state")
     return DTensorRef(state["_local_tensor"], size, args[1].name, spec)
+
+
+SHARDED_TENSOR_CLASSES = frozenset({"torch.distributed._shard.sharded_tensor.api.ShardedTensor",
+                                    "torch.distributed._shard.sharded_tensor.ShardedTensor"})
+
+
+def _sharded_tensor(m: Machine, args: Any, state: Any) -> ShardedTensorRef:
+    """A ShardedTensor as torch pickles it: `_rebuild_wrapper_subclass(cls, dtype, size, ...)` with the state
+    its `__getstate__` gives, (local shards, ShardedTensorMetadata, ProcessGroupState, sharding spec,
+    init_rrefs); each local shard a `Shard` record of {"tensor", "metadata"}. Kept as data."""
+    if not isinstance(args, tuple) or len(args) < 3 or not isinstance(args[1], TorchDtype):
+        raise m.error("ShardedTensor: expected (class, dtype, size, ...) to rebuild it from")
+    size = _shape_arg(m, args[2], "ShardedTensor size")
+    if not isinstance(state, tuple) or len(state) < 3 or not isinstance(state[0], list):
+        raise m.error("ShardedTensor without its (local shards, metadata, process group) state")
+    shards: list[tuple[TensorRef, Any]] = []
+    for shard in state[0]:
+        fields = _record_fields(shard) if isinstance(shard, Record) and shard.name == _SHARD else None
+        tensor = fields.get("tensor") if fields else None
+        if fields is None or not isinstance(tensor, TensorRef):
+            raise m.error("a ShardedTensor's local shard is not a Shard of a tensor")
+        shards.append((tensor, fields.get("metadata")))
+    return ShardedTensorRef(shards, size, args[1].name, state[1], state[2])
+
+
+_SHARD = "torch.distributed._shard.sharded_tensor.shard.Shard"
+_PROCESS_GROUP_STATE = "torch.distributed._shard.sharded_tensor.api.ShardedTensor.ProcessGroupState"
+
+
+def _record_fields(rec: Record) -> dict[str, Any]:
+    """A record's BUILD state as one dict: a slotted dataclass's state is (dict or None, slots dict)."""
+    state = rec.state
+    if isinstance(state, tuple) and len(state) == 2:
+        return {**(state[0] if isinstance(state[0], dict) else {}), **(state[1] if isinstance(state[1], dict) else {})}
+    return state if isinstance(state, dict) else {}
+
+
+def _h_getattr(m: Machine, a: tuple, kw: dict) -> Builtin:
+    """`getattr(ShardedTensor, "ProcessGroupState")`, the one getattr torch pickles (a nested dataclass
+    is found from its class): the record class, nothing looked up. Any other getattr runs code: refused."""
+    if not kw and len(a) == 2 and isinstance(a[0], Opaque) and a[0].name in SHARDED_TENSOR_CLASSES \
+            and a[1] == "ProcessGroupState":
+        return _record_class(_PROCESS_GROUP_STATE)
+    raise m.unsafe("refusing to call 'builtins.getattr': migrator never runs code from a pickle; only tensors, "
+                   "containers and plain values are read")
 
 
 def _unsupported(kind: str) -> Handler:
@@ -414,6 +463,15 @@ RECORD_CLASSES = (
     "torch.distributed.device_mesh.DeviceMesh",
     "torch.distributed._mesh_layout._MeshLayout",
     "torch.distributed._mesh_layout._FlatLayout",
+    # what a pickled ShardedTensor holds (FSDP1's per-rank torch.save files), `_sharded_tensor`
+    _SHARD,
+    "torch.distributed._shard.metadata.ShardMetadata",
+    "torch.distributed.remote_device._remote_device",
+    "torch.distributed._shard.sharded_tensor.metadata.ShardedTensorMetadata",
+    "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
+    "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
+    "torch.distributed._shard.sharding_spec.chunk_sharding_spec.ChunkShardingSpec",
+    "torch.distributed._shard.sharding_spec.api.EnumerableShardingSpec",
 )
 """Classes whose objects are read as `Record`s: plain data (sizes, offsets, names, placements)."""
 
@@ -480,6 +538,7 @@ def _make_table() -> dict[tuple[str, str], Any]:
     t[("builtins", "bytearray")] = _builtin("builtins.bytearray", _h_bytearray)
     t[("builtins", "complex")] = _builtin("builtins.complex", _h_complex)
     t[("builtins", "slice")] = _builtin("builtins.slice", _h_slice)
+    t[("builtins", "getattr")] = _builtin("builtins.getattr", _h_getattr)
     t[("_codecs", "encode")] = _builtin("_codecs.encode", _h_codecs_encode)
     t[("numpy", "dtype")] = _builtin("numpy.dtype", _h_numpy_dtype)
     zero = "deepspeed.runtime.zero.config"  # the only DeepSpeed class whose value a ZeRO reader needs

@@ -162,6 +162,20 @@ class DTensorRef:
     spec: Any
 
 
+@dataclass(eq=False, slots=True)
+class ShardedTensorRef:
+    """A pickled `ShardedTensor` (FSDP1's SHARDED_STATE_DICT and LOCAL_STATE_DICT values): this rank's local
+    shards, each (tensor, `Record` of its `ShardMetadata`), the global size and dtype, the `Record` of the
+    `ShardedTensorMetadata` (every rank's shard) and of the `ProcessGroupState` it was saved from; read as
+    data by `formats.pytorch.sharded_tensor`."""
+
+    shards: list[tuple[TensorRef, Any]]
+    size: tuple[int, ...]
+    dtype: str | None
+    metadata: Any
+    group: Any
+
+
 class ODict(dict):
     """An `OrderedDict` (a state_dict); `attrs` keeps BUILD state such as `_metadata`.
 
