@@ -103,6 +103,23 @@ def test_fma_double_rounding_case(native: bool, monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.parametrize("native", PATHS)
+@pytest.mark.parametrize("scale", [2.0**-70, 2.0**-64, 2.0**64], ids=["subnormal", "near-subnormal", "overflow"])
+def test_extreme_magnitudes(scale: float, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sums in F32's subnormal range (a rounding that drops more than 29 F64 bits; some chains there
+    underflow to -0, which torch returns as +0) and past F32's largest value (inf, and NaN from
+    inf - inf: compared as NaN, its sign bit is not specified)."""
+    b, a = _inputs(64, 16, 48, seed=3)
+    b, a = b * np.float32(scale), a * np.float32(scale)
+    ours, theirs = _ours(b, a, 1.0, native, monkeypatch), _torch(b, a, 1.0)
+    nan = np.isnan(theirs)
+    assert np.array_equal(nan, np.isnan(ours))
+    assert np.array_equal(_bits(ours)[~nan], _bits(theirs)[~nan])
+    if scale < 1:
+        assert (np.abs(theirs) < np.finfo(np.float32).tiny).mean() > 0.5
+    else:
+        assert np.isinf(theirs).any()
+
+@pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize(("form", "shape"), [("linear", (512, 16, 1024)), ("transposed", (1024, 16, 512)),
                                              ("transposed", (16, 2, 8)), ("linear", (16, 2, 8))], ids=str)
 def test_fold_bands_match_torch(form: str, shape: tuple[int, int, int], native: bool,

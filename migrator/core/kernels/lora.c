@@ -8,7 +8,7 @@
  * - fused (torch's B @ A with at least 4 rows and 12 columns): acc = +0, then
  *   acc = fmaf(b[k], a[k], acc) for k in order, one rounding per step; a long sum is cut into blocks
  *   of `block` products (the caller's rule: lora_product.torch_order), each block such a chain from
- *   +0, and the block sums added in order;
+ *   +0, and the block sums added in order, then to +0 (a -0 comes out +0);
  * - plain (torch's smaller products): acc = +0, then acc = acc + b[k] * a[k], the product and the
  *   sum each rounded;
  * - product (rank 1 with at least 2 rows and 2 columns): b[0] * a[0], without the +0 (only the sign
@@ -70,8 +70,10 @@ static inline __attribute__((always_inline)) void lora_columns(const byte *restr
         for (Py_ssize_t j = 0; j < w; j++)
             total[j] = k0 == 0 ? acc[j] : total[j] + acc[j];
     }
+    /* + 0: MKL's fused sums end added to a +0 (a chain that underflows to -0 comes out +0); the
+     * plain sums start from +0 and cannot end at -0. Not an identity under IEEE rules, so kept. */
     for (Py_ssize_t j = 0; j < w; j++)
-        stf(out, j, total[j] * scaling);
+        stf(out, j, (total[j] + 0.0f) * scaling);
 }
 
 /* The band, column tile by column tile (each tile of A's rows is read once from memory for all the

@@ -7,7 +7,8 @@ measured on an AVX2+FMA x86-64 (docs/merging.md, "Matching PEFT", has the eviden
 - m >= 4 and n >= 12 (every real LoRA layer): acc = +0, then acc = fma(b_k, a_k, acc) for k in
   order, one rounding per step. A rank above 192 is summed in blocks, each such a chain from +0,
   the block sums added in order: two blocks of r // 2 products up to r = 384 (and a block of one
-  product left when r is odd), blocks of 192 above;
+  product left when r is odd), blocks of 192 above. The sum is then added to +0: a chain that
+  underflows to -0 (a tiny negative exact sum) comes out +0;
 - smaller products: acc = +0, then acc = acc + b_k * a_k, the product and the sum each rounded; this
   is torch's result for n in {2, 3, 4, 8} and for most small products of rank < 8, not for all (n = 1,
   m = 1, and n in {5, 6, 7, 9, 10, 11} at larger ranks take other orders, not reproduced here);
@@ -74,20 +75,70 @@ def _fma(x: np.ndarray, y: np.ndarray, acc: np.ndarray) -> np.ndarray:
     return np.where(flip, other, r)
 
 
+_LOW29 = np.uint64((1 << 29) - 1)  # the F64 significand bits an F32 rounding drops
+_HALF29 = np.uint64(1 << 28)  # those bits at an F32 midpoint
+_ABS = np.uint64((1 << 63) - 1)
+_NORMAL_LO = np.uint64(((1023 - 126) << 52) - 1)  # |s| bits - 1 below this: nonzero under F32's normal range
+_NORMAL_SPAN = np.uint64((1151 - (1023 - 126)) << 52)  # from there, the bits of F32's normal range
+_CHUNK = 1 << 15  # elements of the fallback's F64 scratch arrays: they stay in the L2 cache
+
+
+def _fused_chain(b: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """The fma chain from +0 over all of b's columns and a's rows, in F32, exactly (the module doc).
+
+    A cheap screen per step finds the F64 sums whose F32 rounding could be a double rounding: on an
+    F32 midpoint, or outside F32's normal range (subnormal results drop more bits; overflow, NaN);
+    those few go through the exact `_fma`."""
+    rows, cols, rank = b.shape[0], a.shape[1], a.shape[0]
+    b64, a64 = b.astype(np.float64), a.astype(np.float64)
+    out = np.empty((rows, cols), dtype=np.float32)
+    step = max(1, _CHUNK // max(1, cols))
+    p = np.empty((min(step, rows), cols), dtype=np.float64)
+    s, w = np.empty_like(p), np.empty(p.shape, dtype=np.uint64)
+    for i in range(0, rows, step):
+        n = min(step, rows - i)
+        acc = np.zeros((n, cols), dtype=np.float32)
+        pk, sk, wk, u = p[:n], s[:n], w[:n], s[:n].view(np.uint64)
+        for k in range(rank):
+            np.multiply(b64[i:i + n, k:k + 1], a64[k:k + 1], out=pk)  # exact
+            np.add(pk, acc, out=sk)  # one F64 rounding
+            np.bitwise_and(u, _ABS, out=wk)
+            np.subtract(wk, _NORMAL_LO + np.uint64(1), out=wk)  # wraps for |s| below F32's normal range
+            odd = wk >= _NORMAL_SPAN
+            np.bitwise_and(u, _LOW29, out=wk)
+            odd |= wk == _HALF29
+            odd &= sk != 0  # a zero sum is exact (signs included) in both formats
+            if odd.any():
+                fixed = _fma(b[i:i + n, k:k + 1], a[k:k + 1], acc)[odd]  # before acc moves on
+                np.copyto(acc, sk, casting="unsafe")
+                acc[odd] = fixed
+            else:
+                np.copyto(acc, sk, casting="unsafe")
+        out[i:i + n] = acc
+    return out
+
+
 def numpy_product(b: np.ndarray, a: np.ndarray, mode: int, block: int) -> np.ndarray:
     """b @ a in F32 in the order of `mode` (the kernel's, without it)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are results like any other here
+        return _numpy_product(b, a, mode, block)
+
+
+def _numpy_product(b: np.ndarray, a: np.ndarray, mode: int, block: int) -> np.ndarray:
     rank = a.shape[0]
     if mode == PRODUCT:
         return b[:, :1] * a[:1]
     total = np.zeros((b.shape[0], a.shape[1]), dtype=np.float32)
     for k0 in range(0, rank, block):
-        acc = np.zeros_like(total)
-        for k in range(k0, min(rank, k0 + block)):
-            if mode == FUSED:
-                acc = _fma(b[:, k:k + 1], a[k:k + 1], acc)
-            else:
+        k1 = min(rank, k0 + block)
+        if mode == FUSED:
+            acc = _fused_chain(b[:, k0:k1], a[k0:k1])
+        else:
+            acc = np.zeros_like(total)
+            for k in range(k0, k1):
                 acc += b[:, k:k + 1] * a[k:k + 1]  # the product rounded, then the sum: two ufuncs
         total = acc if k0 == 0 else total + acc
+    total += np.float32(0)  # MKL adds its sums to +0: an underflow to -0 comes out +0 (plain: no effect)
     return total
 
 
@@ -100,5 +151,6 @@ def scaled_product(b: np.ndarray, a: np.ndarray, mode: int, block: int, scaling:
         kernels.lora_band(np.ascontiguousarray(b), np.ascontiguousarray(a), out, a.shape[0], mode, block, scaling)
         return out
     product = numpy_product(b, a, mode, block)
-    product *= np.float32(scaling)
+    with np.errstate(over="ignore"):
+        product *= np.float32(scaling)
     return product
