@@ -22,8 +22,10 @@ from migrator.transform.merging.lora_product import scaled_product, torch_order
 
 torch = pytest.importorskip("torch")
 
-NATIVE = lora_product.lora_kernels() is not None
-PATHS = [pytest.param(True, id="kernel", marks=pytest.mark.skipif(not NATIVE, reason="kernels not built")),
+KERNELS = lora_product.lora_kernels()
+NATIVE = KERNELS is not None
+_BUILT = pytest.mark.skipif(not NATIVE, reason="kernels not built")
+PATHS = [pytest.param(True, id="kernel", marks=_BUILT), pytest.param("portable", id="portable-kernel", marks=_BUILT),
          pytest.param(False, id="numpy")]
 
 # (rows of B, rank, columns of A): PEFT's B [out, r] @ A [r, in]
@@ -58,15 +60,30 @@ def _torch(b: np.ndarray, a: np.ndarray, scaling: float) -> np.ndarray:
     return out
 
 
-def _ours(b: np.ndarray, a: np.ndarray, scaling: float, native: bool, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:
+@pytest.fixture(autouse=True)
+def _fma_back_on() -> Iterator[None]:
+    yield
+    if NATIVE:
+        KERNELS.lora_use_fma(True)
+
+
+def _path(native: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel with its AVX2+FMA loops (True), its portable loops ("portable"), or numpy (False)."""
     if not native:
         monkeypatch.setattr(casts, "kernels", None)
+    elif native == "portable":
+        KERNELS.lora_use_fma(False)
+
+
+def _ours(b: np.ndarray, a: np.ndarray, scaling: float, native: bool | str,
+          monkeypatch: pytest.MonkeyPatch) -> np.ndarray:
+    _path(native, monkeypatch)
     return scaled_product(b, a, *torch_order(b.shape[0], a.shape[0], a.shape[1]), scaling)
 
 
 @pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize("shape", FUSED + PLAIN + RANK1, ids=str)
-def test_matches_torch(shape: tuple[int, int, int], native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_matches_torch(shape: tuple[int, int, int], native: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
     b, a = _inputs(*shape)
     assert np.array_equal(_bits(_ours(b, a, 1.625, native, monkeypatch)), _bits(_torch(b, a, 1.625)))
 
@@ -80,7 +97,7 @@ def test_llama_sized_matches_torch(shape: tuple[int, int, int], monkeypatch: pyt
 
 @pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize("rank", [1, 3])
-def test_signed_zeros(rank: int, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_signed_zeros(rank: int, native: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
     """-1 * 0 products: torch keeps the -0 at rank 1 and sums from +0 above (a -0 W stays -0 or not)."""
     b, a = -np.ones((8, rank), np.float32), np.zeros((rank, 16), np.float32)
     a[:, ::3] = -0.0
@@ -90,7 +107,7 @@ def test_signed_zeros(rank: int, native: bool, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.parametrize("native", PATHS)
-def test_fma_double_rounding_case(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fma_double_rounding_case(native: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
     """fma(1 + 2^-23, 2^-24 - 2^-47, 1 + 2^-23): the exact sum lies just below the midpoint between
     1 + 2^-23 and 1 + 2^-22, its F64 rounding on it, and a second rounding (to even) would go up."""
     x, y, acc = np.float32(1 + 2.0**-23), np.float32(2.0**-24 - 2.0**-47), np.float32(1 + 2.0**-23)
@@ -104,7 +121,7 @@ def test_fma_double_rounding_case(native: bool, monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize("scale", [2.0**-70, 2.0**-64, 2.0**64], ids=["subnormal", "near-subnormal", "overflow"])
-def test_extreme_magnitudes(scale: float, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_extreme_magnitudes(scale: float, native: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sums in F32's subnormal range (a rounding that drops more than 29 F64 bits; some chains there
     underflow to -0, which torch returns as +0) and past F32's largest value (inf, and NaN from
     inf - inf: compared as NaN, its sign bit is not specified)."""
@@ -121,13 +138,13 @@ def test_extreme_magnitudes(scale: float, native: bool, monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize(("form", "shape"), [("linear", (512, 16, 1024)), ("transposed", (1024, 16, 512)),
-                                             ("transposed", (16, 2, 8)), ("linear", (16, 2, 8))], ids=str)
+                                             ("transposed", (16, 2, 8)), ("linear", (16, 2, 8)),
+                                             ("transposed", (64, 16, 8))], ids=str)
 def test_fold_bands_match_torch(form: str, shape: tuple[int, int, int], native: bool,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """fold() in bands of a few rows, both layouts: W + (B @ A) * s (transposed for Conv1D/Embedding)."""
     monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 4096)
-    if not native:
-        monkeypatch.setattr(casts, "kernels", None)
+    _path(native, monkeypatch)
     m, r, n = shape
     b, a = _inputs(m, r, n, seed=1)
     delta = _torch(b, a, 0.75)
@@ -142,8 +159,24 @@ def test_fold_bands_match_torch(form: str, shape: tuple[int, int, int], native: 
 
 
 @pytest.mark.skipif(not NATIVE, reason="kernels not built")
+@pytest.mark.parametrize("fma", [True, False], ids=["avx2-fma", "portable"])
+@pytest.mark.parametrize("mode", [lora_product.FUSED, lora_product.PLAIN])
+def test_kernel_equals_fallback_every_mode(mode: int, fma: bool) -> None:
+    """Both modes on every layout the kernel has (4-row blocks of 16 columns, single rows, tile edges,
+    long sums in blocks): the numpy fallback's bits (checked against torch above)."""
+    for rows, rank, cols, block in [(9, 16, 64, 16), (8, 5, 300, 5), (7, 3, 33, 3), (1, 2, 17, 2), (4, 64, 16, 64),
+                                    (13, 200, 40, 100), (6, 7, 3, 7), (5, 400, 20, 192), (12, 6, 48, 4)]:
+        b, a = _inputs(rows, rank, cols, seed=mode)
+        out = np.empty((rows, cols), np.float32)
+        KERNELS.lora_use_fma(fma)
+        KERNELS.lora_band(b, a, out, rank, mode, block, 0.375)
+        expected = lora_product.numpy_product(b, a, mode, block) * np.float32(0.375)
+        assert np.array_equal(_bits(out), _bits(expected)), (rows, rank, cols, block)
+
+
+@pytest.mark.skipif(not NATIVE, reason="kernels not built")
 def test_kernel_refuses_bad_buffers() -> None:
-    kernels = lora_product.lora_kernels()
+    kernels = KERNELS
     b, a = np.ones((3, 2), np.float32), np.ones((2, 5), np.float32)
     out = np.zeros((3, 5), np.float32)
     kernels.lora_band(b, a, out, 2, 0, 2, 0.5)

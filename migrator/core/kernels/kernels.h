@@ -128,6 +128,7 @@ PyObject *py_merge_abs_hist(PyObject *self, PyObject *args);
 PyObject *py_merge_task_band(PyObject *self, PyObject *args);
 PyObject *py_merge_linear_band(PyObject *self, PyObject *args);
 PyObject *py_lora_band(PyObject *self, PyObject *args);
+PyObject *py_lora_use_fma(PyObject *self, PyObject *arg);
 
 #pragma GCC visibility pop
 
