@@ -10,8 +10,9 @@ measured on an AVX2+FMA x86-64 (docs/merging.md, "Matching PEFT", has the eviden
   product left when r is odd), blocks of 192 above. The sum is then added to +0: a chain that
   underflows to -0 (a tiny negative exact sum) comes out +0;
 - smaller products: acc = +0, then acc = acc + b_k * a_k, the product and the sum each rounded; this
-  is torch's result for n in {2, 3, 4, 8} and for most small products of rank < 8, not for all (n = 1,
-  m = 1, and n in {5, 6, 7, 9, 10, 11} at larger ranks take other orders, not reproduced here);
+  is torch's result for m = 1, for n in {2, 3, 4, 8} and for most small products of rank < 8, not
+  for all (n = 1 above rank 4, and n in {5, 6, 7, 9, 10, 11} and m in {2, 3} at larger ranks take
+  other orders, not reproduced here);
 - rank 1 with m, n >= 2: just b_0 * a_0 (torch keeps a -0 there that +0 + (-0) would lose).
 
 With 2 torch threads MKL also gives the last rows of a product of 5 to 11 rows (m in {5, 6, 7, 9, 10,
