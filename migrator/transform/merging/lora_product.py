@@ -20,10 +20,12 @@ With 2 torch threads MKL also gives the last rows of a product of 5 to 11 rows (
 
 The compiled kernel (migrator/core/kernels/lora.c) computes these orders with `fmaf`; without it the
 numpy code here gives the same bits: F32 numpy products and sums are IEEE's, and a fused step is the
-exact F64 sum of the F32 accumulator and the exact F64 product, rounded to F32 with the one case F64
-rounding could spoil (an F64 sum that lands on a midpoint between two F32 values while the exact sum
-does not) settled by the error term of the F64 sum (Knuth's two-sum). The F64 path (F64 adapters) is
-numpy's matmul, in OpenBLAS's order: not torch's bits.
+F64 sum of the F32 accumulator and the exact F64 product, rounded to F32. That double rounding can
+differ from one rounding only where the F64 sum lands on a midpoint between two F32 values while the
+exact sum does not; a cheap bit test per step finds those (and the sums outside F32's normal range,
+where the F32 rounding drops more bits), and `_fma` settles them with the error term of the F64 sum
+(Knuth's two-sum). The F64 path (F64 adapters) is numpy's matmul, in OpenBLAS's order: not torch's
+bits.
 """
 
 from __future__ import annotations
