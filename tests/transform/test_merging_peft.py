@@ -2,7 +2,9 @@
 
 Each test saves a base model, wraps it with get_peft_model, fills lora_B (and the other trained
 tensors) with seeded random values, saves the adapter, and compares migrator's folded folder with
-PEFT's merged state dict: same keys, no lora_* left, values bit-equal in F32 (DoRA within 1e-6).
+PEFT's merged state dict: same keys, no lora_* left, values bit-equal in F32 (DoRA within 1e-6). The
+tiny models' products are summed alike by most matmuls; the real-sized layers are where numpy's and
+torch's orders part (tests/transform/test_lora_product.py checks the products themselves).
 """
 
 from __future__ import annotations
@@ -231,6 +233,44 @@ def test_conv2d(tmp_path: Path, dora: bool) -> None:
                   atol=1e-6 if dora else 0.0)
     _assert_equal(ours, theirs, atol=1e-6)  # the kxk delta is PEFT's conv, ours a matmul
 
+
+
+class _RealSized(torch.nn.Module):
+    """Layers of real widths: MKL's order for PEFT's B @ A there is an fma chain, where numpy's sgemm
+    (OpenBLAS) sums differently; and a [16, 8] weight whose product torch sums without fma."""
+
+    def __init__(self, conv1d: bool) -> None:
+        super().__init__()
+        from transformers.pytorch_utils import Conv1D
+
+        if conv1d:  # GPT-2's layout, W [in, out]
+            self.big: torch.nn.Module = Conv1D(768, 256)
+            self.small: torch.nn.Module = Conv1D(16, 8)
+        else:
+            self.big = torch.nn.Linear(1024, 512)
+            self.square = torch.nn.Linear(256, 256)
+            self.small = torch.nn.Linear(8, 16)
+            self.emb = torch.nn.Embedding(1000, 256)
+
+
+@pytest.mark.parametrize("conv1d", [False, True], ids=["linear+embedding", "conv1d"])
+def test_real_sized_layers_bit_equal(tmp_path: Path, conv1d: bool) -> None:
+    from migrator.files.io import save
+
+    torch.manual_seed(0)
+    model = _RealSized(conv1d)
+    (tmp_path / "base").mkdir()
+    save(model.state_dict(), tmp_path / "base" / "model.safetensors")
+    targets = ["big", "small"] if conv1d else ["big", "square", "small", "emb"]
+    config = peft.LoraConfig(r=8, lora_alpha=13, target_modules=targets, fan_in_fan_out=conv1d,
+                             rank_pattern={"big": 16, "small": 2})
+    wrapped = peft.get_peft_model(model, config)
+    _randomize(wrapped)
+    wrapped.save_pretrained(tmp_path / "adapter")
+    theirs = {k: v.numpy() for k, v in wrapped.merge_and_unload().state_dict().items()}
+    ours = _ours(tmp_path, tmp_path / "base", tmp_path / "adapter")
+    _assert_equal(ours, theirs)
+    assert _changed(tmp_path / "base", theirs) == {f"{t}.weight" for t in targets}
 
 def _write_adapter(folder: Path, config: dict[str, Any], tensors: dict[str, np.ndarray]) -> Path:
     from migrator.files.io import save

@@ -3,7 +3,8 @@
  * functions one file defines for another. Each file holds one job: casts.c (half conversions and
  * transposes, casts.py), stats.c (value statistics and byte comparison, analysis/), gguf.c and
  * kquants.c (GGUF block formats, formats/gguf/quants.py), merge.c (merge bands,
- * transform/merging/arithmetic.py); module.c lists the functions Python sees.
+ * transform/merging/arithmetic.py), lora.c (LoRA delta bands, transform/merging/lora.py); module.c
+ * lists the functions Python sees.
  *
  * Everything declared here is hidden from the shared object's symbol table: only PyInit__kernels is
  * exported, as when the module was a single file of static functions. */
@@ -126,6 +127,8 @@ PyObject *py_merge_dot3(PyObject *self, PyObject *args);
 PyObject *py_merge_abs_hist(PyObject *self, PyObject *args);
 PyObject *py_merge_task_band(PyObject *self, PyObject *args);
 PyObject *py_merge_linear_band(PyObject *self, PyObject *args);
+PyObject *py_lora_band(PyObject *self, PyObject *args);
+PyObject *py_lora_use_fma(PyObject *self, PyObject *arg);
 
 #pragma GCC visibility pop
 

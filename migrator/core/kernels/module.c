@@ -48,6 +48,12 @@ static PyMethodDef methods[] = {
      "out): one float32 band of sum_i w_i x_i (/ divisor if divide)"},
     {"merge_task_band", py_merge_task_band, METH_VARARGS, "merge_task_band(base, models, params, consensus, "
      "normalize, divisor, lambda, out): one float32 band of task arithmetic / TIES"},
+    /* LoRA fold (transform/merging/lora.py) */
+    {"lora_band", py_lora_band, METH_VARARGS, "lora_band(b, a, out, rank, mode, block, scaling): rows of scaling * (b @ a) "
+     "in float32, in the order of torch's CPU matmul; mode 0: fused (fmaf chains over blocks of `block` products, "
+     "the block sums added in order), 1: plain (each product and sum rounded), 2: product only (rank 1)"},
+    {"lora_use_fma", py_lora_use_fma, METH_O, "lora_use_fma(flag): allow lora_band's AVX2+FMA loops (default) or "
+     "force the portable ones (fmaf from the C library)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,10 +3,11 @@
 PEFT's `merge_and_unload` computes, per adapted module, in the adapter's dtype (F32 on CPU for F16/BF16
 adapters): `delta = (B @ A) * scaling`, transposed for a GPT-2 `Conv1D` (`fan_in_fan_out`) or an
 `Embedding`, then `W += delta`. `fold` does the same arithmetic in F32 (F64 for F64 inputs) on one band
-of W's rows at a time, multiplying by scaling after the product and adding last, so that for the
-ranks LoRA uses the F32 result is PEFT's bit for bit (numpy's and torch's CPU sgemm both accumulate
-the r products of an element in order), and rounds once to W's dtype (PEFT rounds an F16/BF16 W once
-too: the F32 delta is added into it in place).
+of W's rows at a time, multiplying by scaling after the product and adding last, and rounds once to
+W's dtype (PEFT rounds an F16/BF16 W once too: the F32 delta is added into it in place). In F32 the
+product sums each element's r terms in the order torch's CPU matmul uses for PEFT's `B @ A` of that
+shape (lora_product.py: an fma chain for real layer shapes), so the result is PEFT's bit for bit
+where that order is known (lora_product.py and docs/merging.md say where it is not).
 
 Layouts (`form`):
 - "linear": W (out, in), A (r, in), B (out, r); rows [i, j) of delta are B[i:j] @ A;
@@ -32,6 +33,7 @@ from ...core.dtypes import DType
 from ...core.errors import AdapterError
 from ...core.tensor import LazyTensor
 from .bands import Kernel, check_decodable, compute_dtype, computed, elements_per_band, read_bands, whole_values
+from .lora_product import scaled_product, torch_order
 
 if TYPE_CHECKING:
     import numpy as np
@@ -92,14 +94,17 @@ class _Fold(Kernel):
         self.b: np.ndarray | None = None
         self.column_factor: np.ndarray | None = None
         self.magnitude: np.ndarray | None = None
+        self.order = (0, 1)  # torch's summation order for PEFT's product (lora_product.torch_order)
 
     def _load(self) -> None:
         fold, compute = self.fold, self.compute
         rank = fold.lora_a.shape[0]
         a = whole_values(fold.lora_a, compute).reshape(rank, -1)
         b = whole_values(fold.lora_b, compute).reshape(-1, rank)
+        # torch's order depends on the shape of the product PEFT computes: B @ A, [B's rows, A's columns]
+        self.order = torch_order(b.shape[0], rank, a.shape[1])
         if fold.form == "transposed":  # rows of delta are columns of B @ A: bands of A^T's rows times B^T
-            a, b = b.T.copy(), a.T.copy()
+            a, b = b.T.copy(), a.T.copy()  # element (i, j) sums the same products in the same k order
         self.a, self.b = a, b
         if fold.magnitude is not None:
             self.magnitude = whole_values(fold.magnitude, compute)
@@ -107,7 +112,9 @@ class _Fold(Kernel):
     def _delta(self, first: int, count: int) -> np.ndarray:
         """Rows [first, first + count) of scaling * delta (as PEFT: the product first, then the scaling)."""
         assert self.a is not None and self.b is not None
-        product = self.b[first:first + count] @ self.a
+        if self.compute.name == "F32":
+            return scaled_product(self.b[first:first + count], self.a, *self.order, self.fold.scaling)
+        product = self.b[first:first + count] @ self.a  # F64: numpy's order (torch's is not reproduced)
         product *= self.compute.numpy().type(self.fold.scaling)  # in place: the same bits, one array fewer
         return product
 
