@@ -25,6 +25,7 @@ from migrator.run.merge import fold_folder  # noqa: E402
 from migrator.transform.merging.peft_adapter import fold_plan, open_adapter, pattern_key  # noqa: E402
 from migrator.transform.merging.tensors import fold_tensors  # noqa: E402
 from tests.model_support import tiny_gpt2, tiny_llama  # noqa: E402
+from tests.torch_order_support import exact_or_close, torch_sums_in_order  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -72,8 +73,8 @@ def _assert_equal(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], at
     assert not any("lora_" in k for k in ours)
     for k in theirs:
         assert ours[k].shape == theirs[k].shape, k
-        if atol == 0:
-            assert np.array_equal(ours[k], theirs[k]), (k, np.abs(ours[k] - theirs[k]).max())
+        if atol == 0:  # bit-equal where this machine's torch sums as docs/merging.md says, else within rounding
+            exact_or_close(ours[k], theirs[k], k)
         else:
             np.testing.assert_allclose(ours[k], theirs[k], rtol=0, atol=atol, err_msg=k)
 
@@ -187,7 +188,10 @@ def test_bf16_base_rounds_once(tmp_path: Path) -> None:
             la = torch.from_numpy(entry.fold.lora_a.numpy().astype(np.float32))  # type: ignore[union-attr]
             lb = torch.from_numpy(entry.fold.lora_b.numpy().astype(np.float32))  # type: ignore[union-attr]
             once = (w + (lb @ la) * entry.fold.scaling).to(torch.bfloat16).float().numpy()  # type: ignore[union-attr]
-            assert np.array_equal(ours[name], once), name
+            if torch_sums_in_order():
+                assert np.array_equal(ours[name], once), name
+            else:  # an ulp of the F32 delta can move the BF16 rounding by one BF16 ulp
+                assert np.all(np.abs(ours[name] - once) <= np.spacing(np.abs(once)) * 2 ** 16), name
     for k in theirs:  # and PEFT's own merge within one BF16 ulp
         ulp = np.spacing(np.abs(theirs[k]).astype(np.float32)) * 2 ** 16
         assert np.all(np.abs(ours[k] - theirs[k]) <= ulp), k
