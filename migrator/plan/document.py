@@ -32,9 +32,15 @@ def plan_json(p: Plan) -> dict[str, Any]:
             **({"sources": [{"name": label, "path": str(path)} for label, path in p.inputs]} if union else {})}
 
 
+def not_written(problems: list[str]) -> str:
+    """The one-line error of a plan that cannot run: a CLI error is one line (a script greps it, a
+    terminal shows it whole), so several problems are joined with '; '."""
+    return "migration not written: " + "; ".join(problems)
+
+
 def plan_error(p: Plan) -> dict[str, Any]:
     """`{"error": ...}` when the plan cannot run (as every failing `--json` command prints), else {}."""
     if not p.fatal:
         return {}
-    return {"error": {"kind": "MigrationError", "message": "migration not written:\n  " + "\n  ".join(p.fatal),
+    return {"error": {"kind": "MigrationError", "message": not_written(p.fatal),
                       "file": str(p.target_path), "tensor": None}}

@@ -15,6 +15,7 @@ from ..core.errors import MigratorError
 from ..files.io import save_planned, writer_class
 from ..files.targets import check_target, target_problems
 from ..formats.base import WriterKind
+from ..plan.document import not_written
 from ..storage.atomic import Protected
 from ..storage.remote import as_path, is_url
 
@@ -43,7 +44,7 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
     the tensors or shards (a PyTorch single file, whose zip has no precomputed layout, is written here).
     """
     if plan.fatal or plan.writer is None:
-        raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
+        raise MigrationError(not_written(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
     if runner is not None and not is_url(plan.target_path):  # an upload is parallel in its parts already
         from .parallel_write import save_file_parallel, save_folder_parallel
