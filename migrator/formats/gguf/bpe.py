@@ -33,6 +33,7 @@ from typing import Any
 from ...core.errors import FormatError
 from .constants import ValueType
 from .header import Value
+from .tokenizer import check_utf8
 
 MAX_JSON_BYTES = 64 << 20
 MAX_TOKENS = 1 << 22
@@ -193,6 +194,7 @@ def bpe_metadata(path: Path, vocab_size: int | None = None) -> tuple[dict[str, s
     template = tok_config.get("chat_template")
     if isinstance(template, str):
         out["tokenizer.chat_template"] = Value(ValueType.STRING, template)
+    check_utf8(out, label)  # a JSON \\ud800 escape decodes to a lone surrogate
     return out, notes
 
 

@@ -113,6 +113,20 @@ def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str,
     return pieces, scores, types, ids, space_prefix, lost
 
 
+def check_utf8(meta: dict[str, Any], label: str) -> None:
+    """Refuse a tokenizer whose strings are not UTF-8, naming the file and the token. GGUF strings are
+    UTF-8 (gguf-py and llama.cpp decode them so); the writer keeps a GGUF source's undecodable bytes as
+    they were, so a tokenizer file's would otherwise be written into a file its readers refuse."""
+    for key, v in meta.items():
+        items = [v.data] if v.type is ValueType.STRING else v.data if v.item_type is ValueType.STRING else []
+        for i, text in enumerate(items):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                where = key if v.type is ValueType.STRING else f"{key}[{i}]"
+                raise FormatError(f"{where} ({text[:40]!a}) is not valid UTF-8 text", file=label) from None
+
+
 def _json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
@@ -140,10 +154,16 @@ def sentencepiece_metadata(model: Path) -> tuple[dict[str, str], list[str]]:
     """`tokenizer_metadata`, and a note when the model normalizes text in a way llama.cpp does not (llama.cpp
     applies no normalizer; its converter drops it too)."""
     pieces, scores, types, ids, space_prefix, lost = read_model(model)
-    notes = [f"{model.name}: llama.cpp does not apply {' or '.join(lost)}; it tokenizes some text (e.g. "
-             "full-width letters, runs of spaces) otherwise than this SentencePiece model"] if lost else []
     folder = model.parent
     config, tok_config = _json(folder / "config.json"), _json(folder / "tokenizer_config.json")
+    rows = config.get("vocab_size")
+    if isinstance(rows, int) and not isinstance(rows, bool) and len(pieces) > rows:
+        # llama.cpp takes its vocabulary size from the tokens: more pieces than embedding rows is a
+        # model it refuses to load (the BPE reader refuses the same)
+        raise FormatError(f"the tokenizer has {len(pieces)} pieces, more than the model's vocab_size of {rows}",
+                          file=str(model))
+    notes = [f"{model.name}: llama.cpp does not apply {' or '.join(lost)}; it tokenizes some text (e.g. "
+             "full-width letters, runs of spaces) otherwise than this SentencePiece model"] if lost else []
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
         if isinstance(config.get(key), int):
             ids[name] = config[key]
@@ -163,4 +183,5 @@ def sentencepiece_metadata(model: Path) -> tuple[dict[str, str], list[str]]:
         value = tok_config.get(flag, default)
         out[f"tokenizer.ggml.{flag}"] = Value(ValueType.BOOL, bool(value))
     out["tokenizer.ggml.add_space_prefix"] = Value(ValueType.BOOL, space_prefix)
+    check_utf8(out, str(model))
     return out, notes
