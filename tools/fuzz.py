@@ -1138,13 +1138,15 @@ def _utf8_clean(s: str) -> bool:
 
 
 def _value_types(v: Any) -> list[int]:
-    """A value's type tags as gguf-py lists them (arrays: the item types down the first items)."""
+    """A value's type tags as gguf-py lists them (arrays: the item types down the first items, none
+    for an empty array)."""
     from migrator.formats.gguf.constants import ValueType
 
     out = [int(v.type)]
-    while v.type is ValueType.ARRAY and v.item_type is not None:
+    # gguf-py lists an array's item type from its first item: an empty array shows none
+    while v.type is ValueType.ARRAY and v.item_type is not None and len(v.data):
         out.append(int(v.item_type))
-        if v.item_type is not ValueType.ARRAY or not v.data:
+        if v.item_type is not ValueType.ARRAY:
             break
         v = v.data[0]
     return out
