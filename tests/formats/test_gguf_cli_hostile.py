@@ -1,0 +1,152 @@
+"""Hostile GGUF through the command line: every header of test_gguf_hostile.py given to `migrate
+convert` (reading), split sets whose files disagree with their names or with each other, and GGUF
+targets given metadata the format cannot hold (writing, single and split).
+
+Every case is held to the same promises (`hostile_support.refused`): exit 1 or 2, one line naming
+the file, no traceback, no output or scratch file (no split file either), an existing target
+unchanged, bounded time."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf_support import split_with_gguf_py, write_gguf
+from hostile_support import refused
+from test_gguf_hostile import CASES as HEADERS
+from test_gguf_hostile import gguf, info, kv, s
+
+STRING, UINT16, INT32 = 8, 2, 5
+X = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(HEADERS))
+def test_hostile_header_through_the_cli(tmp_path: Path, name: str) -> None:
+    src = tmp_path / "h.gguf"
+    src.write_bytes(HEADERS[name][0])
+    refused(["convert", str(src), str(tmp_path / "out.safetensors")], tmp_path, words=str(src))
+
+
+# ---------------------------------------------------------------------------------------------------
+# split sets: built by gguf-py's split writer (3 files of one tensor each), then one thing broken
+
+SplitChange = Callable[[Path, list[Path]], None]  # (folder, the files in order)
+
+
+def _one_file(tensors: dict[str, str], *, no: int, count: int, total: int, extra: list[bytes] = ()) -> bytes:
+    """A split file by hand: split.* keys, then one F32 [4, 32] tensor per name (row-major data)."""
+    kvs = [kv("general.architecture", STRING, s("llama")), kv("split.no", UINT16, struct.pack("<H", no)),
+           kv("split.count", UINT16, struct.pack("<H", count)),
+           kv("split.tensors.count", INT32, struct.pack("<i", total)), *extra]
+    infos = [info(n, [32, 4], 0, i * X.nbytes) for i, n in enumerate(tensors)]
+    return gguf(kvs, infos, data=X.tobytes() * len(tensors))
+
+
+def _replace(index: int, data: Callable[[list[Path]], bytes]) -> SplitChange:
+    def change(folder: Path, files: list[Path]) -> None:
+        files[index].write_bytes(data(files))
+    return change
+
+
+def _rename(index: int, to: str) -> SplitChange:
+    def change(folder: Path, files: list[Path]) -> None:
+        files[index].rename(folder / to)
+    return change
+
+
+def _remove(index: int) -> SplitChange:
+    def change(folder: Path, files: list[Path]) -> None:
+        files[index].unlink()
+    return change
+
+
+SPLITS: dict[str, SplitChange] = {
+    "a part missing": _remove(1),
+    "the last part missing": _remove(2),
+    "a part truncated": _replace(1, lambda f: f[1].read_bytes()[:100]),
+    "a part empty": _replace(2, lambda f: b""),
+    "a part not GGUF": _replace(1, lambda f: b"PK\x03\x04" + bytes(200)),
+    "a part repeating a tensor": _replace(1, lambda f: _one_file({"a": ""}, no=1, count=3, total=3)),
+    "a part with another tensor shape": _replace(1, lambda f: f[0].read_bytes()),
+    "a count of zero": _rename(0, "model-00001-of-00000.gguf"),
+    "a count beyond the limit": _rename(0, "model-00001-of-99999.gguf"),
+    "a part read alone": _rename(1, "alone.gguf"),
+    "a part of another set": _replace(2, lambda f: _one_file({"c": ""}, no=2, count=4, total=4)),
+}
+
+
+@pytest.fixture
+def split(tmp_path: Path) -> tuple[Path, list[Path]]:
+    x = {n: (X, "F32") for n in ("a", "b", "c")}
+    (tmp_path / "src").mkdir()
+    src = write_gguf(tmp_path / "src" / "whole.gguf", x)
+    folder = tmp_path / "w" / "split"
+    files = split_with_gguf_py(src, folder, 1)
+    assert len(files) == 3
+    return folder, files
+
+
+@pytest.mark.parametrize("name", sorted(SPLITS))
+def test_hostile_split_set_is_refused_cleanly(split: tuple[Path, list[Path]], tmp_path: Path, name: str) -> None:
+    folder, files = split
+    SPLITS[name](folder, files)
+    named = sorted(folder.iterdir())[0]
+    done = refused(["convert", str(named), str(tmp_path / "w" / "out.safetensors")], tmp_path / "w")
+    assert str(folder) in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# writing: --metadata the GGUF writer must refuse before a byte is written, single file and split
+
+BAD_METADATA = [
+    ("general.alignment=3", "general.alignment"),
+    ("general.alignment=0", "general.alignment"),
+    ("general.alignment=-32", "general.alignment"),
+    ("general.alignment=4294967296", "general.alignment"),
+    ("general.alignment=64x", "general.alignment"),
+    ("split.count=7", "split.count"),
+    ("split.tensors.count=1", "split.tensors.count"),
+    ("llama.rope.freq_base=1e39", "llama.rope.freq_base"),
+    ("llama.attention.layer_norm_rms_epsilon=nan", "layer_norm_rms_epsilon"),
+    ("llama.block_count=-1", "llama.block_count"),
+    ("tokenizer.ggml.tokens=abc", "tokenizer.ggml.tokens"),
+]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gguf(tmp_path_factory.mktemp("gw") / "m.gguf", {"a": (X, "F32"), "b": (X, "Q8_0")})
+
+
+@pytest.mark.parametrize(("entry", "words"), BAD_METADATA, ids=[e for e, _ in BAD_METADATA])
+@pytest.mark.parametrize("target", ["out.gguf", "out/"])
+def test_metadata_a_gguf_cannot_hold_is_refused(src: Path, tmp_path: Path, entry: str, words: str,
+                                                target: str) -> None:
+    args = ["convert", str(src), str(tmp_path / target), "--metadata", entry]
+    if target.endswith("/"):
+        args += ["--to", "gguf", "--max-shard-size", "300"]
+    refused(args, tmp_path, words=words)
+
+
+def test_an_existing_split_target_survives(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "m-00001-of-00002.gguf").write_bytes(b"old one")
+    (out / "m-00002-of-00002.gguf").write_bytes(b"old two")
+    refused(["convert", str(src), str(out) + "/", "--to", "gguf", "--max-shard-size", "300", "--overwrite",
+             "--metadata", "general.alignment=3"], tmp_path)
+
+
+def test_the_good_inputs_convert(split: tuple[Path, list[Path]], src: Path, tmp_path: Path) -> None:
+    """The corpus's split set and source are sound: each refusal above is the broken part's."""
+    from cli_support import migrate_in_process
+
+    _, files = split
+    done = migrate_in_process("convert", str(files[0]), str(tmp_path / "a.safetensors"))
+    assert done.returncode == 0, done.stderr
+    done = migrate_in_process("convert", str(src), str(tmp_path / "o") + "/", "--to", "gguf", "--max-shard-size", "300")
+    assert done.returncode == 0, done.stderr
+    assert len(list((tmp_path / "o").glob("*.gguf"))) > 1
