@@ -150,3 +150,89 @@ def test_the_good_inputs_convert(split: tuple[Path, list[Path]], src: Path, tmp_
     done = migrate_in_process("convert", str(src), str(tmp_path / "o") + "/", "--to", "gguf", "--max-shard-size", "300")
     assert done.returncode == 0, done.stderr
     assert len(list((tmp_path / "o").glob("*.gguf"))) > 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# GGUF -> Hugging Face folder: the tokenizer key/values a tokenizer.json is written from. A good
+# GGUF (converted from a Llama folder with a byte-level BPE tokenizer.json) copied by gguf-py's
+# writer with one key's type or value replaced.
+
+def _retyped(src: Path, dst: Path, key: str, value: object, vtype: str, sub: str | None = None) -> None:
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), "llama")
+    for k, field in r.fields.items():
+        if k.startswith("GGUF.") or k in ("general.architecture", key):
+            continue
+        inner = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(k, field.contents(), field.types[0], inner)
+    w.add_key_value(key, value, gguf.GGUFValueType[vtype], gguf.GGUFValueType[sub] if sub else None)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# (key, value, GGUF type, item type)
+TOKENIZER_KVS: dict[str, tuple[str, object, str, str | None]] = {
+    "tokens a string": ("tokenizer.ggml.tokens", "abcdefgh", "STRING", None),
+    "tokens integers": ("tokenizer.ggml.tokens", list(range(8)), "ARRAY", "UINT32"),
+    "tokens not utf-8": ("tokenizer.ggml.tokens", [b"a", b"\xff\xfe", *[bytes([99 + i]) for i in range(6)]],
+                         "ARRAY", "STRING"),
+    "tokens too few for the embedding": ("tokenizer.ggml.tokens", ["a", "b"], "ARRAY", "STRING"),
+    "token types strings": ("tokenizer.ggml.token_type", ["1"] * 8, "ARRAY", "STRING"),
+    "token types a number": ("tokenizer.ggml.token_type", 1, "INT32", None),
+    "token types huge": ("tokenizer.ggml.token_type", [2**31 - 1] * 8, "ARRAY", "INT32"),
+    "merges integers": ("tokenizer.ggml.merges", [1, 2], "ARRAY", "UINT32"),
+    "merges not pairs": ("tokenizer.ggml.merges", ["abc"], "ARRAY", "STRING"),
+    "merges a string": ("tokenizer.ggml.merges", "a b", "STRING", None),
+    "bos id past the tokens": ("tokenizer.ggml.bos_token_id", 2**31, "UINT32", None),
+    "bos id a string": ("tokenizer.ggml.bos_token_id", "1", "STRING", None),
+    "chat template an array": ("tokenizer.chat_template", ["{{x}}"], "ARRAY", "STRING"),
+    "chat template not utf-8": ("tokenizer.chat_template", b"{{ \xff }}", "STRING", None),
+    "model an array": ("tokenizer.ggml.model", ["gpt2"], "ARRAY", "STRING"),
+}
+
+
+@pytest.fixture(scope="module")
+def bpe_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from cli_support import migrate_in_process
+    from test_tokenizer_hostile import bpe, hf_llama
+
+    root = tmp_path_factory.mktemp("g2h")
+    folder = hf_llama(root / "hf")
+    (folder / "tokenizer.json").write_text(bpe())
+    done = migrate_in_process("convert", str(folder), str(root / "m.gguf"))
+    assert done.returncode == 0, done.stderr
+    return root / "m.gguf"
+
+
+@pytest.mark.parametrize("name", sorted(TOKENIZER_KVS))
+def test_hostile_tokenizer_key_values_to_a_folder(bpe_gguf: Path, tmp_path: Path, name: str) -> None:
+    """Refused (exit 1 or 2, the promises), or written with no tokenizer.json (a note says why when
+    the vocabulary is a gpt2 one), or with one `tokenizers` loads (a bad special id or template is
+    left out): never a tokenizer.json built from values of the wrong type, nor a traceback."""
+    from cli_support import migrate_in_process
+
+    key, value, vtype, sub = TOKENIZER_KVS[name]
+    src = tmp_path / "w" / "m.gguf"
+    src.parent.mkdir()
+    _retyped(bpe_gguf, src, key, value, vtype, sub)
+    out = tmp_path / "w" / "out"
+    done = migrate_in_process("convert", str(src), str(out) + "/")
+    if done.returncode == 0:
+        if (out / "tokenizer.json").exists():
+            from tokenizers import Tokenizer
+
+            Tokenizer.from_file(str(out / "tokenizer.json"))
+        else:
+            assert name == "model an array" or "no tokenizer.json written" in done.stdout, done.stdout
+        return
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    done = refused(["convert", str(src), str(out) + "/"], tmp_path / "w")
+    assert str(src) in done.stderr or key in done.stderr, done.stderr  # names the file or the key
