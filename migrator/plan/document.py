@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.errors import not_written
 from .build import Plan
 
 
@@ -30,12 +31,6 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "entries": entries, "metadata": p.metadata, "scalars": {k: v.to_json() for k, v in p.scalars.items()},
             "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes, **plan_error(p),
             **({"sources": [{"name": label, "path": str(path)} for label, path in p.inputs]} if union else {})}
-
-
-def not_written(problems: list[str]) -> str:
-    """The one-line error of a plan that cannot run: a CLI error is one line (a script greps it, a
-    terminal shows it whole), so several problems are joined with '; '."""
-    return "migration not written: " + "; ".join(problems)
 
 
 def plan_error(p: Plan) -> dict[str, Any]:

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import MigratorError
+from ..core.errors import MigratorError, not_written
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.base import has_torch_names
-from ..plan.document import not_written
 from ..recipe.convert import ConvertUsageError, build_recipe
 from ..storage.remote import as_path
 

@@ -11,11 +11,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..core.errors import MigratorError
+from ..core.errors import MigratorError, not_written
 from ..files.io import save_planned, writer_class
 from ..files.targets import check_target, target_problems
 from ..formats.base import WriterKind
-from ..plan.document import not_written
 from ..storage.atomic import Protected
 from ..storage.remote import as_path, is_url
 

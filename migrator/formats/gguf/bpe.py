@@ -34,8 +34,7 @@ import numpy as np
 
 from ...core.errors import FormatError
 from .constants import ValueType
-from .header import Value
-from .tokenizer import check_utf8
+from .header import Value, check_utf8
 
 MAX_JSON_BYTES = 64 << 20
 MAX_TOKENS = 1 << 22

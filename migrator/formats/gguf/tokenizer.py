@@ -17,7 +17,7 @@ from typing import Any
 
 from ...core.errors import FormatError
 from .constants import ValueType
-from .header import Value
+from .header import Value, check_utf8
 
 MAX_MODEL_BYTES = 64 << 20
 # ModelProto: 1 = repeated SentencePiece {1 piece, 2 score, 3 type}, 2 = TrainerSpec {40 unk_id,
@@ -111,20 +111,6 @@ def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str,
     lost = [what for what, has in (("its normalization table (e.g. NFKC)", charsmap),
                                    ("its collapsing of repeated spaces", collapses)) if has]
     return pieces, scores, types, ids, space_prefix, lost
-
-
-def check_utf8(meta: dict[str, Any], label: str) -> None:
-    """Refuse a tokenizer whose strings are not UTF-8, naming the file and the token. GGUF strings are
-    UTF-8 (gguf-py and llama.cpp decode them so); the writer keeps a GGUF source's undecodable bytes as
-    they were, so a tokenizer file's would otherwise be written into a file its readers refuse."""
-    for key, v in meta.items():
-        items = [v.data] if v.type is ValueType.STRING else v.data if v.item_type is ValueType.STRING else []
-        for i, text in enumerate(items):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                where = key if v.type is ValueType.STRING else f"{key}[{i}]"
-                raise FormatError(f"{where} ({text[:40]!a}) is not valid UTF-8 text", file=label) from None
 
 
 def _json(path: Path) -> dict[str, Any]:
