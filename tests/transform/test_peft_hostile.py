@@ -203,9 +203,9 @@ def test_an_existing_target_survives(case_dirs: tuple[Path, Path], tmp_path: Pat
     (["--lora", "missing-adapter"], "missing-adapter"),
 ])
 def test_bad_lora_options_are_usage_errors(case_dirs: tuple[Path, Path], tmp_path: Path, args: list[str],
-                                           words: str) -> None:
+                                           words: str, monkeypatch: pytest.MonkeyPatch) -> None:
     base, good = case_dirs
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # 'missing-adapter' is relative
     extra = args if "--lora" in args else ["--lora", str(good), *args]
     refused(["convert", str(base), str(tmp_path / "out.safetensors"), *extra], tmp_path, words=words)
 
