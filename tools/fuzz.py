@@ -31,7 +31,9 @@ metadata, scalars, extra() or error (type, message, tensor) as a failure. `--rea
 agree on tensor names, ggml types, shapes, stored bytes and key/values; every input migrator refuses
 is given to gguf-py too, and counted as "both refuse" or "only gguf-py reads it" (not failures:
 migrator refuses overlapping or misaligned data, truncated tensor data and claims past its limits,
-which gguf-py reads or maps lazily).
+which gguf-py reads or maps lazily). gguf-py gets --oracle-timeout seconds (default 1) on an input
+migrator refuses: it loops over whatever count a header claims, and a refusal it would reach later
+decides nothing about migrator.
 
 This module is also imported by tests/formats/test_fuzz.py, which runs the same seeds, mutations and
 checks under Hypothesis for a bounded number of cases.
