@@ -88,6 +88,13 @@ def _drop(key: str) -> Callable[[dict[str, np.ndarray]], None]:
     return change
 
 
+def _both(*writes: Callable[[Path], None]) -> Callable[[Path], None]:
+    def write(folder: Path) -> None:
+        for w in writes:
+            w(folder)
+    return write
+
+
 CASES: dict[str, Callable[[Path], None]] = {
     "config not json": config_text("{peft_type: LORA"),
     "config empty": config_text(""),
@@ -134,6 +141,13 @@ CASES: dict[str, Callable[[Path], None]] = {
     "unknown lora tensor": tensors(_set("q_proj.lora_C.weight", np.zeros((R, HIDDEN), np.float32))),
     "modules_to_save of another shape": tensors(_set("q_proj.modules_to_save.default.weight",
                                                      np.zeros((3, 3), np.float32))),
+    "dora magnitude of other length": _both(config(use_dora=True),
+                                            tensors(_set("q_proj.lora_magnitude_vector.weight",
+                                                         np.ones(HIDDEN + 1, np.float32)))),
+    "dora magnitude without use_dora": tensors(_set("q_proj.lora_magnitude_vector.weight",
+                                                    np.ones(HIDDEN, np.float32))),
+    "embedding lora on a linear": tensors(_set("q_proj.lora_embedding_A.weight", np.zeros((R, HIDDEN), np.float32))),
+    "base layer copy of other shape": tensors(_set("q_proj.base_layer.weight", np.zeros((3, 3), np.float32))),
     "weights truncated": weights_bytes("adapter_model.safetensors",
                                        lambda f: (f.parent / "good" / "adapter" / "adapter_model.safetensors")
                                        .read_bytes()[:100]),
@@ -208,6 +222,19 @@ def test_bad_lora_options_are_usage_errors(case_dirs: tuple[Path, Path], tmp_pat
     monkeypatch.chdir(tmp_path)  # 'missing-adapter' is relative
     extra = args if "--lora" in args else ["--lora", str(good), *args]
     refused(["convert", str(base), str(tmp_path / "out.safetensors"), *extra], tmp_path, words=words)
+
+
+def test_a_backtracking_pattern_is_matched_in_bounded_time(case_dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    """rank_pattern keys are regexes from the file: catastrophic ones match no module here, quickly."""
+    from alarm_support import alarm
+    from cli_support import migrate_in_process
+
+    base, good = case_dirs
+    adapter = _adapter(tmp_path, good, "r disagrees with lora_A")  # its config is rewritten whole below
+    config(rank_pattern={"(a+)+$": 2, "(.*)*x": 2, "(x+x+)+y": 2})(adapter)
+    with alarm(20, "a backtracking rank_pattern ran past 20 s"):
+        done = migrate_in_process("convert", str(base), str(tmp_path / "out.safetensors"), "--lora", str(adapter))
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_good_adapter_folds(case_dirs: tuple[Path, Path], tmp_path: Path) -> None:
