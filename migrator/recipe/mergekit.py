@@ -147,9 +147,10 @@ def _position(root: yaml.Node | None, path: Sequence[Any], key: bool = False) ->
 def load_config(path: str | os.PathLike[str], base_dir: str | os.PathLike[str] | None = None) -> LoadedConfig:
     """Read and check a mergekit YAML; relative model paths resolve against `base_dir` (default: its folder)."""
     p = Path(path)
+    from ..core.bytesource import read_regular
+
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)  # parse_config refuses a longer one: never read it all
+        raw = read_regular(p, MAX_CONFIG_BYTES)  # parse_config refuses a longer one: never read it all
     except OSError as e:  # the command's argument names no readable file: a usage error, as for a recipe
         raise RecipeError([RecipeIssue(str(p), 0, 0, "", f"cannot read the merge config: {e.strerror or e}")]) \
             from None

@@ -10,7 +10,6 @@ converter takes them.
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 from typing import Any
@@ -114,11 +113,16 @@ def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str,
 
 
 def _json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """A companion file (config.json, tokenizer_config.json): {} when absent or unreadable. Read
+    bounded (size, nesting; json.loads raised RecursionError on deep nesting) and never from a FIFO."""
+    from ..bounded_json import read_json_object
+
+    if not path.is_file():
         return {}
-    return value if isinstance(value, dict) else {}
+    try:
+        return read_json_object(path, MAX_MODEL_BYTES, path.name)
+    except FormatError:
+        return {}
 
 
 def tokenizer_key_values(path: Path) -> tuple[dict[str, str], list[str]]:
