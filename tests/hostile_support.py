@@ -23,6 +23,8 @@ def snapshot(root: Path) -> dict[str, str]:
             out[rel] = "link:" + str(p.readlink())
         elif p.is_dir():
             out[rel] = "dir"
+        elif not p.is_file():  # a FIFO a case made: reading it would block
+            out[rel] = "special"
         else:
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out

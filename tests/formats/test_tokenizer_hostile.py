@@ -143,3 +143,25 @@ def test_the_good_folder_converts(good: Path, tmp_path: Path) -> None:
 
     done = migrate_in_process("convert", str(folder), str(tmp_path / "m.gguf"))
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("case", ["tokenizer.json a FIFO", "tokenizer_config.json a FIFO",
+                                  "tokenizer_config.json nested deep"])
+def test_special_companion_files_end(good: Path, tmp_path: Path, case: str) -> None:
+    """A FIFO is never opened for a blocking read, deep JSON never recurses: the run ends, refused
+    with the promises or written (a companion that cannot be read counts as absent)."""
+    import os
+
+    from alarm_support import alarm
+    from cli_support import migrate_in_process
+
+    spm = piece(b"<unk>", kind=2) + piece(b"a") + piece(b"b")
+    folder = _folder(good, tmp_path, {} if case.startswith("tokenizer.json") else {"tokenizer.model": spm})
+    if case == "tokenizer_config.json nested deep":
+        (folder / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        os.mkfifo(folder / case.split()[0])
+    with alarm(20, f"{case}: the run did not end"):
+        done = migrate_in_process("convert", str(folder), str(tmp_path / "m.gguf"))
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 1, done.stderr
+    assert done.returncode in (0, 1, 2), done.stderr

@@ -181,3 +181,19 @@ def test_the_good_config_merges(models: Path, tmp_path: Path) -> None:
     config = _setup(models, tmp_path, linear())
     done = migrate_in_process("merge", str(config), str(tmp_path / "w" / "out"))
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_config_that_is_not_a_file_is_refused_unread(models: Path, tmp_path: Path, kind: str) -> None:
+    """A FIFO would block the read forever, /dev/zero never end: refused before reading."""
+    import os
+
+    work = tmp_path / "w"
+    work.mkdir()
+    config = work / "cfg.yml"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "folder":
+        config.mkdir()
+    args = ["merge", "/dev/zero" if kind == "device" else str(config), str(work / "out")]
+    refused(args, tmp_path, words="not a regular file" if kind != "folder" else "")
