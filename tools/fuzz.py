@@ -31,7 +31,9 @@ metadata, scalars, extra() or error (type, message, tensor) as a failure. `--rea
 agree on tensor names, ggml types, shapes, stored bytes and key/values; every input migrator refuses
 is given to gguf-py too, and counted as "both refuse" or "only gguf-py reads it" (not failures:
 migrator refuses overlapping or misaligned data, truncated tensor data and claims past its limits,
-which gguf-py reads or maps lazily).
+which gguf-py reads or maps lazily). gguf-py gets --oracle-timeout seconds (default 1) on an input
+migrator refuses: it loops over whatever count a header claims, and a refusal it would reach later
+decides nothing about migrator.
 
 This module is also imported by tests/formats/test_fuzz.py, which runs the same seeds, mutations and
 checks under Hypothesis for a bounded number of cases.
@@ -1138,13 +1140,15 @@ def _utf8_clean(s: str) -> bool:
 
 
 def _value_types(v: Any) -> list[int]:
-    """A value's type tags as gguf-py lists them (arrays: the item types down the first items)."""
+    """A value's type tags as gguf-py lists them (arrays: the item types down the first items, none
+    for an empty array)."""
     from migrator.formats.gguf.constants import ValueType
 
     out = [int(v.type)]
-    while v.type is ValueType.ARRAY and v.item_type is not None:
+    # gguf-py lists an array's item type from its first item: an empty array shows none
+    while v.type is ValueType.ARRAY and v.item_type is not None and len(v.data):
         out.append(int(v.item_type))
-        if v.item_type is not ValueType.ARRAY or not v.data:
+        if v.item_type is not ValueType.ARRAY:
             break
         v = v.data[0]
     return out
@@ -1178,13 +1182,21 @@ def _migrator_gguf_facts(path: Path, data: bytes) -> tuple[Any, ...]:
 
 
 def differential_gguf(cases: int, rng: random.Random, timeout: float, crash_dir: Path,
-                      max_seconds: float | None) -> dict[str, Any]:
-    """Mutated GGUF inputs: every one migrator accepts must read the same in gguf-py."""
+                      max_seconds: float | None, oracle_timeout: float = 1.0) -> dict[str, Any]:
+    """Mutated GGUF inputs: every one migrator accepts must read the same in gguf-py.
+
+    migrator has `timeout` per case (running past it is a failure). gguf-py reads every input too:
+    an accepted one within `timeout` (gguf-py running past it is a difference), a refused one within
+    `oracle_timeout` only, since gguf-py loops over whatever count a header claims (minutes for
+    2**40 array items) and whether it would finally refuse it does not decide anything about
+    migrator: such a case is counted as "both refuse (gguf-py ran out of time)"."""
     pool = list(build_seeds("gguf"))
     counts: Counter[str] = Counter()
+    only_theirs: Counter[str] = Counter()  # why migrator refused what gguf-py reads
     scratch = Path(tempfile.mkdtemp(prefix="migrator-fuzz-gguf-"))
     path = scratch / "case.gguf"
     started = time.monotonic()
+    slowest = (0.0, "")
     n = 0
     for n in range(1, cases + 1):
         base = rng.choice(pool)
@@ -1192,32 +1204,35 @@ def differential_gguf(cases: int, rng: random.Random, timeout: float, crash_dir:
         path.write_bytes(data)
         ours: Any = None
         theirs: Any = None
-        refused = False
+        refusal: MigratorError | None = None
+        case_started = time.monotonic()
         try:
             with time_limit(timeout):
-                try:
-                    ours = _migrator_gguf_facts(path, data)
-                except MigratorError as e:
-                    # accept/reject agreement: does gguf-py read what migrator refuses?
-                    refused = True
-                    try:
-                        _gguf_py_facts(path)
-                        counts[f"only gguf-py reads it (migrator: {type(e).__name__})"] += 1
-                    except CaseTimeout:
-                        raise
-                    except Exception:
-                        counts["both refuse"] += 1
-                    continue
-                try:
-                    theirs = _gguf_py_facts(path)
-                except Exception as e:  # any refusal of gguf-py's is a difference here
-                    theirs = ("error", type(e).__name__, str(e)[:200])
+                ours = _migrator_gguf_facts(path, data)
+        except MigratorError as e:
+            refusal = e
         except CaseTimeout:
-            if refused:  # gguf-py, not migrator, is still reading: it loops over what a header claims
-                counts["both refuse (gguf-py ran out of time)"] += 1
-                continue
             counts["timeout"] += 1
             (crash_dir / f"gguf-differential-timeout-{hashlib.sha1(data).hexdigest()[:12]}.bin").write_bytes(data)
+            continue
+        took = time.monotonic() - case_started
+        if took > slowest[0]:
+            slowest = (took, hashlib.sha1(data).hexdigest()[:12])
+        try:
+            with time_limit(timeout if refusal is None else oracle_timeout):
+                theirs = _gguf_py_facts(path)
+        except CaseTimeout:
+            theirs = ("timeout",)
+        except Exception as e:  # any refusal of gguf-py's
+            theirs = ("error", type(e).__name__, str(e)[:200])
+        if refusal is not None:  # accept/reject agreement: does gguf-py read what migrator refuses?
+            if theirs == ("timeout",):
+                counts["both refuse (gguf-py ran out of time)"] += 1
+            elif theirs[0] == "error":
+                counts["both refuse"] += 1
+            else:
+                counts[f"only gguf-py reads it (migrator: {type(refusal).__name__})"] += 1
+                only_theirs[_refusal_kind(str(refusal))] += 1
             continue
         if ours != theirs:
             counts["different"] += 1
@@ -1235,7 +1250,16 @@ def differential_gguf(cases: int, rng: random.Random, timeout: float, crash_dir:
     scratch.rmdir()
     return {"reader": "gguf", "mode": "differential (gguf-py)", "cases": n,
             "seconds": round(time.monotonic() - started, 1), "differences": counts["different"],
-            "timeouts": counts["timeout"], "outcomes": dict(counts.most_common())}
+            "timeouts": counts["timeout"], "slowest_migrator_case": {"seconds": round(slowest[0], 3),
+                                                                     "sha1": slowest[1]},
+            "outcomes": dict(counts.most_common()), "only_gguf_py_reads": dict(only_theirs.most_common())}
+
+
+def _refusal_kind(message: str) -> str:
+    """What migrator refused, in a few words (for the summary of what gguf-py reads and migrator does
+    not): the message's wording after the file name, its numbers dropped."""
+    text = message.rsplit(": ", 1)[-1] if ": " in message else message
+    return re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", text))[:70]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1249,6 +1273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="allocation check per case: peak RSS (default, cheap) or tracemalloc (precise, slower)")
     p.add_argument("--memory-backstop", type=int, default=4 << 30, help="RLIMIT_AS headroom in bytes")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
+    p.add_argument("--oracle-timeout", type=float, default=1.0,
+                   help="--reader gguf --differential: seconds gguf-py gets on an input migrator refuses")
     p.add_argument("--report", type=Path, default=None, help="write the summary as JSON here too")
     p.add_argument("--crash-dir", type=Path, default=CRASH_DIR)
     p.add_argument("--differential", action="store_true",
@@ -1266,7 +1292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     crash_dir: Path = args.crash_dir
     crash_dir.mkdir(parents=True, exist_ok=True)
     if args.differential and args.reader == "gguf":
-        summary = {"seed": seed, **differential_gguf(args.cases, rng, args.timeout, crash_dir, args.max_seconds)}
+        summary = {"seed": seed, **differential_gguf(args.cases, rng, args.timeout, crash_dir, args.max_seconds,
+                                                     args.oracle_timeout)}
         print(json.dumps(summary, indent=2))
         if args.report:
             args.report.write_text(json.dumps(summary, indent=2) + "\n")

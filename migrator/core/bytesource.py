@@ -7,6 +7,7 @@ page touched so far resident.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
@@ -213,6 +214,21 @@ def not_regular(mode: int) -> str:
             "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
             "a special file")
     return f"not a regular file ({kind}); only regular files are read"
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """At most `max_bytes` + 1 bytes of a small file (a config, a recipe, a tokenizer file), opened
+    non-blocking and refused unless it is a regular file: reading a FIFO blocks forever and a device
+    (/dev/zero) never ends. Raises OSError; its strerror says why (callers show it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, not_regular(st.st_mode))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
 
 
 def open_source(src: str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource) -> ByteSource:

@@ -114,3 +114,9 @@ class MergeInputError(MigratorError):
 
 class AdapterError(MigratorError):
     """A PEFT adapter migrator cannot fold: an unsupported feature, or a tensor matching no base weight."""
+
+
+def not_written(problems: list[str]) -> str:
+    """The one-line error of a plan that cannot run: a CLI error is one line (a script greps it, a
+    terminal shows it whole), so several problems are joined with '; '."""
+    return "migration not written: " + "; ".join(problems)

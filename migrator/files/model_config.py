@@ -51,9 +51,10 @@ def config_folder(first_source: str | os.PathLike[str] | None, base_dir: Path) -
 
 def load_config(path: Path) -> dict[str, Any]:
     """The config as a dict; ConfigError for a missing, oversized, non-JSON or non-object file."""
+    from ..core.bytesource import read_regular
+
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = read_regular(path, MAX_CONFIG_BYTES)  # a FIFO would block, a device never end
     except OSError as e:
         raise ConfigError(f"cannot read the config {path}: {e.strerror or e}") from None
     if len(raw) > MAX_CONFIG_BYTES:

@@ -184,6 +184,16 @@ def gguf_split_files(path: Path, limits: Limits = DEFAULT_LIMITS) -> list[Path] 
     return files
 
 
+def _check_split_place(metadata: Mapping[str, str], index: int, count: int, path: Path) -> None:
+    """A split GGUF part's own split.no (0-based) and split.count must be its place in the set its
+    name puts it in: a part copied or renamed into another set would otherwise be read in the wrong
+    place, or a set whose files say it has more parts read without them."""
+    no, total = (getattr(metadata.get(k), "data", None) for k in ("split.no", "split.count"))
+    if (no is not None and no != index) or (total is not None and total != count):
+        raise FormatError(f"its split.no {no} / split.count {total} disagree with its name, part {index + 1} of "
+                          f"{count} (split.no {index})", file=str(path))
+
+
 def folder_weights(folder: Path) -> Path:
     """The index or weights file of a model folder: SafeTensors first, then PyTorch `.bin`.
 
@@ -513,6 +523,8 @@ class ShardedReader(Reader):
                         self.locations.append((i, None))
                     self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, view, t.param_id,
                                                    origin, chunks))
+                if reader.format == "gguf" and len(files) > 1:
+                    _check_split_place(reader.metadata, i, len(files), path)
                 for k, v in reader.metadata.items():
                     metas.setdefault(k, set()).add(v)
                 for k, s in reader.scalars.items():

@@ -37,9 +37,26 @@ def reader_over(source: ByteSource, path: str | os.PathLike[str] | None, format:
         if not cls.keeps_structure:  # only a PyTorch checkpoint has containers to keep
             options.pop("keep_structure", None)
         reader = cls(source, limits=limits, **options)  # type: ignore[call-arg]
+        if reader.format == "gguf":
+            _whole_gguf(reader, path)
         if key is not None:
             reader.select(key)
         return reader
     except BaseException:
         source.close()
         raise
+
+
+def _whole_gguf(reader: Reader, path: str | os.PathLike[str] | None) -> None:
+    """Refuse one file of a split GGUF read alone (renamed, or named out of its set): its own
+    split.count says the model's other tensors are in other files, which a single-file read would
+    silently leave out."""
+    from ..core.errors import FormatError
+
+    count = getattr(reader.metadata.get("split.count"), "data", None)
+    if isinstance(count, int) and count > 1:
+        no = getattr(reader.metadata.get("split.no"), "data", None)
+        part = f"part {no + 1} of {count}" if isinstance(no, int) else f"one of {count} parts"
+        raise FormatError(f"this GGUF is {part} of a split model (split.count); name the set's first file "
+                          "(NAME-00001-of-NNNNN.gguf) or its folder, so that every part is read",
+                          file=None if path is None else os.fspath(path))

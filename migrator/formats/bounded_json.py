@@ -90,14 +90,16 @@ def load_bounded_json(raw: bytes, limits: Limits, file: str | None, what: str = 
 def read_capped(path: Path, max_bytes: int, what: str) -> bytes:
     """A small untrusted file's bytes, refused (FormatError naming it) beyond `max_bytes`: a tokenizer
     or companion file is read whole, so its size is checked before it is read."""
+    from ..core.bytesource import read_regular
+
     label = str(path)
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise FormatError(f"a {size}-byte {what} file; at most {max_bytes} are read", file=label)
-        return path.read_bytes()
+        raw = read_regular(path, max_bytes)
     except OSError as e:
         raise FormatError(f"cannot read the {what}: {e.strerror}", file=label) from None
+    if len(raw) > max_bytes:
+        raise FormatError(f"a {what} file of more than {max_bytes} bytes; at most {max_bytes} are read", file=label)
+    return raw
 
 
 def read_json_object(path: Path, max_bytes: int, what: str) -> dict[str, Any]:

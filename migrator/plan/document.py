@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.errors import not_written
 from .build import Plan
 
 
@@ -36,5 +37,5 @@ def plan_error(p: Plan) -> dict[str, Any]:
     """`{"error": ...}` when the plan cannot run (as every failing `--json` command prints), else {}."""
     if not p.fatal:
         return {}
-    return {"error": {"kind": "MigrationError", "message": "migration not written:\n  " + "\n  ".join(p.fatal),
+    return {"error": {"kind": "MigrationError", "message": not_written(p.fatal),
                       "file": str(p.target_path), "tensor": None}}

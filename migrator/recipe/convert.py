@@ -272,7 +272,7 @@ def _usage_error(data: dict[str, Any], module_options: list[tuple[str, int, str]
     except RecipeError as e:
         lines = [f"{_option_for(issue.loc, data, module_options)}: {issue.message}"
                  + (f" (hint: {issue.hint})" if issue.hint else "") for issue in e.issues]
-        return ConvertUsageError("invalid option:\n  " + "\n  ".join(lines))
+        return ConvertUsageError("invalid option: " + "; ".join(lines))  # an error is one line
     return ConvertUsageError("invalid option")  # the loader accepts what the model refused: not expected
 
 

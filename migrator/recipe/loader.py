@@ -91,9 +91,10 @@ class LoadedRecipe:
 def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
     """Read, parse and validate a recipe file; raise `RecipeError` listing every problem found."""
     shown = os.fspath(path)
+    from ..core.bytesource import read_regular
+
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RECIPE_BYTES + 1)
+        raw = read_regular(path, MAX_RECIPE_BYTES)  # a FIFO would block, a device never end
     except OSError as e:
         raise RecipeError([RecipeIssue(shown, 0, 0, "", f"cannot read the recipe: {e.strerror or e}")]) from None
     absolute = Path(os.path.abspath(path))

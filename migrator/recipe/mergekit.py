@@ -37,10 +37,12 @@ from ..core.dtypes import DType
 from ..core.errors import MergeInputError, MigratorError
 from .issues import RecipeError, RecipeIssue
 from .merge_ops import F32_MAX
+from .yaml_nodes import _parse_yaml
 
 METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare_ties", "dare_linear", "passthrough")
-MAX_CONFIG_BYTES = 1 << 20
-MAX_NODES = 100_000
+# mergekit configs are a few kB (a 100-slice passthrough is ~5 kB); PyYAML composes ~50-100 kB/s
+# on a loaded core, so this bounds parsing a hostile one to a few seconds
+MAX_CONFIG_BYTES = 256 << 10
 
 Scalar = bool | int | float | str
 
@@ -142,28 +144,13 @@ def _position(root: yaml.Node | None, path: Sequence[Any], key: bool = False) ->
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
-def _count_nodes(root: yaml.Node) -> int:
-    """Nodes of the tree aliases expand to, stopping past MAX_NODES (a billion-laughs file stops early)."""
-    total, stack = 0, [root]
-    while stack:
-        node = stack.pop()
-        total += 1
-        if total > MAX_NODES:
-            break
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                stack.extend((k, v))
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
-    return total
-
-
 def load_config(path: str | os.PathLike[str], base_dir: str | os.PathLike[str] | None = None) -> LoadedConfig:
     """Read and check a mergekit YAML; relative model paths resolve against `base_dir` (default: its folder)."""
     p = Path(path)
+    from ..core.bytesource import read_regular
+
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)  # parse_config refuses a longer one: never read it all
+        raw = read_regular(p, MAX_CONFIG_BYTES)  # parse_config refuses a longer one: never read it all
     except OSError as e:  # the command's argument names no readable file: a usage error, as for a recipe
         raise RecipeError([RecipeIssue(str(p), 0, 0, "", f"cannot read the merge config: {e.strerror or e}")]) \
             from None
@@ -175,24 +162,23 @@ def parse_config(raw: bytes, file: str, base_dir: Path) -> LoadedConfig:
         return RecipeError([RecipeIssue(file, line, col, "", message, hint)])
 
     if len(raw) > MAX_CONFIG_BYTES:
-        raise fail(0, 0, f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not a mergekit config")
+        raise fail(0, 0, f"larger than {MAX_CONFIG_BYTES >> 10} KiB: not a mergekit config")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise fail(0, 0, f"not UTF-8 text (byte {e.start})") from None
+    # the recipe's bounded loader: aliases expanded within a node budget, nesting, integers (text and
+    # bits) and every constructor failure turned into an issue at its node; yaml.safe_load raised
+    # ValueError on a 5000-digit integer and RecursionError on deep nesting
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        raise fail(mark.line + 1 if mark else 0, mark.column + 1 if mark else 0,
-                   f"invalid YAML: {e.problem or e.context}") from None
-    except yaml.YAMLError as e:
-        raise fail(0, 0, f"invalid YAML: {e}") from None
-    if root is None or not isinstance(root, yaml.MappingNode):
-        raise fail(1, 1, "a mergekit config is a YAML mapping with merge_method and models or slices")
-    if _count_nodes(root) > MAX_NODES:
-        raise fail(1, 1, f"expands to more than {MAX_NODES:,} YAML nodes (aliases)")
-    data = yaml.safe_load(text)
+        _, data, _, issues = _parse_yaml(text, file)
+    except RecipeError as e:
+        first = e.issues[0].message if e.issues else ""
+        if first.startswith(("the recipe is empty", "the top level must be a mapping")):
+            raise fail(1, 1, "a mergekit config is a YAML mapping with merge_method and models or slices") from None
+        raise
+    if issues:  # duplicate keys: PyYAML would keep the last one silently
+        raise RecipeError(issues)
     loaded = LoadedConfig(MergekitConfig.model_construct(), file, text, base_dir)
     try:
         loaded.config = MergekitConfig.model_validate(data)
@@ -260,6 +246,12 @@ def _refusals(loaded: LoadedConfig) -> list[RecipeIssue]:
             issues.append(loaded.issue(("tokenizer_source",), problem[0], problem[1]))
     if (c.models is None) == (c.slices is None):
         issues.append(loaded.issue((), "exactly one of 'models' or 'slices' must be given"))
+    for key in ("models", "slices"):
+        if getattr(c, key) == []:  # nothing to merge (and no reference model for the output's layout)
+            issues.append(loaded.issue((key,), f"'{key}' is empty: a merge needs at least one model"))
+    for i, s in enumerate(c.slices or []):
+        if not s.sources:
+            issues.append(loaded.issue(("slices", i, "sources"), "a slice needs at least one source"))
     for key in ("dtype", "out_dtype"):
         value = getattr(c, key)
         if value is not None:
@@ -484,7 +476,7 @@ def merge_spec(loaded: LoadedConfig, names: Mapping[str, Sequence[str]], *, seed
         counts = {ref: layout(names[ref]).count for ref in refs + ([base] if base else [])}
         if len(set(counts.values())) > 1:
             raise MergeInputError(f"the models have different numbers of layers: "
-                                  f"{', '.join(f'{r}: {n}' for r, n in counts.items())}")
+                                  f"{', '.join(f'{r}: {n}' for r, n in counts.items())}", file=loaded.file)
         n = next(iter(counts.values()))
         sources = [InputSlice(model=m.model, layer_range=(0, n), parameters=m.parameters) for m in c.models]
         if base and base not in refs and method != "passthrough":
@@ -504,7 +496,7 @@ def merge_spec(loaded: LoadedConfig, names: Mapping[str, Sequence[str]], *, seed
         tensors.append(_tensor(loaded, name, [(s.model, name) for s in slices[0].sources], slices[0], 0.0, base,
                                names))
     out_index = 0
-    for s in slices:
+    for slice_index, s in enumerate(slices):
         length = s.sources[0].layer_range[1] - s.sources[0].layer_range[0]
         if any(src.layer_range[1] - src.layer_range[0] != length for src in s.sources):
             raise RecipeError([loaded.issue(("slices",), "all sources of a slice must span the same number of layers")])
@@ -514,8 +506,9 @@ def merge_spec(loaded: LoadedConfig, names: Mapping[str, Sequence[str]], *, seed
             src_layout = layout(names[first.model])
             rests = src_layout.layers.get(first.layer_range[0] + idx)
             if rests is None:
-                raise MergeInputError(f"model '{first.model}' has no layer {first.layer_range[0] + idx} "
-                                      f"(it has {src_layout.count})")
+                where = f"slices[{slice_index}].sources[0].layer_range: " if from_slices else ""
+                raise MergeInputError(f"{where}model '{first.model}' has no layer {first.layer_range[0] + idx} "
+                                      f"(it has {src_layout.count})", file=loaded.file)
             for rest in rests:
                 out_name = f"{ref_layout.prefix or src_layout.prefix}.{out_index}.{rest}"
                 inputs = [(src.model, f"{layout_prefix(names, src.model)}.{src.layer_range[0] + idx}.{rest}")

@@ -168,9 +168,9 @@ _Number = BeforeValidator(_no_bool)
 
 
 def _finite_scale(value: float) -> float:
-    if not math.isfinite(value):
-        raise recipe_value_error(f"a LoRA scale must be a finite number, got {value!r}: every folded weight would be "
-                                 "inf or NaN")
+    if not math.isfinite(value) or abs(value) > 3.4028234663852886e38:  # folds compute in float32
+        raise recipe_value_error(f"a LoRA scale must be a finite number within float32, got {value!r}: every folded "
+                                 "weight would be inf or NaN")
     return value
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import MigratorError
+from ..core.errors import MigratorError, not_written
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.base import has_torch_names
 from ..recipe.convert import ConvertUsageError, build_recipe
@@ -155,7 +155,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
                 notes += writer.notes  # e.g. a GGUF file without general.architecture
         except MigratorError as e:
-            raise MigrationError("migration not written:\n  " + str(e), file=str(dst_path)) from None
+            raise MigrationError(not_written([str(e)]), file=str(dst_path)) from None
         source = reader.source
         read: list[Protected] = [src_path, *([source.identity] if source.identity is not None
                                               else source.identities)]

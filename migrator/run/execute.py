@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..core.errors import MigratorError
+from ..core.errors import MigratorError, not_written
 from ..files.io import save_planned, writer_class
 from ..files.targets import check_target, target_problems
 from ..formats.base import WriterKind
@@ -44,7 +44,7 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
     the tensors or shards (a PyTorch single file, whose zip has no precomputed layout, is written here).
     """
     if plan.fatal or plan.writer is None:
-        raise MigrationError("migration not written:\n  " + "\n  ".join(plan.fatal), file=str(plan.target_path))
+        raise MigrationError(not_written(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
     if plan.record is not None and plan.record_path is not None:  # a model and Burn's optimizer record
         from ..files.io import save_planned_pair

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...core.bytesource import read_regular
 from ...core.errors import FormatError
 
 OPTIM_RE = re.compile(r"^(?:(?P<prefix>bf16|fp16)_)?zero_pp_rank_(?P<rank>\d{1,6})_mp_rank_(?P<mp>\d{2,6})"
@@ -86,8 +87,10 @@ def find_step(path: str | os.PathLike[str], tag: str | None) -> StepFolder:
             if not latest.is_file():
                 shown = f"; it holds {', '.join(steps[:20])}" if steps else ""
                 raise FormatError(f"no 'latest' file names the step to read: pick one with --tag{shown}", file=str(p))
-            with open(latest, "rb") as f:
-                raw = f.read(MAX_TAG_BYTES + 1)
+            try:
+                raw = read_regular(latest, MAX_TAG_BYTES)
+            except OSError as e:
+                raise FormatError(f"cannot read 'latest': {e.strerror}", file=str(latest)) from None
             try:
                 tag = raw.decode("utf-8").strip()
             except UnicodeDecodeError:

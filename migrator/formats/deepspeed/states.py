@@ -83,7 +83,9 @@ class StateFile(PytorchReader):
 
     def int_of(self, value: Any, what: str) -> int:
         if type(value) is not int or value < 0:
-            raise self.bad(f"{what} is {_kind(value)}, not a non-negative integer")
+            # a negative count is named by its value ("is a int" said nothing of what was wrong)
+            shown = str(value) if type(value) is int and value.bit_length() <= 64 else _kind(value)
+            raise self.bad(f"{what} is {shown}, not a non-negative integer")
         return value
 
     def ints(self, value: Any, what: str) -> list[int]:

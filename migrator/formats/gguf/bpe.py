@@ -30,9 +30,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ...core.errors import FormatError
 from .constants import ValueType
-from .header import Value
+from .header import Value, check_utf8
 
 MAX_JSON_BYTES = 64 << 20
 MAX_TOKENS = 1 << 22
@@ -176,7 +178,6 @@ def bpe_metadata(path: Path, vocab_size: int | None = None) -> tuple[dict[str, s
         given = tok_config.get(f"add_{flag}_token")
         if isinstance(given, bool):
             add[flag] = given
-    import numpy as np
 
     out: dict[str, str] = {
         "tokenizer.ggml.model": Value(ValueType.STRING, "gpt2"),
@@ -193,6 +194,7 @@ def bpe_metadata(path: Path, vocab_size: int | None = None) -> tuple[dict[str, s
     template = tok_config.get("chat_template")
     if isinstance(template, str):
         out["tokenizer.chat_template"] = Value(ValueType.STRING, template)
+    check_utf8(out, label)  # a JSON \\ud800 escape decodes to a lone surrogate
     return out, notes
 
 
@@ -244,6 +246,49 @@ def _data(meta: Mapping[str, str], key: str) -> Any:
     return getattr(v, "data", v)
 
 
+def _utf8(text: str) -> bool:
+    """No surrogate (a GGUF string's undecodable bytes are kept as surrogate escapes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _id(value: Any) -> int | None:
+    """A special token id, when the GGUF gives an integer (anything else is no id)."""
+    return int(value) if isinstance(value, int | np.integer) and not isinstance(value, bool) else None
+
+
+def _strings(meta: Mapping[str, str], key: str) -> list[str] | None:
+    v = meta.get(key)
+    if getattr(v, "type", None) is not ValueType.ARRAY or getattr(v, "item_type", None) is not ValueType.STRING:
+        return None
+    return list(v.data)  # type: ignore[union-attr]
+
+
+def _vocabulary_problem(meta: Mapping[str, str]) -> str | None:
+    """What in the GGUF's tokenizer key/values a tokenizer.json cannot be written from: each typed as
+    llama.cpp reads it (token texts and merges arrays of UTF-8 strings, "a b" pairs; token types an
+    integer array of llama.cpp's types); None when they can. A file is untrusted: a STRING where an
+    array belongs would otherwise be split into characters, a number array into nonsense tokens."""
+    tokens = _strings(meta, "tokenizer.ggml.tokens")
+    if tokens is None:
+        return "tokenizer.ggml.tokens is not an array of strings"
+    if not all(map(_utf8, tokens)):
+        return "tokenizer.ggml.tokens holds text that is not UTF-8"
+    if meta.get("tokenizer.ggml.token_type") is not None:
+        types = _data(meta, "tokenizer.ggml.token_type")
+        if not (isinstance(types, np.ndarray) and types.dtype.kind in "iu"
+                and all(NORMAL <= int(t) <= BYTE for t in types)):
+            return f"tokenizer.ggml.token_type is not an array of token types {NORMAL}-{BYTE}"
+    if meta.get("tokenizer.ggml.merges") is not None:
+        merges = _strings(meta, "tokenizer.ggml.merges")
+        if merges is None or not all(_utf8(m) and m.count(" ") == 1 and " " not in (m[0], m[-1]) for m in merges):
+            return "tokenizer.ggml.merges is not an array of 'a b' pairs"
+    return None
+
+
 def hf_tokenizer_files(meta: Mapping[str, str]) -> tuple[dict[str, bytes], list[str]]:
     """`tokenizer.json` and `tokenizer_config.json` for a GGUF's gpt2 vocabulary, and notes (what was
     not written and why). Nothing for other vocabularies."""
@@ -253,6 +298,9 @@ def hf_tokenizer_files(meta: Mapping[str, str]) -> tuple[dict[str, bytes], list[
     if pre != GPT2_NAME and pre not in PRE_TOKENIZERS:
         return {}, [f"no tokenizer.json written: the GGUF's pre-tokenizer '{pre}' is not one migrator can spell as a "
                     f"tokenizer.json (llama-bpe, qwen2, gpt-2, gpt-4o, tekken)"]
+    problem = _vocabulary_problem(meta)
+    if problem is not None:
+        return {}, [f"no tokenizer.json written: the GGUF's {problem}"]
     tokens = list(_data(meta, "tokenizer.ggml.tokens") or [])
     types = [int(t) for t in (_data(meta, "tokenizer.ggml.token_type") if meta.get("tokenizer.ggml.token_type")
                               is not None else [NORMAL] * len(tokens))]
@@ -269,7 +317,7 @@ def hf_tokenizer_files(meta: Mapping[str, str]) -> tuple[dict[str, bytes], list[
         vocab.setdefault(text, i)
     if len(vocab) != len(tokens):
         return {}, [f"no tokenizer.json written: {len(tokens) - len(vocab)} of the GGUF's tokens repeat another's text"]
-    special = {name: _data(meta, f"tokenizer.ggml.{name}_token_id") for name, _, _ in _SPECIALS}
+    special = {name: _id(_data(meta, f"tokenizer.ggml.{name}_token_id")) for name, _, _ in _SPECIALS}
     add = {flag: bool(_data(meta, f"tokenizer.ggml.add_{flag}_token")) for flag in ("bos", "eos")}
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     if pre == GPT2_NAME:
@@ -292,11 +340,11 @@ def hf_tokenizer_files(meta: Mapping[str, str]) -> tuple[dict[str, bytes], list[
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": add["bos"],
                               "add_eos_token": add["eos"], "clean_up_tokenization_spaces": False}
     for name, text_key, _ in _SPECIALS:
-        i = special[name]
-        if i is not None and 0 <= int(i) < len(tokens):
-            config[text_key] = tokens[int(i)]
+        given = special[name]
+        if given is not None and 0 <= given < len(tokens):
+            config[text_key] = tokens[given]
     template = _data(meta, "tokenizer.chat_template")
-    if isinstance(template, str):
+    if isinstance(template, str) and _utf8(template):
         config["chat_template"] = template
     files = {"tokenizer.json": json.dumps(tokenizer, ensure_ascii=False, indent=1).encode("utf-8"),
              "tokenizer_config.json": (json.dumps(config, ensure_ascii=False, indent=2) + "\n").encode("utf-8")}

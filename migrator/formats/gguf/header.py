@@ -354,3 +354,17 @@ def _check_layout(infos: list[TensorInfo], data_start: int, alignment: int, size
         if b.offset < a.offset + a.nbytes:
             raise FormatError(f"data at offset {b.offset} overlaps tensor '{a.name}' [{a.offset}, "
                               f"{a.offset + a.nbytes})", file=label, tensor=b.name)
+
+
+def check_utf8(meta: dict[str, Any], label: str) -> None:
+    """Refuse a tokenizer whose strings are not UTF-8, naming the file and the token. GGUF strings are
+    UTF-8 (gguf-py and llama.cpp decode them so); the writer keeps a GGUF source's undecodable bytes as
+    they were, so a tokenizer file's would otherwise be written into a file its readers refuse."""
+    for key, v in meta.items():
+        items = [v.data] if v.type is ValueType.STRING else v.data if v.item_type is ValueType.STRING else []
+        for i, text in enumerate(items):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                where = key if v.type is ValueType.STRING else f"{key}[{i}]"
+                raise FormatError(f"{where} ({text[:40]!a}) is not valid UTF-8 text", file=label) from None

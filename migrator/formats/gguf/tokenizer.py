@@ -10,14 +10,13 @@ converter takes them.
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 from typing import Any
 
 from ...core.errors import FormatError
 from .constants import ValueType
-from .header import Value
+from .header import Value, check_utf8
 
 MAX_MODEL_BYTES = 64 << 20
 # ModelProto: 1 = repeated SentencePiece {1 piece, 2 score, 3 type}, 2 = TrainerSpec {40 unk_id,
@@ -114,11 +113,16 @@ def read_model(path: Path) -> tuple[list[str], list[float], list[int], dict[str,
 
 
 def _json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """A companion file (config.json, tokenizer_config.json): {} when absent or unreadable. Read
+    bounded (size, nesting; json.loads raised RecursionError on deep nesting) and never from a FIFO."""
+    from ..bounded_json import read_json_object
+
+    if not path.is_file():
         return {}
-    return value if isinstance(value, dict) else {}
+    try:
+        return read_json_object(path, MAX_MODEL_BYTES, path.name)
+    except FormatError:
+        return {}
 
 
 def tokenizer_key_values(path: Path) -> tuple[dict[str, str], list[str]]:
@@ -140,10 +144,16 @@ def sentencepiece_metadata(model: Path) -> tuple[dict[str, str], list[str]]:
     """`tokenizer_metadata`, and a note when the model normalizes text in a way llama.cpp does not (llama.cpp
     applies no normalizer; its converter drops it too)."""
     pieces, scores, types, ids, space_prefix, lost = read_model(model)
-    notes = [f"{model.name}: llama.cpp does not apply {' or '.join(lost)}; it tokenizes some text (e.g. "
-             "full-width letters, runs of spaces) otherwise than this SentencePiece model"] if lost else []
     folder = model.parent
     config, tok_config = _json(folder / "config.json"), _json(folder / "tokenizer_config.json")
+    rows = config.get("vocab_size")
+    if isinstance(rows, int) and not isinstance(rows, bool) and len(pieces) > rows:
+        # llama.cpp takes its vocabulary size from the tokens: more pieces than embedding rows is a
+        # model it refuses to load (the BPE reader refuses the same)
+        raise FormatError(f"the tokenizer has {len(pieces)} pieces, more than the model's vocab_size of {rows}",
+                          file=str(model))
+    notes = [f"{model.name}: llama.cpp does not apply {' or '.join(lost)}; it tokenizes some text (e.g. "
+             "full-width letters, runs of spaces) otherwise than this SentencePiece model"] if lost else []
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
         if isinstance(config.get(key), int):
             ids[name] = config[key]
@@ -163,4 +173,5 @@ def sentencepiece_metadata(model: Path) -> tuple[dict[str, str], list[str]]:
         value = tok_config.get(flag, default)
         out[f"tokenizer.ggml.{flag}"] = Value(ValueType.BOOL, bool(value))
     out["tokenizer.ggml.add_space_prefix"] = Value(ValueType.BOOL, space_prefix)
+    check_utf8(out, str(model))
     return out, notes

@@ -71,12 +71,24 @@ _KEY_TYPES: dict[str, ValueType] = {
     **{k: ValueType.BOOL for k in ("add_bos_token", "add_eos_token", "add_space_prefix")},
 }
 _NORM = re.compile(r"norm", re.IGNORECASE)
+# Keys llama.cpp reads as arrays: text cannot give them (a STRING there makes a file it refuses)
+_ARRAY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+               "tokenizer.ggml.added_tokens")
+_F32_MAX = 3.4028234663852886e38
 
 
 def typed(key: str, value: str) -> Value:
     """A metadata entry given as text, with the type llama.cpp gives `key` (PlanError if unparsable)."""
     if isinstance(value, Value):
         return value
+    if key.startswith("split."):
+        # they describe a split set's files and the writer sets them: a single file claiming
+        # split.count 7 is one llama.cpp looks for 6 more files of
+        raise PlanError(f"metadata '{key}': split.* key/values describe split files and are written by the "
+                        "writer (a folder target with --max-shard-size); they cannot be given")
+    if key in _ARRAY_KEYS:
+        raise PlanError(f"metadata '{key}' is a GGUF array; it cannot be given as text (it comes from the "
+                        "tokenizer files, target.tokenizer)")
     vtype = next((t for suffix, t in _KEY_TYPES.items() if key.endswith(suffix)), ValueType.STRING)
     try:
         if vtype is ValueType.UINT32:
@@ -85,7 +97,10 @@ def typed(key: str, value: str) -> Value:
                 raise ValueError(value)
             return Value(vtype, n)
         if vtype is ValueType.FLOAT32:
-            return Value(vtype, float(value))
+            f = float(value)
+            if not abs(f) <= _F32_MAX:  # NaN, inf, or inf once stored as float32 (an epsilon, a RoPE base)
+                raise ValueError(value)
+            return Value(vtype, f)
         if vtype is ValueType.BOOL:
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(value)

@@ -111,6 +111,17 @@ def shard_layout(ref: sp.DTensorRef, label: str, name: str) -> ShardLayout:
     if coordinate is not None and (len(coordinate) != len(shape) or any(
             c >= s for c, s in zip(coordinate, shape, strict=True))):
         coordinate = None
+    meta = spec.get("tensor_meta")
+    if isinstance(meta, sp.Record) and meta.args:
+        # torch gathers by the spec's shape, the wrapper gives the size: a file where they differ
+        # is assembled one way here and another (or not at all) by full_tensor()
+        claimed = meta.args[0]
+        if isinstance(claimed, sp.Record) and claimed.args:  # torch.Size((...)) kept as a call
+            claimed = claimed.args[0]
+        if isinstance(claimed, (tuple, list)) and tuple(claimed) != tuple(ref.size):
+            shown = [x if type(x) is int and x.bit_length() <= 64 else "?" for x in claimed]
+            raise FormatError(f"a DTensor's spec says global shape {shown[:8]} but the tensor is "
+                              f"{list(ref.size)}", file=label, tensor=name)
     rank = mesh.get("_rank")
     return ShardLayout(ref.size, ref.dtype, shape, coordinate, placements,
                        rank if type(rank) is int and 0 <= rank < 1 << 31 else None)

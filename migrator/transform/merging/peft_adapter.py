@@ -21,7 +21,6 @@ or replaced; an adapter tensor that matches no base weight is an error listing e
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import re
@@ -32,11 +31,14 @@ from typing import Any
 
 from ...core.errors import AdapterError
 from ...core.tensor import LazyTensor
+from ...formats.bounded_json import read_json_object
 from ...naming import NamingError, Regex, compile_regex
 from .lora import Fold, Form, check_fold, expected_shape
 
 PREFIX = "base_model.model."
 CONFIG_FILE = "adapter_config.json"
+MAX_CONFIG_BYTES = 16 << 20  # PEFT's configs are a few kB; a rank_pattern per module of a large model, < 1 MB
+F32_MAX = 3.4028234663852886e38  # the fold computes in float32: a scaling beyond it is inf in every weight
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
 REFUSED_FEATURES = ("layer_replication", "lora_bias", "use_qalora", "target_parameters", "trainable_token_indices",
@@ -107,14 +109,15 @@ def parse_config(raw: Any, where: str) -> AdapterConfig:
     r, alpha = raw.get("r"), raw.get("lora_alpha")
     if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
         raise AdapterError(f"r must be a positive integer, got {r!r}", file=where)
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
-        raise AdapterError(f"lora_alpha must be a finite number, got {alpha!r}", file=where)
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha) \
+            or abs(alpha) > F32_MAX:
+        raise AdapterError(f"lora_alpha must be a finite number within float32, got {alpha!r}", file=where)
     patterns: dict[str, dict[str, Any]] = {}
     for key in ("rank_pattern", "alpha_pattern"):
         value = raw.get(key) or {}
         if not isinstance(value, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool)
-                                                  and math.isfinite(v) for v in value.values()):
-            raise AdapterError(f"{key} must map module patterns to finite numbers", file=where)
+                                                  and math.isfinite(v) and abs(v) <= F32_MAX for v in value.values()):
+            raise AdapterError(f"{key} must map module patterns to finite numbers within float32", file=where)
         if key == "rank_pattern" and not all(isinstance(v, int) and v > 0 for v in value.values()):
             raise AdapterError("rank_pattern must map module patterns to positive integer ranks", file=where)
         for pattern in value:
@@ -125,6 +128,8 @@ def parse_config(raw: Any, where: str) -> AdapterConfig:
                                    file=where) from None
         patterns[key] = dict(value)
     saved = raw.get("modules_to_save") or []
+    if not isinstance(saved, list) or not all(isinstance(m, str) for m in saved):
+        raise AdapterError(f"modules_to_save must be a list of module names, got {str(saved)[:80]!a}", file=where)
     return AdapterConfig(r=r, lora_alpha=alpha, use_rslora=bool(raw.get("use_rslora")),
                          use_dora=bool(raw.get("use_dora")), fan_in_fan_out=bool(raw.get("fan_in_fan_out")),
                          rank_pattern=patterns["rank_pattern"], alpha_pattern=patterns["alpha_pattern"],
@@ -162,10 +167,9 @@ def open_adapter(folder: str | os.PathLike[str]) -> PeftAdapter:
         raise AdapterError("no such adapter folder", file=str(root))
     if not config_path.is_file():
         raise AdapterError(f"not a PEFT adapter folder: no {CONFIG_FILE}", file=str(root))
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise AdapterError(f"invalid JSON ({e})", file=str(config_path)) from None
+    # untrusted: size and nesting bounded (json.loads recurses once per bracket, and a RecursionError
+    # escapes every handler of a typed error)
+    raw = read_json_object(config_path, MAX_CONFIG_BYTES, "adapter config")
     config = parse_config(raw, str(config_path))
     for name in WEIGHT_FILES:
         path = root / name
@@ -250,7 +254,11 @@ def fold_plan(base: Mapping[str, LazyTensor], adapter: PeftAdapter, *, lora_scal
             if len(rest) > 1 or (rest and rest[0] == "bias"):
                 raise AdapterError(f"unsupported LoRA tensor '{key}' (only A, B and DoRA magnitude weights fold)",
                                    file=where, tensor=key)
-            modules.setdefault(m["module"], _Module()).parts[m["part"]] = tensor
+            given = modules.setdefault(m["module"], _Module()).parts
+            if m["part"] in given:  # `X.lora_A.weight` and `X.lora_A.other.weight`: which one PEFT used is unknown
+                raise AdapterError(f"module '{m['module']}' has two {m['part']} tensors: '{given[m['part']].name}', "
+                                   f"'{key}'", file=where, tensor=key)
+            given[m["part"]] = tensor
             continue
         if name.endswith(".base_layer.weight"):
             modules.setdefault(name[:-len(".base_layer.weight")], _Module()).base_copy = tensor
