@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     conv.add_argument("--training-state", choices=("keep", "drop"), default=None,
                       help="a training checkpoint's optimizer state: keep (rewritten to follow every rename, split "
                       "and permute; into a .pt target, or into a .bpk target as Burn's optimizer record beside the "
-                      "model) or drop (default: keep for a whole .pt -> .pt run, drop when --top-level-key selects "
+                      "model) or drop (default: keep for a whole .pt -> .pt run, drop when a top level key selects "
                       "the model)")
     conv.add_argument("--optimizer-out", metavar="PATH", default=None,
                       help="with --training-state keep into a .bpk: where Burn's optimizer record is written "

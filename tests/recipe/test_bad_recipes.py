@@ -255,6 +255,7 @@ target:
     - path: 'tokenizer*'
       optional: true
   copy_from: weights/
+  optimizer: out/model-optim.bpk
 allow_partial: false
 training_state: drop
 validate: true
