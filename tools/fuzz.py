@@ -1292,6 +1292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     crash_dir: Path = args.crash_dir
     crash_dir.mkdir(parents=True, exist_ok=True)
     if args.differential and args.reader == "gguf":
+        # gguf-py is not bounded: it allocates what a hostile header claims (the backstop turns that into a
+        # MemoryError, one more way for it to refuse, instead of the machine's OOM killer)
+        _set_memory_backstop(args.memory_backstop)
         summary = {"seed": seed, **differential_gguf(args.cases, rng, args.timeout, crash_dir, args.max_seconds,
                                                      args.oracle_timeout)}
         print(json.dumps(summary, indent=2))
