@@ -45,8 +45,11 @@ def hints(text: str) -> list[tuple[str, str, str]]:
     answer is in the closing declaration (`convert`'s `--modules` syntax) gets that entry's regex."""
     out = []
     deferred: list[str] = []
-    summary = [line for line in text.splitlines() if "at once: --modules" in line]
-    for line in text.splitlines():
+    # the plan's problems come on one line, joined by '; ': one per adapter error, then the declaration
+    lines = [part for line in text.splitlines()
+             for part in re.split(r"; (?=Adapter error for '|declare the type of these)", line)]
+    summary = [line for line in lines if "at once: --modules" in line]
+    for line in lines:
         tensor = ERROR_FOR.search(line)
         if tensor is not None and "one declaration for all such modules follows" in line:
             deferred.append(tensor.group(1))
