@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import FormatError
+from ..base import utf8_ok
 from .constants import ValueType
 from .header import Value, check_utf8
 
@@ -246,15 +247,6 @@ def _data(meta: Mapping[str, str], key: str) -> Any:
     return getattr(v, "data", v)
 
 
-def _utf8(text: str) -> bool:
-    """No surrogate (a GGUF string's undecodable bytes are kept as surrogate escapes)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _id(value: Any) -> int | None:
     """A special token id, when the GGUF gives an integer (anything else is no id)."""
     return int(value) if isinstance(value, int | np.integer) and not isinstance(value, bool) else None
@@ -275,7 +267,7 @@ def _vocabulary_problem(meta: Mapping[str, str]) -> str | None:
     tokens = _strings(meta, "tokenizer.ggml.tokens")
     if tokens is None:
         return "tokenizer.ggml.tokens is not an array of strings"
-    if not all(map(_utf8, tokens)):
+    if not all(map(utf8_ok, tokens)):
         return "tokenizer.ggml.tokens holds text that is not UTF-8"
     if meta.get("tokenizer.ggml.token_type") is not None:
         types = _data(meta, "tokenizer.ggml.token_type")
@@ -284,7 +276,7 @@ def _vocabulary_problem(meta: Mapping[str, str]) -> str | None:
             return f"tokenizer.ggml.token_type is not an array of token types {NORMAL}-{BYTE}"
     if meta.get("tokenizer.ggml.merges") is not None:
         merges = _strings(meta, "tokenizer.ggml.merges")
-        if merges is None or not all(_utf8(m) and m.count(" ") == 1 and " " not in (m[0], m[-1]) for m in merges):
+        if merges is None or not all(utf8_ok(m) and m.count(" ") == 1 and " " not in (m[0], m[-1]) for m in merges):
             return "tokenizer.ggml.merges is not an array of 'a b' pairs"
     return None
 
@@ -344,7 +336,7 @@ def hf_tokenizer_files(meta: Mapping[str, str]) -> tuple[dict[str, bytes], list[
         if given is not None and 0 <= given < len(tokens):
             config[text_key] = tokens[given]
     template = _data(meta, "tokenizer.chat_template")
-    if isinstance(template, str) and _utf8(template):
+    if isinstance(template, str) and utf8_ok(template):
         config["chat_template"] = template
     files = {"tokenizer.json": json.dumps(tokenizer, ensure_ascii=False, indent=1).encode("utf-8"),
              "tokenizer_config.json": (json.dumps(config, ensure_ascii=False, indent=2) + "\n").encode("utf-8")}
