@@ -84,6 +84,28 @@ def test_ray_jobs_and_write_tasks_give_the_serial_bytes(local_ray: None, models:
     capsys.readouterr()
 
 
+def test_ray_jobs_read_the_config_beside_their_source(local_ray: None, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A shipped `${config}` recipe on the user's models through Ray: write tasks of one run (`--source`,
+    `--workers`), and one Ray task per `--each` job; each takes the head counts from its own model's
+    config, not from the example's beside the recipe."""
+    from tests.recipe.test_config_from_source import RECIPES, _hf_model, hf_permute
+
+    layouts = {"wide": (8, 4), "narrow": (4, 1)}
+    models = {name: _hf_model(tmp_path / "models" / name, *hk) for name, hk in layouts.items()}
+    recipe = str(RECIPES / "llama-hf-to-meta.yaml")
+    assert _run(tmp_path, recipe, "--source", str(tmp_path / "models" / "wide"), "--target", "tasks.pt",
+                "--executor", "ray", "--workers", "2") == 0, capsys.readouterr()
+    assert _run(tmp_path, recipe, "--each", str(tmp_path / "models" / "*" / "model.safetensors"), "--target",
+                str(tmp_path / "out" / "{parent}.pt"), "--executor", "ray") == 0, capsys.readouterr()
+    for path, name in ((tmp_path / "tasks.pt", "wide"), *((tmp_path / "out" / f"{n}.pt", n) for n in layouts)):
+        meta, hf, (heads, kv_heads) = torch.load(path, weights_only=True), models[name], layouts[name]
+        for ours, theirs, n in (("wq", "q_proj", heads), ("wk", "k_proj", kv_heads)):
+            assert torch.equal(hf_permute(meta[f"layers.1.attention.{ours}.weight"], n),
+                               hf[f"model.layers.1.self_attn.{theirs}.weight"]), (path, ours)
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("target", ["model.bpk", "shards"])
 def test_a_failed_ray_task_is_a_clear_error_and_publishes_nothing(
         local_ray: None, models: tuple[Path, dict[str, torch.Tensor]], monkeypatch: pytest.MonkeyPatch,
