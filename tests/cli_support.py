@@ -37,3 +37,25 @@ def migrate_subprocess(*args: str, cwd: str | os.PathLike[str] | None = None, en
     `env` adds to (or overrides) this process's environment."""
     return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=timeout)
+
+
+def convert_clean(src: str | os.PathLike[str], out: Path, *args: str) -> tuple[int, str]:
+    """`migrate convert SRC OUT ARGS` in process, never a traceback: (exit code, stderr)."""
+    p = migrate_in_process("convert", str(src), str(out), *args)
+    assert "Traceback" not in p.stdout + p.stderr, p.stderr
+    return p.returncode, p.stderr
+
+
+def convert_refused(src: str | os.PathLike[str], tmp_path: Path, *words: str) -> str:
+    """`convert SRC TMP/out.safetensors` refused as a data error in one line holding every one of `words`,
+    with nothing written (no output, no scratch file left in TMP); the line."""
+    out = tmp_path / "out.safetensors"
+    code, stderr = convert_clean(src, out)
+    assert code == 1, stderr
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    return lines[0]

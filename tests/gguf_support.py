@@ -73,16 +73,26 @@ def split_with_gguf_py(src: Path, folder: Path, max_tensors: int) -> list[Path]:
     r = gguf.GGUFReader(str(src))
     folder.mkdir(parents=True, exist_ok=True)
     arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(str(folder / "model.gguf"), arch, split_max_tensors=max_tensors)
+    copy_gguf(r, gguf.GGUFWriter(str(folder / "model.gguf"), arch, split_max_tensors=max_tensors))
+    return sorted(folder.glob("model-*-of-*.gguf"))
+
+
+def copy_gguf(r: Any, w: Any, replaced: dict[str, tuple[Any, str, str | None]] | None = None) -> None:
+    """Every key/value of gguf-py's reader `r` but the writer's own (and `replaced`'s keys, written instead as
+    (value, GGUF type name, item type name)), then every tensor as stored, through gguf-py's writer `w`."""
+    import gguf
+
+    replaced = replaced or {}
     for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key == "general.architecture" or key in replaced:
             continue
         sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, field.contents(), field.types[0], sub)
+    for key, (value, vtype, item) in replaced.items():
+        w.add_key_value(key, value, gguf.GGUFValueType[vtype], gguf.GGUFValueType[item] if item else None)
     for t in r.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return sorted(folder.glob("model-*-of-*.gguf"))

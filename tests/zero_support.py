@@ -97,3 +97,19 @@ if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     mp.spawn(_worker, args=(WORLD, _free_port(), sys.argv[1], sys.argv[2:]), nprocs=WORLD, join=True)
+
+
+def count_partition_reads(monkeypatch: Any) -> list[int]:
+    """From now on in the test, the bytes of each read of the ranks' partition files (`RankFiles.read_into`),
+    one entry per read: what a streamed consolidation reads, to compare with what it needs."""
+    from migrator.formats.deepspeed import partitions
+
+    read: list[int] = []
+    real = partitions.RankFiles.read_into
+
+    def counting(self: Any, spans: Any, out: Any, tensor: str) -> None:
+        read.append(sum(s.nbytes for s in spans))
+        real(self, spans, out, tensor)
+
+    monkeypatch.setattr(partitions.RankFiles, "read_into", counting)
+    return read

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process
+from cli_support import convert_clean, convert_refused
 from dist_support import write_checkpoints
 
 torch = pytest.importorskip("torch")
@@ -23,10 +23,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoints(tmp_path_factory.mktemp("dist"))
 
 
-def convert(src: str, out: Path) -> tuple[int, str]:
-    p = migrate_in_process("convert", src, str(out))
-    assert "Traceback" not in p.stdout + p.stderr, p.stderr
-    return p.returncode, p.stderr
+convert = convert_clean
 
 
 @pytest.mark.parametrize("how", ["folder", "glob", "one file"])
@@ -52,15 +49,7 @@ def test_placements_are_read(ckpt: Path) -> None:
         assert r["2.weight"].shape == (6, 16)  # Shard(1): columns joined
 
 
-def refused(src: str, tmp_path: Path, *words: str) -> None:
-    out = tmp_path / "out.safetensors"
-    code, stderr = convert(src, out)
-    assert code == 1, stderr
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    assert not out.exists()
+refused = convert_refused
 
 
 def copy_verl(ckpt: Path, tmp_path: Path) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
+from cli_support import convert_clean, convert_refused
 from fsdp1_support import write_fsdp1_checkpoints
 
 from migrator.core.errors import UnsafePickleError
@@ -41,10 +41,7 @@ def gathered(ckpt: Path) -> dict[str, Any]:
     return loaded
 
 
-def convert(src: str | Path, out: Path, *args: str) -> tuple[int, str]:
-    p = migrate_in_process("convert", str(src), str(out), *args)
-    assert "Traceback" not in p.stdout + p.stderr, p.stderr
-    return p.returncode, p.stderr
+convert = convert_clean
 
 
 @pytest.mark.parametrize("how", ["folder", "glob", "one file"])
@@ -124,17 +121,7 @@ def test_a_training_checkpoint_per_rank_with_a_top_level_key(ckpt: Path, gathere
                            gathered["optim"]["state"]["3.weight"]["exp_avg_sq"])
 
 
-def refused(src: str | Path, tmp_path: Path, *words: str) -> str:
-    out = tmp_path / "out.safetensors"
-    code, stderr = convert(src, out)
-    assert code == 1, stderr
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    assert not out.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch file left
-    return lines[0]
+refused = convert_refused
 
 
 def _copy(ckpt: Path, tmp_path: Path, names: dict[str, str], kind: str = "sharded") -> Path:

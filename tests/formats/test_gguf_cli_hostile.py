@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_support import split_with_gguf_py, write_gguf
+from gguf_support import copy_gguf, split_with_gguf_py, write_gguf
 from hostile_support import refused
 from test_gguf_hostile import CASES as HEADERS
 from test_gguf_hostile import gguf, info, kv, s
@@ -167,19 +167,7 @@ def _retyped(src: Path, dst: Path, key: str, value: object, vtype: str, sub: str
            "tokenizer.ggml.scores": ([0.0] * 8, "ARRAY", "FLOAT32")} if key.startswith("spm:") else {}
     key = key.removeprefix("spm:")
     replaced = {**spm, key: (value, vtype, sub)}
-    for k, field in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture" or k in replaced:
-            continue
-        inner = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(k, field.contents(), field.types[0], inner)
-    for k, (v, t, item) in replaced.items():
-        w.add_key_value(k, v, gguf.GGUFValueType[t], gguf.GGUFValueType[item] if item else None)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    copy_gguf(r, w, replaced)
 
 
 # (key, value, GGUF type, item type)

@@ -112,16 +112,7 @@ def test_zero3_module_weights_are_refused_as_partitioned(ckpts: Path, tmp_path: 
 def test_each_parameter_reads_only_its_own_bytes(ckpts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Streamed: the bytes read from the optimizer partitions are those of the parameters, never a
     whole flat group (the groups also hold the partitions' padding and other parameters)."""
-    from migrator.formats.deepspeed import partitions
-
-    read: list[int] = []
-    real = partitions.RankFiles.read_into
-
-    def counting(self: Any, spans: Any, out: Any, tensor: str) -> None:
-        read.append(sum(s.nbytes for s in spans))
-        real(self, spans, out, tensor)
-
-    monkeypatch.setattr(partitions.RankFiles, "read_into", counting)
+    read = zero_support.count_partition_reads(monkeypatch)
     want = oracle(ckpts / "z3_fp32")
     convert(ckpts / "z3_fp32", tmp_path / "o.safetensors")
     # every tensor but the buffer (read from the model states file), the tied h.weight read again as itself

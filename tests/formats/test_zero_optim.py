@@ -233,16 +233,7 @@ def test_the_default_outputs_are_unchanged(ckpts: Path, tmp_path: Path) -> None:
 
 
 def test_each_moment_reads_only_its_own_bytes(ckpts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from migrator.formats.deepspeed import partitions
-
-    read: list[int] = []
-    real = partitions.RankFiles.read_into
-
-    def counting(self: Any, spans: Any, out: Any, tensor: str) -> None:
-        read.append(sum(s.nbytes for s in spans))
-        real(self, spans, out, tensor)
-
-    monkeypatch.setattr(partitions.RankFiles, "read_into", counting)
+    read = zero_support.count_partition_reads(monkeypatch)
     out = whole(ckpts / "z3_fp32", tmp_path / "whole.pt")
     moments = [t for s in out["optimizer"]["state"].values() for k, t in s.items() if k in MOMENTS]
     masters = [t for n, t in out["model"].items() if n != "scale"]  # the buffer is read from the model states
