@@ -188,10 +188,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
 def _head_dim(recipe: Recipe, base_dir: Path) -> tuple[int, str, str] | None:
     """The head size the model's config declares, for a recipe with `rope_permute` ops to be checked
     against (`recipe.config`); None without such ops or a config that says."""
+    from ..ops.base import entry_op
     from ..recipe.config import ConfigError, find_config, head_dim_of, load_config
-    from ..recipe.ops import op_kind_and_spec
 
-    if not any(op_kind_and_spec(op)[0] == "rope_permute" for op in recipe.ops):
+    if not any(entry_op(op)[0].reads_head_dim for op in recipe.ops):
         return None
     path = find_config(recipe.config, recipe.inputs()[0].path, base_dir)
     if path is None:

@@ -12,10 +12,14 @@ import pytest
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 
+from migrator.ops import streams  # noqa: E402
+from migrator.ops.concat import concat  # noqa: E402
+from migrator.ops.reshape import reshape  # noqa: E402
+from migrator.ops.rope_permute import rope_permute  # noqa: E402
+from migrator.ops.slice import slice_  # noqa: E402
 from migrator.plan.build import build_plan  # noqa: E402
 from migrator.recipe.loader import RecipeError, load_recipe  # noqa: E402
 from migrator.run.execute import run_plan  # noqa: E402
-from migrator.transform import lazy_ops as lazy  # noqa: E402
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool]
@@ -162,8 +166,8 @@ def test_ops_equal_torch(tmp_path: Path, dtype: torch.dtype, fmt: str) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_ops_in_small_bands(tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """The band and strided-read paths, which real tensors take above a few MiB, on small ones."""
-    monkeypatch.setattr(lazy, "BAND", 40)
-    monkeypatch.setattr(lazy, "STRIDED_READ", 12)
+    monkeypatch.setattr(streams, "BAND", 40)
+    monkeypatch.setattr(streams, "STRIDED_READ", 12)
     for fmt in ("pt", "safetensors"):
         t = sources(dtype, strided=fmt == "pt")
         src = tmp_path / f"in.{fmt}"
@@ -446,7 +450,7 @@ def test_streamed_ops_never_materialise_a_stored_input(tmp_path: Path, monkeypat
     g = torch.Generator().manual_seed(9)
     t = {"a": torch.randn(64, 48, generator=g), "b": torch.randn(64, 48, generator=g)}
     st.save_file(t, tmp_path / "in.safetensors")
-    monkeypatch.setattr(lazy, "BAND", 1000)
+    monkeypatch.setattr(streams, "BAND", 1000)
     with open_file(tmp_path / "in.safetensors") as r:
         a, b = r["a"], r["b"]
 
@@ -454,14 +458,14 @@ def test_streamed_ops_never_materialise_a_stored_input(tmp_path: Path, monkeypat
             raise AssertionError(f"{self.name} materialised whole")
 
         monkeypatch.setattr(LazyTensor, "data", refuse)
-        lifted = [lazy.reshape(x, x.name, (1, 64, 48)) for x in (a, b)]
+        lifted = [reshape(x, x.name, (1, 64, 48)) for x in (a, b)]
         outs = {
-            "cat0": (lazy.concat([a, b], "c", 0, (128, 48)), torch.cat([t["a"], t["b"]], 0)),
-            "cat1": (lazy.concat([a, b], "c", 1, (64, 96)), torch.cat([t["a"], t["b"]], 1)),
-            "stack": (lazy.concat(lifted, "s", 0, (2, 64, 48)), torch.stack([t["a"], t["b"]])),
-            "cols": (lazy.slice_(a, "x", 1, 5, 40), t["a"][:, 5:40]),
-            "rows": (lazy.slice_(b, "x", 0, 3, 60), t["b"][3:60]),
-            "rope": (lazy.rope_permute(a, "q", 4, False), hf_permute(t["a"], 4, 64, 48)),
+            "cat0": (concat([a, b], "c", 0, (128, 48)), torch.cat([t["a"], t["b"]], 0)),
+            "cat1": (concat([a, b], "c", 1, (64, 96)), torch.cat([t["a"], t["b"]], 1)),
+            "stack": (concat(lifted, "s", 0, (2, 64, 48)), torch.stack([t["a"], t["b"]])),
+            "cols": (slice_(a, "x", 1, 5, 40), t["a"][:, 5:40]),
+            "rows": (slice_(b, "x", 0, 3, 60), t["b"][3:60]),
+            "rope": (rope_permute(a, "q", 4, False), hf_permute(t["a"], 4, 64, 48)),
         }
         for label, (tensor, want) in outs.items():
             pieces = [bytes(p) for p in (tensor.chunks() if tensor.chunks is not None else [])]
@@ -481,7 +485,7 @@ def test_offset_equals_torch(tmp_path: Path, dtype: torch.dtype, band: int | Non
     """x + value computed in F32 (F64 for F64), rounded once to the output dtype: torch's own x.float() + value,
     from a stored tensor and from a computed (permuted) one, in whole and in small bands."""
     if band is not None:
-        monkeypatch.setattr(lazy, "BAND", band)
+        monkeypatch.setattr(streams, "BAND", band)
     g = torch.Generator().manual_seed(5)
     t = {"n": rand((37,), dtype, g), "m": rand((6, 5), dtype, g)}
     src = tmp_path / "in.safetensors"
