@@ -125,19 +125,26 @@ class Plan:
         self.close()
 
 
-def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = None, hash_sources: bool = False,
-               overwrite: bool | None = None, fsync: bool | None = None,
-               module_origins: Mapping[tuple[str, int], str] | None = None,
-               source_origins: Mapping[int, str] | None = None,
-               op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
-               limits: Limits = DEFAULT_LIMITS, hint_syntax: str = "recipe") -> Plan:
-    """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
-    `hint_syntax` ("recipe" or "convert"): how a hint spells what to add (`modules:` or `--modules`).
+@dataclass(frozen=True)
+class RecipeFile:
+    """What is known of the file a recipe was read from: its hash (written into the output's metadata)
+    and where its modules, ops and `sources:` entries are written, so that an error found while
+    planning names its recipe line (`LoadedRecipe`'s). A recipe made in code has its hash at most."""
 
-    `module_origins` (`LoadedRecipe.module_origins`) lets a module-type error name its recipe line;
-    `op_origins` (`LoadedRecipe.op_origins`) does the same for an op's error, `source_origins`
-    (`LoadedRecipe.source_origins`) for a `sources:` entry's. `limits` bounds what the source and
-    template files may make their readers allocate."""
+    sha256: str | None = None
+    module_origins: Mapping[tuple[str, int], str] | None = None
+    op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None
+    source_origins: Mapping[int, str] | None = None
+
+
+def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None, hash_sources: bool = False,
+               overwrite: bool | None = None, fsync: bool | None = None, limits: Limits = DEFAULT_LIMITS,
+               hint_syntax: str = "recipe") -> Plan:
+    """Open the files (headers only) and compile the recipe; the returned plan owns the open readers.
+    `file`: the recipe's hash and recipe lines (`plan.loaded.plan_of` gives them). `hint_syntax`
+    ("recipe" or "convert"): how a hint spells what to add (`modules:` or `--modules`). `limits`
+    bounds what the source and template files may make their readers allocate."""
+    file = file or RecipeFile()
     if recipe.unresolved_references:  # placeholders stand for them: never plan with those
         from ..recipe.issues import RecipeError
 
@@ -153,7 +160,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
 
     model_key: str | None = None  # training_state: keep under source.top_level_key
     if recipe.sources is not None:
-        reader: Reader = open_sources(recipe, base_dir, source_origins, read=read, for_burn=recipe.for_burn(out_fmt))
+        reader: Reader = open_sources(recipe, base_dir, file.source_origins, read=read,
+                                      for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
         one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
@@ -179,9 +187,9 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                         copy_from=None if recipe.target.copy_from is None else copy_folder(
                             resolve_path(base_dir, recipe.target.copy_from), tgt_path))
         settings = Settings(overwrite=recipe.target.overwrite if overwrite is None else overwrite,
-                            fsync=recipe.target.fsync if fsync is None else fsync, recipe_sha256=recipe_sha256,
-                            hash_sources=hash_sources, hint_syntax=hint_syntax, module_origins=module_origins,
-                            op_origins=op_origins, head_dim=_head_dim(recipe, base_dir))
+                            fsync=recipe.target.fsync if fsync is None else fsync, recipe_sha256=file.sha256,
+                            hash_sources=hash_sources, hint_syntax=hint_syntax, module_origins=file.module_origins,
+                            op_origins=file.op_origins, head_dim=_head_dim(recipe, base_dir))
         plan = Compilation(recipe, reader, readers, out_fmt, places, read, settings, model_key).plan()
         plan.inputs = inputs
         return plan

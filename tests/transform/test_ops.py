@@ -17,7 +17,7 @@ from migrator.ops.concat import concat  # noqa: E402
 from migrator.ops.reshape import reshape  # noqa: E402
 from migrator.ops.rope_permute import rope_permute  # noqa: E402
 from migrator.ops.slice import slice_  # noqa: E402
-from migrator.plan.build import build_plan  # noqa: E402
+from migrator.plan.build import RecipeFile, build_plan  # noqa: E402
 from migrator.recipe.loader import RecipeError, load_recipe  # noqa: E402
 from migrator.run.execute import run_plan  # noqa: E402
 
@@ -138,7 +138,7 @@ def run(tmp_path: Path, src: Path, text: str = RECIPE, name: str = "recipe.yaml"
     recipe = tmp_path / name
     recipe.write_text(text.replace("SRC", src.name))
     loaded = load_recipe(recipe)
-    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+    with build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)) as plan:
         assert plan.ok, plan.fatal
         run_plan(plan, progress=False)
     return st.load_file(tmp_path / "out.safetensors")
@@ -213,7 +213,7 @@ ops:
 target: {path: out.safetensors}
 """)
     loaded = load_recipe(recipe)
-    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+    with build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)) as plan:
         by = {e.target: e.tensor for e in plan.entries}
         source = {t.name: t for t in plan.readers[0].tensors}
         assert by["b.1"].span is not None and by["b.1"].span.offset == source["b"].span.offset + 16
@@ -238,7 +238,7 @@ ops:
 target: {path: out.safetensors, template: tpl.safetensors}
 """)
     loaded = load_recipe(recipe)
-    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+    with build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)) as plan:
         assert plan.ok, plan.fatal
         assert plan.report.unused == ["other"]
         assert plan.report.missing == []
@@ -269,7 +269,7 @@ def plan_error(folder: Path, ops: str) -> str:
                       + "\ntarget: {path: out.safetensors}\n")
     loaded = load_recipe(recipe)
     with pytest.raises(RecipeError) as e:
-        build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins).close()
+        build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)).close()
     assert not (folder / "out.safetensors").exists()
     return str(e.value).replace(str(recipe), "recipe.yaml")
 
@@ -356,7 +356,7 @@ def test_output_is_byte_reproducible_and_report_round_trips(tmp_path: Path) -> N
     run(tmp_path, tmp_path / "in.pt")
     assert (tmp_path / "out.safetensors").read_bytes() == first
     loaded = load_recipe(tmp_path / "recipe.yaml")
-    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+    with build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)) as plan:
         doc = plan.report.to_json()
     assert ApplyReport.from_json(doc).to_json() == doc
     stack = next(n for n in doc["ops"] if n["op"] == "stack")
