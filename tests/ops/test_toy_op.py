@@ -26,20 +26,22 @@ TOY = (REPO / "docs" / "layout.md").read_text(encoding="utf-8").split("## Adding
 """The toy op: the module docs/layout.md shows."""
 
 DRIVER = '''\
+import importlib
 import sys
 
 from migrator.cli import main
 from migrator.recipe.loader import load_recipe
 
 load_recipe(sys.argv[1])  # the recipe model is built before the toy op exists
-import toy_negate  # noqa: E402,F401  one import registers it
+importlib.import_module(sys.argv[2])  # one import registers it
 
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[3:]))
 '''
 
 
-def _migrate(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "plain.yaml"), *args],
+def _migrate(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`migrate ARGS` in a new process that imports the toy op's `module` (from tmp_path) first."""
+    return subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "plain.yaml"), module, *args],
                           capture_output=True, text=True, cwd=tmp_path,
                           env={"PYTHONPATH": f"{REPO}:{tmp_path}", "PATH": "/usr/bin:/bin"})
 
@@ -64,7 +66,7 @@ def test_a_toy_op_in_one_module_runs_in_a_recipe(toy: Path) -> None:
         ops:
           - negate: {from: 'w', to: 'w_neg'}
     """), encoding="utf-8")
-    p = _migrate(toy, "run", "r.yaml")
+    p = _migrate(toy, "toy_negate", "run", "r.yaml")
     assert p.returncode == 0, p.stderr
     src, out = st.load_file(toy / "in.safetensors"), st.load_file(toy / "out.safetensors")
     assert sorted(out) == ["b", "idx", "w_neg"]
@@ -75,7 +77,7 @@ def test_a_toy_op_in_one_module_runs_in_a_recipe(toy: Path) -> None:
 def test_a_toy_op_refuses_at_its_recipe_line(toy: Path) -> None:
     (toy / "r.yaml").write_text("version: 1\nsource: {path: in.safetensors}\ntarget: {path: out.safetensors}\n"
                                 "ops:\n  - negate: {from: 'idx'}\n", encoding="utf-8")
-    p = _migrate(toy, "run", "r.yaml")
+    p = _migrate(toy, "toy_negate", "run", "r.yaml")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].endswith(
         "r.yaml:5:14: ops[0].negate.from: 'idx' is I32: negate takes F32"), p.stderr
@@ -84,6 +86,65 @@ def test_a_toy_op_refuses_at_its_recipe_line(toy: Path) -> None:
 
 
 def test_the_schema_lists_a_toy_op(toy: Path) -> None:
-    p = _migrate(toy, "schema")
+    p = _migrate(toy, "toy_negate", "schema")
     assert p.returncode == 0, p.stderr
     assert '"NegateOpSpec"' in p.stdout and '"Negate each matching F32 tensor."' in p.stdout
+
+
+LAYOUT_TOYS = '''\
+"""Two toy renames: the same bytes under another name; one declares that it keeps the layout."""
+
+from migrator.ops.base import Op, UnaryOptions
+from migrator.ops.reshape import reshape
+
+
+class _Renaming(Op):  # no name: a base, not registered
+    options = UnaryOptions
+    summary = "The same tensor under another name."
+    example = "{alias: {from: 'w', to: 'v'}}"
+
+    def build(self, step, inputs):
+        s = inputs[0]
+        return [(reshape(s.tensor, step.output_name(s.name), s.tensor.shape), f"{self.name} {s.name}")]
+
+
+class Alias(_Renaming, name="alias"):
+    keeps_layout = True
+
+
+class Moved(_Renaming, name="moved"):
+    pass
+'''
+
+
+@pytest.mark.parametrize("op", ["alias", "moved"])
+def test_a_toy_op_says_whether_factored_optimizer_state_follows_it(tmp_path: Path, op: str) -> None:
+    """Adafactor's factored row_var/col_var are not shaped like their parameter: they follow an op only
+    when it declares `keeps_layout` (torch's own optimizer state is the oracle of what is kept)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 6)
+    opt = torch.optim.Adafactor([{"params": list(model.named_parameters())}], lr=1e-2,  # names saved with it
+                                foreach=False)
+    model(torch.randn(4, 8)).square().sum().backward()
+    opt.step()
+    assert opt.state[model.weight]["row_var"].shape == (6, 1)  # factored
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ckpt.pt")
+    (tmp_path / "toy_renames.py").write_text(LAYOUT_TOYS, encoding="utf-8")
+    (tmp_path / "driver.py").write_text(DRIVER, encoding="utf-8")
+    (tmp_path / "plain.yaml").write_text("version: 1\nsource: {path: ckpt.pt}\ntarget: {path: plain.pt}\n")
+    (tmp_path / "r.yaml").write_text("version: 1\nsource: {path: ckpt.pt, top_level_key: model}\n"
+                                     f"training_state: keep\nops:\n  - {op}: {{from: 'weight', to: 'kernel'}}\n"
+                                     "target: {path: out.pt}\n", encoding="utf-8")
+    p = _migrate(tmp_path, "toy_renames", "run", "r.yaml")
+    if op == "moved":
+        assert p.returncode == 1 and "Traceback" not in p.stderr
+        assert "'kernel' goes through moved weight" in p.stderr and "row_var" in p.stderr, p.stderr
+        assert not (tmp_path / "out.pt").exists()
+        return
+    assert p.returncode == 0, p.stderr
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert list(out["model"]) == ["kernel", "bias"]
+    assert torch.equal(out["model"]["kernel"], model.weight.detach())
+    state = out["optimizer"]["state"][0]
+    for key in ("row_var", "col_var"):
+        assert torch.equal(state[key], opt.state[model.weight][key]), key
