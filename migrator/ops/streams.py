@@ -1,22 +1,9 @@
 """What the ops' byte movers share: a tensor read front to back, a streamed output's loader.
 
-Every op output is a LazyTensor whose `chunks` stream its bytes; each op's module holds its own
-mover (shapes are checked before any of these is made, by the op's `build`). What holds for each:
-- reshape makes no copy: the same loader, span and pieces under a new shape;
-- a slice along a dim with nothing before it (dim 0, or leading dims of 1) is a contiguous byte range:
-  of a stored tensor it is a stored span again (copied in the kernel), else the input's pieces skipped
-  and cut; along a later dim, rows are read in bands (pread of only the kept part per row where the
-  part is large, of whole rows otherwise) and the kept columns cut out;
-- concat (and stack, a concat of inputs with a new dim of 1) streams its inputs one after the other:
-  back to back when nothing precedes the dim, else band by band of output rows, each band taking
-  its rows from every input in turn;
-- rope_permute reorders the rows inside each head's block, head band by head band;
-- offset adds a constant band by band, in F32 (F64 for F64), through lazy casts on either side;
-- permute [1, 0] of a matrix is the tiled transpose of `casts` (of a dim-0 concat: a dim-1 concat of
-  its inputs' transposes); any other permute reads its input as one view (a memory map for a
-  stored tensor) and writes bands of the first output dim.
-Each reader is sequential, so an input that is itself computed is streamed once per output, never
-held whole; peak memory is a few bands plus, for a general permute, the input's map.
+Every op output is a LazyTensor whose `chunks` stream its bytes; each op's module holds its own mover
+and says how it streams (shapes are checked before any of these is made, by the op's `build`). Each
+reader is sequential, so an input that is itself computed is streamed once per output, never held
+whole; peak memory is a few bands (BAND) plus, for a general permute, the input's map.
 """
 
 from __future__ import annotations
