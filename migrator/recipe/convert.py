@@ -140,9 +140,11 @@ def build_recipe(
 
 def llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], target_format_name: str
                  ) -> dict[str, Any] | None:
-    """The config.json of a Hugging Face Llama-family folder being converted to GGUF, else None."""
-    import json
-
+    """The config.json of a Hugging Face Llama-family folder being converted to GGUF (named by its
+    `architectures`, or by its `model_type` when it names none), else None. FormatError, in one line
+    naming the file and the key, for a config that cannot be read or that the conversion cannot use."""
+    from ..core.errors import FormatError
+    from ..files.model_config import ConfigError, load_config
     from ..formats.detect import from_extension
 
     folder = Path(src)
@@ -150,12 +152,17 @@ def llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], targe
             or not (folder / "config.json").is_file()):
         return None
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConvertUsageError(f"{folder / 'config.json'}: not readable JSON ({e})") from None
-    from ..formats.gguf.llama import architecture
+        config = load_config(folder / "config.json")  # bounded; deep nesting is refused, not a traceback
+    except ConfigError as e:
+        raise FormatError(str(e)) from None
+    from ..formats.gguf.llama import architecture, config_problem
 
-    return config if isinstance(config, dict) and architecture(config) is not None else None
+    if architecture(config) is None:
+        return None
+    problem = config_problem(config)
+    if problem is not None:
+        raise FormatError(f"{folder / 'config.json'}: {problem}")
+    return config
 
 
 def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str],
