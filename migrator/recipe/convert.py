@@ -17,9 +17,12 @@ if TYPE_CHECKING:
     from .model import Recipe
 
 
-LORA_COMPANIONS = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
-                   "vocab.*", "merges.txt", "added_tokens.json", "chat_template.jinja", "preprocessor_config.json")
-"""The base folder's files a `--lora` folder target carries over, each when present."""
+COMPANIONS = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
+              "vocab.*", "merges.txt", "added_tokens.json", "chat_template.jinja", "preprocessor_config.json")
+"""A model folder's usual companions (config, generation config, tokenizer files, chat template): what
+a `--lora` folder target carries over from the base, and what `--copy-from DIR` alone copies from DIR,
+each when present."""
+LORA_COMPANIONS = COMPANIONS
 
 
 class ConvertUsageError(MigratorError):
@@ -101,6 +104,8 @@ def build_recipe(
             data["target"]["copy"] = [{"path": c, "optional": True} for c in LORA_COMPANIONS]
     if copy:
         data["target"]["copy"] = list(copy)
+    elif copy_from is not None:  # --copy-from DIR alone: DIR's usual companions, each when present
+        data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
     if copy_from is not None:
         data["target"]["copy_from"] = os.fspath(copy_from)
     if optimizer is not None:  # Burn's optimizer record of a training checkpoint (--optimizer-out)

@@ -116,8 +116,9 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
         check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
     else:
-        if copy:
-            raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
+        if copy or copy_from:
+            option = "--copy" if copy else "--copy-from"
+            raise ConvertUsageError(f"{option} needs a folder target (end DST with '/' or give --max-shard-size)")
         if weights_name is not None:
             raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
@@ -142,12 +143,14 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         try:
             if sharded:
                 from ..files.sharded_writer import copy_folder, default_weights_name
+                from ..recipe.convert import COMPANIONS
 
                 folder = reader.folder
                 companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
                 writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
                                        max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
-                                       copies=[(c, False) for c in copy],
+                                       copies=[(c, False) for c in copy] or (
+                                           [(c, True) for c in COMPANIONS] if copy_from else []),
                                        copy_from=companions or folder or src_path.parent,
                                        weights_name=weights_name or default_weights_name(out_fmt, folder))
                 notes += writer.notes
