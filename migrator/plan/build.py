@@ -38,7 +38,7 @@ from ..storage.remote import as_path
 from ..storage.remote.options import NO_STORAGE_OPTIONS, StorageOptions
 from .casts import Casts, apply_cast
 from .entry import PlanEntry
-from .kept import checkpoint_structure, target_scalars
+from .kept import checkpoint_structure, optimizer_as_weights, target_scalars
 from .metadata import (
     RECIPE_HASH_KEY,
     TEMPLATE_HASH_KEY,
@@ -298,6 +298,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                            clear=recipe.target.clear_metadata)
     notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
     notes += training.notes
+    optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
+                         hint_syntax=hint_syntax, notes=notes, fatal=fatal)
     if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256

@@ -101,6 +101,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     from ..files.io import open_file, save_planned
     from ..formats.detect import target_format
     from ..formats.registry import writer_class
+    from ..naming.optimizer_names import optimizer_owners
     from ..plan.metadata import output_metadata
     from ..storage.atomic import Protected
     from ..storage.paths import resolve_path
@@ -128,6 +129,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         if reader.structure is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)
         tensors = list(reader.tensors)
+        if out_fmt != "pytorch" and optimizer_owners(t.name for t in tensors):
+            return None  # a training checkpoint's optimizer as weights: the plan refuses or says so
         if has_torch_names(reader) and contiguous_indices is None and out_fmt == "burnpack":
             from ..naming import contiguous_names
 
@@ -135,7 +138,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             if contiguous_names(names) != names:
                 return None
         meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
-        notes: list[str] = []
+        notes: list[str] = list(reader.notes)  # e.g. the optimizer state a top_level_key leaves out
         scalars = dict(reader.scalars) if out_fmt == "burnpack" else {}
         if reader.scalars and out_fmt != "burnpack":
             notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
