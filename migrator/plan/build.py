@@ -36,6 +36,7 @@ from ..recipe.model import CastSpec, Recipe
 from ..storage.paths import resolve_path
 from ..storage.remote import as_path
 from ..storage.remote.options import NO_STORAGE_OPTIONS, StorageOptions
+from ..transform.modules import in_convert_syntax
 from .casts import Casts, apply_cast
 from .entry import PlanEntry
 from .kept import checkpoint_structure, optimizer_as_weights, target_scalars
@@ -287,7 +288,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         entries, record = burn_record(training, entries, reader, fatal)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
-            fatal.append(str(e))
+            fatal.append(str(e) if hint_syntax != "convert" else in_convert_syntax(str(e)))
     if declares.wanted:
         from ..transform.modules import declaration_hint
 
