@@ -80,6 +80,8 @@ class Plan:
     # Burn's OptimizerRecord of a PyTorch training checkpoint (training_state: keep), published with the model
     record: Writer | None = field(default=None, repr=False)
     record_path: Path | None = None
+    scheduler: Writer | None = field(default=None, repr=False)  # Burn's LrSchedulerRecord, with the record
+    scheduler_path: Path | None = None
 
     @property
     def union(self) -> UnionReader | None:
@@ -371,6 +373,14 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 notes.append(f"Burn's optimizer record: {plan.record.resolve_path(plan.record_path)}, written with "
                              "the model (ModuleOptimizer::load reads it; target.optimizer or --optimizer-out choose "
                              "its path)")
+                from .burn_scheduler import default_scheduler_path, scheduler_record
+
+                lr = scheduler_record(reader.structure)
+                notes += lr.notes
+                if lr.scalars:  # LrSchedulerRecord::load reads it (the Learner's ModuleLrScheduler)
+                    plan.scheduler = BurnpackWriter([], metadata={}, scalars=lr.scalars)
+                    plan.scheduler_path = default_scheduler_path(tgt_path)
+                    notes.append(f"Burn's LR scheduler record: {plan.scheduler_path}, written with them")
         except MigratorError as e:
             fatal.append(str(e))
     return plan
