@@ -35,8 +35,9 @@ from ..storage.paths import resolve_path
 from ..storage.read_context import ReadContext
 from ..storage.remote import as_path
 from ..storage.remote.options import NO_STORAGE_OPTIONS, StorageOptions
+from ..transform.modules import in_convert_syntax
 from .entry import PlanEntry
-from .kept import checkpoint_structure, target_scalars
+from .kept import checkpoint_structure, optimizer_as_weights, target_scalars
 from .metadata import (
     RECIPE_HASH_KEY,
     TEMPLATE_HASH_KEY,
@@ -93,6 +94,8 @@ class Plan:
     # Burn's OptimizerRecord of a PyTorch training checkpoint (training_state: keep), published with the model
     record: Writer | None = field(default=None, repr=False)
     record_path: Path | None = None
+    scheduler: Writer | None = field(default=None, repr=False)  # Burn's LrSchedulerRecord, with the record
+    scheduler_path: Path | None = None
 
     @property
     def union(self) -> UnionReader | None:
@@ -299,7 +302,7 @@ class Compilation:
         recipe, reader, fatal = self.recipe, self.reader, self.fatal
         training = training_state(recipe, reader, self.out_fmt, self.places.template, fatal, self.model_key)
         entries, report, record = self._entries(training)
-        meta, notes = self._metadata(report, training)
+        meta, notes = self._metadata(entries, report, training)
         kept: list[str] = []  # what keeping a checkpoint's structure says
         problems = len(fatal)
         structure = checkpoint_structure(recipe, reader, self.out_fmt, self.places.template,
@@ -346,21 +349,24 @@ class Compilation:
             entries, record = burn_record(training, entries, self.reader, fatal)
         for e in report.errors:
             if e.kind != "shape_mismatch" or recipe.validate_shapes:
-                fatal.append(str(e))
+                fatal.append(str(e) if self.settings.hint_syntax != "convert" else in_convert_syntax(str(e)))
         if declares.wanted:
             from ..transform.modules import declaration_hint
 
             fatal.append(declaration_hint(declares.wanted, declares.paths, self.settings.hint_syntax))
         return entries, report, record
 
-    def _metadata(self, report: ApplyReport, training: Training) -> tuple[dict[str, str], list[str]]:
+    def _metadata(self, entries: list[PlanEntry], report: ApplyReport, training: Training
+                  ) -> tuple[dict[str, str], list[str]]:
         """Step 5: the output's metadata (with the recipe's and the sources' hashes where the format holds
-        them), and the notes so far."""
+        them), and the notes so far (an optimizer's state written as weights is said, or refused)."""
         recipe, reader, out_fmt, settings = self.recipe, self.reader, self.out_fmt, self.settings
         meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=recipe.target.metadata,
                                clear=recipe.target.clear_metadata)
         notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
         notes += training.notes
+        optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
+                             hint_syntax=settings.hint_syntax, notes=notes, fatal=self.fatal)
         if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
             if settings.recipe_sha256:
                 meta[RECIPE_HASH_KEY] = settings.recipe_sha256
@@ -418,6 +424,14 @@ class Compilation:
             notes.append(f"Burn's optimizer record: {plan.record.resolve_path(plan.record_path)}, written with "
                          "the model (ModuleOptimizer::load reads it; target.optimizer or --optimizer-out choose "
                          "its path)")
+            from .burn_scheduler import default_scheduler_path, scheduler_record
+
+            lr = scheduler_record(reader.structure)
+            notes += lr.notes
+            if lr.scalars:  # LrSchedulerRecord::load reads it (the Learner's ModuleLrScheduler)
+                plan.scheduler = BurnpackWriter([], metadata={}, scalars=lr.scalars)
+                plan.scheduler_path = default_scheduler_path(self.places.target)
+                notes.append(f"Burn's LR scheduler record: {plan.scheduler_path}, written with them")
 
     def tensors(self, tensors: list[LazyTensor] | None, *, template: Path | None, fatal: list[str],
                 declares: Declarations | None = None, cast: bool = True) -> tuple[list[PlanEntry], ApplyReport]:
