@@ -17,6 +17,7 @@ from ..formats.base import Reader, Writer, WriterKind
 from ..formats.detect import FORMATS, target_format
 from ..formats.registry import reader_class, writer_class
 from ..storage.atomic import Protected, atomic_output
+from ..storage.read_context import ReadContext
 from ..storage.remote import is_url
 from .single import open_single, reader_over
 
@@ -49,7 +50,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
             from .remote_open import open_url
 
             _no_tag(src, options)
-            return open_url(src, format, options, limits, storage)
+            return open_url(src, format, options, ReadContext(limits, storage))
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x
@@ -65,7 +66,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
         if folder is not None:  # a PyTorch Distributed Checkpoint: `.metadata` and its .distcp files
             from .multi_rank import open_dcp
 
-            return open_dcp(folder, limits, options)
+            return open_dcp(folder, options, ReadContext(limits))
         from .rank_files import dcp_safetensors_files
 
         hf_shards = dcp_safetensors_files(src) if os.path.isdir(src) else None

@@ -2,17 +2,20 @@
 and the storage options of its URLs (a recipe's `storage_options:`), as one value.
 
 A plan is compiled with one `ReadContext`; whatever it opens (its sources, a template, the hashes of
-its sources) is given the same. Below `plan/` the codecs still take the two apart (`open_file(...,
-limits=, storage=)`): `options()` is that seam.
+its sources) is given the same. The public `open_file(..., limits=, storage=)` takes the two apart
+(`options()`); the readers that need both (a URL's, shards on a store, a DCP checkpoint) take one
+`ReadContext` again, and a local file's codec the limits alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.limits import DEFAULT_LIMITS, Limits
-from .remote.options import StorageOptions
+
+if TYPE_CHECKING:  # a local run never imports the remote package
+    from .remote.options import StorageOptions
 
 
 @dataclass(frozen=True)
