@@ -1,8 +1,9 @@
 """`migrate run` of many jobs: several recipes, or one recipe over `--each` sources, in parallel.
 
 Every job is a whole `migrate run` of one recipe (plan, stream, atomic publish, report) in a worker
-process (`--jobs N`, default: the CPUs this process may use; `--jobs 1`: one after the other, in this
-process) or in a Ray task (`--executor ray`). A job's failure does not stop the others; the exit code is
+process of its own (`--jobs N` at once, default: the CPUs this process may use; `--jobs 1`: one after
+the other, still each in its own process, so a job killed by the out-of-memory killer takes no other
+job with it) or in a Ray task (`--executor ray`). A job's failure does not stop the others; the exit code is
 the worst. Before any job runs, the jobs are checked against each other: two jobs writing one target,
 or a job writing a file another job reads, are a usage error (exit 2) and nothing runs.
 
@@ -22,7 +23,7 @@ import glob as globlib
 import os
 import re
 import string
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
@@ -399,12 +400,16 @@ def run_job(spec: dict[str, Any], progress: bool | None = False) -> JobResult:
                                                      "file": spec["recipe"], "tensor": None})
 
 
-def run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[JobResult]:
+def run_local(specs: list[dict[str, Any]], jobs: int, *, progress: bool | None = False,
+              started: Callable[[dict[str, Any]], None] | None = None) -> Iterator[JobResult]:
     """Each job's result as it ends: every job in a worker process of its own (forked: the parent's
-    imports are reused), at most `jobs` at once. A worker that dies without a result (SIGKILL from
-    the out-of-memory killer, a crash) fails its own job only: it is reported, its scratch files are
-    removed (`_clean_scratch`), and the other jobs, running or queued, go on. (A process pool would
-    break as a whole when one worker dies, failing every other job.)"""
+    imports are reused), at most `jobs` at once, `--jobs 1` included. A worker that dies without a
+    result (SIGKILL from the out-of-memory killer, a crash) fails its own job only: it is reported,
+    its scratch files are removed (`_clean_scratch`), and the other jobs, running or queued, go on.
+    (A process pool would break as a whole when one worker dies, failing every other job; so would
+    jobs run in this process, one after the other, which is what `--jobs 1`, and the default on a
+    machine that gives this process one CPU, did.) `progress`: the workers' progress bars (None: on a
+    terminal; for one job at a time); `started(spec)`: called as each job's worker starts."""
     import multiprocessing
     from multiprocessing.connection import Connection, wait
 
@@ -419,7 +424,9 @@ def run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[JobResult]:
                 spec = queued.pop(0)
                 receive, send = context.Pipe(duplex=False)
                 # not daemonic, as a process pool's workers: a job may start processes of its own
-                worker = context.Process(target=_job_process, args=(spec, send))  # type: ignore[attr-defined]
+                if started is not None:
+                    started(spec)
+                worker = context.Process(target=_job_process, args=(spec, send, progress))  # type: ignore[attr-defined]
                 worker.start()
                 send.close()  # the worker holds the only write end: its death is end-of-file here
                 running[receive] = (worker, spec)
@@ -444,9 +451,9 @@ def run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[JobResult]:
             _clean_scratch(spec)
 
 
-def _job_process(spec: dict[str, Any], conn: Any) -> None:
+def _job_process(spec: dict[str, Any], conn: Any, progress: bool | None = False) -> None:
     """A worker process: run one job and send its result to the parent."""
-    conn.send(run_job(spec))
+    conn.send(run_job(spec, progress))
     conn.close()
 
 
