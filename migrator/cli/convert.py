@@ -150,7 +150,20 @@ def _recipe_output_check(args: argparse.Namespace) -> None:
 
     from ..storage.atomic import check_target
 
-    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=[args.dst])
+    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=_outputs(args))
+
+
+def _outputs(args: argparse.Namespace) -> list[str]:
+    """The files the conversion writes: DST, and Burn's optimizer record beside a .bpk DST with
+    --training-state keep (`plan.outputs.record_file`)."""
+    from ..formats.detect import from_extension
+    from ..plan.outputs import record_file
+
+    out = [args.dst]
+    fmt = args.target_format if args.target_format != "auto" else from_extension(args.dst) or "burnpack"
+    if args.training_state == "keep" and fmt == "burnpack" and not str(args.dst).endswith(("/", os.sep)):
+        out.append(record_file(args.dst, args.optimizer_out))
+    return out
 
 
 def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
@@ -160,7 +173,7 @@ def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
 
     try:
         write_file(args.recipe_output, text.encode(), overwrite=args.overwrite, protect=[args.src],
-                   outputs=[args.dst], fsync=not args.no_fsync, make_folders=True)
+                   outputs=_outputs(args), fsync=not args.no_fsync, make_folders=True)
     except MigratorError as e:
         return str(e)
     return None

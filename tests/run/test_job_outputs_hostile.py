@@ -149,3 +149,13 @@ def test_convert_into_an_existing_folder_with_a_slash_still_works(work: Path) ->
     done = migrate_in_process("convert", "w.safetensors", "out.bpk/")
     assert done.returncode == 0, done.stderr
     assert (work / "out.bpk" / "w.safetensors").is_file()
+
+
+@pytest.mark.parametrize("record", [None, "optim-7.bpk"])
+def test_convert_recipe_output_onto_the_record(work: Path, record: str | None) -> None:
+    """`--emit-recipe -o` onto Burn's optimizer record (default name, or --optimizer-out) would have
+    replaced the record just written (with --overwrite) or failed after writing the model."""
+    target = record or "m-optim.bpk"
+    extra = ["--optimizer-out", record] if record else []
+    refused(["convert", "a.pt", "m.bpk", "--top-level-key", "model", "--training-state", "keep", *extra,
+             "--emit-recipe", "-o", target, "--overwrite"], work, words=target)
