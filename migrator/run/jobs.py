@@ -243,7 +243,7 @@ def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
     its shards), local ones with links resolved, and by inode (`_check_identities`: a hard link, a
     bind mount)."""
     written: dict[str, tuple[int, str, Output]] = {}  # output path -> (the job writing it, its name, the output)
-    reads: dict[str, tuple[int, str]] = {}  # path read -> the first job reading it
+    reads: dict[str, list[tuple[int, str]]] = {}  # path read -> the jobs reading it
     jobs: list[tuple[str, list[Output], list[str]]] = []
     for i, spec in enumerate(specs):  # a job is its position: one recipe may be given twice
         what = describe_job(spec)
@@ -260,7 +260,7 @@ def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
                                      "and optimizer record")
             written[out.path] = (i, what, out)
         for r in read:
-            reads.setdefault(r, (i, what))
+            reads.setdefault(r, []).append((i, what))
         jobs.append((what, outputs, read))
     for i, (what, outputs, read) in enumerate(jobs):
         mine = {o.path for o in outputs}
@@ -272,8 +272,8 @@ def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
                     raise JobsUsageError(f"{hit[1]} writes {folder}, which holds {path} that {what} {verb}")
         for out in outputs:  # onto or inside a file or folder another job reads
             for folder in _ancestors(out.path):
-                owner = reads.get(folder)
-                if owner is not None and owner[0] != i:
+                owner = next((o for o in reads.get(folder, ()) if o[0] != i), None)
+                if owner is not None:
                     raise JobsUsageError(f"{what} writes {out.path} ({out.role}), which {owner[1]} reads")
     _check_identities(jobs)
     if report:
@@ -344,16 +344,16 @@ def _check_identities(jobs: list[tuple[str, list[Output], list[str]]]) -> None:
     """No job's output is, or (a folder) holds, by inode, a file another job reads or writes."""
     if len(jobs) < 2:
         return
-    read_by: dict[tuple[int, int], tuple[int, str]] = {}
+    read_by: dict[tuple[int, int], list[tuple[int, str]]] = {}
     for i, (what, _, read) in enumerate(jobs):
         for ident in _identities(read, False):
-            read_by.setdefault(ident, (i, what))
+            read_by.setdefault(ident, []).append((i, what))
     written_by: dict[tuple[int, int], tuple[int, str, str]] = {}
     for i, (what, outputs, _) in enumerate(jobs):
         for out in outputs:
             for ident in _identities([out.path], True):
-                owner = read_by.get(ident)
-                if owner is not None and owner[0] != i:
+                owner = next((o for o in read_by.get(ident, ()) if o[0] != i), None)
+                if owner is not None:
                     raise JobsUsageError(f"{what} writes {out.path} ({out.role}), which is or holds a file "
                                          f"{owner[1]} reads (the same file by inode: a hard link or a bind mount)")
                 other = written_by.setdefault(ident, (i, what, out.path))
