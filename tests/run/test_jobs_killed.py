@@ -186,3 +186,29 @@ def test_one_job_at_a_time_a_killed_job_costs_no_other_job(tmp_path: Path, jobs:
     assert "3 jobs: 2 ok, 1 failed" in p.stdout
     report = json.loads((tmp_path / "all.json").read_text())
     assert [j["status"] for j in report["jobs"]] == ["ok", "failed", "ok"]
+
+
+def test_a_killed_job_writing_a_burn_pair_leaves_neither_scratch_file(tmp_path: Path) -> None:
+    """B writes a model and Burn's optimizer record (its four moments, then the model's two tensors);
+    killed at its fifth tensor, both scratch files exist, the record's whole. Both are removed, and A
+    and C, one at a time after and before it, are written."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(net.parameters(), foreach=False)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "b.pt")
+    (tmp_path / "b.yaml").write_text("version: 1\nsource: {path: b.pt, top_level_key: model}\ntraining_state: keep\n"
+                                     "target: {path: out/b.bpk}\n")
+    a = make_job(tmp_path, "a", None, "out/a.safetensors")
+    c = make_job(tmp_path, "c", None, "out/c.safetensors")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MIGRATOR_KILL_AT": "tensor:5"}
+    p = subprocess.run([sys.executable, "-m", "migrator.cli", "run", str(a), str(tmp_path / "b.yaml"), str(c),
+                        "--jobs", "1", "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1 and "SIGKILL" in p.stderr, p.stdout + p.stderr
+    check(tmp_path / "out" / "a.safetensors", "a")
+    check(tmp_path / "out" / "c.safetensors", "c")
+    assert sorted(os.listdir(tmp_path / "out")) == ["a.safetensors", "c.safetensors"]  # no model, record, scratch
