@@ -153,6 +153,14 @@ def test_adamw_after_two_steps_is_burns_record(tmp_path: Path) -> None:
                                 "migrator.pair": stamp, "migrator.pair.model": "out.bpk"}
     assert [k for k in meta["metadata"] if not k.isdigit()] == ["migrator.pair", "migrator.pair.model"]
     assert _model_meta(tmp_path / "out.bpk")["migrator.pair.record"] == "out-optim.bpk" and len(stamp) == 16
+    import json
+
+    for name, other in (("out.bpk", "out-optim.bpk"), ("out-optim.bpk", "out.bpk")):  # inspect names the pair
+        shown = migrate_in_process("inspect", str(tmp_path / name), "--json")
+        assert json.loads(shown.stdout)["pair"] == {
+            "stamp": stamp, "other": other, "status": "paired",
+            "message": f"pair {stamp}: its {'optimizer record' if name == 'out.bpk' else 'model'} {other} carries "
+                       "the same stamp"}
     # the scalars are __rank and momentum.time per parameter
     steps = {n: int(opt.state[p]["step"]) for n, p in net.named_parameters()}
     assert meta["scalars"] == {
