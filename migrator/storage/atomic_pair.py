@@ -36,7 +36,6 @@ from .atomic import (
     Protected,
     ScratchFile,
     UnsyncedScratchFile,
-    _create_scratch,
     _describe,
     _folder,
     _fsync_dir,
@@ -46,6 +45,7 @@ from .atomic import (
     check_distinct,
     check_target,
     clean_stale_scratch,
+    create_scratch,
     output_mode,
     reserve,
     scratch_name,
@@ -82,7 +82,7 @@ def atomic_outputs(targets: Sequence[str | os.PathLike[str]], *, overwrite: bool
                 raise OutputError(f"folder {folder} does not exist", file=str(path))
             clean_stale_scratch(path)
         for path in paths:
-            scratches.append(_create_scratch(path))
+            scratches.append(create_scratch(path, created if make_folders else None))
         crashpoints.reached("scratch-created")
         with contextlib.ExitStack() as files:
             raws = [files.enter_context((ScratchFile if fsync else UnsyncedScratchFile)(fd, "wb", closefd=True))

@@ -97,3 +97,34 @@ def test_an_error_in_the_body_publishes_neither(tmp_path: Path) -> None:
         r.write(b"r")
         raise RuntimeError("full disk, say")
     assert listing(tmp_path) == {"m.bpk": b"old"}
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_a_folder_removed_by_another_jobs_failure_is_made_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                pair: bool) -> None:
+    """Two jobs make `out/`; one fails and removes the empty folders it made, between this write
+    finding `out/` there and creating its scratch file in it (played here, without timing, by the
+    scratch clean-up that runs just then). The folder is made again and the file written."""
+    from migrator.storage import atomic
+
+    real = atomic.clean_stale_scratch
+    removed: list[Path] = []
+
+    def other_job_fails(target: Path) -> list[Path]:
+        if not removed:
+            os.rmdir(target.parent)  # the other job's _remove_folders: out/ is still empty
+            removed.append(target.parent)
+        return real(target)
+
+    monkeypatch.setattr(atomic, "clean_stale_scratch", other_job_fails)
+    monkeypatch.setattr(atomic_pair, "clean_stale_scratch", other_job_fails)
+    (tmp_path / "out").mkdir()  # as the other job made it
+    if pair:
+        with atomic_outputs([tmp_path / "out" / "r.bpk", tmp_path / "out" / "m.bpk"], make_folders=True) as (r, m):
+            r.write(b"r")
+            m.write(b"m")
+        assert listing(tmp_path / "out") == {"m.bpk": b"m", "r.bpk": b"r"}
+    else:
+        atomic.write_file(tmp_path / "out" / "a.json", b"{}", make_folders=True)
+        assert listing(tmp_path / "out") == {"a.json": b"{}"}
+    assert removed == [tmp_path / "out"]
