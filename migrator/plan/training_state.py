@@ -33,6 +33,7 @@ from ..core.display import count
 from ..core.errors import PlanError
 from ..core.tensor import LazyTensor
 from .entry import PlanEntry
+from .optimizer_checks import check_state_shapes
 
 if TYPE_CHECKING:
     from ..formats.pytorch.tree import CheckpointTree, Node
@@ -171,15 +172,24 @@ def _new_optimizer(node: Node, path: str, label: str) -> Optimizer:
                             file=label)
         groups.append(group)
         params.append(list(ids.values))  # type: ignore[arg-type]
-        pn = group.values[group.keys.index("param_names")] if "param_names" in group.keys else None
-        if isinstance(pn, NodeType) and len(pn.values) == len(ids.values) and all(type(n) is str for n in pn.values):
-            names.append(list(pn.values))  # type: ignore[arg-type]
-        else:
+        if "param_names" not in group.keys:
             has_names = False
+            continue
+        pn = group.values[group.keys.index("param_names")]
+        # names that do not pair one to one with the ids say nothing certain: never fall back to an order
+        if not isinstance(pn, NodeType) or not all(type(n) is str for n in pn.values):
+            raise PlanError(f"{where}[{g}].param_names is not a list of names; set training_state: drop", file=label)
+        if len(pn.values) != len(ids.values):
+            raise PlanError(f"{where}[{g}] lists {len(ids.values)} params but {len(pn.values)} param_names: which "
+                            "state belongs to which parameter is not certain; set training_state: drop", file=label)
+        names.append(list(pn.values))  # type: ignore[arg-type]
     state = node.values[node.keys.index("state")]
     if not isinstance(state, NodeType) or not state.is_dict:
         raise PlanError(f"{path + '.' if path else ''}state is not a dict of per-parameter state; set "
                         "training_state: drop", file=label)
+    if names and not has_names:  # torch saves names for every group or for none
+        raise PlanError(f"{where}: some param groups have param_names and some do not: which state belongs to which "
+                        "parameter is not certain; set training_state: drop", file=label)
     return Optimizer(path, node, {}, groups, params, names if has_names and names else None, [], file=label)
 
 
@@ -251,6 +261,11 @@ def identify(opt: Optimizer, model: Sequence[str], label: str, prefix: str | Non
                         f"is not certain; {HINT}", file=label)
     opt.owner = dict(zip(ids, params, strict=True))
     opt.rule = f"parameter order ({len(ids)} parameters, {len(params)} model tensors)"
+    # the names written for it are the model's own (`layers.0.weight`, as named_parameters() gives them):
+    # without the key of the dict that holds every parameter (`model.` in {"model": ..., "optimizer": ...})
+    heads = {n.split(".", 1)[0] for n in params}
+    if prefix is None and len(heads) == 1 and all("." in n for n in params):
+        opt.prefix = heads.pop() + "."
 
 
 def _prefixes(model: Sequence[str], given: str | None) -> list[str]:
@@ -274,14 +289,16 @@ Replan = Callable[[list[LazyTensor]], "list[PlanEntry]"]
 
 
 def follow(optimizers: Sequence[Optimizer], model: Sequence[LazyTensor], tensors: dict[str, LazyTensor],
-           entries: Sequence[PlanEntry], replan: Replan, model_prefix: str = "") -> Followed:
+           entries: Sequence[PlanEntry], replan: Replan, model_prefix: str = "",
+           order: Sequence[str] | None = None) -> Followed:
     """Each optimizer's state through the recipe: `model` the tensors the recipe planned (as the reader
     names them), `tensors` every reader tensor by name, `entries` the model's plan, `replan` the same
-    pipeline. `model_prefix`: the part of a name before the model's own key (for param_names)."""
+    pipeline. `model_prefix`: the part of a name before the model's own key (for param_names); `order`:
+    the new model's parameter names in its own order, when known (`_order`)."""
     out = Followed()
     for opt in optimizers:
         try:
-            _follow_one(opt, model, tensors, entries, replan, model_prefix, out)
+            _follow_one(opt, model, tensors, entries, replan, model_prefix, out, order)
         except PlanError as e:
             out.fatal.append(str(e))
     return out
@@ -292,7 +309,8 @@ def _sources(entry: PlanEntry) -> list[str]:
 
 
 def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, LazyTensor],
-                entries: Sequence[PlanEntry], replan: Replan, model_prefix: str, out: Followed) -> None:
+                entries: Sequence[PlanEntry], replan: Replan, model_prefix: str, out: Followed,
+                order: Sequence[str] | None = None) -> None:
     from ..formats.pytorch.tree import Node, TensorSlot
 
     id_of = {name: i for i, name in opt.owner.items()}
@@ -328,12 +346,13 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
             raise PlanError(f"the optimizer {opt.label}'s '{k}' does not plan as its parameters do (a bug); set "
                             "training_state: drop")
         planned[k] = again
-    state = Node("dict", tensors=True)
-    new_ids: list[list[Key]] = [[] for _ in opt.groups]
-    new_names: list[list[str]] = [[] for _ in opt.groups]
+    # which outputs keep state, in which group: the first pass; their ids depend on the order of all
+    kept: list[tuple[int, int, list[Key], str]] = []  # (entry index, group, source ids, name in the group)
     used: set[Key] = set()
     by_name = all(type(i) is str for group in opt.params for i in group) and opt.param_names is None
     base = f"{opt.path}.state." if opt.path else "state."
+    prefix = model_prefix + opt.prefix
+    depth = prefix.count(".")
     for n, entry in enumerate(entries):
         srcs = _sources(entry)
         ids = [id_of.get(s) for s in srcs]
@@ -350,21 +369,30 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
             raise PlanError(f"'{entry.target}' joins parameters of different param_groups "
                             f"({', '.join(str(g) for g in sorted(groups))}) of the optimizer {opt.label}: one "
                             "parameter has one group; set training_state: drop", tensor=entry.target)
-        g = groups.pop()
-        prefix = model_prefix + opt.prefix
-        rel = entry.target[len(prefix):] if entry.target.startswith(prefix) else entry.target
-        new: Key = rel if by_name else sum(len(x) for x in new_ids)
-        new_ids[g].append(new)
-        new_names[g].append(rel)
-        out.owners.setdefault(opt.path, {})[new] = entry.target
-        used.update(ids)  # type: ignore[arg-type]
-        if not with_state:
-            continue
-        if len(with_state) != len(ids):
+        if with_state and len(with_state) != len(ids):
             raise PlanError(f"'{entry.target}' joins parameters with optimizer state and parameters without "
                             "(never stepped): their state cannot be joined; set training_state: drop",
                             tensor=entry.target)
-        states = [opt.states[i] for i in with_state]
+        # the name relative to the model, as the optimizer names its parameters: the prefix's own parts
+        # are cut even when a rename moved the whole model (`^model\.` -> `net.`, one dict renamed)
+        rel = entry.target[len(prefix):] if entry.target.startswith(prefix) else entry.target.split(".", depth)[-1]
+        kept.append((n, groups.pop(), ids, rel))  # type: ignore[arg-type]
+        used.update(ids)  # type: ignore[arg-type]
+    new_of, params_order, state_order = _order(opt, kept, by_name, order)
+    new_ids: list[list[Key]] = [[] for _ in opt.groups]
+    new_names: list[list[str]] = [[] for _ in opt.groups]
+    for k_ in params_order:
+        n, g, _, rel = kept[k_]
+        new_ids[g].append(new_of[n])
+        new_names[g].append(rel)
+    state_of: dict[Key, Node] = {}
+    for n, _, from_ids, _ in kept:
+        entry = entries[n]
+        new = new_of[n]
+        out.owners.setdefault(opt.path, {})[new] = entry.target
+        states = [opt.states[i] for i in from_ids if i in opt.states]
+        if not states:
+            continue
         one = Node("dict", tensors=True)
         for k in states[0].order:
             target = f"{base}{new}.{k}"
@@ -383,7 +411,7 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
                 one.keys.append(k)
                 one.values.append(TensorSlot(target))
                 continue
-            value = _scalar(opt, states, k, entry.target, tensors, shape_of, len(ids), entry.ops)
+            value = _scalar(opt, states, k, entry.target, tensors, shape_of, len(from_ids), entry.ops)
             if isinstance(value, LazyTensor):
                 # its own storage: the outputs of a split each get a copy, and torch steps each in place
                 # (`step += 1`), so one storage shared by three would count three steps
@@ -397,19 +425,58 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
                 one.values.append(value)
             out.fates.append(_fate(opt, entry.target, k, "copied", target,
                                    ", ".join(s.tensors.get(k, f"{base}{s.key}.{k}") for s in states)))
-        state.keys.append(new)
-        state.values.append(one)
+        state_of[new] = one
+    state = Node("dict", tensors=True)
+    for k_ in state_order:
+        new = new_of[kept[k_][0]]
+        if new in state_of:
+            state.keys.append(new)
+            state.values.append(state_of[new])
     for i, ps in opt.states.items():
         if i not in used:
             for k in ps.order:
                 out.fates.append(_fate(opt, opt.owner[i], k, "dropped", ps.tensors.get(k)))
     dropped = [opt.owner[i] for g in opt.params for i in g if i not in used]
-    out.swap[opt.path] = (_rebuilt(opt, state, new_ids, new_names), opt.slots)
+    out.swap[opt.path] = (_rebuilt(opt, state, new_ids, new_names, by_name), opt.slots)
     said = f"optimizer {opt.label}: state matched to parameters by {opt.rule}; followed the recipe"
     if dropped:
         said += f"; dropped the state of {len(dropped)} parameters the recipe drops ({', '.join(dropped[:5])}" + (
             ", ...)" if len(dropped) > 5 else ")")
     out.notes.append(said)
+
+
+def _order(opt: Optimizer, kept: Sequence[tuple[int, int, list[Key], str]], by_name: bool,
+           order: Sequence[str] | None) -> tuple[dict[int, Key], list[int], list[int]]:
+    """The kept outputs' new ids (by entry index), their order in the groups' `params` and in `state`
+    (indices into `kept`). Each output takes its first source's place, a split's parts in their order,
+    so a run that renames nothing writes the optimizer as it was: ids numbered group after group in
+    `params` order, as torch's `state_dict` numbers them (a name-keyed optimizer's ids are the names),
+    `state` in the source's order. `order`: the new model's parameter names (relative, as the
+    optimizer's are); each group then lists its parameters in that order, and `state` follows, so an
+    optimizer built over the new model's `parameters()` loads the ids by position as well."""
+    place = {i: j for ids in opt.params for j, i in enumerate(ids)}
+    rank = None if order is None else {n: j for j, n in enumerate(order)}
+    last = len(rank) if rank is not None else 0
+
+    def in_group(k: int) -> tuple[int, int, int, int]:
+        n, g, ids, rel = kept[k]
+        return (g, rank.get(rel, last) if rank is not None else 0, place[ids[0]], n)
+
+    params_order = sorted(range(len(kept)), key=in_group)
+    new_of: dict[int, Key] = {}
+    for count_, k in enumerate(params_order):
+        n, _, _, rel = kept[k]
+        new_of[n] = rel if by_name else count_
+    if rank is not None:
+        return new_of, params_order, params_order
+    at = {i: j for j, i in enumerate(opt.states)}
+    unstated = len(at)
+
+    def in_state(k: int) -> tuple[int, int]:
+        n, _, ids, _ = kept[k]
+        return (min((at[i] for i in ids if i in at), default=unstated), n)
+
+    return new_of, params_order, sorted(range(len(kept)), key=in_state)
 
 
 def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None,
@@ -475,8 +542,11 @@ def _shown(v: Any) -> str:
     return repr(v)
 
 
-def _rebuilt(opt: Optimizer, state: Node, ids: list[list[Key]], names: list[list[str]]) -> Node:
-    """The optimizer's dict with the new state and groups; every other value as it was."""
+def _rebuilt(opt: Optimizer, state: Node, ids: list[list[Key]], names: list[list[str]], by_name: bool) -> Node:
+    """The optimizer's dict with the new state and groups; every other value as it was. A group of
+    integer ids gets `param_names` when it had none (first, where torch's `state_dict` puts them): torch
+    loads ids by position, so the names are what a resume builds the new optimizer's groups from. Ids
+    that are names (DCP) name their parameters already, as `dcp_to_torch_save` writes them."""
     from ..formats.pytorch.tree import Node
 
     groups_old = opt.node.values[opt.node.keys.index("param_groups")]
@@ -484,6 +554,9 @@ def _rebuilt(opt: Optimizer, state: Node, ids: list[list[Key]], names: list[list
     groups = Node(groups_old.kind)
     for g, old in enumerate(opt.groups):
         new = Node(old.kind, attrs=old.attrs)
+        if not by_name and "param_names" not in old.keys:
+            new.keys.append("param_names")
+            new.values.append(Node("list", values=list(names[g])))
         for k, v in zip(old.keys, old.values, strict=True):
             if k == "params":
                 v = Node("list", values=list(ids[g]))
@@ -530,9 +603,11 @@ class Training:
         """The optimizers' entries, after the model's `entries` were planned; problems go to `fatal`."""
         assert self.model is not None
         by_name = {t.name: t for t in reader.tensors}
+        shapes = {t.name: t.shape for t in self.model}
         for opt in self.optimizers:
             try:
                 identify(opt, [t.name for t in self.model], reader.label)
+                check_state_shapes(opt, shapes, {n: by_name[n].shape for n in opt.tensor_names}, HINT)
             except PlanError as e:
                 fatal.append(str(e))
                 return []
