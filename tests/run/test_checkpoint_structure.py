@@ -189,12 +189,48 @@ def test_top_level_key_writes_a_flat_state_dict(tmp_path: Path) -> None:
     assert _bit_equal(sd["out.bias"], original["model"]["2.bias"])
 
 
-def test_rename_out_of_its_dict_is_refused_naming_the_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["parameters", "named_parameters"])
+def test_a_whole_dict_renamed_keeps_its_structure_and_the_optimizer(tmp_path: Path, named: bool) -> None:
+    """`--remap '^model\\.=net.'` renames every key of one dict into one new dict: the checkpoint keeps
+    its structure with `net` in `model`'s place; the model loads strictly, the optimizer's names still
+    name its parameters (relative to the dict, as named_parameters() gives them), and the next AdamW
+    step equals the original's bit for bit."""
+    src, dst = tmp_path / "train.pt", tmp_path / "out.pt"
+    torch.manual_seed(0)
+    ref_model = _model()
+    ref_opt = torch.optim.AdamW(ref_model.named_parameters() if named else ref_model.parameters(), lr=1e-2)
+    for seed in range(2):
+        _step(ref_model, ref_opt, seed)
+    original = {"model": ref_model.state_dict(), "optimizer": ref_opt.state_dict(), "epoch": 2, "step": 40}
+    torch.save(original, src)
+    r = migrate_in_process("convert", str(src), str(dst), "--remap", r"^model\.=net.")
+    assert r.returncode == 0, r.stderr
+    out = torch.load(dst, weights_only=True)
+    assert list(out) == ["net", "optimizer", "epoch", "step"] and (out["epoch"], out["step"]) == (2, 40)
+    assert isinstance(out["net"], OrderedDict) and list(out["net"]) == list(original["model"])
+    assert out["optimizer"]["param_groups"][0]["param_names"] == [n for n, _ in ref_model.named_parameters()]
+    model = _model()
+    model.load_state_dict(out["net"], strict=True)
+    named_params = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [named_params[n] for n in g["param_names"]]}
+                             for g in out["optimizer"]["param_groups"]], lr=1e-2)
+    opt.load_state_dict(out["optimizer"])
+    _step(model, opt, 7)
+    _step(ref_model, ref_opt, 7)
+    for (_, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters(), strict=True):
+        assert _bit_equal(p.detach(), q.detach())
+
+
+@pytest.mark.parametrize(("remap", "said"), [
+    (r"^model\.0\.=net.0.", "'model.0.weight' -> 'net.0.weight' moves the tensor out of its dict 'model'"),  # split
+    (r"^model\.=", "'model.0.weight' -> '0.weight' moves the tensor out of its dict 'model'"),  # another depth
+])
+def test_a_rename_that_splits_a_dict_or_changes_its_depth_is_refused(tmp_path: Path, remap: str, said: str) -> None:
     src, dst = tmp_path / "train.pt", tmp_path / "out.pt"
     _training_checkpoint(src)
-    r = migrate_in_process("convert", str(src), str(dst), "--remap", r"^model\.=net.")
+    r = migrate_in_process("convert", str(src), str(dst), "--remap", remap)
     assert r.returncode == 1
-    assert "'model.0.weight' -> 'net.0.weight' moves the tensor out of its dict 'model'" in r.stderr
+    assert said in r.stderr, r.stderr
     assert "--top-level-key" in r.stderr and "Traceback" not in r.stderr
     assert not dst.exists()
 
