@@ -34,6 +34,8 @@ from ..core.errors import PlanError
 from ..core.tensor import LazyTensor
 from .entry import PlanEntry
 from .optimizer_checks import check_state_shapes
+from .optimizer_order import output_order
+from .resume import resume_note
 
 if TYPE_CHECKING:
     from ..formats.pytorch.tree import CheckpointTree, Node
@@ -294,7 +296,7 @@ def follow(optimizers: Sequence[Optimizer], model: Sequence[LazyTensor], tensors
     """Each optimizer's state through the recipe: `model` the tensors the recipe planned (as the reader
     names them), `tensors` every reader tensor by name, `entries` the model's plan, `replan` the same
     pipeline. `model_prefix`: the part of a name before the model's own key (for param_names); `order`:
-    the new model's parameter names in its own order, when known (`_order`)."""
+    the new model's parameter names in its own order, when known (`output_order`)."""
     out = Followed()
     for opt in optimizers:
         try:
@@ -378,7 +380,7 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
         rel = entry.target[len(prefix):] if entry.target.startswith(prefix) else entry.target.split(".", depth)[-1]
         kept.append((n, groups.pop(), ids, rel))  # type: ignore[arg-type]
         used.update(ids)  # type: ignore[arg-type]
-    new_of, params_order, state_order = _order(opt, kept, by_name, order)
+    new_of, params_order, state_order = output_order(opt, kept, by_name, order)
     new_ids: list[list[Key]] = [[] for _ in opt.groups]
     new_names: list[list[str]] = [[] for _ in opt.groups]
     for k_ in params_order:
@@ -443,40 +445,6 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
         said += f"; dropped the state of {len(dropped)} parameters the recipe drops ({', '.join(dropped[:5])}" + (
             ", ...)" if len(dropped) > 5 else ")")
     out.notes.append(said)
-
-
-def _order(opt: Optimizer, kept: Sequence[tuple[int, int, list[Key], str]], by_name: bool,
-           order: Sequence[str] | None) -> tuple[dict[int, Key], list[int], list[int]]:
-    """The kept outputs' new ids (by entry index), their order in the groups' `params` and in `state`
-    (indices into `kept`). Each output takes its first source's place, a split's parts in their order,
-    so a run that renames nothing writes the optimizer as it was: ids numbered group after group in
-    `params` order, as torch's `state_dict` numbers them (a name-keyed optimizer's ids are the names),
-    `state` in the source's order. `order`: the new model's parameter names (relative, as the
-    optimizer's are); each group then lists its parameters in that order, and `state` follows, so an
-    optimizer built over the new model's `parameters()` loads the ids by position as well."""
-    place = {i: j for ids in opt.params for j, i in enumerate(ids)}
-    rank = None if order is None else {n: j for j, n in enumerate(order)}
-    last = len(rank) if rank is not None else 0
-
-    def in_group(k: int) -> tuple[int, int, int, int]:
-        n, g, ids, rel = kept[k]
-        return (g, rank.get(rel, last) if rank is not None else 0, place[ids[0]], n)
-
-    params_order = sorted(range(len(kept)), key=in_group)
-    new_of: dict[int, Key] = {}
-    for count_, k in enumerate(params_order):
-        n, _, _, rel = kept[k]
-        new_of[n] = rel if by_name else count_
-    if rank is not None:
-        return new_of, params_order, params_order
-    at = {i: j for j, i in enumerate(opt.states)}
-    unstated = len(at)
-
-    def in_state(k: int) -> tuple[int, int]:
-        n, _, ids, _ = kept[k]
-        return (min((at[i] for i in ids if i in at), default=unstated), n)
-
-    return new_of, params_order, sorted(range(len(kept)), key=in_state)
 
 
 def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None,
@@ -616,6 +584,8 @@ class Training:
         self.swap.update(done.swap)
         self.fates += done.fates
         self.notes += done.notes
+        if not self.burn:
+            self.notes += [resume_note(opt) for opt in self.optimizers]
         self.owners.update(done.owners)
         return done.entries
 

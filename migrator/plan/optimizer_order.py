@@ -1,0 +1,48 @@
+"""In which order a kept optimizer lists its parameters and state, and their new ids.
+
+torch's `state_dict` numbers ids group after group in `params` order and `load_state_dict` pairs them
+with the new optimizer's parameters by position; DCP keys them by name, and `dcp_to_torch_save`
+writes groups and state in the saved order. `output_order` keeps that order through a recipe (an
+output in its source's place), or follows the new model's own order when it is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Key = int | str
+
+
+def output_order(opt: Any, kept: Sequence[tuple[int, int, list[Key], str]], by_name: bool,
+                 order: Sequence[str] | None) -> tuple[dict[int, Key], list[int], list[int]]:
+    """The kept outputs' new ids (by entry index), their order in the groups' `params` and in `state`
+    (indices into `kept`). Each output takes its first source's place, a split's parts in their order,
+    so a run that renames nothing writes the optimizer as it was: ids numbered group after group in
+    `params` order, as torch's `state_dict` numbers them (a name-keyed optimizer's ids are the names),
+    `state` in the source's order. `order`: the new model's parameter names (relative, as the
+    optimizer's are); each group then lists its parameters in that order, and `state` follows, so an
+    optimizer built over the new model's `parameters()` loads the ids by position as well."""
+    place = {i: j for ids in opt.params for j, i in enumerate(ids)}
+    rank = None if order is None else {n: j for j, n in enumerate(order)}
+    last = len(rank) if rank is not None else 0
+
+    def in_group(k: int) -> tuple[int, int, int, int]:
+        n, g, ids, rel = kept[k]
+        return (g, rank.get(rel, last) if rank is not None else 0, place[ids[0]], n)
+
+    params_order = sorted(range(len(kept)), key=in_group)
+    new_of: dict[int, Key] = {}
+    for count_, k in enumerate(params_order):
+        n, _, _, rel = kept[k]
+        new_of[n] = rel if by_name else count_
+    if rank is not None:
+        return new_of, params_order, params_order
+    at = {i: j for j, i in enumerate(opt.states)}
+    unstated = len(at)
+
+    def in_state(k: int) -> tuple[int, int]:
+        n, _, ids, _ = kept[k]
+        return (min((at[i] for i in ids if i in at), default=unstated), n)
+
+    return new_of, params_order, sorted(range(len(kept)), key=in_state)
