@@ -9,7 +9,11 @@ output in its source's place), or follows the new model's own order when it is k
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from ..core.errors import MigratorError, PlanError
+from ..core.limits import Limits
 
 Key = int | str
 
@@ -26,6 +30,11 @@ def output_order(opt: Any, kept: Sequence[tuple[int, int, list[Key], str]], by_n
     place = {i: j for ids in opt.params for j, i in enumerate(ids)}
     rank = None if order is None else {n: j for j, n in enumerate(order)}
     last = len(rank) if rank is not None else 0
+    if rank is not None:
+        missing = next((rel for _, _, _, rel in kept if rel not in rank), None)
+        if missing is not None:  # half an order would pair the rest by position wrongly
+            raise PlanError(f"target.param_order names no '{missing}', a parameter the optimizer {opt.label} keeps: "
+                            "it must be a state dict of the new model", tensor=missing)
 
     def in_group(k: int) -> tuple[int, int, int, int]:
         n, g, ids, rel = kept[k]
@@ -46,3 +55,29 @@ def output_order(opt: Any, kept: Sequence[tuple[int, int, list[Key], str]], by_n
         return (min((at[i] for i in ids if i in at), default=unstated), n)
 
     return new_of, params_order, sorted(range(len(kept)), key=in_state)
+
+
+def new_model_order(path: Path | None, training: Any, fatal: list[str], limits: Limits,
+                    storage: Any = None) -> list[str] | None:
+    """The new model's tensor names in its own order, from `target.param_order` (None when not given);
+    a problem goes to `fatal`. Only a format that keeps a model's order will do: a PyTorch state dict
+    (its keys as `state_dict()` made them) or a burnpack; SafeTensors sorts its tensors by name."""
+    if path is None:
+        return None
+    if training.burn:
+        fatal.append("target.param_order orders torch's parameter ids; Burn's optimizer record is keyed by "
+                     "ParamId (leave it out)")
+        return None
+    from ..files.io import open_file
+
+    try:
+        with open_file(path, limits=limits, storage=storage) as r:
+            if r.format not in ("pytorch", "burnpack"):
+                fatal.append(f"target.param_order: {path} is {r.format}, which does not keep a model's order "
+                             "(SafeTensors sorts its tensors by name); give torch.save(new_model.state_dict()) "
+                             "or a .bpk")
+                return None
+            return [t.name for t in r.tensors]
+    except MigratorError as e:
+        fatal.append(f"target.param_order: {e}")
+        return None

@@ -567,8 +567,10 @@ class Training:
     burn: bool = False  # a PyTorch optimizer into a burnpack: its state becomes Burn's OptimizerRecord
     owners: dict[str, dict[Key, str]] = field(default_factory=dict)  # `Followed.owners`
 
-    def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str]) -> list[PlanEntry]:
-        """The optimizers' entries, after the model's `entries` were planned; problems go to `fatal`."""
+    def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str],
+               order: Sequence[str] | None = None) -> list[PlanEntry]:
+        """The optimizers' entries, after the model's `entries` were planned; problems go to `fatal`.
+        `order`: the new model's parameter names in its own order (`target.param_order`)."""
         assert self.model is not None
         by_name = {t.name: t for t in reader.tensors}
         shapes = {t.name: t.shape for t in self.model}
@@ -579,7 +581,7 @@ class Training:
             except PlanError as e:
                 fatal.append(str(e))
                 return []
-        done = follow(self.optimizers, self.model, by_name, entries, replan)
+        done = follow(self.optimizers, self.model, by_name, entries, replan, order=order)
         fatal += done.fatal
         self.swap.update(done.swap)
         self.fates += done.fates

@@ -168,6 +168,11 @@ def _trained(tmp_path: Path, dcp: bool) -> tuple[Any, Any]:
     return old, opt
 
 
+def _positional(new_model: Any) -> Any:
+    """The optimizer the training code builds over the new model: its groups by named_parameters()."""
+    return torch.optim.AdamW(_groups(new_model), lr=1e-2, foreach=False)
+
+
 def _oracle(old: Any, opt: Any, grads: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The step on the original, then the surgery: parameters and moments the resumed step must give."""
     model, optimizer = copy.deepcopy(old), None
@@ -285,3 +290,47 @@ def test_param_groups_refuses_what_it_cannot_name() -> None:
         migrator.param_groups(saved, model)
     with pytest.raises(ValueError, match="no param_groups list"):
         migrator.param_groups({"model": {}}, model)
+
+
+def test_given_the_new_models_order_even_a_positional_resume_is_right(tmp_path: Path) -> None:
+    """`target.param_order`: a state dict of the new model. The groups list their parameters, and ids are
+    numbered, in its order: the optimizer the training code builds over the new model's
+    named_parameters() loads by position and equals the step-then-surgery oracle."""
+    torch.save(llama().state_dict(), tmp_path / "new.pt")
+    torch.manual_seed(0)
+    old = phi()
+    opt = torch.optim.AdamW(_groups(old), lr=1e-2, foreach=False)
+    for seed in (1, 2):
+        _step(old, opt, _grads(old, seed))
+    torch.save({"model": old.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ckpt.pt")
+    recipe = RECIPE.replace("SOURCE", "ckpt.pt").replace("target: {path: out.pt}",
+                                                         "target: {path: out.pt, param_order: new.pt}")
+    (tmp_path / "recipe.yaml").write_text(recipe)
+    done = migrate_in_process("run", str(tmp_path / "recipe.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    grads = _grads(old, 3)
+    want = _oracle(old, opt, grads)
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    new_model = llama()
+    new_model.load_state_dict(out["model"])
+    new_opt = _positional(new_model)
+    new_opt.load_state_dict(out["optimizer"])
+    _step(new_model, new_opt, surgery(grads))
+    _same(new_model, new_opt, want)
+    declared = [n for n, p in new_model.named_parameters() if p.dim() >= 2]
+    assert out["optimizer"]["param_groups"][0]["param_names"] == declared
+    assert out["optimizer"]["param_groups"][0]["params"] == list(range(len(declared)))
+    assert list(out["optimizer"]["state"])[:len(declared)] == list(range(len(declared)))
+
+    # an order that cannot be trusted is refused: SafeTensors sorts names; a file lacking a parameter
+    pytest.importorskip("safetensors.torch").save_file(llama().state_dict(), tmp_path / "new.safetensors")
+    sd = llama().state_dict()
+    del sd["layers.1.mlp.up_proj.weight"]
+    torch.save(sd, tmp_path / "part.pt")
+    written = (tmp_path / "out.pt").read_bytes()
+    for given, said in (("new.safetensors", "does not keep a model's order"),
+                        ("part.pt", "target.param_order names no 'layers.1.mlp.up_proj.weight'")):
+        (tmp_path / "recipe.yaml").write_text(recipe.replace("param_order: new.pt", f"param_order: {given}"))
+        done = migrate_in_process("run", str(tmp_path / "recipe.yaml"), "--overwrite")
+        assert done.returncode == 1 and said in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and (tmp_path / "out.pt").read_bytes() == written
