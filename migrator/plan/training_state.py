@@ -232,10 +232,12 @@ def _read_state(opt: Optimizer, label: str) -> None:
 # which parameter each id is
 
 
-def identify(opt: Optimizer, model: Sequence[str], label: str, prefix: str | None = None) -> None:
+def identify(opt: Optimizer, model: Sequence[str], label: str, prefix: str | None = None,
+             container: str | None = None) -> None:
     """Fill `opt.owner` (id -> model tensor name) and `opt.rule`, or raise naming why none is certain.
     `model`: the model's tensor names as the reader names them; `prefix` (with its dot): where the model
-    is, when known (`source.top_level_key`)."""
+    is, when known (`source.top_level_key`); `container` (with its dot): the top-level dict holding
+    every model tensor, if one does (`model_dict`), whose key the order rule's names leave out."""
     known = set(model)
     ids = [i for group in opt.params for i in group]
     if len(set(ids)) != len(ids):
@@ -263,11 +265,23 @@ def identify(opt: Optimizer, model: Sequence[str], label: str, prefix: str | Non
                         f"is not certain; {HINT}", file=label)
     opt.owner = dict(zip(ids, params, strict=True))
     opt.rule = f"parameter order ({len(ids)} parameters, {len(params)} model tensors)"
-    # the names written for it are the model's own (`layers.0.weight`, as named_parameters() gives them):
-    # without the key of the dict that holds every parameter (`model.` in {"model": ..., "optimizer": ...})
-    heads = {n.split(".", 1)[0] for n in params}
-    if prefix is None and len(heads) == 1 and all("." in n for n in params):
-        opt.prefix = heads.pop() + "."
+    if prefix is None and container is not None and all(n.startswith(container) for n in params):
+        # the names written for it are the model's own (`layers.0.weight`, as named_parameters() gives
+        # them): without the key of the dict that holds every parameter (`model.` in {"model": ...})
+        opt.prefix = container
+
+
+def model_dict(tree: CheckpointTree | None, names: Sequence[str]) -> str | None:
+    """`key.` when every name is a tensor inside the dict the checkpoint holds under `key` at its top
+    level (`{"model": {...}, "optimizer": ...}`); None otherwise (tensors at the top level)."""
+    from ..formats.pytorch.tree import Node
+
+    heads = {n.split(".", 1)[0] for n in names if "." in n}
+    if tree is None or len(heads) != 1 or any("." not in n for n in names) or not tree.root.is_dict:
+        return None
+    head = heads.pop()
+    value = next((v for k, v in tree.root.items() if str(k) == head), None)
+    return f"{head}." if isinstance(value, Node) and value.is_dict else None
 
 
 def _prefixes(model: Sequence[str], given: str | None) -> list[str]:
@@ -574,9 +588,10 @@ class Training:
         assert self.model is not None
         by_name = {t.name: t for t in reader.tensors}
         shapes = {t.name: t.shape for t in self.model}
+        container = model_dict(reader.structure, list(shapes))
         for opt in self.optimizers:
             try:
-                identify(opt, [t.name for t in self.model], reader.label)
+                identify(opt, [t.name for t in self.model], reader.label, container=container)
                 check_state_shapes(opt, shapes, {n: by_name[n].shape for n in opt.tensor_names}, HINT)
             except PlanError as e:
                 fatal.append(str(e))

@@ -360,3 +360,21 @@ def test_shared_plain_containers_stay_shared_and_a_memo_bomb_stays_small(tmp_pat
     for _ in range(14):
         node = node[1]
     assert node == [0.5]
+
+
+def test_param_names_written_for_a_model_at_the_top_level(tmp_path: Path) -> None:
+    """A model saved at the checkpoint's top level beside its optimizer (no names saved): the names written
+    are the whole keys (`layers.0.weight`), not cut at a prefix they happen to share."""
+    torch.manual_seed(3)
+    layers = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2))
+    model = nn.Module()
+    model.layers = layers
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.layers(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    src, dst = tmp_path / "flat.pt", tmp_path / "out.pt"
+    torch.save({**model.state_dict(), "optimizer": opt.state_dict()}, src)
+    r = migrate_in_process("convert", str(src), str(dst))
+    assert r.returncode == 0, r.stderr
+    out = torch.load(dst, weights_only=True)
+    assert out["optimizer"]["param_groups"][0]["param_names"] == [n for n, _ in model.named_parameters()]
