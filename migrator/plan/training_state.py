@@ -365,7 +365,8 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
     # which outputs keep state, in which group: the first pass; their ids depend on the order of all
     kept: list[tuple[int, int, list[Key], str]] = []  # (entry index, group, source ids, name in the group)
     used: set[Key] = set()
-    by_name = all(type(i) is str for group in opt.params for i in group) and opt.param_names is None
+    # ids that are names stay names (DCP's, whether or not param_names are saved beside them)
+    by_name = all(type(i) is str for group in opt.params for i in group)
     base = f"{opt.path}.state." if opt.path else "state."
     prefix = model_prefix + opt.prefix
     depth = prefix.count(".")

@@ -248,20 +248,23 @@ def test_storage_file_outside_the_folder(ckpt: Path, tmp_path: Path) -> None:
     refused(bad, tmp_path, "inside the checkpoint's folder")
 
 
-def test_two_param_groups_in_another_order_equal_dcp_to_torch_save(tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["parameters", "named_parameters"])
+def test_two_param_groups_in_another_order_equal_dcp_to_torch_save(tmp_path: Path, named: bool) -> None:
     """Two param groups whose parameters are listed unlike the model (biases and the norm first, then
     the matrices last-layer first): the state's keys and each group's `params` come out in the order
-    torch's `dcp_to_torch_save` writes them (the saved order), not in the model's. One process: DCP
-    saves without a process group."""
+    torch's `dcp_to_torch_save` writes them (the saved order), not in the model's; with param_names
+    saved too, the ids stay names. One process: DCP saves without a process group."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 2))
-    named = list(model.named_parameters())
-    opt = torch.optim.AdamW([{"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
-                             {"params": [p for _, p in named if p.dim() >= 2][::-1], "weight_decay": 0.1}], lr=1e-2)
+    pairs = [(n, p) if named else p for n, p in model.named_parameters()]
+    dims = [p.dim() for p in model.parameters()]
+    opt = torch.optim.AdamW([{"params": [x for x, d in zip(pairs, dims, strict=True) if d < 2], "weight_decay": 0.0},
+                             {"params": [x for x, d in zip(pairs, dims, strict=True) if d >= 2][::-1],
+                              "weight_decay": 0.1}], lr=1e-2)
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     msd, osd = get_state_dict(model, opt)
