@@ -273,7 +273,6 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
                 if to is None:
                     to = f"{out_path}.{key}" if out_path else str(key)
                 else:  # renamed whole: the same container under its new key
-                    renamed[at] = to
                     touched.append((new, out_path))
                     key = to[len(out_path) + 1:] if out_path else to
                 _add(new, key, child)
