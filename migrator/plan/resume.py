@@ -58,7 +58,7 @@ def resume_note(opt: Any) -> str:
     in the saved order (`migrator.param_groups`); state keyed by names goes through DCP's `set_state_dict`."""
     at = "ckpt" + "".join(f"[{p}]" if p.isdigit() else f"[{p!r}]" for p in opt.path.split(".")) if opt.path else "ckpt"
     build = f"opt = torch.optim.AdamW(migrator.param_groups({at}, model))"
-    if all(type(i) is str for group in opt.params for i in group):
+    if opt.by_name:
         return (f"to resume {opt.label} (keyed by parameter names): {build} (or your optimizer class), then "
                 f"torch.distributed.checkpoint.state_dict.set_state_dict(model, opt, model_state_dict=..., "
                 f"optim_state_dict={at}) matches its state by name")

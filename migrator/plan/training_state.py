@@ -72,6 +72,14 @@ class Optimizer:
     file: str = ""  # the checkpoint's label, for errors
     prefix: str = ""  # before the names the optimizer gives its parameters (`model.` in a whole checkpoint)
     owner: dict[Key, str] = field(default_factory=dict)  # id -> the model tensor's reader name
+    # ids that are names are written as names (DCP's, as dcp_to_torch_save does); a ZeRO folder's names
+    # are the reader's own device to match state by name, written as torch numbers its ids
+    name_ids: bool = True
+
+    @property
+    def by_name(self) -> bool:
+        """Whether the written ids are the parameters' names."""
+        return self.name_ids and all(type(i) is str for group in self.params for i in group)
 
     @property
     def label(self) -> str:
@@ -365,8 +373,7 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
     # which outputs keep state, in which group: the first pass; their ids depend on the order of all
     kept: list[tuple[int, int, list[Key], str]] = []  # (entry index, group, source ids, name in the group)
     used: set[Key] = set()
-    # ids that are names stay names (DCP's, whether or not param_names are saved beside them)
-    by_name = all(type(i) is str for group in opt.params for i in group)
+    by_name = opt.by_name  # DCP's names stay names, whether or not param_names are saved beside them
     base = f"{opt.path}.state." if opt.path else "state."
     prefix = model_prefix + opt.prefix
     depth = prefix.count(".")
@@ -591,6 +598,7 @@ class Training:
         shapes = {t.name: t.shape for t in self.model}
         container = model_dict(reader.structure, list(shapes))
         for opt in self.optimizers:
+            opt.name_ids = reader.format != "deepspeed"
             try:
                 identify(opt, [t.name for t in self.model], reader.label, container=container)
                 check_state_shapes(opt, shapes, {n: by_name[n].shape for n in opt.tensor_names}, HINT)
