@@ -220,27 +220,23 @@ def save_planned(
     return out
 
 
-def save_planned_pair(writer: Writer, path: str | os.PathLike[str], second: Writer, second_path: str | os.PathLike[str],
-                      *, overwrite: bool = False, protect: Iterable[Protected] = (), fsync: bool = True,
-                      outputs: Iterable[str | os.PathLike[str]] = (),
-                      mode_from: Iterable[str | os.PathLike[str] | int] = (), make_folders: bool = False) -> str:
-    """Two local files that belong together (a model and its optimizer record): both are written whole and
-    flushed to their scratch files before either is renamed into place, and an error in either publishes
-    neither. The two renames are one after the other: a crash between them (a window of one rename) leaves
-    the first published beside the other's old file. Returns the first path written."""
-    out, out2 = writer.resolve_path(path), second.resolve_path(second_path)
-    outputs = list(outputs)
-    # the inner (first) file is published when its block ends, the outer right after: both bodies ran whole
-    with (atomic_output(out2, overwrite=overwrite, protect=protected_files(protect), outputs=[*outputs, out],
-                        expected_size=second.total_size, fsync=fsync, mode_from=mode_from,
-                        make_folders=make_folders) as sink2,
-          atomic_output(out, overwrite=overwrite, protect=protected_files(protect), outputs=[*outputs, out2],
-                        expected_size=writer.total_size, fsync=fsync, mode_from=mode_from,
-                        make_folders=make_folders) as sink):
-        second.write_to(sink2)
-        sink2.flush()
-        writer.write_to(sink)
-    return out
+def save_planned_together(parts: Sequence[tuple[Writer, str | os.PathLike[str]]], *, overwrite: bool = False,
+                          protect: Iterable[Protected] = (), fsync: bool = True,
+                          outputs: Iterable[str | os.PathLike[str]] = (),
+                          mode_from: Iterable[str | os.PathLike[str] | int] = (), make_folders: bool = False) -> str:
+    """Local files that belong together (Burn's LR scheduler record, its optimizer record, then the model),
+    through `storage.atomic_pair.atomic_outputs`: all written whole and synced, every check made, before
+    any is renamed; renamed in the order given, the last (the model) being the commit point, so a new
+    model is never beside an old record; an error in any publishes none. Returns the last path written."""
+    from ..storage.atomic_pair import atomic_outputs
+
+    paths = [w.resolve_path(p) for w, p in parts]
+    with atomic_outputs(paths, overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
+                        expected_sizes=[w.total_size for w, _ in parts], fsync=fsync, mode_from=mode_from,
+                        make_folders=make_folders) as sinks:
+        for (writer, _), sink in zip(parts, sinks, strict=True):
+            writer.write_to(sink)
+    return paths[-1]
 
 
 def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: bool, protect: Iterable[Protected],

@@ -188,7 +188,9 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
                         record=None if recipe.target.optimizer is None else resolve_path(base_dir,
                                                                                          recipe.target.optimizer),
                         copy_from=None if recipe.target.copy_from is None else copy_folder(
-                            resolve_path(base_dir, recipe.target.copy_from), tgt_path))
+                            resolve_path(base_dir, recipe.target.copy_from), tgt_path),
+                        param_order=None if recipe.target.param_order is None else resolve_path(
+                            base_dir, recipe.target.param_order))
         settings = Settings(overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                             fsync=recipe.target.fsync if fsync is None else fsync, recipe_sha256=file.sha256,
                             hash_sources=hash_sources, hint_syntax=hint_syntax, module_origins=file.module_origins,
@@ -263,6 +265,7 @@ class Places:
     template: Path | None = None
     record: Path | None = None  # Burn's optimizer record when the recipe names it (`target.optimizer`)
     copy_from: Path | None = None  # a folder target's companion files, when not the source's folder
+    param_order: Path | None = None  # the new model whose order a kept optimizer's ids follow
 
 
 @dataclass(frozen=True)
@@ -301,7 +304,7 @@ class Compilation:
 
         recipe, reader, fatal = self.recipe, self.reader, self.fatal
         training = training_state(recipe, reader, self.out_fmt, self.places.template, fatal, self.model_key)
-        entries, report, record = self._entries(training)
+        entries, report, (record, pair) = self._entries(training)
         meta, notes = self._metadata(entries, report, training)
         kept: list[str] = []  # what keeping a checkpoint's structure says
         problems = len(fatal)
@@ -317,21 +320,24 @@ class Compilation:
             if recipe.target.scalars == "keep":
                 scalars = without_torch_ids(scalars, training)
             meta = {**without_torch_ids(meta, training), **recipe.target.metadata}
+            if pair is not None:  # the stamp both files of the pair carry (plan/burn_pair.py)
+                meta.update(pair.model_meta)
         places, settings = self.places, self.settings
         plan = Plan(places.source, reader.format, places.target, self.out_fmt, places.template, entries, report, meta,
                     scalars, settings.overwrite, settings.fsync, notes, fatal, self.readers, structure_notes=kept,
                     storage=self.read.storage)
         if not fatal:
             try:
-                self._write(plan, structure, record)
+                self._write(plan, structure, record, pair)
             except MigratorError as e:
                 fatal.append(str(e))
         return plan
 
-    def _entries(self, training: Training) -> tuple[list[PlanEntry], ApplyReport, Any]:
+    def _entries(self, training: Training) -> tuple[list[PlanEntry], ApplyReport, tuple[Any, Any]]:
         """Steps 1-4 for the model's tensors (in their own frame: their per-tensor intermediates are gone
-        before the writer is planned), then a training checkpoint's optimizer state following them, and
-        the problems of the report that stop a run. Also Burn's optimizer record, when one is made."""
+        before the writer is planned), then a training checkpoint's optimizer state following them (in
+        the new model's order when `target.param_order` gives it), and the problems of the report that
+        stop a run. Also Burn's optimizer record and what pairs it with the model, when one is made."""
         recipe, fatal = self.recipe, self.fatal
         declares = Declarations()  # modules one declaration each would fix
         entries, report = self.tensors(training.model, template=self.places.template, fatal=fatal, declares=declares)
@@ -339,14 +345,24 @@ class Compilation:
             def replan(tensors: list[LazyTensor]) -> list[PlanEntry]:  # the same steps over moments
                 return self.tensors(tensors, template=None, fatal=[], cast=False)[0]
 
-            entries += training.follow(self.reader, entries, replan, fatal)
+            from .optimizer_order import new_model_order
+
+            order = new_model_order(self.places.param_order, training, fatal, self.read)
+            entries += training.follow(self.reader, entries, replan, fatal, order)
+        elif self.places.param_order is not None:
+            fatal.append("target.param_order orders a kept optimizer's ids: it needs training_state: keep, a .pt "
+                         "target and a source with an optimizer")
         report.optimizer = training.fates
         entries = training.placed(entries)
-        record = None
+        record = pair = None
         if training.burn:  # the model's tensors get param_ids; the optimizers' state becomes Burn's record
-            from .burn_optimizer import burn_record
+            from .burn_optimizer import default_record_path
+            from .burn_pair import paired_record
 
-            entries, record = burn_record(training, entries, self.reader, fatal)
+            burnpack, target = writer_class("burnpack"), self.places.target
+            entries, record, pair = paired_record(
+                training, entries, self.reader, fatal, burnpack.resolve_path(target),
+                burnpack.resolve_path(self.places.record or default_record_path(target)))
         for e in report.errors:
             if e.kind != "shape_mismatch" or recipe.validate_shapes:
                 fatal.append(str(e) if self.settings.hint_syntax != "convert" else in_convert_syntax(str(e)))
@@ -354,7 +370,7 @@ class Compilation:
             from ..transform.modules import declaration_hint
 
             fatal.append(declaration_hint(declares.wanted, declares.paths, self.settings.hint_syntax))
-        return entries, report, record
+        return entries, report, (record, pair)
 
     def _metadata(self, entries: list[PlanEntry], report: ApplyReport, training: Training
                   ) -> tuple[dict[str, str], list[str]]:
@@ -385,9 +401,9 @@ class Compilation:
                          f"Burn's Vec<Module> has no gaps): {shown}{more}")
         return meta, notes
 
-    def _write(self, plan: Plan, structure: Any, record: Any) -> None:
+    def _write(self, plan: Plan, structure: Any, record: Any, pair: Any) -> None:
         """The plan's writer (a folder of shards, or one file keeping `structure`), and Burn's optimizer
-        record beside it."""
+        record beside it (stamped as one `pair` with the model)."""
         recipe, reader, out_fmt, notes = self.recipe, self.reader, self.out_fmt, plan.notes
         tensors = [e.tensor for e in plan.entries]
         if recipe.target.shard is not None:
@@ -414,13 +430,14 @@ class Compilation:
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
             plan.writer = writer_class(out_fmt)(tensors + made_tensors, scalars=plan.scalars, **options, **tree)
             notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
-        if record is not None:
+        if record is not None and pair is not None:
             from ..formats.burnpack import BurnpackWriter
-            from .burn_optimizer import default_record_path
 
-            # exactly Burn's record: its paths are the whole metadata map (no format/producer keys)
-            plan.record = BurnpackWriter(record.tensors, metadata=record.paths, scalars=record.scalars)
-            plan.record_path = self.places.record or default_record_path(self.places.target)
+            # Burn's record: its paths, and the pair's stamp (no format/producer keys; Burn's
+            # load_record keeps only the keys that parse as a ParamId)
+            plan.record = BurnpackWriter(record.tensors, metadata={**record.paths, **pair.record_meta},
+                                         scalars=record.scalars)
+            plan.record_path = Path(pair.record_file)
             notes.append(f"Burn's optimizer record: {plan.record.resolve_path(plan.record_path)}, written with "
                          "the model (ModuleOptimizer::load reads it; target.optimizer or --optimizer-out choose "
                          "its path)")
