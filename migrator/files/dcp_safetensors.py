@@ -17,11 +17,12 @@ from typing import Any
 
 from ..core.errors import FormatError, LimitExceededError
 from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.reopening import reopening
 from ..formats.base import Reader
 from ..formats.bounded_json import load_bounded_json
 from ..formats.dcp.assemble import Piece, assemble
 from .ranks import RanksReader
-from .single import open_single
+from .single import reader_over
 
 SHARDING_KEY = "DCP_SHARDING_INFO"
 OFFSETS_KEY = "saved_offsets"
@@ -56,7 +57,7 @@ class DcpSafetensorsReader(RanksReader):
         super().__init__(files, limits=limits)
 
     def _open_rank(self, f: Path) -> Reader:
-        return open_single(f, "safetensors", self.limits, {})
+        return reader_over(reopening(f, self.fds), f, "safetensors", self.limits, {})
 
     def _adopt(self, first: Reader) -> None:
         pass  # each file's metadata is its own sharding info, not the checkpoint's
