@@ -81,7 +81,7 @@ class DcpSafetensorsReader(RanksReader):
             if any(len(p.offsets) != len(first.shape) for p in chunks):
                 raise FormatError("chunks of different ranks (numbers of dimensions)", file=label, tensor=name)
             shape = tuple(max(p.offsets[d] + p.sizes[d] for p in chunks) for d in range(len(first.shape)))
-            self.tensors.append(assemble(name, first.dtype, shape, chunks, label))
+            self.tensors.append(assemble(name, first.dtype, shape, chunks, label, self.limits))
 
     def extra(self) -> dict[str, Any]:
         return {"container": "dcp-safetensors", "files": [{"file": str(f)} for f in self.files]}

@@ -155,7 +155,7 @@ class RanksReader(Reader):
                                       f"placements make it {list(sizes)}", file=label, tensor=name)
                 pieces.setdefault((offsets, sizes), Piece(offsets, sizes, str(self.files[k]), t))
             dtype = locals_[0].dtype
-            self.tensors.append(assemble(name, dtype, first.size, list(pieces.values()), label))
+            self.tensors.append(assemble(name, dtype, first.size, list(pieces.values()), label, self.limits))
 
     def extra(self) -> dict[str, Any]:
         return {"container": "ranks", "world_size": len(self.files),

@@ -175,7 +175,7 @@ class ShardedTensorRanksReader(RanksReader):
         if bad is not None:
             raise FormatError(f"a shard is placed on rank {bad.rank}, in a world of {len(readers)} ranks",
                               file=label, tensor=tensor)
-        return assemble(tensor, dtype, first.size, pieces, label)
+        return assemble(tensor, dtype, first.size, pieces, label, self.limits)
 
     def extra(self) -> dict[str, Any]:
         return {**super().extra(), "container": "sharded_tensor_ranks"}

@@ -94,7 +94,7 @@ class DcpReader(Reader):
                 source = self._file(loc.file, name)
                 t = chunk_tensor(source, loc.offset, loc.length, self.limits, name)
                 pieces.append(Piece(chunk.offsets, chunk.sizes, source.label, t))
-            by_name[name] = assemble(name, entry.dtype, entry.size, pieces, label)
+            by_name[name] = assemble(name, entry.dtype, entry.size, pieces, label, self.limits)
             self._chunk_files[name] = sorted({p.file for p in pieces})
         for name in meta.byte_values:
             loc = meta.location(name, None, label)
