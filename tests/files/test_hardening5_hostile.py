@@ -272,7 +272,7 @@ def test_fsdp1_set_in_a_cache_snapshot_reads(tmp_path: Path, fsdp1: Path) -> Non
 
 
 def test_a_link_to_another_repositorys_blobs_is_refused(tmp_path: Path) -> None:
-    blobs, snapshot = _cache(tmp_path)
+    _, snapshot = _cache(tmp_path)
     other = tmp_path / "hub" / "models--else--other" / "blobs"
     other.mkdir(parents=True)
     hf_set(snapshot)
