@@ -41,6 +41,9 @@ def _offsets(reader: Reader, label: str, limits: Limits) -> dict[str, tuple[int,
         if not isinstance(offsets, list) or not all(type(o) is int and o >= 0 for o in offsets):
             raise FormatError(f"{SHARDING_KEY}: {OFFSETS_KEY} of '{name}' is not a list of indices", file=label,
                               tensor=str(name))
+        if any(o >= 1 << 63 for o in offsets):  # torch's int64: and no message prints thousands of digits
+            raise FormatError(f"{SHARDING_KEY}: {OFFSETS_KEY} of '{name}' holds an offset beyond 2^63", file=label,
+                              tensor=str(name))
         out[str(name)] = tuple(offsets)
     return out
 

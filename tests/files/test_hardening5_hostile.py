@@ -282,3 +282,14 @@ def test_a_link_to_another_repositorys_blobs_is_refused(tmp_path: Path) -> None:
         (snapshot / n).unlink()
         (snapshot / n).symlink_to(target)
     refused(["convert", str(snapshot), str(tmp_path / "out.safetensors")], tmp_path / "hub", words="leads out of")
+
+
+@pytest.mark.parametrize("digits", [4_000, 5_000])
+def test_offsets_of_thousands_of_digits_are_one_short_line(digits: int, tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    folder = hf_set(root / "ckpt")
+    info = '{"w": {"saved_offsets": [' + "9" * digits + ", 0]}}"
+    save([from_numpy("w", W[4:])], folder / hf_name(2), overwrite=True,
+         metadata={"format": "pt", "DCP_SHARDING_INFO": info, "DCP_VERSION": "1.0"})
+    done = refused(["convert", str(folder), str(root / "out.safetensors")], root, words=hf_name(2))
+    assert len(done.stderr) < 400 and "set_int_max_str_digits" not in done.stderr, done.stderr
