@@ -560,6 +560,15 @@ def _resolve(module: str, name: str) -> Any:
 
 
 
+def _private_module(top: str) -> bool:
+    """A top-level module named with one leading underscore: the standard library's C halves
+    (`_operator`, `_functools`, `_posixsubprocess`, `_thread`, `_ctypes`, ...) are as code-running as
+    their public names, and a checkpoint's data never needs one the allow-list does not name
+    (`_codecs.encode` is allow-listed, so resolved before this). `__main__`, where a script's own
+    classes live, stays a placeholder."""
+    return top.startswith("_") and not top.startswith("__")
+
+
 def _is_gadget(name: str) -> bool:
     """Globals whose call could run code under pickle: refused at once, never a placeholder.
 
@@ -568,7 +577,7 @@ def _is_gadget(name: str) -> bool:
     """
     module, _, short = name.rpartition(".")
     top = module.split(".")[0]
-    if top in _DANGEROUS_MODULES:
+    if top in _DANGEROUS_MODULES or _private_module(top):
         return True
     return top == "torch" and not short[:1].isupper()
 
