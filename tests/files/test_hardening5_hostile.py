@@ -293,3 +293,12 @@ def test_offsets_of_thousands_of_digits_are_one_short_line(digits: int, tmp_path
          metadata={"format": "pt", "DCP_SHARDING_INFO": info, "DCP_VERSION": "1.0"})
     done = refused(["convert", str(folder), str(root / "out.safetensors")], root, words=hf_name(2))
     assert len(done.stderr) < 400 and "set_int_max_str_digits" not in done.stderr, done.stderr
+
+
+def test_a_local_shard_is_named_as_the_user_knows_it(tmp_path: Path) -> None:
+    """A rank's local shard a stride-0 view of 2 GiB (past `max_expanded_bytes` in that one file): the
+    error names the ShardedTensor and its local shard, not the reader's internal name (a NUL in it)."""
+    root = tmp_path / "w"
+    folder = fsdp1_set(root / "ckpt", ranks=2, cols=1 << 14, expanded_rows=1 << 15)
+    done = refused(["convert", str(folder), str(root / "out.safetensors")], root, words="tensor 'w' (local shard 0)")
+    assert "\x00" not in done.stderr
