@@ -1,7 +1,7 @@
 """Small rank sets written here, for the hostile tests of rank-set readers: FSDP1 ShardedTensor rank
 files made on torch's fake process group (an N-rank world in one process, no sockets), each rank's file
-as FSDP1's SHARDED_STATE_DICT saves it (row k of `w` on rank k, a plain `step`), and the oracle
-`whole.pt` beside the folder; and a two-rank ZeRO-1 step laid out as DeepSpeed writes it."""
+as FSDP1's SHARDED_STATE_DICT saves it (row k of `w` on rank k, `b` on rank 0 alone, a plain `step`),
+and the oracles beside the folder; and a two-rank ZeRO-1 step laid out as DeepSpeed writes it."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor, Shard
 from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
 from torch.testing._internal.distributed.fake_pg import FakeStore
 warnings.simplefilter("ignore")
-out, n, cols, expanded = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+out, n, cols, expanded, protocol = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[6])
 w = torch.randn(n, cols, generator=torch.Generator().manual_seed(0))
+b = torch.randn(2, cols, generator=torch.Generator().manual_seed(1))  # all on rank 0: placements say nothing of n
 if not expanded:
     torch.save(w, f"{out}/../whole.pt")
+    torch.save(b, f"{out}/../whole_b.pt")
 for k in range(n):
     dist.init_process_group("fake", store=FakeStore(), rank=k, world_size=n)
     rows = 1 if not expanded else int(sys.argv[5])
@@ -31,17 +33,24 @@ for k in range(n):
     st = ShardedTensor._init_from_local_shards_and_global_metadata([Shard(local, metas[k])], md)
     if expanded:  # a stride-0 view: a few bytes of storage claiming rows x cols elements
         st._local_shards = [Shard(torch.ones(1, 1).expand(rows, cols), metas[k])]
-    torch.save({"w": st, "step": torch.tensor(3)}, f"{out}/model_rank{k}.pt")
+    saved = {"w": st, "step": torch.tensor(3)}
+    if not expanded:
+        metas_b = [ShardMetadata([0, 0], [2, cols], "rank:0/cpu")]
+        md_b = ShardedTensorMetadata(metas_b, b.size(), TensorProperties(dtype=b.dtype))
+        saved["b"] = ShardedTensor._init_from_local_shards_and_global_metadata(
+            [Shard(b.clone(), metas_b[0])] if k == 0 else [], md_b)
+    torch.save(saved, f"{out}/model_rank{k}.pt", pickle_protocol=protocol)
     dist.destroy_process_group()
 """
 
 
-def fsdp1_set(folder: Path, ranks: int = 2, cols: int = 3, *, expanded_rows: int = 0) -> Path:
-    """`folder` filled with an FSDP1 set of `ranks` rank files (`model_rank{K}.pt`); with
-    `expanded_rows`, each rank's shard is a stride-0 view of that many rows (no oracle written)."""
+def fsdp1_set(folder: Path, ranks: int = 2, cols: int = 3, *, expanded_rows: int = 0, protocol: int = 2) -> Path:
+    """`folder` filled with an FSDP1 set of `ranks` rank files (`model_rank{K}.pt`, torch.save's pickle
+    `protocol`): `w` row k on rank k, `b` whole on rank 0 (oracles `whole.pt`, `whole_b.pt` beside the
+    folder); with `expanded_rows`, `w` only, each rank's shard a stride-0 view of that many rows."""
     folder.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", FSDP1, str(folder), str(ranks), str(cols),
-                    "1" if expanded_rows else "0", str(expanded_rows)], check=True, timeout=300)
+                    "1" if expanded_rows else "0", str(expanded_rows), str(protocol)], check=True, timeout=300)
     return folder
 
 

@@ -302,3 +302,18 @@ def test_a_local_shard_is_named_as_the_user_knows_it(tmp_path: Path) -> None:
     folder = fsdp1_set(root / "ckpt", ranks=2, cols=1 << 14, expanded_rows=1 << 15)
     done = refused(["convert", str(folder), str(root / "out.safetensors")], root, words="tensor 'w' (local shard 0)")
     assert "\x00" not in done.stderr
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_fsdp1_sets_of_either_pickle_protocol_read(protocol: int, tmp_path: Path) -> None:
+    """Protocol 4 names the nested ProcessGroupState class by its qualified name where 2 pickles a
+    getattr: both give the saved world size (a tensor held by rank 0 alone says nothing of it)."""
+    from cli_support import migrate_in_process
+
+    folder = fsdp1_set(tmp_path / "ckpt", protocol=protocol)
+    out = tmp_path / "out.safetensors"
+    done = migrate_in_process("convert", str(folder), str(out))
+    assert done.returncode == 0, done.stderr
+    got = load_file(out)
+    assert np.array_equal(got["w"], torch.load(tmp_path / "whole.pt").numpy())
+    assert np.array_equal(got["b"], torch.load(tmp_path / "whole_b.pt").numpy())

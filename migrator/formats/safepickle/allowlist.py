@@ -526,6 +526,10 @@ def _make_table() -> dict[tuple[str, str], Any]:
     for name in RECORD_CLASSES:
         mod, _, short = name.rpartition(".")
         t[(mod, short)] = _record_class(name)
+    # protocol 4 names a nested class by its qualified name (STACK_GLOBAL module, "Outer.Inner"), where
+    # protocols 2-3 pickle getattr(Outer, "Inner") (`_h_getattr`): the same record class either way
+    t[(_PROCESS_GROUP_STATE[:-len(".ShardedTensor.ProcessGroupState")], "ShardedTensor.ProcessGroupState")] = \
+        _record_class(_PROCESS_GROUP_STATE)
     t[("torch.serialization", "_get_layout")] = _builtin("torch.serialization._get_layout", _h_get_layout)
     t[("collections", "OrderedDict")] = _builtin("collections.OrderedDict", _h_ordered_dict)
     t[("collections", "defaultdict")] = _builtin("collections.defaultdict", _h_defaultdict)
