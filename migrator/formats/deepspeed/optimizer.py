@@ -79,6 +79,26 @@ def _base(state: StateFile, stage: int) -> tuple[Any, Any, str]:
     return st, groups, where
 
 
+MAX_HYPER_DEPTH = 32
+"""Containers nested in one hyperparameter (torch's are flat: betas is a tuple of two)."""
+
+
+def _depth(value: Any) -> int:
+    """How deep containers nest in `value`, found without recursion (a pickle may nest them 1,000 deep);
+    a container shared by memo is walked again only when met deeper, so shared ones cost no 2^depth."""
+    most, todo = 0, [(value, 0)]
+    seen: dict[int, int] = {}
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list, tuple)) and seen.get(id(v), -1) < d:
+            seen[id(v)] = d
+            most = max(most, d + 1)
+            if most > MAX_HYPER_DEPTH:
+                return most
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return most
+
+
 def _plain(value: Any) -> bool:
     return value is None or type(value) in (bool, int, float, str)
 
@@ -103,6 +123,9 @@ def read_optimizer(stage: int, ranks: Sequence[StateFile], flats: Sequence[Seque
         ids += list(group["params"])
         group_of += [g] * len(group["params"])
         hypers.append({k: v for k, v in group.items() if k != "params"})
+        if _depth(group) > MAX_HYPER_DEPTH:  # the tree and its writer walk it by recursion: refused first
+            raise first.bad(f"{where}.param_groups[{g}] holds a hyperparameter nested deeper than {MAX_HYPER_DEPTH} "
+                            "levels")
     count = len(flats[0])
     if len(ids) != count:
         raise first.bad(f"{where}.param_groups list {len(ids)} flat parameters but the rank holds {count} fp32 "
@@ -233,8 +256,6 @@ def _moment(full: str, shape: tuple[int, ...], pieces: Sequence[Piece], per_flat
 # the whole checkpoint, and what inspect says
 
 
-MAX_HYPER_DEPTH = 32
-"""Containers nested in one hyperparameter (torch's are flat: betas is a tuple of two)."""
 
 
 def _node(value: Any, tree: CheckpointTree, path: str, depth: int = 0) -> Any:

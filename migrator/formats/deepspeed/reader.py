@@ -237,10 +237,7 @@ class ZeroReader(Reader):
             return list(out.values())
         # the whole checkpoint: the fp32 view under `model.`, then each parameter's optimizer state
         optimizer = read_optimizer(self.stage, ranks, flats, shapes, pieces, files, label)
-        try:
-            self.structure = whole_tree(list(out), optimizer)
-        except FormatError as e:  # a hyperparameter nested too deep: rank 0's optimizer file holds it
-            raise FormatError(e.detail, file=first.file) from None
+        self.structure = whole_tree(list(out), optimizer)
         return [t.renamed(f"{MODEL}.{name}") for name, t in out.items()] + optimizer.tensors()
 
     def _check_same_stage(self, state: StateFile) -> None:
