@@ -33,7 +33,8 @@ def _model(kind: str) -> Any:
                                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
                                             tie_word_embeddings=False))
     # tied head, LayerNorm modules named ln_* (no decay by module type), Conv1D weights
-    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=32, bos_token_id=0, eos_token_id=0))
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=32, bos_token_id=0,
+                                      eos_token_id=0))
 
 
 def _trainer(kind: str, out: str, steps: int, save: bool) -> Any:
@@ -49,9 +50,9 @@ def _trainer(kind: str, out: str, steps: int, save: bool) -> Any:
             return {"input_ids": ids, "labels": ids.clone()}
 
     args = TrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=4, learning_rate=1e-2,
-                             weight_decay=0.1, warmup_steps=2, lr_scheduler_type="constant_with_warmup", use_cpu=True, report_to=[], seed=0,
-                             logging_steps=1000, save_strategy="steps" if save else "no", save_steps=steps,
-                             dataloader_num_workers=0, disable_tqdm=True)
+                             weight_decay=0.1, warmup_steps=2, lr_scheduler_type="constant_with_warmup", use_cpu=True,
+                             report_to=[], seed=0, logging_steps=1000, save_strategy="steps" if save else "no",
+                             save_steps=steps, dataloader_num_workers=0, disable_tqdm=True)
     return Trainer(model=_model(kind), args=args, train_dataset=Tokens())
 
 

@@ -1,0 +1,234 @@
+"""A Hugging Face Trainer checkpoint folder as one training checkpoint (`files/trainer.py`).
+
+The oracle is transformers' Trainer itself (`trainer_support.py`, in a new process): a tiny Llama
+(untied head, RMSNorm) and a tiny GPT-2 (tied head, LayerNorm modules named ln_*, Conv1D) trained
+3 steps with AdamW and weight decay (the Trainer's two param groups), saved as checkpoint-3/. Then:
+
+- a Trainer folder migrated by migrator (a straight copy, a recipe renaming there and back, the order
+  given by a file instead of transformers) resumed by `Trainer.train(resume_from_checkpoint=...)` for
+  one step gives the same parameters and optimizer state, bit for bit, as resuming from the original;
+  a control folder whose optimizer.pt has two same-shaped parameters' moments swapped does not;
+- a `.pt` target holds, per parameter name, exactly the state the Trainer's optimizer held for that
+  parameter in memory, and a `.bpk` target's Burn record the same moments under each param_id;
+- an order that cannot be derived, or that contradicts the optimizer, is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli_support import REPO, migrate_in_process
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+np = pytest.importorskip("numpy")
+
+SUPPORT = REPO / "tests" / "trainer_support.py"
+CKPT = "checkpoint-3"
+COMPANIONS = ("scheduler.pt", "trainer_state.json", "rng_state.pth", "training_args.bin", "config.json")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("trainer")
+    done = subprocess.run([sys.executable, str(SUPPORT), "train", str(out)], capture_output=True, text=True,
+                          cwd=out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _convert(*args: Any) -> subprocess.CompletedProcess[str]:
+    done = migrate_in_process("convert", *map(str, args))
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    return done
+
+
+def _refused(*args: Any, words: tuple[str, ...] = ()) -> str:
+    done = _convert(*args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, done.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def _resume(tmp_path: Path, kind: str, folders: list[Path]) -> dict[str, Any]:
+    out = tmp_path / "resumed.pt"
+    done = subprocess.run([sys.executable, str(SUPPORT), "resume", str(out), kind, *map(str, folders)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out, weights_only=True)  # type: ignore[no-any-return]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _swapped_control(src: Path, dst: Path) -> Path:
+    """The checkpoint with two same-shaped parameters' moments swapped in optimizer.pt (written by torch)."""
+    shutil.copytree(src, dst)
+    opt = torch.load(dst / "optimizer.pt", weights_only=True)
+    ids = opt["param_groups"][0]["params"]
+    shapes = [opt["state"][i]["exp_avg"].shape for i in ids]
+    a, b = next((ids[x], ids[y]) for x in range(len(ids)) for y in range(x + 1, len(ids)) if shapes[x] == shapes[y])
+    opt["state"][a], opt["state"][b] = opt["state"][b], opt["state"][a]
+    torch.save(opt, dst / "optimizer.pt")
+    return dst
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_migrated_trainer_folder_resumes_bit_identical(trained: Path, tmp_path: Path, kind: str) -> None:
+    src = trained / kind / CKPT
+    copy = tmp_path / "copy" / CKPT
+    done = _convert(src, f"{copy}/", "--training-state", "keep")
+    assert done.returncode == 0, done.stderr
+    assert "Trainer's param groups" in done.stdout
+    there_and_back = tmp_path / "renamed" / CKPT
+    head = "model" if kind == "llama" else "transformer"
+    done = _convert(src, f"{there_and_back}/", "--training-state", "keep", "--remap", rf"^{head}\.=backbone.",
+                    "--remap", rf"^backbone\.={head}.")
+    assert done.returncode == 0, done.stderr
+    by_file = tmp_path / "by-file" / CKPT
+    done = _convert(src, f"{by_file}/", "--training-state", "keep", "--param-order", trained / kind / "order.pt")
+    assert done.returncode == 0, done.stderr
+    assert "order.pt" in done.stdout
+    for folder in (copy, there_and_back, by_file):
+        for name in COMPANIONS:  # the Trainer's own files, byte for byte
+            assert (folder / name).read_bytes() == (src / name).read_bytes(), name
+    control = _swapped_control(src, tmp_path / "control" / CKPT)
+
+    results = _resume(tmp_path, kind, [src, copy, there_and_back, by_file, control])
+    want = results[str(src)]
+    assert int(next(iter(want["optimizer"]["state"].values()))["step"]) == 4  # one more step was taken
+    for folder in (copy, there_and_back, by_file):
+        got = results[str(folder)]
+        assert _same(got["params"], want["params"]), folder
+        assert _same(got["optimizer"], want["optimizer"]), folder
+    # the comparison can fail: moments on the wrong parameters give another step
+    assert not _same(results[str(control)]["optimizer"], want["optimizer"])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_pt_target_holds_the_trainers_optimizer_by_name(trained: Path, tmp_path: Path, kind: str) -> None:
+    src = trained / kind / CKPT
+    out = tmp_path / "whole.pt"
+    head = "model" if kind == "llama" else "transformer"
+    done = _convert(src, out, "--training-state", "keep", "--top-level-key", "model", "--remap",
+                    rf"^{head}\.=backbone.")
+    assert done.returncode == 0, done.stderr
+    oracle = torch.load(trained / kind / "oracle.pt", weights_only=True)
+    ckpt = torch.load(out, weights_only=True)
+    renamed = {n: n.replace(f"{head}.", "backbone.", 1) if n.startswith(f"{head}.") else n
+               for g in oracle["groups"] for n in g}
+    # each parameter in the group the Trainer put it in (the .pt lists them in the output's order, by name)
+    assert [sorted(g["param_names"]) for g in ckpt["optimizer"]["param_groups"]] == [
+        sorted(renamed[n] for n in g) for g in oracle["groups"]]
+    by_name = {name: ckpt["optimizer"]["state"][i] for g in ckpt["optimizer"]["param_groups"]
+               for i, name in zip(g["params"], g["param_names"], strict=True)}
+    assert len(by_name) == len(oracle["state"])
+    for name, state in oracle["state"].items():
+        assert _same(by_name[renamed[name]], state), name
+    weights = torch.load(trained / kind / "order.pt", weights_only=True)
+    assert set(ckpt["model"]) == {renamed[n] for n in weights}
+    for n, p in weights.items():
+        assert torch.equal(ckpt["model"][renamed[n]], p)
+
+
+def test_burn_record_holds_the_trainers_moments(trained: Path, tmp_path: Path) -> None:
+    from migrator import open_file
+
+    src = trained / "llama" / CKPT
+    done = _convert(src, tmp_path / "model.bpk", "--training-state", "keep", "--top-level-key", "model")
+    assert done.returncode == 0, done.stderr
+    oracle = torch.load(trained / "llama" / "oracle.pt", weights_only=True)
+    with open_file(tmp_path / "model.bpk") as model, open_file(tmp_path / "model-optim.bpk") as record:
+        ids = {t.name: t.param_id for t in model.tensors}
+        assert set(ids) == set(oracle["state"])
+        for name, state in oracle["state"].items():
+            for key, field in (("exp_avg", "moment_1"), ("exp_avg_sq", "moment_2")):
+                got = record[f"{ids[name]}.momentum.{field}"].numpy()
+                assert np.array_equal(got, state[key].numpy()), (name, key)
+
+
+def _variant(src: Path, dst: Path, **config: Any) -> Path:
+    """The checkpoint with config.json entries changed (None: removed)."""
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "config.json").read_text())
+    for k, v in config.items():
+        if v is None:
+            data.pop(k, None)
+        else:
+            data[k] = v
+    (dst / "config.json").write_text(json.dumps(data))
+    return dst
+
+
+def test_an_order_that_cannot_be_derived_is_refused(trained: Path, tmp_path: Path) -> None:
+    src = trained / "llama" / CKPT
+    out = tmp_path / "out.pt"
+    unknown = _variant(src, tmp_path / "unknown" / CKPT, architectures=["NotATransformersModel"])
+    _refused(unknown, out, "--training-state", "keep",
+             words=("optimizer.pt", "NotATransformersModel", "--param-order", "training_state: drop"))
+    nameless = _variant(src, tmp_path / "nameless" / CKPT, architectures=None)
+    _refused(nameless, out, "--training-state", "keep", words=("no single architecture", "--param-order"))
+    assert not out.exists()
+
+
+def test_without_transformers_the_order_is_asked_for(trained: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails: not installed
+    out = tmp_path / "out.pt"
+    line = _refused(trained / "llama" / CKPT, out, "--training-state", "keep",
+                    words=("transformers is not installed", "--param-order", "migrator[trainer]"))
+    assert line.startswith("migrate: error:")
+    assert not out.exists()
+    # the order given by a file needs no transformers
+    done = _convert(trained / "llama" / CKPT, out, "--training-state", "keep", "--param-order",
+                    trained / "llama" / "order.pt")
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_order_that_contradicts_the_optimizer_is_refused(trained: Path, tmp_path: Path) -> None:
+    src = trained / "llama" / CKPT
+    out = tmp_path / "out" / CKPT
+    # another architecture than the one trained: the groups' sizes disagree
+    fewer = _variant(src, tmp_path / "fewer" / CKPT, num_hidden_layers=1)
+    _refused(fewer, f"{out}/", "--training-state", "keep", words=("param groups hold [16, 5]", "--param-order"))
+    # model.safetensors' own (sorted) order is not the model's: no split of it fits the moments' shapes
+    _refused(src, f"{out}/", "--training-state", "keep", "--param-order", src / "model.safetensors",
+             words=("fits no split", "model.safetensors"))
+    # a file listing fewer parameters than the optimizer holds
+    order = torch.load(trained / "llama" / "order.pt", weights_only=True)
+    torch.save(dict(list(order.items())[:-1]), tmp_path / "short.pt")
+    _refused(src, f"{out}/", "--training-state", "keep", "--param-order", tmp_path / "short.pt",
+             words=("lists 20 of the model's tensors", "21 parameters"))
+    assert not out.exists()
+
+
+def test_param_order_applies_to_trainer_folders_only(trained: Path, tmp_path: Path) -> None:
+    src = trained / "llama" / CKPT
+    _refused(src / "model.safetensors", tmp_path / "out.safetensors", "--param-order",
+             trained / "llama" / "order.pt", words=("applies only to a Hugging Face Trainer checkpoint",))
+
+
+def test_without_keep_the_folder_is_its_model(trained: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    src = trained / "llama" / CKPT
+    done = _convert(src, tmp_path / "model.safetensors")
+    assert done.returncode == 0, done.stderr
+    assert _same(load_file(tmp_path / "model.safetensors"), load_file(src / "model.safetensors"))
