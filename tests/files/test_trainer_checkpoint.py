@@ -232,3 +232,39 @@ def test_without_keep_the_folder_is_its_model(trained: Path, tmp_path: Path) -> 
     done = _convert(src, tmp_path / "model.safetensors")
     assert done.returncode == 0, done.stderr
     assert _same(load_file(tmp_path / "model.safetensors"), load_file(src / "model.safetensors"))
+
+
+def _section(doc: str, title: str) -> str:
+    start = doc.index(f"## {title}\n")
+    end = doc.find("\n## ", start + 1)
+    return doc[start:end if end >= 0 else None]
+
+
+def test_the_docs_trainer_commands_run(trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import shlex
+
+    sys.path.insert(0, str(SUPPORT.parent))
+    try:
+        from trainer_support import _model
+    finally:
+        sys.path.remove(str(SUPPORT.parent))
+    doc = (REPO / "docs" / "training-checkpoints.md").read_text()
+    blocks = re.findall(r"```(\w+)\n(.*?)```", _section(doc, "Hugging Face Trainer checkpoints"), re.S)
+    assert [kind for kind, _ in blocks] == ["sh", "python", "sh"]
+    shutil.copytree(trained / "llama" / CKPT, tmp_path / CKPT)
+    monkeypatch.chdir(tmp_path)
+    for kind, body in blocks:
+        if kind == "python":
+            exec(body, {"torch": torch, "model": _model("llama")})
+            continue
+        for line in body.strip().splitlines():
+            args = shlex.split(line, comments=True)
+            assert args[0] == "migrate"
+            done = migrate_in_process(*args[1:])
+            assert done.returncode == 0, (line, done.stderr)
+    assert (tmp_path / "migrated" / CKPT / "optimizer.pt").is_file()
+    assert (tmp_path / "model-optim.bpk").is_file()
+    assert "backbone.embed_tokens.weight" in torch.load(tmp_path / "renamed.pt", weights_only=True)["model"]
+    whole = torch.load(tmp_path / "whole.pt", weights_only=True)  # the last: the order given by order.pt
+    assert len(whole["optimizer"]["param_groups"]) == 2
