@@ -157,12 +157,15 @@ def _open_trainer(src: str | os.PathLike[str], limits: Limits, options: dict[str
 
 def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:
     from .sharded import ShardedReader
+    from .trainer import TrainerModelReader, is_trainer_checkpoint
 
     key = options.pop("top_level_key", None)
     options.pop("keep_structure", None)  # shards are state_dicts: written back flat
     if options:
         raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-    reader = ShardedReader(src, format, limits=limits)
+    # a Trainer checkpoint read without its training state: the model folder, saying what is left out
+    cls = TrainerModelReader if is_trainer_checkpoint(src) else ShardedReader
+    reader = cls(src, format, limits=limits)
     try:
         if key is not None:
             reader.select(key)

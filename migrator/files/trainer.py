@@ -182,3 +182,16 @@ def _groups(reader: Reader, label: str) -> tuple[Any, list[tuple[Any, list[int]]
     if len(set(ids)) != len(ids):
         raise FormatError("param_groups list a parameter id twice", file=label)
     return root, groups, ids
+
+
+NOT_READ = ("a Hugging Face Trainer checkpoint: only its model is read; its optimizer.pt (and scheduler, trainer "
+            "state) is not (--training-state keep reads the whole training checkpoint)")
+
+
+class TrainerModelReader(ShardedReader):
+    """A Trainer checkpoint folder read as the model folder it holds, saying what it leaves out."""
+
+    notes = (NOT_READ,)
+
+    def extra(self) -> dict[str, Any]:
+        return {**super().extra(), "notes": [NOT_READ]}

@@ -112,11 +112,14 @@ def per_element(state: Mapping[str, Shape], numel_of: Mapping[str, int]) -> dict
 
 
 def _template_names(path: str | os.PathLike[str], model: Mapping[str, Shape], limits: Any) -> list[str]:
-    from .io import open_file
+    from ..core.limits import DEFAULT_LIMITS
+    from .sharded import ShardedReader, is_sharded_path
+    from .single import open_single
 
-    options: dict[str, Any] = {} if limits is None else {"limits": limits}
-    try:
-        with open_file(path, **options) as reader:
+    limits = DEFAULT_LIMITS if limits is None else limits
+    try:  # a file or a model folder (not through files.io, which opens Trainer folders with this module)
+        with (ShardedReader(path, "auto", limits=limits) if is_sharded_path(path) else
+              open_single(path, "auto", limits, {})) as reader:
             names = reader.names()
     except OSError as e:
         raise FormatError(f"cannot read the parameter order: {e.strerror}", file=os.fspath(path)) from None

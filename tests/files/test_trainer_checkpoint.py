@@ -106,15 +106,24 @@ def test_migrated_trainer_folder_resumes_bit_identical(trained: Path, tmp_path: 
     done = _convert(src, f"{by_file}/", "--training-state", "keep", "--param-order", trained / kind / "order.pt")
     assert done.returncode == 0, done.stderr
     assert "order.pt" in done.stdout
-    for folder in (copy, there_and_back, by_file):
+    # shards past --max-shard-size, then that sharded Trainer folder read as a source in turn
+    sharded = tmp_path / "sharded" / CKPT
+    done = _convert(src, f"{sharded}/", "--training-state", "keep", "--max-shard-size", "8KB")
+    assert done.returncode == 0, done.stderr
+    assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
+    again = tmp_path / "again" / CKPT
+    done = _convert(sharded, f"{again}/", "--training-state", "keep")
+    assert done.returncode == 0, done.stderr
+    migrated = (copy, there_and_back, by_file, sharded, again)
+    for folder in migrated:
         for name in COMPANIONS:  # the Trainer's own files, byte for byte
             assert (folder / name).read_bytes() == (src / name).read_bytes(), name
     control = _swapped_control(src, tmp_path / "control" / CKPT)
 
-    results = _resume(tmp_path, kind, [src, copy, there_and_back, by_file, control])
+    results = _resume(tmp_path, kind, [src, *migrated, control])
     want = results[str(src)]
     assert int(next(iter(want["optimizer"]["state"].values()))["step"]) == 4  # one more step was taken
-    for folder in (copy, there_and_back, by_file):
+    for folder in migrated:
         got = results[str(folder)]
         assert _same(got["params"], want["params"]), folder
         assert _same(got["optimizer"], want["optimizer"]), folder
@@ -232,6 +241,10 @@ def test_without_keep_the_folder_is_its_model(trained: Path, tmp_path: Path) -> 
     done = _convert(src, tmp_path / "model.safetensors")
     assert done.returncode == 0, done.stderr
     assert _same(load_file(tmp_path / "model.safetensors"), load_file(src / "model.safetensors"))
+    shown = migrate_in_process("inspect", str(src), "--limit", "1")  # says what is left out, and how to keep it
+    assert shown.returncode == 0, shown.stderr
+    assert "note: a Hugging Face Trainer checkpoint: only its model is read" in shown.stdout
+    assert "--training-state keep" in shown.stdout
 
 
 def _section(doc: str, title: str) -> str:
