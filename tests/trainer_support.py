@@ -2,11 +2,12 @@
 of a Trainer folder read as one training checkpoint (`migrator.files.trainer`).
 
 `python trainer_support.py train OUT` (a new process: the Trainer and accelerate set process-wide
-state) trains each tiny model of `MODELS` for `STEPS` steps on random token data (fixed seeds,
-AdamW with weight decay: the Trainer's two param groups) and saves `OUT/<model>/checkpoint-<STEPS>/`;
-beside it, `OUT/<model>/oracle.pt` holds what the Trainer's own optimizer held at that point, by
-parameter name (`{"state": {name: {key: tensor}}, "groups": [[names]]}`), and `OUT/<model>/order.pt`
-the model's `named_parameters()` (a parameter-order file a user would save).
+state) trains each tiny model of `MODELS` (a Llama, a GPT-2, a Phi-3 of the Llama's sizes) for `STEPS`
+steps on random token data (fixed seeds, AdamW with weight decay: the Trainer's two param groups) and
+saves `OUT/<model>/checkpoint-<STEPS>/`; beside it, `OUT/<model>/oracle.pt` holds what the Trainer's
+own optimizer held at that point, by parameter name (`{"state": {name: {key: tensor}}, "groups":
+[[names]]}`), and `OUT/<model>/order.pt` the model's `named_parameters()` (a parameter-order file a
+user would save).
 
 `python trainer_support.py resume OUT.pt MODEL FOLDER...` resumes a Trainer of MODEL from each FOLDER
 (`Trainer.train(resume_from_checkpoint=FOLDER)`) for one more step and saves, per folder, the
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 STEPS = 3
-MODELS = ("llama", "gpt2")
+MODELS = ("llama", "gpt2", "phi3")
 
 
 def _model(kind: str) -> Any:
@@ -28,6 +29,12 @@ def _model(kind: str) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
+    if kind == "phi3":  # fused qkv_proj and gate_up_proj, o_proj declared before qkv_proj
+        from transformers import Phi3Config, Phi3ForCausalLM
+
+        return Phi3ForCausalLM(Phi3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                                          pad_token_id=0, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False))
     if kind == "llama":  # untied head, RMSNorm (no decay by name), GQA
         return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,

@@ -177,6 +177,14 @@ def _interleave(names: Sequence[str], sizes: Sequence[int], shapes: Sequence[dic
 # transformers' order
 
 
+def trainer_groups(config_path: Path) -> list[list[str]]:
+    """The Trainer's two param groups (decay, then none; each in `named_parameters()` order) of the model
+    `config_path` describes, built with transformers on the meta device; `Unavailable` says why not."""
+    names, decay = _from_transformers(config_path)
+    return [[n for n in names if n in decay], [n for n in names if n not in decay]]
+
+
+
 def _from_transformers(config_path: Path) -> tuple[list[str], set[str]]:
     """The model's trainable parameters in `named_parameters()` order and the names the Trainer decays,
     from the architecture `config_path` names, built on the meta device. transformers' own classes

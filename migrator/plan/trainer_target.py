@@ -6,9 +6,10 @@ torch's `Optimizer.load_state_dict` gives the saved state to the parameters by p
 of the saved groups is the k-th parameter of the new optimizer's groups, which the Trainer builds in
 the model's own order (`files.trainer_order`). So each group's ids are renumbered 0, 1, ... in the
 order the source's groups were derived to have (`TrainerReader.order`), and the state keyed alike.
-The output model must have the source's parameters (a recipe renames there and back, casts, or
-copies): a model with other parameters has another order, which is not derived here (refused,
-naming the first parameter that differs).
+When the output model has the source's parameters (a copy, a cast, a rename there and back), that
+order is the source's. A model with other parameters (a Phi-3 split into Llama's q/k/v) has its own
+order: derived with transformers from the config.json copied into the folder from `--copy-from`,
+and each group must then hold exactly the parameters whose state the recipe put in it.
 """
 
 from __future__ import annotations
@@ -39,10 +40,49 @@ def trainer_writer(training: Training, entries: Sequence[PlanEntry], reader: Rea
     if node is None:
         raise PlanError("the optimizer's state was dropped: a Trainer folder target needs it (write another target, "
                         "or keep the state)")
-    renumbered = _in_trainer_order(node, reader.order.groups, reader.named)
+    order = reader.order.groups
+    if _names(node) != [sorted(g) for g in order]:  # another model: its order from the config it is given
+        order = _new_model_order(node, options.get("copy_from"), options.get("copies", ()))
+    renumbered = _in_trainer_order(node, order, reader.named)
     optimizer = PytorchWriter(state, structure=renumbered)
     companions = [(reader.root / name, name) for name in reader.companions()]
     return TrainerFolderWriter(fmt, model, optimizer, companions, **options)
+
+
+def _names(node: Any) -> list[list[str]]:
+    """Each output param group's parameter names, sorted."""
+    groups = node.values[node.keys.index("param_groups")]
+    return [sorted(g.values[g.keys.index("param_names")].values) for g in groups.values]
+
+
+def _new_model_order(node: Any, copy_from: Path | None, copies: Sequence[tuple[str, bool]]) -> list[list[str]]:
+    """The Trainer's groups of the output model, whose parameters are not the source's: derived from the
+    config.json copied into the output from `copy_from`, and refused unless each group holds exactly the
+    parameters whose state the recipe put in it."""
+    from ..files.trainer_order import Unavailable, trainer_groups
+
+    have = _names(node)
+    first = next((n for names in have for n in names), "")
+    if copy_from is None or not any(pattern == "config.json" for pattern, _ in copies):
+        raise PlanError("the output model has other parameters than the source's: a Trainer folder target numbers "
+                        "optimizer.pt in the new model's order, derived from its config.json; give it with "
+                        "--copy-from NEW_MODEL_DIR --copy config.json (target.copy_from, target.copy), or write a .pt",
+                        tensor=first)
+    config = Path(copy_from) / "config.json"
+    try:
+        groups = trainer_groups(config)
+    except Unavailable as e:
+        raise PlanError(f"the output model's order cannot be derived from {config}: {e} (write a .pt target "
+                        "instead)") from None
+    for g, (want, got) in enumerate(zip(groups, have, strict=False)):
+        if sorted(want) != got:
+            other = sorted(set(want) ^ set(got))
+            raise PlanError(f"param group {g} of the output holds {len(got)} parameters, but the Trainer would put "
+                            f"{len(want)} in it for the model {config} describes (first difference: '{other[0]}'): "
+                            "the recipe's output is not that model", file=str(config), tensor=other[0])
+    if len(groups) != len(have):
+        raise PlanError(f"the output has {len(have)} param groups, the Trainer's {len(groups)}", file=str(config))
+    return groups
 
 
 def _in_trainer_order(node: Any, order: Sequence[Sequence[str]], named: bool) -> Any:

@@ -281,3 +281,80 @@ def test_the_docs_trainer_commands_run(trained: Path, tmp_path: Path, monkeypatc
     assert "backbone.embed_tokens.weight" in torch.load(tmp_path / "renamed.pt", weights_only=True)["model"]
     whole = torch.load(tmp_path / "whole.pt", weights_only=True)  # the last: the order given by order.pt
     assert len(whole["optimizer"]["param_groups"]) == 2
+
+
+PHI3_TO_LLAMA = r"""
+version: 1
+source: {path: phi3/checkpoint-3}
+training_state: keep
+ops:
+  - split: {from: '(model\.layers\.\d+)\.self_attn\.qkv_proj\.weight', dim: 0, parts: 3,
+            to: ['$1.self_attn.q_proj.weight', '$1.self_attn.k_proj.weight', '$1.self_attn.v_proj.weight']}
+  - split: {from: '(model\.layers\.\d+)\.mlp\.gate_up_proj\.weight', dim: 0, parts: 2,
+            to: ['$1.mlp.gate_proj.weight', '$1.mlp.up_proj.weight']}
+target: {path: llama/checkpoint-3/, copy_from: llama-config, copy: [config.json]}
+"""
+
+
+def test_a_new_model_gets_its_own_trainer_order(trained: Path, tmp_path: Path) -> None:
+    """Phi-3 (o_proj declared before the fused qkv_proj) split into Llama's q/k/v and gate/up: the
+    Trainer folder's optimizer.pt is numbered in Llama's order, so the optimizer the Trainer builds for a
+    Llama loads it by position and finds each parameter's moments: the split of Phi-3's, in torch."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    shutil.copytree(trained / "phi3", tmp_path / "phi3")
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                         tie_word_embeddings=False)
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path / "llama-config")
+    (tmp_path / "recipe.yaml").write_text(PHI3_TO_LLAMA)
+    done = migrate_in_process("run", str(tmp_path / "recipe.yaml"))
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "llama" / CKPT
+    assert (out / "scheduler.pt").read_bytes() == (tmp_path / "phi3" / CKPT / "scheduler.pt").read_bytes()
+
+    llama = LlamaForCausalLM.from_pretrained(out)
+    args = TrainingArguments(output_dir=str(tmp_path / "t"), use_cpu=True, weight_decay=0.1, report_to=[])
+    opt = Trainer(model=llama, args=args).create_optimizer()
+    opt.load_state_dict(torch.load(out / "optimizer.pt", weights_only=True))  # by position, as resuming does
+
+    phi3 = torch.load(trained / "phi3" / "oracle.pt", weights_only=True)["state"]
+    weights = load_file(tmp_path / "phi3" / CKPT / "model.safetensors")
+    parts = {"q_proj": ("self_attn.qkv_proj", 3, 0), "k_proj": ("self_attn.qkv_proj", 3, 1),
+             "v_proj": ("self_attn.qkv_proj", 3, 2), "gate_proj": ("mlp.gate_up_proj", 2, 0),
+             "up_proj": ("mlp.gate_up_proj", 2, 1)}
+
+    def surgery(name: str, value: Any) -> Any:  # the split, done in torch
+        module = name.split(".")[-2]
+        if module not in parts or value.dim() == 0:
+            return value
+        _, n, i = parts[module]
+        return value.chunk(n, dim=0)[i]
+
+    def source(name: str) -> str:
+        module = name.split(".")[-2]
+        if module not in parts:
+            return name
+        return name.replace(f"{name.split('.')[-3]}.{module}", parts[module][0])
+
+    checked = 0
+    for name, p in llama.named_parameters():
+        assert torch.equal(p.detach(), surgery(name, weights[source(name)])), name
+        state = opt.state[p]
+        want = phi3[source(name)]
+        assert set(state) == set(want), name
+        for key in want:
+            assert _same(state[key], surgery(name, want[key])), (name, key)
+        checked += 1
+    assert checked == len(list(llama.parameters())) == 21
+
+
+def test_a_new_model_without_its_config_is_refused(trained: Path, tmp_path: Path) -> None:
+    shutil.copytree(trained / "phi3", tmp_path / "phi3")
+    (tmp_path / "recipe.yaml").write_text(PHI3_TO_LLAMA.replace(", copy_from: llama-config, copy: [config.json]", ""))
+    done = migrate_in_process("run", str(tmp_path / "recipe.yaml"))
+    assert done.returncode == 1, done.stdout
+    assert "--copy-from NEW_MODEL_DIR --copy config.json" in done.stderr
+    assert not (tmp_path / "llama").exists()
