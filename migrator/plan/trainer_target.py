@@ -49,6 +49,17 @@ def trainer_writer(training: Training, entries: Sequence[PlanEntry], reader: Rea
     return TrainerFolderWriter(fmt, model, optimizer, companions, **options)
 
 
+def in_source_order(training: Training, reader: Reader) -> None:
+    """A Trainer checkpoint into a .pt, its parameters the source's: the ids in the Trainer's order there
+    too (`param_names` kept), so an optimizer built as the Trainer builds it loads it even by position."""
+    from ..files.trainer import TrainerReader
+
+    assert isinstance(reader, TrainerReader)
+    node, slots = training.swap.get("optimizer", (None, 0))
+    if node is not None and _names(node) == [sorted(g) for g in reader.order.groups]:
+        training.swap["optimizer"] = (_in_trainer_order(node, reader.order.groups, True), slots)
+
+
 def _names(node: Any) -> list[list[str]]:
     """Each output param group's parameter names, sorted."""
     groups = node.values[node.keys.index("param_groups")]

@@ -157,6 +157,31 @@ def test_pt_target_holds_the_trainers_optimizer_by_name(trained: Path, tmp_path:
         assert torch.equal(ckpt["model"][renamed[n]], p)
 
 
+def test_pt_target_of_the_same_model_keeps_the_trainers_order(trained: Path, tmp_path: Path) -> None:
+    """With the source's parameters, the .pt's ids are in the Trainer's order: the optimizer the Trainer
+    builds for the model loads it by position and finds each parameter's own state."""
+    from transformers import Trainer, TrainingArguments
+
+    sys.path.insert(0, str(SUPPORT.parent))
+    try:
+        from trainer_support import _model
+    finally:
+        sys.path.remove(str(SUPPORT.parent))
+    out = tmp_path / "whole.pt"
+    done = _convert(trained / "llama" / CKPT, out, "--training-state", "keep")
+    assert done.returncode == 0, done.stderr
+    oracle = torch.load(trained / "llama" / "oracle.pt", weights_only=True)
+    ckpt = torch.load(out, weights_only=True)
+    assert [g["param_names"] for g in ckpt["optimizer"]["param_groups"]] == oracle["groups"]
+    model = _model("llama")
+    model.load_state_dict(ckpt["model"])
+    args = TrainingArguments(output_dir=str(tmp_path / "t"), use_cpu=True, weight_decay=0.1, report_to=[])
+    opt = Trainer(model=model, args=args).create_optimizer()
+    opt.load_state_dict(ckpt["optimizer"])
+    for name, p in model.named_parameters():
+        assert _same(opt.state[p], oracle["state"][name]), name
+
+
 def test_burn_record_holds_the_trainers_moments(trained: Path, tmp_path: Path) -> None:
     from migrator import open_file
 
