@@ -42,6 +42,10 @@ HINT = ("pass the model's parameter order: --param-order FILE (source.param_orde
         "saved from the model, e.g. torch.save(dict(model.named_parameters()), FILE), or install transformers "
         "(pip install 'migrator[trainer]') to derive it from config.json; or set training_state: drop")
 
+GIVE_ORDER = ("pass the model's parameter order: --param-order FILE (source.param_order in a recipe), a state dict "
+              "saved from the model the Trainer trained, e.g. torch.save(dict(model.named_parameters()), FILE); or "
+              "set training_state: drop")
+
 MAX_STATES = 100_000
 """Partial interleavings followed at once when matching a template to the groups (a bound on work)."""
 
@@ -89,17 +93,17 @@ def check(order: Order, model: Mapping[str, Shape], sizes: Sequence[int], shapes
     counts = [len(g) for g in order.groups]
     if counts != list(sizes):
         raise FormatError(f"optimizer.pt's param groups hold {list(sizes)} parameters, but {order.rule} gives "
-                          f"{counts}: the order is not this optimizer's; {HINT}", file=label)
+                          f"{counts}: the order is not this optimizer's; {GIVE_ORDER}", file=label)
     flat = [n for g in order.groups for n in g]
     for i, name in enumerate(flat):
         if name not in model:
-            raise FormatError(f"{order.rule} names parameter '{name}', which is no tensor of the model; {HINT}",
+            raise FormatError(f"{order.rule} names parameter '{name}', which is no tensor of the model; {GIVE_ORDER}",
                               file=label, tensor=name)
         for key, shape in shapes[i].items():
             if shape != model[name]:
                 raise FormatError(f"optimizer.pt's state {i} '{key}' has shape {list(shape)}, but its parameter by "
                                   f"{order.rule} is '{name}' of shape {list(model[name])}: the order is not this "
-                                  f"optimizer's; {HINT}", file=label, tensor=name)
+                                  f"optimizer's; {GIVE_ORDER}", file=label, tensor=name)
 
 
 def per_element(state: Mapping[str, Shape], numel_of: Mapping[str, int]) -> dict[str, Shape]:

@@ -383,3 +383,41 @@ def test_a_new_model_without_its_config_is_refused(trained: Path, tmp_path: Path
     assert done.returncode == 1, done.stdout
     assert "--copy-from NEW_MODEL_DIR --copy config.json" in done.stderr
     assert not (tmp_path / "llama").exists()
+
+
+@pytest.mark.parametrize(("broken", "said"), [
+    ("not a dict", "not an optimizer state_dict"),
+    ("names as ids", "param_groups[0].params is not a list of parameter ids"),
+    ("a moment of another shape", "optimizer.pt's state 0 'exp_avg' has shape [3, 3]"),
+])
+def test_a_broken_optimizer_pt_is_refused(trained: Path, tmp_path: Path, broken: str, said: str) -> None:
+    folder = tmp_path / CKPT
+    shutil.copytree(trained / "llama" / CKPT, folder)
+    opt = torch.load(folder / "optimizer.pt", weights_only=True)
+    if broken == "not a dict":
+        opt = [1, 2]
+    elif broken == "names as ids":
+        opt["param_groups"][0]["params"] = ["a", "b"]
+    else:
+        opt["state"][0]["exp_avg"] = torch.zeros(3, 3)
+    torch.save(opt, folder / "optimizer.pt")
+    _refused(folder, tmp_path / "out.pt", "--training-state", "keep", words=(said,))
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_split_the_shapes_do_not_decide_is_refused(tmp_path: Path) -> None:
+    """Two parameters of one shape, one per group: either could be in either group."""
+    from safetensors.torch import save_file
+
+    from migrator.core.errors import FormatError
+    from migrator.files.trainer_order import parameter_order
+
+    save_file({"a": torch.zeros(4), "b": torch.zeros(4)}, tmp_path / "order.safetensors")
+    with pytest.raises(FormatError, match="several ways"):
+        parameter_order(tmp_path, {"a": (4,), "b": (4,)}, [1, 1], [{"exp_avg": (4,)}, {"exp_avg": (4,)}],
+                        str(tmp_path), tmp_path / "order.safetensors")
+    # one shape apart: one split fits, and it is found
+    save_file({"a": torch.zeros(4), "b": torch.zeros(2, 2)}, tmp_path / "order.safetensors")
+    order = parameter_order(tmp_path, {"a": (4,), "b": (2, 2)}, [1, 1], [{"exp_avg": (2, 2)}, {"exp_avg": (4,)}],
+                            str(tmp_path), tmp_path / "order.safetensors")
+    assert order.groups == [["b"], ["a"]]
