@@ -421,3 +421,18 @@ def test_a_split_the_shapes_do_not_decide_is_refused(tmp_path: Path) -> None:
     order = parameter_order(tmp_path, {"a": (4,), "b": (2, 2)}, [1, 1], [{"exp_avg": (2, 2)}, {"exp_avg": (4,)}],
                             str(tmp_path), tmp_path / "order.safetensors")
     assert order.groups == [["b"], ["a"]]
+
+
+def test_emit_recipe_keeps_the_param_order_file(trained: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe --emit-recipe -o writes finds the order file from its own folder, as it reads paths."""
+    shutil.copytree(trained / "llama", tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    done = _convert("run/checkpoint-3", "out/whole.pt", "--training-state", "keep", "--param-order",
+                    "run/order.pt", "--emit-recipe", "-o", "recipes/trainer.yaml")
+    assert done.returncode == 0, done.stderr
+    first = torch.load(tmp_path / "out" / "whole.pt", weights_only=True)
+    again = migrate_in_process("run", "recipes/trainer.yaml", "--target", "again.pt")
+    assert again.returncode == 0, again.stderr
+    assert "../run/order.pt" in (tmp_path / "recipes" / "trainer.yaml").read_text()
+    assert _same(torch.load(tmp_path / "again.pt", weights_only=True), first)
