@@ -286,10 +286,10 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                                  tensors=tensors, cast=False)[0]
 
         entries += training.follow(reader, entries, replan, fatal)
-        if reader.format == "trainer" and not training.trainer and not training.burn:
-            from .trainer_target import in_source_order
+        if reader.format == "trainer" and not training.burn:  # optimizer.pt's ids in the Trainer's order
+            from .trainer_target import in_trainer_order
 
-            in_source_order(training, reader)  # a .pt: the ids in the Trainer's order where it still holds
+            entries = in_trainer_order(training, reader, entries, fatal, copy_from, recipe.target.copies())
     report.optimizer = training.fates
     entries = training.placed(entries)
     record = None

@@ -15,6 +15,7 @@ and each group must then hold exactly the parameters whose state the recipe put 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ from .training_state import Training
 
 def trainer_writer(training: Training, entries: Sequence[PlanEntry], reader: Reader, fmt: str,
                    **options: Any) -> Writer:
-    """The folder's writer: the model's entries into `fmt` shards, the optimizer's into optimizer.pt."""
+    """The folder's writer: the model's entries into `fmt` shards, the optimizer's (renumbered by
+    `in_trainer_order`) into optimizer.pt, the source folder's other files copied."""
     from ..files.trainer import TrainerReader
     from ..files.trainer_writer import TrainerFolderWriter
     from ..formats.pytorch_writer import PytorchWriter
@@ -34,30 +36,46 @@ def trainer_writer(training: Training, entries: Sequence[PlanEntry], reader: Rea
     assert isinstance(reader, TrainerReader)
     model = [e.tensor for e in entries if e.optimizer is None]
     state = [e.tensor for e in entries if e.optimizer is not None]
-    if len(training.optimizers) != 1 or "optimizer" not in training.swap:
-        raise PlanError("a Trainer folder target holds one optimizer, from the source's optimizer.pt")
-    node, _ = training.swap["optimizer"]
-    if node is None:
-        raise PlanError("the optimizer's state was dropped: a Trainer folder target needs it (write another target, "
-                        "or keep the state)")
-    order = reader.order.groups
-    if _names(node) != [sorted(g) for g in order]:  # another model: its order from the config it is given
-        order = _new_model_order(node, options.get("copy_from"), options.get("copies", ()))
-    renumbered = _in_trainer_order(node, order, reader.named)
-    optimizer = PytorchWriter(state, structure=renumbered)
+    node = training.swap.get("optimizer", (None, 0))[0]
+    if len(training.optimizers) != 1 or node is None:
+        raise PlanError("a Trainer folder target holds the source's optimizer.pt, kept (training_state: keep)")
+    optimizer = PytorchWriter(state, structure=node)
     companions = [(reader.root / name, name) for name in reader.companions()]
     return TrainerFolderWriter(fmt, model, optimizer, companions, **options)
 
 
-def in_source_order(training: Training, reader: Reader) -> None:
-    """A Trainer checkpoint into a .pt, its parameters the source's: the ids in the Trainer's order there
-    too (`param_names` kept), so an optimizer built as the Trainer builds it loads it even by position."""
+def in_trainer_order(training: Training, reader: Reader, entries: list[PlanEntry], fatal: list[str],
+                     copy_from: Path | None = None, copies: Sequence[tuple[str, bool]] = ()) -> list[PlanEntry]:
+    """A Trainer checkpoint's optimizer, followed through the recipe, numbered in the Trainer's order:
+    into a Trainer folder always (the source's order, or the new model's from the config.json copied from
+    `copy_from`: `fatal` says why not), into a .pt while its parameters are the source's (`param_names`
+    kept, so the optimizer `Trainer.create_optimizer` builds loads it even by position). The entries,
+    the structure's slots and the fates are renamed alike (`optimizer.state.<id>.<key>`)."""
     from ..files.trainer import TrainerReader
 
     assert isinstance(reader, TrainerReader)
     node, slots = training.swap.get("optimizer", (None, 0))
-    if node is not None and _names(node) == [sorted(g) for g in reader.order.groups]:
-        training.swap["optimizer"] = (_in_trainer_order(node, reader.order.groups, True), slots)
+    if node is None or len(training.optimizers) != 1:
+        return entries
+    same = _names(node) == [sorted(g) for g in reader.order.groups]
+    order = reader.order.groups
+    if training.trainer and not same:  # another model: its order from the config it is given
+        try:
+            order = _new_model_order(node, copy_from, copies)
+        except PlanError as e:
+            fatal.append(str(e))
+            return entries
+    elif not same:
+        return entries
+    base = f"{training.optimizers[0].path}.state."
+    renumbered, names = _in_trainer_order(node, order, reader.named or not training.trainer, base)
+    training.swap["optimizer"] = (renumbered, slots)
+    for fate in training.fates:  # a dropped value's tensor is the source's name: not renamed
+        if fate["fate"] != "dropped":
+            fate["tensor"] = names.get(fate["tensor"], fate["tensor"])
+    out = [e if e.optimizer is None or e.target not in names else
+           replace(e, target=names[e.target], tensor=e.tensor.renamed(names[e.target])) for e in entries]
+    return out
 
 
 def _names(node: Any) -> list[list[str]]:
@@ -96,10 +114,11 @@ def _new_model_order(node: Any, copy_from: Path | None, copies: Sequence[tuple[s
     return groups
 
 
-def _in_trainer_order(node: Any, order: Sequence[Sequence[str]], named: bool) -> Any:
+def _in_trainer_order(node: Any, order: Sequence[Sequence[str]], named: bool, base: str) -> tuple[Any, dict[str, str]]:
     """The rebuilt optimizer with group g's ids numbered in `order[g]`'s order after the groups before it,
-    its state keyed alike (ascending, as torch saves it); `param_names` kept only if the source had them."""
-    from ..formats.pytorch.tree import Node
+    its state keyed alike (ascending, as torch saves it), each tensor slot named `{base}{id}.{key}`;
+    `param_names` kept only when `named`. Also the new name of each slot's tensor, by its old name."""
+    from ..formats.pytorch.tree import Node, TensorSlot
 
     groups = node.values[node.keys.index("param_groups")]
     state = node.values[node.keys.index("state")]
@@ -132,14 +151,23 @@ def _in_trainer_order(node: Any, order: Sequence[Sequence[str]], named: bool) ->
         new_groups.values.append(new)
         start += len(want)
     new_state = Node(state.kind, tensors=state.tensors)
+    renamed: dict[str, str] = {}
     for i in sorted(old_state, key=lambda i: new_id[i]):
+        one = old_state[i]
+        again = Node(one.kind, attrs=one.attrs, tensors=one.tensors)
+        for k, v in zip(one.keys, one.values, strict=True):
+            if isinstance(v, TensorSlot):
+                renamed[v.name] = f"{base}{new_id[i]}.{k}"
+                v = TensorSlot(renamed[v.name])
+            again.keys.append(k)
+            again.values.append(v)
         new_state.keys.append(new_id[i])
-        new_state.values.append(old_state[i])
+        new_state.values.append(again)
     out = Node(node.kind, attrs=node.attrs, tensors=node.tensors)
     for k, v in zip(node.keys, node.values, strict=True):
         out.keys.append(k)
         out.values.append(new_state if k == "state" else new_groups if k == "param_groups" else v)
-    return out
+    return out, renamed
 
 
 def is_trainer_target(recipe: Any, src_path: Path, tpl_path: Path | None) -> bool:

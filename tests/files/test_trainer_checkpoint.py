@@ -436,3 +436,21 @@ def test_emit_recipe_keeps_the_param_order_file(trained: Path, tmp_path: Path,
     assert again.returncode == 0, again.stderr
     assert "../run/order.pt" in (tmp_path / "recipes" / "trainer.yaml").read_text()
     assert _same(torch.load(tmp_path / "again.pt", weights_only=True), first)
+
+
+def test_the_plan_names_where_each_moment_is_written(trained: Path, tmp_path: Path) -> None:
+    """`plan --json` lists each moment's place in the written optimizer.pt (its id in the Trainer's order)."""
+    shutil.copytree(trained / "llama", tmp_path / "llama")
+    (tmp_path / "recipe.yaml").write_text("version: 1\nsource: {path: llama/checkpoint-3}\ntraining_state: keep\n"
+                                          "target: {path: out/checkpoint-3/}\n")
+    shown = migrate_in_process("plan", str(tmp_path / "recipe.yaml"), "--json")
+    assert shown.returncode == 0, shown.stderr
+    fates = json.loads(shown.stdout)["report"]["optimizer"]
+    done = migrate_in_process("run", str(tmp_path / "recipe.yaml"))
+    assert done.returncode == 0, done.stderr
+    written = torch.load(tmp_path / "out" / CKPT / "optimizer.pt", weights_only=True)
+    oracle = torch.load(trained / "llama" / "oracle.pt", weights_only=True)["state"]
+    assert len(fates) == 3 * len(oracle)
+    for fate in fates:
+        _, _, pid, key = fate["tensor"].split(".")
+        assert _same(written["state"][int(pid)][key], oracle[fate["param"]][key]), fate
