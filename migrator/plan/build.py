@@ -180,7 +180,15 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
         burn_keep = (out_fmt == "burnpack" and recipe.training_state == "keep" and recipe.target.shard is None
                      and tpl_path is None)
         spec = recipe.inputs()[0]
-        if (one_file or burn_keep) and recipe.training_state == "keep" and spec.top_level_key:
+        from .trainer_target import is_trainer_target
+
+        if is_trainer_target(recipe, src_path, tpl_path):  # a Trainer folder: the recipe applies under `model`
+            if spec.top_level_key not in (None, "model"):
+                raise PlanError(f"source.top_level_key '{spec.top_level_key}': a Trainer folder target takes the "
+                                "source's model ('model') and its optimizer", file=str(src_path))
+            burn_keep, model_key = True, "model"
+            spec = spec.model_copy(update={"top_level_key": None})
+        elif (one_file or burn_keep) and recipe.training_state == "keep" and spec.top_level_key:
             # the whole checkpoint is the target: opened whole, the recipe applied under the key
             key = spec.top_level_key
             model_key = key if isinstance(key, str) else ".".join(key)
@@ -336,7 +344,7 @@ class Compilation:
                     storage=self.read.storage)
         if not fatal:
             try:
-                self._write(plan, structure, record, pair)
+                self._write(plan, training, structure, (record, pair))
             except MigratorError as e:
                 fatal.append(str(e))
         return plan
@@ -357,6 +365,11 @@ class Compilation:
 
             order = new_model_order(self.places.param_order, training, fatal, self.read)
             entries += training.follow(self.reader, entries, replan, fatal, order)
+            if self.reader.format == "trainer" and not training.burn:  # optimizer.pt's ids in the Trainer's order
+                from .trainer_target import in_trainer_order
+
+                entries = in_trainer_order(training, self.reader, entries, fatal, self.places.copy_from,
+                                           recipe.target.copies())
         elif self.places.param_order is not None:
             fatal.append("target.param_order orders a kept optimizer's ids: it needs training_state: keep, a .pt "
                          "target and a source with an optimizer")
@@ -389,8 +402,9 @@ class Compilation:
                                clear=recipe.target.clear_metadata)
         notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
         notes += training.notes
-        optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
-                             hint_syntax=settings.hint_syntax, notes=notes, fatal=self.fatal)
+        if not training.trainer:  # a Trainer folder target writes the optimizer's state into its optimizer.pt
+            optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
+                                 hint_syntax=settings.hint_syntax, notes=notes, fatal=self.fatal)
         if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
             if settings.recipe_sha256:
                 meta[RECIPE_HASH_KEY] = settings.recipe_sha256
@@ -409,12 +423,24 @@ class Compilation:
                          f"Burn's Vec<Module> has no gaps): {shown}{more}")
         return meta, notes
 
-    def _write(self, plan: Plan, structure: Any, record: Any, pair: Any) -> None:
-        """The plan's writer (a folder of shards, or one file keeping `structure`), and Burn's optimizer
-        record beside it (stamped as one `pair` with the model)."""
+    def _write(self, plan: Plan, training: Training, structure: Any, burn: tuple[Any, Any]) -> None:
+        """The plan's writer (a Trainer folder, a folder of shards, or one file keeping `structure`), and
+        Burn's optimizer record beside it (`burn`: the record and what stamps it as one pair with the model)."""
         recipe, reader, out_fmt, notes = self.recipe, self.reader, self.out_fmt, plan.notes
+        record, pair = burn
         tensors = [e.tensor for e in plan.entries]
-        if recipe.target.shard is not None:
+        if training.trainer:  # the model's files, optimizer.pt and the Trainer's other files
+            from ..files.sharded_writer import default_weights_name
+            from .trainer_target import trainer_writer
+
+            assert recipe.target.shard is not None
+            plan.writer = trainer_writer(
+                training, plan.entries, reader, out_fmt, scalars=plan.scalars, max_size=recipe.target.shard.max_size,
+                copies=recipe.target.copies(), copy_from=self.places.copy_from or reader.folder,
+                weights_name=recipe.target.shard.name or default_weights_name(out_fmt, reader.folder),
+                storage=self.read.storage, **self._writer_options(plan.metadata, notes, folder_target=True))
+            notes += plan.writer.notes
+        elif recipe.target.shard is not None:
             from ..files.sharded_writer import ShardedWriter, default_weights_name
 
             folder = reader.folder or self.places.source.parent
