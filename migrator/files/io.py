@@ -14,8 +14,7 @@ from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Reader, Writer, WriterKind
-from ..formats.detect import FORMATS, target_format
-from ..formats.registry import reader_class, writer_class
+from ..formats.registry import reader_class, target_format, writer_class
 from ..storage.atomic import Protected, atomic_output
 from ..storage.remote import is_url
 from .single import open_single, reader_over
@@ -23,7 +22,7 @@ from .single import open_single, reader_over
 if TYPE_CHECKING:
     from ..storage.remote.options import StorageOptions
 
-__all__ = ["FORMATS", "Reader", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
+__all__ = ["Reader", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
            "to_bytes", "writer_class"]
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource
@@ -161,7 +160,7 @@ def save(
     `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
     `fsync=False` publishes without flushing to disk first (see `migrator.storage.atomic`).
     `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
-    (`format` auto means SafeTensors there; see `files.sharded_writer`).
+    (`format` auto: the extension's, else SafeTensors, as every sharded target; see `files.sharded_writer`).
     """
     from ..core.arrays import as_scalars
     from ..core.tensor import as_tensors
@@ -170,7 +169,7 @@ def save(
     if max_shard_size is not None:
         from .sharded_writer import ShardedWriter
 
-        shard_fmt = format if format != "auto" else "safetensors"
+        shard_fmt = target_format(path, format, sharded=True)
         sharded = ShardedWriter(shard_fmt, tensors, metadata=metadata, scalars=scalars, max_size=max_shard_size)
         return save_planned(sharded, path, overwrite=overwrite, progress=progress, fsync=fsync)
     fmt = target_format(path, format)

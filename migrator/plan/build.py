@@ -22,7 +22,7 @@ from ..core.tensor import LazyTensor
 from ..core.version import __version__
 from ..files.io import Reader, Writer, open_file, writer_class
 from ..formats.base import has_torch_names
-from ..formats.detect import target_format
+from ..formats.registry import target_format
 from ..naming import (
     KeyRemapper,
     NameFilter,
@@ -206,11 +206,7 @@ def _head_dim(recipe: Recipe, base_dir: Path) -> tuple[int, str, str] | None:
 def output_format(recipe: Recipe, tgt_path: Path) -> str:
     """The format the recipe writes: a folder of shards in the format named, else the shards' suffix,
     else SafeTensors; a file in the format named, else by its extension."""
-    if recipe.target.shard is not None:
-        from ..formats.detect import from_extension
-
-        return recipe.target.format if recipe.target.format != "auto" else from_extension(tgt_path) or "safetensors"
-    return target_format(tgt_path, recipe.target.format)
+    return target_format(tgt_path, recipe.target.format, sharded=recipe.target.shard is not None)
 
 
 def storage_of(recipe: Recipe, base_dir: Path) -> StorageOptions:

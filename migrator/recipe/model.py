@@ -26,13 +26,22 @@ from pydantic import (
     model_validator,
 )
 
+from ..formats import registry as formats
 from . import adapter_names
 from .checks import check_regex, recipe_value_error
 from .ops import OpSpec
 
-FormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf"]
-SourceFormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf", "mergekit"]
-"""A source's formats: a file format, or `mergekit` (a mergekit YAML whose merged tensors are read)."""
+if TYPE_CHECKING:
+    FormatName = str
+    ReadFormatName = str
+    SourceFormatName = str
+else:  # the registered formats (`formats.registry`), as Literals: the schema's enums and the validator's choices
+    FormatName = Literal[formats.choices(writable=True)]
+    """A target's formats."""
+    ReadFormatName = Literal[formats.choices(readable=True)]
+    """A template's formats."""
+    SourceFormatName = Literal[(*formats.choices(readable=True), "mergekit")]
+    """A source's formats: a file format, or `mergekit` (a mergekit YAML whose merged tensors are read)."""
 GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                        "Q6_K"]
 """The ggml types a GGUF target can be written in (formats/gguf/writer.py's WRITABLE_TYPES)."""
@@ -455,7 +464,7 @@ class TargetSpec(_Strict):
     format: FormatName = Field("auto", description="From the extension when auto.")
     template: _Path | None = Field(
         None, description="A file holding exactly the tensors the output must have (Burn's load-into-a-model).")
-    template_format: FormatName = Field("auto", description="The template's format; detected when auto.")
+    template_format: ReadFormatName = Field("auto", description="The template's format; detected when auto.")
     storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
     template_storage_options: _StorageOptions = Field(
         default_factory=dict, description="storage_options for a template URL (the target's by default).")
@@ -519,13 +528,15 @@ class TargetSpec(_Strict):
     @model_validator(mode="after")
     def _sharded_format(self) -> TargetSpec:
         if self.shard is not None:
-            from ..formats.detect import from_extension
+            from ..formats.registry import listed, names, spec, target_format
 
-            fmt = self.format if self.format != "auto" else from_extension(self.path)
-            if fmt == "burnpack":
-                raise recipe_value_error("a sharded target cannot be burnpack: Burn has one file per model (a .bpk "
-                                       "holds the whole model)", key="shard",
-                                       hint="write format: safetensors, pytorch or gguf shards, or drop target.shard")
+            fmt = spec(target_format(self.path, self.format, sharded=True))
+            if fmt.shard_names is None:
+                why = "Burn has one file per model" if fmt.for_burn else "it has no shard files"
+                shardable = [n for n in names(writable=True) if spec(n).shard_names is not None]
+                raise recipe_value_error(f"a sharded target cannot be {fmt.name}: {why} (a {fmt.extension} "
+                                         "holds the whole model)", key="shard",
+                                         hint=f"write format: {listed(shardable)} shards, or drop target.shard")
         elif self.copy_:
             raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")
@@ -624,7 +635,7 @@ class Recipe(_Strict):
         """Whether the output is for Burn: a burnpack target or the `pytorch_to_burn` adapter. Only
         then are a PyTorch source's index segments renumbered by default (`contiguous_indices`):
         Burn's `Vec<Module>` has no gaps, while a PyTorch module loads the names as stored."""
-        return target_format == "burnpack" or "pytorch_to_burn" in self.adapters
+        return formats.is_format(target_format, for_burn=True) or "pytorch_to_burn" in self.adapters
 
     def inputs(self) -> list[SourceSpec]:
         """The sources read: `source` alone, or every `sources` entry."""

@@ -99,8 +99,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     (No collision check: every reader refuses files that name a tensor twice.)
     """
     from ..files.io import open_file, save_planned
-    from ..formats.detect import target_format
-    from ..formats.registry import writer_class
+    from ..formats.registry import target_format, writer_class
     from ..plan.metadata import output_metadata
     from ..storage.atomic import Protected
     from ..storage.paths import resolve_path
@@ -111,9 +110,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     if sharded:  # as a recipe's sharded target: format named, else from a suffix, else SafeTensors
         from ..files.sharded_writer import DEFAULT_MAX_SIZE, ShardedWriter
         from ..files.targets import check_folder_target
-        from ..formats.detect import from_extension
 
-        out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
+        out_fmt = target_format(dst_path, target_format_name, sharded=True)
         check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
     else:
         if copy:

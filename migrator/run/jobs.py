@@ -209,7 +209,7 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
     """(target, sources) of a job as its run will resolve them, from the recipe alone (no file
     is opened); None when the recipe does not load (the job then fails on its own)."""
     from ..files.io import writer_class
-    from ..formats.detect import target_format
+    from ..formats.registry import target_format
     from ..recipe.loader import RecipeError, load_recipe
 
     try:  # without the overrides: the check of an override target onto its own source is the job's
