@@ -17,6 +17,7 @@ from ..formats.base import Reader, Writer, WriterKind
 from ..formats.registry import reader_class, target_format, writer_class
 from ..storage.atomic import Protected, atomic_output
 from ..storage.remote import is_url
+from .probes import Asked, no_tag, probed
 from .single import open_single, reader_over
 
 if TYPE_CHECKING:
@@ -47,96 +48,17 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
             from .remote_open import open_url
 
-            _no_tag(src, options)
+            no_tag(src, options)
             return open_url(src, format, options, limits, storage)
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x
-        if format in ("auto", "deepspeed") and os.path.isdir(src):
-            from ..formats.deepspeed.folder import is_zero_checkpoint
-
-            if is_zero_checkpoint(src, options.get("tag")):  # a DeepSpeed ZeRO checkpoint folder
-                return _open_zero(src, limits, options, whole)
-        _no_tag(src, options)
-        from ..formats.dcp import dcp_folder
-
-        folder = dcp_folder(src)
-        if folder is not None:  # a PyTorch Distributed Checkpoint: `.metadata` and its .distcp files
-            from .multi_rank import open_dcp
-
-            return open_dcp(folder, limits, options)
-        from .rank_files import dcp_safetensors_files
-
-        hf_shards = dcp_safetensors_files(src) if os.path.isdir(src) else None
-        if hf_shards is not None:  # DCP in the Hugging Face storage layout: SafeTensors chunks per rank
-            from .dcp_safetensors import DcpSafetensorsReader
-            from .multi_rank import selected
-
-            return selected(DcpSafetensorsReader(hf_shards, limits=limits), options)
-        from .rank_files import rank_files
-
-        ranks = rank_files(src, limits)
-        if ranks is not None:  # verl's per-rank torch.save files of DTensors (or of ShardedTensors): one checkpoint
-            from .multi_rank import selected
-            from .ranks import RanksReader
-            from .sharded_tensor_ranks import open_rank_set
-
-            joined = open_rank_set([list(enumerate(ranks))], limits)
-            return selected(joined if joined is not None else RanksReader(ranks, limits=limits), options)
-        from .rank_files import any_rank_files
-
-        candidates = any_rank_files(src) if format in ("auto", "pytorch") else None
-        if candidates is not None:  # `...rank<K>...` files: a checkpoint if they hold ShardedTensors or DTensors
-            from .multi_rank import selected
-            from .sharded_tensor_ranks import open_rank_set
-
-            joined = open_rank_set(candidates, limits)
-            if joined is not None:
-                return selected(joined, options)
-        from .sharded import is_sharded_path
-
-        if is_sharded_path(src):
-            return _open_sharded(src, format, limits, options)
+        reader = probed(Asked(src, format, limits, options, whole))  # a folder format, rank files, shards
+        if reader is not None:
+            return reader
     else:
-        _no_tag("<memory>", options)
+        no_tag("<memory>", options)
     return open_single(src, format, limits, options)
-
-
-def _no_tag(src: str | os.PathLike[str], options: dict[str, Any]) -> None:
-    """A step tag names a step of a ZeRO checkpoint folder: anything else has none to pick."""
-    if options.pop("tag", None) is not None:
-        from ..core.errors import FormatError
-
-        raise FormatError("a step tag (--tag) applies only to a DeepSpeed ZeRO checkpoint folder", file=os.fspath(src))
-
-
-def _open_zero(src: str | os.PathLike[str], limits: Limits, options: dict[str, Any], whole: bool) -> Reader:
-    from ..formats.deepspeed import ZeroReader
-
-    key, tag = options.pop("top_level_key", None), options.pop("tag", None)
-    # the consolidated weights are a flat state_dict (what zero_to_fp32 writes, even into a .pt), unless
-    # the run keeps the training state: then the whole checkpoint, with its optimizer
-    keep = bool(options.pop("keep_structure", False)) and whole
-    if options:
-        raise TypeError(f"options {sorted(options)} do not apply to a DeepSpeed ZeRO checkpoint")
-    return ZeroReader(src, tag=tag, top_level_key=key, keep_structure=keep, limits=limits)
-
-
-def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:
-    from .sharded import ShardedReader
-
-    key = options.pop("top_level_key", None)
-    options.pop("keep_structure", None)  # shards are state_dicts: written back flat
-    if options:
-        raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-    reader = ShardedReader(src, format, limits=limits)
-    try:
-        if key is not None:
-            reader.select(key)
-    except BaseException:
-        reader.close()
-        raise
-    return reader
 
 
 def save(

@@ -42,6 +42,7 @@ from ..core.scalars import Scalar
 from ..core.tensor import Buffer, LazyTensor
 from ..formats.base import Reader
 from ..formats.bounded_json import load_bounded_json
+from ..formats.registry import is_format
 
 OPEN_SHARDS = 4
 """Shard descriptors kept open between reads (least recently used closed first)."""
@@ -462,7 +463,7 @@ class ShardedReader(Reader):
             _check_against_index(self.index_path, weight_map, self)
         self.metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in index_meta.items()
                          if k != "total_size"} | self._shard_metadata
-        if self.format == "gguf":  # split.no/count/tensors.count describe the files read, not the model
+        if is_format(self.format, llama_cpp=True):  # split.no/count/tensors.count: the files read, not the model
             self.metadata = {k: v for k, v in self.metadata.items() if not k.startswith("split.")}
         self.source = ShardSet(text, sum(s.size for s in self.shards), [s.identity for s in self.shards],
                                self._modes)
@@ -523,7 +524,7 @@ class ShardedReader(Reader):
                         self.locations.append((i, None))
                     self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, view, t.param_id,
                                                    origin, chunks))
-                if reader.format == "gguf" and len(files) > 1:
+                if is_format(reader.format, llama_cpp=True) and len(files) > 1:
                     _check_split_place(reader.metadata, i, len(files), path)
                 for k, v in reader.metadata.items():
                     metas.setdefault(k, set()).add(v)

@@ -84,6 +84,12 @@ def is_format(name: str | None, **facet: object) -> bool:
     return found is not None and all(getattr(found, k) == v for k, v in facet.items())
 
 
+def has_torch_names(reader: Reader) -> bool:
+    """Whether the reader's names are a torch module's state-dict keys (a `.pt`, rank files, a DCP folder:
+    `FormatSpec.torch_names`): Burn's PyTorch defaults (contiguous indices, enum variants skipped) apply."""
+    return is_format(reader.format, torch_names=True)
+
+
 def reader_class(fmt: str) -> type[Reader]:
     return spec(fmt).reader_class()
 
@@ -126,7 +132,9 @@ def target_format(path: str | os.PathLike[str], explicit: str = AUTO, *, sharded
     text = os.fspath(path)
     suffix = os.path.splitext(os.path.basename(text.rstrip("/" + os.sep) if sharded else text))[1]
     fmt = by_extension(text.rstrip("/" + os.sep)) if suffix else None
-    if fmt is not None and spec(fmt).writable:
+    if fmt is not None:
+        if not spec(fmt).writable:
+            writer_class(fmt)  # raises: the extension of a format read only
         return fmt
     if sharded:
         return default_sharded().name
@@ -145,6 +153,18 @@ def target_is(path: str | os.PathLike[str], explicit: str = AUTO, **facet: objec
     except UnknownFormatError:
         return False
     return is_format(fmt, **facet)
+
+
+def not_shardable(fmt: str) -> str | None:
+    """Why `fmt` cannot be written as a folder of shards (the problem, then after `; ` what to write
+    instead), or None when it can."""
+    found = spec(fmt)
+    if found.shard_names is not None:
+        return None
+    why = "Burn has one file per model" if found.for_burn else "it is one file per model"
+    shardable = [s.name for s in _SPECS.values() if s.shard_names is not None and s.writable]
+    return (f"a sharded target cannot be {found.name}: {why} (a {found.extension} holds the whole model); "
+            f"write {listed(shardable)} shards")
 
 
 def listed(items: Sequence[str]) -> str:

@@ -63,6 +63,9 @@ class FormatSpec:
     metadata_format: str | None = None
     """The `format` entry its writer's default metadata sets (Burn's stores set one); None: no
     default metadata (`plan.metadata`)."""
+    format_key_required: bool = False
+    """Non-empty metadata must name the `format` (`metadata_format`): transformers 4.x refuses a SafeTensors
+    file whose metadata lacks it."""
     torch_names: bool = False
     """Its names are a torch module's state-dict keys (Burn's PyTorch defaults apply: contiguous indices,
     enum variants skipped)."""

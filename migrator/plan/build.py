@@ -21,8 +21,7 @@ from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..core.version import __version__
 from ..files.io import Reader, Writer, open_file, writer_class
-from ..formats.base import has_torch_names
-from ..formats.registry import target_format
+from ..formats.registry import has_torch_names, is_format, target_format
 from ..naming import (
     KeyRemapper,
     NameFilter,
@@ -151,10 +150,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                                       for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
-        one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+        one_file = is_format(out_fmt, keeps_structure=True) and recipe.target.shard is None and tpl_path is None
         # a PyTorch training checkpoint into Burn keeps its optimizer only when asked (`training_state: keep`)
-        burn_keep = (out_fmt == "burnpack" and recipe.training_state == "keep" and recipe.target.shard is None
-                     and tpl_path is None)
+        burn_keep = (is_format(out_fmt, for_burn=True) and recipe.training_state == "keep"
+                     and recipe.target.shard is None and tpl_path is None)
         spec = recipe.inputs()[0]
         if (one_file or burn_keep) and recipe.training_state == "keep" and spec.top_level_key:
             # the whole checkpoint is the target: opened whole, the recipe applied under the key
@@ -294,7 +293,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                            clear=recipe.target.clear_metadata)
     notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
     notes += training.notes
-    if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
+    if is_format(out_fmt, metadata="text") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
             meta[VERSION_KEY] = __version__
@@ -403,10 +402,10 @@ def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: 
     target's rope_scaling with hf_config is its config.json's (`_made_files`)."""
     target = recipe.target
     rope_tensor = target.rope_scaling is not None and not (folder_target and target.hf_config)
-    if (target.quantize or target.tokenizer or rope_tensor) and out_fmt != "gguf":
+    if (target.quantize or target.tokenizer or rope_tensor) and not is_format(out_fmt, llama_cpp=True):
         raise PlanError("target.quantize, target.tokenizer and target.rope_scaling apply to GGUF targets; this target "
                         f"is {out_fmt}")
-    if out_fmt != "gguf":
+    if not is_format(out_fmt, llama_cpp=True):
         return {"metadata": meta}
     made_tensors = []
     if target.rope_scaling is not None and rope_tensor:

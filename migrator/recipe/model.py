@@ -528,15 +528,10 @@ class TargetSpec(_Strict):
     @model_validator(mode="after")
     def _sharded_format(self) -> TargetSpec:
         if self.shard is not None:
-            from ..formats.registry import listed, names, spec, target_format
-
-            fmt = spec(target_format(self.path, self.format, sharded=True))
-            if fmt.shard_names is None:
-                why = "Burn has one file per model" if fmt.for_burn else "it has no shard files"
-                shardable = [n for n in names(writable=True) if spec(n).shard_names is not None]
-                raise recipe_value_error(f"a sharded target cannot be {fmt.name}: {why} (a {fmt.extension} "
-                                         "holds the whole model)", key="shard",
-                                         hint=f"write format: {listed(shardable)} shards, or drop target.shard")
+            why = formats.not_shardable(formats.target_format(self.path, self.format, sharded=True))
+            if why is not None:
+                problem, _, instead = why.partition("; ")
+                raise recipe_value_error(problem, key="shard", hint=f"{instead}, or drop target.shard")
         elif self.copy_:
             raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")

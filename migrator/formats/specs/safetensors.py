@@ -23,5 +23,5 @@ SPEC = FormatSpec(
     name="safetensors", title="SafeTensors", summary="SafeTensors", extensions=(".safetensors", ".st"),
     recognized_by="u64 header length + JSON", sniffs=(Sniff(_json_header, rank=1),),
     reader="migrator.formats.safetensors:SafetensorsReader", writer="migrator.formats.safetensors:SafetensorsWriter",
-    metadata="text", metadata_format=METADATA_FORMAT, torch_layout=True,
+    metadata="text", metadata_format=METADATA_FORMAT, format_key_required=True, torch_layout=True,
     shard_names=("model{suffix}.safetensors", "model.safetensors.index.json"))
