@@ -167,9 +167,9 @@ def not_shardable(fmt: str) -> str | None:
             f"write {listed(shardable)} shards")
 
 
-def listed(items: Sequence[str]) -> str:
-    """`a, b or c`: names in a sentence."""
-    return ", ".join(items[:-1]) + " or " + items[-1] if len(items) > 1 else "".join(items)
+def listed(items: Sequence[str], last: str = "or") -> str:
+    """`a, b or c` (`last="and"`: `a, b and c`): names in a sentence."""
+    return ", ".join(items[:-1]) + f" {last} " + items[-1] if len(items) > 1 else "".join(items)
 
 
 def docs_table() -> str:

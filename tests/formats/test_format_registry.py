@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import migrator
 import migrator.formats
 from migrator.core.bytesource import MemorySource
 from migrator.core.errors import UnknownFormatError
@@ -29,10 +30,12 @@ def test_docs_formats_table_is_the_registrys() -> None:
     assert f"migrator reads {words[readable]} formats and writes {words[written]}" in page
 
 
-def test_the_package_docstring_names_every_format() -> None:
-    doc = migrator.formats.__doc__ or ""
-    for spec in registry.specs():
-        assert spec.title.split(" (")[0].split()[0] in doc, spec.name
+def test_the_package_docstrings_and_the_commands_description_name_every_format() -> None:
+    main_help = subprocess.run([sys.executable, "-m", "migrator.cli", "--help"], capture_output=True, text=True,
+                               check=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "COLUMNS": "400"}).stdout
+    for doc in (migrator.formats.__doc__ or "", migrator.__doc__ or "", main_help):
+        for spec in registry.specs():
+            assert spec.title in " ".join(doc.split()), (spec.name, doc[:200])
 
 
 def test_the_recipe_schema_enums_are_the_registrys() -> None:
