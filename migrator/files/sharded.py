@@ -42,7 +42,7 @@ from ..core.scalars import Scalar
 from ..core.tensor import Buffer, LazyTensor
 from ..formats.base import Reader
 from ..formats.bounded_json import load_bounded_json
-from ..formats.registry import is_format
+from ..formats.registry import default_sharded, is_format
 
 OPEN_SHARDS = 4
 """Shard descriptors kept open between reads (least recently used closed first)."""
@@ -533,7 +533,7 @@ class ShardedReader(Reader):
                         raise FormatError(f"scalar '{k}' differs between shards {scalar_from[k]} and {path}",
                                           file=self.given)
                     self.scalars[k], scalar_from[k] = s, Path(path)
-        self.format = next(iter(formats)) if formats else "safetensors"  # type: ignore[misc]  # the shards' format
+        self.format = next(iter(formats)) if formats else default_sharded().name  # type: ignore[misc]  # the shards' format
         self._ggml_types = stored
         # each shard's own metadata where the shards agree (e.g. `format: pt`); a key they disagree on is dropped
         self._shard_metadata = {k: next(iter(v)) for k, v in metas.items() if len(v) == 1}
