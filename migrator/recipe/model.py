@@ -20,28 +20,53 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PlainValidator,
     PrivateAttr,
     Tag,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from ..formats import registry as formats
 from . import adapter_names
 from .checks import check_regex, recipe_value_error
 from .ops import OpSpec
 
+
+def _format_choices(kind: str) -> tuple[str, ...]:
+    """`auto` and the registered formats a `format:` of this kind takes: a target's have a writer, a
+    template's and a source's a reader (a source may also be `mergekit`, a mergekit YAML whose merged
+    tensors are read)."""
+    found = formats.choices(writable=kind == "target", readable=kind != "target")
+    return (*found, "mergekit") if kind == "source" else found
+
+
+def _format_name(kind: str) -> Any:
+    """A `format:` value, checked against the registry when a recipe is validated (so a format registered
+    after this module was imported is taken) and worded as a Literal's error is (`recipe.placement`);
+    the schema's enum is the formats registered when it is generated (`tools/gen_schema.py`)."""
+
+    def check(value: object) -> str:
+        options = _format_choices(kind)
+        if isinstance(value, str) and value in options:
+            return value
+        raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                  {"expected": " or ".join(map(repr, options)), "options": list(options)})
+
+    return Annotated[str, PlainValidator(check), WithJsonSchema({"enum": list(_format_choices(kind)),
+                                                                 "type": "string"})]
+
+
 if TYPE_CHECKING:
     FormatName = str
     ReadFormatName = str
     SourceFormatName = str
-else:  # the registered formats (`formats.registry`), as Literals: the schema's enums and the validator's choices
-    FormatName = Literal[formats.choices(writable=True)]
-    """A target's formats."""
-    ReadFormatName = Literal[formats.choices(readable=True)]
-    """A template's formats."""
-    SourceFormatName = Literal[(*formats.choices(readable=True), "mergekit")]
-    """A source's formats: a file format, or `mergekit` (a mergekit YAML whose merged tensors are read)."""
+else:
+    FormatName = _format_name("target")
+    ReadFormatName = _format_name("template")
+    SourceFormatName = _format_name("source")
 GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                        "Q6_K"]
 """The ggml types a GGUF target can be written in (formats/gguf/writer.py's WRITABLE_TYPES)."""

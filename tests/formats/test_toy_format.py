@@ -108,11 +108,14 @@ def test_convert_writes_the_toys_values(toy: dict[str, np.ndarray], capsys: pyte
             np.testing.assert_array_equal(back[name], a)
 
 
-def test_a_recipe_reads_the_toy(toy: dict[str, np.ndarray], tmp_path: Path) -> None:
-    (tmp_path / "r.yaml").write_text(textwrap.dedent("""\
+@pytest.mark.parametrize("fmt", ["auto", "toy"])
+def test_a_recipe_reads_the_toy(toy: dict[str, np.ndarray], tmp_path: Path, fmt: str) -> None:
+    """Detected by its magic, or named in the recipe's `format:` (validated against the registry)."""
+    (tmp_path / "r.yaml").write_text(textwrap.dedent(f"""\
         version: 1
         source:
           path: model.toy
+          format: {fmt}
         remap:
           - from: '^enc\\.(.*)$'
             to: 'encoder.$1'
@@ -124,6 +127,15 @@ def test_a_recipe_reads_the_toy(toy: dict[str, np.ndarray], tmp_path: Path) -> N
     assert sorted(back) == ["encoder.bias", "encoder.weight"]
     np.testing.assert_array_equal(back["encoder.weight"], toy["enc.weight"])
     np.testing.assert_array_equal(back["encoder.bias"], toy["enc.bias"])
+
+
+def test_a_recipe_cannot_write_the_read_only_toy(toy: dict[str, np.ndarray], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "w.yaml").write_text("version: 1\nsource:\n  path: model.toy\ntarget:\n  path: out.bin\n"
+                                     "  format: toy\n")
+    assert main(["validate", "w.yaml"]) == 2
+    assert "target.format: expected 'auto', 'burnpack', 'safetensors', 'pytorch' or 'gguf', got 'toy'" in (
+        capsys.readouterr().err)
 
 
 def test_the_toy_is_in_every_derived_list_and_read_only(toy: dict[str, np.ndarray],
