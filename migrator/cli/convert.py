@@ -85,7 +85,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       "sharded DST (repeatable)")
     conv.add_argument("--copy-from", metavar="DIR",
                       help="the folder --copy globs read from (default: the source's folder), e.g. the Hugging "
-                           "Face folder whose config.json and tokenizer go with a .bpk source")
+                           "Face folder whose config.json and tokenizer go with a .bpk source; alone, its usual "
+                           "companions (config, generation config, tokenizer files, chat template) when present")
     conv.add_argument("--emit-recipe", action="store_true",
                       help="print the equivalent recipe as YAML and convert nothing; with -o FILE, convert and "
                       "write the recipe of what ran to FILE")
@@ -115,7 +116,7 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
     dst: str = args.dst
     as_folder = dst.endswith(("/", os.sep)) or os.path.isdir(dst)
-    if args.max_shard_size or args.copy:
+    if args.max_shard_size or args.copy or args.copy_from:
         return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
     if not as_folder:
         return dst
@@ -214,9 +215,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.training_state != "keep":
             parser.error("--optimizer-out PATH is where Burn's optimizer record goes: add --training-state keep")
         options.update(optimizer=args.optimizer_out)
-    if args.copy_from:
-        if not args.copy:
-            parser.error("--copy-from DIR says where --copy reads: add --copy GLOB (e.g. --copy config.json)")
+    if args.copy_from:  # alone, the usual companions are copied (build_recipe)
         options.update(copy_from=args.copy_from)
     from ..formats.registry import is_format
 
