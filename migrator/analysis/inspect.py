@@ -8,6 +8,7 @@ from typing import Any
 from ..core.dtypes import Kind
 from ..files.io import Reader, open_file
 from ..formats.burnpack import describe_qfloat
+from ..formats.registry import is_format
 
 
 def summarize(reader: Reader) -> dict[str, Any]:
@@ -33,7 +34,7 @@ def summarize(reader: Reader) -> dict[str, Any]:
         if t.dtype.kind is Kind.QUANTIZED:
             entry["scheme"] = describe_qfloat(t.dtype)
         tensors.append(entry)
-    return {
+    out: dict[str, Any] = {
         "path": reader.path,
         "format": reader.format,
         "file_size": reader.source.size,
@@ -45,6 +46,13 @@ def summarize(reader: Reader) -> dict[str, Any]:
                       if any("stored_nbytes" in t for t in tensors) else {})},
         "details": reader.extra(),
     }
+    if is_format(reader.format, for_burn=True) and isinstance(reader.path, str | os.PathLike) and reader.metadata:
+        from ..plan.burn_pair import check_pair  # a model or Burn optimizer record written as a pair
+
+        pair = check_pair(reader.path, dict(reader.metadata))
+        if pair is not None:
+            out["pair"] = pair
+    return out
 
 
 def inspect_file(path: str | os.PathLike[str], *, format: str = "auto", **options: Any) -> dict[str, Any]:

@@ -115,6 +115,7 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     from ..formats.registry import by_extension, is_format, target_format, writer_class
 
     dst: str = args.dst
+    _check_not_a_file_name(dst)
     as_folder = dst.endswith(("/", os.sep)) or os.path.isdir(dst)
     if args.max_shard_size or args.copy or args.copy_from:
         return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
@@ -134,13 +135,40 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     return dst if dst.endswith(("/", os.sep)) else dst + "/"
 
 
+def _check_not_a_file_name(dst: str) -> None:
+    """An existing folder named like a file of a format (`out.bpk/`) without a trailing '/' is refused:
+    writing into it would make a target named like a burnpack file a folder holding another format."""
+    from ..formats.registry import by_extension
+    from ..recipe.convert import ConvertUsageError
+
+    if dst.endswith(("/", os.sep)) or not os.path.isdir(dst):
+        return
+    fmt = by_extension(dst)
+    if fmt is not None:
+        raise ConvertUsageError(f"DST {dst} is an existing folder, though named like a {fmt} file: end it with '/' "
+                                "to write into that folder, or give a file name that is not a folder")
+
+
 def _recipe_output_check(args: argparse.Namespace) -> None:
     """`-o FILE` is refused before converting what the write after it would refuse."""
     from pathlib import Path
 
     from ..storage.atomic import check_target
 
-    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=[args.dst])
+    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=_outputs(args))
+
+
+def _outputs(args: argparse.Namespace) -> list[str]:
+    """The files the conversion writes: DST, and Burn's optimizer record beside a .bpk DST with
+    --training-state keep (`plan.outputs.record_file`)."""
+    from ..formats.registry import target_is
+    from ..plan.outputs import record_file
+
+    out = [args.dst]
+    if (args.training_state == "keep" and target_is(args.dst, args.target_format, for_burn=True)
+            and not str(args.dst).endswith(("/", os.sep))):
+        out.append(record_file(args.dst, args.optimizer_out))
+    return out
 
 
 def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
@@ -150,7 +178,7 @@ def _write_recipe(args: argparse.Namespace, text: str) -> str | None:
 
     try:
         write_file(args.recipe_output, text.encode(), overwrite=args.overwrite, protect=[args.src],
-                   outputs=[args.dst], fsync=not args.no_fsync, make_folders=True)
+                   outputs=_outputs(args), fsync=not args.no_fsync, make_folders=True)
     except MigratorError as e:
         return str(e)
     return None
@@ -195,7 +223,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     _check_convert_values(args, parser)
     if args.recipe_output and not args.emit_recipe:
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
-    args.dst = _folder_target(args, parser)
+    try:
+        args.dst = _folder_target(args, parser)
+    except ConvertUsageError as e:
+        return _usage_error(args, e)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
                    top_level_key=args.top_level_key, tag=args.tag, training_state=args.training_state,
                    remaps=args.remap, includes=args.include,
@@ -243,13 +274,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         result = convert(args.src, args.dst, progress=False if args.no_progress else None, recipe_sha256=sha,
                          **options, **limits_of(args))
     except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
-        if args.json:
-            print_json_error({"kind": "UsageError", "message": str(e)})
-        else:
-            from ..core.display import escape
-
-            print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(args, e)
     problem = _write_recipe(args, recipe_text) if recipe_text is not None else None
     from ..core.display import count, escape, human_bytes
     from .output import print_written
@@ -259,3 +284,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return print_written(result, as_json=args.json, headline=headline, recipe_output=args.recipe_output,
                          recipe_written=recipe_text is not None, problem=problem, what="conversion")
 
+
+def _usage_error(args: argparse.Namespace, e: Exception) -> int:
+    if args.json:
+        print_json_error({"kind": "UsageError", "message": str(e)})
+    else:
+        from ..core.display import escape
+
+        print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
+    return EXIT_USAGE
