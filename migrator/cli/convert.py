@@ -112,7 +112,7 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     `DIR/<SRC's name>.bpk`, a burnpack holding a whole model. Any other DST is used as given."""
     from pathlib import Path
 
-    from ..formats.registry import by_extension, is_format, target_format, writer_class
+    from ..formats.registry import AUTO, by_extension, default_sharded, is_format, writer_class
 
     dst: str = args.dst
     _check_not_a_file_name(dst)
@@ -130,7 +130,8 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     if is_format(args.target_format, shard_names=None) or not (folder_source or args.weights_name or args.copy_from):
         if args.weights_name:
             return os.path.join(dst, args.weights_name)
-        fmt = target_format(dst, args.target_format or "auto", sharded=True)
+        # DIR's own name says nothing of the file's format: --to, else a model folder's (SafeTensors)
+        fmt = default_sharded().name if args.target_format in (None, AUTO) else args.target_format
         return os.path.join(dst, stem + writer_class(fmt).default_extension)
     return dst if dst.endswith(("/", os.sep)) else dst + "/"
 
