@@ -74,6 +74,14 @@ class FormatSpec:
     keeps_structure: bool = False
     """It holds a checkpoint's containers around its tensors (dicts, lists, an optimizer's state), read
     with `keep_structure` and written back."""
+    keeps_order: bool = False
+    """Its tensors are in the order the model listed them (torch.save's state_dict order, Burn's): a new
+    model's parameter order can be read from one of its files (`target.param_order`). SafeTensors sorts
+    its tensors by name."""
+    param_ids_by_name: bool = True
+    """An optimizer state it holds names its parameters as the file does (a .pt's numbers, DCP's names);
+    False: the reader names them itself to match the state (a ZeRO folder's files number them by
+    partition), so they are written back as torch's numbers."""
     scalars: bool = False
     """It stores typed scalars beside the tensors (Burn's)."""
     for_burn: bool = False

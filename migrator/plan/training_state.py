@@ -599,7 +599,7 @@ class Training:
         shapes = {t.name: t.shape for t in self.model}
         container = model_dict(reader.structure, list(shapes))
         for opt in self.optimizers:
-            opt.name_ids = reader.format != "deepspeed"
+            opt.name_ids = not is_format(reader.format, param_ids_by_name=False)
             try:
                 identify(opt, [t.name for t in self.model], reader.label, container=container)
                 check_state_shapes(opt, shapes, {n: by_name[n].shape for n in opt.tensor_names}, HINT)

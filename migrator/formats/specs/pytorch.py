@@ -24,5 +24,5 @@ SPEC = FormatSpec(
     extensions=(".pt", ".pth", ".bin", ".ckpt", ".tar"),
     recognized_by="zip, tar, legacy pickle", sniffs=(Sniff(_container), Sniff(_bare_pickle, rank=2)),
     reader="migrator.formats.pytorch.reader:PytorchReader", writer="migrator.formats.pytorch_writer:PytorchWriter",
-    torch_names=True, torch_layout=True, keeps_structure=True,
+    torch_names=True, torch_layout=True, keeps_structure=True, keeps_order=True,
     shard_names=("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json"))
