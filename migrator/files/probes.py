@@ -79,7 +79,7 @@ def _dcp_safetensors(asked: Asked) -> Reader | None:
         return None
     from .rank_files import dcp_safetensors_files
 
-    shards = dcp_safetensors_files(asked.path)
+    shards = dcp_safetensors_files(asked.path, asked.limits)
     if shards is None:
         return None
     from .dcp_safetensors import DcpSafetensorsReader
