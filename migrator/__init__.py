@@ -1,5 +1,6 @@
 """migrator: move neural-network weights between burnpack, SafeTensors, PyTorch and GGUF files (and
-read PyTorch Distributed Checkpoint and DeepSpeed ZeRO folders; `migrator.formats.registry` lists them).
+read PyTorch Distributed Checkpoint, DeepSpeed ZeRO and Hugging Face Trainer checkpoint folders;
+`migrator.formats.registry` lists them).
 
 Public API (each name is imported on first use, so `import migrator` and `migrate --help` do
 not pay for numpy):

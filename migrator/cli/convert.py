@@ -39,6 +39,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       "a DeepSpeed ZeRO folder: 'module' for the module's own weights instead of the fp32 masters")
     conv.add_argument("--tag", help="a DeepSpeed ZeRO checkpoint folder: the step to read (e.g. global_step10; "
                       "default: the one its 'latest' file names)")
+    conv.add_argument("--param-order", metavar="FILE", default=None,
+                      help="a Hugging Face Trainer checkpoint folder with --training-state keep: a state dict of the "
+                      "model whose names, in stored order, give its parameters' order (optimizer.pt saves no names; "
+                      "default: derived with transformers from config.json)")
     conv.add_argument("--training-state", choices=("keep", "drop"), default=None,
                       help="a training checkpoint's optimizer state: keep (rewritten to follow every rename, split "
                       "and permute; into a .pt target, or into a .bpk target as Burn's optimizer record beside the "
@@ -229,7 +233,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ConvertUsageError as e:
         return _usage_error(args, e)
     options = dict(source_format=args.source_format, target_format_name=args.target_format,
-                   top_level_key=args.top_level_key, tag=args.tag, training_state=args.training_state,
+                   top_level_key=args.top_level_key, tag=args.tag, param_order=args.param_order,
+                   training_state=args.training_state,
                    remaps=args.remap, includes=args.include,
                    excludes=args.exclude,
                    adapters=args.adapter, dtype=args.dtype, modules=args.modules,

@@ -17,7 +17,7 @@ from ..formats.base import Reader, Writer, WriterKind
 from ..formats.registry import reader_class, target_format, writer_class
 from ..storage.atomic import Protected, atomic_output
 from ..storage.remote import is_url
-from .probes import Asked, no_tag, probed
+from .probes import Asked, no_order, no_tag, probed
 from .single import open_single, reader_over
 
 if TYPE_CHECKING:
@@ -40,24 +40,29 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
     shards are then read as one source (`files.sharded`).
 
     `training_state="keep"` with `keep_structure`: a DeepSpeed ZeRO folder lists the whole training
-    checkpoint (fp32 model and optimizer state) instead of its fp32 weights alone. Other sources need
+    checkpoint (fp32 model and optimizer state) instead of its fp32 weights alone, and a Hugging Face
+    Trainer checkpoint folder its model and `optimizer.pt` (`files.trainer`; `param_order`: a file whose
+    tensor names give the model's parameter order, else transformers derives it). Other sources need
     no such word: their structure is the file's own, kept by `keep_structure` alone.
     """
     whole = options.pop("training_state", None) == "keep"
+    order = options.pop("param_order", None)
     if isinstance(src, str | os.PathLike):
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
             from .remote_open import open_url
 
             no_tag(src, options)
+            no_order(src, order)
             return open_url(src, format, options, limits, storage)
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x
-        reader = probed(Asked(src, format, limits, options, whole))  # a folder format, rank files, shards
+        reader = probed(Asked(src, format, limits, options, whole, order))  # a folder format, rank files, shards
         if reader is not None:
             return reader
     else:
         no_tag("<memory>", options)
+        no_order("<memory>", order)
     return open_single(src, format, limits, options)
 
 

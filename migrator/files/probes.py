@@ -2,7 +2,8 @@
 probe looks at the path (names and small files only, no reader imported until it answers) and opens
 it, or answers None and the next one looks. A path no probe claims is one file (`files.single`).
 
-The order is the rule: a ZeRO folder is a folder of PyTorch files, so it is asked first; a DCP folder
+The order is the rule: a Trainer checkpoint read with its training state first (it is also a model
+folder); a ZeRO folder is a folder of PyTorch files, so it is asked next; a DCP folder
 before the Hugging Face layout of DCP (both hold rank files); a set of rank files before a sharded
 model folder, which any folder of weights also is.
 """
@@ -31,6 +32,8 @@ class Asked:
     limits: Limits
     options: dict[str, Any]
     whole: bool = False
+    order: Any = None
+    """`param_order`: a file whose tensor names give a Trainer checkpoint's parameter order."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,29 @@ class Probe:
     what: str
     """What it finds, in words (docs/folders-and-shards.md)."""
     open: Callable[[Asked], Reader | None]
+
+
+def _trainer(asked: Asked) -> Reader | None:
+    """A Hugging Face Trainer checkpoint-N/ read with its training state (`training_state="keep"` and
+    `keep_structure`): its model and `optimizer.pt` (`files.trainer`). Only this probe takes a parameter
+    order; the others refuse one."""
+    if (asked.format == AUTO and asked.whole and asked.options.get("keep_structure")
+            and os.path.isdir(asked.path)):
+        from .trainer import is_trainer_checkpoint
+
+        if is_trainer_checkpoint(asked.path):
+            from .trainer import TrainerReader
+
+            options = asked.options
+            no_tag(asked.path, options)
+            options.pop("keep_structure", None)
+            if options.pop("top_level_key", None) is not None:  # the plan applies a recipe under `model` itself
+                raise TypeError("top_level_key does not apply to a whole Trainer checkpoint")
+            if options:
+                raise TypeError(f"options {sorted(options)} do not apply to a Trainer checkpoint")
+            return TrainerReader(asked.path, limits=asked.limits, param_order=asked.order)
+    no_order(asked.path, asked.order)
+    return None
 
 
 def _zero(asked: Asked) -> Reader | None:
@@ -122,6 +148,7 @@ def _any_ranks(asked: Asked) -> Reader | None:
 def _sharded(asked: Asked) -> Reader | None:
     """A model folder, an index (`*.index.json`) or a glob of shards, read as one source."""
     from .sharded import ShardedReader, is_sharded_path
+    from .trainer import TrainerModelReader, is_trainer_checkpoint
 
     if not is_sharded_path(asked.path):
         return None
@@ -130,7 +157,9 @@ def _sharded(asked: Asked) -> Reader | None:
     options.pop("keep_structure", None)  # shards are state_dicts: written back flat
     if options:
         raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-    reader = ShardedReader(asked.path, asked.format, limits=asked.limits)
+    # a Trainer checkpoint read without its training state: the model folder, saying what is left out
+    cls = TrainerModelReader if is_trainer_checkpoint(asked.path) else ShardedReader
+    reader = cls(asked.path, asked.format, limits=asked.limits)
     try:
         if key is not None:
             reader.select(key)
@@ -141,6 +170,7 @@ def _sharded(asked: Asked) -> Reader | None:
 
 
 PROBES: list[Probe] = [
+    Probe("a Hugging Face Trainer checkpoint folder read with its training state", _trainer),
     Probe("a DeepSpeed ZeRO checkpoint folder", _zero),
     Probe("a PyTorch Distributed Checkpoint folder", _dcp),
     Probe("a DCP folder in the Hugging Face storage layout", _dcp_safetensors),
@@ -166,3 +196,12 @@ def no_tag(src: str | os.PathLike[str], options: dict[str, Any]) -> None:
         from ..core.errors import FormatError
 
         raise FormatError("a step tag (--tag) applies only to a DeepSpeed ZeRO checkpoint folder", file=os.fspath(src))
+
+
+def no_order(src: str | os.PathLike[str], order: Any) -> None:
+    """A parameter order names the parameters of a Trainer's optimizer.pt: nothing else has one to take."""
+    if order is not None:
+        from ..core.errors import FormatError
+
+        raise FormatError("a parameter order (--param-order) applies only to a Hugging Face Trainer checkpoint "
+                          "folder read with its training state (--training-state keep)", file=os.fspath(src))

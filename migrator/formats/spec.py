@@ -82,6 +82,9 @@ class FormatSpec:
     """An optimizer state it holds names its parameters as the file does (a .pt's numbers, DCP's names);
     False: the reader names them itself to match the state (a ZeRO folder's files number them by
     partition), so they are written back as torch's numbers."""
+    trainer_folder: bool = False
+    """A Hugging Face Trainer checkpoint folder: its optimizer.pt numbers the parameters in the order
+    transformers' Trainer derives (`files/trainer_order.py`), kept when written back as one."""
     scalars: bool = False
     """It stores typed scalars beside the tensors (Burn's)."""
     for_burn: bool = False

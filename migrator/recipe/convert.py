@@ -37,6 +37,7 @@ def build_recipe(
     target_format_name: str = "auto",
     top_level_key: str | None = None,
     tag: str | None = None,
+    param_order: str | os.PathLike[str] | None = None,
     training_state: str | None = None,
     remaps: Sequence[str] = (),
     includes: Sequence[str] = (),
@@ -84,6 +85,8 @@ def build_recipe(
         data["source"]["top_level_key"] = top_level_key
     if tag:
         data["source"]["tag"] = tag
+    if param_order:
+        data["source"]["param_order"] = os.fspath(param_order)
     if training_state is not None:
         data["training_state"] = training_state
     if max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep)):  # DIR/: a Hugging Face folder
@@ -313,6 +316,7 @@ def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, 
     names: dict[str, str | dict[str, str]] = {
         "dtype": "--dtype", "training_state": "--training-state",
         "source": {"top_level_key": "--top-level-key", "tag": "--tag", "format": "--from",
+                   "param_order": "--param-order",
                    "path": "SRC", "lora": "--lora/--lora-scale"},
         "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize",
                    "optimizer": "--optimizer-out"}}
@@ -335,6 +339,8 @@ def emit_recipe(recipe: Recipe, out: str | os.PathLike[str] | None = None) -> st
             data["source"]["lora"] = _relative_to(lora, folder)
         elif isinstance(lora, dict):
             lora["path"] = _relative_to(lora["path"], folder)
+        if data["source"].get("param_order"):
+            data["source"]["param_order"] = _relative_to(data["source"]["param_order"], folder)
         data["target"]["path"] = _relative_to(data["target"]["path"], folder)
         if data["target"].get("template"):
             data["target"]["template"] = _relative_to(data["target"]["template"], folder)
