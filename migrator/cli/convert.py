@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..core.errors import EXIT_OK, EXIT_USAGE
+from ..formats.registry import choices
 from .options import NO_FSYNC_HELP, add_limit_option, check_remap_options, command, limits_of
 from .output import print_json_error
 
@@ -30,8 +31,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       "weights name, copy), make it a Hugging Face model folder (model.safetensors or shards + index)")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing target")
     conv.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
-    conv.add_argument("--from", dest="source_format", default="auto", help="source format (default: detect)")
-    conv.add_argument("--to", dest="target_format", default="auto", help="target format (default: extension)")
+    conv.add_argument("--from", dest="source_format", default="auto",
+                      help=f"source format: {' | '.join(choices(readable=True))} (default: detect)")
+    conv.add_argument("--to", dest="target_format", default="auto",
+                      help=f"target format: {' | '.join(choices(writable=True))} (default: extension)")
     conv.add_argument("--top-level-key", help="the nested dict (PyTorch) or name prefix holding the tensors; "
                       "a DeepSpeed ZeRO folder: 'module' for the module's own weights instead of the fp32 masters")
     conv.add_argument("--tag", help="a DeepSpeed ZeRO checkpoint folder: the step to read (e.g. global_step10; "
@@ -113,7 +116,7 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     `DIR/<SRC's name>.bpk`, a burnpack holding a whole model. Any other DST is used as given."""
     from pathlib import Path
 
-    from ..formats.registry import writer_class
+    from ..formats.registry import AUTO, by_extension, default_sharded, is_format, writer_class
 
     dst: str = args.dst
     _check_not_a_file_name(dst)
@@ -125,12 +128,14 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     src: str = args.src
     stem = Path(src.rstrip("/" + os.sep)).stem
     # a GGUF file carries a whole model (config, tokenizer): it becomes a model folder too
-    folder_source = (src.endswith(("/", os.sep)) or os.path.isdir(src) or args.source_format == "gguf"
-                     or src.lower().endswith(".gguf"))
-    if args.target_format == "burnpack" or not (folder_source or args.weights_name or args.copy_from):
+    folder_source = (src.endswith(("/", os.sep)) or os.path.isdir(src) or is_format(args.source_format, llama_cpp=True)
+                     or is_format(by_extension(src), llama_cpp=True))
+    # a format of one file per model (Burn's) writes that file into DIR
+    if is_format(args.target_format, shard_names=None) or not (folder_source or args.weights_name or args.copy_from):
         if args.weights_name:
             return os.path.join(dst, args.weights_name)
-        fmt = "safetensors" if args.target_format in (None, "auto") else args.target_format
+        # DIR's own name says nothing of the file's format: --to, else a model folder's (SafeTensors)
+        fmt = default_sharded().name if args.target_format in (None, AUTO) else args.target_format
         return os.path.join(dst, stem + writer_class(fmt).default_extension)
     return dst if dst.endswith(("/", os.sep)) else dst + "/"
 
@@ -138,12 +143,12 @@ def _folder_target(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 def _check_not_a_file_name(dst: str) -> None:
     """An existing folder named like a file of a format (`out.bpk/`) without a trailing '/' is refused:
     writing into it would make a target named like a burnpack file a folder holding another format."""
-    from ..formats.detect import from_extension
+    from ..formats.registry import by_extension
     from ..recipe.convert import ConvertUsageError
 
     if dst.endswith(("/", os.sep)) or not os.path.isdir(dst):
         return
-    fmt = from_extension(dst)
+    fmt = by_extension(dst)
     if fmt is not None:
         raise ConvertUsageError(f"DST {dst} is an existing folder, though named like a {fmt} file: end it with '/' "
                                 "to write into that folder, or give a file name that is not a folder")
@@ -161,12 +166,12 @@ def _recipe_output_check(args: argparse.Namespace) -> None:
 def _outputs(args: argparse.Namespace) -> list[str]:
     """The files the conversion writes: DST, and Burn's optimizer record beside a .bpk DST with
     --training-state keep (`plan.outputs.record_file`)."""
-    from ..formats.detect import from_extension
+    from ..formats.registry import target_is
     from ..plan.outputs import record_file
 
     out = [args.dst]
-    fmt = args.target_format if args.target_format != "auto" else from_extension(args.dst) or "burnpack"
-    if args.training_state == "keep" and fmt == "burnpack" and not str(args.dst).endswith(("/", os.sep)):
+    if (args.training_state == "keep" and target_is(args.dst, args.target_format, for_burn=True)
+            and not str(args.dst).endswith(("/", os.sep))):
         out.append(record_file(args.dst, args.optimizer_out))
     return out
 
@@ -195,17 +200,18 @@ def _check_convert_values(args: argparse.Namespace, parser: argparse.ArgumentPar
         except ValueError as e:
             parser.error(f"--max-shard-size: {e}")
     from ..core.errors import UnknownFormatError
-    from ..formats.detect import FORMATS, target_format
+    from ..formats.registry import target_format
 
-    for option, value in (("--from", args.source_format), ("--to", args.target_format)):
-        if value != "auto" and value not in FORMATS:
-            parser.error(f"{option}: unknown format '{value}' (formats: {', '.join(FORMATS)})")
+    for option, value, known in (("--from", args.source_format, choices(readable=True)),
+                                 ("--to", args.target_format, choices(writable=True))):
+        if value not in known:
+            parser.error(f"{option}: unknown format '{value}' (formats: {', '.join(known[1:])})")
     folder = args.max_shard_size is not None or str(args.dst).endswith(("/", os.sep))
     if not folder:
         try:
             target_format(args.dst, args.target_format)
         except UnknownFormatError as e:
-            parser.error(f"{e.detail} (--to {'|'.join(FORMATS)})")
+            parser.error(f"{e.detail} (--to {'|'.join(choices(writable=True)[1:])})")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -237,9 +243,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.max_shard_size or args.copy:  # only when given: options a plain copy takes stay as they were
         options.update(max_shard_size=args.max_shard_size, copy=args.copy)
     if args.quantize:
-        from ..formats.detect import from_extension
+        from ..formats.registry import target_is
 
-        if (args.target_format if args.target_format != "auto" else from_extension(args.dst)) != "gguf":
+        if not target_is(args.dst, args.target_format, llama_cpp=True):
             parser.error("--quantize applies to GGUF targets (DST ending in .gguf, or --to gguf)")
         options.update(quantize=args.quantize)
     if args.optimizer_out:
@@ -248,7 +254,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         options.update(optimizer=args.optimizer_out)
     if args.copy_from:  # alone, the usual companions are copied (build_recipe)
         options.update(copy_from=args.copy_from)
-    if args.weights_name and not (args.target_format == "burnpack" and not args.max_shard_size):
+    from ..formats.registry import is_format
+
+    if args.weights_name and not (is_format(args.target_format, shard_names=None) and not args.max_shard_size):
         options.update(weights_name=args.weights_name)  # a folder's weights; a burnpack's name went into DST
     recipe_text = None
     try:

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ..core.errors import EXIT_OK
+from ..formats.registry import choices, listed, specs
 from .options import LIMIT_HELP, command, limits_of, reader_options
 from .output import write_inspect_json
 
@@ -22,9 +23,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "  migrate inspect model.safetensors --limit 20\n"
                    "  migrate inspect ckpt.pt --top-level-key state_dict --json\n"
                    "  migrate inspect model.bpk --stats")
-    ins.add_argument("file", help="a .bpk, .safetensors or PyTorch file")
+    ins.add_argument("file", help=f"a {listed([s.title for s in specs() if not s.folder])} file, a model folder, or "
+                     f"a {listed([s.title for s in specs() if s.folder])} folder")
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
-    ins.add_argument("--format", default="auto", help="auto | burnpack | safetensors | pytorch")
+    ins.add_argument("--format", default="auto", help=" | ".join(choices(readable=True)))
     ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path); a "
                      "DeepSpeed ZeRO folder: 'module' for the module's own weights instead of the fp32 masters")
     ins.add_argument("--tag", help="a DeepSpeed ZeRO checkpoint folder: the step to read (default: 'latest')")

@@ -27,8 +27,7 @@ from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..core.version import __version__
 from ..files.io import Reader, Writer, open_file, writer_class
-from ..formats.base import has_torch_names
-from ..formats.detect import target_format
+from ..formats.registry import has_torch_names, is_format, target_format
 from ..naming import NameFilter
 from ..recipe.model import CastSpec, Recipe
 from ..storage.paths import resolve_path
@@ -161,7 +160,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
         tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
     from .sources import open_source, open_sources
 
-    if recipe.target.optimizer is not None and not (out_fmt == "burnpack" and recipe.training_state == "keep"
+    if recipe.target.optimizer is not None and not (is_format(out_fmt, for_burn=True)
+                                                    and recipe.training_state == "keep"
                                                     and recipe.target.shard is None and tpl_path is None):
         # only a one-file burnpack target kept with its training state writes Burn's record: elsewhere the
         # path would be silently ignored (a target of another format keeps the optimizer in its own way)
@@ -175,10 +175,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
                                       for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
-        one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+        one_file = is_format(out_fmt, keeps_structure=True) and recipe.target.shard is None and tpl_path is None
         # a PyTorch training checkpoint into Burn keeps its optimizer only when asked (`training_state: keep`)
-        burn_keep = (out_fmt == "burnpack" and recipe.training_state == "keep" and recipe.target.shard is None
-                     and tpl_path is None)
+        burn_keep = (is_format(out_fmt, for_burn=True) and recipe.training_state == "keep"
+                     and recipe.target.shard is None and tpl_path is None)
         spec = recipe.inputs()[0]
         from .trainer_target import is_trainer_target
 
@@ -219,6 +219,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
             r.close()
         raise
 
+
 def _head_dim(recipe: Recipe, base_dir: Path) -> HeadDim | None:
     """The head size the model's config declares, for a recipe with `rope_permute` ops to be checked
     against (`recipe.config`); None without such ops or a config that says."""
@@ -236,14 +237,12 @@ def _head_dim(recipe: Recipe, base_dir: Path) -> HeadDim | None:
         raise PlanError(str(e), file=str(path)) from None
     return None if found is None else (found[0], found[1], os.path.normpath(path))
 
+
 def output_format(recipe: Recipe, tgt_path: Path) -> str:
     """The format the recipe writes: a folder of shards in the format named, else the shards' suffix,
     else SafeTensors; a file in the format named, else by its extension."""
-    if recipe.target.shard is not None:
-        from ..formats.detect import from_extension
+    return target_format(tgt_path, recipe.target.format, sharded=recipe.target.shard is not None)
 
-        return recipe.target.format if recipe.target.format != "auto" else from_extension(tgt_path) or "safetensors"
-    return target_format(tgt_path, recipe.target.format)
 
 def storage_of(recipe: Recipe, base_dir: Path) -> StorageOptions:
     """The recipe's `storage_options:` per URL (its sources', its target's, its template's), refused
@@ -256,6 +255,7 @@ def storage_of(recipe: Recipe, base_dir: Path) -> StorageOptions:
         storage = storage.adding(resolve_path(base_dir, recipe.target.template),
                                  recipe.target.template_storage_options or recipe.target.storage_options)
     return storage
+
 
 def renumbers_by_default(recipe: Recipe, base_dir: Path, limits: Limits = DEFAULT_LIMITS) -> bool:
     """Whether a one-source recipe that leaves `contiguous_indices` unset renumbers its source's
@@ -365,7 +365,7 @@ class Compilation:
 
             order = new_model_order(self.places.param_order, training, fatal, self.read)
             entries += training.follow(self.reader, entries, replan, fatal, order)
-            if self.reader.format == "trainer" and not training.burn:  # optimizer.pt's ids in the Trainer's order
+            if is_format(self.reader.format, trainer_folder=True) and not training.burn:  # the Trainer's order
                 from .trainer_target import in_trainer_order
 
                 entries = in_trainer_order(training, self.reader, entries, fatal, self.places.copy_from,
@@ -405,7 +405,7 @@ class Compilation:
         if not training.trainer:  # a Trainer folder target writes the optimizer's state into its optimizer.pt
             optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
                                  hint_syntax=settings.hint_syntax, notes=notes, fatal=self.fatal)
-        if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
+        if is_format(out_fmt, metadata="text") and not recipe.target.clear_metadata:
             if settings.recipe_sha256:
                 meta[RECIPE_HASH_KEY] = settings.recipe_sha256
                 meta[VERSION_KEY] = __version__
@@ -667,10 +667,10 @@ class Compilation:
         recipe, reader, out_fmt, src_path = self.recipe, self.reader, self.out_fmt, self.places.source
         target = recipe.target
         rope_tensor = target.rope_scaling is not None and not (folder_target and target.hf_config)
-        if (target.quantize or target.tokenizer or rope_tensor) and out_fmt != "gguf":
+        if (target.quantize or target.tokenizer or rope_tensor) and not is_format(out_fmt, llama_cpp=True):
             raise PlanError("target.quantize, target.tokenizer and target.rope_scaling apply to GGUF targets; this "
                             f"target is {out_fmt}")
-        if out_fmt != "gguf":
+        if not is_format(out_fmt, llama_cpp=True):
             return {"metadata": meta}
         made_tensors = []
         if target.rope_scaling is not None and rope_tensor:

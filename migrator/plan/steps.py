@@ -26,6 +26,7 @@ def enum_free(name: str) -> str:
         name = stripped
     return name
 
+
 @dataclass
 class Declarations:
     """Adapter errors that one module declaration each would fix ((type, module path, what it does)),
@@ -37,6 +38,7 @@ class Declarations:
 Item = tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]
 """A kept source tensor after renames and adapters: (source, result, ops, module)."""
 
+
 def check_name_lengths(names: Iterable[str], limits: Limits, file: str) -> None:
     """Refuse a name longer than `limits.max_name_chars` (when set: 0, the default, is no cap) before
     any pattern sees it. Patterns run on RE2 in time linear in the name, so no cap is needed for speed."""
@@ -47,6 +49,7 @@ def check_name_lengths(names: Iterable[str], limits: Limits, file: str) -> None:
         if len(name) > most:
             raise LimitExceededError(f"tensor name of {len(name):,} characters ('{name[:60]}...'): names longer than "
                                      f"{most} characters are not matched against patterns (max_name_chars)", file=file)
+
 
 def renamed(recipe: Recipe, names: list[str], renumber_default: bool, label: str,
              describe: Callable[[str], str] = repr, renumbered: list[tuple[str, str]] | None = None
@@ -86,6 +89,7 @@ def renamed(recipe: Recipe, names: list[str], renumber_default: bool, label: str
                         file=label)
     return current, ops
 
+
 def adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[str]], adapter: Any, resolver: Any,
              errors: list[ReportError], made: dict[int, tuple[LazyTensor, Any]] | None = None,
              declares: Declarations | None = None) -> Iterator[Item]:
@@ -117,6 +121,7 @@ def adapted(kept: list[LazyTensor], kept_names: list[str], ops: dict[str, list[s
             continue
         yield src, result.tensor, result.ops if pre is None else (*pre, *result.ops), module
 
+
 def by_name(items: Iterable[Item], fatal: list[str]) -> dict[str, Item]:
     """Results by name; two results with one name are fatal (the later one is kept)."""
     by_name: dict[str, Item] = {}
@@ -127,6 +132,7 @@ def by_name(items: Iterable[Item], fatal: list[str]) -> dict[str, Item]:
                          f"'{name}'")
         by_name[name] = item
     return by_name
+
 
 def in_source_order(items: Iterator[Item], cast_to: DType | None) -> tuple[list[PlanEntry], list[str]]:
     """An entry per adapted tensor, cast by the dtype policy, and the names applied."""
@@ -150,6 +156,7 @@ def in_source_order(items: Iterator[Item], cast_to: DType | None) -> tuple[list[
         append_applied(name)
     return entries, applied
 
+
 def alternative_name(adapter: Any, resolver: Any, slot_name: str,
                  by_name: dict[str, tuple[LazyTensor, LazyTensor, tuple[str, ...], Any]]) -> str | None:
     """Burn's alternative-name lookup: the template's `norm.gamma` may be the source's `norm.weight`."""
@@ -167,6 +174,7 @@ def alternative_name(adapter: Any, resolver: Any, slot_name: str,
         return None
     key = f"{module_path}.{alt}" if module_path else alt
     return key if key in by_name else None
+
 
 def fit_to_slot(slot: LazyTensor, item: Item, recipe: Recipe, cast_to: DType | None,
                 errors: list[ReportError]) -> PlanEntry:
@@ -188,6 +196,7 @@ def fit_to_slot(slot: LazyTensor, item: Item, recipe: Recipe, cast_to: DType | N
     param_id = src.param_id if src.param_id is not None else slot.param_id
     final = replace(tensor, name=slot.name, param_id=param_id)
     return PlanEntry(slot.name, src.name, final, src, (*ops, *more), module)
+
 
 def shape_hint(result: LazyTensor, expected: tuple[int, ...], ops: tuple[str, ...], recipe: Recipe) -> str | None:
     """What likely fixes a 2-D weight that arrives transposed (the one mismatch with a usual cause)."""
