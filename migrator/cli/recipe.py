@@ -196,6 +196,7 @@ def run_many(args: argparse.Namespace) -> int:
     """`migrate run` of several jobs (`migrator.run.jobs`): each job's outcome printed as it ends, with
     a heading line (one after the other: the heading first, a progress bar on a terminal), then the
     count; `--json` and `--report`: one document with every job."""
+    from ..core.cpus import available_cpus
     from ..run import jobs as many
 
     try:
@@ -209,7 +210,7 @@ def run_many(args: argparse.Namespace) -> int:
             print(f"migrate run: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
     n = len(specs)
-    jobs = args.jobs or many.available_cpus()
+    jobs = args.jobs or available_cpus()
     serial = executor != "ray" and (jobs == 1 or n == 1)
     if executor == "ray":
         stream: Iterator[JobResult] = many.run_ray_jobs(specs, address)

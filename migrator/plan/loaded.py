@@ -52,7 +52,8 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
     """
     import dataclasses
 
-    from ..recipe.loader import RecipeError, RecipeIssue, read_candidates, same_file, written_candidates
+    from ..recipe.loader import RecipeError, RecipeIssue, read_candidates, written_candidates
+    from ..storage.atomic import same_file
     from ..storage.paths import given_path
 
     loaded = _configured_for(loaded, overrides)
@@ -117,7 +118,7 @@ def _source_entry(loaded: LoadedRecipe, value: str, compared: bool, shown: str) 
     labels = [s.label for s in recipe.sources]
     if compared:
         given = given_path(value)
-        if any(same_file(p, given) or p == given for p in loaded.source_paths):
+        if any(same_file(p, given) for p in loaded.source_paths):
             return recipe
         if "=" not in value:
             names = ", ".join(f"'{n}'" for n in labels)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
+from ..core.cpus import available_cpus as available_cpus  # --jobs' default (`cli/recipe.py`)
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, MigratorError
 from ..storage.paths import where
 from ..storage.remote import is_url
@@ -56,14 +57,6 @@ def describe_job(spec: dict[str, Any]) -> str:
 
 class JobsUsageError(MigratorError):
     """The jobs cannot all run as given (a glob matching nothing, two jobs writing one target...)."""
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, as `nproc` counts), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    count = getattr(os, "process_cpu_count", os.cpu_count)()
-    return max(1, count or 1)
 
 
 def _glob(pattern: str) -> list[str]:
