@@ -33,12 +33,6 @@ def load(path: str | os.PathLike[str], overrides: Mapping[str, str] | None = Non
     return with_paths(loaded, overrides, compared=compared, shown=shown) if overrides else loaded
 
 
-def overrides_of(args: Any) -> dict[str, str]:
-    """{"source": PATH, "target": PATH, "config": FILE, "training_state": keep|drop} as given on the
-    command line (any may be absent)."""
-    return {k: v for k in ("source", "target", "config", "training_state") if (v := getattr(args, k, None))}
-
-
 def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: bool = False,
                shown: str | None = None) -> LoadedRecipe:
     """`loaded` reading/writing the given paths instead of its own: the one place a command line's
@@ -188,13 +182,6 @@ def open_plan(loaded: LoadedRecipe, *, hash_sources: bool = False, overwrite: bo
         raise located from None
     with plan:
         yield plan
-
-
-def settings_of(args: Any) -> dict[str, Any]:
-    """`open_plan`'s settings from a command line's namespace (`plan`, `validate`)."""
-    return {"overwrite": True if getattr(args, "overwrite", False) else None,
-            "fsync": False if getattr(args, "no_fsync", False) else None,
-            "limits": getattr(args, "reader_limits", DEFAULT_LIMITS)}
 
 
 def other_inputs(loaded: Any) -> list[Path]:
