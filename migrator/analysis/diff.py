@@ -321,6 +321,32 @@ def diff_pairs(pairs: Sequence[Pair], tol: Tolerance | None = None, window: int 
     return entries
 
 
+def prefix_hint(entries: Sequence[dict[str, Any]]) -> str | None:
+    """When the names only in A are those only in B with a prefix more (or less), such as a training
+    checkpoint's `model.`: the option that pairs them. None when no prefix pairs half of them."""
+    only_a = [e["name"] for e in entries if e["status"] == "only_in_a"]
+    only_b = [e["name"] for e in entries if e["status"] == "only_in_b"]
+    if not only_a or not only_b:
+        return None
+    best: tuple[int, str, str] | None = None  # (names paired, prefix, side that has it)
+    for longer, shorter, side in ((only_a, set(only_b), "A"), (only_b, set(only_a), "B")):
+        # the prefixes a few names have before a name of the other side (an optimizer's come first too)
+        prefixes = {n[:i + 1] for n in longer[:64] for i, ch in enumerate(n) if ch == "." and n[i + 1:] in shorter}
+        for prefix in sorted(prefixes):
+            paired = sum(1 for n in longer if n.startswith(prefix) and n[len(prefix):] in shorter)
+            if best is None or paired > best[0]:
+                best = (paired, prefix, side)
+    if best is None or best[0] * 2 < min(len(only_a), len(only_b)):
+        return None
+    paired, prefix, side = best
+    escaped = prefix.replace(".", "\\.")
+    if side == "A":
+        how = f"--top-level-key {prefix[:-1]} (or --remap '^{escaped}=') reads A without it"
+    else:
+        how = f"--remap '^={prefix}' gives A's names the prefix"
+    return f"{paired:,} names only in {side} are the other side's with the prefix '{prefix}': {how}"
+
+
 def summary(entries: Sequence[dict[str, Any]]) -> dict[str, int]:
     counts = dict.fromkeys(STATUSES, 0)
     for e in entries:
@@ -413,6 +439,7 @@ def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recip
                 entries = diff_pairs(direct_pairs(ra, rb), tol, window, each)
                 doc["a_format"], doc["b_format"] = ra.format, rb.format
     doc["summary"] = summary(entries)
+    doc["hint"] = prefix_hint(entries)
     doc["tensors"] = entries
     doc["matched"] = matched(doc)
     return doc

@@ -21,7 +21,9 @@ def summarize(reader: Reader) -> dict[str, Any]:
         stored = reader.ggml_type(t)  # GGUF: the type each tensor is stored in
         if stored is not None:
             entry["ggml_type"] = stored
-            if entry["offset"] is None:  # dequantized on read: where its blocks are
+            # dequantized on read: its blocks' place and size in the file (nbytes is the tensor as read)
+            entry["stored_nbytes"] = getattr(t.loader, "length", t.nbytes)
+            if entry["offset"] is None:
                 entry["offset"] = getattr(t.loader, "offset", None)
         if locations is not None and shards is not None:
             shard, entry["offset"] = locations[i]
@@ -38,7 +40,9 @@ def summarize(reader: Reader) -> dict[str, Any]:
         "tensors": tensors,
         "metadata": dict(reader.metadata),
         "scalars": {k: v.to_json() for k, v in reader.scalars.items()},
-        "totals": {"tensors": len(tensors), "nbytes": sum(t.nbytes for t in reader.tensors)},
+        "totals": {"tensors": len(tensors), "nbytes": sum(t.nbytes for t in reader.tensors),
+                   **({"stored_nbytes": sum(t["stored_nbytes"] for t in tensors)}
+                      if any("stored_nbytes" in t for t in tensors) else {})},
         "details": reader.extra(),
     }
 

@@ -61,7 +61,7 @@ def _folder_target(src: str, dst: str, o: ConvertOptions) -> str:
     from ..formats.registry import writer_class
 
     as_folder = dst.endswith(("/", os.sep)) or os.path.isdir(dst)
-    if o.max_shard_size or o.copy:
+    if o.max_shard_size or o.copy or o.copy_from:
         return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
     if not as_folder:
         return dst
@@ -140,9 +140,6 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
     if o.optimizer and o.training_state != "keep":
         parser.error(f"{flag['optimizer']} PATH is where Burn's optimizer record goes: add "
                      f"{flag['training_state']} keep")
-    if o.copy_from and not o.copy:
-        parser.error(f"{flag['copy_from']} DIR says where {flag['copy']} reads: add {flag['copy']} GLOB "
-                     "(e.g. --copy config.json)")
     if o.weights_name and o.target_format_name == "burnpack" and not o.max_shard_size:
         o = replace(o, weights_name=None)  # a burnpack's name went into DST
     return dst, o

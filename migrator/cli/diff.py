@@ -179,6 +179,8 @@ def print_diff(doc: dict[str, Any], *, every: bool = False) -> None:
         print(escape(title))
     counts = ", ".join(f"{n:,} {_NAMES.get(k, k)}" for k, n in doc["summary"].items() if n)
     print(f"{count(len(tensors), 'tensor')}: {counts or 'none'}")
+    if doc.get("hint"):
+        print(f"hint: {escape(doc['hint'])}")
     for problem in doc.get("plan_errors") or ():
         print(f"error: the recipe's plan fails: {escape(problem, keep_newlines=True)}", file=sys.stderr)
     print("A and B match" if doc["matched"] else "A and B differ")

@@ -83,7 +83,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     sizes: dict[int, str] = {}
     rows = []
     for t in shown:
-        nbytes = t["nbytes"]
+        nbytes = t.get("stored_nbytes", t["nbytes"])  # a GGUF's quantized tensor: its blocks, not as read
         size = sizes.get(nbytes) or sizes.setdefault(nbytes, human_bytes(nbytes))
         row = [t["name"], t["dtype"], *([t.get("ggml_type", "")] if ggml else []), str(t["shape"]), size,
                "-" if t["offset"] is None else str(t["offset"])]
@@ -105,7 +105,11 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     if len(shown) < len(tensors):
         out.write(f"... and {count(len(tensors) - len(shown), 'more tensor')} (use --rows N or --json)\n")
     totals = info["totals"]
-    out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
+    if "stored_nbytes" in totals and totals["stored_nbytes"] != totals["nbytes"]:
+        out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['stored_nbytes'])} as stored "
+                  f"({human_bytes(totals['nbytes'])} dequantized, in the dtype read)\n")
+    else:
+        out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['nbytes'])}\n")
     for flag, n in totals.get("flagged", {}).items():
         out.write(f"flagged {flag.replace('_', ' ')}: {count(n, 'tensor')}\n")
     _print_shards(info, limit)

@@ -109,8 +109,15 @@ class Reader(Mapping[str, LazyTensor], ABC):
         return idx
 
     def select(self, top_level_key: str | Sequence[str]) -> None:
-        """Keep only the tensors under `top_level_key` (flat formats: a name prefix), renamed without it."""
+        """Keep only the tensors under `top_level_key` (flat formats: a name prefix), renamed without it;
+        an optimizer's state left out beside it is said (the notes)."""
+        from ..naming.optimizer_names import optimizer_owners
+
+        dotted = top_level_key if isinstance(top_level_key, str) else ".".join(top_level_key)
+        owners = optimizer_owners(t.name for t in self.tensors if not t.name.startswith(dotted + "."))
         self.tensors = select_prefix(self.tensors, top_level_key, self.label)
+        if owners:
+            self.notes = [*self.notes, left_out_note(dotted, list(owners))]
         self.__dict__.pop("_by_name", None)
 
     def extra(self) -> dict[str, Any]:
@@ -138,6 +145,13 @@ class Reader(Mapping[str, LazyTensor], ABC):
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def left_out_note(key: str, optimizers: Sequence[str]) -> str:
+    """What a top_level_key selecting a model says of the optimizer state beside it, left out."""
+    where = ", ".join(f"'{o}'" if o else "the top level" for o in optimizers)
+    return (f"top_level_key '{key}': the optimizer state beside it ({where}) is left out; keeping the training "
+            "state carries it over (the whole checkpoint into a .pt, or Burn's optimizer record)")
 
 
 def select_prefix(tensors: Sequence[LazyTensor], key: str | Sequence[str], label: str) -> list[LazyTensor]:

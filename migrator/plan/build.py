@@ -36,9 +36,10 @@ from ..recipe.model import CastSpec, Recipe
 from ..storage.paths import resolve_path
 from ..storage.remote import as_path
 from ..storage.remote.options import NO_STORAGE_OPTIONS, StorageOptions
+from ..transform.modules import in_convert_syntax
 from .casts import Casts, apply_cast
 from .entry import PlanEntry
-from .kept import checkpoint_structure, target_scalars
+from .kept import checkpoint_structure, optimizer_as_weights, target_scalars
 from .metadata import (
     RECIPE_HASH_KEY,
     TEMPLATE_HASH_KEY,
@@ -79,6 +80,8 @@ class Plan:
     # Burn's OptimizerRecord of a PyTorch training checkpoint (training_state: keep), published with the model
     record: Writer | None = field(default=None, repr=False)
     record_path: Path | None = None
+    scheduler: Writer | None = field(default=None, repr=False)  # Burn's LrSchedulerRecord, with the record
+    scheduler_path: Path | None = None
 
     @property
     def union(self) -> UnionReader | None:
@@ -287,7 +290,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         entries, record = burn_record(training, entries, reader, fatal)
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
-            fatal.append(str(e))
+            fatal.append(str(e) if hint_syntax != "convert" else in_convert_syntax(str(e)))
     if declares.wanted:
         from ..transform.modules import declaration_hint
 
@@ -298,6 +301,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                            clear=recipe.target.clear_metadata)
     notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
     notes += training.notes
+    optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
+                         hint_syntax=hint_syntax, notes=notes, fatal=fatal)
     if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
@@ -368,6 +373,14 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 notes.append(f"Burn's optimizer record: {plan.record.resolve_path(plan.record_path)}, written with "
                              "the model (ModuleOptimizer::load reads it; target.optimizer or --optimizer-out choose "
                              "its path)")
+                from .burn_scheduler import default_scheduler_path, scheduler_record
+
+                lr = scheduler_record(reader.structure)
+                notes += lr.notes
+                if lr.scalars:  # LrSchedulerRecord::load reads it (the Learner's ModuleLrScheduler)
+                    plan.scheduler = BurnpackWriter([], metadata={}, scalars=lr.scalars)
+                    plan.scheduler_path = default_scheduler_path(tgt_path)
+                    notes.append(f"Burn's LR scheduler record: {plan.scheduler_path}, written with them")
         except MigratorError as e:
             fatal.append(str(e))
     return plan

@@ -187,8 +187,22 @@ def _record(opt: Optimizer, training: Training, slotted: dict[str, LazyTensor],
         if kind == "Adam/AdamW":
             record.scalars[f"{pid}.{TIME}"] = Scalar("UInt", _step(values.get("step"), slotted, name))
         record.paths[str(pid)] = name
-    record.notes = _notes(opt, record)
+    record.notes = _notes(opt, record, _written_params(node))
     return record
+
+
+def _written_params(node: Any) -> list[int]:
+    """How many parameters each param group holds in the output (a split makes more than the source's)."""
+    from ..formats.pytorch.tree import Node
+
+    groups = node.values[node.keys.index("param_groups")]
+    counts = []
+    for group in groups.values if isinstance(groups, Node) else ():
+        params: Any = None
+        if isinstance(group, Node) and "params" in group.keys:
+            params = group.values[group.keys.index("params")]
+        counts.append(len(params.values) if isinstance(params, Node) else 0)
+    return counts
 
 
 def _step(value: Any, slotted: dict[str, LazyTensor], name: str) -> int:
@@ -225,14 +239,15 @@ def _check_groups(opt: Optimizer) -> None:
             raise _Refused(f"param group {g} has maximize=True; Burn's Adam, AdamW and SGD only minimize")
 
 
-def _notes(opt: Optimizer, record: BurnRecord) -> list[str]:
-    """What the record does not hold: the hyperparameters, which Burn takes from the optimizer's config."""
+def _notes(opt: Optimizer, record: BurnRecord, written: Sequence[int]) -> list[str]:
+    """What the record does not hold: the hyperparameters, which Burn takes from the optimizer's config.
+    `written`: each group's parameters in the output (after the recipe's splits and drops)."""
     notes = [f"optimizer {opt.label}: written as Burn's OptimizerRecord ({record.kind}; {len(record.paths)} "
              "parameters with state, keyed by the param_id each has in the model file)"]
     for g in range(len(opt.groups)):
         hp = _group(opt, g)
         shown = ", ".join(f"{k} {hp[k]!r}" for k in _GROUP_KEYS if k in hp)
-        notes.append(f"optimizer {opt.label}, param group {g} ({len(opt.params[g])} parameters): {shown}. Burn's "
+        notes.append(f"optimizer {opt.label}, param group {g} ({written[g]} parameters): {shown}. Burn's "
                      "record holds no hyperparameters: set them in Burn's config and learning rate")
     if record.kind == "Adam/AdamW":
         decoupled = [_group(opt, g).get("decoupled_weight_decay") for g in range(len(opt.groups))]

@@ -70,3 +70,27 @@ def target_scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str
         else:
             out[name] = Scalar("Bool", bool(v.bool_))
     return out
+
+
+def optimizer_as_weights(names: list[str], out_fmt: str, *, folder: bool, hint_syntax: str,
+                         notes: list[str], fatal: list[str]) -> None:
+    """A training checkpoint's optimizer state about to be written as weights (`names`: the output's),
+    into a format with no place for it: refused for a model folder (what from_pretrained loads: three
+    times the weights, and keys no model has), said for one file. A PyTorch target keeps it as state."""
+    from ..core.display import count
+    from ..naming.optimizer_names import optimizer_owners
+
+    owners = optimizer_owners(names) if out_fmt != "pytorch" else {}
+    if not owners:
+        return
+    inside = tuple(o + "." for o in owners if o)
+    roots = sorted({n.split(".", 1)[0] for n in names if not n.startswith(inside) and "." in n})
+    key = roots[0] if len(roots) == 1 else "KEY"
+    option = f"--top-level-key {key}" if hint_syntax == "convert" else f"source.top_level_key: {key}"
+    where = ", ".join(f"'{o}'" if o else "the top level" for o in owners)
+    what = f"{count(sum(owners.values()), 'tensor')} of optimizer state ({where})"
+    alone = f"{option} writes the model alone (a .pt target keeps the whole checkpoint)"
+    if folder:
+        fatal.append(f"a model folder target would hold {what} as weights beside the model; {alone}")
+    else:
+        notes.append(f"{what} written as weights beside the model, as the source names them; {alone}")

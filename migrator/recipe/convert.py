@@ -19,9 +19,12 @@ if TYPE_CHECKING:
     from .model import Recipe
 
 
-LORA_COMPANIONS = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
-                   "vocab.*", "merges.txt", "added_tokens.json", "chat_template.jinja", "preprocessor_config.json")
-"""The base folder's files a `--lora` folder target carries over, each when present."""
+COMPANIONS = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
+              "vocab.*", "merges.txt", "added_tokens.json", "chat_template.jinja", "preprocessor_config.json")
+"""A model folder's usual companions (config, generation config, tokenizer files, chat template): what
+a `--lora` folder target carries over from the base, and what `--copy-from DIR` alone copies from DIR,
+each when present."""
+LORA_COMPANIONS = COMPANIONS
 
 
 class ConvertUsageError(MigratorError):
@@ -71,6 +74,8 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
             data["target"]["copy"] = [{"path": c, "optional": True} for c in LORA_COMPANIONS]
     if o.copy:
         data["target"]["copy"] = list(o.copy)
+    elif o.copy_from is not None:  # --copy-from DIR alone: DIR's usual companions, each when present
+        data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
     if o.quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
         from ..formats.gguf.mixes import is_mix
 
@@ -107,9 +112,11 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
 
 def llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], target_format_name: str
                  ) -> dict[str, Any] | None:
-    """The config.json of a Hugging Face Llama-family folder being converted to GGUF, else None."""
-    import json
-
+    """The config.json of a Hugging Face Llama-family folder being converted to GGUF (named by its
+    `architectures`, or by its `model_type` when it names none), else None. FormatError, in one line
+    naming the file and the key, for a config that cannot be read or that the conversion cannot use."""
+    from ..core.errors import FormatError
+    from ..files.model_config import ConfigError, load_config
     from ..formats.detect import from_extension
 
     folder = Path(src)
@@ -117,12 +124,17 @@ def llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], targe
             or not (folder / "config.json").is_file()):
         return None
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConvertUsageError(f"{folder / 'config.json'}: not readable JSON ({e})") from None
-    from ..formats.gguf.llama import architecture
+        config = load_config(folder / "config.json")  # bounded; deep nesting is refused, not a traceback
+    except ConfigError as e:
+        raise FormatError(str(e)) from None
+    from ..formats.gguf.llama import architecture, config_problem
 
-    return config if isinstance(config, dict) and architecture(config) is not None else None
+    if architecture(config) is None:
+        return None
+    problem = config_problem(config)
+    if problem is not None:
+        raise FormatError(f"{folder / 'config.json'}: {problem}")
+    return config
 
 
 def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os.PathLike[str],

@@ -171,7 +171,8 @@ class ConvertOptions:
         "into a sharded DST (repeatable)", kind="repeat", metavar="GLOB", recipe="target.copy", plain=True)
     copy_from: str | None = _option(  # or a PathLike
         None, "--copy-from", "folder", "the folder --copy globs read from (default: the source's folder), e.g. "
-        "the Hugging Face folder whose config.json and tokenizer go with a .bpk source", metavar="DIR",
+        "the Hugging Face folder whose config.json and tokenizer go with a .bpk source; alone, its usual companions "
+        "(config, generation config, tokenizer files, chat template) when present", metavar="DIR",
         recipe="target.copy_from", place=True, plain=True)
     # a GGUF DST
     quantize: str | None = _option(

@@ -106,6 +106,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     from ..files.io import open_file, save_planned
     from ..formats.detect import target_format
     from ..formats.registry import writer_class
+    from ..naming.optimizer_names import optimizer_owners
     from ..plan.metadata import output_metadata
     from ..storage.atomic import Protected
     from ..storage.paths import resolve_path
@@ -121,8 +122,9 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
         check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
     else:
-        if copy:
-            raise ConvertUsageError("--copy needs a folder target (end DST with '/' or give --max-shard-size)")
+        if copy or copy_from:
+            option = "--copy" if copy else "--copy-from"
+            raise ConvertUsageError(f"{option} needs a folder target (end DST with '/' or give --max-shard-size)")
         if weights_name is not None:
             raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
@@ -132,6 +134,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         if reader.structure is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)
         tensors = list(reader.tensors)
+        if out_fmt != "pytorch" and optimizer_owners(t.name for t in tensors):
+            return None  # a training checkpoint's optimizer as weights: the plan refuses or says so
         if has_torch_names(reader) and contiguous_indices is None and out_fmt == "burnpack":
             from ..naming import contiguous_names
 
@@ -139,7 +143,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             if contiguous_names(names) != names:
                 return None
         meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
-        notes: list[str] = []
+        notes: list[str] = list(reader.notes)  # e.g. the optimizer state a top_level_key leaves out
         scalars = dict(reader.scalars) if out_fmt == "burnpack" else {}
         if reader.scalars and out_fmt != "burnpack":
             notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
@@ -147,12 +151,14 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         try:
             if sharded:
                 from ..files.sharded_writer import copy_folder, default_weights_name
+                from ..recipe.convert import COMPANIONS
 
                 folder = reader.folder
                 companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
                 writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
                                        max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
-                                       copies=[(c, False) for c in copy],
+                                       copies=[(c, False) for c in copy] or (
+                                           [(c, True) for c in COMPANIONS] if copy_from else []),
                                        copy_from=companions or folder or src_path.parent,
                                        weights_name=weights_name or default_weights_name(out_fmt, folder))
                 notes += writer.notes

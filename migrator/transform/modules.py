@@ -150,6 +150,16 @@ def exact_regex(path: str) -> str:
     return "^" + "".join("\\" + c if c in _RUST_META else c for c in path) + "$"
 
 
+_ENTRY = re.compile(r"modules: \{([\w:]+): \['((?:[^']|'')*)'\]\}")
+
+
+def in_convert_syntax(text: str) -> str:
+    """An adapter's hint (`declare its type in the recipe: modules: {Linear: ['^a$']}`) in `migrate
+    convert`'s own option syntax (`declare its type: --modules 'Linear=^a$'`)."""
+    text = text.replace("declare its type in the recipe", "declare its type")
+    return _ENTRY.sub(lambda m: "--modules '" + m.group(1) + "=" + m.group(2).replace("''", "'") + "'", text)
+
+
 def yaml_quoted(text: str) -> str:
     """`text` as a YAML single-quoted scalar (backslashes stay literal; a quote is doubled)."""
     return "'" + text.replace("'", "''") + "'"

@@ -447,3 +447,37 @@ def test_strided_views_stream_in_bounded_blocks(tmp_path: Path, capsys: pytest.C
     assert entry["status"] == "different" and entry["differing"] == 1 and entry["first_index"] == [i, j]
     if "libasan" not in os.environ.get("LD_PRELOAD", ""):  # ASan's quarantine keeps freed bands allocated
         assert peak_mib < 2 * 1 + 150, peak_mib  # the view gathered whole: its 92 MiB copy and its map
+
+
+def test_names_that_differ_by_a_prefix_get_a_hint_that_pairs_them(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A training checkpoint (torch.save of {"model", "optimizer"}) against the model's own SafeTensors
+    file (safetensors' save_file of its state_dict): every name is "only in" one side. The hint names the
+    option, and the diff with it matches, in both directions."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(net.parameters())
+    net(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "train.pt")
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, tmp_path / "model.safetensors")
+    save_file({f"net.{k}": v.contiguous() for k, v in net.state_dict().items()}, tmp_path / "prefixed.safetensors")
+
+    code, doc = run_json(capsys, str(tmp_path / "train.pt"), str(tmp_path / "model.safetensors"))
+    assert code == 1 and doc["summary"]["identical"] == 0
+    assert doc["hint"].startswith("4 names only in A are the other side's with the prefix 'model.'"), doc["hint"]
+    assert "--top-level-key model" in doc["hint"]
+    code = main(["diff", str(tmp_path / "train.pt"), str(tmp_path / "model.safetensors"), "--top-level-key", "model"])
+    out = capsys.readouterr().out
+    assert code == 0 and "A and B match" in out and "hint" not in out, out
+
+    code = main(["diff", str(tmp_path / "model.safetensors"), str(tmp_path / "prefixed.safetensors")])
+    out = capsys.readouterr().out
+    assert code == 1 and "hint: 4 names only in B are the other side's with the prefix 'net.': --remap '^=net.'" in out
+    assert main(["diff", str(tmp_path / "model.safetensors"), str(tmp_path / "prefixed.safetensors"),
+                 "--remap", "^=net."]) == 0
+    capsys.readouterr()
+    # names that share no prefix rule: no hint
+    save_file({"other": torch.zeros(1)}, tmp_path / "other.safetensors")
+    code, doc = run_json(capsys, str(tmp_path / "model.safetensors"), str(tmp_path / "other.safetensors"))
+    assert code == 1 and doc["hint"] is None

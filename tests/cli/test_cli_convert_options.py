@@ -118,3 +118,29 @@ def test_an_extensionless_target_gets_bpk_only_for_burnpack(ckpt: Path, tmp_path
     assert "proj.weight" in load_file(str(tmp_path / "plain"))
     assert main(["convert", str(ckpt), str(tmp_path / "burn"), "--no-progress"]) == 0
     assert f"wrote {tmp_path / 'burn.bpk'} " in capsys.readouterr().out and (tmp_path / "burn.bpk").is_file()
+
+
+def test_an_adapter_hint_is_in_converts_own_syntax(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The module-type hint of `convert` names `--modules 'TYPE=REGEX'` (it named a recipe's `modules:`
+    entry); the option it gives, pasted back, converts: the weight comes out as torch's transpose."""
+    import re
+    import shlex
+
+    torch.manual_seed(0)
+    sd = {"a.weight": torch.randn(3, 4), "fc.weight": torch.randn(2, 3), "fc.bias": torch.randn(2)}
+    torch.save(sd, tmp_path / "m.pt")
+    out = tmp_path / "o.safetensors"
+    args = ["convert", str(tmp_path / "m.pt"), str(out), "--no-progress", "--adapter", "pytorch_to_burn"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "modules: {" not in err and "in the recipe" not in err, err
+    options = re.findall(r"--modules '[^']+'", err)
+    assert options[0] == "--modules 'Linear=^a$'", err
+    assert main(args + shlex.split(options[0])) == 0
+    np.testing.assert_array_equal(load_file(str(out))["a.weight"], sd["a.weight"].numpy().T)
+    # a recipe's hint stays a recipe's
+    (tmp_path / "r.yaml").write_text(f"version: 1\nsource: {{path: {tmp_path / 'm.pt'}}}\n"
+                                     f"adapters: [pytorch_to_burn]\ntarget: {{path: {tmp_path / 'r.safetensors'}}}\n")
+    assert main(["run", str(tmp_path / "r.yaml"), "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "modules: {Linear: ['^a$']}" in captured.out + captured.err

@@ -53,8 +53,45 @@ def test_copy_from_in_a_recipe_and_refusals(hf_model: Path, tmp_path: Path) -> N
     recipe.write_text("version: 1\nsource: {path: bert.bpk}\ntarget: {path: out2/, copy_from: x}\n")
     r = migrate("validate", str(recipe))
     assert r.returncode == 2 and "there is no copy" in r.stdout + r.stderr
-    r = migrate("convert", str(bpk), str(tmp_path / "o3") + "/", "--copy-from", str(hf_model))
-    assert r.returncode == 2 and "add --copy" in r.stderr
+
+
+def test_copy_from_alone_copies_the_usual_companions(tmp_path: Path) -> None:
+    """`--copy-from DIR` alone (as the README and the DeepSpeed example use it): the folder's config,
+    generation config, tokenizer files and chat template; transformers loads the model, its generation
+    config and its tokenizer from the output as from the original folder."""
+    from model_support import tiny_llama_rope
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    hf = tmp_path / "hf"
+    model = tiny_llama_rope(vocab_size=64)
+    model.generation_config.temperature, model.generation_config.do_sample = 0.5, True
+    model.save_pretrained(hf)
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "the", "cat", "sat"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                               eos_token="</s>")
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(hf)
+    (hf / "notes.txt").write_text("not a companion")
+    bpk = tmp_path / "llama.bpk"
+    assert migrate("convert", str(hf) + "/", str(bpk)).returncode == 0
+    out = tmp_path / "out"
+    r = migrate("convert", str(bpk), str(out) + "/", "--copy-from", str(hf))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (out / "notes.txt").exists()
+    got, want = (transformers.LlamaForCausalLM.from_pretrained(p) for p in (out, hf))
+    for (k, a), (_, b) in zip(got.state_dict().items(), want.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+    assert got.generation_config.to_dict() == want.generation_config.to_dict()
+    got_tok, want_tok = (transformers.AutoTokenizer.from_pretrained(p) for p in (out, hf))
+    assert got_tok("the cat sat")["input_ids"] == want_tok("the cat sat")["input_ids"] == [3, 4, 5]
+    chat = [{"role": "user", "content": "the cat"}]
+    assert got_tok.apply_chat_template(chat, tokenize=False) == want_tok.apply_chat_template(chat, tokenize=False)
+    # a file target has no room for companions: refused as --copy is, not ignored
+    r = migrate("convert", str(bpk), str(tmp_path / "o2"), "--copy-from", str(hf))
+    assert r.returncode == 2 and "--copy-from needs a folder target" in r.stderr, r.stdout + r.stderr
+    assert list(tmp_path.glob("o2*")) == []
 
 
 @pytest.mark.parametrize(("dtype", "torch_dtype"), [("BF16", torch.bfloat16), ("F16", torch.float16)])

@@ -169,3 +169,29 @@ def test_split_gguf_with_a_file_missing(tmp_path: Path) -> None:
     files[2].unlink()
     with pytest.raises(FormatError, match=r"lacks m-00003-of-00003\.gguf"):
         migrator.open_file(files[0])
+
+
+def test_inspect_gives_each_tensors_size_as_stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`inspect` of a quantized GGUF: the size column and `stored_nbytes` are the bytes gguf-py's reader says
+    each tensor holds in the file (`n_bytes`), not its dequantized F32 size (`nbytes`, as read)."""
+    import json
+
+    from migrator.cli import main
+
+    rng = np.random.default_rng(0)
+    path = write_gguf(tmp_path / "q.gguf", {"q8.weight": (rng.standard_normal((64, 32)).astype(np.float32), "Q8_0"),
+                                            "q4.weight": (rng.standard_normal((32, 64)).astype(np.float32), "Q4_0"),
+                                            "norm.weight": (rng.standard_normal(32).astype(np.float32), "F32")})
+    want = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors}
+    assert want["q8.weight"] == 64 * 32 // 32 * 34 and want["q4.weight"] == 32 * 64 // 32 * 18
+    assert main(["inspect", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got = {t["name"]: t for t in doc["tensors"]}
+    assert {n: t["stored_nbytes"] for n, t in got.items()} == want
+    assert got["q8.weight"]["nbytes"] == 64 * 32 * 4  # as read: F32
+    assert doc["totals"]["stored_nbytes"] == sum(want.values())
+    assert main(["inspect", str(path)]) == 0
+    rows = {line.split()[0]: line.split("]", 1)[1].split() for line in capsys.readouterr().out.splitlines()
+            if ".weight" in line}  # after the shape: size (number, unit), offset
+    assert rows["q8.weight"][:2] == ["2.1", "KiB"] and rows["q4.weight"][:2] == ["1.1", "KiB"]
+    assert rows["norm.weight"][:2] == ["128", "B"]

@@ -302,3 +302,30 @@ def test_a_checkpoint_saved_before_the_first_step_has_no_state(ckpts: Path, tmp_
     _, opt = _params(out["model"], out["optimizer"]["param_groups"])
     opt.load_state_dict(out["optimizer"])
     assert not opt.state
+
+
+def test_keep_says_deepspeeds_gradient_clipping_is_not_in_the_checkpoint(ckpts: Path, tmp_path: Path) -> None:
+    """The engine clipped every step to its config's gradient_clipping (DeepSpeed's default when the config
+    sets none, as these do: `GRADIENT_CLIPPING_DEFAULT`); a resume in torch must clip too. The value said is
+    the one DeepSpeed's own config object reads from the `ds_config` the checkpoint keeps."""
+    from deepspeed.runtime.config import get_gradient_clipping
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(ckpts / "z1_fp32", folder)
+    states = folder / "global_step2" / "mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=False)
+    for config, said in ((saved["ds_config"], "DeepSpeed's default: its ds_config sets no gradient_clipping"),
+                         ({**saved["ds_config"], "gradient_clipping": 0.5}, "its ds_config's gradient_clipping"),
+                         ({**saved["ds_config"], "gradient_clipping": 0.0}, None)):
+        torch.save({**saved, "ds_config": config}, states)
+        value = get_gradient_clipping(config)
+        p = migrate_in_process("convert", str(folder), str(tmp_path / "whole.pt"), "--training-state", "keep",
+                               "--overwrite")
+        assert p.returncode == 0, p.stderr
+        if said is None:
+            assert value == 0 and "did not clip gradients" in p.stdout
+        else:
+            assert f"DeepSpeed clipped the gradients to norm {value:g} ({said})" in p.stdout, p.stdout
+            assert f"torch.nn.utils.clip_grad_norm_(model.parameters(), {value:g})" in p.stdout
+    p = migrate_in_process("convert", str(folder), str(tmp_path / "flat.pt"))  # the weights alone: nothing to say
+    assert p.returncode == 0 and "clip" not in p.stdout

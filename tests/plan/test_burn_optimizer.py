@@ -337,3 +337,19 @@ def test_a_checkpoint_without_an_optimizer_writes_the_model_with_ids(tmp_path: P
     assert "holds no optimizer state dict" in done.stdout + done.stderr
     assert not (tmp_path / "out-optim.bpk").exists()
     assert all(isinstance(i, int) for i in _model_ids(tmp_path / "out.bpk").values())
+
+
+def test_the_group_note_counts_the_parameters_written_after_a_split(tmp_path: Path) -> None:
+    """fc1's weight split in two along its outputs: the record's group holds one parameter more than
+    torch's optimizer did, and the note says so (it counted torch's)."""
+    split = "ops:\n  - split: {from: 'encoder\\.weight', dim: 0, sizes: [3, 2], to: [a.weight, b.weight]}\n"
+    net, opt = _trained(tmp_path, lambda ps: torch.optim.AdamW(ps, foreach=False),
+                        RECIPE.replace("adapters:", split + "adapters:").replace("(encoder|head)", "(a|b|head)"))
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    torch_count = len(opt.state_dict()["param_groups"][0]["params"])
+    assert torch_count == len(list(net.parameters())) == 6
+    assert f"param group 0 ({torch_count + 1} parameters)" in done.stdout, done.stdout
+    _, meta, _ = parse_burnpack(tmp_path / "out-optim.bpk")
+    assert sorted(meta["metadata"].values()) == sorted(
+        ["a.weight", "b.weight", "encoder.bias", "norm.gamma", "norm.beta", "head.weight", "head.bias"])

@@ -41,8 +41,8 @@ SUMMARY = re.compile(r"--modules '(\w+)=((?:[^']|'\\'')*)'")
 
 
 def hints(text: str) -> list[tuple[str, str, str]]:
-    """(tensor, type, regex) of every `modules:` entry suggested, per error line; an error whose one
-    answer is in the closing declaration (`convert`'s `--modules` syntax) gets that entry's regex."""
+    """(tensor, type, regex) of every `modules:` entry (or `--modules` option) suggested, per error line; an
+    error whose one answer is in the closing declaration (`convert`'s `--modules` syntax) gets that entry's regex."""
     out = []
     deferred: list[str] = []
     # the plan's problems come on one line, joined by '; ': one per adapter error, then the declaration
@@ -56,9 +56,12 @@ def hints(text: str) -> list[tuple[str, str, str]]:
             continue
         if line in summary:
             continue
-        for type_name, rx in HINT.findall(line):
+        for type_name, rx in HINT.findall(line):  # a recipe's `modules:` entry
             assert tensor is not None, line
             out.append((tensor.group(1), type_name, rx.replace("''", "'")))
+        for type_name, rx in SUMMARY.findall(line):  # convert's own `--modules 'TYPE=REGEX'`
+            assert tensor is not None, line
+            out.append((tensor.group(1), type_name, rx.replace("'\\''", "'")))
     assert len(summary) == (1 if deferred else 0), summary
     for name in deferred:
         entries = [(t, rx) for t, rx in SUMMARY.findall(summary[0]) if compile_regex(rx).search(module_path(name))]

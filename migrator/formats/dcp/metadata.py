@@ -82,16 +82,30 @@ class DcpMetadata:
         return found
 
 
-def read_metadata(data: bytes, label: str, limits: Limits) -> DcpMetadata:
-    """Interpret `.metadata` (already read, size-bounded) and check it."""
+MEGATRON_FILES = ("metadata.json", "common.pt")
+"""What Megatron-core's `torch_dist` format writes beside DCP's `.metadata` and `.distcp` files."""
+SAVE_PLAN = "torch.distributed.checkpoint.planner.SavePlan"
+"""What megatron-core 0.16 pickles into `.metadata` (older versions: their own `MCoreMetadata`)."""
+
+
+def read_metadata(data: bytes, label: str, limits: Limits, *, megatron_files: bool = False) -> DcpMetadata:
+    """Interpret `.metadata` (already read, size-bounded) and check it. `megatron_files`: Megatron-core's
+    `metadata.json` or `common.pt` is beside it, so a class DCP does not write there is named as
+    Megatron's format (not read yet) rather than as a stranger."""
     u = Unpickler(data, label=label, limits=limits, what=METADATA_FILE)
     root = u.load()
     if u.opaque - PATH_CLASSES:
         name = sorted(u.opaque - PATH_CLASSES)[0]
+        if megatron_files or name == SAVE_PLAN or name.startswith("megatron."):
+            raise FormatError(f"{METADATA_FILE} names '{name}': this looks like a Megatron-core torch_dist "
+                              "checkpoint, which migrator does not read yet", file=label)
         raise UnsafePickleError(f"{METADATA_FILE} names '{name}', which is not a DCP metadata class; migrator reads "
                                 "only the classes torch.distributed.checkpoint writes there, and runs no code",
                                 file=label)
     _refuse_other_records(root, label, limits)
+    if megatron_files and not (isinstance(root, sp.Record) and root.name == _M + "Metadata"):
+        raise FormatError(f"{METADATA_FILE} holds {sp.describe(root)}: this looks like a Megatron-core torch_dist "
+                          "checkpoint, which migrator does not read yet", file=label)
     if not isinstance(root, sp.Record) or root.name != _M + "Metadata":
         raise FormatError(f"{METADATA_FILE} holds {sp.describe(root)}, not a DCP Metadata", file=label)
     state = _fields(root, label)

@@ -25,7 +25,7 @@ from ...storage.remote import as_path, is_url
 from ..base import Reader
 from .assemble import Piece, assemble
 from .layout import METADATA_FILE
-from .metadata import read_metadata
+from .metadata import MEGATRON_FILES, read_metadata
 from .storage import chunk_tensor, item_value
 from .tree import build_tree
 
@@ -74,7 +74,10 @@ class DcpReader(Reader):
             if src.size > MAX_METADATA_BYTES:
                 raise LimitExceededError(f"{METADATA_FILE} is {src.size} bytes (limit {MAX_METADATA_BYTES})",
                                          file=str(meta_path))
-            meta = read_metadata(src.read(0, src.size, METADATA_FILE), str(meta_path), self.limits)
+            megatron = not is_url(str(meta_path.parent)) and any(
+                os.path.isfile(meta_path.parent / name) for name in MEGATRON_FILES)
+            meta = read_metadata(src.read(0, src.size, METADATA_FILE), str(meta_path), self.limits,
+                                 megatron_files=megatron)
         finally:
             src.close()
         self.meta = meta

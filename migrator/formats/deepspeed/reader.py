@@ -34,6 +34,29 @@ WEIGHTS = ("fp32", "module")
 """What a ZeRO checkpoint offers: the fp32 masters (the default), or the module's state_dict."""
 
 
+CLIPPING_DEFAULT = 1.0
+"""DeepSpeed's `gradient_clipping` when its config sets none (`GRADIENT_CLIPPING_DEFAULT`,
+deepspeed/runtime/constants.py)."""
+
+
+def clipping_note(config: Any) -> str:
+    """What a resume outside DeepSpeed must redo: the engine clipped every step's gradients to the norm
+    its config's `gradient_clipping` says (the model states file keeps the config as `ds_config`), a
+    setting and not state, so no checkpoint carries it over."""
+    value = config.get("gradient_clipping", CLIPPING_DEFAULT) if isinstance(config, dict) else None
+    said = ("its ds_config's gradient_clipping" if isinstance(config, dict) and "gradient_clipping" in config
+            else "DeepSpeed's default: its ds_config sets no gradient_clipping")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return ("DeepSpeed clips gradients by its config's gradient_clipping (1.0 unless set), which this checkpoint "
+                "does not record as a number: a setting of the engine, not state in the checkpoint; a resume "
+                "outside DeepSpeed clips as the run did (torch.nn.utils.clip_grad_norm_) before each step")
+    if value <= 0:
+        return "DeepSpeed did not clip gradients in this run (gradient_clipping 0)"
+    return (f"DeepSpeed clipped the gradients to norm {value:g} ({said}): a setting of the engine, not state in "
+            f"the checkpoint; to step as DeepSpeed did, a resume outside DeepSpeed calls "
+            f"torch.nn.utils.clip_grad_norm_(model.parameters(), {value:g}) before each optimizer step")
+
+
 class FolderSource(ByteSource):
     """The `source` of a ZeRO reader: its label, total size, and the identity and permissions of every
     file it reads (no output may replace one); bytes are read per file (`RankFiles`)."""
@@ -238,6 +261,7 @@ class ZeroReader(Reader):
         # the whole checkpoint: the fp32 view under `model.`, then each parameter's optimizer state
         optimizer = read_optimizer(self.stage, ranks, flats, shapes, pieces, files, label)
         self.structure = whole_tree(list(out), optimizer)
+        self.notes = [clipping_note(model0.at(model0.root, "ds_config", default=None))]
         return [t.renamed(f"{MODEL}.{name}") for name, t in out.items()] + optimizer.tensors()
 
     def _check_same_stage(self, state: StateFile) -> None:

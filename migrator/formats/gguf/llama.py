@@ -26,6 +26,9 @@ from typing import Any
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                  "Phi3ForCausalLM": "phi3", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
                  "Gemma3ForCausalLM": "gemma3"}
+# a config.json with no `architectures` (what `LlamaConfig().save_pretrained()` writes) by its model_type
+MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "phi3": "phi3", "gemma": "gemma",
+               "gemma2": "gemma2", "gemma3_text": "gemma3"}
 # the class and model_type a config.json made from a GGUF of each llama.cpp architecture names
 HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
               "phi3": ("Phi3ForCausalLM", "phi3"), "gemma": ("GemmaForCausalLM", "gemma"),
@@ -80,13 +83,76 @@ GELU_TANH = "gelu_pytorch_tanh"
 
 
 def architecture(config: dict[str, Any]) -> str | None:
-    """The llama.cpp architecture of a Hugging Face config, when this module can convert it."""
+    """The llama.cpp architecture of a Hugging Face config, when this module can convert it: by the
+    classes `architectures` names, else (none named) by `model_type`."""
     archs = config.get("architectures") or []
-    return next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if not isinstance(archs, list):
+        return None
+    if archs:
+        return next((ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in ARCHITECTURES), None)
+    kind = config.get("model_type")
+    return MODEL_TYPES.get(kind) if isinstance(kind, str) else None
+
+
+_POSITIVE = ("num_attention_heads", "hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
+_OPTIONAL_POSITIVE = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+_NUMBERS = ("rms_norm_eps", "rope_theta", "partial_rotary_factor")
+_ROPE_NUMBERS = ("rope_theta", "partial_rotary_factor", *("factor", "low_freq_factor", "high_freq_factor",
+                                                         "original_max_position_embeddings"))
+
+
+def config_problem(config: Mapping[str, Any]) -> str | None:
+    """What in a config.json `hf_to_gguf` cannot use, in one line naming the key, else None: checked
+    once, before any value is read, so no key is missing, zero or of another type on the way."""
+    def shown(v: object) -> str:
+        text = json.dumps(v) if isinstance(v, (str, int, float, bool)) or v is None else type(v).__name__
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    def is_int(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for key in _POSITIVE:
+        if key not in config:
+            return f"{key} is missing (a positive integer)"
+        if not is_int(config[key]) or config[key] <= 0:
+            return f"{key} must be a positive integer, not {shown(config[key])}"
+    for key in _OPTIONAL_POSITIVE:
+        v = config.get(key)
+        if v is not None and (not is_int(v) or v <= 0):
+            return f"{key} must be a positive integer, not {shown(v)}"
+    for key in _NUMBERS:
+        v = config.get(key)
+        if v is not None and (not is_number(v) or v <= 0):
+            return f"{key} must be a positive number, not {shown(v)}"
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    if heads % kv_heads:
+        return f"num_key_value_heads ({kv_heads}) does not divide num_attention_heads ({heads})"
+    if config.get("head_dim") is None and config["hidden_size"] % heads:
+        return f"hidden_size ({config['hidden_size']}) is not a multiple of num_attention_heads ({heads})"
+    ropes = [(key, config.get(key)) for key in ("rope_parameters", "rope_scaling")]
+    if isinstance(config.get("rope_parameters"), dict):  # Gemma 3's, by layer type (transformers 5)
+        ropes += [(f"rope_parameters.{k}", config["rope_parameters"].get(k))
+                  for k in ("full_attention", "sliding_attention")]
+    for key, rope in ropes:
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            return f"{key} must be an object, not {shown(rope)}"
+        for field in _ROPE_NUMBERS:
+            if rope.get(field) is not None and not is_number(rope[field]):
+                return f"{key}.{field} must be a number, not {shown(rope[field])}"
+        kind = rope.get("rope_type", rope.get("type"))
+        if kind is not None and not isinstance(kind, str):
+            return f"{key}.rope_type must be a string, not {shown(kind)}"
+    return None
 
 
 def hf_to_gguf(config: dict[str, Any]) -> dict[str, Any]:
-    """Recipe data (remap, filter, ops, target.metadata, target.rope_scaling) for a config.json of `ARCHITECTURES`."""
+    """Recipe data (remap, filter, ops, target.metadata, target.rope_scaling) for a config.json of `ARCHITECTURES`
+    (or of `MODEL_TYPES`) that `config_problem` finds nothing wrong with."""
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     hidden = int(config["hidden_size"])

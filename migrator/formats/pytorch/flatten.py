@@ -60,6 +60,12 @@ class Flattener(TensorBuilder):
             if isinstance(node, sp.Placeholder):
                 raise self._placeholder_error(".".join(path), node)
         self._selected = ".".join(path)
+        beside = [str(k) for k, v in (root.items() if isinstance(root, dict) else ())
+                  if k != path[0] and isinstance(v, dict) and "state" in v and "param_groups" in v]
+        if beside:  # an optimizer state dict beside the selection is not read: said
+            from ..base import left_out_note
+
+            self.notes = [*self.notes, left_out_note(self._selected, beside)]
         if not isinstance(node, (dict, list, tuple)):
             raise self._err(f"top-level key '{'.'.join(path)}' is a {_describe(node)}, not a dict of tensors")
         return node, ""
