@@ -33,7 +33,7 @@ def summarize(reader: Reader) -> dict[str, Any]:
         if t.dtype.kind is Kind.QUANTIZED:
             entry["scheme"] = describe_qfloat(t.dtype)
         tensors.append(entry)
-    return {
+    out: dict[str, Any] = {
         "path": reader.path,
         "format": reader.format,
         "file_size": reader.source.size,
@@ -45,6 +45,13 @@ def summarize(reader: Reader) -> dict[str, Any]:
                       if any("stored_nbytes" in t for t in tensors) else {})},
         "details": reader.extra(),
     }
+    if reader.format == "burnpack" and isinstance(reader.path, str | os.PathLike) and reader.metadata:
+        from ..plan.burn_pair import check_pair  # a model or Burn optimizer record written as a pair
+
+        pair = check_pair(reader.path, dict(reader.metadata))
+        if pair is not None:
+            out["pair"] = pair
+    return out
 
 
 def inspect_file(path: str | os.PathLike[str], *, format: str = "auto", **options: Any) -> dict[str, Any]:

@@ -60,6 +60,7 @@ def _folder_target(src: str, dst: str, o: ConvertOptions) -> str:
 
     from ..formats.registry import writer_class
 
+    _check_not_a_file_name(dst)
     as_folder = dst.endswith(("/", os.sep)) or os.path.isdir(dst)
     if o.max_shard_size or o.copy or o.copy_from:
         return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"
@@ -77,23 +78,50 @@ def _folder_target(src: str, dst: str, o: ConvertOptions) -> str:
     return dst if dst.endswith(("/", os.sep)) else dst + "/"
 
 
-def _recipe_output_check(args: argparse.Namespace, dst: str) -> None:
+def _check_not_a_file_name(dst: str) -> None:
+    """An existing folder named like a file of a format (`out.bpk/`) without a trailing '/' is refused:
+    writing into it would make a target named like a burnpack file a folder holding another format."""
+    from ..formats.detect import from_extension
+    from ..recipe.convert import ConvertUsageError
+
+    if dst.endswith(("/", os.sep)) or not os.path.isdir(dst):
+        return
+    fmt = from_extension(dst)
+    if fmt is not None:
+        raise ConvertUsageError(f"DST {dst} is an existing folder, though named like a {fmt} file: end it with '/' "
+                                "to write into that folder, or give a file name that is not a folder")
+
+
+def _recipe_output_check(args: argparse.Namespace, dst: str, o: ConvertOptions) -> None:
     """`-o FILE` is refused before converting what the write after it would refuse."""
     from pathlib import Path
 
     from ..storage.atomic import check_target
 
-    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=[dst])
+    check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.src], outputs=_outputs(dst, o))
 
 
-def _write_recipe(args: argparse.Namespace, dst: str, text: str) -> str | None:
+def _outputs(dst: str, o: ConvertOptions) -> list[str]:
+    """The files the conversion writes: DST, and Burn's optimizer record beside a .bpk DST with
+    --training-state keep (`plan.outputs.record_file`)."""
+    from ..formats.detect import from_extension
+    from ..plan.outputs import record_file
+
+    out = [dst]
+    fmt = o.target_format_name if o.target_format_name != "auto" else from_extension(dst) or "burnpack"
+    if o.training_state == "keep" and fmt == "burnpack" and not str(dst).endswith(("/", os.sep)):
+        out.append(record_file(dst, o.optimizer))
+    return out
+
+
+def _write_recipe(args: argparse.Namespace, dst: str, o: ConvertOptions, text: str) -> str | None:
     """Write the recipe of what ran to `-o FILE` (atomically, after the output); the problem, if any."""
     from ..core.errors import MigratorError
     from ..storage.atomic import write_file
 
     try:
         write_file(args.recipe_output, text.encode(), overwrite=args.overwrite, protect=[args.src],
-                   outputs=[dst], fsync=args.fsync, make_folders=True)
+                   outputs=_outputs(dst, o), fsync=args.fsync, make_folders=True)
     except MigratorError as e:
         return str(e)
     return None
@@ -149,7 +177,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..recipe.convert import ConvertUsageError, build_recipe, emit_recipe
     from ..run.convert import convert
 
-    dst, o = _options(args, parser)
+    try:
+        dst, o = _options(args, parser)
+    except ConvertUsageError as e:
+        return _usage_error(args, e)
     recipe_text = None
     try:
         if args.emit_recipe:  # alone: print the recipe, convert nothing; with -o FILE: convert, record it there
@@ -165,21 +196,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             if not args.recipe_output:
                 sys.stdout.write(recipe_text)
                 return EXIT_OK
-            _recipe_output_check(args, dst)
+            _recipe_output_check(args, dst, o)
         import hashlib
 
         sha = hashlib.sha256(recipe_text.encode()).hexdigest() if recipe_text else None
         result = convert(args.src, dst, o, progress=False if args.no_progress else None, recipe_sha256=sha,
                          **limits_of(args))
     except ConvertUsageError as e:  # an option the recipe model refuses, in the recipe's words
-        if args.json:
-            print_json_error({"kind": "UsageError", "message": str(e)})
-        else:
-            from ..core.display import escape
-
-            print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
-        return EXIT_USAGE
-    problem = _write_recipe(args, dst, recipe_text) if recipe_text is not None else None
+        return _usage_error(args, e)
+    problem = _write_recipe(args, dst, o, recipe_text) if recipe_text is not None else None
     from ..core.display import count, escape, human_bytes
     from .output import print_written
 
@@ -187,3 +212,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 f"{human_bytes(result.nbytes)} from {escape(result.source)} ({result.source_format})")
     return print_written(result, as_json=args.json, headline=headline, recipe_output=args.recipe_output,
                          recipe_written=recipe_text is not None, problem=problem, what="conversion")
+
+
+def _usage_error(args: argparse.Namespace, e: Exception) -> int:
+    if args.json:
+        print_json_error({"kind": "UsageError", "message": str(e)})
+    else:
+        from ..core.display import escape
+
+        print(f"migrate convert: {escape(e, keep_newlines=True)}", file=sys.stderr)
+    return EXIT_USAGE

@@ -117,6 +117,14 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
         out.write(f"note: {note}\n")
     for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
         print(f"warning: {warning}", file=sys.stderr)
+    pair = info.get("pair")  # a model and its Burn optimizer record: written together, or not
+    if pair:
+        from ..core.display import escape
+
+        if pair["status"] == "paired":
+            out.write(f"note: {escape(pair['message'])}\n")
+        else:
+            print(f"warning: {escape(pair['message'])}", file=sys.stderr)
     for title, mapping in (("metadata", info["metadata"]), ("scalars", info["scalars"])):
         if mapping:
             pairs = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in mapping.items()]

@@ -66,7 +66,8 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--each", nargs="+", metavar="GLOB", help="run the one recipe once per matching source "
                      "(quoted globs, ** recursive, or paths), writing --target with its placeholders filled in")
     run.add_argument("--jobs", type=positive, metavar="N", help="jobs run at once, each in its own process "
-                     "(default: the CPUs available; 1: one after the other); with one job: --workers")
+                     "(default: the CPUs available; 1: one after the other, each in its own process); with one job: "
+                     "--workers")
     run.add_argument("--workers", type=positive, metavar="W", help="write one job's output with W workers: "
                      "disjoint ranges of one .bpk/.safetensors file, or whole shards of a folder (default 1)")
     run.add_argument("--executor", choices=("local", "ray"), default=None,
@@ -231,11 +232,16 @@ def run_many(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     n = len(specs)
     jobs = options.jobs or available_cpus()
+    # one job runs here; several each in a worker process, one at a time included: a job the
+    # out-of-memory killer ends must not end the others with it
     serial = executor != "ray" and (jobs == 1 or n == 1)
     if executor == "ray":
         stream: Iterator[JobResult] = many.run_ray_jobs(specs, address)
-    elif serial:
+    elif n == 1:
         stream = _serial(specs, args)
+    elif serial:  # one at a time: the heading first, a progress bar on a terminal
+        stream = many.run_local(specs, 1, progress=False if args.no_progress or args.json else None,
+                                started=None if args.json else lambda spec: _heading(spec, n))
     else:
         stream = many.run_local(specs, min(jobs, n))
     results: dict[int, JobResult] = {}
@@ -265,15 +271,21 @@ def run_many(args: argparse.Namespace) -> int:
 
 
 def _serial(specs: list[dict[str, Any]], args: argparse.Namespace) -> Iterator[JobResult]:
-    """One job after the other in this process, each heading printed before its job runs (a progress
-    bar where there is a terminal)."""
-    from ..run.jobs import describe_job, run_job
+    """The one job of a `--each` matching one source, in this process, its heading printed before it
+    runs (a progress bar where there is a terminal)."""
+    from ..run.jobs import run_job
 
-    for i, spec in enumerate(specs):
+    for spec in specs:
         if not args.json:
-            sys.stdout.write(f"[{i + 1}/{len(specs)}] {escape(describe_job(spec))}\n")
-            sys.stdout.flush()
+            _heading(spec, len(specs))
         yield run_job(spec, progress=False if args.no_progress or args.json else None)
+
+
+def _heading(spec: dict[str, Any], n: int) -> None:
+    from ..run.jobs import describe_job
+
+    sys.stdout.write(f"[{spec['index'] + 1}/{n}] {escape(describe_job(spec))}\n")
+    sys.stdout.flush()
 
 
 def _print_job(result: JobResult, spec: dict[str, Any], n: int, *, heading: bool, as_json: bool) -> None:

@@ -223,21 +223,18 @@ def save_planned_pair(writer: Writer, path: str | os.PathLike[str], second: Writ
                       *, overwrite: bool = False, protect: Iterable[Protected] = (), fsync: bool = True,
                       outputs: Iterable[str | os.PathLike[str]] = (),
                       mode_from: Iterable[str | os.PathLike[str] | int] = (), make_folders: bool = False) -> str:
-    """Two local files that belong together (a model and its optimizer record): both are written whole and
-    flushed to their scratch files before either is renamed into place, and an error in either publishes
-    neither. The two renames are one after the other: a crash between them (a window of one rename) leaves
-    the first published beside the other's old file. Returns the first path written."""
+    """Two local files that belong together (a model and its optimizer record), through
+    `storage.atomic_pair.atomic_outputs`: both written whole and synced, every check made, before
+    either is renamed; the second (the record) is renamed first and the first (the model) last, so a
+    new model is never beside an old record; an error in either publishes neither. Returns the first
+    path written."""
+    from ..storage.atomic_pair import atomic_outputs
+
     out, out2 = writer.resolve_path(path), second.resolve_path(second_path)
-    outputs = list(outputs)
-    # the inner (first) file is published when its block ends, the outer right after: both bodies ran whole
-    with (atomic_output(out2, overwrite=overwrite, protect=protected_files(protect), outputs=[*outputs, out],
-                        expected_size=second.total_size, fsync=fsync, mode_from=mode_from,
-                        make_folders=make_folders) as sink2,
-          atomic_output(out, overwrite=overwrite, protect=protected_files(protect), outputs=[*outputs, out2],
-                        expected_size=writer.total_size, fsync=fsync, mode_from=mode_from,
-                        make_folders=make_folders) as sink):
+    with atomic_outputs([out2, out], overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
+                        expected_sizes=[second.total_size, writer.total_size], fsync=fsync, mode_from=mode_from,
+                        make_folders=make_folders) as (sink2, sink):
         second.write_to(sink2)
-        sink2.flush()
         writer.write_to(sink)
     return out
 

@@ -283,11 +283,14 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         entries += training.follow(reader, entries, replan, fatal)
     report.optimizer = training.fates
     entries = training.placed(entries)
-    record = None
+    record = pair = None
     if training.burn:  # the model's tensors get param_ids; the optimizers' state becomes Burn's record
-        from .burn_optimizer import burn_record
+        from .burn_optimizer import default_record_path
+        from .burn_pair import paired_record
 
-        entries, record = burn_record(training, entries, reader, fatal)
+        burnpack = writer_class("burnpack")
+        entries, record, pair = paired_record(training, entries, reader, fatal, burnpack.resolve_path(tgt_path),
+                                              burnpack.resolve_path(record_path or default_record_path(tgt_path)))
     for e in report.errors:
         if e.kind != "shape_mismatch" or recipe.validate_shapes:
             fatal.append(str(e) if hint_syntax != "convert" else in_convert_syntax(str(e)))
@@ -333,6 +336,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
         if recipe.target.scalars == "keep":
             scalars = without_torch_ids(scalars, training)
         meta = {**without_torch_ids(meta, training), **recipe.target.metadata}
+        if pair is not None:  # the stamp both files of the pair carry (plan/burn_pair.py)
+            meta.update(pair.model_meta)
     plan = Plan(src_path, reader.format, tgt_path, out_fmt, tpl_path, entries, report, meta, scalars, overwrite, fsync,
                 notes, fatal, readers, structure_notes=kept, storage=storage)
     if not fatal:
@@ -363,13 +368,14 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 plan.writer = writer_class(out_fmt)([e.tensor for e in entries] + made_tensors, scalars=scalars,
                                                     **options, **tree)
                 notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
-            if record is not None:
+            if record is not None and pair is not None:
                 from ..formats.burnpack import BurnpackWriter
-                from .burn_optimizer import default_record_path
 
-                # exactly Burn's record: its paths are the whole metadata map (no format/producer keys)
-                plan.record = BurnpackWriter(record.tensors, metadata=record.paths, scalars=record.scalars)
-                plan.record_path = record_path or default_record_path(tgt_path)
+                # Burn's record: its paths, and the pair's stamp (no format/producer keys; Burn's
+                # load_record keeps only the keys that parse as a ParamId)
+                plan.record = BurnpackWriter(record.tensors, metadata={**record.paths, **pair.record_meta},
+                                             scalars=record.scalars)
+                plan.record_path = Path(pair.record_file)
                 notes.append(f"Burn's optimizer record: {plan.record.resolve_path(plan.record_path)}, written with "
                              "the model (ModuleOptimizer::load reads it; target.optimizer or --optimizer-out choose "
                              "its path)")

@@ -66,11 +66,12 @@ def default_record_path(target: Path) -> Path:
     return target.with_name(f"{target.stem}-optim.bpk")
 
 
-def derived_ids(reader: Any, names: Sequence[str], training: Training | None = None) -> list[int]:
+def derived_ids(reader: Any, names: Sequence[str], training: Training | None = None, generation: int = 0) -> list[int]:
     """A distinct u64 for each of `names`, derived from the source's tensor table (every name, dtype and
     shape), the optimizers' step counts and the name: the same checkpoint and recipe give the same files
     (migrator's reproducible output); another model's checkpoint, or another step of the same run, gives
-    other ids, so a record never applies to a model file it was not written with."""
+    other ids, so a record never applies to a model file it was not written with. `generation` > 0
+    gives other ids again, for a pair that replaces one of the same checkpoint (`burn_pair`)."""
     import hashlib
 
     table = hashlib.sha256()
@@ -83,6 +84,8 @@ def derived_ids(reader: Any, names: Sequence[str], training: Training | None = N
                 table.update(bytes(by_name[ps.tensors["step"]].data()))
             elif "step" in ps.plain:
                 table.update(repr(ps.plain["step"]).encode())
+    if generation:
+        table.update(f"generation {generation}\n".encode())
     seed = table.digest()
     out: dict[int, None] = {}
     for name in names:
@@ -102,11 +105,12 @@ def _with_id(t: LazyTensor, pid: int) -> LazyTensor:
 
 
 def burn_record(training: Training, entries: Sequence[PlanEntry], reader: Any,
-                fatal: list[str]) -> tuple[list[PlanEntry], BurnRecord | None]:
-    """The model's entries, each tensor given a fresh param_id, and the record of the optimizer whose state
-    followed the recipe (None when there is none to keep: the notes say why)."""
+                fatal: list[str], generation: int = 0) -> tuple[list[PlanEntry], BurnRecord | None]:
+    """The model's entries, each tensor given a fresh param_id (of `generation`: `burn_pair`), and the
+    record of the optimizer whose state followed the recipe (None when there is none to keep: the notes
+    say why)."""
     model = [e for e in entries if e.optimizer is None]
-    ids = derived_ids(reader, [e.target for e in model], training)
+    ids = derived_ids(reader, [e.target for e in model], training, generation)
     model = [replace(e, tensor=_with_id(e.tensor, pid)) for e, pid in zip(model, ids, strict=True)]
     if training.mode != "keep" or not training.optimizers:
         if training.mode == "keep":

@@ -6,10 +6,12 @@ from typing import Any
 
 from ..core.errors import not_written
 from .build import Plan
+from .outputs import plan_outputs
 
 
 def plan_json(p: Plan) -> dict[str, Any]:
-    """With several sources, each entry has `from` (its source's name) and `from_tensor` (the tensor's
+    """`outputs`: every file the run writes (`outputs.plan_outputs`: the target, Burn's optimizer
+    record). With several sources, each entry has `from` (its source's name) and `from_tensor` (the tensor's
     name in that source), and `sources` lists them."""
     entries = []
     union = p.union
@@ -28,6 +30,7 @@ def plan_json(p: Plan) -> dict[str, Any]:
         })
     return {"source": str(p.source_path), "source_format": p.source_format, "target": str(p.target_path),
             "target_format": p.target_format, "template": None if p.template_path is None else str(p.template_path),
+            "outputs": [{"role": o.role, "path": o.path} for o in plan_outputs(p)],
             "entries": entries, "metadata": p.metadata, "scalars": {k: v.to_json() for k, v in p.scalars.items()},
             "report": p.report.to_json(), "errors": p.fatal, "notes": p.notes, **plan_error(p),
             **({"sources": [{"name": label, "path": str(path)} for label, path in p.inputs]} if union else {})}

@@ -15,6 +15,7 @@ from ..core.errors import MigratorError, not_written
 from ..files.io import save_planned, writer_class
 from ..files.targets import check_target, target_problems
 from ..formats.base import WriterKind
+from ..plan.outputs import plan_outputs
 from ..storage.atomic import Protected
 from ..storage.remote import as_path, is_url
 
@@ -98,8 +99,9 @@ def _scheduler_output(plan: Plan, outputs: Iterable[str | os.PathLike[str]]) -> 
 
 
 def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()) -> None:
-    """Refuse up front what the write would refuse about its target (it exists and overwrite is off,
-    it is a folder or a special file, it is a file the plan reads or another output of the run), so
+    """Refuse up front what the writes would refuse about the plan's outputs (`plan.outputs.plan_outputs`:
+    the target, Burn's optimizer record): one exists and overwrite is off, one is a folder or a special
+    file, a file the plan reads, another of its outputs or of the run's (`outputs`: a `--report`), so
     `migrate run` says so before anything is written."""
     if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:
         from ..files.targets import check_folder_target
@@ -107,18 +109,14 @@ def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()
         check_folder_target(plan.target_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
                             names=plan.writer.names(), storage=plan.storage)  # type: ignore[attr-defined]
     elif plan.writer is not None:
-        target = as_path(plan.writer.resolve_path(plan.target_path))
-        record = None if plan.record is None or plan.record_path is None else as_path(
-            plan.record.resolve_path(plan.record_path))
-        check_target(target, overwrite=plan.overwrite, protect=read_by(plan),
-                     outputs=[*outputs, *([record] if record is not None else [])], storage=plan.storage)
-        if record is not None:
-            check_target(record, overwrite=plan.overwrite, protect=read_by(plan), outputs=[*outputs, target],
-                         storage=plan.storage)
+        files = [as_path(o.path) for o in plan_outputs(plan)]
+        for i, path in enumerate(files):
+            check_target(path, overwrite=plan.overwrite, protect=read_by(plan),
+                         outputs=[*outputs, *files[:i], *files[i + 1:]], storage=plan.storage)
 
 
 def plan_target_problems(plan: Plan) -> list[str]:
-    """What a run of `plan` would refuse about its target, as messages (for `validate`, `plan`)."""
+    """What a run of `plan` would refuse about its outputs, as messages (for `validate`, `plan`)."""
     # a folder of shards: the folder publish's own checks
     if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:
         from ..files.targets import check_folder_target
@@ -129,13 +127,15 @@ def plan_target_problems(plan: Plan) -> list[str]:
         except MigratorError as e:
             return [str(e)]
         return []
-    target = as_path(writer_class(plan.target_format).resolve_path(plan.target_path))
-    problems = target_problems(target, overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
-    if plan.record is not None and plan.record_path is not None:
-        record = as_path(plan.record.resolve_path(plan.record_path))
-        if os.path.abspath(record) == os.path.abspath(target):
-            problems.append(f"{record}: the optimizer record and the model would be the same file")
-        problems += target_problems(record, overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
+    if plan.writer is None:
+        return target_problems(as_path(writer_class(plan.target_format).resolve_path(plan.target_path)),
+                               overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
+    problems: list[str] = []
+    files = [as_path(o.path) for o in plan_outputs(plan)]
+    for i, path in enumerate(files):
+        if any(os.path.abspath(path) == os.path.abspath(other) for other in files[:i]):
+            problems.append(f"{path}: the optimizer record and the model would be the same file")
+        problems += target_problems(path, overwrite=plan.overwrite, protect=read_by(plan), storage=plan.storage)
     return problems
 
 

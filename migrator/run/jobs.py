@@ -1,8 +1,9 @@
 """`migrate run` of many jobs: several recipes, or one recipe over `--each` sources, in parallel.
 
 Every job is a whole `migrate run` of one recipe (plan, stream, atomic publish, report) in a worker
-process (`--jobs N`, default: the CPUs this process may use; `--jobs 1`: one after the other, in this
-process) or in a Ray task (`--executor ray`). A job's failure does not stop the others; the exit code is
+process of its own (`--jobs N` at once, default: the CPUs this process may use; `--jobs 1`: one after
+the other, still each in its own process, so a job killed by the out-of-memory killer takes no other
+job with it) or in a Ray task (`--executor ray`). A job's failure does not stop the others; the exit code is
 the worst. Before any job runs, the jobs are checked against each other: two jobs writing one target,
 or a job writing a file another job reads, are a usage error (exit 2) and nothing runs.
 
@@ -21,7 +22,7 @@ import glob as globlib
 import os
 import re
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
@@ -33,6 +34,7 @@ from ..storage.paths import where
 from ..storage.remote import is_url
 
 if TYPE_CHECKING:
+    from ..plan.outputs import Output
     from .recipe import RunOptions, RunOutcome
 
 PLACEHOLDERS = {
@@ -196,11 +198,12 @@ def job_specs(recipes: Sequence[str], options: RunOptions, each: Sequence[str] =
     return specs
 
 
-def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
-    """(target, sources) of a job as its run will resolve them, from the recipe alone (no file
-    is opened); None when the recipe does not load (the job then fails on its own)."""
-    from ..files.io import writer_class
-    from ..formats.detect import target_format
+def _planned(spec: dict[str, Any]) -> tuple[list[Output], list[str]] | None:
+    """(outputs, reads) of a job as its run will resolve them, from the recipe alone (no file is
+    opened): every file it may write (`plan.outputs.recipe_outputs`: the model, Burn's optimizer
+    record, ...) and every file it reads (sources, template, config, tokenizer, the folder companions
+    are copied from); None when the recipe does not load (the job then fails on its own)."""
+    from ..plan.outputs import recipe_outputs
     from ..recipe.loader import RecipeError, load_recipe
 
     try:  # without the overrides: the check of an override target onto its own source is the job's
@@ -208,62 +211,70 @@ def _planned_paths(spec: dict[str, Any]) -> tuple[str, list[str]] | None:
     except (RecipeError, MigratorError):
         return None
     recipe = loaded.recipe
+
     def resolve(p: Any) -> str:  # a URL as written, a local path from the recipe's folder
         return str(p) if is_url(p) else str(loaded.resolve(p))
 
-    target: Any = spec["target"] if spec.get("target") else resolve(recipe.target.path)
-    if recipe.target.shard is None and not str(target).endswith("/"):
-        with suppress(MigratorError):
-            target = writer_class(target_format(target, recipe.target.format)).resolve_path(target)
+    options = spec.get("options")
+    outputs = recipe_outputs(recipe, resolve, target=spec.get("target"),
+                             training_state=getattr(options, "training_state", None))
     sources = [spec["source"]] if spec.get("source") else [resolve(s.path) for s in recipe.inputs()]
-    if recipe.target.template:
-        sources.append(resolve(recipe.target.template))
-    return where(str(target), real=True), [where(s, real=True) for s in sources]
+    also = [recipe.target.template, recipe.config, recipe.target.tokenizer, recipe.target.copy_from]
+    sources += [resolve(p) for p in also if p]
+    return ([replace(o, path=where(o.path, real=True)) for o in outputs],
+            [where(s, real=True) for s in sources])
 
 
 def check_jobs(specs: list[dict[str, Any]], report: str | None) -> None:
-    """Refuse, before anything runs, jobs that would write one target twice, write onto or into what
-    another job reads (its recipe, sources, template) or writes, and a `--report` that is one of
-    those files or inside a target folder. Paths are compared by containment (`_within`: a folder
-    target holds everything under it, a folder source its shards), local ones with links resolved,
-    and by inode (`_identities`: a hard link, a bind mount)."""
-    targets: dict[str, str] = {}  # target -> the job writing it
-    reads: dict[str, str] = {}  # path read -> the first job reading it
-    jobs: list[tuple[str, str | None, list[str]]] = []
-    for spec in specs:
+    """Refuse, before anything runs, jobs that would write one file twice, or write onto or into what
+    another job reads (its recipe, sources, template...) or writes, and a `--report` that is one of
+    those files or inside a target folder. A job's outputs are every file it may write (its target,
+    Burn's optimizer record beside a .bpk: `plan.outputs`), each checked as the target is. Paths are
+    compared by containment (`_ancestors`: a folder target holds everything under it, a folder source
+    its shards), local ones with links resolved, and by inode (`_check_identities`: a hard link, a
+    bind mount)."""
+    written: dict[str, tuple[int, str, Output]] = {}  # output path -> (the job writing it, its name, the output)
+    reads: dict[str, list[tuple[int, str]]] = {}  # path read -> the jobs reading it
+    jobs: list[tuple[str, list[Output], list[str]]] = []
+    for i, spec in enumerate(specs):  # a job is its position: one recipe may be given twice
         what = describe_job(spec)
-        paths = _planned_paths(spec)
-        target, sources = paths if paths is not None else (None, [])
+        planned = _planned(spec)
+        outputs, sources = planned if planned is not None else ([], [])
         read = [*sources, where(spec["recipe"], real=True)]
-        if target is not None:
-            other = targets.get(target)
-            if other is not None:
-                raise JobsUsageError(f"two jobs write {target}: {other} and {what}; "
-                                     "give each job its own target (--target 'out/{stem}.bpk')")
-            targets[target] = what
+        for out in outputs:
+            prior = written.get(out.path)
+            if prior is not None and prior[0] == i:
+                raise JobsUsageError(f"{what}: {prior[2].describe()} and {out.describe()} are one file")
+            if prior is not None:
+                raise JobsUsageError(f"two jobs write {out.path}: {prior[1]} ({prior[2].role}) and {what} "
+                                     f"({out.role}); give each job its own target (--target 'out/{{stem}}.bpk') "
+                                     "and optimizer record")
+            written[out.path] = (i, what, out)
         for r in read:
-            reads.setdefault(r, what)
-        jobs.append((what, target, read))
-    for what, target, read in jobs:
-        for path in (*read, *([target] if target else [])):  # under another job's target (or that target)
+            reads.setdefault(r, []).append((i, what))
+        jobs.append((what, outputs, read))
+    for i, (what, outputs, read) in enumerate(jobs):
+        mine = {o.path for o in outputs}
+        for path in (*read, *mine):  # under another job's output folder (or that output)
             for folder in _ancestors(path):
-                owner = targets.get(folder)
-                if owner is not None and owner != what:
-                    verb = "writes" if path == target else "reads"
-                    raise JobsUsageError(f"{owner} writes {folder}, which holds {path} that {what} {verb}")
-        if target is not None:  # inside a folder another job reads
-            for folder in _ancestors(target):
-                owner = reads.get(folder)
-                if owner is not None and owner != what:
-                    raise JobsUsageError(f"{what} writes {target}, which {owner} reads")
+                hit = written.get(folder)
+                if hit is not None and hit[0] != i:
+                    verb = "writes" if path in mine else "reads"
+                    raise JobsUsageError(f"{hit[1]} writes {folder}, which holds {path} that {what} {verb}")
+        for out in outputs:  # onto or inside a file or folder another job reads
+            for folder in _ancestors(out.path):
+                owner = next((o for o in reads.get(folder, ()) if o[0] != i), None)
+                if owner is not None:
+                    raise JobsUsageError(f"{what} writes {out.path} ({out.role}), which {owner[1]} reads")
     _check_identities(jobs)
     if report:
         rep = where(report, real=True)
         for folder in _ancestors(rep):
-            if folder in targets or folder in reads:
+            if folder in written or folder in reads:
                 raise JobsUsageError(f"--report {report} is, or is inside, a file the jobs read or write ({folder})")
-        if _identity(rep) in _identities(list(reads), False):
-            raise JobsUsageError(f"--report {report} is a file the jobs read")
+        ident = _identity(rep)
+        if ident is not None and ident in _identities([*reads, *written], False):
+            raise JobsUsageError(f"--report {report} is a file the jobs read or write (the same file by inode)")
 
 
 def _ancestors(path: str) -> list[str]:
@@ -320,22 +331,27 @@ def _identities(paths: list[str], walk: bool) -> set[tuple[int, int]]:
     return out
 
 
-def _check_identities(jobs: list[tuple[str, str | None, list[str]]]) -> None:
-    """No job's target is, or (a folder) holds, by inode, a file another job reads."""
+def _check_identities(jobs: list[tuple[str, list[Output], list[str]]]) -> None:
+    """No job's output is, or (a folder) holds, by inode, a file another job reads or writes."""
     if len(jobs) < 2:
         return
-    read_by: dict[tuple[int, int], str] = {}
-    for what, _, read in jobs:
+    read_by: dict[tuple[int, int], list[tuple[int, str]]] = {}
+    for i, (what, _, read) in enumerate(jobs):
         for ident in _identities(read, False):
-            read_by.setdefault(ident, what)
-    for what, target, _ in jobs:
-        if target is None:
-            continue
-        for ident in _identities([target], True):
-            owner = read_by.get(ident)
-            if owner is not None and owner != what:
-                raise JobsUsageError(f"{what} writes {target}, which is or holds a file {owner} reads "
-                                     "(the same file by inode: a hard link or a bind mount)")
+            read_by.setdefault(ident, []).append((i, what))
+    written_by: dict[tuple[int, int], tuple[int, str, str]] = {}
+    for i, (what, outputs, _) in enumerate(jobs):
+        for out in outputs:
+            for ident in _identities([out.path], True):
+                owner = next((o for o in read_by.get(ident, ()) if o[0] != i), None)
+                if owner is not None:
+                    raise JobsUsageError(f"{what} writes {out.path} ({out.role}), which is or holds a file "
+                                         f"{owner[1]} reads (the same file by inode: a hard link or a bind mount)")
+                other = written_by.setdefault(ident, (i, what, out.path))
+                if other[0] != i:
+                    raise JobsUsageError(f"{what} writes {out.path} ({out.role}), which is or holds the file "
+                                         f"{other[2]} that {other[1]} writes (the same file by inode: a hard link "
+                                         "or a bind mount)")
 
 
 @dataclass(frozen=True)
@@ -375,12 +391,16 @@ def run_job(spec: dict[str, Any], progress: bool | None = False) -> JobResult:
                                                      "file": spec["recipe"], "tensor": None})
 
 
-def run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[JobResult]:
+def run_local(specs: list[dict[str, Any]], jobs: int, *, progress: bool | None = False,
+              started: Callable[[dict[str, Any]], None] | None = None) -> Iterator[JobResult]:
     """Each job's result as it ends: every job in a worker process of its own (forked: the parent's
-    imports are reused), at most `jobs` at once. A worker that dies without a result (SIGKILL from
-    the out-of-memory killer, a crash) fails its own job only: it is reported, its scratch files are
-    removed (`_clean_scratch`), and the other jobs, running or queued, go on. (A process pool would
-    break as a whole when one worker dies, failing every other job.)"""
+    imports are reused), at most `jobs` at once, `--jobs 1` included. A worker that dies without a
+    result (SIGKILL from the out-of-memory killer, a crash) fails its own job only: it is reported,
+    its scratch files are removed (`_clean_scratch`), and the other jobs, running or queued, go on.
+    (A process pool would break as a whole when one worker dies, failing every other job; so would
+    jobs run in this process, one after the other, which is what `--jobs 1`, and the default on a
+    machine that gives this process one CPU, did.) `progress`: the workers' progress bars (None: on a
+    terminal; for one job at a time); `started(spec)`: called as each job's worker starts."""
     import multiprocessing
     from multiprocessing.connection import Connection, wait
 
@@ -395,7 +415,9 @@ def run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[JobResult]:
                 spec = queued.pop(0)
                 receive, send = context.Pipe(duplex=False)
                 # not daemonic, as a process pool's workers: a job may start processes of its own
-                worker = context.Process(target=_job_process, args=(spec, send))  # type: ignore[attr-defined]
+                if started is not None:
+                    started(spec)
+                worker = context.Process(target=_job_process, args=(spec, send, progress))  # type: ignore[attr-defined]
                 worker.start()
                 send.close()  # the worker holds the only write end: its death is end-of-file here
                 running[receive] = (worker, spec)
@@ -420,9 +442,9 @@ def run_local(specs: list[dict[str, Any]], jobs: int) -> Iterator[JobResult]:
             _clean_scratch(spec)
 
 
-def _job_process(spec: dict[str, Any], conn: Any) -> None:
+def _job_process(spec: dict[str, Any], conn: Any, progress: bool | None = False) -> None:
     """A worker process: run one job and send its result to the parent."""
-    conn.send(run_job(spec))
+    conn.send(run_job(spec, progress))
     conn.close()
 
 
@@ -441,18 +463,19 @@ def _death(exitcode: int | None) -> str:
 
 
 def _clean_scratch(spec: dict[str, Any]) -> None:
-    """Remove the scratch file or folder a dead worker left beside its job's target (only those of
-    processes that no longer exist: `atomic.clean_stale_scratch`, `atomic_folder.clean_stale_folders`)."""
+    """Remove the scratch files or folders a dead worker left beside its job's outputs (the target, Burn's
+    optimizer record; only those of processes that no longer exist: `atomic.clean_stale_scratch`,
+    `atomic_folder.clean_stale_folders`)."""
     from ..storage.atomic import clean_stale_scratch
     from ..storage.atomic_folder import clean_stale_folders
 
-    paths = _planned_paths(spec)
-    if paths is None or is_url(paths[0]):
-        return
-    target = Path(paths[0])
-    with suppress(OSError):
-        clean_stale_scratch(target)
-        clean_stale_folders(target)
+    planned = _planned(spec)
+    for out in planned[0] if planned is not None else []:  # the model, and Burn's optimizer record
+        if is_url(out.path):
+            continue
+        with suppress(OSError):
+            clean_stale_scratch(Path(out.path))
+            clean_stale_folders(Path(out.path))
 
 
 def died(spec: dict[str, Any], why: str) -> JobResult:

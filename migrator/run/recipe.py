@@ -157,6 +157,7 @@ def _planned(recipe: Any, loaded: LoadedRecipe | None, options: RunOptions) -> I
 
 def _write(plan: Plan, loaded: LoadedRecipe | None, recipe: Any, options: RunOptions) -> RunOutcome:
     """The planned run: refuse what the writes would refuse, write, publish, then the report."""
+    from ..plan.outputs import plan_outputs
     from ..storage.atomic import check_target
     from .execute import check_plan_target, read_by, run_plan
 
@@ -164,8 +165,9 @@ def _write(plan: Plan, loaded: LoadedRecipe | None, recipe: Any, options: RunOpt
     outputs = [report_path] if report_path else []
     # Everything the writes would refuse is refused before anything is written.
     check_plan_target(plan)
-    if report_path:  # not a file the run reads, not the target (by path or inode), not over a file
-        check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan), outputs=[plan.target_path])
+    if report_path:  # not a file the run reads, not an output (by path or inode), not over a file
+        check_target(report_path, overwrite=plan.overwrite, protect=read_by(plan),
+                     outputs=[o.path for o in plan_outputs(plan)])
         if plan.writer is not None and plan.writer.kind is WriterKind.FOLDER:  # nor inside the output folder
             from ..storage.atomic_folder import check_folder_distinct
 
@@ -229,12 +231,14 @@ def write_report(path: Path, plan: Plan, doc: dict[str, Any]) -> None:
     read or wrote, never over an existing file without overwrite."""
     from ..analysis.html_report import is_html_path, plan_page
     from ..core.display import json_text
+    from ..plan.outputs import plan_outputs
     from ..storage.atomic import write_file
     from .execute import read_by
 
     data = plan_page(plan_json(plan), doc) if is_html_path(path) else (json_text(doc) + "\n").encode()
     write_file(path, data, overwrite=plan.overwrite, protect=read_by(plan),
-               outputs=[plan.target_path], fsync=plan.fsync, mode_from=plan.source_modes(), make_folders=True)
+               outputs=[o.path for o in plan_outputs(plan)], fsync=plan.fsync, mode_from=plan.source_modes(),
+               make_folders=True)
 
 
 URL_TARGET_SERIAL = ("an object-store target is uploaded by this process, its parts in parallel: "

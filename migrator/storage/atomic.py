@@ -280,7 +280,7 @@ def atomic_output(
         raise OutputError(f"folder {folder} does not exist", file=str(target))
     clean_stale_scratch(target)
     try:
-        scratch, fd = _create_scratch(target)
+        scratch, fd = create_scratch(target, created if make_folders else None)
         crashpoints.reached("scratch-created")
     except BaseException:
         _remove_folders(created)
@@ -343,6 +343,21 @@ class UnsyncedScratchFile(ScratchFile):
     """Without fsync there is nothing to wait for: leave writeback to the kernel, as `cp` does."""
 
     start_writeback = False
+
+
+def create_scratch(target: Path, created: list[Path] | None = None) -> tuple[Path, int]:
+    """The scratch file of `target`. `created`: the folders this write made (None: it makes none).
+    A folder made here can be removed before the scratch file is in it, by another write (another
+    job of the same run) that failed after making that folder too and removes the empty folders it
+    made: it is made again, so that job's failure does not cost this one its output."""
+    for attempt in range(3):
+        try:
+            return _create_scratch(target)
+        except OutputError as e:
+            if created is None or attempt == 2 or not isinstance(e.__cause__, FileNotFoundError):
+                raise
+            created += [d for d in _make_folders(_folder(target), target) if d not in created]
+    raise AssertionError("unreachable")
 
 
 def _create_scratch(target: Path) -> tuple[Path, int]:

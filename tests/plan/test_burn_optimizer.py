@@ -109,6 +109,11 @@ def _run(tmp_path: Path, *extra: str) -> Any:
     return done
 
 
+def _model_meta(path: Path) -> dict[str, str]:
+    _, meta, _ = parse_burnpack(path)
+    return dict(meta.get("metadata", {}))
+
+
 def _model_ids(path: Path) -> dict[str, int]:
     _, meta, _ = parse_burnpack(path)
     return {name: d["param_id"] for name, d in meta["tensors"].items()}
@@ -141,8 +146,22 @@ def test_adamw_after_two_steps_is_burns_record(tmp_path: Path) -> None:
             assert descriptor["param_id"] == ids[name] == int(record_name.split(".")[0])
             assert descriptor["shape"] == list(want.shape) and descriptor["dtype"] == "F32"
             assert np.array_equal(arrays[record_name], want.numpy()), record_name
-    # the paths map is the whole metadata; the scalars are __rank and momentum.time per parameter
-    assert meta["metadata"] == {str(ids[name]): name for name in ids}
+    # the metadata: the paths map, and the pair's stamp and the model's name, keys that Burn's
+    # load_record skips (it keeps a key only when `name.parse::<u64>()` succeeds)
+    stamp = _model_meta(tmp_path / "out.bpk")["migrator.pair"]
+    assert meta["metadata"] == {**{str(ids[name]): name for name in ids},
+                                "migrator.pair": stamp, "migrator.pair.model": "out.bpk"}
+    assert [k for k in meta["metadata"] if not k.isdigit()] == ["migrator.pair", "migrator.pair.model"]
+    assert _model_meta(tmp_path / "out.bpk")["migrator.pair.record"] == "out-optim.bpk" and len(stamp) == 16
+    import json
+
+    for name, other in (("out.bpk", "out-optim.bpk"), ("out-optim.bpk", "out.bpk")):  # inspect names the pair
+        shown = migrate_in_process("inspect", str(tmp_path / name), "--json")
+        assert json.loads(shown.stdout)["pair"] == {
+            "stamp": stamp, "other": other, "status": "paired",
+            "message": f"pair {stamp}: its {'optimizer record' if name == 'out.bpk' else 'model'} {other} carries "
+                       "the same stamp"}
+    # the scalars are __rank and momentum.time per parameter
     steps = {n: int(opt.state[p]["step"]) for n, p in net.named_parameters()}
     assert meta["scalars"] == {
         **{f"{ids[BURN[n]]}.__rank": {"UInt": p.dim()} for n, p in net.named_parameters()},
@@ -162,14 +181,29 @@ def test_adamw_after_two_steps_is_burns_record(tmp_path: Path) -> None:
 
 
 def test_the_same_checkpoint_gives_the_same_files_another_step_other_ids(tmp_path: Path) -> None:
-    """Reproducible output: ids are derived from the checkpoint, so a second run is byte-identical; a later
-    step of the same run (the same tensor table) gets other ids, so its record cannot apply to this model."""
+    """Reproducible output: ids are derived from the checkpoint, so a second run into a new place is
+    byte-identical; a run replacing that pair writes the next generation (ids none of the replaced files
+    hold: a kill between the two renames never leaves a record beside a model whose ids it shares), and
+    the one after it the first again. A later step of the same run (the same tensor table) gets other ids,
+    so its record cannot apply to this model."""
     net, opt = _trained(tmp_path, lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False))
     assert _run(tmp_path).returncode == 0
-    first = [(tmp_path / f).read_bytes() for f in ("out.bpk", "out-optim.bpk")]
-    assert _run(tmp_path, "--overwrite").returncode == 0
-    assert [(tmp_path / f).read_bytes() for f in ("out.bpk", "out-optim.bpk")] == first
+    names = ("out.bpk", "out-optim.bpk")
+    first = [(tmp_path / f).read_bytes() for f in names]
+    for f in names:
+        (tmp_path / f).rename(tmp_path / f"first-{f}")
+    assert _run(tmp_path).returncode == 0
+    assert [(tmp_path / f).read_bytes() for f in names] == first
     ids = _model_ids(tmp_path / "out.bpk")
+    assert _run(tmp_path, "--overwrite").returncode == 0  # the next generation
+    second = _model_ids(tmp_path / "out.bpk")
+    assert set(second) == set(ids) and not set(second.values()) & set(ids.values())
+    _, record, _ = parse_burnpack(tmp_path / "out-optim.bpk")
+    assert {d["param_id"] for d in record["tensors"].values()} <= set(second.values())
+    stamp = _model_meta(tmp_path / "out.bpk")["migrator.pair"]
+    assert stamp == record["metadata"]["migrator.pair"] != _model_meta(tmp_path / "first-out.bpk")["migrator.pair"]
+    assert _run(tmp_path, "--overwrite").returncode == 0  # and back: generation 0 is apart from generation 1
+    assert [(tmp_path / f).read_bytes() for f in names] == first
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     for p in net.parameters():
         p.grad = torch.ones_like(p)
@@ -286,7 +320,8 @@ def test_sgd_without_momentum_writes_an_empty_record_and_ids_on_buffers(tmp_path
     assert done.returncode == 0, done.stderr
     assert "the record is empty" in done.stdout + done.stderr
     keys, meta, _ = parse_burnpack(tmp_path / "out-optim.bpk")
-    assert keys == ["tensors"] and meta["tensors"] == {}
+    assert keys == ["tensors", "metadata"] and meta["tensors"] == {}  # the metadata: the pair's keys alone
+    assert sorted(meta["metadata"]) == ["migrator.pair", "migrator.pair.model"]
     ids = _model_ids(tmp_path / "out.bpk")
     assert set(ids) == set(net.state_dict()) and len(set(ids.values())) == len(ids)
 

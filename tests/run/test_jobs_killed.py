@@ -153,3 +153,62 @@ def test_a_worker_that_exits_without_a_result_is_reported(tmp_path: Path) -> Non
     check(tmp_path / "out" / "a.safetensors", "a")
     assert "b.yaml did not finish: its worker process exited with code 3" in p.stderr.replace(str(tmp_path) + "/", "")
     assert "2 jobs: 1 ok, 1 failed" in p.stdout
+
+
+def run_pinned(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`migrate run ARGS` on one CPU (its affinity mask: a loaded machine, a container given one CPU),
+    so the default --jobs is 1; B kills itself at its third tensor as above."""
+    cpu = min(os.sched_getaffinity(0))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MIGRATOR_KILL_AT": "tensor:3"}
+    return subprocess.run([sys.executable, "-m", "migrator.cli", "run", *args, "--no-progress"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity (Linux)")
+@pytest.mark.parametrize("jobs", [[], ["--jobs", "1"]], ids=["default-on-one-cpu", "jobs-1"])
+def test_one_job_at_a_time_a_killed_job_costs_no_other_job(tmp_path: Path, jobs: list[str]) -> None:
+    """One at a time (`--jobs 1`, and the default where this process may use one CPU), the jobs ran in
+    the `migrate` process itself: B's SIGKILL ended the run, and C, after it, never ran. Each job has
+    a worker process of its own now; the order is kept, no synchronisation is needed."""
+    a = make_job(tmp_path, "a", None, "out/a.safetensors")
+    b = make_job(tmp_path, "b", None, "out/b.safetensors")
+    c = make_job(tmp_path, "c", None, "out/c/")
+    p = run_pinned(tmp_path, str(a), str(b), str(c), *jobs, "--report", "all.json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    check(tmp_path / "out" / "a.safetensors", "a")
+    got, want = read_folder(tmp_path / "out" / "c"), weights("c")
+    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    assert not (tmp_path / "out" / "b.safetensors").exists() and leftovers(tmp_path) == []
+    assert "b.yaml did not finish" in p.stderr and "SIGKILL" in p.stderr, p.stderr
+    lines = [line.replace(str(tmp_path) + "/", "") for line in p.stdout.splitlines() if line.startswith("[")]
+    assert lines == ["[1/3] a.yaml", "[2/3] b.yaml", "[3/3] c.yaml"], p.stdout  # each heading before its job
+    assert "3 jobs: 2 ok, 1 failed" in p.stdout
+    report = json.loads((tmp_path / "all.json").read_text())
+    assert [j["status"] for j in report["jobs"]] == ["ok", "failed", "ok"]
+
+
+def test_a_killed_job_writing_a_burn_pair_leaves_neither_scratch_file(tmp_path: Path) -> None:
+    """B writes a model and Burn's optimizer record (its four moments, then the model's two tensors);
+    killed at its fifth tensor, both scratch files exist, the record's whole. Both are removed, and A
+    and C, one at a time after and before it, are written."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(net.parameters(), foreach=False)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "b.pt")
+    (tmp_path / "b.yaml").write_text("version: 1\nsource: {path: b.pt, top_level_key: model}\ntraining_state: keep\n"
+                                     "target: {path: out/b.bpk}\n")
+    a = make_job(tmp_path, "a", None, "out/a.safetensors")
+    c = make_job(tmp_path, "c", None, "out/c.safetensors")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MIGRATOR_KILL_AT": "tensor:5"}
+    p = subprocess.run([sys.executable, "-m", "migrator.cli", "run", str(a), str(tmp_path / "b.yaml"), str(c),
+                        "--jobs", "1", "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1 and "SIGKILL" in p.stderr, p.stdout + p.stderr
+    check(tmp_path / "out" / "a.safetensors", "a")
+    check(tmp_path / "out" / "c.safetensors", "c")
+    assert sorted(os.listdir(tmp_path / "out")) == ["a.safetensors", "c.safetensors"]  # no model, record, scratch
