@@ -15,6 +15,9 @@ not pay for numpy):
 - `LazyTensor`: a tensor read on demand; `Scalar`: a typed scalar (burnpack's scalars).
 - `run_recipe(path_or_recipe, overwrite=...)`: what `migrate run` does; returns the `ApplyReport`.
 - `ApplyReport`: the report of a run (`ApplyReport.from_json` loads a `--report` file).
+- `param_groups(ckpt["optimizer"], model)`: a kept optimizer's param groups over any module's
+  `named_parameters()`, by name in the saved order, to build the optimizer that resumes
+  (`torch.optim.AdamW(migrator.param_groups(...))`, then `load_state_dict`); migrator imports no torch.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ if TYPE_CHECKING:
     from .core.tensor import LazyTensor, from_numpy
     from .files.io import open_file, save, to_bytes
     from .plan.report import ApplyReport
+    from .plan.resume import param_groups
 
 _LAZY = {"open_file": "files.io", "save": "files.io", "to_bytes": "files.io",
          "LazyTensor": "core.tensor", "from_numpy": "core.tensor", "Scalar": "core.scalars",
-         "ApplyReport": "plan.report", "run_recipe": "api"}
+         "ApplyReport": "plan.report", "run_recipe": "api", "param_groups": "plan.resume"}
 
 __all__ = ["PRODUCER", "ApplyReport", "LazyTensor", "Scalar", "__version__", "from_numpy", "open_file",
-           "run_recipe", "save", "to_bytes"]
+           "param_groups", "run_recipe", "save", "to_bytes"]
 
 
 def __getattr__(name: str) -> Any:

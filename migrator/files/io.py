@@ -219,24 +219,23 @@ def save_planned(
     return out
 
 
-def save_planned_pair(writer: Writer, path: str | os.PathLike[str], second: Writer, second_path: str | os.PathLike[str],
-                      *, overwrite: bool = False, protect: Iterable[Protected] = (), fsync: bool = True,
-                      outputs: Iterable[str | os.PathLike[str]] = (),
-                      mode_from: Iterable[str | os.PathLike[str] | int] = (), make_folders: bool = False) -> str:
-    """Two local files that belong together (a model and its optimizer record), through
-    `storage.atomic_pair.atomic_outputs`: both written whole and synced, every check made, before
-    either is renamed; the second (the record) is renamed first and the first (the model) last, so a
-    new model is never beside an old record; an error in either publishes neither. Returns the first
-    path written."""
+def save_planned_together(parts: Sequence[tuple[Writer, str | os.PathLike[str]]], *, overwrite: bool = False,
+                          protect: Iterable[Protected] = (), fsync: bool = True,
+                          outputs: Iterable[str | os.PathLike[str]] = (),
+                          mode_from: Iterable[str | os.PathLike[str] | int] = (), make_folders: bool = False) -> str:
+    """Local files that belong together (Burn's LR scheduler record, its optimizer record, then the model),
+    through `storage.atomic_pair.atomic_outputs`: all written whole and synced, every check made, before
+    any is renamed; renamed in the order given, the last (the model) being the commit point, so a new
+    model is never beside an old record; an error in any publishes none. Returns the last path written."""
     from ..storage.atomic_pair import atomic_outputs
 
-    out, out2 = writer.resolve_path(path), second.resolve_path(second_path)
-    with atomic_outputs([out2, out], overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
-                        expected_sizes=[second.total_size, writer.total_size], fsync=fsync, mode_from=mode_from,
-                        make_folders=make_folders) as (sink2, sink):
-        second.write_to(sink2)
-        writer.write_to(sink)
-    return out
+    paths = [w.resolve_path(p) for w, p in parts]
+    with atomic_outputs(paths, overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
+                        expected_sizes=[w.total_size for w, _ in parts], fsync=fsync, mode_from=mode_from,
+                        make_folders=make_folders) as sinks:
+        for (writer, _), sink in zip(parts, sinks, strict=True):
+            writer.write_to(sink)
+    return paths[-1]
 
 
 def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: bool, protect: Iterable[Protected],

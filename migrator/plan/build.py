@@ -179,7 +179,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                         op_origins=op_origins, overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                         fsync=recipe.target.fsync if fsync is None else fsync, limits=limits, storage=storage,
                         model_key=model_key, record_path=None if recipe.target.optimizer is None else resolve_path(
-                            base_dir, recipe.target.optimizer))
+                            base_dir, recipe.target.optimizer), order_path=None if recipe.target.param_order is None
+                        else resolve_path(base_dir, recipe.target.param_order))
         plan.inputs = inputs
         return plan
     except BaseException:
@@ -264,7 +265,8 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
              fsync: bool, module_origins: Mapping[tuple[str, int], str] | None = None,
              op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None,
              limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None,
-             model_key: str | None = None, record_path: Path | None = None) -> Plan:
+             model_key: str | None = None, record_path: Path | None = None,
+             order_path: Path | None = None) -> Plan:
     fatal: list[str] = []
     # steps 1-4 in their own frame: their per-tensor intermediates are gone before the writer is planned
     declares = _Declarations()  # modules one declaration each would fix
@@ -280,7 +282,13 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                                  for_burn=recipe.for_burn(out_fmt), head_dim=head_dim, storage=storage,
                                  tensors=tensors, cast=False)[0]
 
-        entries += training.follow(reader, entries, replan, fatal)
+        from .optimizer_order import new_model_order
+
+        order = new_model_order(order_path, training, fatal, limits, storage)
+        entries += training.follow(reader, entries, replan, fatal, order)
+    elif order_path is not None:
+        fatal.append("target.param_order orders a kept optimizer's ids: it needs training_state: keep, a .pt target "
+                     "and a source with an optimizer")
     report.optimizer = training.fates
     entries = training.placed(entries)
     record = pair = None

@@ -25,14 +25,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Output:
-    """One file (or folder) a run writes: `role` is "target", "record" or "report"."""
+    """One file (or folder) a run writes: `role` is "target", "record", "scheduler" or "report"."""
 
     role: str
     path: str
     folder: bool = False
 
     def describe(self) -> str:
-        return {"target": "its target", "record": "its Burn optimizer record", "report": "its --report"}[self.role] \
+        return {"target": "its target", "record": "its Burn optimizer record",
+                "scheduler": "its Burn LR scheduler record", "report": "its --report"}[self.role] \
             + f" {self.path}"
 
 
@@ -64,6 +65,9 @@ def recipe_outputs(recipe: Recipe, resolve: Callable[[Any], str], *, target: str
     if fmt == "burnpack" and (training_state or recipe.training_state) == "keep":
         optimizer = None if recipe.target.optimizer is None else resolve(recipe.target.optimizer)
         out.append(Output("record", record_file(path, optimizer)))
+        from .burn_scheduler import default_scheduler_path
+
+        out.append(Output("scheduler", str(default_scheduler_path(Path(path)))))
     if report:
         out.append(Output("report", report))
     return out
@@ -80,6 +84,8 @@ def plan_outputs(plan: Any, report: str | os.PathLike[str] | None = None) -> lis
     out = [Output("target", target, folder)]
     if plan.record is not None and plan.record_path is not None:
         out.append(Output("record", plan.record.resolve_path(plan.record_path)))
+    if plan.scheduler is not None and plan.scheduler_path is not None:
+        out.append(Output("scheduler", plan.scheduler.resolve_path(plan.scheduler_path)))
     if report:
         out.append(Output("report", os.fspath(report)))
     return out

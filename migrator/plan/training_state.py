@@ -33,6 +33,9 @@ from ..core.display import count
 from ..core.errors import PlanError
 from ..core.tensor import LazyTensor
 from .entry import PlanEntry
+from .optimizer_checks import check_state_shapes
+from .optimizer_order import output_order
+from .resume import resume_note
 
 if TYPE_CHECKING:
     from ..formats.pytorch.tree import CheckpointTree, Node
@@ -69,6 +72,14 @@ class Optimizer:
     file: str = ""  # the checkpoint's label, for errors
     prefix: str = ""  # before the names the optimizer gives its parameters (`model.` in a whole checkpoint)
     owner: dict[Key, str] = field(default_factory=dict)  # id -> the model tensor's reader name
+    # ids that are names are written as names (DCP's, as dcp_to_torch_save does); a ZeRO folder's names
+    # are the reader's own device to match state by name, written as torch numbers its ids
+    name_ids: bool = True
+
+    @property
+    def by_name(self) -> bool:
+        """Whether the written ids are the parameters' names."""
+        return self.name_ids and all(type(i) is str for group in self.params for i in group)
 
     @property
     def label(self) -> str:
@@ -171,15 +182,24 @@ def _new_optimizer(node: Node, path: str, label: str) -> Optimizer:
                             file=label)
         groups.append(group)
         params.append(list(ids.values))  # type: ignore[arg-type]
-        pn = group.values[group.keys.index("param_names")] if "param_names" in group.keys else None
-        if isinstance(pn, NodeType) and len(pn.values) == len(ids.values) and all(type(n) is str for n in pn.values):
-            names.append(list(pn.values))  # type: ignore[arg-type]
-        else:
+        if "param_names" not in group.keys:
             has_names = False
+            continue
+        pn = group.values[group.keys.index("param_names")]
+        # names that do not pair one to one with the ids say nothing certain: never fall back to an order
+        if not isinstance(pn, NodeType) or not all(type(n) is str for n in pn.values):
+            raise PlanError(f"{where}[{g}].param_names is not a list of names; set training_state: drop", file=label)
+        if len(pn.values) != len(ids.values):
+            raise PlanError(f"{where}[{g}] lists {len(ids.values)} params but {len(pn.values)} param_names: which "
+                            "state belongs to which parameter is not certain; set training_state: drop", file=label)
+        names.append(list(pn.values))  # type: ignore[arg-type]
     state = node.values[node.keys.index("state")]
     if not isinstance(state, NodeType) or not state.is_dict:
         raise PlanError(f"{path + '.' if path else ''}state is not a dict of per-parameter state; set "
                         "training_state: drop", file=label)
+    if names and not has_names:  # torch saves names for every group or for none
+        raise PlanError(f"{where}: some param groups have param_names and some do not: which state belongs to which "
+                        "parameter is not certain; set training_state: drop", file=label)
     return Optimizer(path, node, {}, groups, params, names if has_names and names else None, [], file=label)
 
 
@@ -220,10 +240,12 @@ def _read_state(opt: Optimizer, label: str) -> None:
 # which parameter each id is
 
 
-def identify(opt: Optimizer, model: Sequence[str], label: str, prefix: str | None = None) -> None:
+def identify(opt: Optimizer, model: Sequence[str], label: str, prefix: str | None = None,
+             container: str | None = None) -> None:
     """Fill `opt.owner` (id -> model tensor name) and `opt.rule`, or raise naming why none is certain.
     `model`: the model's tensor names as the reader names them; `prefix` (with its dot): where the model
-    is, when known (`source.top_level_key`)."""
+    is, when known (`source.top_level_key`); `container` (with its dot): the top-level dict holding
+    every model tensor, if one does (`model_dict`), whose key the order rule's names leave out."""
     known = set(model)
     ids = [i for group in opt.params for i in group]
     if len(set(ids)) != len(ids):
@@ -251,6 +273,23 @@ def identify(opt: Optimizer, model: Sequence[str], label: str, prefix: str | Non
                         f"is not certain; {HINT}", file=label)
     opt.owner = dict(zip(ids, params, strict=True))
     opt.rule = f"parameter order ({len(ids)} parameters, {len(params)} model tensors)"
+    if prefix is None and container is not None and all(n.startswith(container) for n in params):
+        # the names written for it are the model's own (`layers.0.weight`, as named_parameters() gives
+        # them): without the key of the dict that holds every parameter (`model.` in {"model": ...})
+        opt.prefix = container
+
+
+def model_dict(tree: CheckpointTree | None, names: Sequence[str]) -> str | None:
+    """`key.` when every name is a tensor inside the dict the checkpoint holds under `key` at its top
+    level (`{"model": {...}, "optimizer": ...}`); None otherwise (tensors at the top level)."""
+    from ..formats.pytorch.tree import Node
+
+    heads = {n.split(".", 1)[0] for n in names if "." in n}
+    if tree is None or len(heads) != 1 or any("." not in n for n in names) or not tree.root.is_dict:
+        return None
+    head = heads.pop()
+    value = next((v for k, v in tree.root.items() if str(k) == head), None)
+    return f"{head}." if isinstance(value, Node) and value.is_dict else None
 
 
 def _prefixes(model: Sequence[str], given: str | None) -> list[str]:
@@ -274,14 +313,16 @@ Replan = Callable[[list[LazyTensor]], "list[PlanEntry]"]
 
 
 def follow(optimizers: Sequence[Optimizer], model: Sequence[LazyTensor], tensors: dict[str, LazyTensor],
-           entries: Sequence[PlanEntry], replan: Replan, model_prefix: str = "") -> Followed:
+           entries: Sequence[PlanEntry], replan: Replan, model_prefix: str = "",
+           order: Sequence[str] | None = None) -> Followed:
     """Each optimizer's state through the recipe: `model` the tensors the recipe planned (as the reader
     names them), `tensors` every reader tensor by name, `entries` the model's plan, `replan` the same
-    pipeline. `model_prefix`: the part of a name before the model's own key (for param_names)."""
+    pipeline. `model_prefix`: the part of a name before the model's own key (for param_names); `order`:
+    the new model's parameter names in its own order, when known (`output_order`)."""
     out = Followed()
     for opt in optimizers:
         try:
-            _follow_one(opt, model, tensors, entries, replan, model_prefix, out)
+            _follow_one(opt, model, tensors, entries, replan, model_prefix, out, order)
         except PlanError as e:
             out.fatal.append(str(e))
     return out
@@ -292,7 +333,8 @@ def _sources(entry: PlanEntry) -> list[str]:
 
 
 def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, LazyTensor],
-                entries: Sequence[PlanEntry], replan: Replan, model_prefix: str, out: Followed) -> None:
+                entries: Sequence[PlanEntry], replan: Replan, model_prefix: str, out: Followed,
+                order: Sequence[str] | None = None) -> None:
     from ..formats.pytorch.tree import Node, TensorSlot
 
     id_of = {name: i for i, name in opt.owner.items()}
@@ -328,12 +370,13 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
             raise PlanError(f"the optimizer {opt.label}'s '{k}' does not plan as its parameters do (a bug); set "
                             "training_state: drop")
         planned[k] = again
-    state = Node("dict", tensors=True)
-    new_ids: list[list[Key]] = [[] for _ in opt.groups]
-    new_names: list[list[str]] = [[] for _ in opt.groups]
+    # which outputs keep state, in which group: the first pass; their ids depend on the order of all
+    kept: list[tuple[int, int, list[Key], str]] = []  # (entry index, group, source ids, name in the group)
     used: set[Key] = set()
-    by_name = all(type(i) is str for group in opt.params for i in group) and opt.param_names is None
+    by_name = opt.by_name  # DCP's names stay names, whether or not param_names are saved beside them
     base = f"{opt.path}.state." if opt.path else "state."
+    prefix = model_prefix + opt.prefix
+    depth = prefix.count(".")
     for n, entry in enumerate(entries):
         srcs = _sources(entry)
         ids = [id_of.get(s) for s in srcs]
@@ -350,21 +393,30 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
             raise PlanError(f"'{entry.target}' joins parameters of different param_groups "
                             f"({', '.join(str(g) for g in sorted(groups))}) of the optimizer {opt.label}: one "
                             "parameter has one group; set training_state: drop", tensor=entry.target)
-        g = groups.pop()
-        prefix = model_prefix + opt.prefix
-        rel = entry.target[len(prefix):] if entry.target.startswith(prefix) else entry.target
-        new: Key = rel if by_name else sum(len(x) for x in new_ids)
-        new_ids[g].append(new)
-        new_names[g].append(rel)
-        out.owners.setdefault(opt.path, {})[new] = entry.target
-        used.update(ids)  # type: ignore[arg-type]
-        if not with_state:
-            continue
-        if len(with_state) != len(ids):
+        if with_state and len(with_state) != len(ids):
             raise PlanError(f"'{entry.target}' joins parameters with optimizer state and parameters without "
                             "(never stepped): their state cannot be joined; set training_state: drop",
                             tensor=entry.target)
-        states = [opt.states[i] for i in with_state]
+        # the name relative to the model, as the optimizer names its parameters: the prefix's own parts
+        # are cut even when a rename moved the whole model (`^model\.` -> `net.`, one dict renamed)
+        rel = entry.target[len(prefix):] if entry.target.startswith(prefix) else entry.target.split(".", depth)[-1]
+        kept.append((n, groups.pop(), ids, rel))  # type: ignore[arg-type]
+        used.update(ids)  # type: ignore[arg-type]
+    new_of, params_order, state_order = output_order(opt, kept, by_name, order)
+    new_ids: list[list[Key]] = [[] for _ in opt.groups]
+    new_names: list[list[str]] = [[] for _ in opt.groups]
+    for k_ in params_order:
+        n, g, _, rel = kept[k_]
+        new_ids[g].append(new_of[n])
+        new_names[g].append(rel)
+    state_of: dict[Key, Node] = {}
+    for n, _, from_ids, _ in kept:
+        entry = entries[n]
+        new = new_of[n]
+        out.owners.setdefault(opt.path, {})[new] = entry.target
+        states = [opt.states[i] for i in from_ids if i in opt.states]
+        if not states:
+            continue
         one = Node("dict", tensors=True)
         for k in states[0].order:
             target = f"{base}{new}.{k}"
@@ -383,7 +435,7 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
                 one.keys.append(k)
                 one.values.append(TensorSlot(target))
                 continue
-            value = _scalar(opt, states, k, entry.target, tensors, shape_of, len(ids), entry.ops)
+            value = _scalar(opt, states, k, entry.target, tensors, shape_of, len(from_ids), entry.ops)
             if isinstance(value, LazyTensor):
                 # its own storage: the outputs of a split each get a copy, and torch steps each in place
                 # (`step += 1`), so one storage shared by three would count three steps
@@ -397,14 +449,19 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
                 one.values.append(value)
             out.fates.append(_fate(opt, entry.target, k, "copied", target,
                                    ", ".join(s.tensors.get(k, f"{base}{s.key}.{k}") for s in states)))
-        state.keys.append(new)
-        state.values.append(one)
+        state_of[new] = one
+    state = Node("dict", tensors=True)
+    for k_ in state_order:
+        new = new_of[kept[k_][0]]
+        if new in state_of:
+            state.keys.append(new)
+            state.values.append(state_of[new])
     for i, ps in opt.states.items():
         if i not in used:
             for k in ps.order:
                 out.fates.append(_fate(opt, opt.owner[i], k, "dropped", ps.tensors.get(k)))
     dropped = [opt.owner[i] for g in opt.params for i in g if i not in used]
-    out.swap[opt.path] = (_rebuilt(opt, state, new_ids, new_names), opt.slots)
+    out.swap[opt.path] = (_rebuilt(opt, state, new_ids, new_names, by_name), opt.slots)
     said = f"optimizer {opt.label}: state matched to parameters by {opt.rule}; followed the recipe"
     if dropped:
         said += f"; dropped the state of {len(dropped)} parameters the recipe drops ({', '.join(dropped[:5])}" + (
@@ -475,8 +532,11 @@ def _shown(v: Any) -> str:
     return repr(v)
 
 
-def _rebuilt(opt: Optimizer, state: Node, ids: list[list[Key]], names: list[list[str]]) -> Node:
-    """The optimizer's dict with the new state and groups; every other value as it was."""
+def _rebuilt(opt: Optimizer, state: Node, ids: list[list[Key]], names: list[list[str]], by_name: bool) -> Node:
+    """The optimizer's dict with the new state and groups; every other value as it was. A group of
+    integer ids gets `param_names` when it had none (first, where torch's `state_dict` puts them): torch
+    loads ids by position, so the names are what a resume builds the new optimizer's groups from. Ids
+    that are names (DCP) name their parameters already, as `dcp_to_torch_save` writes them."""
     from ..formats.pytorch.tree import Node
 
     groups_old = opt.node.values[opt.node.keys.index("param_groups")]
@@ -484,6 +544,9 @@ def _rebuilt(opt: Optimizer, state: Node, ids: list[list[Key]], names: list[list
     groups = Node(groups_old.kind)
     for g, old in enumerate(opt.groups):
         new = Node(old.kind, attrs=old.attrs)
+        if not by_name and "param_names" not in old.keys:
+            new.keys.append("param_names")
+            new.values.append(Node("list", values=list(names[g])))
         for k, v in zip(old.keys, old.values, strict=True):
             if k == "params":
                 v = Node("list", values=list(ids[g]))
@@ -526,21 +589,29 @@ class Training:
     burn: bool = False  # a PyTorch optimizer into a burnpack: its state becomes Burn's OptimizerRecord
     owners: dict[str, dict[Key, str]] = field(default_factory=dict)  # `Followed.owners`
 
-    def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str]) -> list[PlanEntry]:
-        """The optimizers' entries, after the model's `entries` were planned; problems go to `fatal`."""
+    def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str],
+               order: Sequence[str] | None = None) -> list[PlanEntry]:
+        """The optimizers' entries, after the model's `entries` were planned; problems go to `fatal`.
+        `order`: the new model's parameter names in its own order (`target.param_order`)."""
         assert self.model is not None
         by_name = {t.name: t for t in reader.tensors}
+        shapes = {t.name: t.shape for t in self.model}
+        container = model_dict(reader.structure, list(shapes))
         for opt in self.optimizers:
+            opt.name_ids = reader.format != "deepspeed"
             try:
-                identify(opt, [t.name for t in self.model], reader.label)
+                identify(opt, [t.name for t in self.model], reader.label, container=container)
+                check_state_shapes(opt, shapes, {n: by_name[n].shape for n in opt.tensor_names}, HINT)
             except PlanError as e:
                 fatal.append(str(e))
                 return []
-        done = follow(self.optimizers, self.model, by_name, entries, replan)
+        done = follow(self.optimizers, self.model, by_name, entries, replan, order=order)
         fatal += done.fatal
         self.swap.update(done.swap)
         self.fates += done.fates
         self.notes += done.notes
+        if not self.burn:
+            self.notes += [resume_note(opt) for opt in self.optimizers]
         self.owners.update(done.owners)
         return done.entries
 

@@ -506,6 +506,11 @@ class TargetSpec(_Strict):
         None, description="With training_state: keep, a PyTorch training checkpoint into a .bpk: where Burn's "
         "OptimizerRecord of its optimizer is written, relative to the recipe (default: beside the model, "
         "<stem>-optim.bpk). Burn loads it with ModuleOptimizer::load.")
+    param_order: _Path | None = Field(
+        None, description="With training_state: keep into a .pt: a state dict of the new model whose tensors are in "
+        "the model's own order (torch.save(new_model.state_dict()), or a .bpk), relative to the recipe. Each kept "
+        "param group lists its parameters, and ids are numbered, in that order, so an optimizer built over "
+        "new_model.parameters() loads the state by position as well as by param_names.")
 
     @model_validator(mode="before")
     @classmethod

@@ -48,14 +48,17 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
         raise MigrationError(not_written(plan.fatal), file=str(plan.target_path))
     tensors = plan.writer.tensors
     if plan.record is not None and plan.record_path is not None:  # a model and Burn's optimizer record
-        from ..files.io import save_planned_pair
+        from ..files.io import save_planned_together
 
         if is_url(plan.target_path) or is_url(plan.record_path):
             raise MigrationError("a model with Burn's optimizer record is written to local files only",
                                  file=str(plan.target_path))
-        with _scheduler_output(plan, outputs):  # Burn's LrSchedulerRecord: published after the pair, or not at all
-            written = save_planned_pair(plan.writer, plan.target_path, plan.record, plan.record_path,
-                                        overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
+        # Burn's LR scheduler record (when the checkpoint has one Burn has), the optimizer record, then the
+        # model, the commit point: published as one
+        parts = [*([(plan.scheduler, plan.scheduler_path)] if plan.scheduler is not None
+                   and plan.scheduler_path is not None else []),
+                 (plan.record, plan.record_path), (plan.writer, plan.target_path)]
+        written = save_planned_together(parts, overwrite=plan.overwrite, protect=read_by(plan), outputs=outputs,
                                         fsync=plan.fsync, mode_from=plan.source_modes(), make_folders=True)
         return RunResult(written, len(tensors), sum(t.nbytes for t in tensors),
                          plan.record.resolve_path(plan.record_path))
@@ -76,26 +79,6 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
                            outputs=outputs, progress=progress_for(progress), fsync=plan.fsync,
                            mode_from=plan.source_modes(), make_folders=True, storage=plan.storage)
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
-
-
-@contextlib.contextmanager
-def _scheduler_output(plan: Plan, outputs: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
-    """Burn's LR scheduler record, written whole before the model and optimizer record are, and published
-    once they are (an error in either publishes it not)."""
-    if plan.scheduler is None or plan.scheduler_path is None:
-        yield
-        return
-    from ..files.io import protected_files
-    from ..storage.atomic import atomic_output
-
-    others = [*outputs, plan.writer.resolve_path(plan.target_path) if plan.writer is not None else plan.target_path,
-              *([plan.record.resolve_path(plan.record_path)] if plan.record is not None and plan.record_path else [])]
-    with atomic_output(plan.scheduler_path, overwrite=plan.overwrite, protect=protected_files(read_by(plan)),
-                       outputs=others, expected_size=plan.scheduler.total_size, fsync=plan.fsync,
-                       mode_from=plan.source_modes(), make_folders=True) as sink:
-        plan.scheduler.write_to(sink)
-        sink.flush()
-        yield
 
 
 def check_plan_target(plan: Plan, outputs: Iterable[str | os.PathLike[str]] = ()) -> None:

@@ -246,3 +246,33 @@ def test_storage_file_outside_the_folder(ckpt: Path, tmp_path: Path) -> None:
 
     rewrite_metadata(bad, climb)
     refused(bad, tmp_path, "inside the checkpoint's folder")
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["parameters", "named_parameters"])
+def test_two_param_groups_in_another_order_equal_dcp_to_torch_save(tmp_path: Path, named: bool) -> None:
+    """Two param groups whose parameters are listed unlike the model (biases and the norm first, then
+    the matrices last-layer first): the state's keys and each group's `params` come out in the order
+    torch's `dcp_to_torch_save` writes them (the saved order), not in the model's; with param_names
+    saved too, the ids stay names. One process: DCP saves without a process group."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 2))
+    pairs = [(n, p) if named else p for n, p in model.named_parameters()]
+    dims = [p.dim() for p in model.parameters()]
+    opt = torch.optim.AdamW([{"params": [x for x, d in zip(pairs, dims, strict=True) if d < 2], "weight_decay": 0.0},
+                             {"params": [x for x, d in zip(pairs, dims, strict=True) if d >= 2][::-1],
+                              "weight_decay": 0.1}], lr=1e-2)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd, "epoch": 1}, checkpoint_id=str(tmp_path / "ckpt"))
+    dcp_to_torch_save(tmp_path / "ckpt", tmp_path / "oracle.pt")
+    oracle = torch.load(tmp_path / "oracle.pt", weights_only=True)
+    assert [g["params"] for g in oracle["optim"]["param_groups"]] == [["0.bias", "1.weight", "1.bias", "2.bias"],
+                                                                      ["2.weight", "0.weight"]]
+    code, _, err = run("convert", str(tmp_path / "ckpt"), str(tmp_path / "whole.pt"))
+    assert code == 0, err
+    same(torch.load(tmp_path / "whole.pt", weights_only=True), oracle)

@@ -195,7 +195,7 @@ def _refused(tmp_path: Path, *extra: str) -> str:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert (tmp_path / "out.pt").read_bytes() == b"keep me"
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in done.stderr.splitlines() if line.startswith(("error:", "migrate: error:"))]
     assert len(errors) == 1, done.stderr
     return errors[0]
 
@@ -225,6 +225,57 @@ def test_counts_that_disagree_are_refused(tmp_path: Path) -> None:
     _two_steps(old, opt)
     _write(tmp_path, RECIPE, {"model": old.state_dict(), "optimizer": opt.state_dict()})
     assert "6 parameters and no names, the model has 8 tensors" in _refused(tmp_path)
+
+
+@pytest.mark.parametrize("change", ["shorter", "longer"])
+def test_param_names_that_do_not_pair_with_params_are_refused(tmp_path: Path, change: str) -> None:
+    """Names that do not pair one to one with the ids say nothing certain: refused, never the model's order."""
+    torch.manual_seed(0)
+    old = Old()
+    opt = _optimizer("adamw", old, named=True)
+    _two_steps(old, opt)
+    saved = opt.state_dict()
+    names = saved["param_groups"][1]["param_names"]
+    saved["param_groups"][1]["param_names"] = names[:-1] if change == "shorter" else [*names, "head.extra"]
+    _write(tmp_path, RECIPE, {"model": old.state_dict(), "optimizer": saved})
+    error = _refused(tmp_path)
+    told = len(names) - 1 if change == "shorter" else len(names) + 1
+    assert f"optimizer.param_groups[1] lists {len(names)} params but {told} param_names" in error
+
+
+def test_param_names_that_contradict_the_moments_are_refused(tmp_path: Path) -> None:
+    """Two names swapped in a group: each id's exp_avg is shaped like the other parameter. Following the
+    names would give each the other's moments; refused, naming the group."""
+    torch.manual_seed(0)
+    old = Old()
+    opt = _optimizer("adamw", old, named=True)
+    _two_steps(old, opt)
+    saved = opt.state_dict()
+    names = saved["param_groups"][0]["param_names"]  # the matrices: embed [11, 8], qkv [24, 8], out, head
+    names[0], names[1] = names[1], names[0]
+    _write(tmp_path, RECIPE, {"model": old.state_dict(), "optimizer": saved})
+    error = _refused(tmp_path)
+    assert "optimizer.param_groups[0] gives id 0 to 'qkv.weight' (shape [24, 8]) by param_names in param_groups, " \
+           "but its 'exp_avg' has shape [11, 8]" in error
+
+
+@pytest.mark.parametrize(("kind", "key"), [("sgd", "momentum_buffer"), ("rprop", "prev"), ("adagrad", "sum")])
+def test_any_per_element_state_of_another_shape_is_refused(tmp_path: Path, kind: str, key: str) -> None:
+    """Whatever the optimizer, a state torch keeps per element must have its parameter's shape."""
+    torch.manual_seed(0)
+    old = Old()
+    params = [(n, p) for n, p in old.named_parameters()]
+    make = {"sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+            "rprop": lambda: torch.optim.Rprop(params, lr=0.1), "adagrad": lambda: torch.optim.Adagrad(params, lr=0.1)}
+    opt = make[kind]()
+    _two_steps(old, opt)
+    saved = opt.state_dict()
+    first = saved["param_groups"][0]["params"][0]
+    saved["state"][first][key] = saved["state"][first][key][:-1]  # one row short
+    _write(tmp_path, RECIPE, {"model": old.state_dict(), "optimizer": saved})
+    error = _refused(tmp_path)
+    assert "optimizer.param_groups[0] gives id 0 to 'embed.weight' (shape [11, 8])" in error
+    assert f"its '{key}' has shape [10, 8]" in error
 
 
 def test_a_concat_of_parameters_in_different_groups_is_refused(tmp_path: Path) -> None:

@@ -256,6 +256,7 @@ target:
       optional: true
   copy_from: weights/
   optimizer: out/model-optim.bpk
+  param_order: weights/new-model.pt
 allow_partial: false
 training_state: drop
 validate: true

@@ -91,10 +91,14 @@ def test_training_checkpoint_pt_to_pt_keeps_structure_and_optimizer(tmp_path: Pa
     out = torch.load(dst, weights_only=True)
 
     names = {"0.weight": "inp.weight", "0.bias": "inp.bias", "2.weight": "out.weight", "2.bias": "out.bias"}
+    # torch saved no names (built from parameters()): the output's group names its parameters, first, as
+    # torch's own state_dict puts them
+    groups = [{"param_names": list(names.values()), **g} for g in original["optimizer"]["param_groups"]]
     assert _skeleton(out) == _skeleton({**original, "model": OrderedDict(
-        (names[k], v) for k, v in original["model"].items())})
+        (names[k], v) for k, v in original["model"].items()), "optimizer": {**original["optimizer"],
+                                                                           "param_groups": groups}})
     assert isinstance(out["model"], OrderedDict) and list(out["optimizer"]["state"]) == [0, 1, 2, 3]
-    assert out["optimizer"]["param_groups"] == original["optimizer"]["param_groups"]
+    assert out["optimizer"]["param_groups"] == groups
     assert (out["epoch"], out["step"], out["args"]) == (3, 120, original["args"])
     theirs = _tensors(original)
     ours = _tensors(out)
@@ -185,12 +189,48 @@ def test_top_level_key_writes_a_flat_state_dict(tmp_path: Path) -> None:
     assert _bit_equal(sd["out.bias"], original["model"]["2.bias"])
 
 
-def test_rename_out_of_its_dict_is_refused_naming_the_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["parameters", "named_parameters"])
+def test_a_whole_dict_renamed_keeps_its_structure_and_the_optimizer(tmp_path: Path, named: bool) -> None:
+    """`--remap '^model\\.=net.'` renames every key of one dict into one new dict: the checkpoint keeps
+    its structure with `net` in `model`'s place; the model loads strictly, the optimizer's names still
+    name its parameters (relative to the dict, as named_parameters() gives them), and the next AdamW
+    step equals the original's bit for bit."""
+    src, dst = tmp_path / "train.pt", tmp_path / "out.pt"
+    torch.manual_seed(0)
+    ref_model = _model()
+    ref_opt = torch.optim.AdamW(ref_model.named_parameters() if named else ref_model.parameters(), lr=1e-2)
+    for seed in range(2):
+        _step(ref_model, ref_opt, seed)
+    original = {"model": ref_model.state_dict(), "optimizer": ref_opt.state_dict(), "epoch": 2, "step": 40}
+    torch.save(original, src)
+    r = migrate_in_process("convert", str(src), str(dst), "--remap", r"^model\.=net.")
+    assert r.returncode == 0, r.stderr
+    out = torch.load(dst, weights_only=True)
+    assert list(out) == ["net", "optimizer", "epoch", "step"] and (out["epoch"], out["step"]) == (2, 40)
+    assert isinstance(out["net"], OrderedDict) and list(out["net"]) == list(original["model"])
+    assert out["optimizer"]["param_groups"][0]["param_names"] == [n for n, _ in ref_model.named_parameters()]
+    model = _model()
+    model.load_state_dict(out["net"], strict=True)
+    named_params = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [named_params[n] for n in g["param_names"]]}
+                             for g in out["optimizer"]["param_groups"]], lr=1e-2)
+    opt.load_state_dict(out["optimizer"])
+    _step(model, opt, 7)
+    _step(ref_model, ref_opt, 7)
+    for (_, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters(), strict=True):
+        assert _bit_equal(p.detach(), q.detach())
+
+
+@pytest.mark.parametrize(("remap", "said"), [
+    (r"^model\.0\.=net.0.", "'model.0.weight' -> 'net.0.weight' moves the tensor out of its dict 'model'"),  # split
+    (r"^model\.=", "'model.0.weight' -> '0.weight' moves the tensor out of its dict 'model'"),  # another depth
+])
+def test_a_rename_that_splits_a_dict_or_changes_its_depth_is_refused(tmp_path: Path, remap: str, said: str) -> None:
     src, dst = tmp_path / "train.pt", tmp_path / "out.pt"
     _training_checkpoint(src)
-    r = migrate_in_process("convert", str(src), str(dst), "--remap", r"^model\.=net.")
+    r = migrate_in_process("convert", str(src), str(dst), "--remap", remap)
     assert r.returncode == 1
-    assert "'model.0.weight' -> 'net.0.weight' moves the tensor out of its dict 'model'" in r.stderr
+    assert said in r.stderr, r.stderr
     assert "--top-level-key" in r.stderr and "Traceback" not in r.stderr
     assert not dst.exists()
 
@@ -227,7 +267,8 @@ def test_recipe_run_keeps_structure(tmp_path: Path) -> None:
     assert kept[0].startswith("kept 27 non-tensor values") and "args.schedule" in kept[0]
     out = torch.load(tmp_path / "out.pt", weights_only=True)
     assert list(out) == list(original) and list(out["model"]) == ["inp.weight", "inp.bias", "out.weight", "out.bias"]
-    assert out["optimizer"]["param_groups"] == original["optimizer"]["param_groups"]
+    assert out["optimizer"]["param_groups"] == [{"param_names": list(out["model"]), **g}
+                                                for g in original["optimizer"]["param_groups"]]
 
 
 @pytest.mark.parametrize(("remap", "message"), [
@@ -282,7 +323,8 @@ def test_op_outputs_go_where_their_source_was(tmp_path: Path) -> None:
     a, b = torch.split(sd["0.weight"], 4, dim=0)
     assert _bit_equal(out["model"]["0.a"], a.contiguous()) and _bit_equal(out["model"]["0.b"], b.contiguous())
     assert _bit_equal(out["model"]["biases"], torch.cat([sd["0.bias"], sd["2.bias"]]))
-    assert out["optimizer"]["param_groups"] == original["optimizer"]["param_groups"]
+    assert out["optimizer"]["param_groups"] == [{"param_names": ["0.a", "0.b", "biases", "2.weight"], **g}
+                                                for g in original["optimizer"]["param_groups"]]
     assert any(n.startswith("1 tensor left out") and "model.2.bias" in n for n in json.loads(r.stdout)["notes"])
 
 
@@ -318,3 +360,21 @@ def test_shared_plain_containers_stay_shared_and_a_memo_bomb_stays_small(tmp_pat
     for _ in range(14):
         node = node[1]
     assert node == [0.5]
+
+
+def test_param_names_written_for_a_model_at_the_top_level(tmp_path: Path) -> None:
+    """A model saved at the checkpoint's top level beside its optimizer (no names saved): the names written
+    are the whole keys (`layers.0.weight`), not cut at a prefix they happen to share."""
+    torch.manual_seed(3)
+    layers = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2))
+    model = nn.Module()
+    model.layers = layers
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.layers(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    src, dst = tmp_path / "flat.pt", tmp_path / "out.pt"
+    torch.save({**model.state_dict(), "optimizer": opt.state_dict()}, src)
+    r = migrate_in_process("convert", str(src), str(dst))
+    assert r.returncode == 0, r.stderr
+    out = torch.load(dst, weights_only=True)
+    assert out["optimizer"]["param_groups"][0]["param_names"] == [n for n, _ in model.named_parameters()]

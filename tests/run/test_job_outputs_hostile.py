@@ -62,6 +62,14 @@ def test_a_default_record_name_onto_another_jobs_model(work: Path) -> None:
     refused(["run", a, b, "--jobs", "2"], work, words="two jobs write")
 
 
+def test_a_default_scheduler_record_name_onto_another_jobs_model(work: Path) -> None:
+    """Burn's LR scheduler record (`<stem>-scheduler.bpk`, written when the checkpoint has a scheduler
+    Burn has) is one of the job's outputs too."""
+    a = keep_recipe(work, "a.yaml", "a.pt", "m.bpk")  # its LR scheduler record: m-scheduler.bpk
+    b = keep_recipe(work, "b.yaml", "b.pt", "m-scheduler.bpk")
+    refused(["run", a, b, "--jobs", "2"], work, words="two jobs write")
+
+
 def test_two_jobs_sharing_one_record(work: Path) -> None:
     a = keep_recipe(work, "a.yaml", "a.pt", "a.bpk", optimizer="shared.bpk")
     b = keep_recipe(work, "b.yaml", "b.pt", "b.bpk", optimizer="shared.bpk")

@@ -20,7 +20,8 @@ writer's flat OrderedDict is that structure already.
 
 `place_tensors` is the plan's side: it gives each slot its tensor's target name (after remaps,
 filters, ops) and the key that name implies inside the slot's container, refusing a rename that
-leaves the container (the key would move between dicts, which `load_state_dict` would not see).
+leaves the container (the key would move between dicts, which `load_state_dict` would not see), unless
+the rename moves a whole dict's tensors into one new dict at the same depth: then the dict is renamed.
 """
 
 from __future__ import annotations
@@ -246,11 +247,14 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
     renamed: dict[str, str] = {}  # old key or name -> new name, to find what still refers to old names
     touched: list[tuple[Node, str]] = []  # containers with a renamed key (and path): checked for collisions
     versions_dropped: list[str] = []
+    moved = _moved_containers(tree, names, targets, swap or {})
     slots = iter(names)
     root = Node(tree.root.kind, attrs=tree.root.attrs, tensors=True)
-    stack: list[tuple[Node, str, Iterator[tuple[Any, Any]], Node]] = [(tree.root, "", tree.root.items(), root)]
+    # (source container, its path, its items, the output container, the output's path)
+    stack: list[tuple[Node, str, Iterator[tuple[Any, Any]], Node, str]] = [
+        (tree.root, "", tree.root.items(), root, "")]
     while stack:
-        old, path, it, new = stack[-1]
+        old, path, it, new, out_path = stack[-1]
         for key, value in it:
             if swap and isinstance(value, Node) and (at := f"{path}.{key}" if path else str(key)) in swap:
                 replacement, held = swap[at]
@@ -264,8 +268,15 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
                 continue
             if isinstance(value, Node):
                 child = Node(value.kind, attrs=value.attrs, tensors=True)
+                at = f"{path}.{key}" if path else str(key)
+                to = moved.get(at)
+                if to is None:
+                    to = f"{out_path}.{key}" if out_path else str(key)
+                else:  # renamed whole: the same container under its new key
+                    touched.append((new, out_path))
+                    key = to[len(out_path) + 1:] if out_path else to
                 _add(new, key, child)
-                stack.append((value, f"{path}.{key}" if path else str(key), value.items(), child))
+                stack.append((value, at, value.items(), child, to))
                 break
             if not isinstance(value, TensorSlot):
                 _add(new, key, value)
@@ -282,6 +293,7 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
                 left_out.append(name)
                 continue
             placed.add(name)
+            out_prefix = f"{out_path}." if out_path else ""
             if len(outputs) > 1 and not old.is_dict:
                 raise PlanError(f"'{name}' becomes {', '.join(repr(o) for o in outputs[:5])}: it is element {key} of "
                                 f"the {old.kind} '{path}', which has one place for it; write SafeTensors, or pick a "
@@ -290,8 +302,9 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
             for target in outputs:
                 new_key = key
                 if target != name:
-                    new_key = _new_key(old, path, key, name, target, label)
                     renamed[name] = target
+                if target != out_prefix + str(key):
+                    new_key = _new_key(old, path, out_path, key, name, target, label)
                     renamed[name[len(prefix):]] = target
                     if not touched or touched[-1][0] is not new:
                         touched.append((new, path))
@@ -318,9 +331,11 @@ def place_tensors(tree: CheckpointTree, names: Sequence[str], moves: Sequence[tu
     return Placed(root, notes)
 
 
-def _new_key(node: Node, path: str, key: str | int, name: str, target: str, label: str) -> str | int:
-    """The key `target` names inside `node` (named `path`); PlanError when it leaves the container."""
-    prefix = f"{path}." if path else ""
+def _new_key(node: Node, path: str, out_path: str, key: str | int, name: str, target: str,
+             label: str) -> str | int:
+    """The key `target` names inside `node` (named `path`, written at `out_path`); PlanError when it
+    leaves the container."""
+    prefix = f"{out_path}." if out_path else ""
     if not node.is_dict:
         raise PlanError(f"'{name}' -> '{target}': '{name}' is element {key} of the {node.kind} '{path}', "
                         "which has no names to rename; keep its name", file=label, tensor=name)
@@ -328,11 +343,74 @@ def _new_key(node: Node, path: str, key: str | int, name: str, target: str, labe
         where = f"'{path}'" if path else "the top level"
         raise PlanError(f"'{name}' -> '{target}' moves the tensor out of its dict {where}: a PyTorch -> PyTorch run "
                         f"keeps the checkpoint's structure and renames keys inside their dicts only (so "
-                        f"load_state_dict still finds them); rename within {where} (target names starting "
-                        f"'{prefix}'), or pick that part with --top-level-key (top_level_key) for a flat state_dict, "
-                        "or write SafeTensors", file=label, tensor=name)
+                        f"load_state_dict still finds them), or a whole dict into one new dict; rename within {where} "
+                        f"(target names starting '{prefix}'), or every key of it alike, or pick that part with "
+                        "--top-level-key (top_level_key) for a flat state_dict, or write SafeTensors", file=label,
+                        tensor=name)
     new = target[len(prefix):]
     return key if type(key) is int and new == str(key) else new
+
+
+def _moved_containers(tree: CheckpointTree, names: Sequence[str], targets: Mapping[str, list[str]],
+                      swap: Mapping[str, tuple[Node | None, int]]) -> dict[str, str]:
+    """Containers renamed whole: source path -> output path. A dict's value (`ckpt["model"]`) whose every
+    written tensor is renamed under one new key of the same dict, at the same depth (`^model\\.` ->
+    `net.`: `model.0.weight` -> `net.0.weight`), keeps its structure under that key. The new key has as
+    many dotted parts as the old one; tensors renamed under several keys, or out of the dict's depth
+    (`^model\\.` -> ``), are not a rename of the container: the walk refuses them, naming the tensor."""
+    # the containers in walk order (path, key in a dict, parent index, first slot; their ends in `spans`)
+    # and each slot's container (-2: a swapped optimizer's slot, placed by its replacement)
+    boxes: list[tuple[str, Any, int, int]] = []
+    slot_box: list[int] = []
+    stack: list[tuple[int, Node, str, Iterator[tuple[Any, Any]]]] = [(-1, tree.root, "", tree.root.items())]
+    spans: dict[int, int] = {}
+    while stack:
+        box, node, path, it = stack[-1]
+        for key, value in it:
+            if isinstance(value, Node) and swap and (f"{path}.{key}" if path else str(key)) in swap:
+                slot_box.extend([-2] * swap[f"{path}.{key}" if path else str(key)][1])  # not placed by the walk
+                continue
+            if isinstance(value, Node) and value.tensors:
+                at = f"{path}.{key}" if path else str(key)
+                boxes.append((at, key if node.is_dict else None, box, len(slot_box)))
+                stack.append((len(boxes) - 1, value, at, value.items()))
+                break
+            if isinstance(value, TensorSlot):
+                slot_box.append(box)
+        else:
+            stack.pop()
+            if box >= 0:
+                spans[box] = len(slot_box)
+    if len(slot_box) != len(names):
+        return {}  # the walk itself says the structure and the tensors disagree
+    paths = [b[0] for b in boxes]
+    if not any(b >= 0 and any(not t.startswith(paths[b] + ".") for t in targets.get(names[i], ()))
+               for i, b in enumerate(slot_box)):
+        return {}  # no tensor leaves its container: nothing renamed whole (the common case)
+    out: dict[str, str] = {}
+    out_of: list[str] = []
+    for b, (path, key, parent, first) in enumerate(boxes):
+        above = out_of[parent] if parent >= 0 else ""
+        default = f"{above}.{key}" if above else str(key)
+        out_of.append(default if key is not None else (f"{above}.{path.rsplit('.', 1)[-1]}" if above else path))
+        if key is None:
+            continue
+        written = [t for i in range(first, spans[b]) if slot_box[i] != -2 for t in targets.get(names[i], ())]
+        if all(t.startswith(default + ".") for t in written):
+            continue
+        head = f"{above}." if above else ""
+        parts = str(key).count(".") + 1
+        new_keys = set()
+        for t in written:
+            rest = t[len(head):].split(".") if t.startswith(head) else []
+            if len(rest) <= parts:
+                break
+            new_keys.add(".".join(rest[:parts]))
+        else:
+            if len(new_keys) == 1:
+                out_of[b] = head + new_keys.pop()
+                out[path] = out_of[b]
+    return out
 
 
 def _add(node: Node, key: str | int | None, value: Node | TensorSlot | Plain) -> None:
