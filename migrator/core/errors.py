@@ -13,6 +13,18 @@ EXIT_OK, EXIT_MIGRATION, EXIT_USAGE = 0, 1, 2
 """The exit codes of every command: success, a migration (data) error, a usage error."""
 
 
+LOCAL_SHARD_SEP = ".\x00"
+"""Between a ShardedTensor's name and its local shard's index in a rank reader's own tensor names
+(`formats.pytorch.sharded_tensor.local_name`): no key torch writes holds a NUL."""
+
+
+def shown_tensor(tensor: str) -> str:
+    """How an error names a tensor: a rank reader's internal name of a local shard (`w.<NUL>0`) as the
+    ShardedTensor and the shard it is, never with the NUL."""
+    name, sep, index = tensor.partition(LOCAL_SHARD_SEP)
+    return f"tensor '{name}' (local shard {index})" if sep else f"tensor '{tensor}'"
+
+
 class MigratorError(Exception):
     """Base of every error migrator raises on purpose; `exit_code` is what a command exits with."""
 
@@ -26,7 +38,7 @@ class MigratorError(Exception):
         if file:
             parts.append(str(file))
         if tensor is not None:
-            parts.append(f"tensor '{tensor}'")
+            parts.append(shown_tensor(tensor))
         parts.append(message)
         super().__init__(": ".join(parts))
 

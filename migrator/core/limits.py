@@ -59,9 +59,10 @@ class Limits:
     # sharded sources (formats/sharded.py)
     max_index_bytes: int = 64 * MiB  # a `*.index.json`
     max_shards: int = 100_000  # files of one sharded source
-    # names (plan/build.py): 0 is no cap. Patterns run on RE2, linear in a name's length, so names of
-    # any length a format holds are matched; a cap is only for a user who wants one
-    max_name_chars: int = 0
+    # names (plan/build.py): characters of a name matched against patterns; 0 is no cap. Patterns run
+    # on RE2, linear in the name, but a match costs up to (pattern) x (name): patterns are bounded
+    # (naming.regex.MAX_PATTERN_CHARS, MAX_GROUPS) and so, by default, are names
+    max_name_chars: int = 65_536
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -17,11 +17,12 @@ from typing import Any
 
 from ..core.errors import FormatError, LimitExceededError
 from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.reopening import reopening
 from ..formats.base import Reader
 from ..formats.bounded_json import load_bounded_json
 from ..formats.dcp.assemble import Piece, assemble
 from .ranks import RanksReader
-from .single import open_single
+from .single import reader_over
 
 SHARDING_KEY = "DCP_SHARDING_INFO"
 OFFSETS_KEY = "saved_offsets"
@@ -40,6 +41,9 @@ def _offsets(reader: Reader, label: str, limits: Limits) -> dict[str, tuple[int,
         if not isinstance(offsets, list) or not all(type(o) is int and o >= 0 for o in offsets):
             raise FormatError(f"{SHARDING_KEY}: {OFFSETS_KEY} of '{name}' is not a list of indices", file=label,
                               tensor=str(name))
+        if any(o >= 1 << 63 for o in offsets):  # torch's int64: and no message prints thousands of digits
+            raise FormatError(f"{SHARDING_KEY}: {OFFSETS_KEY} of '{name}' holds an offset beyond 2^63", file=label,
+                              tensor=str(name))
         out[str(name)] = tuple(offsets)
     return out
 
@@ -56,7 +60,7 @@ class DcpSafetensorsReader(RanksReader):
         super().__init__(files, limits=limits)
 
     def _open_rank(self, f: Path) -> Reader:
-        return open_single(f, "safetensors", self.limits, {})
+        return reader_over(reopening(f, self.fds), f, "safetensors", self.limits, {})
 
     def _adopt(self, first: Reader) -> None:
         pass  # each file's metadata is its own sharding info, not the checkpoint's
@@ -80,7 +84,7 @@ class DcpSafetensorsReader(RanksReader):
             if any(len(p.offsets) != len(first.shape) for p in chunks):
                 raise FormatError("chunks of different ranks (numbers of dimensions)", file=label, tensor=name)
             shape = tuple(max(p.offsets[d] + p.sizes[d] for p in chunks) for d in range(len(first.shape)))
-            self.tensors.append(assemble(name, first.dtype, shape, chunks, label))
+            self.tensors.append(assemble(name, first.dtype, shape, chunks, label, self.limits))
 
     def extra(self) -> dict[str, Any]:
         return {"container": "dcp-safetensors", "files": [{"file": str(f)} for f in self.files]}

@@ -68,7 +68,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
             return open_dcp(folder, limits, options)
         from .rank_files import dcp_safetensors_files
 
-        hf_shards = dcp_safetensors_files(src) if os.path.isdir(src) else None
+        hf_shards = dcp_safetensors_files(src, limits) if os.path.isdir(src) else None
         if hf_shards is not None:  # DCP in the Hugging Face storage layout: SafeTensors chunks per rank
             from .dcp_safetensors import DcpSafetensorsReader
             from .multi_rank import selected

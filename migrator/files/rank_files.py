@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..core.errors import FormatError, LimitExceededError
 from ..core.limits import DEFAULT_LIMITS, Limits
+from ..storage.paths import require_inside
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -55,14 +56,15 @@ def any_rank_files(path: str | os.PathLike[str]) -> list[list[tuple[int, Path]]]
         if not groups:
             return None
         keys = sorted(groups, key=lambda k: "model" not in k[0] + k[1])
-        return [_ranked(groups[k], text) for k in keys]
+        return [_ranked(_inside(groups[k], text), text) for k in keys]
     if p.is_file():
         m = RANK_ANY.match(p.name)
         if m is None or RANK_FILE.match(p.name):
             return None
         folder = p.parent
-        return [_ranked([folder / n for n in sorted(os.listdir(folder))
-                         if (r := RANK_ANY.match(n)) and _set_key(r) == _set_key(m) and (folder / n).is_file()], text)]
+        return [_ranked(_inside([folder / n for n in sorted(os.listdir(folder))
+                                 if (r := RANK_ANY.match(n)) and _set_key(r) == _set_key(m) and (folder / n).is_file()],
+                                text), text)]
     if not os.path.exists(text) and GLOB_CHARS.intersection(os.path.basename(text)):
         matched = [Path(f) for f in sorted(globlib.glob(text)) if os.path.isfile(f)]
         found = [(RANK_ANY.match(f.name), f) for f in matched]
@@ -72,8 +74,16 @@ def any_rank_files(path: str | os.PathLike[str]) -> list[list[tuple[int, Path]]]
         if len(distinct) > 1:
             sets = ", ".join(sorted(f"{h}*{t}.{e}" for h, t, e in distinct))
             raise FormatError(f"rank files of different checkpoints: {sets}", file=text)
-        return [_ranked(matched, text)]
+        return [_ranked(_inside(matched, text), text)]
     return None
+
+
+def _inside(files: list[Path], given: str) -> list[Path]:
+    """`files`, each checked to resolve inside the folder it was listed in or matched from (the one
+    rule for every file a source of several files reads: `storage.paths.require_inside`)."""
+    for f in files:
+        require_inside(f, f.parent, given, "rank file")
+    return files
 
 
 def set_pattern(ranked: list[tuple[int, Path]]) -> str:
@@ -110,7 +120,7 @@ def rank_files(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) ->
         if stem is None:
             raise FormatError(f"the folder holds the rank files of {', '.join(stems)}; name one set with a glob "
                               f"(e.g. {p / (stems[0] + '_world_size_*_rank_*.pt')})", file=text)
-        return _checked([f for f in found if _match(f)["stem"] == stem], text, limits)
+        return _checked(_inside([f for f in found if _match(f)["stem"] == stem], text), text, limits)
     if p.is_file():
         m = RANK_FILE.match(p.name)
         if m is None:
@@ -118,11 +128,11 @@ def rank_files(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) ->
         folder = p.parent
         same = [folder / n for n in sorted(os.listdir(folder))
                 if (r := RANK_FILE.match(n)) and r["stem"] == m["stem"] and (folder / n).is_file()]
-        return _checked(same, text, limits)
+        return _checked(_inside(same, text), text, limits)
     if not os.path.exists(text) and GLOB_CHARS.intersection(os.path.basename(text)):
         matched = [Path(f) for f in sorted(globlib.glob(text)) if os.path.isfile(f)]
         if matched and all(RANK_FILE.match(f.name) for f in matched):
-            return _checked(matched, text, limits)
+            return _checked(_inside(matched, text), text, limits)
     return None
 
 
@@ -162,38 +172,53 @@ def _checked(files: list[Path], given: str, limits: Limits) -> list[Path]:
     return [by_rank[k] for k in range(n)]
 
 
-def dcp_safetensors_files(path: str | os.PathLike[str]) -> list[Path] | None:
+def dcp_safetensors_files(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) -> list[Path] | None:
     """The shard files of the folder `path` (or of its `sharded/` subfolder), in (rank, file) order;
-    None when it holds none."""
+    None when it holds none. The subfolder and every file must resolve inside `path`
+    (`storage.paths.require_inside`)."""
     p = Path(path)
     for folder in (p, p / "sharded"):
         if not folder.is_dir():
             continue
         found = [(m, folder / n) for n in os.listdir(folder) if (m := SHARD_FILE.match(n)) and (folder / n).is_file()]
         if found:
+            for _, f in found:
+                require_inside(f, p, str(p), "shard file")
             found.sort(key=lambda mf: (int(mf[0]["rank"]), int(mf[0]["file"])))
-            _check_complete([m for m, _ in found], str(folder))
+            _check_complete([m for m, _ in found], str(folder), limits)
             return [f for _, f in found]
     return None
 
 
-def _check_complete(names: Sequence[re.Match[str]], label: str) -> None:
+def _check_complete(names: Sequence[re.Match[str]], label: str, limits: Limits) -> None:
     """Ranks 1..R each with files 1..N of one N: a missing rank before the last, or a missing file of a
     rank, is named. (A missing *last* rank leaves no trace in the names or the sharding info, which
-    records no global shape: its chunks' rows are simply not there.)"""
+    records no global shape: its chunks' rows are simply not there.) What the names claim (N, the
+    ranks) is checked by arithmetic on the files that are there, never by listing what they claim:
+    a name saying `-of-10000000` costs nothing before it is refused."""
     counts = {int(m["count"]) for m in names}
     if len(counts) != 1:
         raise FormatError(f"shard files of different counts ({', '.join(map(str, sorted(counts)))})", file=label)
     count = counts.pop()
+    if count > limits.max_shards:
+        raise LimitExceededError(f"the names claim {count} shard files per rank, over the {limits.max_shards} limit "
+                                 "(max_shards)", file=label)
     by_rank: dict[int, set[int]] = {}
     for m in names:
         by_rank.setdefault(int(m["rank"]), set()).add(int(m["file"]))
-    for rank in range(1, max(by_rank) + 1):
-        files = by_rank.get(rank)
-        if files is None:
-            raise FormatError(f"rank {rank}'s shard files are missing (shard-{rank:05d}-model-*-of-{count:05d}"
-                              ".safetensors)", file=label)
-        absent = sorted(set(range(1, count + 1)) - files)
-        if absent:
-            raise FormatError(f"shard-{rank:05d}-model-{absent[0]:05d}-of-{count:05d}.safetensors is missing",
+    rank = 1
+    while rank in by_rank:  # bounded by the files listed
+        rank += 1
+    if rank <= max(by_rank):
+        raise FormatError(f"rank {rank}'s shard files are missing (shard-{rank:05d}-model-*-of-{count:05d}"
+                          ".safetensors)", file=label)
+    for rank in sorted(by_rank):
+        files = by_rank[rank]
+        odd = next((f for f in sorted(files) if not 1 <= f <= count), None)
+        if odd is not None:
+            raise FormatError(f"shard-{rank:05d}-model-{odd:05d}-of-{count:05d}.safetensors: file {odd} of a set of "
+                              f"{count}", file=label)
+        if len(files) != count:
+            first = next(f for f in range(1, len(files) + 2) if f not in files)
+            raise FormatError(f"shard-{rank:05d}-model-{first:05d}-of-{count:05d}.safetensors is missing",
                               file=label)

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.bytesource import FileSource
 from ..core.errors import FormatError
 from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.reopening import Descriptors, reopening
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Reader
@@ -73,8 +73,12 @@ class RanksReader(Reader):
 
     format = "pytorch"
 
-    def __init__(self, files: Sequence[Path], *, limits: Limits = DEFAULT_LIMITS, first: Reader | None = None) -> None:
+    def __init__(self, files: Sequence[Path], *, limits: Limits = DEFAULT_LIMITS, first: Reader | None = None,
+                 fds: Descriptors | None = None) -> None:
         self._first = first  # rank 0's file, when already open (to learn what the set holds)
+        # every rank's bytes are read through one table of a few descriptors (`core.reopening`): a set of
+        # 1,024 ranks reads under `ulimit -n 1024`; `first`, when given, reads through `fds` too
+        self.fds = fds if fds is not None else Descriptors()
         self.limits = limits
         self.files = list(files)
         self.folder = self.files[0].parent
@@ -101,12 +105,7 @@ class RanksReader(Reader):
         if self._first is not None:
             first, self._first = self._first, None
             return first
-        src = FileSource(f)
-        try:
-            return PytorchReader(src, limits=self.limits, dtensor_shards=True)
-        except BaseException:
-            src.close()
-            raise
+        return PytorchReader(reopening(f, self.fds), limits=self.limits, dtensor_shards=True)
 
     def _adopt(self, first: Reader) -> None:
         """What the checkpoint says beside its tensors: rank 0's metadata and scalars."""
@@ -156,7 +155,7 @@ class RanksReader(Reader):
                                       f"placements make it {list(sizes)}", file=label, tensor=name)
                 pieces.setdefault((offsets, sizes), Piece(offsets, sizes, str(self.files[k]), t))
             dtype = locals_[0].dtype
-            self.tensors.append(assemble(name, dtype, first.size, list(pieces.values()), label))
+            self.tensors.append(assemble(name, dtype, first.size, list(pieces.values()), label, self.limits))
 
     def extra(self) -> dict[str, Any]:
         return {"container": "ranks", "world_size": len(self.files),
@@ -168,3 +167,4 @@ class RanksReader(Reader):
             self._first = None
         for r in self.readers:
             r.close()
+        self.fds.close()

@@ -7,13 +7,11 @@ header and closes the shard again: a tensor's bytes are read by opening its shar
 asked for, and only a few shards stay open (`OPEN_SHARDS`, least recently used closed first), so a
 1,000-shard model never holds 1,000 descriptors.
 
-A shard tensor's `span` is a `_ShardView` whose `fd` opens its shard on demand, so unchanged bytes
-are still copied in the kernel. A descriptor is closed only when it is none thread's most recently
-asked-for one: every user of `span.fd` (streaming, casts, the PyTorch writer's CRC) asks for it
-again right before each syscall, so the descriptor a thread is using is never closed (nor its number
-reused) under it. The soft limit is OPEN_SHARDS plus one per thread reading. A loader that reads
-ranges of its file itself (a GGUF's quantized tensor: `over(source)`) is given the shard as a
-`_ShardBytes` source, so its reads take the same descriptors and a GGUF writer still sees its blocks.
+The descriptor table and a shard tensor's `span` (a view whose `fd` opens its shard on demand, so
+unchanged bytes are still copied in the kernel) are `core.reopening`'s, shared with the rank-set
+readers. A loader that reads ranges of its file itself (a GGUF's quantized tensor: `over(source)`)
+is given the shard as a `ReopenedBytes` source, so its reads take the same descriptors and a GGUF
+writer still sees its blocks.
 
 What holds after opening, each checked with an error naming the files: no tensor is in two shards;
 with an index, every `weight_map` entry names a shard inside the folder that holds that tensor, and
@@ -25,28 +23,25 @@ from __future__ import annotations
 import contextlib
 import glob as globlib
 import json
-import mmap
 import os
 import re
 import stat
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.bytesource import ByteSource, FileSource, FileSpan, FileView, closed_error, not_regular
+from ..core.bytesource import ByteSource, FileSource, not_regular
 from ..core.errors import FormatError, LimitExceededError, MigratorError, UnknownFormatError
 from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.reopening import OPEN_FILES, Descriptors, ReopenedBytes, ReopenedFile, ReopenedView, reopened_view
 from ..core.scalars import Scalar
 from ..core.tensor import Buffer, LazyTensor
 from ..formats.base import Reader
 from ..formats.bounded_json import load_bounded_json
+from ..storage.paths import hf_blobs, require_inside, resolves_inside  # noqa: F401 - hf_blobs: its old home
 
-OPEN_SHARDS = 4
+OPEN_SHARDS = OPEN_FILES
 """Shard descriptors kept open between reads (least recently used closed first)."""
-SMALL_READ = 256 << 10
-"""Tensors up to this size are read with one pread rather than mapped."""
 
 # The weights a Hugging Face model folder may hold, by kind, in the order transformers looks.
 WEIGHT_STEMS = ("model", "diffusion_pytorch_model", "adapter_model")
@@ -126,27 +121,6 @@ def name_problem(rel: str, *, url: bool = False) -> str | None:
     if url and ("?" in decoded or "#" in decoded):
         return "it holds '?' or '#'" + shown
     return None
-
-
-def hf_blobs(folder: str) -> str | None:
-    """The `blobs` folder of the Hugging Face cache repository whose snapshot `folder` (resolved) is
-    (`.../models--org--name/snapshots/REV`), or None when it is not a snapshot."""
-    snapshots = os.path.dirname(folder)
-    if os.path.basename(snapshots) != "snapshots":
-        return None
-    blobs = os.path.join(os.path.dirname(snapshots), "blobs")
-    return os.path.realpath(blobs) if os.path.isdir(blobs) else None
-
-
-def resolves_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
-    """Whether `path`, links resolved, is inside `folder` (resolved): the rule for a shard an index
-    names and for a companion file. The one exception: in a Hugging Face cache snapshot, whose files
-    are links to `../../blobs/HASH`, a file directly in that repository's `blobs/` is inside."""
-    real, top = os.path.realpath(path), os.path.realpath(folder)
-    if os.path.commonpath([top, real]) == top:
-        return True
-    blobs = hf_blobs(top)
-    return blobs is not None and os.path.dirname(real) == blobs
 
 
 # llama.cpp's split files: model-00001-of-00003.gguf (gguf-split, gguf-py's split_max_tensors/_size)
@@ -232,155 +206,13 @@ def pick_weights(names: set[str], folder: Path) -> Path:
                       file=str(folder))
 
 
-class _Shard:
-    """One shard file: its identity when its header was read, and the reader's descriptor table."""
-
-    __slots__ = ("fds", "identity", "label", "path", "size")
-
-    def __init__(self, path: Path, size: int, identity: tuple[int, int], fds: _Descriptors) -> None:
-        self.path, self.size, self.identity, self.fds = path, size, identity, fds
-        self.label = str(path)
-
-    def view(self, offset: int, length: int) -> memoryview:
-        """`length` bytes at `offset`, mapped when large (as `ByteSource.view`: a merge's band reader)."""
-        return self.fds.read(self, offset, length, self.label)
-
-
-class _Descriptors:
-    """The few shard descriptors open at a time; only this class closes them."""
-
-    def __init__(self, limit: int = OPEN_SHARDS) -> None:
-        self.limit = limit
-        self.open: OrderedDict[int, int] = OrderedDict()  # shard id -> fd
-        self.pinned: dict[int, int] = {}  # thread id -> the shard id it asked for last
-        self.lock = threading.Lock()
-        self.closed = False
-
-    def fd_for(self, shard: _Shard) -> int:
-        """The shard's descriptor, kept open until this thread asks for another shard's."""
-        with self.lock:
-            self.pinned[threading.get_ident()] = id(shard)
-            return self._fd(shard)
-
-    def _fd(self, shard: _Shard) -> int:
-        if self.closed:
-            raise closed_error(str(shard.path))
-        fd = self.open.get(id(shard))
-        if fd is not None:
-            self.open.move_to_end(id(shard))
-            return fd
-        try:
-            fd = os.open(shard.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as e:
-            raise FormatError(f"cannot open shard: {e.strerror}", file=str(shard.path)) from None
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != shard.identity or st.st_size != shard.size:
-            os.close(fd)
-            raise FormatError("the shard changed since its header was read", file=str(shard.path))
-        self.open[id(shard)] = fd
-        if len(self.open) > self.limit:
-            alive = {t.ident for t in threading.enumerate()}  # a finished thread's pin is dropped
-            self.pinned = {k: v for k, v in self.pinned.items() if k in alive}
-            keep = set(self.pinned.values()) | {id(shard)}
-            for key in [k for k in self.open if k not in keep][: len(self.open) - self.limit]:
-                os.close(self.open.pop(key))
-        return fd
-
-    def read(self, shard: _Shard, offset: int, length: int, label: str) -> memoryview:
-        """`length` bytes at `offset`: a pread when small, else a map (which holds its own reference
-        to the file, so the descriptor may be closed while the view lives)."""
-        if length == 0:
-            return memoryview(b"")
-        with self.lock:
-            fd = self._fd(shard)
-            if length <= SMALL_READ:
-                data = os.pread(fd, length, offset)
-                if len(data) != length:
-                    raise FormatError(f"short read at offset {offset}", file=label)
-                return memoryview(data)
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            try:
-                mm = mmap.mmap(fd, length + offset - start, access=mmap.ACCESS_READ, offset=start)
-            except (ValueError, OSError) as e:
-                raise FormatError(f"cannot map bytes [{offset}, {offset + length}): {e}", file=label) from None
-        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
-            mm.madvise(mmap.MADV_SEQUENTIAL)
-        return memoryview(mm)[offset - start: offset - start + length]
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            self.pinned.clear()
-            while self.open:
-                os.close(self.open.popitem()[1])
-
-    def __len__(self) -> int:
-        return len(self.open)
-
-
-class _ShardView(FileView):
-    """A tensor stored verbatim in a shard: its loader and its span (`source` is the `_Shard`).
-
-    `fd` is a property (it shadows FileSpan's slot, which stays unset): the shard is opened when a
-    writer asks. Equality and hashing use the shard, never a descriptor number.
-    """
-
-    __slots__ = ()
-
-    @property
-    def fd(self) -> int:
-        shard: _Shard = self.source  # type: ignore[assignment]
-        return shard.fds.fd_for(shard)
-
-    def __call__(self) -> memoryview:
-        shard: _Shard = self.source  # type: ignore[assignment]
-        return shard.fds.read(shard, self.offset, self.length, shard.label)
-
-    def __eq__(self, other: object) -> bool:
-        return (type(other) is _ShardView and other.source is self.source and other.offset == self.offset
-                and other.length == self.length)
-
-    def __hash__(self) -> int:
-        return hash((id(self.source), self.offset, self.length))
-
-
-_set_offset, _set_length, _set_view_source = (FileSpan.offset.__set__, FileSpan.length.__set__,  # type: ignore[attr-defined, misc]
-                                              FileView.source.__set__)  # type: ignore[attr-defined]
-
-
-def _shard_view(shard: _Shard, offset: int, length: int) -> _ShardView:
-    view = object.__new__(_ShardView)
-    _set_offset(view, offset)
-    _set_length(view, length)
-    _set_view_source(view, shard)
-    return view
-
-
-class _ShardBytes(ByteSource):
-    """One shard as a ByteSource, for a loader that reads ranges of its file itself (a GGUF's quantized
-    tensor, dequantized a piece at a time, or its blocks copied as stored): its reads and spans go through
-    the reader's descriptor table, as a verbatim tensor's do."""
-
-    def __init__(self, shard: _Shard) -> None:
-        self.shard = shard
-        self.label = shard.label
-        self.size = shard.size
-        self.identity = shard.identity
-
-    def view(self, offset: int, length: int) -> memoryview:
-        return self.shard.fds.read(self.shard, offset, length, self.label)
-
-    def span(self, offset: int, length: int) -> FileSpan | None:
-        return _shard_view(self.shard, offset, length)
-
-
 class Reopened:
     """The loader of a shard tensor that is not a plain byte range (e.g. a strided PyTorch view):
     the shard is opened again and that tensor's bytes copied out, so nothing stays open."""
 
     __slots__ = ("fmt", "limits", "name", "shard")
 
-    def __init__(self, shard: _Shard, fmt: str, name: str, limits: Limits) -> None:
+    def __init__(self, shard: ReopenedFile, fmt: str, name: str, limits: Limits) -> None:
         self.shard, self.fmt, self.name, self.limits = shard, fmt, name, limits
 
     def __call__(self) -> bytes:
@@ -450,8 +282,11 @@ class ShardedReader(Reader):
                 raise FormatError("no file matches this glob", file=text)
         if len(files) > limits.max_shards:
             raise LimitExceededError(f"{len(files)} shards, over the {limits.max_shards} limit (max_shards)", file=text)
-        self.fds = _Descriptors()
-        self.shards: list[_Shard] = []
+        if weight_map is None:  # listed or matched (an index's names were judged by `_index_files`)
+            for f in files:
+                require_inside(f, self.folder if os.path.isdir(text) else f.parent, text, "shard")
+        self.fds = Descriptors()
+        self.shards: list[ReopenedFile] = []
         self.shard_of: dict[str, int] = {}  # tensor name -> index into self.shards
         self.locations: list[tuple[int, int | None]] = []  # per tensor: shard index, offset in it
         self.tensors = []
@@ -496,7 +331,7 @@ class ShardedReader(Reader):
                 if len(formats) > 1:
                     (f1, p1), (f2, p2) = list(formats.items())[:2]
                     raise FormatError(f"mixed formats in one source: {p1} is {f1}, {p2} is {f2}", file=self.given)
-                shard = _Shard(path, source.size, source.identity, self.fds)
+                shard = ReopenedFile(path, source.size, source.identity, self.fds)
                 self._modes &= source.mode
                 self.shards.append(shard)
                 fd = source.fd
@@ -511,11 +346,11 @@ class ShardedReader(Reader):
                     rebase = getattr(t.loader, "over", None)  # a loader reading its own file ranges (GGUF's)
                     chunks = None
                     if span is not None and span.fd == fd:
-                        view: _ShardView | None = _shard_view(shard, span.offset, span.length)
+                        view: ReopenedView | None = reopened_view(shard, span.offset, span.length)
                         loader: Any = view
                         self.locations.append((i, span.offset))
                     elif rebase is not None:  # the same loader over this shard (a writer may copy its blocks)
-                        view, loader = None, rebase(_ShardBytes(shard))
+                        view, loader = None, rebase(ReopenedBytes(shard))
                         chunks = getattr(loader, "pieces", None)
                         self.locations.append((i, loader.offset))
                     else:

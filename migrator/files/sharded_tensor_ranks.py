@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.bytesource import FileSource
 from ..core.dtypes import BY_TORCH
 from ..core.errors import FormatError, LimitExceededError
 from ..core.limits import DEFAULT_LIMITS, Limits
+from ..core.reopening import Descriptors, reopening
 from ..formats.base import Reader
 from ..formats.dcp.assemble import Piece, assemble
 from ..formats.pytorch.reader import PytorchReader
@@ -30,13 +30,8 @@ from .rank_files import rank_name, set_pattern
 from .ranks import RanksReader
 
 
-def _open(f: Path, limits: Limits) -> PytorchReader:
-    src = FileSource(f)
-    try:
-        return PytorchReader(src, limits=limits, dtensor_shards=True)
-    except BaseException:
-        src.close()
-        raise
+def _open(f: Path, limits: Limits, fds: Descriptors) -> PytorchReader:
+    return PytorchReader(reopening(f, fds), limits=limits, dtensor_shards=True)
 
 
 def open_rank_set(sets: Sequence[Sequence[tuple[int, Path]]], limits: Limits = DEFAULT_LIMITS) -> Reader | None:
@@ -45,9 +40,10 @@ def open_rank_set(sets: Sequence[Sequence[tuple[int, Path]]], limits: Limits = D
     as any other). Of several such sets (a folder's), the first whose name says `model`; else refused,
     asking for a glob."""
     found: list[tuple[Sequence[tuple[int, Path]], PytorchReader]] = []
+    fds = Descriptors()  # the chosen set's reader reads every rank through it (`core.reopening`)
     try:
         for ranked in sets:
-            first = _open(ranked[0][1], limits)
+            first = _open(ranked[0][1], limits, fds)
             if first.sharded_layouts or first.shard_layouts:
                 found.append((ranked, first))
             else:
@@ -62,14 +58,16 @@ def open_rank_set(sets: Sequence[Sequence[tuple[int, Path]]], limits: Limits = D
     except BaseException:
         for _, f in found:
             f.close()
+        fds.close()
         raise
     if not found:
+        fds.close()
         return None
     for _, f in found[1:]:  # only the chosen set is read
         f.close()
     ranked, first = found[0]
     if first.sharded_layouts:
-        return ShardedTensorRanksReader(ranked, limits=limits, first=first)
+        return ShardedTensorRanksReader(ranked, limits=limits, first=first, fds=fds)
     layout = next(iter(first.shard_layouts.values()))
     world = 1
     for s in layout.mesh:
@@ -78,8 +76,9 @@ def open_rank_set(sets: Sequence[Sequence[tuple[int, Path]]], limits: Limits = D
         files = _complete(ranked, world, str(ranked[0][1].parent), limits)
     except BaseException:
         first.close()
+        fds.close()
         raise
-    return RanksReader(files, limits=limits, first=first)
+    return RanksReader(files, limits=limits, first=first, fds=fds)
 
 
 def _complete(ranked: Sequence[tuple[int, Path]], world: int, label: str, limits: Limits) -> list[Path]:
@@ -110,15 +109,16 @@ class ShardedTensorRanksReader(RanksReader):
     """Every rank's file of ShardedTensors as one checkpoint of global tensors (rank 0's order of names)."""
 
     def __init__(self, ranked: Sequence[tuple[int, Path]], *, limits: Limits = DEFAULT_LIMITS,
-                 first: PytorchReader) -> None:
+                 first: PytorchReader, fds: Descriptors) -> None:
         label = str(ranked[0][1].parent)
         try:
             layout = next(iter(first.sharded_layouts.values()))
             files = _complete(ranked, _world(layout), label, limits)
         except BaseException:
             first.close()
+            fds.close()
             raise
-        super().__init__(files, limits=limits, first=first)
+        super().__init__(files, limits=limits, first=first, fds=fds)
 
     def _join(self, label: str) -> None:
         readers: list[PytorchReader] = [r for r in self.readers if isinstance(r, PytorchReader)]
@@ -175,7 +175,7 @@ class ShardedTensorRanksReader(RanksReader):
         if bad is not None:
             raise FormatError(f"a shard is placed on rank {bad.rank}, in a world of {len(readers)} ranks",
                               file=label, tensor=tensor)
-        return assemble(tensor, dtype, first.size, pieces, label)
+        return assemble(tensor, dtype, first.size, pieces, label, self.limits)
 
     def extra(self) -> dict[str, Any]:
         return {**super().extra(), "container": "sharded_tensor_ranks"}

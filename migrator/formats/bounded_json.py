@@ -81,6 +81,8 @@ def load_bounded_json(raw: bytes, limits: Limits, file: str | None, what: str = 
     except RecursionError:
         raise FormatError(f"{what} is nested too deeply (at most {MAX_DEPTH} levels)", file=file) from None
     except ValueError as e:  # JSONDecodeError, and integers beyond Python's digit limit
+        if "integer string conversion" in str(e):  # Python's own advice (set_int_max_str_digits) is not the user's
+            raise FormatError(f"{what} holds an integer of thousands of digits", file=file) from None
         raise FormatError(f"{what} is not JSON: {e}", file=file) from None
     if _too_deep(value, MAX_DEPTH):
         raise FormatError(f"{what} is nested too deeply (at most {MAX_DEPTH} levels)", file=file)

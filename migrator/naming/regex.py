@@ -34,12 +34,14 @@ above 1,000 (RE2's limit) and patterns whose compiled program exceeds RE2's memo
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import re2
 
-__all__ = ["NamingError", "Regex", "RegexMatch", "compile_regex"]
+__all__ = ["MAX_CAPTURES", "MAX_GROUPS", "MAX_PATTERN_CHARS", "NamingError", "Regex", "RegexMatch", "compile_regex",
+           "not_text"]
 
 
 class NamingError(ValueError):
@@ -108,6 +110,7 @@ class _Translator:
         self.origin: list[int] = []
         self.stack: list[_Group] = [_Group(verbose=False, ascii=False)]
         self.names: set[str] = set()
+        self.groups = 0  # groups opened, capturing or not (`MAX_GROUPS`)
 
     def fail(self, message: str, position: int) -> NamingError:
         return NamingError(message, pattern=self.src, position=position)
@@ -237,6 +240,7 @@ class _Translator:
     def open_group(self) -> None:
         src, start = self.src, self.i
         top = self.stack[-1]
+        self.groups += 1
         for opener, what in (("(?=", "(?=...) look-ahead"), ("(?!", "(?!...) negative look-ahead"),
                              ("(?<=", "(?<=...) look-behind"), ("(?<!", "(?<!...) negative look-behind")):
             if src.startswith(opener, start):
@@ -404,9 +408,9 @@ class Regex:
         if found is None:
             return None
         spans = [found.span(g) for g in range(self.groups + 1)]
-        if offsets is not None:
-            char_of = {b: c for c, b in enumerate(offsets)}  # every span lands on a character boundary
-            spans = [(-1, -1) if s < 0 else (char_of[s], char_of[e]) for s, e in spans]
+        if offsets is not None:  # every span lands on a character boundary: a search in the name's offsets
+            # (log n per span; a map built per match made a remap of a long non-ASCII name quadratic)
+            spans = [(-1, -1) if s < 0 else (bisect_left(offsets, s), bisect_left(offsets, e)) for s, e in spans]
         return RegexMatch(self, text, spans)
 
     def search(self, text: str, pos: int = 0, endpos: int | None = None) -> RegexMatch | None:
@@ -419,11 +423,41 @@ class Regex:
         return self._run("fullmatch", text, pos, endpos)
 
 
+def not_text(text: str) -> str | None:
+    """Why `text` (a pattern or a replacement) is not Unicode text, or None: a command-line argument of
+    bytes that are not UTF-8 arrives holding surrogate escapes, which no name can hold."""
+    for k, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            what = f"byte 0x{ord(ch) - 0xDC00:02x}" if ord(ch) >= 0xDC80 else "a surrogate"
+            return f"not UTF-8 text (character {k} is {what})"
+    return None
+
+
+MAX_PATTERN_CHARS = 4_096
+"""Characters of one pattern: matching costs up to (compiled pattern) x (name), so both are bounded
+(names by `Limits.max_name_chars`)."""
+MAX_GROUPS = 256
+"""Groups of one pattern, capturing or not (each adds states to what a match walks)."""
+MAX_CAPTURES = 64
+"""Capturing groups of one pattern: each is tracked for every character of a name a match walks (a
+pattern of 64 on a 65,536-character name takes ~0.5 s; 250 took 8 s)."""
+
+
 def compile_regex(pattern: str) -> Regex:
     """Compile a Rust-style pattern for RE2; every failure is a `NamingError` pointing into `pattern`."""
     if not isinstance(pattern, str):
         raise NamingError(f"pattern must be a string, not {type(pattern).__name__}", pattern=str(pattern))
-    translated, origin = _Translator(pattern).run()
+    bad = not_text(pattern)
+    if bad is not None:
+        raise NamingError(bad, pattern=pattern.encode("utf-8", "backslashreplace").decode("ascii", "replace"))
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise NamingError(f"a pattern of {len(pattern):,} characters, over the {MAX_PATTERN_CHARS:,} a pattern may "
+                          "have", pattern=pattern[:60] + "...")
+    translator = _Translator(pattern)
+    translated, origin = translator.run()
+    shown = pattern if len(pattern) <= 200 else pattern[:200] + "..."
+    if translator.groups > MAX_GROUPS:
+        raise NamingError(f"{translator.groups:,} groups, over the {MAX_GROUPS} a pattern may have", pattern=shown)
     try:
         compiled = re2.compile(translated, _OPTIONS)
     except re2.error as exc:
@@ -435,6 +469,9 @@ def compile_regex(pattern: str) -> Regex:
         if at >= 0:  # the piece as the user wrote it, not as translated
             detail = f"{reason}: {pattern[origin[at]:origin[at + len(piece)]]}"
         raise NamingError(f"invalid regex: {_said(detail)}", pattern=pattern, position=position) from None
+    if compiled.groups > MAX_CAPTURES:
+        raise NamingError(f"{compiled.groups:,} capturing groups, over the {MAX_CAPTURES} a pattern may have (write "
+                          "(?:...) for a group that captures nothing)", pattern=shown)
     return Regex(pattern, translated, compiled)
 
 

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .indices import parse_usize
-from .regex import NamingError, Regex, RegexMatch, compile_regex
+from .regex import NamingError, Regex, RegexMatch, compile_regex, not_text
 
-__all__ = ["IndexArithmeticError", "KeyRemapper", "RemapRule", "ReplacementSyntax", "expand_replacement"]
+__all__ = ["MAX_NAME_GROWTH", "IndexArithmeticError", "KeyRemapper", "NameTooLongError", "RemapRule",
+           "ReplacementSyntax", "expand_replacement"]
 
 ReplacementSyntax = Literal["rust", "python", "auto"]
 
@@ -274,15 +275,42 @@ def _missing_ref(m: str) -> tuple[str | int, str]:
     return m, f"${m}" if _CAP_LETTERS.fullmatch(m) else f"${{{m}}}"
 
 
-def _expand_parts(parts: Sequence[str | _Ref], m: RegexMatch) -> str:
+MAX_NAME_GROWTH = 65_536
+"""Characters a name may grow by through its remap rules (all of them, in turn) or an op's output
+name: `$1$1` doubles a name, a few such rules chained would make gigabytes of it. Checked while a
+replacement is expanded and between rules, so no longer name is ever built."""
+
+
+class NameTooLongError(NamingError):
+    """A remap or output name would grow past `MAX_NAME_GROWTH` characters more than its input."""
+
+    def __str__(self) -> str:
+        return self.message  # names the tensor already
+
+
+def _too_long(name: str, most: int) -> NameTooLongError:
+    shown = name if len(name) <= 80 else name[:80] + "..."
+    return NameTooLongError(f"renaming '{shown}' would make a name of more than {most:,} characters (a name may "
+                            f"grow by at most {MAX_NAME_GROWTH:,} through its rules)", pattern="")
+
+
+def _expand_parts(parts: Sequence[str | _Ref], m: RegexMatch, most: int | None = None) -> str:
+    """The replacement for match `m`; `most`: the characters it may have (else `NameTooLongError`)."""
+    if most is None:
+        most = len(m.string) + MAX_NAME_GROWTH
     out: list[str] = []
+    size = 0
     for p in parts:
         if isinstance(p, str):
-            out.append(p)
+            piece = p
         elif p.offset or p.spelled:
-            out.append(_shifted(m.group(p.index), p, m.string))
+            piece = _shifted(m.group(p.index), p, m.string)
         else:
-            out.append(m.group(p.index) or "")
+            piece = m.group(p.index) or ""
+        size += len(piece)
+        if size > most:
+            raise _too_long(m.string, most)
+        out.append(piece)
     return "".join(out)
 
 
@@ -330,6 +358,9 @@ class RemapRule:
         regex = compile_regex(self.pattern)
         if not isinstance(self.replacement, str):
             raise NamingError("replacement must be a string", pattern=self.pattern)
+        bad = not_text(self.replacement)
+        if bad is not None:
+            raise NamingError(f"replacement {bad}", pattern=self.pattern)
         resolved = _resolve_syntax(self.replacement, self.syntax, self.pattern)
         parts: list[str | _Ref] = []
         missing: list[str] = []
@@ -376,10 +407,15 @@ class RemapRule:
             hint = f"write ${{{digits}}}{rest} for group {digits} followed by '{rest}'"
         return _absent_text(refs, self._regex), hint
 
-    def apply(self, name: str) -> str:
-        """Replace every non-overlapping match in `name`, iterating matches the way Rust does."""
+    def apply(self, name: str, most: int | None = None) -> str:
+        """Replace every non-overlapping match in `name`, iterating matches the way Rust does. `most`:
+        the characters the result may have (default: `name`'s plus `MAX_NAME_GROWTH`), checked as it
+        is built (`NameTooLongError`)."""
         regex = self._regex
+        if most is None:
+            most = len(name) + MAX_NAME_GROWTH
         pieces: list[str] = []
+        size = 0
         last = pos = 0
         last_end: int | None = None
         n = len(name)
@@ -395,15 +431,16 @@ class RemapRule:
                 if m is None:
                     break
             pieces.append(name[last : m.start()])
-            pieces.append(self._expand(m))
+            size += m.start() - last
+            pieces.append(_expand_parts(self._parts, m, most - size))
+            size += len(pieces[-1])
             last = pos = last_end = m.end()
         if not pieces:
             return name
+        if size + n - last > most:
+            raise _too_long(name, most)
         pieces.append(name[last:])
         return "".join(pieces)
-
-    def _expand(self, m: RegexMatch) -> str:
-        return _expand_parts(self._parts, m)
 
 
 class KeyRemapper:
@@ -430,9 +467,11 @@ class KeyRemapper:
         return len(self._rules)
 
     def remap_name(self, name: str) -> str:
-        """`name` after all rules, in insertion order (chaining, not first-match-wins)."""
+        """`name` after all rules, in insertion order (chaining, not first-match-wins); it may grow by
+        at most `MAX_NAME_GROWTH` characters through all of them."""
+        most = len(name) + MAX_NAME_GROWTH
         for rule in self._rules:
-            name = rule.apply(name)
+            name = rule.apply(name, most)
         return name
 
     def remap(self, names: Iterable[str]) -> list[tuple[str, str]]:

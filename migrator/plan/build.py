@@ -148,6 +148,14 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
     from .sources import open_source, open_sources
 
+    if recipe.target.optimizer is not None and not (out_fmt == "burnpack" and recipe.training_state == "keep"
+                                                    and recipe.target.shard is None and tpl_path is None):
+        # only a one-file burnpack target kept with its training state writes Burn's record: elsewhere the
+        # path would be silently ignored (a target of another format keeps the optimizer in its own way)
+        raise PlanError("target.optimizer (--optimizer-out) is where Burn's optimizer record goes: it needs a .bpk "
+                        f"target with training_state: keep, without shard or template (this target is {out_fmt}"
+                        f"{'' if recipe.training_state == 'keep' else ', training_state not keep'})",
+                        file=str(tgt_path))
     model_key: str | None = None  # training_state: keep under source.top_level_key
     if recipe.sources is not None:
         reader: Reader = open_sources(recipe, base_dir, source_origins, limits=limits, storage=storage,

@@ -218,8 +218,13 @@ def _step(value: Any, slotted: dict[str, LazyTensor], name: str) -> int:
         if t.numel != 1:
             raise _Refused(f"the step of '{name}' has {t.numel} values, not one")
         value = t.numpy().reshape(-1)[0].item()
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
-        raise _Refused(f"the step of '{name}' is {value!r}: Burn's time is a whole number of steps (1 or more)")
+    # NaN and infinities have no int() (a traceback), and Burn's time is a u64: checked before converting
+    if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float) and (
+            value != value or value in (float("inf"), float("-inf")))) or not 1 <= value < 1 << 64 \
+            or value != int(value):
+        shown = (repr(value) if not isinstance(value, int) or value.bit_length() <= 128
+                 else f"an integer of {value.bit_length()} bits")
+        raise _Refused(f"the step of '{name}' is {shown}: Burn's time is a whole number of steps, 1 to 2^64 - 1")
     return int(value)
 
 

@@ -136,7 +136,8 @@ def test_contiguous_indices_of_a_huge_number_in_python() -> None:
 
 
 def test_a_4408_character_name_needs_no_limit_now(huge: Path) -> None:
-    """Patterns run on RE2 in linear time: no default cap on names (`max_name_chars` is 0)."""
+    """Patterns run on RE2 in linear time: the default cap on names (`max_name_chars`, 65,536) is far
+    above such a name; a lower one refuses it."""
     code, _, err = run("convert", "huge.safetensors", "o.bpk", "--contiguous-indices")
     assert code == 0, err
     code, _, err = run("convert", "huge.safetensors", "o2.bpk", "--contiguous-indices",

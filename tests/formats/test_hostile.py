@@ -661,7 +661,7 @@ def test_documented_limit_values() -> None:
         "max_nodes": 1_000_000, "max_nesting": 1_000, "max_expanded_bytes": 1 << 30, "max_memo": 5_000_000,
         "max_stack": 5_000_000, "max_marks": 1_000, "max_objects": 10_000_000, "max_long_bytes": 4096,
         "max_key_depth": 32, "max_dims": 64, "max_same_hash": 64, "max_object_bytes": 80,
-        "pickle_object_base": MiB, "max_index_bytes": 64 * MiB, "max_shards": 100_000, "max_name_chars": 0,
+        "pickle_object_base": MiB, "max_index_bytes": 64 * MiB, "max_shards": 100_000, "max_name_chars": 65_536,
     }
     assert {f: getattr(DEFAULT_LIMITS, f) for f in limits_mod.NAMES} == documented
     # Burn's reader refuses what its defaults refuse: the writer's bounds are those

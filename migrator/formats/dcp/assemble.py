@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ...core.dtypes import DType
 from ...core.errors import FormatError, LimitExceededError
+from ...core.limits import DEFAULT_LIMITS, Limits
 from ...core.tensor import Buffer, LazyTensor
 
 MAX_PAIRWISE = 4096
@@ -30,6 +31,22 @@ class Piece:
     tensor: LazyTensor
 
 
+def _check_expansion(name: str, pieces: Sequence[Piece], label: str, limits: Limits) -> None:
+    """The single-file reader's bound on strided views (a view may expand its storage window to at most
+    `max_expanded_bytes`), applied to the tensor assembled from every rank's chunks: N ranks of 1 GiB
+    stride-0 views each are N GiB claimed by a few bytes, which one file alone could not claim."""
+    expanded = windows = 0
+    for p in pieces:
+        window = getattr(p.tensor.loader, "window", None)  # a strided view's storage bytes (`pytorch.views`)
+        if type(window) is int:
+            expanded += p.tensor.nbytes
+            windows += window
+    if expanded > max(windows, limits.max_expanded_bytes):
+        raise LimitExceededError(f"strided views of {windows} storage bytes in its chunks expand to {expanded} "
+                                 f"bytes (limit {limits.max_expanded_bytes}, max_expanded_bytes)", file=label,
+                                 tensor=name)
+
+
 def _numel(dims: Sequence[int]) -> int:
     n = 1
     for d in dims:
@@ -37,10 +54,12 @@ def _numel(dims: Sequence[int]) -> int:
     return n
 
 
-def assemble(name: str, dtype: DType, shape: tuple[int, ...], pieces: Sequence[Piece], label: str) -> LazyTensor:
+def assemble(name: str, dtype: DType, shape: tuple[int, ...], pieces: Sequence[Piece], label: str,
+             limits: Limits = DEFAULT_LIMITS) -> LazyTensor:
     """The global tensor `name` from `pieces` (checked to tile `shape`); `label` names the checkpoint."""
     if not pieces:
         raise FormatError("no chunk holds this tensor", file=label, tensor=name)
+    _check_expansion(name, pieces, label, limits)
     for p in pieces:
         if len(p.offsets) != len(shape) or len(p.sizes) != len(shape) or any(
                 o + s > d for o, s, d in zip(p.offsets, p.sizes, shape, strict=True)):

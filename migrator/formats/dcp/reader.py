@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from pathlib import PosixPath
 from typing import TYPE_CHECKING, Any
 
-from ...core.bytesource import ByteSource, FileSource
+from ...core.bytesource import ByteSource
 from ...core.errors import FormatError, LimitExceededError
 from ...core.limits import DEFAULT_LIMITS, Limits
+from ...core.reopening import Descriptors, reopening
 from ...core.scalars import Scalar
 from ...core.tensor import LazyTensor
+from ...storage.paths import require_inside
 from ...storage.remote import as_path, is_url
 from ..base import Reader
 from .assemble import Piece, assemble
@@ -57,6 +59,7 @@ class DcpReader(Reader):
         self.storage = storage
         meta_path = self.folder / METADATA_FILE
         self._files: dict[str, ByteSource] = {}
+        self.fds = Descriptors()
         self.tensors: list[LazyTensor] = []
         self.scalars: dict[str, Scalar] = {}
         self.metadata: dict[str, str] = {}
@@ -94,7 +97,7 @@ class DcpReader(Reader):
                 source = self._file(loc.file, name)
                 t = chunk_tensor(source, loc.offset, loc.length, self.limits, name)
                 pieces.append(Piece(chunk.offsets, chunk.sizes, source.label, t))
-            by_name[name] = assemble(name, entry.dtype, entry.size, pieces, label)
+            by_name[name] = assemble(name, entry.dtype, entry.size, pieces, label, self.limits)
             self._chunk_files[name] = sorted({p.file for p in pieces})
         for name in meta.byte_values:
             loc = meta.location(name, None, label)
@@ -128,7 +131,8 @@ class DcpReader(Reader):
         if not path.is_file():
             raise FormatError(f"storage file {path} named by {METADATA_FILE} is missing", file=str(self.folder),
                               tensor=name)
-        return FileSource(path)
+        require_inside(path, self.root, str(self.root), "storage file")
+        return reopening(path, self.fds)  # a few descriptors for any number of ranks (`core.reopening`)
 
     def _file(self, rel: str, name: str) -> ByteSource:
         found = self._files.get(rel)
@@ -156,6 +160,7 @@ class DcpReader(Reader):
     def close(self) -> None:
         for f in self._files.values():
             f.close()
+        self.fds.close()
 
 
 def _plain_leaves(values: dict[str, Any], scalars: dict[str, Scalar], metadata: dict[str, str]) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ...core.bytesource import read_regular
 from ...core.errors import FormatError
+from ...storage.paths import require_inside
 
 OPTIM_RE = re.compile(r"^(?:(?P<prefix>bf16|fp16)_)?zero_pp_rank_(?P<rank>\d{1,6})_mp_rank_(?P<mp>\d{2,6})"
                       r"_optim_states\.pt$")
@@ -87,6 +88,7 @@ def find_step(path: str | os.PathLike[str], tag: str | None) -> StepFolder:
             if not latest.is_file():
                 shown = f"; it holds {', '.join(steps[:20])}" if steps else ""
                 raise FormatError(f"no 'latest' file names the step to read: pick one with --tag{shown}", file=str(p))
+            require_inside(latest, p, str(p), "'latest'")
             try:
                 raw = read_regular(latest, MAX_TAG_BYTES)
             except OSError as e:
@@ -105,8 +107,11 @@ def find_step(path: str | os.PathLike[str], tag: str | None) -> StepFolder:
             steps = sorted(n for n in _names(p) if (p / n).is_dir() and _is_step(p / n))
             raise FormatError(f"no step folder '{tag}'" + (f"; the steps here are {', '.join(steps[:20])}" if steps
                                                            else ""), file=str(p))
+        require_inside(where, p, str(p), "step folder")
         step = StepFolder(p, where, tag)
     for name in sorted(_names(step.path)):
+        if OPTIM_RE.match(name) or MODEL_RE.match(name):  # the one rule for a checkpoint's files
+            require_inside(step.path / name, p, str(p), "state file")
         m = OPTIM_RE.match(name)
         if m is not None:
             _check_mp(m["mp"], step.path / name)

@@ -79,6 +79,26 @@ def _base(state: StateFile, stage: int) -> tuple[Any, Any, str]:
     return st, groups, where
 
 
+MAX_HYPER_DEPTH = 32
+"""Containers nested in one hyperparameter (torch's are flat: betas is a tuple of two)."""
+
+
+def _depth(value: Any) -> int:
+    """How deep containers nest in `value`, found without recursion (a pickle may nest them 1,000 deep);
+    a container shared by memo is walked again only when met deeper, so shared ones cost no 2^depth."""
+    most, todo = 0, [(value, 0)]
+    seen: dict[int, int] = {}
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list, tuple)) and seen.get(id(v), -1) < d:
+            seen[id(v)] = d
+            most = max(most, d + 1)
+            if most > MAX_HYPER_DEPTH:
+                return most
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return most
+
+
 def _plain(value: Any) -> bool:
     return value is None or type(value) in (bool, int, float, str)
 
@@ -96,9 +116,16 @@ def read_optimizer(stage: int, ranks: Sequence[StateFile], flats: Sequence[Seque
     for g, group in enumerate(groups):
         if not isinstance(group, dict) or not isinstance(group.get("params"), (list, tuple)):
             raise first.bad(f"{where}.param_groups[{g}] is not a param group (a dict with params)")
+        for pid in group["params"]:  # torch's ids are ints (names with param_names): anything else has no key
+            if not (type(pid) is str or (type(pid) is int and 0 <= pid < 1 << 63)):
+                shown = f"an integer of {pid.bit_length()} bits" if type(pid) is int else type(pid).__name__
+                raise first.bad(f"{where}.param_groups[{g}].params holds {shown}, not a parameter id")
         ids += list(group["params"])
         group_of += [g] * len(group["params"])
         hypers.append({k: v for k, v in group.items() if k != "params"})
+        if _depth(group) > MAX_HYPER_DEPTH:  # the tree and its writer walk it by recursion: refused first
+            raise first.bad(f"{where}.param_groups[{g}] holds a hyperparameter nested deeper than {MAX_HYPER_DEPTH} "
+                            "levels")
     count = len(flats[0])
     if len(ids) != count:
         raise first.bad(f"{where}.param_groups list {len(ids)} flat parameters but the rank holds {count} fp32 "
@@ -112,6 +139,11 @@ def read_optimizer(stage: int, ranks: Sequence[StateFile], flats: Sequence[Seque
             pads = state.ints(state.at(osd, "group_paddings"), "group_paddings")
             if len(pads) != count:
                 raise state.bad(f"group_paddings lists {len(pads)} groups but the rank holds {count} partitions")
+        listed = set(ids)
+        stray = next((k for k in st if type(k) not in (int, str) or k not in listed), None)
+        if stray is not None:  # torch's load_state_dict refuses such state too: it would be dropped silently
+            shown = repr(stray) if type(stray) in (int, str) and len(repr(stray)) <= 40 else type(stray).__name__
+            raise state.bad(f"{where}.state has an entry {shown} that no param group lists")
         for i in range(count):
             if (ids[i] in st) != (ids[i] in st0):  # no entry: not stepped yet (a save before the first step)
                 raise state.bad(f"{where}.state {'has no' if ids[i] not in st else 'has an'} entry {ids[i]!r} for "
@@ -159,10 +191,17 @@ def _add_key(state: StateFile, keys: dict[str, _Key], rank: int, index: int, k: 
         return
     if not _plain(v):
         raise state.bad(f"{what} is neither a tensor nor a number")
+    if type(v) is int and not -(1 << 63) <= v < 1 << 63:  # torch's steps are int64 (or floats)
+        raise state.bad(f"{what} is an integer of {v.bit_length()} bits, beyond 64")
     if rank == 0:
         keys[k] = _Key("plain", value=v)
-    elif keys[k].kind != "plain" or keys[k].value != v:
+    elif keys[k].kind != "plain" or not _same(keys[k].value, v):
         raise state.bad(f"{what} is {v!r} here but {keys[k].value!r} on rank 0: the ranks disagree")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal plain values, a NaN equal to a NaN (a NaN step on every rank is one value, not a disagreement)."""
+    return a == b or (type(a) is float and type(b) is float and a != a and b != b)
 
 
 def _per_parameter(keys: list[dict[str, _Key]], group_of: list[int], hypers: list[dict[str, Any]],
@@ -217,9 +256,13 @@ def _moment(full: str, shape: tuple[int, ...], pieces: Sequence[Piece], per_flat
 # the whole checkpoint, and what inspect says
 
 
-def _node(value: Any, tree: CheckpointTree, path: str) -> Any:
+
+
+def _node(value: Any, tree: CheckpointTree, path: str, depth: int = 0) -> Any:
     """A hyperparameter as the tree holds it: plain values as themselves, containers as Nodes; anything
     else (a DeepSpeed object) is listed as dropped."""
+    if depth > MAX_HYPER_DEPTH:  # walked by recursion, as the writer walks it: refused before either overflows
+        raise FormatError(f"hyperparameter {path[:200]} is nested deeper than {MAX_HYPER_DEPTH} levels")
     if _plain(value):
         tree.kept_count += 1
         return value
@@ -230,7 +273,7 @@ def _node(value: Any, tree: CheckpointTree, path: str) -> Any:
         for k, v in items:
             if isinstance(value, dict) and type(k) not in (str, int):
                 continue
-            inner = _node(v, tree, f"{path}.{k}")
+            inner = _node(v, tree, f"{path}.{k}", depth + 1)
             if inner is _DROPPED:
                 continue
             if node.is_dict:
@@ -295,6 +338,7 @@ def describe(first: StateFile, stage: int) -> dict[str, Any] | None:
             step = entry.get("step")
             if type(step) in (int, float) and step not in steps:
                 steps.append(step)
-    hyper = [{k: v for k, v in g.items() if k != "params" and (_plain(v) or isinstance(v, (list, tuple)))}
-             for g in groups if isinstance(g, dict)]
+    hyper = [{k: v for k, v in g.items() if type(k) is str and k != "params" and (
+        _plain(v) or (isinstance(v, (list, tuple)) and len(v) <= 64 and all(_plain(x) for x in v)))}
+             for g in groups if isinstance(g, dict)]  # flat values only: a nested one is no hyperparameter to show
     return {"where": where, "state": list(keys), "step": steps[:10], "param_groups": hyper[:100]}

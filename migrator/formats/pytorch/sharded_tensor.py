@@ -14,13 +14,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.errors import FormatError
+from ...core.errors import LOCAL_SHARD_SEP, FormatError
 from ..safepickle import values as sp
 from .dtensor import _fields
 
-LOCAL_SEP = ".\x00"
+LOCAL_SEP = LOCAL_SHARD_SEP
 """Between a ShardedTensor's name and its local shard's index, in the rank reader's own tensor names:
-no key torch writes holds a NUL, so these never meet a real name (`local_name`)."""
+no key torch writes holds a NUL, so these never meet a real name (`local_name`); errors show such a
+name as the ShardedTensor's and the shard's index (`core.errors.shown_tensor`)."""
 
 
 def local_name(name: str, index: int) -> str:

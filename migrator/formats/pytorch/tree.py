@@ -437,8 +437,8 @@ def _notes(tree: CheckpointTree, root: Node, left_out: list[str], renamed: Mappi
         notes.append(f"kept {tree.kept_count} non-tensor values of the checkpoint (a PyTorch -> PyTorch run keeps "
                      f"its structure): {_shown(tree.kept)}")
     if tree.dropped_count:
-        notes.append(f"{_count(tree.dropped_count, 'value')} of the checkpoint not written (only tensors, numbers, "
-                     f"strings, None and containers are): {_shown(tree.dropped)}")
+        notes.append(f"{_count(tree.dropped_count, 'value')} of the checkpoint not written (only tensors, numbers "
+                     f"of at most 64 bits, strings, None and containers are): {_shown(tree.dropped)}")
     if left_out:
         notes.append(f"{_count(len(left_out), 'tensor')} left out of the checkpoint's structure (filtered or used by "
                      f"ops): {_shown(left_out)}")

@@ -526,6 +526,10 @@ def _make_table() -> dict[tuple[str, str], Any]:
     for name in RECORD_CLASSES:
         mod, _, short = name.rpartition(".")
         t[(mod, short)] = _record_class(name)
+    # protocol 4 names a nested class by its qualified name (STACK_GLOBAL module, "Outer.Inner"), where
+    # protocols 2-3 pickle getattr(Outer, "Inner") (`_h_getattr`): the same record class either way
+    t[(_PROCESS_GROUP_STATE[:-len(".ShardedTensor.ProcessGroupState")], "ShardedTensor.ProcessGroupState")] = \
+        _record_class(_PROCESS_GROUP_STATE)
     t[("torch.serialization", "_get_layout")] = _builtin("torch.serialization._get_layout", _h_get_layout)
     t[("collections", "OrderedDict")] = _builtin("collections.OrderedDict", _h_ordered_dict)
     t[("collections", "defaultdict")] = _builtin("collections.defaultdict", _h_defaultdict)
@@ -560,6 +564,15 @@ def _resolve(module: str, name: str) -> Any:
 
 
 
+def _private_module(top: str) -> bool:
+    """A top-level module named with one leading underscore: the standard library's C halves
+    (`_operator`, `_functools`, `_posixsubprocess`, `_thread`, `_ctypes`, ...) are as code-running as
+    their public names, and a checkpoint's data never needs one the allow-list does not name
+    (`_codecs.encode` is allow-listed, so resolved before this). `__main__`, where a script's own
+    classes live, stays a placeholder."""
+    return top.startswith("_") and not top.startswith("__")
+
+
 def _is_gadget(name: str) -> bool:
     """Globals whose call could run code under pickle: refused at once, never a placeholder.
 
@@ -568,7 +581,7 @@ def _is_gadget(name: str) -> bool:
     """
     module, _, short = name.rpartition(".")
     top = module.split(".")[0]
-    if top in _DANGEROUS_MODULES:
+    if top in _DANGEROUS_MODULES or _private_module(top):
         return True
     return top == "torch" and not short[:1].isupper()
 

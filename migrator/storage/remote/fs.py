@@ -381,8 +381,33 @@ def deadline(fs: Any, tune: Tuning) -> dict[str, Any]:
 
 
 def object_info(fs: Any, path: str, tune: Tuning) -> dict[str, Any]:
-    """`fs.info(path)` within the request deadline."""
+    """`fs.info(path)` within the request deadline. Over http(s), one HEAD, then a GET only if the
+    HEAD failed otherwise than by a timeout or gave no size: fsspec's own `info` asks again with a
+    GET after a HEAD timed out, so a silent server cost two read timeouts (60 s where 30 are said)."""
+    if type(fs).__name__ == "HTTPFileSystem":
+        from fsspec.asyn import sync
+
+        return sync(fs.loop, _http_info, fs, path, timeout=tune.request_timeout)
     return fs.info(path, **deadline(fs, tune))
+
+
+async def _http_info(fs: Any, url: str) -> dict[str, Any]:
+    """fsspec's http `_info`, except that a HEAD that timed out is not followed by a GET."""
+    from fsspec.implementations.http import _file_info
+
+    info: dict[str, Any] = {}
+    session = await fs.set_session()
+    for policy in ("head", "get"):
+        try:
+            info.update(await _file_info(fs.encode_url(url), size_policy=policy, session=session, **fs.kwargs))
+            if info.get("size") is not None:
+                break
+        except Exception as exc:
+            if timed_out(exc) is not None:  # the server had its `timeout`: no second request
+                raise
+            if policy == "get":
+                raise FileNotFoundError(url) from exc
+    return {"name": url, "size": None, **info, "type": "file"}
 
 
 def get_range(fs: Any, path: str, start: int, end: int, tune: Tuning) -> bytes:
