@@ -40,19 +40,29 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
     shards are then read as one source (`files.sharded`).
 
     `training_state="keep"` with `keep_structure`: a DeepSpeed ZeRO folder lists the whole training
-    checkpoint (fp32 model and optimizer state) instead of its fp32 weights alone. Other sources need
+    checkpoint (fp32 model and optimizer state) instead of its fp32 weights alone, and a Hugging Face
+    Trainer checkpoint folder its model and `optimizer.pt` (`files.trainer`; `param_order`: a file whose
+    tensor names give the model's parameter order, else transformers derives it). Other sources need
     no such word: their structure is the file's own, kept by `keep_structure` alone.
     """
     whole = options.pop("training_state", None) == "keep"
+    order = options.pop("param_order", None)
     if isinstance(src, str | os.PathLike):
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
             from .remote_open import open_url
 
             _no_tag(src, options)
+            _no_order(src, order)
             return open_url(src, format, options, limits, storage)
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x
+        if format == "auto" and whole and options.get("keep_structure") and os.path.isdir(src):
+            from .trainer import is_trainer_checkpoint
+
+            if is_trainer_checkpoint(src):  # a Hugging Face Trainer checkpoint-N/: model and optimizer.pt
+                return _open_trainer(src, limits, options, order)
+        _no_order(src, order)
         if format in ("auto", "deepspeed") and os.path.isdir(src):
             from ..formats.deepspeed.folder import is_zero_checkpoint
 
@@ -100,6 +110,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
             return _open_sharded(src, format, limits, options)
     else:
         _no_tag("<memory>", options)
+        _no_order("<memory>", order)
     return open_single(src, format, limits, options)
 
 
@@ -109,6 +120,15 @@ def _no_tag(src: str | os.PathLike[str], options: dict[str, Any]) -> None:
         from ..core.errors import FormatError
 
         raise FormatError("a step tag (--tag) applies only to a DeepSpeed ZeRO checkpoint folder", file=os.fspath(src))
+
+
+def _no_order(src: str | os.PathLike[str], order: Any) -> None:
+    """A parameter order names the parameters of a Trainer's optimizer.pt: nothing else has one to take."""
+    if order is not None:
+        from ..core.errors import FormatError
+
+        raise FormatError("a parameter order (--param-order) applies only to a Hugging Face Trainer checkpoint "
+                          "folder read with its training state (--training-state keep)", file=os.fspath(src))
 
 
 def _open_zero(src: str | os.PathLike[str], limits: Limits, options: dict[str, Any], whole: bool) -> Reader:
@@ -123,14 +143,29 @@ def _open_zero(src: str | os.PathLike[str], limits: Limits, options: dict[str, A
     return ZeroReader(src, tag=tag, top_level_key=key, keep_structure=keep, limits=limits)
 
 
+def _open_trainer(src: str | os.PathLike[str], limits: Limits, options: dict[str, Any], order: Any) -> Reader:
+    from .trainer import TrainerReader
+
+    _no_tag(src, options)
+    options.pop("keep_structure", None)
+    if options.pop("top_level_key", None) is not None:  # the plan applies a recipe under `model` itself
+        raise TypeError("top_level_key does not apply to a whole Trainer checkpoint")
+    if options:
+        raise TypeError(f"options {sorted(options)} do not apply to a Trainer checkpoint")
+    return TrainerReader(src, limits=limits, param_order=order)
+
+
 def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:
     from .sharded import ShardedReader
+    from .trainer import TrainerModelReader, is_trainer_checkpoint
 
     key = options.pop("top_level_key", None)
     options.pop("keep_structure", None)  # shards are state_dicts: written back flat
     if options:
         raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-    reader = ShardedReader(src, format, limits=limits)
+    # a Trainer checkpoint read without its training state: the model folder, saying what is left out
+    cls = TrainerModelReader if is_trainer_checkpoint(src) else ShardedReader
+    reader = cls(src, format, limits=limits)
     try:
         if key is not None:
             reader.select(key)

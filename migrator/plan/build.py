@@ -167,7 +167,15 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         burn_keep = (out_fmt == "burnpack" and recipe.training_state == "keep" and recipe.target.shard is None
                      and tpl_path is None)
         spec = recipe.inputs()[0]
-        if (one_file or burn_keep) and recipe.training_state == "keep" and spec.top_level_key:
+        from .trainer_target import is_trainer_target
+
+        if is_trainer_target(recipe, src_path, tpl_path):  # a Trainer folder: the recipe applies under `model`
+            if spec.top_level_key not in (None, "model"):
+                raise PlanError(f"source.top_level_key '{spec.top_level_key}': a Trainer folder target takes the "
+                                "source's model ('model') and its optimizer", file=str(src_path))
+            burn_keep, model_key = True, "model"
+            spec = spec.model_copy(update={"top_level_key": None})
+        elif (one_file or burn_keep) and recipe.training_state == "keep" and spec.top_level_key:
             # the whole checkpoint is the target: opened whole, the recipe applied under the key
             key = spec.top_level_key
             model_key = key if isinstance(key, str) else ".".join(key)
@@ -294,6 +302,10 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
         order = new_model_order(order_path, training, fatal, limits, storage)
         entries += training.follow(reader, entries, replan, fatal, order)
+        if reader.format == "trainer" and not training.burn:  # optimizer.pt's ids in the Trainer's order
+            from .trainer_target import in_trainer_order
+
+            entries = in_trainer_order(training, reader, entries, fatal, copy_from, recipe.target.copies())
     elif order_path is not None:
         fatal.append("target.param_order orders a kept optimizer's ids: it needs training_state: keep, a .pt target "
                      "and a source with an optimizer")
@@ -358,7 +370,19 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                 notes, fatal, readers, structure_notes=kept, storage=storage)
     if not fatal:
         try:
-            if recipe.target.shard is not None:
+            if training.trainer:  # the model's files, optimizer.pt and the Trainer's other files
+                from ..files.sharded_writer import default_weights_name
+                from .trainer_target import trainer_writer
+
+                assert recipe.target.shard is not None
+                plan.writer = trainer_writer(
+                    training, entries, reader, out_fmt, scalars=scalars, max_size=recipe.target.shard.max_size,
+                    copies=recipe.target.copies(), copy_from=copy_from or reader.folder,
+                    weights_name=recipe.target.shard.name or default_weights_name(out_fmt, reader.folder),
+                    storage=storage, **_writer_options(recipe, out_fmt, meta, reader, src_path, notes,
+                                                       folder_target=True))
+                plan.notes += plan.writer.notes
+            elif recipe.target.shard is not None:
                 from ..files.sharded_writer import ShardedWriter, default_weights_name
 
                 folder = reader.folder or src_path.parent

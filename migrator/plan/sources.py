@@ -75,6 +75,8 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
         options["limits"] = limits
     if spec.tag is not None:  # the step of a DeepSpeed ZeRO checkpoint
         options["tag"] = spec.tag
+    if spec.param_order is not None:  # a Trainer checkpoint's parameter order
+        options["param_order"] = spec.param_order if base_dir is None else resolve_path(base_dir, spec.param_order)
     if keep_structure:
         options["keep_structure"] = True
         if training_state is not None:

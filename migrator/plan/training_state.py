@@ -587,6 +587,7 @@ class Training:
     fates: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     burn: bool = False  # a PyTorch optimizer into a burnpack: its state becomes Burn's OptimizerRecord
+    trainer: bool = False  # a Trainer checkpoint into a Trainer folder, optimizer.pt beside the model
     owners: dict[str, dict[Key, str]] = field(default_factory=dict)  # `Followed.owners`
 
     def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str],
@@ -620,7 +621,8 @@ class Training:
         tensors beside it, unchanged."""
         from dataclasses import replace
 
-        if self.burn or (not self.prefix and not self.passthrough):  # a burnpack: the model's names, flat
+        # a burnpack or a Trainer folder: the model's names, flat
+        if self.burn or self.trainer or (not self.prefix and not self.passthrough):
             return list(entries)
         p = self.prefix
         out = [e if e.optimizer is not None else replace(
@@ -650,6 +652,8 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
         # a whole PyTorch checkpoint into Burn: the model into the burnpack, each optimizer's state into
         # Burn's OptimizerRecord beside it (`plan.burn_optimizer`); asked for only, never by default
         whole = out.burn = True
+    if mode == "keep" and reader.format == "trainer" and recipe.target.shard is not None and tpl_path is None:
+        whole = out.trainer = True  # a Trainer folder: the model's files and optimizer.pt (`plan.trainer_target`)
     if mode == "keep" and out_fmt == "burnpack" and reader.format == "burnpack":
         # Burn's training state in a burnpack is each parameter's ParamId (its OptimizerRecord, keyed by
         # them, is a file of its own): renames keep the ids, an op's outputs are new parameters

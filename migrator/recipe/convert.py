@@ -305,6 +305,8 @@ def emit_recipe(recipe: Recipe, out: str | os.PathLike[str] | None = None) -> st
             data["source"]["lora"] = _relative_to(lora, folder)
         elif isinstance(lora, dict):
             lora["path"] = _relative_to(lora["path"], folder)
+        if data["source"].get("param_order"):
+            data["source"]["param_order"] = _relative_to(data["source"]["param_order"], folder)
         data["target"]["path"] = _relative_to(data["target"]["path"], folder)
         if data["target"].get("template"):
             data["target"]["template"] = _relative_to(data["target"]["template"], folder)

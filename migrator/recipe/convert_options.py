@@ -180,6 +180,11 @@ class ConvertOptions:
         "type per tensor); 1-D tensors and norms stay F32 (a recipe's target.quantize picks per tensor). "
         "TYPE: %(listed)s", metavar="TYPE", listed=gguf_types, recipe="target.quantize")
     # training state
+    param_order: str | None = _option(  # or a PathLike
+        None, "--param-order", "training", "a Hugging Face Trainer checkpoint folder with --training-state keep: a "
+        "state dict of the model whose names, in stored order, give its parameters' order (optimizer.pt saves no "
+        "names; default: derived with transformers from config.json)", metavar="FILE", recipe="source.param_order",
+        place=True)
     training_state: str | None = _option(
         None, "--training-state", "training", "keep (rewritten to follow every rename, split and permute; into a "
         ".pt target, or into a .bpk target as Burn's optimizer record beside the model) or drop (default: keep "

@@ -196,6 +196,11 @@ class SourceSpec(_Strict):
     tag: str | None = Field(
         None, description="A DeepSpeed ZeRO checkpoint folder: the step to read (its folder name, such as "
                           "global_step10). Default: the step its 'latest' file names.")
+    param_order: _Path | None = Field(
+        None, description="A Hugging Face Trainer checkpoint folder with training_state: keep: a file whose tensor "
+                          "names, in stored order, are the model's parameters in named_parameters() order (relative "
+                          "to the recipe's folder); optimizer.pt numbers them so. Default: derived with transformers "
+                          "from config.json.")
     contiguous_indices: bool | None = Field(
         None, description="Renumber index segments 0,1,2,... as Burn's Vec<Module> needs. Default: true for a "
                           "PyTorch source whose output is for Burn (a burnpack target or the pytorch_to_burn "

@@ -20,7 +20,7 @@ from migrator.recipe.convert_options import DIFF, GROUPS, KINDS, PLAIN, TRAINING
 SAMPLES: dict[str, object] = {
     "source_format": "safetensors", "top_level_key": "model", "tag": "global_step3", "contiguous_indices": False,
     "target_format_name": "safetensors", "overwrite": True, "fsync": False, "metadata": {"k": "v"},
-    "clear_metadata": True, "copy_from": "hf", "training_state": "drop", "optimizer": "o.bpk",
+    "clear_metadata": True, "copy_from": "hf", "training_state": "drop", "optimizer": "o.bpk", "param_order": "o.pt",
 }
 """A value other than the default for each option placed in the recipe as it is."""
 
@@ -103,7 +103,7 @@ def test_each_placed_option_lands_where_its_row_says(name: str, tmp_path: Path) 
     found: object = recipe
     for part in r.recipe.split("."):
         found = getattr(found, part)
-    assert (str(found) if name in ("copy_from", "optimizer") else found) == value
+    assert (str(found) if name in ("copy_from", "optimizer", "param_order") else found) == value
     assert set(SAMPLES) == {r.name for r in table() if r.place}
 
 

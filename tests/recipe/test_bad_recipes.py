@@ -36,6 +36,7 @@ source:
   format: auto
   top_level_key: state_dict
   tag: global_step7
+  param_order: weights/order.pt
   contiguous_indices: true
   skip_enum_variants: false
   storage_options:
@@ -273,6 +274,7 @@ SOURCES = r"""sources:
     format: auto
     top_level_key: state_dict
     tag: global_step7
+    param_order: weights/order.pt
     contiguous_indices: true
     skip_enum_variants: false
     storage_options:
@@ -491,7 +493,8 @@ def test_invalid_replacement_points_at_to(tmp_path: Path, to: str) -> None:
     text = BASE.replace("    to: ''", "    to: '" + to + "'").replace("    syntax: rust", "    syntax: auto")
     with pytest.raises(RecipeError) as e:
         load_text(tmp_path, text)
-    assert "recipe.yaml:18:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
+    line = next(n for n, text_line in enumerate(text.splitlines(), 1) if text_line == "    to: '" + to + "'")
+    assert f"recipe.yaml:{line}:" in str(e.value) and "remap[0].to" in str(e.value), str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -352,7 +352,8 @@ def test_misspelt_required_key_is_one_problem(errors) -> None:
         source: {pth: a.pt}
         target: {path: b.bpk}
     """) == ("recipe.yaml:2:10: source.pth: unknown key 'pth' (hint: did you mean 'path'? valid keys: "
-             "path, format, top_level_key, tag, contiguous_indices, skip_enum_variants, storage_options, lora, seed)")
+             "path, format, top_level_key, tag, param_order, contiguous_indices, skip_enum_variants, storage_options, "
+                 "lora, seed)")
 
 
 def test_wrong_type_bool(errors) -> None:
