@@ -332,8 +332,9 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
                            clear=recipe.target.clear_metadata)
     notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
     notes += training.notes
-    optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
-                         hint_syntax=hint_syntax, notes=notes, fatal=fatal)
+    if not training.trainer:  # a Trainer folder target writes the optimizer's state into its optimizer.pt
+        optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
+                             hint_syntax=hint_syntax, notes=notes, fatal=fatal)
     if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
