@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(BUILD_HASH)
 RUNTIME_STAMP := $(VENV)/.runtime-$(BUILD_HASH)
 DEMO := demo-out
 
-.PHONY: install install-runtime demo test test-llamacpp lint ubsan bench schema clean
+.PHONY: install install-runtime demo test test-fast test-llamacpp lint ubsan bench schema clean
 
 install: $(STAMP)
 	# Bytecode for the package, as a wheel install writes it: with PYTHONDONTWRITEBYTECODE set (it is
@@ -76,6 +76,12 @@ demo: install-runtime
 TEST_JOBS ?= 2
 test: lint
 	$(VENV)/bin/pytest -q -n $(TEST_JOBS) --dist loadfile
+
+# The tests that need no oracle and no server, and are not marked slow: tests/conftest.py reads each test
+# file's imports (and those of the tests/ helpers it uses) and leaves out, without importing them, the
+# files that import torch, transformers, peft, mergekit, gguf, deepspeed, ray or an object store.
+test-fast: lint
+	$(VENV)/bin/pytest -q -n $(TEST_JOBS) --dist loadfile --fast
 
 # llama.cpp as an oracle of the GGUF files migrator writes (optional; not part of `make test`):
 # llama-cpp-python compiles llama.cpp from source (CPU only, no BLAS/OpenMP/CURL, no tools or

@@ -1,10 +1,12 @@
-"""migrator: move neural-network weights between burnpack, SafeTensors and PyTorch files.
+"""migrator: move neural-network weights between burnpack, SafeTensors, PyTorch and GGUF files (and
+read PyTorch Distributed Checkpoint, DeepSpeed ZeRO and Hugging Face Trainer checkpoint folders;
+`migrator.formats.registry` lists them).
 
 Public API (each name is imported on first use, so `import migrator` and `migrate --help` do
 not pay for numpy):
 
-- `open_file(path)`: a reader of a burnpack, SafeTensors or PyTorch file, a model folder, an
-  index or a glob of shards. A reader is a read-only mapping of name -> `LazyTensor`
+- `open_file(path)`: a reader of a file in any registered format, a model folder, an index or a
+  glob of shards, a DCP or ZeRO folder, a set of rank files. A reader is a read-only mapping of name -> `LazyTensor`
   (`r["w"].numpy()`, `r.keys()`, `r.items()`, `dict(r)`, `len(r)`, `"w" in r`; a missing name is
   a KeyError with a "did you mean"), and a context manager: read its tensors before it closes.
 - `save(tensors, path, metadata=..., scalars=...)`, `to_bytes(tensors, fmt, ...)`: write tensors:

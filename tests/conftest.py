@@ -1,5 +1,8 @@
 """Shared test helpers: where the reference files live, and skipping cleanly without them.
 
+Each test of a file that needs an oracle or a server is marked `oracle`, from the file's imports
+(see `needs_oracle`), so `make test-fast` (`-m "not oracle and not slow"`) runs the rest.
+
 Hypothesis runs derandomized (the same examples every run), with no example database (nothing is
 written into the checkout, and a run does not depend on what an earlier run found) and no per-example
 deadline (a wall-clock limit fails on a busy machine; the fuzz tests bound time with SIGALRM instead).
@@ -7,6 +10,7 @@ deadline (a wall-clock limit fails on a busy machine; the fuzz tests bound time 
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
@@ -42,3 +46,84 @@ def fixture_file(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"reference fixture not found: {path}")
     return path
+
+
+ORACLES = frozenset({"torch", "transformers", "peft", "mergekit", "gguf", "deepspeed", "ray", "accelerate",
+                     "llama_cpp", "moto", "boto3", "fsspec", "s3fs", "gcsfs", "adlfs", "remote_servers"})
+"""What `make test-fast` leaves out: the heavy oracles, object stores and their servers (tests/remote_servers.py)."""
+TESTS = Path(__file__).resolve().parent
+IMPORTERS = frozenset({"importorskip", "import_module", "find_spec", "__import__"})
+
+
+def _called(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
+_SEEN: dict[Path, bool] = {}
+
+
+def needs_oracle(path: Path) -> bool:
+    """Whether a test module (or a helper of `tests/` it imports, or a script of `tests/` it names,
+    such as `zero_support.py` run in a subprocess) imports an oracle, anywhere in it: read from its
+    source, so no test is listed by hand."""
+    if path in _SEEN:  # known, or being read (helpers that import each other)
+        return _SEEN[path]
+    _SEEN[path] = False
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        tree = None
+    _SEEN[path] = tree is None or _imports_an_oracle(tree)
+    return _SEEN[path]
+
+
+def _imports_an_oracle(tree: ast.Module) -> bool:
+    local: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            tops = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            tops = [node.module.split(".")[0]]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value
+            if name.endswith(".py") and "/" not in name and "\\" not in name:
+                local.add(name[:-3])  # a helper script run by name
+            continue
+        elif isinstance(node, ast.Call) and node.args and _called(node) in IMPORTERS:
+            first = node.args[0]  # pytest.importorskip("torch"), importlib.import_module("ray")
+            named = isinstance(first, ast.Constant) and isinstance(first.value, str)
+            tops = [first.value.split(".")[0]] if named else []  # type: ignore[attr-defined]
+        else:
+            continue
+        if any(t in ORACLES for t in tops):
+            return True
+        local.update(tops)
+    return any(needs_oracle(TESTS / f"{m}.py") for m in sorted(local) if (TESTS / f"{m}.py").is_file())
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help="only the tests that need no oracle or server and are not slow (`make test-fast`): "
+                          "the other files are not even imported")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if (config.getoption("--fast") and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and needs_oracle(collection_path)):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    fast = config.getoption("--fast")
+    kept = []
+    for item in items:
+        if needs_oracle(Path(str(item.path))):
+            item.add_marker(pytest.mark.oracle)
+        if not (fast and item.get_closest_marker("slow")):
+            kept.append(item)
+    if len(kept) != len(items):
+        kept_ids = set(map(id, kept))
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept_ids])
+        items[:] = kept

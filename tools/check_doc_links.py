@@ -1,11 +1,12 @@
 """Check the relative links between the documentation pages: every linked file exists, every
-`#anchor` names a heading of the page it points to.
+`#anchor` names a heading (or an `<a id="...">`) of the page it points to.
 
     python tools/check_doc_links.py        # exit 1 and one line per broken link, if any
 
-Pages: README.md, SECURITY.md, benchmarks/README.md and docs/*.md. Anchors are spelled as GitHub
-spells them (lower case, punctuation dropped, spaces as hyphens). Links inside code blocks and
-links to web addresses are not checked.
+Pages: every `*.md` at the top of the repository (README, SECURITY, CHANGELOG), benchmarks/README.md
+and docs/*.md. Anchors are spelled as GitHub spells them (lower case, punctuation dropped, spaces as
+hyphens, `-1`, `-2` ... for a repeated heading). Links inside code blocks and inline code, and links
+to web addresses, are not checked. `make test` runs it (tests/test_doc_links.py).
 """
 
 from __future__ import annotations
@@ -17,35 +18,47 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*)")
+HTML_ANCHOR = re.compile(r"""<a\s+(?:id|name)=["']([^"']+)["']""")
 CODE_BLOCK = re.compile(r"^```.*?^```", re.S | re.M)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
 
 
-def pages() -> list[Path]:
-    return [REPO / "README.md", REPO / "SECURITY.md", REPO / "benchmarks" / "README.md",
-            *sorted((REPO / "docs").glob("*.md"))]
+def pages(root: Path = REPO) -> list[Path]:
+    return [*sorted(root.glob("*.md")), root / "benchmarks" / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading's text."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def anchors(page: Path) -> set[str]:
-    """The anchors of a page's headings, as GitHub derives them."""
-    found = set()
-    for line in CODE_BLOCK.sub("", page.read_text(encoding="utf-8")).splitlines():
+    """The anchors of a page: its headings' as GitHub derives them, and its explicit `<a id>`s."""
+    text = CODE_BLOCK.sub("", page.read_text(encoding="utf-8"))
+    found: set[str] = set(HTML_ANCHOR.findall(text))
+    seen: dict[str, int] = {}
+    for line in text.splitlines():
         m = HEADING.match(line)
         if m:
-            found.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+            base = slug(m.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            found.add(base if n == 0 else f"{base}-{n}")
     return found
 
 
-def broken_links() -> list[str]:
+def broken_links(root: Path = REPO) -> list[str]:
     problems = []
-    for page in pages():
+    for page in pages(root):
         if not page.exists():
             continue
-        for target in LINK.findall(CODE_BLOCK.sub("", page.read_text(encoding="utf-8"))):
+        text = INLINE_CODE.sub("", CODE_BLOCK.sub("", page.read_text(encoding="utf-8")))
+        for target in LINK.findall(text):
             if re.match(r"[a-z]+:", target):  # https:, mailto:
                 continue
             path, _, fragment = target.partition("#")
             dest = (page.parent / path).resolve() if path else page
-            where = page.relative_to(REPO)
+            where = page.relative_to(root)
             if not dest.exists():
                 problems.append(f"{where}: {target}: no such file")
             elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):

@@ -375,10 +375,11 @@ def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options:
     """A one-off recipe from convert-style options (`recipe.convert.build_recipe`); its target is never written.
     It is planned as B's format when B is a burnpack (so a PyTorch A is renumbered by default, as
     `convert` to a .bpk does), else as SafeTensors (names kept)."""
+    from ..formats.registry import default_sharded, is_format
     from ..plan.build import build_plan
     from ..recipe.convert import build_recipe
 
-    planned_as = "burnpack" if b_format == "burnpack" else "safetensors"
+    planned_as = b_format if is_format(b_format, for_burn=True) else default_sharded().name
     recipe = build_recipe(a, os.path.abspath(os.fspath(b)), target_format_name=planned_as, overwrite=True,
                           **options)
     return build_plan(recipe, Path.cwd(), overwrite=True)

@@ -8,6 +8,7 @@ from typing import Any
 from ..core.dtypes import Kind
 from ..files.io import Reader, open_file
 from ..formats.burnpack import describe_qfloat
+from ..formats.registry import is_format
 
 
 def summarize(reader: Reader) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def summarize(reader: Reader) -> dict[str, Any]:
                       if any("stored_nbytes" in t for t in tensors) else {})},
         "details": reader.extra(),
     }
-    if reader.format == "burnpack" and isinstance(reader.path, str | os.PathLike) and reader.metadata:
+    if is_format(reader.format, for_burn=True) and isinstance(reader.path, str | os.PathLike) and reader.metadata:
         from ..plan.burn_pair import check_pair  # a model or Burn optimizer record written as a pair
 
         pair = check_pair(reader.path, dict(reader.metadata))

@@ -31,10 +31,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     from ..core.version import __version__
+    from ..formats.registry import listed, specs
 
+    files = listed([s.title + (f" ({s.extension})" if s.for_burn else "") for s in specs() if s.writable], "and")
+    folders = listed([s.title for s in specs() if s.folder], "and")
     p = _Parser(
         prog="migrate",
-        description="Move neural-network weights between burnpack (.bpk), SafeTensors, PyTorch and GGUF files.",
+        description=f"Move neural-network weights between {files} files; read {folders} folders too.",
         epilog="run `migrate COMMAND --help` for a command's arguments and examples",
     )
     p.add_argument("--version", action="version", version=f"migrator {__version__}")

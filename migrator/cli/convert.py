@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.errors import EXIT_OK, EXIT_USAGE
-from ..recipe.convert_options import ConvertOptions, format_names, row, table
+from ..recipe.convert_options import ConvertOptions, row, table, target_formats
 from .options import add_limit_option, add_rows, check_remap_options, command, limits_of, rows_given
 from .output import print_json_error
 
@@ -58,7 +58,7 @@ def _folder_target(src: str, dst: str, o: ConvertOptions) -> str:
     `DIR/<SRC's name>.bpk`, a burnpack holding a whole model. Any other DST is used as given."""
     from pathlib import Path
 
-    from ..formats.registry import writer_class
+    from ..formats.registry import AUTO, by_extension, default_sharded, is_format, writer_class
 
     _check_not_a_file_name(dst)
     as_folder = dst.endswith(("/", os.sep)) or os.path.isdir(dst)
@@ -68,12 +68,14 @@ def _folder_target(src: str, dst: str, o: ConvertOptions) -> str:
         return dst
     stem = Path(src.rstrip("/" + os.sep)).stem
     # a GGUF file carries a whole model (config, tokenizer): it becomes a model folder too
-    folder_source = (src.endswith(("/", os.sep)) or os.path.isdir(src) or o.source_format == "gguf"
-                     or src.lower().endswith(".gguf"))
-    if o.target_format_name == "burnpack" or not (folder_source or o.weights_name or o.copy_from):
+    folder_source = (src.endswith(("/", os.sep)) or os.path.isdir(src) or is_format(o.source_format, llama_cpp=True)
+                     or is_format(by_extension(src), llama_cpp=True))
+    # a format of one file per model (Burn's) writes that file into DIR
+    if is_format(o.target_format_name, shard_names=None) or not (folder_source or o.weights_name or o.copy_from):
         if o.weights_name:
             return os.path.join(dst, o.weights_name)
-        fmt = "safetensors" if o.target_format_name in (None, "auto") else o.target_format_name
+        # DIR's own name says nothing of the file's format: --to, else a model folder's (SafeTensors)
+        fmt = default_sharded().name if o.target_format_name in (None, AUTO) else o.target_format_name
         return os.path.join(dst, stem + writer_class(fmt).default_extension)
     return dst if dst.endswith(("/", os.sep)) else dst + "/"
 
@@ -81,12 +83,12 @@ def _folder_target(src: str, dst: str, o: ConvertOptions) -> str:
 def _check_not_a_file_name(dst: str) -> None:
     """An existing folder named like a file of a format (`out.bpk/`) without a trailing '/' is refused:
     writing into it would make a target named like a burnpack file a folder holding another format."""
-    from ..formats.detect import from_extension
+    from ..formats.registry import by_extension
     from ..recipe.convert import ConvertUsageError
 
     if dst.endswith(("/", os.sep)) or not os.path.isdir(dst):
         return
-    fmt = from_extension(dst)
+    fmt = by_extension(dst)
     if fmt is not None:
         raise ConvertUsageError(f"DST {dst} is an existing folder, though named like a {fmt} file: end it with '/' "
                                 "to write into that folder, or give a file name that is not a folder")
@@ -104,12 +106,12 @@ def _recipe_output_check(args: argparse.Namespace, dst: str, o: ConvertOptions) 
 def _outputs(dst: str, o: ConvertOptions) -> list[str]:
     """The files the conversion writes: DST, and Burn's optimizer record beside a .bpk DST with
     --training-state keep (`plan.outputs.record_file`)."""
-    from ..formats.detect import from_extension
+    from ..formats.registry import target_is
     from ..plan.outputs import record_file
 
     out = [dst]
-    fmt = o.target_format_name if o.target_format_name != "auto" else from_extension(dst) or "burnpack"
-    if o.training_state == "keep" and fmt == "burnpack" and not str(dst).endswith(("/", os.sep)):
+    if (o.training_state == "keep" and target_is(dst, o.target_format_name, for_burn=True)
+            and not str(dst).endswith(("/", os.sep))):
         out.append(record_file(dst, o.optimizer))
     return out
 
@@ -139,21 +141,21 @@ def _check_convert_values(dst: str, o: ConvertOptions, parser: argparse.Argument
         except ValueError as e:
             parser.error(f"{row('max_shard_size').flag}: {e}")
     from ..core.errors import UnknownFormatError
-    from ..formats.detect import target_format
+    from ..formats.registry import AUTO, target_format
 
     folder = o.max_shard_size is not None or str(dst).endswith(("/", os.sep))
     if not folder:
         try:
             target_format(dst, o.target_format_name)
         except UnknownFormatError as e:
-            names = [n for n in format_names() if n != "auto"]
+            names = [n for n in target_formats() if n != AUTO]
             parser.error(f"{e.detail} ({row('target_format_name').flag} {'|'.join(names)})")
 
 
 def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, ConvertOptions]:
     """DST as written (a folder DST/ made a file in it, `_folder_target`) and the conversion's options,
     checked as a recipe would check them: a usage error (exit 2) for what does not go together."""
-    from ..formats.detect import from_extension
+    from ..formats.registry import is_format, target_is
 
     o = ConvertOptions(**rows_given(args, table(), parser))
     check_remap_options(list(o.remaps), parser)
@@ -162,13 +164,13 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     dst = _folder_target(args.src, args.dst, o)
     flag = {r.name: r.flag for r in table()}
-    if o.quantize and (o.target_format_name if o.target_format_name != "auto" else from_extension(dst)) != "gguf":
+    if o.quantize and not target_is(dst, o.target_format_name, llama_cpp=True):
         parser.error(f"{flag['quantize']} applies to GGUF targets (DST ending in .gguf, or "
                      f"{flag['target_format_name']} gguf)")
     if o.optimizer and o.training_state != "keep":
         parser.error(f"{flag['optimizer']} PATH is where Burn's optimizer record goes: add "
                      f"{flag['training_state']} keep")
-    if o.weights_name and o.target_format_name == "burnpack" and not o.max_shard_size:
+    if o.weights_name and is_format(o.target_format_name, shard_names=None) and not o.max_shard_size:
         o = replace(o, weights_name=None)  # a burnpack's name went into DST
     return dst, o
 

@@ -47,9 +47,12 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
 
 def _rows() -> tuple[Any, ...]:
     """convert's rows diff takes: A's options (`convert_options.DIFF`) and B's format (`--to`)."""
-    from ..recipe.convert_options import DIFF, row
+    import dataclasses
 
-    return (*(row(name) for name in DIFF), row("target_format_name"))
+    from ..recipe.convert_options import DIFF, row, source_formats
+
+    # B is read, as A is: any format migrator reads, not only those it writes
+    return (*(row(name) for name in DIFF), dataclasses.replace(row("target_format_name"), choices=source_formats))
 
 
 def _add_convert_rows(p: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ..core.errors import EXIT_OK
+from ..formats.registry import listed, specs
 from ..recipe.convert_options import ConvertOptions, row
 from .options import LIMIT_HELP, add_rows, command, count, limits_of, reader_options
 from .output import write_inspect_json
@@ -23,7 +24,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "  migrate inspect model.safetensors --rows 20\n"
                    "  migrate inspect ckpt.pt --top-level-key state_dict --json\n"
                    "  migrate inspect model.bpk --stats")
-    ins.add_argument("file", help="a .bpk, .safetensors or PyTorch file")
+    ins.add_argument("file", help=f"a {listed([s.title for s in specs() if not s.folder])} file, a model folder, or "
+                     f"a {listed([s.title for s in specs() if s.folder])} folder")
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     # how FILE is read: convert's options for SRC, from its table (`--format` is the old spelling of --from)
     add_rows(ins, [row("source_format"), row("top_level_key"), row("tag")], ConvertOptions(),

@@ -56,8 +56,9 @@ class Later(Sequence[str]):
     """A list computed when first used (a value checked, or `--help` shown), not when the parser is
     built: `migrate --help` must not import what the list comes from."""
 
-    def __init__(self, make: Callable[[], Sequence[str]]) -> None:
+    def __init__(self, make: Callable[[], Sequence[str]], joiner: str = ", ") -> None:
         self._make = make
+        self._joiner = joiner
         self._items: tuple[str, ...] | None = None
 
     def _all(self) -> tuple[str, ...]:
@@ -78,7 +79,7 @@ class Later(Sequence[str]):
         return value in self._all()
 
     def __str__(self) -> str:  # `%(listed)s` in a help text
-        return ", ".join(self._all())
+        return self._joiner.join(self._all())
 
 
 def _one_of(choices: Later, noun: str) -> Callable[[str], str]:
@@ -124,8 +125,9 @@ def add_rows(parser: argparse.ArgumentParser, rows: Sequence[Option], defaults: 
         if kwargs.get("type") is None:
             kwargs.pop("type", None)
         action = where.add_argument(*strings, **kwargs)
-        if r.listed is not None:
-            action.listed = Later(r.listed)  # type: ignore[union-attr]  # `%(listed)s` in its help
+        if r.listed is not None or r.choices is not None:  # `%(listed)s` in its help: the values, or the choices
+            listed = Later(r.listed) if r.listed is not None else Later(r.choices or tuple, " | ")
+            action.listed = listed  # type: ignore[union-attr]
 
 
 def rows_given(args: argparse.Namespace, rows: Sequence[Option], parser: argparse.ArgumentParser) -> dict[str, Any]:

@@ -14,16 +14,16 @@ from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Reader, Writer, WriterKind
-from ..formats.detect import FORMATS, target_format
-from ..formats.registry import reader_class, writer_class
+from ..formats.registry import reader_class, target_format, writer_class
 from ..storage.atomic import Protected, atomic_output
 from ..storage.remote import is_url
+from .probes import Asked, no_order, no_tag, probed
 from .single import open_single, reader_over
 
 if TYPE_CHECKING:
     from ..storage.remote.options import StorageOptions
 
-__all__ = ["FORMATS", "Reader", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
+__all__ = ["Reader", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
            "to_bytes", "writer_class"]
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource
@@ -51,128 +51,19 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
             from .remote_open import open_url
 
-            _no_tag(src, options)
-            _no_order(src, order)
+            no_tag(src, options)
+            no_order(src, order)
             return open_url(src, format, options, limits, storage)
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x
-        if format == "auto" and whole and options.get("keep_structure") and os.path.isdir(src):
-            from .trainer import is_trainer_checkpoint
-
-            if is_trainer_checkpoint(src):  # a Hugging Face Trainer checkpoint-N/: model and optimizer.pt
-                return _open_trainer(src, limits, options, order)
-        _no_order(src, order)
-        if format in ("auto", "deepspeed") and os.path.isdir(src):
-            from ..formats.deepspeed.folder import is_zero_checkpoint
-
-            if is_zero_checkpoint(src, options.get("tag")):  # a DeepSpeed ZeRO checkpoint folder
-                return _open_zero(src, limits, options, whole)
-        _no_tag(src, options)
-        from ..formats.dcp import dcp_folder
-
-        folder = dcp_folder(src)
-        if folder is not None:  # a PyTorch Distributed Checkpoint: `.metadata` and its .distcp files
-            from .multi_rank import open_dcp
-
-            return open_dcp(folder, limits, options)
-        from .rank_files import dcp_safetensors_files
-
-        hf_shards = dcp_safetensors_files(src, limits) if os.path.isdir(src) else None
-        if hf_shards is not None:  # DCP in the Hugging Face storage layout: SafeTensors chunks per rank
-            from .dcp_safetensors import DcpSafetensorsReader
-            from .multi_rank import selected
-
-            return selected(DcpSafetensorsReader(hf_shards, limits=limits), options)
-        from .rank_files import rank_files
-
-        ranks = rank_files(src, limits)
-        if ranks is not None:  # verl's per-rank torch.save files of DTensors (or of ShardedTensors): one checkpoint
-            from .multi_rank import selected
-            from .ranks import RanksReader
-            from .sharded_tensor_ranks import open_rank_set
-
-            joined = open_rank_set([list(enumerate(ranks))], limits)
-            return selected(joined if joined is not None else RanksReader(ranks, limits=limits), options)
-        from .rank_files import any_rank_files
-
-        candidates = any_rank_files(src) if format in ("auto", "pytorch") else None
-        if candidates is not None:  # `...rank<K>...` files: a checkpoint if they hold ShardedTensors or DTensors
-            from .multi_rank import selected
-            from .sharded_tensor_ranks import open_rank_set
-
-            joined = open_rank_set(candidates, limits)
-            if joined is not None:
-                return selected(joined, options)
-        from .sharded import is_sharded_path
-
-        if is_sharded_path(src):
-            return _open_sharded(src, format, limits, options)
+        reader = probed(Asked(src, format, limits, options, whole, order))  # a folder format, rank files, shards
+        if reader is not None:
+            return reader
     else:
-        _no_tag("<memory>", options)
-        _no_order("<memory>", order)
+        no_tag("<memory>", options)
+        no_order("<memory>", order)
     return open_single(src, format, limits, options)
-
-
-def _no_tag(src: str | os.PathLike[str], options: dict[str, Any]) -> None:
-    """A step tag names a step of a ZeRO checkpoint folder: anything else has none to pick."""
-    if options.pop("tag", None) is not None:
-        from ..core.errors import FormatError
-
-        raise FormatError("a step tag (--tag) applies only to a DeepSpeed ZeRO checkpoint folder", file=os.fspath(src))
-
-
-def _no_order(src: str | os.PathLike[str], order: Any) -> None:
-    """A parameter order names the parameters of a Trainer's optimizer.pt: nothing else has one to take."""
-    if order is not None:
-        from ..core.errors import FormatError
-
-        raise FormatError("a parameter order (--param-order) applies only to a Hugging Face Trainer checkpoint "
-                          "folder read with its training state (--training-state keep)", file=os.fspath(src))
-
-
-def _open_zero(src: str | os.PathLike[str], limits: Limits, options: dict[str, Any], whole: bool) -> Reader:
-    from ..formats.deepspeed import ZeroReader
-
-    key, tag = options.pop("top_level_key", None), options.pop("tag", None)
-    # the consolidated weights are a flat state_dict (what zero_to_fp32 writes, even into a .pt), unless
-    # the run keeps the training state: then the whole checkpoint, with its optimizer
-    keep = bool(options.pop("keep_structure", False)) and whole
-    if options:
-        raise TypeError(f"options {sorted(options)} do not apply to a DeepSpeed ZeRO checkpoint")
-    return ZeroReader(src, tag=tag, top_level_key=key, keep_structure=keep, limits=limits)
-
-
-def _open_trainer(src: str | os.PathLike[str], limits: Limits, options: dict[str, Any], order: Any) -> Reader:
-    from .trainer import TrainerReader
-
-    _no_tag(src, options)
-    options.pop("keep_structure", None)
-    if options.pop("top_level_key", None) is not None:  # the plan applies a recipe under `model` itself
-        raise TypeError("top_level_key does not apply to a whole Trainer checkpoint")
-    if options:
-        raise TypeError(f"options {sorted(options)} do not apply to a Trainer checkpoint")
-    return TrainerReader(src, limits=limits, param_order=order)
-
-
-def _open_sharded(src: str | os.PathLike[str], format: str, limits: Limits, options: dict[str, Any]) -> Reader:
-    from .sharded import ShardedReader
-    from .trainer import TrainerModelReader, is_trainer_checkpoint
-
-    key = options.pop("top_level_key", None)
-    options.pop("keep_structure", None)  # shards are state_dicts: written back flat
-    if options:
-        raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-    # a Trainer checkpoint read without its training state: the model folder, saying what is left out
-    cls = TrainerModelReader if is_trainer_checkpoint(src) else ShardedReader
-    reader = cls(src, format, limits=limits)
-    try:
-        if key is not None:
-            reader.select(key)
-    except BaseException:
-        reader.close()
-        raise
-    return reader
 
 
 def save(
@@ -196,7 +87,7 @@ def save(
     `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
     `fsync=False` publishes without flushing to disk first (see `migrator.storage.atomic`).
     `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
-    (`format` auto means SafeTensors there; see `files.sharded_writer`).
+    (`format` auto: the extension's, else SafeTensors, as every sharded target; see `files.sharded_writer`).
     """
     from ..core.arrays import as_scalars
     from ..core.tensor import as_tensors
@@ -205,7 +96,7 @@ def save(
     if max_shard_size is not None:
         from .sharded_writer import ShardedWriter
 
-        shard_fmt = format if format != "auto" else "safetensors"
+        shard_fmt = target_format(path, format, sharded=True)
         sharded = ShardedWriter(shard_fmt, tensors, metadata=metadata, scalars=scalars, max_size=max_shard_size)
         return save_planned(sharded, path, overwrite=overwrite, progress=progress, fsync=fsync)
     fmt = target_format(path, format)

@@ -30,6 +30,7 @@ from ..core.errors import FormatError, LimitExceededError, OutputError, TargetEx
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..formats.bounded_json import load_bounded_json
+from ..formats.registry import default_sharded
 from ..storage.remote import RemotePath, as_path, protocol, redact, url_of
 from ..storage.remote.fs import (
     StorageError,
@@ -250,7 +251,7 @@ class RemoteShardedReader(ShardedReader):
                     raise FormatError(f"scalar '{k}' differs between shards {scalar_from[k]} and {source.label}",
                                       file=self.given)
                 self.scalars[k], scalar_from[k] = s, source.label
-        self.format = next(iter(formats)) if formats else "safetensors"  # type: ignore[misc]
+        self.format = next(iter(formats)) if formats else default_sharded().name  # type: ignore[misc]
         self._ggml_types = {}
         self._shard_metadata = {k: next(iter(v)) for k, v in metas.items() if len(v) == 1}
 

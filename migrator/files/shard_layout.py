@@ -1,5 +1,5 @@
 """A folder's weights as a recipe or a command line name them: the shard and index file names,
-and shard sizes (`5GB`). Standard library only: the recipe's validators check these without
+and shard sizes (`5GB`). Standard library only (and the format registry): the recipe's validators check these without
 loading the writers (`sharded_writer.py` writes the folder).
 """
 
@@ -8,13 +8,12 @@ from __future__ import annotations
 import os
 import re
 
+from ..formats.registry import spec
+
 DEFAULT_MAX_SIZE = "5GB"  # huggingface_hub's and save_pretrained's default
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-PATTERNS = {"safetensors": ("model{suffix}.safetensors", "model.safetensors.index.json"),
-            "pytorch": ("pytorch_model{suffix}.bin", "pytorch_model.bin.index.json"),
-            "gguf": ("model{suffix}.gguf", "")}  # llama.cpp's split files: no index, always numbered
 
 
 def check_weights_name(name: str) -> None:
@@ -28,7 +27,7 @@ def weights_patterns(fmt: str, name: str | None) -> tuple[str, str]:
     for the format, or those of `name` (`llama.safetensors` -> `llama{suffix}.safetensors`,
     `llama.safetensors.index.json`)."""
     if name is None:
-        return PATTERNS[fmt]
+        return spec(fmt).shard_names or ("", "")
     check_weights_name(name)
     stem, ext = os.path.splitext(name)
     return stem.replace("{", "{{").replace("}", "}}") + "{suffix}" + ext, name + ".index.json"

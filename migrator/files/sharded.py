@@ -38,6 +38,7 @@ from ..core.scalars import Scalar
 from ..core.tensor import Buffer, LazyTensor
 from ..formats.base import Reader
 from ..formats.bounded_json import load_bounded_json
+from ..formats.registry import default_sharded, is_format
 from ..storage.paths import hf_blobs, require_inside, resolves_inside  # noqa: F401 - hf_blobs: its old home
 
 OPEN_SHARDS = OPEN_FILES
@@ -297,7 +298,7 @@ class ShardedReader(Reader):
             _check_against_index(self.index_path, weight_map, self)
         self.metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in index_meta.items()
                          if k != "total_size"} | self._shard_metadata
-        if self.format == "gguf":  # split.no/count/tensors.count describe the files read, not the model
+        if is_format(self.format, llama_cpp=True):  # split.no/count/tensors.count: the files read, not the model
             self.metadata = {k: v for k, v in self.metadata.items() if not k.startswith("split.")}
         self.source = ShardSet(text, sum(s.size for s in self.shards), [s.identity for s in self.shards],
                                self._modes)
@@ -358,7 +359,7 @@ class ShardedReader(Reader):
                         self.locations.append((i, None))
                     self.tensors.append(LazyTensor(t.name, t.dtype, t.shape, t.nbytes, loader, view, t.param_id,
                                                    origin, chunks))
-                if reader.format == "gguf" and len(files) > 1:
+                if is_format(reader.format, llama_cpp=True) and len(files) > 1:
                     _check_split_place(reader.metadata, i, len(files), path)
                 for k, v in reader.metadata.items():
                     metas.setdefault(k, set()).add(v)
@@ -367,7 +368,7 @@ class ShardedReader(Reader):
                         raise FormatError(f"scalar '{k}' differs between shards {scalar_from[k]} and {path}",
                                           file=self.given)
                     self.scalars[k], scalar_from[k] = s, Path(path)
-        self.format = next(iter(formats)) if formats else "safetensors"  # type: ignore[misc]  # the shards' format
+        self.format = next(iter(formats)) if formats else default_sharded().name  # type: ignore[misc]  # the shards' format
         self._ggml_types = stored
         # each shard's own metadata where the shards agree (e.g. `format: pt`); a key they disagree on is dropped
         self._shard_metadata = {k: next(iter(v)) for k, v in metas.items() if len(v) == 1}

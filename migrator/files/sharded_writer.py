@@ -30,7 +30,7 @@ from ..core.errors import PlanError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..formats.base import Writer, WriterKind
-from .shard_layout import DEFAULT_MAX_SIZE, PATTERNS, parse_size, weights_patterns
+from .shard_layout import DEFAULT_MAX_SIZE, parse_size, weights_patterns
 
 if TYPE_CHECKING:
     from ..storage.atomic import Protected
@@ -55,14 +55,19 @@ def copy_folder(folder: Path, target: Path) -> Path:
 def default_weights_name(fmt: str, source_folder: Path | None) -> str | None:
     """None (Hugging Face's model names) unless the source is a PEFT adapter folder, whose weights
     `save_pretrained` names `adapter_model.safetensors` / `adapter_model.bin`: its output keeps them."""
-    if source_folder is None or not isinstance(source_folder, Path) or fmt not in ("safetensors", "pytorch"):
+    from ..formats.registry import find
+
+    found = find(fmt)
+    # the Hugging Face folder formats (an index beside the shards) are PEFT's
+    if source_folder is None or not isinstance(source_folder, Path) or not (found and found.shard_names
+                                                                            and found.shard_names[1]):
         return None
     try:
         adapter = (source_folder / "adapter_config.json").is_file() and any(
             (source_folder / f"adapter_model{ext}").is_file() for ext in (".safetensors", ".bin"))
     except OSError:
         return None
-    return ("adapter_model.safetensors" if fmt == "safetensors" else "adapter_model.bin") if adapter else None
+    return "adapter_model" + os.path.splitext(found.shard_names[0])[1] if adapter else None
 
 
 def tie_key(t: LazyTensor) -> tuple[object, int, int, str] | None:
@@ -221,17 +226,17 @@ class ShardedWriter(Writer):
         companion files on an object store are listed and read with; `quantize`: a GGUF target's rules
         or llama.cpp mix name (its files are llama.cpp's split layout, `formats.gguf.writer.split_writers`)."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
-        from ..formats.registry import writer_class
+        from ..formats.registry import is_format, not_shardable, writer_class
 
-        if fmt not in PATTERNS:
-            raise PlanError(f"a sharded target cannot be {fmt}: Burn has one file per model (a burnpack holds the "
-                            "whole model); write safetensors, pytorch or gguf shards")
+        why = not_shardable(fmt)
+        if why is not None:
+            raise PlanError(why)
         self.format = fmt  # type: ignore[misc]  # the shards' format
         self.max_size = parse_size(max_size)
         pattern, index_name = weights_patterns(fmt, weights_name)
         self.index: dict[str, Any] | None = None
         self.index_name = index_name
-        if fmt == "gguf":
+        if is_format(fmt, llama_cpp=True):  # llama.cpp's split files
             groups = self._gguf_files(pattern, metadata, quantize)
             n = 1  # no index
         else:

@@ -170,15 +170,6 @@ def select_prefix(tensors: Sequence[LazyTensor], key: str | Sequence[str], label
     return kept
 
 
-TORCH_STATE_FORMATS = frozenset({"pytorch", "dcp"})
-"""Formats whose names are a torch module's state-dict keys (a `.pt`, rank files, a DCP folder): Burn's
-PyTorch defaults (contiguous indices, enum variants skipped) apply to them."""
-
-
-def has_torch_names(reader: Reader) -> bool:
-    return reader.format in TORCH_STATE_FORMATS
-
-
 class WriterKind(Enum):
     """What a writer produces, which decides how it is published and whether workers can share it."""
 

@@ -21,8 +21,7 @@ from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
 from ..core.version import __version__
 from ..files.io import Reader, Writer, open_file, writer_class
-from ..formats.base import has_torch_names
-from ..formats.detect import target_format
+from ..formats.registry import has_torch_names, is_format, target_format
 from ..naming import (
     KeyRemapper,
     NameFilter,
@@ -148,7 +147,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
         tgt_path = as_path(writer_class(out_fmt).resolve_path(tgt_path))
     from .sources import open_source, open_sources
 
-    if recipe.target.optimizer is not None and not (out_fmt == "burnpack" and recipe.training_state == "keep"
+    if recipe.target.optimizer is not None and not (is_format(out_fmt, for_burn=True)
+                                                    and recipe.training_state == "keep"
                                                     and recipe.target.shard is None and tpl_path is None):
         # only a one-file burnpack target kept with its training state writes Burn's record: elsewhere the
         # path would be silently ignored (a target of another format keeps the optimizer in its own way)
@@ -162,10 +162,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, recipe_sha256: str | None = No
                                       for_burn=recipe.for_burn(out_fmt))
         inputs = [(p.label, p.path) for p in reader.parts]  # type: ignore[attr-defined]
     else:
-        one_file = out_fmt == "pytorch" and recipe.target.shard is None and tpl_path is None
+        one_file = is_format(out_fmt, keeps_structure=True) and recipe.target.shard is None and tpl_path is None
         # a PyTorch training checkpoint into Burn keeps its optimizer only when asked (`training_state: keep`)
-        burn_keep = (out_fmt == "burnpack" and recipe.training_state == "keep" and recipe.target.shard is None
-                     and tpl_path is None)
+        burn_keep = (is_format(out_fmt, for_burn=True) and recipe.training_state == "keep"
+                     and recipe.target.shard is None and tpl_path is None)
         spec = recipe.inputs()[0]
         from .trainer_target import is_trainer_target
 
@@ -226,11 +226,7 @@ def _head_dim(recipe: Recipe, base_dir: Path) -> tuple[int, str, str] | None:
 def output_format(recipe: Recipe, tgt_path: Path) -> str:
     """The format the recipe writes: a folder of shards in the format named, else the shards' suffix,
     else SafeTensors; a file in the format named, else by its extension."""
-    if recipe.target.shard is not None:
-        from ..formats.detect import from_extension
-
-        return recipe.target.format if recipe.target.format != "auto" else from_extension(tgt_path) or "safetensors"
-    return target_format(tgt_path, recipe.target.format)
+    return target_format(tgt_path, recipe.target.format, sharded=recipe.target.shard is not None)
 
 
 def storage_of(recipe: Recipe, base_dir: Path) -> StorageOptions:
@@ -302,7 +298,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
 
         order = new_model_order(order_path, training, fatal, limits, storage)
         entries += training.follow(reader, entries, replan, fatal, order)
-        if reader.format == "trainer" and not training.burn:  # optimizer.pt's ids in the Trainer's order
+        if is_format(reader.format, trainer_folder=True) and not training.burn:  # optimizer.pt: the Trainer's order
             from .trainer_target import in_trainer_order
 
             entries = in_trainer_order(training, reader, entries, fatal, copy_from, recipe.target.copies())
@@ -335,7 +331,7 @@ def _compile(recipe: Recipe, reader: Reader, src_path: Path, tgt_path: Path, out
     if not training.trainer:  # a Trainer folder target writes the optimizer's state into its optimizer.pt
         optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
                              hint_syntax=hint_syntax, notes=notes, fatal=fatal)
-    if out_fmt in ("burnpack", "safetensors") and not recipe.target.clear_metadata:
+    if is_format(out_fmt, metadata="text") and not recipe.target.clear_metadata:
         if recipe_sha256:
             meta[RECIPE_HASH_KEY] = recipe_sha256
             meta[VERSION_KEY] = __version__
@@ -467,10 +463,10 @@ def _writer_options(recipe: Recipe, out_fmt: str, meta: dict[str, str], reader: 
     target's rope_scaling with hf_config is its config.json's (`_made_files`)."""
     target = recipe.target
     rope_tensor = target.rope_scaling is not None and not (folder_target and target.hf_config)
-    if (target.quantize or target.tokenizer or rope_tensor) and out_fmt != "gguf":
+    if (target.quantize or target.tokenizer or rope_tensor) and not is_format(out_fmt, llama_cpp=True):
         raise PlanError("target.quantize, target.tokenizer and target.rope_scaling apply to GGUF targets; this target "
                         f"is {out_fmt}")
-    if out_fmt != "gguf":
+    if not is_format(out_fmt, llama_cpp=True):
         return {"metadata": meta}
     made_tensors = []
     if target.rope_scaling is not None and rope_tensor:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import PlanError
 from ..core.scalars import Scalar
 from ..files.io import Reader
+from ..formats.registry import is_format
 from ..recipe.model import Recipe
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ def checkpoint_structure(recipe: Recipe, reader: Reader, out_fmt: str, tpl_path:
     name with its target name); None otherwise, or when refused (`fatal`). `swap`: containers put in
     place of the source's (an optimizer rebuilt for the output, or None to leave it out), by path."""
     tree = reader.structure
-    if tree is None or out_fmt != "pytorch" or recipe.target.shard is not None or tpl_path is not None:
+    if (tree is None or not is_format(out_fmt, keeps_structure=True) or recipe.target.shard is not None
+            or tpl_path is not None):
         return None
     from ..formats.pytorch.tree import place_tensors
 
@@ -51,12 +53,12 @@ def target_scalars(recipe: Recipe, reader: Reader, out_fmt: str, notes: list[str
     if spec == "none":
         return {}
     if spec == "keep":
-        if out_fmt != "burnpack":
+        if not is_format(out_fmt, scalars=True):
             if reader.scalars:
                 notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
             return {}
         return dict(reader.scalars)
-    if out_fmt != "burnpack":
+    if not is_format(out_fmt, scalars=True):
         fatal.append(f"target.scalars: {out_fmt} files cannot hold typed scalars (only burnpack can)")
         return {}
     out: dict[str, Scalar] = {}
@@ -80,7 +82,7 @@ def optimizer_as_weights(names: list[str], out_fmt: str, *, folder: bool, hint_s
     from ..core.display import count
     from ..naming.optimizer_names import optimizer_owners
 
-    owners = optimizer_owners(names) if out_fmt != "pytorch" else {}
+    owners = optimizer_owners(names) if not is_format(out_fmt, keeps_structure=True) else {}
     if not owners:
         return
     inside = tuple(o + "." for o in owners if o)

@@ -135,17 +135,16 @@ def _target_in(recipe: Any, given: str, path: Any) -> Any:
     recipe's format: a Hugging Face folder for SafeTensors/PyTorch (the recipe's shards, else 5GB
     ones: one model.safetensors when it fits), for burnpack `DIR/<the recipe's file name>`. A
     target never changes format because of how --target is spelled."""
-    from ..formats.detect import from_extension
+    from ..formats.registry import spec, target_format
     from ..storage.remote import is_url
 
     target = recipe.target
     folder = given.endswith(("/", os.sep)) or (not is_url(given) and os.path.isdir(given))
     if not folder:
         return target.model_copy(update={"path": path})
-    fmt = target.format if target.format != "auto" else from_extension(target.path) or (
-        "safetensors" if target.shard is not None else "burnpack")
-    if fmt == "burnpack":
-        name = os.path.basename(str(target.path).rstrip("/")) or "model.bpk"
+    fmt = target_format(target.path, target.format, sharded=target.shard is not None)
+    if spec(fmt).shard_names is None:  # a format of one file per model (Burn's): the file goes into DIR
+        name = os.path.basename(str(target.path).rstrip("/")) or "model" + spec(fmt).extension
         return target.model_copy(update={"path": os.path.join(str(path), name)})
     from ..recipe.model import ShardSpec
 

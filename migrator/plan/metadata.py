@@ -7,19 +7,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core.version import PRODUCER, __version__
+from ..formats.registry import find, is_format
 
 if TYPE_CHECKING:
     from ..storage.remote.options import StorageOptions
 
-METADATA_FORMATS = ("burnpack", "safetensors")
 RECIPE_HASH_KEY = "migrator.recipe_sha256"
 VERSION_KEY = "migrator.version"
 SOURCE_HASH_KEY = "migrator.source_sha256"
 TEMPLATE_HASH_KEY = "migrator.template_sha256"
-
-# transformers 4.x refuses a SafeTensors file whose metadata exists and whose `format` is not one of
-# pt, tf, flax, mlx (transformers 5 and Burn do not look), so a SafeTensors output names PyTorch's.
-SAFETENSORS_FORMAT = "pt"
 
 
 def default_metadata(fmt: str) -> dict[str, str]:
@@ -28,10 +24,10 @@ def default_metadata(fmt: str) -> dict[str, str]:
     For SafeTensors `format` is `pt`, not Burn's `safetensors`: that is the value transformers 4.x
     requires, and Burn ignores the key.
     """
-    if fmt not in METADATA_FORMATS:
+    found = find(fmt)
+    if found is None or found.metadata != "text" or found.metadata_format is None:
         return {}
-    return {"format": SAFETENSORS_FORMAT if fmt == "safetensors" else fmt, "producer": PRODUCER,
-            "version": __version__}
+    return {"format": found.metadata_format, "producer": PRODUCER, "version": __version__}
 
 
 def loadable_metadata(meta: dict[str, str], fmt: str, *, clear: bool = False) -> dict[str, str]:
@@ -40,8 +36,9 @@ def loadable_metadata(meta: dict[str, str], fmt: str, *, clear: bool = False) ->
     transformers 4.x refuses such a file (no metadata at all is fine, so empty stays empty).
     `clear` (`--no-metadata`) means the user chose the entries: nothing is added then.
     """
-    if fmt == "safetensors" and meta and not clear:
-        meta.setdefault("format", SAFETENSORS_FORMAT)
+    found = find(fmt)
+    if found is not None and found.format_key_required and found.metadata_format and meta and not clear:
+        meta.setdefault("format", found.metadata_format)
     return meta
 
 
@@ -53,8 +50,8 @@ def output_metadata(source_format: str, target_format: str, source_meta: Mapping
     names the file it is written in (`pt` for SafeTensors). `clear` drops everything; `extra` is
     added last, so an explicit `format` wins.
     """
-    if target_format == "gguf":  # typed key/values: only a GGUF source's carry over
-        carried = dict(source_meta) if source_format == "gguf" and not clear else {}
+    if is_format(target_format, metadata="typed"):  # typed key/values (GGUF's): only a GGUF source's carry over
+        carried = dict(source_meta) if source_format == target_format and not clear else {}
         return {**carried, **(extra or {})}
     if clear:
         meta: dict[str, str] = {}
@@ -63,13 +60,13 @@ def output_metadata(source_format: str, target_format: str, source_meta: Mapping
     else:
         meta = {**_carried(source_format, source_meta), **default_metadata(target_format)}
     meta.update(extra or {})
-    return loadable_metadata(meta, target_format, clear=clear) if target_format in METADATA_FORMATS else {}
+    return loadable_metadata(meta, target_format, clear=clear) if is_format(target_format, metadata="text") else {}
 
 
 def _carried(source_format: str, source_meta: Mapping[str, str]) -> dict[str, str]:
     """The source entries another format takes: a GGUF source's arrays (vocabularies, merges) are left
     out, since their text is only a summary; its other key/values become plain text."""
-    if source_format != "gguf":
+    if not is_format(source_format, metadata="typed"):
         return dict(source_meta)
     return {k: str(v) for k, v in source_meta.items() if getattr(v, "item_type", None) is None}
 

@@ -69,10 +69,11 @@ def new_model_order(path: Path | None, training: Any, fatal: list[str], limits: 
                      "ParamId (leave it out)")
         return None
     from ..files.io import open_file
+    from ..formats.registry import is_format
 
     try:
         with open_file(path, limits=limits, storage=storage) as r:
-            if r.format not in ("pytorch", "burnpack"):
+            if not is_format(r.format, keeps_order=True):
                 fatal.append(f"target.param_order: {path} is {r.format}, which does not keep a model's order "
                              "(SafeTensors sorts its tensors by name); give torch.save(new_model.state_dict()) "
                              "or a .bpk")

@@ -52,7 +52,7 @@ def recipe_outputs(recipe: Recipe, resolve: Callable[[Any], str], *, target: str
     resolves it; `target` / `training_state`: the command line's, in place of the recipe's)."""
     from ..core.errors import MigratorError
     from ..files.io import writer_class
-    from ..formats.detect import target_format
+    from ..formats.registry import is_format, target_format
 
     path = target if target else resolve(recipe.target.path)
     folder = recipe.target.shard is not None or str(path).endswith(("/", os.sep))
@@ -62,7 +62,7 @@ def recipe_outputs(recipe: Recipe, resolve: Callable[[Any], str], *, target: str
             fmt = target_format(path, recipe.target.format)
             path = writer_class(fmt).resolve_path(path)
     out = [Output("target", str(path), folder)]
-    if fmt == "burnpack" and (training_state or recipe.training_state) == "keep":
+    if is_format(fmt, for_burn=True) and (training_state or recipe.training_state) == "keep":
         optimizer = None if recipe.target.optimizer is None else resolve(recipe.target.optimizer)
         out.append(Output("record", record_file(path, optimizer)))
         from .burn_scheduler import default_scheduler_path

@@ -29,7 +29,8 @@ from ..core.bytesource import ByteSource
 from ..core.errors import AdapterError, FormatError, PlanError, TensorNotFoundError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
-from ..formats.base import Reader, has_torch_names
+from ..formats.base import Reader
+from ..formats.registry import has_torch_names
 from ..naming import KeyRemapper, NamingError, RemapRule, contiguous_names, find_collisions
 from ..storage.paths import resolve_path
 from ..storage.remote.options import StorageOptions

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.display import count
 from ..core.errors import PlanError
 from ..core.tensor import LazyTensor
+from ..formats.registry import is_format
 from .entry import PlanEntry
 from .optimizer_checks import check_state_shapes
 from .optimizer_order import output_order
@@ -599,7 +600,7 @@ class Training:
         shapes = {t.name: t.shape for t in self.model}
         container = model_dict(reader.structure, list(shapes))
         for opt in self.optimizers:
-            opt.name_ids = reader.format != "deepspeed"
+            opt.name_ids = not is_format(reader.format, param_ids_by_name=False)
             try:
                 identify(opt, [t.name for t in self.model], reader.label, container=container)
                 check_state_shapes(opt, shapes, {n: by_name[n].shape for n in opt.tensor_names}, HINT)
@@ -645,16 +646,17 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
 
     tree = reader.structure
     one_file = tree is not None and recipe.target.shard is None and tpl_path is None
-    whole = one_file and out_fmt == "pytorch"
+    whole = one_file and is_format(out_fmt, keeps_structure=True)
     mode = recipe.training_state or ("keep" if whole else "drop")
     out = Training(mode)
-    if mode == "keep" and one_file and out_fmt == "burnpack":
+    if mode == "keep" and one_file and is_format(out_fmt, for_burn=True):
         # a whole PyTorch checkpoint into Burn: the model into the burnpack, each optimizer's state into
         # Burn's OptimizerRecord beside it (`plan.burn_optimizer`); asked for only, never by default
         whole = out.burn = True
-    if mode == "keep" and reader.format == "trainer" and recipe.target.shard is not None and tpl_path is None:
+    if (mode == "keep" and is_format(reader.format, trainer_folder=True) and recipe.target.shard is not None
+            and tpl_path is None):
         whole = out.trainer = True  # a Trainer folder: the model's files and optimizer.pt (`plan.trainer_target`)
-    if mode == "keep" and out_fmt == "burnpack" and reader.format == "burnpack":
+    if mode == "keep" and is_format(out_fmt, for_burn=True) and is_format(reader.format, for_burn=True):
         # Burn's training state in a burnpack is each parameter's ParamId (its OptimizerRecord, keyed by
         # them, is a file of its own): renames keep the ids, an op's outputs are new parameters
         out.notes.append("training_state: keep: every tensor keeps its param_id through renames and adapters, so "
@@ -746,15 +748,15 @@ def _paths(optimizers: Sequence[Optimizer]) -> str:
 
 
 def _why_not_whole(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any) -> str:
-    if out_fmt == "burnpack" and (recipe.target.shard is not None or tpl_path is not None):
+    if is_format(out_fmt, for_burn=True) and (recipe.target.shard is not None or tpl_path is not None):
         return ("training_state: keep into burnpack writes the model into one .bpk and the optimizer into Burn's "
                 "OptimizerRecord beside it: a template or shards are not supported with it (drop them, or set "
                 "training_state: drop)")
-    if out_fmt == "burnpack":
+    if is_format(out_fmt, for_burn=True):
         return (f"training_state: keep into burnpack needs a whole PyTorch training checkpoint (model and optimizer) "
                 f"or a burnpack as its source; {reader.label} ({reader.format}) has no optimizer to keep (set "
                 "training_state: drop; target.scalars writes epoch or step as typed scalars)")
-    if out_fmt != "pytorch":
+    if not is_format(out_fmt, keeps_structure=True):
         return (f"training_state: keep writes the whole checkpoint as PyTorch (.pt); this target is {out_fmt}, which "
                 "has no place for an optimizer (write a .pt target, or set training_state: drop)")
     if recipe.target.shard is not None or tpl_path is not None:

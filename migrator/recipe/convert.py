@@ -117,10 +117,10 @@ def llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], targe
     naming the file and the key, for a config that cannot be read or that the conversion cannot use."""
     from ..core.errors import FormatError
     from ..files.model_config import ConfigError, load_config
-    from ..formats.detect import from_extension
+    from ..formats.registry import target_is
 
     folder = Path(src)
-    if ((target_format_name if target_format_name != "auto" else from_extension(dst)) != "gguf"
+    if (not target_is(dst, target_format_name, llama_cpp=True)
             or not (folder / "config.json").is_file()):
         return None
     try:
@@ -180,7 +180,9 @@ def llama_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     Face model folder (a sharded target not in GGUF: that is split GGUF files), else None. The model is a
     `.gguf` file, one file of a split GGUF (the whole set is read) or a folder holding a split GGUF."""
     sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
-    if not sharded or target_format_name == "gguf":
+    from ..formats.registry import is_format
+
+    if not sharded or is_format(target_format_name, llama_cpp=True):
         return None
     path = os.fspath(src)
     if os.path.isdir(path):

@@ -24,12 +24,19 @@ TRAINING_STATES = ("keep", "drop")
 """What a run does with a training checkpoint's optimizer state (the recipe's `training_state`)."""
 
 
-def format_names() -> tuple[str, ...]:
-    """The formats a file is read or written in, as the command line takes them ("auto": detect, or
-    from the extension). The one place the command line gets the format list from."""
-    from ..formats.detect import FORMATS
+def source_formats() -> tuple[str, ...]:
+    """The formats a file or folder is read in, as the command line takes them ("auto": detect): the
+    formats registry's."""
+    from ..formats.registry import choices
 
-    return ("auto", *FORMATS)
+    return choices(readable=True)
+
+
+def target_formats() -> tuple[str, ...]:
+    """The formats a conversion writes ("auto": from DST's extension): the formats registry's."""
+    from ..formats.registry import choices
+
+    return choices(writable=True)
 
 
 def castable_dtypes() -> tuple[str, ...]:
@@ -67,8 +74,8 @@ KEY=VALUE pairs, a switch that sets True, one (`--no-X`) that sets False, `--X/-
 
 @dataclass(frozen=True)
 class Option:
-    """One option's row. `help` may hold `%(choices)s` or `%(listed)s` (`listed()`, computed only when
-    the help is shown); `recipe` is the dotted place its value takes in the recipe, and `place` says
+    """One option's row. `help` may hold `%(listed)s`: `listed()`, or the choices (' | '), computed only
+    when the help is shown; `recipe` is the dotted place its value takes in the recipe, and `place` says
     that value goes there as it is (else `build_recipe` shapes it)."""
 
     flag: str
@@ -100,8 +107,8 @@ class ConvertOptions:
 
     # reading SRC
     source_format: str = _option(
-        "auto", "--from", "source", "SRC's format: %(choices)s (default: auto, detected from its bytes)",
-        metavar="FORMAT", choices=format_names, recipe="source.format", place=True, plain=True, diff=True)
+        "auto", "--from", "source", "SRC's format: %(listed)s (default: auto, detected from its bytes)",
+        metavar="FORMAT", choices=source_formats, recipe="source.format", place=True, plain=True, diff=True)
     top_level_key: str | None = _option(
         None, "--top-level-key", "source", "the nested dict (PyTorch) or name prefix holding the tensors; a "
         "DeepSpeed ZeRO folder: 'module' for the module's own weights instead of the fp32 masters",
@@ -142,8 +149,8 @@ class ConvertOptions:
         listed=castable_dtypes, recipe="dtype", diff=True)
     # writing DST
     target_format_name: str = _option(
-        "auto", "--to", "output", "DST's format: %(choices)s (default: auto, from DST's extension)",
-        metavar="FORMAT", choices=format_names, recipe="target.format", place=True, plain=True)
+        "auto", "--to", "output", "DST's format: %(listed)s (default: auto, from DST's extension)",
+        metavar="FORMAT", choices=target_formats, recipe="target.format", place=True, plain=True)
     overwrite: bool = _option(False, "--overwrite", "output", "replace an existing target", kind="switch",
                               recipe="target.overwrite", place=True, plain=True)
     fsync: bool = _option(

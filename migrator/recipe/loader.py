@@ -245,8 +245,10 @@ def _path_issues(loaded: LoadedRecipe, shown: str, root: MappingNode, keys: dict
 def written_candidates(path: Path, fmt: str) -> list[Path]:
     """The burnpack writer appends `.bpk` to an extension-less path."""
     out = [path]
-    if fmt in ("auto", "burnpack") and not os.path.splitext(path.name)[1]:
-        out.append(path.with_name(path.name + ".bpk"))
+    from ..formats.registry import AUTO, extension_less, is_format
+
+    if (fmt == AUTO or is_format(fmt, for_burn=True)) and not os.path.splitext(path.name)[1]:
+        out.append(path.with_name(path.name + extension_less().extension))
     return out
 
 

@@ -20,19 +20,53 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PlainValidator,
     PrivateAttr,
     Tag,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from ..formats import registry as formats
 from . import adapter_names
 from .checks import check_regex, recipe_value_error
 from .ops import OpSpec
 
-FormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf"]
-SourceFormatName = Literal["auto", "burnpack", "safetensors", "pytorch", "gguf", "mergekit"]
-"""A source's formats: a file format, or `mergekit` (a mergekit YAML whose merged tensors are read)."""
+
+def _format_choices(kind: str) -> tuple[str, ...]:
+    """`auto` and the registered formats a `format:` of this kind takes: a target's have a writer, a
+    template's and a source's a reader (a source may also be `mergekit`, a mergekit YAML whose merged
+    tensors are read)."""
+    found = formats.choices(writable=kind == "target", readable=kind != "target")
+    return (*found, "mergekit") if kind == "source" else found
+
+
+def _format_name(kind: str) -> Any:
+    """A `format:` value, checked against the registry when a recipe is validated (so a format registered
+    after this module was imported is taken) and worded as a Literal's error is (`recipe.placement`);
+    the schema's enum is the formats registered when it is generated (`tools/gen_schema.py`)."""
+
+    def check(value: object) -> str:
+        options = _format_choices(kind)
+        if isinstance(value, str) and value in options:
+            return value
+        raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                  {"expected": " or ".join(map(repr, options)), "options": list(options)})
+
+    return Annotated[str, PlainValidator(check), WithJsonSchema({"enum": list(_format_choices(kind)),
+                                                                 "type": "string"})]
+
+
+if TYPE_CHECKING:
+    FormatName = str
+    ReadFormatName = str
+    SourceFormatName = str
+else:
+    FormatName = _format_name("target")
+    ReadFormatName = _format_name("template")
+    SourceFormatName = _format_name("source")
 GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                        "Q6_K"]
 """The ggml types a GGUF target can be written in (formats/gguf/writer.py's WRITABLE_TYPES)."""
@@ -460,7 +494,7 @@ class TargetSpec(_Strict):
     format: FormatName = Field("auto", description="From the extension when auto.")
     template: _Path | None = Field(
         None, description="A file holding exactly the tensors the output must have (Burn's load-into-a-model).")
-    template_format: FormatName = Field("auto", description="The template's format; detected when auto.")
+    template_format: ReadFormatName = Field("auto", description="The template's format; detected when auto.")
     storage_options: _StorageOptions = Field(default_factory=dict, description=_STORAGE_HELP)
     template_storage_options: _StorageOptions = Field(
         default_factory=dict, description="storage_options for a template URL (the target's by default).")
@@ -529,13 +563,10 @@ class TargetSpec(_Strict):
     @model_validator(mode="after")
     def _sharded_format(self) -> TargetSpec:
         if self.shard is not None:
-            from ..formats.detect import from_extension
-
-            fmt = self.format if self.format != "auto" else from_extension(self.path)
-            if fmt == "burnpack":
-                raise recipe_value_error("a sharded target cannot be burnpack: Burn has one file per model (a .bpk "
-                                       "holds the whole model)", key="shard",
-                                       hint="write format: safetensors, pytorch or gguf shards, or drop target.shard")
+            why = formats.not_shardable(formats.target_format(self.path, self.format, sharded=True))
+            if why is not None:
+                problem, _, instead = why.partition("; ")
+                raise recipe_value_error(problem, key="shard", hint=f"{instead}, or drop target.shard")
         elif self.copy_:
             raise recipe_value_error("target.copy needs a folder target", key="copy",
                                    hint="end target.path with '/' or set target.shard")
@@ -634,7 +665,7 @@ class Recipe(_Strict):
         """Whether the output is for Burn: a burnpack target or the `pytorch_to_burn` adapter. Only
         then are a PyTorch source's index segments renumbered by default (`contiguous_indices`):
         Burn's `Vec<Module>` has no gaps, while a PyTorch module loads the names as stored."""
-        return target_format == "burnpack" or "pytorch_to_burn" in self.adapters
+        return formats.is_format(target_format, for_burn=True) or "pytorch_to_burn" in self.adapters
 
     def inputs(self) -> list[SourceSpec]:
         """The sources read: `source` alone, or every `sources` entry."""

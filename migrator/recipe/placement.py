@@ -157,7 +157,8 @@ class _Mapper:
             return [self._union_issue(data, _unwrap(e.tp))]
         node, _, _ = self._locate(data)
         if kind == "literal_error":
-            options = _literal_strings(e.tp)
+            # a Literal's values, or those a validator gives (a `format:`: the registry's, as validated)
+            options = _literal_strings(e.tp) or list(raw.get("ctx", {}).get("options", []))
             expected: str | None = (_join_or([f"'{o}'" for o in options]) if options
                                     else str(raw.get("ctx", {}).get("expected")))
             guess = did_you_mean(value, options) if isinstance(value, str) else None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MigratorError, not_written
 from ..core.limits import DEFAULT_LIMITS, Limits
-from ..formats.base import has_torch_names
+from ..formats.registry import has_torch_names
 from ..recipe.convert import ConvertUsageError, build_recipe
 from ..recipe.convert_options import PLAIN, ConvertOptions
 from ..storage.remote import as_path
@@ -104,8 +104,7 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     (No collision check: every reader refuses files that name a tensor twice.)
     """
     from ..files.io import open_file, save_planned
-    from ..formats.detect import target_format
-    from ..formats.registry import writer_class
+    from ..formats.registry import is_format, target_format, writer_class
     from ..naming.optimizer_names import optimizer_owners
     from ..plan.metadata import output_metadata
     from ..storage.atomic import Protected
@@ -117,9 +116,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     if sharded:  # as a recipe's sharded target: format named, else from a suffix, else SafeTensors
         from ..files.sharded_writer import DEFAULT_MAX_SIZE, ShardedWriter
         from ..files.targets import check_folder_target
-        from ..formats.detect import from_extension
 
-        out_fmt = target_format_name if target_format_name != "auto" else from_extension(dst_path) or "safetensors"
+        out_fmt = target_format(dst_path, target_format_name, sharded=True)
         check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
     else:
         if copy or copy_from:
@@ -129,14 +127,15 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
             raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
         out_fmt = target_format(dst_path, target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
-    structure: dict[str, Any] = {"keep_structure": True} if out_fmt == "pytorch" and not sharded else {}
+    keep = is_format(out_fmt, keeps_structure=True) and not sharded
+    structure: dict[str, Any] = {"keep_structure": True} if keep else {}
     with open_file(src_path, source_format, limits=limits, **structure) as reader:
         if reader.structure is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)
         tensors = list(reader.tensors)
-        if out_fmt != "pytorch" and optimizer_owners(t.name for t in tensors):
+        if not is_format(out_fmt, keeps_structure=True) and optimizer_owners(t.name for t in tensors):
             return None  # a training checkpoint's optimizer as weights: the plan refuses or says so
-        if has_torch_names(reader) and contiguous_indices is None and out_fmt == "burnpack":
+        if has_torch_names(reader) and contiguous_indices is None and is_format(out_fmt, for_burn=True):
             from ..naming import contiguous_names
 
             names = [t.name for t in tensors]
@@ -144,8 +143,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 return None
         meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
         notes: list[str] = list(reader.notes)  # e.g. the optimizer state a top_level_key leaves out
-        scalars = dict(reader.scalars) if out_fmt == "burnpack" else {}
-        if reader.scalars and out_fmt != "burnpack":
+        scalars = dict(reader.scalars) if is_format(out_fmt, scalars=True) else {}
+        if reader.scalars and not is_format(out_fmt, scalars=True):
             notes.append(f"{len(reader.scalars)} source scalars not written: {out_fmt} has no typed scalars")
         writer: Writer
         try:

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..core.errors import MigratorError
+from ..formats.registry import is_format
 from ..naming import NamingError, Regex, compile_regex
 from ..recipe.adapter_names import qualify
 
@@ -365,11 +366,9 @@ def _fitting(types: Sequence[str], params: Mapping[str, tuple[int, ...]]) -> tup
 _LAYOUT_TEXT = {"out_in": "bias matches dim 0: [out, in], PyTorch's layout",
                 "in_out": "bias matches dim 1: [in, out], Burn's layout"}
 
-
-TORCH_LAYOUT_FORMATS = frozenset({"pytorch", "safetensors"})
-"""Source formats whose Linear weights are [out, in] (PyTorch's): there, a GPT-2-named 2-D weight whose
-bias matches dim 1 can only be transformers' Conv1D. A burnpack (Burn's Linear is [in, out]) cannot
-tell the two apart."""
+# A source format whose Linear weights are [out, in] (`FormatSpec.torch_layout`: PyTorch's, SafeTensors'):
+# there, a GPT-2-named 2-D weight whose bias matches dim 1 can only be transformers' Conv1D. A burnpack
+# (Burn's Linear is [in, out]) cannot tell the two apart.
 
 
 def infer(path: str, params: Mapping[str, tuple[int, ...]], source_format: str | None = None) -> ModuleType:
@@ -433,7 +432,7 @@ def infer(path: str, params: Mapping[str, tuple[int, ...]], source_format: str |
             if layout == "out_in":  # no Conv1D: OpenAI CLIP's Linear c_fc/c_proj, in PyTorch's layout
                 return found("Linear", f"2-D weight {_dims(w)} under '{name}' (GPT-2's Conv1D naming, but "
                                        f"a Conv1D's bias matches dim 1); {_LAYOUT_TEXT[layout]}", with_layout=True)
-            if layout == "in_out" and source_format in TORCH_LAYOUT_FORMATS:
+            if layout == "in_out" and is_format(source_format, torch_layout=True):
                 return found("Conv1D", f"2-D weight {_dims(w)} under '{name}' (GPT-2's Conv1D naming) with a bias "
                                        f"of dim 1: [in, out], which in a {source_format} file is a Conv1D (a "
                                        "Linear there is [out, in]); kept as stored", with_layout=True)

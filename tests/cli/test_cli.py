@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from cli_support import migrate_subprocess
 
+import migrator
 from migrator import from_numpy, open_file, save
 from migrator.cli import main
 from migrator.core.scalars import Scalar
@@ -63,7 +64,7 @@ def test_convert_round_trip_and_metadata(model: Path, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "out.bpk" in out.stdout
     r = open_file(tmp_path / "out.bpk")
-    assert r.metadata == {"format": "burnpack", "producer": "migrator", "version": "0.1.0"}
+    assert r.metadata == {"format": "burnpack", "producer": "migrator", "version": migrator.__version__}
     back = tmp_path / "back.safetensors"
     assert migrate("convert", str(tmp_path / "out.bpk"), str(back), "--no-metadata").returncode == 0
     with open_file(model) as a, open_file(back) as b:

@@ -56,14 +56,16 @@ def test_help_groups_are_the_tables(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_choices_come_from_the_lists_they_name() -> None:
     from migrator.core.casts import CASTABLE
-    from migrator.formats.detect import FORMATS
+    from migrator.formats import registry
     from migrator.formats.gguf.writer import WRITABLE_TYPES
     from migrator.recipe import model
 
     actions = _convert_actions()
-    for name in ("source_format", "target_format_name"):
-        choices = list(actions[name].choices)  # type: ignore[attr-defined]
-        assert choices == ["auto", *FORMATS] == list(typing.get_args(model.FormatName))
+    diff = {a.dest: a for a in _parser()[1]["diff"]._actions}
+    readable = ["auto", *(s.name for s in registry.specs() if s.reader is not None and not s.folder)]
+    writable = ["auto", *(s.name for s in registry.specs() if s.writer is not None)]
+    assert list(actions["source_format"].choices) == readable == list(diff["target_format_name"].choices)
+    assert list(actions["target_format_name"].choices) == writable
     assert tuple(actions["training_state"].choices) == TRAINING_STATES  # type: ignore[attr-defined]
     annotation = model.Recipe.model_fields["training_state"].annotation
     assert next(typing.get_args(a) for a in typing.get_args(annotation) if typing.get_args(a)) == TRAINING_STATES

@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
 
 from migrator.core import casts
 
+AFFINITY = """
+import os, sys
+from migrator.core import casts
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # this process may now run on one CPU only
+os.environ.pop("MIGRATOR_CAST_WORKERS", None)
+print(casts.available_cpus(), casts.default_workers(), os.cpu_count())
+"""
 
-def test_available_cpus_is_the_affinity_mask() -> None:
-    if hasattr(os, "process_cpu_count"):
-        assert casts.available_cpus() == os.process_cpu_count()
-    elif hasattr(os, "sched_getaffinity"):
-        assert casts.available_cpus() == len(os.sched_getaffinity(0))
-    else:
-        assert casts.available_cpus() == (os.cpu_count() or 1)
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity to set on this platform")
+def test_available_cpus_follows_the_affinity_mask_not_the_machine() -> None:
+    """Pinned to one CPU (as `taskset -c 0` or a container's cpuset would), the process counts one, however
+    many the machine has: the pool is sized from what it may use. In a child process, so this one keeps
+    its mask."""
+    out = subprocess.run([sys.executable, "-c", AFFINITY], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    cpus, workers, machine = map(int, out.stdout.split())
+    assert (cpus, workers) == (1, 2), out.stdout  # 2: one piece computed while the previous one is written
+    assert machine >= cpus
 
 
 def test_default_workers_from_the_cpus_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,10 @@
+"""PyTorch Distributed Checkpoint folders, `.metadata` and `.distcp` files or the Hugging Face storage
+layout (`formats/dcp/`, `files/multi_rank.py`, `files/dcp_safetensors.py`). Read only."""
+
+from __future__ import annotations
+
+from ..spec import FormatSpec
+
+SPEC = FormatSpec(
+    name="dcp", title="PyTorch Distributed Checkpoint", summary="PyTorch Distributed Checkpoint (DCP)",
+    recognized_by="a folder with `.metadata`", folder=True, torch_names=True, keeps_structure=True)

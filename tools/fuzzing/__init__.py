@@ -1,0 +1,22 @@
+"""The fuzzer behind tools/fuzz.py (its command line and the options it documents), one module per
+reader family:
+
+* `headers`: burnpack and SafeTensors (seeds, header fields, `--differential`: the header fast paths
+  against their reference parsers);
+* `pytorch`: zip, legacy and TAR checkpoints (seeds, zip/pickle fields, zip and TAR mutations,
+  `--differential`: the pickle record scanner against the opcode loop);
+* `gguf`: GGUF (seeds, header fields, `--differential`: migrator's reader against gguf-py's);
+* `recipe`: recipes (seeds, YAML line edits, loading one);
+
+and what they share: `common` (readers, exceptions, the per-case alarm), `mutations` (the op
+interpreter and the random ops), `harness` (one case run and judged).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run from a checkout: migrator is the one beside tools/
+    sys.path.insert(0, str(REPO))
