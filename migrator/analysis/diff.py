@@ -37,6 +37,7 @@ from ..core import native
 from ..core.dtypes import DType, Kind
 from ..core.tensor import LazyTensor
 from ..files.io import Reader, open_file
+from ..recipe.convert_options import DIFF
 from .windows import DEFAULT_WINDOW, Window, windows
 
 if TYPE_CHECKING:  # numpy is imported when a window differs: identical models never need it
@@ -384,9 +385,9 @@ def _options_plan(a: str | os.PathLike[str], b: str | os.PathLike[str], options:
     return build_plan(recipe, Path.cwd(), overwrite=True)
 
 
-PLAN_OPTIONS = ("remaps", "includes", "excludes", "adapters", "dtype", "modules", "contiguous_indices",
-                "source_format", "top_level_key")
-"""`recipe.convert.build_recipe` options `diff_document` takes (any set but the last two: through a plan)."""
+PLAN_OPTIONS = DIFF
+"""`recipe.convert.build_recipe` options `diff_document` takes (the rows of `ConvertOptions` marked for
+diff; any set but `source_format` and `top_level_key`: through a plan)."""
 
 
 def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recipe: str | os.PathLike[str] | None = None,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ..core.errors import EXIT_USAGE
-from .options import command
+from .options import OLD_SPELLINGS, command, old_spellings_used
 from .output import print_json_error
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
@@ -21,6 +21,8 @@ class _Parser(argparse.ArgumentParser):
     json_errors = False  # set by main() from its argv, before parsing
 
     def error(self, message: str) -> NoReturn:
+        for old, new in OLD_SPELLINGS.items():  # "argument --from/--format": the spelling in use only
+            message = message.replace(f"{new}/{old}", new)
         if _Parser.json_errors:
             print_json_error({"kind": "UsageError", "message": message, "usage": self.format_usage().strip()})
             sys.exit(EXIT_USAGE)
@@ -84,7 +86,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    _read_limits(args, commands[args.command])
+    for note in _read_limits(args, commands[args.command]) + old_spellings_used(argv, commands[args.command]):
+        print(f"migrate: note: {note}", file=sys.stderr)
     from ..core.errors import MigratorError, error_json
 
     as_json = getattr(args, "json", False)
@@ -133,27 +136,32 @@ def _main(argv: Sequence[str] | None) -> int:
     return EXIT_USAGE
 
 
-def _read_limits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """`--limit` settings -> `args.reader_limits` (a `Limits`); inspect's bare `--limit N` -> `args.limit`
-    (rows shown). A bad setting is a usage error (exit 2) naming the closest limit."""
+def _read_limits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """`--limit` settings -> `args.reader_limits` (a `Limits`); inspect's bare `--limit N`, the old
+    spelling of `--rows N`, -> `args.rows` (a reader limit is always NAME=VALUE, so the two cannot be
+    confused). A bad setting is a usage error (exit 2) naming the closest limit. The notes to print."""
     settings = list(getattr(args, "limits", None) or [])
+    notes = []
     if hasattr(args, "limit_args"):
-        args.limit = None
         for item in args.limit_args:
             if "=" in item:
                 settings.append(item)
                 continue
             try:
-                args.limit = int(item)
+                rows = int(item)
             except ValueError:
-                parser.error(f"--limit: expected N (tensors shown) or NAME=VALUE (a reader limit), got {item!r}")
+                parser.error(f"--limit: expected NAME=VALUE (a reader limit), got {item!r}")
+            if rows < 0:
+                parser.error(f"--limit: expected a number of rows (0 or more), got '{item}'")
+            if args.rows is None:  # --rows N wins over the old spelling
+                args.rows = rows
+            notes.append(f"--limit {item} (rows shown) is now spelled --rows {item} (the old spelling still works)")
     if not settings:
-        return
+        return notes
     from ..core.limits import DEFAULT_LIMITS, LimitSettingError
 
     try:
         args.reader_limits = DEFAULT_LIMITS.with_settings(settings)
     except LimitSettingError as e:
         parser.error(str(e))
-
-
+    return notes

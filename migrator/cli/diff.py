@@ -35,21 +35,7 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
     p.add_argument("--recipe", metavar="RECIPE.yaml", help="compare B with what the recipe makes of A")
     p.add_argument("--atol", type=float, metavar="X", help="tolerance mode: |a-b| <= atol + rtol*|b| (default 0)")
     p.add_argument("--rtol", type=float, metavar="X", help="tolerance mode, relative part (default 0)")
-    p.add_argument("--a-format", default="auto", help="A's format (default: detect)")
-    p.add_argument("--b-format", default="auto", help="B's format (default: detect)")
-    p.add_argument("--top-level-key", help="A: the nested dict (PyTorch) or name prefix holding the tensors")
-    p.add_argument("--remap", action="append", default=[], metavar="REGEX=REPL", help="rename A's tensors "
-                   "(repeatable, ordered; as convert's)")
-    p.add_argument("--include", action="append", default=[], metavar="REGEX", help="compare only matching A names")
-    p.add_argument("--exclude", action="append", default=[], metavar="REGEX", help="leave out matching A names")
-    p.add_argument("--adapter", action="append", default=[], metavar="NAME",
-                   help="as convert's: pytorch_to_burn | burn_to_pytorch | half_precision | float_cast:DTYPE")
-    p.add_argument("--modules", action="append", default=[], metavar="TYPE=REGEX",
-                   help="declare module types, as convert's (repeatable)")
-    p.add_argument("--dtype", metavar="DTYPE", help="A's floats cast to DTYPE first, as convert's --dtype")
-    p.add_argument("--contiguous-indices", action=argparse.BooleanOptionalAction, default=None,
-                   help="renumber A's index segments as convert does (default with other options: on for a "
-                        "PyTorch A when B is a burnpack)")
+    _add_convert_rows(p)
     p.add_argument("--window", default="4MiB", metavar="SIZE",
                    help="bytes read per tensor side at a time (default 4MiB; 4MB = 4*10^6)")
     p.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
@@ -59,14 +45,45 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> arg
     return p
 
 
+def _rows() -> tuple[Any, ...]:
+    """convert's rows diff takes: A's options (`convert_options.DIFF`) and B's format (`--to`)."""
+    import dataclasses
+
+    from ..recipe.convert_options import DIFF, row, source_formats
+
+    # B is read, as A is: any format migrator reads, not only those it writes
+    return (*(row(name) for name in DIFF), dataclasses.replace(row("target_format_name"), choices=source_formats))
+
+
+def _add_convert_rows(p: argparse.ArgumentParser) -> None:
+    """convert's options, from its table, with A and B for SRC and DST; `--a-format`/`--b-format` are
+    the old spellings of `--from`/`--to`."""
+    from ..recipe.convert_options import ConvertOptions
+    from .options import add_rows
+
+    group = p.add_argument_group("convert's options", "A is read and changed as `migrate convert A B` would "
+                                 "read and change it, then compared with B")
+    add_rows(p, _rows(), ConvertOptions(), groups={r.group: group for r in _rows()},
+             old={"source_format": ("--a-format",), "target_format_name": ("--b-format",)},
+             text=_for_a_and_b)
+
+
+def _for_a_and_b(help: str) -> str:
+    """convert's help of an option as diff's: A is SRC, B is DST, and B is read, so its format is detected
+    as A's is."""
+    return help.replace("from DST's extension", "detected from its bytes").replace("SRC", "A").replace("DST", "B")
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..files.shard_layout import parse_size
-    from .options import check_remap_options
+    from ..recipe.convert_options import ConvertOptions
+    from .options import check_remap_options, rows_given
 
-    check_remap_options(args.remap, parser)
-    options = dict(remaps=args.remap, includes=args.include, excludes=args.exclude, adapters=args.adapter,
-                   dtype=args.dtype, modules=args.modules, contiguous_indices=args.contiguous_indices)
-    if args.recipe and any(v not in (None, []) for v in options.values()):
+    given = ConvertOptions(**rows_given(args, _rows(), parser))
+    check_remap_options(list(given.remaps), parser)
+    read_as: dict[str, Any] = {"source_format": given.source_format, "top_level_key": given.top_level_key}
+    options = {name: getattr(given, name) for name in _plan_options()}
+    if args.recipe and any(v not in (None, ()) for v in options.values()):
         parser.error("--recipe and convert's options (--remap, --adapter, --dtype, ...) do not combine: "
                      "put the options into the recipe")
     try:
@@ -83,9 +100,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         doc = diff_document(args.a, args.b, recipe=args.recipe, planner=_planner(args) if args.recipe else None,
-                            atol=args.atol, rtol=args.rtol,
-                            b_format=args.b_format, window=window, source_format=args.a_format,
-                            top_level_key=args.top_level_key, **options)
+                            atol=args.atol, rtol=args.rtol, b_format=given.target_format_name, window=window,
+                            **read_as, **options)
     except ConvertUsageError as e:
         from ..core.display import escape
         from .output import print_json_error
@@ -110,6 +126,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print_diff(doc, every=args.all)
     return EXIT_OK if doc["matched"] else EXIT_DIFFERENT
+
+
+def _plan_options() -> tuple[str, ...]:
+    """A's options that change it (through a one-off plan), not only how it is read."""
+    from ..recipe.convert_options import DIFF
+
+    return tuple(name for name in DIFF if name not in ("source_format", "top_level_key"))
 
 
 def _planner(args: argparse.Namespace) -> Callable[[Callable[[Any], Any]], Any]:

@@ -10,8 +10,9 @@ import sys
 from typing import Any
 
 from ..core.errors import EXIT_OK
-from ..formats.registry import choices, listed, specs
-from .options import LIMIT_HELP, command, limits_of, reader_options
+from ..formats.registry import listed, specs
+from ..recipe.convert_options import ConvertOptions, row
+from .options import LIMIT_HELP, add_rows, command, count, limits_of, reader_options
 from .output import write_inspect_json
 
 
@@ -20,18 +21,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "List a file's tensors (name, dtype, shape, size, offset in data order), its metadata and "
                    "scalars.\nReads headers only. Names from the file are shown literally, unprintable "
                    "characters escaped (\\x1b); --json keeps the exact strings.",
-                   "  migrate inspect model.safetensors --limit 20\n"
+                   "  migrate inspect model.safetensors --rows 20\n"
                    "  migrate inspect ckpt.pt --top-level-key state_dict --json\n"
                    "  migrate inspect model.bpk --stats")
     ins.add_argument("file", help=f"a {listed([s.title for s in specs() if not s.folder])} file, a model folder, or "
                      f"a {listed([s.title for s in specs() if s.folder])} folder")
     ins.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
-    ins.add_argument("--format", default="auto", help=" | ".join(choices(readable=True)))
-    ins.add_argument("--top-level-key", help="PyTorch: the nested dict holding the tensors (dotted path); a "
-                     "DeepSpeed ZeRO folder: 'module' for the module's own weights instead of the fp32 masters")
-    ins.add_argument("--tag", help="a DeepSpeed ZeRO checkpoint folder: the step to read (default: 'latest')")
-    ins.add_argument("--limit", dest="limit_args", action="append", default=[], metavar="N | NAME=VALUE",
-                     help="N: show at most N tensors in the table; NAME=VALUE: " + LIMIT_HELP)
+    # how FILE is read: convert's options for SRC, from its table (`--format` is the old spelling of --from)
+    add_rows(ins, [row("source_format"), row("top_level_key"), row("tag")], ConvertOptions(),
+             old={"source_format": ("--format",)}, text=lambda h: h.replace("SRC", "FILE"))
+    ins.add_argument("--rows", type=count, metavar="N", help="show at most N tensors (and shards) in the table")
+    # `--limit N` was --rows N: a reader limit is always NAME=VALUE, so both still parse (docs/commands.md)
+    ins.add_argument("--limit", dest="limit_args", action="append", default=[], metavar="NAME=VALUE",
+                     help=LIMIT_HELP)
     ins.add_argument("--stats", action="store_true", help="read every tensor (streamed): min, max, mean, std, "
                      "mean |x|, zeros, NaN/Inf; flags all-zero, all-equal, NaN/Inf tensors")
     ins.add_argument("--html", metavar="FILE", help="write the listing as a self-contained HTML page instead of "
@@ -46,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         from ..analysis.stats import inspect_with_stats
 
-        info = inspect_with_stats(args.file, format=args.format, **reader_options(args), **limits_of(args))
+        info = inspect_with_stats(args.file, format=args.source_format, **reader_options(args), **limits_of(args))
     else:
-        info = inspect_file(args.file, format=args.format, **reader_options(args), **limits_of(args))
+        info = inspect_file(args.file, format=args.source_format, **reader_options(args), **limits_of(args))
     if args.html:
         from ..analysis.html_report import inspect_page, write_page
 
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"wrote {escape(args.html)}")
         return EXIT_OK
-    _print_inspect(info, args.limit)
+    _print_inspect(info, args.rows)
     return EXIT_OK
 
 
@@ -103,7 +105,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     print_table(title, header, rows, right=right)
     out = sys.stdout
     if len(shown) < len(tensors):
-        out.write(f"... and {count(len(tensors) - len(shown), 'more tensor')} (use --limit or --json)\n")
+        out.write(f"... and {count(len(tensors) - len(shown), 'more tensor')} (use --rows N or --json)\n")
     totals = info["totals"]
     if "stored_nbytes" in totals and totals["stored_nbytes"] != totals["nbytes"]:
         out.write(f"{count(totals['tensors'], 'tensor')}, {human_bytes(totals['stored_nbytes'])} as stored "
@@ -139,7 +141,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
 
 def _print_shards(info: dict[str, Any], limit: int | None = None) -> None:
     """A sharded source's per-shard summary: file, tensors, tensor bytes, file size; the first
-    `limit` shards when --limit N is given (as for tensors)."""
+    `limit` shards when --rows N is given (as for tensors)."""
     from ..core.display import count, human_bytes, print_table
 
     shards = info.get("details", {}).get("shards")
@@ -153,4 +155,4 @@ def _print_shards(info: dict[str, Any], limit: int | None = None) -> None:
     print_table(count(len(shards), "shard") + (f" (index {index})" if index else ""),
                 ("shard", "tensors", "size", "file size"), rows, right=(1, 2, 3))
     if len(shown) < len(shards):
-        sys.stdout.write(f"... and {count(len(shards) - len(shown), 'more shard')} (use --limit or --json)\n")
+        sys.stdout.write(f"... and {count(len(shards) - len(shown), 'more shard')} (use --rows N or --json)\n")

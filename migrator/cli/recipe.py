@@ -19,7 +19,7 @@ from .options import NO_FSYNC_HELP, add_limit_option, command, positive
 if TYPE_CHECKING:  # the plan and the run are imported by the commands, not by `migrate --help`
     from ..plan.build import Plan
     from ..run.jobs import JobResult
-    from ..run.recipe import RunOutcome
+    from ..run.recipe import RunOptions, RunOutcome
 
 
 def add_path_overrides(parser: argparse.ArgumentParser, scope: str = "", target_also: str = "") -> None:
@@ -32,7 +32,9 @@ def add_path_overrides(parser: argparse.ArgumentParser, scope: str = "", target_
     parser.add_argument("--config", metavar="FILE", help=f"{scope}take ${{config.KEY}} values from FILE (a "
                         "config.json or params.json, relative to the current folder) instead of the recipe's "
                         "config: or the config beside the source")
-    parser.add_argument("--training-state", choices=("keep", "drop"), default=None,
+    from ..recipe.convert_options import TRAINING_STATES
+
+    parser.add_argument("--training-state", choices=TRAINING_STATES, default=None,
                         help=f"{scope}instead of the recipe's training_state: keep a training checkpoint's "
                         "optimizer state, rewritten to follow the recipe (a .pt target; a .bpk target gets Burn's "
                         "optimizer record beside it), or drop it")
@@ -130,16 +132,33 @@ def _recipe_error(e: Exception, args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
+def options_of(args: argparse.Namespace) -> RunOptions:
+    """The frozen options of `migrate run | plan | validate` (what goes below the command line):
+    the paths that replace a recipe's, and the settings each command has (absent ones unset)."""
+    from ..core.limits import DEFAULT_LIMITS
+    from ..run.recipe import RunOptions
+
+    def given(name: str) -> Any:
+        return getattr(args, name, None)
+
+    return RunOptions(source=given("source"), target=given("target"), config=given("config"),
+                      training_state=given("training_state"), overwrite=True if given("overwrite") else None,
+                      fsync=False if given("no_fsync") else None, hash_sources=bool(given("hash_sources")),
+                      progress=False if given("no_progress") else None, workers=given("workers"),
+                      jobs=given("jobs"), executor=given("executor"), ray_address=given("ray_address"),
+                      reader_limits=getattr(args, "reader_limits", DEFAULT_LIMITS), report=given("report"))
+
+
 def run(args: argparse.Namespace) -> int:
     """One recipe: `migrator.run.recipe.run_recipe`, its outcome printed; several, or one over
     `--each` sources: `run_many`."""
     from ..run.jobs import is_many
 
-    if is_many(args):
+    if is_many(args.recipes, args.each or ()):
         return run_many(args)
-    from ..run.recipe import RunOptions, run_recipe
+    from ..run.recipe import run_recipe
 
-    outcome = run_recipe(args.recipes[0], RunOptions.of(args))
+    outcome = run_recipe(args.recipes[0], options_of(args))
     print_run(outcome, as_json=args.json)
     if args.json:
         from ..core.display import print_json
@@ -197,11 +216,13 @@ def run_many(args: argparse.Namespace) -> int:
     """`migrate run` of several jobs (`migrator.run.jobs`): each job's outcome printed as it ends, with
     a heading line (one after the other: the heading first, a progress bar on a terminal), then the
     count; `--json` and `--report`: one document with every job."""
+    from ..core.cpus import available_cpus
     from ..run import jobs as many
 
+    options = options_of(args)
     try:
-        specs = many.prepare(args)
-        executor, address = many.jobs_executor(args, specs)
+        specs = many.prepare(args.recipes, options, args.each or ())
+        executor, address = many.jobs_executor(options, specs)
     except MigratorError as e:
         if args.json:
             from ..core.display import print_json
@@ -210,7 +231,7 @@ def run_many(args: argparse.Namespace) -> int:
             print(f"migrate run: {escape(e, keep_newlines=True)}", file=sys.stderr)
         return EXIT_USAGE
     n = len(specs)
-    jobs = args.jobs or many.available_cpus()
+    jobs = options.jobs or available_cpus()
     # one job runs here; several each in a worker process, one at a time included: a job the
     # out-of-memory killer ends must not end the others with it
     serial = executor != "ray" and (jobs == 1 or n == 1)
@@ -294,14 +315,15 @@ def _print_job(result: JobResult, spec: dict[str, Any], n: int, *, heading: bool
 
 def plan(args: argparse.Namespace) -> int:
     from ..plan.document import plan_json
-    from ..plan.loaded import load, open_plan, overrides_of, settings_of
+    from ..plan.loaded import load, open_plan
     from ..recipe.loader import RecipeError
 
+    options = options_of(args)
     try:
-        loaded = load(args.recipe, overrides_of(args))
+        loaded = load(args.recipe, options.overrides())
     except RecipeError as e:
         return _recipe_error(e, args)
-    with open_plan(loaded, **settings_of(args), shown=args.recipe) as p:
+    with open_plan(loaded, **options.plan_settings(), shown=args.recipe) as p:
         add_target_problems(p)
         doc = plan_json(p) if args.json or args.html else None
         if args.html:  # the page instead of the table; the summary is still printed
@@ -424,16 +446,17 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def _validate_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
-    from ..plan.loaded import load, open_plan, overrides_of, settings_of
+    from ..plan.loaded import load, open_plan
     from ..recipe.loader import RecipeError
 
     result: dict[str, Any] = {"recipe": path}
+    options = options_of(args)
     try:
-        loaded = load(path, overrides_of(args))
+        loaded = load(path, options.overrides())
     except RecipeError as e:
         return {**result, "status": "invalid", "exit_code": EXIT_USAGE, "error": error_json(e)}
     try:
-        with open_plan(loaded, **settings_of(args), shown=path) as p:
+        with open_plan(loaded, **options.plan_settings(), shown=path) as p:
             add_target_problems(p)
             result.update(tensors=len(p.entries), target=str(p.target_path))
             if p.fatal:

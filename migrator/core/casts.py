@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dtypes
+from .cpus import available_cpus  # a name of this module: tests size the pool through it
 from .dtypes import DType, Kind
 from .errors import UnsupportedDTypeError
 from .inorder import map_ahead
@@ -69,20 +70,6 @@ MAX_DEFAULT_WORKERS = 8
 each), and the writer consumes them one at a time, so more threads than that only add memory."""
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask (and, on 3.13+, `-X cpu_count`), not the
-    machine's count, which a container or `taskset` can make far larger than what is usable."""
-    counter = getattr(os, "process_cpu_count", None)  # Python 3.13+
-    if counter is not None:
-        n = counter()
-    else:
-        try:
-            n = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):  # not on Linux
-            n = os.cpu_count()
-    return max(1, n or 1)
 
 
 def default_workers() -> int:

@@ -33,12 +33,6 @@ def load(path: str | os.PathLike[str], overrides: Mapping[str, str] | None = Non
     return with_paths(loaded, overrides, compared=compared, shown=shown) if overrides else loaded
 
 
-def overrides_of(args: Any) -> dict[str, str]:
-    """{"source": PATH, "target": PATH, "config": FILE, "training_state": keep|drop} as given on the
-    command line (any may be absent)."""
-    return {k: v for k in ("source", "target", "config", "training_state") if (v := getattr(args, k, None))}
-
-
 def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: bool = False,
                shown: str | None = None) -> LoadedRecipe:
     """`loaded` reading/writing the given paths instead of its own: the one place a command line's
@@ -52,7 +46,8 @@ def with_paths(loaded: LoadedRecipe, overrides: Mapping[str, str], *, compared: 
     """
     import dataclasses
 
-    from ..recipe.loader import RecipeError, RecipeIssue, read_candidates, same_file, written_candidates
+    from ..recipe.loader import RecipeError, RecipeIssue, read_candidates, written_candidates
+    from ..storage.atomic import same_file
     from ..storage.paths import given_path
 
     loaded = _configured_for(loaded, overrides)
@@ -117,7 +112,7 @@ def _source_entry(loaded: LoadedRecipe, value: str, compared: bool, shown: str) 
     labels = [s.label for s in recipe.sources]
     if compared:
         given = given_path(value)
-        if any(same_file(p, given) or p == given for p in loaded.source_paths):
+        if any(same_file(p, given) for p in loaded.source_paths):
             return recipe
         if "=" not in value:
             names = ", ".join(f"'{n}'" for n in labels)
@@ -185,13 +180,6 @@ def open_plan(loaded: LoadedRecipe, *, hash_sources: bool = False, overwrite: bo
         raise located from None
     with plan:
         yield plan
-
-
-def settings_of(args: Any) -> dict[str, Any]:
-    """`open_plan`'s settings from a command line's namespace (`plan`, `validate`)."""
-    return {"overwrite": True if getattr(args, "overwrite", False) else None,
-            "fsync": False if getattr(args, "no_fsync", False) else None,
-            "limits": getattr(args, "reader_limits", DEFAULT_LIMITS)}
 
 
 def other_inputs(loaded: Any) -> list[Path]:

@@ -5,13 +5,15 @@ one-off can become a checked-in recipe. Running it is `run/convert.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MigratorError
 from . import adapter_names
+from .convert_options import ConvertOptions, flag_for, row, table
 
 if TYPE_CHECKING:
     from .model import Recipe
@@ -29,113 +31,75 @@ class ConvertUsageError(MigratorError):
     """A convert option is malformed (e.g. --remap without '=')."""
 
 
-def build_recipe(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    *,
-    source_format: str = "auto",
-    target_format_name: str = "auto",
-    top_level_key: str | None = None,
-    tag: str | None = None,
-    param_order: str | os.PathLike[str] | None = None,
-    training_state: str | None = None,
-    remaps: Sequence[str] = (),
-    includes: Sequence[str] = (),
-    excludes: Sequence[str] = (),
-    adapters: Sequence[str] = (),
-    dtype: str | None = None,
-    modules: Sequence[str] = (),
-    contiguous_indices: bool | None = None,
-    overwrite: bool = False,
-    fsync: bool = True,
-    metadata: Mapping[str, str] | None = None,
-    clear_metadata: bool = False,
-    max_shard_size: str | int | None = None,
-    copy: Sequence[str] = (),
-    weights_name: str | None = None,
-    copy_from: str | os.PathLike[str] | None = None,
-    quantize: str | None = None,
-    lora: str | os.PathLike[str] | None = None,
-    lora_scale: float | None = None,
-    optimizer: str | os.PathLike[str] | None = None,
-) -> Recipe:
-    """The recipe equivalent to a `migrate convert` command line (validated like any recipe).
+def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: ConvertOptions | None = None,
+                 /, **changes: Any) -> Recipe:
+    """The recipe equivalent to a `migrate convert` command line (validated like any recipe):
+    `options` (a `ConvertOptions`; its fields may also be given, or changed, as keywords).
 
     `adapters` are names or `float_cast:DTYPE`; `modules` are `TYPE=REGEX`. A value the recipe
     model refuses raises ConvertUsageError with the recipe's message and hint, naming the option.
     `lora`: a PEFT adapter folder folded into `src` (`source.lora`); a folder target then carries the
     base's config, generation and tokenizer files (each optional) unless `copy` says which.
     """
+    o = dataclasses.replace(options or ConvertOptions(), **changes)
     remap = []
-    for item in remaps:
+    for item in o.remaps:
         pattern, sep, repl = item.partition("=")
         if not sep or not pattern:
-            raise ConvertUsageError(f"--remap expects 'REGEX=REPLACEMENT', got {item!r}")
+            raise ConvertUsageError(f"{row('remaps').flag} expects 'REGEX=REPLACEMENT', got {item!r}")
         remap.append({"from": pattern, "to": repl})
-    data: dict[str, Any] = {
-        "version": 1,
-        "source": {"path": os.fspath(src), "format": source_format},
-        "remap": remap,
-        "target": {"path": os.fspath(dst), "format": target_format_name, "overwrite": overwrite, "fsync": fsync,
-                   "metadata": dict(metadata or {}), "clear_metadata": clear_metadata},
-    }
-    if contiguous_indices is not None:  # None: the recipe's default (on for PyTorch sources)
-        data["source"]["contiguous_indices"] = contiguous_indices
-    if top_level_key:
-        data["source"]["top_level_key"] = top_level_key
-    if tag:
-        data["source"]["tag"] = tag
-    if param_order:
-        data["source"]["param_order"] = os.fspath(param_order)
-    if training_state is not None:
-        data["training_state"] = training_state
-    if max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep)):  # DIR/: a Hugging Face folder
+    data: dict[str, Any] = {"version": 1, "source": {"path": os.fspath(src)}, "remap": remap,
+                            "target": {"path": os.fspath(dst)}}
+    for r in table():  # the options whose value goes into the recipe as it is
+        value = getattr(o, r.name)
+        if r.place and r.recipe is not None and value is not None and value != "":
+            _put(data, r.recipe, dict(value) if isinstance(value, Mapping) else
+                 os.fspath(value) if isinstance(value, os.PathLike) else value)
+    if o.max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep)):  # DIR/: a Hugging Face folder
         from ..files.sharded_writer import DEFAULT_MAX_SIZE
 
-        data["target"]["shard"] = {"max_size": DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size}
-        if weights_name is not None:
-            data["target"]["shard"]["name"] = weights_name
-    elif weights_name is not None:
-        raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
-    if lora_scale is not None and lora is None:
-        raise ConvertUsageError("--lora-scale scales a LoRA adapter: add --lora ADAPTER_FOLDER")
-    if lora is not None:
-        data["source"]["lora"] = os.fspath(lora) if lora_scale is None else {"path": os.fspath(lora),
-                                                                              "scale": lora_scale}
+        data["target"]["shard"] = {"max_size": DEFAULT_MAX_SIZE if o.max_shard_size is None else o.max_shard_size}
+        if o.weights_name is not None:
+            data["target"]["shard"]["name"] = o.weights_name
+    elif o.weights_name is not None:
+        raise ConvertUsageError(f"{row('weights_name').flag} names the weights in a folder target: end DST with '/'")
+    if o.lora_scale is not None and o.lora is None:
+        raise ConvertUsageError(f"{row('lora_scale').flag} scales a LoRA adapter: add {row('lora').flag} "
+                                "ADAPTER_FOLDER")
+    if o.lora is not None:
+        lora = os.fspath(o.lora)
+        data["source"]["lora"] = lora if o.lora_scale is None else {"path": lora, "scale": o.lora_scale}
         # as PEFT's merged save_pretrained: a loadable folder (from a model folder: a loose file's may hold anything)
-        if not copy and "shard" in data["target"] and os.path.isdir(src):
+        if not o.copy and "shard" in data["target"] and os.path.isdir(src):
             data["target"]["copy"] = [{"path": c, "optional": True} for c in LORA_COMPANIONS]
-    if copy:
-        data["target"]["copy"] = list(copy)
-    elif copy_from is not None:  # --copy-from DIR alone: DIR's usual companions, each when present
+    if o.copy:
+        data["target"]["copy"] = list(o.copy)
+    elif o.copy_from is not None:  # --copy-from DIR alone: DIR's usual companions, each when present
         data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
-    if copy_from is not None:
-        data["target"]["copy_from"] = os.fspath(copy_from)
-    if optimizer is not None:  # Burn's optimizer record of a training checkpoint (--optimizer-out)
-        data["target"]["optimizer"] = os.fspath(optimizer)
-    if quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
+    if o.quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
         from ..formats.gguf.mixes import is_mix
 
-        data["target"]["quantize"] = quantize.upper() if is_mix(quantize) else {".*": quantize}
-    if includes or excludes:
-        data["filter"] = {"include": [{"regex": r} for r in includes] or None,
-                          "exclude": [{"regex": r} for r in excludes]}
-    if adapters:
-        data["adapters"] = [_adapter_spec(a) for a in adapters]
-    if dtype:
-        data["dtype"] = {"cast": dtype}
+        data["target"]["quantize"] = o.quantize.upper() if is_mix(o.quantize) else {".*": o.quantize}
+    if o.includes or o.excludes:
+        data["filter"] = {"include": [{"regex": r} for r in o.includes] or None,
+                          "exclude": [{"regex": r} for r in o.excludes]}
+    if o.adapters:
+        data["adapters"] = [_adapter_spec(a) for a in o.adapters]
+    if o.dtype:
+        data["dtype"] = {"cast": o.dtype}
     declared: dict[str, list[str]] = {}
     module_options: list[tuple[str, int, str]] = []  # (type, index in its list, option as given)
-    for item in modules:
+    for item in o.modules:
         type_name, sep, pattern = item.partition("=")
         if not sep or not type_name.strip() or not pattern:
-            raise ConvertUsageError(f"--modules expects TYPE=REGEX (e.g. Linear='^fc\\d+$'), got {item!r}")
+            raise ConvertUsageError(f"{row('modules').flag} expects TYPE=REGEX (e.g. Linear='^fc\\d+$'), "
+                                    f"got {item!r}")
         module_options.append((type_name, len(declared.setdefault(type_name, [])), item))
         declared[type_name].append(pattern)
     if declared:
         data["modules"] = declared
-    _hf_to_gguf(data, src, dst, target_format_name)
-    _gguf_to_hf(data, src, dst, target_format_name)
+    _hf_to_gguf(data, src, dst, o.target_format_name)
+    _gguf_to_hf(data, src, dst, o.target_format_name)
     from pydantic import ValidationError
 
     from .model import Recipe
@@ -294,34 +258,38 @@ def _usage_error(data: dict[str, Any], module_options: list[tuple[str, int, str]
 
 
 def _option_for(loc: str, data: dict[str, Any], module_options: list[tuple[str, int, str]]) -> str:
-    """The option (and value) a recipe location comes from, e.g. 'adapters[1].float_cast.to' -> --adapter."""
+    """The option (and value) a recipe location comes from, e.g. 'adapters[1].float_cast.to' -> --adapter
+    'float_cast:X': the table's flag (`convert_options.flag_for`), with the value given for a repeated one."""
     import re
 
     head = re.match(r"([a-z_]+)(?:\.([^.\[]+))?(?:\[(\d+)\])?", loc)
     if head is None:
         return "option"
     first, second, index = head.group(1), head.group(2), head.group(3)
-    n = int(index) if index is not None else None
-    if first == "adapters" and n is not None:
+    flag = flag_for(loc)
+    if index is None:
+        return flag
+    n = int(index)
+    if first == "adapters":
         spec = data["adapters"][n]
-        return "--adapter '" + (spec if isinstance(spec, str) else f"float_cast:{spec['float_cast']['to']}") + "'"
-    if first == "modules" and second is not None and n is not None:
+        return f"{flag} '" + (spec if isinstance(spec, str) else f"float_cast:{spec['float_cast']['to']}") + "'"
+    if first == "modules" and second is not None:
         given = [item for type_name, i, item in module_options if type_name == second and i == n]
-        return f"--modules '{given[0]}'" if given else "--modules"
-    if first == "remap" and n is not None:
+        return f"{flag} '{given[0]}'" if given else flag
+    if first == "remap":
         rule = data["remap"][n]
-        return f"--remap '{rule['from']}={rule['to']}'"
-    if first == "filter" and second in ("include", "exclude") and n is not None:
-        return f"--{second} '{data['filter'][second][n]['regex']}'"
-    names: dict[str, str | dict[str, str]] = {
-        "dtype": "--dtype", "training_state": "--training-state",
-        "source": {"top_level_key": "--top-level-key", "tag": "--tag", "format": "--from",
-                   "param_order": "--param-order",
-                   "path": "SRC", "lora": "--lora/--lora-scale"},
-        "target": {"format": "--to", "metadata": "--metadata", "path": "DST", "quantize": "--quantize",
-                   "optimizer": "--optimizer-out"}}
-    found = names.get(first, first)
-    return found.get(second or "", first) if isinstance(found, dict) else found
+        return f"{flag} '{rule['from']}={rule['to']}'"
+    if first == "filter" and second in ("include", "exclude"):
+        return f"{flag} '{data['filter'][second][n]['regex']}'"
+    return flag
+
+
+def _put(data: dict[str, Any], location: str, value: Any) -> None:
+    """`value` at a dotted recipe location ('source.top_level_key')."""
+    *parents, key = location.split(".")
+    for part in parents:
+        data = data.setdefault(part, {})
+    data[key] = value
 
 
 def emit_recipe(recipe: Recipe, out: str | os.PathLike[str] | None = None) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 from yaml.nodes import MappingNode
 
+from ..storage.atomic import same_file
 from .issues import RecipeError, RecipeIssue
 from .model import Recipe
 from .placement import _Issue, _Mapper, _sorted_unique
@@ -257,15 +258,6 @@ def read_candidates(path: Path) -> list[Path]:
     if not os.path.splitext(path.name)[1]:
         out.append(path.with_name(path.name + ".bpk"))
     return out
-
-
-def same_file(a: Path, b: Path) -> bool:
-    try:
-        if a.exists() and b.exists():
-            return os.path.samefile(a, b)
-        return a.resolve() == b.resolve()
-    except OSError:
-        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _source_origins(recipe: Recipe, shown: str, root: MappingNode, keys: dict[int, Any]) -> dict[int, str]:

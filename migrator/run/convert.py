@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from ..core.errors import MigratorError, not_written
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.registry import has_torch_names
 from ..recipe.convert import ConvertUsageError, build_recipe
+from ..recipe.convert_options import PLAIN, ConvertOptions
 from ..storage.remote import as_path
 
 if TYPE_CHECKING:
@@ -49,31 +50,35 @@ class ConvertResult:
     """{"from", "to"} per tensor name whose index segments were renumbered (contiguous_indices)."""
 
 
-PLAIN_OPTIONS = frozenset({"source_format", "target_format_name", "overwrite", "fsync", "metadata",
-                           "clear_metadata", "max_shard_size", "copy", "weights_name", "copy_from"})
-"""Options a plain copy understands; anything else set (remaps, filters, adapters, dtype, forced
-indices, top-level key) goes through a recipe. `contiguous_indices` None/False is understood too."""
+PLAIN_OPTIONS = PLAIN
+"""Options a plain copy understands (`ConvertOptions`' rows say which); anything else set (remaps, filters,
+adapters, dtype, forced indices, top-level key) goes through a recipe. `contiguous_indices` None/False is
+understood too."""
 
 
-def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None = None,
-            recipe_sha256: str | None = None, limits: Limits = DEFAULT_LIMITS, **options: Any) -> ConvertResult:
-    """Convert `src` to `dst` atomically, one tensor at a time (see `build_recipe` for options).
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: ConvertOptions | None = None, /, *,
+            progress: bool | None = None, recipe_sha256: str | None = None, limits: Limits = DEFAULT_LIMITS,
+            **changes: Any) -> ConvertResult:
+    """Convert `src` to `dst` atomically, one tensor at a time: `options` (a `ConvertOptions`, whose
+    fields may also be given or changed as keywords; see `build_recipe`).
 
     `recipe_sha256`: the hash of the recipe this conversion is recorded as (`--emit-recipe -o`), put
     in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes.
     `limits` bounds what the source may make its reader allocate."""
     from ..recipe.convert import llama_config, llama_gguf
 
-    if (recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in options.items())
-            and llama_config(src, dst, options.get("target_format_name", "auto")) is None
-            and llama_gguf(src, dst, options.get("max_shard_size"), options.get("target_format_name", "auto")) is None):
-        done = _plain_copy(src, dst, progress=progress, limits=limits, **options)
+    o = replace(options or ConvertOptions(), **changes)
+    given = o.given()
+    if (recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in given.items())
+            and llama_config(src, dst, o.target_format_name) is None
+            and llama_gguf(src, dst, o.max_shard_size, o.target_format_name) is None):
+        done = _plain_copy(src, dst, progress=progress, limits=limits, **given)
         if done is not None:
             return done
     from ..plan.build import RecipeFile, build_plan
     from .execute import run_plan
 
-    recipe = build_recipe(src, dst, **options)
+    recipe = build_recipe(src, dst, o)
     if recipe.target.shard is not None:  # an existing folder is refused before any source is opened
         from ..files.targets import check_folder_target
         from ..storage.paths import resolve_path

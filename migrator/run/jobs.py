@@ -18,24 +18,24 @@ One job can also be written by several workers (`--workers W`, or `--jobs W` wit
 
 from __future__ import annotations
 
-import argparse
 import glob as globlib
 import os
 import re
 import string
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
+from ..core.cpus import available_cpus as available_cpus  # --jobs' default (`cli/recipe.py`)
 from ..core.errors import EXIT_MIGRATION, EXIT_OK, MigratorError
 from ..storage.paths import where
 from ..storage.remote import is_url
 
 if TYPE_CHECKING:
     from ..plan.outputs import Output
-    from .recipe import RunOutcome
+    from .recipe import RunOptions, RunOutcome
 
 PLACEHOLDERS = {
     "stem": "the source's file (or folder) name without its last extension: runs/a/last.pt -> last",
@@ -46,9 +46,9 @@ PLACEHOLDERS = {
 _GLOB_CHARS = set("*?[")
 
 
-def is_many(args: argparse.Namespace) -> bool:
+def is_many(recipes: Sequence[str], each: Sequence[str] = ()) -> bool:
     """Whether `migrate run` was given several jobs: several recipes, or one over `--each` sources."""
-    return len(args.recipes) > 1 or bool(getattr(args, "each", None))
+    return len(recipes) > 1 or bool(each)
 
 
 def describe_job(spec: dict[str, Any]) -> str:
@@ -58,14 +58,6 @@ def describe_job(spec: dict[str, Any]) -> str:
 
 class JobsUsageError(MigratorError):
     """The jobs cannot all run as given (a glob matching nothing, two jobs writing one target...)."""
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, as `nproc` counts), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    count = getattr(os, "process_cpu_count", os.cpu_count)()
-    return max(1, count or 1)
 
 
 def _glob(pattern: str) -> list[str]:
@@ -179,26 +171,25 @@ def _placed_part_problem(pattern: str, filled: str) -> str | None:
     return None
 
 
-def job_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+def job_specs(recipes: Sequence[str], options: RunOptions, each: Sequence[str] = ()) -> list[dict[str, Any]]:
     """One spec per job: the recipe, its `--source`/`--target` overrides (absolute, so any worker
-    can use them; `given` keeps them as typed, for the report) and the options every job shares."""
-    from .recipe import RunOptions
-
-    shared = replace(RunOptions.of(args), source=None, target=None, report=None, one_of_many=True)
-    each = getattr(args, "each", None)
+    can use them; `given` keeps them as typed, for the report) and the options every job shares
+    (`options`: the command line's, `--source`/`--target` being each job's own)."""
+    shared = replace(options, source=None, target=None, report=None, one_of_many=True)
     if each:
-        if len(args.recipes) != 1:
+        if len(recipes) != 1:
             raise JobsUsageError("--each runs one recipe over many sources: give one recipe")
-        if args.source:
+        if options.source:
             raise JobsUsageError("--each gives the sources: --source cannot be used with it")
-        if not args.target:
+        if not options.target:
             raise JobsUsageError("--each needs --target with placeholders, e.g. --target 'out/{stem}.bpk' "
                                  "(" + ", ".join(f"{{{k}}}" for k in PLACEHOLDERS) + ")")
-        sources = expand_each(each)
-        pairs = [(args.recipes[0], {"source": s, "target": target_for(args.target, s, i)})
-                 for i, s in enumerate(sources)]
+        sources = expand_each(list(each))
+        target = options.target
+        pairs = [(recipes[0], {"source": s, "target": target_for(target, s, i)}) for i, s in enumerate(sources)]
     else:
-        pairs = [(r, {k: v for k in ("source", "target") if (v := getattr(args, k, None))}) for r in args.recipes]
+        given = {k: v for k, v in (("source", options.source), ("target", options.target)) if v}
+        pairs = [(r, dict(given)) for r in recipes]
     specs = []
     for recipe, given in pairs:
         paths = {k: where(v) for k, v in given.items()}
@@ -493,19 +484,20 @@ def died(spec: dict[str, Any], why: str) -> JobResult:
                                           "tensor": None})
 
 
-def prepare(args: argparse.Namespace) -> list[dict[str, Any]]:
+def prepare(recipes: Sequence[str], options: RunOptions, each: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The jobs of `migrate run` of several (numbered), checked against each other before any runs
     (a `JobsUsageError` otherwise), and the `--report` they share checked too."""
-    specs = job_specs(args)
+    specs = job_specs(recipes, options, each)
     for i, spec in enumerate(specs):
         spec["index"] = i
-    check_jobs(specs, args.report)
-    if args.report and args.report.lower().endswith((".html", ".htm")):
+    report = options.report
+    check_jobs(specs, report)
+    if report and report.lower().endswith((".html", ".htm")):
         raise JobsUsageError("--report of several jobs is one JSON document: give a .json file")
-    if args.report:
+    if report:
         from ..storage.atomic import check_target
 
-        check_target(Path(args.report), overwrite=bool(args.overwrite))
+        check_target(Path(report), overwrite=bool(options.overwrite))
     return specs
 
 
@@ -531,13 +523,13 @@ def jobs_report(specs: list[dict[str, Any]], results: list[JobResult], worst: in
     return {"status": "ok" if worst == EXIT_OK else "failed", "exit_code": worst, "jobs": jobs}
 
 
-def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tuple[str, str | None]:
+def jobs_executor(options: RunOptions, specs: list[dict[str, Any]]) -> tuple[str, str | None]:
     """Where several jobs run: `--executor` when given, else their recipes' common `executor:` (one
     dispatcher runs them all, so recipes that disagree need the flag)."""
     from .recipe import executor_for
 
-    if args.executor:
-        return executor_for(args.executor, args.ray_address, None)
+    if options.executor:
+        return executor_for(options.executor, options.ray_address, None)
     from ..recipe.loader import RecipeError, load_recipe
 
     seen: dict[tuple[str, str | None], str] = {}
@@ -546,7 +538,7 @@ def jobs_executor(args: argparse.Namespace, specs: list[dict[str, Any]]) -> tupl
             recipe = load_recipe(spec["recipe"]).recipe
         except (RecipeError, MigratorError):
             continue  # that job fails on its own
-        seen.setdefault(executor_for(args.executor, args.ray_address, recipe), spec["label"])
+        seen.setdefault(executor_for(options.executor, options.ray_address, recipe), spec["label"])
     if len(seen) > 1:
         (a, first), (b, second) = list(seen.items())[:2]
         raise JobsUsageError(f"the recipes ask for different executors ({first}: {_spell(a)}, {second}: "

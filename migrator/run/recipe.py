@@ -65,23 +65,15 @@ class RunOptions:
     compared: bool = False
     base_dir: str | None = None
 
-    @classmethod
-    def of(cls, args: Any) -> RunOptions:
-        """From `migrate run`'s command line (the options every job shares, for many)."""
-        return cls(source=getattr(args, "source", None), target=getattr(args, "target", None),
-                   config=getattr(args, "config", None),
-                   training_state=getattr(args, "training_state", None),
-                   overwrite=True if args.overwrite else None, fsync=False if args.no_fsync else None,
-                   hash_sources=bool(args.hash_sources), progress=False if args.no_progress else None,
-                   workers=args.workers, jobs=args.jobs, executor=args.executor, ray_address=args.ray_address,
-                   reader_limits=getattr(args, "reader_limits", DEFAULT_LIMITS),
-                   report=getattr(args, "report", None))
-
     def overrides(self) -> dict[str, str]:
         """{"source": PATH, "target": PATH, "config": FILE, "training_state": keep|drop} as given (any may be
         absent)."""
         return {k: v for k, v in (("source", self.source), ("target", self.target), ("config", self.config),
                                   ("training_state", self.training_state)) if v}
+
+    def plan_settings(self) -> dict[str, Any]:
+        """`plan.loaded.open_plan`'s settings (`migrate plan | validate` plan a recipe this way)."""
+        return {"overwrite": self.overwrite, "fsync": self.fsync, "limits": self.reader_limits}
 
 
 @dataclass(frozen=True)

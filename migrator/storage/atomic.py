@@ -96,11 +96,20 @@ def clean_stale_scratch(target: Path) -> list[Path]:
     return removed
 
 
-def same_file(a: Path, b: Path) -> bool:
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether writing one would write the other: the same inode when both exist (hard links,
+    symlinks to it), else the same resolved path (a target not written yet, a dangling symlink).
+    The one rule for every "is the output one of the inputs?" check (target checks here, a recipe's
+    target against its sources, a command line's paths)."""
     try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except (OSError, ValueError):  # unreadable: the paths decide
+        pass
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except (OSError, ValueError):  # an embedded NUL, a loop: as written
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -116,8 +125,7 @@ def _is(target: Path, other: Protected) -> bool:
     it), or the same resolved path (a target that does not exist yet, a dangling symlink)."""
     if isinstance(other, tuple):
         return _identity(target) == other
-    other = Path(other)
-    return same_file(target, other) or os.path.realpath(target) == os.path.realpath(other)
+    return same_file(target, other)
 
 
 def _kind(mode: int) -> str:

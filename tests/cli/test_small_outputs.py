@@ -30,7 +30,7 @@ def test_inspect_limit_covers_shard_rows(sharded: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "4 shards (index" in r.stdout
     assert len(re.findall(r"model-0000\d-of-00004\.safetensors\s+1 ", r.stdout)) == 1
-    assert "... and 3 more shards (use --limit or --json)" in r.stdout
+    assert "... and 3 more shards (use --rows N or --json)" in r.stdout
     r = migrate("inspect", str(sharded))
     assert len(re.findall(r"model-0000\d-of-00004\.safetensors\s+1 ", r.stdout)) == 4
 

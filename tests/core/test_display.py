@@ -289,7 +289,7 @@ def test_inspect_fits_columns_and_names_reassemble(tmp_path: Path, monkeypatch: 
     monkeypatch.delenv("COLUMNS")
     _, out, _ = run(capsys, "inspect", str(path), "--limit", "1")
     assert out.splitlines()[1].index("dtype") == len(names[0]) + 2  # piped: names unwrapped
-    assert "... and 3 more tensors (use --limit or --json)" in out
+    assert "... and 3 more tensors (use --rows N or --json)" in out
 
 
 # --- --help, usage, --json failures --------------------------------------------------------------

@@ -54,13 +54,13 @@ def _walk(node: object) -> list[object]:
     return out
 
 
-@pytest.mark.parametrize("command, option, kind", [("inspect", "--format", {"readable": True}),
+@pytest.mark.parametrize("command, option, kind", [("inspect", "--from", {"readable": True}),
                                                    ("convert", "--from", {"readable": True}),
                                                    ("convert", "--to", {"writable": True})])
 def test_help_lists_every_format_an_option_takes(command: str, option: str, kind: dict[str, bool]) -> None:
     out = subprocess.run([sys.executable, "-m", "migrator.cli", command, "--help"], capture_output=True, text=True,
                          check=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "COLUMNS": "400"}).stdout
-    line = next(ln for ln in out.splitlines() if ln.strip().startswith(option))
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith(option + " "))  # --to, not --top-level-key
     listed = re.findall(r"[a-z]+(?= \||$| \()", line.split(option, 1)[1].strip())
     assert listed == list(registry.choices(**kind)), line
 

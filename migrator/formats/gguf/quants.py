@@ -457,7 +457,7 @@ def require_kernels(name: str) -> None:
 
 
 def _workers() -> int:
-    from ...core.casts import available_cpus
+    from ...core.cpus import available_cpus
 
     return min(available_cpus(), 8)
 
