@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from migrator.transform.merging import lora_product as lp
+from migrator.ops.compute import lora_product as lp
 
 
 def _kernel(b: np.ndarray, a: np.ndarray, mode: int, block: int) -> np.ndarray:

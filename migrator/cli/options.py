@@ -200,7 +200,7 @@ def _remap_problem(pattern: str, replacement: str) -> str | None:
         problem = RemapRule(pattern, replacement).missing_group_problem()
     except NamingError as e:
         if e.message.startswith("invalid regex"):
-            from ..recipe.checks import regex_problem
+            from ..ops.checks import regex_problem
 
             return regex_problem(e)
         return e.message.replace(repr(replacement), f"'{replacement}'")  # as the user wrote it

@@ -16,6 +16,7 @@ from ..core.tensor import LazyTensor
 from ..formats.base import Reader, Writer, WriterKind
 from ..formats.registry import reader_class, target_format, writer_class
 from ..storage.atomic import Protected, atomic_output
+from ..storage.read_context import ReadContext
 from ..storage.remote import is_url
 from .probes import Asked, no_order, no_tag, probed
 from .single import open_single, reader_over
@@ -53,7 +54,7 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 
             no_tag(src, options)
             no_order(src, order)
-            return open_url(src, format, options, limits, storage)
+            return open_url(src, format, options, ReadContext(limits, storage))
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x

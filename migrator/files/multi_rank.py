@@ -6,20 +6,18 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..core.limits import Limits
 from ..formats.base import Reader
 
 if TYPE_CHECKING:
-    from ..storage.remote.options import StorageOptions
+    from ..storage.read_context import ReadContext
 
 
-def open_dcp(folder: str | os.PathLike[str], limits: Limits, options: dict[str, Any],
-             storage: StorageOptions | None = None) -> Reader:
-    """A DCP checkpoint folder (local, or a URL prefix) as one reader, `top_level_key` applied."""
+def open_dcp(folder: str | os.PathLike[str], options: dict[str, Any], read: ReadContext) -> Reader:
+    """A DCP checkpoint folder (local, or a URL prefix) as one reader within `read`, `top_level_key` applied."""
     from ..formats.dcp.reader import DcpReader
 
     keep = bool(options.pop("keep_structure", False)) and options.get("top_level_key") in (None, "", [])
-    return selected(DcpReader(folder, limits=limits, keep_structure=keep, storage=storage), options)
+    return selected(DcpReader(folder, read=read, keep_structure=keep), options)
 
 
 def selected(reader: Reader, options: dict[str, Any]) -> Reader:

@@ -94,9 +94,10 @@ def _dcp(asked: Asked) -> Reader | None:
     folder = dcp_folder(asked.path)
     if folder is None:
         return None
+    from ..storage.read_context import ReadContext
     from .multi_rank import open_dcp
 
-    return open_dcp(folder, asked.limits, asked.options)
+    return open_dcp(folder, asked.options, ReadContext(asked.limits))
 
 
 def _dcp_safetensors(asked: Asked) -> Reader | None:

@@ -5,22 +5,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..core.limits import DEFAULT_LIMITS, Limits
 from ..formats.base import Reader
 from ..formats.dcp.layout import METADATA_FILE
+from ..storage.read_context import DEFAULT_READ, ReadContext
 from ..storage.remote import redact, url_of
 from ..storage.remote.fs import StorageError, filesystem, object_info, tuning, with_retries
 from ..storage.remote.options import StorageOptions
 
 
 def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
-             limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None) -> Reader:
-    """`files.io.open_file` for a URL: headers by ranged reads, tensors streamed on demand."""
+             read: ReadContext = DEFAULT_READ) -> Reader:
+    """`files.io.open_file` for a URL, within `read`: headers by ranged reads, tensors streamed on demand."""
     from ..storage.remote.source import RemoteSource
     from .remote_sharded import RemoteShardedReader, is_remote_sharded
     from .single import reader_over
 
-    url = url_of(src)
+    url, storage = url_of(src), read.storage
     info: dict[str, Any] | None = None
     if not url.endswith("/"):
         fs, path = filesystem(url, storage)
@@ -35,13 +35,13 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
         if folder is not None:  # a PyTorch Distributed Checkpoint on a store: `.metadata` + .distcp objects
             from .multi_rank import open_dcp
 
-            return open_dcp(folder, limits, options, storage)
+            return open_dcp(folder, options, read)
     if is_remote_sharded(url, info):
         key = options.pop("top_level_key", None)
         options.pop("keep_structure", None)  # shards are state_dicts: written back flat
         if options:
             raise TypeError(f"options {sorted(options)} do not apply to a sharded source")
-        sharded = RemoteShardedReader(url, format, info, limits, storage)
+        sharded = RemoteShardedReader(url, format, info, read)
         try:
             if key is not None:
                 sharded.select(key)
@@ -51,7 +51,7 @@ def open_url(src: str | os.PathLike[str], format: str, options: dict[str, Any],
         return sharded
     assert info is not None
     source = RemoteSource(url, size=info.get("size") if isinstance(info.get("size"), int) else None, storage=storage)
-    return reader_over(source, url, format, limits, options)
+    return reader_over(source, url, format, read.limits, options)
 
 
 def remote_dcp_folder(url: str, storage: StorageOptions | None = None) -> str | None:

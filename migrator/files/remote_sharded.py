@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..core.errors import FormatError, LimitExceededError, OutputError, TargetExistsError
-from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.scalars import Scalar
 from ..formats.bounded_json import load_bounded_json
 from ..formats.registry import default_sharded
+from ..storage.read_context import DEFAULT_READ, ReadContext
 from ..storage.remote import RemotePath, as_path, protocol, redact, url_of
 from ..storage.remote.fs import (
     StorageError,
@@ -117,10 +117,10 @@ def is_remote_sharded(url: str, info: dict[str, Any] | None) -> bool:
     return info is None and bool(GLOB_CHARS.intersection(posixpath.basename(url)))
 
 
-def read_remote_index(url: str, limits: Limits = DEFAULT_LIMITS,
-                      storage: StorageOptions | None = None) -> tuple[dict[str, str], dict[str, Any]]:
+def read_remote_index(url: str, read: ReadContext = DEFAULT_READ) -> tuple[dict[str, str], dict[str, Any]]:
     """A remote index's `weight_map` and `metadata` (size bounded before it is read)."""
-    src = RemoteSource(url, storage=storage)
+    limits = read.limits
+    src = RemoteSource(url, storage=read.storage)
     try:
         if src.size > limits.max_index_bytes:
             raise LimitExceededError(f"index is {src.size} bytes, over the {limits.max_index_bytes} limit "
@@ -142,18 +142,18 @@ class RemoteShardedReader(ShardedReader):
     """`ShardedReader` over shard objects (shard order, then each shard's data order)."""
 
     def __init__(self, url: str, format: str = "auto", info: dict[str, Any] | None = None,
-                 limits: Limits = DEFAULT_LIMITS, storage: StorageOptions | None = None) -> None:
+                 read: ReadContext = DEFAULT_READ) -> None:
         url = url.rstrip("/") if not url.endswith("://") else url
         self.given = redact(url)
-        self.limits = limits
-        self.storage = storage
+        self.limits = limits = read.limits
+        self.storage = storage = read.storage
         self.index_path = None
         weight_map: dict[str, str] | None = None
         index_meta: dict[str, Any] = {}
         if url.endswith(INDEX_SUFFIX):
             self.index_path = RemotePath(url)
             self.folder = self.index_path.parent
-            weight_map, index_meta = read_remote_index(url, limits, storage)
+            weight_map, index_meta = read_remote_index(url, read)
             files = self._index_files(url, weight_map)
         elif info is None and GLOB_CHARS.intersection(posixpath.basename(url)):
             if protocol(url) in ("http", "https"):
@@ -172,7 +172,7 @@ class RemoteShardedReader(ShardedReader):
             found_path = pick_weights(_listing(url, storage=storage), self.folder)
             if found_path.name.endswith(INDEX_SUFFIX):
                 self.index_path = RemotePath(str(found_path))
-                weight_map, index_meta = read_remote_index(str(found_path), limits, storage)
+                weight_map, index_meta = read_remote_index(str(found_path), read)
                 files = self._index_files(str(found_path), weight_map)
             else:
                 files = [RemotePath(str(found_path))]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.limits import DEFAULT_LIMITS, Limits
-from .build import Plan, build_plan
+from .build import Plan, RecipeFile, build_plan
 from .sources import SourceKeyError
 
 if TYPE_CHECKING:
@@ -156,9 +156,8 @@ def plan_of(loaded: LoadedRecipe, *, recipe: Recipe | None = None, **options: An
     """`build_plan` of a loaded recipe file, given all the loader knows of it: its hash, and where its
     modules, ops and sources are written (an error names its recipe line, whichever command planned
     it). `recipe`: the file's recipe with a path replaced (`diff`'s A); `options`: `build_plan`'s."""
-    plan = build_plan(loaded.recipe if recipe is None else recipe, loaded.base_dir, recipe_sha256=loaded.sha256,
-                      module_origins=loaded.module_origins, op_origins=loaded.op_origins,
-                      source_origins=loaded.source_origins, **options)
+    file = RecipeFile(loaded.sha256, loaded.module_origins, loaded.op_origins, loaded.source_origins)
+    plan = build_plan(loaded.recipe if recipe is None else recipe, loaded.base_dir, file=file, **options)
     plan.read_also = other_inputs(loaded)  # no output of the run may replace the recipe or its config
     return plan
 

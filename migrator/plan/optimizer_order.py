@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MigratorError, PlanError
-from ..core.limits import Limits
+
+if TYPE_CHECKING:
+    from ..storage.read_context import ReadContext
 
 Key = int | str
 
@@ -57,8 +59,7 @@ def output_order(opt: Any, kept: Sequence[tuple[int, int, list[Key], str]], by_n
     return new_of, params_order, sorted(range(len(kept)), key=in_state)
 
 
-def new_model_order(path: Path | None, training: Any, fatal: list[str], limits: Limits,
-                    storage: Any = None) -> list[str] | None:
+def new_model_order(path: Path | None, training: Any, fatal: list[str], read: ReadContext) -> list[str] | None:
     """The new model's tensor names in its own order, from `target.param_order` (None when not given);
     a problem goes to `fatal`. Only a format that keeps a model's order will do: a PyTorch state dict
     (its keys as `state_dict()` made them) or a burnpack; SafeTensors sorts its tensors by name."""
@@ -72,7 +73,7 @@ def new_model_order(path: Path | None, training: Any, fatal: list[str], limits: 
     from ..formats.registry import is_format
 
     try:
-        with open_file(path, limits=limits, storage=storage) as r:
+        with open_file(path, **read.options()) as r:
             if not is_format(r.format, keeps_order=True):
                 fatal.append(f"target.param_order: {path} is {r.format}, which does not keep a model's order "
                              "(SafeTensors sorts its tensors by name); give torch.save(new_model.state_dict()) "

@@ -33,6 +33,7 @@ from ..formats.base import Reader
 from ..formats.registry import has_torch_names
 from ..naming import KeyRemapper, NamingError, RemapRule, contiguous_names, find_collisions
 from ..storage.paths import resolve_path
+from ..storage.read_context import DEFAULT_READ, ReadContext
 from ..storage.remote.options import StorageOptions
 
 if TYPE_CHECKING:
@@ -49,10 +50,10 @@ class SourceKeyError(PlanError):
     loc = ("source", "top_level_key")
 
 
-def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limits: Any = None,
+def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read: ReadContext = DEFAULT_READ,
                 keep_structure: bool = False, base_dir: Path | None = None,
-                storage: StorageOptions | None = None, training_state: str | None = None) -> Reader:
-    """One `source:` (or `sources:` entry number `entry`) opened, headers only; a wrong
+                training_state: str | None = None) -> Reader:
+    """One `source:` (or `sources:` entry number `entry`) opened within `read`, headers only; a wrong
     top_level_key is a `SourceKeyError` that points at that key. `keep_structure`: a PyTorch
     checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target;
     with `training_state="keep"` too, a DeepSpeed ZeRO folder is the whole training checkpoint.
@@ -71,9 +72,7 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
         raise PlanError("source.seed is the seed of a merge's random drop: it needs format: mergekit",
                         file=str(path))
     key = spec.top_level_key
-    options: dict[str, Any] = {} if key is None else {"top_level_key": key}
-    if limits is not None:
-        options["limits"] = limits
+    options: dict[str, Any] = read.options() if key is None else {**read.options(), "top_level_key": key}
     if spec.tag is not None:  # the step of a DeepSpeed ZeRO checkpoint
         options["tag"] = spec.tag
     if spec.param_order is not None:  # a Trainer checkpoint's parameter order
@@ -83,7 +82,7 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, limit
         if training_state is not None:
             options["training_state"] = training_state
     try:
-        reader = open_file(path, spec.format, storage=storage, **options)
+        reader = open_file(path, spec.format, **options)
     except TensorNotFoundError as e:
         error = SourceKeyError(e.detail, file=e.file)
         if entry is not None:
@@ -288,18 +287,16 @@ def _agreed(metas: Any) -> dict[str, str]:
 
 
 def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | None = None, *,
-                 limits: Any = None, for_burn: bool = False,
-                 storage: StorageOptions | None = None) -> UnionReader:
+                 read: ReadContext = DEFAULT_READ, for_burn: bool = False) -> UnionReader:
     """Open every `sources:` entry and join them; `origins` maps an entry's index to its recipe line,
-    `limits` (`formats.Limits`) bounds each entry's reader as `source:`'s, `for_burn` (the output is
-    for Burn) turns on the renumbering of PyTorch parts that do not say."""
+    each entry's reader is opened within `read` as `source:`'s, `for_burn` (the output is for Burn)
+    turns on the renumbering of PyTorch parts that do not say."""
     assert recipe.sources is not None
     parts: list[SourcePart] = []
     try:
         for i, entry in enumerate(recipe.sources):
             path = resolve_path(base_dir, entry.path)
-            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, limits=limits, base_dir=base_dir,
-                                                                storage=storage),
+            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, read=read, base_dir=base_dir),
                                     (origins or {}).get(i)))
         check_unfolded_adapters(parts, recipe.sources)
         return UnionReader(parts, recipe.sources, for_burn=for_burn)

@@ -478,9 +478,16 @@ def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None,
             "from": source if source is not None else tensor}
 
 
-# ops after which a parameter holds the same numbers in the same layout (renames: a remap, renumbered
-# indices, an adapter's gamma/beta; a cast): its other state still fits it
+# steps after which a parameter holds the same numbers in the same layout (renames: a remap, renumbered
+# indices, an adapter's gamma/beta; a cast): its other state still fits it. A recipe op says so itself
+# (`Op.keeps_layout`); its ops text starts with its name.
 _KEEPS_LAYOUT = ("remap ", "index ", "rename ", "cast ")
+
+
+def _keeps_layout() -> tuple[str, ...]:
+    from ..ops.base import OPS
+
+    return _KEEPS_LAYOUT + tuple(f"{name} " for name, op in OPS.items() if op.keeps_layout)
 
 
 def _scalar(opt: Optimizer, states: Sequence[ParamState], k: str, target: str, tensors: dict[str, LazyTensor],
@@ -493,7 +500,8 @@ def _scalar(opt: Optimizer, states: Sequence[ParamState], k: str, target: str, t
         if k in s.tensors:
             t = tensors[s.tensors[k]]
             if t.numel != 1 and inputs == 1 and t.shape != shape_of[opt.owner[s.key]]:
-                changed = [op for op in ops if not op.startswith(_KEEPS_LAYOUT)]
+                kept = _keeps_layout()
+                changed = [op for op in ops if not op.startswith(kept)]
                 if changed:
                     raise PlanError(f"optimizer state '{s.tensors[k]}' (shape {list(t.shape)}) is neither shaped like "
                                     f"its parameter nor a scalar, and '{target}' goes through {changed[0]}: such "
@@ -642,7 +650,7 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
     (the model's: not the optimizers'). `model_key`: the dotted `source.top_level_key` of a `keep` run,
     whose source was opened whole: the recipe plans the tensors under it (named without it); every
     tensor outside it and the optimizers passes through (into a .pt; a burnpack leaves them out)."""
-    from ..transform.ops import COMPUTING
+    from ..ops.base import entry_op
 
     tree = reader.structure
     one_file = tree is not None and recipe.target.shard is None and tpl_path is None
@@ -699,7 +707,7 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
                          "(training_state: keep); the recipe's remaps and filter apply to the model's tensors. Set "
                          "training_state: drop to leave the optimizer out")
             return out
-    computed = sorted({_op_kind(op) for op in recipe.ops} & COMPUTING)
+    computed = sorted({op.name for op, _ in map(entry_op, recipe.ops) if op.computes})
     if mode == "keep" and (computed or any(s.lora is not None for s in recipe.inputs())):
         what = f"computed ops ({', '.join(computed)})" if computed else "a LoRA folded into the source"
         out.notes.append(f"optimizer state dropped ({_paths(optimizers)}): {what} make new weights, which stale "
@@ -735,12 +743,6 @@ def _patterns_on_optimizers(recipe: Any, names: Sequence[str]) -> str | None:
     if not out:
         return None
     return "all" if len(out) == len(names) else f"the filter leaves out the optimizer's own tensor '{out[0]}'"
-
-
-def _op_kind(op: Any) -> str:
-    from ..recipe.ops import op_kind_and_spec
-
-    return op_kind_and_spec(op)[0]
 
 
 def _paths(optimizers: Sequence[Optimizer]) -> str:

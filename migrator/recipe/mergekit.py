@@ -35,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..core import dtypes
 from ..core.dtypes import DType
 from ..core.errors import MergeInputError, MigratorError
+from ..ops.base import F32_MAX
 from .issues import RecipeError, RecipeIssue
-from .merge_ops import F32_MAX
 from .yaml_nodes import _parse_yaml
 
 METHODS = ("linear", "task_arithmetic", "slerp", "ties", "dare_ties", "dare_linear", "passthrough")

@@ -30,8 +30,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ..formats import registry as formats
+from ..ops.base import on_new_op
+from ..ops.checks import check_regex, recipe_value_error
 from . import adapter_names
-from .checks import check_regex, recipe_value_error
 from .ops import OpSpec
 
 
@@ -612,9 +613,8 @@ class Recipe(_Strict):
     modules: dict[str, list[Regex]] = Field(
         default_factory=dict, description="Module type -> regexes of module paths (tensor name minus last segment).")
     ops: list[OpSpec] = Field(
-        default_factory=list, description="Tensor ops (split, concat, stack, unstack, reshape, permute, slice, "
-        "rope_permute; computed: linear, scale, slerp, task_arithmetic, ties, dare_ties, dare_linear, lora_fold), in "
-        "order, on the names after remap and filter, before adapters.")
+        default_factory=list, description="Tensor ops, each a one-key mapping {OP: {options}} naming one of the "
+        "ops below (docs/ops.md), in order, on the names after remap and filter, before adapters.")
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="Layout adapters, chained in order: " + ", ".join(adapter_names.ALL[1:] + adapter_names.ALL[:1])
@@ -674,3 +674,12 @@ class Recipe(_Strict):
     def dump(self) -> dict[str, Any]:
         """Plain data with the YAML spellings (`from`, `validate`, `with`), defaults left out."""
         return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
+def _take_new_op() -> None:
+    """An op registered after `Recipe` was built (a plugin's module): its `ops:` union is made again."""
+    if Recipe.__pydantic_complete__:
+        Recipe.model_rebuild(force=True)
+
+
+on_new_op(_take_new_op)

@@ -15,11 +15,16 @@ from typing import Any, Union
 from pydantic import BaseModel, Tag
 
 from .model import Recipe
+from .ops import OpSpec
 
 
 def _unwrap(tp: Any) -> Any:
-    """Strip Annotated and Optional: neither adds a level to pydantic's error locations."""
+    """Strip Annotated and Optional: neither adds a level to pydantic's error locations. A type made
+    when its model is built (`ops.OpSpec`, from the registry) is walked as what it is made into."""
     while True:
+        if tp is OpSpec:
+            tp = OpSpec.annotation()
+            continue
         origin = typing.get_origin(tp)
         if origin is typing.Annotated:
             tp = typing.get_args(tp)[0]

@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from ..naming.similarity import did_you_mean
+from ..ops.checks import RECIPE_VALUE
 from . import adapter_names
-from .checks import RECIPE_VALUE
 from .issues import RecipeIssue, _quote_key, _render_loc
 from .model import NO_MEMBER, HalfPrecisionSpec, Recipe
 from .model_types import _Err, _is_model, _split_loc, _union_members, _unwrap, _yaml_keys

@@ -75,7 +75,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: C
         done = _plain_copy(src, dst, progress=progress, limits=limits, **given)
         if done is not None:
             return done
-    from ..plan.build import build_plan
+    from ..plan.build import RecipeFile, build_plan
     from .execute import run_plan
 
     recipe = build_recipe(src, dst, o)
@@ -84,7 +84,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: C
         from ..storage.paths import resolve_path
 
         check_folder_target(resolve_path(Path.cwd(), dst), overwrite=recipe.target.overwrite)
-    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits, hint_syntax="convert") as plan:
+    with build_plan(recipe, Path.cwd(), file=RecipeFile(recipe_sha256), limits=limits,
+                    hint_syntax="convert") as plan:
         result = run_plan(plan, progress=progress)
         return _result(plan, result.target)
 

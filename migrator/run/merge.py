@@ -56,7 +56,7 @@ def merge(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: 
           limits: Limits = DEFAULT_LIMITS) -> ConvertResult:
     """Run a mergekit config into the Hugging Face folder `out`, atomically (see the module docstring)."""
     from ..files.targets import check_folder_target
-    from ..plan.build import build_plan
+    from ..plan.build import RecipeFile, build_plan
     from ..storage.paths import resolve_path
     from .convert import _result
     from .execute import run_plan
@@ -64,7 +64,7 @@ def merge(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: 
     recipe = merge_recipe(config, out, seed=seed, dtype=dtype, max_shard_size=max_shard_size, overwrite=overwrite,
                           fsync=fsync)
     check_folder_target(resolve_path(Path.cwd(), out), overwrite=overwrite)  # before any model is opened
-    with build_plan(recipe, Path.cwd(), recipe_sha256=recipe_sha256, limits=limits) as plan:
+    with build_plan(recipe, Path.cwd(), file=RecipeFile(recipe_sha256), limits=limits) as plan:
         written = run_plan(plan, progress=progress)
         return _result(plan, written.target)
 

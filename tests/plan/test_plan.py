@@ -11,7 +11,7 @@ import pytest
 from migrator import from_numpy, open_file, save
 from migrator.core.errors import PlanError, TargetExistsError
 from migrator.core.scalars import Scalar
-from migrator.plan.build import build_plan
+from migrator.plan.build import RecipeFile, build_plan
 from migrator.recipe.model import Recipe
 from migrator.run.execute import MigrationError, run_plan
 
@@ -142,7 +142,7 @@ def test_enum_variants_skipped_when_matching_template(tmp_path: Path) -> None:
 
 def test_burnpack_param_ids_and_scalars_carry_over(tmp_path: Path) -> None:
     save([from_numpy("w", arr(2), param_id=99)], tmp_path / "s.bpk", scalars={"epoch": Scalar("Int", 3)})
-    _, out = run(recipe(source={"path": "s.bpk"}, target={"path": "o.bpk"}), tmp_path, recipe_sha256="ab" * 32)
+    _, out = run(recipe(source={"path": "s.bpk"}, target={"path": "o.bpk"}), tmp_path, file=RecipeFile("ab" * 32))
     with open_file(out) as o:
         assert o["w"].param_id == 99 and o.scalars == {"epoch": Scalar("Int", 3)}
         assert o.metadata["migrator.recipe_sha256"] == "ab" * 32
@@ -164,10 +164,10 @@ def test_top_level_key_on_flat_formats(src: Path, tmp_path: Path) -> None:
 
 def test_same_inputs_give_identical_bytes_and_existing_target_survives(src: Path, tmp_path: Path) -> None:
     r = recipe(source={"path": str(src)}, target={"path": "a.bpk"})
-    _, first = run(r, tmp_path, recipe_sha256="00" * 32)
+    _, first = run(r, tmp_path, file=RecipeFile("00" * 32))
     data = Path(first).read_bytes()
     Path(first).rename(tmp_path / "first.bpk")
-    _, second = run(r, tmp_path, recipe_sha256="00" * 32)
+    _, second = run(r, tmp_path, file=RecipeFile("00" * 32))
     assert Path(second).read_bytes() == data
     with build_plan(r, tmp_path) as plan, pytest.raises(TargetExistsError):
         run_plan(plan, progress=False)

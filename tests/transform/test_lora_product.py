@@ -16,9 +16,9 @@ import pytest
 
 from migrator.core import casts
 from migrator.core.tensor import from_numpy
-from migrator.transform.merging import lora_product
-from migrator.transform.merging.lora import Fold, fold
-from migrator.transform.merging.lora_product import scaled_product, torch_order
+from migrator.ops.compute import lora_product
+from migrator.ops.compute.lora import Fold, fold
+from migrator.ops.compute.lora_product import scaled_product, torch_order
 
 torch = pytest.importorskip("torch")
 
@@ -147,7 +147,7 @@ def test_extreme_magnitudes(scale: float, native: bool | str, monkeypatch: pytes
 def test_fold_bands_match_torch(form: str, shape: tuple[int, int, int], native: bool,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """fold() in bands of a few rows, both layouts: W + (B @ A) * s (transposed for Conv1D/Embedding)."""
-    monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 4096)
+    monkeypatch.setattr("migrator.ops.compute.bands.BAND_BYTES", 4096)
     _path(native, monkeypatch)
     m, r, n = shape
     b, a = _inputs(m, r, n, seed=1)

@@ -18,7 +18,7 @@ from migrator import save
 from migrator.core import casts, dtypes
 from migrator.core.tensor import LazyTensor, from_numpy
 from migrator.files.io import open_file
-from migrator.transform.merging import arithmetic, bands
+from migrator.ops.compute import arithmetic, bands
 
 pytestmark = pytest.mark.skipif(arithmetic.merge_kernels() is None, reason="the compiled merge kernels are not built")
 

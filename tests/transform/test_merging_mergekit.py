@@ -23,10 +23,10 @@ pytest.importorskip("mergekit")
 
 from migrator.core.errors import MergeInputError
 from migrator.files.io import open_file
+from migrator.ops.compute import arithmetic
 from migrator.recipe.issues import RecipeError
 from migrator.recipe.mergekit import evaluate, load_config, merge_spec
 from migrator.run.merge import merge_folder
-from migrator.transform.merging import arithmetic
 from tests.model_support import tiny_llama
 
 CONFIGS: dict[str, str] = {
@@ -196,7 +196,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 512)
+    monkeypatch.setattr("migrator.ops.compute.bands.BAND_BYTES", 512)
 
 
 def _tensors(folder: Path) -> dict[str, np.ndarray]:
@@ -299,7 +299,7 @@ def test_dare_is_reproducible_and_seeded(merged: Path) -> None:
 
 def test_sampler_does_not_depend_on_bands(monkeypatch: pytest.MonkeyPatch, merged: Path) -> None:
     a = _tensors(_ours(merged, "dare_linear", seed=9))
-    monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 1 << 22)
+    monkeypatch.setattr("migrator.ops.compute.bands.BAND_BYTES", 1 << 22)
     out = merged / "ours-dare-big-bands"
     merge_folder(merged / "dare_linear.yml", out, seed=9)
     b = _tensors(out)

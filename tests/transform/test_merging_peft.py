@@ -31,7 +31,7 @@ from tests.torch_order_support import exact_or_close, torch_sums_in_order  # noq
 @pytest.fixture(autouse=True)
 def _small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bands of a few rows (the tiny weights would otherwise fit one band), so every test streams."""
-    monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 300)
+    monkeypatch.setattr("migrator.ops.compute.bands.BAND_BYTES", 300)
 
 
 def _randomize(model: Any, seed: int = 1) -> None:

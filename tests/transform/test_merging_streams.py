@@ -15,8 +15,8 @@ import pytest
 from migrator.core import dtypes
 from migrator.core.errors import UnsupportedDTypeError
 from migrator.core.tensor import LazyTensor, from_numpy
-from migrator.transform.merging import arithmetic
-from migrator.transform.merging.lora import Fold, fold
+from migrator.ops.compute import arithmetic
+from migrator.ops.compute.lora import Fold, fold
 
 
 def _pieces_only(name: str, array: np.ndarray, piece: int = 40) -> LazyTensor:
@@ -41,7 +41,7 @@ def _streamed(t: LazyTensor) -> np.ndarray:
 
 @pytest.fixture(autouse=True)
 def _small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("migrator.transform.merging.bands.BAND_BYTES", 96)
+    monkeypatch.setattr("migrator.ops.compute.bands.BAND_BYTES", 96)
 
 
 RNG = np.random.default_rng(0)

@@ -12,10 +12,14 @@ import pytest
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 
-from migrator.plan.build import build_plan  # noqa: E402
+from migrator.ops import streams  # noqa: E402
+from migrator.ops.concat import concat  # noqa: E402
+from migrator.ops.reshape import reshape  # noqa: E402
+from migrator.ops.rope_permute import rope_permute  # noqa: E402
+from migrator.ops.slice import slice_  # noqa: E402
+from migrator.plan.build import RecipeFile, build_plan  # noqa: E402
 from migrator.recipe.loader import RecipeError, load_recipe  # noqa: E402
 from migrator.run.execute import run_plan  # noqa: E402
-from migrator.transform import lazy_ops as lazy  # noqa: E402
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool]
@@ -134,7 +138,7 @@ def run(tmp_path: Path, src: Path, text: str = RECIPE, name: str = "recipe.yaml"
     recipe = tmp_path / name
     recipe.write_text(text.replace("SRC", src.name))
     loaded = load_recipe(recipe)
-    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+    with build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)) as plan:
         assert plan.ok, plan.fatal
         run_plan(plan, progress=False)
     return st.load_file(tmp_path / "out.safetensors")
@@ -162,8 +166,8 @@ def test_ops_equal_torch(tmp_path: Path, dtype: torch.dtype, fmt: str) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_ops_in_small_bands(tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """The band and strided-read paths, which real tensors take above a few MiB, on small ones."""
-    monkeypatch.setattr(lazy, "BAND", 40)
-    monkeypatch.setattr(lazy, "STRIDED_READ", 12)
+    monkeypatch.setattr(streams, "BAND", 40)
+    monkeypatch.setattr(streams, "STRIDED_READ", 12)
     for fmt in ("pt", "safetensors"):
         t = sources(dtype, strided=fmt == "pt")
         src = tmp_path / f"in.{fmt}"
@@ -209,7 +213,7 @@ ops:
 target: {path: out.safetensors}
 """)
     loaded = load_recipe(recipe)
-    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+    with build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)) as plan:
         by = {e.target: e.tensor for e in plan.entries}
         source = {t.name: t for t in plan.readers[0].tensors}
         assert by["b.1"].span is not None and by["b.1"].span.offset == source["b"].span.offset + 16
@@ -234,7 +238,7 @@ ops:
 target: {path: out.safetensors, template: tpl.safetensors}
 """)
     loaded = load_recipe(recipe)
-    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+    with build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)) as plan:
         assert plan.ok, plan.fatal
         assert plan.report.unused == ["other"]
         assert plan.report.missing == []
@@ -265,7 +269,7 @@ def plan_error(folder: Path, ops: str) -> str:
                       + "\ntarget: {path: out.safetensors}\n")
     loaded = load_recipe(recipe)
     with pytest.raises(RecipeError) as e:
-        build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins).close()
+        build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)).close()
     assert not (folder / "out.safetensors").exists()
     return str(e.value).replace(str(recipe), "recipe.yaml")
 
@@ -352,7 +356,7 @@ def test_output_is_byte_reproducible_and_report_round_trips(tmp_path: Path) -> N
     run(tmp_path, tmp_path / "in.pt")
     assert (tmp_path / "out.safetensors").read_bytes() == first
     loaded = load_recipe(tmp_path / "recipe.yaml")
-    with build_plan(loaded.recipe, loaded.base_dir, op_origins=loaded.op_origins) as plan:
+    with build_plan(loaded.recipe, loaded.base_dir, file=RecipeFile(op_origins=loaded.op_origins)) as plan:
         doc = plan.report.to_json()
     assert ApplyReport.from_json(doc).to_json() == doc
     stack = next(n for n in doc["ops"] if n["op"] == "stack")
@@ -446,7 +450,7 @@ def test_streamed_ops_never_materialise_a_stored_input(tmp_path: Path, monkeypat
     g = torch.Generator().manual_seed(9)
     t = {"a": torch.randn(64, 48, generator=g), "b": torch.randn(64, 48, generator=g)}
     st.save_file(t, tmp_path / "in.safetensors")
-    monkeypatch.setattr(lazy, "BAND", 1000)
+    monkeypatch.setattr(streams, "BAND", 1000)
     with open_file(tmp_path / "in.safetensors") as r:
         a, b = r["a"], r["b"]
 
@@ -454,14 +458,14 @@ def test_streamed_ops_never_materialise_a_stored_input(tmp_path: Path, monkeypat
             raise AssertionError(f"{self.name} materialised whole")
 
         monkeypatch.setattr(LazyTensor, "data", refuse)
-        lifted = [lazy.reshape(x, x.name, (1, 64, 48)) for x in (a, b)]
+        lifted = [reshape(x, x.name, (1, 64, 48)) for x in (a, b)]
         outs = {
-            "cat0": (lazy.concat([a, b], "c", 0, (128, 48)), torch.cat([t["a"], t["b"]], 0)),
-            "cat1": (lazy.concat([a, b], "c", 1, (64, 96)), torch.cat([t["a"], t["b"]], 1)),
-            "stack": (lazy.concat(lifted, "s", 0, (2, 64, 48)), torch.stack([t["a"], t["b"]])),
-            "cols": (lazy.slice_(a, "x", 1, 5, 40), t["a"][:, 5:40]),
-            "rows": (lazy.slice_(b, "x", 0, 3, 60), t["b"][3:60]),
-            "rope": (lazy.rope_permute(a, "q", 4, False), hf_permute(t["a"], 4, 64, 48)),
+            "cat0": (concat([a, b], "c", 0, (128, 48)), torch.cat([t["a"], t["b"]], 0)),
+            "cat1": (concat([a, b], "c", 1, (64, 96)), torch.cat([t["a"], t["b"]], 1)),
+            "stack": (concat(lifted, "s", 0, (2, 64, 48)), torch.stack([t["a"], t["b"]])),
+            "cols": (slice_(a, "x", 1, 5, 40), t["a"][:, 5:40]),
+            "rows": (slice_(b, "x", 0, 3, 60), t["b"][3:60]),
+            "rope": (rope_permute(a, "q", 4, False), hf_permute(t["a"], 4, 64, 48)),
         }
         for label, (tensor, want) in outs.items():
             pieces = [bytes(p) for p in (tensor.chunks() if tensor.chunks is not None else [])]
@@ -481,7 +485,7 @@ def test_offset_equals_torch(tmp_path: Path, dtype: torch.dtype, band: int | Non
     """x + value computed in F32 (F64 for F64), rounded once to the output dtype: torch's own x.float() + value,
     from a stored tensor and from a computed (permuted) one, in whole and in small bands."""
     if band is not None:
-        monkeypatch.setattr(lazy, "BAND", band)
+        monkeypatch.setattr(streams, "BAND", band)
     g = torch.Generator().manual_seed(5)
     t = {"n": rand((37,), dtype, g), "m": rand((6, 5), dtype, g)}
     src = tmp_path / "in.safetensors"

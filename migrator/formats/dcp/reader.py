@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.bytesource import ByteSource
 from ...core.errors import FormatError, LimitExceededError
-from ...core.limits import DEFAULT_LIMITS, Limits
 from ...core.reopening import Descriptors, reopening
 from ...core.scalars import Scalar
 from ...core.tensor import LazyTensor
 from ...storage.paths import require_inside
+from ...storage.read_context import DEFAULT_READ, ReadContext
 from ...storage.remote import as_path, is_url
 from ..base import Reader
 from .assemble import Piece, assemble
@@ -32,7 +32,7 @@ from .storage import chunk_tensor, item_value
 from .tree import build_tree
 
 if TYPE_CHECKING:
-    from ...storage.remote.options import StorageOptions
+    pass
 
 MAX_METADATA_BYTES = 1 << 30
 
@@ -52,11 +52,11 @@ class DcpReader(Reader):
     format = "dcp"
     keeps_structure = True
 
-    def __init__(self, folder: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS,
-                 keep_structure: bool = False, storage: StorageOptions | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, read: ReadContext = DEFAULT_READ,
+                 keep_structure: bool = False) -> None:
         self.folder = self.root = as_path(folder)  # a local folder, or an object-store prefix
-        self.limits = limits
-        self.storage = storage
+        self.limits = read.limits
+        self.storage = read.storage
         meta_path = self.folder / METADATA_FILE
         self._files: dict[str, ByteSource] = {}
         self.fds = Descriptors()

@@ -33,7 +33,7 @@ from ...core.errors import AdapterError
 from ...core.tensor import LazyTensor
 from ...formats.bounded_json import read_json_object
 from ...naming import NamingError, Regex, compile_regex
-from .lora import Fold, Form, check_fold, expected_shape
+from ...ops.compute.lora import Fold, Form, check_fold, expected_shape
 
 PREFIX = "base_model.model."
 CONFIG_FILE = "adapter_config.json"

@@ -17,7 +17,7 @@ from ...core.dtypes import DType
 from ...core.errors import MergeInputError
 from ...core.tensor import LazyTensor
 from ...formats.base import Reader
-from .lora import fold
+from ...ops.compute.lora import fold
 from .peft_adapter import Folded, FoldPlan, Replaced, fold_plan, open_adapter
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def fold_tensors(base: Mapping[str, LazyTensor], plan: FoldPlan, *, out_dtype: D
 
 def merge_tensors(spec: MergeSpec, models: Mapping[str, Mapping[str, LazyTensor]]) -> list[LazyTensor]:
     """The output tensors of a merge spec, given each model's tensors by the spec's model ids."""
-    from . import arithmetic
+    from ...ops.compute import arithmetic
 
     out: list[LazyTensor] = []
     for item in spec.tensors:

@@ -30,7 +30,7 @@ from ...core.bytesource import FileView
 from ...core.dtypes import DType
 from ...core.errors import TensorBytesSizeMismatchError, UnsupportedDTypeError
 from ...core.tensor import LazyTensor
-from ..lazy_ops import Gathered, SequentialReader
+from ..streams import Gathered, SequentialReader
 
 if TYPE_CHECKING:
     import numpy as np

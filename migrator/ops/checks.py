@@ -1,6 +1,6 @@
 """What the recipe's validators share: how a complaint is raised, and the check of a regex.
 
-Below the models (model.py) and the `ops:` entries (ops.py), which both validate with these.
+Below the recipe's models (`recipe/model.py`) and every op's options (`ops/`), which all validate with these.
 """
 
 from __future__ import annotations
