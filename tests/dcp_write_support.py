@@ -129,7 +129,7 @@ def _resume(ckpt: Path, rank: int) -> None:
 
     torch.manual_seed(5 + rank)
     model = _shard(new_model())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.named_parameters(), lr=1e-2)
     msd, osd = get_state_dict(model, opt)
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(ckpt))

@@ -25,6 +25,9 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 transformers = pytest.importorskip("transformers")
 st_torch = pytest.importorskip("safetensors.torch")
 
+NAMES = ("resume-dcp", "resume-pt", "resume-ints")
+"""The recipe's outputs from a DCP source, a .pt keyed by names, a .pt of optimizer.state_dict() (numbers)."""
+
 pytestmark = pytest.mark.slow  # two spawned ranks importing transformers: ~20 s under load
 
 RECIPE = """version: 1
@@ -72,21 +75,23 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
     transformers.LlamaForCausalLM(config).save_pretrained(root / "hf")
-    code, out, err = run("convert", str(root / "hf"), str(root / "llama-dcp") + "/", "--to", "dcp")
+    code, _, err = run("convert", str(root / "hf"), str(root / "llama-dcp") + "/", "--to", "dcp")
     assert code == 0, err
-    # a model trained one Adam step, saved as get_state_dict lays it out, in DCP and as a .pt
+    # a model trained one Adam step, saved as get_state_dict lays it out (in DCP and as a .pt), and as
+    # torch's own optimizer.state_dict() (ids numbered, with param_names)
     torch.manual_seed(3)
     model = old_model()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.named_parameters(), lr=1e-2)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt.step()
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(root / "train-dcp"), no_dist=True)
     torch.save({"model": msd, "optim": osd}, root / "train.pt")
-    for source, target in (("train-dcp", "resume-dcp"), ("train.pt", "resume-pt")):
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, root / "train-ints.pt")
+    for source, target in (("train-dcp", "resume-dcp"), ("train.pt", "resume-pt"), ("train-ints.pt", "resume-ints")):
         (root / f"{target}.yaml").write_text(RECIPE.format(source=source, target=target))
-        code, out, err = run("run", str(root / f"{target}.yaml"))
+        code, _, err = run("run", str(root / f"{target}.yaml"))
         assert code == 0, err
     # step 2's gradients, by the new model's names; the oracle: the old model steps with them, then is cut
     grads = {n: torch.randn_like(p) for n, p in new_model().named_parameters()}
@@ -166,8 +171,9 @@ def test_metadata_is_what_torch_writes_for_the_same_state_dict(tmp_path: Path) -
 
 
 def test_training_checkpoint_through_a_recipe_resumes_on_two_ranks(made: dict[str, Any]) -> None:
-    """Adam's third step on the new model (resumed by set_state_dict from migrator's DCP) equals the old
-    model's third step cut the same way afterwards, bit for bit: parameters, both moments and step."""
+    """From each source, Adam's second step on the new model (resumed by set_state_dict from migrator's DCP)
+    equals the old model's second step cut the same way afterwards, bit for bit: parameters, both moments,
+    step."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     root, model, opt = made["root"], made["oracle"], made["opt"]
@@ -179,7 +185,7 @@ def test_training_checkpoint_through_a_recipe_resumes_on_two_ranks(made: dict[st
                                                              for x in "qkv"), ("head.weight", "head.weight"),
                                                            ("head.bias", "head.bias"))}
     want_state = {n: {"step": steps[n], **{key: moments[key][n] for key in moments}} for n in want_model}
-    for name in ("resume-dcp", "resume-pt"):
+    for name in NAMES:
         got = torch.load(root / f"{name}.stepped.pt", weights_only=True)
         assert sorted(got["model"]) == sorted(want_model), name
         for k, v in want_model.items():
@@ -198,14 +204,14 @@ def test_the_optimizer_is_under_dcps_flattened_names(made: dict[str, Any]) -> No
 
     root = made["root"]
     model = new_model()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.named_parameters(), lr=1e-2)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     opt.step()
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(root / "new-by-torch"), no_dist=True)
     theirs = pickle.loads((root / "new-by-torch" / ".metadata").read_bytes())
-    for name in ("resume-dcp", "resume-pt"):
+    for name in NAMES:
         ours = pickle.loads((root / name / ".metadata").read_bytes())
         assert set(ours.state_dict_metadata) == set(theirs.state_dict_metadata), name
         assert {k: ours.planner_data[k] for k in theirs.planner_data} == theirs.planner_data, name

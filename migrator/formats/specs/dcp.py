@@ -9,4 +9,4 @@ from ..spec import FormatSpec
 SPEC = FormatSpec(
     name="dcp", title="PyTorch Distributed Checkpoint", summary="PyTorch Distributed Checkpoint (DCP)",
     recognized_by="a folder with `.metadata`", writer="migrator.formats.dcp.writer:DcpWriter", folder=True,
-    torch_names=True, keeps_structure=True)
+    torch_names=True, keeps_structure=True, optimizer_by_name=True)
