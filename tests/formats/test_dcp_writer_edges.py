@@ -164,3 +164,44 @@ def test_streamed_within_bounded_memory(tmp_path: Path, options: list[str]) -> N
     dcp.load(into, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
     for k, v in tensors.items():
         assert torch.equal(into[k], v.to(cast)), k
+
+
+def test_written_to_an_object_store_metadata_last_and_overwritten(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`memory://` (fsspec's in-process store): the objects torch's loader reads, equal to the source;
+    an overwrite deletes the old `.metadata` before uploading the new files (a reader never pairs them)."""
+    fsspec = pytest.importorskip("fsspec")
+    from migrator.files.io import open_file
+    from migrator.run.convert import convert
+
+    a, b = {"w": torch.randn(3, 2)}, {"w": torch.randn(5, 2), "x": torch.arange(3)}
+    st_torch.save_file(a, tmp_path / "a.safetensors")
+    st_torch.save_file(b, tmp_path / "b.safetensors")
+    fs = fsspec.filesystem("memory")
+    convert(tmp_path / "a.safetensors", "memory://dcpw/ckpt", target_format_name="dcp", progress=False)
+    old_data = fs.cat("/dcpw/ckpt/__0_0.distcp")
+    deleted: list[str] = []
+    real_rm = type(fs).rm_file
+
+    def spy(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        deleted.append(path)
+        if path.endswith(".metadata"):  # before any new byte is uploaded
+            assert fs.cat("/dcpw/ckpt/__0_0.distcp") == old_data
+        return real_rm(self, path, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(type(fs), "rm_file", spy)
+        convert(tmp_path / "b.safetensors", "memory://dcpw/ckpt", target_format_name="dcp", progress=False,
+                overwrite=True)
+    assert [os.path.basename(p) for p in deleted if ".tmp" not in p] == [".metadata"]  # (and temporary uploads)
+    assert fs.cat("/dcpw/ckpt/__0_0.distcp") != old_data
+    local = tmp_path / "copy"
+    local.mkdir()
+    for name in fs.ls("/dcpw/ckpt", detail=False):
+        (local / os.path.basename(name)).write_bytes(fs.cat(name))
+    into = {k: torch.zeros_like(v) for k, v in b.items()}
+    dcp.load(into, checkpoint_id=str(local), no_dist=True)
+    assert all(torch.equal(into[k], v) for k, v in b.items())
+    with open_file("memory://dcpw/ckpt") as r:
+        assert sorted(r.keys()) == ["w", "x"] and np.array_equal(r["x"].numpy(), np.arange(3))
+    fs.rm("/dcpw", recursive=True)

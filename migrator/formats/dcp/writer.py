@@ -59,8 +59,9 @@ class DcpWriter(Writer):
     format = "dcp"
     default_extension = ""
     kind = WriterKind.FOLDER
-    index: ClassVar[None] = None  # a folder of shards' index: DCP's is `.metadata`, a generated file
-    index_name: ClassVar[str] = ""
+    index_name: ClassVar[str] = METADATA_FILE
+    """`.metadata` is the checkpoint's index: written after the `.distcp` files (on an object store, the
+    old one deleted first and the new one uploaded last, so a reader never pairs it with other files)."""
 
     def __init__(self, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, structure: Node | None = None) -> None:
@@ -99,7 +100,9 @@ class DcpWriter(Writer):
             raise PlanError("the checkpoint structure has no place for this tensor", tensor=next(iter(by_name)))
         self.entries = entries
         self.files: list[tuple[str, Writer]] = [(DISTCP_FILE, DistcpFile(self.tensors, items))]
-        self.generated: list[tuple[str, bytes]] = [(METADATA_FILE, metadata_bytes(entries))]
+        self.generated: list[tuple[str, bytes]] = []
+        self._metadata = metadata_bytes(entries)
+        self.index: dict[str, Any] | None = {"files": [DISTCP_FILE]}  # not None: the folder has an index
         dropped = sorted(self.metadata) + sorted(self.scalars)
         if dropped:
             self.notes.append(f"not written into the DCP checkpoint (a state dict holds tensors and the checkpoint's "
@@ -109,9 +112,13 @@ class DcpWriter(Writer):
         """The files the checkpoint folder holds."""
         return [DISTCP_FILE, METADATA_FILE]
 
+    def index_bytes(self) -> bytes:
+        """`.metadata`'s bytes."""
+        return self._metadata
+
     @property
     def total_size(self) -> int:
-        return sum(w.total_size for _, w in self.files) + sum(len(b) for _, b in self.generated)
+        return sum(w.total_size for _, w in self.files) + len(self._metadata)
 
     def write_to(self, sink: BinaryIO) -> None:
         raise TypeError("a DCP checkpoint is a folder: save it with files.io.save_planned")
