@@ -205,3 +205,33 @@ def test_written_to_an_object_store_metadata_last_and_overwritten(tmp_path: Path
     with open_file("memory://dcpw/ckpt") as r:
         assert sorted(r.keys()) == ["w", "x"] and np.array_equal(r["x"].numpy(), np.arange(3))
     fs.rm("/dcpw", recursive=True)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_killed_at_each_tensor_the_target_is_the_old_checkpoint_or_none(tmp_path: Path, overwrite: bool) -> None:
+    """SIGKILL after the k-th tensor (`MIGRATOR_KILL_AT=tensor:k`, the last one included: before `.metadata`
+    and the publish): the old checkpoint byte for byte, or no folder; the next run writes the new one and
+    leaves no scratch folder."""
+    from migrator.storage.atomic_folder import SCRATCH_DIR_RE
+
+    tensors = {f"layers.{i}.weight": torch.randn(64, 32) for i in range(4)}
+    st_torch.save_file(tensors, tmp_path / "new.safetensors")
+    st_torch.save_file({"w": torch.randn(2, 2)}, tmp_path / "old.safetensors")
+    out = tmp_path / "ckpt"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "migrator.cli", "convert", str(tmp_path / "new.safetensors"), str(out), "--to", "dcp",
+           "--no-progress", *(["--overwrite"] if overwrite else [])]
+    if overwrite:
+        assert run("convert", str(tmp_path / "old.safetensors"), str(out), "--to", "dcp")[0] == 0
+    old = files(out) if overwrite else None
+    for k in range(1, len(tensors) + 1):
+        done = subprocess.run(cmd, env={**env, "MIGRATOR_KILL_AT": f"tensor:{k}"}, capture_output=True, timeout=120,
+                              check=False)
+        assert done.returncode == -9, done.stderr
+        assert (files(out) if out.exists() else None) == old, k
+    done = subprocess.run(cmd, env=env, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert not [n for n in os.listdir(tmp_path) if SCRATCH_DIR_RE.match(n)]
+    into = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    dcp.load(into, checkpoint_id=str(out), no_dist=True)
+    assert all(torch.equal(into[k], v) for k, v in tensors.items())
