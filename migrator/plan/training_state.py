@@ -763,7 +763,7 @@ def _why_not_whole(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any) -> str
                 "training_state: drop; target.scalars writes epoch or step as typed scalars)")
     if not is_format(out_fmt, keeps_structure=True):
         return (f"training_state: keep writes the whole checkpoint as PyTorch (.pt); this target is {out_fmt}, which "
-                "has no place for an optimizer (write a .pt target, or set training_state: drop)")
+                "has no place for an optimizer (write a .pt or a DCP target, or set training_state: drop)")
     if recipe.target.shard is not None or tpl_path is not None:
         return ("training_state: keep writes the whole checkpoint into one file: a template or shards write a flat "
                 "state_dict (drop them, or set training_state: drop)")
