@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
-from dcp_write_support import new_model, old_model, run_ranks
+
+from tests.support.cli import migrate_in_process
+from tests.support.dcp_write import new_model, old_model, run_ranks
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -67,7 +68,7 @@ def surgery(sd: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny Llama folder converted to DCP, a training checkpoint put through the recipe (from a DCP
-    and from a .pt), then every 2-rank check run once (`dcp_write_support`)."""
+    and from a .pt), then every 2-rank check run once (`tests.support.dcp_write`)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     root = tmp_path_factory.mktemp("dcpw")

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
-from dcp_write_support import new_model, old_model
+
+from tests.support.cli import migrate_in_process
+from tests.support.dcp_write import new_model, old_model
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
