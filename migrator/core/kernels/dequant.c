@@ -122,9 +122,16 @@ typedef struct {
     Py_ssize_t rows, row_bytes, col0, cols, row0, block_rows, block_cols, scale_cols;
 } band_t;
 
+/* MXFP4's blocks are 32 codes with a byte of scale each: a block's 16-entry table is as costly as its
+ * elements, so the tables of the band's E8M0 scales are kept, one per scale byte, as computed. */
+typedef struct {
+    uint32_t table[255][16];
+    byte known[255];
+} e8m0_cache_t;
+
 /* Rows [r0, r1) x output columns [c0, c1) of the band share the scale (sr, sc): one block. */
 static Py_ssize_t block(const spec_t *sp, const band_t *b, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t c0, Py_ssize_t c1,
-                        Py_ssize_t sr, Py_ssize_t sc)
+                        Py_ssize_t sr, Py_ssize_t sc, e8m0_cache_t *cache)
 {
     Py_ssize_t at = sr * b->scale_cols + sc;
     float s = load_float(b->scales, at, sp->scale_kind);
@@ -134,7 +141,7 @@ static Py_ssize_t block(const spec_t *sp, const band_t *b, Py_ssize_t r0, Py_ssi
         return at;
     Py_ssize_t n = (r1 - r0) * (c1 - c0), codes = (Py_ssize_t)1 << sp->bits;
     int outsize = sp->out == FT_F32 ? 4 : 2;
-    if (n < 2 * codes) { /* a small block: each element on its own */
+    if (cache == NULL && n < 2 * codes) { /* a small block: each element on its own */
         for (Py_ssize_t r = r0; r < r1; r++) {
             const byte *row = b->src + r * b->row_bytes;
             for (Py_ssize_t c = c0; c < c1; c++)
@@ -145,10 +152,20 @@ static Py_ssize_t block(const spec_t *sp, const band_t *b, Py_ssize_t r0, Py_ssi
     }
     uint32_t table32[256];
     uint16_t table16[256];
-    for (Py_ssize_t k = 0; k < codes; k++) {
-        table32[k] = element(sp, (uint32_t)k, s, zero, bias);
-        table16[k] = (uint16_t)table32[k];
+    if (cache != NULL) { /* codes == 16, no zero points, no biases */
+        uint32_t e = ld8(b->scales, at);
+        if (!cache->known[e]) {
+            for (Py_ssize_t k = 0; k < 16; k++)
+                cache->table[e][k] = element(sp, (uint32_t)k, s, 0, 0.0f);
+            cache->known[e] = 1;
+        }
+        memcpy(table32, cache->table[e], sizeof cache->table[e]);
+    } else {
+        for (Py_ssize_t k = 0; k < codes; k++)
+            table32[k] = element(sp, (uint32_t)k, s, zero, bias);
     }
+    for (Py_ssize_t k = 0; k < codes; k++)
+        table16[k] = (uint16_t)table32[k];
     for (Py_ssize_t r = r0; r < r1; r++) {
         const byte *row = b->src + r * b->row_bytes;
         byte *out = b->dst + (r * b->cols + c0) * outsize;
@@ -182,7 +199,7 @@ static Py_ssize_t block(const spec_t *sp, const band_t *b, Py_ssize_t r0, Py_ssi
 }
 
 /* Every block of the band, block rows outer, so that one table serves a whole block. */
-static Py_ssize_t band(const spec_t *sp, const band_t *b)
+static Py_ssize_t band(const spec_t *sp, const band_t *b, e8m0_cache_t *cache)
 {
     Py_ssize_t first_sr = b->row0 / b->block_rows;
     for (Py_ssize_t r0 = 0; r0 < b->rows;) {
@@ -195,7 +212,7 @@ static Py_ssize_t band(const spec_t *sp, const band_t *b)
             Py_ssize_t c1 = (sc + 1) * b->block_cols - b->col0;
             if (c1 > b->cols)
                 c1 = b->cols;
-            Py_ssize_t bad = block(sp, b, r0, r1, c0, c1, sr - first_sr, sc);
+            Py_ssize_t bad = block(sp, b, r0, r1, c0, c1, sr - first_sr, sc, cache);
             if (bad >= 0)
                 return bad;
             c0 = c1;
@@ -253,9 +270,19 @@ PyObject *py_dequant_band(PyObject *self, PyObject *args)
     b.scales = (const byte *)sv.buf;
     b.zeros = sp.has_zero ? (const byte *)zv.buf : NULL;
     b.biases = sp.has_bias ? (const byte *)bv.buf : NULL;
+    e8m0_cache_t *cache = NULL;
+    if (sp.scale_kind == FT_E8M0 && sp.bits == 4 && !sp.has_zero && !sp.has_bias && b.block_rows * b.block_cols <= 64) {
+        cache = PyMem_RawCalloc(1, sizeof *cache);
+        if (cache == NULL) {
+            PyErr_NoMemory();
+            goto fail_b;
+        }
+    }
     Py_ssize_t bad;
-    Py_BEGIN_ALLOW_THREADS bad = band(&sp, &b);
-    Py_END_ALLOW_THREADS if (sp.has_bias) PyBuffer_Release(&bv);
+    Py_BEGIN_ALLOW_THREADS bad = band(&sp, &b, cache);
+    Py_END_ALLOW_THREADS PyMem_RawFree(cache);
+    if (sp.has_bias)
+        PyBuffer_Release(&bv);
     if (sp.has_zero)
         PyBuffer_Release(&zv);
     PyBuffer_Release(&sv);
