@@ -183,6 +183,25 @@ def _converter(src: str, dst: str) -> Callable[[np.ndarray], np.ndarray]:
     return lambda b: _f32_to_bf16(_to_f32(b, src), nan_bits)
 
 
+def from_f32(values: np.ndarray, to: DType) -> np.ndarray:
+    """float32 values as `to`'s bit patterns (unsigned ints of its width), rounded as `cast` rounds
+    an F32 tensor (torch's `.to(dtype)`): what a computed tensor (a dequantized weight) is written as."""
+    if to.name not in CASTABLE:
+        raise UnsupportedDTypeError(f"cannot compute {to.display} values: only "
+                                    f"{', '.join(dtypes.BY_NAME[n].display for n in sorted(CASTABLE))} are")
+    return _converter("F32", to.name)(np.ascontiguousarray(values, dtype=np.float32).view(np.uint32))
+
+
+def rounded_f32(values: np.ndarray, to: DType) -> np.ndarray:
+    """float32 values rounded to `to` (F16, BF16; F32 as they are) and widened back to float32, as torch
+    computes an F16 or BF16 product (in float, rounded once to the operands' dtype)."""
+    if to.name in ("F32", "FLEX32"):
+        return values
+    if to.name not in ("F16", "BF16"):
+        raise UnsupportedDTypeError(f"cannot round values to {to.display}")
+    return _to_f32(from_f32(values, to), to.name)
+
+
 def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
     """A lazy float -> float cast; non-float tensors and tensors already `to` come back unchanged."""
     src = tensor.dtype

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.bytesource import ByteSource
+from ..core.dtypes import DType
 from ..core.errors import AdapterError, FormatError, PlanError, TensorNotFoundError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
@@ -52,13 +53,15 @@ class SourceKeyError(PlanError):
 
 def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read: ReadContext = DEFAULT_READ,
                 keep_structure: bool = False, base_dir: Path | None = None,
-                training_state: str | None = None) -> Reader:
+                training_state: str | None = None, dequantize: DType | None = None) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened within `read`, headers only; a wrong
     top_level_key is a `SourceKeyError` that points at that key. `keep_structure`: a PyTorch
     checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target;
     with `training_state="keep"` too, a DeepSpeed ZeRO folder is the whole training checkpoint.
-    With `lora:`, the reader lists the base's tensors with the adapter folded in (the adapter's path
-    taken from `base_dir`)."""
+    A model folder whose config.json declares a quantization scheme is read through
+    `files.quantized`: stored, or dequantized to `dequantize` (the dtype policy's cast). With `lora:`,
+    the reader lists the base's tensors (dequantized first) with the adapter folded in (the adapter's
+    path taken from `base_dir`)."""
     from ..files.io import open_file
 
     if spec.format == "mergekit":
@@ -75,6 +78,8 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read:
     options: dict[str, Any] = read.options() if key is None else {**read.options(), "top_level_key": key}
     if spec.tag is not None:  # the step of a DeepSpeed ZeRO checkpoint
         options["tag"] = spec.tag
+    if dequantize is not None:  # a quantized model folder's weights (files.quantized)
+        options["dequantize"] = dequantize
     if spec.param_order is not None:  # a Trainer checkpoint's parameter order
         options["param_order"] = spec.param_order if base_dir is None else resolve_path(base_dir, spec.param_order)
     if keep_structure:
@@ -296,14 +301,23 @@ def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | No
     try:
         for i, entry in enumerate(recipe.sources):
             path = resolve_path(base_dir, entry.path)
-            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, read=read, base_dir=base_dir),
-                                    (origins or {}).get(i)))
+            opened = open_source(entry, path, i, read=read, base_dir=base_dir, dequantize=cast_of(recipe))
+            parts.append(SourcePart(entry.label, path, opened, (origins or {}).get(i)))
         check_unfolded_adapters(parts, recipe.sources)
         return UnionReader(parts, recipe.sources, for_burn=for_burn)
     except BaseException:
         for p in parts:
             p.reader.close()
         raise
+
+
+def cast_of(recipe: Recipe) -> DType | None:
+    """The dtype the recipe's dtype policy casts every float tensor to (what a quantized source is
+    dequantized to), or None."""
+    from ..core import dtypes
+    from ..recipe.model import CastSpec
+
+    return dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastSpec) else None
 
 
 def skip_enum_variants(recipe: Recipe, is_pytorch: bool) -> bool:
