@@ -120,6 +120,18 @@ def decode_e8m0(raw: Any, name: str = "?", use_kernels: bool = True) -> np.ndarr
     return out.view(np.float32)
 
 
+def code_values(kind: str) -> np.ndarray:
+    """The float32 value of every code of an FP8 or E2M1 `kind`, as torch widens them (a NaN code keeps
+    its sign and payload: E4M3's 0x7F is 0x7FF00000, not numpy's or ml_dtypes' canonical NaN)."""
+    return _code_bits(kind).view(np.float32)
+
+
+def unpack_codes(raw: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """[rows, row_bytes] bytes -> [rows, count] unsigned codes (uint32): each row a little-endian bit
+    stream of `bits`-bit fields (compressed-tensors' and MLX's packing)."""
+    return _unpack(raw, bits, 0, count)
+
+
 # -- the numpy path: the same rules as dequant.c, whole arrays at a time --------------------------------
 
 def _code_bits(kind: str) -> np.ndarray:

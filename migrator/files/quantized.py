@@ -123,7 +123,8 @@ class QuantizedReader(Reader):
         said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}
         written = dequantize.torch_name or dequantize.display
         self.config_update = {**(base.config_update or {}), **dict.fromkeys(said or ["torch_dtype"], written)}
-        self.config_drop = [*base.config_drop, "quantization_config"]
+        # MLX declares itself under `quantization` (mlx-lm copies it to quantization_config too)
+        self.config_drop = [*base.config_drop, *dict.fromkeys(["quantization_config", scheme.config_key])]
         self.notes = [*base.notes, self._dequantized_note()]
 
     def _stored_note(self) -> str:

@@ -15,8 +15,9 @@ from importlib import import_module
 from .declared import scheme_of
 from .scheme import KERNELS, SCHEMES, Band, QuantizationError, QuantizedWeight, Scheme
 
-SCHEME_MODULES = ("fp8", "compressed")
-"""The built-in schemes' modules, imported (and so registered) with this package."""
+SCHEME_MODULES = ("fp8", "compressed", "packed", "mxfp4", "mlx", "compiled")
+"""The built-in schemes' modules, imported (and so registered) with this package (`compiled` plugs the
+compiled band loops into the FP8 schemes)."""
 
 for _name in SCHEME_MODULES:
     import_module(f"{__name__}.{_name}")

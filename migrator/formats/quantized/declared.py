@@ -27,6 +27,10 @@ def scheme_of(config: Mapping[str, Any], file: str) -> Scheme | None:
                 return cls.parse(_object(config[cls.config_key], cls.config_key, file), file)
         return None
     declaration = _object(declaration, CONFIG_KEY, file)
+    if "quant_method" not in declaration:
+        for cls in SCHEMES.values():  # mlx-lm copies its `quantization` here too, without a method
+            if cls.config_key != CONFIG_KEY and config.get(cls.config_key) == declaration:
+                return cls.parse(declaration, file)
     method = declaration.get("quant_method")
     if not isinstance(method, str):
         raise QuantizationError(f"{CONFIG_KEY}.quant_method is {method!r}: a quantization method name is expected "
