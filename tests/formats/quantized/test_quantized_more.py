@@ -73,6 +73,31 @@ def test_fp8_kernel_plug_in_gives_the_numpy_bits(tmp_path: Path, monkeypatch: py
         assert k == (tmp_path / f"{src.name}-n.safetensors").read_bytes(), src.name
 
 
+def test_fp8_kernel_plug_in_on_stacked_experts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3-D F8_E4M3 weight (experts stacked) whose 40 rows are not a multiple of the 32-row blocks: the
+    bands of the compiled path straddle experts; each expert equals FP8BlockDequantizer on its matrix."""
+    from compressed_tensors.entrypoints.convert.converters.fp8block_dequantizer import FP8BlockDequantizer
+
+    import migrator.files.quantized as q
+
+    monkeypatch.setattr(q, "BAND_BYTES", 48 * 4 * 24)  # bands of 32 rows: 40-row experts are split
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 0x7E, (3, 40, 48), dtype=torch.uint8, generator=gen).view(torch.float8_e4m3fn)
+    scale = torch.rand(3, 2, 2, generator=gen) * 1e-2 + 1e-3
+    config = {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [32, 32]}}
+    save_folder(tmp_path / "moe", {"experts.weight": codes, "experts.weight_scale_inv": scale,
+                                   "norm.weight": torch.ones(4, dtype=torch.bfloat16)}, config, shards=1)
+    got = {}
+    for run in ("kernel", "numpy"):
+        if run == "numpy":
+            monkeypatch.delitem(KERNELS, "fp8")
+        assert convert(tmp_path / "moe", tmp_path / f"{run}.safetensors", "--dtype", "BF16").returncode == 0
+        got[run] = safetensors_torch.load_file(str(tmp_path / f"{run}.safetensors"))["experts.weight"]
+    oracle = FP8BlockDequantizer(weight_block_size=(32, 32), dtype=torch.bfloat16)
+    want = torch.stack([oracle._create_dequantized_weight(codes[e], scale[e]) for e in range(3)])
+    assert same_bits(got["kernel"], want) and same_bits(got["numpy"], want)
+
+
 # -- compressed-tensors pack-quantized --------------------------------------------------------------
 
 def pack_folder(folder: Path, *, bits: int = 4, strategy: str = "group", group: int = 16, symmetric: bool = True,
