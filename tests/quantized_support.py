@@ -136,6 +136,7 @@ def ct_float_folder(folder: Path, strategy: str, *, block: tuple[int, int] | Non
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.utils.match import match_name
 
     config, state = tiny_llama(seed, dtype=dtype)
     group = ct_scheme(strategy, block, static=static)
@@ -145,8 +146,9 @@ def ct_float_folder(folder: Path, strategy: str, *, block: tuple[int, int] | Non
     gen = torch.Generator().manual_seed(seed + 1)
     for name, t in state.items():
         module = name.rpartition(".")[0]
-        ignored = any(module == i or module.endswith("." + i) or i == module.rpartition(".")[2] for i in ignore)
-        if not is_linear(name) or ignored:
+        ignored = any(match_name(module, i) for i in ignore)  # compressed-tensors' own rule
+        targeted = "Linear" in targets or any(match_name(module, t) for t in targets)
+        if not is_linear(name) or ignored or not targeted:
             out[name] = t
             continue
         w = t
