@@ -23,7 +23,7 @@ def tiny_llama(seed: int = 0, *, hidden: int = 48, intermediate: int = 100, laye
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=64,
                          tie_word_embeddings=False)
     model = LlamaForCausalLM(config).to(dtype or torch.bfloat16)
     with torch.no_grad():  # norms of ones would hide a dropped or misplaced tensor
@@ -89,11 +89,12 @@ def save_folder(folder: Path, tensors: Mapping[str, Any], config: Mapping[str, A
 
 def fp8_folder(folder: Path, *, block: tuple[int, int] | None = (32, 32), ue8m0: bool = False, seed: int = 0,
                skip: tuple[str, ...] = (), scale_dtype: Any = None, shards: int = 2,
-               edit: Callable[[dict[str, Any]], None] | None = None) -> tuple[Path, dict[str, Any]]:
+               edit: Callable[[dict[str, Any]], None] | None = None, hidden: int = 48,
+               intermediate: int = 100) -> tuple[Path, dict[str, Any]]:
     """A fine-grained FP8 folder (`quant_method: fp8`): every layer's linear weight F8_E4M3 with its
     `weight_scale_inv`, the rest BF16; modules matching `skip` (modules_to_not_convert) left BF16.
     Returns the folder and the stored tensors."""
-    config, state = tiny_llama(seed)
+    config, state = tiny_llama(seed, hidden=hidden, intermediate=intermediate)
     out: dict[str, Any] = {}
     for name, t in state.items():
         module = name.rpartition(".")[0]
@@ -136,6 +137,7 @@ def ct_float_folder(folder: Path, strategy: str, *, block: tuple[int, int] | Non
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.utils.match import match_name
 
     config, state = tiny_llama(seed, dtype=dtype)
     group = ct_scheme(strategy, block, static=static)
@@ -145,8 +147,9 @@ def ct_float_folder(folder: Path, strategy: str, *, block: tuple[int, int] | Non
     gen = torch.Generator().manual_seed(seed + 1)
     for name, t in state.items():
         module = name.rpartition(".")[0]
-        ignored = any(module == i or module.endswith("." + i) or i == module.rpartition(".")[2] for i in ignore)
-        if not is_linear(name) or ignored:
+        ignored = any(match_name(module, i) for i in ignore)  # compressed-tensors' own rule
+        targeted = "Linear" in targets or any(match_name(module, t) for t in targets)
+        if not is_linear(name) or ignored or not targeted:
             out[name] = t
             continue
         w = t

@@ -141,7 +141,7 @@ class QuantizedReader(Reader):
             f" and {len(self.consumed) - MAX_NAMED} more" if len(self.consumed) > MAX_NAMED else "")
         return (f"{self.config_path} declares {self.scheme.describe()}: {len(names)} weights dequantized to "
                 f"{self.dequantize.display} ({shown or 'none'}); {len(self.consumed)} stored tensors consumed by them "
-                f"({consumed or 'none'}); a config.json written into a folder target drops quantization_config")
+                f"({consumed or 'none'})")
 
     def summary(self) -> dict[str, Any]:
         """The scheme and the sizes `inspect` shows: the stored bytes of the quantized weights and their

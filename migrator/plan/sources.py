@@ -96,6 +96,13 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read:
     lora = spec.lora_adapter()
     if lora is None:
         return reader
+    from ..files.quantized import QuantizedReader
+
+    if isinstance(reader, QuantizedReader) and reader.dequantize is None:  # its codes are no weights to add to
+        reader.close()
+        raise PlanError(f"a LoRA adapter is folded into weights, and {reader.config_path} declares this base "
+                        f"quantized ({reader.scheme.describe()}): give a dtype (--dtype BF16, F16 or F32, or "
+                        "dtype: {cast: ...}) to dequantize it first", file=str(path))
     from ..transform.merging.folded import open_folded
 
     adapter = lora[0] if base_dir is None else resolve_path(base_dir, lora[0])

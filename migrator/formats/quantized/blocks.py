@@ -39,8 +39,9 @@ def scale_values(scales: np.ndarray, dtype: DType) -> np.ndarray:
     """Stored scales as float32: F32/BF16/F16 exactly, F8_E8M0 as 2**(code - 127) (code 255 is NaN)."""
     if dtype.name == "F8_E8M0":
         codes = scales.view(np.uint8).astype(np.int32)
-        out = np.ldexp(np.float32(1.0), codes - 127).astype(np.float32)
-        out[codes == 255] = np.nan
+        nan = codes == 255
+        out = np.ldexp(1.0, np.where(nan, 127, codes) - 127).astype(np.float32)  # 2**-127 is an F32 subnormal
+        out[nan] = np.nan
         return out
     return scales.astype(np.float32)
 
