@@ -61,7 +61,8 @@ class MLXAffine(Scheme, name="mlx affine"):
 
     def describe(self) -> str:
         gs, bits = self.default
-        more = f", {len(self.overrides)} modules overridden" if self.overrides else ""
+        n = len(self.overrides)
+        more = f", {n} module{'s' if n > 1 else ''} overridden" if n else ""
         return f"MLX affine ({bits}-bit codes, groups of {gs}, scales and biases{more})"
 
     def skipped(self) -> list[str]:

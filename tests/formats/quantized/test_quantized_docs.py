@@ -1,5 +1,6 @@
 """Every code block of docs/quantized-checkpoints.md, run as written in a folder holding the models it
-names (`fp8-model`: a tiny FP8 Llama; `adapter`: a PEFT LoRA adapter for it): each `migrate` line of
+names (`fp8-model`: a tiny FP8 Llama; `adapter`: a PEFT LoRA adapter for it; `int4-model`, `gpt-oss-model`,
+`mlx-model`: tiny pack-quantized, MXFP4 and MLX folders): each `migrate` line of
 the sh blocks succeeds, in order, the text block is what `inspect` prints, and the python block runs."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import migrate_in_process
+from quantized_more_support import mlx_folder, mxfp4_folder, pack_folder
 from quantized_support import fp8_folder, tiny_llama
 
 torch = pytest.importorskip("torch")
@@ -26,6 +28,9 @@ def blocks(kind: str) -> list[str]:
 def test_the_pages_code_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     fp8_folder(Path("fp8-model"), hidden=64, intermediate=128)
+    pack_folder(Path("int4-model"))
+    mxfp4_folder(Path("gpt-oss-model"))
+    mlx_folder(Path("mlx-model"))
     config, _ = tiny_llama(0, hidden=64, intermediate=128)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in config.items()
                                                                        if k != "torch_dtype"}))

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 from cli_support import migrate_in_process
-from quantized_support import ct_float_folder, fp8_folder, is_linear, save_folder, tiny_llama
+from quantized_more_support import mlx_folder, mxfp4_folder, pack_folder
+from quantized_support import ct_float_folder, fp8_folder, save_folder
 
 from migrator.formats.quantized import KERNELS
 
@@ -100,41 +101,6 @@ def test_fp8_kernel_plug_in_on_stacked_experts(tmp_path: Path, monkeypatch: pyte
 
 # -- compressed-tensors pack-quantized --------------------------------------------------------------
 
-def pack_folder(folder: Path, *, bits: int = 4, strategy: str = "group", group: int = 16, symmetric: bool = True,
-                scale_dtype: Any = None, seed: int = 0) -> tuple[Path, dict[str, Any], Any]:
-    """A tiny Llama whose linear weights (lm_head ignored) compressed-tensors itself quantizes
-    (min-max `calculate_qparams`) and packs (`PackedQuantizationCompressor.compress`)."""
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-    from compressed_tensors.quantization.utils import calculate_qparams
-
-    config, state = tiny_llama(seed, hidden=64, intermediate=128, dtype=scale_dtype)
-    weights = {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": strategy,
-               "group_size": group if strategy == "group" else None, "dynamic": False, "actorder": None,
-               "block_structure": None, "observer": "minmax", "observer_kwargs": {}}
-    args = QuantizationArgs(**weights)
-    scheme = QuantizationScheme(targets=["Linear"], weights=args)
-    out: dict[str, Any] = {}
-    for name, w in state.items():
-        module = name.rpartition(".")[0]
-        if not is_linear(name):
-            out[name] = w
-            continue
-        rows, cols = w.shape
-        shaped = w.reshape(rows, cols // group, group) if strategy == "group" else w.reshape(rows, 1, cols)
-        mn, mx = shaped.amin(dim=2), shaped.amax(dim=2)
-        scale, zp = calculate_qparams(mn, mx, args)
-        parts = {"weight": w, "weight_scale": scale, "weight_zero_point": zp}
-        for k, v in PackedQuantizationCompressor.compress(parts, scheme).items():
-            out[f"{module}.{k}"] = v
-    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-          "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
-                                        "output_activations": None, "format": "pack-quantized"}},
-          "ignore": ["lm_head"], "kv_cache_scheme": None}
-    config["quantization_config"] = qc
-    return save_folder(folder, out, config), out, scheme
-
-
 def pack_oracle(stored: dict[str, Any], scheme: Any, dtype: Any) -> dict[str, Any]:
     """compressed-tensors' decompressor on each module's stored parts, then the cast (as its
     CompressedTensorsDequantizer does)."""
@@ -199,37 +165,6 @@ def test_pack_quantized_refuses_bad_scales(tmp_path: Path, bad: float) -> None:
 
 # -- gpt-oss MXFP4 ----------------------------------------------------------------------------------
 
-def gpt_oss_config() -> Any:
-    from transformers import GptOssConfig
-
-    return GptOssConfig(hidden_size=64, intermediate_size=64, num_local_experts=4, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=64,
-                        num_experts_per_tok=2)
-
-
-def mxfp4_folder(folder: Path, seed: int = 0) -> tuple[Path, dict[str, Any]]:
-    """A tiny gpt-oss checkpoint as OpenAI ships it: the experts' weights as `_blocks` + `_scales`
-    (random codes, E8M0 scales around 2^-4), the rest BF16; quantization_config mxfp4."""
-    from transformers import GptOssForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = gpt_oss_config()
-    model = GptOssForCausalLM(cfg).to(torch.bfloat16)
-    gen = torch.Generator().manual_seed(seed)
-    out: dict[str, Any] = {}
-    for name, t in model.state_dict().items():
-        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            e, cols, rows = t.shape  # transformers' layout: the stored one is each expert transposed
-            out[name + "_blocks"] = torch.randint(0, 256, (e, rows, cols // 32, 16), dtype=torch.uint8, generator=gen)
-            out[name + "_scales"] = torch.randint(118, 130, (e, rows, cols // 32), dtype=torch.uint8, generator=gen)
-        else:
-            out[name] = t.detach().clone().contiguous()
-    config = cfg.to_dict()
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
-    return save_folder(folder, out, config), out
-
-
 @pytest.mark.parametrize("dtype", ["BF16", "F32"])
 def test_mxfp4_equals_transformers_and_loads_into_its_dequantized_model(tmp_path: Path, path: str,
                                                                         dtype: str) -> None:
@@ -265,36 +200,6 @@ def test_mxfp4_refuses_e8m0_255(tmp_path: Path) -> None:
 
 
 # -- MLX affine -------------------------------------------------------------------------------------
-
-def mlx_folder(folder: Path, *, bits: int = 4, group: int = 32, seed: int = 0) -> tuple[Path, dict[str, Any], Any]:
-    """A tiny Llama quantized by mlx.core.quantize as mlx-lm does: every linear layer and the embeddings
-    whose columns split into groups (`weight` U32, `scales`, `biases`), one module overridden to 8 bits,
-    `quantization` in config.json (and its copy in quantization_config). Returns the folder, the stored
-    tensors and (the MLX arrays per module, the group size)."""
-    mx = pytest.importorskip("mlx.core")
-    import numpy as np
-
-    config, state = tiny_llama(seed, hidden=64, intermediate=128)
-    override = "model.layers.1.mlp.down_proj"
-    out: dict[str, Any] = {}
-    arrays: dict[str, Any] = {}
-    for name, t in state.items():
-        module = name.rpartition(".")[0]
-        if not (is_linear(name) or name == "model.embed_tokens.weight") or t.shape[-1] % group:
-            out[name] = t  # mlx-lm leaves a layer whose columns do not split into groups as it is (o_proj: 48)
-            continue
-        b = 8 if module == override else bits
-        w = mx.array(t.to(torch.float32).numpy()).astype(mx.bfloat16)
-        wq, s, z = mx.quantize(w, group_size=group, bits=b)
-        arrays[module] = (wq, s, z, b)
-        out[name] = torch.from_numpy(np.array(wq).view(np.int32).copy()).view(torch.uint32)
-        out[module + ".scales"] = torch.from_numpy(np.array(s.view(mx.int16))).view(torch.bfloat16)
-        out[module + ".biases"] = torch.from_numpy(np.array(z.view(mx.int16))).view(torch.bfloat16)
-    q = {"group_size": group, "bits": bits, override: {"group_size": group, "bits": 8}}
-    config["quantization"] = q
-    config["quantization_config"] = q
-    return save_folder(folder, out, config), out, (arrays, group)
-
 
 @pytest.mark.parametrize("bits,dtype", [(4, "BF16"), (4, "F32"), (3, "F16"), (6, "BF16"), (2, "F32")])
 def test_mlx_affine_equals_mlx_dequantize(tmp_path: Path, path: str, bits: int, dtype: str) -> None:
