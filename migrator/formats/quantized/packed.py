@@ -150,13 +150,23 @@ def _logical_shape(t: LazyTensor) -> tuple[int, int]:
     return int(values[0]), int(values[1])
 
 
+_unpacked: list[tuple[np.ndarray, np.ndarray]] = []
+"""The last zero points unpacked (the stored array, kept alive so that `is` identifies it, and the
+result): every band of a weight gets the same whole array, unpacked once."""
+
+
 def _zeros(weight: QuantizedWeight, packed: np.ndarray) -> np.ndarray:
     """The stored zero points ([ceil(rows * bits / 32), groups] int32, packed down the rows) as signed
     int8 [rows, groups]."""
+    last = _unpacked[-1] if _unpacked else None
+    if last is not None and last[0] is packed:
+        return last[1]
     bits = weight.info["bits"]
     columns = np.ascontiguousarray(packed.view(np.int32).T).view(np.uint8)
     codes = dq.unpack_codes(columns, bits, weight.shape[0]).T
-    return (codes.astype(np.int32) - (1 << (bits - 1))).astype(np.int8)
+    zeros = (codes.astype(np.int32) - (1 << (bits - 1))).astype(np.int8)
+    _unpacked[:] = [(packed, zeros)]
+    return zeros
 
 
 def _band(weight: QuantizedWeight, band: Band, out: str, *, kernels: bool) -> np.ndarray:

@@ -138,6 +138,18 @@ def test_pack_quantized_equals_compressed_tensors(tmp_path: Path, path: str, bit
     assert "quantization_config" not in config
 
 
+def test_pack_quantized_in_small_bands(tmp_path: Path, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bands of a few rows: each takes its rows of the scales and of the zero points unpacked once."""
+    import migrator.files.quantized as q
+
+    monkeypatch.setattr(q, "BAND_BYTES", 64 * 4 * 5)
+    src, stored, scheme = pack_folder(tmp_path / "int", bits=4, symmetric=False, scale_dtype=torch.bfloat16)
+    assert convert(src, tmp_path / "o.safetensors", "--dtype", "F32").returncode == 0
+    got = safetensors_torch.load_file(str(tmp_path / "o.safetensors"))
+    for name, w in pack_oracle(stored, scheme, torch.float32).items():
+        assert same_bits(got[name], w), name
+
+
 def test_pack_quantized_refuses_a_packed_size_disagreeing_with_weight_shape(tmp_path: Path) -> None:
     src, stored, _ = pack_folder(tmp_path / "int")
     name = "model.layers.1.mlp.up_proj.weight_shape"
