@@ -170,3 +170,21 @@ def test_the_python_api_dequantizes(tmp_path: Path) -> None:
 
 def test_linears_are_the_quantized_ones() -> None:
     assert is_linear("model.layers.0.mlp.up_proj.weight") and not is_linear("model.norm.weight")
+
+
+def test_the_report_lists_the_scales_as_consumed(tmp_path: Path) -> None:
+    from migrator.plan.report import ApplyReport
+
+    src, stored = fp8_folder(tmp_path / "fp8")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsource: {{path: {src}}}\ntarget: {{path: {tmp_path / 'o.safetensors'}}}\n"
+                      "dtype: {cast: BF16}\n")
+    p = migrate_in_process("run", str(recipe), "--report", str(tmp_path / "report.json"))
+    assert p.returncode == 0, p.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    scales = sorted(n for n in stored if n.endswith("_scale_inv"))
+    assert sorted(e["tensor"] for e in report["consumed"]) == scales
+    assert all(e["into"] == e["tensor"].removesuffix("_scale_inv") for e in report["consumed"])
+    assert report["unused"] == [] and not [n for n in report["applied"] if n.endswith("_scale_inv")]
+    assert ApplyReport.from_json(report).to_json()["consumed"] == report["consumed"]
+    assert "Consumed by dequantization (14 tensors" in migrate_in_process("plan", str(recipe)).stdout
