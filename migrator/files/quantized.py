@@ -106,6 +106,12 @@ class QuantizedReader(Reader):
         self.config_update = base.config_update
         self.generated = base.generated
         taken = {name: w for w in self.weights for name in w.stored()}
+        for made in self.weights:  # a logical name must not be another stored tensor's (it would be written twice)
+            if made.name in by_name and made.name not in taken:
+                from ..formats.quantized import QuantizationError
+
+                raise QuantizationError(f"the dequantized weight of {', '.join(made.parts.values())} would take the "
+                                        "name of this stored tensor", file=by_name[made.name].origin, tensor=made.name)
         self.parts_taken = [(name, w.name) for w in self.weights for name in w.stored()
                             if name != w.parts[_first(w)]]
         self.consumed = base.consumed
