@@ -16,7 +16,7 @@ their headers, and the source is read one of two ways:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +106,15 @@ class QuantizedReader(Reader):
         self.config_update = base.config_update
         self.generated = base.generated
         taken = {name: w for w in self.weights for name in w.stored()}
-        self.consumed = [name for w in self.weights for name in w.stored() if name != w.parts[_first(w)]]
+        for made in self.weights:  # a logical name must not be another stored tensor's (it would be written twice)
+            if made.name in by_name and made.name not in taken:
+                from ..formats.quantized import QuantizationError
+
+                raise QuantizationError(f"the dequantized weight of {', '.join(made.parts.values())} would take the "
+                                        "name of this stored tensor", file=by_name[made.name].origin, tensor=made.name)
+        self.parts_taken = [(name, w.name) for w in self.weights for name in w.stored()
+                            if name != w.parts[_first(w)]]
+        self.consumed = base.consumed
         if dequantize is None:
             self.tensors = list(base.tensors)
             self.locations = base.locations
@@ -120,6 +128,7 @@ class QuantizedReader(Reader):
             elif t.name == w.parts[_first(w)]:
                 tensors.append(dequantized(scheme, w, by_name, dequantize))
         self.tensors = tensors
+        self.consumed = [*base.consumed, *self.parts_taken]
         said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}
         written = dequantize.torch_name or dequantize.display
         self.config_update = {**(base.config_update or {}), **dict.fromkeys(said or ["torch_dtype"], written)}
@@ -128,7 +137,7 @@ class QuantizedReader(Reader):
         self.notes = [*base.notes, self._dequantized_note()]
 
     def _stored_note(self) -> str:
-        n, k = len(self.weights), len(self.consumed)
+        n, k = len(self.weights), len(self.parts_taken)
         return (f"{self.config_path} declares {self.scheme.describe()}: its {n} quantized weights and the {k} tensors "
                 "they consume (scales) are read as stored; a cast (--dtype BF16, F16 or F32, or dtype: {cast: ...}) "
                 "dequantizes them")
@@ -137,10 +146,11 @@ class QuantizedReader(Reader):
         assert self.dequantize is not None
         names = [w.name for w in self.weights]
         shown = ", ".join(names[:MAX_NAMED]) + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
-        consumed = ", ".join(self.consumed[:MAX_NAMED]) + (
-            f" and {len(self.consumed) - MAX_NAMED} more" if len(self.consumed) > MAX_NAMED else "")
+        taken = [name for name, _ in self.parts_taken]
+        consumed = ", ".join(taken[:MAX_NAMED]) + (
+            f" and {len(taken) - MAX_NAMED} more" if len(taken) > MAX_NAMED else "")
         return (f"{self.config_path} declares {self.scheme.describe()}: {len(names)} weights dequantized to "
-                f"{self.dequantize.display} ({shown or 'none'}); {len(self.consumed)} stored tensors consumed by them "
+                f"{self.dequantize.display} ({shown or 'none'}); {len(taken)} stored tensors consumed by them "
                 f"({consumed or 'none'})")
 
     def summary(self) -> dict[str, Any]:
@@ -150,7 +160,7 @@ class QuantizedReader(Reader):
         stored = sum(by_name[n].nbytes for w in self.weights for n in w.stored())
         elements = sum(w.rows * w.columns for w in self.weights)
         return {"scheme": self.scheme.name, "description": self.scheme.describe(), "config": str(self.config_path),
-                "weights": len(self.weights), "consumed": len(self.consumed), "stored_bytes": stored,
+                "weights": len(self.weights), "consumed": len(self.parts_taken), "stored_bytes": stored,
                 "dequantized_bytes": {"BF16": elements * 2, "F16": elements * 2, "F32": elements * 4},
                 "skipped_modules": list(self.scheme.skipped()),
                 "dequantized_to": None if self.dequantize is None else self.dequantize.display}
@@ -262,7 +272,3 @@ def _whole(t: LazyTensor) -> np.ndarray:
     """A small part (scales) read whole, in its stored shape."""
     return _array(_read(t, 0, t.nbytes), t).reshape(t.shape)
 
-
-def quantized_parts(reader: Reader) -> Sequence[str]:
-    """The stored tensors a dequantized source consumed (none for any other reader)."""
-    return reader.consumed if isinstance(reader, QuantizedReader) and reader.dequantize is not None else ()

@@ -570,7 +570,8 @@ class Compilation:
         if isinstance(reader, UnionReader):  # several sources: each renumbered its own names
             renumbered = reader.renumbered
         report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
-                             errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered)
+                             errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered,
+                             consumed=list(reader.consumed) if cast else [])
         if declares is not None and declares.wanted:  # the hint's patterns must not match other modules
             from ..transform.modules import module_path
 

@@ -217,6 +217,7 @@ class UnionReader(Reader):
                             + " (give one a prefix or a filter)", file=self.source.label)
         self.metadata = _agreed(p.reader.metadata for p in self.parts)
         self.notes = [f"source '{p.label}': {n}" for p in self.parts for n in p.reader.notes]
+        self.consumed = [(f"{p.label}: {t}", into) for p in self.parts for t, into in p.reader.consumed]
         self.scalars = self._scalars()
 
     def _renamed(self, part: SourcePart, entry: SourceEntry, index: int) -> list[tuple[LazyTensor, str]]:

@@ -38,7 +38,7 @@ class FoldedReader(Reader):
         # what target.copy and --hash-sources look at
         self.folder, self.shards, self.index_path = base.folder, base.shards, base.index_path
         # a dequantized base's config.json changes (no quantization_config, its new dtype) hold for the fold too
-        self.config_update, self.config_drop = base.config_update, base.config_drop
+        self.config_update, self.config_drop, self.consumed = base.config_update, base.config_drop, base.consumed
         # the base's own notes first (a quantized base's dequantization), then the fold's
         self.notes = [*base.notes, *fold_notes(self.plan, adapter.folder)]
         self.parts = [ModelPart(base.label, Path(base.label), base)]  # what a run protects: base and adapter

@@ -156,3 +156,17 @@ def test_diff_fp8_against_its_dequantization_and_the_original(tmp_path: Path) ->
     p = migrate_in_process("diff", str(src), str(tmp_path / "orig.safetensors"), "--dtype", "BF16")
     assert p.returncode == 1, p.stdout
     ok("diff", str(src), str(tmp_path / "orig.safetensors"), "--dtype", "BF16", "--atol", "1e-5", "--rtol", "0.07")
+
+
+def test_transformers_loads_the_dequantized_folder_as_a_plain_model(tmp_path: Path) -> None:
+    """The written config.json (no quantization_config, torch_dtype bfloat16) loads in transformers as a
+    plain BF16 Llama holding exactly the reference dequantization."""
+    transformers = pytest.importorskip("transformers")
+    src, stored = fp8_folder(tmp_path / "fp8")
+    out = tmp_path / "out"
+    ok("convert", str(src), f"{out}/", "--dtype", "BF16", "--copy", "config.json")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert model.dtype == torch.bfloat16 and getattr(model.config, "quantization_config", None) is None
+    state = model.state_dict()
+    for name, w in oracle(stored, (32, 32), torch.bfloat16).items():
+        assert torch.equal(state[name].view(torch.int16), w.contiguous().view(torch.int16)), name

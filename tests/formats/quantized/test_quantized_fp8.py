@@ -170,3 +170,51 @@ def test_the_python_api_dequantizes(tmp_path: Path) -> None:
 
 def test_linears_are_the_quantized_ones() -> None:
     assert is_linear("model.layers.0.mlp.up_proj.weight") and not is_linear("model.norm.weight")
+
+
+def test_the_report_lists_the_scales_as_consumed(tmp_path: Path) -> None:
+    from migrator.plan.report import ApplyReport
+
+    src, stored = fp8_folder(tmp_path / "fp8")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsource: {{path: {src}}}\ntarget: {{path: {tmp_path / 'o.safetensors'}}}\n"
+                      "dtype: {cast: BF16}\n")
+    p = migrate_in_process("run", str(recipe), "--report", str(tmp_path / "report.json"))
+    assert p.returncode == 0, p.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    scales = sorted(n for n in stored if n.endswith("_scale_inv"))
+    assert sorted(e["tensor"] for e in report["consumed"]) == scales
+    assert all(e["into"] == e["tensor"].removesuffix("_scale_inv") for e in report["consumed"])
+    assert report["unused"] == [] and not [n for n in report["applied"] if n.endswith("_scale_inv")]
+    assert ApplyReport.from_json(report).to_json()["consumed"] == report["consumed"]
+    assert "Consumed by dequantization (14 tensors" in migrate_in_process("plan", str(recipe)).stdout
+
+
+def test_memory_stays_a_few_bands_not_the_weight(tmp_path: Path) -> None:
+    """Dequantizing a 4096 x 8192 FP8 weight (64 MiB as BF16) to a file allocates a few bands at a
+    time (allocations traced by tracemalloc, which numpy reports to), far below the weight or its file."""
+    import tracemalloc
+
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    import migrator
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 0x7F, size=(4096, 8192), dtype=np.uint8)  # no NaN codes
+    folder = tmp_path / "big"
+    folder.mkdir()
+    save_file({"m.weight": codes.view(ml_dtypes.float8_e4m3fn),
+               "m.weight_scale_inv": rng.random((32, 64), dtype=np.float32) + 0.5}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}))
+    with migrator.open_file(folder, dequantize="BF16") as r:
+        tracemalloc.start()
+        try:
+            migrator.save(r, tmp_path / "out.safetensors", fsync=False)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert (tmp_path / "out.safetensors").stat().st_size > 64 << 20
+    assert peak < 32 << 20, peak / 2**20
