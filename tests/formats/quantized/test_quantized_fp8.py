@@ -218,3 +218,30 @@ def test_memory_stays_a_few_bands_not_the_weight(tmp_path: Path) -> None:
             tracemalloc.stop()
     assert (tmp_path / "out.safetensors").stat().st_size > 64 << 20
     assert peak < 32 << 20, peak / 2**20
+
+
+@pytest.mark.parametrize("block", [(4, 8), (16, 16)])
+def test_fused_expert_weights_with_leading_dimensions(tmp_path: Path, block: tuple[int, int]) -> None:
+    """A 3-D expert stack [E, N, K] with scales [E, ceil(N/bh), ceil(K/bw)], named as transformers names
+    a fused expert stack's (`experts.gate_up_proj` and `experts.gate_up_proj_scale_inv`):
+    each expert equals compressed-tensors' block dequantizer on its own matrix (edges cropped for 16x16),
+    and transformers' Fp8Dequantize on the whole stack where the blocks divide it (4x8)."""
+    from quantized_support import block_quantize, save_folder
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(3, 20, 40, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    pairs = [block_quantize(w[e], block) for e in range(3)]
+    codes = torch.stack([c for c, _ in pairs])
+    scales = torch.stack([s for _, s in pairs])
+    src = save_folder(tmp_path / "moe", {"model.layers.0.mlp.experts.gate_up_proj": codes,
+                                         "model.layers.0.mlp.experts.gate_up_proj_scale_inv": scales},
+                      {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                               "weight_block_size": list(block)}}, shards=1)
+    assert convert(src, tmp_path / "o.safetensors", "--dtype", "BF16").returncode == 0
+    got = safetensors_torch.load_file(str(tmp_path / "o.safetensors"))["model.layers.0.mlp.experts.gate_up_proj"]
+    d = fp8block.FP8BlockDequantizer(weight_block_size=block, dtype=torch.bfloat16)
+    for e in range(3):
+        assert same_bits(got[e], d._create_dequantized_weight(codes[e], scales[e]))
+    if 20 % block[0] == 0 and 40 % block[1] == 0:
+        want = finegrained.Fp8Dequantize(hf_quantizer=None)._dequantize_one(codes, scales, output_dtype=torch.bfloat16)
+        assert same_bits(got, want)
