@@ -245,3 +245,18 @@ def test_fused_expert_weights_with_leading_dimensions(tmp_path: Path, block: tup
     if 20 % block[0] == 0 and 40 % block[1] == 0:
         want = finegrained.Fp8Dequantize(hf_quantizer=None)._dequantize_one(codes, scales, output_dtype=torch.bfloat16)
         assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (256,), (3, 5), (7, 2), (2, 1)])
+def test_e4m3_codes_read_as_torch_reads_them(shape: tuple[int, ...]) -> None:
+    """Every F8_E4M3 code (the pair table for an even row, one code at a time otherwise) equals torch's
+    float8_e4m3fn -> float32, NaN codes included."""
+    import numpy as np
+
+    from migrator.formats.quantized.blocks import e4m3_values
+
+    codes = (np.arange(int(np.prod(shape)), dtype=np.int64) * 37 % 256).astype(np.uint8).reshape(shape)
+    want = torch.from_numpy(codes.copy()).view(torch.float8_e4m3fn).to(torch.float32).numpy()
+    got = e4m3_values(codes)
+    assert got.shape == shape and got.dtype == np.float32
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
