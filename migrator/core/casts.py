@@ -211,9 +211,13 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
         raise UnsupportedDTypeError(f"cast target must be a float dtype, got {to.display}",
                                     file=tensor.origin, tensor=tensor.name)
     if src.name not in CASTABLE or to.name not in CASTABLE:
+        # FP8 codes are a quantized model's weights: their scales, not a cast, give the values
+        hint = ("; a quantized model's F8 weights are dequantized with their scales when its folder's config.json "
+                "declares quantization_config (read the model folder, not one of its files)"
+                if src.name.startswith("F8_") else "")
         raise UnsupportedDTypeError(
             f"cannot cast {src.display} to {to.display}: only "
-            f"{', '.join(dtypes.BY_NAME[n].display for n in sorted(CASTABLE))} are castable",
+            f"{', '.join(dtypes.BY_NAME[n].display for n in sorted(CASTABLE))} are castable{hint}",
             file=tensor.origin, tensor=tensor.name)
     transposed = tensor.chunks
     if isinstance(transposed, _TransposedChunks) and _BITS_OF[to.name] < _BITS_OF[src.name]:

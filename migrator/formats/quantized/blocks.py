@@ -30,9 +30,21 @@ def _e4m3_table() -> np.ndarray:
     return code_values("e4m3")
 
 
+@cache
+def _e4m3_pairs() -> np.ndarray:
+    """The two float32 values of every pair of F8_E4M3 codes read as one little-endian uint16 (low byte
+    first), as one uint64 each: 512 KiB, one lookup per two codes."""
+    table = _e4m3_table()
+    index = np.arange(65536)
+    return np.stack([table[index & 0xFF], table[index >> 8]], axis=1).view(np.uint64).reshape(-1)
+
+
 def e4m3_values(codes: np.ndarray) -> np.ndarray:
-    """F8_E4M3 codes (any dtype of one byte) as float32, exactly."""
-    return _e4m3_table()[codes.view(np.uint8)]
+    """F8_E4M3 codes (any dtype of one byte) as float32, exactly, in the codes' shape."""
+    raw = np.ascontiguousarray(codes).view(np.uint8)
+    if raw.size % 2 == 0 and raw.ndim and raw.shape[-1] % 2 == 0:  # pairs of codes: half the lookups
+        return np.take(_e4m3_pairs(), raw.view("<u2")).view(np.float32).reshape(raw.shape)
+    return np.take(_e4m3_table(), raw)  # take: about twice as fast as indexing
 
 
 def scale_values(scales: np.ndarray, dtype: DType) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Fine-grained FP8 (`quant_method: fp8`): DeepSeek-V3/R1, Qwen3-FP8, GLM, Kimi.
 
-Layout: each quantized module `M` stores `M.weight` as F8_E4M3 and `M.weight_scale_inv`, a
+Layout: each quantized module `M` stores `M.weight` as F8_E4M3 and `M.weight_scale_inv` (a fused
+expert stack `E.gate_up_proj` [experts, rows, columns]: `E.gate_up_proj_scale_inv`, per expert), a
 multiplier per block of `weight_block_size` ([rows, columns], e.g. [128, 128]) whose grid is cropped
 at the last row and column (`ceil`); without a block size, one scale for the tensor. `scale_fmt: ue8m0`
 declares power-of-two scales (stored as F32, or as F8_E8M0 codes). Modules matching
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from ...core.tensor import LazyTensor
 
 SCALE = "weight_scale_inv"
+SUFFIX = "_scale_inv"
 ACTIVATION_SCALES = ("input_scale", "activation_scale")
 KEY = "quantization_config"
 
@@ -75,12 +77,13 @@ class FineGrainedFP8(Scheme, name="fp8"):
         found: list[QuantizedWeight] = []
         claimed: set[str] = set()
         for t in tensors.values():
-            if not t.name.endswith("." + SCALE):
-                continue
-            module = module_of(t.name)
-            weight = tensors.get(module + ".weight")
+            if not t.name.endswith(SUFFIX):  # `M.weight_scale_inv` scales `M.weight`; a fused expert stack
+                continue                     # `M.experts.gate_up_proj_scale_inv` scales `...gate_up_proj`
+            weight_name = t.name[:-len(SUFFIX)]
+            module = module_of(weight_name)
+            weight = tensors.get(weight_name)
             if weight is None:
-                raise QuantizationError(f"a {SCALE} without its weight: '{module}.weight' is not in the checkpoint",
+                raise QuantizationError(f"a {SCALE} without its weight: '{weight_name}' is not in the checkpoint",
                                         file=t.origin, tensor=t.name)
             if hf_skips(module, self.skip):
                 raise QuantizationError(f"module '{module}' is in modules_to_not_convert of {self.file}, yet it "
@@ -91,9 +94,9 @@ class FineGrainedFP8(Scheme, name="fp8"):
         found.sort(key=lambda w: order[w.parts["weight"]])
         for t in tensors.values():
             if t.dtype.name == "F8_E4M3" and t.name not in claimed:
-                raise QuantizationError(f"F8_E4M3 tensor without its {SCALE} ('{module_of(t.name)}.{SCALE}' is not "
-                                        f"in the checkpoint, which {self.file} declares quantized)",
-                                        file=t.origin, tensor=t.name)
+                raise QuantizationError(f"F8_E4M3 tensor without its {SCALE} ('{t.name}{SUFFIX}' is not in the "
+                                        f"checkpoint, which {self.file} declares quantized)", file=t.origin,
+                                        tensor=t.name)
         return found
 
     def _weight(self, weight: LazyTensor, scale: LazyTensor, tensors: Mapping[str, LazyTensor]) -> QuantizedWeight:
@@ -119,7 +122,7 @@ class FineGrainedFP8(Scheme, name="fp8"):
         if not ok:
             raise QuantizationError(f"scale shape {list(scale.shape)} disagrees with the blocks: expected {want}",
                                     file=scale.origin, tensor=scale.name)
-        module = module_of(weight.name)
+        module = module_of(weight.name) if weight.name.endswith(".weight") else weight.name
         consumed = tuple(f"{module}.{n}" for n in ACTIVATION_SCALES if f"{module}.{n}" in tensors)
         if self.static and not consumed:
             raise QuantizationError(f"activation_scheme static, but '{module}.input_scale' is not in the checkpoint",

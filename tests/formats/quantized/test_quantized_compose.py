@@ -170,3 +170,17 @@ def test_transformers_loads_the_dequantized_folder_as_a_plain_model(tmp_path: Pa
     state = model.state_dict()
     for name, w in oracle(stored, (32, 32), torch.bfloat16).items():
         assert torch.equal(state[name].view(torch.int16), w.contiguous().view(torch.int16)), name
+
+
+def test_a_sources_entry_is_dequantized_by_the_recipes_cast(tmp_path: Path) -> None:
+    src, stored = fp8_folder(tmp_path / "fp8")
+    safetensors_torch.save_file({"x": torch.ones(3)}, str(tmp_path / "extra.safetensors"))
+    recipe = tmp_path / "u.yaml"
+    recipe.write_text(f"version: 1\nsources:\n  - {{path: {src}}}\n  - {{path: {tmp_path / 'extra.safetensors'}, "
+                      f"prefix: 'extra.'}}\ntarget: {{path: {tmp_path / 'u.safetensors'}}}\ndtype: {{cast: F32}}\n")
+    ok("run", str(recipe), "--report", str(tmp_path / "r.json"))
+    got = safetensors_torch.load_file(str(tmp_path / "u.safetensors"))
+    for name, w in oracle(stored, (32, 32), torch.float32).items():
+        assert torch.equal(got[name].view(torch.int32), w.contiguous().view(torch.int32)), name
+    assert "extra.x" in got and not [n for n in got if n.endswith("_scale_inv")]
+    assert len(json.loads((tmp_path / "r.json").read_text())["consumed"]) == 14

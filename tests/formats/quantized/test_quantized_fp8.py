@@ -218,3 +218,45 @@ def test_memory_stays_a_few_bands_not_the_weight(tmp_path: Path) -> None:
             tracemalloc.stop()
     assert (tmp_path / "out.safetensors").stat().st_size > 64 << 20
     assert peak < 32 << 20, peak / 2**20
+
+
+@pytest.mark.parametrize("block", [(4, 8), (16, 16)])
+def test_fused_expert_weights_with_leading_dimensions(tmp_path: Path, block: tuple[int, int]) -> None:
+    """A 3-D expert stack [E, N, K] with scales [E, ceil(N/bh), ceil(K/bw)], named as transformers names
+    a fused expert stack's (`experts.gate_up_proj` and `experts.gate_up_proj_scale_inv`):
+    each expert equals compressed-tensors' block dequantizer on its own matrix (edges cropped for 16x16),
+    and transformers' Fp8Dequantize on the whole stack where the blocks divide it (4x8)."""
+    from quantized_support import block_quantize, save_folder
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(3, 20, 40, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    pairs = [block_quantize(w[e], block) for e in range(3)]
+    codes = torch.stack([c for c, _ in pairs])
+    scales = torch.stack([s for _, s in pairs])
+    src = save_folder(tmp_path / "moe", {"model.layers.0.mlp.experts.gate_up_proj": codes,
+                                         "model.layers.0.mlp.experts.gate_up_proj_scale_inv": scales},
+                      {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                               "weight_block_size": list(block)}}, shards=1)
+    assert convert(src, tmp_path / "o.safetensors", "--dtype", "BF16").returncode == 0
+    got = safetensors_torch.load_file(str(tmp_path / "o.safetensors"))["model.layers.0.mlp.experts.gate_up_proj"]
+    d = fp8block.FP8BlockDequantizer(weight_block_size=block, dtype=torch.bfloat16)
+    for e in range(3):
+        assert same_bits(got[e], d._create_dequantized_weight(codes[e], scales[e]))
+    if 20 % block[0] == 0 and 40 % block[1] == 0:
+        want = finegrained.Fp8Dequantize(hf_quantizer=None)._dequantize_one(codes, scales, output_dtype=torch.bfloat16)
+        assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (256,), (3, 5), (7, 2), (2, 1)])
+def test_e4m3_codes_read_as_torch_reads_them(shape: tuple[int, ...]) -> None:
+    """Every F8_E4M3 code (the pair table for an even row, one code at a time otherwise) equals torch's
+    float8_e4m3fn -> float32, NaN codes included."""
+    import numpy as np
+
+    from migrator.formats.quantized.blocks import e4m3_values
+
+    codes = (np.arange(int(np.prod(shape)), dtype=np.int64) * 37 % 256).astype(np.uint8).reshape(shape)
+    want = torch.from_numpy(codes.copy()).view(torch.float8_e4m3fn).to(torch.float32).numpy()
+    got = e4m3_values(codes)
+    assert got.shape == shape and got.dtype == np.float32
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[~np.isnan(got)], want[~np.isnan(want)])

@@ -155,3 +155,14 @@ def test_inspect_shows_the_scheme_and_sizes(tmp_path: Path) -> None:
     assert q["stored_bytes"] == sum(stored[n].nbytes + stored[n + "_scale_inv"].nbytes for n in weights)
     elements = sum(stored[n].numel() for n in weights)
     assert q["dequantized_bytes"] == {"BF16": 2 * elements, "F16": 2 * elements, "F32": 4 * elements}
+
+
+def test_fp8_without_a_declaration_is_not_guessed(tmp_path: Path) -> None:
+    """F8_E4M3 weights and their scales in a folder whose config.json declares no quantization_config are
+    not dequantized by guessing from the names: the cast is refused, saying what would read them."""
+    src, _ = fp8_folder(tmp_path / "fp8")
+    config = json.loads((src / "config.json").read_text())
+    del config["quantization_config"]
+    (src / "config.json").write_text(json.dumps(config))
+    line = refused(src, tmp_path, "cannot cast F8_E4M3 to BF16", "declares quantization_config")
+    assert "Traceback" not in line
