@@ -145,7 +145,8 @@ class ConvertOptions:
         (), "--modules", "tensors", "declare the module type of matching module paths, as a recipe's modules: "
         "(repeatable; e.g. Linear='^fc\\d+$')", kind="repeat", metavar="TYPE=REGEX", recipe="modules", diff=True)
     dtype: str | None = _option(
-        None, "--dtype", "tensors", "cast every float tensor (%(listed)s)", metavar="DTYPE",
+        None, "--dtype", "tensors", "cast every float tensor (%(listed)s); a quantized model folder's weights "
+        "are dequantized to it", metavar="DTYPE",
         listed=castable_dtypes, recipe="dtype", diff=True)
     # writing DST
     target_format_name: str = _option(
