@@ -222,3 +222,26 @@ def test_rslora_alpha_is_what_llama_cpp_scales_by(tmp_path: Path) -> None:
     key = "model.layers.0.self_attn.v_proj.weight"
     delta = (merged.state_dict()[key] - reference.state_dict()[key]).double().numpy()
     np.testing.assert_allclose(alpha / b.shape[1] * b @ a, delta, rtol=0, atol=1e-6)
+
+
+def test_docs_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/gguf.md's LoRA adapter commands, run as written on a base/ and an adapter/ naming it."""
+    import re
+    import shlex
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "gguf.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- tested: lora-adapter -->\n```sh\n(.*?)```", doc, re.S)
+    assert block is not None
+    _, adapter, _, _ = make_adapter(tmp_path, targets=["q_proj", "v_proj"])
+    path = adapter / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "base_model_name_or_path": "base"}))
+    monkeypatch.chdir(tmp_path)
+    lines = [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+    for line in lines:
+        words = shlex.split(line)
+        assert words[0] == "migrate"
+        done = migrate_in_process(*words[1:])
+        assert done.returncode == 0, (line, done.stderr)
+    assert "adapter.lora.alpha" in done.stdout and "blk.0.attn_q.weight.lora_b" in done.stdout
+    half = {t.name: t.tensor_type.name for t in gguf.GGUFReader("adapter-f16.gguf").tensors}
+    assert set(half.values()) == {"F16"} and len(half) == 8
