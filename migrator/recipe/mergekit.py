@@ -6,12 +6,12 @@ Supported: `merge_method` linear, task_arithmetic, slerp, ties, dare_ties, dare_
 `models` or `slices` (with `layer_range`); `base_model`; `parameters` at every level mergekit reads
 them (global, per model, per slice, per slice source), as scalars, gradients (lists interpolated
 over the layers of a slice) or filtered values (`{filter: self_attn, value: ...}`); `dtype`,
-`out_dtype`; `tokenizer_source: base` or a model folder (its tokenizer files, when its vocabulary is
-the models' and fits the embedding rows: `transform/merging/tokenizer_source.py`); `model:
-path+lora_path`. Refused by name: `modules`, `tokenizer`, `chat_template`, `residual_weight`, other
-merge methods, `int8_mask: true`, parameters a method does not take, `tokenizer_source: union`
-(a rebuilt vocabulary with embedding rows permuted by token), and hub ids (only local folders and
-URLs migrator reads).
+`out_dtype`; `tokenizer_source: base | union | MODEL` and the `tokenizer:` section (`tokens`,
+`pad_to_multiple_of`: the output vocabulary and the rows it rebuilds are
+`transform/merging/vocabulary.py`'s); `model: path+lora_path`. Refused by name: `modules`,
+`chat_template`, `residual_weight`, other merge methods, `int8_mask: true`, parameters a method does
+not take, both `tokenizer_source` and `tokenizer`, and hub ids (only local folders and URLs migrator
+reads).
 
 `merge_spec` resolves a config against the models' tensor names (headers only) the way mergekit's
 planner does: layers found by their index segment (`model.layers.N.`), t = i / (n - 1) across
