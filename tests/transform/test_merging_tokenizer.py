@@ -258,3 +258,22 @@ def test_docs_example_runs_as_written(root: Path, tmp_path: Path, monkeypatch: p
     assert json.loads(Path("merged/config.json").read_text())["vocab_size"] == int(said[1])
     vocab = tokenizer(Path("merged")).get_vocab()
     assert "<tool>" in vocab and "w35" in vocab
+
+
+@pytest.mark.parametrize(("tokens", "code", "words"), [
+    ("    x: {source: {kind: zero}}\n    x: {source: m0}\n", 2, "duplicate key 'x'"),
+    ("    x: {source: {kind: model_token, model: m0, token: nothere}}\n", 1, "'nothere' is not in the vocabulary"),
+    ("    x: {source: {kind: model_token, model: m0, token_id: 99}}\n", 1, "token id 99 is out of range"),
+    ("    x: {source: m1}\n", 1, "'m1', whose vocabulary lacks it"),
+])
+def test_bad_token_entries_are_one_line_errors(root: Path, tmp_path: Path, tokens: str, code: int,
+                                               words: str) -> None:
+    for name in ("m0", "m1"):
+        (tmp_path / name).symlink_to(root / name)
+    config = tmp_path / "cfg.yml"
+    config.write_text("merge_method: linear\nmodels:\n  - {model: m0, parameters: {weight: 1}}\n"
+                      "  - {model: m1, parameters: {weight: 1}}\ntokenizer:\n  source: m0\n  tokens:\n" + tokens)
+    done = migrate_in_process("merge", str(config), str(tmp_path / "out"))
+    message = done.stderr.strip()
+    assert done.returncode == code and "\n" not in message and words in message, message
+    assert not (tmp_path / "out").exists()
