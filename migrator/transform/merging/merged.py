@@ -78,6 +78,13 @@ class MergedReader(Reader):
             self.config_update["vocab_size"] = self.vocabulary.size
         self.notes = [f"merge_method {self.spec.method}: {len(self.tensors)} tensors from "
                       f"{len(self.spec.models)} models" + (f", DARE seed {seed}" if seed is not None else "")]
+        if self.vocabulary is not None:
+            v = self.vocabulary
+            shown = ", ".join(map(repr, v.added[:5])) + (", ..." if len(v.added) > 5 else "")
+            source = v.spec.source if v.spec.source in ("base", "union") else f"from {v.spec.source}"
+            self.notes.append(f"tokenizer {source}: {len(v.tokens)} tokens"
+                              + (f", {len(v.added)} added ({shown})" if v.added else "")
+                              + f", {v.size} rows; each model's embedding and lm_head rows rebuilt in its order")
 
     def file_readers(self) -> list[Reader]:
         """Every model's reader and every adapter's weights reader: what a run protects from its output."""
