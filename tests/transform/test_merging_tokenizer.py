@@ -90,6 +90,15 @@ tokenizer:
   pad_to_multiple_of: 16
 dtype: float32
 """,
+    "padded_rows": """
+merge_method: linear
+base_model: p0
+models:
+  - {model: p0, parameters: {weight: 0.5}}
+  - {model: m1, parameters: {weight: 0.5}}
+tokenizer_source: union
+dtype: float32
+""",
     "bpe_union": """
 merge_method: linear
 base_model: b0
@@ -160,7 +169,8 @@ def llama(folder: Path, vocab: int, seed: int) -> None:
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The models (m0..m2 WordLevel, b0/b1 BPE), the configs and mergekit's outputs (`mk-NAME`)."""
+    """The models (m0..m2 WordLevel, p0 with padding rows, b0/b1 BPE), the configs and mergekit's outputs
+    (`mk-NAME`)."""
     root = tmp_path_factory.mktemp("vocab")
     sizes = {
         "m0": word_tokenizer(root / "m0", SPECIALS + [f"w{i}" for i in range(30)]),
@@ -172,6 +182,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for i, (name, size) in enumerate(sizes.items()):
         llama(root / name, size, i)
+    # m0's tokenizer over an embedding of 40 rows (8 past its tokens, as padded vocabularies have)
+    word_tokenizer(root / "p0", SPECIALS + [f"w{i}" for i in range(30)])
+    llama(root / "p0", 40, 7)
     args: list[str] = []
     for name, text in CONFIGS.items():
         (root / f"{name}.yml").write_text(text)
