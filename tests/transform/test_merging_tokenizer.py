@@ -99,6 +99,13 @@ models:
 tokenizer_source: union
 dtype: float32
 """,
+    "no_tokenizer_json": """
+merge_method: linear
+models:
+  - {model: q0, parameters: {weight: 0.3}}
+  - {model: q1, parameters: {weight: 0.7}}
+dtype: float32
+""",
     "bpe_union": """
 merge_method: linear
 base_model: b0
@@ -185,6 +192,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # m0's tokenizer over an embedding of 40 rows (8 past its tokens, as padded vocabularies have)
     word_tokenizer(root / "p0", SPECIALS + [f"w{i}" for i in range(30)])
     llama(root / "p0", 40, 7)
+    for i, name in enumerate(("q0", "q1")):  # no tokenizer.json: a SentencePiece file (not read) instead
+        llama(root / name, 32, 8 + i)
+        (root / name / "tokenizer.model").write_bytes(f"sentencepiece {name}".encode())
     args: list[str] = []
     for name, text in CONFIGS.items():
         (root / f"{name}.yml").write_text(text)
@@ -203,7 +213,7 @@ def tokenizer(folder: Path) -> Any:
     return transformers.AutoTokenizer.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "no_tokenizer_json"])
 def test_matches_mergekit(root: Path, tmp_path: Path, name: str) -> None:
     out = tmp_path / "out"
     done = migrate_in_process("merge", str(root / f"{name}.yml"), str(out))
@@ -248,6 +258,7 @@ def test_new_tokens_and_source_base_are_refused_as_mergekit_fails(root: Path, tm
     assert done.returncode == 1, done.stderr
     message = done.stderr.strip()
     assert "\n" not in message and "KeyError" in message and "vocab_size 32" in message, message
+    assert "name the base model's folder as the source instead" in message, message
     assert not (tmp_path / "out").exists()
 
 
@@ -290,3 +301,21 @@ def test_bad_token_entries_are_one_line_errors(root: Path, tmp_path: Path, token
     message = done.stderr.strip()
     assert done.returncode == code and "\n" not in message and words in message, message
     assert not (tmp_path / "out").exists()
+
+
+def test_source_base_over_models_without_tokenizer_json(root: Path, tmp_path: Path) -> None:
+    """`tokenizer_source: base` where no model has a tokenizer.json: they share the base's vocabulary (as
+    mergekit takes a model whose tokenizer it cannot load), so the rows are mergekit's plain merge's and
+    the base's tokenizer file is copied."""
+    config = tmp_path / "cfg.yml"
+    config.write_text(CONFIGS["no_tokenizer_json"].replace("q0", str(root / "q0")).replace("q1", str(root / "q1"))
+                      + "tokenizer_source: base\n")
+    out = tmp_path / "out"
+    done = migrate_in_process("merge", str(config), str(out))
+    assert done.returncode == 0, done.stderr
+    assert "no model has a tokenizer.json" in done.stdout
+    ours, theirs = tensors(out), tensors(root / "mk-no_tokenizer_json")
+    assert sorted(ours) == sorted(theirs)
+    for key, want in theirs.items():
+        np.testing.assert_allclose(ours[key], want, rtol=0, atol=1e-6, err_msg=key)
+    assert (out / "tokenizer.model").read_bytes() == b"sentencepiece q0"

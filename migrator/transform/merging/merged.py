@@ -58,6 +58,7 @@ class MergedReader(Reader):
             self.vocabulary: Vocabulary | None = None
             if self.spec.tokenizer is not None:  # rows rebuilt in the output vocabulary's order
                 self.vocabulary = build_vocabulary(self.spec.tokenizer, self.spec.models, list(self.spec.models))
+            self.plain_base = self.spec.tokenizer is not None and self.vocabulary is None
             self.tensors: list[LazyTensor] = merge_tensors(self.spec, models, self.vocabulary)
         except BaseException:
             self._stack.close()
@@ -85,6 +86,9 @@ class MergedReader(Reader):
             self.notes.append(f"tokenizer {source}: {len(v.tokens)} tokens"
                               + (f", {len(v.added)} added ({shown})" if v.added else "")
                               + f", {v.size} rows; each model's embedding and lm_head rows rebuilt in its order")
+        elif self.plain_base:
+            self.notes.append("tokenizer_source base: no model has a tokenizer.json, so they share the base's "
+                              "vocabulary (as mergekit takes them); its tokenizer files are copied, the rows kept")
 
     def file_readers(self) -> list[Reader]:
         """Every model's reader and every adapter's weights reader: what a run protects from its output."""

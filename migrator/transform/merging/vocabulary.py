@@ -109,11 +109,16 @@ class Vocabulary:
     added: list[str] = field(default_factory=list)
 
 
-def build_vocabulary(spec: TokenizerSpec, models: Mapping[str, str], order: Sequence[str]) -> Vocabulary:
+def build_vocabulary(spec: TokenizerSpec, models: Mapping[str, str], order: Sequence[str]) -> Vocabulary | None:
     """The vocabulary of a merge of `models` (config reference -> folder; `order`: the references in the
-    config's order) with tokenizer settings `spec`."""
+    config's order) with tokenizer settings `spec`. None for `source: base` with no `tokens` over models of
+    which none has a tokenizer.json (a SentencePiece tokenizer.model, say): they share the base's
+    vocabulary, as mergekit takes them, so the rows stay as they are and the base's files are copied."""
     base_folder = models[spec.base]
     base = read_tokenizer(base_folder)
+    if base is None and spec.source == "base" and not spec.tokens and all(
+            not (Path(models[ref]) / "tokenizer.json").is_file() for ref in order):
+        return None
     if base is None:
         raise MergeInputError("the base model has no tokenizer.json (a tokenizer source needs its vocabulary)",
                               file=base_folder)
@@ -150,14 +155,19 @@ def build_vocabulary(spec: TokenizerSpec, models: Mapping[str, str], order: Sequ
     if pad and size % pad:
         size += pad - size % pad
     vocabs = {ref: t.vocab for ref, t in tokenizers.items()}
-    if spec.source == "base":  # mergekit adds the tokens to the base's own tokenizer object
-        vocabs[spec.base] = tokens
+    if spec.source == "base":  # mergekit adds the tokens to the base's own tokenizer object (also standing for
+        vocabs.update({ref: tokens for ref, t in tokenizers.items() if t is base})  # models with none)
     rows: dict[str, list[int]] = {}
     for ref in order:
         vocab, limit = vocabs[ref], _vocab_size(models[ref], len(vocabs[ref]))
         row = []
         for token in tokens:
             i = vocab.get(token, -1)
+            if i >= limit and vocab is tokens:
+                raise MergeInputError(f"source 'base' with the new token {token!r}: mergekit 0.1.5 adds it to the "
+                                      f"base's own tokenizer (id {i}, past its config.json vocab_size {limit}) and "
+                                      "fails (KeyError); name the base model's folder as the source instead",
+                                      file=models[ref])
             if i >= limit:  # mergekit 0.1.5 leaves the token out of the model's map, then fails (KeyError)
                 raise MergeInputError(f"token {token!r} has id {i} in this model's tokenizer, beyond its config.json "
                                       f"vocab_size {limit} (mergekit 0.1.5 fails on it: KeyError)", file=models[ref])
