@@ -187,6 +187,10 @@ class ConvertOptions:
         None, "--quantize", "gguf", "write 2-D float tensors as TYPE, or as llama.cpp's mix (llama-quantize's "
         "type per tensor); 1-D tensors and norms stay F32 (a recipe's target.quantize picks per tensor). "
         "TYPE: %(listed)s", metavar="TYPE", listed=gguf_types, recipe="target.quantize")
+    base: str | None = _option(  # or a PathLike
+        None, "--base", "gguf", "SRC a PEFT LoRA adapter folder, DST a .gguf: the base model folder (config.json and "
+        "weights, read for the architecture, names and shapes; default: adapter_config.json's "
+        "base_model_name_or_path when that is a local folder)", metavar="DIR")
     # training state
     param_order: str | None = _option(  # or a PathLike
         None, "--param-order", "training", "a Hugging Face Trainer checkpoint folder with --training-state keep: a "
