@@ -105,10 +105,11 @@ def find_iteration(path: str | os.PathLike[str]) -> IterationFolder:
         if m["ep"] is not None:
             it.expert_ranks = True
             continue
-        key = (int(m["tp"]), None if m["pp"] is None else int(m["pp"]))
-        it.ranks[key] = it.path / name / RANK_FILE
-        if it.ranks[key].exists():
-            require_inside(it.ranks[key], p, str(p), "rank file")
+        file = it.path / name / RANK_FILE
+        if not os.path.lexists(file):  # a rank folder without its file: named as missing by the reader
+            continue
+        require_inside(file, p, str(p), "rank file")
+        it.ranks[(int(m["tp"]), None if m["pp"] is None else int(m["pp"]))] = file
     if it.expert_ranks:
         raise FormatError("expert-parallel rank folders (mp_rank_TT_PPP_EEE): migrator joins tensor- and "
                           "pipeline-parallel ranks of legacy Megatron checkpoints, not expert-parallel ones",
