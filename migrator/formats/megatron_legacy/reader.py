@@ -29,7 +29,7 @@ from .layers import stage_layers
 from .rankfile import RankFile
 from .rows import row_slice
 from .shapes import check_shapes
-from .splits import LAYER, Split, mcore_name, split_of
+from .splits import LAYER, OLD_NAMES_NOTE, Split, mcore_name, split_of
 
 MIN_VERSION = 2.0
 """Megatron reorders the QKV rows of checkpoints before version 2.0 when it loads them
@@ -100,6 +100,10 @@ class MegatronLegacyReader(Reader):
         if int(args.get("expert_model_parallel_size") or 1) > 1:
             raise first.bad("expert_model_parallel_size > 1: migrator joins tensor- and pipeline-parallel ranks "
                             "of legacy Megatron checkpoints, not expert-parallel ones")
+        etp = args.get("expert_tensor_parallel_size")
+        if args.get("num_experts") and etp is not None and etp != tp:
+            raise first.bad(f"expert_tensor_parallel_size {_shown(etp)} differs from tensor_model_parallel_size {tp}: "
+                            "experts divided over other ranks than the rest of the model, which migrator does not join")
         staged = pp > 1
         want = {(t, p if staged else None) for t in range(tp) for p in range(pp)}
         for key in sorted(want, key=lambda k: (k[1] or 0, k[0])):
@@ -164,11 +168,7 @@ class MegatronLegacyReader(Reader):
             skipped += sum(len(f.extra_states) for f in stage[:1])
         check_shapes(self.tensors, args, label=str(it.path))
         if renamed:
-            notes.append("pre-megatron-core names read as megatron-core's (language_model.encoder.layers.N."
-                         "self_attention.query_key_value -> decoder.layers.N.self_attention.linear_qkv, dense -> "
-                         "linear_proj, dense_h_to_4h -> mlp.linear_fc1, dense_4h_to_h -> mlp.linear_fc2, "
-                         "post_attention_layernorm -> pre_mlp_layernorm, language_model.embedding -> embedding, "
-                         "word_embeddings_for_head -> output_layer)")
+            notes.append(OLD_NAMES_NOTE)
         if skipped:
             notes.append(f"{skipped} _extra_state entries (Transformer Engine's FP8 bookkeeping, not weights) "
                          "left out")

@@ -79,6 +79,13 @@ OLD_LAYER_PARTS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p),
 ))
 """Inside a pre-megatron-core layer: its parts under megatron-core's names (same layouts per rank)."""
 
+OLD_NAMES_NOTE = ("pre-megatron-core names read as megatron-core's (language_model.encoder.layers.N."
+                  "self_attention.query_key_value -> decoder.layers.N.self_attention.linear_qkv, dense -> "
+                  "linear_proj, dense_h_to_4h -> mlp.linear_fc1, dense_4h_to_h -> mlp.linear_fc2, "
+                  "post_attention_layernorm -> pre_mlp_layernorm, language_model.embedding -> embedding, "
+                  "word_embeddings_for_head -> output_layer)")
+"""What the reader's notes say when it renamed older names."""
+
 LAYER = re.compile(r"^(?P<pre>decoder\.layers\.)(?P<index>\d{1,9})(?P<post>\..+)$")
 """A transformer layer's tensor (megatron-core names): its index is the stage's own, from 0."""
 
