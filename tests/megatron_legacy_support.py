@@ -78,6 +78,25 @@ def llama_to_mcore(model: Any, *, te: bool = True) -> dict[str, torch.Tensor]:
     return out
 
 
+def random_mcore(args: argparse.Namespace, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A global megatron-core state dict of random weights in the sizes `args` names (no transformers)."""
+    g = torch.Generator().manual_seed(seed)
+    h, heads, groups = args.hidden_size, args.num_attention_heads, args.num_query_groups
+    qkv = (heads + 2 * groups) * args.kv_channels
+    out = {"embedding.word_embeddings.weight": torch.randn(args.padded_vocab_size, h, generator=g)}
+    for i in range(args.num_layers):
+        m = f"decoder.layers.{i}."
+        out[m + "self_attention.linear_qkv.layer_norm_weight"] = torch.randn(h, generator=g)
+        out[m + "self_attention.linear_qkv.weight"] = torch.randn(qkv, h, generator=g)
+        out[m + "self_attention.linear_proj.weight"] = torch.randn(h, heads * args.kv_channels, generator=g)
+        out[m + "mlp.linear_fc1.layer_norm_weight"] = torch.randn(h, generator=g)
+        out[m + "mlp.linear_fc1.weight"] = torch.randn(2 * args.ffn_hidden_size, h, generator=g)
+        out[m + "mlp.linear_fc2.weight"] = torch.randn(h, args.ffn_hidden_size, generator=g)
+    out["decoder.final_layernorm.weight"] = torch.randn(h, generator=g)
+    out["output_layer.weight"] = torch.randn(args.padded_vocab_size, h, generator=g)
+    return out
+
+
 def rank_piece(name: str, t: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
     """Rank `rank`'s piece of a global tensor, as Megatron's layers divide it."""
     if name.endswith(("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")):
@@ -130,7 +149,7 @@ def write_legacy(root: Path, sd: dict[str, torch.Tensor], tp: int, pp: int, *, i
                  counts: list[int] | None = None) -> Path:
     """Write `sd` (global megatron-core names) as Megatron's legacy checkpointer does; returns `root`."""
     args = args if args is not None else args_for(tp, pp)
-    counts = counts if counts is not None else [LAYERS // pp] * pp
+    counts = counts if counts is not None else [args.num_layers // pp] * pp
     folder = root / f"iter_{iteration:07d}"
     offsets = [sum(counts[:p]) for p in range(pp)]
     for p in range(pp):
