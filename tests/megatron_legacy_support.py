@@ -144,34 +144,54 @@ def _old_nested(sd: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"language_model": lm}
 
 
+def _chunk(sd: dict[str, torch.Tensor], tp: int, t: int, first: int, count: int, *, head: bool, tail: bool,
+           extra_state: bool, old_names: bool) -> dict[str, torch.Tensor | None]:
+    """Rank `t`'s state dict of the layers first..first+count-1 (numbered from 0), with the embedding
+    (`head`) and the final norm and output layer (`tail`)."""
+    model: dict[str, torch.Tensor | None] = {}
+    for name, tensor in sd.items():
+        local = name
+        if name.startswith("decoder.layers."):
+            index = int(name.split(".")[2])
+            if not first <= index < first + count:
+                continue
+            local = name.replace(f"decoder.layers.{index}.", f"decoder.layers.{index - first}.", 1)
+        elif ((name.startswith("embedding.") and not head)
+              or (name.startswith(("decoder.final_layernorm", "output_layer.")) and not tail)):
+            continue  # the embedding lives on the first stage, the head on the last
+        model[local] = rank_piece(name, tensor, tp, t)
+        if extra_state and not old_names and name.endswith(("linear_qkv.weight", "linear_fc2.weight")):
+            model[local.rsplit(".", 1)[0] + "._extra_state"] = None
+    return model
+
+
 def write_legacy(root: Path, sd: dict[str, torch.Tensor], tp: int, pp: int, *, iteration: int = 10,
                  old_names: bool = False, extra_state: bool = True, args: argparse.Namespace | None = None,
-                 counts: list[int] | None = None) -> Path:
-    """Write `sd` (global megatron-core names) as Megatron's legacy checkpointer does; returns `root`."""
-    args = args if args is not None else args_for(tp, pp)
+                 counts: list[int] | None = None, vp: int = 1) -> Path:
+    """Write `sd` (global megatron-core names) as Megatron's legacy checkpointer does; returns `root`.
+    `vp` > 1: a virtual pipeline, each file holding `model0..model{vp-1}`, chunk c of stage p the
+    (c * pp + p)-th of pp * vp equal runs of layers (`counts` is then unused)."""
+    args = args if args is not None else args_for(tp, pp, virtual_pipeline_model_parallel_size=vp if vp > 1 else None)
     counts = counts if counts is not None else [args.num_layers // pp] * pp
     folder = root / f"iter_{iteration:07d}"
     offsets = [sum(counts[:p]) for p in range(pp)]
+    per_chunk = args.num_layers // (pp * vp)
     for p in range(pp):
         for t in range(tp):
-            model: dict[str, torch.Tensor | None] = {}
-            for name, tensor in sd.items():
-                local = name
-                if name.startswith("decoder.layers."):
-                    index = int(name.split(".")[2])
-                    if not offsets[p] <= index < offsets[p] + counts[p]:
-                        continue
-                    local = name.replace(f"decoder.layers.{index}.", f"decoder.layers.{index - offsets[p]}.", 1)
-                elif ((name.startswith("embedding.") and p != 0)
-                      or (name.startswith(("decoder.final_layernorm", "output_layer.")) and p != pp - 1)):
-                    continue  # the embedding lives on the first stage, the head on the last
-                model[local] = rank_piece(name, tensor, tp, t)
-                if extra_state and not old_names and name.endswith(("linear_qkv.weight", "linear_fc2.weight")):
-                    model[local.rsplit(".", 1)[0] + "._extra_state"] = None
-            state: Any = _old_nested(model) if old_names else model  # type: ignore[arg-type]
+            if vp == 1:
+                model = _chunk(sd, tp, t, offsets[p], counts[p], head=p == 0, tail=p == pp - 1,
+                               extra_state=extra_state, old_names=old_names)
+                state: Any = {"model": _old_nested(model) if old_names else model}  # type: ignore[arg-type]
+            else:
+                chunks = [_chunk(sd, tp, t, (c * pp + p) * per_chunk, per_chunk, head=p == 0 and c == 0,
+                                 tail=p == pp - 1 and c == vp - 1, extra_state=extra_state, old_names=old_names)
+                          for c in range(vp)]
+                model = {f"{c}.{k}": v for c, m in enumerate(chunks) for k, v in m.items()}
+                state = {f"model{c}": _old_nested(m) if old_names else m  # type: ignore[arg-type]
+                         for c, m in enumerate(chunks)}
             params = [v for v in model.values() if v is not None]
             checkpoint = {
-                "args": args, "checkpoint_version": 3.0, "iteration": iteration, "model": state,
+                "args": args, "checkpoint_version": 3.0, "iteration": iteration, **state,
                 "optimizer": {"optimizer": {"state": {i: {"exp_avg": torch.zeros_like(v),
                                                           "exp_avg_sq": torch.zeros_like(v)}
                                                       for i, v in enumerate(params[:2])},

@@ -64,6 +64,18 @@ def test_uneven_first_and_last_stages_renumber_from_the_args(llama: tuple, tmp_p
     _equal_to(root, sd)
 
 
+@pytest.mark.parametrize("old_names", [False, True])
+def test_a_virtual_pipeline_deals_its_chunks_round_robin(llama: tuple, tmp_path: Path, old_names: bool) -> None:
+    """TP=2 x PP=2 x 2 virtual chunks: chunk c of stage p holds the (c x 2 + p)-th quarter of the layers."""
+    model, _ = llama
+    sd = mls.llama_to_mcore(model, te=not old_names)
+    root = mls.write_legacy(tmp_path / "ckpt", sd, 2, 2, vp=2, old_names=old_names)
+    _equal_to(root, sd)
+    with open_file(root) as r:
+        assert r.extra()["virtual_pipeline_chunks"] == 2
+        assert r.names()[0] == "embedding.word_embeddings.weight" and r.names()[-1] == "output_layer.weight"
+
+
 def test_tensors_are_byte_ranges_of_the_rank_files_until_read(llama: tuple, tmp_path: Path) -> None:
     """Lazy: the rank files are parsed for their headers; a row-split tensor streams its ranks' spans."""
     _, sd = llama

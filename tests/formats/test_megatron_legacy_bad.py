@@ -120,18 +120,43 @@ def test_a_stage_holding_other_layers_than_num_layers_gives_it(ckpt: Path, tmp_p
     convert_refused(ckpt, tmp_path, "stage 0 holds layers 0..1 (2)", "num_layers 6", "gives it 3")
 
 
-def test_a_virtual_pipeline_is_refused_by_name(ckpt: Path, tmp_path: Path) -> None:
+def test_virtual_pipeline_chunks_the_args_do_not_name(ckpt: Path, tmp_path: Path) -> None:
     def chunks(c: dict[str, Any]) -> None:
         c["model0"] = c.pop("model")
         c["model1"] = {}
 
-    edit(rank(ckpt, 0, 0), chunks)
-    convert_refused(ckpt, tmp_path, "virtual pipeline", "mp_rank_00_000")
+    edit(rank(ckpt, 1, 0), chunks)
+    convert_refused(ckpt, tmp_path, "mp_rank_01_000", "holds model0..model1",
+                    "virtual_pipeline_model_parallel_size None makes 1 model chunks")
 
 
-def test_virtual_pipeline_args_are_refused(ckpt: Path, tmp_path: Path) -> None:
-    edit(rank(ckpt, 0, 0), lambda c: setattr(c["args"], "virtual_pipeline_model_parallel_size", 2))
-    convert_refused(ckpt, tmp_path, "virtual_pipeline_model_parallel_size", "virtual pipeline")
+def test_virtual_pipeline_args_the_files_do_not_follow(ckpt: Path, tmp_path: Path) -> None:
+    for tp in (0, 1):
+        for pp in (0, 1):
+            edit(rank(ckpt, tp, pp), lambda c: setattr(c["args"], "virtual_pipeline_model_parallel_size", 2))
+    convert_refused(ckpt, tmp_path, "holds one 'model'", "virtual_pipeline_model_parallel_size 2 makes 2")
+
+
+def test_a_virtual_chunk_missing_a_layer(pristine: Path, tmp_path: Path) -> None:
+    sd = mls.llama_to_mcore(mls.tiny_llama())
+    ckpt = mls.write_legacy(tmp_path / "vp", sd, 2, 2, vp=2)
+    for tp in (0, 1):  # the chunk's one layer gone, on both ranks
+        edit(rank(ckpt, tp, 1), lambda c: [c["model1"].pop(k) for k in list(c["model1"]) if "layers.0." in k])
+    convert_refused(ckpt, tmp_path, "stage 1 chunk 1 holds no layer", "x 2 virtual chunks gives it 1")
+
+
+def test_uneven_stages_under_a_virtual_pipeline_are_refused(ckpt: Path, tmp_path: Path) -> None:
+    for tp in (0, 1):
+        for pp in (0, 1):
+            edit(rank(ckpt, tp, pp), lambda c: (setattr(c["args"], "virtual_pipeline_model_parallel_size", 2),
+                                                setattr(c["args"], "decoder_first_pipeline_num_layers", 1),
+                                                c.update(model0=c.pop("model"), model1={})))
+    convert_refused(ckpt, tmp_path, "uneven first or last pipeline stages under a virtual pipeline")
+
+
+def test_an_explicit_pipeline_layout_is_refused(ckpt: Path, tmp_path: Path) -> None:
+    edit(rank(ckpt, 0, 0), lambda c: setattr(c["args"], "pipeline_model_parallel_layout", "Et|(tt|)*2L"))
+    convert_refused(ckpt, tmp_path, "pipeline_model_parallel_layout", "explicit pipeline layout")
 
 
 def test_an_old_checkpoint_version_is_refused(ckpt: Path, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""migrator's table of how Megatron divides each tensor between tensor-parallel ranks, checked against
-megatron-core 0.16.1 itself.
+"""migrator's table of how Megatron divides each tensor between tensor-parallel ranks, and its numbering of
+each pipeline stage's layers, checked against megatron-core 0.16.1 itself.
 
 megatron-core marks each parameter its parallel layers divide (`tensor_model_parallel`, and the
 `partition_dim`: 0 for ColumnParallelLinear and VocabParallelEmbedding, 1 for RowParallelLinear), and
@@ -7,7 +7,9 @@ its `sharded_state_dict` makes a gated MLP's `linear_fc1` a `ShardedTensorFactor
 [gate_r; up_r] re-interleaved when saved) and each `_extra_state` a `ShardedObject`. A tiny GPTModel
 (local layer spec: no Transformer Engine on this CPU) is built in a subprocess on one gloo rank, in
 two shapes that between them hold every kind of tensor of the table (GQA with SwiGLU, RMSNorm and q/k
-norms; LayerNorm with biases, learned positions and a two-expert MoE with its router).
+norms; LayerNorm with biases, learned positions and a two-expert MoE with its router). Each stage's
+(and virtual chunk's) first layer is megatron-core's `get_transformer_layer_offset` for even, uneven
+and virtual pipelines.
 """
 
 from __future__ import annotations
@@ -20,13 +22,23 @@ from pathlib import Path
 
 import pytest
 
+from migrator.formats.megatron_legacy.layers import units
 from migrator.formats.megatron_legacy.splits import split_of
 
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
     pytest.skip("megatron-core is not installed", allow_module_level=True)
 
+LAYOUTS = {  # pipeline stages, virtual chunks, layers of the first / last stage, num_layers
+    "even": (4, None, None, None, 8),
+    "virtual 2x2": (2, 2, None, None, 8),
+    "virtual 3x2": (3, 2, None, None, 12),
+    "uneven": (3, None, 1, 3, 8),
+    "first only": (3, None, 2, None, 8),
+}
+
 SCRIPT = r"""
 import json, sys, warnings
+LAYOUTS = """ + repr(LAYOUTS) + r"""
 warnings.filterwarnings("ignore")
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
@@ -58,6 +70,16 @@ for tag, (config, spec, positions) in shapes.items():
         "saved": list(model.state_dict()),
         "gated": bool(cfg.gated_linear_unit),
     }
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+offsets = {}
+for tag, (pp, vp, first, last, n) in LAYOUTS.items():
+    cfg = TransformerConfig(num_layers=n, hidden_size=64, num_attention_heads=4, pipeline_model_parallel_size=pp,
+                            virtual_pipeline_model_parallel_size=vp, num_layers_in_first_pipeline_stage=first,
+                            num_layers_in_last_pipeline_stage=last, pipeline_dtype=torch.float32)
+    offsets[tag] = {f"{p},{c}": get_transformer_layer_offset(cfg, vp_stage=c if vp else None, pp_rank=p)
+                    for p in range(pp) for c in range(vp or 1)}
+out["offsets"] = offsets
 dist.destroy_process_group()
 print(json.dumps(out))
 """
@@ -107,6 +129,22 @@ def test_every_saved_entry_has_a_rule_and_extra_state_is_skipped(mcore: dict, ta
     objects = [k for k, kind in model["sharded"].items() if kind == "ShardedObject"]  # not tensors to megatron-core
     assert objects and all(split_of(k) == split_of(objects[0]) and split_of(k).kind == "skip"  # type: ignore[union-attr]
                            for k in objects)
+
+
+class _File:
+    def bad(self, message: str) -> AssertionError:
+        return AssertionError(message)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_stage_and_chunks_first_layer_is_megatron_cores_offset(mcore: dict, layout: str) -> None:
+    pp, vp, first, last, n = LAYOUTS[layout]
+    args = {"num_layers": n, "virtual_pipeline_model_parallel_size": vp,
+            "decoder_first_pipeline_num_layers": first, "decoder_last_pipeline_num_layers": last}
+    found = units(args, pp, vp or 1, _File())  # type: ignore[arg-type]
+    assert {f"{u.stage},{u.chunk}": u.first for u in found} == mcore["offsets"][layout]
+    assert sum(u.count for u in found) == n
+    assert [u.first for u in found] == sorted(u.first for u in found)  # listed in the order of the layers
 
 
 def test_the_table_is_data_the_reader_never_branches_on_names() -> None:

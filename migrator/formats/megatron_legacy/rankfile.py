@@ -22,7 +22,7 @@ from ..pytorch.reader import PytorchReader
 
 
 class RankFile(PytorchReader):
-    """A rank file: `tensors` (its `model`), `args` (a dict), `iteration`, `version`."""
+    """A rank file: `tensors` (its `model`, or its chunks'), `args` (a dict), `iteration`, `version`, `chunks`."""
 
     def __init__(self, source: ByteSource, limits: Limits) -> None:
         self.args: dict[str, Any] = {}
@@ -30,19 +30,20 @@ class RankFile(PytorchReader):
         self.version: Any = None
         self.extra_states: list[str] = []
         self.top_keys: list[str] = []
+        self.chunks = 0
+        """Virtual-pipeline chunks (`model0`, ...) the file holds, their tensors named `model<c>.<name>`; 0: `model`."""
         super().__init__(source, top_level_key="model", limits=limits)
 
     def _select(self, root: Any, key: Any) -> tuple[Any, str]:
         if not isinstance(root, dict):
             raise self._err(f"holds {described(root)}, not the dict Megatron-LM saves (model, args, ...)")
         self.top_keys = [k for k in root if isinstance(k, str)][:100]
-        if "model" not in root:
-            stages = sorted(k for k in self.top_keys if k.startswith("model") and k[5:].isdigit())
-            if stages:
-                raise self._err(f"holds {', '.join(stages[:8])}: the model chunks of a virtual pipeline "
-                                "(--num-layers-per-virtual-pipeline-stage), which migrator does not join")
+        chunks = [k for k in root if isinstance(k, str) and k.startswith("model") and k[5:].isdigit()]
+        if "model" not in root and not chunks:
             raise self._err(f"has no 'model' (its keys: {', '.join(self.top_keys[:20]) or 'none'}): not a Megatron-LM "
                             "checkpoint rank file")
+        if "model" in root and chunks:
+            raise self._err(f"holds both 'model' and {chunks[0]}: a model and virtual-pipeline chunks at once")
         args = root.get("args")
         fields = namespace_fields(args)
         if fields is not None:
@@ -51,7 +52,17 @@ class RankFile(PytorchReader):
             raise self._err(f"'args' is {described(args)}, not the argparse.Namespace Megatron-LM saves")
         self.iteration = root.get("iteration")
         self.version = root.get("checkpoint_version")
-        return super()._select(root, key)
+        if not chunks:
+            return super()._select(root, key)
+        # a virtual pipeline: `model0`, `model1`, ... (one per chunk), listed as `model<c>.<name>`
+        if sorted(chunks, key=lambda k: int(k[5:])) != [f"model{c}" for c in range(len(chunks))]:
+            raise self._err(f"its model chunks are {', '.join(sorted(chunks)[:8])}, not model0..model{len(chunks) - 1}")
+        for k in chunks:
+            if not isinstance(root[k], dict):
+                raise self._err(f"'{k}' holds {described(root[k])}, not a state dict")
+        self.chunks = len(chunks)
+        self._root, self._whole = root, False
+        return {k: root[k] for k in sorted(chunks, key=lambda k: int(k[5:]))}, ""
 
     def _leaf(self, name: str, value: Any, seen: set[str]) -> None:
         if name.endswith("_extra_state"):  # None, BytesIO or a byte tensor: Transformer Engine's, never a weight

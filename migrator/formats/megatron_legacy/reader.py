@@ -25,7 +25,7 @@ from ...core.tensor import LazyTensor
 from ..base import Reader
 from ..dcp.assemble import Piece, assemble
 from .folder import RANK_FILE, IterationFolder, find_iteration, rank_dir_name
-from .layers import stage_layers
+from .layers import Unit, units, virtual_chunks
 from .rankfile import RankFile
 from .rows import row_slice
 from .shapes import check_shapes
@@ -64,6 +64,8 @@ class MegatronLegacyReader(Reader):
         self.fds = Descriptors()
         self.ranks: dict[tuple[int, int], RankFile] = {}
         self._splits: dict[str, str] = {}
+        self._skipped = 0  # `_extra_state` tensors left out
+        self.virtual = 1
         notes: list[str] = []
         try:
             it = find_iteration(path)
@@ -124,48 +126,20 @@ class MegatronLegacyReader(Reader):
             self._check_file(f, first, it)
         self.tp, self.pp = tp, pp
         self.args = args
-        counts = stage_layers(args, pp, first)
+        v = virtual_chunks(args, pp, first)
+        for f in self.ranks.values():
+            if f.chunks != (v if v > 1 else 0):
+                held = f"model0..model{f.chunks - 1}" if f.chunks else "one 'model'"
+                raise f.bad(f"holds {held}, but virtual_pipeline_model_parallel_size "
+                            f"{_shown(args.get('virtual_pipeline_model_parallel_size'))} makes {v} model chunks per "
+                            "stage" + (" (model0, model1, ...)" if v > 1 else ""))
+        self.virtual = v
         gated = bool(args.get("swiglu"))
         seen: dict[str, str] = {}
         renamed = False
-        skipped = 0
-        offset = 0
-        for p in range(pp):
-            stage = [self.ranks[(t, p)] for t in range(tp)]
-            names = stage[0].names()
-            for t, other in enumerate(stage[1:], 1):
-                if set(other.names()) != set(names):
-                    odd = sorted(set(other.names()) ^ set(names))[0]
-                    holder = other if odd in other else stage[0]
-                    raise FormatError(f"tensor-parallel ranks 0 and {t} of stage {p} hold different tensors: "
-                                      f"'{odd}' is only in {_short(holder, it)}", file=holder.label, tensor=odd)
-            layers: set[int] = set()
-            for name in names:
-                gname, old = mcore_name(name)
-                renamed |= old
-                m = LAYER.match(gname)
-                if m is not None:
-                    local = int(m["index"])
-                    if local >= counts[p]:
-                        raise stage[0].bad(f"layer {local} of stage {p}, which holds {counts[p]} layers (num_layers "
-                                           f"{args.get('num_layers')} over {pp} pipeline stages)", name)
-                    layers.add(local)
-                    gname = f"{m['pre']}{offset + local}{m['post']}"
-                split = split_of(gname)
-                if split is not None and split.kind == "skip":
-                    skipped += 1
-                    continue
-                if gname in seen:
-                    raise FormatError(f"'{gname}' is in two pipeline stages: {seen[gname]} and {_short(stage[0], it)}",
-                                      file=stage[0].label, tensor=name)
-                seen[gname] = _short(stage[0], it)
-                self.tensors.append(self._join(gname, name, split, stage, gated, it))
-            if layers != set(range(counts[p])):
-                held = f"layers {min(layers)}..{max(layers)} ({len(layers)})" if layers else "no layer"
-                raise stage[0].bad(f"stage {p} holds {held}, but num_layers {args.get('num_layers')} over {pp} "
-                                   f"pipeline stages gives it {counts[p]}")
-            offset += counts[p]
-            skipped += sum(len(f.extra_states) for f in stage[:1])
+        for unit in units(args, pp, v, first):
+            renamed |= self._unit(unit, [self.ranks[(t, unit.stage)] for t in range(tp)], gated, seen, it)
+        skipped = sum(len(self.ranks[(0, p)].extra_states) for p in range(pp)) + self._skipped
         check_shapes(self.tensors, args, label=str(it.path))
         if renamed:
             notes.append(OLD_NAMES_NOTE)
@@ -180,13 +154,55 @@ class MegatronLegacyReader(Reader):
             notes.append(f"the embedding and output rows are padded_vocab_size ({vocab}): the tokenizer's "
                          "vocabulary plus Megatron's padding, which a recipe trims (slice) to the model's vocab_size")
 
+    def _unit(self, unit: Unit, stage: list[RankFile], gated: bool, seen: dict[str, str],
+              it: IterationFolder) -> bool:
+        """The tensors of one stage's chunk, joined over its tensor-parallel ranks; whether a name was an old one."""
+        prefix = f"model{unit.chunk}." if self.virtual > 1 else ""
+        where = f"stage {unit.stage}" + (f" chunk {unit.chunk}" if prefix else "")
+        names = [n for n in stage[0].names() if n.startswith(prefix)]
+        for t, other in enumerate(stage[1:], 1):
+            theirs = [n for n in other.names() if n.startswith(prefix)]
+            if set(theirs) != set(names):
+                odd = sorted(set(theirs) ^ set(names))[0]
+                holder = other if odd in other else stage[0]
+                raise FormatError(f"tensor-parallel ranks 0 and {t} of {where} hold different tensors: "
+                                  f"'{odd}' is only in {_short(holder, it)}", file=holder.label, tensor=odd)
+        layers: set[int] = set()
+        renamed = False
+        for name in names:
+            gname, old = mcore_name(name[len(prefix):])
+            renamed |= old
+            m = LAYER.match(gname)
+            if m is not None:
+                local = int(m["index"])
+                if local >= unit.count:
+                    raise stage[0].bad(f"layer {local} of {where}, which holds {unit.count} layers (num_layers "
+                                       f"{self.args.get('num_layers')} over {self.pp} pipeline stages)", name)
+                layers.add(local)
+                gname = f"{m['pre']}{unit.first + local}{m['post']}"
+            split = split_of(gname)
+            if split is not None and split.kind == "skip":
+                self._skipped += 1
+                continue
+            if gname in seen:
+                raise FormatError(f"'{gname}' is in two pipeline stages: {seen[gname]} and {_short(stage[0], it)}",
+                                  file=stage[0].label, tensor=name)
+            seen[gname] = _short(stage[0], it) + (f" ({prefix[:-1]})" if prefix else "")
+            self.tensors.append(self._join(gname, name, split, stage, gated, it))
+        if layers != set(range(unit.count)):
+            held = f"layers {min(layers)}..{max(layers)} ({len(layers)})" if layers else "no layer"
+            raise stage[0].bad(f"{where} holds {held}, but num_layers {self.args.get('num_layers')} over {self.pp} "
+                               f"pipeline stages" + (f" x {self.virtual} virtual chunks" if prefix else "")
+                               + f" gives it {unit.count}")
+        return renamed
+
     def _rank(self, path: Path) -> RankFile:
         return RankFile(reopening(path, self.fds), self.limits)
 
     def _check_file(self, f: RankFile, first: RankFile, it: IterationFolder) -> None:
         if f is not first:
             for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers",
-                        "padded_vocab_size", "swiglu"):
+                        "padded_vocab_size", "swiglu", "virtual_pipeline_model_parallel_size"):
                 if f.args.get(key) != first.args.get(key):
                     raise f.bad(f"args say {key} {_shown(f.args.get(key))}, but {_short(first, it)} says "
                                 f"{_shown(first.args.get(key))}")
@@ -252,6 +268,7 @@ class MegatronLegacyReader(Reader):
         return {
             "container": "megatron-legacy",
             "iteration": self.iteration_folder.tag,
+            "virtual_pipeline_chunks": self.virtual,
             "args": {k: args.get(k) for k in keys if isinstance(args.get(k), (int, float, bool, str))},
             "files": [str(f.label) for f in self.ranks.values()],
             "splits": dict(list(self._splits.items())[:1000]),
