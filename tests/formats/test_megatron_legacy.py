@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 import megatron_legacy_support as mls  # noqa: E402
 
+from migrator.core.limits import DEFAULT_LIMITS  # noqa: E402
 from migrator.files.io import open_file  # noqa: E402
 
 
@@ -127,3 +128,24 @@ def test_a_save_folder_with_two_iterations_reads_the_latest(llama: tuple, tmp_pa
     (root / "latest_checkpointed_iteration.txt").write_text("20\n")
     _equal_to(root, sd)
     _equal_to(root / "iter_0000005", {k: v * 0 for k, v in sd.items()})
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_the_args_namespace_is_read_as_data_and_nothing_runs(tmp_path: Path, legacy: bool) -> None:
+    """The oracle is argparse's own `vars(args)`: every plain field equal; the enum stays an inert object."""
+    from migrator.core.bytesource import FileSource
+    from migrator.formats.megatron_legacy.rankfile import RankFile
+
+    args = mls.args_for(2, 2, tokenizer_type="GPT2BPETokenizer", data_path=["a", "b"], lr=2.5e-4, fp16=False)
+    path = tmp_path / "model_optim_rng.pt"
+    torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 7, "model": {"w": torch.ones(2)}}, path,
+               _use_new_zipfile_serialization=not legacy)
+    f = RankFile(FileSource(path), DEFAULT_LIMITS)
+    try:
+        plain = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, list, type(None)))}
+        assert {k: f.args[k] for k in plain} == plain
+        assert set(f.args) == set(vars(args))
+        assert not isinstance(f.args["attention_backend"], mls.AttnBackend)  # a placeholder, never built
+        assert (f.iteration, f.version, f.names()) == (7, 3.0, ["w"])
+    finally:
+        f.close()
