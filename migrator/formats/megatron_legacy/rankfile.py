@@ -1,9 +1,9 @@
 """One rank's `model_optim_rng.pt`, read by the PyTorch reader: its `model` state dict, and its `args`.
 
-Megatron-LM saves `{'args': Namespace, 'checkpoint_version': 3.0, 'iteration': N, 'model': state_dict,
+Megatron-LM saves `{'args': the run's arguments, 'checkpoint_version': 3.0, 'iteration': N, 'model': state_dict,
 'optimizer': ..., 'opt_param_scheduler': ..., 'rng_state': [...]}` per rank (`generate_state_dict` in
 megatron/training/checkpointing.py). The pickle goes through the restricted interpreter: the `args`
-Namespace is an allow-listed record whose fields are read as data (`safepickle`), every other class
+`args` object is an allow-listed record whose fields are read as data (`safepickle`), every other class
 (an enum in `args`, the optimizer's objects) an inert placeholder; nothing is run. Only `model` is
 listed (flattened with dots: the nested dicts of pre-megatron-core checkpoints become
 `language_model.encoder.layers...`); `_extra_state` entries (Transformer Engine's, not weights) are
@@ -49,7 +49,7 @@ class RankFile(PytorchReader):
         if fields is not None:
             self.args = fields
         elif args is not None:
-            raise self._err(f"'args' is {described(args)}, not the argparse.Namespace Megatron-LM saves")
+            raise self._err(f"'args' is {described(args)}, not the pickled arguments object Megatron-LM saves")
         self.iteration = root.get("iteration")
         self.version = root.get("checkpoint_version")
         if not chunks:
