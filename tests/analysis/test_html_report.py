@@ -103,7 +103,9 @@ def opener(browser: Any) -> Iterator[Any]:
 
     def open_page(path: Path) -> Opened:
         opened = Opened(browser.new_page())
-        opened.page.set_default_timeout(10_000)
+        # a bound on a hang, not a speed: 10 s was once too short for a full-page screenshot with both
+        # cores busy (a test failed under load), and the checks wait for states, never for time
+        opened.page.set_default_timeout(180_000)
         opened.page.on("pageerror", lambda e: opened.errors.append(str(e)))
         opened.page.on("console", lambda m: opened.errors.append(m.text) if m.type == "error" else None)
         opened.page.on("request", lambda r: opened.requests.append(r.url))
