@@ -28,6 +28,10 @@ from . import (  # noqa: F401, I001
     slerp,
     task_arithmetic,
     lora_fold,
+    gather,
+    add_rows,
+    repeat,
+    clone,
 )
 from .base import OPS, Op
 

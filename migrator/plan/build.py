@@ -359,7 +359,7 @@ class Compilation:
         entries, report = self.tensors(training.model, template=self.places.template, fatal=fatal, declares=declares)
         if training.optimizers:
             def replan(tensors: list[LazyTensor]) -> list[PlanEntry]:  # the same steps over moments
-                return self.tensors(tensors, template=None, fatal=[], cast=False)[0]
+                return self.tensors(tensors, template=None, fatal=[], cast=False, moments=True)[0]
 
             from .optimizer_order import new_model_order
 
@@ -485,11 +485,12 @@ class Compilation:
                 notes.append(f"Burn's LR scheduler record: {plan.scheduler_path}, written with them")
 
     def tensors(self, tensors: list[LazyTensor] | None, *, template: Path | None, fatal: list[str],
-                declares: Declarations | None = None, cast: bool = True) -> tuple[list[PlanEntry], ApplyReport]:
+                declares: Declarations | None = None, cast: bool = True,
+                moments: bool = False) -> tuple[list[PlanEntry], ApplyReport]:
         """Steps 1-4: the entries and report of `tensors` (None: the reader's; a training checkpoint's model,
         or its optimizer moments in their parameters' places), slotted into `template` if any; problems
         that stop a run are added to `fatal`. `cast`: whether the dtype policy applies (moments keep their
-        dtype)."""
+        dtype); `moments`: the tensors are optimizer moments (an op adding rows gives them zeros there)."""
         recipe, reader, limits = self.recipe, self.reader, self.read.limits
         for_burn, op_origins = recipe.for_burn(self.out_fmt), self.settings.op_origins
         is_pytorch = has_torch_names(reader)
@@ -524,7 +525,8 @@ class Compilation:
         if recipe.ops:
             from ..transform.ops import apply_ops
 
-            done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins, head_dim=self.settings.head_dim)
+            done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins, head_dim=self.settings.head_dim,
+                             for_state=moments)
             kept, kept_names, made = done.tensors, done.names, done.made
             op_nodes = [n.to_json() for n in done.nodes]
             shapes_of = list(zip(kept_names, [t.shape for t in kept], strict=True))  # module types see the outputs
