@@ -448,17 +448,24 @@ class Compilation:
                 folder = self.places.copy_from
             name = recipe.target.shard.name or default_weights_name(out_fmt, reader.folder)
             made = self._made_files([t.name for t in tensors], notes)  # a GGUF's config.json
+            from .config_edits import edited_config
+
+            update = {**(reader.config_update or {}), **edited_config(
+                recipe.target.config, folder, recipe.target.copies(), tensors, {t.name for t in reader.tensors}, notes)}
             options = self._writer_options(plan.metadata, notes, folder_target=True)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
             plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,
                                         max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                        copy_from=folder, weights_name=name, config_update=reader.config_update,
+                                        copy_from=folder, weights_name=name, config_update=update,
                                         generated=[*reader.generated, *made.items()], storage=self.read.storage,
                                         **options)
             notes += plan.writer.notes
         else:
             if recipe.target.hf_config:
                 raise PlanError("target.hf_config writes a config.json into a folder target (end the path with '/')")
+            if recipe.target.config:
+                raise PlanError("target.config edits the config.json of a folder target (end the path with '/' and "
+                                "copy config.json)")
             tree: dict[str, Any] = {} if structure is None else {"structure": structure}
             options = self._writer_options(plan.metadata, notes)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight

@@ -539,6 +539,11 @@ class TargetSpec(_Strict):
         description="Companion files copied byte for byte from the source's folder into a sharded output folder "
         "(e.g. [config.json, 'tokenizer*', {path: generation_config.json, optional: true}]); an entry matching no "
         "file is an error unless optional.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Entries set in the config.json copied into a folder target (null removes "
+        "one), each checked against the tensors written: vocab_size against the embedding's rows, num_local_experts "
+        "/ num_experts / n_routed_experts against the routers' rows, tie_word_embeddings: false against a head "
+        "tensor. Those the tensors determine are also updated without being asked, where the config holds them.")
     copy_from: str | None = Field(
         None, description="The folder `copy` globs read from, relative to the recipe (default: the source's "
                           "folder); e.g. the Hugging Face folder whose config and tokenizer go with a .bpk source.")

@@ -108,6 +108,17 @@ def test_all_recipes_run_and_round_trip(workspace: Path) -> None:
     assert json.loads((out / "llama-upscaled" / "config.json").read_text())["num_hidden_layers"] == 6
     for merged in ("llama-slerp", "llama-ties"):
         assert sorted(load_st(str(out / merged / "model.safetensors"))) == sorted(base)
+    # experts 0 and 2 of 4 kept: renumbered 0 and 1, the routers' rows gathered, the config saying 2
+    mixtral = load_st(str(out / "mixtral-tiny-hf" / "model.safetensors"))
+    pruned = load_st(str(out / "mixtral-tiny-pruned" / "model.safetensors"))
+    assert len(pruned) == len(mixtral) - 2 * 2 * 3
+    for layer in range(2):
+        p = f"model.layers.{layer}.block_sparse_moe."
+        assert np.array_equal(pruned[p + "gate.weight"], mixtral[p + "gate.weight"][[0, 2]])
+        for new, old in ((0, 0), (1, 2)):
+            for w in ("w1", "w2", "w3"):
+                assert np.array_equal(pruned[f"{p}experts.{new}.{w}.weight"], mixtral[f"{p}experts.{old}.{w}.weight"])
+    assert json.loads((out / "mixtral-tiny-pruned" / "config.json").read_text())["num_local_experts"] == 2
 
 
 def test_run_twice_gives_identical_bytes(workspace: Path) -> None:

@@ -1,0 +1,151 @@
+"""Expert surgery with the row ops: recipes/mixtral-prune-experts.yaml (keep experts 0 and 2) on a Mixtral
+transformers wrote, its tensors equal to compressed-tensors' MagnitudeExpertPruner told to keep the same
+experts, and transformers loading the result with the logits of a reference model built here by torch
+slicing; a Qwen3-MoE pruned with its `num_experts` derived from the routers; an expert extracted as a
+dense Mistral (logits of a Mistral given that expert's MLP); a dense model upcycled into experts that all
+equal its MLP behind a zero router (the dense model's logits: top-k weights sum to 1). Bad input
+(an index out of range, a config edit contradicting the routers, fewer experts than num_experts_per_tok)
+is a one-line error with nothing written."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from cli_support import migrate_in_process
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+st = pytest.importorskip("safetensors.torch")
+
+REPO = Path(__file__).resolve().parents[2]
+PRUNE = REPO / "recipes" / "mixtral-prune-experts.yaml"
+TOKENS = torch.tensor([[3, 17, 5, 60, 22, 9, 41, 0]])
+
+
+def _mixtral(tmp_path: Path, experts: int = 4) -> tuple[Path, object]:
+    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=experts,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(cfg).eval()
+    folder = tmp_path / "mixtral"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def _logits(model: object) -> object:
+    with torch.no_grad():
+        return model(TOKENS).logits  # type: ignore[operator]
+
+
+def _experts_kept(sd: dict, like: dict, keep: list[int]) -> dict:
+    """The reference's state dict by torch: the routers' rows and the stacked experts (as the model holds
+    them) gathered by `keep`, everything else as it is."""
+    index = torch.tensor(keep)
+    sliced = ("mlp.gate.weight", "experts.gate_up_proj", "experts.down_proj")
+    return {k: sd[k].index_select(0, index) if k.endswith(sliced) else sd[k] for k in like}
+
+
+def _run(*args: str) -> None:
+    p = migrate_in_process("run", *map(str, args), "--no-progress")
+    assert p.returncode == 0, p.stderr
+
+
+def _refused(recipe: Path, src: Path, out: Path, *words: str, code: int = 1, per_layer: bool = False) -> None:
+    """Refused in one line per problem (`per_layer`: the op's problem in each node it fails, as every op's)."""
+    p = migrate_in_process("run", str(recipe), "--source", f"{src}/", "--target", f"{out}/", "--no-progress")
+    assert p.returncode == code, p.stderr
+    assert "Traceback" not in p.stderr
+    problems = [ln for ln in p.stderr.splitlines() if ln.startswith(("error:", "migrate: error:", "/"))]
+    assert len(problems) == (6 if per_layer else 1), p.stderr
+    for w in words:
+        assert w in problems[0], problems[0]
+    assert not out.exists()
+
+
+def test_the_pruning_recipe_equals_magnitude_expert_pruner_and_loads(tmp_path: Path) -> None:
+    folder, model = _mixtral(tmp_path)
+    out = tmp_path / "pruned"
+    _run(PRUNE, "--source", f"{folder}/", "--target", f"{out}/")
+    got = st.load_file(out / "model.safetensors")
+
+    pruner_mod = pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner")
+    src = st.load_file(folder / "model.safetensors")
+    routers = [n for n in src if n.endswith("block_sparse_moe.gate.weight")]
+    experts = [n for n in src if ".experts." in n]
+    pruner = pruner_mod.MagnitudeExpertPruner(
+        router_pattern=r"block_sparse_moe\.gate\.weight$", expert_pattern=r"block_sparse_moe\.experts\.",
+        sparsity=0.5, num_experts_config_key="num_local_experts", retained_experts={r: [0, 2] for r in routers},
+        expert_to_router={n: n.split("experts.")[0] + "gate.weight" for n in experts},
+        expert_indices={n: int(n.split("experts.")[1].split(".")[0]) for n in experts}, is_3d=False,
+        num_experts_per_tok=2)
+    want = pruner.process(dict(src))
+    assert sorted(got) == sorted(want)
+    for name, t in want.items():
+        assert torch.equal(got[name], t), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_local_experts"] == 2
+    assert pruner.update_model_config(json.loads((folder / "config.json").read_text()))["num_local_experts"] == 2
+
+    # the reference: a 2-expert Mixtral given experts 0 and 2 and their router rows by torch
+    ref_cfg = transformers.MixtralConfig(**{**model.config.to_dict(), "num_local_experts": 2})
+    ref = transformers.MixtralForCausalLM(ref_cfg).eval()
+    ref.load_state_dict(_experts_kept(model.state_dict(), ref.state_dict(), [0, 2]))
+    loaded = transformers.MixtralForCausalLM.from_pretrained(out).eval()
+    torch.testing.assert_close(_logits(loaded), _logits(ref), rtol=0, atol=1e-5)
+
+
+def test_a_qwen3_moe_is_pruned_with_its_num_experts_derived(tmp_path: Path) -> None:
+    def qwen_config(experts: int) -> object:
+        return transformers.Qwen3MoeConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=4, num_experts=experts, num_experts_per_tok=2,
+            max_position_embeddings=64)
+
+    cfg = qwen_config(4)
+    torch.manual_seed(1)
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path / "qwen")
+    (tmp_path / "r.yaml").write_text(textwrap.dedent(r"""
+        version: 1
+        source: {path: qwen/}
+        ops:
+          - stack: {from: 'model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight', over: 2,
+                    to: 'model.layers.$1.mlp.experts.$3'}
+          - gather: {from: 'model\.layers\.\d+\.mlp\.experts\.\w+_proj', drop: [0, 2]}
+          - unstack: {from: 'model\.layers\.(\d+)\.mlp\.experts\.(\w+_proj)',
+                      to: 'model.layers.$1.mlp.experts.$i.$2.weight'}
+          - gather: {from: 'model\.layers\.\d+\.mlp\.gate\.weight', drop: [0, 2]}
+        target: {path: out/, copy: [config.json]}
+    """), encoding="utf-8")
+    p = migrate_in_process("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts: the key the config holds is updated
+    said = json.loads((tmp_path / "qwen" / "config.json").read_text())
+    key = next(k for k in ("num_local_experts", "num_experts") if k in said)
+    assert f"config.json: {key} 4 -> 2" in p.stdout + p.stderr
+    assert json.loads((tmp_path / "out" / "config.json").read_text())[key] == 2
+    ref = transformers.Qwen3MoeForCausalLM(qwen_config(2)).eval()
+    ref.load_state_dict(_experts_kept(model.state_dict(), ref.state_dict(), [1, 3]))
+    loaded = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "out").eval()
+    torch.testing.assert_close(_logits(loaded), _logits(ref), rtol=0, atol=1e-5)
+
+
+def test_bad_pruning_is_one_line_with_nothing_written(tmp_path: Path) -> None:
+    folder, _ = _mixtral(tmp_path)
+    text = PRUNE.read_text(encoding="utf-8")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("keep: [0, 2]}\n  - unstack", "keep: [0, 4]}\n  - unstack"), encoding="utf-8")
+    _refused(bad, folder, tmp_path / "o1", "ops[1].gather.keep: row 4 is outside dim 0 of "
+             "'model.layers.0.block_sparse_moe.experts.w1' (size 4", code=2, per_layer=True)
+    bad.write_text(text.replace("{num_local_experts: 2}", "{num_local_experts: 3}"), encoding="utf-8")
+    _refused(bad, folder, tmp_path / "o2", "target.config: num_local_experts: 3 contradicts the tensors: the "
+             "routers ('model.layers.0.block_sparse_moe.gate.weight', ...) have 2 rows")
+    bad.write_text(text.replace("keep: [0, 2]", "keep: [2]").replace("{num_local_experts: 2}", "{}"),
+                   encoding="utf-8")
+    _refused(bad, folder, tmp_path / "o3", "num_experts_per_tok 2 is more than the 1 experts kept")
+    bad.write_text(text.replace("  copy: [config.json]\n", ""), encoding="utf-8")
+    _refused(bad, folder, tmp_path / "o4", "target.config edits the config.json copied into the folder target")
