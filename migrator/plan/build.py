@@ -62,6 +62,7 @@ from .steps import (
 if TYPE_CHECKING:
     from .sources import UnionReader
     from .training_state import Training
+    from .vocabulary import Growth
 
 HeadDim = tuple[int, str, str]
 """The head size the model's config declares, how, and the config's path (`_head_dim`)."""
@@ -211,7 +212,11 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
                             fsync=recipe.target.fsync if fsync is None else fsync, recipe_sha256=file.sha256,
                             hash_sources=hash_sources, hint_syntax=hint_syntax, module_origins=file.module_origins,
                             op_origins=file.op_origins, head_dim=_head_dim(recipe, base_dir))
-        plan = Compilation(recipe, reader, readers, out_fmt, places, read, settings, model_key).plan()
+        from .vocabulary import growth
+
+        grown = growth(recipe.add_tokens, base_dir, places.copy_from or reader.folder or src_path.parent,
+                       reader.tensors, reader.label)
+        plan = Compilation(recipe, reader, readers, out_fmt, places, read, settings, model_key, grown).plan()
         plan.inputs = inputs
         return plan
     except BaseException:
@@ -312,6 +317,7 @@ class Compilation:
     read: ReadContext
     settings: Settings
     model_key: str | None = None  # training_state: keep under source.top_level_key
+    growth: Growth | None = None  # add_tokens: rows added after the recipe's ops, tokenizer files written
     fatal: list[str] = field(default_factory=list)
 
     def plan(self) -> Plan:
@@ -448,6 +454,9 @@ class Compilation:
                 folder = self.places.copy_from
             name = recipe.target.shard.name or default_weights_name(out_fmt, reader.folder)
             made = self._made_files([t.name for t in tensors], notes)  # a GGUF's config.json
+            grown_files = self.growth.files if self.growth is not None else []
+            if self.growth is not None:
+                notes += self.growth.notes
             from .config_edits import edited_config
 
             update = {**(reader.config_update or {}), **edited_config(
@@ -457,12 +466,16 @@ class Compilation:
             plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,
                                         max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                         copy_from=folder, weights_name=name, config_update=update,
-                                        generated=[*reader.generated, *made.items()], storage=self.read.storage,
+                                        generated=[*reader.generated, *made.items(), *grown_files],
+                                        storage=self.read.storage,
                                         **options)
             notes += plan.writer.notes
         else:
             if recipe.target.hf_config:
                 raise PlanError("target.hf_config writes a config.json into a folder target (end the path with '/')")
+            if self.growth is not None:
+                raise PlanError("add_tokens writes the tokenizer files beside the weights: write a folder target (end "
+                                "the path with '/')")
             if recipe.target.config:
                 raise PlanError("target.config edits the config.json of a folder target (end the path with '/' and "
                                 "copy config.json)")
@@ -529,10 +542,11 @@ class Compilation:
         made: dict[int, tuple[LazyTensor, tuple[str, ...]]] | None = None
         op_nodes: list[dict[str, Any]] = []
         shapes_of: list[tuple[str, tuple[int, ...]]] | None = None
-        if recipe.ops:
+        all_ops = [*recipe.ops, *(self.growth.ops if self.growth is not None else [])]
+        if all_ops:
             from ..transform.ops import apply_ops
 
-            done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins, head_dim=self.settings.head_dim,
+            done = apply_ops(all_ops, kept, kept_names, ops, op_origins, head_dim=self.settings.head_dim,
                              for_state=moments)
             kept, kept_names, made = done.tensors, done.names, done.made
             op_nodes = [n.to_json() for n in done.nodes]
