@@ -32,6 +32,7 @@ from . import (  # noqa: F401, I001
     add_rows,
     repeat,
     clone,
+    new,
 )
 from .base import OPS, Op
 

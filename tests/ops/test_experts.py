@@ -149,3 +149,96 @@ def test_bad_pruning_is_one_line_with_nothing_written(tmp_path: Path) -> None:
     _refused(bad, folder, tmp_path / "o3", "num_experts_per_tok 2 is more than the 1 experts kept")
     bad.write_text(text.replace("  copy: [config.json]\n", ""), encoding="utf-8")
     _refused(bad, folder, tmp_path / "o4", "target.config edits the config.json copied into the folder target")
+
+
+EXTRACT = r"""
+version: 1
+source: {path: mixtral/}
+remap:
+  - {from: '\.block_sparse_moe\.experts\.1\.w1\.', to: '.mlp.gate_proj.'}
+  - {from: '\.block_sparse_moe\.experts\.1\.w3\.', to: '.mlp.up_proj.'}
+  - {from: '\.block_sparse_moe\.experts\.1\.w2\.', to: '.mlp.down_proj.'}
+filter:
+  exclude: [{regex: '\.block_sparse_moe\.'}]
+target:
+  path: dense/
+  copy: [config.json]
+  config: {architectures: [MistralForCausalLM], model_type: mistral, num_local_experts: null,
+           num_experts_per_tok: null, router_aux_loss_coef: null, router_jitter_noise: null,
+           output_router_logits: null}
+"""
+
+
+def test_one_expert_extracted_as_a_dense_mistral(tmp_path: Path) -> None:
+    folder, model = _mixtral(tmp_path)
+    (tmp_path / "r.yaml").write_text(EXTRACT, encoding="utf-8")
+    _run(tmp_path / "r.yaml")
+    config = json.loads((tmp_path / "dense" / "config.json").read_text())
+    assert config["model_type"] == "mistral" and "num_local_experts" not in config
+    # the reference: a Mistral given expert 1's MLP, by torch from the Mixtral's own file
+    src = st.load_file(folder / "model.safetensors")
+    ref = transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=model.config.rope_parameters["rope_theta"],
+        rms_norm_eps=model.config.rms_norm_eps, tie_word_embeddings=False)).eval()
+    mlp = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    sd = {}
+    for k in ref.state_dict():
+        parts = k.split(".")
+        sd[k] = src[k] if ".mlp." not in k else src[
+            f"model.layers.{parts[2]}.block_sparse_moe.experts.1.{mlp[parts[4]]}.weight"]
+    ref.load_state_dict(sd)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense").eval()
+    assert type(loaded).__name__ == "MistralForCausalLM"
+    torch.testing.assert_close(_logits(loaded), _logits(ref), rtol=0, atol=1e-5)
+
+
+UPCYCLE = r"""
+version: 1
+source: {path: dense/}
+ops:
+  - clone: {from: 'model\.layers\.(\d+)\.mlp\.gate_proj\.weight', count: 3, keep: false,
+            to: 'model.layers.$1.block_sparse_moe.experts.$i.w1.weight'}
+  - clone: {from: 'model\.layers\.(\d+)\.mlp\.up_proj\.weight', count: 3, keep: false,
+            to: 'model.layers.$1.block_sparse_moe.experts.$i.w3.weight'}
+  - clone: {from: 'model\.layers\.(\d+)\.mlp\.down_proj\.weight', count: 3, keep: false,
+            to: 'model.layers.$1.block_sparse_moe.experts.$i.w2.weight'}
+  - new: {from: 'model\.layers\.(\d+)\.post_attention_layernorm\.weight', shape: [3, '${config.hidden_size}'],
+          to: 'model.layers.$1.block_sparse_moe.gate.weight', FILL}
+target:
+  path: moe/
+  copy: [config.json]
+  config: {architectures: [MixtralForCausalLM], model_type: mixtral, num_local_experts: 3, num_experts_per_tok: 2}
+"""
+
+
+@pytest.mark.parametrize("fill", ["fill: zeros", "fill: normal, std: 0.5, seed: 7"])
+def test_a_dense_model_upcycled_into_experts_keeps_its_logits(tmp_path: Path, fill: str) -> None:
+    """Every expert equal to the dense MLP: whatever the router says, the top-2 weights sum to 1 (Mixtral
+    renormalizes them), so the MoE computes the dense model's function."""
+    cfg = transformers.MistralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     tie_word_embeddings=False)
+    torch.manual_seed(4)
+    dense = transformers.MistralForCausalLM(cfg).eval()
+    dense.save_pretrained(tmp_path / "dense")
+    (tmp_path / "r.yaml").write_text(UPCYCLE.replace("FILL", fill), encoding="utf-8")
+    _run(tmp_path / "r.yaml")
+    moe = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "moe").eval()
+    assert type(moe).__name__ == "MixtralForCausalLM" and moe.config.num_local_experts == 3
+    torch.testing.assert_close(_logits(moe), _logits(dense), rtol=0, atol=1e-5)
+    router = st.load_file(tmp_path / "moe" / "model.safetensors")["model.layers.1.block_sparse_moe.gate.weight"]
+    if fill == "fill: zeros":
+        assert torch.equal(router, torch.zeros(3, 16))
+        return
+    # the documented generator: numpy's PCG64 seeded with [seed, four words of the name's SHA-256]
+    import hashlib
+
+    import numpy as np
+
+    name = "model.layers.1.block_sparse_moe.gate.weight"
+    digest = hashlib.sha256(name.encode()).digest()
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+        [7, *(int.from_bytes(digest[k:k + 4], "little") for k in range(0, 16, 4))])))
+    want = torch.from_numpy((rng.standard_normal(48) * 0.5).astype(np.float32).reshape(3, 16))
+    assert torch.equal(router, want)

@@ -74,6 +74,8 @@ BAD = {
     "clone": ("{clone: {from: 'w', to: 'v.$i'}}",
               "recipe.yaml:5:29: ops[0].clone.to: 'v.$i' uses $i, but this op has no part index (hint: $i is the "
               "part number of split and unstack outputs)"),
+    "new": ("{new: {from: 'w', to: 'r', shape: [4, -1]}}",
+            "recipe.yaml:5:39: ops[0].new.shape: shape [4, -1]: lengths are >= 0"),
 }
 """op -> (an `ops:` entry it refuses, the one-line error at its key's line and column)."""
 
@@ -87,7 +89,7 @@ def _load(tmp_path: Path, entry: str) -> None:
 def test_the_registry_holds_the_ops_in_their_order() -> None:
     assert list(OPS) == ["split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute",
                          "offset", "linear", "scale", "slerp", "task_arithmetic", "ties", "dare_ties", "dare_linear",
-                         "lora_fold", "gather", "add_rows", "repeat", "clone"]
+                         "lora_fold", "gather", "add_rows", "repeat", "clone", "new"]
 
 
 def test_every_op_has_a_schema_entry() -> None:
