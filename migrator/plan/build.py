@@ -460,7 +460,8 @@ class Compilation:
             from .config_edits import edited_config
 
             update = {**(reader.config_update or {}), **edited_config(
-                recipe.target.config, folder, recipe.target.copies(), tensors, {t.name for t in reader.tensors}, notes)}
+                recipe.target.config, folder, recipe.target.copies(), tensors,
+                {e.target: (e.source or "").split(", ") for e in plan.entries}, notes)}
             options = self._writer_options(plan.metadata, notes, folder_target=True)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
             plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,

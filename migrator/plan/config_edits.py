@@ -1,6 +1,6 @@
 """What a recipe changes in the config.json copied into a folder target: the entries the written
 tensors determine (`vocab_size` from the embedding's rows, the expert count from the routers' rows,
-`tie_word_embeddings` false once an `lm_head` of its own is made), and the recipe's own edits
+`tie_word_embeddings` false once a head is written from the embedding), and the recipe's own edits
 (`target.config`), each checked against the tensors.
 
 Derived entries change only what the source's config already says (a key it does not hold stays
@@ -35,10 +35,11 @@ def copies_config(copies: Sequence[tuple[str, bool]]) -> bool:
 
 
 def config_update(edits: Mapping[str, Any], config: Mapping[str, Any], tensors: Sequence[LazyTensor],
-                  source_names: set[str]) -> tuple[dict[str, Any], list[str]]:
+                  made_from: Mapping[str, Sequence[str]]) -> tuple[dict[str, Any], list[str]]:
     """The entries to set in the copied config (None: remove the key) and the notes saying the derived
-    ones; PlanError, one line, when an edit contradicts the tensors."""
-    implied = _implied(tensors, source_names)
+    ones; PlanError, one line, when an edit contradicts the tensors. `made_from`: each written tensor's
+    source tensors (as the plan names them)."""
+    implied = _implied(tensors, made_from)
     update: dict[str, Any] = dict(edits)
     notes: list[str] = []
     for key, value in edits.items():
@@ -67,7 +68,7 @@ def config_update(edits: Mapping[str, Any], config: Mapping[str, Any], tensors: 
     return update, notes
 
 
-def _implied(tensors: Sequence[LazyTensor], source_names: set[str]) -> dict[str, tuple[Any, str]]:
+def _implied(tensors: Sequence[LazyTensor], made_from: Mapping[str, Sequence[str]]) -> dict[str, tuple[Any, str]]:
     """key -> (the value the tensors determine, why), for the keys they determine."""
     out: dict[str, tuple[Any, str]] = {}
     rows = [(t.name, t.shape[0]) for t in tensors if len(t.shape) == 2 and (EMBEDDING.search(t.name)
@@ -88,14 +89,15 @@ def _implied(tensors: Sequence[LazyTensor], source_names: set[str]) -> dict[str,
     embeddings = [t.name for t in tensors if EMBEDDING.search(t.name)]
     if embeddings and not heads:
         out["tie_word_embeddings"] = (True, f"no head tensor is written beside '{embeddings[0]}'")
-    elif embeddings and any(h not in source_names for h in heads):
-        made = next(h for h in heads if h not in source_names)
-        out["tie_word_embeddings"] = (False, f"'{made}' is made by the recipe, a head of its own")
+    made = [h for h in heads if any(EMBEDDING.search(s) for s in made_from.get(h, ()))]
+    if embeddings and made:  # a head copied from the embedding (clone): a matrix of its own
+        out["tie_word_embeddings"] = (False, f"'{made[0]}' is written from the embedding, a head of its own")
     return out
 
 
 def edited_config(edits: Mapping[str, Any], folder: Path | None, copies: Sequence[tuple[str, bool]],
-                  tensors: Sequence[LazyTensor], source_names: set[str], notes: list[str]) -> dict[str, Any]:
+                  tensors: Sequence[LazyTensor], made_from: Mapping[str, Sequence[str]],
+                  notes: list[str]) -> dict[str, Any]:
     """The update for a folder target's copied config.json (read from `folder`); `notes` get the derived
     entries. Edits without a copied config.json are refused."""
     from ..files.model_config import ConfigError, load_config
@@ -111,6 +113,6 @@ def edited_config(edits: Mapping[str, Any], folder: Path | None, copies: Sequenc
         if edits:
             raise PlanError(f"target.config: {e}") from None
         return {}
-    update, said = config_update(edits, config, tensors, source_names)
+    update, said = config_update(edits, config, tensors, made_from)
     notes += said
     return update

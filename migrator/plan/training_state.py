@@ -472,8 +472,8 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
             ", ...)" if len(dropped) > 5 else ")")
     out.notes.append(said)
     for param, keys in zeroed.items():
-        out.notes.append(f"optimizer {opt.label}: the rows added to '{param}' start with zero {', '.join(keys)} "
-                         "(new rows have no history); its other rows keep theirs")
+        out.notes.append(f"optimizer {opt.label}: the values the recipe makes in '{param}' (added rows, or a new "
+                         f"tensor) start with zero {', '.join(keys)}: they have no history; the rest keeps its own")
 
 
 def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None,

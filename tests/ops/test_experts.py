@@ -45,7 +45,7 @@ def _experts_kept(sd: dict, like: dict, keep: list[int]) -> dict:
     """The reference's state dict by torch: the routers' rows and the stacked experts (as the model holds
     them) gathered by `keep`, everything else as it is."""
     index = torch.tensor(keep)
-    sliced = ("mlp.gate.weight", "experts.gate_up_proj", "experts.down_proj")
+    sliced = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj")
     return {k: sd[k].index_select(0, index) if k.endswith(sliced) else sd[k] for k in like}
 
 
@@ -131,6 +131,42 @@ def test_a_qwen3_moe_is_pruned_with_its_num_experts_derived(tmp_path: Path) -> N
     ref = transformers.Qwen3MoeForCausalLM(qwen_config(2)).eval()
     ref.load_state_dict(_experts_kept(model.state_dict(), ref.state_dict(), [1, 3]))
     loaded = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "out").eval()
+    torch.testing.assert_close(_logits(loaded), _logits(ref), rtol=0, atol=1e-5)
+
+
+def test_a_deepseek_v3_is_pruned_with_its_routing_bias(tmp_path: Path) -> None:
+    """DeepSeek-V3: routed experts beside a shared one (kept), a routing bias per expert gathered with the
+    router's rows, n_routed_experts derived; the dense first layer untouched."""
+    def deepseek_config(experts: int) -> object:
+        return transformers.DeepseekV3Config(
+            vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=experts, num_experts_per_tok=2, n_group=1,
+            topk_group=1, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=8, q_lora_rank=8,
+            qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4, max_position_embeddings=64)
+
+    torch.manual_seed(2)
+    model = transformers.DeepseekV3ForCausalLM(deepseek_config(4)).eval()
+    with torch.no_grad():  # a bias that changes which experts are picked
+        model.model.layers[1].mlp.gate.e_score_correction_bias.normal_()
+    model.save_pretrained(tmp_path / "ds")
+    (tmp_path / "r.yaml").write_text(textwrap.dedent(r"""
+        version: 1
+        source: {path: ds/}
+        ops:
+          - stack: {from: 'model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight', over: 2,
+                    to: 'model.layers.$1.mlp.experts.$3'}
+          - gather: {from: 'model\.layers\.\d+\.mlp\.experts\.\w+_proj', keep: [1, 3]}
+          - unstack: {from: 'model\.layers\.(\d+)\.mlp\.experts\.(\w+_proj)',
+                      to: 'model.layers.$1.mlp.experts.$i.$2.weight'}
+          - gather: {from: 'model\.layers\.\d+\.mlp\.gate\.(weight|e_score_correction_bias)', keep: [1, 3]}
+        target: {path: out/, copy: [config.json]}
+    """), encoding="utf-8")
+    p = migrate_in_process("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["n_routed_experts"] == 2
+    ref = transformers.DeepseekV3ForCausalLM(deepseek_config(2)).eval()
+    ref.load_state_dict(_experts_kept(model.state_dict(), ref.state_dict(), [1, 3]))
+    loaded = transformers.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "out").eval()
     torch.testing.assert_close(_logits(loaded), _logits(ref), rtol=0, atol=1e-5)
 
 

@@ -188,7 +188,8 @@ def test_training_state_is_gathered_and_new_rows_get_zero_moments(tmp_path: Path
     """), encoding="utf-8")
     p = migrate_in_process("run", str(tmp_path / "r.yaml"), "--no-progress")
     assert p.returncode == 0, p.stderr
-    assert "the rows added to '0.weight' start with zero exp_avg, exp_avg_sq" in p.stdout + p.stderr
+    assert ("the values the recipe makes in '0.weight' (added rows, or a new tensor) start with zero exp_avg, "
+            "exp_avg_sq") in p.stdout + p.stderr
     out = torch.load(tmp_path / "out.pt", weights_only=True)
     index = torch.tensor([8, 0, 3, 5])
     w = model[0].weight.detach()
@@ -204,3 +205,37 @@ def test_training_state_is_gathered_and_new_rows_get_zero_moments(tmp_path: Path
         assert torch.equal(emb_state[key], torch.cat([old.index_select(0, index), torch.zeros(2, 4)])), key
     lin_state = state[names.index("1.weight")]
     assert torch.equal(lin_state["exp_avg"], opt.state[model[1].weight]["exp_avg"])
+
+
+def test_training_state_of_clones_and_new_tensors(tmp_path: Path) -> None:
+    """A clone's moments are its input's (two parameters, two copies of the state); a `new` tensor's are
+    zeros, and the run names it; torch's optimizer state is the oracle."""
+    torch.manual_seed(1)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam([{"params": list(model.named_parameters())}], lr=1e-2)
+    model(torch.randn(5, 4)).square().sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ckpt.pt")
+    (tmp_path / "r.yaml").write_text(textwrap.dedent("""\
+        version: 1
+        source: {path: ckpt.pt, top_level_key: model}
+        training_state: keep
+        ops:
+          - clone: {from: 'weight', to: 'weight_copy'}
+          - new: {from: 'bias', to: 'router', shape: [2, 3], fill: normal, seed: 3}
+        target: {path: out.pt}
+    """), encoding="utf-8")
+    p = migrate_in_process("run", str(tmp_path / "r.yaml"), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert ("the values the recipe makes in 'router' (added rows, or a new tensor) start with zero exp_avg, "
+            "exp_avg_sq") in p.stdout + p.stderr
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    names = out["optimizer"]["param_groups"][0]["param_names"]
+    assert sorted(names) == ["bias", "router", "weight", "weight_copy"]
+    state = out["optimizer"]["state"]
+    for key in ("exp_avg", "exp_avg_sq"):
+        for name in ("weight", "weight_copy"):
+            assert torch.equal(state[names.index(name)][key], opt.state[model.weight][key]), (name, key)
+        assert torch.equal(state[names.index("router")][key], torch.zeros(2, 3)), key
+        assert torch.equal(state[names.index("bias")][key], opt.state[model.bias][key]), key
+    assert torch.equal(out["model"]["weight_copy"], model.weight.detach())
