@@ -3,8 +3,8 @@ filled with zeros, the mean of the existing rows, or a copy of one of them.
 
 The output is the input followed by a filler, joined as `concat` joins (streamed band by band). The
 mean is a pass over the input of its own, before the output's: the sum is kept per row position in
-F64 (a row of the dim, never the tensor), rounded once to F32 (F64 for an F64 input) and then to the
-input's dtype, as `tensor.float().mean(dim)` would be. A training checkpoint's moments of the new rows
+F64 (a row of the dim, never the tensor), the mean rounded to F32 (F64 for an F64 input) and then to
+the input's dtype, as `tensor.float().mean(dim)` cast back would be. A training checkpoint's moments of the new rows
 are zeros, whatever the fill (`Op.new_rows`): the new rows have no history.
 """
 
@@ -32,8 +32,9 @@ class AddRowsSpec(UnaryOptions):
     size: Int | None = Field(None, description="The dim's size after: as many rows are added as make it so (none "
                              "when it is that size already).")
     fill: Literal["zeros", "mean", "row"] = Field(
-        "mean", description="The new rows' values: zeros; the mean of the existing rows (computed in F32, F64 for "
-        "an F64 tensor, rounded once to the tensor's dtype; float tensors only); or a copy of row `row`.")
+        "mean", description="The new rows' values: zeros; the mean of the existing rows (float tensors: summed in "
+        "F64, the mean rounded to F32, F64 for an F64 tensor, then to the tensor's dtype, as "
+        "tensor.float().mean(dim) cast back); or a copy of row `row`.")
     row: Int | None = Field(None, description="With fill: row, the row copied (negative counts from the end).")
 
     @model_validator(mode="after")
@@ -101,7 +102,7 @@ def added(t: LazyTensor, name: str, dim: int, n: int, fill: str, row: int | None
         return made(name, t, shape, _Copy(t))
     filler_shape = (*shape[:dim], n, *shape[dim + 1:])
     if fill == "zeros":
-        filler = made(f"{name}+", t, filler_shape, _Zeros(t.dtype.nbytes(filler_shape) or 0))
+        filler = made(f"{name}+", t, filler_shape, Zeros(t.dtype.nbytes(filler_shape) or 0))
     elif fill == "row":
         assert row is not None
         one = slice_(t, f"{name}[{row}]", dim, row, row + 1)
@@ -135,7 +136,7 @@ class _Copy(Chunks):
         yield from SequentialReader(self.tensor).pieces(self.tensor.nbytes)
 
 
-class _Zeros(Chunks):
+class Zeros(Chunks):
     __slots__ = ("nbytes",)
 
     def __init__(self, nbytes: int) -> None:

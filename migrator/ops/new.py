@@ -80,11 +80,11 @@ class New(Op, name="new"):
 def made_tensor(like: LazyTensor, name: str, shape: tuple[int, ...], fill: str, std: float, seed: int) -> LazyTensor:
     from ..core import dtypes
     from ..core.casts import cast
-    from .add_rows import _Zeros
+    from .add_rows import Zeros
     from .streams import made
 
     if fill == "zeros":
-        return made(name, like, shape, _Zeros(like.dtype.nbytes(shape) or 0))
+        return made(name, like, shape, Zeros(like.dtype.nbytes(shape) or 0))
     from .streams import Gathered
 
     n = streams.prod(shape)

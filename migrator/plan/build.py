@@ -440,6 +440,9 @@ class Compilation:
             from .trainer_target import trainer_writer
 
             assert recipe.target.shard is not None
+            if recipe.target.config or self.growth is not None:  # its files are the Trainer's own
+                raise PlanError("target.config and add_tokens are not supported with a Trainer checkpoint folder "
+                                "target; write a model folder")
             plan.writer = trainer_writer(
                 training, plan.entries, reader, out_fmt, scalars=plan.scalars, max_size=recipe.target.shard.max_size,
                 copies=recipe.target.copies(), copy_from=self.places.copy_from or reader.folder,

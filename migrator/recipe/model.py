@@ -605,8 +605,7 @@ class AddTokensSpec(_Strict):
     file: _Path | None = Field(None, description="A file of tokens, relative to the recipe: a JSON list of strings "
                                "(when it starts with '['), else one token per line as written (blank lines skipped).")
     fill: Literal["mean", "zeros"] = Field(
-        "mean", description="The new rows: the mean of the existing rows (F32, rounded once to the tensor's dtype), or "
-        "zeros.")
+        "mean", description="The new rows: the mean of the existing rows (as add_rows' fill: mean), or zeros.")
 
     @model_validator(mode="after")
     def _one_list(self) -> AddTokensSpec:
