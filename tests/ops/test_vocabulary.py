@@ -127,3 +127,23 @@ def test_bad_token_lists_are_one_line_errors(tmp_path: Path) -> None:
     padded = _model(tmp_path, "padded", False, vocab_rows=VOCAB + 8)
     _refused(tmp_path, ["convert", f"{padded}/", f"{tmp_path / 'out'}/", "--add-tokens", str(tokens)],
              "'model.embed_tokens.weight' has 72 rows but the tokenizer in", "has 64 tokens")
+
+
+def test_a_transformers_4_tokenizer_config_gets_its_decoder_entries(tmp_path: Path) -> None:
+    """transformers 4 wrote every added token into tokenizer_config.json's added_tokens_decoder too; the
+    new tokens go there with their ids, and transformers still encodes as after add_tokens."""
+    folder = _model(tmp_path, "model", False)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["added_tokens_decoder"] = {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
+                                               "single_word": False, "special": True}
+                                      for i, c in enumerate(["<unk>", "<s>", "</s>"])}
+    config_path.write_text(json.dumps(config))
+    (tmp_path / "new.txt").write_text("<tool>\n</tool>\n", encoding="utf-8")
+    out = tmp_path / "out"
+    p = migrate_in_process("convert", f"{folder}/", f"{out}/", "--add-tokens", str(tmp_path / "new.txt"))
+    assert p.returncode == 0, p.stderr
+    decoder = json.loads((out / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    assert decoder[str(VOCAB)]["content"] == "<tool>" and decoder[str(VOCAB + 1)]["content"] == "</tool>"
+    assert decoder[str(VOCAB)]["special"] is False and decoder[str(VOCAB)]["normalized"] is True
+    _check(out, folder, ["<tool>", "</tool>"], False)
