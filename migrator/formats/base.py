@@ -151,7 +151,7 @@ def left_out_note(key: str, optimizers: Sequence[str]) -> str:
     """What a top_level_key selecting a model says of the optimizer state beside it, left out."""
     where = ", ".join(f"'{o}'" if o else "the top level" for o in optimizers)
     return (f"top_level_key '{key}': the optimizer state beside it ({where}) is left out; keeping the training "
-            "state carries it over (the whole checkpoint into a .pt, or Burn's optimizer record)")
+            "state carries it over (the whole checkpoint into a .pt or a DCP folder, or Burn's optimizer record)")
 
 
 def select_prefix(tensors: Sequence[LazyTensor], key: str | Sequence[str], label: str) -> list[LazyTensor]:

@@ -10,7 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
