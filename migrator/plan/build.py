@@ -62,6 +62,7 @@ from .steps import (
 if TYPE_CHECKING:
     from .sources import UnionReader
     from .training_state import Training
+    from .vocabulary import Growth
 
 HeadDim = tuple[int, str, str]
 """The head size the model's config declares, how, and the config's path (`_head_dim`)."""
@@ -213,7 +214,11 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
                             fsync=recipe.target.fsync if fsync is None else fsync, recipe_sha256=file.sha256,
                             hash_sources=hash_sources, hint_syntax=hint_syntax, module_origins=file.module_origins,
                             op_origins=file.op_origins, head_dim=_head_dim(recipe, base_dir))
-        plan = Compilation(recipe, reader, readers, out_fmt, places, read, settings, model_key).plan()
+        from .vocabulary import growth
+
+        grown = growth(recipe.add_tokens, base_dir, places.copy_from or reader.folder or src_path.parent,
+                       reader.tensors, reader.label)
+        plan = Compilation(recipe, reader, readers, out_fmt, places, read, settings, model_key, grown).plan()
         plan.inputs = inputs
         return plan
     except BaseException:
@@ -314,6 +319,7 @@ class Compilation:
     read: ReadContext
     settings: Settings
     model_key: str | None = None  # training_state: keep under source.top_level_key
+    growth: Growth | None = None  # add_tokens: rows added after the recipe's ops, tokenizer files written
     fatal: list[str] = field(default_factory=list)
 
     def plan(self) -> Plan:
@@ -361,7 +367,7 @@ class Compilation:
         entries, report = self.tensors(training.model, template=self.places.template, fatal=fatal, declares=declares)
         if training.optimizers:
             def replan(tensors: list[LazyTensor]) -> list[PlanEntry]:  # the same steps over moments
-                return self.tensors(tensors, template=None, fatal=[], cast=False)[0]
+                return self.tensors(tensors, template=None, fatal=[], cast=False, moments=True)[0]
 
             from .optimizer_order import new_model_order
 
@@ -436,6 +442,9 @@ class Compilation:
             from .trainer_target import trainer_writer
 
             assert recipe.target.shard is not None
+            if recipe.target.config or self.growth is not None:  # its files are the Trainer's own
+                raise PlanError("target.config and add_tokens are not supported with a Trainer checkpoint folder "
+                                "target; write a model folder")
             plan.writer = trainer_writer(
                 training, plan.entries, reader, out_fmt, scalars=plan.scalars, max_size=recipe.target.shard.max_size,
                 copies=recipe.target.copies(), copy_from=self.places.copy_from or reader.folder,
@@ -450,18 +459,33 @@ class Compilation:
                 folder = self.places.copy_from
             name = recipe.target.shard.name or default_weights_name(out_fmt, reader.folder)
             made = self._made_files([t.name for t in tensors], notes)  # a GGUF's config.json
+            grown_files = self.growth.files if self.growth is not None else []
+            if self.growth is not None:
+                notes += self.growth.notes
+            from .config_edits import edited_config
+
+            update = {**(reader.config_update or {}), **edited_config(
+                recipe.target.config, folder, recipe.target.copies(), tensors,
+                {e.target: (e.source or "").split(", ") for e in plan.entries}, notes)}
             options = self._writer_options(plan.metadata, notes, folder_target=True)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
             plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,
                                         max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                        copy_from=folder, weights_name=name, config_update=reader.config_update,
+                                        copy_from=folder, weights_name=name, config_update=update,
                                         config_drop=reader.config_drop,
-                                        generated=[*reader.generated, *made.items()], storage=self.read.storage,
+                                        generated=[*reader.generated, *made.items(), *grown_files],
+                                        storage=self.read.storage,
                                         **options)
             notes += plan.writer.notes
         else:
             if recipe.target.hf_config:
                 raise PlanError("target.hf_config writes a config.json into a folder target (end the path with '/')")
+            if self.growth is not None:
+                raise PlanError("add_tokens writes the tokenizer files beside the weights: write a folder target (end "
+                                "the path with '/')")
+            if recipe.target.config:
+                raise PlanError("target.config edits the config.json of a folder target (end the path with '/' and "
+                                "copy config.json)")
             tree: dict[str, Any] = {} if structure is None else {"structure": structure}
             options = self._writer_options(plan.metadata, notes)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
@@ -488,11 +512,12 @@ class Compilation:
                 notes.append(f"Burn's LR scheduler record: {plan.scheduler_path}, written with them")
 
     def tensors(self, tensors: list[LazyTensor] | None, *, template: Path | None, fatal: list[str],
-                declares: Declarations | None = None, cast: bool = True) -> tuple[list[PlanEntry], ApplyReport]:
+                declares: Declarations | None = None, cast: bool = True,
+                moments: bool = False) -> tuple[list[PlanEntry], ApplyReport]:
         """Steps 1-4: the entries and report of `tensors` (None: the reader's; a training checkpoint's model,
         or its optimizer moments in their parameters' places), slotted into `template` if any; problems
         that stop a run are added to `fatal`. `cast`: whether the dtype policy applies (moments keep their
-        dtype)."""
+        dtype); `moments`: the tensors are optimizer moments (an op adding rows gives them zeros there)."""
         recipe, reader, limits = self.recipe, self.reader, self.read.limits
         for_burn, op_origins = recipe.for_burn(self.out_fmt), self.settings.op_origins
         is_pytorch = has_torch_names(reader)
@@ -524,10 +549,12 @@ class Compilation:
         made: dict[int, tuple[LazyTensor, tuple[str, ...]]] | None = None
         op_nodes: list[dict[str, Any]] = []
         shapes_of: list[tuple[str, tuple[int, ...]]] | None = None
-        if recipe.ops:
+        all_ops = [*recipe.ops, *(self.growth.ops if self.growth is not None else [])]
+        if all_ops:
             from ..transform.ops import apply_ops
 
-            done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins, head_dim=self.settings.head_dim)
+            done = apply_ops(all_ops, kept, kept_names, ops, op_origins, head_dim=self.settings.head_dim,
+                             for_state=moments)
             kept, kept_names, made = done.tensors, done.names, done.made
             op_nodes = [n.to_json() for n in done.nodes]
             shapes_of = list(zip(kept_names, [t.shape for t in kept], strict=True))  # module types see the outputs

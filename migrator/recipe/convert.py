@@ -72,6 +72,10 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
         # as PEFT's merged save_pretrained: a loadable folder (from a model folder: a loose file's may hold anything)
         if not o.copy and "shard" in data["target"] and os.path.isdir(src):
             data["target"]["copy"] = [{"path": c, "optional": True} for c in LORA_COMPANIONS]
+    if (o.add_tokens is not None and not o.copy and o.copy_from is None and "shard" in data["target"]
+            and os.path.isdir(src)):
+        # the tokenizer, config and the rest of the folder go with the grown model, as for a --lora
+        data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
     if o.copy:
         data["target"]["copy"] = list(o.copy)
     elif o.copy_from is not None:  # --copy-from DIR alone: DIR's usual companions, each when present

@@ -148,6 +148,10 @@ class ConvertOptions:
         None, "--dtype", "tensors", "cast every float tensor (%(listed)s); a quantized model folder's weights "
         "are dequantized to it", metavar="DTYPE",
         listed=castable_dtypes, recipe="dtype", diff=True)
+    add_tokens: str | None = _option(  # or a PathLike
+        None, "--add-tokens", "tensors", "add the tokens FILE lists (one per line, or a JSON list) to the tokenizer "
+        "files written into DST/ and rows to the input embedding and LM head, each new row the mean of the old "
+        "ones; config.json's vocab_size follows", metavar="FILE", recipe="add_tokens.file", place=True)
     # writing DST
     target_format_name: str = _option(
         "auto", "--to", "output", "DST's format: %(listed)s (default: auto, from DST's extension)",

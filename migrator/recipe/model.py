@@ -539,6 +539,11 @@ class TargetSpec(_Strict):
         description="Companion files copied byte for byte from the source's folder into a sharded output folder "
         "(e.g. [config.json, 'tokenizer*', {path: generation_config.json, optional: true}]); an entry matching no "
         "file is an error unless optional.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Entries set in the config.json copied into a folder target (null removes "
+        "one), each checked against the tensors written: vocab_size against the embedding's rows, num_local_experts "
+        "/ num_experts / n_routed_experts against the routers' rows, tie_word_embeddings: false against a head "
+        "tensor. Those the tensors determine are also updated without being asked, where the config holds them.")
     copy_from: str | None = Field(
         None, description="The folder `copy` globs read from, relative to the recipe (default: the source's "
                           "folder); e.g. the Hugging Face folder whose config and tokenizer go with a .bpk source.")
@@ -594,6 +599,23 @@ class ExecutorSpec(_Strict):
                                                   "'migrator[ray]').")
 
 
+class AddTokensSpec(_Strict):
+    """New tokens: added to the tokenizer files (tokenizer.json, and tokenizer_config.json's
+    added_tokens_decoder when it has one) and as new rows of the input embedding and the LM head."""
+
+    tokens: list[str] | None = Field(None, description="The tokens, in the order their ids are given.")
+    file: _Path | None = Field(None, description="A file of tokens, relative to the recipe: a JSON list of strings "
+                               "(when it starts with '['), else one token per line as written (blank lines skipped).")
+    fill: Literal["mean", "zeros"] = Field(
+        "mean", description="The new rows: the mean of the existing rows (as add_rows' fill: mean), or zeros.")
+
+    @model_validator(mode="after")
+    def _one_list(self) -> AddTokensSpec:
+        if (self.tokens is None) == (self.file is None):
+            raise recipe_value_error("give exactly one of tokens, file", hint="tokens: ['<tool>', '</tool>']")
+        return self
+
+
 class Recipe(_Strict):
     """A migration, version 1."""
 
@@ -617,6 +639,12 @@ class Recipe(_Strict):
     ops: list[OpSpec] = Field(
         default_factory=list, description="Tensor ops, each a one-key mapping {OP: {options}} naming one of the "
         "ops below (docs/ops.md), in order, on the names after remap and filter, before adapters.")
+    add_tokens: AddTokensSpec | None = Field(
+        None, description="Grow the vocabulary: tokens added to the tokenizer files written beside a folder target, "
+        "and rows to the input embedding and the LM head (each tensor named like embed_tokens.weight, wte.weight, "
+        "word_embeddings.weight, tok_embeddings.weight, embed_in.weight, lm_head.weight, embed_out.weight; the head "
+        "when it is stored: a tied one follows its embedding), after the recipe's ops; config.json's vocab_size "
+        "follows.")
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="Layout adapters, chained in order: " + ", ".join(adapter_names.ALL[1:] + adapter_names.ALL[:1])

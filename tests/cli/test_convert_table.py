@@ -21,6 +21,7 @@ SAMPLES: dict[str, object] = {
     "source_format": "safetensors", "top_level_key": "model", "tag": "global_step3", "contiguous_indices": False,
     "target_format_name": "safetensors", "overwrite": True, "fsync": False, "metadata": {"k": "v"},
     "clear_metadata": True, "copy_from": "hf", "training_state": "drop", "optimizer": "o.bpk", "param_order": "o.pt",
+    "add_tokens": "new.txt",
 }
 """A value other than the default for each option placed in the recipe as it is."""
 
@@ -105,7 +106,7 @@ def test_each_placed_option_lands_where_its_row_says(name: str, tmp_path: Path) 
     found: object = recipe
     for part in r.recipe.split("."):
         found = getattr(found, part)
-    assert (str(found) if name in ("copy_from", "optimizer", "param_order") else found) == value
+    assert (str(found) if name in ("copy_from", "optimizer", "param_order", "add_tokens") else found) == value
     assert set(SAMPLES) == {r.name for r in table() if r.place}
 
 
