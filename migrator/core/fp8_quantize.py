@@ -29,7 +29,7 @@ SCALE_DTYPES = ("F32", "BF16", "F16")
 """The weight dtypes quantized (the scale has the weight's dtype)."""
 
 
-def _np_dtype(name: str) -> np.dtype:
+def np_dtype(name: str) -> np.dtype:
     import ml_dtypes
 
     return np.dtype({"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}[name])
@@ -44,7 +44,7 @@ def _in_dtype(values: np.ndarray, name: str) -> np.ndarray:
     """F32 values rounded to `name` (nearest, ties to even) and widened back to F32 (exact)."""
     if name == "F32":
         return values
-    return values.astype(_np_dtype(name)).astype(np.float32)
+    return values.astype(np_dtype(name)).astype(np.float32)
 
 
 def as_f32(raw: np.ndarray, name: str) -> np.ndarray:

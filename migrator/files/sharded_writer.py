@@ -195,7 +195,8 @@ def config_with_dtype(source: Path, tensors: Sequence[LazyTensor],
     changed = {k: v for k, v in (update or {}).items() if config.get(k) != v}
     if changed:
         config.update(changed)
-        notes.append("config.json is written with " + ", ".join(f"{k}: {json.dumps(v)}" for k, v in changed.items()))
+        notes.append("config.json is written with " + ", ".join(  # a mapping (quantization_config) unspelt
+            f"{k}: {json.dumps(v) if not isinstance(v, dict) else '{...}'}" for k, v in changed.items()))
     floats = {t.dtype.torch_name for t in tensors if t.dtype.is_float and t.dtype.torch_name}
     if len(floats) == 1:
         (written,) = floats

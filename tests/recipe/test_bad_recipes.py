@@ -215,6 +215,10 @@ adapters:
       to: BF16
 dtype:
   cast: F16
+quantize:
+  scheme: FP8_BLOCK
+  ignore:
+    - 'lm_head$'
 target:
   path: out/model.bpk
   format: safetensors
