@@ -90,7 +90,8 @@ def test_a_target_that_cannot_hold_it_or_an_unknown_name_is_a_usage_error(
 
 
 @pytest.mark.parametrize(("config", "extra", "words"), [
-    ({"quantization_config": {"quant_method": "fp8"}}, None, "quantized already (quantization_config, quant_method fp8)"),
+    ({"quantization_config": {"quant_method": "fp8"}}, None,
+     "quantized already (quantization_config, quant_method fp8)"),
     (None, {"model.layers.0.mlp.experts.0.up_proj.weight_scale": np.ones((24, 1), np.float32)},
      "holds quantized tensors already"),
     (None, {"model.layers.0.mystery.weight": np.ones((3, H), np.float32)}, "--modules 'Linear="),
