@@ -16,9 +16,17 @@ strategy needs one scale per 128x128 block: a band of 128 rows (the last may be 
 block column may be narrower, compressed-tensors pads it with zeros, which change no maximum).
 
 NaN or inf weights have no scale: refused (`QuantizeError`) by the caller, who names the tensor.
+
+F32 and BF16 bands go through the compiled loops (migrator/core/kernels/fp8_quantize.c) when they were
+built, reading the stored bytes as they are; F16 bands, and every band without the kernels
+(MIGRATOR_NO_KERNELS=1), through the numpy functions below, which give the same bits
+(tests/core/test_fp8_quantize.py checks both against compressed-tensors).
 """
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 import numpy as np
 
@@ -97,3 +105,41 @@ def quantize_band(band: np.ndarray, scales: np.ndarray, name: str) -> np.ndarray
 def block_columns(scales_row: np.ndarray, cols: int, block: int) -> np.ndarray:
     """A band's [1, blocks] scales as one scale per column [1, cols]."""
     return np.repeat(scales_row, block, axis=1)[:, :cols]
+
+
+_KINDS = {"F32": 0, "BF16": 1}
+
+
+def _load_kernels() -> Any:
+    if os.environ.get("MIGRATOR_NO_KERNELS"):
+        return None
+    try:
+        from . import _kernels  # type: ignore[attr-defined]  # the C extension: no stub
+    except ImportError:
+        return None
+    return _kernels if hasattr(_kernels, "fp8_quantize") else None
+
+
+KERNELS = _load_kernels()
+"""The compiled loops, or None (then numpy does the same work)."""
+
+
+def compiled(name: str) -> bool:
+    """Whether bands of dtype `name` go through the compiled loops."""
+    return KERNELS is not None and name in _KINDS
+
+
+def absmax_raw(raw: Any, name: str, rows: int, cols: int, block: int) -> np.ndarray:
+    """The compiled max |x| of a band's stored bytes: [rows, 1] per row (block 0), or [1, blocks] per
+    `block`-wide column block (`compiled(name)` must hold)."""
+    groups = -(-cols // block) if block else rows
+    out = np.empty(groups, dtype=np.float32)
+    KERNELS.fp8_absmax(raw, _KINDS[name], rows, cols, block, out)
+    return out.reshape((rows, 1) if not block else (1, groups))
+
+
+def quantize_raw(raw: Any, name: str, rows: int, cols: int, scales: np.ndarray, block: int) -> np.ndarray:
+    """The compiled `quantize_band` of a band's stored bytes: `scales` [rows, 1] (block 0) or [1, blocks]."""
+    out = np.empty((rows, cols), dtype=np.uint8)
+    KERNELS.fp8_quantize(raw, _KINDS[name], rows, cols, np.ascontiguousarray(scales, dtype=np.float32), block, out)
+    return out

@@ -185,34 +185,47 @@ class _Fp8Source:
         self._scales: np.ndarray | None = None
         self._lock = threading.Lock()
 
-    def _bands(self) -> Iterator[np.ndarray]:
-        """The weight's rows as F32 bands (exact), front to back."""
-        from ..ops.compute.bands import BandReader, decode
+    def _bands(self) -> Iterator[tuple[memoryview, int]]:
+        """The weight's rows as bands of stored bytes (and their row count), front to back."""
+        from ..ops.compute.bands import BandReader
 
         rows, cols = self.tensor.shape
         reader = BandReader(self.tensor)
         size = self.tensor.dtype.itemsize or 4
         for start in range(0, rows, self.band_rows):
             n = min(self.band_rows, rows - start)
-            yield decode(reader.read(n * cols * size), self.tensor.dtype, dtypes.F32).reshape(n, cols)
+            yield reader.read(n * cols * size), n
 
-    def _band_scales(self, band: np.ndarray) -> np.ndarray:
+    def _band_scales(self, raw: memoryview, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """A band's scales, and its F32 values when numpy computes them (None with the compiled loops)."""
         import numpy as np
 
         from ..core import fp8_quantize as fq
+        from ..ops.compute.bands import decode
 
-        absmax = fq.channel_absmax(band) if self.block is None else fq.block_absmax(band, self.block)
+        name, cols = self.tensor.dtype.name, self.tensor.shape[1]
+        values = None
+        if fq.compiled(name):
+            absmax = fq.absmax_raw(raw, name, n, cols, self.block or 0)
+        else:
+            values = decode(raw, self.tensor.dtype, dtypes.F32).reshape(n, cols)
+            absmax = fq.channel_absmax(values) if self.block is None else fq.block_absmax(values, self.block)
         if not np.isfinite(absmax).all():
             raise QuantizeError("NaN or inf values cannot be quantized (their scale would be too)",
                                 file=self.tensor.origin, tensor=self.tensor.name)
-        return fq.scales_from_absmax(absmax, self.tensor.dtype.name)
+        return fq.scales_from_absmax(absmax, name), values
 
-    def _quantized(self, band: np.ndarray) -> tuple[memoryview, np.ndarray]:
+    def _quantized(self, band: tuple[memoryview, int]) -> tuple[memoryview, np.ndarray]:
         from ..core import fp8_quantize as fq
 
-        scales = self._band_scales(band)
-        per = scales if self.block is None else fq.block_columns(scales, band.shape[1], self.block)
-        q = fq.quantize_band(band, per, self.tensor.dtype.name)
+        raw, n = band
+        name, cols = self.tensor.dtype.name, self.tensor.shape[1]
+        scales, values = self._band_scales(raw, n)
+        if values is None:
+            q = fq.quantize_raw(raw, name, n, cols, scales, self.block or 0)
+        else:
+            per = scales if self.block is None else fq.block_columns(scales, cols, self.block)
+            q = fq.quantize_band(values, per, name)
         return q.reshape(-1).view("uint8").data, scales
 
     def weight_chunks(self) -> Iterator[memoryview]:
@@ -233,7 +246,7 @@ class _Fp8Source:
 
         with self._lock:
             if self._scales is None:
-                parts = [self._band_scales(b) for b in self._bands()]
+                parts = [self._band_scales(raw, n)[0] for raw, n in self._bands()]
                 self._scales = np.concatenate(parts) if parts else np.zeros(
                     self.scheme.scale_shape(self.tensor.shape), dtype=np.float32)
             return self._scales
