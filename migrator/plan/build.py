@@ -372,6 +372,7 @@ class Compilation:
         entries, report = self.tensors(training.model, template=self.places.template, fatal=fatal, declares=declares)
         if recipe.quantize is not None:
             entries = self._quantized(entries)
+            report.quantized = self.quantization.summary()
         if training.optimizers:
             def replan(tensors: list[LazyTensor]) -> list[PlanEntry]:  # the same steps over moments
                 return self.tensors(tensors, template=None, fatal=[], cast=False)[0]

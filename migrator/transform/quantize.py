@@ -64,6 +64,13 @@ class Quantization:
     ignore: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     fatal: list[str] = field(default_factory=list)
+    kept: list[tuple[str, str]] = field(default_factory=list)  # (module, why), in `ignore`'s order
+    names: list[str] = field(default_factory=list)  # the weights quantized, in the plan's order
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's report says (`ApplyReport.quantized`)."""
+        return {"scheme": self.scheme.name, "tensors": list(self.names),
+                "kept": [{"module": m, "why": w} for m, w in self.kept]}
 
     def op(self, weight: LazyTensor, scale: LazyTensor) -> str:
         return (f"quantize {self.scheme.name}: {weight.dtype.display} + weight_scale {list(scale.shape)} "
@@ -142,7 +149,9 @@ def plan_quantization(scheme_name: str, ignore: Sequence[str] | None, tensors: S
         kept_why.setdefault("tied to the input embeddings (tie_word_embeddings): no tensor of its own", []).append(
             "lm_head")
     out.ignore.sort(key=_module_order)
-    done = [tensors[i].name for i in sorted(out.replaced)]
+    why_of = {p: why for why, paths in kept_why.items() for p in paths}
+    out.kept = [(p, why_of[p]) for p in out.ignore]
+    done = out.names = [tensors[i].name for i in sorted(out.replaced)]
     out.notes.append(f"quantize {scheme.name} (compressed-tensors {SCHEMES[scheme.name].strategy} strategy): "
                      f"{len(done)} Linear weights written F8_E4M3 with a weight_scale"
                      + (f": {_listed(done)}" if done else ""))

@@ -63,8 +63,18 @@ def test_the_recipe_ignore_key_replaces_the_default(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"version: 1\nsource: {{path: {src}}}\ntarget: {{path: {tmp_path / 'out'}/, copy: "
                       "[config.json]}\nquantize:\n  scheme: FP8_BLOCK\n  ignore: ['mlp\\.gate$', 'q_proj$']\n")
-    p = migrate_in_process("run", str(recipe))
+    p = migrate_in_process("run", str(recipe), "--report", str(tmp_path / "report.json"))
     assert p.returncode == 0, p.stderr
+    from migrator.plan.report import ApplyReport
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["quantized"] == {"scheme": "FP8_BLOCK", "tensors": [
+        "lm_head.weight", "model.layers.0.mlp.experts.0.down_proj.weight",
+        "model.layers.0.mlp.experts.0.up_proj.weight"], "kept": [
+        {"module": "model.layers.0.mlp.gate", "why": "ignore 'mlp\\.gate$'"},
+        {"module": "model.layers.0.self_attn.q_proj", "why": "ignore 'q_proj$'"}]}
+    assert ApplyReport.from_json(report).to_json() == report
+    assert "Quantized FP8_BLOCK (3 weights, 2 Linear modules kept)" in p.stdout
     got = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert "lm_head.weight_scale" in got and got["lm_head.weight_scale"].shape == (1, 1)  # one partial block
     assert "model.layers.0.self_attn.q_proj.weight_scale" not in got
