@@ -59,6 +59,8 @@ def test_every_block_of_the_page_runs_as_written(tmp_path: Path, monkeypatch: py
     assert dense["lm_head.weight"] == ("F32", [64, 32]) and "lm_head.weight_scale" not in dense
     assert stored(tmp_path / "llama-fp8-block")["model.layers.0.mlp.up_proj.weight_scale"] == ("F32", [1, 1])
     assert stored(tmp_path / "llama-fp8-bf16")["model.layers.0.mlp.up_proj.weight_scale"] == ("BF16", [48, 1])
+    said = json.loads((tmp_path / "llama-fp8-bf16" / "config.json").read_text())  # loads as the BF16 it now is
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "llama-fp8-bf16").dtype == torch.bfloat16, said
     recipe = stored(tmp_path / "llama-fp8-recipe")
     assert "model.layers.0.mlp.down_proj.weight_scale" not in recipe
     assert "model.layers.1.mlp.down_proj.weight_scale" in recipe
