@@ -142,6 +142,9 @@ def plan_quantization(scheme_name: str, ignore: Sequence[str] | None, tensors: S
                          f"which may be Linears (quantized) or not (kept): "
                          + declaration_hint(wanted, resolver.module_paths, hint_syntax)
                          + ", or add them to the quantize ignore list")
+    if not out.replaced and not out.fatal and not wanted:  # compressed-tensors writes no config for that either
+        out.fatal.append(f"quantize {scheme.name}: no Linear weight to quantize (none, or every one ignored: "
+                         f"{', '.join(out.ignore) or 'no Linear module'})")
     tied = config is not None and config.get("tie_word_embeddings", True) is not False
     if tied and "lm_head.weight" not in names and any(n.endswith("embed_tokens.weight") for n in names) \
             and "lm_head" not in out.ignore:

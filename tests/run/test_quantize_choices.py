@@ -105,12 +105,20 @@ def test_a_target_that_cannot_hold_it_or_an_unknown_name_is_a_usage_error(
     (None, {"model.layers.0.mlp.experts.0.up_proj.weight_scale": np.ones((24, 1), np.float32)},
      "holds quantized tensors already"),
     (None, {"model.layers.0.mystery.weight": np.ones((3, H), np.float32)}, "--modules 'Linear="),
+    ({"model_type": "mlp"}, "linears only", "no Linear weight to quantize (none, or every one ignored: lm_head"),
     (None, {"model.layers.0.self_attn.k_proj.weight": np.full((H, H), np.nan, np.float32)},
      "tensor 'model.layers.0.self_attn.k_proj.weight': NaN or inf values cannot be quantized"),
 ])
 def test_bad_sources_are_refused_and_the_target_survives(tmp_path: Path, config: dict | None,
-                                                         extra: dict | None, words: str) -> None:
-    src = moe_folder(tmp_path / "src", config=config, extra=extra)
+                                                         extra: dict | str | None, words: str) -> None:
+    if extra == "linears only":  # a model whose one Linear is the (ignored) head
+        src = tmp_path / "src"
+        src.mkdir()
+        save_file({"lm_head.weight": np.ones((4, H), np.float32), "embed_tokens.weight": np.ones((4, H), np.float32)},
+                  str(src / "model.safetensors"))
+        (src / "config.json").write_text(json.dumps(config))
+    else:
+        src = moe_folder(tmp_path / "src", config=config, extra=extra)
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.safetensors").write_bytes(b"old")
