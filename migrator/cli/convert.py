@@ -199,7 +199,9 @@ def _check_quantize(o: ConvertOptions, given: str, dst: str, parser: argparse.Ar
         return
     folder = str(dst).endswith(("/", os.sep))
     fmt = "gguf" if gguf else target_format(dst, o.target_format_name, sharded=folder)
-    if folder and fmt == "safetensors":
+    from ..formats.compressed_tensors_schemes import can_hold
+
+    if can_hold(fmt, folder):
         return
     if str(given).endswith(("/", os.sep)) and not folder:  # a file SRC into DIR/: a file in DIR, no config.json
         why = (f"DST {given} takes a file for a file SRC: add {flag['copy_from']} DIR, the model folder whose "

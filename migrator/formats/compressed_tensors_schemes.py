@@ -91,3 +91,12 @@ def quantization_config(scheme: Scheme, ignore: Sequence[str]) -> dict[str, Any]
         "transform_config": {},
         "version": COMPRESSED_TENSORS_VERSION,
     }
+
+
+def can_hold(fmt: str, folder: bool) -> bool:
+    """Whether a target of format `fmt` (a folder of shards, or one file) holds compressed-tensors' layout:
+    a Hugging Face model folder of the registry's default folder format (SafeTensors, which
+    compressed-tensors reads and writes), whose config.json gets the quantization_config."""
+    from .registry import default_sharded
+
+    return folder and fmt == default_sharded().name

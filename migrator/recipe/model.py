@@ -682,7 +682,9 @@ class Recipe(_Strict):
             fmt = formats.target_format(self.target.path, self.target.format, sharded=self.target.shard is not None)
         except MigratorError:  # an extension no writer takes: the run names it
             return self
-        if self.target.shard is None or fmt != "safetensors":
+        from ..formats.compressed_tensors_schemes import can_hold
+
+        if not can_hold(fmt, folder=self.target.shard is not None):
             raise recipe_value_error(
                 f"quantize ({self.quantize.scheme}) writes compressed-tensors' layout, a SafeTensors model folder "
                 f"with its config.json; this target is {'a folder of ' if self.target.shard else ''}{fmt}",
