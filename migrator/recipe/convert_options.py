@@ -156,7 +156,8 @@ class ConvertOptions:
         (), "--modules", "tensors", "declare the module type of matching module paths, as a recipe's modules: "
         "(repeatable; e.g. Linear='^fc\\d+$')", kind="repeat", metavar="TYPE=REGEX", recipe="modules", diff=True)
     dtype: str | None = _option(
-        None, "--dtype", "tensors", "cast every float tensor (%(listed)s)", metavar="DTYPE",
+        None, "--dtype", "tensors", "cast every float tensor (%(listed)s); a quantized model folder's weights "
+        "are dequantized to it", metavar="DTYPE",
         listed=castable_dtypes, recipe="dtype", diff=True)
     quantize: str | None = _option(
         None, "--quantize", "tensors", "a compressed-tensors scheme (FP8_DYNAMIC, FP8_BLOCK) writes the Linear "

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_support import refused
+
+from tests.support.hostile import refused
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -75,7 +76,7 @@ def test_megatron_torch_dist_is_refused_as_such(tmp_path: Path, metadata: Any, b
 
 def test_plain_dcp_beside_megatron_files_is_read(tmp_path: Path) -> None:
     """Megatron's files beside a `.metadata` torch wrote do not stop the folder being read."""
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     folder = _checkpoint(tmp_path / "ckpt", None, megatron_files=True)
     done = migrate_in_process("convert", str(folder), str(tmp_path / "out.safetensors"))

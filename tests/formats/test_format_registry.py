@@ -84,13 +84,14 @@ def test_each_extension_names_its_format_and_targets_follow_the_one_rule() -> No
     with pytest.raises(UnknownFormatError, match=r"cannot tell the output format from extension '\.onnx'"):
         registry.target_format("x.onnx")
     with pytest.raises(UnknownFormatError, match="read only"):
-        registry.target_format("x", "dcp")
+        registry.target_format("x", "deepspeed")
+    assert registry.target_format("x", "dcp") == "dcp"  # a folder format with a writer: the folder x
     with pytest.raises(UnknownFormatError, match="unknown format 'onnx'"):
         registry.target_format("x", "onnx")
 
 
 def test_names_for_the_command_line() -> None:
     assert registry.names(readable=True) == ("burnpack", "safetensors", "pytorch", "gguf")
-    assert registry.names(writable=True) == ("burnpack", "safetensors", "pytorch", "gguf")
+    assert registry.names(writable=True) == ("burnpack", "safetensors", "pytorch", "gguf", "dcp")  # DCP: a folder
     assert registry.names(readable=True, folders=True)[4:] == ("dcp", "deepspeed", "trainer")
     assert registry.choices(writable=True)[0] == "auto"

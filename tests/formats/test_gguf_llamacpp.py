@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
-from model_support import tiny_llama, tiny_llama_rope
-from test_gguf_llama import TEXT, sentencepiece_model
+
+from tests.support.cli import migrate_in_process
+from tests.support.gguf_models import TEXT, sentencepiece_model
+from tests.support.models import tiny_llama, tiny_llama_rope
 
 pytestmark = pytest.mark.llamacpp
 
@@ -343,7 +344,7 @@ def test_llama_cpp_logits_on_our_q4_k_m_equal_its_own(hf_k_folders: dict[int, Pa
 @pytest.fixture(scope="module", params=["llama-bpe", "qwen2", "gpt-2"])
 def bpe_family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny Llama folder with a byte-level BPE tokenizer.json of the family, and our F32 GGUF of it."""
-    from test_gguf_bpe import bpe_folder
+    from tests.support.gguf_models import bpe_folder
 
     folder = bpe_folder(tmp_path_factory.mktemp("bpe") / "hf", request.param)
     return folder, convert(folder, folder.parent / "m.gguf")
@@ -352,7 +353,7 @@ def bpe_family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 def test_llama_cpp_tokenizes_like_the_bpe_tokenizer(bpe_family: tuple[Path, Path]) -> None:
     """llama.cpp splits text with the regex its table holds for tokenizer.ggml.pre and applies our merges:
     the ids equal the original tokenizer's (special tokens in the text parsed, as transformers does)."""
-    from test_gguf_bpe import TEXTS
+    from tests.support.gguf_models import TEXTS
 
     folder, path = bpe_family
     want = transformers.AutoTokenizer.from_pretrained(folder)
@@ -372,8 +373,7 @@ def test_llama_cpp_llama31_rope_scaling_logits_match_transformers(tmp_path: Path
     """A Llama 3.1-shaped tiny model (llama3 RoPE scaling, byte-level BPE tokenizer): llama.cpp, which scales
     each rotary frequency by our rope_freqs.weight, gives transformers' logits within 1e-2; without the
     scaling transformers' own logits move by far more, so the factors are what is being checked."""
-    from test_gguf_bpe import BOS, EOS, bpe_tokenizer
-    from test_gguf_rope import tiny_llama31
+    from tests.support.gguf_models import BOS, EOS, bpe_tokenizer, tiny_llama31
 
     tok = bpe_tokenizer("llama-bpe")
     folder = tmp_path / "hf"
@@ -404,8 +404,7 @@ def test_llama_cpp_llama31_rope_scaling_logits_match_transformers(tmp_path: Path
 def test_llama_cpp_qwen2_phi3_logits_match_transformers(arch: str, family: str, tmp_path: Path) -> None:
     """Qwen2 (q/k/v biases) and Phi-3 (fused qkv, gate_up) written unpermuted: llama.cpp, rotating them as
     GPT-NeoX does, gives transformers' logits within 1e-2 on a BPE-tokenized prompt."""
-    from test_gguf_archs import tiny_phi3, tiny_qwen2
-    from test_gguf_bpe import TEXTS, bpe_folder
+    from tests.support.gguf_models import TEXTS, bpe_folder, tiny_phi3, tiny_qwen2
 
     build = {"qwen2": tiny_qwen2, "phi3": tiny_phi3}[arch]
     folder = bpe_folder(tmp_path / "hf", family, model_of=lambda vocab: redrawn(build(vocab)))
@@ -447,7 +446,7 @@ def test_llama_cpp_gemma_logits_match_transformers(arch: str, tmp_path: Path) ->
     q/k norms, five sliding layers of six, linear RoPE scaling on the global ones) with a SentencePiece
     tokenizer: llama.cpp gives transformers' logits within 1e-2 once transformers computes GELU as ggml does
     (a table of F16 results at F16 inputs); with torch's own GELU within 1e-2 (Gemma 3: 3e-2)."""
-    from test_gguf_archs import tiny_gemma, tiny_gemma2, tiny_gemma3
+    from tests.support.gguf_models import tiny_gemma, tiny_gemma2, tiny_gemma3
 
     folder = tmp_path / "hf"
     model = redrawn({"gemma": tiny_gemma, "gemma2": tiny_gemma2, "gemma3": tiny_gemma3}[arch](vocab_size=300))

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import convert_clean, migrate_in_process
 from safetensors.numpy import save_file
+
+from tests.support.cli import convert_clean, migrate_in_process
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402  # F8_E4M3 has no numpy dtype

@@ -27,7 +27,7 @@ from migrator.ops.compute import arithmetic
 from migrator.recipe.issues import RecipeError
 from migrator.recipe.mergekit import evaluate, load_config, merge_spec
 from migrator.run.merge import merge_folder
-from tests.model_support import tiny_llama
+from tests.support.models import tiny_llama
 
 CONFIGS: dict[str, str] = {
     "linear": """
@@ -401,7 +401,7 @@ def test_cli_merge_matches_mergekit_and_loads(merged: Path, tmp_path: Path) -> N
     """`migrate merge` end to end: mergekit's tensors and config.json, a folder from_pretrained loads."""
     import transformers
 
-    from tests.cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     out = tmp_path / "slerp"
     done = migrate_in_process("merge", str(merged / "slerp.yml"), str(out), "--json", "--max-shard-size", "60KB")
@@ -422,7 +422,7 @@ def test_cli_merge_emit_recipe_round_trip(merged: Path, tmp_path: Path) -> None:
     """The recipe `--emit-recipe -o` writes reproduces the merge byte for byte when run."""
     import shutil
 
-    from tests.cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     out, recipe = tmp_path / "pt", tmp_path / "recipes" / "pt.yaml"
     done = migrate_in_process("merge", str(merged / "passthrough.yml"), str(out), "--dtype", "BF16",
@@ -439,7 +439,7 @@ def test_cli_merge_emit_recipe_round_trip(merged: Path, tmp_path: Path) -> None:
 
 
 def test_cli_merge_exit_codes(merged: Path, tmp_path: Path) -> None:
-    from tests.cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     bad = _config(tmp_path, "merge_method: linear\nmodels:\n  - model: meta-llama/Llama-3-8B\n")
     done = migrate_in_process("merge", str(bad), str(tmp_path / "o1"))
@@ -459,7 +459,7 @@ def test_cli_merge_exit_codes(merged: Path, tmp_path: Path) -> None:
 
 def test_recipe_ops_match_mergekit(merged: Path, tmp_path: Path) -> None:
     """Hand-written `ops:` over `sources:` with prefixes give mergekit's merges (ties, slerp)."""
-    from tests.cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     def run(models: tuple[str, ...], op: str) -> dict[str, np.ndarray]:
         recipe = tmp_path / "r.yaml"
@@ -480,7 +480,7 @@ def test_recipe_ops_match_mergekit(merged: Path, tmp_path: Path) -> None:
 
 
 def test_recipe_op_errors_name_line_and_tensors(merged: Path, tmp_path: Path) -> None:
-    from tests.cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     small = tmp_path / "small"
     tiny_llama(layers=4, seed=0, hidden=16).save_pretrained(small)
@@ -550,7 +550,7 @@ def test_tokenizer_source_that_does_not_fit_is_refused(merged: Path, tmp_path: P
                                                        message: str) -> None:
     import shutil
 
-    from tests.cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     for name in ("m0", "m1"):
         shutil.copytree(merged / name, tmp_path / name)
@@ -573,7 +573,7 @@ def test_a_hostile_tokenizer_source_is_a_clean_error(merged: Path, tmp_path: Pat
     """The tokenizer_source's tokenizer.json is untrusted input: an error naming it, exit 1, no traceback."""
     import shutil
 
-    from tests.cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     for name in ("m0", "m1"):
         shutil.copytree(merged / name, tmp_path / name)
@@ -595,7 +595,7 @@ def test_emit_recipe_is_a_plain_recipe_that_reruns(merged: Path, tmp_path: Path,
     mergekit source; `migrate run` of it writes the same bytes (the recipe replaces mergekit_config.yml)."""
     import yaml
 
-    from tests.cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     out, recipe = tmp_path / "out", tmp_path / "recipes" / "r.yaml"
     done = migrate_in_process("merge", str(merged / f"{name}.yml"), str(out), "--seed", "7", "--emit-recipe",
