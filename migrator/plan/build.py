@@ -429,7 +429,7 @@ class Compilation:
         q = self.quantization = plan_quantization(
             recipe.quantize.scheme, recipe.quantize.ignore, [e.tensor for e in entries], recipe.modules,
             settings.module_origins, self.reader.format, config, None if path is None else os.fspath(path),
-            settings.hint_syntax)
+            settings.hint_syntax, dequantized="quantization_config" in self.reader.config_drop)
         self.fatal += [m if settings.hint_syntax != "convert" else in_convert_syntax(m) for m in q.fatal]
         out: list[PlanEntry] = []
         for i, e in enumerate(entries):

@@ -85,24 +85,26 @@ def _listed(names: Sequence[str], limit: int = 8) -> str:
 def plan_quantization(scheme_name: str, ignore: Sequence[str] | None, tensors: Sequence[LazyTensor],
                       declared: Mapping[str, Sequence[str]], origins: Mapping[tuple[str, int], str] | None,
                       source_format: str | None, config: Mapping[str, Any] | None, config_name: str | None,
-                      hint_syntax: str = "recipe") -> Quantization:
+                      hint_syntax: str = "recipe", dequantized: bool = False) -> Quantization:
     """Which of the plan's final `tensors` are quantized, and their replacements (module docstring).
     `config`: the source's config.json (its `tie_word_embeddings`, and a `quantization_config` that
-    says the source is quantized already), `config_name` its path for messages."""
+    says the source is quantized already, unless the reader `dequantized` it: then the values are
+    quantized again), `config_name` its path for messages."""
     scheme = SCHEMES[scheme_name]
     out = Quantization(scheme)
-    if config is not None and isinstance(config.get("quantization_config"), Mapping):
+    if config is not None and isinstance(config.get("quantization_config"), Mapping) and not dequantized:
         method = config["quantization_config"].get("quant_method", "?")
         out.fatal.append(f"{config_name}: the source is quantized already (quantization_config, quant_method "
-                         f"{method}): dequantize it into a folder first, then quantize that")
+                         f"{method}): dequantize it as it is read (--dtype BF16, or dtype: {{cast: BF16}}) to "
+                         "quantize it again")
         return out
     quantized_already = [t.name for t in tensors if (t.dtype.is_float and (t.dtype.itemsize or 0) < 2
                                                      and t.dtype.name.startswith(("F8", "F6", "F4")))
                          or t.name.rpartition(".")[2] in _QUANTIZED_NAMES]
     if quantized_already:
         out.fatal.append(f"tensor '{quantized_already[0]}': the source holds quantized tensors already "
-                         f"({len(quantized_already)}: FP8 values or scales): dequantize it into a folder first, "
-                         "then quantize that")
+                         f"({len(quantized_already)}: FP8 values or scales): dequantize them as they are read "
+                         "(--dtype BF16, or dtype: {cast: BF16}) to quantize them again")
         return out
     rules = [(compile_regex(p), f"ignore '{p}'") for p in ignore] if ignore is not None else [
         (compile_regex(p), f"default ignore: {what}") for p, what in DEFAULT_IGNORE]

@@ -169,3 +169,33 @@ def test_tied_embeddings_list_lm_head_in_ignore(tmp_path: Path) -> None:
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "migrator.cli", *args], capture_output=True, text=True, cwd=cwd,
                           check=False)
+
+
+def test_a_quantized_source_dequantized_as_read_is_quantized_again(tmp_path: Path) -> None:
+    """compressed-tensors' own FP8_DYNAMIC folder, read with --dtype BF16 (dequantized as compressed-tensors
+    decompresses it) and written FP8_BLOCK: compressed-tensors' FP8_BLOCK quantization of its decompressed
+    model, byte for byte; without the cast it is refused."""
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+
+    model = tiny_llama(torch.bfloat16)
+    model.save_pretrained(tmp_path / "src")  # type: ignore[attr-defined]
+    compressed_tensors_folder(model, "FP8_DYNAMIC", tmp_path / "fp8")
+    result = convert(tmp_path / "fp8", f"{tmp_path / 'ours'}/", quantize="FP8_BLOCK", dtype="BF16", progress=False)
+    assert any("dequantized to BF16" in n for n in result.notes)
+    decompressed = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "src")
+    args = PRESET_SCHEMES["FP8_DYNAMIC"]["weights"]
+    with safe_open(tmp_path / "fp8" / "model.safetensors", "pt") as f:
+        for name, module in decompressed.named_modules():
+            if f"{name}.weight_scale" in f.keys():  # noqa: SIM118  # safe_open has no __contains__
+                module.weight.data.copy_(dequantize(f.get_tensor(f"{name}.weight"),
+                                                    f.get_tensor(f"{name}.weight_scale"), args=args))
+    compressed_tensors_folder(decompressed, "FP8_BLOCK", tmp_path / "ct")
+    got, want = tensors_of(tmp_path / "ours"), tensors_of(tmp_path / "ct")
+    assert got == want
+    assert (json.loads((tmp_path / "ours" / "config.json").read_text())["quantization_config"]
+            == json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"])
+    from migrator.core.errors import MigratorError
+
+    with pytest.raises(MigratorError, match="quantized already"):
+        convert(tmp_path / "fp8", f"{tmp_path / 'again'}/", quantize="FP8_BLOCK", progress=False)
