@@ -204,9 +204,12 @@ def config_with_dtype(source: Path, tensors: Sequence[LazyTensor], update: Mappi
         config.update({k: v for k, v in changed.items() if v is not None})
         for k in [k for k, v in changed.items() if v is None]:  # a recipe's null removes the key
             config.pop(k, None)
-        notes.append("config.json is written with " + ", ".join(
-            f"{k}: {json.dumps(v)}" if v is not None else f"{k} removed" for k, v in changed.items()))
+        notes.append("config.json is written with " + ", ".join(  # a mapping (quantization_config) unspelt
+            f"{k} removed" if v is None else f"{k}: {json.dumps(v) if not isinstance(v, dict) else '{...}'}"
+            for k, v in changed.items()))
     floats = {t.dtype.torch_name for t in tensors if t.dtype.is_float and t.dtype.torch_name}
+    wide = {f for f in floats if not f.startswith("float8")}  # FP8 weights (and their scales) say nothing of it
+    floats = wide or floats
     if len(floats) == 1:
         (written,) = floats
         said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}

@@ -213,7 +213,8 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
         settings = Settings(overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                             fsync=recipe.target.fsync if fsync is None else fsync, recipe_sha256=file.sha256,
                             hash_sources=hash_sources, hint_syntax=hint_syntax, module_origins=file.module_origins,
-                            op_origins=file.op_origins, head_dim=_head_dim(recipe, base_dir))
+                            op_origins=file.op_origins, head_dim=_head_dim(recipe, base_dir),
+                            config=_quantize_config(recipe, base_dir))
         from .vocabulary import growth
 
         grown = growth(recipe.add_tokens, base_dir, places.copy_from or reader.folder or src_path.parent,
@@ -243,6 +244,16 @@ def _head_dim(recipe: Recipe, base_dir: Path) -> HeadDim | None:
     except ConfigError as e:
         raise PlanError(str(e), file=str(path)) from None
     return None if found is None else (found[0], found[1], os.path.normpath(path))
+
+
+def _quantize_config(recipe: Recipe, base_dir: Path) -> Path | None:
+    """The config.json `quantize:` reads (tied embeddings, a source quantized already), if any."""
+    if recipe.quantize is None:
+        return None
+    from ..recipe.config import find_config
+
+    path = find_config(recipe.config, recipe.inputs()[0].path, base_dir)
+    return path if path is not None and path.name == "config.json" else None
 
 
 def output_format(recipe: Recipe, tgt_path: Path) -> str:
@@ -303,6 +314,7 @@ class Settings:
     module_origins: Mapping[tuple[str, int], str] | None = None  # a module-type error's recipe line
     op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None  # an op's error's recipe line
     head_dim: HeadDim | None = None  # what each rope_permute must agree with
+    config: Path | None = None  # the config.json `quantize:` reads
 
 
 @dataclass
@@ -321,6 +333,7 @@ class Compilation:
     model_key: str | None = None  # training_state: keep under source.top_level_key
     growth: Growth | None = None  # add_tokens: rows added after the recipe's ops, tokenizer files written
     fatal: list[str] = field(default_factory=list)
+    quantization: Any = None  # `quantize:`'s plan (transform.quantize.Quantization), once the entries are made
 
     def plan(self) -> Plan:
         """Every step; the plan's writer is planned only when no step found a fatal problem."""
@@ -365,6 +378,9 @@ class Compilation:
         recipe, fatal = self.recipe, self.fatal
         declares = Declarations()  # modules one declaration each would fix
         entries, report = self.tensors(training.model, template=self.places.template, fatal=fatal, declares=declares)
+        if recipe.quantize is not None:
+            entries = self._quantized(entries)
+            report.quantized = self.quantization.summary()
         if training.optimizers:
             def replan(tensors: list[LazyTensor]) -> list[PlanEntry]:  # the same steps over moments
                 return self.tensors(tensors, template=None, fatal=[], cast=False, moments=True)[0]
@@ -401,6 +417,37 @@ class Compilation:
             fatal.append(declaration_hint(declares.wanted, declares.paths, self.settings.hint_syntax))
         return entries, report, (record, pair)
 
+    def _quantized(self, entries: list[PlanEntry]) -> list[PlanEntry]:
+        """The entries with each Linear weight `quantize:` takes replaced by its F8_E4M3 weight and its
+        weight_scale (`transform.quantize`); what it keeps, and why, goes to the notes."""
+        from ..recipe.config import ConfigError, load_config
+        from ..transform.quantize import plan_quantization
+
+        recipe, path = self.recipe, self.settings.config
+        assert recipe.quantize is not None
+        config = None
+        if path is not None:
+            try:
+                config = load_config(path)
+            except ConfigError as problem:
+                self.fatal.append(str(problem))
+        settings = self.settings
+        q = self.quantization = plan_quantization(
+            recipe.quantize.scheme, recipe.quantize.ignore, [e.tensor for e in entries], recipe.modules,
+            settings.module_origins, self.reader.format, config, None if path is None else os.fspath(path),
+            settings.hint_syntax, dequantized="quantization_config" in self.reader.config_drop)
+        self.fatal += [m if settings.hint_syntax != "convert" else in_convert_syntax(m) for m in q.fatal]
+        out: list[PlanEntry] = []
+        for i, e in enumerate(entries):
+            pair = q.replaced.get(i)
+            if pair is None:
+                out.append(e)
+                continue
+            weight, scale = pair
+            out.append(PlanEntry(e.target, e.source, weight, e.source_tensor, (*e.ops, q.op(weight, scale)), e.module))
+            out.append(PlanEntry(scale.name, e.source, scale, e.source_tensor, (f"weight_scale of {e.target}",)))
+        return out
+
     def _metadata(self, entries: list[PlanEntry], report: ApplyReport, training: Training
                   ) -> tuple[dict[str, str], list[str]]:
         """Step 5: the output's metadata (with the recipe's and the sources' hashes where the format holds
@@ -410,6 +457,8 @@ class Compilation:
                                clear=recipe.target.clear_metadata)
         notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
         notes += training.notes
+        if self.quantization is not None:
+            notes += self.quantization.notes
         if not training.trainer:  # a Trainer folder target writes the optimizer's state into its optimizer.pt
             optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
                                  hint_syntax=settings.hint_syntax, notes=notes, fatal=self.fatal)
@@ -469,13 +518,23 @@ class Compilation:
                 {e.target: (e.source or "").split(", ") for e in plan.entries}, notes)}
             options = self._writer_options(plan.metadata, notes, folder_target=True)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
+            config_update = dict(update)
+            if self.quantization is not None:  # compressed-tensors' config, in the copied config.json
+                from ..formats.compressed_tensors_schemes import quantization_config
+
+                config_update["quantization_config"] = quantization_config(self.quantization.scheme,
+                                                                           self.quantization.ignore)
             plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,
                                         max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                        copy_from=folder, weights_name=name, config_update=update,
+                                        copy_from=folder, weights_name=name, config_update=config_update or None,
                                         config_drop=reader.config_drop,
                                         generated=[*reader.generated, *made.items(), *grown_files],
                                         storage=self.read.storage,
                                         **options)
+            if self.quantization is not None and not any(n == "config.json" for n, _ in plan.writer.generated):
+                raise PlanError(f"quantize {self.quantization.scheme.name} writes its quantization_config into the "
+                                f"folder's config.json, and none is copied from {folder} (copy: [config.json], or "
+                                "--copy-from the model folder whose config.json goes with these weights)")
             notes += plan.writer.notes
         else:
             if recipe.target.hf_config:

@@ -74,6 +74,12 @@ GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5
 GGUFMixName = Literal["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q2_K"]
 """llama.cpp's K-quant mixes (formats/gguf/mixes.py): a type per tensor by llama-quantize's rules."""
 if TYPE_CHECKING:
+    QuantizeSchemeName = str
+else:  # the schemes `formats.compressed_tensors_schemes` declares, as a Literal: the schema's enum and the choices
+    from ..formats.compressed_tensors_schemes import scheme_names
+
+    QuantizeSchemeName = Literal[scheme_names()]
+if TYPE_CHECKING:
     AdapterName = str
 else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices
     AdapterName = Literal[adapter_names.NAMED]
@@ -488,6 +494,19 @@ class RopeScalingSpec(_Strict):
         return self
 
 
+class QuantizeSpec(_Strict):
+    """Quantize the Linear weights into compressed-tensors' layout (no calibration data)."""
+
+    scheme: QuantizeSchemeName = Field(
+        description="FP8_DYNAMIC: F8_E4M3 weights with one scale per output channel, activations per token at run "
+        "time; FP8_BLOCK: one scale per 128x128 block, activations per group of 128. Written as compressed-tensors "
+        "0.20 writes them (its float-quantized layout and config.json's quantization_config).")
+    ignore: list[Regex] | None = Field(
+        None, description="Module paths (tensor name minus .weight; regexes searched in them) whose Linear weights "
+        "stay as they are, listed in quantization_config.ignore. Default: lm_head and MoE routers (modules named "
+        "gate, router or shared_expert_gate). Given, it replaces the default (e.g. [] quantizes lm_head too).")
+
+
 class TargetSpec(_Strict):
     """The file (or, for a sharded output, the folder) to write."""
 
@@ -650,6 +669,10 @@ class Recipe(_Strict):
         description="Layout adapters, chained in order: " + ", ".join(adapter_names.ALL[1:] + adapter_names.ALL[:1])
         + ".")
     dtype: DTypePolicy = Field("keep", description="keep the source dtypes, take the template's, or {cast: DTYPE}.")
+    quantize: QuantizeSpec | None = Field(
+        None, description="Quantize the Linear weights (after the dtype policy) into compressed-tensors' layout, "
+        "in a SafeTensors model folder target whose copied config.json gets the quantization_config: "
+        "{scheme: FP8_DYNAMIC} (docs/quantizing.md).")
     target: TargetSpec = Field(description="The file (or folder of shards) to write.")
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")
     validate_shapes: bool = Field(True, alias="validate", description="Shape mismatches are errors.")
@@ -677,6 +700,25 @@ class Recipe(_Strict):
             if twice:
                 raise recipe_value_error(f"two sources are called '{twice[0]}'", key="sources",
                                        hint="give each a distinct name: (name: encoder)")
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_target(self) -> Recipe:
+        if self.quantize is None:
+            return self
+        from ..core.errors import MigratorError
+
+        try:
+            fmt = formats.target_format(self.target.path, self.target.format, sharded=self.target.shard is not None)
+        except MigratorError:  # an extension no writer takes: the run names it
+            return self
+        from ..formats.compressed_tensors_schemes import can_hold
+
+        if not can_hold(fmt, folder=self.target.shard is not None):
+            raise recipe_value_error(
+                f"quantize ({self.quantize.scheme}) writes compressed-tensors' layout, a SafeTensors model folder "
+                f"with its config.json; this target is {'a folder of ' if self.target.shard else ''}{fmt}",
+                key="quantize", hint="end target.path with '/' (format safetensors), or drop quantize")
         return self
 
     _deferred: list[Any] = PrivateAttr(default_factory=list)

@@ -72,8 +72,9 @@ def test_choices_come_from_the_lists_they_name() -> None:
     assert next(typing.get_args(a) for a in typing.get_args(annotation) if typing.get_args(a)) == TRAINING_STATES
     text = _parser()[1]["convert"].format_help()
     flat = " ".join(text.split())
-    for name in (*typing.get_args(model.GGUFTypeName), *typing.get_args(model.GGUFMixName), *WRITABLE_TYPES):
-        assert name in flat.split("TYPE:", 1)[1].split("training state:")[0], name
+    for name in (*typing.get_args(model.GGUFTypeName), *typing.get_args(model.GGUFMixName), *WRITABLE_TYPES,
+                 *typing.get_args(model.QuantizeSchemeName)):
+        assert name in flat.split("TYPE:", 1)[1].split("writing DST:")[0], name
     dtypes = flat.split("--dtype DTYPE cast every float tensor (", 1)[1].split(")")[0]
     assert sorted(d.upper() for d in dtypes.split(", ")) == sorted(CASTABLE)
 

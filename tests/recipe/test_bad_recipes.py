@@ -219,6 +219,10 @@ add_tokens:
   tokens:
     - '<tool>'
   fill: zeros
+quantize:
+  scheme: FP8_BLOCK
+  ignore:
+    - 'lm_head$'
 target:
   path: out/model.bpk
   format: safetensors

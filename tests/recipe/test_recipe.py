@@ -35,7 +35,7 @@ TARGET_KEYS = ("path, format, template, template_format, storage_options, templa
                "metadata, clear_metadata, scalars, quantize, tokenizer, rope_scaling, hf_config, shard, copy, "
                "config, copy_from, optimizer, param_order")
 TOP_KEYS = ("version, description, config, source, sources, remap, filter, modules, ops, add_tokens, adapters, dtype, "
-            "target, allow_partial, validate, training_state, executor")
+            "quantize, target, allow_partial, validate, training_state, executor")
 
 
 def write(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
