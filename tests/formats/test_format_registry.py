@@ -92,5 +92,5 @@ def test_each_extension_names_its_format_and_targets_follow_the_one_rule() -> No
 def test_names_for_the_command_line() -> None:
     assert registry.names(readable=True) == ("burnpack", "safetensors", "pytorch", "gguf")
     assert registry.names(writable=True) == ("burnpack", "safetensors", "pytorch", "gguf")
-    assert registry.names(readable=True, folders=True)[4:] == ("dcp", "deepspeed", "trainer")
+    assert registry.names(readable=True, folders=True)[4:] == ("dcp", "torch_dist", "deepspeed", "trainer")
     assert registry.choices(writable=True)[0] == "auto"

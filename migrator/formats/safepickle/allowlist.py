@@ -425,6 +425,12 @@ def _record_class(name: str) -> Builtin:
     return Builtin(name, handler)
 
 
+def record_class(name: str) -> Builtin:
+    """`_record_class` for a reader that reads one more plain-data class in its own files (Megatron's
+    `argparse.Namespace` of training arguments in `common.pt`), not allow-listed for every pickle."""
+    return _record_class(name)
+
+
 def _h_get_layout(m: Machine, a: tuple, kw: dict) -> Record:
     """`torch.serialization._get_layout("torch.strided")`: the layout's name, as a record."""
     if kw or len(a) != 1 or not isinstance(a[0], str) or a[0] not in _LAYOUTS:
@@ -447,6 +453,15 @@ RECORD_CLASSES = (
     "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     "torch.distributed.checkpoint._hf_utils._HFStorageInfo",
+    # what megatron-core adds there: 0.16 keeps every rank's SavePlan in `Metadata.all_local_plans`,
+    # <= 0.15 pickled its own Metadata subclass (with `mcore_data`) and SavePlan subclass
+    "torch.distributed.checkpoint.planner.SavePlan",
+    "torch.distributed.checkpoint.planner.WriteItem",
+    "torch.distributed.checkpoint.planner.WriteItemType",
+    "torch.distributed.checkpoint.planner.TensorWriteData",
+    "torch.distributed.checkpoint.planner.BytesIOWriteData",
+    "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata",
+    "megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan",
     # what a pickled DTensor's spec holds (per-rank torch.save files)
     "torch.distributed.tensor._dtensor_spec.DTensorSpec",
     "torch.distributed.tensor._dtensor_spec.TensorMeta",
