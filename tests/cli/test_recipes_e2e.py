@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_support import migrate_subprocess
-from recipes_support import ORDER
+from recipes_support import ORDER, WITHOUT_DEMO
 
 from migrator import open_file
 from migrator.cli import main
@@ -30,7 +30,8 @@ def workspace(tmp_path: Path) -> Path:
 
 
 def test_every_recipe_is_exercised() -> None:
-    assert sorted(ORDER) == sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+    shipped = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+    assert sorted(ORDER + [n for n in WITHOUT_DEMO if n in shipped]) == shipped
 
 
 def test_all_recipes_run_and_round_trip(workspace: Path) -> None:
