@@ -50,3 +50,32 @@ def test_the_recipe_gives_megatrons_logits(family: str, tmp_path_factory: pytest
     with torch.no_grad():
         changed = model(torch.tensor(TOKENS)).logits
     assert not torch.allclose(changed, expected, atol=1e-3)
+
+
+def test_the_docs_commands_run(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/training-checkpoints.md's Megatron commands, run as written on megatron-core's checkpoint."""
+    import re
+    import shlex
+    import shutil
+
+    folder, oracle = cached_checkpoint(tmp_path_factory, "llama")
+    doc = (REPO / "docs" / "training-checkpoints.md").read_text()
+    megatron = doc.split("\n## Megatron-core `torch_dist` checkpoints\n", 1)[1].split("\n## ", 1)[0]
+    reading = megatron.split("\n### Reading one\n", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"```(\w*)\n(.*?)```", reading, re.S)
+    assert [kind for kind, _ in blocks] == ["sh"]
+    shutil.copytree(folder, tmp_path / "ckpt" / "iter_0000100")
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("*.py", "mergekit"))
+    monkeypatch.chdir(tmp_path)
+    for line in blocks[0][1].strip().splitlines():
+        args = shlex.split(line, comments=True)
+        assert args[0] == "migrate"
+        done = migrate_in_process(*args[1:])
+        assert done.returncode == 0, (line, done.stderr)
+    from safetensors.torch import load_file
+
+    flat = load_file(tmp_path / "megatron.safetensors")
+    assert torch.equal(flat["decoder.layers.1.mlp.linear_fc1.weight"],
+                       oracle["plain"]["decoder.layers.mlp.linear_fc1.weight"][1])
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
