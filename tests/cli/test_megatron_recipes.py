@@ -25,16 +25,16 @@ REPO = Path(__file__).resolve().parents[2]
 CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-@pytest.mark.parametrize("family", sorted(CLASSES))
-def test_the_recipe_gives_megatrons_logits(family: str, tmp_path_factory: pytest.TempPathFactory,
+@pytest.mark.parametrize(("family", "tied"), [(f, False) for f in sorted(CLASSES)] + [("llama", True)])
+def test_the_recipe_gives_megatrons_logits(family: str, tied: bool, tmp_path_factory: pytest.TempPathFactory,
                                            tmp_path: Path) -> None:
-    folder, oracle = cached_checkpoint(tmp_path_factory, family)
+    folder, oracle = cached_checkpoint(tmp_path_factory, family, tied=tied)
     out = tmp_path / "hf"
     done = migrate_in_process("run", str(REPO / "recipes" / f"megatron-{family}-to-hf.yaml"), "--source", str(folder),
                               "--target", f"{out}/", "--no-progress")
     assert done.returncode == 0, done.stderr
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == [CLASSES[family]]
+    assert config["architectures"] == [CLASSES[family]] and config["tie_word_embeddings"] is tied
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
             config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"]) == (
         HIDDEN, LAYERS, HEADS, GROUPS, FFN, VOCAB)
