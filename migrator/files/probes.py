@@ -89,7 +89,7 @@ def _zero(asked: Asked) -> Reader | None:
 
 def _torch_dist(asked: Asked) -> Reader | None:
     """A Megatron-core torch_dist checkpoint: a DCP folder with megatron-core's `metadata.json` or
-    `common.pt` (or a NeMo 2 folder whose `weights/` is one)."""
+    `common.pt`."""
     if not (asked.format == AUTO or asked.format == torch_dist.SPEC.name):
         return None
     from ..formats.torch_dist import torch_dist_folder
@@ -191,7 +191,7 @@ def _sharded(asked: Asked) -> Reader | None:
 PROBES: list[Probe] = [
     Probe("a Hugging Face Trainer checkpoint folder read with its training state", _trainer),
     Probe("a DeepSpeed ZeRO checkpoint folder", _zero),
-    Probe("a Megatron-core torch_dist checkpoint folder (or a NeMo 2 folder)", _torch_dist),
+    Probe("a Megatron-core torch_dist checkpoint folder", _torch_dist),
     Probe("a PyTorch Distributed Checkpoint folder", _dcp),
     Probe("a DCP folder in the Hugging Face storage layout", _dcp_safetensors),
     Probe("a set of per-rank DTensor or ShardedTensor files named as one", _rank_set),

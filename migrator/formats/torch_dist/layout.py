@@ -1,8 +1,7 @@
 """Whether a path is a Megatron-core `torch_dist` checkpoint, from the file system alone.
 
 megatron-core's `dist_checkpointing.save` writes `metadata.json` (`{"sharded_backend": "torch_dist",
-...}`) and `common.pt` beside DCP's `.metadata`; a NeMo 2 checkpoint folder holds one such folder as
-`weights/` beside `context/` (its configuration).
+...}`) and `common.pt` beside DCP's `.metadata`.
 """
 
 from __future__ import annotations
@@ -16,16 +15,13 @@ BACKEND_FILE = "metadata.json"
 COMMON_FILE = "common.pt"
 MAX_BACKEND_BYTES = 1 << 16
 """metadata.json is about 120 bytes: a bigger one is not megatron-core's."""
-NEMO_WEIGHTS, NEMO_CONTEXT = "weights", "context"
 
 
 def torch_dist_folder(path: str | os.PathLike[str]) -> Path | None:
-    """The checkpoint folder `path` names (the folder, its `.metadata`, or a NeMo 2 folder whose
-    `weights/` is one), when megatron-core wrote it; None otherwise (a plain DCP folder included)."""
+    """The checkpoint folder `path` names (the folder or its `.metadata`), when megatron-core wrote it;
+    None otherwise (a plain DCP folder included)."""
     p = Path(path)
     folder = p.parent if p.name == METADATA_FILE and p.is_file() else p
-    if folder.is_dir() and not (folder / METADATA_FILE).is_file() and (folder / NEMO_CONTEXT).is_dir():
-        folder = folder / NEMO_WEIGHTS
     if not (folder / METADATA_FILE).is_file():
         return None
     if (folder / BACKEND_FILE).is_file():
@@ -45,9 +41,3 @@ def backend(folder: Path) -> str | None:
     found = data.get("sharded_backend") if isinstance(data, dict) else None
     return found if isinstance(found, str) else None
 
-
-def nemo_root(folder: Path) -> Path | None:
-    """The NeMo 2 checkpoint folder a `weights/` folder is in (it has `context/` beside it), else None."""
-    if folder.name == NEMO_WEIGHTS and (folder.parent / NEMO_CONTEXT).is_dir():
-        return folder.parent
-    return None

@@ -28,7 +28,7 @@ from ..dcp.assemble import assemble
 from ..dcp.reader import DcpReader
 from .common import megatron_config, read_common
 from .layers import index, rows
-from .layout import BACKEND_FILE, COMMON_FILE, backend, nemo_root
+from .layout import BACKEND_FILE, COMMON_FILE, backend
 
 _STACKED = re.compile(r"^(?P<pre>(?:[\w.]+\.)?decoder\.layers)\.(?P<rest>(?!\d+\.)[^.].*)$")
 _EXPERTS = "mlp.experts.experts."
@@ -66,7 +66,6 @@ class TorchDistReader(Reader):
             self.common = read_common(src, read.limits)
         args = self.common.get("args")
         self.args: dict[str, Any] = args if isinstance(args, dict) else {}
-        self.nemo = nemo_root(folder)
         notes: list[str] = []
         layers = _int(self.args, "num_layers", label)
         experts = _int(self.args, "num_moe_experts", label)
