@@ -1,12 +1,14 @@
 """megatron-core 0.16 writing a real `torch_dist` checkpoint on 2 gloo ranks (CPU), as the oracle of
-the Megatron reader's tests (`tests/formats/test_torch_dist.py`, `tests/recipes/test_megatron_recipes.py`).
+the Megatron reader's tests (`tests/formats/test_torch_dist.py`, `tests/cli/test_megatron_recipes.py`).
 
 Each rank builds the same tiny GPTModel (megatron's local layer spec: Transformer Engine is not
 installed), tensor-parallel over the 2 ranks, and saves `model.sharded_state_dict()` plus Megatron-LM's
 common values (`args`, `checkpoint_version`, `iteration`) with `dist_checkpointing.save`. Rank 0 then
 records what megatron itself reads back (`load_plain_tensors`) and the model's logits for fixed tokens,
 computed by megatron's own forward on CPU. megatron-core's async saver calls `torch.cuda.synchronize`
-and builds a tensor on `torch.cuda.current_device()`; both are shimmed in the writing processes only.
+and builds a tensor on `torch.cuda.current_device()`, the attention forks a CUDA RNG tracker, and the
+MoE router (0.16.1) reads `te_general_gemm`, undefined without Transformer Engine: those are shimmed in
+the writing processes only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {},
     "qwen2": {"add_qkv_bias": True},
     "qwen3": {"qk_layernorm": True},
+    "mixtral": {"num_moe_experts": 4},
 }
+TOPK = 2
 HIDDEN, LAYERS, HEADS, GROUPS, FFN, PADDED, VOCAB, SEQ = 64, 2, 4, 2, 128, 128, 120, 32
 TOKENS = [[3, 17, 101, 5, 64, 119, 0, 42]]
 
@@ -40,7 +44,9 @@ def _args(family: str, tied: bool) -> argparse.Namespace:
         rotary_interleaved=False, untie_embeddings_and_output_weights=not tied, add_bias_linear=False,
         add_qkv_bias=bool(extra.get("add_qkv_bias")), qk_layernorm=bool(extra.get("qk_layernorm")),
         params_dtype=torch.float32, bf16=False, fp16=False, tensor_model_parallel_size=2,
-        pipeline_model_parallel_size=1, attention_backend=AttnBackend.auto, num_moe_experts=None,
+        pipeline_model_parallel_size=1, attention_backend=AttnBackend.auto,
+        num_moe_experts=extra.get("num_moe_experts"),
+        moe_router_topk=TOPK, moe_ffn_hidden_size=FFN if extra.get("num_moe_experts") else None,
         micro_batch_size=1, iteration=7)
 
 
@@ -58,6 +64,10 @@ def _worker(rank: int, world: int, port: int, out: str, family: str, tied: bool)
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):  # 0.16.1's router reads it, undefined without Transformer Engine
+        moe_utils.te_general_gemm = None
     args = _args(family, tied)
     torch.manual_seed(1234)  # the same on every rank: replicated weights (norms) must agree, and megatron's CPU init
     # draws the whole weight on each rank and keeps its own part
@@ -66,8 +76,12 @@ def _worker(rank: int, world: int, port: int, out: str, family: str, tied: bool)
         ffn_hidden_size=FFN, kv_channels=HIDDEN // HEADS, use_cpu_initialization=True, gated_linear_unit=True,
         activation_func=torch.nn.functional.silu, normalization="RMSNorm", layernorm_epsilon=1e-5,
         add_bias_linear=False, add_qkv_bias=args.add_qkv_bias, qk_layernorm=args.qk_layernorm,
-        hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.2)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=args.qk_layernorm)
+        hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.2,
+        **({"num_moe_experts": args.num_moe_experts, "moe_router_topk": TOPK, "moe_ffn_hidden_size": FFN,
+            "moe_token_dispatcher_type": "allgather", "moe_aux_loss_coeff": 0.0,
+            } if args.num_moe_experts else {}))
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=args.qk_layernorm,
+                                    num_experts=args.num_moe_experts, moe_grouped_gemm=False)
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=PADDED, max_sequence_length=SEQ,
                      position_embedding_type="rope", rotary_base=10000,
                      share_embeddings_and_output_weights=tied, parallel_output=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import migrate_in_process
-from torch_dist_support import FFN, GROUPS, HEADS, HIDDEN, LAYERS, TOKENS, VOCAB, cached_checkpoint
+from torch_dist_support import FFN, GROUPS, HEADS, HIDDEN, LAYERS, TOKENS, TOPK, VOCAB, cached_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -22,7 +22,8 @@ pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.slow  # megatron-core writing on 2 ranks: ~15-50 s per family, once per session
 
 REPO = Path(__file__).resolve().parents[2]
-CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+           "mixtral": "MixtralForCausalLM"}
 
 
 @pytest.mark.parametrize(("family", "tied"), [(f, False) for f in sorted(CLASSES)] + [("llama", True)])
@@ -35,6 +36,8 @@ def test_the_recipe_gives_megatrons_logits(family: str, tied: bool, tmp_path_fac
     assert done.returncode == 0, done.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [CLASSES[family]] and config["tie_word_embeddings"] is tied
+    if family == "mixtral":
+        assert (config["num_local_experts"], config["num_experts_per_tok"]) == (4, TOPK)
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
             config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"]) == (
         HIDDEN, LAYERS, HEADS, GROUPS, FFN, VOCAB)

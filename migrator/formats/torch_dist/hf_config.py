@@ -1,8 +1,9 @@
 """A Hugging Face config.json made from Megatron's training arguments (`target.hf_config` with a
 `torch_dist` source), for the families the shipped recipes convert: Llama (no biases, no q/k norms),
-Qwen2 (biases on q, k and v only) and Qwen3 (q/k RMSNorm). Each field is read from the arguments; a
-setting the family cannot express (LayerNorm, GELU, learned positions, partial or interleaved RoPE,
-RoPE scaling) is refused naming it, never dropped.
+Qwen2 (biases on q, k and v only), Qwen3 (q/k RMSNorm) and Mixtral (experts, a softmax top-k
+router). Each field is read from the arguments; a setting the family cannot express (LayerNorm, GELU,
+learned positions, partial or interleaved RoPE, RoPE scaling, a pre-softmax router) is refused naming
+it, never dropped.
 """
 
 from __future__ import annotations
@@ -44,16 +45,18 @@ def hf_config(args: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], labe
         refused.append("use_rope_scaling (Llama 3.1's rope_scaling is not written: give your own config.json)")
     if a.get("add_bias_linear"):
         refused.append("add_bias_linear (biases on every linear layer)")
-    if a.get("num_moe_experts"):
-        refused.append(f"num_moe_experts {a['num_moe_experts']} (mixture-of-experts configs are not made yet)")
+    experts = a.get("num_moe_experts")
+    if experts:
+        refused += _moe_refusals(a)
     if refused:
         raise PlanError("target.hf_config: the arguments describe a model these Hugging Face families cannot "
                         f"express: {'; '.join(refused)}")
     qk_norm, qkv_bias = bool(a.get("qk_layernorm")), bool(a.get("add_qkv_bias"))
-    if qk_norm and qkv_bias:
-        raise PlanError("target.hf_config: q/k norms with q/k/v biases is no family made here")
-    arch, model_type = (("Qwen3ForCausalLM", "qwen3") if qk_norm else ("Qwen2ForCausalLM", "qwen2") if qkv_bias
-                        else ("LlamaForCausalLM", "llama"))
+    if (qk_norm and qkv_bias) or (experts and (qk_norm or qkv_bias)):
+        raise PlanError("target.hf_config: the arguments combine q/k norms, q/k/v biases or experts in a way no "
+                        "family made here has")
+    arch, model_type = (("MixtralForCausalLM", "mixtral") if experts else ("Qwen3ForCausalLM", "qwen3") if qk_norm
+                        else ("Qwen2ForCausalLM", "qwen2") if qkv_bias else ("LlamaForCausalLM", "llama"))
     embed = shapes.get("embedding.word_embeddings.weight")
     if embed is None:
         raise PlanError("target.hf_config: the checkpoint has no embedding.word_embeddings.weight")
@@ -81,6 +84,10 @@ def hf_config(args: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], labe
         "tie_word_embeddings": not untied,
         "torch_dtype": _DTYPES.get(str(dtype), "float32"),
     }
+    if model_type == "mixtral":
+        config.update(intermediate_size=a.get("moe_ffn_hidden_size") or config["intermediate_size"],
+                      num_local_experts=experts, num_experts_per_tok=_need(a, "moe_router_topk", "experts per token"),
+                      router_aux_loss_coef=float(a.get("moe_aux_loss_coeff") or 0.0))
     if model_type == "llama":
         config.update(attention_bias=False, mlp_bias=False)
     if model_type in ("qwen2", "qwen3"):
@@ -88,3 +95,22 @@ def hf_config(args: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], labe
     if model_type == "qwen3":
         config.update(attention_bias=False)
     return config
+
+
+def _moe_refusals(a: Mapping[str, Any]) -> list[str]:
+    """What Mixtral's block (every layer's experts, a softmax over the top-k logits, no shared expert)
+    cannot express."""
+    out = []
+    if a.get("moe_router_score_function", "softmax") != "softmax":
+        out.append(f"moe_router_score_function {a['moe_router_score_function']}")
+    if a.get("moe_router_pre_softmax"):
+        out.append("moe_router_pre_softmax (Mixtral renormalizes the top-k weights)")
+    if a.get("moe_shared_expert_intermediate_size"):
+        out.append("shared experts")
+    if a.get("moe_router_topk_scaling_factor") not in (None, 1, 1.0):
+        out.append(f"moe_router_topk_scaling_factor {a['moe_router_topk_scaling_factor']}")
+    if a.get("moe_layer_freq", 1) != 1:
+        out.append(f"moe_layer_freq {a['moe_layer_freq']} (Mixtral has experts in every layer)")
+    if a.get("moe_router_enable_expert_bias"):
+        out.append("moe_router_enable_expert_bias")
+    return out
