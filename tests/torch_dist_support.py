@@ -25,6 +25,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2": {"add_qkv_bias": True},
     "qwen3": {"qk_layernorm": True},
     "mixtral": {"num_moe_experts": 4},
+    "qwen3_moe": {"num_moe_experts": 4, "qk_layernorm": True},
 }
 TOPK = 2
 HIDDEN, LAYERS, HEADS, GROUPS, FFN, PADDED, VOCAB, SEQ = 64, 2, 4, 2, 128, 128, 120, 32

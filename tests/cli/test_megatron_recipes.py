@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # megatron-core writing on 2 ranks: ~15-50 s per 
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-           "mixtral": "MixtralForCausalLM"}
+           "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 @pytest.mark.parametrize(("family", "tied"), [(f, False) for f in sorted(CLASSES)] + [("llama", True)])
@@ -31,13 +31,16 @@ def test_the_recipe_gives_megatrons_logits(family: str, tied: bool, tmp_path_fac
                                            tmp_path: Path) -> None:
     folder, oracle = cached_checkpoint(tmp_path_factory, family, tied=tied)
     out = tmp_path / "hf"
-    done = migrate_in_process("run", str(REPO / "recipes" / f"megatron-{family}-to-hf.yaml"), "--source", str(folder),
+    recipe = f"megatron-{family.replace('_', '-')}-to-hf.yaml"
+    done = migrate_in_process("run", str(REPO / "recipes" / recipe), "--source", str(folder),
                               "--target", f"{out}/", "--no-progress")
     assert done.returncode == 0, done.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [CLASSES[family]] and config["tie_word_embeddings"] is tied
     if family == "mixtral":
         assert (config["num_local_experts"], config["num_experts_per_tok"]) == (4, TOPK)
+    if family == "qwen3_moe":
+        assert (config["num_experts"], config["num_experts_per_tok"], config["norm_topk_prob"]) == (4, TOPK, True)
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
             config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"]) == (
         HIDDEN, LAYERS, HEADS, GROUPS, FFN, VOCAB)

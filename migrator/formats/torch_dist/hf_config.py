@@ -1,7 +1,7 @@
 """A Hugging Face config.json made from Megatron's training arguments (`target.hf_config` with a
 `torch_dist` source), for the families the shipped recipes convert: Llama (no biases, no q/k norms),
-Qwen2 (biases on q, k and v only), Qwen3 (q/k RMSNorm) and Mixtral (experts, a softmax top-k
-router). Each field is read from the arguments; a setting the family cannot express (LayerNorm, GELU,
+Qwen2 (biases on q, k and v only), Qwen3 (q/k RMSNorm), Mixtral (experts, a softmax top-k
+router) and Qwen3-MoE (both). Each field is read from the arguments; a setting the family cannot express (LayerNorm, GELU,
 learned positions, partial or interleaved RoPE, RoPE scaling, a pre-softmax router) is refused naming
 it, never dropped.
 """
@@ -52,10 +52,12 @@ def hf_config(args: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], labe
         raise PlanError("target.hf_config: the arguments describe a model these Hugging Face families cannot "
                         f"express: {'; '.join(refused)}")
     qk_norm, qkv_bias = bool(a.get("qk_layernorm")), bool(a.get("add_qkv_bias"))
-    if (qk_norm and qkv_bias) or (experts and (qk_norm or qkv_bias)):
-        raise PlanError("target.hf_config: the arguments combine q/k norms, q/k/v biases or experts in a way no "
+    if qkv_bias and (qk_norm or experts):
+        raise PlanError("target.hf_config: the arguments combine q/k/v biases with q/k norms or experts, which no "
                         "family made here has")
-    arch, model_type = (("MixtralForCausalLM", "mixtral") if experts else ("Qwen3ForCausalLM", "qwen3") if qk_norm
+    arch, model_type = (("Qwen3MoeForCausalLM", "qwen3_moe") if experts and qk_norm
+                        else ("MixtralForCausalLM", "mixtral") if experts
+                        else ("Qwen3ForCausalLM", "qwen3") if qk_norm
                         else ("Qwen2ForCausalLM", "qwen2") if qkv_bias else ("LlamaForCausalLM", "llama"))
     embed = shapes.get("embedding.word_embeddings.weight")
     if embed is None:
@@ -88,6 +90,11 @@ def hf_config(args: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], labe
         config.update(intermediate_size=a.get("moe_ffn_hidden_size") or config["intermediate_size"],
                       num_local_experts=experts, num_experts_per_tok=_need(a, "moe_router_topk", "experts per token"),
                       router_aux_loss_coef=float(a.get("moe_aux_loss_coeff") or 0.0))
+    if model_type == "qwen3_moe":  # Megatron's router renormalizes its top-k (a softmax over them): norm_topk_prob
+        config.update(moe_intermediate_size=a.get("moe_ffn_hidden_size") or config["intermediate_size"],
+                      num_experts=experts, num_experts_per_tok=_need(a, "moe_router_topk", "experts per token"),
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+                      use_sliding_window=False, router_aux_loss_coef=float(a.get("moe_aux_loss_coeff") or 0.0))
     if model_type == "llama":
         config.update(attention_bias=False, mlp_bias=False)
     if model_type in ("qwen2", "qwen3"):
