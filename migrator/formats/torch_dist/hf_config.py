@@ -1,9 +1,9 @@
 """A Hugging Face config.json made from Megatron's training arguments (`target.hf_config` with a
 `torch_dist` source), for the families the shipped recipes convert: Llama (no biases, no q/k norms),
 Qwen2 (biases on q, k and v only), Qwen3 (q/k RMSNorm), Mixtral (experts, a softmax top-k
-router) and Qwen3-MoE (both). Each field is read from the arguments; a setting the family cannot express (LayerNorm, GELU,
-learned positions, partial or interleaved RoPE, RoPE scaling, a pre-softmax router) is refused naming
-it, never dropped.
+router) and Qwen3-MoE (both). Each field is read from the arguments; a setting the family cannot
+express (LayerNorm, GELU, learned positions, partial or interleaved RoPE, RoPE scaling, a pre-softmax
+router) is refused naming it, never dropped.
 """
 
 from __future__ import annotations
