@@ -192,3 +192,29 @@ def test_a_stranger_in_metadata_is_still_refused(tmp_path: Path) -> None:
     (folder / ".metadata").write_bytes(_stand_in("elsewhere", MCoreMetadata, lambda c: c()))
     done = refused(["inspect", str(folder)], tmp_path, words=".metadata", codes=(1,))
     assert "elsewhere.MCoreMetadata" in done.stderr
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"normalization": "LayerNorm"}, "normalization LayerNorm"),
+    ({"swiglu": False}, "without swiglu"),
+    ({"position_embedding_type": "learned_absolute"}, "position_embedding_type learned_absolute"),
+    ({"rotary_percent": 0.5}, "rotary_percent 0.5"),
+    ({"use_rope_scaling": True}, "use_rope_scaling"),
+    ({"num_moe_experts": 4, "moe_router_topk": 2, "moe_router_pre_softmax": True}, "moe_router_pre_softmax"),
+    ({"num_moe_experts": 4, "moe_router_topk": 2, "moe_shared_expert_intermediate_size": 8}, "shared experts"),
+    ({"untie_embeddings_and_output_weights": False}, "has an output_layer.weight"),
+])
+def test_hf_config_refuses_what_the_family_cannot_express(change: dict[str, Any], words: str) -> None:
+    """The config.json is made only for what Llama / Qwen / Mixtral can say; anything else is named."""
+    from migrator.core.errors import PlanError
+    from migrator.formats.torch_dist.hf_config import hf_config
+
+    args = {"num_layers": 2, "hidden_size": 8, "ffn_hidden_size": 16, "num_attention_heads": 2,
+            "group_query_attention": False, "max_position_embeddings": 16, "norm_epsilon": 1e-6,
+            "rotary_base": 10000, "normalization": "RMSNorm", "swiglu": True, "position_embedding_type": "rope",
+            "untie_embeddings_and_output_weights": True}
+    shapes = {"embedding.word_embeddings.weight": (32, 8), "output_layer.weight": (32, 8)}
+    made = hf_config(args, shapes, "ckpt")
+    assert (made["model_type"], made["num_key_value_heads"], made["head_dim"]) == ("llama", 2, 4)
+    with pytest.raises(PlanError, match=words):
+        hf_config({**args, **change}, shapes, "ckpt")
