@@ -24,8 +24,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {},
     "qwen2": {"add_qkv_bias": True},
     "qwen3": {"qk_layernorm": True},
-    "mixtral": {"num_moe_experts": 4},
-    "qwen3_moe": {"num_moe_experts": 4, "qk_layernorm": True},
+    "mixtral": {"num_experts": 4},
+    "qwen3_moe": {"num_experts": 4, "qk_layernorm": True},
 }
 TOPK = 2
 HIDDEN, LAYERS, HEADS, GROUPS, FFN, PADDED, VOCAB, SEQ = 64, 2, 4, 2, 128, 128, 120, 32
@@ -46,8 +46,8 @@ def _args(family: str, tied: bool) -> argparse.Namespace:
         add_qkv_bias=bool(extra.get("add_qkv_bias")), qk_layernorm=bool(extra.get("qk_layernorm")),
         params_dtype=torch.float32, bf16=False, fp16=False, tensor_model_parallel_size=2,
         pipeline_model_parallel_size=1, attention_backend=AttnBackend.auto,
-        num_moe_experts=extra.get("num_moe_experts"),
-        moe_router_topk=TOPK, moe_ffn_hidden_size=FFN if extra.get("num_moe_experts") else None,
+        num_experts=extra.get("num_experts"),  # Megatron-LM's name (TransformerConfig: num_moe_experts)
+        moe_router_topk=TOPK, moe_ffn_hidden_size=FFN if extra.get("num_experts") else None,
         micro_batch_size=1, iteration=7)
 
 
@@ -78,11 +78,11 @@ def _worker(rank: int, world: int, port: int, out: str, family: str, tied: bool)
         activation_func=torch.nn.functional.silu, normalization="RMSNorm", layernorm_epsilon=1e-5,
         add_bias_linear=False, add_qkv_bias=args.add_qkv_bias, qk_layernorm=args.qk_layernorm,
         hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.2,
-        **({"num_moe_experts": args.num_moe_experts, "moe_router_topk": TOPK, "moe_ffn_hidden_size": FFN,
+        **({"num_moe_experts": args.num_experts, "moe_router_topk": TOPK, "moe_ffn_hidden_size": FFN,
             "moe_token_dispatcher_type": "allgather", "moe_aux_loss_coeff": 0.0,
-            } if args.num_moe_experts else {}))
+            } if args.num_experts else {}))
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=args.qk_layernorm,
-                                    num_experts=args.num_moe_experts, moe_grouped_gemm=False)
+                                    num_experts=args.num_experts, moe_grouped_gemm=False)
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=PADDED, max_sequence_length=SEQ,
                      position_embedding_type="rope", rotary_base=10000,
                      share_embeddings_and_output_weights=tied, parallel_output=False)

@@ -116,7 +116,7 @@ class MCoreMetadata:
 
 def _args(**kw: Any) -> argparse.Namespace:
     base = {"num_layers": 2, "num_attention_heads": 2, "hidden_size": 4, "group_query_attention": False,
-            "num_query_groups": 1, "num_moe_experts": 3}
+            "num_query_groups": 1, "num_experts": 3}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -156,7 +156,7 @@ def test_megatron_015_metadata_and_the_expert_axis(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "words"), [
     (_args(num_layers=3), "num_layers 3"),
-    (_args(num_moe_experts=4), "num_moe_experts 4"),
+    (_args(num_experts=4), "num_experts 4"),
 ])
 def test_a_stacked_axis_that_disagrees_with_the_args_is_refused(tmp_path: Path, args: argparse.Namespace,
                                                                  words: str) -> None:
@@ -200,8 +200,8 @@ def test_a_stranger_in_metadata_is_still_refused(tmp_path: Path) -> None:
     ({"position_embedding_type": "learned_absolute"}, "position_embedding_type learned_absolute"),
     ({"rotary_percent": 0.5}, "rotary_percent 0.5"),
     ({"use_rope_scaling": True}, "use_rope_scaling"),
-    ({"num_moe_experts": 4, "moe_router_topk": 2, "moe_router_pre_softmax": True}, "moe_router_pre_softmax"),
-    ({"num_moe_experts": 4, "moe_router_topk": 2, "moe_shared_expert_intermediate_size": 8}, "shared experts"),
+    ({"num_experts": 4, "moe_router_topk": 2, "moe_router_pre_softmax": True}, "moe_router_pre_softmax"),
+    ({"num_experts": 4, "moe_router_topk": 2, "moe_shared_expert_intermediate_size": 8}, "shared experts"),
     ({"untie_embeddings_and_output_weights": False}, "has an output_layer.weight"),
 ])
 def test_hf_config_refuses_what_the_family_cannot_express(change: dict[str, Any], words: str) -> None:

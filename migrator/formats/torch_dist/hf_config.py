@@ -45,7 +45,7 @@ def hf_config(args: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], labe
         refused.append("use_rope_scaling (Llama 3.1's rope_scaling is not written: give your own config.json)")
     if a.get("add_bias_linear"):
         refused.append("add_bias_linear (biases on every linear layer)")
-    experts = a.get("num_moe_experts")
+    experts = a.get("num_experts")  # Megatron-LM's --num-experts
     if experts:
         refused += _moe_refusals(a)
     if refused:

@@ -6,7 +6,7 @@ and assembles the chunks; over it, this reader:
 * cuts the stacked axes (`layers.py`): `decoder.layers.<param>` `[num_layers, ...]` becomes
   `decoder.layers.<i>.<param>`, `decoder.layers.mlp.experts.experts.<param>` `[num_layers, num_experts,
   ...]` becomes `decoder.layers.<i>.mlp.experts.local_experts.<e>.<param>` (SequentialMLP's module
-  names); the axes must match the arguments' `num_layers` / `num_moe_experts` when they are saved;
+  names); the axes must match the arguments' `num_layers` / `num_experts` when they are saved;
 * leaves out Transformer Engine's `_extra_state` items (FP8 scaling state, not weights) and every other
   non-tensor item (RNG states, optimizer step counts), with a note;
 * cuts the vocabulary's padding rows of `embedding.word_embeddings.weight` and `output_layer.weight`
@@ -68,7 +68,7 @@ class TorchDistReader(Reader):
         self.args: dict[str, Any] = args if isinstance(args, dict) else {}
         notes: list[str] = []
         layers = _int(self.args, "num_layers", label)
-        experts = _int(self.args, "num_moe_experts", label)
+        experts = _int(self.args, "num_experts", label)  # Megatron-LM's --num-experts
         vocab, padded = _int(self.args, "vocab_size", label), _int(self.args, "padded_vocab_size", label)
         tensors: list[LazyTensor] = []
         per_layer: dict[tuple[str, int], list[LazyTensor]] = {}  # layer-major, where the first stacked tensor was
@@ -106,7 +106,7 @@ class TorchDistReader(Reader):
                                   f"the arguments say num_layers {layers}", file=label, tensor=name)
             if expert and experts is not None and entry.size[1] != experts:
                 raise FormatError(f"its stacked expert axis has {entry.size[1]} experts (shape {list(entry.size)}), "
-                                  f"the arguments say num_moe_experts {experts}", file=label, tensor=name)
+                                  f"the arguments say num_experts {experts}", file=label, tensor=name)
             shape = entry.size[lead:]
             for i in range(entry.size[0]):
                 if expert:
@@ -160,7 +160,7 @@ class TorchDistReader(Reader):
 
 
 _SHOWN_ARGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-               "group_query_attention", "kv_channels", "num_moe_experts", "padded_vocab_size", "vocab_size",
+               "group_query_attention", "kv_channels", "num_experts", "padded_vocab_size", "vocab_size",
                "tensor_model_parallel_size", "pipeline_model_parallel_size", "params_dtype")
 
 
