@@ -29,11 +29,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import browser_support  # noqa: E402
 from models import MODELS, MODULES, OUT, lazy_random  # noqa: E402
+
+import tests.support.browser as browser  # noqa: E402
 
 
 def recipe() -> Path:
@@ -80,7 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    why = browser_support.missing()
+    why = browser.missing()
     if why:
         sys.exit(f"no browser: {why}")
     r = recipe()
@@ -104,7 +105,7 @@ def main() -> None:
                 plan_page(doc)
     size = page_file.stat().st_size
     url = page_file.resolve().as_uri()
-    with tempfile.TemporaryDirectory() as profile, browser_support.chromium(Path(profile)) as context:
+    with tempfile.TemporaryDirectory() as profile, browser.chromium(Path(profile)) as context:
         for _ in range(args.rounds):
             page = context.new_page()
             page.set_default_timeout(60_000)

@@ -123,8 +123,7 @@ def main() -> None:
 def http_bench(model: Any, src: Path, folder: Path, n: int) -> None:
     """Parallel ranged GETs (the default read path) against one streaming GET, over a Range server
     that serves each range in O(range): fsspec's http `get` is the peer."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from remote_servers import HttpServer
+    from tests.support.remote_servers import HttpServer
 
     py = sys.executable
     got, peer_out = folder / "got.bpk", folder / "got.bin"

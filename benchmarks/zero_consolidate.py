@@ -3,7 +3,7 @@
     python benchmarks/zero_consolidate.py [--mb 400] [--rounds 3] [--keep DIR]
 
 Writes a ZeRO-3 checkpoint of about `--mb` MB of fp32 masters with DeepSpeed itself (2 gloo ranks on
-CPU, `tests/zero_support.py`'s recipe with a wider model, one AdamW step), then runs each tool in a
+CPU, `tests/support/zero_run.py`'s recipe with a wider model, one AdamW step), then runs each tool in a
 fresh process per round, alternating, and reports the median wall time and the peak RSS (ru_maxrss
 of the child) of each:
 

@@ -11,14 +11,12 @@ deadline (a wall-clock limit fails on a busy machine; the fuzz tests bound time 
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_FIXTURES = Path(os.environ.get("MIGRATOR_SHARED_FIXTURES", REPO.parent / "shared" / "fixtures"))
+from tests.support.fixtures import SHARED_FIXTURES
 
 settings.register_profile("migrator", derandomize=True, database=None, deadline=None)
 settings.load_profile("migrator")
@@ -40,18 +38,11 @@ def shared_fixtures() -> Path:
     return SHARED_FIXTURES
 
 
-def fixture_file(*parts: str) -> Path:
-    """A path below `../shared/fixtures`, skipping the test when it is absent."""
-    path = SHARED_FIXTURES.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"reference fixture not found: {path}")
-    return path
-
-
 ORACLES = frozenset({"torch", "transformers", "peft", "mergekit", "gguf", "deepspeed", "ray", "accelerate",
                      "llama_cpp", "moto", "boto3", "fsspec", "s3fs", "gcsfs", "adlfs", "remote_servers"})
-"""What `make test-fast` leaves out: the heavy oracles, object stores and their servers (tests/remote_servers.py)."""
-TESTS = Path(__file__).resolve().parent
+"""What `make test-fast` leaves out: the heavy oracles, object stores and their servers
+(tests/support/remote_servers.py)."""
+SUPPORT = Path(__file__).resolve().parent / "support"
 IMPORTERS = frozenset({"importorskip", "import_module", "find_spec", "__import__"})
 
 
@@ -65,7 +56,7 @@ _SEEN: dict[Path, bool] = {}
 
 def needs_oracle(path: Path) -> bool:
     """Whether a test module (or a helper of `tests/` it imports, or a script of `tests/` it names,
-    such as `zero_support.py` run in a subprocess) imports an oracle, anywhere in it: read from its
+    such as `tests/support/zero_run.py` run in a subprocess) imports an oracle, anywhere in it: read from its
     source, so no test is listed by hand."""
     if path in _SEEN:  # known, or being read (helpers that import each other)
         return _SEEN[path]
@@ -82,9 +73,12 @@ def _imports_an_oracle(tree: ast.Module) -> bool:
     local: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            tops = [a.name.split(".")[0] for a in node.names]
+            tops = [a.name.rsplit(".", 1)[1] if a.name.startswith("tests.support.") else a.name.split(".")[0]
+                    for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             tops = [node.module.split(".")[0]]
+            if node.module.startswith("tests.support."):  # a shared helper: read it too
+                tops = [node.module.rsplit(".", 1)[1]]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             name = node.value
             if name.endswith(".py") and "/" not in name and "\\" not in name:
@@ -99,7 +93,8 @@ def _imports_an_oracle(tree: ast.Module) -> bool:
         if any(t in ORACLES for t in tops):
             return True
         local.update(tops)
-    return any(needs_oracle(TESTS / f"{m}.py") for m in sorted(local) if (TESTS / f"{m}.py").is_file())
+    helpers = (SUPPORT / f"{m}.py" for m in sorted(local))
+    return any(needs_oracle(h) for h in helpers if h.is_file())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -55,12 +55,15 @@ def _folder_target(src: str, dst: str, o: ConvertOptions) -> str:
     (--max-shard-size, --weights-name, --copy, --copy-from), makes DIR a Hugging Face model folder
     in SafeTensors (the default) or PyTorch (`--to pytorch`): `model.safetensors`, or shards and an
     index past --max-shard-size, named as save_pretrained names them; for Burn (`--to burnpack`)
-    `DIR/<SRC's name>.bpk`, a burnpack holding a whole model. Any other DST is used as given."""
+    `DIR/<SRC's name>.bpk`, a burnpack holding a whole model. A folder format (`--to dcp`) writes its
+    checkpoint as DIR itself. Any other DST is used as given."""
     from pathlib import Path
 
     from ..formats.registry import AUTO, by_extension, default_sharded, is_format, writer_class
 
     _check_not_a_file_name(dst)
+    if is_format(o.target_format_name, folder=True):  # a DCP checkpoint is a folder: DIR is the checkpoint
+        return dst.rstrip("/" + os.sep) or dst
     as_folder = dst.endswith(("/", os.sep)) or os.path.isdir(dst)
     if o.max_shard_size or o.copy or o.copy_from:
         return dst if dst.endswith(("/", os.sep)) or not os.path.isdir(dst) else dst + "/"

@@ -9,7 +9,8 @@ Publishing (`save_sharded_remote`): an object store has no folder rename, so the
 index-last. Every shard is uploaded as its own atomic object (`upload.remote_output`), then the
 companion files, and the index object only after all of them completed: a reader that goes by the
 index never sees a partial model, and an interrupted run leaves no index (the shards it completed
-are deleted again, unless the process is killed outright). Overwriting first deletes the old index,
+are deleted again, unless the process is killed outright); a DCP checkpoint's index is its
+`.metadata`. Overwriting first deletes the old index,
 so a reader never pairs the old index with new shards; the old weights objects that the new model
 does not reuse (`is_model_part` names: single weights file, numbered shards) are deleted after the
 new index is written. Every other object under the prefix is the user's and is kept.
@@ -284,7 +285,7 @@ def save_sharded_remote(writer: Any, url: str, *, overwrite: bool,
     check_remote_folder(folder, overwrite=overwrite, storage=storage)
     old = _listing(folder, missing_ok=True, storage=storage) if overwrite else set()
     index_name = writer.index_name if writer.index is not None else None
-    old_indexes = sorted(n for n in old if n.endswith(INDEX_SUFFIX) and is_model_part(n))
+    old_indexes = sorted(n for n in old if (n.endswith(INDEX_SUFFIX) and is_model_part(n)) or n == index_name)
     for n in old_indexes:  # readers going by the index now see no model until the new one is complete
         delete(_join(folder, n), storage)
     names: list[str] = []

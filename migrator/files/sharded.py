@@ -53,13 +53,17 @@ INDEX_SUFFIX = ".index.json"
 SHARD_FILE_RE = re.compile(r"^(?:model|pytorch_model|diffusion_pytorch_model|adapter_model)-\d{5}-of-\d{5}"
                            r"\.(?:safetensors|bin)$")
 """A numbered shard as `save_pretrained` (and migrator) names it."""
+DCP_FILE_RE = re.compile(r"^(?:\.metadata|__\d+_\d+\.distcp)$")
+"""A DCP checkpoint's files, as torch's `FileSystemWriter` (and migrator) names them."""
 
 
 def is_model_part(name: str) -> bool:
     """Whether a file name at the top of a folder is one a Hugging Face model's weights are made of:
-    an index, the single weights file, or a numbered shard (what `--overwrite` of a folder replaces)."""
+    an index, the single weights file, a numbered shard, or a DCP checkpoint's `.metadata` and `.distcp` files
+    (what `--overwrite` of a folder replaces)."""
     return (name.endswith((".safetensors" + INDEX_SUFFIX, ".bin" + INDEX_SUFFIX)) or name in SAFETENSORS_SINGLE
-            or name in PYTORCH_SINGLE or SHARD_FILE_RE.match(name) is not None or GGUF_SPLIT.match(name) is not None)
+            or name in PYTORCH_SINGLE or SHARD_FILE_RE.match(name) is not None or GGUF_SPLIT.match(name) is not None
+            or DCP_FILE_RE.match(name) is not None)
 
 
 def model_parts(folder: Path) -> set[str]:

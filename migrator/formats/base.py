@@ -50,6 +50,12 @@ class Reader(Mapping[str, LazyTensor], ABC):
     """What the source did on its own (a LoRA fold, a merge), for the plan's notes."""
     config_update: Mapping[str, Any] | None = None
     """Entries a merge sets in the config.json copied into a folder target (num_hidden_layers, dtype)."""
+    consumed: Sequence[tuple[str, str]] = ()
+    """(stored tensor, the tensor it went into) per tensor the source consumed making another (a
+    dequantized weight's scales): the report lists them as consumed, not as unused or dropped."""
+    config_drop: Sequence[str] = ()
+    """Keys dropped from the config.json copied into a folder target (a dequantized source's
+    `quantization_config`)."""
     generated: Sequence[tuple[str, bytes]] = ()
     """Companion files the source makes, (name, bytes), written in place of copies of those names."""
     structure: Any = None
@@ -156,7 +162,7 @@ def left_out_note(key: str, optimizers: Sequence[str]) -> str:
     """What a top_level_key selecting a model says of the optimizer state beside it, left out."""
     where = ", ".join(f"'{o}'" if o else "the top level" for o in optimizers)
     return (f"top_level_key '{key}': the optimizer state beside it ({where}) is left out; keeping the training "
-            "state carries it over (the whole checkpoint into a .pt, or Burn's optimizer record)")
+            "state carries it over (the whole checkpoint into a .pt or a DCP folder, or Burn's optimizer record)")
 
 
 def select_prefix(tensors: Sequence[LazyTensor], key: str | Sequence[str], label: str) -> list[LazyTensor]:

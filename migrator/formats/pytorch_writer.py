@@ -292,6 +292,8 @@ class PytorchWriter(Writer):
 
     def write_to(self, sink: BinaryIO) -> None:
         seekable = _seekable(sink)
+        # where the archive starts: 0 for a file of its own, the item's offset inside a DCP `.distcp` file
+        self._base = sink.tell() if seekable else 0
         with Ahead(self._storages if seekable else ()) as ahead:
             for m in self._members:
                 if m.payload is not None:
@@ -324,9 +326,9 @@ class PytorchWriter(Writer):
 
         write_computed(sink, tensor, ahead, checksum)
         m.crc = crc
-        sink.seek(m.offset + _LOCAL_CRC_AT)
+        sink.seek(self._base + m.offset + _LOCAL_CRC_AT)
         write_all(sink, struct.pack("<I", crc))
-        sink.seek(m.end)
+        sink.seek(self._base + m.end)
 
     def _write_computed_whole(self, sink: BinaryIO, m: _Member, tensor: LazyTensor) -> None:
         """For a sink that cannot seek back: the whole tensor at once, checksummed before its header."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import UnknownFormatError
 from .spec import FormatSpec
-from .specs import burnpack, dcp, deepspeed, gguf, pytorch, safetensors, torch_dist, trainer
+from .specs import burnpack, dcp, deepspeed, gguf, megatron_legacy, pytorch, safetensors, torch_dist, trainer
 
 if TYPE_CHECKING:
     from .base import Reader, Writer
@@ -25,7 +25,8 @@ AUTO = "auto"
 """The format argument that means "detect it" (a source) or "from the extension" (a target)."""
 
 _SPECS: dict[str, FormatSpec] = {s.name: s for s in (burnpack.SPEC, safetensors.SPEC, pytorch.SPEC, gguf.SPEC,
-                                                      dcp.SPEC, torch_dist.SPEC, deepspeed.SPEC, trainer.SPEC)}
+                                                      dcp.SPEC, torch_dist.SPEC, deepspeed.SPEC, trainer.SPEC,
+                                                      megatron_legacy.SPEC)}
 
 
 def register(format_spec: FormatSpec) -> FormatSpec:
@@ -51,12 +52,14 @@ def specs() -> tuple[FormatSpec, ...]:
 def names(*, readable: bool = False, writable: bool = False, folders: bool = False) -> tuple[str, ...]:
     """The names of the registered formats, in registry order, that have a reader (`readable`), a
     writer (`writable`), or both when both are asked for. Folder formats (DCP, ZeRO: detected from their
-    folder, never named as one file's format) are left out unless `folders`.
+    folder, never named as one file's format) are left out unless `folders`, or unless `writable` is asked
+    and the format has a writer (`--to dcp` names the folder written).
 
     `names(readable=True)`: what `--from`, `inspect --format` and a recipe's `source.format` take;
     `names(writable=True)`: what `--to` and `target.format` take (each with `auto`: `choices`)."""
     return tuple(s.name for s in _SPECS.values()
-                 if (not readable or s.readable) and (not writable or s.writable) and (folders or not s.folder))
+                 if (not readable or s.readable) and (not writable or s.writable)
+                 and (folders or not s.folder or (writable and s.writable)))
 
 
 def choices(*, readable: bool = False, writable: bool = False) -> tuple[str, ...]:
@@ -161,6 +164,9 @@ def not_shardable(fmt: str) -> str | None:
     found = spec(fmt)
     if found.shard_names is not None:
         return None
+    if found.folder:
+        return (f"a sharded target cannot be {found.name}: a {found.title} is a folder of its own files, written "
+                f"whole; name the folder as the target (format {found.name})")
     why = "Burn has one file per model" if found.for_burn else "it is one file per model"
     shardable = [s.name for s in _SPECS.values() if s.shard_names is not None and s.writable]
     return (f"a sharded target cannot be {found.name}: {why} (a {found.extension} holds the whole model); "

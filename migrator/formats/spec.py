@@ -82,6 +82,9 @@ class FormatSpec:
     """An optimizer state it holds names its parameters as the file does (a .pt's numbers, DCP's names);
     False: the reader names them itself to match the state (a ZeRO folder's files number them by
     partition), so they are written back as torch's numbers."""
+    optimizer_by_name: bool = False
+    """An optimizer it holds is keyed by its parameters' names, as torch's `get_state_dict` lays it out (DCP):
+    a training state whose ids are numbers is written by name, so `set_state_dict` matches it."""
     trainer_folder: bool = False
     """A Hugging Face Trainer checkpoint folder: its optimizer.pt numbers the parameters in the order
     transformers' Trainer derives (`files/trainer_order.py`), kept when written back as one."""

@@ -193,8 +193,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
             key = spec.top_level_key
             model_key = key if isinstance(key, str) else ".".join(key)
             spec = spec.model_copy(update={"top_level_key": None})
+        from .sources import cast_of
+
         reader = open_source(spec, src_path, read=read, keep_structure=one_file or burn_keep, base_dir=base_dir,
-                             training_state=recipe.training_state)
+                             training_state=recipe.training_state, dequantize=cast_of(recipe))
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
@@ -453,6 +455,7 @@ class Compilation:
             plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,
                                         max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
                                         copy_from=folder, weights_name=name, config_update=reader.config_update,
+                                        config_drop=reader.config_drop,
                                         generated=[*reader.generated, *made.items()], storage=self.read.storage,
                                         **options)
             notes += plan.writer.notes
@@ -567,7 +570,8 @@ class Compilation:
         if isinstance(reader, UnionReader):  # several sources: each renumbered its own names
             renumbered = reader.renumbered
         report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
-                             errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered)
+                             errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered,
+                             consumed=list(reader.consumed) if cast else [])
         if declares is not None and declares.wanted:  # the hint's patterns must not match other modules
             from ..transform.modules import module_path
 

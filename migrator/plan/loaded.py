@@ -143,6 +143,8 @@ def _target_in(recipe: Any, given: str, path: Any) -> Any:
     if not folder:
         return target.model_copy(update={"path": path})
     fmt = target_format(target.path, target.format, sharded=target.shard is not None)
+    if spec(fmt).folder:  # a DCP checkpoint: DIR is the checkpoint
+        return target.model_copy(update={"path": path})
     if spec(fmt).shard_names is None:  # a format of one file per model (Burn's): the file goes into DIR
         name = os.path.basename(str(target.path).rstrip("/")) or "model" + spec(fmt).extension
         return target.model_copy(update={"path": os.path.join(str(path), name)})

@@ -55,7 +55,8 @@ def recipe_outputs(recipe: Recipe, resolve: Callable[[Any], str], *, target: str
     from ..formats.registry import is_format, target_format
 
     path = target if target else resolve(recipe.target.path)
-    folder = recipe.target.shard is not None or str(path).endswith(("/", os.sep))
+    folder = (recipe.target.shard is not None or str(path).endswith(("/", os.sep))
+              or is_format(recipe.target.format, folder=True))  # a DCP checkpoint
     fmt = None
     if not folder:
         with suppress(MigratorError):

@@ -178,6 +178,9 @@ class ApplyReport:
     """The recipe's op nodes (`migrator.transform.ops.OpNode.to_json`: op, index, at, inputs, outputs), in order."""
     renumbered: list[tuple[str, str]] = field(default_factory=list)
     """(name before, name after) per tensor whose index segments were renumbered (contiguous_indices)."""
+    consumed: list[tuple[str, str]] = field(default_factory=list)
+    """(stored tensor, the tensor it went into) per tensor a source consumed to make another: a quantized
+    weight's scales, dequantized into it (`files.quantized`)."""
     optimizer: list[dict[str, Any]] = field(default_factory=list)
     """Each optimizer state tensor's fate (`plan.training_state`): optimizer, param, state, fate (followed, copied,
     dropped), tensor (its name in the output, or in the source when dropped)."""
@@ -261,6 +264,12 @@ class ApplyReport:
                 lines += [f"│    • {escape(path)}" for path in unused[:_LIST_LIMIT]]
             if len(unused) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(unused) - _LIST_LIMIT} more")
+        if self.consumed:
+            lines += ["│", f"├─ Consumed by dequantization ({_count(len(self.consumed), 'tensor')}: scales, "
+                      "not unused)"]
+            lines += [f"│    • {escape(t)} -> {escape(into)}" for t, into in self.consumed[:_LIST_LIMIT]]
+            if len(self.consumed) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(self.consumed) - _LIST_LIMIT} more")
         if self.renumbered:
             lines += ["│", f"├─ Renumbered indices ({_count(len(self.renumbered), 'tensor')}, contiguous_indices)",
                       "│"]
@@ -318,6 +327,8 @@ class ApplyReport:
             data["ops"] = [dict(n) for n in self.ops]
         if self.renumbered:
             data["renumbered"] = [{"from": old, "to": new} for old, new in self.renumbered]
+        if self.consumed:
+            data["consumed"] = [{"tensor": t, "into": into} for t, into in self.consumed]
         if self.optimizer:
             data["optimizer"] = [dict(f) for f in self.optimizer]
         for key in _RUN_KEYS:
@@ -353,6 +364,10 @@ class ApplyReport:
         if not isinstance(renumbered, list) or not all(isinstance(e, Mapping) and {"from", "to"} <= set(e)
                                                        for e in renumbered):
             raise ValueError("renumbered must be a list of {from, to} objects")
+        consumed = data.get("consumed", [])
+        if not isinstance(consumed, list) or not all(isinstance(e, Mapping) and {"tensor", "into"} <= set(e)
+                                                     for e in consumed):
+            raise ValueError("consumed must be a list of {tensor, into} objects")
         status, target, written = data.get("status"), data.get("target"), data.get("written")
         if status is not None and status not in ("ok", "failed"):
             raise ValueError(f"status must be 'ok' or 'failed', got {status!r}")
@@ -378,6 +393,7 @@ class ApplyReport:
             unused_from=origins["unused_from"],
             ops=[_op_entry(n) for n in data.get("ops", [])],
             renumbered=[(str(e["from"]), str(e["to"])) for e in renumbered],
+            consumed=[(str(e["tensor"]), str(e["into"])) for e in consumed],
             optimizer=_optimizer_fates(data.get("optimizer", [])),
             target=None if target is None else str(target),
             status=status,
@@ -404,7 +420,8 @@ def _optimizer_fates(items: Any) -> list[dict[str, Any]]:
     if not isinstance(items, list) or not all(isinstance(e, Mapping) and set(_FATE_KEYS) <= set(e) for e in items):
         raise ValueError("optimizer must be a list of {optimizer, param, state, fate, tensor} objects")
     return [{**{k: e[k] for k in _FATE_KEYS}, "from": e.get("from", e["tensor"])} for e in items]
-_OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "optimizer", "skipped_from", "unused_from", *_RUN_KEYS})
+_OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "consumed", "optimizer", "skipped_from", "unused_from",
+                            *_RUN_KEYS})
 
 
 def _op_text(node: Mapping[str, Any]) -> str:

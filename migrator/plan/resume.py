@@ -58,6 +58,12 @@ def resume_note(opt: Any) -> str:
     in the saved order (`migrator.param_groups`); state keyed by names goes through DCP's `set_state_dict`."""
     at = "ckpt" + "".join(f"[{p}]" if p.isdigit() else f"[{p!r}]" for p in opt.path.split(".")) if opt.path else "ckpt"
     build = f"opt = torch.optim.AdamW(migrator.param_groups({at}, model))"
+    if getattr(opt, "as_names", False):  # a DCP target: read into the new model's and optimizer's own state dicts
+        key = repr(opt.path) if opt.path else "..."
+        return (f"to resume {opt.label} from the DCP checkpoint: msd, osd = get_state_dict(model, opt), "
+                f"dcp.load({{<the model's key>: msd, {key}: osd}}, checkpoint_id=...), then set_state_dict(model, opt, "
+                "model_state_dict=msd, optim_state_dict=osd) (torch.distributed.checkpoint.state_dict): its state is "
+                "matched by name")
     if opt.by_name:
         return (f"to resume {opt.label} (keyed by parameter names): {build} (or your optimizer class), then "
                 f"torch.distributed.checkpoint.state_dict.set_state_dict(model, opt, model_state_dict=..., "

@@ -76,11 +76,12 @@ class Optimizer:
     # ids that are names are written as names (DCP's, as dcp_to_torch_save does); a ZeRO folder's names
     # are the reader's own device to match state by name, written as torch numbers its ids
     name_ids: bool = True
+    as_names: bool = False  # the target keys optimizers by name (DCP's `get_state_dict` layout), whatever the source
 
     @property
     def by_name(self) -> bool:
         """Whether the written ids are the parameters' names."""
-        return self.name_ids and all(type(i) is str for group in self.params for i in group)
+        return self.as_names or (self.name_ids and all(type(i) is str for group in self.params for i in group))
 
     @property
     def label(self) -> str:
@@ -597,6 +598,7 @@ class Training:
     notes: list[str] = field(default_factory=list)
     burn: bool = False  # a PyTorch optimizer into a burnpack: its state becomes Burn's OptimizerRecord
     trainer: bool = False  # a Trainer checkpoint into a Trainer folder, optimizer.pt beside the model
+    as_names: bool = False  # the target keys every optimizer by its parameters' names (DCP)
     owners: dict[str, dict[Key, str]] = field(default_factory=dict)  # `Followed.owners`
 
     def follow(self, reader: Any, entries: Sequence[PlanEntry], replan: Replan, fatal: list[str],
@@ -609,6 +611,7 @@ class Training:
         container = model_dict(reader.structure, list(shapes))
         for opt in self.optimizers:
             opt.name_ids = not is_format(reader.format, param_ids_by_name=False)
+            opt.as_names = self.as_names
             try:
                 identify(opt, [t.name for t in self.model], reader.label, container=container)
                 check_state_shapes(opt, shapes, {n: by_name[n].shape for n in opt.tensor_names}, HINT)
@@ -656,7 +659,7 @@ def training_state(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any, fatal:
     one_file = tree is not None and recipe.target.shard is None and tpl_path is None
     whole = one_file and is_format(out_fmt, keeps_structure=True)
     mode = recipe.training_state or ("keep" if whole else "drop")
-    out = Training(mode)
+    out = Training(mode, as_names=is_format(out_fmt, optimizer_by_name=True))
     if mode == "keep" and one_file and is_format(out_fmt, for_burn=True):
         # a whole PyTorch checkpoint into Burn: the model into the burnpack, each optimizer's state into
         # Burn's OptimizerRecord beside it (`plan.burn_optimizer`); asked for only, never by default
@@ -760,7 +763,7 @@ def _why_not_whole(recipe: Any, reader: Any, out_fmt: str, tpl_path: Any) -> str
                 "training_state: drop; target.scalars writes epoch or step as typed scalars)")
     if not is_format(out_fmt, keeps_structure=True):
         return (f"training_state: keep writes the whole checkpoint as PyTorch (.pt); this target is {out_fmt}, which "
-                "has no place for an optimizer (write a .pt target, or set training_state: drop)")
+                "has no place for an optimizer (write a .pt or a DCP target, or set training_state: drop)")
     if recipe.target.shard is not None or tpl_path is not None:
         return ("training_state: keep writes the whole checkpoint into one file: a template or shards write a flat "
                 "state_dict (drop them, or set training_state: drop)")

@@ -98,7 +98,13 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
         declared[type_name].append(pattern)
     if declared:
         data["modules"] = declared
-    _hf_to_gguf(data, src, dst, o.target_format_name)
+    if lora_adapter(src, dst, o.target_format_name):
+        _lora_to_gguf(data, src, o)
+    else:
+        if o.base is not None:
+            raise ConvertUsageError(f"{row('base').flag} names the base model of a PEFT LoRA adapter folder SRC "
+                                    "converted to a .gguf DST")
+        _hf_to_gguf(data, src, dst, o.target_format_name)
     _gguf_to_hf(data, src, dst, o.target_format_name)
     from pydantic import ValidationError
 
@@ -159,6 +165,62 @@ def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os
         data["target"]["tokenizer"] = "tokenizer.model"
     elif (folder / "tokenizer.json").is_file() and _byte_level_bpe(folder / "tokenizer.json"):
         data["target"]["tokenizer"] = "tokenizer.json"
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def lora_adapter(src: str | os.PathLike[str], dst: str | os.PathLike[str], target_format_name: str) -> bool:
+    """Whether this conversion writes a PEFT LoRA adapter folder (one with adapter_config.json) as a GGUF
+    LoRA adapter: llama.cpp's names and layout, the base model read for them (`_lora_to_gguf`)."""
+    from ..formats.registry import target_is
+
+    return (target_is(dst, target_format_name, llama_cpp=True) and not os.fspath(dst).endswith(("/", os.sep))
+            and (Path(src) / ADAPTER_CONFIG).is_file())
+
+
+def _lora_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], o: ConvertOptions) -> None:
+    """A PEFT LoRA adapter folder as llama.cpp's LoRA adapter of its base model (`formats/gguf/lora.py`):
+    names, the q/k permute of B, key/values, F32 unless --dtype says otherwise; the base found from
+    --base or adapter_config.json, its config.json and weights' shapes read (headers only)."""
+    from ..core.errors import AdapterError
+    from ..files.io import open_file
+    from ..files.model_config import ConfigError, load_config
+    from ..formats.bounded_json import read_json_object
+    from ..formats.gguf.lora import check_config, lora_recipe
+
+    adapter = Path(src)
+    where = adapter / ADAPTER_CONFIG
+    config = check_config(read_json_object(where, 16 << 20, "adapter config"), str(where))
+    if o.base is not None:
+        base = Path(o.base)
+        if not base.is_dir():
+            raise ConvertUsageError(f"{row('base').flag} {os.fspath(o.base)}: not a folder (the base model's folder, "
+                                    "with its config.json and weights)")
+    else:
+        named = config.get("base_model_name_or_path")
+        if not isinstance(named, str) or not named or not Path(named).expanduser().is_dir():
+            said = f"base_model_name_or_path {named!r} is not a local folder" if named else \
+                "no base_model_name_or_path"
+            raise ConvertUsageError(f"{where}: {said}: name the base model folder with {row('base').flag} DIR")
+        base = Path(named).expanduser()
+    try:
+        base_config = load_config(base / "config.json")
+    except ConfigError as e:
+        raise AdapterError(f"the base model: {e}") from None
+    with open_file(base) as reader:
+        base_shapes = {t.name: tuple(t.shape) for t in reader.tensors}
+    with open_file(adapter) as reader:
+        adapter_shapes = {t.name: tuple(t.shape) for t in reader.tensors}
+    extra = lora_recipe(config, base_config, adapter_shapes, base_shapes, adapter=str(adapter), base=str(base))
+    data["remap"] = extra["remap"] + data["remap"]
+    data["ops"] = extra["ops"]
+    data["target"]["metadata"] = {**extra["metadata"], **data["target"]["metadata"]}
+    if extra["exclude"]:
+        kept = data.setdefault("filter", {"exclude": []})
+        kept["exclude"] = [{"regex": r} for r in extra["exclude"]] + kept["exclude"]
+    if not o.dtype:  # llama.cpp's converter writes F32 unless told otherwise (--outtype f32)
+        data["dtype"] = {"cast": "F32"}
 
 
 def _byte_level_bpe(path: Path) -> bool:

@@ -145,7 +145,8 @@ class ConvertOptions:
         (), "--modules", "tensors", "declare the module type of matching module paths, as a recipe's modules: "
         "(repeatable; e.g. Linear='^fc\\d+$')", kind="repeat", metavar="TYPE=REGEX", recipe="modules", diff=True)
     dtype: str | None = _option(
-        None, "--dtype", "tensors", "cast every float tensor (%(listed)s)", metavar="DTYPE",
+        None, "--dtype", "tensors", "cast every float tensor (%(listed)s); a quantized model folder's weights "
+        "are dequantized to it", metavar="DTYPE",
         listed=castable_dtypes, recipe="dtype", diff=True)
     # writing DST
     target_format_name: str = _option(
@@ -186,6 +187,10 @@ class ConvertOptions:
         None, "--quantize", "gguf", "write 2-D float tensors as TYPE, or as llama.cpp's mix (llama-quantize's "
         "type per tensor); 1-D tensors and norms stay F32 (a recipe's target.quantize picks per tensor). "
         "TYPE: %(listed)s", metavar="TYPE", listed=gguf_types, recipe="target.quantize")
+    base: str | None = _option(  # or a PathLike
+        None, "--base", "gguf", "SRC a PEFT LoRA adapter folder, DST a .gguf: the base model folder (config.json and "
+        "weights, read for the architecture, names and shapes; default: adapter_config.json's "
+        "base_model_name_or_path when that is a local folder)", metavar="DIR")
     # training state
     param_order: str | None = _option(  # or a PathLike
         None, "--param-order", "training", "a Hugging Face Trainer checkpoint folder with --training-state keep: a "

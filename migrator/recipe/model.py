@@ -558,6 +558,8 @@ class TargetSpec(_Strict):
         """A path ending with '/' names a folder: a sharded output (the slash is lost once it is a Path)."""
         if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"].endswith(("/", "\\")) \
                 and data.get("shard") is None:
+            if formats.is_format(data.get("format"), folder=True):  # a DCP checkpoint: the folder is the target
+                return data
             return {**data, "shard": {}}
         return data
 

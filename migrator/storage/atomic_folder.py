@@ -63,7 +63,8 @@ if TYPE_CHECKING:
     from .remote.options import StorageOptions
 
 SCRATCH_DIR_RE = re.compile(r"^(?P<target>.+)\.migrator-(?P<pid>\d+)-(?P<n>\d+)\.tmpdir$")
-MODEL_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth|bpk|gguf|index\.json)$")
+# weights, an index, or a DCP checkpoint's files (`.metadata`, `__R_N.distcp`)
+MODEL_FILE_RE = re.compile(r"(?:.*\.(safetensors|bin|pt|pth|bpk|gguf|index\.json|distcp)|\.metadata)$")
 _counter = itertools.count()
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from recipes_support import ORDER as RECIPES  # every example recipe, in an order whose inputs exist
-from recipes_support import WITHOUT_DEMO
 
 from migrator.analysis.diff import STATUSES, diff_document
 from migrator.cli import main
+from tests.support.recipes import ORDER as RECIPES  # every example recipe, in an order whose inputs exist
+from tests.support.recipes import WITHOUT_DEMO
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402

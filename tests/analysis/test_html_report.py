@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import browser_support
 import numpy as np
 import pytest
-from recipes_support import ORDER  # every example recipe, in an order that makes their inputs
 
+import tests.support.browser as browsers
 from migrator.analysis.html_report import MAX_DEPTH, diff_page, inspect_page, plan_page
 from migrator.cli import main
+from tests.support.recipes import ORDER  # every example recipe, in an order that makes their inputs
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = "</script><img src=x onerror=alert(1)>"  # no dot: one segment of a name
@@ -66,12 +66,12 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, d
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    why = browser_support.missing()
+    why = browsers.missing()
     if why:
         pytest.skip(why)
     # Tall enough that every row of the tests' small pages is on screen: rows off screen skip layout
     # (content-visibility: auto), and their inner_text would depend on where they fall.
-    with browser_support.chromium(tmp_path_factory.mktemp("chromium-profile"),
+    with browsers.chromium(tmp_path_factory.mktemp("chromium-profile"),
                                   viewport={"width": 1200, "height": 8000}) as context:
         yield context
 
@@ -103,7 +103,9 @@ def opener(browser: Any) -> Iterator[Any]:
 
     def open_page(path: Path) -> Opened:
         opened = Opened(browser.new_page())
-        opened.page.set_default_timeout(10_000)
+        # a bound on a hang, not a speed: 10 s was once too short for a full-page screenshot with both
+        # cores busy (a test failed under load), and the checks wait for states, never for time
+        opened.page.set_default_timeout(180_000)
         opened.page.on("pageerror", lambda e: opened.errors.append(str(e)))
         opened.page.on("console", lambda m: opened.errors.append(m.text) if m.type == "error" else None)
         opened.page.on("request", lambda r: opened.requests.append(r.url))

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import SHARED_FIXTURES, fixture_file
 
 from migrator import open_file
 from migrator.analysis.stats import tensor_stats
 from migrator.cli import main
 from migrator.core import native
+from tests.support.fixtures import SHARED_FIXTURES, fixture_file
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402

@@ -10,12 +10,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_support import migrate_subprocess
 
 import migrator
 from migrator import from_numpy, open_file, save
 from migrator.cli import main
 from migrator.core.scalars import Scalar
+from tests.support.cli import migrate_subprocess
 
 migrate = migrate_subprocess
 

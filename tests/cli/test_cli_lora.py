@@ -18,9 +18,9 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 from migrator.files.io import open_file  # noqa: E402
-from tests.cli_support import migrate_in_process  # noqa: E402
-from tests.model_support import tiny_llama  # noqa: E402
-from tests.torch_order_support import exact_or_close, torch_sums_in_order  # noqa: E402
+from tests.support.cli import migrate_in_process  # noqa: E402
+from tests.support.models import tiny_llama  # noqa: E402
+from tests.support.torch_order import exact_or_close, torch_sums_in_order  # noqa: E402
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 

@@ -1,6 +1,6 @@
 """The shipped Megatron -> Hugging Face recipes, run on checkpoints megatron-core 0.16.1 writes.
 
-`tests/torch_dist_support.py` has megatron-core write a tiny GPT of each family (GQA, tensor-parallel
+`tests/support/torch_dist.py` has megatron-core write a tiny GPT of each family (GQA, tensor-parallel
 over 2 gloo ranks, vocabulary padded 120 -> 128) and run its own forward on CPU; the recipe is run
 on the folder as a user would (`migrate run RECIPE --source CKPT --target OUT/`), transformers loads
 OUT/ (with the config.json made from the checkpoint's arguments), and its logits must equal
@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process
-from torch_dist_support import FFN, GROUPS, HEADS, HIDDEN, LAYERS, TOKENS, TOPK, VOCAB, cached_checkpoint
+
+from tests.support.cli import migrate_in_process
+from tests.support.torch_dist import FFN, GROUPS, HEADS, HIDDEN, LAYERS, TOKENS, TOPK, VOCAB, cached_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

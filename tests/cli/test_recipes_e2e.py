@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_subprocess
-from recipes_support import ORDER, WITHOUT_DEMO
 
 from migrator import open_file
 from migrator.cli import main
 from migrator.recipe.loader import load_recipe
+from tests.support.cli import migrate_subprocess
+from tests.support.recipes import ORDER, WITHOUT_DEMO
 
 REPO = Path(__file__).resolve().parents[2]
 

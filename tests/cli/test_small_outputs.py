@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process as migrate
 
 from migrator import from_numpy, save
+from tests.support.cli import migrate_in_process as migrate
 
 
 @pytest.fixture

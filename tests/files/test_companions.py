@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process as migrate
+
+from tests.support.cli import migrate_in_process as migrate
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from model_support import tiny_bert_folder
+    from tests.support.models import tiny_bert_folder
 
     return tiny_bert_folder(tmp_path_factory.mktemp("hf") / "bert")
 
@@ -59,8 +60,9 @@ def test_copy_from_alone_copies_the_usual_companions(tmp_path: Path) -> None:
     """`--copy-from DIR` alone (as the README and the DeepSpeed example use it): the folder's config,
     generation config, tokenizer files and chat template; transformers loads the model, its generation
     config and its tokenizer from the output as from the original folder."""
-    from model_support import tiny_llama_rope
     from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tests.support.models import tiny_llama_rope
 
     hf = tmp_path / "hf"
     model = tiny_llama_rope(vocab_size=64)

@@ -7,7 +7,7 @@ dtypes or widths; rank files missing, extra or misnumbered.
 The set is built here as torch's `HuggingFaceStorageWriter(save_distributed=True)` lays it out
 (test_dcp_hf.py reads sets two real ranks wrote): a [8, 4] tensor split by rows over two ranks, a
 [4] tensor whole in rank 1's file. Every case goes through the command line and is held to the same
-promises (`hostile_support.refused`): exit 1 or 2, one line naming the file or set, no traceback,
+promises (`hostile.refused`): exit 1 or 2, one line naming the file or set, no traceback,
 no output or scratch file, an existing target unchanged, bounded time.
 
 Not a case: the last rank's file missing. The layout records no global shape nor world size (a
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hostile_support import refused
 
 from migrator import from_numpy, save
+from tests.support.hostile import refused
 
 W = np.arange(32, dtype=np.float32).reshape(8, 4)
 B = np.arange(4, dtype=np.float32)
@@ -113,9 +113,8 @@ def test_an_existing_target_survives(tmp_path: Path) -> None:
 
 def test_the_good_set_converts(tmp_path: Path) -> None:
     """The corpus's set is sound: each refusal above is the broken part's."""
-    from cli_support import migrate_in_process
-
     from migrator.files.io import open_file
+    from tests.support.cli import migrate_in_process
 
     folder = tmp_path / "hf"
     folder.mkdir()

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process as migrate
+
+from tests.support.cli import migrate_in_process as migrate
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from model_support import tiny_bert_folder
+    from tests.support.models import tiny_bert_folder
 
     return tiny_bert_folder(tmp_path_factory.mktemp("hf") / "bert")
 

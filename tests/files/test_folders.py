@@ -15,11 +15,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
-from model_support import tiny_bert  # noqa: E402
-
 from migrator.core.errors import FormatError, ReaderClosedError  # noqa: E402
 from migrator.files.io import open_file, save  # noqa: E402
 from migrator.files.sharded import OPEN_SHARDS  # noqa: E402
+from tests.support.models import tiny_bert  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

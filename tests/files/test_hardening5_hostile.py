@@ -8,7 +8,7 @@ the folder the source names; the one exception is a Hugging Face cache snapshot'
 repository's `blobs/`, which still read (the last tests, against the tensors the set was cut from).
 
 Every refusal goes through the command line and is held to the shared promises
-(`hostile_support.refused`): exit 1 or 2, one line naming the file or set, no traceback, nothing
+(`hostile.refused`): exit 1 or 2, one line naming the file or set, no traceback, nothing
 written, every input and an existing target unchanged, bounded time; the claimed-size cases also run
 under tracemalloc, bounding what was allocated."""
 
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile_support import refused
-from rank_sets_support import ZERO_MODEL, ZERO_STEP, fsdp1_set, zero_optim_name, zero_step
 from safetensors.numpy import load_file
 
 from migrator import from_numpy, save
+from tests.support.hostile import refused
+from tests.support.rank_sets import ZERO_MODEL, ZERO_STEP, fsdp1_set, zero_optim_name, zero_step
 
 torch = pytest.importorskip("torch")
 
@@ -250,7 +250,7 @@ def test_hf_layout_in_a_cache_snapshot_reads(tmp_path: Path) -> None:
     hf_set(snapshot / "sharded")
     _into_blobs(snapshot / "sharded", blobs, 3)
     out = tmp_path / "out.safetensors"
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     done = migrate_in_process("convert", str(snapshot), str(out))
     assert done.returncode == 0, done.stderr
@@ -263,7 +263,7 @@ def test_fsdp1_set_in_a_cache_snapshot_reads(tmp_path: Path, fsdp1: Path) -> Non
         shutil.copy(fsdp1 / n, snapshot / n)
     _into_blobs(snapshot, blobs, 2)
     out = tmp_path / "out.safetensors"
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     done = migrate_in_process("convert", str(snapshot), str(out))
     assert done.returncode == 0, done.stderr
@@ -308,7 +308,7 @@ def test_a_local_shard_is_named_as_the_user_knows_it(tmp_path: Path) -> None:
 def test_fsdp1_sets_of_either_pickle_protocol_read(protocol: int, tmp_path: Path) -> None:
     """Protocol 4 names the nested ProcessGroupState class by its qualified name where 2 pickles a
     getattr: both give the saved world size (a tensor held by rank 0 alone says nothing of it)."""
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     folder = fsdp1_set(tmp_path / "ckpt", protocol=protocol)
     out = tmp_path / "out.safetensors"

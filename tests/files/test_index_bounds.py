@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from alarm_support import alarm
-from cli_support import migrate_in_process
 
 import migrator
 from migrator.core.errors import FormatError, LimitExceededError, MigratorError
+from tests.support.alarm import alarm
+from tests.support.cli import migrate_in_process
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 

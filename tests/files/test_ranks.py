@@ -1,7 +1,7 @@
 """Per-rank torch.save files of DTensors (verl's model_world_size_N_rank_K.pt) read as one checkpoint.
 
 Oracles: files each rank writes with torch.save of its DTensor state dict on 2 gloo ranks
-(`dist_support`), and the tensors each DTensor's own `full_tensor()` gathers. Bad input goes through
+(`tests.support.dist`), and the tensors each DTensor's own `full_tensor()` gathers. Bad input goes through
 `migrate convert`: exit 1, one line, nothing written.
 """
 
@@ -11,8 +11,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_support import convert_clean, convert_refused
-from dist_support import write_checkpoints
+
+from tests.support.cli import convert_clean, convert_refused
+from tests.support.dist import write_checkpoints
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")

@@ -5,7 +5,7 @@ missing, extra, misnamed, truncated or running code.
 The set is two ranks written by torch.save of real DTensors, made in a new process on torch's fake
 process group (a 2-rank world in one process, no sockets: ~4 s where two gloo ranks take ~30 s);
 test_ranks.py reads sets written by two real ranks. Every case goes through the command line and
-is held to the same promises (`hostile_support.refused`): exit 1 or 2, one line naming the file or
+is held to the same promises (`hostile.refused`): exit 1 or 2, one line naming the file or
 set, no traceback, no output or scratch file, an existing target unchanged, no code run, bounded
 time and no allocation a header merely claims."""
 
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_support import refused
+
+from tests.support.hostile import refused
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.tensor")
@@ -199,9 +200,9 @@ def test_an_existing_target_survives(good: Path, tmp_path: Path) -> None:
 def test_the_good_set_converts(good: Path, tmp_path: Path) -> None:
     """The corpus's set is sound: each refusal above is the broken part's."""
     import numpy as np
-    from cli_support import migrate_in_process
 
     from migrator.files.io import open_file
+    from tests.support.cli import migrate_in_process
 
     done = migrate_in_process("convert", str(good), str(tmp_path / "out.safetensors"))
     assert done.returncode == 0, done.stderr

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 

@@ -15,13 +15,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 
-from cli_support import migrate_in_process  # noqa: E402
-from model_support import tiny_bert  # noqa: E402
-
 from migrator.core.errors import OutputError, PlanError, TargetExistsError  # noqa: E402
 from migrator.core.tensor import from_numpy  # noqa: E402
 from migrator.files.io import open_file  # noqa: E402
 from migrator.files.sharded_writer import ShardedWriter, parse_size, split_shards  # noqa: E402
+from tests.support.cli import migrate_in_process  # noqa: E402
+from tests.support.models import tiny_bert  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}

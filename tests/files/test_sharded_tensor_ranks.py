@@ -1,7 +1,7 @@
 """Per-rank torch.save files of FSDP1 ShardedTensors (SHARDED_STATE_DICT) read as one checkpoint.
 
 Oracles: files each rank writes with torch.save of FSDP1's own state dicts on 2 gloo ranks
-(`fsdp1_support`), the FULL_STATE_DICT FSDP gathers on the same ranks (the model) and each
+(`tests.support.fsdp1`), the FULL_STATE_DICT FSDP gathers on the same ranks (the model) and each
 ShardedTensor's own `gather` there (the model and the optimizer state). Bad
 input goes through `migrate convert`: exit 1, one line naming the file (and tensor), nothing written.
 """
@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import convert_clean, convert_refused
-from fsdp1_support import write_fsdp1_checkpoints
 
 from migrator.core.errors import UnsafePickleError
 from migrator.files.io import open_file
 from migrator.formats import safepickle as sp
+from tests.support.cli import convert_clean, convert_refused
+from tests.support.fsdp1 import write_fsdp1_checkpoints
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
@@ -100,7 +100,7 @@ def test_sharded_optimizer_state_joins_into_the_gathered_one(ckpt: Path, full: d
     assert sorted(got) == sorted(want) == sorted(_flat(full["optim"]["state"], "state."))
     for k, v in want.items():
         assert torch.equal(got[k], v), k
-        if not k.endswith(".exp_avg"):  # see fsdp1_support: FSDP's full exp_avg repeats exp_avg_sq
+        if not k.endswith(".exp_avg"):  # see tests/support/fsdp1.py: FSDP's full exp_avg repeats exp_avg_sq
             assert torch.equal(got[k], _flat(full["optim"]["state"], "state.")[k]), k
     assert any(v.abs().sum() > 0 for k, v in want.items() if k.endswith("exp_avg"))  # one step was taken
     assert not torch.equal(want["state.0.weight.exp_avg"], want["state.0.weight.exp_avg_sq"])
@@ -225,7 +225,7 @@ def test_only_shardedtensors_getattr_is_read() -> None:
 
 @pytest.fixture(scope="module")
 def dtensors(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dist_support import write_checkpoints
+    from tests.support.dist import write_checkpoints
 
     return write_checkpoints(tmp_path_factory.mktemp("dist"))
 

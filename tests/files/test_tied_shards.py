@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,6 +1,6 @@
 """A Hugging Face Trainer checkpoint folder as one training checkpoint (`files/trainer.py`).
 
-The oracle is transformers' Trainer itself (`trainer_support.py`, in a new process): a tiny Llama
+The oracle is transformers' Trainer itself (`tests/support/trainer_run.py`, in a new process): a tiny Llama
 (untied head, RMSNorm) and a tiny GPT-2 (tied head, LayerNorm modules named ln_*, Conv1D) trained
 3 steps with AdamW and weight decay (the Trainer's two param groups), saved as checkpoint-3/. Then:
 
@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import REPO, migrate_in_process
+from tests.support.cli import REPO, migrate_in_process
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 np = pytest.importorskip("numpy")
 
-SUPPORT = REPO / "tests" / "trainer_support.py"
+SUPPORT = REPO / "tests" / "support" / "trainer_run.py"
 CKPT = "checkpoint-3"
 COMPANIONS = ("scheduler.pt", "trainer_state.json", "rng_state.pth", "training_args.bin", "config.json")
 
@@ -162,11 +162,7 @@ def test_pt_target_of_the_same_model_keeps_the_trainers_order(trained: Path, tmp
     builds for the model loads it by position and finds each parameter's own state."""
     from transformers import Trainer, TrainingArguments
 
-    sys.path.insert(0, str(SUPPORT.parent))
-    try:
-        from trainer_support import _model
-    finally:
-        sys.path.remove(str(SUPPORT.parent))
+    from tests.support.trainer_run import _model
     out = tmp_path / "whole.pt"
     done = _convert(trained / "llama" / CKPT, out, "--training-state", "keep")
     assert done.returncode == 0, done.stderr
@@ -282,11 +278,7 @@ def test_the_docs_trainer_commands_run(trained: Path, tmp_path: Path, monkeypatc
     import re
     import shlex
 
-    sys.path.insert(0, str(SUPPORT.parent))
-    try:
-        from trainer_support import _model
-    finally:
-        sys.path.remove(str(SUPPORT.parent))
+    from tests.support.trainer_run import _model
     doc = (REPO / "docs" / "training-checkpoints.md").read_text()
     blocks = re.findall(r"```(\w+)\n(.*?)```", _section(doc, "Hugging Face Trainer checkpoints"), re.S)
     assert [kind for kind, _ in blocks] == ["sh", "python", "sh"]

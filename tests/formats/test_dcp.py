@@ -1,6 +1,6 @@
 """PyTorch Distributed Checkpoint folders as sources: consolidated as torch's own `dcp_to_torch_save`.
 
-Oracles: checkpoints written by `torch.distributed.checkpoint.save` on 2 gloo ranks (`dist_support`),
+Oracles: checkpoints written by `torch.distributed.checkpoint.save` on 2 gloo ranks (`tests.support.dist`),
 `torch.distributed.checkpoint.format_utils.dcp_to_torch_save` (the whole checkpoint, compared with a
 `.pt` target loaded by `torch.load(weights_only=True)`), the tensors gathered whole by each rank's
 `full_tensor()`, and the `safetensors` library reading the outputs back. Bad input goes through
@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
-from dist_support import write_checkpoints
+
+from tests.support.cli import migrate_in_process
+from tests.support.dist import write_checkpoints
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint")

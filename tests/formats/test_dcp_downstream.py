@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
-from dist_support import write_checkpoints
+
+from tests.support.cli import migrate_in_process
+from tests.support.dist import write_checkpoints
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint")
@@ -113,7 +114,7 @@ def test_a_recipe_with_jobs_over_a_dcp_source(ckpt: Path, model: dict[str, Any],
 def moto_endpoint() -> Any:
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    import remote_servers
+    import tests.support.remote_servers as remote_servers
 
     yield from remote_servers.moto_endpoint()
 

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
-from dist_support import write_checkpoints
+
+from tests.support.cli import migrate_in_process
+from tests.support.dist import write_checkpoints
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint")

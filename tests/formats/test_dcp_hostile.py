@@ -5,7 +5,7 @@ pickles that run code.
 
 The checkpoint is written by torch's own `dcp.save` in this process (no process group: one rank),
 then one thing is broken. Every case goes through the command line and is held to the same promises
-(`hostile_support.refused`): exit 1 or 2, one line naming the file (and the tensor where there is
+(`hostile.refused`): exit 1 or 2, one line naming the file (and the tensor where there is
 one), no traceback, no output or scratch file, an existing target unchanged, no code run, bounded
 time and no allocation a header merely claims."""
 
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_support import refused
+
+from tests.support.hostile import refused
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -210,7 +211,7 @@ def test_an_existing_target_survives(good: Path, tmp_path: Path, name: str) -> N
 
 def test_the_good_checkpoint_converts(good: Path, tmp_path: Path) -> None:
     """The corpus's checkpoint is sound: each refusal above is the broken part's."""
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     done = migrate_in_process("convert", str(good), str(tmp_path / "out.safetensors"))
     assert done.returncode == 0, done.stderr

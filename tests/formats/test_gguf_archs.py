@@ -10,91 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
-
-
-def tiny_qwen2(vocab_size: int = 96, tied: bool = False) -> Any:
-    """A 2-layer Qwen2ForCausalLM (q/k/v biases, grouped-query attention), seeded; biases drawn non-zero."""
-    torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   rope_theta=50000.0, rms_norm_eps=1e-5, tie_word_embeddings=tied,
-                                   bos_token_id=1, eos_token_id=2)
-    model = transformers.Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(torch.randn(p.shape) * 0.5)
-    return model
-
-
-def tiny_phi3(vocab_size: int = 32064) -> Any:
-    """A 2-layer Phi3ForCausalLM (fused qkv and gate_up projections), seeded. Phi-3's vocabulary size: a
-    config.json without pad_token_id (ours or transformers' from a GGUF) gets Phi3Config's 32000."""
-    torch.manual_seed(0)
-    cfg = transformers.Phi3Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                  original_max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-5,
-                                  sliding_window=None, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return transformers.Phi3ForCausalLM(cfg).eval()
-
-
-def tiny_gemma2(dtype: Any = None, vocab_size: int = 96) -> Any:
-    """A 2-layer Gemma2ForCausalLM (four norms a layer, tied embeddings, a sliding window), seeded. Its norm
-    weights are drawn on a grid of 1/64 in [-0.5, 0.5], where (w + 1) - 1 is w again in F32: transformers'
-    loader subtracts the 1 llama.cpp's convention adds, so only such weights can read back equal."""
-    torch.manual_seed(0)
-    cfg = transformers.Gemma2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-                                    max_position_embeddings=128, sliding_window=32, rms_norm_eps=1e-6,
-                                    bos_token_id=2, eos_token_id=1, pad_token_id=0)
-    model = transformers.Gemma2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(torch.randint(-32, 33, p.shape).float() / 64)
-    return model if dtype is None else model.to(dtype)
-
-
-def tiny_gemma(vocab_size: int = 96) -> Any:
-    """A 2-layer GemmaForCausalLM (head_dim 32 with hidden 64 and 4 heads, tied embeddings), seeded; norm
-    weights on tiny_gemma2's grid."""
-    torch.manual_seed(0)
-    cfg = transformers.GemmaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-                                   max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=1,
-                                   pad_token_id=0)
-    model = transformers.GemmaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(torch.randint(-32, 33, p.shape).float() / 64)
-    return model
-
-
-def tiny_gemma3(vocab_size: int = 96) -> Any:
-    """A 7-layer Gemma3ForCausalLM (q/k norms; five sliding layers, then a global one with linear RoPE
-    scaling), seeded; norm weights on tiny_gemma2's grid."""
-    torch.manual_seed(0)
-    rope = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
-    cfg = transformers.Gemma3TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=96,
-                                        num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                        query_pre_attn_scalar=16, max_position_embeddings=128, sliding_window=16,
-                                        rope_parameters=rope, rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=1,
-                                        pad_token_id=0)
-    cfg.architectures = ["Gemma3ForCausalLM"]
-    model = transformers.Gemma3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(torch.randint(-32, 33, p.shape).float() / 64)
-    return model
-
+from tests.support.gguf_models import tiny_gemma, tiny_gemma2, tiny_gemma3, tiny_phi3, tiny_qwen2  # noqa: E402
 
 MODELS = {"qwen2": tiny_qwen2, "qwen2-tied": lambda: tiny_qwen2(tied=True), "phi3": tiny_phi3, "gemma2": tiny_gemma2,
           "gemma3": tiny_gemma3}

@@ -6,73 +6,20 @@ tokenizer.json written back from the GGUF loads in transformers and encodes text
 from __future__ import annotations
 
 import json
-import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
-from model_support import tiny_llama_rope
+
+from tests.support.cli import migrate_in_process
+from tests.support.models import tiny_llama_rope
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
-
-SPLITS = {  # each family's pre-tokenizer regex as its tokenizer.json spells it
-    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-}
-BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
-TEXTS = ["the quick brown fox jumps over the lazy dog", "It's 2024: 12345 cats, 7 dogs!",
-         "  leading spaces\nand\r\nnew lines\t\ttabs", "caf\u00e9 na\u00efve \u00fcber \u4e2d\u6587 \U0001F600",
-         "why<think>now</think> hmm", f"{BOS}already special{EOS} text", "you'll we've THEY'RE"]
-
-
-def bpe_tokenizer(family: str, vocab_size: int = 420) -> Any:
-    """A byte-level BPE trained on a small seeded corpus, shaped like `family`'s tokenizer.json
-    (llama-bpe, qwen2 or gpt-2), with BOS/EOS special tokens added last (as Llama 3 has them) and a
-    non-special added token `<think>`; the post-processor adds BOS."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE(ignore_merges=family == "llama-bpe"))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=family == "gpt-2")
-    tok.pre_tokenizer = byte_level if family == "gpt-2" else pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(SPLITS[family]), behavior="isolated"), byte_level])
-    tok.decoder = decoders.ByteLevel()
-    rng = random.Random(0)
-    words = [*TEXTS[0].split(), "while", "a", "cat", "naps", "on", "warm", "mat", "by", "door", "it's",
-             "you'll", "2024", "1999", "12", "7", ":", ",", "!", "?", "\n", "caf\u00e9", "\u00fcber"]
-    words += ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7))) for _ in range(200)]
-    corpus = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(corpus, trainer)
-    tok.add_special_tokens([BOS, EOS])
-    tok.add_tokens([tokenizers.AddedToken("<think>", normalized=False), tokenizers.AddedToken("</think>",
-                                                                                              normalized=False)])
-    bos = tok.token_to_id(BOS)
-    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
-                                                       special_tokens=[(BOS, bos)])
-    return tok
-
-
-def bpe_folder(folder: Path, family: str, padding: int = 3, model_of: Callable[[int], Any] | None = None) -> Path:
-    """A tiny model folder (`model_of(vocab_size)`, by default a LlamaForCausalLM) with `family`'s tokenizer
-    (tokenizer.json, tokenizer_config.json), its embedding `padding` rows larger than the tokenizer (ids
-    no token holds, as many models have)."""
-    tok = bpe_tokenizer(family)
-    n = tok.get_vocab_size()
-    model = (model_of or tiny_llama_rope)(n + padding)
-    model.config.bos_token_id, model.config.eos_token_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
-    model.save_pretrained(folder)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS)
-    fast.save_pretrained(folder)
-    return folder
+from tests.support.gguf_models import BOS, EOS, TEXTS, bpe_folder  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["llama-bpe", "qwen2", "gpt-2"])

@@ -2,7 +2,7 @@
 convert` (reading), split sets whose files disagree with their names or with each other, and GGUF
 targets given metadata the format cannot hold (writing, single and split).
 
-Every case is held to the same promises (`hostile_support.refused`): exit 1 or 2, one line naming
+Every case is held to the same promises (`hostile.refused`): exit 1 or 2, one line naming
 the file, no traceback, no output or scratch file (no split file either), an existing target
 unchanged, bounded time."""
 
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_support import copy_gguf, split_with_gguf_py, write_gguf
-from hostile_support import refused
-from test_gguf_hostile import CASES as HEADERS
-from test_gguf_hostile import gguf, info, kv, s
+
+from tests.support.gguf_files import copy_gguf, split_with_gguf_py, write_gguf
+from tests.support.gguf_headers import CASES as HEADERS
+from tests.support.gguf_headers import gguf, info, kv, s
+from tests.support.hostile import refused
 
 STRING, UINT16, INT32 = 8, 2, 5
 X = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
@@ -142,7 +143,7 @@ def test_an_existing_split_target_survives(src: Path, tmp_path: Path) -> None:
 
 def test_the_good_inputs_convert(split: tuple[Path, list[Path]], src: Path, tmp_path: Path) -> None:
     """The corpus's split set and source are sound: each refusal above is the broken part's."""
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     _, files = split
     done = migrate_in_process("convert", str(files[0]), str(tmp_path / "a.safetensors"))
@@ -203,8 +204,8 @@ TOKENIZER_KVS: dict[str, tuple[str, object, str, str | None]] = {
 
 @pytest.fixture(scope="module")
 def bpe_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from cli_support import migrate_in_process
-    from test_tokenizer_hostile import bpe, hf_llama
+    from tests.support.cli import migrate_in_process
+    from tests.support.tokenizer_files import bpe, hf_llama
 
     root = tmp_path_factory.mktemp("g2h")
     folder = hf_llama(root / "hf")
@@ -219,7 +220,7 @@ def test_hostile_tokenizer_key_values_to_a_folder(bpe_gguf: Path, tmp_path: Path
     """Refused (exit 1 or 2, the promises), or written with no tokenizer.json (a note says why when
     the vocabulary is a gpt2 one), or with one `tokenizers` loads (a bad special id or template is
     left out): never a tokenizer.json built from values of the wrong type, nor a traceback."""
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     key, value, vtype, sub = TOKENIZER_KVS[name]
     src = tmp_path / "w" / "m.gguf"

@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process
-from hostile_support import refused
-from model_support import tiny_llama_rope
+
+from tests.support.cli import migrate_in_process
+from tests.support.hostile import refused
+from tests.support.models import tiny_llama_rope
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

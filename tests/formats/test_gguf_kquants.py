@@ -10,8 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
-from model_support import tiny_llama
 
 from migrator.core.errors import UnsupportedDTypeError
 from migrator.core.tensor import from_numpy
@@ -19,6 +17,8 @@ from migrator.formats.gguf import quants
 from migrator.formats.gguf.constants import BY_NAME
 from migrator.formats.gguf.mixes import mix_types, use_more_bits
 from migrator.formats.gguf.writer import GGUFWriter
+from tests.support.cli import migrate_in_process
+from tests.support.models import tiny_llama
 
 gguf = pytest.importorskip("gguf")
 GQ = gguf.GGMLQuantizationType

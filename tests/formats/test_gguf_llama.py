@@ -5,36 +5,19 @@ tokenizer encodes text as the SentencePiece model does."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
-from model_support import tiny_llama_rope as tiny_llama
+
+from tests.support.cli import migrate_in_process
+from tests.support.models import tiny_llama_rope as tiny_llama
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 spm = pytest.importorskip("sentencepiece")
-
-TEXT = "the quick brown fox jumps over the lazy dog while a cat naps on the warm mat by the door"
-
-
-def sentencepiece_model(folder: Path, vocab_size: int = 300, **options: object) -> Path:
-    """A BPE tokenizer.model trained in `folder` (byte fallback, a user-defined `<sep>`); `options` go to the
-    trainer (e.g. Llama's normalizer: normalization_rule_name='identity', remove_extra_whitespaces=False)."""
-    rng = random.Random(0)
-    words = TEXT.split() + ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7))) for _ in range(300)]
-    corpus = folder / "corpus.txt"
-    corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)))
-    prefix = folder / "tokenizer"
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size,
-                                   model_type="bpe", byte_fallback=True, character_coverage=1.0,
-                                   user_defined_symbols=["<sep>"], minloglevel=2, **options)
-    corpus.unlink()
-    (folder / "tokenizer.vocab").unlink()
-    return prefix.with_suffix(".model")
+from tests.support.gguf_models import TEXT, sentencepiece_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

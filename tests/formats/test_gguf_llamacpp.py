@@ -3,7 +3,8 @@ the file loads, llama.cpp tokenizes text as SentencePiece does, its F32 logits a
 transformers', and on Q8_0/Q4_0 files its logits are as close to transformers' as on the file
 gguf-py writes from the same weights with its own quantizer. Also: byte-level BPE tokenizers
 (llama-bpe, qwen2, gpt-2) tokenized as the original, Llama 3.1 RoPE scaling, Qwen2, Phi-3 and Gemma 1-3
-logits within 1e-2 of transformers', and split files loaded from the first.
+logits within 1e-2 of transformers', split files loaded from the first, and our GGUF LoRA adapter applied
+to the base giving the merged model's logits.
 
 K-quants: our Q2_K..Q6_K blocks are byte-equal to ggml's reference quantizers (called through
 ctypes in the library llama-cpp-python built), and a `--quantize Q4_K_M` (Q4_K_S, Q5_K_M, Q5_K_S,
@@ -23,9 +24,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
-from model_support import tiny_llama, tiny_llama_rope
-from test_gguf_llama import TEXT, sentencepiece_model
+
+from tests.support.cli import migrate_in_process
+from tests.support.gguf_models import TEXT, sentencepiece_model
+from tests.support.models import tiny_llama, tiny_llama_rope
 
 pytestmark = pytest.mark.llamacpp
 
@@ -343,7 +345,7 @@ def test_llama_cpp_logits_on_our_q4_k_m_equal_its_own(hf_k_folders: dict[int, Pa
 @pytest.fixture(scope="module", params=["llama-bpe", "qwen2", "gpt-2"])
 def bpe_family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny Llama folder with a byte-level BPE tokenizer.json of the family, and our F32 GGUF of it."""
-    from test_gguf_bpe import bpe_folder
+    from tests.support.gguf_models import bpe_folder
 
     folder = bpe_folder(tmp_path_factory.mktemp("bpe") / "hf", request.param)
     return folder, convert(folder, folder.parent / "m.gguf")
@@ -352,7 +354,7 @@ def bpe_family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 def test_llama_cpp_tokenizes_like_the_bpe_tokenizer(bpe_family: tuple[Path, Path]) -> None:
     """llama.cpp splits text with the regex its table holds for tokenizer.ggml.pre and applies our merges:
     the ids equal the original tokenizer's (special tokens in the text parsed, as transformers does)."""
-    from test_gguf_bpe import TEXTS
+    from tests.support.gguf_models import TEXTS
 
     folder, path = bpe_family
     want = transformers.AutoTokenizer.from_pretrained(folder)
@@ -372,8 +374,7 @@ def test_llama_cpp_llama31_rope_scaling_logits_match_transformers(tmp_path: Path
     """A Llama 3.1-shaped tiny model (llama3 RoPE scaling, byte-level BPE tokenizer): llama.cpp, which scales
     each rotary frequency by our rope_freqs.weight, gives transformers' logits within 1e-2; without the
     scaling transformers' own logits move by far more, so the factors are what is being checked."""
-    from test_gguf_bpe import BOS, EOS, bpe_tokenizer
-    from test_gguf_rope import tiny_llama31
+    from tests.support.gguf_models import BOS, EOS, bpe_tokenizer, tiny_llama31
 
     tok = bpe_tokenizer("llama-bpe")
     folder = tmp_path / "hf"
@@ -404,8 +405,7 @@ def test_llama_cpp_llama31_rope_scaling_logits_match_transformers(tmp_path: Path
 def test_llama_cpp_qwen2_phi3_logits_match_transformers(arch: str, family: str, tmp_path: Path) -> None:
     """Qwen2 (q/k/v biases) and Phi-3 (fused qkv, gate_up) written unpermuted: llama.cpp, rotating them as
     GPT-NeoX does, gives transformers' logits within 1e-2 on a BPE-tokenized prompt."""
-    from test_gguf_archs import tiny_phi3, tiny_qwen2
-    from test_gguf_bpe import TEXTS, bpe_folder
+    from tests.support.gguf_models import TEXTS, bpe_folder, tiny_phi3, tiny_qwen2
 
     build = {"qwen2": tiny_qwen2, "phi3": tiny_phi3}[arch]
     folder = bpe_folder(tmp_path / "hf", family, model_of=lambda vocab: redrawn(build(vocab)))
@@ -440,6 +440,43 @@ def test_llama_cpp_loads_our_split_files(hf_folder: Path, f32_gguf: Path, tmp_pa
     assert float(np.abs(got - expected).max()) < 1e-2
 
 
+def test_llama_cpp_applies_our_lora_adapter(hf_folder: Path, f32_gguf: Path, tmp_path: Path,
+                                            prompt_and_hf_logits: tuple[list[int], np.ndarray]) -> None:
+    """Our GGUF LoRA adapter (`migrate convert ADAPTER_DIR adapter.gguf`) applied by llama.cpp to the base's
+    GGUF gives the logits llama.cpp computes on the GGUF of PEFT's merged model (merge_and_unload), and
+    not the base's (every linear module targeted, the embedding and lm_head too)."""
+    import shutil
+
+    peft = pytest.importorskip("peft")
+    tokens, _ = prompt_and_hf_logits
+    model = transformers.LlamaForCausalLM.from_pretrained(hf_folder).eval()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head"]
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.5 / min(p.shape) ** 0.5))
+    wrapped.save_pretrained(tmp_path / "adapter")
+    merged = tmp_path / "merged"
+    wrapped.merge_and_unload().save_pretrained(merged)
+    shutil.copy(hf_folder / "tokenizer.model", merged / "tokenizer.model")
+    adapter = convert(tmp_path / "adapter", tmp_path / "adapter.gguf", "--base", str(hf_folder))
+    expected = llama_cpp_logits(convert(merged, tmp_path / "merged.gguf"), tokens)
+    llm = llama_cpp.Llama(model_path=str(f32_gguf), lora_path=str(adapter), n_ctx=64, n_batch=64, n_threads=1,
+                          logits_all=True, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)
+    try:
+        llm.eval(tokens)
+        got = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+    base = llama_cpp_logits(f32_gguf, tokens)
+    diff, moved = float(np.abs(got - expected).max()), float(np.abs(base - expected).max())
+    print(f"\nLoRA adapter: max |base + adapter - merged| = {diff:.3g} (the adapter moves logits by {moved:.3g})")
+    assert moved > 0.1
+    assert diff < 1e-3
+
+
 @pytest.mark.parametrize("arch", ["gemma", "gemma2", "gemma3"])
 def test_llama_cpp_gemma_logits_match_transformers(arch: str, tmp_path: Path) -> None:
     """Gemma, Gemma 2 and Gemma 3 (norms stored as weight + 1, tied embeddings; Gemma 2: soft-capped
@@ -447,7 +484,7 @@ def test_llama_cpp_gemma_logits_match_transformers(arch: str, tmp_path: Path) ->
     q/k norms, five sliding layers of six, linear RoPE scaling on the global ones) with a SentencePiece
     tokenizer: llama.cpp gives transformers' logits within 1e-2 once transformers computes GELU as ggml does
     (a table of F16 results at F16 inputs); with torch's own GELU within 1e-2 (Gemma 3: 3e-2)."""
-    from test_gguf_archs import tiny_gemma, tiny_gemma2, tiny_gemma3
+    from tests.support.gguf_models import tiny_gemma, tiny_gemma2, tiny_gemma3
 
     folder = tmp_path / "hf"
     model = redrawn({"gemma": tiny_gemma, "gemma2": tiny_gemma2, "gemma3": tiny_gemma3}[arch](vocab_size=300))

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_support import gguf_reference, random_blocks, write_gguf
 
 import migrator
 from migrator.core.errors import FormatError
 from migrator.formats.gguf.constants import BY_NAME
 from migrator.formats.gguf.quants import DEQUANTIZERS, QUANTIZERS
 from migrator.run.convert import convert
+from tests.support.gguf_files import gguf_reference, random_blocks, write_gguf
 
 gguf = pytest.importorskip("gguf")
 

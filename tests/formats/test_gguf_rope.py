@@ -10,25 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
-
-SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position_embeddings": 32}
-
-
-def tiny_llama31(scaling: dict[str, object] | None = SCALING, seed: int = 0, vocab_size: int = 96) -> Any:
-    """A 2-layer Llama with head_dim 16 and llama3 RoPE scaling whose bands cover the rotary pairs: with
-    original_max_position_embeddings 32 the first pair keeps its speed, one is blended, the rest slowed 8x."""
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   rope_theta=10000.0, bos_token_id=1, eos_token_id=2,
-                                   rope_scaling=dict(scaling) if scaling else None)  # transformers adds to it
-    return transformers.LlamaForCausalLM(cfg).eval()
+from tests.support.gguf_models import SCALING, tiny_llama31  # noqa: E402
 
 
 @pytest.mark.parametrize("theta, dims, scaling", [

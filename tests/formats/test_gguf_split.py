@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
-from model_support import tiny_llama_rope
+
+from tests.support.cli import migrate_in_process
+from tests.support.models import tiny_llama_rope
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
@@ -21,7 +22,7 @@ LIMIT = 30_000
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from test_gguf_llama import sentencepiece_model
+    from tests.support.gguf_models import sentencepiece_model
 
     folder = tmp_path_factory.mktemp("split") / "hf"
     tiny_llama_rope(vocab_size=300).save_pretrained(folder)
@@ -127,7 +128,7 @@ def test_split_gguf_to_hf_folder_equals_what_transformers_reads_from_the_single_
     """A split GGUF made by gguf-py's split writer (from a single file), named by its folder or any of its
     files, becomes a Hugging Face folder whose model equals what transformers reads from the single file
     (transformers reads no split files), with the same config and tokenizer."""
-    from gguf_support import split_with_gguf_py
+    from tests.support.gguf_files import split_with_gguf_py
 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -152,7 +153,7 @@ def test_split_gguf_to_hf_folder_equals_what_transformers_reads_from_the_single_
 def test_a_split_quantized_source_keeps_its_blocks(hf_folder: Path, tmp_path: Path, target: str) -> None:
     """Split GGUF (gguf-py's split writer) -> GGUF, one file or split again at another size: gguf-py reads
     every tensor with the source's type and bytes (blocks copied as stored, not dequantized and written F32)."""
-    from gguf_support import split_with_gguf_py
+    from tests.support.gguf_files import split_with_gguf_py
 
     _convert(hf_folder, str(tmp_path / "q.gguf"), "--quantize", "Q4_K_M")  # rows of 64: Q5_0, Q8_0 ... fallbacks
     source = gguf.GGUFReader(str(tmp_path / "q.gguf")).tensors

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process
-from model_support import tiny_llama_rope
+
+from tests.support.cli import migrate_in_process
+from tests.support.models import tiny_llama_rope
 
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
@@ -25,7 +26,7 @@ LLAMA_NORMALIZER = {"normalization_rule_name": "identity", "remove_extra_whitesp
 @pytest.fixture(scope="module", params=["dummy_prefix", "no_dummy_prefix"])
 def converted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(original folder, its GGUF, the folder made back from the GGUF)."""
-    from test_gguf_llama import sentencepiece_model
+    from tests.support.gguf_models import sentencepiece_model
 
     root = tmp_path_factory.mktemp(request.param)
     tiny_llama_rope(vocab_size=300).save_pretrained(root / "hf")
@@ -75,7 +76,7 @@ def test_auto_tokenizer_of_the_folder_is_transformers_gguf_tokenizer(converted: 
 
 def test_a_normalizing_model_is_noted_on_the_way_to_gguf(tmp_path: Path) -> None:
     """SentencePiece's default normalizer (NFKC, runs of spaces collapsed) is not llama.cpp's: the plan says so."""
-    from test_gguf_llama import sentencepiece_model
+    from tests.support.gguf_models import sentencepiece_model
 
     tiny_llama_rope(vocab_size=300).save_pretrained(tmp_path / "hf")
     sentencepiece_model(tmp_path / "hf")

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
-from gguf_support import write_gguf
 
 import migrator
 from migrator.core.errors import PlanError, UnsupportedDTypeError
@@ -19,6 +17,8 @@ from migrator.core.tensor import from_numpy
 from migrator.files.io import save_planned
 from migrator.formats.gguf.writer import GGUFWriter
 from migrator.run.convert import convert
+from tests.support.cli import migrate_in_process
+from tests.support.gguf_files import write_gguf
 
 gguf = pytest.importorskip("gguf")
 GQ = gguf.GGMLQuantizationType

@@ -1,6 +1,6 @@
 """Issue 41, class 7 (ZeRO with `--training-state keep`, and `inspect --json`): optimizer state whose ids,
 steps or hyperparameters the reader cannot take as they are, each refused with one line naming the
-rank file (the shared promises, `hostile_support.refused`), and the ones it can take carried as torch
+rank file (the shared promises, `hostile.refused`), and the ones it can take carried as torch
 would carry them (a NaN step on every rank is one value, not a disagreement)."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
-from hostile_support import refused
-from rank_sets_support import zero_states, zero_step
+
+from tests.support.cli import migrate_in_process
+from tests.support.hostile import refused
+from tests.support.rank_sets import zero_states, zero_step
 
 torch = pytest.importorskip("torch")
 

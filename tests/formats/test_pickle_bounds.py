@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_hostile import P2, REBUILD, in_legacy, in_zip, u
 
 import migrator
 from migrator.core.errors import FormatError, LimitExceededError, MigratorError
 from migrator.formats import pytorch
 from migrator.formats import safepickle as sp
+from tests.support.pickles import P2, REBUILD, in_legacy, in_zip, u
 from tools import fuzz
 
 HASH_MOD = (1 << 61) - 1  # CPython hashes an int as its value modulo this prime

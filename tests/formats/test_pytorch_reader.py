@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import fixture_file
 
 from migrator.core import dtypes
 from migrator.core.errors import (
@@ -28,6 +27,7 @@ from migrator.core.scalars import Scalar
 from migrator.files.io import open_file
 from migrator.formats import safepickle
 from migrator.formats.pytorch import PytorchReader
+from tests.support.fixtures import fixture_file
 
 torch = pytest.importorskip("torch")
 

@@ -17,7 +17,6 @@ from typing import ClassVar
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import REPO, fixture_file
 from safetensors import safe_open
 from safetensors.numpy import load as st_load_bytes
 from safetensors.numpy import save as st_save_numpy
@@ -38,6 +37,7 @@ from migrator.core.errors import (
 from migrator.core.tensor import LazyTensor, from_numpy
 from migrator.files.io import open_file, save, to_bytes
 from migrator.formats.safetensors import LIBRARY_DTYPE_ORDER, SafetensorsReader, SafetensorsWriter
+from tests.support.fixtures import REPO, fixture_file
 
 RNG = np.random.default_rng(1234)
 ST_DTYPES = [d for d in dtypes.ALL if d.safetensors]

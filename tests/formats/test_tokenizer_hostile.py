@@ -1,53 +1,19 @@
 """Hostile tokenizer files given to `migrate convert HF_FOLDER out.gguf`: a `tokenizer.json`,
 `tokenizer.model` or `tokenizer_config.json` built to break the converter. Every case goes through
-the command line and is held to the same promises (`hostile_support.refused`): exit 1 or 2, one
+the command line and is held to the same promises (`hostile.refused`): exit 1 or 2, one
 line naming the file, no traceback, no output and no scratch file, an existing target unchanged,
 bounded time. A case is a folder file name and its bytes; the model's weights are always fine."""
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile_support import refused
 
-from migrator import from_numpy, save
-
-VOCAB, HIDDEN = 8, 32
-
-
-def hf_llama(folder: Path, vocab: int = VOCAB) -> Path:
-    """A 1-layer Llama folder written by migrator (no torch): config.json and model.safetensors."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    shapes = {"model.embed_tokens.weight": (vocab, HIDDEN), "lm_head.weight": (vocab, HIDDEN),
-              "model.norm.weight": (HIDDEN,)}
-    layer = {"self_attn.q_proj": (HIDDEN, HIDDEN), "self_attn.k_proj": (HIDDEN // 2, HIDDEN),
-             "self_attn.v_proj": (HIDDEN // 2, HIDDEN), "self_attn.o_proj": (HIDDEN, HIDDEN),
-             "mlp.gate_proj": (64, HIDDEN), "mlp.up_proj": (64, HIDDEN), "mlp.down_proj": (HIDDEN, 64),
-             "input_layernorm": (HIDDEN,), "post_attention_layernorm": (HIDDEN,)}
-    shapes.update({f"model.layers.0.{k}.weight": v for k, v in layer.items()})
-    save([from_numpy(k, rng.standard_normal(v).astype(np.float32)) for k, v in shapes.items()],
-         folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
-        "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": vocab, "rms_norm_eps": 1e-5, "max_position_embeddings": 64, "rope_theta": 10000.0,
-        "tie_word_embeddings": False}))
-    return folder
-
-
-def bpe(vocab: object = None, merges: object = None, **extra: object) -> str:
-    """A byte-level BPE tokenizer.json with the given parts replaced."""
-    doc: dict[str, object] = {
-        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2} if vocab is None else vocab,
-                  "merges": ["a b"] if merges is None else merges},
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False}}
-    doc.update(extra)
-    return json.dumps(doc)
+from tests.support.hostile import refused
+from tests.support.tokenizer_files import VOCAB, bpe, hf_llama
 
 
 def pb_field(number: int, payload: bytes) -> bytes:
@@ -139,7 +105,7 @@ def test_an_existing_target_survives(good: Path, tmp_path: Path, name: str) -> N
 def test_the_good_folder_converts(good: Path, tmp_path: Path) -> None:
     """The corpus's base is sound: each refusal above is the broken file's."""
     folder = _folder(good, tmp_path, {"tokenizer.json": bpe()})
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     done = migrate_in_process("convert", str(folder), str(tmp_path / "m.gguf"))
     assert done.returncode == 0, done.stderr
@@ -152,8 +118,8 @@ def test_special_companion_files_end(good: Path, tmp_path: Path, case: str) -> N
     with the promises or written (a companion that cannot be read counts as absent)."""
     import os
 
-    from alarm_support import alarm
-    from cli_support import migrate_in_process
+    from tests.support.alarm import alarm
+    from tests.support.cli import migrate_in_process
 
     spm = piece(b"<unk>", kind=2) + piece(b"a") + piece(b"b")
     folder = _folder(good, tmp_path, {} if case.startswith("tokenizer.json") else {"tokenizer.model": spm})

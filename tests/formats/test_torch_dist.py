@@ -1,6 +1,6 @@
 """Megatron-core `torch_dist` checkpoints read without megatron or torch (`formats/torch_dist/`).
 
-The oracle is megatron-core 0.16.1 itself (`tests/torch_dist_support.py`): it writes a tiny GPT
+The oracle is megatron-core 0.16.1 itself (`tests/support/torch_dist.py`): it writes a tiny GPT
 (2 layers, GQA, tensor-parallel over 2 gloo ranks on CPU) with `dist_checkpointing.save`, and reads it
 back with `load_plain_tensors`; each per-layer tensor migrator lists must equal megatron's stacked
 tensor at that layer, bit for bit. megatron-core <= 0.15's `MCoreMetadata` and the expert axis are
@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
-from hostile_support import refused
-from torch_dist_support import PADDED, VOCAB, cached_checkpoint, megatron_files
+
+from tests.support.cli import migrate_in_process
+from tests.support.hostile import refused
+from tests.support.torch_dist import PADDED, VOCAB, cached_checkpoint, megatron_files
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")

@@ -134,7 +134,7 @@ def test_a_recipe_cannot_write_the_read_only_toy(toy: dict[str, np.ndarray], tmp
     (tmp_path / "w.yaml").write_text("version: 1\nsource:\n  path: model.toy\ntarget:\n  path: out.bin\n"
                                      "  format: toy\n")
     assert main(["validate", "w.yaml"]) == 2
-    assert "target.format: expected 'auto', 'burnpack', 'safetensors', 'pytorch' or 'gguf', got 'toy'" in (
+    assert "target.format: expected 'auto', 'burnpack', 'safetensors', 'pytorch', 'gguf' or 'dcp', got 'toy'" in (
         capsys.readouterr().err)
 
 

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-1/2/3 checkpoint folders consolidate exactly as DeepSpeed's own `zero_to_fp32` does.
 
-The checkpoints are written in the test by DeepSpeed itself (`zero_support.py`: 2 ranks on gloo,
+The checkpoints are written in the test by DeepSpeed itself (`tests/support/zero_run.py`: 2 ranks on gloo,
 CPU, fp32 and bf16, stages 1, 2 and 3, a frozen layer, a buffer, tied weights, two parameter
 groups). Oracles: `deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint` for the
 fp32 masters, `torch.load` of the model states file for the module weights, the `safetensors`
@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 torch = pytest.importorskip("torch")
@@ -23,15 +24,15 @@ pytest.importorskip("deepspeed")
 st_torch = pytest.importorskip("safetensors.torch")
 zero_to_fp32 = pytest.importorskip("deepspeed.utils.zero_to_fp32")
 
-import zero_support  # noqa: E402
+import tests.support.zero_run as zero_run  # noqa: E402
 
-CONFIGS = [f"z{c[0]}_{c[2:]}" for c in zero_support.CONFIGS]
+CONFIGS = [f"z{c[0]}_{c[2:]}" for c in zero_run.CONFIGS]
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("zero")
-    done = zero_support.write_checkpoints(out)
+    done = zero_run.write_checkpoints(out)
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 
@@ -112,7 +113,7 @@ def test_zero3_module_weights_are_refused_as_partitioned(ckpts: Path, tmp_path: 
 def test_each_parameter_reads_only_its_own_bytes(ckpts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Streamed: the bytes read from the optimizer partitions are those of the parameters, never a
     whole flat group (the groups also hold the partitions' padding and other parameters)."""
-    read = zero_support.count_partition_reads(monkeypatch)
+    read = zero_run.count_partition_reads(monkeypatch)
     want = oracle(ckpts / "z3_fp32")
     convert(ckpts / "z3_fp32", tmp_path / "o.safetensors")
     # every tensor but the buffer (read from the model states file), the tied h.weight read again as itself

@@ -1,7 +1,7 @@
 """Broken and hostile ZeRO checkpoints through the command line: exit 1, one line naming the file
 (and the tensor where there is one), no traceback, nothing written, no code run.
 
-Each case starts from a checkpoint DeepSpeed wrote (`zero_support.py`) and breaks one thing: a
+Each case starts from a checkpoint DeepSpeed wrote (`tests/support/zero_run.py`) and breaks one thing: a
 truncated partition file, a missing or extra rank, shapes that disagree with the partitions, a
 `latest` naming no step, a state file whose pickle calls `os.system`.
 """
@@ -13,19 +13,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-import zero_support  # noqa: E402
+import tests.support.zero_run as zero_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("zero")
-    done = zero_support.write_checkpoints(out, ("1:fp32", "3:fp32"))
+    done = zero_run.write_checkpoints(out, ("1:fp32", "3:fp32"))
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 

@@ -7,7 +7,7 @@ name nothing are skipped, as DeepSpeed's zero_to_fp32 skips them: not refusals, 
 The checkpoint is a two-rank ZeRO-1 step built here with torch.save, as DeepSpeed lays it out (two
 parameters, 15 elements, one padding element: 8 per rank); test_zero_bad.py breaks checkpoints
 DeepSpeed itself wrote. Every case goes through the command line and is held to the same promises
-(`hostile_support.refused`): exit 1 or 2, one line naming the file, no traceback, no output or
+(`hostile.refused`): exit 1 or 2, one line naming the file, no traceback, no output or
 scratch file, an existing target unchanged, no code run, bounded time."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_support import refused
+
+from tests.support.hostile import refused
 
 torch = pytest.importorskip("torch")
 
@@ -218,9 +219,9 @@ def test_an_existing_target_survives(tmp_path: Path, name: str) -> None:
 def test_the_good_checkpoint_converts(tmp_path: Path) -> None:
     """The corpus's checkpoint is sound: each refusal above is the broken part's."""
     import numpy as np
-    from cli_support import migrate_in_process
 
     from migrator.files.io import open_file
+    from tests.support.cli import migrate_in_process
 
     folder = write(tmp_path / "ckpt")
     done = migrate_in_process("convert", str(folder), str(tmp_path / "out.safetensors"))

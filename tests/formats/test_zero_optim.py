@@ -1,6 +1,6 @@
 """A ZeRO checkpoint's optimizer state follows a recipe into a whole `.pt` (`training_state: keep`).
 
-The checkpoints are written in the test by DeepSpeed itself (`zero_support.py`: 2 ranks on gloo, CPU,
+The checkpoints are written in the test by DeepSpeed itself (`tests/support/zero_run.py`: 2 ranks on gloo, CPU,
 AdamW, two parameter groups, sizes that split unevenly; ZeRO-1 fp32, ZeRO-2 bf16, ZeRO-3 fp32). The
 oracle is DeepSpeed's own universal-checkpoint conversion (`deepspeed.checkpoint.ds_to_universal`), which
 writes every parameter's fp32, exp_avg and exp_avg_sq (and ZeRO-1/2's step) to files of their own, and
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 torch = pytest.importorskip("torch")
@@ -29,7 +30,7 @@ pytest.importorskip("deepspeed")
 zero_to_fp32 = pytest.importorskip("deepspeed.utils.zero_to_fp32")
 ds_to_universal = pytest.importorskip("deepspeed.checkpoint.ds_to_universal")
 
-import zero_support  # noqa: E402
+import tests.support.zero_run as zero_run  # noqa: E402
 
 CONFIGS = ("1:fp32", "2:bf16", "3:fp32")
 NAMES = [f"z{c[0]}_{c[2:]}" for c in CONFIGS]
@@ -39,7 +40,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("zero")
-    done = zero_support.write_checkpoints(out, CONFIGS)
+    done = zero_run.write_checkpoints(out, CONFIGS)
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 
@@ -138,7 +139,7 @@ TRAINED = ("a.weight", "b.weight", "n.weight", "g.weight", "a.bias", "n.bias")
 
 
 def _group_names(group: dict[str, Any]) -> list[str]:
-    """Tiny's two groups (zero_support.py): the trained weights with weight decay, the biases without."""
+    """Tiny's two groups (tests/support/zero_run.py): the trained weights with weight decay, the biases without."""
     decay = group["weight_decay"] > 0
     return [n for n in TRAINED if n.endswith("weight") == decay]
 
@@ -233,7 +234,7 @@ def test_the_default_outputs_are_unchanged(ckpts: Path, tmp_path: Path) -> None:
 
 
 def test_each_moment_reads_only_its_own_bytes(ckpts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    read = zero_support.count_partition_reads(monkeypatch)
+    read = zero_run.count_partition_reads(monkeypatch)
     out = whole(ckpts / "z3_fp32", tmp_path / "whole.pt")
     moments = [t for s in out["optimizer"]["state"].values() for k, t in s.items() if k in MOMENTS]
     masters = [t for n, t in out["model"].items() if n != "scale"]  # the buffer is read from the model states

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from alarm_support import alarm
-from cli_support import migrate_in_process
-from hostile_support import refused
 from safetensors.numpy import save_file
 
 from migrator.core.limits import DEFAULT_LIMITS
 from migrator.naming import KeyRemapper, NamingError, compile_regex
 from migrator.naming.regex import MAX_CAPTURES, MAX_GROUPS, MAX_PATTERN_CHARS
 from migrator.naming.remap import MAX_NAME_GROWTH, NameTooLongError
+from tests.support.alarm import alarm
+from tests.support.cli import migrate_in_process
+from tests.support.hostile import refused
 
 
 def test_a_long_non_ascii_name_with_a_match_per_character_is_linear() -> None:

@@ -30,11 +30,13 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import migrate_in_process
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 cbor2 = pytest.importorskip("cbor2")
 np = pytest.importorskip("numpy")
+from tests.support.burnpack import parse_burnpack  # noqa: E402
+
 nn = torch.nn
 
 
@@ -85,22 +87,6 @@ def _trained(tmp_path: Path, make: Any, recipe: str = RECIPE) -> tuple[Any, Any]
 def _state(net: Any, opt: Any, key: str) -> dict[str, Any]:
     """torch's per-parameter `key`, by Burn's name, in Burn's layout."""
     return {BURN[n]: burn_layout(n, opt.state[p][key]) for n, p in net.named_parameters()}
-
-
-def parse_burnpack(path: Path) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """An independent reader: the top-level CBOR keys in order, the CBOR map, and each tensor (F32 or I64)."""
-    data = path.read_bytes()
-    assert data[:4] == b"NRUB" and int.from_bytes(data[4:6], "little") == 1
-    size = int.from_bytes(data[6:10], "little")
-    meta = cbor2.loads(data[10:10 + size])
-    start = -(-(10 + size) // 256) * 256
-    arrays = {}
-    for name, d in meta["tensors"].items():
-        lo, hi = d["data_offsets"]
-        assert (start + lo) % 256 == 0
-        dtype = {"F32": "<f4", "I64": "<i8"}[d["dtype"]]
-        arrays[name] = np.frombuffer(data[start + lo:start + hi], dtype=dtype).reshape(d["shape"])
-    return list(meta), meta, arrays
 
 
 def _run(tmp_path: Path, *extra: str) -> Any:

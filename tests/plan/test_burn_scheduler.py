@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_burn_optimizer import parse_burnpack
 
-from tests.cli_support import migrate_in_process
+from tests.support.burnpack import parse_burnpack
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 S = torch.optim.lr_scheduler

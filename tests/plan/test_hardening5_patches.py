@@ -1,6 +1,6 @@
 """Issue 41, class 7 (Burn records and --optimizer-out): each case a checkpoint torch wrote, broken
 in one place, refused with one line naming what is wrong, nothing written (the shared promises,
-`hostile_support.refused`)."""
+`hostile.refused`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_support import refused
+
+from tests.support.hostile import refused
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -42,7 +43,7 @@ def test_a_step_burn_cannot_count_is_refused(step: Any, tmp_path: Path) -> None:
 
 
 def test_a_good_step_still_writes_the_record(tmp_path: Path) -> None:
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     ckpt = _checkpoint(tmp_path, torch.tensor(3.0))
     done = migrate_in_process("convert", str(ckpt), str(tmp_path / "out.bpk"), "--top-level-key", "model",

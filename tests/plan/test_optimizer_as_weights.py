@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process as migrate
+
+from tests.support.cli import migrate_in_process as migrate
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")

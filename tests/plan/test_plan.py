@@ -16,11 +16,6 @@ from migrator.recipe.model import Recipe
 from migrator.run.execute import MigrationError, run_plan
 
 
-def keep_bias(name: str) -> bool:
-    """A filter predicate imported by a recipe (`test_plan:keep_bias`)."""
-    return name.endswith(".bias")
-
-
 def recipe(**data: Any) -> Recipe:
     data.setdefault("version", 1)
     return Recipe.model_validate(data)
@@ -66,7 +61,7 @@ def test_remap_indices_filter_and_source_order(src: Path, tmp_path: Path) -> Non
 def test_include_by_regex_path_and_predicate(src: Path, tmp_path: Path) -> None:
     r = recipe(source={"path": str(src)},
                filter={"include": [{"regex": r"head"}, {"path": "model.enc.0.weight"},
-                                   {"predicate": "test_plan:keep_bias"}]},
+                                   {"predicate": "tests.support.predicates:keep_bias"}]},
                target={"path": "o.bpk"})
     plan, _ = run(r, tmp_path)
     assert plan.report.applied == ["model.enc.0.bias", "model.enc.0.weight", "model.head.weight"]

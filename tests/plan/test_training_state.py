@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import migrate_in_process
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from cli_support import migrate_subprocess
 from pydantic import BaseModel
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from migrator import from_numpy, save
 from migrator.recipe.loader import RecipeError, load_recipe
 from migrator.recipe.model import Recipe
+from tests.support.cli import migrate_subprocess
 
 BASE = r"""version: 1
 description: every field

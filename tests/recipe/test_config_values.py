@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_in_process as migrate
+
+from tests.support.cli import migrate_in_process as migrate
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

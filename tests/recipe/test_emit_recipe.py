@@ -10,9 +10,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from cli_support import migrate_subprocess
 
 from migrator import open_file
+from tests.support.cli import migrate_subprocess
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -4,7 +4,7 @@ expands or fails to construct, unknown methods, weights, `t` and densities that 
 exist, and models whose tensors do not fit together.
 
 Every case goes through the command line and is held to the same promises
-(`hostile_support.refused`): exit 1 or 2, one line naming the config's line (or the model and
+(`hostile.refused`): exit 1 or 2, one line naming the config's line (or the model and
 tensor), no traceback, no output folder or scratch file, an existing target unchanged, bounded time."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile_support import refused
 
 from migrator import from_numpy, save
+from tests.support.hostile import refused
 
 HIDDEN, LAYERS = 8, 2
 
@@ -176,7 +176,7 @@ def test_an_existing_target_survives(models: Path, tmp_path: Path, name: str) ->
 
 def test_the_good_config_merges(models: Path, tmp_path: Path) -> None:
     """The corpus's models are sound: each refusal above is the config's."""
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     config = _setup(models, tmp_path, linear())
     done = migrate_in_process("merge", str(config), str(tmp_path / "w" / "out"))

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_support import migrate_subprocess
+
+from tests.support.cli import migrate_subprocess
 
 torch = pytest.importorskip("torch")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from alarm_support import alarm as bounded
 
 from migrator import from_numpy, save
 from migrator.recipe.loader import MAX_NONSTRING_KEYS, RecipeError, parse_recipe
+from tests.support.alarm import alarm as bounded
 
 HEAD = "version: 1\nsource: {path: src.safetensors}\n"
 

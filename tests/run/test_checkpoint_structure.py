@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
 from safetensors.numpy import save, save_file
 
 from migrator.run.jobs import JobsUsageError, target_for
+from tests.support.cli import migrate_in_process
 
 BAD = [
     ("out/{stem}/model.safetensors", "in/...x"),  # a local file named '...x': its stem is '..'

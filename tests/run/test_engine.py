@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 import safetensors.numpy as st_numpy
-from cli_support import migrate_in_process
 
 from migrator.run import recipe as engine
 from migrator.run.recipe import RunOptions, run_recipe
+from tests.support.cli import migrate_in_process
 
 
 @pytest.fixture

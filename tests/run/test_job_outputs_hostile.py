@@ -4,7 +4,7 @@ jobs (several recipes, `--each`, `--jobs`) whose Burn optimizer records (a `.bpk
 job's source, model or record, by path or by inode; a `--report` onto a record; a single run whose
 record is its own source or its report; and `convert` into an existing folder named like a file.
 
-Each case is held to the promises of `hostile_support.refused`: exit 1 or 2, one line naming the
+Each case is held to the promises of `hostile.refused`: exit 1 or 2, one line naming the
 files, no traceback, nothing written (the folder byte for byte as before), bounded time. The
 checkpoints are real torch training checkpoints (AdamW after one step); the oracle of "nothing
 happened" is the folder's own snapshot.
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile_support import refused
 from safetensors.numpy import save_file
+
+from tests.support.hostile import refused
 
 torch = pytest.importorskip("torch")
 
@@ -151,7 +152,7 @@ def test_convert_into_an_existing_folder_named_like_a_file(work: Path, dst: str)
 
 
 def test_convert_into_an_existing_folder_with_a_slash_still_works(work: Path) -> None:
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     (work / "out.bpk").mkdir()
     done = migrate_in_process("convert", "w.safetensors", "out.bpk/")

@@ -21,8 +21,7 @@ pytest.importorskip("s3fs")
 boto3 = pytest.importorskip("boto3")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
-import remote_servers  # noqa: E402
-
+import tests.support.remote_servers as remote_servers  # noqa: E402
 from migrator.run.jobs import target_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

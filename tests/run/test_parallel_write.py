@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cli_support import migrate_subprocess
 from safetensors.numpy import load_file, save, save_file
 
 import migrator
 from migrator.formats.safetensors import SafetensorsWriter
 from migrator.run.parallel_write import LocalRunner, save_file_parallel, split_ranges
+from tests.support.cli import migrate_subprocess
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
 from safetensors.numpy import save_file
+
+from tests.support.cli import migrate_in_process
 
 migrate = migrate_in_process
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_subprocess
 from safetensors.numpy import load_file, save_file
+
+from tests.support.cli import migrate_subprocess
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,8 +20,8 @@ pytest.importorskip("adlfs")
 blob = pytest.importorskip("azure.storage.blob")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
-import remote_servers  # noqa: E402
-from store_support import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
+import tests.support.remote_servers as remote_servers  # noqa: E402
+from tests.support.store import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
 
 azurite = pytest.fixture(scope="module")(remote_servers.azurite_connection_string)
 

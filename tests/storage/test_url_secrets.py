@@ -18,10 +18,9 @@ import pytest
 pytest.importorskip("aiohttp")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
-from remote_servers import HttpServer  # noqa: E402
-from store_support import cli  # noqa: E402
-
 from migrator.storage.remote import redact  # noqa: E402
+from tests.support.remote_servers import HttpServer  # noqa: E402
+from tests.support.store import cli  # noqa: E402
 
 SECRET = "hun@ter2"  # the '@' inside the password defeated the old redaction
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import fixture_file
 
 from migrator.core import dtypes
 from migrator.core.tensor import LazyTensor, from_numpy
@@ -28,6 +27,7 @@ from migrator.transform.adapters import (
     half_precision_module_set,
 )
 from migrator.transform.modules import ModuleResolver, ModuleType
+from tests.support.fixtures import fixture_file
 
 
 def declared(name: str) -> ModuleType:

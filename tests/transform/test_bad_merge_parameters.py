@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
+
+from tests.support.cli import migrate_in_process
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import fixture_file
 
 from migrator import open_file
 from migrator.plan.build import build_plan
 from migrator.recipe.model import Recipe
 from migrator.run.execute import run_plan
+from tests.support.fixtures import fixture_file
 
 torch = pytest.importorskip("torch")
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from alarm_support import alarm
-from cli_support import migrate_in_process
+
+from tests.support.alarm import alarm
+from tests.support.cli import migrate_in_process
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 

@@ -22,7 +22,7 @@ from migrator.ops.compute.lora_product import scaled_product, torch_order
 
 torch = pytest.importorskip("torch")
 
-from tests.torch_order_support import torch_sums_in_order  # noqa: E402
+from tests.support.torch_order import torch_sums_in_order  # noqa: E402
 
 KERNELS = lora_product.lora_kernels()
 NATIVE = KERNELS is not None

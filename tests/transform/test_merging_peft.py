@@ -24,8 +24,8 @@ from migrator.files.io import open_file  # noqa: E402
 from migrator.run.merge import fold_folder  # noqa: E402
 from migrator.transform.merging.peft_adapter import fold_plan, open_adapter, pattern_key  # noqa: E402
 from migrator.transform.merging.tensors import fold_tensors  # noqa: E402
-from tests.model_support import tiny_gpt2, tiny_llama  # noqa: E402
-from tests.torch_order_support import exact_or_close, torch_sums_in_order  # noqa: E402
+from tests.support.models import tiny_gpt2, tiny_llama  # noqa: E402
+from tests.support.torch_order import exact_or_close, torch_sums_in_order  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
 
 from migrator import open_file
 from migrator.core.tensor import from_numpy
 from migrator.naming import compile_regex
 from migrator.transform.adapters import AdapterError, BurnToPyTorchAdapter, HalfPrecisionAdapter, PyTorchToBurnAdapter
 from migrator.transform.modules import KNOWN_MODULE_TYPES, ModuleResolver, exact_regex, fit_problem, module_path
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -3,7 +3,7 @@
 shapes, ranks or dtypes do not fit the base, weights files that are truncated, missing or run code.
 
 Every case goes through the command line and is held to the same promises
-(`hostile_support.refused`): exit 1 or 2, one line naming the adapter file (or the tensor), no
+(`hostile.refused`): exit 1 or 2, one line naming the adapter file (or the tensor), no
 traceback, no output or scratch file, an existing target unchanged, bounded time."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hostile_support import refused
 
 from migrator import from_numpy, save
+from tests.support.hostile import refused
 
 HIDDEN, R = 16, 2
 PREFIX = "base_model.model.model.layers.0.self_attn."
@@ -226,8 +226,8 @@ def test_bad_lora_options_are_usage_errors(case_dirs: tuple[Path, Path], tmp_pat
 
 def test_a_backtracking_pattern_is_matched_in_bounded_time(case_dirs: tuple[Path, Path], tmp_path: Path) -> None:
     """rank_pattern keys are regexes from the file: catastrophic ones match no module here, quickly."""
-    from alarm_support import alarm
-    from cli_support import migrate_in_process
+    from tests.support.alarm import alarm
+    from tests.support.cli import migrate_in_process
 
     base, good = case_dirs
     adapter = _adapter(tmp_path, good, "r disagrees with lora_A")  # its config is rewritten whole below
@@ -239,7 +239,7 @@ def test_a_backtracking_pattern_is_matched_in_bounded_time(case_dirs: tuple[Path
 
 def test_the_good_adapter_folds(case_dirs: tuple[Path, Path], tmp_path: Path) -> None:
     """The corpus's base and adapter are sound: each refusal above is the broken part's."""
-    from cli_support import migrate_in_process
+    from tests.support.cli import migrate_in_process
 
     base, good = case_dirs
     done = migrate_in_process("convert", str(base), str(tmp_path / "out.safetensors"), "--lora", str(good))

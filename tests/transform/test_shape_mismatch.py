@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import migrate_in_process
 
 from migrator import from_numpy, save
+from tests.support.cli import migrate_in_process
 
 torch = pytest.importorskip("torch")
 

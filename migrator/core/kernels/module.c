@@ -54,6 +54,13 @@ static PyMethodDef methods[] = {
      "the block sums added in order), 1: plain (each product and sum rounded), 2: product only (rank 1)"},
     {"lora_use_fma", py_lora_use_fma, METH_O, "lora_use_fma(flag): allow lora_band's AVX2+FMA loops (default) or "
      "force the portable ones (fmaf from the C library)"},
+    /* quantized checkpoints (issue 43, core/dequant.py) */
+    {"dequant_band", py_dequant_band, METH_VARARGS, "dequant_band(src, dst, kind, bits, offset, rows, row_bytes, col0, "
+     "cols, row0, block_rows, block_cols, scales, scale_kind, scale_cols, zeros, biases, mid, out): a band of rows of "
+     "bit-packed codes (int, E4M3, E5M2, E2M1) times block scales (+ biases) -> F32/BF16/F16 bits; -1, or the index "
+     "of the first NaN/inf/zero/E8M0-255 scale"},
+    {"e8m0_to_f32", py_e8m0_to_f32, METH_VARARGS, "e8m0_to_f32(src, dst): E8M0 bytes -> float32 2^(e-127); -1, or "
+     "the index of the first 255"},
     {NULL, NULL, 0, NULL},
 };
 

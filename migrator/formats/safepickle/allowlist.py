@@ -487,6 +487,8 @@ RECORD_CLASSES = (
     "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
     "torch.distributed._shard.sharding_spec.chunk_sharding_spec.ChunkShardingSpec",
     "torch.distributed._shard.sharding_spec.api.EnumerableShardingSpec",
+    # Megatron-LM's checkpoint `args` (the script's parsed arguments): its fields, read as data
+    "argparse.Namespace",
 )
 """Classes whose objects are read as `Record`s: plain data (sizes, offsets, names, placements)."""
 

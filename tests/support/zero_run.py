@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO checkpoints written by DeepSpeed itself, on this CPU, for the ZeRO reader's tests.
 
-`python zero_support.py OUT CONFIG...` (a new process: DeepSpeed's engine sets process-wide state)
+`python tests/support/zero_run.py OUT CONFIG...` (a new process: DeepSpeed's engine sets process-wide state)
 spawns 2 ranks (torch.multiprocessing) that join a gloo group on 127.0.0.1, train a tiny module
 (a buffer, a frozen Linear, tied weights, two parameter groups, sizes that do not split evenly) with
 AdamW for two steps and `save_checkpoint` after each, for every CONFIG `STAGE:DTYPE` (1|2|3, fp32|bf16),

@@ -1,7 +1,7 @@
 """Hugging Face Trainer checkpoints written by transformers' Trainer itself, on this CPU, for the tests
 of a Trainer folder read as one training checkpoint (`migrator.files.trainer`).
 
-`python trainer_support.py train OUT` (a new process: the Trainer and accelerate set process-wide
+`python tests/support/trainer_run.py train OUT` (a new process: the Trainer and accelerate set process-wide
 state) trains each tiny model of `MODELS` (a Llama, a GPT-2, a Phi-3 of the Llama's sizes) for `STEPS`
 steps on random token data (fixed seeds, AdamW with weight decay: the Trainer's two param groups) and
 saves `OUT/<model>/checkpoint-<STEPS>/`; beside it, `OUT/<model>/oracle.pt` holds what the Trainer's
@@ -9,7 +9,7 @@ own optimizer held at that point, by parameter name (`{"state": {name: {key: ten
 [[names]]}`), and `OUT/<model>/order.pt` the model's `named_parameters()` (a parameter-order file a
 user would save).
 
-`python trainer_support.py resume OUT.pt MODEL FOLDER...` resumes a Trainer of MODEL from each FOLDER
+`python tests/support/trainer_run.py resume OUT.pt MODEL FOLDER...` resumes a Trainer of MODEL from each FOLDER
 (`Trainer.train(resume_from_checkpoint=FOLDER)`) for one more step and saves, per folder, the
 parameters and the optimizer's `state_dict()` after it.
 """

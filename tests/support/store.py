@@ -7,10 +7,10 @@ import subprocess
 from collections.abc import Iterator
 
 import numpy as np
-from cli_support import migrate_in_process
 
 from migrator.core import dtypes
 from migrator.core.tensor import LazyTensor
+from tests.support.cli import migrate_in_process
 
 
 class Boom(Exception):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dist_support import _free_port
+from tests.support.dist import _free_port
 
 
 def _variant(sd: dict, name: str, whole: object, layout: list[tuple[int, int, int]], rank: int) -> None:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def migrate_in_process(*args: str) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from test_gguf_quants import random_blocks  # noqa: F401  (re-exported for the GGUF tests)
+
+from tests.support.gguf_blocks import random_blocks  # noqa: F401  (re-exported for the GGUF tests)
 
 
 def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, str]], *, arch: str = "llama",

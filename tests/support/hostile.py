@@ -10,8 +10,8 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from alarm_support import alarm
-from cli_support import migrate_in_process
+from tests.support.alarm import alarm
+from tests.support.cli import migrate_in_process
 
 
 def snapshot(root: Path) -> dict[str, str]:

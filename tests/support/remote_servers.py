@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from alarm_support import alarm
+from tests.support.alarm import alarm
 
 
 @dataclass
@@ -177,7 +177,7 @@ AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 def azurite_binary() -> str | None:
     """Azurite's blob service: where `make install` puts it (`<venv>/node`, npm's --prefix), the
     checkout's own `.venv/node`, or on PATH."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     for prefix in (Path(sys.prefix) / "node", repo / ".venv" / "node"):
         candidate = prefix / "node_modules" / ".bin" / "azurite-blob"
         if candidate.is_file() and os.access(candidate, os.X_OK):
