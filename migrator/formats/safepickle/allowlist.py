@@ -425,12 +425,6 @@ def _record_class(name: str) -> Builtin:
     return Builtin(name, handler)
 
 
-def record_class(name: str) -> Builtin:
-    """`_record_class` for a reader that reads one more plain-data class in its own files (Megatron's
-    `argparse.Namespace` of training arguments in `common.pt`), not allow-listed for every pickle."""
-    return _record_class(name)
-
-
 def _h_get_layout(m: Machine, a: tuple, kw: dict) -> Record:
     """`torch.serialization._get_layout("torch.strided")`: the layout's name, as a record."""
     if kw or len(a) != 1 or not isinstance(a[0], str) or a[0] not in _LAYOUTS:

@@ -1,8 +1,8 @@
 """`common.pt`: what megatron-core saves unsharded beside the DCP files, read as plain data.
 
-Megatron-LM puts its training arguments there (`args`, an `argparse.Namespace`), with
-`checkpoint_version` and `iteration`. The restricted interpreter reads the file; `argparse.Namespace`
-is read here, and only here, as a record of its attributes (never built). Every value becomes plain
+Megatron-LM puts its training arguments there (`args`, a pickled arguments object), with
+`checkpoint_version` and `iteration`. The restricted interpreter reads the file; the arguments object
+is an allow-listed record of its attributes (`formats.pytorch.namespace`), never built. Every value becomes plain
 data for a recipe's `${config.KEY}`: numbers, strings, lists, a torch dtype as its name
 (`torch.bfloat16` -> "bfloat16"); objects of other classes (an enum of Megatron's, a function) are
 left out (None). No code from the file runs.
@@ -15,33 +15,17 @@ from typing import Any
 from ...core.bytesource import ByteSource
 from ...core.errors import FormatError
 from ...core.limits import Limits
+from ..pytorch.namespace import namespace_fields
 from ..pytorch.reader import PytorchReader
 from ..safepickle import values as sp
-from ..safepickle.allowlist import record_class
-from ..safepickle.vm import Unpickler
 
-NAMESPACE = "argparse.Namespace"
 MAX_DEPTH = 16
-
-
-class _ArgsUnpickler(Unpickler):
-    """The restricted interpreter, reading `argparse.Namespace` as a record of its attributes."""
-
-    def resolve_global(self, module: str, name: str) -> Any:
-        if (module, name) == ("argparse", "Namespace"):
-            return record_class(NAMESPACE)
-        return super().resolve_global(module, name)
 
 
 class _CommonReader(PytorchReader):
     """common.pt's root object kept as the interpreter built it; tensors in it are not listed."""
 
     root: Any = None
-
-    def _unpickler(self, data: bytes | memoryview, *, start: int = 0, end: int | None = None,
-                   persistent: Any = None, what: str = "pickle") -> Unpickler:
-        return _ArgsUnpickler(data, label=self.label, start=start, end=end, persistent_load=persistent,
-                              limits=self._limits, what=what)
 
     def _flatten(self, root: Any, prefix: str) -> Any:
         self.root = root
@@ -61,7 +45,7 @@ def read_common(source: ByteSource, limits: Limits) -> dict[str, Any]:
             out[k] = plain(v)
     args = out.get("args")
     if "args" in root and not isinstance(args, dict):
-        raise FormatError(f"common.pt's args is {sp.describe(root['args'])}, not Megatron's argparse.Namespace",
+        raise FormatError(f"common.pt's args is {sp.describe(root['args'])}, not Megatron's arguments object",
                           file=source.label)
     return out
 
@@ -74,11 +58,9 @@ def plain(v: Any, depth: int = 0) -> Any:
         return v
     if isinstance(v, sp.TorchDtype):
         return v.name.removeprefix("torch.")
-    if isinstance(v, sp.Record) and v.name == NAMESPACE:
-        state = v.state[0] if isinstance(v.state, tuple) and v.state else v.state
-        if not isinstance(state, dict):
-            return {}
-        return {k: plain(x, depth + 1) for k, x in state.items() if type(k) is str}
+    fields = namespace_fields(v)
+    if fields is not None:
+        return {k: plain(x, depth + 1) for k, x in fields.items()}
     if isinstance(v, dict):
         return {k: plain(x, depth + 1) for k, x in v.items() if type(k) in (str, int)}
     if isinstance(v, (list, tuple)):
