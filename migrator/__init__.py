@@ -1,5 +1,5 @@
 """migrator: move neural-network weights between burnpack, SafeTensors, PyTorch and GGUF files (and
-read PyTorch Distributed Checkpoint, Megatron-core torch_dist, DeepSpeed ZeRO, Hugging Face Trainer
+read PyTorch Distributed Checkpoint, Megatron Core torch_dist, DeepSpeed ZeRO, Hugging Face Trainer
 checkpoint and Megatron-LM legacy checkpoint folders;
 `migrator.formats.registry` lists them).
 

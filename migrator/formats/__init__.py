@@ -1,5 +1,5 @@
 """The file formats, one codec each: burnpack (and its CBOR), SafeTensors, PyTorch (and the restricted
-pickle it needs, and its writer), GGUF, PyTorch Distributed Checkpoint folders, Megatron-core torch_dist
+pickle it needs, and its writer), GGUF, PyTorch Distributed Checkpoint folders, Megatron Core torch_dist
 folders, DeepSpeed ZeRO folders, Hugging Face Trainer checkpoint folders and Megatron-LM legacy
 checkpoint folders (read only); which format a file is in (`detect`).
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..spec import FormatSpec
 
 SPEC = FormatSpec(
-    name="torch_dist", title="Megatron-core torch_dist",
+    name="torch_dist", title="Megatron Core torch_dist",
     summary="Megatron-core `torch_dist` (Megatron-LM, NeMo 2's `weights/`)",
     recognized_by="a folder with `.metadata` and megatron-core's `metadata.json` or `common.pt`", folder=True,
     torch_names=True)
