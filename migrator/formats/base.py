@@ -134,6 +134,11 @@ class Reader(Mapping[str, LazyTensor], ABC):
         """The GGUF type `tensor` is stored as (a GGUF file or folder); None for every other format."""
         return None
 
+    def hf_config(self) -> dict[str, Any] | None:
+        """The Hugging Face config.json this source's own configuration makes (`target.hf_config`), or
+        None when it has none to make one from (a GGUF's is made by the plan from its key/values)."""
+        return None
+
     def describe(self, name: str) -> str:
         """How an error names one of this reader's tensors (several sources say which one it is from)."""
         return repr(name)

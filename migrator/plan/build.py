@@ -731,6 +731,11 @@ class Compilation:
             return {}
         import json
 
+        own = reader.hf_config()  # a source whose own configuration makes one (Megatron's arguments)
+        if own is not None:
+            notes.append("config.json is made from the source's own configuration (target.hf_config)")
+            return {"config.json": (json.dumps(own, indent=2) + "\n").encode()}
+
         from ..formats.gguf.bpe import hf_tokenizer_files
         from ..formats.gguf.llama import ROPE_FREQS, hf_config
 
