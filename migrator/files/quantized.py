@@ -100,7 +100,7 @@ def quantized_source(reader: Reader, path: str | os.PathLike[str] | None, *,
                 return reader  # an unreadable config declares nothing; a plan that needs it says so itself
         from ..formats.quantized import scheme_of
 
-        scheme = scheme_of(config, str(config_path))
+        scheme = scheme_of(config, shown(config_path))
         if scheme is None:
             return reader
         return QuantizedReader(reader, scheme, config_path, config, dequantize)
@@ -117,6 +117,7 @@ class QuantizedReader(Reader):
     def __init__(self, base: Reader, scheme: Scheme, config_path: Path, config: Mapping[str, Any],
                  dequantize: DType | None) -> None:
         self.base, self.scheme, self.config_path, self.dequantize = base, scheme, config_path, dequantize
+        self.config_label = shown(config_path)  # a store's URL without its secrets
         by_name = {t.name: t for t in base.tensors}
         self.weights: list[QuantizedWeight] = scheme.weights(by_name)
         self.format = base.format  # type: ignore[misc]
@@ -159,7 +160,7 @@ class QuantizedReader(Reader):
 
     def _stored_note(self) -> str:
         n, k = len(self.weights), len(self.parts_taken)
-        return (f"{self.config_path} declares {self.scheme.describe()}: its {n} quantized weights and the {k} tensors "
+        return (f"{self.config_label} declares {self.scheme.describe()}: its {n} quantized weights and the {k} tensors "
                 "they consume (scales) are read as stored; a cast (--dtype BF16, F16 or F32, or dtype: {cast: ...}) "
                 "dequantizes them")
 
@@ -170,7 +171,7 @@ class QuantizedReader(Reader):
         taken = [name for name, _ in self.parts_taken]
         consumed = ", ".join(taken[:MAX_NAMED]) + (
             f" and {len(taken) - MAX_NAMED} more" if len(taken) > MAX_NAMED else "")
-        return (f"{self.config_path} declares {self.scheme.describe()}: {len(names)} weights dequantized to "
+        return (f"{self.config_label} declares {self.scheme.describe()}: {len(names)} weights dequantized to "
                 f"{self.dequantize.display} ({shown or 'none'}); {len(taken)} stored tensors consumed by them "
                 f"({consumed or 'none'})")
 
@@ -180,7 +181,7 @@ class QuantizedReader(Reader):
         by_name = {t.name: t for t in self.base.tensors}
         stored = sum(by_name[n].nbytes for w in self.weights for n in w.stored())
         elements = sum(w.rows * w.columns for w in self.weights)
-        return {"scheme": self.scheme.name, "description": self.scheme.describe(), "config": str(self.config_path),
+        return {"scheme": self.scheme.name, "description": self.scheme.describe(), "config": self.config_label,
                 "weights": len(self.weights), "consumed": len(self.parts_taken), "stored_bytes": stored,
                 "dequantized_bytes": {"BF16": elements * 2, "F16": elements * 2, "F32": elements * 4},
                 "skipped_modules": list(self.scheme.skipped()),
@@ -200,6 +201,13 @@ class QuantizedReader(Reader):
 
     def close(self) -> None:
         self.base.close()
+
+
+def shown(path: Path) -> str:
+    """A config's path as messages show it: a store's URL redacted."""
+    from ..storage.remote import is_url, redact
+
+    return redact(str(path)) if is_url(path) else str(path)
 
 
 def _first(w: QuantizedWeight) -> str:

@@ -100,7 +100,7 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read:
 
     if isinstance(reader, QuantizedReader) and reader.dequantize is None:  # its codes are no weights to add to
         reader.close()
-        raise PlanError(f"a LoRA adapter is folded into weights, and {reader.config_path} declares this base "
+        raise PlanError(f"a LoRA adapter is folded into weights, and {reader.config_label} declares this base "
                         f"quantized ({reader.scheme.describe()}): give a dtype (--dtype BF16, F16 or F32, or "
                         "dtype: {cast: ...}) to dequantize it first", file=str(path))
     from ..transform.merging.folded import open_folded
@@ -346,7 +346,7 @@ def check_no_arithmetic_on_codes(parts: Sequence[SourcePart], recipe: Recipe) ->
     i, part = stored[0]
     reader = part.reader
     assert isinstance(reader, QuantizedReader)
-    raise PlanError(f"sources[{i}] is quantized ({reader.config_path} declares {reader.scheme.describe()}) and "
+    raise PlanError(f"sources[{i}] is quantized ({reader.config_label} declares {reader.scheme.describe()}) and "
                     f"ops: {ops[0]} computes on values, not codes: give a cast (--dtype BF16, F16 or F32, or "
                     "dtype: {cast: ...}) to dequantize it first", file=str(part.path))
 

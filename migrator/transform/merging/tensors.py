@@ -106,7 +106,7 @@ def open_models(paths: Mapping[str, str], loras: Mapping[str, str], stack: ExitS
             options: dict[str, Any] = {} if dequantize is None else {"dequantize": dequantize}
             reader = readers[path] = stack.enter_context(open_file(path, **options))
             if isinstance(reader, QuantizedReader) and reader.dequantize is None:
-                raise MergeInputError(f"model '{ref}' is quantized ({reader.config_path} declares "
+                raise MergeInputError(f"model '{ref}' is quantized ({reader.config_label} declares "
                                       f"{reader.scheme.describe()}) and a merge adds weights, not codes: give a cast "
                                       "(--dtype BF16, F16 or F32, or dtype: {cast: ...}) to dequantize it first",
                                       file=path)
