@@ -66,7 +66,8 @@ $(LLAMACPP_SCRIPTS)/.extracted:
 
 RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard \
 	gpt2-split-qkv gpt2-merge-qkv mixtral-stack-experts mixtral-unstack-experts llama-meta-to-hf llama-hf-to-meta \
-	bert-graft bert-cut-layers bert-stack-layers lora-fold merge-slerp merge-ties depth-upscale llama-to-burn
+	bert-graft bert-cut-layers bert-stack-layers lora-fold merge-slerp merge-ties depth-upscale llama-to-burn \
+	mixtral-prune-experts llama-add-tokens
 
 demo: install-runtime
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
@@ -124,8 +125,9 @@ lint: install
 
 # The kernels built with UndefinedBehaviorSanitizer and AddressSanitizer (any finding aborts) into
 # build/ubsan, beside a copy of the package, and the tests of each kernel file (casts, stats, GGUF
-# blocks and K-quants, merges, LoRA deltas, quantized checkpoints' bands) run against that copy. ASan must be the first library
-# loaded into the (uninstrumented) Python: LD_PRELOAD; leak checks would report Python's own
+# blocks and K-quants, merges, LoRA deltas, quantized checkpoints' bands, FP8 quantization) run against that
+# copy. ASan must be the first library loaded into the (uninstrumented) Python: LD_PRELOAD; leak checks would
+# report Python's own
 # allocations. libstdc++ is preloaded beside it: ASan wraps __cxa_throw only if the C++ runtime is
 # loaded when it starts, and torch (imported by a GGUF test) throws while importing.
 UBSAN := build/ubsan
@@ -141,7 +143,7 @@ ubsan: install
 		$(CURDIR)/tests/analysis/test_stats.py $(CURDIR)/tests/analysis/test_diff.py \
 		$(CURDIR)/tests/formats/test_gguf_quants.py $(CURDIR)/tests/formats/test_gguf_kquants.py \
 		$(CURDIR)/tests/transform/test_merging_kernels.py $(CURDIR)/tests/transform/test_lora_product.py \
-		$(CURDIR)/tests/core/test_dequant.py
+		$(CURDIR)/tests/core/test_dequant.py $(CURDIR)/tests/core/test_fp8_quantize.py
 
 bench: install
 	$(PY) benchmarks/suite.py

@@ -181,9 +181,10 @@ def config_with_dtype(source: Path, tensors: Sequence[LazyTensor], update: Mappi
                       drop: Sequence[str] = (), storage: StorageOptions | None = None) -> tuple[bytes, str] | None:
     """A companion config.json rewritten to say the dtype the written float tensors have, when it
     says another (a cast model would otherwise load as its old dtype), and with `update`'s entries
-    (a merge's `num_hidden_layers`) set and `drop`'s keys removed (a dequantized source's
-    `quantization_config`): (new bytes, a note), or None when nothing changes (it agrees or says no
-    dtype, or the floats are of several dtypes). A file on an object store is read with `storage`."""
+    (a merge's `num_hidden_layers`, a recipe's `target.config`; None removes the key) set and `drop`'s
+    keys removed (a dequantized source's `quantization_config`): (new bytes, a note), or None when
+    nothing changes (it agrees or says no dtype, or the floats are of several dtypes). A file on an
+    object store is read with `storage`."""
     from ..storage.remote import is_url
     from .model_config import ConfigError, load_config, remote_config
 
@@ -205,11 +206,17 @@ def config_with_dtype(source: Path, tensors: Sequence[LazyTensor], update: Mappi
         del config[k]
     if dropped:
         notes.append(f"config.json is written without {', '.join(dropped)} (its weights are written dequantized)")
-    changed = {k: v for k, v in (update or {}).items() if config.get(k) != v}
+    changed = {k: v for k, v in (update or {}).items() if config.get(k) != v or (v is None and k in config)}
     if changed:
-        config.update(changed)
-        notes.append("config.json is written with " + ", ".join(f"{k}: {json.dumps(v)}" for k, v in changed.items()))
+        config.update({k: v for k, v in changed.items() if v is not None})
+        for k in [k for k, v in changed.items() if v is None]:  # a recipe's null removes the key
+            config.pop(k, None)
+        notes.append("config.json is written with " + ", ".join(  # a mapping (quantization_config) unspelt
+            f"{k} removed" if v is None else f"{k}: {json.dumps(v) if not isinstance(v, dict) else '{...}'}"
+            for k, v in changed.items()))
     floats = {t.dtype.torch_name for t in tensors if t.dtype.is_float and t.dtype.torch_name}
+    wide = {f for f in floats if not f.startswith("float8")}  # FP8 weights (and their scales) say nothing of it
+    floats = wide or floats
     if len(floats) == 1:
         (written,) = floats
         said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}

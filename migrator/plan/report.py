@@ -184,6 +184,9 @@ class ApplyReport:
     optimizer: list[dict[str, Any]] = field(default_factory=list)
     """Each optimizer state tensor's fate (`plan.training_state`): optimizer, param, state, fate (followed, copied,
     dropped), tensor (its name in the output, or in the source when dropped)."""
+    quantized: dict[str, Any] | None = None
+    """`quantize:`'s outcome (`transform.quantize.Quantization.summary`): scheme, the weights quantized
+    (`tensors`) and the Linear modules kept (`kept`: {module, why}, as config.json's ignore lists them)."""
     target: str | None = None
     status: str | None = None
     written: bool | None = None
@@ -289,6 +292,16 @@ class ApplyReport:
             lines += [f"│    • {escape(fate_text(f))}" for f in self.optimizer[:_LIST_LIMIT]]
             if len(self.optimizer) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(self.optimizer) - _LIST_LIMIT} more")
+        if self.quantized:
+            q = self.quantized
+            lines += ["│", f"├─ Quantized {q['scheme']} ({_count(len(q['tensors']), 'weight')}, "
+                      f"{_count(len(q['kept']), 'Linear module')} kept)", "│"]
+            lines += [f"│    • {escape(t)}" for t in q["tensors"][:_LIST_LIMIT]]
+            if len(q["tensors"]) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(q['tensors']) - _LIST_LIMIT} more")
+            lines += [f"│    • kept {escape(k['module'])} ({escape(k['why'])})" for k in q["kept"][:_LIST_LIMIT]]
+            if len(q["kept"]) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(q['kept']) - _LIST_LIMIT} more kept")
         if self.errors:
             lines += ["│", "├─ Errors", "│"]
             lines += [f"│  ⚠️  {escape(error_display(e), keep_newlines=True)}" for e in self.errors[:_LIST_LIMIT]]
@@ -331,6 +344,9 @@ class ApplyReport:
             data["consumed"] = [{"tensor": t, "into": into} for t, into in self.consumed]
         if self.optimizer:
             data["optimizer"] = [dict(f) for f in self.optimizer]
+        if self.quantized:
+            data["quantized"] = {"scheme": self.quantized["scheme"], "tensors": list(self.quantized["tensors"]),
+                                 "kept": [dict(k) for k in self.quantized["kept"]]}
         for key in _RUN_KEYS:
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
@@ -395,6 +411,7 @@ class ApplyReport:
             renumbered=[(str(e["from"]), str(e["to"])) for e in renumbered],
             consumed=[(str(e["tensor"]), str(e["into"])) for e in consumed],
             optimizer=_optimizer_fates(data.get("optimizer", [])),
+            quantized=_quantized(data.get("quantized")),
             target=None if target is None else str(target),
             status=status,
             written=written,
@@ -421,7 +438,18 @@ def _optimizer_fates(items: Any) -> list[dict[str, Any]]:
         raise ValueError("optimizer must be a list of {optimizer, param, state, fate, tensor} objects")
     return [{**{k: e[k] for k in _FATE_KEYS}, "from": e.get("from", e["tensor"])} for e in items]
 _OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "consumed", "optimizer", "skipped_from", "unused_from",
-                            *_RUN_KEYS})
+                            "quantized", *_RUN_KEYS})
+
+
+def _quantized(data: Any) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    if (not isinstance(data, Mapping) or not isinstance(data.get("scheme"), str)
+            or not isinstance(data.get("tensors"), list) or not isinstance(data.get("kept"), list)
+            or not all(isinstance(k, Mapping) and {"module", "why"} <= set(k) for k in data["kept"])):
+        raise ValueError("quantized must be {scheme, tensors: [...], kept: [{module, why}]}")
+    return {"scheme": data["scheme"], "tensors": [str(t) for t in data["tensors"]],
+            "kept": [{"module": str(k["module"]), "why": str(k["why"])} for k in data["kept"]]}
 
 
 def _op_text(node: Mapping[str, Any]) -> str:

@@ -72,11 +72,20 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
         # as PEFT's merged save_pretrained: a loadable folder (from a model folder: a loose file's may hold anything)
         if not o.copy and "shard" in data["target"] and os.path.isdir(src):
             data["target"]["copy"] = [{"path": c, "optional": True} for c in LORA_COMPANIONS]
+    if (o.add_tokens is not None and not o.copy and o.copy_from is None and "shard" in data["target"]
+            and os.path.isdir(src)):
+        # the tokenizer, config and the rest of the folder go with the grown model, as for a --lora
+        data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
     if o.copy:
         data["target"]["copy"] = list(o.copy)
     elif o.copy_from is not None:  # --copy-from DIR alone: DIR's usual companions, each when present
         data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
-    if o.quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
+    scheme = quantize_scheme(o.quantize)
+    if scheme is not None:  # compressed-tensors' layout, in a model folder with its config.json
+        data["quantize"] = {"scheme": scheme}
+        if not o.copy and o.copy_from is None and "shard" in data["target"] and os.path.isdir(src):
+            data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
+    elif o.quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
         from ..formats.gguf.mixes import is_mix
 
         data["target"]["quantize"] = o.quantize.upper() if is_mix(o.quantize) else {".*": o.quantize}
@@ -114,6 +123,15 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
         return Recipe.model_validate(data)
     except ValidationError:
         raise _usage_error(data, module_options) from None
+
+
+def quantize_scheme(name: str | None) -> str | None:
+    """The compressed-tensors scheme `--quantize NAME` names (any case), else None (a GGUF type, or nothing)."""
+    if not name:
+        return None
+    from .convert_options import quantize_schemes
+
+    return name.upper() if name.upper() in quantize_schemes() else None
 
 
 def llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], target_format_name: str

@@ -48,6 +48,11 @@ static PyMethodDef methods[] = {
      "out): one float32 band of sum_i w_i x_i (/ divisor if divide)"},
     {"merge_task_band", py_merge_task_band, METH_VARARGS, "merge_task_band(base, models, params, consensus, "
      "normalize, divisor, lambda, out): one float32 band of task arithmetic / TIES"},
+    /* FP8 quantization with scales (core/fp8_quantize.py) */
+    {"fp8_absmax", py_fp8_absmax, METH_VARARGS, "fp8_absmax(src, kind, rows, cols, block, out): max |x| per row "
+     "(block 0) or per column block, float32 (kind 0 F32, 1 BF16)"},
+    {"fp8_quantize", py_fp8_quantize, METH_VARARGS, "fp8_quantize(src, kind, rows, cols, scales, block, dst): "
+     "F8_E4M3 of src / scale as compressed-tensors rounds it"},
     /* LoRA fold (transform/merging/lora.py) */
     {"lora_band", py_lora_band, METH_VARARGS, "lora_band(b, a, out, rank, mode, block, scaling): rows of scaling * (b @ a) "
      "in float32, in the order of torch's CPU matmul; mode 0: fused (fmaf chains over blocks of `block` products, "
