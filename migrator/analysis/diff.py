@@ -402,7 +402,8 @@ def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recip
     `use=`: the plan is built as `migrate run` builds it, and never written). `options`:
     `recipe.convert.build_recipe`'s (`remaps`, `adapters`, `dtype`, `modules`, `contiguous_indices`,
     `includes`, `excludes`) make a one-off recipe the same way; `source_format` and
-    `top_level_key` only say how to read A. `each` is called with every tensor entry as it is made.
+    `top_level_key` only say how to read A; `dtype` also dequantizes a quantized B. `each` is called
+    with every tensor entry as it is made.
     """
     unknown = set(options) - set(PLAN_OPTIONS)
     if unknown:
@@ -415,7 +416,10 @@ def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recip
     doc: dict[str, Any] = {"a": os.fspath(a), "b": os.fspath(b), "mode": "exact" if tol is None else "tolerance",
                            "atol": None if tol is None else tol.atol, "rtol": None if tol is None else tol.rtol,
                            "recipe": os.fspath(recipe) if recipe is not None else None}
-    with open_file(b, b_format) as rb:
+    # a quantized B (its config.json declares a scheme) is dequantized by the same cast as A: two
+    # schemes of one model compare as values (within a tolerance), not as codes and scales
+    cast = options.get("dtype")
+    with open_file(b, b_format, **({"dequantize": cast} if cast else {})) as rb:
         if recipe is not None or through_plan:
             if recipe is not None and through_plan:
                 raise ValueError("give a recipe or convert options, not both")

@@ -46,8 +46,9 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
     tensor names give the model's parameter order, else transformers derives it). Other sources need
     no such word: their structure is the file's own, kept by `keep_structure` alone.
 
-    A local model folder (or its `model.safetensors`) whose config.json declares a quantization scheme
-    is read through `files.quantized`: its tensors as stored, checked against the declaration, or with
+    A model folder (or its `model.safetensors`), local or on a store, whose config.json declares a
+    quantization scheme is read through `files.quantized`: its tensors as stored, checked against the
+    declaration, or with
     `dequantize="BF16"` (F16, F32...) each quantized weight dequantized under its own name.
     """
     whole = options.pop("training_state", None) == "keep"
@@ -59,7 +60,10 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 
             no_tag(src, options)
             no_order(src, order)
-            return open_url(src, format, options, ReadContext(limits, storage))
+            remote = open_url(src, format, options, ReadContext(limits, storage))
+            from .quantized import quantized_source
+
+            return quantized_source(remote, src, dequantize=dequantize, storage=storage)
         from ..storage.remote import local_of
 
         src = local_of(src)  # file:///x reads /x

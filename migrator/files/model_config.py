@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..storage.remote.options import StorageOptions
 
 MAX_CONFIG_BYTES = 16 * 2**20
 """A model's config.json is a few KiB; a tokenizer-sized one is still far below this."""
@@ -98,3 +101,29 @@ def _megatron_args(path: Path) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise ConfigError(f"{path} holds no training arguments (args) to take values from")
     return megatron_config(args)
+
+
+def remote_config(url: Path, storage: StorageOptions | None) -> dict[str, Any] | None:
+    """The JSON object at `url` on an object store; None when there is no such object, or it is not a
+    JSON object of at most MAX_CONFIG_BYTES (it declares nothing, as a local one)."""
+    from ..storage.remote import url_of
+    from ..storage.remote.fs import StorageError
+    from ..storage.remote.source import RemoteSource
+
+    try:
+        src = RemoteSource(url_of(url), storage=storage)
+    except StorageError as e:
+        if e.detail.endswith("no such object"):
+            return None
+        raise
+    try:
+        if src.size > MAX_CONFIG_BYTES:
+            return None
+        raw = src.read(0, src.size, "config")
+    finally:
+        src.close()
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..formats.quantized import QuantizedWeight, Scheme
+    from ..storage.remote.options import StorageOptions
 
 BAND_BYTES = 4 << 20
 """Output bytes of one band (about): a few of these are alive at once whatever the tensor's size."""
@@ -38,24 +39,35 @@ CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
 
 def declared_config(reader: Reader, path: str | os.PathLike[str] | None) -> Path | None:
     """The config.json that declares how `reader`'s tensors are stored: the model folder's (a folder,
-    index or glob read as shards), or the one beside a single `model.safetensors`; None elsewhere."""
+    index or glob read as shards), or the one beside a single `model.safetensors`; None elsewhere.
+    On an object store, the URL of where it would be (`model_config.remote_config` reads it)."""
+    from ..storage.remote import as_path, is_url, url_of
+
     folder = reader.folder
     if folder is None and path is not None:
         from .sharded import SAFETENSORS_SINGLE
 
-        p = Path(os.fspath(path))
-        if p.name in SAFETENSORS_SINGLE:
-            folder = p.parent
-    if folder is None or "://" in str(folder):
+        if is_url(path):
+            url = url_of(path)
+            if url.rpartition("/")[2] in SAFETENSORS_SINGLE:
+                folder = as_path(url.rpartition("/")[0])
+        else:
+            p = Path(os.fspath(path))
+            if p.name in SAFETENSORS_SINGLE:
+                folder = p.parent
+    if folder is None:
         return None
+    if is_url(folder):  # the schemes are safetensors layouts: no lookup on a store for other formats
+        return as_path(url_of(folder).rstrip("/") + "/config.json") if reader.format == "safetensors" else None
     config = Path(folder) / "config.json"
     return config if config.is_file() else None
 
 
 def quantized_source(reader: Reader, path: str | os.PathLike[str] | None, *,
-                     dequantize: DType | str | None = None) -> Reader:
+                     dequantize: DType | str | None = None, storage: StorageOptions | None = None) -> Reader:
     """`reader`, or a `QuantizedReader` over it when its model's config declares a scheme (see the
-    module docstring); `dequantize`: a float dtype (or its name). On an error `reader` is closed."""
+    module docstring); `dequantize`: a float dtype (or its name); `storage`: the options an object
+    store's config.json is read with. On an error `reader` is closed."""
     if isinstance(dequantize, str):
         from ..core import dtypes
 
@@ -67,19 +79,28 @@ def quantized_source(reader: Reader, path: str | os.PathLike[str] | None, *,
         if dequantize.name not in CASTABLE:
             reader.close()
             raise UnsupportedDTypeError(f"cannot dequantize to {dequantize.display}: F64, F32, F16 or BF16 expected")
-    config_path = declared_config(reader, path)
-    if config_path is None:
-        return reader
-    from .model_config import ConfigError, load_config
-
     try:
-        try:
-            config = load_config(config_path)
-        except ConfigError:
-            return reader  # an unreadable config declares nothing; a plan that needs it says so itself
+        config_path = declared_config(reader, path)
+        if config_path is None:
+            return reader
+        from ..storage.remote import is_url
+        from .model_config import ConfigError, load_config
+
+        if is_url(config_path):
+            from .model_config import remote_config
+
+            remote = remote_config(config_path, storage)
+            if remote is None:
+                return reader
+            config = remote
+        else:
+            try:
+                config = load_config(config_path)
+            except ConfigError:
+                return reader  # an unreadable config declares nothing; a plan that needs it says so itself
         from ..formats.quantized import scheme_of
 
-        scheme = scheme_of(config, str(config_path))
+        scheme = scheme_of(config, shown(config_path))
         if scheme is None:
             return reader
         return QuantizedReader(reader, scheme, config_path, config, dequantize)
@@ -96,6 +117,7 @@ class QuantizedReader(Reader):
     def __init__(self, base: Reader, scheme: Scheme, config_path: Path, config: Mapping[str, Any],
                  dequantize: DType | None) -> None:
         self.base, self.scheme, self.config_path, self.dequantize = base, scheme, config_path, dequantize
+        self.config_label = shown(config_path)  # a store's URL without its secrets
         by_name = {t.name: t for t in base.tensors}
         self.weights: list[QuantizedWeight] = scheme.weights(by_name)
         self.format = base.format  # type: ignore[misc]
@@ -138,7 +160,7 @@ class QuantizedReader(Reader):
 
     def _stored_note(self) -> str:
         n, k = len(self.weights), len(self.parts_taken)
-        return (f"{self.config_path} declares {self.scheme.describe()}: its {n} quantized weights and the {k} tensors "
+        return (f"{self.config_label} declares {self.scheme.describe()}: its {n} quantized weights and the {k} tensors "
                 "they consume (scales) are read as stored; a cast (--dtype BF16, F16 or F32, or dtype: {cast: ...}) "
                 "dequantizes them")
 
@@ -149,7 +171,7 @@ class QuantizedReader(Reader):
         taken = [name for name, _ in self.parts_taken]
         consumed = ", ".join(taken[:MAX_NAMED]) + (
             f" and {len(taken) - MAX_NAMED} more" if len(taken) > MAX_NAMED else "")
-        return (f"{self.config_path} declares {self.scheme.describe()}: {len(names)} weights dequantized to "
+        return (f"{self.config_label} declares {self.scheme.describe()}: {len(names)} weights dequantized to "
                 f"{self.dequantize.display} ({shown or 'none'}); {len(taken)} stored tensors consumed by them "
                 f"({consumed or 'none'})")
 
@@ -159,7 +181,7 @@ class QuantizedReader(Reader):
         by_name = {t.name: t for t in self.base.tensors}
         stored = sum(by_name[n].nbytes for w in self.weights for n in w.stored())
         elements = sum(w.rows * w.columns for w in self.weights)
-        return {"scheme": self.scheme.name, "description": self.scheme.describe(), "config": str(self.config_path),
+        return {"scheme": self.scheme.name, "description": self.scheme.describe(), "config": self.config_label,
                 "weights": len(self.weights), "consumed": len(self.parts_taken), "stored_bytes": stored,
                 "dequantized_bytes": {"BF16": elements * 2, "F16": elements * 2, "F32": elements * 4},
                 "skipped_modules": list(self.scheme.skipped()),
@@ -179,6 +201,13 @@ class QuantizedReader(Reader):
 
     def close(self) -> None:
         self.base.close()
+
+
+def shown(path: Path) -> str:
+    """A config's path as messages show it: a store's URL redacted."""
+    from ..storage.remote import is_url, redact
+
+    return redact(str(path)) if is_url(path) else str(path)
 
 
 def _first(w: QuantizedWeight) -> str:
@@ -219,6 +248,7 @@ class _Bands:
         per_row = max(1, w.columns * 4)  # the float32 values of a band dominate its memory
         rows = max(step, (BAND_BYTES // per_row) // step * step)
         row_bytes = {role: self.parts[role].nbytes // w.rows for role in w.banded}
+        readers = {role: _InOrder(self.parts[role]) for role in w.banded}
         import numpy as np
 
         from ..formats.quantized import Band
@@ -228,7 +258,7 @@ class _Bands:
             arrays = dict(whole)
             for role, size in row_bytes.items():
                 t = self.parts[role]
-                arrays[role] = _array(_read(t, start * size, (stop - start) * size), t).reshape(stop - start, -1)
+                arrays[role] = _array(readers[role].read((stop - start) * size), t).reshape(stop - start, -1)
             bits = scheme.band_bits(w, Band(start, stop, arrays), self.to)
             yield memoryview(bits.reshape(-1).view(np.uint8).data)
 
@@ -250,6 +280,43 @@ class _Gathered:
         if done != self.nbytes:
             raise TensorBytesSizeMismatchError(f"produced {done} bytes but declares {self.nbytes}",
                                                tensor=self.chunks.weight.name)
+        return memoryview(buf)
+
+
+class _InOrder:
+    """A stored tensor's bytes front to back, a band at a time: one pread per band when it lies in a
+    file, else its own pieces (an object store's ranged reads) gathered in order, never read whole."""
+
+    __slots__ = ("left", "pieces", "pos", "tensor")
+
+    def __init__(self, tensor: LazyTensor) -> None:
+        self.tensor, self.pos, self.left = tensor, 0, memoryview(b"")
+        self.pieces: Iterator[memoryview] | None = None
+
+    def read(self, n: int) -> memoryview:
+        t = self.tensor
+        if t.span is not None:
+            out = _read(t, self.pos, n)
+            self.pos += n
+            return out
+        if self.pieces is None:
+            from ..core.casts import source_pieces
+
+            self.pieces = (memoryview(p).cast("B") for p in source_pieces(t, BAND_BYTES))
+        buf = bytearray(n)
+        done = 0
+        while done < n:
+            if not self.left:
+                piece = next(self.pieces, None)
+                if piece is None:
+                    raise TensorBytesSizeMismatchError(f"ended after {self.pos + done} of {t.nbytes} bytes",
+                                                       file=t.origin, tensor=t.name)
+                self.left = piece
+            k = min(n - done, len(self.left))
+            buf[done:done + k] = self.left[:k]
+            self.left = self.left[k:]
+            done += k
+        self.pos += n
         return memoryview(buf)
 
 

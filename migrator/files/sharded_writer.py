@@ -178,21 +178,28 @@ CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
 
 
 def config_with_dtype(source: Path, tensors: Sequence[LazyTensor], update: Mapping[str, Any] | None = None,
-                      drop: Sequence[str] = ()) -> tuple[bytes, str] | None:
+                      drop: Sequence[str] = (), storage: StorageOptions | None = None) -> tuple[bytes, str] | None:
     """A companion config.json rewritten to say the dtype the written float tensors have, when it
     says another (a cast model would otherwise load as its old dtype), and with `update`'s entries
     (a merge's `num_hidden_layers`, a recipe's `target.config`; None removes the key) set and `drop`'s
     keys removed (a dequantized source's `quantization_config`): (new bytes, a note), or None when
-    nothing changes (it agrees or says no dtype, or the floats are of several dtypes). Only a local
-    file is read."""
-    from .model_config import ConfigError, load_config
+    nothing changes (it agrees or says no dtype, or the floats are of several dtypes). A file on an
+    object store is read with `storage`."""
+    from ..storage.remote import is_url
+    from .model_config import ConfigError, load_config, remote_config
 
     if not isinstance(source, Path):
         return None
-    try:
-        config = load_config(source)
-    except ConfigError:
-        return None  # copied as it is, as any companion
+    if is_url(source):
+        remote = remote_config(source, storage)
+        if remote is None:
+            return None  # copied as it is, as any companion
+        config = remote
+    else:
+        try:
+            config = load_config(source)
+        except ConfigError:
+            return None  # copied as it is, as any companion
     notes = []
     dropped = [k for k in drop if k in config]
     for k in dropped:
@@ -279,8 +286,8 @@ class ShardedWriter(Writer):
         self.generated: list[tuple[str, bytes]] = list(generated)
         self.copies = [(src, rel) for src, rel in self.copies if rel not in {name for name, _ in generated}]
         for src, rel in list(self.copies):
-            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors, config_update,
-                                                                                 config_drop)) is not None:
+            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors, config_update, config_drop,
+                                                                      storage)) is not None:
                 self.copies.remove((src, rel))
                 self.generated.append((rel, updated[0]))
                 self.notes.append(updated[1])

@@ -70,7 +70,7 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read:
         if spec.lora is not None:
             raise PlanError("a mergekit source takes no lora: (write model: PATH+ADAPTER in the config)",
                             file=str(path))
-        return MergedReader(path, seed=spec.seed)
+        return MergedReader(path, seed=spec.seed, dequantize=dequantize)
     if spec.seed is not None:
         raise PlanError("source.seed is the seed of a merge's random drop: it needs format: mergekit",
                         file=str(path))
@@ -100,7 +100,7 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read:
 
     if isinstance(reader, QuantizedReader) and reader.dequantize is None:  # its codes are no weights to add to
         reader.close()
-        raise PlanError(f"a LoRA adapter is folded into weights, and {reader.config_path} declares this base "
+        raise PlanError(f"a LoRA adapter is folded into weights, and {reader.config_label} declares this base "
                         f"quantized ({reader.scheme.describe()}): give a dtype (--dtype BF16, F16 or F32, or "
                         "dtype: {cast: ...}) to dequantize it first", file=str(path))
     from ..transform.merging.folded import open_folded
@@ -312,11 +312,43 @@ def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | No
             opened = open_source(entry, path, i, read=read, base_dir=base_dir, dequantize=cast_of(recipe))
             parts.append(SourcePart(entry.label, path, opened, (origins or {}).get(i)))
         check_unfolded_adapters(parts, recipe.sources)
+        check_no_arithmetic_on_codes(parts, recipe)
         return UnionReader(parts, recipe.sources, for_burn=for_burn)
     except BaseException:
         for p in parts:
             p.reader.close()
         raise
+
+
+def computed_ops(recipe: Recipe) -> list[str]:
+    """The names of the recipe's ops that compute on values (linear, slerp, task arithmetic, scale...)."""
+    from ..ops.computing import ComputingSpec
+    from ..ops.scale import ScaleSpec
+
+    names = []
+    for entry in recipe.ops:  # each entry is a one-field model named by its op
+        name = next(iter(type(entry).model_fields))  # type: ignore[attr-defined]
+        if isinstance(getattr(entry, name), ComputingSpec | ScaleSpec):
+            names.append(name)
+    return names
+
+
+def check_no_arithmetic_on_codes(parts: Sequence[SourcePart], recipe: Recipe) -> None:
+    """Refuse a `sources:` entry read as stored quantized codes when the recipe computes on values: a
+    merge of codes (and of scales taken for weights) is no merge. A cast dequantizes it instead."""
+    from ..files.quantized import QuantizedReader
+
+    stored = [(i, p) for i, p in enumerate(parts) if isinstance(p.reader, QuantizedReader)
+              and p.reader.dequantize is None]
+    ops = computed_ops(recipe) if stored else []
+    if not ops:
+        return
+    i, part = stored[0]
+    reader = part.reader
+    assert isinstance(reader, QuantizedReader)
+    raise PlanError(f"sources[{i}] is quantized ({reader.config_label} declares {reader.scheme.describe()}) and "
+                    f"ops: {ops[0]} computes on values, not codes: give a cast (--dtype BF16, F16 or F32, or "
+                    "dtype: {cast: ...}) to dequantize it first", file=str(part.path))
 
 
 def cast_of(recipe: Recipe) -> DType | None:

@@ -112,7 +112,10 @@ def plain_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
         rel = os.path.relpath(os.path.abspath(p), os.path.abspath(relative_to))
         return rel + "/" if p.endswith(("/", os.sep)) and not rel.endswith("/") else rel
 
-    reader = MergedReader(config, seed=seed)
+    from ..core import dtypes
+
+    # a quantized model is read dequantized by the cast, as the recipe's sources will be
+    reader = MergedReader(config, seed=seed, dequantize=None if dtype is None else dtypes.parse(dtype))
     with reader:
         spec, loaded = reader.spec, reader.loaded
         if spec.method == "passthrough" or spec.tokenizer is not None:

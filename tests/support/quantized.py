@@ -129,7 +129,8 @@ def ct_scheme(strategy: str, block: tuple[int, int] | None = None, *, static: bo
 
 def ct_float_folder(folder: Path, strategy: str, *, block: tuple[int, int] | None = None, static: bool = False,
                     ignore: tuple[str, ...] = ("lm_head",), targets: tuple[str, ...] = ("Linear",), seed: int = 0,
-                    dtype: Any = None, shards: int = 2) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+                    dtype: Any = None, shards: int = 2, hidden: int = 48,
+                    intermediate: int = 100) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     """A compressed-tensors `float-quantized` folder quantized by compressed-tensors itself: each targeted
     linear weight's scale from its observer-free min-max (`calculate_qparams`), then compressed by its
     `FloatQuantizationCompressor`. Returns the folder, the stored tensors and the quantization_config."""
@@ -139,7 +140,7 @@ def ct_float_folder(folder: Path, strategy: str, *, block: tuple[int, int] | Non
     from compressed_tensors.quantization.utils import calculate_qparams
     from compressed_tensors.utils.match import match_name
 
-    config, state = tiny_llama(seed, dtype=dtype)
+    config, state = tiny_llama(seed, dtype=dtype, hidden=hidden, intermediate=intermediate)
     group = ct_scheme(strategy, block, static=static)
     args = QuantizationArgs(**group["weights"])
     scheme = QuantizationScheme(targets=list(targets), weights=args)

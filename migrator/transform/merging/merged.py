@@ -1,8 +1,9 @@
 """A mergekit config read as one source: its merged tensors, lazily, in the reference model's order.
 
 `MergedReader` opens every model of the config (headers only; a `base+lora` one with its adapter
-folded in), resolves the config against their tensor names (`recipe.mergekit.merge_spec`) and lists
-one computed lazy tensor per output tensor: remaps, filters, dtype casts and any writer then treat
+folded in; a quantized one dequantized by the merge's cast, refused without one), resolves the
+config against their tensor names (`recipe.mergekit.merge_spec`) and lists one computed lazy
+tensor per output tensor: remaps, filters, dtype casts and any writer then treat
 it as a plain checkpoint. What a Hugging Face folder written from it needs beside the weights comes
 with it: the folder whose companion files (config, tokenizer) go with the merge (`folder`), what
 changes in its config.json (`config_update`: `num_hidden_layers` after slices, the dtype) and the
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.bytesource import ByteSource
+from ...core.dtypes import DType
 from ...core.errors import FormatError
 from ...core.tensor import LazyTensor
 from ...formats.base import Reader
@@ -46,13 +48,14 @@ class MergedReader(Reader):
 
     format = "mergekit"
 
-    def __init__(self, config: str | os.PathLike[str] | LoadedConfig, *, seed: int | None = None) -> None:
+    def __init__(self, config: str | os.PathLike[str] | LoadedConfig, *, seed: int | None = None,
+                 dequantize: DType | None = None) -> None:
         self.loaded = config if isinstance(config, LoadedConfig) else load_config(config)
         self._stack = ExitStack()
         try:
             paths, loras = model_paths(self.loaded)
             readers: dict[str, Reader] = {}
-            models = open_models(paths, loras, self._stack, readers)
+            models = open_models(paths, loras, self._stack, readers, dequantize=dequantize)
             self.spec: MergeSpec = merge_spec(self.loaded, {ref: list(t.keys()) for ref, t in models.items()},
                                               seed=seed)
             self.vocabulary: Vocabulary | None = None
@@ -73,6 +76,10 @@ class MergedReader(Reader):
         companions = self.spec.models.get(self.spec.companions_from or "")
         self.folder = Path(companions) if companions and Path(companions).is_dir() else None
         self.config_update: dict[str, Any] = dict(self.spec.config_update or {})
+        reference = readers.get(companions or "")
+        if reference is not None and reference.config_drop:  # a dequantized reference: its config says so
+            self.config_drop = list(reference.config_drop)
+            self.config_update = {**(reference.config_update or {}), **self.config_update}
         self.generated = [(CONFIG_NAME, self.loaded.text.encode())]
         if self.vocabulary is not None:  # the output tokenizer's files, and its size in config.json
             self.generated += self.vocabulary.files

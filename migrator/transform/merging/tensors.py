@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...core.dtypes import DType
 from ...core.errors import MergeInputError
@@ -90,16 +90,26 @@ class ModelPart:
 
 
 def open_models(paths: Mapping[str, str], loras: Mapping[str, str], stack: ExitStack,
-                readers: dict[str, Reader] | None = None) -> dict[str, Mapping[str, LazyTensor]]:
+                readers: dict[str, Reader] | None = None, *,
+                dequantize: DType | None = None) -> dict[str, Mapping[str, LazyTensor]]:
     """Each model opened (once per folder), a `base+lora` one with its adapter folded in (lazily);
-    `readers`, when given, receives each folder's reader and each adapter's weights reader."""
+    `readers`, when given, receives each folder's reader and each adapter's weights reader. A model
+    whose config.json declares a quantization scheme is dequantized to `dequantize` (the merge's cast);
+    without one it is refused: the arithmetic would run on its codes."""
     from ...files.io import open_file
+    from ...files.quantized import QuantizedReader
 
     readers = {} if readers is None else readers
     models: dict[str, Mapping[str, LazyTensor]] = {}
     for ref, path in paths.items():
         if path not in readers:
-            readers[path] = stack.enter_context(open_file(path))
+            options: dict[str, Any] = {} if dequantize is None else {"dequantize": dequantize}
+            reader = readers[path] = stack.enter_context(open_file(path, **options))
+            if isinstance(reader, QuantizedReader) and reader.dequantize is None:
+                raise MergeInputError(f"model '{ref}' is quantized ({reader.config_label} declares "
+                                      f"{reader.scheme.describe()}) and a merge adds weights, not codes: give a cast "
+                                      "(--dtype BF16, F16 or F32, or dtype: {cast: ...}) to dequantize it first",
+                                      file=path)
         tensors: Mapping[str, LazyTensor] = readers[path]
         lora = loras.get(ref)
         if lora is not None:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.cli import migrate_in_process
 from tests.support.quantized import fp8_folder, tiny_llama
+from tests.support.quantized_gguf import gguf_expected
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -43,31 +44,6 @@ def test_fp8_to_burnpack_f32(tmp_path: Path) -> None:
         for name, w in want.items():
             got = r[name].numpy()
             assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), w.numpy().view(np.uint32)), name
-
-
-def permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter's q/k row permutation (convert_hf_to_gguf.py LlamaModel.permute)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down"}
-
-
-def gguf_expected(stored: dict, config: dict, dtype) -> dict[str, np.ndarray]:
-    """The GGUF name and values of every dequantized linear, as llama.cpp's converter lays them out."""
-    out = {}
-    for name, w in oracle(stored, (32, 32), dtype).items():
-        _, _, layer, rest = name.split(".", 3)
-        module = rest.removesuffix(".weight")
-        values = w.numpy() if dtype != torch.bfloat16 else w.float().numpy()
-        if module == "self_attn.q_proj":
-            values = permute(values, config["num_attention_heads"])
-        elif module == "self_attn.k_proj":
-            values = permute(values, config["num_key_value_heads"])
-        out[f"blk.{layer}.{GGUF_NAMES[module]}.weight"] = values
-    return out
 
 
 @pytest.mark.parametrize("qtype", ["F16", "Q8_0"])

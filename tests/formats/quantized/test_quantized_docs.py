@@ -1,6 +1,8 @@
 """Every code block of docs/quantized-checkpoints.md, run as written in a folder holding the models it
 names (`fp8-model`: a tiny FP8 Llama; `adapter`: a PEFT LoRA adapter for it; `int4-model`, `gpt-oss-model`,
-`mlx-model`: tiny pack-quantized, MXFP4 and MLX folders): each `migrate` line of
+`mlx-model`: tiny pack-quantized, MXFP4 and MLX folders; `fp8-model-b`: another FP8 Llama; `ct-model`: the
+fp8-model's Llama in compressed-tensors' block FP8; each yaml
+block written to the file its first line names): each `migrate` line of
 the sh blocks succeeds, in order, the text block is what `inspect` prints, and the python block runs."""
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import migrate_in_process
-from tests.support.quantized import fp8_folder, tiny_llama
+from tests.support.quantized import ct_float_folder, fp8_folder, tiny_llama
 from tests.support.quantized_more import mlx_folder, mxfp4_folder, pack_folder
 
 torch = pytest.importorskip("torch")
@@ -29,6 +31,11 @@ def blocks(kind: str) -> list[str]:
 def test_the_pages_code_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     fp8_folder(Path("fp8-model"), hidden=64, intermediate=128)
+    fp8_folder(Path("fp8-model-b"), hidden=64, intermediate=128, seed=1)
+    ct_float_folder(Path("ct-model"), "block", block=(32, 32), hidden=64, intermediate=128)
+    for block in blocks("yaml"):  # a config the commands below name: its first line says which file
+        name = block.splitlines()[0].removeprefix("# ").strip()
+        Path(name).write_text(block, encoding="utf-8")
     pack_folder(Path("int4-model"))
     mxfp4_folder(Path("gpt-oss-model"))
     mlx_folder(Path("mlx-model"))
