@@ -21,6 +21,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from tests.support.dist import end_rank
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -80,6 +82,7 @@ def _worker(rank: int, port: int, root: str) -> None:
     finally:
         dist.destroy_process_group()
     del torch
+    end_rank()
 
 
 def _plain(root: Path) -> None:

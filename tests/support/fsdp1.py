@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.support.dist import _free_port
+from tests.support.dist import _free_port, end_rank
 
 
 def _variant(sd: dict, name: str, whole: object, layout: list[tuple[int, int, int]], rank: int) -> None:
@@ -107,6 +107,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    end_rank()
 
 
 def write_fsdp1_checkpoints(out: Path) -> Path:

@@ -20,6 +20,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from tests.support.dist import end_rank
+
 FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {},
     "qwen2": {"add_qkv_bias": True},
@@ -111,6 +113,7 @@ def _worker(rank: int, world: int, port: int, out: str, family: str, tied: bool)
         torch.save({"plain": tensors, "logits": logits.clone()}, Path(out).parent / f"{Path(out).name}-oracle.pt")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    end_rank()
 
 
 def write_checkpoint(out: Path, family: str = "llama", *, tied: bool = False) -> dict[str, Any]:
