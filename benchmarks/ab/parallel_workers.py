@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs import make_source  # benchmarks/jobs.py
 
+from migrator.files.write_options import WriteOptions
 from migrator.run.parallel_write import LocalRunner, RangeTask, save_file_parallel, write_range
 
 
@@ -79,8 +80,8 @@ def run_once(recipe_text: str, work: Path, runner: Any) -> float:
         if runner is None:
             save_planned(plan.writer, out, overwrite=True, protect=read_by(plan), mode_from=plan.source_modes())
         else:
-            save_file_parallel(plan.writer, out, runner, overwrite=True, protect=read_by(plan),
-                               mode_from=plan.source_modes())
+            save_file_parallel(plan.writer, out, runner, WriteOptions(overwrite=True, protect=read_by(plan),
+                                                                      mode_from=plan.source_modes()))
     wall = time.perf_counter() - t
     out.unlink()
     return wall

@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -390,21 +390,48 @@ PLAN_OPTIONS = DIFF
 diff; any set but `source_format` and `top_level_key`: through a plan)."""
 
 
-def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], *, recipe: str | os.PathLike[str] | None = None,
-                  planner: Planner | None = None, atol: float | None = None, rtol: float | None = None,
-                  b_format: str = "auto", window: int = DEFAULT_WINDOW,
-                  each: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> dict[str, Any]:
-    """The `migrate diff --json` document comparing A and B (files, folders, indexes, globs).
+@dataclass(frozen=True)
+class DiffOptions:
+    """How `diff_document` compares A and B, as one value (what `migrate diff`'s options say).
 
-    `recipe`: A is that recipe's source (in place of its `source.path`), B its output; the recipe's
-    plan is opened by `planner`, which calls the function it is given with the open plan and returns
-    what that returned (`migrate diff` passes the engine, `migrator.run.recipe.run_recipe` with
-    `use=`: the plan is built as `migrate run` builds it, and never written). `options`:
-    `recipe.convert.build_recipe`'s (`remaps`, `adapters`, `dtype`, `modules`, `contiguous_indices`,
-    `includes`, `excludes`) make a one-off recipe the same way; `source_format` and
-    `top_level_key` only say how to read A; `dtype` also dequantizes a quantized B. `each` is called
-    with every tensor entry as it is made.
+    `recipe`: A is that recipe's source (in place of its `source.path`), B its output. `atol`/`rtol`:
+    tolerance mode when either is given (`tolerance`), else exact. `b_format`: how B is read. `window`:
+    the bytes compared at a time. `convert`: `recipe.convert.build_recipe`'s options for A (`remaps`,
+    `adapters`, `dtype`, `modules`, `contiguous_indices`, `includes`, `excludes`: `PLAN_OPTIONS`) make a
+    one-off recipe the same way; `source_format` and `top_level_key` only say how to read A;
+    `dtype` also dequantizes a quantized B."""
+
+    recipe: str | os.PathLike[str] | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    b_format: str = "auto"
+    window: int = DEFAULT_WINDOW
+    convert: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, keywords: Mapping[str, Any]) -> DiffOptions:
+        """From `diff_document`'s keywords: this value's fields, and convert's options for A."""
+        own = {f.name for f in fields(cls)} - {"convert"}
+        return cls(**{k: v for k, v in keywords.items() if k in own},
+                   convert={k: v for k, v in keywords.items() if k not in own})
+
+
+def diff_document(a: str | os.PathLike[str], b: str | os.PathLike[str], compare_as: DiffOptions | None = None, *,
+                  planner: Planner | None = None, each: Callable[[dict[str, Any]], None] | None = None,
+                  **keywords: Any) -> dict[str, Any]:
+    """The `migrate diff --json` document comparing A and B (files, folders, indexes, globs), as
+    `compare_as` says (a `DiffOptions`), or its fields and convert's options as keywords.
+
+    With a `recipe`, its plan is opened by `planner`, which calls the function it is given with the
+    open plan and returns what that returned (`migrate diff` passes the engine,
+    `migrator.run.recipe.run_recipe` with `use=`: the plan is built as `migrate run` builds it, and
+    never written). `each` is called with every tensor entry as it is made.
     """
+    if compare_as is not None and keywords:
+        raise TypeError("give DiffOptions or their keywords, not both")
+    given = compare_as if compare_as is not None else DiffOptions.of(keywords)
+    recipe, atol, rtol, b_format, window = given.recipe, given.atol, given.rtol, given.b_format, given.window
+    options = given.convert
     unknown = set(options) - set(PLAN_OPTIONS)
     if unknown:
         raise TypeError(f"unknown options: {', '.join(sorted(unknown))}")

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         window = parse_size(args.window)
     except ValueError as e:
         parser.error(f"--window: {e}".replace("a shard size", "a window"))
-    from ..analysis.diff import diff_document, tolerance
+    from ..analysis.diff import DiffOptions, diff_document, tolerance
 
     try:
         tolerance(args.atol, args.rtol)
@@ -99,9 +99,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..recipe.convert import ConvertUsageError
 
     try:
-        doc = diff_document(args.a, args.b, recipe=args.recipe, planner=_planner(args) if args.recipe else None,
-                            atol=args.atol, rtol=args.rtol, b_format=given.target_format_name, window=window,
-                            **read_as, **options)
+        compare_as = DiffOptions(recipe=args.recipe, atol=args.atol, rtol=args.rtol, b_format=given.target_format_name,
+                                 window=window, convert={**read_as, **options})
+        doc = diff_document(args.a, args.b, compare_as, planner=_planner(args) if args.recipe else None)
     except ConvertUsageError as e:
         from ..core.display import escape
         from .output import print_json_error

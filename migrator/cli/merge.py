@@ -16,7 +16,8 @@ from ..core.errors import EXIT_OK
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from .options import NO_FSYNC_HELP, add_limit_option, command
+    from ..run.merge_options import MergeOptions, table
+    from .options import add_limit_option, add_rows, command
 
     p = command(sub, "merge", "run a mergekit config: merged weights, streamed, as a Hugging Face folder",
                 "Run a mergekit YAML (linear, task_arithmetic, slerp, ties, dare_ties, dare_linear, "
@@ -30,19 +31,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                 "  migrate merge slerp.yml merged/ --emit-recipe -o slerp-recipe.yaml")
     p.add_argument("config", help="the mergekit YAML file")
     p.add_argument("out", help="the folder to write (refused if it exists, unless --overwrite)")
-    p.add_argument("--seed", type=int, metavar="N", help="the seed of DARE's random drop (needed by dare_ties and "
-                   "dare_linear with density < 1); the same seed gives the same bytes")
-    p.add_argument("--dtype", metavar="DTYPE", help="cast the merged weights (F32, F16, BF16, F64); default: the "
-                   "config's out_dtype or dtype, else the reference model's")
-    p.add_argument("--max-shard-size", metavar="SIZE", default="5GB",
-                   help="the largest shard (5GB = 5*10^9 bytes, 5GiB = 5*2^30, an integer = bytes; default 5GB)")
+    add_rows(p, table("merge"), MergeOptions())
     p.add_argument("--emit-recipe", action="store_true",
                    help="print the equivalent recipe as YAML and merge nothing; with -o FILE, merge and write the "
                         "recipe of what ran to FILE")
     p.add_argument("-o", "--recipe-output", metavar="FILE", help="with --emit-recipe: the recipe file (its paths "
                    "relative to FILE's folder)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and -o FILE)")
-    p.add_argument("--no-fsync", action="store_true", help=NO_FSYNC_HELP)
+    add_rows(p, table("output"), MergeOptions())
     p.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_limit_option(p)
@@ -52,20 +47,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..files.sharded_writer import parse_size
     from ..run.merge import emitted_recipe, merge
-    from .options import limits_of
+    from ..run.merge_options import MergeOptions, table
+    from .options import limits_of, rows_given
 
+    options = MergeOptions(**rows_given(args, table(), parser))
     try:
-        parse_size(args.max_shard_size)
+        parse_size(options.max_shard_size)
     except ValueError as e:
         parser.error(f"--max-shard-size: {e}")
     if args.recipe_output and not args.emit_recipe:
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     out = args.out if args.out.endswith(("/", os.sep)) else args.out + "/"
-    options = dict(seed=args.seed, dtype=args.dtype, max_shard_size=args.max_shard_size, overwrite=args.overwrite,
-                   fsync=not args.no_fsync)
     recipe_text = None
     if args.emit_recipe:
-        recipe_text = emitted_recipe(args.config, out, args.recipe_output, **options)
+        recipe_text = emitted_recipe(args.config, out, args.recipe_output, options)
         if not args.recipe_output:
             sys.stdout.write(recipe_text)
             return EXIT_OK
@@ -73,11 +68,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         from ..storage.atomic import check_target
 
-        check_target(Path(args.recipe_output), overwrite=args.overwrite, protect=[args.config], outputs=[out])
+        check_target(Path(args.recipe_output), overwrite=options.overwrite, protect=[args.config], outputs=[out])
     import hashlib
 
     sha = hashlib.sha256(recipe_text.encode()).hexdigest() if recipe_text else None
-    result = merge(args.config, out, progress=False if args.no_progress else None, recipe_sha256=sha, **options,
+    result = merge(args.config, out, options, progress=False if args.no_progress else None, recipe_sha256=sha,
                    **limits_of(args))
     problem = None
     if recipe_text is not None:
@@ -85,8 +80,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from ..storage.atomic import write_file
 
         try:
-            write_file(args.recipe_output, recipe_text.encode(), overwrite=args.overwrite, protect=[args.config],
-                       outputs=[out], fsync=not args.no_fsync, make_folders=True)
+            write_file(args.recipe_output, recipe_text.encode(), overwrite=options.overwrite, protect=[args.config],
+                       outputs=[out], fsync=options.fsync, make_folders=True)
         except MigratorError as e:
             problem = str(e)
     from ..core.display import count, escape, human_bytes

@@ -107,8 +107,8 @@ def add_rows(parser: argparse.ArgumentParser, rows: Sequence[Option], defaults: 
         strings = [r.flag, *(old or {}).get(r.name, ())]
         default = getattr(defaults, r.name)
         kwargs: dict[str, Any] = {"dest": r.name, "help": text(r.help)}
-        if r.kind in ("value", "number"):
-            kwargs.update(default=default, metavar=r.metavar, type=float if r.kind == "number" else None)
+        if r.kind in ("value", "number", "integer"):
+            kwargs.update(default=default, metavar=r.metavar, type={"number": float, "integer": int}.get(r.kind))
         elif r.kind in ("repeat", "pairs"):
             kwargs.update(action="append", default=[], metavar=r.metavar)
         elif r.kind == "switch":

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core.bytesource import ByteSource
 from ..core.limits import DEFAULT_LIMITS, Limits
@@ -20,11 +21,15 @@ from ..storage.read_context import ReadContext
 from ..storage.remote import is_url
 from .probes import Asked, no_order, no_tag, probed
 from .single import open_single, reader_over
+from .write_options import DEFAULT_WRITE, WriteOptions
 
 if TYPE_CHECKING:
-    from ..storage.remote.options import StorageOptions
+    from typing_extensions import Unpack
 
-__all__ = ["Reader", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
+    from ..storage.remote.options import StorageOptions
+    from .write_options import Progress, SaveKeywords, WriteKeywords
+
+__all__ = ["Reader", "WriteOptions", "Writer", "open_file", "reader_class", "reader_over", "save", "save_planned",
            "to_bytes", "writer_class"]
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource
@@ -81,63 +86,61 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 def save(
     tensors: Sequence[LazyTensor] | Mapping[str, Any],
     path: str | os.PathLike[str],
+    options: WriteOptions = DEFAULT_WRITE,
     *,
     format: str = "auto",
     metadata: Mapping[str, str] | None = None,
     scalars: Mapping[str, Scalar | bool | int | float] | None = None,
-    overwrite: bool = False,
-    protect: Iterable[str | os.PathLike[str]] = (),
-    progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
-    fsync: bool = True,
     max_shard_size: int | str | None = None,
+    **write: Unpack[SaveKeywords],
 ) -> str:
     """Write `tensors` to `path` atomically; returns the path written.
 
     `tensors`: LazyTensors, or a mapping of name -> LazyTensor / numpy array / torch tensor (a
     reader is one); `scalars`: `Scalar`s or plain bools, ints and floats (Burn's variant for each).
 
-    `progress(sink, total_bytes)`, if given, is entered around the streaming (e.g. a progress bar).
-    `fsync=False` publishes without flushing to disk first (see `migrator.storage.atomic`).
+    How it is written: `options` (a `WriteOptions`), or its keywords `overwrite`, `protect`, `progress`
+    and `fsync` (laid over `options`). `progress(sink, total_bytes)`, if given, is entered around the
+    streaming (e.g. a progress bar). `fsync=False` publishes without flushing to disk first (see
+    `migrator.storage.atomic`). A new file takes the permission bits the files the tensors came from share.
     `max_shard_size` (e.g. "5GB"): write `path` as a folder of shards plus an index, published whole
     (`format` auto: the extension's, else SafeTensors, as every sharded target; see `files.sharded_writer`).
     """
     from ..core.arrays import as_scalars
     from ..core.tensor import as_tensors
 
+    options = options.with_keywords(write)
     tensors, scalars = as_tensors(tensors), as_scalars(scalars)
     if max_shard_size is not None:
         from .sharded_writer import ShardedWriter
 
         shard_fmt = target_format(path, format, sharded=True)
         sharded = ShardedWriter(shard_fmt, tensors, metadata=metadata, scalars=scalars, max_size=max_shard_size)
-        return save_planned(sharded, path, overwrite=overwrite, progress=progress, fsync=fsync)
+        # as before this took WriteOptions: a sharded save is given no `protect` (nor the sources' modes)
+        return save_planned(sharded, path, dataclasses.replace(options, protect=()))
     fmt = target_format(path, format)
     writer = writer_class(fmt)(tensors, metadata=metadata, scalars=scalars)
     # a new file's permissions: those the files the tensors came from share (see migrator.storage.atomic)
     origins = sorted(o for o in set(map(attrgetter("origin"), tensors)) if o and not o.startswith("<"))
-    return save_planned(writer, path, overwrite=overwrite, protect=protect, progress=progress, fsync=fsync,
-                        mode_from=origins)
+    return save_planned(writer, path, dataclasses.replace(options, mode_from=origins))
 
 
 def save_planned(
     writer: Writer,
     path: str | os.PathLike[str],
-    *,
-    overwrite: bool = False,
-    protect: Iterable[Protected] = (),
-    progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
-    fsync: bool = True,
-    outputs: Iterable[str | os.PathLike[str]] = (),
-    mode_from: Iterable[str | os.PathLike[str] | int] = (),
-    make_folders: bool = False,
-    storage: StorageOptions | None = None,
+    options: WriteOptions = DEFAULT_WRITE,
+    **write: Unpack[WriteKeywords],
 ) -> str:
     """Write an already planned `writer` to `path` atomically (see `save`); returns the path written.
 
-    `protect`, `outputs`, `mode_from`, `make_folders`: see `migrator.storage.atomic.atomic_output`.
-    A `ShardedWriter` writes a folder, published whole (`migrator.storage.atomic_folder`). `storage`:
+    How: `options` (`WriteOptions`), or its fields as keywords (laid over `options`); `protect`,
+    `outputs`, `mode_from`, `make_folders`: see `migrator.storage.atomic.atomic_output`. A
+    `ShardedWriter` writes a folder, published whole (`migrator.storage.atomic_folder`). `storage`:
     the options a URL is written with.
     """
+    o = options.with_keywords(write)
+    overwrite, protect, progress, fsync = o.overwrite, o.protect, o.progress, o.fsync
+    outputs, mode_from, make_folders, storage = o.outputs, o.mode_from, o.make_folders, o.storage
     if is_url(path):  # an object store: a multipart upload, or shards published index-last
         return _save_remote(writer, path, overwrite=overwrite, protect=protect, progress=progress, storage=storage)
     if writer.kind is WriterKind.FOLDER:
@@ -177,8 +180,7 @@ def save_planned_together(parts: Sequence[tuple[Writer, str | os.PathLike[str]]]
 
 
 def _save_remote(writer: Writer, path: str | os.PathLike[str], *, overwrite: bool, protect: Iterable[Protected],
-                 progress: Callable[[BinaryIO, int], AbstractContextManager[None]] | None = None,
-                 storage: StorageOptions | None = None) -> str:
+                 progress: Progress | None = None, storage: StorageOptions | None = None) -> str:
     from ..storage.remote import url_of
 
     url = url_of(path)

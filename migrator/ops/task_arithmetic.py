@@ -61,12 +61,14 @@ class TaskArithmetic(Op, name="task_arithmetic"):
         from .compute import arithmetic
 
         spec, kind = step.spec, self.name
-        return [computed(step, inputs, lambda name, ts, dtype: (arithmetic.task_arithmetic(
-            name, ts[0], ts[1:], spec.weights, densities=spec.densities(),
+        method = arithmetic.DeltaMethod(
+            densities=spec.densities(),
             sparsify=self.sparsify,  # type: ignore[arg-type]
             consensus=self.consensus,  # type: ignore[arg-type]
             normalize=self.normalize if spec.normalize is None else spec.normalize, lambda_=spec.lambda_,
-            rescale=self.rescale if spec.rescale is None else spec.rescale, seed=spec.seed, out_dtype=dtype),
+            rescale=self.rescale if spec.rescale is None else spec.rescale, seed=spec.seed)
+        return [computed(step, inputs, lambda name, ts, dtype: (arithmetic.task_arithmetic(
+            name, ts[0], ts[1:], spec.weights, method, out_dtype=dtype),
             f"{kind} of {len(ts)}, weights {spec.weights}"))]
 
 

@@ -8,12 +8,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..core.errors import MigratorError, not_written
 from ..files.io import save_planned, writer_class
 from ..files.targets import check_target, target_problems
+from ..files.write_options import WriteOptions
 from ..formats.base import WriterKind
 from ..plan.outputs import plan_outputs
 from ..storage.atomic import Protected
@@ -62,22 +63,18 @@ def run_plan(plan: Plan, *, progress: bool | None = None,
                                         fsync=plan.fsync, mode_from=plan.source_modes(), make_folders=True)
         return RunResult(written, len(tensors), sum(t.nbytes for t in tensors),
                          plan.record.resolve_path(plan.record_path))
+    write = WriteOptions(overwrite=plan.overwrite, protect=read_by(plan), outputs=tuple(outputs), fsync=plan.fsync,
+                         mode_from=plan.source_modes(), make_folders=True, storage=plan.storage)
     if runner is not None and not is_url(plan.target_path):  # an upload is parallel in its parts already
         from .parallel_write import save_file_parallel, save_folder_parallel
 
         if plan.writer.kind is WriterKind.FOLDER:
-            written = save_folder_parallel(plan.writer, plan.target_path, runner,  # type: ignore[arg-type]
-                                           overwrite=plan.overwrite, fsync=plan.fsync, protect=read_by(plan),
-                                           outputs=outputs, mode_from=plan.source_modes())
+            written = save_folder_parallel(plan.writer, plan.target_path, runner, write)  # type: ignore[arg-type]
             return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
         if plan.writer.kind is WriterKind.LAID_OUT:
-            written = save_file_parallel(plan.writer, plan.target_path, runner, overwrite=plan.overwrite,
-                                         protect=read_by(plan), outputs=outputs, fsync=plan.fsync,
-                                         mode_from=plan.source_modes(), make_folders=True)
+            written = save_file_parallel(plan.writer, plan.target_path, runner, write)
             return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
-    written = save_planned(plan.writer, plan.target_path, overwrite=plan.overwrite, protect=read_by(plan),
-                           outputs=outputs, progress=progress_for(progress), fsync=plan.fsync,
-                           mode_from=plan.source_modes(), make_folders=True, storage=plan.storage)
+    written = save_planned(plan.writer, plan.target_path, replace(write, progress=progress_for(progress)))
     return RunResult(written, len(tensors), sum(t.nbytes for t in tensors))
 
 

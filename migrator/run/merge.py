@@ -6,7 +6,8 @@ plus index, the reference model's config, generation and tokenizer files, each w
 config.json updated with the merge's `num_hidden_layers` and dtype, the config itself as
 `mergekit_config.yml`, and with `tokenizer_source: PATH` that folder's tokenizer files instead of
 the reference's), and an optional dtype cast. `merge` plans and runs it as `convert` runs its
-recipe: atomic folder publish, the same result and notes. `fold_folder` is `convert BASE OUT/ --lora`.
+recipe: atomic folder publish, the same result and notes. Its options travel as one `MergeOptions`
+(`merge_options.py`). `fold_folder` is `convert BASE OUT/ --lora`.
 """
 
 from __future__ import annotations
@@ -18,18 +19,19 @@ from typing import TYPE_CHECKING, Any
 from ..core.dtypes import DType
 from ..core.limits import DEFAULT_LIMITS, Limits
 from .convert import ConvertResult, convert
+from .merge_options import DEFAULT_SHARD, DEFAULTS, MergeOptions
 
 if TYPE_CHECKING:
     from ..recipe.model import Recipe
 
-DEFAULT_SHARD = "5GB"
+__all__ = ["DEFAULT_SHARD", "MergeOptions", "emitted_recipe", "fold_folder", "merge", "merge_folder", "merge_recipe",
+           "plain_recipe"]
 CONFIGS = ("config.json", "generation_config.json")
 """The reference model's config files a merged folder carries, each when present."""
 
 
-def merge_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: int | None = None,
-                 dtype: str | None = None, max_shard_size: int | str = DEFAULT_SHARD, overwrite: bool = False,
-                 fsync: bool = True) -> Recipe:
+def merge_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str],
+                 options: MergeOptions = DEFAULTS) -> Recipe:
     """The recipe of `migrate merge CONFIG OUT/` (validated like any recipe)."""
     from ..recipe.mergekit import load_config
     from ..recipe.model import Recipe
@@ -39,31 +41,32 @@ def merge_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
     own_tokenizer = load_config(config).config.tokenizer_source not in (None, "base")
     companions = CONFIGS if own_tokenizer else (*CONFIGS, *TOKENIZER_FILES)
     source: dict[str, Any] = {"path": os.fspath(config), "format": "mergekit"}
-    if seed is not None:
-        source["seed"] = seed
+    if options.seed is not None:
+        source["seed"] = options.seed
     data: dict[str, Any] = {
         "version": 1, "source": source,
-        "target": {"path": os.fspath(out), "shard": {"max_size": max_shard_size}, "overwrite": overwrite,
-                   "fsync": fsync, "copy": [{"path": c, "optional": True} for c in companions]}}
-    if dtype is not None:
-        data["dtype"] = {"cast": dtype}
+        "target": {"path": os.fspath(out), "shard": {"max_size": options.max_shard_size},
+                   "overwrite": options.overwrite, "fsync": options.fsync,
+                   "copy": [{"path": c, "optional": True} for c in companions]}}
+    if options.dtype is not None:
+        data["dtype"] = {"cast": options.dtype}
     return Recipe.model_validate(data)
 
 
-def merge(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: int | None = None,
-          dtype: str | None = None, max_shard_size: int | str = DEFAULT_SHARD, overwrite: bool = False,
-          fsync: bool = True, progress: bool | None = None, recipe_sha256: str | None = None,
+def merge(config: str | os.PathLike[str], out: str | os.PathLike[str], options: MergeOptions = DEFAULTS, *,
+          progress: bool | None = None, recipe_sha256: str | None = None,
           limits: Limits = DEFAULT_LIMITS) -> ConvertResult:
-    """Run a mergekit config into the Hugging Face folder `out`, atomically (see the module docstring)."""
+    """Run a mergekit config into the Hugging Face folder `out`, atomically (see the module docstring);
+    `progress`: None draws a bar when stderr is a terminal; `recipe_sha256`: the emitted recipe's, for
+    the report."""
     from ..files.targets import check_folder_target
     from ..plan.build import RecipeFile, build_plan
     from ..storage.paths import resolve_path
     from .convert import _result
     from .execute import run_plan
 
-    recipe = merge_recipe(config, out, seed=seed, dtype=dtype, max_shard_size=max_shard_size, overwrite=overwrite,
-                          fsync=fsync)
-    check_folder_target(resolve_path(Path.cwd(), out), overwrite=overwrite)  # before any model is opened
+    recipe = merge_recipe(config, out, options)
+    check_folder_target(resolve_path(Path.cwd(), out), overwrite=options.overwrite)  # before any model is opened
     with build_plan(recipe, Path.cwd(), file=RecipeFile(recipe_sha256), limits=limits) as plan:
         written = run_plan(plan, progress=progress)
         return _result(plan, written.target)
@@ -72,7 +75,8 @@ def merge(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: 
 def merge_folder(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: int | None = None,
                  overwrite: bool = False, max_shard_size: int | str = DEFAULT_SHARD) -> ConvertResult:
     """`merge` without progress: the library form the tests and benchmarks call."""
-    return merge(config, out, seed=seed, overwrite=overwrite, max_shard_size=max_shard_size, progress=False)
+    return merge(config, out, MergeOptions(seed=seed, overwrite=overwrite, max_shard_size=max_shard_size),
+                 progress=False)
 
 
 def fold_folder(base: str | os.PathLike[str], adapter: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -90,9 +94,8 @@ TASK_OPS = {(None, None): "task_arithmetic", ("magnitude", "sum"): "ties", ("ran
 """The recipe op of a task-arithmetic tensor, by its (sparsify, consensus)."""
 
 
-def plain_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: int | None = None,
-                 dtype: str | None = None, max_shard_size: int | str = DEFAULT_SHARD, overwrite: bool = False,
-                 fsync: bool = True, relative_to: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+def plain_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], options: MergeOptions = DEFAULTS,
+                 *, relative_to: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
     """The merge as a plain recipe: each model a `sources:` entry with a prefix (`lora:` for `base+lora`), one
     computed op per group of tensors that share their parameters, the reference model's companions copied.
     Running it writes the merge's tensors and companion files (not `mergekit_config.yml`: the recipe is the
@@ -115,7 +118,8 @@ def plain_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
     from ..core import dtypes
 
     # a quantized model is read dequantized by the cast, as the recipe's sources will be
-    reader = MergedReader(config, seed=seed, dequantize=None if dtype is None else dtypes.parse(dtype))
+    reader = MergedReader(config, seed=options.seed,
+                          dequantize=None if options.dtype is None else dtypes.parse(options.dtype))
     with reader:
         spec, loaded = reader.spec, reader.loaded
         if spec.method == "passthrough" or spec.tokenizer is not None:
@@ -160,11 +164,12 @@ def plain_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
         companions = CONFIGS + TOKENIZER_FILES
         data: dict[str, Any] = {
             "version": 1, "sources": sources, "ops": ops,
-            "target": {"path": path(os.fspath(out)), "shard": {"max_size": max_shard_size}, "overwrite": overwrite,
-                       "fsync": fsync, "copy_from": path(spec.models[reference]),
+            "target": {"path": path(os.fspath(out)), "shard": {"max_size": options.max_shard_size},
+                       "overwrite": options.overwrite, "fsync": options.fsync,
+                       "copy_from": path(spec.models[reference]),
                        "copy": [{"path": c, "optional": True} for c in companions]}}
-        if dtype is not None:
-            data["dtype"] = {"cast": dtype}
+        if options.dtype is not None:
+            data["dtype"] = {"cast": options.dtype}
     from ..recipe.model import Recipe
 
     Recipe.model_validate(data)  # what migrate run will read
@@ -207,7 +212,7 @@ def _op_of(item: Any, spec: Any) -> dict[str, Any]:
 
 
 def emitted_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], recipe_output: str | None,
-                   **options: Any) -> str:
+                   options: MergeOptions = DEFAULTS) -> str:
     """The text `migrate merge --emit-recipe` writes: the plain recipe (`plain_recipe`) when the config has one,
     else the `format: mergekit` recipe, each with its paths relative to `recipe_output`'s folder when given."""
     import yaml
@@ -215,7 +220,7 @@ def emitted_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], 
     from ..recipe.convert import emit_recipe, schema_line
 
     folder = os.path.dirname(os.path.abspath(recipe_output)) if recipe_output else None
-    data = plain_recipe(config, out, relative_to=folder, **options)
+    data = plain_recipe(config, out, options, relative_to=folder)
     if data is None:
-        return emit_recipe(merge_recipe(config, out, **options), recipe_output)
+        return emit_recipe(merge_recipe(config, out, options), recipe_output)
     return schema_line() + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)

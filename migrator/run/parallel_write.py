@@ -28,7 +28,7 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.errors import OutputError
 from ..core.streaming import Ahead, write_tensor, write_zeros
 from ..core.tensor import LazyTensor
+from ..files.write_options import DEFAULT_WRITE, WriteOptions
 from ..formats.base import WriterKind
-from ..storage.atomic import WRITE_BUFFER, Protected, atomic_output
+from ..storage.atomic import WRITE_BUFFER, atomic_output
 
 if TYPE_CHECKING:
     from ..files.sharded_writer import ShardedWriter
@@ -270,20 +271,21 @@ class LocalRunner:
         folder.written += self._run(tasks, one)
 
 
-def save_file_parallel(writer: Writer, path: str | os.PathLike[str], runner: Runner, *, overwrite: bool = False,
-                       protect: Iterable[Protected] = (), outputs: Iterable[str | os.PathLike[str]] = (),
-                       fsync: bool = True, mode_from: Iterable[str | os.PathLike[str] | int] = (),
-                       make_folders: bool = False) -> str:
+def save_file_parallel(writer: Writer, path: str | os.PathLike[str], runner: Runner,
+                       options: WriteOptions = DEFAULT_WRITE) -> str:
     """`files.io.save_planned` of a single-file writer with a `layout`, its tensors written by `runner`'s
-    workers into the one reserved scratch file; published once, after every task succeeded."""
+    workers into the one reserved scratch file; published once, after every task succeeded. `options`:
+    all but `progress` and `storage` (a local file, written by workers)."""
     from ..core.streaming import write_all
     from ..files.io import protected_files
 
+    o = options
     out = writer.resolve_path(path)
     prefix, tensors, offsets = writer.layout()
     total = writer.total_size
-    with atomic_output(out, overwrite=overwrite, protect=protected_files(protect), outputs=outputs,
-                       expected_size=total, fsync=fsync, mode_from=mode_from, make_folders=make_folders) as sink:
+    with atomic_output(out, overwrite=o.overwrite, protect=protected_files(o.protect), outputs=o.outputs,
+                       expected_size=total, fsync=o.fsync, mode_from=o.mode_from,
+                       make_folders=o.make_folders) as sink:
         write_all(sink, memoryview(prefix))
         sink.flush()
         raw = sink.raw  # type: ignore[attr-defined]
@@ -294,20 +296,20 @@ def save_file_parallel(writer: Writer, path: str | os.PathLike[str], runner: Run
     return out
 
 
-def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], runner: Runner, *,
-                         overwrite: bool = False, fsync: bool = True, protect: Iterable[Protected] = (),
-                         outputs: Iterable[str | os.PathLike[str]] = (),
-                         mode_from: Iterable[str | os.PathLike[str] | int] = ()) -> str:
+def save_folder_parallel(writer: ShardedWriter, path: str | os.PathLike[str], runner: Runner,
+                         options: WriteOptions = DEFAULT_WRITE) -> str:
     """`sharded_writer.save_sharded` with the shards written by `runner`'s workers; the driver writes
-    the index and the companion files, and publishes after every shard task succeeded."""
+    the index and the companion files, and publishes after every shard task succeeded. `options`: all
+    but `progress`, `make_folders` and `storage`."""
     from ..files.io import protected_files
     from ..files.sharded import model_parts
     from ..files.sharded_writer import finish_folder
     from ..storage.atomic_folder import atomic_folder
 
     out = writer.resolve_path(path)
-    with atomic_folder(out, overwrite=overwrite, fsync=fsync, protect=protected_files(protect), outputs=outputs,
-                       mode_from=mode_from, names=writer.names(), owned=model_parts) as folder:
+    o = options
+    with atomic_folder(out, overwrite=o.overwrite, fsync=o.fsync, protect=protected_files(o.protect),
+                       outputs=o.outputs, mode_from=o.mode_from, names=writer.names(), owned=model_parts) as folder:
         tasks = [ShardTask(i, i, name, shard.total_size) for i, (name, shard) in enumerate(writer.files)]
         runner.write_shards(folder, writer, tasks)
         finish_folder(folder, writer)

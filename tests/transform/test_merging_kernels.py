@@ -104,7 +104,7 @@ TASKS = {
 def test_task_arithmetic(monkeypatch: pytest.MonkeyPatch, stored: dict[str, LazyTensor], case: str) -> None:
     models = [stored["m1"], stored["m2"], stored["m3"]]
     compiled, plain = _both(monkeypatch, lambda: arithmetic.task_arithmetic(
-        "w", stored["base"], models, [1.0, 0.5, -0.25], **TASKS[case]))  # type: ignore[arg-type]
+        "w", stored["base"], models, [1.0, 0.5, -0.25], arithmetic.DeltaMethod(**TASKS[case])))  # type: ignore[arg-type]
     if "rescaled" in case:  # the L1 sums are float64 in another order: the factors may differ in their last bit
         np.testing.assert_allclose(compiled, plain, rtol=1e-6, atol=1e-7)
     else:

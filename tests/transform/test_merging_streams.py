@@ -57,8 +57,8 @@ def test_linear_and_scale_stream_from_pieces() -> None:
 
 def test_ties_keeps_the_top_density_share_per_model() -> None:
     base, m1, m2 = (_pieces_only(n, x) for n, x in (("base", A), ("m1", B), ("m2", C)))
-    out = _streamed(arithmetic.task_arithmetic("w", base, [m1, m2], [1.0, 0.5], densities=[0.3, 0.6],
-                                               sparsify="magnitude", consensus="sum", normalize=True))
+    out = _streamed(arithmetic.task_arithmetic("w", base, [m1, m2], [1.0, 0.5], arithmetic.DeltaMethod(
+        densities=[0.3, 0.6], sparsify="magnitude", consensus="sum", normalize=True)))
     deltas = []
     for x, density, w in ((B, 0.3, 1.0), (C, 0.6, 0.5)):
         d = x - A
@@ -127,8 +127,8 @@ def test_empty_tensors() -> None:
     e = np.zeros((0, 4), np.float32)
     for out in (arithmetic.linear("e", [from_numpy("e", e), from_numpy("e", e)], [1, 1]),
                 arithmetic.slerp("e", from_numpy("e", e), from_numpy("e", e), 0.5),
-                arithmetic.task_arithmetic("e", from_numpy("e", e), [from_numpy("e", e)], [1.0], densities=[0.5],
-                                           sparsify="magnitude", consensus="sum")):
+                arithmetic.task_arithmetic("e", from_numpy("e", e), [from_numpy("e", e)], [1.0], arithmetic.DeltaMethod(
+                    densities=[0.5], sparsify="magnitude", consensus="sum"))):
         assert out.shape == (0, 4) and out.nbytes == 0 and bytes(out.data()) == b""
 
 
@@ -137,8 +137,8 @@ def test_dare_keeps_what_the_sampler_draws(rescale: str | bool) -> None:
     """Kept elements are exactly those whose draw is < density; kept deltas times 1/density (the DARE paper),
     the L1 ratio (mergekit) or 1."""
     base, model = _pieces_only("base", A), _pieces_only("m", B)
-    out = _streamed(arithmetic.task_arithmetic("layer.w", base, [model], [1.0], densities=[0.4], sparsify="random",
-                                               rescale=rescale, seed=123))  # type: ignore[arg-type]
+    out = _streamed(arithmetic.task_arithmetic("layer.w", base, [model], [1.0], arithmetic.DeltaMethod(
+        densities=[0.4], sparsify="random", rescale=rescale, seed=123)))  # type: ignore[arg-type]
     key = int.from_bytes(hashlib.sha256(b"123\x00layer.w\x001").digest()[:16], "little")  # the documented key
     draws = np.random.Generator(np.random.Philox(key=key)).random(A.size)
     keep = (draws < 0.4).reshape(A.shape)

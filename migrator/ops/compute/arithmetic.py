@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...core.dtypes import DType
@@ -154,11 +155,35 @@ def dare_generator(seed: int, tensor: str, model: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=int.from_bytes(digest[:16], "little")))
 
 
+@dataclass(frozen=True)
+class DeltaMethod:
+    """How `task_arithmetic` turns the models' deltas into one: the knobs of mergekit's task_arithmetic,
+    ties, dare_ties and dare_linear, travelling as one value (the defaults: plain task arithmetic).
+
+    `densities`: the share of each model's delta kept (None: all of every delta); `sparsify`: how the
+    rest is dropped (`magnitude`: the smallest |d|; `random`: DARE's draws from `seed`); `consensus`:
+    the sign election (sum or count), none without; `normalize`: divide by the summed weights (of the
+    elected deltas); `lambda_`: the mixed delta's factor; `rescale` of a sparsified delta: True or "l1"
+    is mergekit's (|d|_1 / |kept d|_1, a first pass for a random drop), "density" multiplies the kept
+    elements by 1 / density (the DARE paper's)."""
+
+    densities: Sequence[float] | None = None
+    sparsify: Sparsify | None = None
+    consensus: Consensus | None = None
+    normalize: bool = False
+    lambda_: float = 1.0
+    rescale: bool | Rescale = False
+    seed: int | None = None
+
+    @property
+    def rescaling(self) -> Rescale | None:
+        """`rescale` with True spelled "l1" and False None."""
+        return "l1" if self.rescale is True else (self.rescale or None)
+
+
 class _TaskArithmetic(Kernel):
     def __init__(self, name: str, base: LazyTensor, models: Sequence[LazyTensor], weights: Sequence[float],
-                 densities: Sequence[float], sparsify: Sparsify | None, consensus: Consensus | None,
-                 normalize: bool, lambda_: float, rescale: Rescale | None, seed: int | None,
-                 compute: DType) -> None:
+                 method: DeltaMethod, compute: DType) -> None:
         import numpy as np
 
         self.name = name
@@ -167,13 +192,13 @@ class _TaskArithmetic(Kernel):
         self.compute = compute
         self.np_dtype = compute.numpy()
         self.weights = np.asarray(weights, dtype=self.np_dtype)
-        self.densities = list(densities)
-        self.sparsify, self.consensus, self.normalize = sparsify, consensus, normalize
-        self.lambda_, self.rescale, self.seed = lambda_, rescale, seed
         n = len(models)
+        self.densities = list(method.densities) if method.densities is not None else [1.0] * n
+        self.sparsify, self.consensus, self.normalize = method.sparsify, method.consensus, method.normalize
+        self.lambda_, self.rescale, self.seed = method.lambda_, method.rescaling, method.seed
         self.thresholds: list[float | None] = [None] * n  # magnitude: keep |d| >= threshold
         self.factors: list[float | None] = [None] * n  # rescale: L1 before / L1 after sparsifying
-        self.parallel = sparsify != "random"  # DARE's draws are one stream per model, band after band
+        self.parallel = method.sparsify != "random"  # DARE's draws are one stream per model, band after band
         self.native = merge_kernels() if compute.name == "F32" and n <= 64 else None
 
     def _active(self, i: int) -> bool:
@@ -368,27 +393,22 @@ def _l1_factor(before: float, after: float, eps: float = 1e-7) -> float | None:
     return before / after
 
 
-def task_arithmetic(name: str, base: LazyTensor, models: Sequence[LazyTensor], weights: Sequence[float], *,
-                    densities: Sequence[float] | None = None, sparsify: Sparsify | None = None,
-                    consensus: Consensus | None = None, normalize: bool = False, lambda_: float = 1.0,
-                    rescale: bool | Rescale = False, seed: int | None = None,
-                    out_dtype: DType | None = None) -> LazyTensor:
-    """base + lambda_ * combine_i(w_i * sparsify(models[i] - base)): mergekit's task_arithmetic (no sparsify,
-    no consensus), ties (magnitude + sum), dare_ties (random + sum), dare_linear (random).
-
-    `rescale` of a sparsified delta: True or "l1" is mergekit's (|d|_1 / |kept d|_1, a first pass for a
-    random drop), "density" multiplies the kept elements by 1 / density (the DARE paper's)."""
+def task_arithmetic(name: str, base: LazyTensor, models: Sequence[LazyTensor], weights: Sequence[float],
+                    method: DeltaMethod = DeltaMethod(), *, out_dtype: DType | None = None) -> LazyTensor:
+    """base + lambda_ * combine_i(w_i * sparsify(models[i] - base)), as `method` says: mergekit's
+    task_arithmetic (no sparsify, no consensus), ties (magnitude + sum), dare_ties (random + sum),
+    dare_linear (random)."""
+    sparsify, densities = method.sparsify, method.densities
     check_inputs(f"{sparsify}-sparsified merge" if sparsify else "task arithmetic", [base, *models])
     if len(weights) != len(models) or (densities is not None and len(densities) != len(models)):
         raise MergeInputError(f"task arithmetic: {len(models)} models but {len(weights)} weights"
                               f"{'' if densities is None else f' and {len(densities)} densities'}", tensor=name)
     if not models:
         return passthrough(name, base, out_dtype=out_dtype)
-    if sparsify == "random" and seed is None:
+    if sparsify == "random" and method.seed is None:
         raise MergeInputError("a random drop (DARE) needs a seed", tensor=name)
     compute = compute_dtype([base, *models])
-    kernel = _TaskArithmetic(name, base, models, weights, densities or [1.0] * len(models), sparsify, consensus,
-                             normalize, lambda_, "l1" if rescale is True else (rescale or None), seed, compute)
+    kernel = _TaskArithmetic(name, base, models, weights, method, compute)
     return computed(name, base.shape, kernel, compute, _out([base], out_dtype), base.origin)
 
 

@@ -72,10 +72,11 @@ def merge_tensors(spec: MergeSpec, models: Mapping[str, Mapping[str, LazyTensor]
         elif item.op == "slerp":
             out.append(arithmetic.slerp(item.name, inputs[0], inputs[1], p["t"], out_dtype=dtype))
         else:
-            out.append(arithmetic.task_arithmetic(
-                item.name, inputs[0], inputs[1:], p["weights"], densities=p["densities"], sparsify=p["sparsify"],
-                consensus=p["consensus"], normalize=p["normalize"], lambda_=p["lambda"], rescale=p["rescale"],
-                seed=p.get("seed"), out_dtype=dtype))
+            method = arithmetic.DeltaMethod(
+                densities=p["densities"], sparsify=p["sparsify"], consensus=p["consensus"],
+                normalize=p["normalize"], lambda_=p["lambda"], rescale=p["rescale"], seed=p.get("seed"))
+            out.append(arithmetic.task_arithmetic(item.name, inputs[0], inputs[1:], p["weights"], method,
+                                                  out_dtype=dtype))
     return out
 
 
