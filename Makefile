@@ -50,7 +50,7 @@ $(STAMP): $(BUILD_INPUTS) $(RUNTIME_STAMP)
 	touch $@
 
 RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard \
-	gpt2-split-qkv gpt2-merge-qkv mixtral-stack-experts mixtral-unstack-experts llama-meta-to-hf llama-hf-to-meta \
+	gpt2-split-qkv gpt2-merge-qkv mixtral-stack-experts mixtral-unstack-experts llama-meta-to-hf llama-hf-to-meta hf-llama-to-megatron \
 	bert-graft bert-cut-layers bert-stack-layers lora-fold merge-slerp merge-ties depth-upscale llama-to-burn
 
 demo: install-runtime
