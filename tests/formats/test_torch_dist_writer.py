@@ -96,6 +96,22 @@ def test_every_tensor_megatron_loaded_is_the_hf_one_rearranged(converted: dict[s
         assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
 
 
+def test_two_tensor_parallel_ranks_load_their_parts_and_give_the_logits(converted: dict[str, Any]) -> None:
+    """Each rank reads its rows (linear_qkv, linear_fc1: gate and up halves) or columns out of the whole chunks."""
+    tmp = converted["tmp"]
+    read = load_into_megatron(converted["out"], tmp / "llama" / "config.json", tmp / "megatron-tp2.pt", ranks=2)
+    torch.testing.assert_close(read["logits"], converted["hf_logits"], rtol=1e-5, atol=1e-5)
+    whole = megatron_layout(converted["hf"])
+    for name, rows in [("decoder.layers.1.self_attention.linear_qkv.weight", slice(0, 64)),
+                       ("embedding.word_embeddings.weight", slice(0, VOCAB // 2))]:
+        assert torch.equal(read["state"][name], whole[name][rows]), name
+    gate, up = whole["decoder.layers.0.mlp.linear_fc1.weight"].chunk(2)
+    fc1 = read["state"]["decoder.layers.0.mlp.linear_fc1.weight"]
+    assert torch.equal(fc1, torch.cat([gate[:FFN // 2], up[:FFN // 2]]))
+    assert torch.equal(read["state"]["decoder.layers.0.self_attention.linear_proj.weight"],
+                       whole["decoder.layers.0.self_attention.linear_proj.weight"][:, :HIDDEN // 2])
+
+
 def test_the_folder_holds_what_megatron_core_writes(converted: dict[str, Any]) -> None:
     from megatron.core.dist_checkpointing.core import CheckpointingConfig, maybe_load_config
 
