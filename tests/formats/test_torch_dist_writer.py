@@ -31,12 +31,12 @@ RECIPE = REPO / "recipes" / "hf-llama-to-megatron.yaml"
 HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = 64, 2, 4, 2, 96, 128
 
 
-def tiny_llama(path: Path) -> Any:
-    """A Hugging Face Llama (GQA, untied lm_head) saved at `path`; its norms away from ones so a swap shows."""
+def tiny_llama(path: Path, *, tied: bool = False) -> Any:
+    """A Hugging Face Llama (GQA) saved at `path`; its norms away from ones so a swap shows."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
                                    num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
-                                   max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False)
+                                   max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=tied)
     model = transformers.LlamaForCausalLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -112,6 +112,17 @@ def test_two_tensor_parallel_ranks_load_their_parts_and_give_the_logits(converte
                        whole["decoder.layers.0.self_attention.linear_proj.weight"][:, :HIDDEN // 2])
 
 
+def test_a_tied_llama_has_no_output_layer_and_megatron_shares_the_embedding(tmp_path: Path) -> None:
+    model = tiny_llama(tmp_path / "llama", tied=True)
+    run = migrate_in_process("run", str(RECIPE), "--source", str(tmp_path / "llama"), "--target",
+                             f"{tmp_path / 'out'}/", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    read = load_into_megatron(tmp_path / "out", tmp_path / "llama" / "config.json", tmp_path / "read.pt")
+    assert "output_layer.weight" not in read["state"]
+    with torch.no_grad():
+        torch.testing.assert_close(read["logits"], model(torch.tensor(TOKENS)).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_the_folder_holds_what_megatron_core_writes(converted: dict[str, Any]) -> None:
     from megatron.core.dist_checkpointing.core import CheckpointingConfig, maybe_load_config
 
@@ -134,6 +145,9 @@ def test_a_layer_left_unstacked_is_refused_and_the_target_kept(converted: dict[s
     assert run.returncode == 1, run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "decoder.layers.0.mlp.linear_fc2.weight" in run.stderr and "stack" in run.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    hf = migrate_in_process("convert", str(tmp / "llama"), str(out), "--to", "torch_dist", "--overwrite")
+    assert hf.returncode == 1 and "'model.layers.0." in hf.stderr and "hf-llama-to-megatron.yaml" in hf.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 

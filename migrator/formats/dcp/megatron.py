@@ -39,7 +39,8 @@ CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common
 """megatron-core's `CheckpointingConfig` for a `torch_dist` checkpoint, as `save_config` dumps it."""
 COMMON: dict[str, object] = {}
 LAYERS = "decoder.layers."
-_UNSTACKED = re.compile(r"^decoder\.layers\.\d+\.")
+_UNSTACKED = re.compile(r"(?:^|\.)layers\.\d+\.")
+"""One layer's tensor (`decoder.layers.0.`, a Hugging Face `model.layers.0.`): megatron has none."""
 _LINEAR = re.compile(r"^(decoder\.layers\.(?:.+\.)?linear_[a-z0-9_]+)\.weight$")
 """A linear layer's weight: its module carries an `_extra_state`."""
 
@@ -91,9 +92,10 @@ def _num_layers(tensors: Sequence[LazyTensor]) -> int:
     tensors that disagree."""
     found: tuple[int, str] | None = None
     for t in tensors:
-        if _UNSTACKED.match(t.name):
-            raise PlanError("megatron stacks the layers on a leading axis (decoder.layers.<name>, [num_layers, ...]): "
-                            "stack them first (the stack op)", tensor=t.name)
+        if _UNSTACKED.search(t.name):
+            raise PlanError("one layer's tensor: megatron stacks the layers on a leading axis (decoder.layers.<name>, "
+                            "[num_layers, ...]); recipes/hf-llama-to-megatron.yaml converts a Hugging Face Llama, "
+                            "the stack op stacks layers", tensor=t.name)
         if not t.name.startswith(LAYERS):
             continue
         if not t.shape:
