@@ -46,12 +46,28 @@ $(STAMP): $(BUILD_INPUTS) $(RUNTIME_STAMP)
 	# stdout is npm's package count only: errors still reach stderr.
 	if command -v npm >/dev/null 2>&1; then \
 		npm install --prefix $(VENV)/node --no-save --no-audit --no-fund --loglevel=error azurite@3.37.0 >/dev/null; fi
+	# llama.cpp's convert_lora_to_gguf.py (and the conversion package, gguf-py it imports), the oracle of
+	# tests/formats/test_gguf_lora.py: taken from the llama-cpp-python sdist test-llamacpp builds, nothing compiled
+	$(MAKE) --no-print-directory $(LLAMACPP_SCRIPTS)/.extracted
 	rm -f $(VENV)/.installed-*
+	touch $@
+
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_SCRIPTS := $(VENV)/llamacpp-scripts-$(LLAMACPP_VERSION)
+$(LLAMACPP_SCRIPTS)/.extracted:
+	rm -rf $(LLAMACPP_SCRIPTS) && mkdir -p $(LLAMACPP_SCRIPTS)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: --dest $(LLAMACPP_SCRIPTS) \
+		llama-cpp-python==$(LLAMACPP_VERSION)
+	tar -xzf $(LLAMACPP_SCRIPTS)/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz -C $(LLAMACPP_SCRIPTS) \
+		--strip-components=3 $(addprefix llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp/,\
+		convert_lora_to_gguf.py convert_hf_to_gguf.py conversion gguf-py)
+	rm -f $(LLAMACPP_SCRIPTS)/*.tar.gz
 	touch $@
 
 RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard \
 	gpt2-split-qkv gpt2-merge-qkv mixtral-stack-experts mixtral-unstack-experts llama-meta-to-hf llama-hf-to-meta hf-llama-to-megatron \
-	bert-graft bert-cut-layers bert-stack-layers lora-fold merge-slerp merge-ties depth-upscale llama-to-burn
+	bert-graft bert-cut-layers bert-stack-layers lora-fold merge-slerp merge-ties depth-upscale llama-to-burn \
+	mixtral-prune-experts llama-add-tokens
 
 demo: install-runtime
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
@@ -88,7 +104,6 @@ test-fast: lint
 # examples; ~20 min on 2 busy cores), once, into $(LLAMACPP), a folder of its own that only this target
 # puts on sys.path, so `make test` and CI never see it. --no-deps: its requirements (numpy,
 # typing-extensions, jinja2) are in the dev set-up already, diskcache is pinned beside it.
-LLAMACPP_VERSION := 0.3.36
 LLAMACPP ?= $(VENV)/llamacpp-$(LLAMACPP_VERSION)
 LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF \
 	-DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
@@ -110,8 +125,9 @@ lint: install
 
 # The kernels built with UndefinedBehaviorSanitizer and AddressSanitizer (any finding aborts) into
 # build/ubsan, beside a copy of the package, and the tests of each kernel file (casts, stats, GGUF
-# blocks and K-quants, merges, LoRA deltas) run against that copy. ASan must be the first library
-# loaded into the (uninstrumented) Python: LD_PRELOAD; leak checks would report Python's own
+# blocks and K-quants, merges, LoRA deltas, quantized checkpoints' bands, FP8 quantization) run against that
+# copy. ASan must be the first library loaded into the (uninstrumented) Python: LD_PRELOAD; leak checks would
+# report Python's own
 # allocations. libstdc++ is preloaded beside it: ASan wraps __cxa_throw only if the C++ runtime is
 # loaded when it starts, and torch (imported by a GGUF test) throws while importing.
 UBSAN := build/ubsan
@@ -126,7 +142,8 @@ ubsan: install
 		$(CURDIR)/tests/core/test_casts.py \
 		$(CURDIR)/tests/analysis/test_stats.py $(CURDIR)/tests/analysis/test_diff.py \
 		$(CURDIR)/tests/formats/test_gguf_quants.py $(CURDIR)/tests/formats/test_gguf_kquants.py \
-		$(CURDIR)/tests/transform/test_merging_kernels.py $(CURDIR)/tests/transform/test_lora_product.py
+		$(CURDIR)/tests/transform/test_merging_kernels.py $(CURDIR)/tests/transform/test_lora_product.py \
+		$(CURDIR)/tests/core/test_dequant.py $(CURDIR)/tests/core/test_fp8_quantize.py
 
 bench: install
 	$(PY) benchmarks/suite.py

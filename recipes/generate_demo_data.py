@@ -14,10 +14,11 @@
   6 layers, for the layer-slicing and layer-stacking recipes (index arithmetic).
 - classifier-init.bpk: a freshly initialised Burn-side classifier (encoder + head) with param_ids:
   the template the encoder-surgery recipe fills.
-- gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny/ (+ llama-hf-tiny/config.json):
-  the `ops:` recipes' inputs (recipes/ops_demo.py).
+- gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, mixtral-tiny-hf/, llama-meta-tiny/ (+
+  llama-hf-tiny/config.json): the `ops:` recipes' inputs (recipes/ops_demo.py).
 - llama-base/, llama-chat/, llama-code/, llama-lora/: Hugging Face Llama folders and a PEFT LoRA adapter,
-  the merge recipes' inputs (recipes/merge_demo.py).
+  the merge recipes' inputs, and llama-vocab/ (with a tokenizer) the vocabulary-growth recipe's
+  (recipes/merge_demo.py).
 """
 
 from __future__ import annotations
@@ -139,9 +140,10 @@ def main(out_dir: str = "demo-out") -> None:
 
     merge_demo.write(out)
     print(f"generated tiny-bert.pt, tiny-bert.safetensors, tiny-bert-hf/, mlp.pt, classifier-init.bpk, "
-          f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, llama-meta-tiny/, bert-*-donor.safetensors, "
+          f"gpt2-tiny.safetensors, mixtral-tiny-experts.safetensors, mixtral-tiny-hf/, llama-meta-tiny/, "
+          f"bert-*-donor.safetensors, "
           f"bert-cls-init.safetensors, bert-24-layers.safetensors, bert-6-layers-*.safetensors, "
-          f"llama-{{base,chat,code,lora}}/ in {out}/")
+          f"llama-{{base,chat,code,lora,vocab}}/ in {out}/")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 - llama-base/, llama-chat/, llama-code/: Hugging Face LlamaForCausalLM folders (4 layers, hidden 32):
   config.json, generation_config.json, model.safetensors; chat and code are the base plus small
   seeded "fine-tuning" deltas, as the models a TIES or SLERP merge combines;
+- llama-vocab/: llama-base's weights with a word-level fast tokenizer of its 96 tokens (tokenizer.json,
+  tokenizer_config.json, written as JSON here: no tokenizers library), the vocabulary-growth recipe's input;
 - llama-lora/: a PEFT LoRA adapter of llama-base (adapter_config.json + adapter_model.safetensors,
   r 4 on q_proj and v_proj, non-zero lora_B), as `get_peft_model(...).save_pretrained` writes it.
 """
@@ -82,9 +84,26 @@ def write_adapter(folder: Path, seed: int = 40) -> None:
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def write_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer of VOCAB tokens (<unk>, <s>, </s>, w0, w1, ...), split on whitespace, as
+    `PreTrainedTokenizerFast(tokenizer_object=...).save_pretrained` writes one."""
+    words = ["<unk>", "<s>", "</s>", *(f"w{i}" for i in range(VOCAB - 3))]
+    special = [{"id": i, "content": w, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                "special": True} for i, w in enumerate(words[:3])]
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special, "normalizer": None,
+                 "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+                 "model": {"type": "WordLevel", "vocab": {w: i for i, w in enumerate(words)}, "unk_token": "<unk>"}}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>",
+              "eos_token": "</s>", "model_max_length": 64}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def write(out: Path) -> None:
     base = llama(30)
     write_model(out / "llama-base", base)
+    write_model(out / "llama-vocab", base)
+    write_tokenizer(out / "llama-vocab")
     write_model(out / "llama-chat", fine_tuned(base, 31))
     write_model(out / "llama-code", fine_tuned(base, 32))
     write_adapter(out / "llama-lora")

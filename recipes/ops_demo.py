@@ -4,6 +4,8 @@
   the fused attn.c_attn of q, k and v), lm_head tied to wte and so not stored, as save_pretrained writes.
 - mixtral-tiny-experts.safetensors: a Mixtral-shaped model with one tensor per expert
   (block_sparse_moe.experts.E.w1/w2/w3.weight), as the original Mixtral releases ship it.
+- mixtral-tiny-hf/: the same Mixtral as a Hugging Face folder (model.safetensors, config.json), which
+  the expert-pruning recipe keeps experts 0 and 2 of.
 - llama-meta-tiny/: a Meta-style Llama release: consolidated.00.pth (names tok_embeddings,
   layers.N.attention.wq/wk/wv/wo, feed_forward.w1..w3, attention_norm, ffn_norm, norm, output; q and k
   in Meta's interleaved rotary layout, with grouped key/value heads) and its params.json.
@@ -97,6 +99,10 @@ def write(out: Path) -> None:
     save([from_numpy(k, v) for k, v in mixtral_experts().items()], out / "mixtral-tiny-experts.safetensors",
          metadata={"format": "pt"}, overwrite=True)
     (out / "mixtral-tiny-config.json").write_text(json.dumps(mixtral_config(), indent=2) + "\n")
+    (out / "mixtral-tiny-hf").mkdir(parents=True, exist_ok=True)  # the same model as a Hugging Face folder
+    save([from_numpy(k, v) for k, v in mixtral_experts().items()], out / "mixtral-tiny-hf" / "model.safetensors",
+         metadata={"format": "pt"}, overwrite=True)
+    (out / "mixtral-tiny-hf" / "config.json").write_text(json.dumps(mixtral_config(), indent=2) + "\n")
     write_llama(out, LLAMA)
 
 

@@ -5,7 +5,8 @@
     .venv/bin/python tools/fuzz.py --reader pytorch-zip --differential --cases 100000
     .venv/bin/python tools/fuzz.py --reader gguf --differential --cases 100000
 
-Readers: burnpack, safetensors, pytorch-zip, pytorch-legacy, pytorch-tar, gguf, recipe. Seeds are made
+Readers: burnpack, safetensors, pytorch-zip, pytorch-legacy, pytorch-tar, gguf, megatron-legacy (one
+rank file of a legacy Megatron-LM checkpoint folder, opened with the others), recipe. Seeds are made
 on the spot (migrator's own writers; torch for the legacy, TAR and torch-written zip seeds) and
 mutated by byte flips, truncations, insertions, deletions, splices and overwrites of length fields
 with huge or negative values; the zip and TAR mutators can also repair CRCs and header checksums

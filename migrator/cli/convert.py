@@ -158,7 +158,7 @@ def _check_convert_values(dst: str, o: ConvertOptions, parser: argparse.Argument
 def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, ConvertOptions]:
     """DST as written (a folder DST/ made a file in it, `_folder_target`) and the conversion's options,
     checked as a recipe would check them: a usage error (exit 2) for what does not go together."""
-    from ..formats.registry import is_format, target_is
+    from ..formats.registry import is_format
 
     o = ConvertOptions(**rows_given(args, table(), parser))
     check_remap_options(list(o.remaps), parser)
@@ -167,15 +167,53 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
         parser.error("-o/--recipe-output FILE is where --emit-recipe writes the recipe: add --emit-recipe")
     dst = _folder_target(args.src, args.dst, o)
     flag = {r.name: r.flag for r in table()}
-    if o.quantize and not target_is(dst, o.target_format_name, llama_cpp=True):
-        parser.error(f"{flag['quantize']} applies to GGUF targets (DST ending in .gguf, or "
-                     f"{flag['target_format_name']} gguf)")
+    if o.quantize:
+        _check_quantize(o, args.dst, dst, parser)
     if o.optimizer and o.training_state != "keep":
         parser.error(f"{flag['optimizer']} PATH is where Burn's optimizer record goes: add "
                      f"{flag['training_state']} keep")
     if o.weights_name and is_format(o.target_format_name, shard_names=None) and not o.max_shard_size:
         o = replace(o, weights_name=None)  # a burnpack's name went into DST
     return dst, o
+
+
+def _check_quantize(o: ConvertOptions, given: str, dst: str, parser: argparse.ArgumentParser) -> None:
+    """`--quantize NAME`: a known name (one of `quantize_types`), into a target that can hold it: a
+    compressed-tensors scheme into a SafeTensors folder DST/, a ggml type or mix into a GGUF DST."""
+    from ..formats.registry import target_format, target_is
+    from ..recipe.convert import quantize_scheme
+    from ..recipe.convert_options import gguf_types, quantize_schemes, quantize_types
+
+    flag = {r.name: r.flag for r in table()}
+    name = o.quantize or ""
+    scheme = quantize_scheme(name)
+    if scheme is None and name not in gguf_types() and name.upper() not in gguf_types():
+        from ..naming.similarity import did_you_mean
+
+        guess = did_you_mean(name, list(quantize_types()))
+        parser.error(f"{flag['quantize']}: unknown type '{name}' ({f'did you mean {guess!r}? ' if guess else ''}"
+                     f"choose from {', '.join(quantize_types())})")
+    gguf = target_is(dst, o.target_format_name, llama_cpp=True)
+    if scheme is None:
+        if not gguf:
+            parser.error(f"{flag['quantize']} {name} is a ggml type: it applies to GGUF targets (DST ending in .gguf, "
+                         f"or {flag['target_format_name']} gguf); a SafeTensors folder takes "
+                         f"{' or '.join(quantize_schemes())}")
+        return
+    folder = str(dst).endswith(("/", os.sep))
+    fmt = "gguf" if gguf else target_format(dst, o.target_format_name, sharded=folder)
+    from ..formats.compressed_tensors_schemes import can_hold
+
+    if can_hold(fmt, folder):
+        return
+    if str(given).endswith(("/", os.sep)) and not folder:  # a file SRC into DIR/: a file in DIR, no config.json
+        why = (f"DST {given} takes a file for a file SRC: add {flag['copy_from']} DIR, the model folder whose "
+               "config.json goes with it")
+    else:
+        what = f"a folder of {fmt} shards" if folder else f"a {fmt} file"
+        why = f"DST is {what}: give a SafeTensors folder DST/"
+    parser.error(f"{flag['quantize']} {scheme} writes compressed-tensors' layout, a SafeTensors model folder with its "
+                 f"config.json; {why}")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -115,6 +115,7 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
     for flag, n in totals.get("flagged", {}).items():
         out.write(f"flagged {flag.replace('_', ' ')}: {count(n, 'tensor')}\n")
     _print_shards(info, limit)
+    _print_quantization(info)
     for note in info["details"].get("notes", ()):  # what the source holds beside the tensors listed
         out.write(f"note: {note}\n")
     for warning in info["details"].get("warnings", ()):  # ASCII (names in them are ascii()-escaped)
@@ -137,6 +138,28 @@ def _print_inspect(info: dict[str, Any], limit: int | None) -> None:
         out.write("\n")
         print_table("objects not built (placeholders)", ("key", "class"),
                     [(p["key"] or "(root)", p["class"]) for p in placeholders], wrap_cols=(0, 1))
+
+
+def _print_quantization(info: dict[str, Any]) -> None:
+    """A quantized model folder's scheme (from its config.json), and its weights' sizes stored and
+    dequantized."""
+    from ..core.display import count, escape, human_bytes
+
+    q = info.get("details", {}).get("quantization")
+    if not q:
+        return
+    out = sys.stdout
+    out.write(f"\nquantization: {escape(q['description'])}, declared by {escape(q['config'])}\n")
+    by_size: dict[int, list[str]] = {}
+    for dtype, n in q["dequantized_bytes"].items():
+        by_size.setdefault(n, []).append(dtype)
+    sizes = ", ".join(f"{human_bytes(n)} as {'/'.join(names)}" for n, names in by_size.items())
+    out.write(f"  {count(q['weights'], 'quantized weight')} and {count(q['consumed'], 'tensor')} they consume "
+              f"(scales): {human_bytes(q['stored_bytes'])} stored; dequantized: {sizes}\n")
+    if q["skipped_modules"]:
+        out.write(f"  left unquantized: {escape(', '.join(q['skipped_modules']))}\n")
+    if q["dequantized_to"] is None:
+        out.write("  convert --dtype BF16|F16|F32 dequantizes them\n")
 
 
 def _print_shards(info: dict[str, Any], limit: int | None = None) -> None:

@@ -183,6 +183,25 @@ def _converter(src: str, dst: str) -> Callable[[np.ndarray], np.ndarray]:
     return lambda b: _f32_to_bf16(_to_f32(b, src), nan_bits)
 
 
+def from_f32(values: np.ndarray, to: DType) -> np.ndarray:
+    """float32 values as `to`'s bit patterns (unsigned ints of its width), rounded as `cast` rounds
+    an F32 tensor (torch's `.to(dtype)`): what a computed tensor (a dequantized weight) is written as."""
+    if to.name not in CASTABLE:
+        raise UnsupportedDTypeError(f"cannot compute {to.display} values: only "
+                                    f"{', '.join(dtypes.BY_NAME[n].display for n in sorted(CASTABLE))} are")
+    return _converter("F32", to.name)(np.ascontiguousarray(values, dtype=np.float32).view(np.uint32))
+
+
+def rounded_f32(values: np.ndarray, to: DType) -> np.ndarray:
+    """float32 values rounded to `to` (F16, BF16; F32 as they are) and widened back to float32, as torch
+    computes an F16 or BF16 product (in float, rounded once to the operands' dtype)."""
+    if to.name in ("F32", "FLEX32"):
+        return values
+    if to.name not in ("F16", "BF16"):
+        raise UnsupportedDTypeError(f"cannot round values to {to.display}")
+    return _to_f32(from_f32(values, to), to.name)
+
+
 def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
     """A lazy float -> float cast; non-float tensors and tensors already `to` come back unchanged."""
     src = tensor.dtype
@@ -192,9 +211,13 @@ def cast(tensor: LazyTensor, to: DType) -> LazyTensor:
         raise UnsupportedDTypeError(f"cast target must be a float dtype, got {to.display}",
                                     file=tensor.origin, tensor=tensor.name)
     if src.name not in CASTABLE or to.name not in CASTABLE:
+        # FP8 codes are a quantized model's weights: their scales, not a cast, give the values
+        hint = ("; a quantized model's F8 weights are dequantized with their scales when its folder's config.json "
+                "declares quantization_config (read the model folder, not one of its files)"
+                if src.name.startswith("F8_") else "")
         raise UnsupportedDTypeError(
             f"cannot cast {src.display} to {to.display}: only "
-            f"{', '.join(dtypes.BY_NAME[n].display for n in sorted(CASTABLE))} are castable",
+            f"{', '.join(dtypes.BY_NAME[n].display for n in sorted(CASTABLE))} are castable{hint}",
             file=tensor.origin, tensor=tensor.name)
     transposed = tensor.chunks
     if isinstance(transposed, _TransposedChunks) and _BITS_OF[to.name] < _BITS_OF[src.name]:

@@ -45,9 +45,14 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
     Trainer checkpoint folder its model and `optimizer.pt` (`files.trainer`; `param_order`: a file whose
     tensor names give the model's parameter order, else transformers derives it). Other sources need
     no such word: their structure is the file's own, kept by `keep_structure` alone.
+
+    A local model folder (or its `model.safetensors`) whose config.json declares a quantization scheme
+    is read through `files.quantized`: its tensors as stored, checked against the declaration, or with
+    `dequantize="BF16"` (F16, F32...) each quantized weight dequantized under its own name.
     """
     whole = options.pop("training_state", None) == "keep"
     order = options.pop("param_order", None)
+    dequantize = options.pop("dequantize", None)
     if isinstance(src, str | os.PathLike):
         if is_url(src):  # an object store: ranged reads (migrator.storage.remote)
             from .remote_open import open_url
@@ -59,11 +64,13 @@ def open_file(src: Source, format: str = "auto", *, limits: Limits = DEFAULT_LIM
 
         src = local_of(src)  # file:///x reads /x
         reader = probed(Asked(src, format, limits, options, whole, order))  # a folder format, rank files, shards
-        if reader is not None:
-            return reader
-    else:
-        no_tag("<memory>", options)
-        no_order("<memory>", order)
+        if reader is None:
+            reader = open_single(src, format, limits, options)
+        from .quantized import quantized_source
+
+        return quantized_source(reader, src, dequantize=dequantize)
+    no_tag("<memory>", options)
+    no_order("<memory>", order)
     return open_single(src, format, limits, options)
 
 

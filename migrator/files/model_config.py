@@ -35,6 +35,11 @@ def find_config(named: str | None, first_source: str | os.PathLike[str] | None, 
     for name in CONFIG_NAMES:
         if (folder / name).is_file():
             return folder / name
+    from ..formats.torch_dist.layout import COMMON_FILE, torch_dist_folder
+
+    megatron = torch_dist_folder(folder)  # its training arguments (`formats.torch_dist.common`)
+    if megatron is not None and (megatron / COMMON_FILE).is_file():
+        return megatron / COMMON_FILE
     return None
 
 
@@ -50,8 +55,13 @@ def config_folder(first_source: str | os.PathLike[str] | None, base_dir: Path) -
 
 
 def load_config(path: Path) -> dict[str, Any]:
-    """The config as a dict; ConfigError for a missing, oversized, non-JSON or non-object file."""
+    """The config as a dict; ConfigError for a missing, oversized, non-JSON or non-object file. A
+    Megatron checkpoint's `common.pt` gives its training arguments (`args`)."""
     from ..core.bytesource import read_regular
+    from ..formats.torch_dist.layout import COMMON_FILE
+
+    if path.name == COMMON_FILE:
+        return _megatron_args(path)
 
     try:
         raw = read_regular(path, MAX_CONFIG_BYTES)  # a FIFO would block, a device never end
@@ -66,3 +76,25 @@ def load_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"the config {path} is not a JSON object")
     return data
+
+
+def _megatron_args(path: Path) -> dict[str, Any]:
+    """A Megatron checkpoint's training arguments, read by the restricted interpreter (no code runs)."""
+    from ..core.bytesource import open_source
+    from ..core.errors import MigratorError
+    from ..core.limits import DEFAULT_LIMITS
+    from ..formats.torch_dist.common import megatron_config, read_common
+
+    try:
+        source = open_source(path)
+    except OSError as e:
+        raise ConfigError(f"cannot read the config {path}: {e.strerror or e}") from None
+    try:
+        args = read_common(source, DEFAULT_LIMITS).get("args")
+    except MigratorError as e:
+        raise ConfigError(f"the config {path} cannot be read: {e.detail}") from None
+    finally:
+        source.close()
+    if not isinstance(args, dict):
+        raise ConfigError(f"{path} holds no training arguments (args) to take values from")
+    return megatron_config(args)

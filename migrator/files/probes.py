@@ -18,7 +18,7 @@ from typing import Any
 from ..core.limits import Limits
 from ..formats.base import Reader
 from ..formats.registry import AUTO, is_format
-from ..formats.specs import deepspeed
+from ..formats.specs import deepspeed, megatron_legacy, torch_dist
 
 
 @dataclass
@@ -85,6 +85,50 @@ def _zero(asked: Asked) -> Reader | None:
             return ZeroReader(asked.path, tag=tag, top_level_key=key, keep_structure=keep, limits=asked.limits)
     no_tag(asked.path, asked.options)
     return None
+
+
+def _torch_dist(asked: Asked) -> Reader | None:
+    """A Megatron-core torch_dist checkpoint: a DCP folder with megatron-core's `metadata.json` or
+    `common.pt`."""
+    if not (asked.format == AUTO or asked.format == torch_dist.SPEC.name):
+        return None
+    from ..formats.torch_dist import torch_dist_folder
+
+    folder = torch_dist_folder(asked.path)
+    if folder is None:
+        return None
+    from ..formats.torch_dist.reader import TorchDistReader
+    from ..storage.read_context import ReadContext
+    from .multi_rank import selected
+
+    asked.options.pop("keep_structure", None)  # per-layer tensors: a flat state dict
+    return selected(TorchDistReader(folder, read=ReadContext(asked.limits)), asked.options)
+
+
+def _megatron_legacy(asked: Asked) -> Reader | None:
+    """A legacy Megatron-LM checkpoint: its save folder (`latest_checkpointed_iteration.txt`) or one
+    iteration's folder of `mp_rank_*/model_optim_rng.pt`, joined into global tensors."""
+    if not (asked.format == AUTO or asked.format == megatron_legacy.SPEC.name) or not os.path.isdir(asked.path):
+        return None
+    from ..formats.megatron_legacy.folder import is_megatron_legacy
+
+    if not is_megatron_legacy(asked.path):
+        return None
+    from ..formats.megatron_legacy import MegatronLegacyReader
+
+    options = asked.options
+    options.pop("keep_structure", None)  # the weights only: written back as a flat state_dict
+    key = options.pop("top_level_key", None)
+    if options:
+        raise TypeError(f"options {sorted(options)} do not apply to a Megatron checkpoint")
+    reader = MegatronLegacyReader(asked.path, limits=asked.limits)
+    if key is not None:
+        try:
+            reader.select(key)
+        except BaseException:
+            reader.close()
+            raise
+    return reader
 
 
 def _dcp(asked: Asked) -> Reader | None:
@@ -173,6 +217,8 @@ def _sharded(asked: Asked) -> Reader | None:
 PROBES: list[Probe] = [
     Probe("a Hugging Face Trainer checkpoint folder read with its training state", _trainer),
     Probe("a DeepSpeed ZeRO checkpoint folder", _zero),
+    Probe("a Megatron-core torch_dist checkpoint folder", _torch_dist),
+    Probe("a legacy Megatron-LM checkpoint folder (iter_N/mp_rank_*/model_optim_rng.pt)", _megatron_legacy),
     Probe("a PyTorch Distributed Checkpoint folder", _dcp),
     Probe("a DCP folder in the Hugging Face storage layout", _dcp_safetensors),
     Probe("a set of per-rank DTensor or ShardedTensor files named as one", _rank_set),

@@ -177,12 +177,14 @@ CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
 `torch_dtype`); from_pretrained builds the model in that dtype when asked for `dtype="auto"`."""
 
 
-def config_with_dtype(source: Path, tensors: Sequence[LazyTensor],
-                      update: Mapping[str, Any] | None = None) -> tuple[bytes, str] | None:
+def config_with_dtype(source: Path, tensors: Sequence[LazyTensor], update: Mapping[str, Any] | None = None,
+                      drop: Sequence[str] = ()) -> tuple[bytes, str] | None:
     """A companion config.json rewritten to say the dtype the written float tensors have, when it
     says another (a cast model would otherwise load as its old dtype), and with `update`'s entries
-    (a merge's `num_hidden_layers`) set: (new bytes, a note), or None when nothing changes (it agrees
-    or says no dtype, or the floats are of several dtypes). Only a local file is read."""
+    (a merge's `num_hidden_layers`, a recipe's `target.config`; None removes the key) set and `drop`'s
+    keys removed (a dequantized source's `quantization_config`): (new bytes, a note), or None when
+    nothing changes (it agrees or says no dtype, or the floats are of several dtypes). Only a local
+    file is read."""
     from .model_config import ConfigError, load_config
 
     if not isinstance(source, Path):
@@ -192,11 +194,22 @@ def config_with_dtype(source: Path, tensors: Sequence[LazyTensor],
     except ConfigError:
         return None  # copied as it is, as any companion
     notes = []
-    changed = {k: v for k, v in (update or {}).items() if config.get(k) != v}
+    dropped = [k for k in drop if k in config]
+    for k in dropped:
+        del config[k]
+    if dropped:
+        notes.append(f"config.json is written without {', '.join(dropped)} (its weights are written dequantized)")
+    changed = {k: v for k, v in (update or {}).items() if config.get(k) != v or (v is None and k in config)}
     if changed:
-        config.update(changed)
-        notes.append("config.json is written with " + ", ".join(f"{k}: {json.dumps(v)}" for k, v in changed.items()))
+        config.update({k: v for k, v in changed.items() if v is not None})
+        for k in [k for k, v in changed.items() if v is None]:  # a recipe's null removes the key
+            config.pop(k, None)
+        notes.append("config.json is written with " + ", ".join(  # a mapping (quantization_config) unspelt
+            f"{k} removed" if v is None else f"{k}: {json.dumps(v) if not isinstance(v, dict) else '{...}'}"
+            for k, v in changed.items()))
     floats = {t.dtype.torch_name for t in tensors if t.dtype.is_float and t.dtype.torch_name}
+    wide = {f for f in floats if not f.startswith("float8")}  # FP8 weights (and their scales) say nothing of it
+    floats = wide or floats
     if len(floats) == 1:
         (written,) = floats
         said = {k: config[k] for k in CONFIG_DTYPE_KEYS if isinstance(config.get(k), str)}
@@ -219,12 +232,14 @@ class ShardedWriter(Writer):
                  scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
                  copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
                  weights_name: str | None = None, config_update: Mapping[str, Any] | None = None,
-                 generated: Sequence[tuple[str, bytes]] = (), storage: StorageOptions | None = None,
+                 config_drop: Sequence[str] = (), generated: Sequence[tuple[str, bytes]] = (),
+                 storage: StorageOptions | None = None,
                  quantize: Mapping[str, str] | str | None = None) -> None:
-        """`config_update`: entries set in a copied config.json; `generated`: companion files written
-        from these bytes (name, content), in place of a copy of the same name; `storage`: the options
-        companion files on an object store are listed and read with; `quantize`: a GGUF target's rules
-        or llama.cpp mix name (its files are llama.cpp's split layout, `formats.gguf.writer.split_writers`)."""
+        """`config_update`: entries set in a copied config.json, `config_drop`: keys removed from it;
+        `generated`: companion files written from these bytes (name, content), in place of a copy of the
+        same name; `storage`: the options companion files on an object store are listed and read with;
+        `quantize`: a GGUF target's rules or llama.cpp mix name (its files are llama.cpp's split layout,
+        `formats.gguf.writer.split_writers`)."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from ..formats.registry import is_format, not_shardable, writer_class
 
@@ -264,7 +279,8 @@ class ShardedWriter(Writer):
         self.generated: list[tuple[str, bytes]] = list(generated)
         self.copies = [(src, rel) for src, rel in self.copies if rel not in {name for name, _ in generated}]
         for src, rel in list(self.copies):
-            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors, config_update)) is not None:
+            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors, config_update,
+                                                                                 config_drop)) is not None:
                 self.copies.remove((src, rel))
                 self.generated.append((rel, updated[0]))
                 self.notes.append(updated[1])

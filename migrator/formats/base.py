@@ -50,6 +50,12 @@ class Reader(Mapping[str, LazyTensor], ABC):
     """What the source did on its own (a LoRA fold, a merge), for the plan's notes."""
     config_update: Mapping[str, Any] | None = None
     """Entries a merge sets in the config.json copied into a folder target (num_hidden_layers, dtype)."""
+    consumed: Sequence[tuple[str, str]] = ()
+    """(stored tensor, the tensor it went into) per tensor the source consumed making another (a
+    dequantized weight's scales): the report lists them as consumed, not as unused or dropped."""
+    config_drop: Sequence[str] = ()
+    """Keys dropped from the config.json copied into a folder target (a dequantized source's
+    `quantization_config`)."""
     generated: Sequence[tuple[str, bytes]] = ()
     """Companion files the source makes, (name, bytes), written in place of copies of those names."""
     structure: Any = None
@@ -126,6 +132,11 @@ class Reader(Mapping[str, LazyTensor], ABC):
 
     def ggml_type(self, tensor: LazyTensor) -> str | None:
         """The GGUF type `tensor` is stored as (a GGUF file or folder); None for every other format."""
+        return None
+
+    def hf_config(self) -> dict[str, Any] | None:
+        """The Hugging Face config.json this source's own configuration makes (`target.hf_config`), or
+        None when it has none to make one from (a GGUF's is made by the plan from its key/values)."""
         return None
 
     def describe(self, name: str) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import UnknownFormatError
 from .spec import FormatSpec
-from .specs import burnpack, dcp, deepspeed, gguf, pytorch, safetensors, torch_dist, trainer
+from .specs import burnpack, dcp, deepspeed, gguf, megatron_legacy, pytorch, safetensors, torch_dist, trainer
 
 if TYPE_CHECKING:
     from .base import Reader, Writer
@@ -25,7 +25,8 @@ AUTO = "auto"
 """The format argument that means "detect it" (a source) or "from the extension" (a target)."""
 
 _SPECS: dict[str, FormatSpec] = {s.name: s for s in (burnpack.SPEC, safetensors.SPEC, pytorch.SPEC, gguf.SPEC,
-                                                      dcp.SPEC, torch_dist.SPEC, deepspeed.SPEC, trainer.SPEC)}
+                                                      dcp.SPEC, torch_dist.SPEC, deepspeed.SPEC, trainer.SPEC,
+                                                      megatron_legacy.SPEC)}
 
 
 def register(format_spec: FormatSpec) -> FormatSpec:

@@ -28,6 +28,11 @@ from . import (  # noqa: F401, I001
     slerp,
     task_arithmetic,
     lora_fold,
+    gather,
+    add_rows,
+    repeat,
+    clone,
+    new,
 )
 from .base import OPS, Op
 

@@ -11,6 +11,9 @@ migrator asks about it:
 - `computes`: whether its outputs are new values (a training checkpoint's optimizer state is dropped);
 - `keeps_layout`: whether each output holds its input's numbers in the input's layout, so optimizer
   state not shaped like its parameter (Adafactor's factored moments) still fits it;
+- `new_rows`: whether its outputs hold rows its inputs do not (added rows): a training checkpoint's moments
+  go through it with `Step.for_state` set, and it gives their new rows zeros (the new rows have no
+  history); the plan names them;
 - `reads_head_dim`: whether `build` checks the head size the model's config declares (`Step.head_dim`);
 - `summary` and `example`: its line in the schema and its section of docs/ops.md.
 
@@ -207,10 +210,11 @@ class Step:
     """One `ops:` entry being applied: its op and options, where it is written, and the problems found."""
 
     def __init__(self, index: int, entry: Any, origins: Origins | None, recipe_file: str,
-                 head_dim: HeadDim | None = None) -> None:
+                 head_dim: HeadDim | None = None, for_state: bool = False) -> None:
         from ..naming import compile_regex
 
         self.index = index
+        self.for_state = for_state  # the node is built for an optimizer's moments in their parameters' places
         self.head_dim = head_dim
         self.op, self.spec = entry_op(entry)
         self.kind = self.op.name
@@ -284,6 +288,7 @@ class Op:
     joins: ClassVar[bool] = False
     computes: ClassVar[bool] = False
     keeps_layout: ClassVar[bool] = False
+    new_rows: ClassVar[bool] = False
     reads_head_dim: ClassVar[bool] = False
     entry: ClassVar[type[BaseModel]]
     """The `ops:` entry's model, `{name: options}` (made when the op is registered)."""

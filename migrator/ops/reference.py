@@ -27,6 +27,8 @@ def section(op: Op) -> str:
               else "one input per match of `from`")
     effect = ("makes new values, so a training checkpoint's optimizer state is dropped" if op.computes else
               "keeps each value in its layout, so all of a parameter's optimizer state follows it" if op.keeps_layout
+              else "optimizer state shaped like its parameter goes through it too, the rows it adds getting zero "
+              "moments (the run says so); other state (Adafactor's factored moments) is refused" if op.new_rows
               else "optimizer state shaped like its parameter goes through it too; other state (Adafactor's "
               "factored moments) is refused")
     lines = [f"### `{op.name}`", "", op.summary, "", f"`{module}`: {inputs}; {effect}.", "",

@@ -62,6 +62,7 @@ from .steps import (
 if TYPE_CHECKING:
     from .sources import UnionReader
     from .training_state import Training
+    from .vocabulary import Growth
 
 HeadDim = tuple[int, str, str]
 """The head size the model's config declares, how, and the config's path (`_head_dim`)."""
@@ -193,8 +194,10 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
             key = spec.top_level_key
             model_key = key if isinstance(key, str) else ".".join(key)
             spec = spec.model_copy(update={"top_level_key": None})
+        from .sources import cast_of
+
         reader = open_source(spec, src_path, read=read, keep_structure=one_file or burn_keep, base_dir=base_dir,
-                             training_state=recipe.training_state)
+                             training_state=recipe.training_state, dequantize=cast_of(recipe))
         inputs = [(str(src_path), src_path)]
     readers: list[Reader] = [reader]
     try:
@@ -210,8 +213,13 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
         settings = Settings(overwrite=recipe.target.overwrite if overwrite is None else overwrite,
                             fsync=recipe.target.fsync if fsync is None else fsync, recipe_sha256=file.sha256,
                             hash_sources=hash_sources, hint_syntax=hint_syntax, module_origins=file.module_origins,
-                            op_origins=file.op_origins, head_dim=_head_dim(recipe, base_dir))
-        plan = Compilation(recipe, reader, readers, out_fmt, places, read, settings, model_key).plan()
+                            op_origins=file.op_origins, head_dim=_head_dim(recipe, base_dir),
+                            config=_quantize_config(recipe, base_dir))
+        from .vocabulary import growth
+
+        grown = growth(recipe.add_tokens, base_dir, places.copy_from or reader.folder or src_path.parent,
+                       reader.tensors, reader.label)
+        plan = Compilation(recipe, reader, readers, out_fmt, places, read, settings, model_key, grown).plan()
         plan.inputs = inputs
         return plan
     except BaseException:
@@ -236,6 +244,16 @@ def _head_dim(recipe: Recipe, base_dir: Path) -> HeadDim | None:
     except ConfigError as e:
         raise PlanError(str(e), file=str(path)) from None
     return None if found is None else (found[0], found[1], os.path.normpath(path))
+
+
+def _quantize_config(recipe: Recipe, base_dir: Path) -> Path | None:
+    """The config.json `quantize:` reads (tied embeddings, a source quantized already), if any."""
+    if recipe.quantize is None:
+        return None
+    from ..recipe.config import find_config
+
+    path = find_config(recipe.config, recipe.inputs()[0].path, base_dir)
+    return path if path is not None and path.name == "config.json" else None
 
 
 def output_format(recipe: Recipe, tgt_path: Path) -> str:
@@ -296,6 +314,7 @@ class Settings:
     module_origins: Mapping[tuple[str, int], str] | None = None  # a module-type error's recipe line
     op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None  # an op's error's recipe line
     head_dim: HeadDim | None = None  # what each rope_permute must agree with
+    config: Path | None = None  # the config.json `quantize:` reads
 
 
 @dataclass
@@ -312,7 +331,9 @@ class Compilation:
     read: ReadContext
     settings: Settings
     model_key: str | None = None  # training_state: keep under source.top_level_key
+    growth: Growth | None = None  # add_tokens: rows added after the recipe's ops, tokenizer files written
     fatal: list[str] = field(default_factory=list)
+    quantization: Any = None  # `quantize:`'s plan (transform.quantize.Quantization), once the entries are made
 
     def plan(self) -> Plan:
         """Every step; the plan's writer is planned only when no step found a fatal problem."""
@@ -357,9 +378,12 @@ class Compilation:
         recipe, fatal = self.recipe, self.fatal
         declares = Declarations()  # modules one declaration each would fix
         entries, report = self.tensors(training.model, template=self.places.template, fatal=fatal, declares=declares)
+        if recipe.quantize is not None:
+            entries = self._quantized(entries)
+            report.quantized = self.quantization.summary()
         if training.optimizers:
             def replan(tensors: list[LazyTensor]) -> list[PlanEntry]:  # the same steps over moments
-                return self.tensors(tensors, template=None, fatal=[], cast=False)[0]
+                return self.tensors(tensors, template=None, fatal=[], cast=False, moments=True)[0]
 
             from .optimizer_order import new_model_order
 
@@ -393,6 +417,37 @@ class Compilation:
             fatal.append(declaration_hint(declares.wanted, declares.paths, self.settings.hint_syntax))
         return entries, report, (record, pair)
 
+    def _quantized(self, entries: list[PlanEntry]) -> list[PlanEntry]:
+        """The entries with each Linear weight `quantize:` takes replaced by its F8_E4M3 weight and its
+        weight_scale (`transform.quantize`); what it keeps, and why, goes to the notes."""
+        from ..recipe.config import ConfigError, load_config
+        from ..transform.quantize import plan_quantization
+
+        recipe, path = self.recipe, self.settings.config
+        assert recipe.quantize is not None
+        config = None
+        if path is not None:
+            try:
+                config = load_config(path)
+            except ConfigError as problem:
+                self.fatal.append(str(problem))
+        settings = self.settings
+        q = self.quantization = plan_quantization(
+            recipe.quantize.scheme, recipe.quantize.ignore, [e.tensor for e in entries], recipe.modules,
+            settings.module_origins, self.reader.format, config, None if path is None else os.fspath(path),
+            settings.hint_syntax, dequantized="quantization_config" in self.reader.config_drop)
+        self.fatal += [m if settings.hint_syntax != "convert" else in_convert_syntax(m) for m in q.fatal]
+        out: list[PlanEntry] = []
+        for i, e in enumerate(entries):
+            pair = q.replaced.get(i)
+            if pair is None:
+                out.append(e)
+                continue
+            weight, scale = pair
+            out.append(PlanEntry(e.target, e.source, weight, e.source_tensor, (*e.ops, q.op(weight, scale)), e.module))
+            out.append(PlanEntry(scale.name, e.source, scale, e.source_tensor, (f"weight_scale of {e.target}",)))
+        return out
+
     def _metadata(self, entries: list[PlanEntry], report: ApplyReport, training: Training
                   ) -> tuple[dict[str, str], list[str]]:
         """Step 5: the output's metadata (with the recipe's and the sources' hashes where the format holds
@@ -402,6 +457,8 @@ class Compilation:
                                clear=recipe.target.clear_metadata)
         notes: list[str] = list(reader.notes)  # what a source did on its own (a LoRA fold)
         notes += training.notes
+        if self.quantization is not None:
+            notes += self.quantization.notes
         if not training.trainer:  # a Trainer folder target writes the optimizer's state into its optimizer.pt
             optimizer_as_weights([e.target for e in entries], out_fmt, folder=recipe.target.shard is not None,
                                  hint_syntax=settings.hint_syntax, notes=notes, fatal=self.fatal)
@@ -434,6 +491,9 @@ class Compilation:
             from .trainer_target import trainer_writer
 
             assert recipe.target.shard is not None
+            if recipe.target.config or self.growth is not None:  # its files are the Trainer's own
+                raise PlanError("target.config and add_tokens are not supported with a Trainer checkpoint folder "
+                                "target; write a model folder")
             plan.writer = trainer_writer(
                 training, plan.entries, reader, out_fmt, scalars=plan.scalars, max_size=recipe.target.shard.max_size,
                 copies=recipe.target.copies(), copy_from=self.places.copy_from or reader.folder,
@@ -448,17 +508,43 @@ class Compilation:
                 folder = self.places.copy_from
             name = recipe.target.shard.name or default_weights_name(out_fmt, reader.folder)
             made = self._made_files([t.name for t in tensors], notes)  # a GGUF's config.json
+            grown_files = self.growth.files if self.growth is not None else []
+            if self.growth is not None:
+                notes += self.growth.notes
+            from .config_edits import edited_config
+
+            update = {**(reader.config_update or {}), **edited_config(
+                recipe.target.config, folder, recipe.target.copies(), tensors,
+                {e.target: (e.source or "").split(", ") for e in plan.entries}, notes)}
             options = self._writer_options(plan.metadata, notes, folder_target=True)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
+            config_update = dict(update)
+            if self.quantization is not None:  # compressed-tensors' config, in the copied config.json
+                from ..formats.compressed_tensors_schemes import quantization_config
+
+                config_update["quantization_config"] = quantization_config(self.quantization.scheme,
+                                                                           self.quantization.ignore)
             plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,
                                         max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                        copy_from=folder, weights_name=name, config_update=reader.config_update,
-                                        generated=[*reader.generated, *made.items()], storage=self.read.storage,
+                                        copy_from=folder, weights_name=name, config_update=config_update or None,
+                                        config_drop=reader.config_drop,
+                                        generated=[*reader.generated, *made.items(), *grown_files],
+                                        storage=self.read.storage,
                                         **options)
+            if self.quantization is not None and not any(n == "config.json" for n, _ in plan.writer.generated):
+                raise PlanError(f"quantize {self.quantization.scheme.name} writes its quantization_config into the "
+                                f"folder's config.json, and none is copied from {folder} (copy: [config.json], or "
+                                "--copy-from the model folder whose config.json goes with these weights)")
             notes += plan.writer.notes
         else:
             if recipe.target.hf_config:
                 raise PlanError("target.hf_config writes a config.json into a folder target (end the path with '/')")
+            if self.growth is not None:
+                raise PlanError("add_tokens writes the tokenizer files beside the weights: write a folder target (end "
+                                "the path with '/')")
+            if recipe.target.config:
+                raise PlanError("target.config edits the config.json of a folder target (end the path with '/' and "
+                                "copy config.json)")
             tree: dict[str, Any] = {} if structure is None else {"structure": structure}
             options = self._writer_options(plan.metadata, notes)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
@@ -485,11 +571,12 @@ class Compilation:
                 notes.append(f"Burn's LR scheduler record: {plan.scheduler_path}, written with them")
 
     def tensors(self, tensors: list[LazyTensor] | None, *, template: Path | None, fatal: list[str],
-                declares: Declarations | None = None, cast: bool = True) -> tuple[list[PlanEntry], ApplyReport]:
+                declares: Declarations | None = None, cast: bool = True,
+                moments: bool = False) -> tuple[list[PlanEntry], ApplyReport]:
         """Steps 1-4: the entries and report of `tensors` (None: the reader's; a training checkpoint's model,
         or its optimizer moments in their parameters' places), slotted into `template` if any; problems
         that stop a run are added to `fatal`. `cast`: whether the dtype policy applies (moments keep their
-        dtype)."""
+        dtype); `moments`: the tensors are optimizer moments (an op adding rows gives them zeros there)."""
         recipe, reader, limits = self.recipe, self.reader, self.read.limits
         for_burn, op_origins = recipe.for_burn(self.out_fmt), self.settings.op_origins
         is_pytorch = has_torch_names(reader)
@@ -521,10 +608,12 @@ class Compilation:
         made: dict[int, tuple[LazyTensor, tuple[str, ...]]] | None = None
         op_nodes: list[dict[str, Any]] = []
         shapes_of: list[tuple[str, tuple[int, ...]]] | None = None
-        if recipe.ops:
+        all_ops = [*recipe.ops, *(self.growth.ops if self.growth is not None else [])]
+        if all_ops:
             from ..transform.ops import apply_ops
 
-            done = apply_ops(recipe.ops, kept, kept_names, ops, op_origins, head_dim=self.settings.head_dim)
+            done = apply_ops(all_ops, kept, kept_names, ops, op_origins, head_dim=self.settings.head_dim,
+                             for_state=moments)
             kept, kept_names, made = done.tensors, done.names, done.made
             op_nodes = [n.to_json() for n in done.nodes]
             shapes_of = list(zip(kept_names, [t.shape for t in kept], strict=True))  # module types see the outputs
@@ -567,7 +656,8 @@ class Compilation:
         if isinstance(reader, UnionReader):  # several sources: each renumbered its own names
             renumbered = reader.renumbered
         report = ApplyReport(applied=applied, skipped=sorted(skipped), missing=sorted(missing), unused=unused,
-                             errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered)
+                             errors=errors, sources=sources, ops=op_nodes, renumbered=renumbered,
+                             consumed=list(reader.consumed) if cast else [])
         if declares is not None and declares.wanted:  # the hint's patterns must not match other modules
             from ..transform.modules import module_path
 
@@ -640,6 +730,11 @@ class Compilation:
         if not recipe.target.hf_config:
             return {}
         import json
+
+        own = reader.hf_config()  # a source whose own configuration makes one (Megatron's arguments)
+        if own is not None:
+            notes.append("config.json is made from the source's own configuration (target.hf_config)")
+            return {"config.json": (json.dumps(own, indent=2) + "\n").encode()}
 
         from ..formats.gguf.bpe import hf_tokenizer_files
         from ..formats.gguf.llama import ROPE_FREQS, hf_config

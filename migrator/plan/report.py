@@ -178,9 +178,15 @@ class ApplyReport:
     """The recipe's op nodes (`migrator.transform.ops.OpNode.to_json`: op, index, at, inputs, outputs), in order."""
     renumbered: list[tuple[str, str]] = field(default_factory=list)
     """(name before, name after) per tensor whose index segments were renumbered (contiguous_indices)."""
+    consumed: list[tuple[str, str]] = field(default_factory=list)
+    """(stored tensor, the tensor it went into) per tensor a source consumed to make another: a quantized
+    weight's scales, dequantized into it (`files.quantized`)."""
     optimizer: list[dict[str, Any]] = field(default_factory=list)
     """Each optimizer state tensor's fate (`plan.training_state`): optimizer, param, state, fate (followed, copied,
     dropped), tensor (its name in the output, or in the source when dropped)."""
+    quantized: dict[str, Any] | None = None
+    """`quantize:`'s outcome (`transform.quantize.Quantization.summary`): scheme, the weights quantized
+    (`tensors`) and the Linear modules kept (`kept`: {module, why}, as config.json's ignore lists them)."""
     target: str | None = None
     status: str | None = None
     written: bool | None = None
@@ -261,6 +267,12 @@ class ApplyReport:
                 lines += [f"│    • {escape(path)}" for path in unused[:_LIST_LIMIT]]
             if len(unused) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(unused) - _LIST_LIMIT} more")
+        if self.consumed:
+            lines += ["│", f"├─ Consumed by dequantization ({_count(len(self.consumed), 'tensor')}: scales, "
+                      "not unused)"]
+            lines += [f"│    • {escape(t)} -> {escape(into)}" for t, into in self.consumed[:_LIST_LIMIT]]
+            if len(self.consumed) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(self.consumed) - _LIST_LIMIT} more")
         if self.renumbered:
             lines += ["│", f"├─ Renumbered indices ({_count(len(self.renumbered), 'tensor')}, contiguous_indices)",
                       "│"]
@@ -280,6 +292,16 @@ class ApplyReport:
             lines += [f"│    • {escape(fate_text(f))}" for f in self.optimizer[:_LIST_LIMIT]]
             if len(self.optimizer) > _LIST_LIMIT:
                 lines.append(f"│    ... and {len(self.optimizer) - _LIST_LIMIT} more")
+        if self.quantized:
+            q = self.quantized
+            lines += ["│", f"├─ Quantized {q['scheme']} ({_count(len(q['tensors']), 'weight')}, "
+                      f"{_count(len(q['kept']), 'Linear module')} kept)", "│"]
+            lines += [f"│    • {escape(t)}" for t in q["tensors"][:_LIST_LIMIT]]
+            if len(q["tensors"]) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(q['tensors']) - _LIST_LIMIT} more")
+            lines += [f"│    • kept {escape(k['module'])} ({escape(k['why'])})" for k in q["kept"][:_LIST_LIMIT]]
+            if len(q["kept"]) > _LIST_LIMIT:
+                lines.append(f"│    ... and {len(q['kept']) - _LIST_LIMIT} more kept")
         if self.errors:
             lines += ["│", "├─ Errors", "│"]
             lines += [f"│  ⚠️  {escape(error_display(e), keep_newlines=True)}" for e in self.errors[:_LIST_LIMIT]]
@@ -318,8 +340,13 @@ class ApplyReport:
             data["ops"] = [dict(n) for n in self.ops]
         if self.renumbered:
             data["renumbered"] = [{"from": old, "to": new} for old, new in self.renumbered]
+        if self.consumed:
+            data["consumed"] = [{"tensor": t, "into": into} for t, into in self.consumed]
         if self.optimizer:
             data["optimizer"] = [dict(f) for f in self.optimizer]
+        if self.quantized:
+            data["quantized"] = {"scheme": self.quantized["scheme"], "tensors": list(self.quantized["tensors"]),
+                                 "kept": [dict(k) for k in self.quantized["kept"]]}
         for key in _RUN_KEYS:
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
@@ -353,6 +380,10 @@ class ApplyReport:
         if not isinstance(renumbered, list) or not all(isinstance(e, Mapping) and {"from", "to"} <= set(e)
                                                        for e in renumbered):
             raise ValueError("renumbered must be a list of {from, to} objects")
+        consumed = data.get("consumed", [])
+        if not isinstance(consumed, list) or not all(isinstance(e, Mapping) and {"tensor", "into"} <= set(e)
+                                                     for e in consumed):
+            raise ValueError("consumed must be a list of {tensor, into} objects")
         status, target, written = data.get("status"), data.get("target"), data.get("written")
         if status is not None and status not in ("ok", "failed"):
             raise ValueError(f"status must be 'ok' or 'failed', got {status!r}")
@@ -378,7 +409,9 @@ class ApplyReport:
             unused_from=origins["unused_from"],
             ops=[_op_entry(n) for n in data.get("ops", [])],
             renumbered=[(str(e["from"]), str(e["to"])) for e in renumbered],
+            consumed=[(str(e["tensor"]), str(e["into"])) for e in consumed],
             optimizer=_optimizer_fates(data.get("optimizer", [])),
+            quantized=_quantized(data.get("quantized")),
             target=None if target is None else str(target),
             status=status,
             written=written,
@@ -404,7 +437,19 @@ def _optimizer_fates(items: Any) -> list[dict[str, Any]]:
     if not isinstance(items, list) or not all(isinstance(e, Mapping) and set(_FATE_KEYS) <= set(e) for e in items):
         raise ValueError("optimizer must be a list of {optimizer, param, state, fate, tensor} objects")
     return [{**{k: e[k] for k in _FATE_KEYS}, "from": e.get("from", e["tensor"])} for e in items]
-_OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "optimizer", "skipped_from", "unused_from", *_RUN_KEYS})
+_OPTIONAL_KEYS = frozenset({"tensors", "ops", "renumbered", "consumed", "optimizer", "skipped_from", "unused_from",
+                            "quantized", *_RUN_KEYS})
+
+
+def _quantized(data: Any) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    if (not isinstance(data, Mapping) or not isinstance(data.get("scheme"), str)
+            or not isinstance(data.get("tensors"), list) or not isinstance(data.get("kept"), list)
+            or not all(isinstance(k, Mapping) and {"module", "why"} <= set(k) for k in data["kept"])):
+        raise ValueError("quantized must be {scheme, tensors: [...], kept: [{module, why}]}")
+    return {"scheme": data["scheme"], "tensors": [str(t) for t in data["tensors"]],
+            "kept": [{"module": str(k["module"]), "why": str(k["why"])} for k in data["kept"]]}
 
 
 def _op_text(node: Mapping[str, Any]) -> str:

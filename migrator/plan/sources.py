@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.bytesource import ByteSource
+from ..core.dtypes import DType
 from ..core.errors import AdapterError, FormatError, PlanError, TensorNotFoundError
 from ..core.scalars import Scalar
 from ..core.tensor import LazyTensor
@@ -52,13 +53,15 @@ class SourceKeyError(PlanError):
 
 def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read: ReadContext = DEFAULT_READ,
                 keep_structure: bool = False, base_dir: Path | None = None,
-                training_state: str | None = None) -> Reader:
+                training_state: str | None = None, dequantize: DType | None = None) -> Reader:
     """One `source:` (or `sources:` entry number `entry`) opened within `read`, headers only; a wrong
     top_level_key is a `SourceKeyError` that points at that key. `keep_structure`: a PyTorch
     checkpoint keeps the containers around its tensors (`reader.structure`), for a PyTorch target;
     with `training_state="keep"` too, a DeepSpeed ZeRO folder is the whole training checkpoint.
-    With `lora:`, the reader lists the base's tensors with the adapter folded in (the adapter's path
-    taken from `base_dir`)."""
+    A model folder whose config.json declares a quantization scheme is read through
+    `files.quantized`: stored, or dequantized to `dequantize` (the dtype policy's cast). With `lora:`,
+    the reader lists the base's tensors (dequantized first) with the adapter folded in (the adapter's
+    path taken from `base_dir`)."""
     from ..files.io import open_file
 
     if spec.format == "mergekit":
@@ -75,6 +78,8 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read:
     options: dict[str, Any] = read.options() if key is None else {**read.options(), "top_level_key": key}
     if spec.tag is not None:  # the step of a DeepSpeed ZeRO checkpoint
         options["tag"] = spec.tag
+    if dequantize is not None:  # a quantized model folder's weights (files.quantized)
+        options["dequantize"] = dequantize
     if spec.param_order is not None:  # a Trainer checkpoint's parameter order
         options["param_order"] = spec.param_order if base_dir is None else resolve_path(base_dir, spec.param_order)
     if keep_structure:
@@ -91,6 +96,13 @@ def open_source(spec: SourceSpec, path: Path, entry: int | None = None, *, read:
     lora = spec.lora_adapter()
     if lora is None:
         return reader
+    from ..files.quantized import QuantizedReader
+
+    if isinstance(reader, QuantizedReader) and reader.dequantize is None:  # its codes are no weights to add to
+        reader.close()
+        raise PlanError(f"a LoRA adapter is folded into weights, and {reader.config_path} declares this base "
+                        f"quantized ({reader.scheme.describe()}): give a dtype (--dtype BF16, F16 or F32, or "
+                        "dtype: {cast: ...}) to dequantize it first", file=str(path))
     from ..transform.merging.folded import open_folded
 
     adapter = lora[0] if base_dir is None else resolve_path(base_dir, lora[0])
@@ -205,6 +217,7 @@ class UnionReader(Reader):
                             + " (give one a prefix or a filter)", file=self.source.label)
         self.metadata = _agreed(p.reader.metadata for p in self.parts)
         self.notes = [f"source '{p.label}': {n}" for p in self.parts for n in p.reader.notes]
+        self.consumed = [(f"{p.label}: {t}", into) for p in self.parts for t, into in p.reader.consumed]
         self.scalars = self._scalars()
 
     def _renamed(self, part: SourcePart, entry: SourceEntry, index: int) -> list[tuple[LazyTensor, str]]:
@@ -296,14 +309,23 @@ def open_sources(recipe: Recipe, base_dir: Path, origins: Mapping[int, str] | No
     try:
         for i, entry in enumerate(recipe.sources):
             path = resolve_path(base_dir, entry.path)
-            parts.append(SourcePart(entry.label, path, open_source(entry, path, i, read=read, base_dir=base_dir),
-                                    (origins or {}).get(i)))
+            opened = open_source(entry, path, i, read=read, base_dir=base_dir, dequantize=cast_of(recipe))
+            parts.append(SourcePart(entry.label, path, opened, (origins or {}).get(i)))
         check_unfolded_adapters(parts, recipe.sources)
         return UnionReader(parts, recipe.sources, for_burn=for_burn)
     except BaseException:
         for p in parts:
             p.reader.close()
         raise
+
+
+def cast_of(recipe: Recipe) -> DType | None:
+    """The dtype the recipe's dtype policy casts every float tensor to (what a quantized source is
+    dequantized to), or None."""
+    from ..core import dtypes
+    from ..recipe.model import CastSpec
+
+    return dtypes.parse(recipe.dtype.cast) if isinstance(recipe.dtype, CastSpec) else None
 
 
 def skip_enum_variants(recipe: Recipe, is_pytorch: bool) -> bool:

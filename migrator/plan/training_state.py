@@ -412,6 +412,7 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
         new_ids[g].append(new_of[n])
         new_names[g].append(rel)
     state_of: dict[Key, Node] = {}
+    zeroed: dict[str, list[str]] = {}  # a parameter with added rows -> its moments whose new rows are zeros
     for n, _, from_ids, _ in kept:
         entry = entries[n]
         new = new_of[n]
@@ -433,6 +434,8 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
                 moments = ", ".join(s.tensors[k] for s in states)
                 out.entries.append(PlanEntry(target, moments, e.tensor.renamed(target), e.source_tensor, e.ops,
                                              e.module, optimizer="followed"))
+                if any(text.startswith(_new_rows()) for text in e.ops):
+                    zeroed.setdefault(entry.target, []).append(k)
                 out.fates.append(_fate(opt, entry.target, k, "followed", target, moments))
                 one.keys.append(k)
                 one.values.append(TensorSlot(target))
@@ -469,6 +472,9 @@ def _follow_one(opt: Optimizer, model: Sequence[LazyTensor], tensors: dict[str, 
         said += f"; dropped the state of {len(dropped)} parameters the recipe drops ({', '.join(dropped[:5])}" + (
             ", ...)" if len(dropped) > 5 else ")")
     out.notes.append(said)
+    for param, keys in zeroed.items():
+        out.notes.append(f"optimizer {opt.label}: the values the recipe makes in '{param}' (added rows, or a new "
+                         f"tensor) start with zero {', '.join(keys)}: they have no history; the rest keeps its own")
 
 
 def _fate(opt: Optimizer, param: str, key: str, fate: str, tensor: str | None,
@@ -489,6 +495,13 @@ def _keeps_layout() -> tuple[str, ...]:
     from ..ops.base import OPS
 
     return _KEEPS_LAYOUT + tuple(f"{name} " for name, op in OPS.items() if op.keeps_layout)
+
+
+def _new_rows() -> tuple[str, ...]:
+    """The ops texts of the ops that add rows (`Op.new_rows`): their moments' new rows are zeros."""
+    from ..ops.base import OPS
+
+    return tuple(f"{name} " for name, op in OPS.items() if op.new_rows)
 
 
 def _scalar(opt: Optimizer, states: Sequence[ParamState], k: str, target: str, tensors: dict[str, LazyTensor],

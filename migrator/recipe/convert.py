@@ -72,11 +72,20 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
         # as PEFT's merged save_pretrained: a loadable folder (from a model folder: a loose file's may hold anything)
         if not o.copy and "shard" in data["target"] and os.path.isdir(src):
             data["target"]["copy"] = [{"path": c, "optional": True} for c in LORA_COMPANIONS]
+    if (o.add_tokens is not None and not o.copy and o.copy_from is None and "shard" in data["target"]
+            and os.path.isdir(src)):
+        # the tokenizer, config and the rest of the folder go with the grown model, as for a --lora
+        data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
     if o.copy:
         data["target"]["copy"] = list(o.copy)
     elif o.copy_from is not None:  # --copy-from DIR alone: DIR's usual companions, each when present
         data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
-    if o.quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
+    scheme = quantize_scheme(o.quantize)
+    if scheme is not None:  # compressed-tensors' layout, in a model folder with its config.json
+        data["quantize"] = {"scheme": scheme}
+        if not o.copy and o.copy_from is None and "shard" in data["target"] and os.path.isdir(src):
+            data["target"]["copy"] = [{"path": c, "optional": True} for c in COMPANIONS]
+    elif o.quantize:  # a GGUF target: every tensor the rule may take, or a llama.cpp mix (Q4_K_M ...)
         from ..formats.gguf.mixes import is_mix
 
         data["target"]["quantize"] = o.quantize.upper() if is_mix(o.quantize) else {".*": o.quantize}
@@ -98,7 +107,13 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
         declared[type_name].append(pattern)
     if declared:
         data["modules"] = declared
-    _hf_to_gguf(data, src, dst, o.target_format_name)
+    if lora_adapter(src, dst, o.target_format_name):
+        _lora_to_gguf(data, src, o)
+    else:
+        if o.base is not None:
+            raise ConvertUsageError(f"{row('base').flag} names the base model of a PEFT LoRA adapter folder SRC "
+                                    "converted to a .gguf DST")
+        _hf_to_gguf(data, src, dst, o.target_format_name)
     _gguf_to_hf(data, src, dst, o.target_format_name)
     from pydantic import ValidationError
 
@@ -108,6 +123,15 @@ def build_recipe(src: str | os.PathLike[str], dst: str | os.PathLike[str], optio
         return Recipe.model_validate(data)
     except ValidationError:
         raise _usage_error(data, module_options) from None
+
+
+def quantize_scheme(name: str | None) -> str | None:
+    """The compressed-tensors scheme `--quantize NAME` names (any case), else None (a GGUF type, or nothing)."""
+    if not name:
+        return None
+    from .convert_options import quantize_schemes
+
+    return name.upper() if name.upper() in quantize_schemes() else None
 
 
 def llama_config(src: str | os.PathLike[str], dst: str | os.PathLike[str], target_format_name: str
@@ -159,6 +183,62 @@ def _hf_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], dst: str | os
         data["target"]["tokenizer"] = "tokenizer.model"
     elif (folder / "tokenizer.json").is_file() and _byte_level_bpe(folder / "tokenizer.json"):
         data["target"]["tokenizer"] = "tokenizer.json"
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def lora_adapter(src: str | os.PathLike[str], dst: str | os.PathLike[str], target_format_name: str) -> bool:
+    """Whether this conversion writes a PEFT LoRA adapter folder (one with adapter_config.json) as a GGUF
+    LoRA adapter: llama.cpp's names and layout, the base model read for them (`_lora_to_gguf`)."""
+    from ..formats.registry import target_is
+
+    return (target_is(dst, target_format_name, llama_cpp=True) and not os.fspath(dst).endswith(("/", os.sep))
+            and (Path(src) / ADAPTER_CONFIG).is_file())
+
+
+def _lora_to_gguf(data: dict[str, Any], src: str | os.PathLike[str], o: ConvertOptions) -> None:
+    """A PEFT LoRA adapter folder as llama.cpp's LoRA adapter of its base model (`formats/gguf/lora.py`):
+    names, the q/k permute of B, key/values, F32 unless --dtype says otherwise; the base found from
+    --base or adapter_config.json, its config.json and weights' shapes read (headers only)."""
+    from ..core.errors import AdapterError
+    from ..files.io import open_file
+    from ..files.model_config import ConfigError, load_config
+    from ..formats.bounded_json import read_json_object
+    from ..formats.gguf.lora import check_config, lora_recipe
+
+    adapter = Path(src)
+    where = adapter / ADAPTER_CONFIG
+    config = check_config(read_json_object(where, 16 << 20, "adapter config"), str(where))
+    if o.base is not None:
+        base = Path(o.base)
+        if not base.is_dir():
+            raise ConvertUsageError(f"{row('base').flag} {os.fspath(o.base)}: not a folder (the base model's folder, "
+                                    "with its config.json and weights)")
+    else:
+        named = config.get("base_model_name_or_path")
+        if not isinstance(named, str) or not named or not Path(named).expanduser().is_dir():
+            said = f"base_model_name_or_path {named!r} is not a local folder" if named else \
+                "no base_model_name_or_path"
+            raise ConvertUsageError(f"{where}: {said}: name the base model folder with {row('base').flag} DIR")
+        base = Path(named).expanduser()
+    try:
+        base_config = load_config(base / "config.json")
+    except ConfigError as e:
+        raise AdapterError(f"the base model: {e}") from None
+    with open_file(base) as reader:
+        base_shapes = {t.name: tuple(t.shape) for t in reader.tensors}
+    with open_file(adapter) as reader:
+        adapter_shapes = {t.name: tuple(t.shape) for t in reader.tensors}
+    extra = lora_recipe(config, base_config, adapter_shapes, base_shapes, adapter=str(adapter), base=str(base))
+    data["remap"] = extra["remap"] + data["remap"]
+    data["ops"] = extra["ops"]
+    data["target"]["metadata"] = {**extra["metadata"], **data["target"]["metadata"]}
+    if extra["exclude"]:
+        kept = data.setdefault("filter", {"exclude": []})
+        kept["exclude"] = [{"regex": r} for r in extra["exclude"]] + kept["exclude"]
+    if not o.dtype:  # llama.cpp's converter writes F32 unless told otherwise (--outtype f32)
+        data["dtype"] = {"cast": "F32"}
 
 
 def _byte_level_bpe(path: Path) -> bool:

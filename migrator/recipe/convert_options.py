@@ -48,17 +48,29 @@ def castable_dtypes() -> tuple[str, ...]:
 
 
 def gguf_types() -> tuple[str, ...]:
-    """What `--quantize` takes: a ggml type the GGUF writer writes, or one of llama.cpp's mixes."""
+    """What `--quantize` takes for a GGUF target: a ggml type the GGUF writer writes, or one of llama.cpp's mixes."""
     from ..formats.gguf.mixes import BASE_TYPES
     from ..formats.gguf.writer import WRITABLE_TYPES
 
     return (*WRITABLE_TYPES, *(m for m in BASE_TYPES if m not in WRITABLE_TYPES))
 
 
+def quantize_schemes() -> tuple[str, ...]:
+    """What `--quantize` takes for a SafeTensors folder target: compressed-tensors' schemes (one table)."""
+    from ..formats.compressed_tensors_schemes import scheme_names
+
+    return scheme_names()
+
+
+def quantize_types() -> tuple[str, ...]:
+    """Every name `--quantize` takes: the compressed-tensors schemes, then the GGUF types and mixes."""
+    return (*quantize_schemes(), *gguf_types())
+
+
 GROUPS: dict[str, tuple[str, str]] = {
     "source": ("reading SRC", ""),
     "names": ("tensor names", "which tensors are written, under which names (a recipe's remap:, filter:)"),
-    "tensors": ("tensor values and modules", "a recipe's adapters:, modules: and dtype:"),
+    "tensors": ("tensor values and modules", "a recipe's adapters:, modules:, dtype: and quantize:"),
     "output": ("writing DST", ""),
     "folder": ("a folder DST", "a Hugging Face model folder (see DST); a recipe's target.shard and target.copy"),
     "gguf": ("a GGUF DST", ""),
@@ -145,8 +157,20 @@ class ConvertOptions:
         (), "--modules", "tensors", "declare the module type of matching module paths, as a recipe's modules: "
         "(repeatable; e.g. Linear='^fc\\d+$')", kind="repeat", metavar="TYPE=REGEX", recipe="modules", diff=True)
     dtype: str | None = _option(
-        None, "--dtype", "tensors", "cast every float tensor (%(listed)s)", metavar="DTYPE",
+        None, "--dtype", "tensors", "cast every float tensor (%(listed)s); a quantized model folder's weights "
+        "are dequantized to it", metavar="DTYPE",
         listed=castable_dtypes, recipe="dtype", diff=True)
+    add_tokens: str | None = _option(  # or a PathLike
+        None, "--add-tokens", "tensors", "add the tokens FILE lists (one per line, or a JSON list) to the tokenizer "
+        "files written into DST/ and rows to the input embedding and LM head, each new row the mean of the old "
+        "ones; config.json's vocab_size follows", metavar="FILE", recipe="add_tokens.file", place=True)
+    quantize: str | None = _option(
+        None, "--quantize", "tensors", "a compressed-tensors scheme (FP8_DYNAMIC, FP8_BLOCK) writes the Linear "
+        "weights F8_E4M3 with their weight_scale and config.json's quantization_config into a DST/ folder (lm_head "
+        "and MoE routers kept; a recipe's quantize: changes that, docs/quantizing.md); a ggml type writes a GGUF "
+        "DST's 2-D float tensors as that type, a llama.cpp mix picks llama-quantize's type per tensor (1-D tensors "
+        "and norms stay F32; a recipe's target.quantize picks per tensor). TYPE: %(listed)s", metavar="TYPE",
+        listed=quantize_types, recipe="target.quantize")
     # writing DST
     target_format_name: str = _option(
         "auto", "--to", "output", "DST's format: %(listed)s (default: auto, from DST's extension)",
@@ -182,10 +206,10 @@ class ConvertOptions:
         "(config, generation config, tokenizer files, chat template) when present", metavar="DIR",
         recipe="target.copy_from", place=True, plain=True)
     # a GGUF DST
-    quantize: str | None = _option(
-        None, "--quantize", "gguf", "write 2-D float tensors as TYPE, or as llama.cpp's mix (llama-quantize's "
-        "type per tensor); 1-D tensors and norms stay F32 (a recipe's target.quantize picks per tensor). "
-        "TYPE: %(listed)s", metavar="TYPE", listed=gguf_types, recipe="target.quantize")
+    base: str | None = _option(  # or a PathLike
+        None, "--base", "gguf", "SRC a PEFT LoRA adapter folder, DST a .gguf: the base model folder (config.json and "
+        "weights, read for the architecture, names and shapes; default: adapter_config.json's "
+        "base_model_name_or_path when that is a local folder)", metavar="DIR")
     # training state
     param_order: str | None = _option(  # or a PathLike
         None, "--param-order", "training", "a Hugging Face Trainer checkpoint folder with --training-state keep: a "

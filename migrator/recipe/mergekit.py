@@ -6,12 +6,12 @@ Supported: `merge_method` linear, task_arithmetic, slerp, ties, dare_ties, dare_
 `models` or `slices` (with `layer_range`); `base_model`; `parameters` at every level mergekit reads
 them (global, per model, per slice, per slice source), as scalars, gradients (lists interpolated
 over the layers of a slice) or filtered values (`{filter: self_attn, value: ...}`); `dtype`,
-`out_dtype`; `tokenizer_source: base` or a model folder (its tokenizer files, when its vocabulary is
-the models' and fits the embedding rows: `transform/merging/tokenizer_source.py`); `model:
-path+lora_path`. Refused by name: `modules`, `tokenizer`, `chat_template`, `residual_weight`, other
-merge methods, `int8_mask: true`, parameters a method does not take, `tokenizer_source: union`
-(a rebuilt vocabulary with embedding rows permuted by token), and hub ids (only local folders and
-URLs migrator reads).
+`out_dtype`; `tokenizer_source: base | union | MODEL` and the `tokenizer:` section (`tokens`,
+`pad_to_multiple_of`: the output vocabulary and the rows it rebuilds are
+`transform/merging/vocabulary.py`'s); `model: path+lora_path`. Refused by name: `modules`,
+`chat_template`, `residual_weight`, other merge methods, `int8_mask: true`, parameters a method does
+not take, both `tokenizer_source` and `tokenizer`, and hub ids (only local folders and URLs migrator
+reads).
 
 `merge_spec` resolves a config against the models' tensor names (headers only) the way mergekit's
 planner does: layers found by their index segment (`model.layers.N.`), t = i / (n - 1) across
@@ -61,6 +61,35 @@ class Conditional(_Strict):
 Setting = Conditional | list[Conditional] | Scalar | list[Scalar]
 
 
+class ZeroEmbedding(_Strict):
+    kind: Literal["zero"]
+
+
+class ModelTokenEmbedding(_Strict):
+    """A row of one model's embedding, by its token (in that model's vocabulary) or its id."""
+
+    kind: Literal["model_token"]
+    model: str
+    token_id: int | None = None
+    token: str | None = None
+
+
+class TokenEmbedding(_Strict):
+    """`tokenizer.tokens.<TOKEN>`: where the token's row comes from (a model that has it, one model's row
+    of another token, zeros); `force` uses it even in the models that have the token."""
+
+    source: ZeroEmbedding | ModelTokenEmbedding | str | None = None
+    force: bool = False
+
+
+class TokenizerSection(_Strict):
+    """mergekit's `tokenizer:` section (its `TokenizerConfig`)."""
+
+    source: str = "union"
+    tokens: dict[str, TokenEmbedding] | None = None
+    pad_to_multiple_of: int | None = None
+
+
 class InputModel(_Strict):
     model: str
     parameters: dict[str, Setting] | None = None
@@ -90,7 +119,7 @@ class MergekitConfig(_Strict):
     dtype: str | None = None
     out_dtype: str | None = None
     tokenizer_source: str | None = None
-    tokenizer: dict[str, Any] | None = None
+    tokenizer: TokenizerSection | None = None
     chat_template: str | None = None
     parameters: dict[str, Setting] | None = None
 
@@ -226,24 +255,10 @@ def _refusals(loaded: LoadedConfig) -> list[RecipeIssue]:
         issues.append(loaded.issue(("merge_method",), f"merge_method '{c.merge_method}' is not supported",
                                    f"migrator merges with {', '.join(METHODS)}"))
         return issues
-    for key, why in (("modules", "per-module merges"), ("tokenizer", "tokenizer merging"),
-                     ("chat_template", "chat templates")):
+    for key, why in (("modules", "per-module merges"), ("chat_template", "chat templates")):
         if getattr(c, key) is not None:
             issues.append(loaded.issue((key,), f"'{key}' ({why}) is not supported"))
-    if c.tokenizer_source == "union":
-        issues.append(loaded.issue(("tokenizer_source",), "tokenizer_source 'union' is not supported: mergekit builds "
-                                   "a new vocabulary from every model's and permutes each model's embedding rows "
-                                   "by token, which migrator does not do",
-                                   "merge models that share a vocabulary, with tokenizer_source: base or a model "
-                                   "folder whose tokenizer files to copy"))
-    elif c.tokenizer_source not in (None, "base"):
-        from ..storage.remote import is_url
-
-        problem = _reference_problem(c.tokenizer_source, loaded.base_dir)
-        if problem is None and is_url(c.tokenizer_source):
-            problem = ("a tokenizer_source is read from a local folder, not a URL", "download the tokenizer files")
-        if problem is not None:
-            issues.append(loaded.issue(("tokenizer_source",), problem[0], problem[1]))
+    issues += _tokenizer_issues(loaded)
     if (c.models is None) == (c.slices is None):
         issues.append(loaded.issue((), "exactly one of 'models' or 'slices' must be given"))
     for key in ("models", "slices"):
@@ -286,6 +301,43 @@ def _refusals(loaded: LoadedConfig) -> list[RecipeIssue]:
             problem = _reference_problem(part, loaded.base_dir)
             if problem:
                 issues.append(loaded.issue(path, problem[0], problem[1]))
+    return issues
+
+
+def _tokenizer_issues(loaded: LoadedConfig) -> list[RecipeIssue]:
+    """`tokenizer_source` and the `tokenizer:` section: a local folder where they name a model, token
+    sources among the merged models, as mergekit 0.1.5 would run them."""
+    from ..storage.remote import is_url
+
+    c = loaded.config
+    issues: list[RecipeIssue] = []
+    if c.tokenizer_source is not None and c.tokenizer is not None:
+        return [loaded.issue(("tokenizer",), "give tokenizer_source or a tokenizer section, not both "
+                             "(mergekit refuses both)")]
+    where, source = (("tokenizer", "source"), c.tokenizer.source) if c.tokenizer else (("tokenizer_source",),
+                                                                                      c.tokenizer_source)
+    if source not in (None, "base", "union"):
+        problem = _reference_problem(source, loaded.base_dir)
+        if problem is None and is_url(source):
+            problem = ("a tokenizer source is read from a local folder, not a URL", "download the tokenizer files")
+        if problem is not None:
+            issues.append(loaded.issue(where, problem[0], problem[1]))
+    if c.tokenizer is None:
+        return issues
+    if c.tokenizer.pad_to_multiple_of is not None and c.tokenizer.pad_to_multiple_of < 1:
+        issues.append(loaded.issue(("tokenizer", "pad_to_multiple_of"), "pad_to_multiple_of must be at least 1"))
+    merged = {ref for _, ref in _model_references(c)}
+    for token, entry in (c.tokenizer.tokens or {}).items():
+        src = entry.source
+        model = src.model if isinstance(src, ModelTokenEmbedding) else src if isinstance(src, str) else None
+        path = ("tokenizer", "tokens", token, "source")
+        if model is not None and model not in merged:
+            issues.append(loaded.issue(path, f"token {token!r}: '{model}' is not one of the merged models",
+                                       f"the models: {', '.join(sorted(merged))}"))
+        if isinstance(src, ModelTokenEmbedding) and (src.token is None) == (src.token_id is None):
+            issues.append(loaded.issue(path, f"token {token!r}: give exactly one of token or token_id"))
+        if src is None and entry.force:
+            issues.append(loaded.issue(path, f"token {token!r}: force needs a source"))
     return issues
 
 
@@ -420,8 +472,22 @@ class MergeSpec:
     config_update: dict[str, Any] | None = None
     companions_from: str | None = None
     seed: int | None = None
-    tokenizer_from: str | None = None
-    """The folder whose tokenizer files the output takes (`tokenizer_source: PATH`); None: the reference's."""
+    tokenizer: TokenizerSpec | None = None
+    """The output's vocabulary, when the config names a tokenizer source (else the reference's files)."""
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """A merge's tokenizer settings, resolved: `source` is "base", "union" or a folder; `tokens` the
+    `tokenizer.tokens` entries (their models by config reference); `base_model` the config's (the row a
+    token present in several models takes)."""
+
+    source: str
+    tokens: dict[str, TokenEmbedding]
+    pad_to_multiple_of: int | None
+    base_model: str | None
+    base: str
+    """The model whose tokenizer is the base of the vocabulary (base_model, else the first model)."""
 
 
 _LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
@@ -530,9 +596,14 @@ def merge_spec(loaded: LoadedConfig, names: Mapping[str, Sequence[str]], *, seed
         for item in tensors:
             if item.params.get("sparsify") == "random":
                 item.params["seed"] = seed
-    tokenizer = c.tokenizer_source
-    tokenizer_from = None if tokenizer in (None, "base") else resolve_path(str(tokenizer), loaded.base_dir)
-    return MergeSpec(method, models, tensors, loras, dtype, out_dtype, update, reference, seed, tokenizer_from)
+    source = c.tokenizer.source if c.tokenizer is not None else c.tokenizer_source
+    tokenizer = None
+    if source is not None:
+        tokenizer = TokenizerSpec(
+            source if source in ("base", "union") else resolve_path(source.partition("+")[0], loaded.base_dir),
+            dict(c.tokenizer.tokens or {}) if c.tokenizer else {},
+            c.tokenizer.pad_to_multiple_of if c.tokenizer else None, base, reference)
+    return MergeSpec(method, models, tensors, loras, dtype, out_dtype, update, reference, seed, tokenizer)
 
 
 def model_paths(loaded: LoadedConfig) -> tuple[dict[str, str], dict[str, str]]:

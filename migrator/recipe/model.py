@@ -74,6 +74,12 @@ GGUFTypeName = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5
 GGUFMixName = Literal["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q2_K"]
 """llama.cpp's K-quant mixes (formats/gguf/mixes.py): a type per tensor by llama-quantize's rules."""
 if TYPE_CHECKING:
+    QuantizeSchemeName = str
+else:  # the schemes `formats.compressed_tensors_schemes` declares, as a Literal: the schema's enum and the choices
+    from ..formats.compressed_tensors_schemes import scheme_names
+
+    QuantizeSchemeName = Literal[scheme_names()]
+if TYPE_CHECKING:
     AdapterName = str
 else:  # the names `adapter_names` lists, as a Literal: the schema's enum and the validator's choices
     AdapterName = Literal[adapter_names.NAMED]
@@ -488,6 +494,19 @@ class RopeScalingSpec(_Strict):
         return self
 
 
+class QuantizeSpec(_Strict):
+    """Quantize the Linear weights into compressed-tensors' layout (no calibration data)."""
+
+    scheme: QuantizeSchemeName = Field(
+        description="FP8_DYNAMIC: F8_E4M3 weights with one scale per output channel, activations per token at run "
+        "time; FP8_BLOCK: one scale per 128x128 block, activations per group of 128. Written as compressed-tensors "
+        "0.20 writes them (its float-quantized layout and config.json's quantization_config).")
+    ignore: list[Regex] | None = Field(
+        None, description="Module paths (tensor name minus .weight; regexes searched in them) whose Linear weights "
+        "stay as they are, listed in quantization_config.ignore. Default: lm_head and MoE routers (modules named "
+        "gate, router or shared_expert_gate). Given, it replaces the default (e.g. [] quantizes lm_head too).")
+
+
 class TargetSpec(_Strict):
     """The file (or, for a sharded output, the folder) to write."""
 
@@ -539,6 +558,11 @@ class TargetSpec(_Strict):
         description="Companion files copied byte for byte from the source's folder into a sharded output folder "
         "(e.g. [config.json, 'tokenizer*', {path: generation_config.json, optional: true}]); an entry matching no "
         "file is an error unless optional.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Entries set in the config.json copied into a folder target (null removes "
+        "one), each checked against the tensors written: vocab_size against the embedding's rows, num_local_experts "
+        "/ num_experts / n_routed_experts against the routers' rows, tie_word_embeddings: false against a head "
+        "tensor. Those the tensors determine are also updated without being asked, where the config holds them.")
     copy_from: str | None = Field(
         None, description="The folder `copy` globs read from, relative to the recipe (default: the source's "
                           "folder); e.g. the Hugging Face folder whose config and tokenizer go with a .bpk source.")
@@ -594,6 +618,23 @@ class ExecutorSpec(_Strict):
                                                   "'migrator[ray]').")
 
 
+class AddTokensSpec(_Strict):
+    """New tokens: added to the tokenizer files (tokenizer.json, and tokenizer_config.json's
+    added_tokens_decoder when it has one) and as new rows of the input embedding and the LM head."""
+
+    tokens: list[str] | None = Field(None, description="The tokens, in the order their ids are given.")
+    file: _Path | None = Field(None, description="A file of tokens, relative to the recipe: a JSON list of strings "
+                               "(when it starts with '['), else one token per line as written (blank lines skipped).")
+    fill: Literal["mean", "zeros"] = Field(
+        "mean", description="The new rows: the mean of the existing rows (as add_rows' fill: mean), or zeros.")
+
+    @model_validator(mode="after")
+    def _one_list(self) -> AddTokensSpec:
+        if (self.tokens is None) == (self.file is None):
+            raise recipe_value_error("give exactly one of tokens, file", hint="tokens: ['<tool>', '</tool>']")
+        return self
+
+
 class Recipe(_Strict):
     """A migration, version 1."""
 
@@ -617,11 +658,21 @@ class Recipe(_Strict):
     ops: list[OpSpec] = Field(
         default_factory=list, description="Tensor ops, each a one-key mapping {OP: {options}} naming one of the "
         "ops below (docs/ops.md), in order, on the names after remap and filter, before adapters.")
+    add_tokens: AddTokensSpec | None = Field(
+        None, description="Grow the vocabulary: tokens added to the tokenizer files written beside a folder target, "
+        "and rows to the input embedding and the LM head (each tensor named like embed_tokens.weight, wte.weight, "
+        "word_embeddings.weight, tok_embeddings.weight, embed_in.weight, lm_head.weight, embed_out.weight; the head "
+        "when it is stored: a tied one follows its embedding), after the recipe's ops; config.json's vocab_size "
+        "follows.")
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="Layout adapters, chained in order: " + ", ".join(adapter_names.ALL[1:] + adapter_names.ALL[:1])
         + ".")
     dtype: DTypePolicy = Field("keep", description="keep the source dtypes, take the template's, or {cast: DTYPE}.")
+    quantize: QuantizeSpec | None = Field(
+        None, description="Quantize the Linear weights (after the dtype policy) into compressed-tensors' layout, "
+        "in a SafeTensors model folder target whose copied config.json gets the quantization_config: "
+        "{scheme: FP8_DYNAMIC} (docs/quantizing.md).")
     target: TargetSpec = Field(description="The file (or folder of shards) to write.")
     allow_partial: bool = Field(False, description="With a template: keep template values for missing tensors.")
     validate_shapes: bool = Field(True, alias="validate", description="Shape mismatches are errors.")
@@ -649,6 +700,25 @@ class Recipe(_Strict):
             if twice:
                 raise recipe_value_error(f"two sources are called '{twice[0]}'", key="sources",
                                        hint="give each a distinct name: (name: encoder)")
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_target(self) -> Recipe:
+        if self.quantize is None:
+            return self
+        from ..core.errors import MigratorError
+
+        try:
+            fmt = formats.target_format(self.target.path, self.target.format, sharded=self.target.shard is not None)
+        except MigratorError:  # an extension no writer takes: the run names it
+            return self
+        from ..formats.compressed_tensors_schemes import can_hold
+
+        if not can_hold(fmt, folder=self.target.shard is not None):
+            raise recipe_value_error(
+                f"quantize ({self.quantize.scheme}) writes compressed-tensors' layout, a SafeTensors model folder "
+                f"with its config.json; this target is {'a folder of ' if self.target.shard else ''}{fmt}",
+                key="quantize", hint="end target.path with '/' (format safetensors), or drop quantize")
         return self
 
     _deferred: list[Any] = PrivateAttr(default_factory=list)

@@ -65,11 +65,12 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: C
     `recipe_sha256`: the hash of the recipe this conversion is recorded as (`--emit-recipe -o`), put
     in the output's metadata as `migrate run` of that recipe puts it, so both write the same bytes.
     `limits` bounds what the source may make its reader allocate."""
-    from ..recipe.convert import llama_config, llama_gguf
+    from ..recipe.convert import llama_config, llama_gguf, lora_adapter
 
     o = replace(options or ConvertOptions(), **changes)
     given = o.given()
     if (recipe_sha256 is None and all(k in PLAIN_OPTIONS or not v for k, v in given.items())
+            and not lora_adapter(src, dst, o.target_format_name)
             and llama_config(src, dst, o.target_format_name) is None
             and llama_gguf(src, dst, o.max_shard_size, o.target_format_name) is None):
         done = _plain_copy(src, dst, progress=progress, limits=limits, **given)

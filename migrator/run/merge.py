@@ -33,7 +33,7 @@ def merge_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
     """The recipe of `migrate merge CONFIG OUT/` (validated like any recipe)."""
     from ..recipe.mergekit import load_config
     from ..recipe.model import Recipe
-    from ..transform.merging.tokenizer_source import TOKENIZER_FILES
+    from ..transform.merging.vocabulary import TOKENIZER_FILES
 
     # the tokenizer files come from the reference model, or (tokenizer_source: PATH) are the merge's own
     own_tokenizer = load_config(config).config.tokenizer_source not in (None, "base")
@@ -97,13 +97,14 @@ def plain_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
     computed op per group of tensors that share their parameters, the reference model's companions copied.
     Running it writes the merge's tensors and companion files (not `mergekit_config.yml`: the recipe is the
     record). None when a config has no such form: passthrough, `slices:` that change the layer count
-    (config.json's `num_hidden_layers`) or take a tensor from another layer, a `tokenizer_source` folder.
+    (config.json's `num_hidden_layers`) or take a tensor from another layer, a tokenizer source
+    (`tokenizer_source`, `tokenizer:`).
     Paths are made relative to `relative_to` (a folder) when given.
     The models' headers are read; no tensor data."""
     import re
 
     from ..transform.merging.merged import MergedReader
-    from ..transform.merging.tokenizer_source import TOKENIZER_FILES
+    from ..transform.merging.vocabulary import TOKENIZER_FILES
 
     def path(p: str) -> str:
         if relative_to is None:
@@ -114,7 +115,7 @@ def plain_recipe(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
     reader = MergedReader(config, seed=seed)
     with reader:
         spec, loaded = reader.spec, reader.loaded
-        if spec.method == "passthrough" or spec.tokenizer_from is not None:
+        if spec.method == "passthrough" or spec.tokenizer is not None:
             return None
         reference = spec.companions_from or ""
         if loaded.config.slices is not None and not _same_layer_count(spec, reference):

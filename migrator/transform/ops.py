@@ -62,16 +62,17 @@ class _Slot:
 
 def apply_ops(ops: Sequence[Any], tensors: Sequence[LazyTensor], names: Sequence[str],
               remap_ops: Mapping[str, Sequence[str]] | None = None, origins: Origins | None = None,
-              recipe_file: str = "<recipe>", head_dim: HeadDim | None = None) -> OpsResult:
+              recipe_file: str = "<recipe>", head_dim: HeadDim | None = None, for_state: bool = False) -> OpsResult:
     """The tensors and names after every op (new lists), or a `RecipeError` naming the op and tensors.
-    `head_dim`: what the model's config declares, which each `rope_permute` must agree with."""
+    `head_dim`: what the model's config declares, which each `rope_permute` must agree with; `for_state`:
+    the tensors are an optimizer's moments in their parameters' places (`Op.new_rows`)."""
     from ..recipe.loader import RecipeError, RecipeIssue
 
     remap_ops = remap_ops or {}
     slots = [_Slot(n, t, t, tuple(remap_ops.get(t.name, ()))) for t, n in zip(tensors, names, strict=True)]
     nodes: list[OpNode] = []
     for i, op in enumerate(ops):
-        step = Step(i, op, origins, recipe_file, head_dim)
+        step = Step(i, op, origins, recipe_file, head_dim, for_state)
         slots = _apply_one(step, slots, nodes)
         if step.issues:
             raise RecipeError(_capped([RecipeIssue(*issue) for issue in step.issues]))

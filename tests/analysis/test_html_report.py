@@ -103,7 +103,9 @@ def opener(browser: Any) -> Iterator[Any]:
 
     def open_page(path: Path) -> Opened:
         opened = Opened(browser.new_page())
-        opened.page.set_default_timeout(10_000)
+        # a bound on a hang, not a speed: 10 s was once too short for a full-page screenshot with both
+        # cores busy (a test failed under load), and the checks wait for states, never for time
+        opened.page.set_default_timeout(180_000)
         opened.page.on("pageerror", lambda e: opened.errors.append(str(e)))
         opened.page.on("console", lambda m: opened.errors.append(m.text) if m.type == "error" else None)
         opened.page.on("request", lambda r: opened.requests.append(r.url))
@@ -147,8 +149,11 @@ def test_example_recipe_reports_show_the_json_counts(reports: dict[str, tuple[Pa
     # count the names below it
     targets = set(doc["applied"]) | {m["path"] for m in doc["missing"]}
     roots = page.locator("#tree > li.mod")
-    shown = {roots.nth(i).locator(":scope > .line .seg").inner_text():
-             _meta_count(roots.nth(i).locator(":scope > .line .meta").inner_text()) for i in range(roots.count())}
+    # text_content, not inner_text: a module line is `content-visibility: auto`, so until a frame has
+    # laid it out (or while it is off screen) its inner text is empty; the words are there either way
+    shown = {roots.nth(i).locator(":scope > .line .seg").text_content():
+             _meta_count(roots.nth(i).locator(":scope > .line .meta").text_content() or "")
+             for i in range(roots.count())}
     expected: dict[str, int] = {}
     for t in targets:
         if "." in t:
@@ -173,6 +178,15 @@ def settle(target: Any) -> None:
     (or skipped, off screen, by content-visibility) only then, and inner_text depends on it."""
     page = getattr(target, "page", target)
     page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+def shown_text(locator: Any) -> str:
+    """An element's inner text once it is on screen and a frame has laid it out: tensor rows and module
+    lines are `content-visibility: auto`, so a row not yet laid out (a busy machine, a long page) has an
+    empty inner text although its words are in the page."""
+    locator.scroll_into_view_if_needed()
+    settle(locator.page)
+    return str(locator.inner_text())
 
 
 def test_expand_a_module_by_click_and_by_keyboard(reports: dict[str, tuple[Path, dict[str, Any]]], opener: Any,
@@ -286,7 +300,7 @@ def test_hostile_names_render_as_text(tmp_path: Path, opener: Any) -> None:
     assert missing.inner_text().startswith(f"enc.{HOSTILE}.weigh Did you mean 'enc.{HOSTILE}.weight'?")
     plan.click("#expand-all")
     settle(plan)
-    assert plan.locator("#tree .hint").inner_text() == f"Did you mean 'enc.{HOSTILE}.weight'?"
+    assert shown_text(plan.locator("#tree .hint")) == f"Did you mean 'enc.{HOSTILE}.weight'?"
     assert plan.locator("#list-unused li").inner_text() == f"enc.{HOSTILE}.weight"
 
 
@@ -370,10 +384,10 @@ def test_inspect_stats_page_shows_ranges_and_flags(tmp_path: Path, opener: Any) 
     settle(page)
     page.wait_for_selector("#tree li.tensor")
     w = page.locator('#tree li.tensor[data-name="m.w"]')
-    assert w.locator(".nums").inner_text().startswith("min -1.5 · max 2 · mean 0.25")
+    assert shown_text(w.locator(".nums")).startswith("min -1.5 · max 2 · mean 0.25")
     assert w.locator(".range .span").count() == 1 and w.locator(".badge:has-text('all_zeros')").count() == 0
     assert page.locator('#tree li.tensor[data-name="m.zeros"] .chips').text_content() == "⚠all_zeros"
-    assert "NaN 1 · Inf 1" in page.locator('#tree li.tensor[data-name="m.bad"] .nums').inner_text()
+    assert "NaN 1 · Inf 1" in shown_text(page.locator('#tree li.tensor[data-name="m.bad"] .nums'))
     assert page.locator("#tree > li.mod .line .badge").text_content() == "⚠some flagged"
 
 
@@ -498,11 +512,11 @@ def test_diff_and_stats_pages_of_real_commands(reports: dict[str, tuple[Path, di
     page.wait_for_selector("#tree li.tensor")
     row = page.locator('#tree li.tensor[data-name="encoder.layer.1.intermediate.dense.weight"]')
     assert row.locator(".badge").text_content() == "≠different"
-    assert "1 differing · first at [5, 7]" in row.locator(".nums").inner_text()
+    assert "1 differing · first at [5, 7]" in shown_text(row.locator(".nums"))
     migrate("inspect", str(tmp_path / "b.safetensors"), "--stats", "--html", str(tmp_path / "stats.html"))
     stats = opener(tmp_path / "stats.html")
     assert stats.count("flagged") == 1
     stats.filter("word_embeddings")
     zeros = stats.page.locator('#tree li.tensor[data-name="embeddings.word_embeddings.weight"]')
-    assert "all_zeros" in zeros.locator(".chips").inner_text()
-    assert zeros.locator(".nums").inner_text().startswith("min 0 · max 0 · mean 0")
+    assert "all_zeros" in shown_text(zeros.locator(".chips"))
+    assert shown_text(zeros.locator(".nums")).startswith("min 0 · max 0 · mean 0")

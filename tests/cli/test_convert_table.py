@@ -21,6 +21,7 @@ SAMPLES: dict[str, object] = {
     "source_format": "safetensors", "top_level_key": "model", "tag": "global_step3", "contiguous_indices": False,
     "target_format_name": "safetensors", "overwrite": True, "fsync": False, "metadata": {"k": "v"},
     "clear_metadata": True, "copy_from": "hf", "training_state": "drop", "optimizer": "o.bpk", "param_order": "o.pt",
+    "add_tokens": "new.txt",
 }
 """A value other than the default for each option placed in the recipe as it is."""
 
@@ -71,8 +72,9 @@ def test_choices_come_from_the_lists_they_name() -> None:
     assert next(typing.get_args(a) for a in typing.get_args(annotation) if typing.get_args(a)) == TRAINING_STATES
     text = _parser()[1]["convert"].format_help()
     flat = " ".join(text.split())
-    for name in (*typing.get_args(model.GGUFTypeName), *typing.get_args(model.GGUFMixName), *WRITABLE_TYPES):
-        assert name in flat.split("TYPE:", 1)[1].split("training state:")[0], name
+    for name in (*typing.get_args(model.GGUFTypeName), *typing.get_args(model.GGUFMixName), *WRITABLE_TYPES,
+                 *typing.get_args(model.QuantizeSchemeName)):
+        assert name in flat.split("TYPE:", 1)[1].split("writing DST:")[0], name
     dtypes = flat.split("--dtype DTYPE cast every float tensor (", 1)[1].split(")")[0]
     assert sorted(d.upper() for d in dtypes.split(", ")) == sorted(CASTABLE)
 
@@ -105,7 +107,7 @@ def test_each_placed_option_lands_where_its_row_says(name: str, tmp_path: Path) 
     found: object = recipe
     for part in r.recipe.split("."):
         found = getattr(found, part)
-    assert (str(found) if name in ("copy_from", "optimizer", "param_order") else found) == value
+    assert (str(found) if name in ("copy_from", "optimizer", "param_order", "add_tokens") else found) == value
     assert set(SAMPLES) == {r.name for r in table() if r.place}
 
 

@@ -15,7 +15,7 @@ from migrator import open_file
 from migrator.cli import main
 from migrator.recipe.loader import load_recipe
 from tests.support.cli import migrate_subprocess
-from tests.support.recipes import ORDER
+from tests.support.recipes import ORDER, WITHOUT_DEMO
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,8 @@ def workspace(tmp_path: Path) -> Path:
 
 
 def test_every_recipe_is_exercised() -> None:
-    assert sorted(ORDER) == sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+    shipped = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+    assert sorted(ORDER + [n for n in WITHOUT_DEMO if n in shipped]) == shipped
 
 
 def test_all_recipes_run_and_round_trip(workspace: Path) -> None:
@@ -108,6 +109,29 @@ def test_all_recipes_run_and_round_trip(workspace: Path) -> None:
     assert json.loads((out / "llama-upscaled" / "config.json").read_text())["num_hidden_layers"] == 6
     for merged in ("llama-slerp", "llama-ties"):
         assert sorted(load_st(str(out / merged / "model.safetensors"))) == sorted(base)
+    # experts 0 and 2 of 4 kept: renumbered 0 and 1, the routers' rows gathered, the config saying 2
+    mixtral = load_st(str(out / "mixtral-tiny-hf" / "model.safetensors"))
+    pruned = load_st(str(out / "mixtral-tiny-pruned" / "model.safetensors"))
+    assert len(pruned) == len(mixtral) - 2 * 2 * 3
+    for layer in range(2):
+        p = f"model.layers.{layer}.block_sparse_moe."
+        assert np.array_equal(pruned[p + "gate.weight"], mixtral[p + "gate.weight"][[0, 2]])
+        for new, old in ((0, 0), (1, 2)):
+            for w in ("w1", "w2", "w3"):
+                assert np.array_equal(pruned[f"{p}experts.{new}.{w}.weight"], mixtral[f"{p}experts.{old}.{w}.weight"])
+    assert json.loads((out / "mixtral-tiny-pruned" / "config.json").read_text())["num_local_experts"] == 2
+    # three tokens added: the tokenizer's next ids, the rows the mean of the old ones (numpy's mean), vocab_size
+    vocab = load_st(str(out / "llama-vocab" / "model.safetensors"))
+    grown = load_st(str(out / "llama-vocab-grown" / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        old = vocab[name]
+        assert grown[name].shape == (old.shape[0] + 3, old.shape[1])
+        assert np.array_equal(grown[name][:old.shape[0]], old)
+        np.testing.assert_allclose(grown[name][old.shape[0]:], np.broadcast_to(old.mean(axis=0), (3, old.shape[1])),
+                                   rtol=0, atol=1e-7)
+    added = json.loads((out / "llama-vocab-grown" / "tokenizer.json").read_text())["added_tokens"][-3:]
+    assert [(a["id"], a["content"]) for a in added] == [(96, "<tool_call>"), (97, "</tool_call>"), (98, "<think>")]
+    assert json.loads((out / "llama-vocab-grown" / "config.json").read_text())["vocab_size"] == 99
 
 
 def test_run_twice_gives_identical_bytes(workspace: Path) -> None:

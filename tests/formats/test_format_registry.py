@@ -26,7 +26,7 @@ def test_docs_formats_table_is_the_registrys() -> None:
     table = page.split("<!-- formats table: generated -->\n", 1)[1].split("<!-- end of the formats table -->", 1)[0]
     assert table == registry.docs_table(), "docs/formats.md: paste formats.registry.docs_table()"
     readable, written = len(registry.names(readable=True, folders=True)), len(registry.names(writable=True))
-    words = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    words = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
     assert f"migrator reads {words[readable]} formats and writes {words[written]}" in page
 
 
@@ -94,5 +94,6 @@ def test_names_for_the_command_line() -> None:
     assert registry.names(readable=True) == ("burnpack", "safetensors", "pytorch", "gguf")
     # DCP and torch_dist: folders, named by --to
     assert registry.names(writable=True) == ("burnpack", "safetensors", "pytorch", "gguf", "dcp", "torch_dist")
-    assert registry.names(readable=True, folders=True)[4:] == ("dcp", "torch_dist", "deepspeed", "trainer")
+    assert registry.names(readable=True, folders=True)[4:] == ("dcp", "torch_dist", "deepspeed", "trainer",
+                                                               "megatron-legacy")
     assert registry.choices(writable=True)[0] == "auto"

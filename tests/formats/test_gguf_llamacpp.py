@@ -3,7 +3,8 @@ the file loads, llama.cpp tokenizes text as SentencePiece does, its F32 logits a
 transformers', and on Q8_0/Q4_0 files its logits are as close to transformers' as on the file
 gguf-py writes from the same weights with its own quantizer. Also: byte-level BPE tokenizers
 (llama-bpe, qwen2, gpt-2) tokenized as the original, Llama 3.1 RoPE scaling, Qwen2, Phi-3 and Gemma 1-3
-logits within 1e-2 of transformers', and split files loaded from the first.
+logits within 1e-2 of transformers', split files loaded from the first, and our GGUF LoRA adapter applied
+to the base giving the merged model's logits.
 
 K-quants: our Q2_K..Q6_K blocks are byte-equal to ggml's reference quantizers (called through
 ctypes in the library llama-cpp-python built), and a `--quantize Q4_K_M` (Q4_K_S, Q5_K_M, Q5_K_S,
@@ -437,6 +438,43 @@ def test_llama_cpp_loads_our_split_files(hf_folder: Path, f32_gguf: Path, tmp_pa
           f"|split - transformers| = {np.abs(got - expected).max():.3g}")
     assert np.array_equal(got, single)
     assert float(np.abs(got - expected).max()) < 1e-2
+
+
+def test_llama_cpp_applies_our_lora_adapter(hf_folder: Path, f32_gguf: Path, tmp_path: Path,
+                                            prompt_and_hf_logits: tuple[list[int], np.ndarray]) -> None:
+    """Our GGUF LoRA adapter (`migrate convert ADAPTER_DIR adapter.gguf`) applied by llama.cpp to the base's
+    GGUF gives the logits llama.cpp computes on the GGUF of PEFT's merged model (merge_and_unload), and
+    not the base's (every linear module targeted, the embedding and lm_head too)."""
+    import shutil
+
+    peft = pytest.importorskip("peft")
+    tokens, _ = prompt_and_hf_logits
+    model = transformers.LlamaForCausalLM.from_pretrained(hf_folder).eval()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head"]
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.5 / min(p.shape) ** 0.5))
+    wrapped.save_pretrained(tmp_path / "adapter")
+    merged = tmp_path / "merged"
+    wrapped.merge_and_unload().save_pretrained(merged)
+    shutil.copy(hf_folder / "tokenizer.model", merged / "tokenizer.model")
+    adapter = convert(tmp_path / "adapter", tmp_path / "adapter.gguf", "--base", str(hf_folder))
+    expected = llama_cpp_logits(convert(merged, tmp_path / "merged.gguf"), tokens)
+    llm = llama_cpp.Llama(model_path=str(f32_gguf), lora_path=str(adapter), n_ctx=64, n_batch=64, n_threads=1,
+                          logits_all=True, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)
+    try:
+        llm.eval(tokens)
+        got = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+    base = llama_cpp_logits(f32_gguf, tokens)
+    diff, moved = float(np.abs(got - expected).max()), float(np.abs(base - expected).max())
+    print(f"\nLoRA adapter: max |base + adapter - merged| = {diff:.3g} (the adapter moves logits by {moved:.3g})")
+    assert moved > 0.1
+    assert diff < 1e-3
 
 
 @pytest.mark.parametrize("arch", ["gemma", "gemma2", "gemma3"])

@@ -64,6 +64,18 @@ BAD = {
                     "recipe.yaml:5:26: ops[0].dare_linear.from: $2: group 2 does not exist; the pattern has 1 group"),
     "lora_fold": ("{lora_fold: {from: ['w', 'a', 'b'], scaling: 1.0, form: dense}}",
                   "recipe.yaml:5:61: ops[0].lora_fold.form: expected 'linear', 'transposed' or 'conv', got 'dense'"),
+    "gather": ("{gather: {from: 'w', keep: [2, 0, 2]}}",
+               "recipe.yaml:5:32: ops[0].gather.keep: keep lists row 2 twice (hint: repeat rows with repeat, or "
+               "append copies with add_rows fill: row)"),
+    "add_rows": ("{add_rows: {from: 'w', count: 2, size: 9}}",
+                 "recipe.yaml:5:16: ops[0].add_rows: give exactly one of count, size (hint: count: 3 adds three rows)"),
+    "repeat": ("{repeat: {from: 'w', times: -1}}",
+               "recipe.yaml:5:33: ops[0].repeat.times: times -1 is out of range (1 to 65536)"),
+    "clone": ("{clone: {from: 'w', to: 'v.$i'}}",
+              "recipe.yaml:5:29: ops[0].clone.to: 'v.$i' uses $i, but this op has no part index (hint: $i is the "
+              "part number of split and unstack outputs)"),
+    "new": ("{new: {from: 'w', to: 'r', shape: [4, -1]}}",
+            "recipe.yaml:5:39: ops[0].new.shape: shape [4, -1]: lengths are >= 0"),
 }
 """op -> (an `ops:` entry it refuses, the one-line error at its key's line and column)."""
 
@@ -77,7 +89,7 @@ def _load(tmp_path: Path, entry: str) -> None:
 def test_the_registry_holds_the_ops_in_their_order() -> None:
     assert list(OPS) == ["split", "concat", "stack", "unstack", "reshape", "permute", "slice", "rope_permute",
                          "offset", "linear", "scale", "slerp", "task_arithmetic", "ties", "dare_ties", "dare_linear",
-                         "lora_fold"]
+                         "lora_fold", "gather", "add_rows", "repeat", "clone", "new"]
 
 
 def test_every_op_has_a_schema_entry() -> None:

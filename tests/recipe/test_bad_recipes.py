@@ -215,6 +215,14 @@ adapters:
       to: BF16
 dtype:
   cast: F16
+add_tokens:
+  tokens:
+    - '<tool>'
+  fill: zeros
+quantize:
+  scheme: FP8_BLOCK
+  ignore:
+    - 'lm_head$'
 target:
   path: out/model.bpk
   format: safetensors
@@ -256,6 +264,7 @@ target:
     - path: 'tokenizer*'
       optional: true
   copy_from: weights/
+  config: {}
   optimizer: out/model-optim.bpk
   param_order: weights/new-model.pt
 allow_partial: false
@@ -286,7 +295,8 @@ SOURCES = r"""sources:
     prefix: bert.
   - {path: weights/head.pt, name: head, lora: adapters/head, seed: 3}
 """
-BASE_SOURCES = BASE[:BASE.index("source:")] + SOURCES + BASE[BASE.index("remap:"):]
+BASE_SOURCES = BASE[:BASE.index("source:")] + SOURCES + BASE[BASE.index("remap:"):].replace(
+    "  tokens:\n    - '<tool>'\n", "  file: new-tokens.txt\n")  # add_tokens takes one of the two
 
 Path_ = tuple[Any, ...]
 
@@ -427,12 +437,12 @@ def test_every_field_with_a_wrong_type_is_an_error_at_its_line(tmp_path: Path, p
 
 # ----------------------------------------------------------------------------------------------
 # unknown keys, at every level that is a model (user mappings -- metadata, modules, scalar names,
-# quantize regexes -- take any key)
+# quantize regexes, config.json edits -- take any key)
 
 MODEL_MAPPINGS = [p for p, _, v in [((), None, ROOT), *ENTRIES] if isinstance(v, MappingNode)
                   and p not in (("modules",), ("target", "metadata"), ("target", "scalars"), ("target", "quantize"),
                                 ("source", "storage_options"), ("target", "storage_options"),
-                                ("target", "template_storage_options"))]
+                                ("target", "template_storage_options"), ("target", "config"))]
 
 
 def _node_at(path: Path_) -> Node:

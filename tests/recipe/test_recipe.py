@@ -33,9 +33,9 @@ ADAPTERS = ("valid adapters: identity, pytorch_to_burn, burn_to_pytorch, half_pr
 USE_FLOAT = "use one of F64, F32, Flex32, F16, BF16"
 TARGET_KEYS = ("path, format, template, template_format, storage_options, template_storage_options, overwrite, fsync, "
                "metadata, clear_metadata, scalars, quantize, tokenizer, rope_scaling, hf_config, shard, copy, "
-               "copy_from, optimizer, param_order")
-TOP_KEYS = ("version, description, config, source, sources, remap, filter, modules, ops, adapters, dtype, target, "
-            "allow_partial, validate, training_state, executor")
+               "config, copy_from, optimizer, param_order")
+TOP_KEYS = ("version, description, config, source, sources, remap, filter, modules, ops, add_tokens, adapters, dtype, "
+            "quantize, target, allow_partial, validate, training_state, executor")
 
 
 def write(folder: Path, text: str, name: str = "recipe.yaml") -> Path:

@@ -6,6 +6,8 @@ reader family:
 * `pytorch`: zip, legacy and TAR checkpoints (seeds, zip/pickle fields, zip and TAR mutations,
   `--differential`: the pickle record scanner against the opcode loop);
 * `gguf`: GGUF (seeds, header fields, `--differential`: migrator's reader against gguf-py's);
+* `megatron`: legacy Megatron-LM checkpoint folders (seeds: one rank file of a TP=2 x PP=2 checkpoint
+  the tests' writer makes; each case is the folder with that file mutated);
 * `recipe`: recipes (seeds, YAML line edits, loading one);
 
 and what they share: `common` (readers, exceptions, the per-case alarm), `mutations` (the op

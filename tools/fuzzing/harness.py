@@ -27,6 +27,7 @@ from .common import (
     WrongResult,
     time_limit,
 )
+from .megatron import case_folder
 from .recipe import _exercise_recipe
 
 
@@ -51,6 +52,11 @@ def exercise(reader: str, data: bytes, *, path: Path | None = None, auto: bool =
     """
     if reader == "recipe":
         _exercise_recipe(data, path)
+        return
+    if reader == "megatron-legacy":  # a folder of rank files, one of them `data`
+        with case_folder(data, path) as folder, migrator.open_file(folder) as r:
+            _check_reader(r, len(data), largest)
+            _round_trip(r)
         return
     fmt = "auto" if auto else FORMAT_OF[reader]
     src: Any = data

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import gguf, headers, pytorch, recipe
+from . import gguf, headers, megatron, pytorch, recipe
 from .headers import JSON_NUMBERS
 from .pytorch import _mutate_zip_member, _tar_size, fix_tar_checksums
 from .recipe import _yaml_line
@@ -17,6 +17,7 @@ SEEDS: dict[str, Callable[[], list[bytes]]] = {
     "burnpack": headers.burnpack_seeds, "safetensors": headers.safetensors_seeds,
     "pytorch-zip": pytorch.pytorch_zip_seeds, "pytorch-legacy": pytorch.pytorch_legacy_seeds,
     "pytorch-tar": pytorch.pytorch_tar_seeds, "gguf": gguf.gguf_seeds, "recipe": recipe.recipe_seeds,
+    "megatron-legacy": megatron.megatron_legacy_seeds,
 }
 
 
@@ -111,6 +112,8 @@ def length_fields(data: bytes, reader: str) -> list[tuple[int, int, str]]:
         return headers.header_fields(data, reader)
     if reader.startswith("pytorch-"):
         return pytorch.pytorch_fields(data, reader)
+    if reader == "megatron-legacy":  # one rank file: a torch.save zip, or torch's legacy pickle stream
+        return pytorch.pytorch_fields(data, "pytorch-zip" if data[:2] == b"PK" else "pytorch-legacy")
     if reader == "gguf":
         return gguf.gguf_fields(data)
     return []
@@ -125,7 +128,7 @@ def random_ops(rng: random.Random, data: bytes, reader: str) -> list[tuple[Any, 
         value = rng.choice((*INTERESTING, n, n - 1, n + 1, rng.getrandbits(64)))
         if reader == "recipe" and r < 0.45:
             ops.append(("yaml-line", rng.randrange(7), rng.randrange(1 << 16), rng.randrange(1 << 16)))
-        elif reader == "pytorch-zip" and r < 0.4:
+        elif reader in ("pytorch-zip", "megatron-legacy") and r < 0.4:
             ops.append(("zip-pkl", [_byte_op(rng, 512) for _ in range(rng.choice((1, 1, 2)))]))
         elif reader == "pytorch-tar" and r < 0.15:
             ops.append(("tar-size", rng.randrange(8), value))

@@ -3,7 +3,9 @@
  * functions one file defines for another. Each file holds one job: casts.c (half conversions and
  * transposes, casts.py), stats.c (value statistics and byte comparison, analysis/), gguf.c and
  * kquants.c (GGUF block formats, formats/gguf/quants.py), merge.c (merge bands,
- * transform/merging/arithmetic.py), lora.c (LoRA delta bands, transform/merging/lora.py); module.c
+ * transform/merging/arithmetic.py), lora.c (LoRA delta bands, transform/merging/lora.py), dequant.c (quantized
+ * checkpoints' row bands: FP8, MXFP4, packed integers, core/dequant.py), fp8_quantize.c (F32/BF16 weights to
+ * F8_E4M3 with scales, core/fp8_quantize.py); module.c
  * lists the functions Python sees.
  *
  * Everything declared here is hidden from the shared object's symbol table: only PyInit__kernels is
@@ -129,6 +131,10 @@ PyObject *py_merge_task_band(PyObject *self, PyObject *args);
 PyObject *py_merge_linear_band(PyObject *self, PyObject *args);
 PyObject *py_lora_band(PyObject *self, PyObject *args);
 PyObject *py_lora_use_fma(PyObject *self, PyObject *arg);
+PyObject *py_dequant_band(PyObject *self, PyObject *args);
+PyObject *py_e8m0_to_f32(PyObject *self, PyObject *args);
+PyObject *py_fp8_absmax(PyObject *self, PyObject *args);
+PyObject *py_fp8_quantize(PyObject *self, PyObject *args);
 
 #pragma GCC visibility pop
 

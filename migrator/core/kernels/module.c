@@ -48,12 +48,24 @@ static PyMethodDef methods[] = {
      "out): one float32 band of sum_i w_i x_i (/ divisor if divide)"},
     {"merge_task_band", py_merge_task_band, METH_VARARGS, "merge_task_band(base, models, params, consensus, "
      "normalize, divisor, lambda, out): one float32 band of task arithmetic / TIES"},
+    /* FP8 quantization with scales (core/fp8_quantize.py) */
+    {"fp8_absmax", py_fp8_absmax, METH_VARARGS, "fp8_absmax(src, kind, rows, cols, block, out): max |x| per row "
+     "(block 0) or per column block, float32 (kind 0 F32, 1 BF16)"},
+    {"fp8_quantize", py_fp8_quantize, METH_VARARGS, "fp8_quantize(src, kind, rows, cols, scales, block, dst): "
+     "F8_E4M3 of src / scale as compressed-tensors rounds it"},
     /* LoRA fold (transform/merging/lora.py) */
     {"lora_band", py_lora_band, METH_VARARGS, "lora_band(b, a, out, rank, mode, block, scaling): rows of scaling * (b @ a) "
      "in float32, in the order of torch's CPU matmul; mode 0: fused (fmaf chains over blocks of `block` products, "
      "the block sums added in order), 1: plain (each product and sum rounded), 2: product only (rank 1)"},
     {"lora_use_fma", py_lora_use_fma, METH_O, "lora_use_fma(flag): allow lora_band's AVX2+FMA loops (default) or "
      "force the portable ones (fmaf from the C library)"},
+    /* quantized checkpoints (issue 43, core/dequant.py) */
+    {"dequant_band", py_dequant_band, METH_VARARGS, "dequant_band(src, dst, kind, bits, offset, rows, row_bytes, col0, "
+     "cols, row0, block_rows, block_cols, scales, scale_kind, scale_cols, zeros, biases, mid, out): a band of rows of "
+     "bit-packed codes (int, E4M3, E5M2, E2M1) times block scales (+ biases) -> F32/BF16/F16 bits; -1, or the index "
+     "of the first NaN/inf/zero/E8M0-255 scale"},
+    {"e8m0_to_f32", py_e8m0_to_f32, METH_VARARGS, "e8m0_to_f32(src, dst): E8M0 bytes -> float32 2^(e-127); -1, or "
+     "the index of the first 255"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,12 +22,24 @@ from ..safepickle.vm import Unpickler
 from .layout import METADATA_FILE
 
 _M = "torch.distributed.checkpoint.metadata."
+MEGATRON_CLASSES = frozenset({
+    "torch.distributed.checkpoint.planner.SavePlan", "torch.distributed.checkpoint.planner.WriteItem",
+    "torch.distributed.checkpoint.planner.WriteItemType", "torch.distributed.checkpoint.planner.TensorWriteData",
+    "torch.distributed.checkpoint.planner.BytesIOWriteData",
+    "megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan",
+})
+"""What megatron-core adds to `.metadata`, read as inert records and never used: 0.16 stores every rank's
+`SavePlan` in `Metadata.all_local_plans` (to reuse a plan on the next save), older versions their own
+`MCoreSavePlan` subclass there."""
+MCORE_METADATA = "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata"
+"""megatron-core <= 0.15's subclass of DCP's `Metadata` (its fields plus `mcore_data`): read as DCP's."""
+_ROOTS = (_M + "Metadata", MCORE_METADATA)
 METADATA_CLASSES = frozenset({
     _M + "Metadata", _M + "TensorStorageMetadata", _M + "BytesStorageMetadata", _M + "ChunkStorageMetadata",
     _M + "TensorProperties", _M + "MetadataIndex", _M + "StorageMeta", _M + "_MEM_FORMAT_ENCODING",
     "torch.distributed.checkpoint.filesystem._StorageInfo", "torch.distributed.checkpoint._hf_utils._HFStorageInfo",
-    "torch.layout",
-})
+    "torch.layout", MCORE_METADATA,
+}) | MEGATRON_CLASSES
 """The only classes a `.metadata` may name (as `safepickle.Record`s); any other is refused."""
 PATH_CLASSES = frozenset({"pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.PurePosixPath",
                           "pathlib.PureWindowsPath"})
@@ -72,6 +84,8 @@ class DcpMetadata:
     paths: dict[str, tuple[str | int, ...]]
     version: str | None = None
     files: list[str] = field(default_factory=list)
+    mcore_data: dict[Any, Any] = field(default_factory=dict)
+    """megatron-core <= 0.15's per-key notes (`nd_reformulated_orig_global_shape`), as plain data."""
 
     def location(self, name: str, offsets: tuple[int, ...] | None, label: str) -> Location:
         found = self.locations.get((name, offsets))
@@ -82,31 +96,19 @@ class DcpMetadata:
         return found
 
 
-MEGATRON_FILES = ("metadata.json", "common.pt")
-"""What Megatron-core's `torch_dist` format writes beside DCP's `.metadata` and `.distcp` files."""
-SAVE_PLAN = "torch.distributed.checkpoint.planner.SavePlan"
-"""What megatron-core 0.16 pickles into `.metadata` (older versions: their own `MCoreMetadata`)."""
 
 
-def read_metadata(data: bytes, label: str, limits: Limits, *, megatron_files: bool = False) -> DcpMetadata:
-    """Interpret `.metadata` (already read, size-bounded) and check it. `megatron_files`: Megatron-core's
-    `metadata.json` or `common.pt` is beside it, so a class DCP does not write there is named as
-    Megatron's format (not read yet) rather than as a stranger."""
+def read_metadata(data: bytes, label: str, limits: Limits) -> DcpMetadata:
+    """Interpret `.metadata` (already read, size-bounded) and check it."""
     u = Unpickler(data, label=label, limits=limits, what=METADATA_FILE)
     root = u.load()
     if u.opaque - PATH_CLASSES:
         name = sorted(u.opaque - PATH_CLASSES)[0]
-        if megatron_files or name == SAVE_PLAN or name.startswith("megatron."):
-            raise FormatError(f"{METADATA_FILE} names '{name}': this looks like a Megatron-core torch_dist "
-                              "checkpoint, which migrator does not read yet", file=label)
         raise UnsafePickleError(f"{METADATA_FILE} names '{name}', which is not a DCP metadata class; migrator reads "
-                                "only the classes torch.distributed.checkpoint writes there, and runs no code",
-                                file=label)
+                                "only the classes torch.distributed.checkpoint (and megatron-core) write there, "
+                                "and runs no code", file=label)
     _refuse_other_records(root, label, limits)
-    if megatron_files and not (isinstance(root, sp.Record) and root.name == _M + "Metadata"):
-        raise FormatError(f"{METADATA_FILE} holds {sp.describe(root)}: this looks like a Megatron-core torch_dist "
-                          "checkpoint, which migrator does not read yet", file=label)
-    if not isinstance(root, sp.Record) or root.name != _M + "Metadata":
+    if not isinstance(root, sp.Record) or root.name not in _ROOTS:
         raise FormatError(f"{METADATA_FILE} holds {sp.describe(root)}, not a DCP Metadata", file=label)
     state = _fields(root, label)
     sdm = state.get("state_dict_metadata")
@@ -129,8 +131,10 @@ def read_metadata(data: bytes, label: str, limits: Limits, *, megatron_files: bo
     locations, files = _storage_data(state.get("storage_data"), label, limits)
     paths = _planner_data(state.get("planner_data"), label)
     version = state.get("version")
+    mcore = state.get("mcore_data")
     return DcpMetadata(order, tensors, byte_values, locations, paths,
-                       version if isinstance(version, str) else None, files)
+                       version if isinstance(version, str) else None, files,
+                       mcore if isinstance(mcore, dict) else {})
 
 
 def _refuse_other_records(root: Any, label: str, limits: Limits) -> None:

@@ -27,7 +27,7 @@ from ...storage.remote import as_path, is_url
 from ..base import Reader
 from .assemble import Piece, assemble
 from .layout import METADATA_FILE
-from .metadata import MEGATRON_FILES, read_metadata
+from .metadata import read_metadata
 from .storage import chunk_tensor, item_value
 from .tree import build_tree
 
@@ -77,10 +77,7 @@ class DcpReader(Reader):
             if src.size > MAX_METADATA_BYTES:
                 raise LimitExceededError(f"{METADATA_FILE} is {src.size} bytes (limit {MAX_METADATA_BYTES})",
                                          file=str(meta_path))
-            megatron = not is_url(str(meta_path.parent)) and any(
-                os.path.isfile(meta_path.parent / name) for name in MEGATRON_FILES)
-            meta = read_metadata(src.read(0, src.size, METADATA_FILE), str(meta_path), self.limits,
-                                 megatron_files=megatron)
+            meta = read_metadata(src.read(0, src.size, METADATA_FILE), str(meta_path), self.limits)
         finally:
             src.close()
         self.meta = meta
@@ -90,6 +87,7 @@ class DcpReader(Reader):
         label = str(meta_path)
         by_name: dict[str, LazyTensor] = {}
         self._chunk_files: dict[str, list[str]] = {}
+        self.pieces: dict[str, list[Piece]] = {}  # each tensor's chunks, for a reader that cuts them anew
         for name, entry in meta.tensors.items():
             pieces = []
             for chunk in entry.chunks:
@@ -98,6 +96,7 @@ class DcpReader(Reader):
                 t = chunk_tensor(source, loc.offset, loc.length, self.limits, name)
                 pieces.append(Piece(chunk.offsets, chunk.sizes, source.label, t))
             by_name[name] = assemble(name, entry.dtype, entry.size, pieces, label, self.limits)
+            self.pieces[name] = pieces
             self._chunk_files[name] = sorted({p.file for p in pieces})
         for name in meta.byte_values:
             loc = meta.location(name, None, label)

@@ -67,7 +67,7 @@ _KEY_TYPES: dict[str, ValueType] = {
         "general.quantization_version", "_token_id")},
     **{k: ValueType.FLOAT32 for k in (
         ".attention.layer_norm_epsilon", ".attention.layer_norm_rms_epsilon", ".rope.freq_base",
-        ".rope.scaling.factor", ".attn_logit_softcapping", ".final_logit_softcapping")},
+        ".rope.scaling.factor", ".attn_logit_softcapping", ".final_logit_softcapping", "adapter.lora.alpha")},
     **{k: ValueType.BOOL for k in ("add_bos_token", "add_eos_token", "add_space_prefix")},
 }
 _NORM = re.compile(r"norm", re.IGNORECASE)
@@ -242,14 +242,15 @@ class GGUFWriter(Writer):
         quantized = [name for name in weights if BY_NAME[name].quantized]
         main = max(quantized, key=weights.__getitem__) if quantized else (
             max(weights, key=weights.__getitem__) if weights else "F32")
+        adapter = getattr(meta.get("general.type"), "data", None) == "adapter"
         if self.mix is not None:
             out["general.file_type"] = Value(ValueType.UINT32, MIX_FILE_TYPES[self.mix])
-        elif main in FILE_TYPES:
+        elif main in FILE_TYPES and not adapter:  # an adapter's types are its tensors' (llama.cpp's converter)
             out["general.file_type"] = Value(ValueType.UINT32, FILE_TYPES[main])
         out["general.quantization_version"] = Value(ValueType.UINT32, QUANTIZATION_VERSION)
         if "general.architecture" not in meta:
             self.notes.append("general.architecture is not set: llama.cpp needs it (set it in target.metadata)")
-        elif "tokenizer.ggml.model" not in meta:
+        elif "tokenizer.ggml.model" not in meta and not adapter:  # an adapter runs with its base's
             self.notes.append("no tokenizer.ggml.* key/values: llama.cpp needs a tokenizer to run the model "
                               "(target.tokenizer: a SentencePiece tokenizer.model or a byte-level BPE tokenizer.json)")
         return out

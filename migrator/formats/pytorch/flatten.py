@@ -14,6 +14,7 @@ from ...core.errors import (
 )
 from ...core.scalars import Scalar
 from ..safepickle import values as sp
+from .namespace import NAMESPACE
 from .views import TensorBuilder, _Pending
 
 
@@ -172,8 +173,22 @@ class Flattener(TensorBuilder):
                 self._ignored.append(name)  # an integer beyond 64 bits
         elif isinstance(value, sp.Placeholder):
             raise self._placeholder_error(name, value)
+        elif isinstance(value, sp.Record) and value.name == NAMESPACE:
+            raise self._namespace_error(name)
         else:
             self._ignored.append(name)
+
+    def _namespace_error(self, name: str) -> UnsafePickleError:
+        """A training script's `args` (read as data, for Megatron's checkpoints) where tensors are read: the
+        keys that hold tensors, as for a placeholder, rather than the arguments dropped silently."""
+        if self._selected and not name.startswith(self._selected):
+            name = f"{self._selected}.{name}"
+        message = f"{name}: a '{NAMESPACE}' object (a script's arguments), not tensors"
+        keys = _tensor_keys(self._root, self._limits.max_nodes) if self._whole else []
+        if keys:
+            message += (f"; the keys that hold tensors are {', '.join(repr(k[:100]) for k in keys[:20])}: pick one "
+                        "with --top-level-key (top_level_key in a recipe)")
+        return UnsafePickleError(message, file=self.label)
 
     def _placeholder_error(self, name: str, value: sp.Placeholder | sp.Opaque) -> FormatError:
         """A placeholder where tensors are read: a whole model gets the state_dict advice; any other

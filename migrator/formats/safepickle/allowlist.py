@@ -447,6 +447,15 @@ RECORD_CLASSES = (
     "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     "torch.distributed.checkpoint._hf_utils._HFStorageInfo",
+    # what megatron-core adds there: 0.16 keeps every rank's SavePlan in `Metadata.all_local_plans`,
+    # <= 0.15 pickled its own Metadata subclass (with `mcore_data`) and SavePlan subclass
+    "torch.distributed.checkpoint.planner.SavePlan",
+    "torch.distributed.checkpoint.planner.WriteItem",
+    "torch.distributed.checkpoint.planner.WriteItemType",
+    "torch.distributed.checkpoint.planner.TensorWriteData",
+    "torch.distributed.checkpoint.planner.BytesIOWriteData",
+    "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata",
+    "megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan",
     # what a pickled DTensor's spec holds (per-rank torch.save files)
     "torch.distributed.tensor._dtensor_spec.DTensorSpec",
     "torch.distributed.tensor._dtensor_spec.TensorMeta",
@@ -472,6 +481,8 @@ RECORD_CLASSES = (
     "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
     "torch.distributed._shard.sharding_spec.chunk_sharding_spec.ChunkShardingSpec",
     "torch.distributed._shard.sharding_spec.api.EnumerableShardingSpec",
+    # Megatron-LM's checkpoint `args` (the script's parsed arguments): its fields, read as data
+    "argparse.Namespace",
 )
 """Classes whose objects are read as `Record`s: plain data (sizes, offsets, names, placements)."""
 

@@ -37,7 +37,10 @@ class FoldedReader(Reader):
         self.scalars = dict(base.scalars)
         # what target.copy and --hash-sources look at
         self.folder, self.shards, self.index_path = base.folder, base.shards, base.index_path
-        self.notes = fold_notes(self.plan, adapter.folder)
+        # a dequantized base's config.json changes (no quantization_config, its new dtype) hold for the fold too
+        self.config_update, self.config_drop, self.consumed = base.config_update, base.config_drop, base.consumed
+        # the base's own notes first (a quantized base's dequantization), then the fold's
+        self.notes = [*base.notes, *fold_notes(self.plan, adapter.folder)]
         self.parts = [ModelPart(base.label, Path(base.label), base)]  # what a run protects: base and adapter
         if isinstance(adapter.tensors, Reader):
             self.parts.append(ModelPart(adapter.weights_file, Path(adapter.weights_file), adapter.tensors))

@@ -6,8 +6,8 @@ one computed lazy tensor per output tensor: remaps, filters, dtype casts and any
 it as a plain checkpoint. What a Hugging Face folder written from it needs beside the weights comes
 with it: the folder whose companion files (config, tokenizer) go with the merge (`folder`), what
 changes in its config.json (`config_update`: `num_hidden_layers` after slices, the dtype) and the
-files it makes (`generated`: the config itself as `mergekit_config.yml`, and with `tokenizer_source:
-PATH` that folder's tokenizer files).
+files it makes (`generated`: the config itself as `mergekit_config.yml`, and with a tokenizer source
+the output vocabulary's tokenizer files, `vocabulary.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ...core.tensor import LazyTensor
 from ...formats.base import Reader
 from ...recipe.mergekit import LoadedConfig, MergeSpec, load_config, merge_spec, model_paths
 from .tensors import ModelPart, merge_tensors, open_models
-from .tokenizer_source import tokenizer_files
+from .vocabulary import Vocabulary, build_vocabulary
 
 CONFIG_NAME = "mergekit_config.yml"
 """The name mergekit gives the config it copies into its output folder."""
@@ -55,7 +55,11 @@ class MergedReader(Reader):
             models = open_models(paths, loras, self._stack, readers)
             self.spec: MergeSpec = merge_spec(self.loaded, {ref: list(t.keys()) for ref, t in models.items()},
                                               seed=seed)
-            self.tensors: list[LazyTensor] = merge_tensors(self.spec, models)
+            self.vocabulary: Vocabulary | None = None
+            if self.spec.tokenizer is not None:  # rows rebuilt in the output vocabulary's order
+                self.vocabulary = build_vocabulary(self.spec.tokenizer, self.spec.models, list(self.spec.models))
+            self.plain_base = self.spec.tokenizer is not None and self.vocabulary is None
+            self.tensors: list[LazyTensor] = merge_tensors(self.spec, models, self.vocabulary)
         except BaseException:
             self._stack.close()
             raise
@@ -70,12 +74,21 @@ class MergedReader(Reader):
         self.folder = Path(companions) if companions and Path(companions).is_dir() else None
         self.config_update: dict[str, Any] = dict(self.spec.config_update or {})
         self.generated = [(CONFIG_NAME, self.loaded.text.encode())]
-        if self.spec.tokenizer_from is not None:  # that folder's tokenizer files, once checked against the merge
-            reference = self.spec.models[self.spec.companions_from or ""]
-            self.generated += tokenizer_files(self.spec.tokenizer_from, list(self.spec.models.values()), reference,
-                                              self.tensors)
+        if self.vocabulary is not None:  # the output tokenizer's files, and its size in config.json
+            self.generated += self.vocabulary.files
+            self.config_update["vocab_size"] = self.vocabulary.size
         self.notes = [f"merge_method {self.spec.method}: {len(self.tensors)} tensors from "
                       f"{len(self.spec.models)} models" + (f", DARE seed {seed}" if seed is not None else "")]
+        if self.vocabulary is not None:
+            v = self.vocabulary
+            shown = ", ".join(map(repr, v.added[:5])) + (", ..." if len(v.added) > 5 else "")
+            source = v.spec.source if v.spec.source in ("base", "union") else f"from {v.spec.source}"
+            self.notes.append(f"tokenizer {source}: {len(v.tokens)} tokens"
+                              + (f", {len(v.added)} added ({shown})" if v.added else "")
+                              + f", {v.size} rows; each model's embedding and lm_head rows rebuilt in its order")
+        elif self.plain_base:
+            self.notes.append("tokenizer_source base: no model has a tokenizer.json, so they share the base's "
+                              "vocabulary (as mergekit takes them); its tokenizer files are copied, the rows kept")
 
     def file_readers(self) -> list[Reader]:
         """Every model's reader and every adapter's weights reader: what a run protects from its output."""

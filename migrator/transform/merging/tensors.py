@@ -22,6 +22,7 @@ from .peft_adapter import Folded, FoldPlan, Replaced, fold_plan, open_adapter
 
 if TYPE_CHECKING:
     from ...recipe.mergekit import MergeSpec
+    from .vocabulary import Vocabulary
 
 
 def fold_tensors(base: Mapping[str, LazyTensor], plan: FoldPlan, *, out_dtype: DType | None = None) -> list[LazyTensor]:
@@ -42,9 +43,12 @@ def fold_tensors(base: Mapping[str, LazyTensor], plan: FoldPlan, *, out_dtype: D
     return out
 
 
-def merge_tensors(spec: MergeSpec, models: Mapping[str, Mapping[str, LazyTensor]]) -> list[LazyTensor]:
-    """The output tensors of a merge spec, given each model's tensors by the spec's model ids."""
+def merge_tensors(spec: MergeSpec, models: Mapping[str, Mapping[str, LazyTensor]],
+                  vocabulary: Vocabulary | None = None) -> list[LazyTensor]:
+    """The output tensors of a merge spec, given each model's tensors by the spec's model ids; with a
+    `vocabulary`, the embedding and lm_head inputs rebuilt in its order first."""
     from ...ops.compute import arithmetic
+    from .vocabulary import is_vocabulary_tensor, permuted
 
     out: list[LazyTensor] = []
     for item in spec.tensors:
@@ -55,6 +59,10 @@ def merge_tensors(spec: MergeSpec, models: Mapping[str, Mapping[str, LazyTensor]
                 raise MergeInputError(f"model '{model}' has no tensor '{name}' (needed for '{item.name}')",
                                       tensor=name)
             inputs.append(tensors[name])
+        if vocabulary is not None and is_vocabulary_tensor(inputs[0]):
+            assert spec.tokenizer is not None
+            inputs = permuted(vocabulary, item.name, [(m, t) for (m, _), t in zip(item.inputs, inputs, strict=True)],
+                              spec.tokenizer.base_model, spec.dtype)
         p = item.params
         dtype = spec.out_dtype or spec.dtype
         if item.op == "passthrough":

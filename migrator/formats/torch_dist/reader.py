@@ -1,0 +1,173 @@
+"""`TorchDistReader`: a Megatron-core `torch_dist` checkpoint as one source of per-layer tensors.
+
+The DCP reader (`formats.dcp.reader`) reads `.metadata` (megatron-core's additions as inert records)
+and assembles the chunks; over it, this reader:
+
+* cuts the stacked axes (`layers.py`): `decoder.layers.<param>` `[num_layers, ...]` becomes
+  `decoder.layers.<i>.<param>`, `decoder.layers.mlp.experts.experts.<param>` `[num_layers, num_experts,
+  ...]` becomes `decoder.layers.<i>.mlp.experts.local_experts.<e>.<param>` (SequentialMLP's module
+  names); the axes must match the arguments' `num_layers` / `num_experts` when they are saved;
+* leaves out Transformer Engine's `_extra_state` items (FP8 scaling state, not weights) and every other
+  non-tensor item (RNG states, optimizer step counts), with a note;
+* cuts the vocabulary's padding rows of `embedding.word_embeddings.weight` and `output_layer.weight`
+  when the arguments give both `padded_vocab_size` and the tokenizer's `vocab_size`;
+* reads `common.pt`'s arguments (`common.py`) for `${config.KEY}` and a Hugging Face config.json.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from ...core.errors import FormatError
+from ...core.tensor import LazyTensor
+from ...storage.read_context import DEFAULT_READ, ReadContext
+from ..base import Reader
+from ..dcp.assemble import assemble
+from ..dcp.reader import DcpReader
+from .common import megatron_config, read_common
+from .layers import index, rows
+from .layout import BACKEND_FILE, COMMON_FILE, backend
+
+_STACKED = re.compile(r"^(?P<pre>(?:[\w.]+\.)?decoder\.layers)\.(?P<rest>(?!\d+\.)[^.].*)$")
+_EXPERTS = "mlp.experts.experts."
+_VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
+EXTRA_STATE = "_extra_state"
+
+
+class TorchDistReader(Reader):
+    format = "torch_dist"
+
+    def __init__(self, folder: str | os.PathLike[str], *, read: ReadContext = DEFAULT_READ) -> None:
+        self.dcp = DcpReader(folder, read=read)
+        try:
+            self._open(read)
+        except BaseException:
+            self.dcp.close()
+            raise
+
+    def _open(self, read: ReadContext) -> None:
+        dcp = self.dcp
+        self.folder = folder = dcp.folder
+        assert folder is not None
+        self.source = dcp.source
+        self.metadata: dict[str, str] = {}
+        self.scalars = {}
+        label = str(folder)
+        found = backend(folder) if (folder / BACKEND_FILE).is_file() else "torch_dist"
+        if found != "torch_dist":
+            raise FormatError(f"megatron-core saved this checkpoint with the '{found}' backend; migrator reads "
+                              "torch_dist", file=str(folder / BACKEND_FILE))
+        self.common: dict[str, Any] = {}
+        common = folder / COMMON_FILE
+        if common.is_file():
+            src = dcp._file(COMMON_FILE, COMMON_FILE)
+            self.common = read_common(src, read.limits)
+        args = self.common.get("args")
+        self.args: dict[str, Any] = args if isinstance(args, dict) else {}
+        notes: list[str] = []
+        layers = _int(self.args, "num_layers", label)
+        experts = _int(self.args, "num_experts", label)  # Megatron-LM's --num-experts
+        vocab, padded = _int(self.args, "vocab_size", label), _int(self.args, "padded_vocab_size", label)
+        tensors: list[LazyTensor] = []
+        per_layer: dict[tuple[str, int], list[LazyTensor]] = {}  # layer-major, where the first stacked tensor was
+        at: int | None = None
+        limits = read.limits
+        stacked = 0
+        for t in dcp.tensors:
+            name, entry = t.name, dcp.meta.tensors[t.name]
+            pieces = dcp.pieces[name]
+            if name.endswith(EXTRA_STATE):
+                continue
+            m = _STACKED.match(name)
+            if m is None:
+                if name in _VOCAB and vocab is not None and padded is not None and padded > vocab:
+                    if entry.size[0] != padded:
+                        raise FormatError(f"{entry.size[0]} rows, but the arguments say padded_vocab_size "
+                                          f"{padded}", file=label, tensor=name)
+                    shape = (vocab, *entry.size[1:])
+                    tensors.append(assemble(name, entry.dtype, shape, rows(pieces, vocab), label, limits))
+                    notes.append(f"{name}: the {padded - vocab} rows of vocabulary padding are cut (padded_vocab_size "
+                                 f"{padded}, vocab_size {vocab})")
+                    continue
+                tensors.append(t)
+                continue
+            stacked += 1
+            at = len(tensors) if at is None else at
+            pre, rest = m.group("pre"), m.group("rest")
+            expert = rest.startswith(_EXPERTS)
+            lead = 2 if expert else 1
+            if len(entry.size) < lead:
+                raise FormatError(f"a stacked tensor of {len(entry.size)} dimensions (shape {list(entry.size)})",
+                                  file=label, tensor=name)
+            if pre == "decoder.layers" and layers is not None and entry.size[0] != layers:
+                raise FormatError(f"its stacked layer axis has {entry.size[0]} layers (shape {list(entry.size)}), "
+                                  f"the arguments say num_layers {layers}", file=label, tensor=name)
+            if expert and experts is not None and entry.size[1] != experts:
+                raise FormatError(f"its stacked expert axis has {entry.size[1]} experts (shape {list(entry.size)}), "
+                                  f"the arguments say num_experts {experts}", file=label, tensor=name)
+            shape = entry.size[lead:]
+            for i in range(entry.size[0]):
+                if expert:
+                    for e in range(entry.size[1]):
+                        out = f"{pre}.{i}.mlp.experts.local_experts.{e}.{rest[len(_EXPERTS):]}"
+                        per_layer.setdefault((pre, i), []).append(
+                            assemble(out, entry.dtype, shape, index(pieces, (i, e)), label, limits))
+                else:
+                    per_layer.setdefault((pre, i), []).append(
+                        assemble(f"{pre}.{i}.{rest}", entry.dtype, shape, index(pieces, (i,)), label, limits))
+        if at is not None:
+            tensors[at:at] = [t for layer in per_layer.values() for t in layer]
+        extra = [n for n in dcp.meta.order if n.split("/")[0].endswith(EXTRA_STATE)]
+        others = [n for n in dcp.meta.byte_values if n not in set(extra)]
+        if stacked:
+            notes.insert(0, f"{stacked} stacked tensors of megatron-core (a leading layer axis) are read as one "
+                         "tensor per layer (decoder.layers.<i>.<param>)")
+        if extra:
+            notes.append(f"{len(extra)} Transformer Engine _extra_state items (FP8 scaling state, not weights) are "
+                         "left out")
+        if others:
+            notes.append(f"{len(others)} other non-tensor items ({', '.join(others[:3])}"
+                         f"{', ...' if len(others) > 3 else ''}) are left out")
+        if not self.args:
+            notes.append("common.pt holds no training arguments (args): stacked axes and the vocabulary's padding "
+                         "are not checked against them")
+        elif padded is not None and vocab is None:
+            notes.append(f"the vocabulary keeps its padding (padded_vocab_size {padded}): the arguments do not give "
+                         "the tokenizer's vocab_size; cut it with a slice op")
+        self.notes = notes
+        self.tensors = tensors
+
+    def config(self) -> dict[str, Any]:
+        """The training arguments as a recipe's `${config.KEY}` reads them (`files.model_config`)."""
+        return megatron_config(self.args)
+
+    def extra(self) -> dict[str, Any]:
+        return {"container": "torch_dist", "dcp_version": self.dcp.meta.version,
+                "iteration": self.common.get("iteration"),
+                "checkpoint_version": self.common.get("checkpoint_version"),
+                "files": self.dcp.extra()["files"], "notes": list(self.notes),
+                "args": {k: self.args[k] for k in _SHOWN_ARGS if k in self.args}}
+
+    def hf_config(self) -> dict[str, Any] | None:
+        from .hf_config import hf_config
+
+        return hf_config(self.args, {t.name: t.shape for t in self.tensors}, str(self.folder))
+
+    def close(self) -> None:
+        self.dcp.close()
+
+
+_SHOWN_ARGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+               "group_query_attention", "kv_channels", "num_experts", "padded_vocab_size", "vocab_size",
+               "tensor_model_parallel_size", "pipeline_model_parallel_size", "params_dtype")
+
+
+def _int(args: dict[str, Any], key: str, label: str) -> int | None:
+    v = args.get(key)
+    if v is None:
+        return None
+    if type(v) is not int or v < 0:
+        raise FormatError(f"common.pt's args.{key} is {v!r}, not a count", file=label)
+    return v
