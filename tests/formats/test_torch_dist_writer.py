@@ -179,3 +179,18 @@ def test_convert_writes_megatron_names_given_as_they_are(tmp_path: Path) -> None
     dcp.load(back, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
     for k, v in tensors.items():
         assert torch.equal(back[k], v), k
+
+
+def test_the_torch_dist_reader_reads_it_back_layer_by_layer(converted: dict[str, Any]) -> None:
+    """migrator's own torch_dist reader (mg-read's) on the folder: each layer's tensor is the Hugging Face one
+    rearranged by torch, the empty _extra_state entries noted and left out."""
+    back = converted["tmp"] / "back.safetensors"
+    run = migrate_in_process("convert", str(converted["out"]), str(back))
+    assert run.returncode == 0, run.stderr
+    assert "8 Transformer Engine _extra_state items" in run.stderr + run.stdout
+    got, expected = st_torch.load_file(str(back)), megatron_layout(converted["hf"])
+    renamed = {k.replace("input_layernorm.", "self_attention.linear_qkv.layer_norm_")
+               .replace("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"): v for k, v in expected.items()}
+    assert sorted(got) == sorted(renamed)
+    for name, tensor in renamed.items():
+        assert torch.equal(got[name], tensor), name
