@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,10 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             action = copy.copy(action)
             action.option_strings = shown
         return super()._format_action_invocation(action)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # never cut at a hyphen: a format's name ("Megatron-core torch_dist") stays whole on its line
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def command(sub: Any, name: str, help: str, description: str, examples: str) -> argparse.ArgumentParser:

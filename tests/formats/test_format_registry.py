@@ -61,7 +61,7 @@ def test_help_lists_every_format_an_option_takes(command: str, option: str, kind
     out = subprocess.run([sys.executable, "-m", "migrator.cli", command, "--help"], capture_output=True, text=True,
                          check=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "COLUMNS": "400"}).stdout
     line = next(ln for ln in out.splitlines() if ln.strip().startswith(option + " "))  # --to, not --top-level-key
-    listed = re.findall(r"[a-z]+(?= \||$| \()", line.split(option, 1)[1].strip())
+    listed = re.findall(r"[a-z_]+(?= \||$| \()", line.split(option, 1)[1].strip())
     assert listed == list(registry.choices(**kind)), line
 
 
@@ -92,7 +92,8 @@ def test_each_extension_names_its_format_and_targets_follow_the_one_rule() -> No
 
 def test_names_for_the_command_line() -> None:
     assert registry.names(readable=True) == ("burnpack", "safetensors", "pytorch", "gguf")
-    assert registry.names(writable=True) == ("burnpack", "safetensors", "pytorch", "gguf", "dcp")  # DCP: a folder
+    # DCP and torch_dist: folders, named by --to
+    assert registry.names(writable=True) == ("burnpack", "safetensors", "pytorch", "gguf", "dcp", "torch_dist")
     assert registry.names(readable=True, folders=True)[4:] == ("dcp", "torch_dist", "deepspeed", "trainer",
                                                                "megatron-legacy")
     assert registry.choices(writable=True)[0] == "auto"

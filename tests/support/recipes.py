@@ -2,8 +2,8 @@
 
 ORDER = ["mlp-to-burn", "burn-to-safetensors-f16", "encoder-surgery", "bert-to-burn", "burn-to-bert",
          "hf-folder-reshard", "gpt2-split-qkv", "gpt2-merge-qkv", "mixtral-stack-experts", "mixtral-unstack-experts",
-         "llama-meta-to-hf", "llama-hf-to-meta", "bert-graft", "bert-cut-layers", "bert-stack-layers",
-         "lora-fold", "merge-slerp", "merge-ties", "depth-upscale", "llama-to-burn",
+         "llama-meta-to-hf", "llama-hf-to-meta", "hf-llama-to-megatron", "bert-graft", "bert-cut-layers",
+         "bert-stack-layers", "lora-fold", "merge-slerp", "merge-ties", "depth-upscale", "llama-to-burn",
          "mixtral-prune-experts", "llama-add-tokens"]
 
 WITHOUT_DEMO = ["megatron-llama-to-hf", "megatron-qwen2-to-hf", "megatron-qwen3-to-hf", "megatron-mixtral-to-hf",

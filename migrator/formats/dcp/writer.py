@@ -75,6 +75,7 @@ class DcpWriter(Writer):
             by_name[t.name] = t
         leaves: list[Leaf] = [((t.name,), t.name, None) for t in self.tensors] if structure is None \
             else flatten(structure)
+        leaves += self._extra_values()
         entries: list[Entry] = []
         items: list[Writer] = []
         seen: set[str] = set()
@@ -107,6 +108,10 @@ class DcpWriter(Writer):
         if dropped:
             self.notes.append(f"not written into the DCP checkpoint (a state dict holds tensors and the checkpoint's "
                               f"own values): {', '.join(dropped[:10])}{', ...' if len(dropped) > 10 else ''}")
+
+    def _extra_values(self) -> list[Leaf]:
+        """Values a layout adds beside the state dict's own (none in plain DCP)."""
+        return []
 
     def names(self) -> list[str]:
         """The files the checkpoint folder holds."""

@@ -1,0 +1,60 @@
+"""docs/training-checkpoints.md, "Writing Megatron checkpoints": every block of the section run as the
+page shows it.
+
+The shell line runs `migrate` in a folder holding `llama/` (a tiny transformers Llama, grouped-query
+attention) and `recipes/` (the repository's); the Python block runs in megatron-core 0.16.1's own process
+with `model`, the GPTModel megatron builds for the Llama's config (`tests/support/megatron_load.py`),
+in the folder the shell line wrote into. Oracle: megatron's forward after that block gives the logits
+transformers' Llama gives.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import migrate_in_process
+from tests.support.megatron_load import TOKENS, load_into_megatron
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("megatron.core")
+
+pytestmark = pytest.mark.slow  # megatron-core imported in a new process: ~25 s under load
+
+REPO = Path(__file__).resolve().parents[2]
+TITLE = "## Writing Megatron checkpoints\n"
+
+
+def _blocks() -> list[tuple[str, str]]:
+    doc = (REPO / "docs" / "training-checkpoints.md").read_text()
+    start = doc.index(TITLE)
+    end = doc.find("\n## ", start + 1)
+    return re.findall(r"```(\w+)\n(.*?)```", doc[start:end if end >= 0 else None], re.S)
+
+
+def test_the_sections_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = _blocks()
+    assert [kind for kind, _ in blocks] == ["sh", "python"]
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      max_position_embeddings=64, tie_word_embeddings=False)
+    llama = transformers.LlamaForCausalLM(config).eval()
+    llama.save_pretrained(tmp_path / "llama")
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    monkeypatch.chdir(tmp_path)
+    for line in blocks[0][1].strip().splitlines():
+        args = shlex.split(line, comments=True)
+        assert args[0] == "migrate"
+        done = migrate_in_process(*args[1:])
+        assert done.returncode == 0, (line, done.stderr)
+    read = load_into_megatron(tmp_path / "llama-megatron", tmp_path / "llama" / "config.json",
+                              tmp_path / "read.pt", code=blocks[1][1])
+    with torch.no_grad():
+        expected = llama(torch.tensor(TOKENS)).logits
+    torch.testing.assert_close(read["logits"], expected, rtol=1e-5, atol=1e-5)

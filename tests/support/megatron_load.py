@@ -1,0 +1,117 @@
+"""megatron-core 0.16 reading a `torch_dist` checkpoint into its own GPTModel, on CPU, as the oracle of the
+Megatron writer's tests (`tests/formats/test_torch_dist_writer.py`, the docs' test).
+
+`load_into_megatron(CKPT, HF_CONFIG, OUT)` runs new processes (megatron's shims and its process group stay
+out of pytest's): a gloo group on 127.0.0.1 (a port from the OS) of one rank, or of two splitting the
+model tensor-parallel, each building the GPTModel a Hugging Face Llama config describes (megatron's local
+layer spec: Transformer Engine is not installed; RMSNorm, SwiGLU, rotary, grouped-query attention,
+untied output), `dist_checkpointing.load`ing the model's sharded state dict from CKPT,
+`load_state_dict`ing it (strict) and running megatron's forward on `TOKENS`. It returns rank 0's state
+dict after the load and the logits.
+
+megatron-core on CPU needs: `torch.cuda.current_device` (its sharded tensors name a device), the CUDA
+RNG tracker's `fork` (the attention's dropout forks it; there is no CPU state to fork), and a causal
+mask given to the forward (its default is built on "cuda").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENS = [[3, 17, 101, 5, 64, 119, 0, 42]]
+
+
+LOAD = """\
+from megatron.core import dist_checkpointing
+
+state = dist_checkpointing.load(model.sharded_state_dict(), CKPT)
+model.load_state_dict(state)
+"""
+"""What the run does with `model` (megatron's GPTModel) and `CKPT` (the folder): `load_into_megatron`'s `code`."""
+
+
+def load_into_megatron(ckpt: Path, hf_config: Path, out: Path, *, ranks: int = 1, code: str = LOAD) -> dict[str, Any]:
+    """megatron's reading of `ckpt` (see the module docstring) on `ranks` gloo ranks, tensor-parallel over
+    them: `{"state": {name: tensor}, "logits": [1, n, vocab]}` (rank 0's part of each tensor, the whole
+    logits). `code` loads the checkpoint, run with `model` and `CKPT` in scope and the checkpoint's folder
+    as the working directory."""
+    import torch
+
+    script = out.with_suffix(".load.py")
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, "-m", "tests.support.megatron_load", str(ckpt), str(hf_config), str(out),
+                           str(ranks), str(script)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    if proc.returncode != 0:
+        raise AssertionError(f"megatron could not load {ckpt}:\n{proc.stderr[-4000:]}")
+    return torch.load(out, weights_only=True)
+
+
+def _model(hf: dict[str, Any]) -> Any:
+    import torch
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    heads = hf["num_attention_heads"]
+    rope = (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0))
+    cfg = TransformerConfig(
+        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], num_attention_heads=heads,
+        num_query_groups=hf.get("num_key_value_heads", heads), ffn_hidden_size=hf["intermediate_size"],
+        kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads, use_cpu_initialization=True,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
+        layernorm_epsilon=hf["rms_norm_eps"], add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0)
+    return GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+                    vocab_size=hf["vocab_size"], max_sequence_length=hf["max_position_embeddings"],
+                    position_embedding_type="rope", rotary_base=int(rope),
+                    share_embeddings_and_output_weights=bool(hf.get("tie_word_embeddings")), parallel_output=False)
+
+
+def _rank(rank: int, ranks: int, port: int, ckpt: str, hf_config: str, out: str, script: str) -> None:
+    import contextlib
+
+    import torch
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
+    from megatron.core import parallel_state, tensor_parallel
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=ranks)
+    torch.manual_seed(0)
+    model = _model(json.loads(Path(hf_config).read_text()))
+    model.eval()
+    os.chdir(Path(ckpt).parent)
+    exec(Path(script).read_text(), {"model": model, "CKPT": ckpt})  # the load: LOAD, or a page's block
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    tokens = torch.tensor(TOKENS)
+    n = tokens.shape[1]
+    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]  # True: masked out
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(n).unsqueeze(0), mask)
+    if rank == 0:
+        tensors = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+        torch.save({"state": tensors, "logits": logits.clone()}, out)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def _main(ckpt: str, hf_config: str, out: str, ranks: str, script: str) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(int(ranks), port, ckpt, hf_config, out, script), nprocs=int(ranks))
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:6])
