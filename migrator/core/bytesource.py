@@ -238,3 +238,22 @@ def open_source(src: str | os.PathLike[str] | bytes | bytearray | memoryview | B
     if isinstance(src, (bytes, bytearray, memoryview)):
         return MemorySource(src)
     return FileSource(src)
+
+
+class FileSet(ByteSource):
+    """The `source` of a reader of many files (shards, rank files): its label and total size (bytes
+    are read per file, through each file's own source), the (device, inode) of every file (no output
+    may replace one) and the permission bits they share (a new output gets no more, as for a
+    single-file source). `kind` names it in the error of a whole-source read ("a sharded source")."""
+
+    def __init__(self, path: str, size: int, identities: Sequence[tuple[int, int]] = (), mode: int = 0o666,
+                 kind: str = "a sharded source") -> None:
+        self.path = path
+        self.label = path
+        self.size = size
+        self.identities = list(identities)
+        self.mode = mode
+        self.kind = kind
+
+    def view(self, offset: int, length: int) -> memoryview:
+        raise FormatError(f"{self.kind} has no single byte range; read its tensors", file=self.label)

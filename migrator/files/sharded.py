@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.bytesource import ByteSource, FileSource, not_regular
+from ..core.bytesource import FileSet, FileSource, not_regular
 from ..core.errors import FormatError, LimitExceededError, MigratorError, UnknownFormatError
 from ..core.limits import DEFAULT_LIMITS, Limits
 from ..core.reopening import OPEN_FILES, Descriptors, ReopenedBytes, ReopenedFile, ReopenedView, reopened_view
@@ -236,20 +236,8 @@ class Reopened:
         return reader_over(FileSource(self.shard.path), self.shard.path, self.fmt, self.limits, {})
 
 
-class ShardSet(ByteSource):
-    """The `source` of a sharded reader: its label and total size (bytes are read per shard), the
-    (device, inode) of every shard (no output may replace one) and the permission bits they share
-    (a new output gets no more, as for a single-file source)."""
-
-    def __init__(self, path: str, size: int, identities: Sequence[tuple[int, int]] = (), mode: int = 0o666) -> None:
-        self.path = path
-        self.label = path
-        self.size = size
-        self.identities = list(identities)
-        self.mode = mode
-
-    def view(self, offset: int, length: int) -> memoryview:
-        raise FormatError("a sharded source has no single byte range; read its tensors", file=self.label)
+ShardSet = FileSet
+"""The sharded readers' source (`core.bytesource.FileSet`), under the name its importers use."""
 
 
 class ShardedReader(Reader):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...core.bytesource import ByteSource
+from ...core.bytesource import FileSet
 from ...core.casts import cast
 from ...core.dtypes import F32, Kind
 from ...core.errors import FormatError, LimitExceededError, TensorNotFoundError
@@ -57,19 +57,6 @@ def clipping_note(config: Any) -> str:
             f"torch.nn.utils.clip_grad_norm_(model.parameters(), {value:g}) before each optimizer step")
 
 
-class FolderSource(ByteSource):
-    """The `source` of a ZeRO reader: its label, total size, and the identity and permissions of every
-    file it reads (no output may replace one); bytes are read per file (`RankFiles`)."""
-
-    def __init__(self, label: str, size: int, identities: Sequence[tuple[int, int]], mode: int) -> None:
-        self.path = label
-        self.label = label
-        self.size = size
-        self.identities = list(identities)
-        self.mode = mode
-
-    def view(self, offset: int, length: int) -> memoryview:
-        raise FormatError("a ZeRO checkpoint has no single byte range; read its tensors", file=self.label)
 
 
 class ZeroReader(Reader):
@@ -104,9 +91,9 @@ class ZeroReader(Reader):
                 state.close()
             raise
         files = [s.file for s in self._opened]
-        self.source = FolderSource(str(step.path), sum(s.source.size for s in self._opened),
-                                   [s.source.identity for s in self._opened if s.source.identity is not None],
-                                   _shared_mode(s.source.mode for s in self._opened))
+        self.source = FileSet(str(step.path), sum(s.source.size for s in self._opened),
+                              [s.source.identity for s in self._opened if s.source.identity is not None],
+                              _shared_mode(s.source.mode for s in self._opened), kind="a ZeRO checkpoint")
         self._files_shown = files
         for state in self._opened:  # partitions are read by `RankFiles`; only the model states' own
             if state is not model0:  # tensors (buffers, module weights) read through their file

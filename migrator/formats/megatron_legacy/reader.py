@@ -13,11 +13,10 @@ streamed, then one tensor at a time. Names are megatron-core's (`splits.OLD_NAME
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...core.bytesource import ByteSource
+from ...core.bytesource import FileSet
 from ...core.errors import FormatError, LimitExceededError
 from ...core.limits import DEFAULT_LIMITS, Limits
 from ...core.reopening import Descriptors, reopening
@@ -36,19 +35,6 @@ MIN_VERSION = 2.0
 (`fix_query_key_value_ordering`); migrator reads 2.0 and later (3.0 since 2020)."""
 
 
-class FolderSource(ByteSource):
-    """The `source` of the reader: its label, total size, and the identity and permissions of every
-    rank file (no output may replace one); bytes are read per file."""
-
-    def __init__(self, label: str, size: int, identities: Sequence[tuple[int, int]], mode: int) -> None:
-        self.path = label
-        self.label = label
-        self.size = size
-        self.identities = list(identities)
-        self.mode = mode
-
-    def view(self, offset: int, length: int) -> memoryview:
-        raise FormatError("a Megatron checkpoint has no single byte range; read its tensors", file=self.label)
 
 
 class MegatronLegacyReader(Reader):
@@ -80,8 +66,9 @@ class MegatronLegacyReader(Reader):
         mode = 0o7777
         for f in files:
             mode &= f.source.mode or 0
-        self.source = FolderSource(str(it.path), sum(f.source.size for f in files),
-                                   [f.source.identity for f in files if f.source.identity is not None], mode)
+        self.source = FileSet(str(it.path), sum(f.source.size for f in files),
+                              [f.source.identity for f in files if f.source.identity is not None], mode,
+                              kind="a Megatron checkpoint")
 
     # -- the files and their args
 
