@@ -58,7 +58,10 @@ def declared_config(reader: Reader, path: str | os.PathLike[str] | None) -> Path
     if folder is None:
         return None
     if is_url(folder):  # the schemes are safetensors layouts: no lookup on a store for other formats
-        return as_path(url_of(folder).rstrip("/") + "/config.json") if reader.format == "safetensors" else None
+        from ..formats.registry import is_format, spec
+
+        holds = is_format(reader.format) and spec(reader.format).quantized_layouts
+        return as_path(url_of(folder).rstrip("/") + "/config.json") if holds else None
     config = Path(folder) / "config.json"
     return config if config.is_file() else None
 

@@ -97,6 +97,10 @@ class FormatSpec:
     llama_cpp: bool = False
     """llama.cpp's file: quantized types, a tokenizer and rope tensors (a target's `quantize`, `tokenizer`),
     typed key/values; a Llama-family Hugging Face folder converts to it with llama.cpp's names."""
+    quantized_layouts: bool = False
+    """Its model folders can hold the quantized layouts a `config.json` declares (FP8 blocks,
+    compressed-tensors, MXFP4, MLX: `formats/quantized/`): on an object store, only such a folder's
+    config.json is looked up."""
     shard_names: tuple[str, str] | None = None
     """A folder of its shards: (file name pattern with `{suffix}`, index file name, "" when the files
     carry their own order); None: it is never written as shards."""

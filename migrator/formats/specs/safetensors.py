@@ -24,4 +24,5 @@ SPEC = FormatSpec(
     recognized_by="u64 header length + JSON", sniffs=(Sniff(_json_header, rank=1),),
     reader="migrator.formats.safetensors:SafetensorsReader", writer="migrator.formats.safetensors:SafetensorsWriter",
     metadata="text", metadata_format=METADATA_FORMAT, format_key_required=True, torch_layout=True,
+    quantized_layouts=True,
     shard_names=("model{suffix}.safetensors", "model.safetensors.index.json"))
