@@ -58,9 +58,9 @@ def declared_config(reader: Reader, path: str | os.PathLike[str] | None) -> Path
     if folder is None:
         return None
     if is_url(folder):  # the schemes are safetensors layouts: no lookup on a store for other formats
-        from ..formats.registry import is_format, spec
+        from ..formats.registry import is_format
 
-        holds = is_format(reader.format) and spec(reader.format).quantized_layouts
+        holds = is_format(reader.format, quantized_layouts=True)
         return as_path(url_of(folder).rstrip("/") + "/config.json") if holds else None
     config = Path(folder) / "config.json"
     return config if config.is_file() else None
