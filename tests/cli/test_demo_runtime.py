@@ -51,3 +51,16 @@ def test_demo_target_installs_the_runtime_only() -> None:
     assert re.search(r"^demo: install-runtime$", text, re.MULTILINE)
     runtime = text[text.index("$(RUNTIME_STAMP): "):text.index("$(STAMP): ")]
     assert "-e ." in runtime and "[dev]" not in runtime and "torch" not in runtime
+
+
+def test_every_demo_recipe_may_replace_its_output() -> None:
+    """`make demo` validates every recipe after running them all, and validation refuses a target that
+    exists unless the recipe says `overwrite: true` (hf-llama-to-megatron once did not: demo failed)."""
+    import yaml
+
+    from tests.support.recipes import ORDER
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+    missing = [name for name in ORDER
+               if not yaml.safe_load((recipes / f"{name}.yaml").read_text())["target"].get("overwrite")]
+    assert missing == []
