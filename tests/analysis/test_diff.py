@@ -43,6 +43,14 @@ def data_offset(path: Path, name: str) -> int:
     return 8 + n + json.loads(raw[8:8 + n])[name]["data_offsets"][0]
 
 
+READ_BACK_PER_LAYER = {
+    "hf-llama-to-megatron": "writes Megatron's stacked [L, ...] tensors; the torch_dist reader lists them per "
+    "layer (decoder.layers.N...), the names the Megatron -> HF recipes take, so B's names are not the recipe's "
+    "targets (tests/formats/test_torch_dist_writer.py reads it back layer by layer against torch)",
+}
+"""Recipes whose output is read back under other names than the recipe writes, by design."""
+
+
 def test_every_example_recipe_output_is_identical_to_its_source(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     shutil.copytree(REPO / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
@@ -57,6 +65,9 @@ def test_every_example_recipe_output_is_identical_to_its_source(tmp_path: Path,
         assert main(["run", str(recipe), "--no-progress"]) == 0, name
         loaded = load_recipe(recipe)
         capsys.readouterr()
+        if name in READ_BACK_PER_LAYER:
+            assert loaded.recipe.target.format == "torch_dist", name  # the reason below still holds
+            continue
         code, doc = run_json(capsys, str(loaded.source_path), str(loaded.target_path), "--recipe", str(recipe))
         assert code == 0, (name, [t for t in doc["tensors"] if t["status"] != "identical"])
         assert doc["summary"]["identical"] == len(doc["tensors"]) > 0, name
