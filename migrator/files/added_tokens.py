@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import PlanError
+from ..core.errors import FormatError, PlanError
 from .model_config import MAX_CONFIG_BYTES
 
 MAX_TOKENIZER_BYTES = 256 << 20
@@ -59,21 +59,14 @@ def check_tokens(tokens: Sequence[str], where: str) -> None:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    from ..core.bytesource import read_regular
+    """A tokenizer file's JSON object, read by the one bounded reader of small untrusted JSON files
+    (size, nesting and cost checked before and while parsing)."""
+    from ..formats.bounded_json import read_json_object
 
     try:
-        raw = read_regular(path, MAX_TOKENIZER_BYTES)
-    except OSError as e:
-        raise PlanError(f"add_tokens: cannot read {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_TOKENIZER_BYTES:
-        raise PlanError(f"add_tokens: {path} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise PlanError(f"add_tokens: {path} is not JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"add_tokens: {path} is not a JSON object")
-    return data
+        return read_json_object(path, MAX_TOKENIZER_BYTES, path.name)
+    except FormatError as e:
+        raise PlanError(f"add_tokens: {e}") from None
 
 
 def _vocabulary(data: dict[str, Any], path: Path) -> dict[str, int]:
@@ -94,13 +87,6 @@ def _vocabulary(data: dict[str, Any], path: Path) -> dict[str, int]:
         if isinstance(a, dict) and isinstance(a.get("content"), str) and isinstance(a.get("id"), int):
             out[a["content"]] = a["id"]
     return out
-
-
-def tokenizer_size(folder: Path) -> int:
-    """How many ids the tokenizer in `folder` uses (transformers' `len(tokenizer)`: the highest id + 1)."""
-    path = folder / "tokenizer.json"
-    vocab = _vocabulary(_load(path), path)
-    return max(vocab.values(), default=-1) + 1
 
 
 def with_added_tokens(folder: Path, tokens: Sequence[str]) -> tuple[list[tuple[str, bytes]], int]:
