@@ -40,7 +40,7 @@ def find_config(named: str | None, first_source: str | os.PathLike[str] | None, 
             return folder / name
     from ..formats.torch_dist.layout import COMMON_FILE, torch_dist_folder
 
-    megatron = torch_dist_folder(folder)  # its training arguments (`formats.torch_dist.common`)
+    megatron = torch_dist_folder(folder)  # its training arguments (`formats.megatron.args`)
     if megatron is not None and (megatron / COMMON_FILE).is_file():
         return megatron / COMMON_FILE
     return None
@@ -86,7 +86,8 @@ def _megatron_args(path: Path) -> dict[str, Any]:
     from ..core.bytesource import open_source
     from ..core.errors import MigratorError
     from ..core.limits import DEFAULT_LIMITS
-    from ..formats.torch_dist.common import megatron_config, read_common
+    from ..formats.megatron.args import megatron_config
+    from ..formats.torch_dist.common import read_common
 
     try:
         source = open_source(path)

@@ -3,8 +3,9 @@
 Megatron-LM saves `{'args': the run's arguments, 'checkpoint_version': 3.0, 'iteration': N, 'model': state_dict,
 'optimizer': ..., 'opt_param_scheduler': ..., 'rng_state': [...]}` per rank (`generate_state_dict` in
 megatron/training/checkpointing.py). The pickle goes through the restricted interpreter: the `args`
-`args` object is an allow-listed record whose fields are read as data (`safepickle`), every other class
-(an enum in `args`, the optimizer's objects) an inert placeholder; nothing is run. Only `model` is
+object is an allow-listed record whose fields are read as plain data as `common.pt`'s are
+(`formats.megatron.args`), every other class (an enum in `args`, the optimizer's objects) an inert
+placeholder, None in the args; nothing is run. Only `model` is
 listed (flattened with dots: the nested dicts of pre-megatron-core checkpoints become
 `language_model.encoder.layers...`); `_extra_state` entries (Transformer Engine's, not weights) are
 counted and left out.
@@ -17,7 +18,8 @@ from typing import Any
 from ...core.bytesource import ByteSource
 from ...core.errors import FormatError
 from ...core.limits import Limits
-from ..pytorch.namespace import described, namespace_fields
+from ..megatron.args import saved_values
+from ..pytorch.namespace import described
 from ..pytorch.reader import PytorchReader
 
 
@@ -44,14 +46,8 @@ class RankFile(PytorchReader):
                             "checkpoint rank file")
         if "model" in root and chunks:
             raise self._err(f"holds both 'model' and {chunks[0]}: a model and virtual-pipeline chunks at once")
-        args = root.get("args")
-        fields = namespace_fields(args)
-        if fields is not None:
-            self.args = fields
-        elif args is not None:
-            raise self._err(f"'args' is {described(args)}, not the pickled arguments object Megatron-LM saves")
-        self.iteration = root.get("iteration")
-        self.version = root.get("checkpoint_version")
+        saved = saved_values(root, self._err)
+        self.args, self.iteration, self.version = saved.args, saved.iteration, saved.checkpoint_version
         if not chunks:
             return super()._select(root, key)
         # a virtual pipeline: `model0`, `model1`, ... (one per chunk), listed as `model<c>.<name>`

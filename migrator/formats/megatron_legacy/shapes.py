@@ -14,6 +14,7 @@ from typing import Any
 
 from ...core.errors import FormatError
 from ...core.tensor import LazyTensor
+from ..megatron.args import head_size, query_groups
 
 
 def _int(args: dict[str, Any], key: str) -> int | None:
@@ -26,12 +27,14 @@ def _vocab(args: dict[str, Any]) -> int | None:
 
 
 def _qkv(args: dict[str, Any]) -> int | None:
-    heads, hidden = _int(args, "num_attention_heads"), _int(args, "hidden_size")
-    if heads is None or hidden is None:
+    heads, groups, channels = _int(args, "num_attention_heads"), query_groups(args), head_size(args)
+    if heads is None or not _positive(groups) or not _positive(channels):
         return None
-    groups = _int(args, "num_query_groups") if args.get("group_query_attention") else heads
-    channels = _int(args, "kv_channels") or hidden // heads
-    return None if groups is None else (heads + 2 * groups) * channels
+    return (heads + 2 * groups) * channels
+
+
+def _positive(value: Any) -> bool:
+    return type(value) is int and value > 0
 
 
 def _fc1(args: dict[str, Any]) -> int | None:

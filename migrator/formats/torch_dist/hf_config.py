@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core.errors import PlanError
-from .common import megatron_config
+from ..megatron.args import megatron_config
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 

@@ -26,7 +26,8 @@ from ...storage.read_context import DEFAULT_READ, ReadContext
 from ..base import Reader
 from ..dcp.assemble import assemble
 from ..dcp.reader import DcpReader
-from .common import megatron_config, read_common
+from ..megatron.args import megatron_config
+from .common import read_common
 from .layers import index, rows
 from .layout import BACKEND_FILE, COMMON_FILE, backend
 
