@@ -90,6 +90,9 @@ class FormatSpec:
     transformers' Trainer derives (`files/trainer_order.py`), kept when written back as one."""
     scalars: bool = False
     """It stores typed scalars beside the tensors (Burn's)."""
+    source_config: bool = False
+    """Its writer is given the source's `config.json` (`source_config=`, a `SourceConfig`; None when there
+    is none): a Megatron target derives the training arguments of its `common.pt` from it."""
     for_burn: bool = False
     """Burn's own format: a path without extension is this format (Burn appends the extension), a PyTorch
     source is renumbered for it by default (`contiguous_indices`), and a training state is Burn's

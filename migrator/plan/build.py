@@ -214,7 +214,7 @@ def build_plan(recipe: Recipe, base_dir: Path, *, file: RecipeFile | None = None
                             fsync=recipe.target.fsync if fsync is None else fsync, recipe_sha256=file.sha256,
                             hash_sources=hash_sources, hint_syntax=hint_syntax, module_origins=file.module_origins,
                             op_origins=file.op_origins, head_dim=_head_dim(recipe, base_dir),
-                            config=_quantize_config(recipe, base_dir))
+                            config=_quantize_config(recipe, base_dir, out_fmt))
         from .vocabulary import growth
 
         grown = growth(recipe.add_tokens, base_dir, places.copy_from or reader.folder or src_path.parent,
@@ -246,9 +246,10 @@ def _head_dim(recipe: Recipe, base_dir: Path) -> HeadDim | None:
     return None if found is None else (found[0], found[1], os.path.normpath(path))
 
 
-def _quantize_config(recipe: Recipe, base_dir: Path) -> Path | None:
-    """The config.json `quantize:` reads (tied embeddings, a source quantized already), if any."""
-    if recipe.quantize is None:
+def _quantize_config(recipe: Recipe, base_dir: Path, out_fmt: str) -> Path | None:
+    """The config.json `quantize:` reads (tied embeddings, a source quantized already), or a target's
+    writer is given (`FormatSpec.source_config`), if any."""
+    if recipe.quantize is None and not is_format(out_fmt, source_config=True):
         return None
     from ..recipe.config import find_config
 
@@ -314,7 +315,7 @@ class Settings:
     module_origins: Mapping[tuple[str, int], str] | None = None  # a module-type error's recipe line
     op_origins: Mapping[tuple[int, str], tuple[str, int, int]] | None = None  # an op's error's recipe line
     head_dim: HeadDim | None = None  # what each rope_permute must agree with
-    config: Path | None = None  # the config.json `quantize:` reads
+    config: Path | None = None  # the config.json `quantize:` reads, or the target's writer is given
 
 
 @dataclass
@@ -766,7 +767,9 @@ class Compilation:
             raise PlanError("target.quantize, target.tokenizer and target.rope_scaling apply to GGUF targets; this "
                             f"target is {out_fmt}")
         if not is_format(out_fmt, llama_cpp=True):
-            return {"metadata": meta}
+            from .source_config import source_config
+
+            return {"metadata": meta, **source_config(out_fmt, self.settings.config)}
         made_tensors = []
         if target.rope_scaling is not None and rope_tensor:
             import json

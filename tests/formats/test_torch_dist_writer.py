@@ -132,8 +132,40 @@ def test_the_folder_holds_what_megatron_core_writes(converted: dict[str, Any]) -
     assert json.loads((out / "metadata.json").read_text()) == {
         "sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
         "common_backend_version": 1}
-    assert torch.load(out / "common.pt", weights_only=True) == {}
+    common = torch.load(out / "common.pt", weights_only=False)  # Megatron-LM's: args, checkpoint_version, iteration
+    assert sorted(common) == ["args", "checkpoint_version", "iteration"]
     assert "8 empty _extra_state entries written" in converted["stderr"]
+
+
+CONFIG_FIELDS = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "ffn_hidden_size",
+                 "num_attention_heads": "num_attention_heads", "num_query_groups": "num_query_groups",
+                 "kv_channels": "kv_channels", "norm_epsilon": "layernorm_epsilon",
+                 "layernorm_epsilon": "layernorm_epsilon", "normalization": "normalization",
+                 "swiglu": "gated_linear_unit", "add_bias_linear": "add_bias_linear", "add_qkv_bias": "add_qkv_bias",
+                 "qk_layernorm": "qk_layernorm", "rotary_interleaved": "rotary_interleaved",
+                 "params_dtype": "params_dtype"}
+"""Megatron-LM's argument -> the TransformerConfig field it becomes (`core_transformer_config_from_args`:
+a field's namesake, `norm_epsilon` as `layernorm_epsilon` before 2026, `swiglu` as `gated_linear_unit`)."""
+MODEL_FIELDS = {"padded_vocab_size": "vocab_size", "max_position_embeddings": "max_sequence_length",
+                "position_embedding_type": "position_embedding_type", "rotary_percent": "rotary_percent",
+                "rotary_base": "rotary_base", "use_rope_scaling": "rotary_scaling"}
+"""Megatron-LM's argument -> the GPTModel setting it becomes (its `gpt_builders.py`)."""
+
+
+def test_the_args_megatron_loads_are_the_model_it_builds_for_the_config(converted: dict[str, Any]) -> None:
+    """What megatron's `load` returned from common.pt, through Megatron-LM's rules, equals the TransformerConfig
+    and GPTModel settings the harness built from the Hugging Face config.json (not from migrator's output)."""
+    read = converted["megatron"]
+    common, config, model = read["common"], read["config"], read["model"]
+    assert (common["checkpoint_version"], common["iteration"]) == (3.0, 0)
+    args = common["args"]
+    assert args["group_query_attention"] is True  # else Megatron-LM would not give num_query_groups
+    for arg, field in CONFIG_FIELDS.items():
+        assert args[arg] == config[field], (arg, field)
+    for arg, setting in MODEL_FIELDS.items():
+        assert args[arg] == model[setting], (arg, setting)
+    assert args["untie_embeddings_and_output_weights"] is not model["share_embeddings_and_output_weights"]
+    assert "num_experts" not in args and config.get("num_moe_experts") is None
 
 
 def test_a_layer_left_unstacked_is_refused_and_the_target_kept(converted: dict[str, Any]) -> None:

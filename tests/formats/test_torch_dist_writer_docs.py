@@ -1,11 +1,11 @@
 """docs/training-checkpoints.md, "Writing Megatron checkpoints": every block of the section run as the
 page shows it.
 
-The shell line runs `migrate` in a folder holding `llama/` (a tiny transformers Llama, grouped-query
+The shell lines run `migrate` in a folder holding `llama/` (a tiny transformers Llama, grouped-query
 attention) and `recipes/` (the repository's); the Python block runs in megatron-core 0.16.1's own process
 with `model`, the GPTModel megatron builds for the Llama's config (`tests/support/megatron_load.py`),
-in the folder the shell line wrote into. Oracle: megatron's forward after that block gives the logits
-transformers' Llama gives.
+in the folder the shell line wrote into. Oracles: megatron's forward after that block gives the logits
+transformers' Llama gives; the last block's folder, loaded by transformers, gives them too.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _blocks() -> list[tuple[str, str]]:
 
 def test_the_sections_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = _blocks()
-    assert [kind for kind, _ in blocks] == ["sh", "python"]
+    assert [kind for kind, _ in blocks] == ["sh", "python", "sh"]
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
@@ -48,13 +48,21 @@ def test_the_sections_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     llama.save_pretrained(tmp_path / "llama")
     shutil.copytree(REPO / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     monkeypatch.chdir(tmp_path)
-    for line in blocks[0][1].strip().splitlines():
-        args = shlex.split(line, comments=True)
-        assert args[0] == "migrate"
-        done = migrate_in_process(*args[1:])
-        assert done.returncode == 0, (line, done.stderr)
+    _run(blocks[0][1])
     read = load_into_megatron(tmp_path / "llama-megatron", tmp_path / "llama" / "config.json",
                               tmp_path / "read.pt", code=blocks[1][1])
     with torch.no_grad():
         expected = llama(torch.tensor(TOKENS)).logits
     torch.testing.assert_close(read["logits"], expected, rtol=1e-5, atol=1e-5)
+    _run(blocks[2][1])  # back to Hugging Face with the checkpoint's own arguments
+    again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "llama-again").eval()
+    with torch.no_grad():
+        assert torch.equal(again(torch.tensor(TOKENS)).logits, expected)
+
+
+def _run(block: str) -> None:
+    for line in block.strip().splitlines():
+        args = shlex.split(line, comments=True)
+        assert args[0] == "migrate"
+        done = migrate_in_process(*args[1:])
+        assert done.returncode == 0, (line, done.stderr)

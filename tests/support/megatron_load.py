@@ -30,17 +30,23 @@ TOKENS = [[3, 17, 101, 5, 64, 119, 0, 42]]
 LOAD = """\
 from megatron.core import dist_checkpointing
 
-state = dist_checkpointing.load(model.sharded_state_dict(), CKPT)
-model.load_state_dict(state)
+state = dist_checkpointing.load({"model": model.sharded_state_dict()}, CKPT)
+model.load_state_dict(state["model"])
 """
-"""What the run does with `model` (megatron's GPTModel) and `CKPT` (the folder): `load_into_megatron`'s `code`."""
+"""What the run does with `model` (megatron's GPTModel) and `CKPT` (the folder): `load_into_megatron`'s `code`.
+The model's sharded state dict under `model`, as Megatron-LM's `load_checkpoint` asks: `load` returns
+`common.pt`'s values (`args`, `checkpoint_version`, `iteration`) beside it."""
+MODEL_FIELDS = ("vocab_size", "max_sequence_length", "share_embeddings_and_output_weights", "position_embedding_type",
+                "rotary_percent", "rotary_base", "rotary_scaling")
+"""The GPTModel's own settings (beside its TransformerConfig) a run returns, as megatron built them."""
 
 
 def load_into_megatron(ckpt: Path, hf_config: Path, out: Path, *, ranks: int = 1, code: str = LOAD) -> dict[str, Any]:
     """megatron's reading of `ckpt` (see the module docstring) on `ranks` gloo ranks, tensor-parallel over
-    them: `{"state": {name: tensor}, "logits": [1, n, vocab]}` (rank 0's part of each tensor, the whole
-    logits). `code` loads the checkpoint, run with `model` and `CKPT` in scope and the checkpoint's folder
-    as the working directory."""
+    them: `{"state": {name: tensor}, "logits": [1, n, vocab], "common": {...}, "config": {...}, "model": {...}}`
+    (rank 0's part of each tensor, the whole logits; what `load` returned beside the model, `args` as a dict
+    and a torch dtype as its name; the model's TransformerConfig and `MODEL_FIELDS`). `code` loads the
+    checkpoint, run with `model` and `CKPT` in scope and the checkpoint's folder as the working directory."""
     import torch
 
     script = out.with_suffix(".load.py")
@@ -88,7 +94,8 @@ def _rank(rank: int, ranks: int, port: int, ckpt: str, hf_config: str, out: str,
     model = _model(json.loads(Path(hf_config).read_text()))
     model.eval()
     os.chdir(Path(ckpt).parent)
-    exec(Path(script).read_text(), {"model": model, "CKPT": ckpt})  # the load: LOAD, or a page's block
+    scope = {"model": model, "CKPT": ckpt}
+    exec(Path(script).read_text(), scope)  # the load: LOAD, or a page's block
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
     tokens = torch.tensor(TOKENS)
     n = tokens.shape[1]
@@ -97,9 +104,33 @@ def _rank(rank: int, ranks: int, port: int, ckpt: str, hf_config: str, out: str,
         logits = model(tokens, torch.arange(n).unsqueeze(0), mask)
     if rank == 0:
         tensors = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
-        torch.save({"state": tensors, "logits": logits.clone()}, out)
+        torch.save({"state": tensors, "logits": logits.clone(), "common": _common(scope.get("state")),
+                    "config": _plain(vars(model.config)),
+                    "model": _plain({k: getattr(model, k) for k in MODEL_FIELDS})}, out)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """Values `torch.load(weights_only=True)` reads back: a torch dtype as its name, other objects left out."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if isinstance(v, torch.dtype):
+            out[k] = str(v).removeprefix("torch.")
+        elif v is None or isinstance(v, (bool, int, float, str)):
+            out[k] = v
+    return out
+
+
+def _common(state: Any) -> dict[str, Any]:
+    """What megatron's `load` returned beside the model (`args` a dict of its fields)."""
+    import argparse
+
+    if not isinstance(state, dict):
+        return {}
+    return {k: _plain(vars(v)) if isinstance(v, argparse.Namespace) else v for k, v in state.items() if k != "model"}
 
 
 def _main(ckpt: str, hf_config: str, out: str, ranks: str, script: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ...core.errors import PlanError
 from ...core.tensor import LazyTensor
+from ..pytorch.namespace import DtypeValue, NamespaceValue
 from ..pytorch_writer import PytorchWriter, _Pickle, _plain
 
 MAX_VALUE_DEPTH = 64
@@ -34,7 +35,8 @@ class TensorItem(PytorchWriter):
 
 
 class ValueItem(PytorchWriter):
-    """`torch.save(value)` of a plain value: None, bools, ints, floats, strings, and lists, tuples and
+    """`torch.save(value)` of a plain value: None, bools, ints, floats, strings, torch dtypes and
+    argparse Namespaces (`DtypeValue`, `NamespaceValue`: Megatron's `args`), and lists, tuples and
     string-keyed dicts of them (no storage: the archive holds only its pickle)."""
 
     def __init__(self, value: Any, name: str) -> None:
@@ -52,17 +54,29 @@ class ValueItem(PytorchWriter):
 def _value(p: _Pickle, v: Any, name: str, depth: int) -> None:
     if depth > MAX_VALUE_DEPTH:
         raise PlanError(f"a value nested more than {MAX_VALUE_DEPTH} deep", tensor=name)
-    if isinstance(v, (list, tuple)):
+    if isinstance(v, list):  # EMPTY_LIST, APPENDS as pickle writes it: torch's weights-only loader has no LIST
+        p.raw(b"](")
+        for x in v:
+            _value(p, x, name, depth + 1)
+        p.raw(b"e")
+    elif isinstance(v, tuple):
         p.raw(b"(")
         for x in v:
             _value(p, x, name, depth + 1)
-        p.raw(b"l" if isinstance(v, list) else b"t")
+        p.raw(b"t")
     elif isinstance(v, dict):
         p.raw(b"}(")
         for k, x in v.items():
             _value(p, k, name, depth + 1)
             _value(p, x, name, depth + 1)
         p.raw(b"u")
+    elif isinstance(v, NamespaceValue):  # what pickle writes for an object without __reduce__: cls(), then BUILD
+        p.global_("argparse", "Namespace")
+        p.raw(b")\x81")
+        _value(p, dict(v.fields), name, depth + 1)
+        p.raw(b"b")
+    elif isinstance(v, DtypeValue):  # torch.dtype.__reduce__ names the module's attribute: a global
+        p.global_("torch", v.name)
     else:
         try:
             _plain(p, v)

@@ -13,8 +13,12 @@ split on load. Every linear layer megatron builds (`linear_qkv`, `linear_proj`, 
 bytes under `<module>._extra_state/shard_<layer>_<num_layers>`; `load` asks for each one, so each is
 written holding what megatron-core stores for a layer without FP8 state: `torch.save([None])`.
 
-`common.pt` holds an empty dict: what `save` writes for a model's sharded state dict (every value of
-it is sharded), so `load` returns the model's state dict alone, ready for `load_state_dict`.
+`common.pt` holds what Megatron-LM's `generate_state_dict` puts beside the model: `args` (an
+`argparse.Namespace` of the training arguments, derived from the source's config.json by
+`formats.megatron.from_hf`), `checkpoint_version` 3.0 and `iteration` 0, so Megatron-LM's loader and
+migrator's Megatron readers find the model's sizes in the checkpoint. `load` returns them beside the
+sharded values, as it does for Megatron-LM's checkpoints. Without a config.json it holds `{}`, what
+`save` writes for a bare model's sharded state dict, and a note says so.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
+from ...core.dtypes import Kind
 from ...core.errors import PlanError
 from ...core.scalars import Scalar
 from ...core.tensor import LazyTensor
+from ..megatron.from_hf import CHECKPOINT_VERSION, DTYPE_ARGS, SourceConfig, derived, megatron_args, torch_dtype_of
+from ..pytorch.namespace import DtypeValue, NamespaceValue
 from ..pytorch.tree import Node
 from .flatten import Leaf
 from .items import ValueItem
@@ -37,8 +44,8 @@ COMMON_FILE = "common.pt"
 CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
           "common_backend_version": 1}
 """megatron-core's `CheckpointingConfig` for a `torch_dist` checkpoint, as `save_config` dumps it."""
-COMMON: dict[str, object] = {}
 LAYERS = "decoder.layers."
+EMBEDDING, OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
 _UNSTACKED = re.compile(r"(?:^|\.)layers\.\d+\.")
 """One layer's tensor (`decoder.layers.0.`, a Hugging Face `model.layers.0.`): megatron has none."""
 _LINEAR = re.compile(r"^(decoder\.layers\.(?:.+\.)?linear_[a-z0-9_]+)\.weight$")
@@ -58,13 +65,16 @@ class TorchDistWriter(DcpWriter):
     format = "torch_dist"
 
     def __init__(self, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
-                 scalars: Mapping[str, Scalar] | None = None, structure: Node | None = None) -> None:
+                 scalars: Mapping[str, Scalar] | None = None, structure: Node | None = None,
+                 source_config: SourceConfig | None = None) -> None:
         if structure is not None:
             raise PlanError("a Megatron torch_dist target holds a model's weights only (megatron's optimizer state "
                             "is its own layout): set training_state: drop")
         self.num_layers = _num_layers(tensors)
         super().__init__(tensors, metadata=metadata, scalars=scalars)
-        self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, _bytes(COMMON, COMMON_FILE))]
+        common, said = _common(tensors, source_config)
+        self.notes.append(said)
+        self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, _bytes(common, COMMON_FILE))]
         extra = sum(1 for e in self.entries if e.dtype is None)
         if extra:
             self.notes.append(f"{extra} empty _extra_state entries written, one per linear layer and layer, as "
@@ -85,6 +95,23 @@ class TorchDistWriter(DcpWriter):
     @property
     def total_size(self) -> int:
         return super().total_size + sum(len(data) for _, data in self.generated)
+
+
+def _common(tensors: Sequence[LazyTensor], config: SourceConfig | None) -> tuple[dict[str, object], str]:
+    """common.pt's values for `tensors` and the source's config, and the note saying what they are."""
+    if config is None:
+        return {}, ("common.pt holds no training arguments ({}): the source has no config.json to derive them "
+                    "from; give Megatron-LM the model's sizes, and migrator's Megatron recipes a config")
+    by_name = {t.name: t for t in tensors}
+    embedding = by_name.get(EMBEDDING)
+    weights = [t.dtype.torch_name or "" for t in tensors if t.dtype.kind is Kind.FLOAT]
+    args = megatron_args(config.data, config.path, vocab_rows=embedding.shape[0] if embedding and embedding.shape
+                         else None, output_layer=OUTPUT in by_name if embedding else None,
+                         dtype=torch_dtype_of(weights))
+    pickled = {k: DtypeValue(v) if k in DTYPE_ARGS else v for k, v in args.items()}
+    return ({"args": NamespaceValue(pickled), "checkpoint_version": CHECKPOINT_VERSION, "iteration": 0},
+            f"common.pt holds Megatron-LM's training arguments (args; checkpoint_version {CHECKPOINT_VERSION}, "
+            f"iteration 0), {derived(args, config.path)}")
 
 
 def _num_layers(tensors: Sequence[LazyTensor]) -> int:

@@ -1,0 +1,178 @@
+"""The training arguments a `torch_dist` target's `common.pt` holds (`formats/megatron/from_hf.py`).
+
+Oracles: transformers' own config classes for the five families (the arguments made from a config.json,
+turned back into one by `target.hf_config` and read by transformers, give the settings transformers read
+from the original: the table and its inverse checked against each other through transformers), and
+`torch.load` of the written `common.pt` (a real `argparse.Namespace`, a real torch dtype, what migrator's
+restricted reader reads back). What the arguments cannot express is refused: exit 1, one line, no target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from migrator.core.errors import PlanError
+from migrator.formats.megatron.from_hf import megatron_args
+from migrator.formats.torch_dist.hf_config import hf_config
+from tests.support.cli import migrate_in_process
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "hf-llama-to-megatron.yaml"
+SIZES = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64, "rms_norm_eps": 1e-6}
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {"rope_theta": 500000.0}),
+    "llama-tied": ("LlamaConfig", {"tie_word_embeddings": True}),
+    "qwen2": ("Qwen2Config", {"rope_theta": 1000000.0}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32}),  # not hidden / heads: kv_channels must come from it
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                     "norm_topk_prob": True}),
+}
+COMPARED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps", "hidden_act", "tie_word_embeddings",
+            "attention_bias", "mlp_bias", "num_local_experts", "num_experts", "num_experts_per_tok",
+            "moe_intermediate_size", "norm_topk_prob", "router_aux_loss_coef")
+"""The settings of a model transformers builds from a config, compared where the family has them."""
+
+
+def _config(family: str, **change: Any) -> Any:
+    cls, extra = FAMILIES[family]
+    return getattr(transformers, cls)(**{**SIZES, **extra, **change})
+
+
+def _json(config: Any) -> dict[str, Any]:
+    return json.loads(config.to_json_string())
+
+
+def _shapes(config: Any) -> dict[str, tuple[int, ...]]:
+    rows = (config.vocab_size, config.hidden_size)
+    output = {} if config.tie_word_embeddings else {"output_layer.weight": rows}
+    return {"embedding.word_embeddings.weight": rows, **output}
+
+
+def _setting(config: Any, key: str) -> Any:
+    """What the model uses: a head_dim left None is hidden_size / num_attention_heads (Mixtral's, Qwen2's)."""
+    value = getattr(config, key)
+    return config.hidden_size // config.num_attention_heads if key == "head_dim" and value is None else value
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_arguments_give_back_the_config_transformers_read(family: str) -> None:
+    original = _config(family)
+    args = megatron_args(_json(original), "config.json", vocab_rows=original.vocab_size,
+                         output_layer=not original.tie_word_embeddings, dtype="float32")
+    made = hf_config(args, _shapes(original), "ckpt")
+    back = transformers.CONFIG_MAPPING[made["model_type"]](**{k: v for k, v in made.items() if k != "model_type"})
+    assert type(back) is type(original)
+    for key in COMPARED:
+        if hasattr(original, key):
+            assert _setting(back, key) == _setting(original, key), key
+    assert back.rope_parameters["rope_theta"] == original.rope_parameters["rope_theta"]
+    assert back.rope_parameters.get("rope_type", "default") == "default"
+
+
+def test_what_the_table_says_for_a_qwen3_moe() -> None:
+    args = megatron_args(_json(_config("qwen3_moe")), "config.json")
+    assert {k: args[k] for k in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "ffn_hidden_size",
+                                 "qk_layernorm", "add_qkv_bias", "moe_router_pre_softmax", "kv_channels")} == {
+        "num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32, "ffn_hidden_size": 96,
+        "qk_layernorm": True, "add_qkv_bias": False, "moe_router_pre_softmax": False, "kv_channels": 16}
+    # without renormalized top-k weights, Megatron's router takes its softmax first
+    assert megatron_args(_json(_config("qwen3_moe", norm_topk_prob=False)), "c")["moe_router_pre_softmax"] is True
+
+
+def test_llama3_rope_scaling_is_megatrons_use_rope_scaling() -> None:
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    args = megatron_args(_json(_config("llama", rope_parameters=rope)), "config.json")
+    assert (args["use_rope_scaling"], args["rope_scaling_factor"], args["rotary_base"]) == (True, 32.0, 500000)
+    assert args["rotary_base"].__class__ is int  # Megatron-LM's --rotary-base is an int
+
+
+@pytest.mark.parametrize(("family", "change", "words"), [
+    ("llama", {"hidden_act": "gelu"}, "hidden_act gelu"),
+    ("llama", {"attention_bias": True}, "attention_bias true with mlp_bias false"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "RoPE scaling 'yarn'"),
+    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 2.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+     "low_freq_factor 2.0"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16}, "a sliding attention window"),
+    ("qwen3_moe", {"decoder_sparse_step": 2}, "experts in some layers only"),
+])
+def test_what_the_arguments_cannot_express_is_refused(family: str, change: dict[str, Any], words: str) -> None:
+    with pytest.raises(PlanError, match="config.json: .*" + words):
+        megatron_args(_json(_config(family, **change)), "config.json")
+
+
+def test_a_family_the_table_does_not_know_is_refused() -> None:
+    gpt2 = json.loads(transformers.GPT2Config(n_layer=2).to_json_string())
+    with pytest.raises(PlanError, match="model_type 'gpt2': arguments are derived for llama, qwen2"):
+        megatron_args(gpt2, "config.json")
+
+
+def _tiny_llama(path: Path, dtype: Any = None, **change: Any) -> Any:
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config("llama", **change))
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(path)
+    return model
+
+
+def test_common_pt_is_megatron_lms_namespace_and_migrator_reads_it_back(tmp_path: Path) -> None:
+    """A bfloat16 Llama: torch builds the args Namespace, with torch.bfloat16; migrator's reader gives its fields."""
+    from migrator.core.bytesource import FileSource
+    from migrator.core.limits import DEFAULT_LIMITS
+    from migrator.formats.torch_dist.common import read_common
+
+    _tiny_llama(tmp_path / "llama", torch.bfloat16)
+    run = migrate_in_process("run", str(RECIPE), "--source", str(tmp_path / "llama"), "--target",
+                             f"{tmp_path / 'out'}/", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    common = torch.load(tmp_path / "out" / "common.pt", weights_only=False)
+    assert sorted(common) == ["args", "checkpoint_version", "iteration"]
+    assert (common["checkpoint_version"], common["iteration"]) == (3.0, 0)
+    args = common["args"]
+    assert type(args) is argparse.Namespace
+    assert (args.params_dtype, args.bf16, args.fp16) == (torch.bfloat16, True, False)
+    assert (args.num_layers, args.num_query_groups, args.kv_channels, args.norm_epsilon) == (2, 2, 16, 1e-6)
+    assert (args.rotary_base, args.untie_embeddings_and_output_weights) == (500000, True)
+    with torch.serialization.safe_globals([argparse.Namespace]):  # what megatron-core registers, then loads
+        assert vars(torch.load(tmp_path / "out" / "common.pt", weights_only=True)["args"]) == vars(args)
+    read = read_common(FileSource(tmp_path / "out" / "common.pt"), DEFAULT_LIMITS)
+    assert read["args"] == {k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+                            for k, v in vars(args).items()}
+    note = next(line for line in (run.stdout + run.stderr).splitlines() if "common.pt holds" in line)
+    assert "num_layers 2 (num_hidden_layers)" in note and "norm_epsilon 1e-06 (rms_norm_eps)" in note
+    assert str(tmp_path / "llama" / "config.json") in note
+
+
+def test_a_config_the_arguments_cannot_express_stops_the_run(tmp_path: Path) -> None:
+    _tiny_llama(tmp_path / "llama")
+    config = tmp_path / "llama" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_act": "gelu"}))
+    run = migrate_in_process("run", str(RECIPE), "--source", str(tmp_path / "llama"), "--target",
+                             f"{tmp_path / 'out'}/", "--no-progress")
+    assert run.returncode == 1, run.stderr
+    line, *rest = run.stderr.strip().splitlines()
+    assert line.startswith("error: ") and str(config) in line and "hidden_act gelu" in line, line
+    assert rest == [f"migrate: nothing written to {tmp_path / 'out'}"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_a_config_common_pt_stays_empty_and_a_note_says_so(tmp_path: Path) -> None:
+    st_torch = pytest.importorskip("safetensors.torch")
+    st_torch.save_file({"decoder.layers.mlp.linear_fc2.weight": torch.randn(2, 4, 6)}, str(tmp_path / "m.safetensors"))
+    run = migrate_in_process("convert", str(tmp_path / "m.safetensors"), str(tmp_path / "ckpt"), "--to", "torch_dist")
+    assert run.returncode == 0, run.stderr
+    assert torch.load(tmp_path / "ckpt" / "common.pt", weights_only=True) == {}
+    assert "common.pt holds no training arguments ({}): the source has no config.json" in run.stdout + run.stderr
