@@ -175,4 +175,70 @@ def test_without_a_config_common_pt_stays_empty_and_a_note_says_so(tmp_path: Pat
     run = migrate_in_process("convert", str(tmp_path / "m.safetensors"), str(tmp_path / "ckpt"), "--to", "torch_dist")
     assert run.returncode == 0, run.stderr
     assert torch.load(tmp_path / "ckpt" / "common.pt", weights_only=True) == {}
-    assert "common.pt holds no training arguments ({}): the source has no config.json" in run.stdout + run.stderr
+    assert "common.pt holds no training arguments ({}): no config.json beside the source" in run.stdout + run.stderr
+
+
+def test_a_2026_megatron_lms_layernorm_epsilon_is_read_as_norm_epsilon() -> None:
+    """Megatron-LM's arguments are TransformerConfig's fields since 2026: `layernorm_epsilon`, no `norm_epsilon`."""
+    original = _config("llama")
+    args = megatron_args(_json(original), "config.json")
+    del args["norm_epsilon"]
+    assert hf_config(args, _shapes(original), "ckpt")["rms_norm_eps"] == original.rms_norm_eps
+
+
+MEGATRON_CONFIG = r'''
+import json, sys
+import torch
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+out = {}
+for family, hf in json.loads(sys.stdin.read()).items():
+    moe = hf["model_type"] in ("mixtral", "qwen3_moe")
+    experts = hf.get("num_local_experts", hf.get("num_experts"))
+    heads = hf["num_attention_heads"]
+    config = TransformerConfig(
+        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], num_attention_heads=heads,
+        num_query_groups=hf["num_key_value_heads"], ffn_hidden_size=hf["intermediate_size"],
+        kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads, layernorm_epsilon=hf["rms_norm_eps"],
+        normalization="RMSNorm", gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+        add_bias_linear=False, add_qkv_bias=hf["model_type"] == "qwen2",
+        qk_layernorm=hf["model_type"] in ("qwen3", "qwen3_moe"),
+        **({"num_moe_experts": experts, "moe_router_topk": hf["num_experts_per_tok"],
+            "moe_ffn_hidden_size": hf.get("moe_intermediate_size") or hf["intermediate_size"],
+            "moe_router_pre_softmax": not hf.get("norm_topk_prob", True),
+            "moe_aux_loss_coeff": hf.get("router_aux_loss_coef", 0.0)} if moe else {}))
+    out[family] = {k: (str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v)
+                   for k, v in vars(config).items() if v is None or isinstance(v, (bool, int, float, str, torch.dtype))}
+print(json.dumps(out))
+'''
+"""megatron-core builds the TransformerConfig of each Hugging Face config (as a Megatron user sets it up from
+the model card: grouped-query attention, RMSNorm, SwiGLU, Qwen2's q/k/v biases, Qwen3's q/k norms, the
+experts), in its own process."""
+SAME_NAME = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+             "layernorm_epsilon", "normalization", "add_bias_linear", "add_qkv_bias", "qk_layernorm",
+             "rotary_interleaved", "params_dtype", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
+             "moe_aux_loss_coeff")
+TO_CONFIG = {**{name: name for name in SAME_NAME}, "norm_epsilon": "layernorm_epsilon", "swiglu": "gated_linear_unit",
+             "num_experts": "num_moe_experts"}
+"""Megatron-LM's argument -> the TransformerConfig field it becomes (`core_transformer_config_from_args`)."""
+
+
+@pytest.mark.slow  # megatron-core imported in a new process
+def test_each_familys_arguments_are_the_transformer_config_megatron_builds() -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("megatron.core")
+    hf = {family: _json(_config(family)) for family in FAMILIES}
+    done = subprocess.run([sys.executable, "-c", MEGATRON_CONFIG], input=json.dumps(hf), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = json.loads(done.stdout.strip().splitlines()[-1])
+    for family, config in built.items():
+        args = megatron_args(hf[family], "config.json", dtype="float32")
+        assert args["group_query_attention"] is True, family
+        moe = config["num_moe_experts"] is not None
+        assert moe == ("num_experts" in args), family
+        for arg, name in TO_CONFIG.items():
+            if moe or not arg.startswith(("moe_", "num_experts")):  # a dense model's MoE fields are defaults
+                assert args[arg] == config[name], (family, arg, name)

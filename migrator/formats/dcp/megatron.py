@@ -100,8 +100,9 @@ class TorchDistWriter(DcpWriter):
 def _common(tensors: Sequence[LazyTensor], config: SourceConfig | None) -> tuple[dict[str, object], str]:
     """common.pt's values for `tensors` and the source's config, and the note saying what they are."""
     if config is None:
-        return {}, ("common.pt holds no training arguments ({}): the source has no config.json to derive them "
-                    "from; give Megatron-LM the model's sizes, and migrator's Megatron recipes a config")
+        return {}, ("common.pt holds no training arguments ({}): no config.json beside the source (or named by "
+                    "the recipe's config:) to derive them from (a Megatron source's own arguments are not carried "
+                    "over); give Megatron-LM the model's sizes, and migrator's Megatron recipes a config")
     by_name = {t.name: t for t in tensors}
     embedding = by_name.get(EMBEDDING)
     weights = [t.dtype.torch_name or "" for t in tensors if t.dtype.kind is Kind.FLOAT]

@@ -54,8 +54,11 @@ def head_size(args: Mapping[str, Any]) -> Any:
 
 def megatron_config(args: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments as a recipe's `${config.KEY}` reads them: `num_query_groups` and `kv_channels` the
-    values Megatron uses (`query_groups`, `head_size`)."""
+    values Megatron uses (`query_groups`, `head_size`); `norm_epsilon` the `layernorm_epsilon` that
+    Megatron-LM saves since its arguments became TransformerConfig's fields (2026) when it has no other."""
     config = dict(args)
+    if config.get("norm_epsilon") is None and config.get("layernorm_epsilon") is not None:
+        config["norm_epsilon"] = config["layernorm_epsilon"]
     if args.get("num_attention_heads") is not None:
         config["num_query_groups"] = query_groups(args)
     config["kv_channels"] = head_size(args)
