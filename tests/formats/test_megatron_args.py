@@ -242,3 +242,20 @@ def test_each_familys_arguments_are_the_transformer_config_megatron_builds() -> 
         for arg, name in TO_CONFIG.items():
             if moe or not arg.startswith(("moe_", "num_experts")):  # a dense model's MoE fields are defaults
                 assert args[arg] == config[name], (family, arg, name)
+
+
+def test_what_a_config_does_not_declare_is_left_out_not_guessed() -> None:
+    """A hand-written config without max_position_embeddings, rope_theta or rms_norm_eps (Mixtral's class default
+    for rope_theta is not Llama's): those arguments are left out, and the plan's words say so."""
+    from migrator.formats.megatron.from_hf import derived
+
+    sparse = {k: v for k, v in _json(_config("llama")).items()
+              if k not in ("max_position_embeddings", "rope_parameters", "rope_theta", "rms_norm_eps")}
+    args = megatron_args(sparse, "config.json")
+    assert not {"max_position_embeddings", "rotary_base", "norm_epsilon", "layernorm_epsilon"} & set(args)
+    assert args["num_layers"] == 2
+    assert derived(args, "config.json").endswith(
+        "left out, the config does not declare them: max_position_embeddings (max_position_embeddings), "
+        "rotary_base (rope_theta), norm_epsilon (rms_norm_eps), layernorm_epsilon (rms_norm_eps)")
+    with pytest.raises(PlanError, match="config.json: it has no hidden_size"):
+        megatron_args({k: v for k, v in sparse.items() if k != "hidden_size"}, "config.json")

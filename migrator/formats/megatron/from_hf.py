@@ -52,6 +52,8 @@ class _Config:
 
     def count(self, key: str, default: Any = None) -> int:
         v = self.get(key, default)
+        if v is None:
+            raise self.bad(f"it has no {key}")
         if type(v) is not int or v < 1:
             raise self.bad(f"{key} is {v!r}, not a positive integer")
         return v
@@ -67,7 +69,7 @@ class _Config:
         if isinstance(params, dict):
             return params
         scaling = self.data.get("rope_scaling")
-        return {**(scaling if isinstance(scaling, dict) else {}), "rope_theta": self.data.get("rope_theta", 10000.0)}
+        return {**(scaling if isinstance(scaling, dict) else {}), "rope_theta": self.data.get("rope_theta")}
 
     def bad(self, message: str) -> PlanError:
         return PlanError(f"the Megatron arguments of a torch_dist target (common.pt): {self.label}: {message}")
@@ -85,6 +87,8 @@ class Arg:
     name: str
     source: str
     rule: Callable[[_Config, Facts], Any]
+    optional: bool = False
+    """Left out (and said so) when the config does not declare its key: not guessed from a class default."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,11 @@ class Facts:
     dtype: str | None
 
 
-def _theta(c: _Config, f: Facts) -> float | int:
-    theta = c.number("rope_theta", c.rope().get("rope_theta", 10000.0))
+def _theta(c: _Config, f: Facts) -> float | int | None:
+    given = c.rope().get("rope_theta")
+    if given is None:
+        return None
+    theta = c.number("rope_theta", given)
     return int(theta) if theta.is_integer() else theta  # Megatron-LM's --rotary-base is an int
 
 
@@ -114,6 +121,11 @@ def _scaling(c: _Config) -> float | None:
         if rope.get(key) is None or c.number(key, rope[key]) != want:
             raise c.bad(f"RoPE scaling llama3 with {key} {rope.get(key)!r}: megatron-core applies {want}")
     return c.number("factor", rope.get("factor"))
+
+
+def _epsilon(c: _Config) -> float | None:
+    given = c.get("rms_norm_eps")
+    return None if given is None else c.number("rms_norm_eps", given)
 
 
 def _dtype(c: _Config, f: Facts) -> str:
@@ -175,15 +187,17 @@ ARGS: tuple[Arg, ...] = (
         lambda c, f: c.count("num_key_value_heads", c.get("num_attention_heads"))),
     Arg("kv_channels", "head_dim",
         lambda c, f: c.count("head_dim", c.count("hidden_size") // c.count("num_attention_heads"))),
-    Arg("max_position_embeddings", "max_position_embeddings", lambda c, f: c.count("max_position_embeddings")),
+    Arg("max_position_embeddings", "max_position_embeddings",
+        lambda c, f: c.count("max_position_embeddings") if c.get("max_position_embeddings") is not None else None,
+        optional=True),
     Arg("vocab_size", "vocab_size", lambda c, f: c.count("vocab_size")),
-    Arg("rotary_base", "rope_theta", _theta),
+    Arg("rotary_base", "rope_theta", _theta, optional=True),
     Arg("rotary_percent", "partial_rotary_factor",
         lambda c, f: c.number("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))),
     Arg("use_rope_scaling", "rope_scaling", lambda c, f: _scaling(c) is not None),  # Llama 3's only
     Arg("rope_scaling_factor", "rope_scaling.factor", lambda c, f: _scaling(c)),
-    Arg("norm_epsilon", "rms_norm_eps", lambda c, f: c.number("rms_norm_eps", c.get("rms_norm_eps"))),
-    Arg("layernorm_epsilon", "rms_norm_eps", lambda c, f: c.number("rms_norm_eps", c.get("rms_norm_eps"))),
+    Arg("norm_epsilon", "rms_norm_eps", lambda c, f: _epsilon(c), optional=True),
+    Arg("layernorm_epsilon", "rms_norm_eps", lambda c, f: _epsilon(c), optional=True),
     Arg("swiglu", "hidden_act", lambda c, f: True),  # silu, else refused
     Arg("untie_embeddings_and_output_weights", "tie_word_embeddings", _untied),  # negated; output_layer agrees
     Arg("add_bias_linear", "attention_bias, mlp_bias", lambda c, f: _bias(c)[0]),
@@ -254,15 +268,17 @@ def megatron_args(config: Mapping[str, Any], label: str, *, vocab_rows: int | No
 
 
 def derived(args: Mapping[str, Any], label: str) -> str:
-    """What the arguments are and where each comes from, as the plan says it."""
+    """What the arguments are and where each comes from, as the plan says it; which were left out."""
     sources = {a.name: a.source for a in ARGS}
     groups: dict[str, list[str]] = {}
     for k, v in args.items():
         source = sources.get(k, WRITTEN)
         shown = f"{k} {v}" + (f" ({source})" if source not in (k, FAMILY, WRITTEN) else "")
         groups.setdefault(source if source in (FAMILY, WRITTEN) else "", []).append(shown)
+    left = [f"{a.name} ({a.source})" for a in ARGS if a.optional and a.name not in args]
     return (f"from {label}: {', '.join(groups.get('', []))}; by model_type: "
-            f"{', '.join(groups.get(FAMILY, []))}; from what is written: {', '.join(groups.get(WRITTEN, []))}")
+            f"{', '.join(groups.get(FAMILY, []))}; from what is written: {', '.join(groups.get(WRITTEN, []))}"
+            + (f"; left out, the config does not declare them: {', '.join(left)}" if left else ""))
 
 
 def torch_dtype_of(dtypes: Sequence[str]) -> str | None:
