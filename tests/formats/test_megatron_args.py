@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from migrator.core.errors import PlanError
-from migrator.formats.megatron.from_hf import megatron_args
+from migrator.formats.megatron.from_hf import Facts, megatron_args
 from migrator.formats.torch_dist.hf_config import hf_config
 from tests.support.cli import migrate_in_process
 
@@ -68,8 +68,8 @@ def _setting(config: Any, key: str) -> Any:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_arguments_give_back_the_config_transformers_read(family: str) -> None:
     original = _config(family)
-    args = megatron_args(_json(original), "config.json", vocab_rows=original.vocab_size,
-                         output_layer=not original.tie_word_embeddings, dtype="float32")
+    args = megatron_args(_json(original), "config.json", Facts(original.vocab_size, not original.tie_word_embeddings,
+                                                               "float32", original.num_hidden_layers))
     made = hf_config(args, _shapes(original), "ckpt")
     back = transformers.CONFIG_MAPPING[made["model_type"]](**{k: v for k, v in made.items() if k != "model_type"})
     assert type(back) is type(original)
@@ -235,7 +235,7 @@ def test_each_familys_arguments_are_the_transformer_config_megatron_builds() -> 
     assert done.returncode == 0, done.stderr[-3000:]
     built = json.loads(done.stdout.strip().splitlines()[-1])
     for family, config in built.items():
-        args = megatron_args(hf[family], "config.json", dtype="float32")
+        args = megatron_args(hf[family], "config.json", Facts(None, None, "float32"))
         assert args["group_query_attention"] is True, family
         moe = config["num_moe_experts"] is not None
         assert moe == ("num_experts" in args), family
@@ -257,5 +257,17 @@ def test_what_a_config_does_not_declare_is_left_out_not_guessed() -> None:
     assert derived(args, "config.json").endswith(
         "left out, the config does not declare them: max_position_embeddings (max_position_embeddings), "
         "rotary_base (rope_theta), norm_epsilon (rms_norm_eps), layernorm_epsilon (rms_norm_eps)")
-    with pytest.raises(PlanError, match="config.json: it has no hidden_size"):
+    with pytest.raises(PlanError, match=r"config\.json: it has no hidden_size"):
         megatron_args({k: v for k, v in sparse.items() if k != "hidden_size"}, "config.json")
+
+
+def test_a_config_the_written_tensors_contradict_is_refused(tmp_path: Path) -> None:
+    """Layers cut by a recipe while config.json still says 2: refused, naming both (give the new model's config)."""
+    _tiny_llama(tmp_path / "llama")
+    recipe = tmp_path / "cut.yaml"
+    recipe.write_text(RECIPE.read_text().replace("remap:", "filter:\n  exclude: [{regex: 'layers\\.1\\.'}]\nremap:", 1))
+    run = migrate_in_process("run", str(recipe), "--source", str(tmp_path / "llama"), "--target",
+                             f"{tmp_path / 'out'}/", "--no-progress")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "num_hidden_layers 2, but the decoder.layers tensors stack 1" in run.stderr.splitlines()[0]
+    assert not (tmp_path / "out").exists()

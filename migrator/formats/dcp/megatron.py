@@ -32,7 +32,15 @@ from ...core.dtypes import Kind
 from ...core.errors import PlanError
 from ...core.scalars import Scalar
 from ...core.tensor import LazyTensor
-from ..megatron.from_hf import CHECKPOINT_VERSION, DTYPE_ARGS, SourceConfig, derived, megatron_args, torch_dtype_of
+from ..megatron.from_hf import (
+    CHECKPOINT_VERSION,
+    DTYPE_ARGS,
+    Facts,
+    SourceConfig,
+    derived,
+    megatron_args,
+    torch_dtype_of,
+)
 from ..pytorch.namespace import DtypeValue, NamespaceValue
 from ..pytorch.tree import Node
 from .flatten import Leaf
@@ -72,7 +80,7 @@ class TorchDistWriter(DcpWriter):
                             "is its own layout): set training_state: drop")
         self.num_layers = _num_layers(tensors)
         super().__init__(tensors, metadata=metadata, scalars=scalars)
-        common, said = _common(tensors, source_config)
+        common, said = _common(tensors, self.num_layers, source_config)
         self.notes.append(said)
         self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, _bytes(common, COMMON_FILE))]
         extra = sum(1 for e in self.entries if e.dtype is None)
@@ -97,8 +105,9 @@ class TorchDistWriter(DcpWriter):
         return super().total_size + sum(len(data) for _, data in self.generated)
 
 
-def _common(tensors: Sequence[LazyTensor], config: SourceConfig | None) -> tuple[dict[str, object], str]:
-    """common.pt's values for `tensors` and the source's config, and the note saying what they are."""
+def _common(tensors: Sequence[LazyTensor], layers: int, config: SourceConfig | None) -> tuple[dict[str, object], str]:
+    """common.pt's values for `tensors` (`layers` stacked) and the source's config, and the note saying what
+    they are."""
     if config is None:
         return {}, ("common.pt holds no training arguments ({}): no config.json beside the source (or named by "
                     "the recipe's config:) to derive them from (a Megatron source's own arguments are not carried "
@@ -106,9 +115,10 @@ def _common(tensors: Sequence[LazyTensor], config: SourceConfig | None) -> tuple
     by_name = {t.name: t for t in tensors}
     embedding = by_name.get(EMBEDDING)
     weights = [t.dtype.torch_name or "" for t in tensors if t.dtype.kind is Kind.FLOAT]
-    args = megatron_args(config.data, config.path, vocab_rows=embedding.shape[0] if embedding and embedding.shape
-                         else None, output_layer=OUTPUT in by_name if embedding else None,
-                         dtype=torch_dtype_of(weights))
+    rows = embedding.shape if embedding is not None and len(embedding.shape) == 2 else None
+    args = megatron_args(config.data, config.path, Facts(
+        vocab_rows=rows[0] if rows else None, output_layer=OUTPUT in by_name if rows else None,
+        dtype=torch_dtype_of(weights), layers=layers or None, hidden=rows[1] if rows else None))
     pickled = {k: DtypeValue(v) if k in DTYPE_ARGS else v for k, v in args.items()}
     return ({"args": NamespaceValue(pickled), "checkpoint_version": CHECKPOINT_VERSION, "iteration": 0},
             f"common.pt holds Megatron-LM's training arguments (args; checkpoint_version {CHECKPOINT_VERSION}, "

@@ -99,6 +99,10 @@ class Facts:
     vocab_rows: int | None
     output_layer: bool | None
     dtype: str | None
+    layers: int | None = None
+    """The length of the stacked `decoder.layers` axis."""
+    hidden: int | None = None
+    """The embedding's columns."""
 
 
 def _theta(c: _Config, f: Facts) -> float | int | None:
@@ -121,6 +125,15 @@ def _scaling(c: _Config) -> float | None:
         if rope.get(key) is None or c.number(key, rope[key]) != want:
             raise c.bad(f"RoPE scaling llama3 with {key} {rope.get(key)!r}: megatron-core applies {want}")
     return c.number("factor", rope.get("factor"))
+
+
+def _agrees(c: _Config, key: str, written: int | None, what: str) -> int:
+    """The config's count, refused when what is written says another (a recipe cut layers: give its config)."""
+    value = c.count(key)
+    if written is not None and written != value:
+        raise c.bad(f"{key} {value}, but {what} {written}: give the config.json of the model written "
+                    "(the recipe's config:)")
+    return value
 
 
 def _epsilon(c: _Config) -> float | None:
@@ -178,8 +191,10 @@ def _moe(rule: Callable[[_Config], Any]) -> Callable[[_Config, Facts], Any]:
 
 
 ARGS: tuple[Arg, ...] = (
-    Arg("num_layers", "num_hidden_layers", lambda c, f: c.count("num_hidden_layers")),
-    Arg("hidden_size", "hidden_size", lambda c, f: c.count("hidden_size")),
+    Arg("num_layers", "num_hidden_layers", lambda c, f: _agrees(c, "num_hidden_layers", f.layers,
+                                                                "the decoder.layers tensors stack")),
+    Arg("hidden_size", "hidden_size", lambda c, f: _agrees(c, "hidden_size", f.hidden,
+                                                           "embedding.word_embeddings.weight's columns are")),
     Arg("ffn_hidden_size", "intermediate_size", lambda c, f: c.count("intermediate_size")),
     Arg("num_attention_heads", "num_attention_heads", lambda c, f: c.count("num_attention_heads")),
     Arg("group_query_attention", "num_key_value_heads", lambda c, f: True),  # the groups are always given
@@ -247,10 +262,9 @@ def _refusals(c: _Config) -> list[str]:
     return out
 
 
-def megatron_args(config: Mapping[str, Any], label: str, *, vocab_rows: int | None = None,
-                  output_layer: bool | None = None, dtype: str | None = None) -> dict[str, Any]:
+def megatron_args(config: Mapping[str, Any], label: str, facts: Facts = Facts(None, None, None)) -> dict[str, Any]:
     """The arguments `ARGS` derives from `config` (a config.json's object, `label` naming it) for the tensors
-    written (`Facts`); PlanError naming what the arguments cannot express."""
+    written (`facts`); PlanError naming what the arguments cannot express or the tensors contradict."""
     c = _Config(config, label)
     if c.family not in FAMILIES:
         raise c.bad(f"model_type {config.get('model_type')!r}: arguments are derived for {', '.join(FAMILIES)} "
@@ -258,7 +272,6 @@ def megatron_args(config: Mapping[str, Any], label: str, *, vocab_rows: int | No
     refused = _refusals(c)
     if refused:
         raise c.bad(f"Megatron's arguments cannot express {'; '.join(refused)}")
-    facts = Facts(vocab_rows, output_layer, dtype)
     out = {}
     for arg in ARGS:
         value = arg.rule(c, facts)
