@@ -13,7 +13,7 @@ from typing import Any
 
 from ...core.errors import PlanError
 from ...core.tensor import LazyTensor
-from ..pytorch.namespace import DtypeValue, NamespaceValue
+from ..pytorch.namespace import NAMESPACE, DtypeValue, NamespaceValue
 from ..pytorch_writer import PytorchWriter, _Pickle, _plain
 
 MAX_VALUE_DEPTH = 64
@@ -36,7 +36,7 @@ class TensorItem(PytorchWriter):
 
 class ValueItem(PytorchWriter):
     """`torch.save(value)` of a plain value: None, bools, ints, floats, strings, torch dtypes and
-    argparse Namespaces (`DtypeValue`, `NamespaceValue`: Megatron's `args`), and lists, tuples and
+    arguments objects (`DtypeValue`, `NamespaceValue`: Megatron's `args`), and lists, tuples and
     string-keyed dicts of them (no storage: the archive holds only its pickle)."""
 
     def __init__(self, value: Any, name: str) -> None:
@@ -71,7 +71,7 @@ def _value(p: _Pickle, v: Any, name: str, depth: int) -> None:
             _value(p, x, name, depth + 1)
         p.raw(b"u")
     elif isinstance(v, NamespaceValue):  # what pickle writes for an object without __reduce__: cls(), then BUILD
-        p.global_("argparse", "Namespace")
+        p.global_(*NAMESPACE.rsplit(".", 1))
         p.raw(b")\x81")
         _value(p, dict(v.fields), name, depth + 1)
         p.raw(b"b")

@@ -14,7 +14,7 @@ bytes under `<module>._extra_state/shard_<layer>_<num_layers>`; `load` asks for 
 written holding what megatron-core stores for a layer without FP8 state: `torch.save([None])`.
 
 `common.pt` holds what Megatron-LM's `generate_state_dict` puts beside the model: `args` (an
-`argparse.Namespace` of the training arguments, derived from the source's config.json by
+pickled arguments object (`NamespaceValue`) of the training arguments, derived from the source's config.json by
 `formats.megatron.from_hf`), `checkpoint_version` 3.0 and `iteration` 0, so Megatron-LM's loader and
 migrator's Megatron readers find the model's sizes in the checkpoint. `load` returns them beside the
 sharded values, as it does for Megatron-LM's checkpoints. Without a config.json it holds `{}`, what

@@ -1,6 +1,6 @@
 """Megatron-LM's saved values, read as plain data by both Megatron readers.
 
-Megatron-LM saves `{'args': the run's arguments (an argparse.Namespace), 'checkpoint_version': 3.0,
+Megatron-LM saves `{'args': the run's arguments (a pickled arguments object), 'checkpoint_version': 3.0,
 'iteration': N, ...}`: in `common.pt` of a `torch_dist` checkpoint (`formats.torch_dist.common`), in
 every rank file of a legacy one (`formats.megatron_legacy.rankfile`). The pickle went through the
 restricted interpreter; here the arguments become a dict of plain data (`formats.pytorch.namespace`),
@@ -27,7 +27,7 @@ class Saved:
 
 def saved_values(root: Mapping[Any, Any], bad: Callable[[str], Exception]) -> Saved:
     """`root`'s `args`, `checkpoint_version` and `iteration` as plain data; `bad(message)` is the error
-    raised for an `args` that is not a Namespace (the caller names the file)."""
+    raised for an `args` that is not Megatron-LM's arguments object (the caller names the file)."""
     raw = root.get("args")
     fields = namespace_fields(raw)
     if fields is None and raw is not None:
