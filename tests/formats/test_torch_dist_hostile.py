@@ -21,7 +21,6 @@ import pickle
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import pytest
 
 from tests.support.cli import migrate_in_process
 from tests.support.hostile import refused
-from tests.support.torch_dist import megatron_files
+from tests.support.torch_dist import SECOND_RANK_FILE, two_rank_folder
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))  # tests.support.pickles imports tools/fuzz.py
@@ -41,7 +40,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 QKV = "decoder.layers.self_attention.linear_qkv.weight"
 FC2 = "decoder.layers.mlp.linear_fc2.weight"  # stored in the second rank's file
 EMBED = "embedding.word_embeddings.weight"
-RANK1 = "__1_0.distcp"
+RANK1 = SECOND_RANK_FILE
 MCORE = "megatron.core.dist_checkpointing.strategies.torch"
 
 
@@ -60,21 +59,7 @@ def _state() -> dict[str, Any]:
 
 def _write(folder: Path, sd: dict[str, Any], args: argparse.Namespace | None) -> None:
     """`sd` as megatron-core lays it out, FC2's chunk in the second rank's file."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
-        dcp.save(sd, checkpoint_id=str(folder))
-    megatron_files(folder, args)
-    with open(folder / ".metadata", "rb") as f:
-        meta = pickle.load(f)  # the test's own file: torch's classes are the writer here
-    key, info = next((k, v) for k, v in meta.storage_data.items() if k.fqn == FC2)
-    with open(folder / info.relative_path, "rb") as f:
-        f.seek(info.offset)
-        (folder / RANK1).write_bytes(f.read(info.length))
-    meta.storage_data[key] = replace(info, relative_path=RANK1, offset=0)
-    with open(folder / ".metadata", "wb") as f:
-        pickle.dump(meta, f)
+    two_rank_folder(folder, sd, args, FC2)
 
 
 @pytest.fixture(scope="module")
