@@ -237,6 +237,8 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     # the backend
     "metadata.json names zarr": (_backend('{"sharded_backend": "zarr"}'), "zarr"),
     "metadata.json names torch_dist's old name": (_backend('{"sharded_backend": "torch"}'), "'torch' backend"),
+    "metadata.json not JSON": (_backend('{"sharded_backend": "torch_dist"'), "metadata.json is not megatron-core's"),
+    "metadata.json without a backend": (_backend('{"sharded_backend": 5}'), "metadata.json is not megatron-core's"),
     # the arguments against the tensors
     "stacked axis shorter than num_layers": (_rewrite(_same, _args(num_layers=3)), "num_layers 3"),
     "one stacked tensor with 3 layers": (_rewrite(_stacked(FC2, 3), _args()), FC2),

@@ -56,6 +56,9 @@ class TorchDistReader(Reader):
         self.scalars = {}
         label = str(folder)
         found = backend(folder) if (folder / BACKEND_FILE).is_file() else "torch_dist"
+        if found is None:
+            raise FormatError(f"{BACKEND_FILE} is not megatron-core's: no JSON object naming its sharded_backend",
+                              file=str(folder / BACKEND_FILE))
         if found != "torch_dist":
             raise FormatError(f"megatron-core saved this checkpoint with the '{found}' backend; migrator reads "
                               "torch_dist", file=str(folder / BACKEND_FILE))
