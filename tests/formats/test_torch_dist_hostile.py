@@ -226,8 +226,8 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "common.pt random bytes": (_bytes("common.pt", bytes(range(256)) * 8), "common.pt"),
     "common.pt a list": (_common_obj(lambda s: [1, 2]), "common.pt"),
     "common.pt args a list": (_common_obj(lambda s: {"args": [1, 2]}), "common.pt"),
-    "common.pt num_layers a string": (_common_obj(lambda s: {"args": _args(num_layers="2")}), "num_layers"),
-    "common.pt num_layers negative": (_common_obj(lambda s: {"args": _args(num_layers=-2)}), "num_layers"),
+    "common.pt num_layers a string": (_common_obj(lambda s: {"args": _args(num_layers="2")}), "common.pt: "),
+    "common.pt num_layers negative": (_common_obj(lambda s: {"args": _args(num_layers=-2)}), "common.pt: "),
     # rank files
     "second rank's file missing": (_remove(RANK1), RANK1),
     "first rank's file missing": (_remove("__0_0.distcp"), "__0_0.distcp"),
@@ -246,7 +246,8 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "vocab rows more than padded_vocab_size": (_rewrite(_vocab(10), _args()), "padded_vocab_size 8"),
     "vocab rows fewer than padded_vocab_size": (_rewrite(_vocab(7), _args()), "padded_vocab_size 8"),
     "vocab rows disagree, no vocab_size": (_rewrite(_vocab(10), _args(vocab_size=None)), "padded_vocab_size 8"),
-    "vocab_size above padded_vocab_size": (_rewrite(_same, _args(vocab_size=9)), "vocab_size 9"),
+    "vocab_size above padded_vocab_size": (_rewrite(_same, _args(vocab_size=9)),
+                                           "common.pt: common.pt's args.vocab_size 9"),
 }
 
 

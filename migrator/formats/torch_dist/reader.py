@@ -70,12 +70,13 @@ class TorchDistReader(Reader):
         args = self.common.get("args")
         self.args: dict[str, Any] = args if isinstance(args, dict) else {}
         notes: list[str] = []
-        layers = _int(self.args, "num_layers", label)
-        experts = _int(self.args, "num_experts", label)  # Megatron-LM's --num-experts
-        vocab, padded = _int(self.args, "vocab_size", label), _int(self.args, "padded_vocab_size", label)
+        where = str(common)  # the arguments' own file, for what is wrong with them alone
+        layers = _int(self.args, "num_layers", where)
+        experts = _int(self.args, "num_experts", where)  # Megatron-LM's --num-experts
+        vocab, padded = _int(self.args, "vocab_size", where), _int(self.args, "padded_vocab_size", where)
         if vocab is not None and padded is not None and vocab > padded:
             raise FormatError(f"common.pt's args.vocab_size {vocab} exceeds its padded_vocab_size {padded}: "
-                              "megatron pads the vocabulary, never cuts it", file=label)
+                              "megatron pads the vocabulary, never cuts it", file=where)
         tensors: list[LazyTensor] = []
         per_layer: dict[tuple[str, int], list[LazyTensor]] = {}  # layer-major, where the first stacked tensor was
         at: int | None = None
