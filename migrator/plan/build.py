@@ -421,7 +421,7 @@ class Compilation:
         """The entries with each Linear weight `quantize:` takes replaced by its F8_E4M3 weight and its
         weight_scale (`transform.quantize`); what it keeps, and why, goes to the notes."""
         from ..recipe.config import ConfigError, load_config
-        from ..transform.quantize import plan_quantization
+        from ..transform.quantize import SourceFacts, plan_quantization
 
         recipe, path = self.recipe, self.settings.config
         assert recipe.quantize is not None
@@ -432,10 +432,11 @@ class Compilation:
             except ConfigError as problem:
                 self.fatal.append(str(problem))
         settings = self.settings
+        source = SourceFacts(self.reader.format, config, None if path is None else os.fspath(path),
+                             dequantized="quantization_config" in self.reader.config_drop)
         q = self.quantization = plan_quantization(
             recipe.quantize.scheme, recipe.quantize.ignore, [e.tensor for e in entries], recipe.modules,
-            settings.module_origins, self.reader.format, config, None if path is None else os.fspath(path),
-            settings.hint_syntax, dequantized="quantization_config" in self.reader.config_drop)
+            settings.module_origins, source, settings.hint_syntax)
         self.fatal += [m if settings.hint_syntax != "convert" else in_convert_syntax(m) for m in q.fatal]
         out: list[PlanEntry] = []
         for i, e in enumerate(entries):
@@ -487,18 +488,19 @@ class Compilation:
         record, pair = burn
         tensors = [e.tensor for e in plan.entries]
         if training.trainer:  # the model's files, optimizer.pt and the Trainer's other files
-            from ..files.sharded_writer import default_weights_name
+            from ..files.sharded_writer import FolderLayout, default_weights_name
             from .trainer_target import trainer_writer
 
             assert recipe.target.shard is not None
             if recipe.target.config or self.growth is not None:  # its files are the Trainer's own
                 raise PlanError("target.config and add_tokens are not supported with a Trainer checkpoint folder "
                                 "target; write a model folder")
-            plan.writer = trainer_writer(
-                training, plan.entries, reader, out_fmt, scalars=plan.scalars, max_size=recipe.target.shard.max_size,
-                copies=recipe.target.copies(), copy_from=self.places.copy_from or reader.folder,
-                weights_name=recipe.target.shard.name or default_weights_name(out_fmt, reader.folder),
-                storage=self.read.storage, **self.writer_options(plan.metadata, notes, folder_target=True))
+            layout = FolderLayout(max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
+                                  copy_from=self.places.copy_from or reader.folder,
+                                  weights_name=recipe.target.shard.name or default_weights_name(out_fmt, reader.folder),
+                                  storage=self.read.storage)
+            plan.writer = trainer_writer(training, plan.entries, reader, out_fmt, scalars=plan.scalars, folder=layout,
+                                         **self.writer_options(plan.metadata, notes, folder_target=True))
             notes += plan.writer.notes
         elif recipe.target.shard is not None:
             from .folder_target import folder_writer

@@ -80,7 +80,7 @@ class Planned(Protocol):
 def folder_writer(c: Compiling, plan: Planned) -> None:
     """`plan.writer`: a `ShardedWriter` of `plan`'s tensors into `c`'s folder target (a `Compilation`);
     its notes and those of the files it is given go to `plan.notes`."""
-    from ..files.sharded_writer import ShardedWriter, default_weights_name
+    from ..files.sharded_writer import FolderLayout, ShardedWriter, default_weights_name
 
     recipe, reader, out_fmt, notes = c.recipe, c.reader, c.out_fmt, plan.notes
     assert recipe.target.shard is not None
@@ -105,13 +105,10 @@ def folder_writer(c: Compiling, plan: Planned) -> None:
         from ..formats.compressed_tensors_schemes import quantization_config
 
         config_update["quantization_config"] = quantization_config(c.quantization.scheme, c.quantization.ignore)
-    plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,
-                                max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                copy_from=folder, weights_name=name, config_update=config_update or None,
-                                config_drop=reader.config_drop,
-                                generated=[*reader.generated, *made.items(), *grown_files],
-                                storage=c.read.storage,
-                                **options)
+    layout = FolderLayout(max_size=recipe.target.shard.max_size, weights_name=name, copies=recipe.target.copies(),
+                          copy_from=folder, config_update=config_update or None, config_drop=reader.config_drop,
+                          generated=[*reader.generated, *made.items(), *grown_files], storage=c.read.storage)
+    plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars, folder=layout, **options)
     if c.quantization is not None and not any(n == "config.json" for n, _ in plan.writer.generated):
         raise PlanError(f"quantize {c.quantization.scheme.name} writes its quantization_config into the "
                         f"folder's config.json, and none is copied from {folder} (copy: [config.json], or "
