@@ -1,0 +1,128 @@
+"""recipes/hf-{qwen2,qwen3,mixtral,qwen3-moe}-to-megatron.yaml against megatron-core 0.16.1 itself.
+
+Each family's tiny transformers model (fixed seed; norms and biases moved away from their init so a swap
+shows) goes through its recipe as a user runs it; the oracles are megatron-core's `dist_checkpointing.load`
+of the folder into the sharded state dict its own GPTModel builds for the model's config.json
+(`tests/support/megatron_load.py`: local layer spec, experts as a SequentialMLP, gloo on CPU), a strict
+`load_state_dict`, every tensor it loaded against the Hugging Face tensors rearranged by torch here (bit
+for bit), and megatron's forward: its logits against transformers' on the source model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cli import migrate_in_process
+from tests.support.megatron_load import TOKENS, load_into_megatron
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("megatron.core")
+st_torch = pytest.importorskip("safetensors.torch")
+
+pytestmark = pytest.mark.slow  # megatron-core imported in a new process: ~25 s per family under load
+
+REPO = Path(__file__).resolve().parents[2]
+HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, EXPERTS, TOPK = 64, 2, 4, 2, 96, 128, 4, 2
+COMMON = {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+          "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+          "tie_word_embeddings": False}
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2", {}),
+    "qwen3": ("Qwen3", {"head_dim": HIDDEN // HEADS}),
+    "mixtral": ("Mixtral", {"num_local_experts": EXPERTS, "num_experts_per_tok": TOPK}),
+    "qwen3-moe": ("Qwen3Moe", {"head_dim": HIDDEN // HEADS, "num_experts": EXPERTS, "num_experts_per_tok": TOPK,
+                               "moe_intermediate_size": 48, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                               "mlp_only_layers": []}),
+}
+
+
+def tiny_model(family: str, path: Path, **extra: Any) -> Any:
+    """The family's transformers model, saved at `path` (save_pretrained: config.json, model.safetensors)."""
+    prefix, options = FAMILIES[family]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, f"{prefix}Config")(**COMMON, **options, **extra)
+    model = getattr(transformers, f"{prefix}ForCausalLM")(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.3 + (1.0 if "norm" in name else 0.0))
+    model.eval()
+    model.save_pretrained(path)
+    return model
+
+
+def _qkv(hf: dict[str, Any], a: str, kind: str) -> Any:
+    """q, k and v's `kind` (weight, bias) per key/value group: each group's query heads, its key, its value."""
+    parts = [hf[f"{a}{p}_proj.{kind}"].view(KV_HEADS, -1, *hf[f"{a}{p}_proj.{kind}"].shape[1:]) for p in "qkv"]
+    return torch.cat(parts, dim=1).flatten(0, 1)
+
+
+def megatron_layout(family: str, hf: dict[str, Any]) -> dict[str, Any]:
+    """The Hugging Face tensors as megatron's GPTModel (local spec, SequentialMLP experts) names and lays
+    them out in its state dict, by torch."""
+    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+           "decoder.final_layernorm.weight": hf["model.norm.weight"], "output_layer.weight": hf["lm_head.weight"]}
+    for i in range(LAYERS):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out[m + "self_attention.linear_qkv.weight"] = _qkv(hf, h + "self_attn.", "weight")
+        out[m + "self_attention.linear_proj.weight"] = hf[h + "self_attn.o_proj.weight"]
+        out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"]
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
+        if family == "qwen2":
+            out[m + "self_attention.linear_qkv.bias"] = _qkv(hf, h + "self_attn.", "bias")
+        if family in ("qwen3", "qwen3-moe"):
+            out[m + "self_attention.q_layernorm.weight"] = hf[h + "self_attn.q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = hf[h + "self_attn.k_norm.weight"]
+        if family == "mixtral":
+            out[m + "mlp.router.weight"] = hf[h + "block_sparse_moe.gate.weight"]
+            for e in range(EXPERTS):
+                x, y = f"{h}block_sparse_moe.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
+                out[y + "linear_fc1.weight"] = torch.cat([hf[x + "w1.weight"], hf[x + "w3.weight"]])
+                out[y + "linear_fc2.weight"] = hf[x + "w2.weight"]
+        elif family == "qwen3-moe":
+            out[m + "mlp.router.weight"] = hf[h + "mlp.gate.weight"]
+            for e in range(EXPERTS):
+                x, y = f"{h}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
+                out[y + "linear_fc1.weight"] = torch.cat([hf[x + "gate_proj.weight"], hf[x + "up_proj.weight"]])
+                out[y + "linear_fc2.weight"] = hf[x + "down_proj.weight"]
+        else:
+            out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
+            out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
+    return out
+
+
+def convert(family: str, tmp: Path, **extra: Any) -> dict[str, Any]:
+    """The family's tiny model through its recipe, and megatron's reading of the result on one rank."""
+    model = tiny_model(family, tmp / "hf", **extra)
+    out = tmp / "megatron"
+    run = migrate_in_process("run", str(REPO / "recipes" / f"hf-{family}-to-megatron.yaml"), "--source",
+                             str(tmp / "hf"), "--target", f"{out}/", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    with torch.no_grad():
+        logits = model(torch.tensor(TOKENS)).logits
+    return {"out": out, "stderr": run.stderr + run.stdout, "hf_logits": logits,
+            "hf": st_torch.load_file(str(tmp / "hf" / "model.safetensors")),
+            "megatron": load_into_megatron(out, tmp / "hf" / "config.json", tmp / "megatron-read.pt")}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def converted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp(f"hf-{request.param}-to-megatron")
+    return {"family": request.param, "tmp": tmp, **convert(request.param, tmp)}
+
+
+def test_megatron_loads_each_family_and_gives_its_logits(converted: dict[str, Any]) -> None:
+    logits = converted["megatron"]["logits"]
+    assert logits.shape == converted["hf_logits"].shape == (1, len(TOKENS[0]), VOCAB)
+    torch.testing.assert_close(logits, converted["hf_logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_every_tensor_megatron_loaded_is_the_hf_one_rearranged(converted: dict[str, Any]) -> None:
+    loaded, expected = converted["megatron"]["state"], megatron_layout(converted["family"], converted["hf"])
+    assert sorted(loaded) == sorted(expected)
+    for name, tensor in expected.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
