@@ -44,7 +44,7 @@ def tiny_model(family: str, path: Path, **extra: Any) -> Any:
     """The family's transformers model, saved at `path` (save_pretrained: config.json, model.safetensors)."""
     prefix, options = FAMILIES[family]
     torch.manual_seed(0)
-    cfg = getattr(transformers, f"{prefix}Config")(**COMMON, **options, **extra)
+    cfg = getattr(transformers, f"{prefix}Config")(**{**COMMON, **options, **extra})
     model = getattr(transformers, f"{prefix}ForCausalLM")(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -126,3 +126,64 @@ def test_every_tensor_megatron_loaded_is_the_hf_one_rearranged(converted: dict[s
     assert sorted(loaded) == sorted(expected)
     for name, tensor in expected.items():
         assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mixtral"])
+def test_two_tensor_parallel_ranks_load_their_parts_and_give_the_logits(
+        family: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each rank reads its KV group's rows of linear_qkv (weight and bias), and of each expert its halves of
+    gate and up (megatron's expert tensor parallelism follows the tensor-parallel size) out of the whole chunks."""
+    tmp = tmp_path_factory.mktemp(f"hf-{family}-tp2")
+    model = tiny_model(family, tmp / "hf")
+    out = tmp / "megatron"
+    run = migrate_in_process("run", str(REPO / "recipes" / f"hf-{family}-to-megatron.yaml"), "--source",
+                             str(tmp / "hf"), "--target", f"{out}/", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    read = load_into_megatron(out, tmp / "hf" / "config.json", tmp / "tp2.pt", ranks=2)
+    with torch.no_grad():
+        torch.testing.assert_close(read["logits"], model(torch.tensor(TOKENS)).logits, rtol=1e-5, atol=1e-5)
+    whole = megatron_layout(family, st_torch.load_file(str(tmp / "hf" / "model.safetensors")))
+    rows = (HEADS + 2 * KV_HEADS) * HIDDEN // HEADS // 2  # one of the two KV groups
+    for name in [f"decoder.layers.1.self_attention.linear_qkv.{kind}" for kind in ("weight", "bias")]:
+        if name in whole:  # Mixtral's q, k and v have no bias
+            assert torch.equal(read["state"][name], whole[name][:rows]), name
+    if family == "mixtral":
+        fc1 = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"
+        gate, up = whole[fc1].chunk(2)
+        assert torch.equal(read["state"][fc1], torch.cat([gate[:FFN // 2], up[:FFN // 2]]))
+        assert torch.equal(read["state"]["decoder.layers.0.mlp.router.weight"],
+                           whole["decoder.layers.0.mlp.router.weight"])
+
+
+def test_qwen3_moe_without_norm_topk_prob_is_megatrons_pre_softmax_router(tmp_path: Path) -> None:
+    """norm_topk_prob: false (the chosen experts' softmax weights kept as they are, not renormalised) is
+    megatron's --moe-router-pre-softmax: the same tensors, and megatron built so gives transformers' logits."""
+    done = convert("qwen3-moe", tmp_path, norm_topk_prob=False)
+    torch.testing.assert_close(done["megatron"]["logits"], done["hf_logits"], rtol=1e-5, atol=1e-5)
+    renormalised = tiny_model("qwen3-moe", tmp_path / "renormalised")  # the same weights (seed), norm_topk_prob
+    with torch.no_grad():
+        assert not torch.allclose(renormalised(torch.tensor(TOKENS)).logits, done["hf_logits"], atol=1e-3)
+
+
+@pytest.mark.parametrize(("family", "extra", "message"), [
+    ("qwen3-moe", {"mlp_only_layers": [1]},  # layer 1's MLP is dense: its experts are layer 0's alone
+     "'decoder.layers.mlp.experts.experts.linear_fc2.weight': its layer axis has 1 layers; "
+     "decoder.layers.self_attention.linear_qkv.layer_norm_weight has 2"),
+    ("qwen3", {"attention_bias": True},  # megatron has no q/k/v biases beside q/k norms, nor o_proj's alone
+     "'model.layers.0.self_attn.k_proj.bias': one layer's tensor, not in megatron's layout"),
+])
+def test_what_megatron_has_no_place_for_is_refused_and_the_target_kept(
+        family: str, extra: dict[str, Any], message: str, tmp_path: Path) -> None:
+    """A dense layer among expert layers, or biases megatron's GPTModel lacks: the recipe leaves them as they
+    are, and the target refuses the model in one line naming a tensor."""
+    tiny_model(family, tmp_path / "hf", **extra)
+    out = tmp_path / "megatron"
+    out.mkdir()
+    (out / "keep").write_text("old")
+    run = migrate_in_process("run", str(REPO / "recipes" / f"hf-{family}-to-megatron.yaml"), "--source",
+                             str(tmp_path / "hf"), "--target", f"{out}/", "--no-progress")
+    assert run.returncode == 1, run.stderr
+    error = run.stderr.strip().splitlines()[0]
+    assert error.startswith(f"error: tensor {message}"), run.stderr
+    assert "migrate: nothing written" in run.stderr and run.stderr.count("error") == 1, run.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep"] and (out / "keep").read_text() == "old"

@@ -115,12 +115,15 @@ def _stack_lengths(tensors: Sequence[LazyTensor]) -> dict[str, int]:
     found: dict[str, tuple[int, str]] = {}
     for t in tensors:
         kept = _UNSTACKED.search(t.name)
+        if kept is not None and not t.name.startswith("decoder."):
+            raise PlanError("one layer's tensor, not in megatron's layout: recipes/hf-llama-to-megatron.yaml (or "
+                            "hf-qwen2-, hf-qwen3-, hf-mixtral-, hf-qwen3-moe-to-megatron.yaml) convert a Hugging "
+                            "Face model and leave what megatron's GPTModel has no place for (a bias it lacks, a "
+                            "dense layer among expert layers) as it is", tensor=t.name)
         if kept is not None:
             raise PlanError(f"one {kept.group(1)[:-1]}'s tensor: megatron stacks the layers on a leading axis "
                             "(decoder.layers.<name>, [num_layers, ...]) and a layer's experts on the next "
-                            "(decoder.layers.mlp.experts.experts.<name>); recipes/hf-llama-to-megatron.yaml (and "
-                            "hf-qwen2-, hf-qwen3-, hf-mixtral-, hf-qwen3-moe-) convert a Hugging Face model, the "
-                            "stack op stacks layers", tensor=t.name)
+                            "(decoder.layers.mlp.experts.experts.<name>); the stack op stacks them", tensor=t.name)
         axes = _axes(t.name)
         if len(t.shape) < len(axes):
             raise PlanError(f"a stacked tensor leads with its {' and '.join(axes)} axis; this one has "
