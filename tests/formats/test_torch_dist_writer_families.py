@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import migrate_in_process
+from tests.support.hf_families import EXPERTS, FAMILIES, FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, VOCAB, tiny_model
 from tests.support.megatron_load import TOKENS, load_into_megatron
 
 torch = pytest.importorskip("torch")
@@ -26,35 +27,6 @@ st_torch = pytest.importorskip("safetensors.torch")
 pytestmark = pytest.mark.slow  # megatron-core imported in a new process: ~25 s per family under load
 
 REPO = Path(__file__).resolve().parents[2]
-HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, EXPERTS, TOPK = 64, 2, 4, 2, 96, 128, 4, 2
-COMMON = {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-          "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
-          "tie_word_embeddings": False}
-FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "qwen2": ("Qwen2", {}),
-    "qwen3": ("Qwen3", {"head_dim": HIDDEN // HEADS}),
-    "mixtral": ("Mixtral", {"num_local_experts": EXPERTS, "num_experts_per_tok": TOPK}),
-    "qwen3-moe": ("Qwen3Moe", {"head_dim": HIDDEN // HEADS, "num_experts": EXPERTS, "num_experts_per_tok": TOPK,
-                               "moe_intermediate_size": 48, "norm_topk_prob": True, "decoder_sparse_step": 1,
-                               "mlp_only_layers": []}),
-}
-
-
-def tiny_model(family: str, path: Path, **extra: Any) -> Any:
-    """The family's transformers model, saved at `path` (save_pretrained: config.json, model.safetensors)."""
-    prefix, options = FAMILIES[family]
-    torch.manual_seed(0)
-    cfg = getattr(transformers, f"{prefix}Config")(**{**COMMON, **options, **extra})
-    model = getattr(transformers, f"{prefix}ForCausalLM")(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.3 + (1.0 if "norm" in name else 0.0))
-    model.eval()
-    model.save_pretrained(path)
-    return model
-
-
 def _qkv(hf: dict[str, Any], a: str, kind: str) -> Any:
     """q, k and v's `kind` (weight, bias) per key/value group: each group's query heads, its key, its value."""
     parts = [hf[f"{a}{p}_proj.{kind}"].view(KV_HEADS, -1, *hf[f"{a}{p}_proj.{kind}"].shape[1:]) for p in "qkv"]

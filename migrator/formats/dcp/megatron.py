@@ -81,8 +81,8 @@ class TorchDistWriter(DcpWriter):
         self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, _bytes(COMMON, COMMON_FILE))]
         extra = sum(1 for e in self.entries if e.dtype is None)
         if extra:
-            self.notes.append(f"{extra} empty _extra_state entries written, one per linear layer and layer, as "
-                              "megatron-core stores them for layers without FP8 state")
+            self.notes.append(f"{extra} empty _extra_state entries written, one per linear layer of each layer (and "
+                              "expert), as megatron-core stores them for layers without FP8 state")
 
     def _extra_values(self) -> list[Leaf]:
         out: list[Leaf] = []
