@@ -159,3 +159,18 @@ def test_what_megatron_has_no_place_for_is_refused_and_the_target_kept(
     assert error.startswith(f"error: tensor {message}"), run.stderr
     assert "migrate: nothing written" in run.stderr and run.stderr.count("error") == 1, run.stderr
     assert sorted(p.name for p in out.iterdir()) == ["keep"] and (out / "keep").read_text() == "old"
+
+
+def test_the_torch_dist_reader_reads_it_back_per_layer_and_expert(converted: dict[str, Any]) -> None:
+    """migrator's own torch_dist reader on the folder: each layer's (and expert's) tensor is the Hugging Face one
+    rearranged by torch, under the names megatron's model holds it by."""
+    back = converted["tmp"] / "back.safetensors"
+    run = migrate_in_process("convert", str(converted["out"]), str(back))
+    assert run.returncode == 0, run.stderr
+    got = st_torch.load_file(str(back))
+    expected = {k.replace("input_layernorm.", "self_attention.linear_qkv.layer_norm_")
+                .replace("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"): v
+                for k, v in megatron_layout(converted["family"], converted["hf"]).items()}
+    assert sorted(got) == sorted(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
