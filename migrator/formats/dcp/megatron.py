@@ -51,7 +51,7 @@ STACKED: tuple[tuple[str, tuple[str, ...]], ...] = (
 """The leading axes megatron's sharded tensors carry under a prefix (the first that matches): the layer
 (TransformerBlock's `prepend_axis_num`), then the expert of a SequentialMLP (its sharded offsets add
 one, under `mlp.experts.experts.` for every `mlp.experts.local_experts.N.`)."""
-_UNSTACKED = re.compile(r"(?:^|\.)(layers|experts)\.\d+\.")
+_UNSTACKED = re.compile(r"(?:^|\.)(?:local_)?(layer|expert)s\.\d+\.")
 """One layer's or expert's tensor (`decoder.layers.0.`, a Hugging Face `model.layers.0.`,
 `mlp.experts.local_experts.0.`): megatron's sharded state dict has none."""
 _LINEAR = re.compile(r"^(decoder\.layers\.(?:.+\.)?linear_[a-z0-9_]+)\.weight$")
@@ -121,7 +121,7 @@ def _stack_lengths(tensors: Sequence[LazyTensor]) -> dict[str, int]:
                             "Face model and leave what megatron's GPTModel has no place for (a bias it lacks, a "
                             "dense layer among expert layers) as it is", tensor=t.name)
         if kept is not None:
-            raise PlanError(f"one {kept.group(1)[:-1]}'s tensor: megatron stacks the layers on a leading axis "
+            raise PlanError(f"one {kept.group(1)}'s tensor: megatron stacks the layers on a leading axis "
                             "(decoder.layers.<name>, [num_layers, ...]) and a layer's experts on the next "
                             "(decoder.layers.mlp.experts.experts.<name>); the stack op stacks them", tensor=t.name)
         axes = _axes(t.name)
