@@ -66,6 +66,7 @@ $(LLAMACPP_SCRIPTS)/.extracted:
 
 RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard \
 	gpt2-split-qkv gpt2-merge-qkv mixtral-stack-experts mixtral-unstack-experts llama-meta-to-hf llama-hf-to-meta hf-llama-to-megatron \
+	hf-qwen2-to-megatron hf-qwen3-to-megatron hf-mixtral-to-megatron hf-qwen3-moe-to-megatron \
 	bert-graft bert-cut-layers bert-stack-layers lora-fold merge-slerp merge-ties depth-upscale llama-to-burn \
 	mixtral-prune-experts llama-add-tokens
 

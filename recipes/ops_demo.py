@@ -11,6 +11,8 @@
   in Meta's interleaved rotary layout, with grouped key/value heads) and its params.json.
 - llama-hf-tiny/config.json: the same model's Hugging Face LlamaConfig, beside which the
   llama-meta-to-hf recipe writes model.safetensors (the recipes take their head counts from these).
+- qwen2-tiny-hf/, qwen3-tiny-hf/, qwen3-moe-tiny-hf/: Hugging Face Qwen2 (q/k/v biases), Qwen3 (q/k
+  norms) and Qwen3-MoE (q/k norms, 4 experts) folders, the HF -> Megatron recipes' inputs.
 """
 
 from __future__ import annotations
@@ -73,6 +75,46 @@ def mixtral_experts(seed: int = 11) -> dict[str, np.ndarray]:
     return t
 
 
+QWEN = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64, "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+QWEN_FAMILIES = {"qwen2": ("Qwen2ForCausalLM", {}),
+                 "qwen3": ("Qwen3ForCausalLM", {}),
+                 "qwen3_moe": ("Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2,
+                                                       "moe_intermediate_size": 24, "norm_topk_prob": True,
+                                                       "decoder_sparse_step": 1, "mlp_only_layers": []})}
+
+
+def qwen(kind: str, seed: int = 13) -> dict[str, np.ndarray]:
+    """A Qwen-family decoder's tensors under Hugging Face's names: Qwen2's q/k/v biases, Qwen3's q/k norms,
+    Qwen3-MoE's router (mlp.gate) and one gate/up/down per expert."""
+    w = _weights(seed)
+    c, extra = QWEN, QWEN_FAMILIES[kind][1]
+    hid, hd = c["hidden_size"], c["head_dim"]
+    q, kv = hd * c["num_attention_heads"], hd * c["num_key_value_heads"]
+    t = {"model.embed_tokens.weight": w(c["vocab_size"], hid)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t |= {p + "self_attn.q_proj.weight": w(q, hid), p + "self_attn.k_proj.weight": w(kv, hid),
+              p + "self_attn.v_proj.weight": w(kv, hid), p + "self_attn.o_proj.weight": w(hid, q),
+              p + "input_layernorm.weight": 1 + w(hid), p + "post_attention_layernorm.weight": 1 + w(hid)}
+        if kind == "qwen2":
+            t |= {p + "self_attn.q_proj.bias": w(q), p + "self_attn.k_proj.bias": w(kv),
+                  p + "self_attn.v_proj.bias": w(kv)}
+        else:
+            t |= {p + "self_attn.q_norm.weight": 1 + w(hd), p + "self_attn.k_norm.weight": 1 + w(hd)}
+        experts = extra.get("num_experts", 0)
+        ffn = extra.get("moe_intermediate_size", c["intermediate_size"])
+        for e in range(experts) if experts else [None]:
+            x = p + ("mlp." if e is None else f"mlp.experts.{e}.")
+            t |= {x + "gate_proj.weight": w(ffn, hid), x + "up_proj.weight": w(ffn, hid),
+                  x + "down_proj.weight": w(hid, ffn)}
+        if experts:
+            t[p + "mlp.gate.weight"] = w(experts, hid)
+    t |= {"model.norm.weight": 1 + w(hid), "lm_head.weight": w(c["vocab_size"], hid)}
+    return t
+
+
 def mixtral_config() -> dict[str, object]:
     return {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], **MIXTRAL, "tie_word_embeddings": False}
 
@@ -104,6 +146,13 @@ def write(out: Path) -> None:
          metadata={"format": "pt"}, overwrite=True)
     (out / "mixtral-tiny-hf" / "config.json").write_text(json.dumps(mixtral_config(), indent=2) + "\n")
     write_llama(out, LLAMA)
+    for kind, (architecture, extra) in QWEN_FAMILIES.items():
+        folder = out / f"{kind.replace('_', '-')}-tiny-hf"
+        folder.mkdir(parents=True, exist_ok=True)
+        save([from_numpy(k, v) for k, v in qwen(kind).items()], folder / "model.safetensors",
+             metadata={"format": "pt"}, overwrite=True)
+        config = {"model_type": kind, "architectures": [architecture], **QWEN, **extra}
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def llama_hf_config(c: dict[str, int]) -> dict[str, object]:

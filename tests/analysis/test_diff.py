@@ -47,6 +47,9 @@ READ_BACK_PER_LAYER = {
     "hf-llama-to-megatron": "writes Megatron's stacked [L, ...] tensors; the torch_dist reader lists them per "
     "layer (decoder.layers.N...), the names the Megatron -> HF recipes take, so B's names are not the recipe's "
     "targets (tests/formats/test_torch_dist_writer.py reads it back layer by layer against torch)",
+    **dict.fromkeys([f"hf-{family}-to-megatron" for family in ("qwen2", "qwen3", "mixtral", "qwen3-moe")],
+                    "the same stacked [L, ...] (experts: [L, E, ...]) tensors; tests/formats/"
+                    "test_torch_dist_writer_families.py checks what megatron-core loads against torch"),
 }
 """Recipes whose output is read back under other names than the recipe writes, by design."""
 

@@ -11,7 +11,8 @@ dict after the load and the logits.
 
 megatron-core on CPU needs: `torch.cuda.current_device` (its sharded tensors name a device), the CUDA
 RNG tracker's `fork` (the attention's dropout forks it; there is no CPU state to fork), and a causal
-mask given to the forward (its default is built on "cuda").
+mask given to the forward (its default is built on "cuda"), and for experts `te_general_gemm` (0.16.1's
+router reads it, undefined without Transformer Engine).
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ def load_into_megatron(ckpt: Path, hf_config: Path, out: Path, *, ranks: int = 1
     return torch.load(out, weights_only=True)
 
 
+def _family(hf: dict[str, Any]) -> dict[str, Any]:
+    """What a Hugging Face config's family adds to the dense Llama, as megatron's TransformerConfig
+    options and the local layer spec's: Qwen2's q/k/v biases, Qwen3's q/k RMSNorm, Mixtral's and Qwen3-MoE's
+    experts (a SequentialMLP; a softmax top-k router: renormalised over the chosen experts, as Mixtral and
+    Qwen3-MoE with norm_topk_prob do, or not, megatron's pre-softmax, as Qwen3-MoE without it)."""
+    kind = hf.get("model_type", "llama")
+    out: dict[str, Any] = {"add_qkv_bias": kind == "qwen2", "qk_layernorm": kind in ("qwen3", "qwen3_moe")}
+    # Mixtral's count is num_local_experts; Qwen3-MoE's num_experts (transformers 5 saves it as num_local_experts)
+    experts = hf.get("num_experts") or hf.get("num_local_experts") if kind in ("mixtral", "qwen3_moe") else None
+    if experts:
+        out.update(num_moe_experts=experts, moe_router_topk=hf["num_experts_per_tok"],
+                   moe_ffn_hidden_size=hf["moe_intermediate_size" if kind == "qwen3_moe" else "intermediate_size"],
+                   moe_router_pre_softmax=kind == "qwen3_moe" and not hf.get("norm_topk_prob"),
+                   moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=0.0)
+    return out
+
+
 def _model(hf: dict[str, Any]) -> Any:
     import torch
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -68,13 +86,17 @@ def _model(hf: dict[str, Any]) -> Any:
 
     heads = hf["num_attention_heads"]
     rope = (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0))
+    family = _family(hf)
     cfg = TransformerConfig(
         num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], num_attention_heads=heads,
         num_query_groups=hf.get("num_key_value_heads", heads), ffn_hidden_size=hf["intermediate_size"],
         kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads, use_cpu_initialization=True,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
-        layernorm_epsilon=hf["rms_norm_eps"], add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0)
-    return GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        layernorm_epsilon=hf["rms_norm_eps"], add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
+        **family)
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=family["qk_layernorm"],
+                                    num_experts=family.get("num_moe_experts"), moe_grouped_gemm=False)
+    return GPTModel(config=cfg, transformer_layer_spec=spec,
                     vocab_size=hf["vocab_size"], max_sequence_length=hf["max_position_embeddings"],
                     position_embedding_type="rope", rotary_base=int(rope),
                     share_embeddings_and_output_weights=bool(hf.get("tie_word_embeddings")), parallel_output=False)
@@ -90,6 +112,10 @@ def _rank(rank: int, ranks: int, port: int, ckpt: str, hf_config: str, out: str,
     from megatron.core import parallel_state, tensor_parallel
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=ranks)
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):  # 0.16.1's router reads it, undefined without Transformer Engine
+        moe_utils.te_general_gemm = None
     torch.manual_seed(0)
     model = _model(json.loads(Path(hf_config).read_text()))
     model.eval()

@@ -8,10 +8,14 @@ dict's values that are not sharded (`torch.load`ed first by `load`, which fails 
 The tensors keep megatron's sharded keys (`decoder.layers.self_attention.linear_qkv.weight`), the
 layers stacked on a leading `[num_layers, ...]` axis: the global tensor megatron's `ShardedTensor`s
 with `prepend_axis_num=1` are pieces of, so one whole chunk serves any tensor- or pipeline-parallel
-split on load. Every linear layer megatron builds (`linear_qkv`, `linear_proj`, `linear_fc1`,
-`linear_fc2`) adds an `_extra_state` `ShardedObject` per layer to its sharded state dict, stored as
-bytes under `<module>._extra_state/shard_<layer>_<num_layers>`; `load` asks for each one, so each is
-written holding what megatron-core stores for a layer without FP8 state: `torch.save([None])`.
+split on load. The experts of a mixture-of-experts layer (megatron's SequentialMLP) add a second
+axis, as its sharded offsets do: `decoder.layers.mlp.experts.experts.linear_fc1.weight` is
+`[num_layers, num_experts, ...]` (`STACKED`). Every linear layer megatron builds (`linear_qkv`,
+`linear_proj`, `linear_fc1`, `linear_fc2`, each expert's) adds an `_extra_state` `ShardedObject` per
+layer (and expert) to its sharded state dict, stored as bytes under
+`<module>._extra_state/shard_<layer>_<num_layers>` (`shard_<layer>.<expert>_<num_layers>.<num_experts>`);
+`load` asks for each one, so each is written holding what megatron-core stores for a layer without
+FP8 state: `torch.save([None])`.
 
 `common.pt` holds what Megatron-LM's `generate_state_dict` puts beside the model: `args` (an
 pickled arguments object (`NamespaceValue`) of the training arguments, derived from the source's config.json by
@@ -24,6 +28,7 @@ sharded values, as it does for Megatron-LM's checkpoints. Without a config.json 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -54,8 +59,16 @@ CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common
 """megatron-core's `CheckpointingConfig` for a `torch_dist` checkpoint, as `save_config` dumps it."""
 LAYERS = "decoder.layers."
 EMBEDDING, OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
-_UNSTACKED = re.compile(r"(?:^|\.)layers\.\d+\.")
-"""One layer's tensor (`decoder.layers.0.`, a Hugging Face `model.layers.0.`): megatron has none."""
+STACKED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("decoder.layers.mlp.experts.experts.", ("layer", "expert")),
+    (LAYERS, ("layer",)),
+)
+"""The leading axes megatron's sharded tensors carry under a prefix (the first that matches): the layer
+(TransformerBlock's `prepend_axis_num`), then the expert of a SequentialMLP (its sharded offsets add
+one, under `mlp.experts.experts.` for every `mlp.experts.local_experts.N.`)."""
+_UNSTACKED = re.compile(r"(?:^|\.)(?:local_)?(layer|expert)s\.\d+\.")
+"""One layer's or expert's tensor (`decoder.layers.0.`, a Hugging Face `model.layers.0.`,
+`mlp.experts.local_experts.0.`): megatron's sharded state dict has none."""
 _LINEAR = re.compile(r"^(decoder\.layers\.(?:.+\.)?linear_[a-z0-9_]+)\.weight$")
 """A linear layer's weight: its module carries an `_extra_state`."""
 
@@ -78,15 +91,16 @@ class TorchDistWriter(DcpWriter):
         if structure is not None:
             raise PlanError("a Megatron torch_dist target holds a model's weights only (megatron's optimizer state "
                             "is its own layout): set training_state: drop")
-        self.num_layers = _num_layers(tensors)
+        self.stacks = _stack_lengths(tensors)
+        self.num_layers = self.stacks.get("layer", 0)
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         common, said = _common(tensors, self.num_layers, source_config)
         self.notes.append(said)
         self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, _bytes(common, COMMON_FILE))]
         extra = sum(1 for e in self.entries if e.dtype is None)
         if extra:
-            self.notes.append(f"{extra} empty _extra_state entries written, one per linear layer and layer, as "
-                              "megatron-core stores them for layers without FP8 state")
+            self.notes.append(f"{extra} empty _extra_state entries written, one per linear layer of each layer (and "
+                              "expert), as megatron-core stores them for layers without FP8 state")
 
     def _extra_values(self) -> list[Leaf]:
         out: list[Leaf] = []
@@ -94,7 +108,10 @@ class TorchDistWriter(DcpWriter):
             m = _LINEAR.match(t.name)
             if m is not None:
                 key = f"{m.group(1)}._extra_state"
-                out += [((f"{key}/shard_{i}_{self.num_layers}",), None, [None]) for i in range(self.num_layers)]
+                counts = [self.stacks[axis] for axis in _axes(t.name)]
+                shape = ".".join(map(str, counts))
+                out += [((f"{key}/shard_{'.'.join(map(str, at))}_{shape}",), None, [None])
+                        for at in itertools.product(*map(range, counts))]
         return out
 
     def names(self) -> list[str]:
@@ -125,21 +142,34 @@ def _common(tensors: Sequence[LazyTensor], layers: int, config: SourceConfig | N
             f"iteration 0), {derived(args, config.path)}")
 
 
-def _num_layers(tensors: Sequence[LazyTensor]) -> int:
-    """The length of the layer axis every `decoder.layers.` tensor shares; refuses a layer kept apart or
-    tensors that disagree."""
-    found: tuple[int, str] | None = None
+def _axes(name: str) -> tuple[str, ...]:
+    """The stacked axes a tensor of this name leads with (`STACKED`): none outside `decoder.layers.`."""
+    return next((axes for prefix, axes in STACKED if name.startswith(prefix)), ())
+
+
+def _stack_lengths(tensors: Sequence[LazyTensor]) -> dict[str, int]:
+    """The length of each stacked axis (layers, experts) that every tensor stacked on it shares; refuses a
+    layer or expert kept apart, or tensors that disagree."""
+    found: dict[str, tuple[int, str]] = {}
     for t in tensors:
-        if _UNSTACKED.search(t.name):
-            raise PlanError("one layer's tensor: megatron stacks the layers on a leading axis (decoder.layers.<name>, "
-                            "[num_layers, ...]); recipes/hf-llama-to-megatron.yaml converts a Hugging Face Llama, "
-                            "the stack op stacks layers", tensor=t.name)
-        if not t.name.startswith(LAYERS):
-            continue
-        if not t.shape:
-            raise PlanError("a decoder.layers tensor has the layer axis first; this one is a scalar", tensor=t.name)
-        if found is None:
-            found = (t.shape[0], t.name)
-        elif t.shape[0] != found[0]:
-            raise PlanError(f"its layer axis has {t.shape[0]} layers; {found[1]} has {found[0]}", tensor=t.name)
-    return found[0] if found is not None else 0
+        kept = _UNSTACKED.search(t.name)
+        if kept is not None and not t.name.startswith("decoder."):
+            raise PlanError("one layer's tensor, not in megatron's layout: recipes/hf-llama-to-megatron.yaml (or "
+                            "hf-qwen2-, hf-qwen3-, hf-mixtral-, hf-qwen3-moe-to-megatron.yaml) convert a Hugging "
+                            "Face model and leave what megatron's GPTModel has no place for (a bias it lacks, a "
+                            "dense layer among expert layers) as it is", tensor=t.name)
+        if kept is not None:
+            raise PlanError(f"one {kept.group(1)}'s tensor: megatron stacks the layers on a leading axis "
+                            "(decoder.layers.<name>, [num_layers, ...]) and a layer's experts on the next "
+                            "(decoder.layers.mlp.experts.experts.<name>); the stack op stacks them", tensor=t.name)
+        axes = _axes(t.name)
+        if len(t.shape) < len(axes):
+            raise PlanError(f"a stacked tensor leads with its {' and '.join(axes)} axis; this one has "
+                            f"{len(t.shape)} dimensions", tensor=t.name)
+        for axis, n in zip(axes, t.shape, strict=False):
+            if axis not in found:
+                found[axis] = (n, t.name)
+            elif n != found[axis][0]:
+                raise PlanError(f"its {axis} axis has {n} {axis}s; {found[axis][1]} has {found[axis][0]}",
+                                tensor=t.name)
+    return {axis: n for axis, (n, _) in found.items()}
