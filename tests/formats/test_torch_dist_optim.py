@@ -1,0 +1,152 @@
+"""Megatron-core's optimizer state in a `torch_dist` checkpoint: read per parameter, kept through a recipe
+into DCP, dropped when asked; bucket-space buffers listed as stored and refused for `keep`.
+
+The oracle is megatron-core 0.16.1 (`tests/support/torch_dist_optim.py`): it trains a tiny GPT three
+Adam steps on 2 gloo ranks with `get_megatron_optimizer` (the non-distributed optimizer, tensor-parallel;
+the distributed optimizer's `fully_reshardable` and `dp_reshardable` layouts, data-parallel), saves
+model and optimizer with `dist_checkpointing.save`, and reads them back with `load_plain_tensors`.
+Each moment migrator lists must equal megatron's at its layer, bit for bit; the DCP output is read by
+torch's `dcp_to_torch_save`, and its param groups compared with the groups megatron's optimizer built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cli import migrate_in_process
+from tests.support.torch_dist import VOCAB
+from tests.support.torch_dist_optim import STEPS, cached_checkpoint
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # megatron-core training and saving on 2 ranks: ~20-40 s per layout, once
+
+from migrator.files.io import open_file  # noqa: E402
+
+RECIPE = """version: 1
+source: {{path: {source}}}
+training_state: {mode}
+remap:
+  - {{from: '^decoder\\.layers\\.(\\d+)\\.', to: 'layers.$1.'}}
+filter: {{exclude: [{{regex: '^output_layer\\.weight$'}}]}}
+target: {{path: {target}, format: dcp}}
+"""
+
+
+def _written(factory: pytest.TempPathFactory, layout: str) -> tuple[Path, dict[str, Any]]:
+    pytest.importorskip("megatron.core")
+    return cached_checkpoint(factory, layout)
+
+
+def bits(a: Any, b: Any, what: str) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), what
+
+
+def megatrons(plain: dict[str, Any], name: str, key: str) -> Any:
+    """Megatron's own `optimizer.state.<key>.<stacked param>` at the layer `name` (a per-layer name) is."""
+    parts = name.split(".")
+    if name.startswith("decoder.layers."):
+        return plain[f"optimizer.state.{key}.decoder.layers.{'.'.join(parts[3:])}"][int(parts[2])]
+    found = plain[f"optimizer.state.{key}.{name}"]
+    return found[:VOCAB] if name in ("embedding.word_embeddings.weight", "output_layer.weight") else found
+
+
+@pytest.mark.parametrize("layout", ["non-distributed", "fully_reshardable"])
+def test_every_moment_equals_megatrons_own_reading(tmp_path_factory: pytest.TempPathFactory, layout: str) -> None:
+    folder, oracle = _written(tmp_path_factory, layout)
+    plain = oracle["plain"]
+    seen = set()
+    with open_file(folder) as r:
+        state = [n for n in r.names() if n.startswith("optimizer.")]
+        model = [n for n in r.names() if not n.startswith("optimizer.")]
+        for name in state:
+            param, key = name.removeprefix("optimizer.state.").rsplit(".", 1)
+            assert param in model, name
+            got = torch.from_numpy(r[name].numpy().copy())
+            bits(got, megatrons(plain, param, key), name)
+            stacked = param if not param.startswith("decoder.layers.") else "decoder.layers." + ".".join(
+                param.split(".")[3:])
+            seen.add(f"optimizer.state.{key}.{stacked}")
+        assert seen == {k for k in plain if k.startswith("optimizer.")}  # nothing megatron reads is missing
+        keys = ("param", "exp_avg", "exp_avg_sq") if layout == "fully_reshardable" else ("exp_avg", "exp_avg_sq")
+        assert {n.rsplit(".", 1)[1] for n in state} == set(keys)
+        assert [n for n in state if ".layers.0.self_attention.linear_proj." in n] == [
+            f"optimizer.state.decoder.layers.0.self_attention.linear_proj.weight.{k}" for k in keys]  # as stored
+        assert any(f"({layout} layout;" in note for note in r.notes), r.notes
+
+
+def _run(tmp: Path, folder: Path, mode: str) -> tuple[Any, Path]:
+    target = tmp / f"out-{mode}"
+    (tmp / f"{mode}.yaml").write_text(RECIPE.format(source=folder, target=target, mode=mode))
+    done = migrate_in_process("run", str(tmp / f"{mode}.yaml"))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    return done, target
+
+
+def _as_torch(target: Path, tmp: Path) -> dict[str, Any]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(target), str(tmp / "whole.pt"))
+    return torch.load(tmp / "whole.pt", weights_only=True)
+
+
+def test_keep_follows_the_recipe_into_dcp(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """Renamed layers, the output layer filtered out: each kept parameter's moments and step under DCP's
+    flattened names (`optimizer.state.<new name>.exp_avg`), bit for bit megatron's; the output layer's state
+    dropped; the param groups megatron's optimizer built, by the new names, with common.pt's hyperparameters."""
+    folder, oracle = _written(tmp_path_factory, "non-distributed")
+    plain = oracle["plain"]
+    done, target = _run(tmp_path, folder, "keep")
+    whole = _as_torch(target, tmp_path)
+
+    def new(name: str) -> str:
+        return name.replace("decoder.layers.", "layers.", 1) if name.startswith("decoder.layers.") else name
+
+    with open_file(folder) as r:
+        params = [n for n in r.names() if not n.startswith("optimizer.") and n != "output_layer.weight"]
+        for name in params:
+            bits(whole[new(name)], torch.from_numpy(r[name].numpy().copy()), name)
+    state = whole["optimizer"]["state"]
+    assert sorted(state) == sorted(new(n) for n in params)
+    for name in params:
+        for key in ("exp_avg", "exp_avg_sq"):
+            bits(state[new(name)][key], megatrons(plain, name, key), f"{name}.{key}")
+        bits(state[new(name)]["step"], torch.tensor(float(STEPS)), f"{name}.step")
+    common = torch.load(folder / "common.pt", weights_only=False)["optimizer"]
+    groups = whole["optimizer"]["param_groups"]
+    assert len(groups) == len(common["param_groups"]) == len(oracle["members"])
+    for group, saved, members in zip(groups, common["param_groups"], oracle["members"], strict=True):
+        assert {k: v for k, v in group.items() if k != "params"} == saved
+        assert sorted(group["params"]) == sorted(new(n) for n in members if n != "output_layer.weight")
+    assert "output_layer.weight" not in state and not any(k.startswith("output_layer") for k in whole)
+    assert "megatron-core's default rule" in done.stdout
+
+
+def test_drop_leaves_the_state_out_and_says_so(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    folder, _ = _written(tmp_path_factory, "non-distributed")
+    done, target = _run(tmp_path, folder, "drop")
+    whole = _as_torch(target, tmp_path)
+    assert "optimizer" not in whole and "layers.0.mlp.linear_fc1.weight" in whole
+    assert "optimizer state dropped (optimizer): training_state: drop" in done.stdout
+
+
+def test_bucket_space_is_listed_as_stored_and_keep_is_refused(tmp_path_factory: pytest.TempPathFactory,
+                                                              tmp_path: Path) -> None:
+    folder, oracle = _written(tmp_path_factory, "dp_reshardable")
+    plain = oracle["plain"]
+    flat = sorted(k for k in plain if k.startswith("optimizer."))
+    assert flat and all(k.startswith("optimizer.distributed.") for k in flat)
+    with open_file(folder) as r:
+        assert sorted(n for n in r.names() if n.startswith("optimizer.")) == flat
+        for name in flat:
+            bits(torch.from_numpy(r[name].numpy().copy()), plain[name], name)
+        assert any("'dp_reshardable' layout" in note and "as stored" in note for note in r.notes), r.notes
+    done = migrate_in_process("convert", str(folder), str(tmp_path / "out"), "--to", "dcp", "--training-state", "keep")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "'dp_reshardable' layout" in line and "training_state: drop" in line
+    assert not (tmp_path / "out").exists()
