@@ -150,3 +150,34 @@ def test_bucket_space_is_listed_as_stored_and_keep_is_refused(tmp_path_factory: 
     line = done.stderr.strip()
     assert "\n" not in line and "'dp_reshardable' layout" in line and "training_state: drop" in line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("mcore", [False, True])
+def test_moments_not_shaped_as_their_parameter_are_listed_as_stored(tmp_path: Path, mcore: bool) -> None:
+    """megatron-core <= 0.15's fully_sharded_model_space stored flattened ranges reshaped (another global
+    shape, `nd_reformulated_orig_global_shape` in `mcore_data`): not matched, not cut, keep refused."""
+    import argparse
+    import pickle
+
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    from tests.support.torch_dist import megatron_files
+
+    weight = torch.randn(2, 4, 8)
+    moment = torch.randn(2, 32) if not mcore else torch.randn(2, 4, 8)  # same shape: only mcore_data tells
+    key = "optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight"
+    folder = tmp_path / "ckpt"
+    dcp.save({"decoder.layers.mlp.linear_fc2.weight": weight, key: moment}, checkpoint_id=str(folder), no_dist=True)
+    megatron_files(folder, argparse.Namespace(num_layers=2))
+    if mcore:  # what megatron-core <= 0.15 pickles: DCP's Metadata plus mcore_data (as the reader's test does)
+        meta = pickle.loads((folder / ".metadata").read_bytes())
+        meta.mcore_data = {key: {"nd_reformulated_orig_global_shape": (2, 4, 8)}}
+        (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    with open_file(folder) as r:
+        assert [n for n in r.names() if n.startswith("optimizer.")] == [key]  # as stored, uncut
+        bits(torch.from_numpy(r[key].numpy().copy()), moment, key)
+        assert any("as stored" in note for note in r.notes), r.notes
+    done = migrate_in_process("convert", str(folder), str(tmp_path / "out"), "--to", "dcp", "--training-state", "keep")
+    line = done.stderr.strip()
+    assert done.returncode != 0 and "\n" not in line and "fully_sharded_model_space" in line, done.stderr
+    assert (" reformulation " in line) == mcore
+    assert not (tmp_path / "out").exists()

@@ -73,17 +73,27 @@ class _OptimizerCommon(PytorchReader):
         return super()._flatten({STEP: step} if type(step) is sp.TensorRef else {}, prefix)
 
 
-def find(stored: Sequence[str], params: set[str], common: ByteSource | None, limits: Limits,
-         label: str) -> MegatronOptimizer | None:
-    """The optimizer state among the checkpoint's tensor keys (`stored`; `params`: those that are the
-    model's), with common.pt's part; None when the checkpoint holds none."""
+def find(shapes: Mapping[str, Sequence[int]], params: set[str], common: ByteSource | None, limits: Limits,
+         reformulated: set[str] | frozenset[str] = frozenset()) -> MegatronOptimizer | None:
+    """The optimizer state among the checkpoint's tensors (`shapes`: each stored key's global shape;
+    `params`: the keys that are the model's), with common.pt's part; None when the checkpoint holds none.
+    A moment is its parameter's only when stored with the parameter's shape: megatron-core <= 0.15's
+    `fully_sharded_model_space` saved flattened ranges, which its torch_dist strategy stored reshaped
+    (`reformulated`: the keys `.metadata`'s `mcore_data` gives an `nd_reformulated_orig_global_shape`)."""
     moments: dict[str, list[tuple[str, str]]] = {}
     flat: list[str] = []
-    for name in stored:
+    odd: str | None = None
+    for name, shape in shapes.items():
         m = MOMENT.match(name)
         if m is not None and m.group("param") in params:
-            moments.setdefault(m.group("param"), []).append((m.group("key"), name))
-        elif name.startswith("optimizer."):
+            if tuple(shape) == tuple(shapes[m.group("param")]) and name not in reformulated:
+                moments.setdefault(m.group("param"), []).append((m.group("key"), name))
+                continue
+            odd = odd or (f"'{name}' is stored with shape {list(shape)}, not its parameter's "
+                          f"{list(shapes[m.group('param')])}" + (" (an N-D reformulation of flattened ranges, "
+                                                                   "nd_reformulated_orig_global_shape in .metadata)"
+                                                                   if name in reformulated else ""))
+        if name.startswith("optimizer."):
             flat.append(name)
     root: Any = None
     step = None
@@ -99,7 +109,11 @@ def find(stored: Sequence[str], params: set[str], common: ByteSource | None, lim
     layout = sharding if isinstance(sharding, str) else "non-distributed" if moments or not flat else "flat buffers"
     found = MegatronOptimizer(layout, moments, step, flat=flat)
     groups = opt.get("param_groups")
-    if flat or (sharding is not None and sharding not in PER_PARAMETER):
+    if odd is not None:
+        found.refusal = (f"megatron-core's optimizer state {odd}: megatron-core <= 0.15's fully_sharded_model_space "
+                         "layout (--ckpt-fully-parallel-save with the distributed optimizer), whose elements are not "
+                         "matched to parameters here; set training_state: drop")
+    elif flat or (sharding is not None and sharding not in PER_PARAMETER):
         found.refusal = (f"megatron-core's optimizer state is in its '{layout}' layout (flat buffers of each bucket's "
                          "parameters, laid out by the model's code): which elements belong to which parameter is not "
                          "in the checkpoint; save with the non-distributed optimizer or the distributed optimizer's "

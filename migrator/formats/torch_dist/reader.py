@@ -79,9 +79,12 @@ class TorchDistReader(Reader):
         limits = read.limits
         common_src = dcp._file(COMMON_FILE, COMMON_FILE) if common.is_file() else None
         params = {n for n in dcp.meta.tensors if not n.startswith("optimizer.") and not n.endswith(EXTRA_STATE)}
-        self.optimizer = find(list(dcp.meta.tensors), params, common_src, limits, label)
+        reshaped = {k for k, v in dcp.meta.mcore_data.items()  # megatron-core <= 0.15's N-D reformulated keys
+                    if isinstance(v, dict) and v.get("nd_reformulated_orig_global_shape") is not None}
+        self.optimizer = find({n: e.size for n, e in dcp.meta.tensors.items()}, params, common_src, limits, reshaped)
         moment_of = {} if self.optimizer is None else {
             m: (p, k) for p, pairs in self.optimizer.moments.items() for k, m in pairs}
+        flat = set() if self.optimizer is None else set(self.optimizer.flat)
         self._cut_args = (layers, experts, vocab, padded, label, limits)
         self._param_of: dict[str, str] = {}  # a listed tensor's name -> the stored key it is cut from
         tensors: list[LazyTensor] = []
@@ -91,6 +94,9 @@ class TorchDistReader(Reader):
         for t in dcp.tensors:
             name = t.name
             if name.endswith(EXTRA_STATE) or name in moment_of:
+                continue
+            if name in flat:  # optimizer state not matched to a parameter: as stored, uncut
+                tensors.append(t)
                 continue
             cut = self._cut(name, name)
             if cut is None:
