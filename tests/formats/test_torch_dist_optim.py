@@ -181,3 +181,35 @@ def test_moments_not_shaped_as_their_parameter_are_listed_as_stored(tmp_path: Pa
     assert done.returncode != 0 and "\n" not in line and "fully_sharded_model_space" in line, done.stderr
     assert (" reformulation " in line) == mcore
     assert not (tmp_path / "out").exists()
+
+
+def test_the_docs_blocks_run(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/training-checkpoints.md's "Megatron optimizer state": the recipe saved under the name its
+    comment gives, every command run as written on megatron-core's checkpoint."""
+    import re
+    import shlex
+    import shutil
+
+    folder, oracle = _written(tmp_path_factory, "non-distributed")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "training-checkpoints.md").read_text()
+    section = doc.split("\n### Megatron optimizer state\n", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, re.S)
+    assert [kind for kind, _ in blocks] == ["sh", "yaml"]
+    shutil.copytree(folder, tmp_path / "ckpt" / "iter_0000100")
+    recipe = blocks[1][1]
+    (tmp_path / recipe.splitlines()[0].removeprefix("# ")).write_text(recipe)
+    monkeypatch.chdir(tmp_path)
+    for line in blocks[0][1].strip().splitlines():
+        args = shlex.split(line, comments=True)
+        assert args[0] == "migrate"
+        done = migrate_in_process(*args[1:])
+        assert done.returncode == 0, (line, done.stderr)
+    stacked = oracle["plain"]["optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight"]
+    for out, name in (("resume", "decoder.layers.1.mlp.linear_fc1.weight"),
+                      ("renamed", "layers.1.mlp.linear_fc1.weight")):
+        (tmp_path / f"{out}-pt").mkdir()
+        whole = _as_torch(tmp_path / out, tmp_path / f"{out}-pt")
+        bits(whole["optimizer"]["state"][name]["exp_avg"], stacked[1], out)
+    (tmp_path / "weights-pt").mkdir()
+    assert "optimizer" not in _as_torch(tmp_path / "weights", tmp_path / "weights-pt")
