@@ -213,3 +213,23 @@ def test_the_docs_blocks_run(tmp_path_factory: pytest.TempPathFactory, tmp_path:
         bits(whole["optimizer"]["state"][name]["exp_avg"], stacked[1], out)
     (tmp_path / "weights-pt").mkdir()
     assert "optimizer" not in _as_torch(tmp_path / "weights", tmp_path / "weights-pt")
+
+
+def test_into_hugging_face_the_optimizer_is_left_out(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """A model folder has no place for moments: `convert` refuses them naming the filter that leaves them
+    out; the shipped recipe leaves them out and writes the weights megatron saved."""
+    folder, oracle = _written(tmp_path_factory, "non-distributed")
+    done = migrate_in_process("convert", str(folder), str(tmp_path / "refused") + "/")
+    assert done.returncode != 0 and "--exclude '^optimizer\\.' writes the model alone" in done.stderr, done.stderr
+    done = migrate_in_process("convert", str(folder), str(tmp_path / "flat") + "/", "--exclude", "^optimizer\\.")
+    assert done.returncode == 0, done.stderr
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "megatron-llama-to-hf.yaml"
+    done = migrate_in_process("run", str(recipe), "--source", str(folder), "--target", str(tmp_path / "hf") + "/")
+    assert done.returncode == 0, done.stderr
+    from safetensors.torch import load_file
+
+    hf = load_file(tmp_path / "hf" / "model.safetensors")
+    assert not any("optimizer" in k or "exp_avg" in k for k in hf)
+    bits(hf["lm_head.weight"], oracle["plain"]["output_layer.weight"][:VOCAB], "lm_head.weight")
+    bits(hf["model.layers.1.mlp.down_proj.weight"], oracle["plain"]["decoder.layers.mlp.linear_fc2.weight"][1],
+         "down_proj")
