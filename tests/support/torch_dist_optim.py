@@ -95,7 +95,7 @@ def per_layer_names(model_sd: dict[str, Any]) -> dict[tuple[int, tuple[int, ...]
     return out
 
 
-def _worker(rank: int, world: int, port: int, out: str, layout: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, layout: str, source: str | None) -> None:
     import torch
 
     distributed, tp, sharding = LAYOUTS[layout]
@@ -133,12 +133,32 @@ def _worker(rank: int, world: int, port: int, out: str, layout: str) -> None:
     positions = torch.arange(tokens.shape[1]).unsqueeze(0)
     n = tokens.shape[1]
     mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
-    for _ in range(STEPS):
+
+    def step() -> None:
         model.zero_grad_buffer()
         optimizer.zero_grad()
         model(tokens, positions, mask).float().pow(2).mean().backward()
         model.finish_grad_sync()
         optimizer.step()
+
+    def record(path: Path) -> None:  # this rank's parameters and optimizer state, for a bit-for-bit comparison
+        state = optimizer.chained_optimizers[0].optimizer.state_dict()
+        torch.save({"params": {n: p.detach().clone() for n, p in module.named_parameters()}, "state": state}, path)
+
+    if source is not None:  # resume: megatron loads the checkpoint into its model and optimizer, then steps once
+        model_sd = module.sharded_state_dict()
+        opt_sd = optimizer.sharded_state_dict(model_sd, is_loading=True)
+        loaded = dist_checkpointing.load({**model_sd, "optimizer": opt_sd}, source)
+        optimizer.load_state_dict(loaded.pop("optimizer"))
+        module.load_state_dict(loaded)
+        step()
+        record(Path(out).parent / f"{Path(out).name}-resumed-{rank}.pt")
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+        _end()
+        return
+    for _ in range(STEPS):
+        step()
     model_sd = module.sharded_state_dict()
     names = per_layer_names(model_sd)
     inner = optimizer.chained_optimizers[0]
@@ -159,8 +179,15 @@ def _worker(rank: int, world: int, port: int, out: str, layout: str) -> None:
         tensors = {k: v.clone() for k, v in plain.items() if isinstance(v, torch.Tensor)}
         torch.save({"plain": tensors, "members": members, "tp": tp},
                    Path(out).parent / f"{Path(out).name}-oracle.pt")
+    if not distributed:  # the step after the save: what a resume from it must give
+        step()
+        record(Path(out).parent / f"{Path(out).name}-after-{rank}.pt")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    _end()
+
+
+def _end() -> None:
     import multiprocessing
 
     for child in multiprocessing.active_children():  # the async writer's results Manager: end_rank exits at once
@@ -178,7 +205,7 @@ def write_checkpoint(out: Path, layout: str) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, str(out), layout), nprocs=2)
+    mp.spawn(_worker, args=(2, port, str(out), layout, None), nprocs=2)
     return torch.load(out.parent / f"{out.name}-oracle.pt", weights_only=True)
 
 
@@ -191,3 +218,19 @@ def cached_checkpoint(factory: Any, layout: str) -> tuple[Path, dict[str, Any]]:
         out = factory.mktemp(f"megatron-optim-{layout}") / "ckpt"
         _WRITTEN[layout] = (out, write_checkpoint(out, layout))
     return _WRITTEN[layout]
+
+
+def resume(source: Path, out: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """megatron-core loads `source` (a torch_dist checkpoint of the non-distributed layout's model and
+    optimizer) into the same model and optimizer on 2 ranks and takes the next step; per rank, (what the
+    resumed run holds after it, what the original run held after its own next step)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(2, port, str(out), "non-distributed", str(source)), nprocs=2)
+    original = _WRITTEN["non-distributed"][0]
+    return [(torch.load(out.parent / f"{out.name}-resumed-{r}.pt", weights_only=True),
+             torch.load(original.parent / f"{original.name}-after-{r}.pt", weights_only=True)) for r in range(2)]

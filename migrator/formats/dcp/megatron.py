@@ -14,7 +14,9 @@ bytes under `<module>._extra_state/shard_<layer>_<num_layers>`; `load` asks for 
 written holding what megatron-core stores for a layer without FP8 state: `torch.save([None])`.
 
 `common.pt` holds an empty dict: what `save` writes for a model's sharded state dict (every value of
-it is sharded), so `load` returns the model's state dict alone, ready for `load_state_dict`.
+it is sharded), so `load` returns the model's state dict alone, ready for `load_state_dict`. With a
+training checkpoint kept whole (`structure`), megatron's optimizer goes beside it as the non-distributed
+optimizer saves it (`megatron_optim.py`).
 """
 
 from __future__ import annotations
@@ -59,12 +61,14 @@ class TorchDistWriter(DcpWriter):
 
     def __init__(self, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, structure: Node | None = None) -> None:
-        if structure is not None:
-            raise PlanError("a Megatron torch_dist target holds a model's weights only (megatron's optimizer state "
-                            "is its own layout): set training_state: drop")
+        common = _bytes(COMMON, COMMON_FILE)
+        if structure is not None:  # a training checkpoint kept whole: megatron's optimizer beside the model
+            from .megatron_optim import megatron_optimizer
+
+            tensors, common = megatron_optimizer(tensors, structure)
         self.num_layers = _num_layers(tensors)
         super().__init__(tensors, metadata=metadata, scalars=scalars)
-        self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, _bytes(COMMON, COMMON_FILE))]
+        self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, common)]
         extra = sum(1 for e in self.entries if e.dtype is None)
         if extra:
             self.notes.append(f"{extra} empty _extra_state entries written, one per linear layer and layer, as "
