@@ -270,3 +270,27 @@ def test_keep_into_torch_dist_resumes_in_megatron(tmp_path_factory: pytest.TempP
                 bits(got["state"][i][key], v, f"rank {rank} state {i}.{key}")
         assert [{k: v for k, v in g.items() if k != "params"} for g in got["param_groups"]] == [
             {k: v for k, v in g.items() if k != "params"} for g in want["param_groups"]]
+
+
+@pytest.mark.parametrize("case", ["no group keys", "steps differ"])
+def test_a_state_megatron_cannot_load_is_refused(tmp_path: Path, case: str) -> None:
+    """Into a torch_dist target, a torch optimizer's groups (no wd_mult, ...: megatron-core's load could not
+    match them) or per-parameter steps that differ (megatron keeps one) are refused in one line."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    names = ["decoder.layers.mlp.linear_fc2.weight", "decoder.final_layernorm.weight"]
+    shapes = {names[0]: (2, 4, 8), names[1]: (8,)}
+    group: dict[str, Any] = {"lr": 0.1, "params": names}
+    if case == "steps differ":
+        group.update(wd_mult=1.0, lr_mult=1.0, is_expert_parallel=False, is_decoupled_lr=False)
+    state = {n: {"step": torch.tensor(float(i + 1) if case == "steps differ" else 1.0),
+                 "exp_avg": torch.randn(shapes[n]), "exp_avg_sq": torch.rand(shapes[n])} for i, n in enumerate(names)}
+    sd = {**{n: torch.randn(shapes[n]) for n in names}, "optimizer": {"state": state, "param_groups": [group]}}
+    dcp.save(sd, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+    done = migrate_in_process("convert", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--to", "torch_dist",
+                              "--training-state", "keep")
+    line = done.stderr.strip()
+    assert done.returncode != 0 and "\n" not in line and "Traceback" not in line, done.stderr
+    want = "has no wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr" if case == "no group keys" else (
+        "megatron-core keeps one step for every parameter")
+    assert want in line, line
+    assert not (tmp_path / "out").exists()
