@@ -4,9 +4,10 @@ Megatron-LM saves `model_sd | {"optimizer": optimizer.sharded_state_dict(model_s
 megatron-core 0.16 keep one tensor per parameter, under the parameter's own sharded key, so each
 moment is matched to its parameter by name (never by position):
 
-* the non-distributed optimizer (`FP32Optimizer`, `Float16OptimizerWithFloat16Params`):
-  `optimizer.state.<key>.<param>` (`exp_avg`, `exp_avg_sq`; `fp32_param` for 16-bit training), with
-  the layer axis stacked as the parameter's;
+* the non-distributed optimizer (`FP32Optimizer`): `optimizer.state.<key>.<param>` (`exp_avg`,
+  `exp_avg_sq`), with the layer axis stacked as the parameter's (16-bit training's
+  `Float16OptimizerWithFloat16Params` adds `fp32_param` and nests its common part one level deeper:
+  listed per parameter, not tested);
 * the distributed optimizer's `fully_reshardable` (gathered to canonical per-parameter tensors on
   save): the same names, plus `param` (the fp32 master).
 
@@ -53,11 +54,6 @@ class MegatronOptimizer:
     groups: list[dict[str, Any]] = field(default_factory=list)
     flat: list[str] = field(default_factory=list)
     refusal: str | None = None  # why `training_state: keep` cannot keep it
-
-    @property
-    def names(self) -> set[str]:
-        """The stored tensor keys that are optimizer state."""
-        return {m for pairs in self.moments.values() for _, m in pairs} | set(self.flat)
 
 
 class _OptimizerCommon(PytorchReader):
@@ -143,8 +139,9 @@ def assign_groups(opt: MegatronOptimizer, shapes: Mapping[str, Sequence[int]]) -
     """Each parameter's group, or why none is certain. megatron-core persists no group's parameters:
     its default rule (`_get_param_groups`: no weight decay, `wd_mult` 0.0, for biases and 1-D
     parameters; experts apart, `is_expert_parallel`) gives each parameter its key, which must match
-    exactly one saved group's recorded `wd_mult` and `is_expert_parallel`; custom overrides (a
-    decoupled learning rate, ...) make groups that rule cannot tell apart: refused."""
+    exactly one saved group's recorded `wd_mult` and `is_expert_parallel` (megatron-core's own load
+    matches saved groups to its own by such recorded keys, `param_group_identifier_keys`); custom
+    overrides (a decoupled learning rate, ...) make groups that rule cannot tell apart: refused."""
     keys = []
     for g in opt.groups:
         wd, expert = g.get("wd_mult"), g.get("is_expert_parallel", False)
