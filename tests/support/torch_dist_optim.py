@@ -155,8 +155,7 @@ def _worker(rank: int, world: int, port: int, out: str, layout: str, source: str
         record(Path(out).parent / f"{Path(out).name}-resumed-{rank}.pt")
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
-        _end()
-        return
+        end_rank()
     for _ in range(STEPS):
         step()
     model_sd = module.sharded_state_dict()
@@ -184,16 +183,8 @@ def _worker(rank: int, world: int, port: int, out: str, layout: str, source: str
         record(Path(out).parent / f"{Path(out).name}-after-{rank}.pt")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-    _end()
-
-
-def _end() -> None:
-    import multiprocessing
-
-    for child in multiprocessing.active_children():  # the async writer's results Manager: end_rank exits at once
-        child.terminate()
-        child.join()
     end_rank()
+
 
 
 def write_checkpoint(out: Path, layout: str) -> dict[str, Any]:
