@@ -62,6 +62,9 @@ class TorchDistReader(Reader):
         self.scalars = {}
         label = str(folder)
         found = backend(folder) if (folder / BACKEND_FILE).is_file() else "torch_dist"
+        if found is None:
+            raise FormatError(f"{BACKEND_FILE} is not megatron-core's: no JSON object naming its sharded_backend",
+                              file=str(folder / BACKEND_FILE))
         if found != "torch_dist":
             raise FormatError(f"megatron-core saved this checkpoint with the '{found}' backend; migrator reads "
                               "torch_dist", file=str(folder / BACKEND_FILE))
@@ -73,9 +76,13 @@ class TorchDistReader(Reader):
         args = self.common.get("args")
         self.args: dict[str, Any] = args if isinstance(args, dict) else {}
         notes: list[str] = []
-        layers = _int(self.args, "num_layers", label)
-        experts = _int(self.args, "num_experts", label)  # Megatron-LM's --num-experts
-        vocab, padded = _int(self.args, "vocab_size", label), _int(self.args, "padded_vocab_size", label)
+        where = str(common)  # the arguments' own file, for what is wrong with them alone
+        layers = _int(self.args, "num_layers", where)
+        experts = _int(self.args, "num_experts", where)  # Megatron-LM's --num-experts
+        vocab, padded = _int(self.args, "vocab_size", where), _int(self.args, "padded_vocab_size", where)
+        if vocab is not None and padded is not None and vocab > padded:
+            raise FormatError(f"common.pt's args.vocab_size {vocab} exceeds its padded_vocab_size {padded}: "
+                              "megatron pads the vocabulary, never cuts it", file=where)
         limits = read.limits
         common_src = dcp._file(COMMON_FILE, COMMON_FILE) if common.is_file() else None
         params = {n for n in dcp.meta.tensors if not n.startswith("optimizer.") and not n.endswith(EXTRA_STATE)}
@@ -86,7 +93,7 @@ class TorchDistReader(Reader):
             m: (p, k) for p, pairs in self.optimizer.moments.items() for k, m in pairs}
         flat = set() if self.optimizer is None else set(self.optimizer.flat)
         self._cut_args = (layers, experts, vocab, padded, label, limits)
-        self._param_of: dict[str, str] = {}  # a listed tensor's name -> the stored key it is cut from
+        self._axes: dict[tuple[str, int], tuple[int, str]] = {}  # (prefix, axis) -> (length, first tensor)
         tensors: list[LazyTensor] = []
         per_layer: dict[tuple[str, int], list[LazyTensor]] = {}  # layer-major, where the first stacked tensor was
         at: int | None = None
@@ -101,20 +108,17 @@ class TorchDistReader(Reader):
             cut = self._cut(name, name)
             if cut is None:
                 tensors.append(t)
-                self._param_of[name] = name
                 continue
             if cut[0][0] is None:  # the vocabulary's padding rows cut
                 notes.append(f"{name}: the {(padded or 0) - (vocab or 0)} rows of vocabulary padding are cut "
                              f"(padded_vocab_size {padded}, vocab_size {vocab})")
                 tensors.append(cut[0][1])
-                self._param_of[name] = name
                 continue
             stacked += 1
             at = len(tensors) if at is None else at
             pre = _STACKED.match(name).group("pre")  # type: ignore[union-attr]
             for i, out in cut:
                 per_layer.setdefault((pre, i if i is not None else 0), []).append(out)
-                self._param_of[out.name] = name
         if at is not None:
             tensors[at:at] = [t for layer in per_layer.values() for t in layer]
         if self.optimizer is not None:
@@ -187,10 +191,10 @@ class TorchDistReader(Reader):
         entry, pieces = dcp.meta.tensors[stored], dcp.pieces[stored]
         m = _STACKED.match(param)
         if m is None:
+            if param in _VOCAB and padded is not None and entry.size[:1] != (padded,):
+                raise FormatError(f"{entry.size[0] if entry.size else 0} rows, but the arguments say "
+                                  f"padded_vocab_size {padded}", file=label, tensor=stored)
             if param in _VOCAB and vocab is not None and padded is not None and padded > vocab:
-                if entry.size[0] != padded:
-                    raise FormatError(f"{entry.size[0]} rows, but the arguments say padded_vocab_size "
-                                      f"{padded}", file=label, tensor=stored)
                 shape = (vocab, *entry.size[1:])
                 return [(None, assemble(param, entry.dtype, shape, rows(pieces, vocab), label, limits))]
             return None
@@ -206,6 +210,11 @@ class TorchDistReader(Reader):
         if expert and experts is not None and entry.size[1] != experts:
             raise FormatError(f"its stacked expert axis has {entry.size[1]} experts (shape {list(entry.size)}), "
                               f"the arguments say num_experts {experts}", file=label, tensor=stored)
+        for axis in range(lead):  # without the arguments, the stacked tensors must still agree
+            n, first = self._axes.setdefault((pre, axis), (entry.size[axis], stored))
+            if n != entry.size[axis]:
+                raise FormatError(f"its stacked {'layer' if axis == 0 else 'expert'} axis has {entry.size[axis]} "
+                                  f"(shape {list(entry.size)}), {first}'s has {n}", file=label, tensor=stored)
         shape = entry.size[lead:]
         out: list[tuple[int | None, LazyTensor]] = []
         for i in range(entry.size[0]):
