@@ -101,8 +101,16 @@ def _torch_dist(asked: Asked) -> Reader | None:
     from ..storage.read_context import ReadContext
     from .multi_rank import selected
 
-    asked.options.pop("keep_structure", None)  # per-layer tensors: a flat state dict
-    return selected(TorchDistReader(folder, read=ReadContext(asked.limits)), asked.options)
+    # the whole training checkpoint (model and megatron's optimizer state) when the target keeps one
+    keep = bool(asked.options.pop("keep_structure", False)) and asked.options.get("top_level_key") in (None, "", [])
+    reader = TorchDistReader(folder, read=ReadContext(asked.limits), keep_structure=keep)
+    opt = reader.optimizer
+    if keep and asked.whole and opt is not None and opt.refusal is not None:  # asked for: said why not, by name
+        reader.close()
+        from ..core.errors import PlanError
+
+        raise PlanError(f"training_state: keep: {opt.refusal}", file=str(folder))
+    return selected(reader, asked.options)
 
 
 def _megatron_legacy(asked: Asked) -> Reader | None:

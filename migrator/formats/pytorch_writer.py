@@ -29,7 +29,7 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..core.dtypes import DType
 from ..core.errors import PlanError, TensorBytesSizeMismatchError, UnsupportedDTypeError
@@ -284,8 +284,12 @@ class PytorchWriter(Writer):
                 elif isinstance(value, TensorSlot):
                     self._emit_tensor(p, index[value.name])
                 else:
-                    _plain(p, value)
+                    self._emit_value(p, value)
             _close(p, node, memo)
+
+    def _emit_value(self, p: _Pickle, value: Any) -> None:
+        """A leaf of the structure that is no tensor: a plain value."""
+        _plain(p, value)
 
     # ------------------------------------------------------------------------------------------
     # streaming

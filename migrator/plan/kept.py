@@ -89,6 +89,10 @@ def optimizer_as_weights(names: list[str], out_fmt: str, *, folder: bool, hint_s
     roots = sorted({n.split(".", 1)[0] for n in names if not n.startswith(inside) and "." in n})
     key = roots[0] if len(roots) == 1 else "KEY"
     option = f"--top-level-key {key}" if hint_syntax == "convert" else f"source.top_level_key: {key}"
+    if len(roots) > 1 and inside and len(owners) == 1:  # the model at the top level beside it (Megatron's)
+        pattern = "^" + inside[0].replace(".", "\\.")
+        option = (f"--exclude '{pattern}'" if hint_syntax == "convert"
+                  else f"filter: {{exclude: [{{regex: '{pattern}'}}]}}")
     where = ", ".join(f"'{o}'" if o else "the top level" for o in owners)
     what = f"{count(sum(owners.values()), 'tensor')} of optimizer state ({where})"
     alone = f"{option} writes the model alone (a .pt target keeps the whole checkpoint)"

@@ -9,11 +9,13 @@ sizes are known before anything is written and `.metadata` can be planned up fro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ...core.errors import PlanError
 from ...core.tensor import LazyTensor
 from ..pytorch.namespace import NAMESPACE, DtypeValue, NamespaceValue
+from ..pytorch.tree import Node
 from ..pytorch_writer import PytorchWriter, _Pickle, _plain
 
 MAX_VALUE_DEPTH = 64
@@ -49,6 +51,18 @@ class ValueItem(PytorchWriter):
         _value(p, self._value, self._name, 0)
         p.raw(b".")
         return p.getvalue()
+
+
+class StructureItem(PytorchWriter):
+    """`torch.save` of a structure holding tensors (`structure`'s slots) and, at its leaves, the values a
+    `ValueItem` holds (Megatron's `args` beside its optimizer's step in `common.pt`)."""
+
+    def __init__(self, tensors: Sequence[LazyTensor], structure: Node, name: str) -> None:
+        self._name = name
+        super().__init__(tensors, structure=structure)
+
+    def _emit_value(self, p: _Pickle, value: Any) -> None:
+        _value(p, value, self._name, 0)
 
 
 def _value(p: _Pickle, v: Any, name: str, depth: int) -> None:

@@ -17,12 +17,14 @@ layer (and expert) to its sharded state dict, stored as bytes under
 `load` asks for each one, so each is written holding what megatron-core stores for a layer without
 FP8 state: `torch.save([None])`.
 
-`common.pt` holds what Megatron-LM's `generate_state_dict` puts beside the model: `args` (an
-pickled arguments object (`NamespaceValue`) of the training arguments, derived from the source's config.json by
+`common.pt` holds what Megatron-LM's `generate_state_dict` puts beside the model: `args` (a
+pickled arguments object, `NamespaceValue`, of the training arguments derived from the source's config.json by
 `formats.megatron.from_hf`), `checkpoint_version` 3.0 and `iteration` 0, so Megatron-LM's loader and
 migrator's Megatron readers find the model's sizes in the checkpoint. `load` returns them beside the
 sharded values, as it does for Megatron-LM's checkpoints. Without a config.json it holds `{}`, what
 `save` writes for a bare model's sharded state dict, and a note says so.
+With a training checkpoint kept whole (`structure`), megatron's optimizer goes beside them as the
+non-distributed optimizer saves it (`megatron_optim.py`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common
           "common_backend_version": 1}
 """megatron-core's `CheckpointingConfig` for a `torch_dist` checkpoint, as `save_config` dumps it."""
 LAYERS = "decoder.layers."
+OPTIMIZER_STATE = "optimizer.state."
 EMBEDDING, OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
 STACKED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("decoder.layers.mlp.experts.experts.", ("layer", "expert")),
@@ -88,15 +91,21 @@ class TorchDistWriter(DcpWriter):
     def __init__(self, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
                  scalars: Mapping[str, Scalar] | None = None, structure: Node | None = None,
                  source_config: SourceConfig | None = None) -> None:
-        if structure is not None:
-            raise PlanError("a Megatron torch_dist target holds a model's weights only (megatron's optimizer state "
-                            "is its own layout): set training_state: drop")
+        optimizer = None
+        if structure is not None:  # a training checkpoint kept whole: megatron's optimizer beside the model
+            from .megatron_optim import megatron_optimizer
+
+            tensors, optimizer = megatron_optimizer(tensors, structure)
         self.stacks = _stack_lengths(tensors)
         self.num_layers = self.stacks.get("layer", 0)
         super().__init__(tensors, metadata=metadata, scalars=scalars)
-        common, said = _common(tensors, self.num_layers, source_config)
+        # the args describe the model: its dtype is the weights', not the float32 moments'
+        model = [t for t in tensors if not t.name.startswith(OPTIMIZER_STATE)]
+        common, said = _common(model, self.num_layers, source_config)
         self.notes.append(said)
-        self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, _bytes(common, COMMON_FILE))]
+        from .megatron_optim import common_bytes
+
+        self.generated = [(CONFIG_FILE, json.dumps(CONFIG).encode()), (COMMON_FILE, common_bytes(common, optimizer))]
         extra = sum(1 for e in self.entries if e.dtype is None)
         if extra:
             self.notes.append(f"{extra} empty _extra_state entries written, one per linear layer of each layer (and "
