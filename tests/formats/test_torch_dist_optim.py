@@ -294,3 +294,30 @@ def test_a_state_megatron_cannot_load_is_refused(tmp_path: Path, case: str) -> N
         "megatron-core keeps one step for every parameter")
     assert want in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_common_pt_holds_the_args_and_the_optimizer_together(tmp_path: Path) -> None:
+    """A torch_dist target with both a config (Megatron-LM's args) and megatron's optimizer kept: one
+    common.pt holds both, as Megatron-LM's checkpoints do. Oracle: torch.load."""
+    import argparse
+
+    import numpy as np
+
+    from migrator.core.tensor import from_numpy
+    from migrator.formats.dcp.megatron_optim import common_bytes
+    from migrator.formats.pytorch.namespace import DtypeValue, NamespaceValue
+
+    step = from_numpy("step", np.array(3.0, dtype=np.float32))
+    groups = [{"lr": 1e-3, "betas": (0.9, 0.95), "wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False,
+               "is_decoupled_lr": False}]
+    values = {"args": NamespaceValue({"num_layers": 2, "params_dtype": DtypeValue("bfloat16")}),
+              "checkpoint_version": 3.0, "iteration": 0}
+    path = tmp_path / "common.pt"
+    path.write_bytes(common_bytes(values, (step, groups)))
+    loaded = torch.load(path, weights_only=False)
+    assert list(loaded) == ["args", "checkpoint_version", "iteration", "optimizer"]
+    assert isinstance(loaded["args"], argparse.Namespace)
+    assert vars(loaded["args"]) == {"num_layers": 2, "params_dtype": torch.bfloat16}
+    assert loaded["checkpoint_version"] == 3.0 and loaded["iteration"] == 0
+    assert torch.equal(loaded["optimizer"]["state"]["common_step"], torch.tensor(3.0))
+    assert loaded["optimizer"]["param_groups"] == groups
