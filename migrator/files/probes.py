@@ -18,7 +18,7 @@ from typing import Any
 from ..core.limits import Limits
 from ..formats.base import Reader
 from ..formats.registry import AUTO, is_format
-from ..formats.specs import deepspeed, megatron_legacy, torch_dist
+from ..formats.specs import deepspeed, megatron_legacy, nemo, torch_dist
 
 
 @dataclass
@@ -85,6 +85,24 @@ def _zero(asked: Asked) -> Reader | None:
             return ZeroReader(asked.path, tag=tag, top_level_key=key, keep_structure=keep, limits=asked.limits)
     no_tag(asked.path, asked.options)
     return None
+
+
+def _nemo(asked: Asked) -> Reader | None:
+    """A NeMo 2 checkpoint: a folder of `weights/` (torch_dist) and `context/` (the model's configuration),
+    named by the folder or its `weights/`."""
+    if not (asked.format == AUTO or asked.format == nemo.SPEC.name):
+        return None
+    from ..formats.nemo import nemo_folder
+
+    folder = nemo_folder(asked.path)
+    if folder is None:
+        return None
+    from ..formats.nemo.reader import NemoReader
+    from ..storage.read_context import ReadContext
+    from .multi_rank import selected
+
+    asked.options.pop("keep_structure", None)  # per-layer tensors: a flat state dict
+    return selected(NemoReader(folder, read=ReadContext(asked.limits)), asked.options)
 
 
 def _torch_dist(asked: Asked) -> Reader | None:
@@ -217,6 +235,7 @@ def _sharded(asked: Asked) -> Reader | None:
 PROBES: list[Probe] = [
     Probe("a Hugging Face Trainer checkpoint folder read with its training state", _trainer),
     Probe("a DeepSpeed ZeRO checkpoint folder", _zero),
+    Probe("a NeMo 2 checkpoint folder (weights/ and context/)", _nemo),
     Probe("a Megatron-core torch_dist checkpoint folder", _torch_dist),
     Probe("a legacy Megatron-LM checkpoint folder (iter_N/mp_rank_*/model_optim_rng.pt)", _megatron_legacy),
     Probe("a PyTorch Distributed Checkpoint folder", _dcp),

@@ -12,6 +12,10 @@ and assembles the chunks; over it, this reader:
 * cuts the vocabulary's padding rows of `embedding.word_embeddings.weight` and `output_layer.weight`
   when the arguments give both `padded_vocab_size` and the tokenizer's `vocab_size`;
 * reads `common.pt`'s arguments (`common.py`) for `${config.KEY}` and a Hugging Face config.json.
+
+A wrapper (NeMo 2's folder, `formats.nemo`) may give the arguments from elsewhere (`args`, `args_say`
+naming where they come from) and a `prefix` its trainer puts before every model name (`module.`): the
+names holding it are read without it, and a note says so.
 """
 
 from __future__ import annotations
@@ -39,15 +43,16 @@ EXTRA_STATE = "_extra_state"
 class TorchDistReader(Reader):
     format = "torch_dist"
 
-    def __init__(self, folder: str | os.PathLike[str], *, read: ReadContext = DEFAULT_READ) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, read: ReadContext = DEFAULT_READ, prefix: str = "",
+                 args: dict[str, Any] | None = None, args_say: str = "the arguments say") -> None:
         self.dcp = DcpReader(folder, read=read)
         try:
-            self._open(read)
+            self._open(read, prefix, args, args_say)
         except BaseException:
             self.dcp.close()
             raise
 
-    def _open(self, read: ReadContext) -> None:
+    def _open(self, read: ReadContext, prefix: str, given: dict[str, Any] | None, says: str) -> None:
         dcp = self.dcp
         self.folder = folder = dcp.folder
         assert folder is not None
@@ -64,9 +69,10 @@ class TorchDistReader(Reader):
         if common.is_file():
             src = dcp._file(COMMON_FILE, COMMON_FILE)
             self.common = read_common(src, read.limits)
-        args = self.common.get("args")
+        args = self.common.get("args") if given is None else given
         self.args: dict[str, Any] = args if isinstance(args, dict) else {}
         notes: list[str] = []
+        stripped = 0
         layers = _int(self.args, "num_layers", label)
         experts = _int(self.args, "num_experts", label)  # Megatron-LM's --num-experts
         vocab, padded = _int(self.args, "vocab_size", label), _int(self.args, "padded_vocab_size", label)
@@ -80,11 +86,14 @@ class TorchDistReader(Reader):
             pieces = dcp.pieces[name]
             if name.endswith(EXTRA_STATE):
                 continue
+            if prefix and name.startswith(prefix):
+                name, stripped = name[len(prefix):], stripped + 1
+                t = t.renamed(name)
             m = _STACKED.match(name)
             if m is None:
                 if name in _VOCAB and vocab is not None and padded is not None and padded > vocab:
                     if entry.size[0] != padded:
-                        raise FormatError(f"{entry.size[0]} rows, but the arguments say padded_vocab_size "
+                        raise FormatError(f"{entry.size[0]} rows, but {says} padded_vocab_size "
                                           f"{padded}", file=label, tensor=name)
                     shape = (vocab, *entry.size[1:])
                     tensors.append(assemble(name, entry.dtype, shape, rows(pieces, vocab), label, limits))
@@ -103,10 +112,10 @@ class TorchDistReader(Reader):
                                   file=label, tensor=name)
             if pre == "decoder.layers" and layers is not None and entry.size[0] != layers:
                 raise FormatError(f"its stacked layer axis has {entry.size[0]} layers (shape {list(entry.size)}), "
-                                  f"the arguments say num_layers {layers}", file=label, tensor=name)
+                                  f"{says} num_layers {layers}", file=label, tensor=name)
             if expert and experts is not None and entry.size[1] != experts:
                 raise FormatError(f"its stacked expert axis has {entry.size[1]} experts (shape {list(entry.size)}), "
-                                  f"the arguments say num_experts {experts}", file=label, tensor=name)
+                                  f"{says} num_experts {experts}", file=label, tensor=name)
             shape = entry.size[lead:]
             for i in range(entry.size[0]):
                 if expert:
@@ -130,6 +139,9 @@ class TorchDistReader(Reader):
         if others:
             notes.append(f"{len(others)} other non-tensor items ({', '.join(others[:3])}"
                          f"{', ...' if len(others) > 3 else ''}) are left out")
+        if stripped:
+            notes.insert(0, f"{stripped} tensors are read without the '{prefix}' prefix their names are saved with "
+                         f"({prefix}decoder.layers... as decoder.layers...)")
         if not self.args:
             notes.append("common.pt holds no training arguments (args): stacked axes and the vocabulary's padding "
                          "are not checked against them")
