@@ -119,7 +119,8 @@ def _nemo_config(path: Path) -> dict[str, Any]:
     from ..formats.torch_dist.common import megatron_config
 
     if not path.is_file():
-        raise ConfigError(f"the config {path} does not exist")
+        raise ConfigError(f"the config {path} does not exist (a NeMo 2 checkpoint's io.json alone records only the "
+                          "arguments given to its classes, not their defaults)")
     try:
         found = read_context(path.parent.parent, DEFAULT_LIMITS) if path.parent.name == "context" else None
     except MigratorError as e:

@@ -10,6 +10,7 @@ transformers' logits on it must equal megatron's.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,65 @@ def test_the_llama_recipe_gives_megatrons_logits(tied: bool, tmp_path_factory: p
     with torch.no_grad():
         changed = model(torch.tensor(TOKENS)).logits
     assert not torch.allclose(changed, oracle["logits"], atol=1e-3)
+
+
+DOC = REPO / "docs" / "training-checkpoints.md"
+
+
+def _blocks() -> dict[str, str]:
+    import re
+
+    text = DOC.read_text(encoding="utf-8")
+    found = dict(re.findall(r"<!-- tested: (nemo-[\w-]+) -->\n```(?:sh)?\n(.*?)```", text, flags=re.S))
+    assert set(found) == {"nemo-layout", "nemo-commands"}, sorted(found)
+    return found
+
+
+def test_the_docs_layout_and_commands(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/training-checkpoints.md's NeMo 2 section: the folder it draws is the one the tests write, and
+    its commands run as written on it."""
+    import shlex
+    import shutil
+
+    folder, oracle = cached_nemo_checkpoint(tmp_path_factory)
+    found = _blocks()
+    drawn = [line.split("#")[0].strip() for line in found["nemo-layout"].splitlines()[1:]]
+    for name in filter(None, drawn):
+        where = next(folder.rglob(name.rstrip("/")), None)
+        assert where is not None and where.is_dir() == name.endswith("/"), name
+    shutil.copytree(folder, tmp_path / "nemo-ckpt")
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("*.py", "mergekit"))
+    monkeypatch.chdir(tmp_path)
+    for line in found["nemo-commands"].strip().splitlines():
+        args = shlex.split(line, comments=True)
+        if args[0] == "cp":  # through the shell, for its glob
+            subprocess.run(line.split("#")[0], shell=True, check=True)
+            continue
+        assert args[0] == "migrate"
+        done = migrate_in_process(*args[1:])
+        assert done.returncode == 0, (line, done.stderr)
+    from safetensors.torch import load_file
+
+    flat = load_file(tmp_path / "megatron.safetensors")
+    assert torch.equal(flat["decoder.layers.1.mlp.linear_fc1.weight"],
+                       oracle["plain"]["module.decoder.layers.mlp.linear_fc1.weight"][1])
+    hf = tmp_path / "hf"
+    assert json.loads((hf / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf)
+    assert tokenizer("w5 w7")["input_ids"] == [8, 10]
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (hf / name).read_bytes() == (folder / "context" / "nemo_tokenizer" / name).read_bytes()
+
+
+def test_the_docs_name_table_is_the_readers() -> None:
+    """The page's table of NeMo names -> Megatron-LM names is `formats.nemo.config`'s RENAMED and NEGATED."""
+    from migrator.formats.nemo.config import NEGATED, RENAMED
+
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("\n### NeMo 2 checkpoints\n", 1)[1].split("\n## ", 1)[0]
+    import re
+
+    rows = re.findall(r"^\s*\| `(\w+)` \| `(\w+)`( \(its opposite\))? \|$", section, flags=re.M)
+    assert {(a, b) for a, b, neg in rows if not neg} == set(RENAMED.items())
+    assert {(a, b) for a, b, neg in rows if neg} == set(NEGATED.items())

@@ -147,6 +147,20 @@ def write_context(folder: Path, given: dict[str, Any]) -> None:
     context.mkdir(parents=True, exist_ok=True)
     (context / "model.yaml").write_text(yaml.safe_dump(model_yaml(given), sort_keys=True))
     (context / "io.json").write_text(json.dumps(io_json(given), indent=2))
+    write_tokenizer(context / "nemo_tokenizer")
+
+
+def write_tokenizer(folder: Path) -> None:
+    """A tiny Hugging Face tokenizer saved with `save_pretrained`, as NeMo keeps an AutoTokenizer's files
+    in `context/nemo_tokenizer/`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(PADDED - 3)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(folder)
 
 
 def _worker(rank: int, world: int, port: int, out: str, tied: bool) -> None:
