@@ -163,3 +163,63 @@ def test_hostile_io_json_is_refused(copy: Path, tmp_path: Path) -> None:
     (copy / "context" / "io.json").write_text("[" * 100_000)
     done = refused(["inspect", str(copy)], tmp_path, words="io.json")
     assert done.returncode == 1
+
+
+@slow
+def test_llama31_rope_scaling_is_refused_by_hf_config(copy: Path, tmp_path: Path) -> None:
+    """NeMo's Llama31Config (`scale_factor`) scales RoPE: the made config.json could not say so."""
+    text = _yaml(copy).read_text()
+    _yaml(copy).write_text(text.replace("config:\n", "config:\n  scale_factor: 8.0\n", 1))
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "megatron-llama-to-hf.yaml"
+    done = migrate_in_process("run", str(recipe), "--source", str(copy), "--target", f"{tmp_path / 'hf'}/",
+                              "--no-progress")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "use_rope_scaling" in done.stderr.splitlines()[0] and not (tmp_path / "hf").exists()
+
+
+@slow
+def test_io_json_alone_gives_no_configuration(copy: Path, tmp_path: Path) -> None:
+    """io.json records only the arguments given: without model.yaml the folder is read without a
+    configuration, said in a note, and a recipe's `${config.KEY}` or hf_config is refused."""
+    _yaml(copy).unlink()
+    with open_file(copy) as r:
+        assert r.format == "nemo" and "decoder.layers.0.mlp.linear_fc1.weight" in r
+        assert any("has no model.yaml" in n for n in r.notes)
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "megatron-llama-to-hf.yaml"
+    done = migrate_in_process("run", str(recipe), "--source", str(copy), "--target", f"{tmp_path / 'hf'}/",
+                              "--no-progress")  # exit 2: the recipe's references cannot be resolved, one line each
+    assert done.returncode == 2 and "Traceback" not in done.stderr and not (tmp_path / "hf").exists()
+    assert "model.yaml does not exist (a NeMo 2 checkpoint's io.json alone" in done.stderr
+
+
+def test_nemo_names_are_mapped_for_each_family() -> None:
+    """The configurations NeMo's Mixtral / Qwen / Llama 3.1 classes dump, in Megatron-LM's names (no
+    weights needed: `megatron_args` on model.yaml's config as `tests/support/nemo.py` writes it)."""
+    pytest.importorskip("megatron.core")
+    from migrator.formats.nemo.config import _value, megatron_args
+    from tests.support.nemo import model_yaml
+
+    def args(**given: Any) -> dict[str, Any]:
+        config = model_yaml({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, **given})["config"]
+        config.update({k: v for k, v in given.items() if k not in config})  # a subclass's own field (scale_factor)
+        return megatron_args({k: _value(v) for k, v in config.items()})
+
+    moe = args(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32, gated_linear_unit=True,
+               activation_func=torch.nn.functional.silu, params_dtype=torch.bfloat16, bf16=True)
+    assert (moe["num_experts"], moe["moe_router_topk"], moe["moe_ffn_hidden_size"], moe["swiglu"],
+            moe["params_dtype"]) == (8, 2, 32, True, "bfloat16")
+    assert args(add_qkv_bias=True)["add_qkv_bias"] is True and args(qk_layernorm=True)["qk_layernorm"] is True
+    assert args(num_query_groups=None)["group_query_attention"] is False
+    assert args(gated_linear_unit=True, activation_func=torch.nn.functional.gelu)["swiglu"] is False
+    assert args(scale_factor=8.0)["use_rope_scaling"] is True and args()["use_rope_scaling"] is False
+    assert args()["untie_embeddings_and_output_weights"] is False  # GPTConfig shares them by default
+
+
+@slow
+def test_hf_config_without_model_yaml_is_refused(copy: Path, tmp_path: Path) -> None:
+    _yaml(copy).unlink()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nsource: {{path: {copy}}}\ntarget: {{path: {tmp_path / 'hf'}/, hf_config: true}}\n")
+    done = migrate_in_process("run", str(recipe), "--no-progress")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "context has no model.yaml to make a config.json from" in done.stderr.splitlines()[0]

@@ -54,10 +54,20 @@ def _given(tied: bool) -> dict[str, Any]:
                 rotary_base=10000, rotary_percent=1.0, share_embeddings_and_output_weights=tied)
 
 
+def _ref(name: str) -> dict[str, Any]:
+    return {"_call_": False, "_target_": name}
+
+
 GPT_FIELDS = {"fp16_lm_cross_entropy": False, "parallel_output": True, "share_embeddings_and_output_weights": True,
               "make_vocab_size_divisible_by": 128, "position_embedding_type": "learned_absolute",
               "rotary_base": 10000, "rotary_percent": 1.0, "seq_len_interpolation_factor": None, "seq_length": 1024,
-              "vocab_size": None, "tp_comm_overlap_cfg": None}
+              "attention_softmax_in_fp32": False, "deallocate_pipeline_outputs": True,
+              "scatter_embedding_sequence_parallel": True, "use_transformer_engine_full_layer_spec": False,
+              "use_transformer_engine_op_fuser": None, "generation_config": None, "vocab_size": None,
+              "tp_comm_overlap_cfg": None,
+              "transformer_layer_spec": _ref("nemo.collections.llm.gpt.model.base.default_layer_spec"),
+              "forward_step_fn": _ref("nemo.collections.llm.gpt.model.base.gpt_forward_step"),
+              "data_step_fn": _ref("nemo.collections.llm.gpt.model.base.gpt_data_step")}
 """The fields NeMo's GPTConfig adds to TransformerConfig, with their defaults (llm/gpt/model/base.py)."""
 
 

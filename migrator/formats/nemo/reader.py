@@ -54,6 +54,14 @@ class NemoReader(TorchDistReader):
             self.notes = [n for n in self.notes if not n.startswith("common.pt holds no training arguments")]
         self.notes = [*self.notes, *context_notes]
 
+    def hf_config(self) -> dict[str, Any] | None:
+        if not self.args:
+            from ...core.errors import PlanError
+
+            raise PlanError(f"target.hf_config: {self.nemo_folder / CONTEXT} has no {MODEL_YAML} to make a "
+                            "config.json from")
+        return super().hf_config()
+
     def extra(self) -> dict[str, Any]:
         out = super().extra()
         out["container"] = "nemo2"
