@@ -88,8 +88,7 @@ def _zero(asked: Asked) -> Reader | None:
 
 
 def _nemo(asked: Asked) -> Reader | None:
-    """A NeMo 2 checkpoint: a folder of `weights/` (torch_dist) and `context/` (the model's configuration),
-    named by the folder or its `weights/`."""
+    """A NeMo 2 checkpoint: a folder of `weights/` (torch_dist) and `context/` (the model's configuration)."""
     if not (asked.format == AUTO or asked.format == nemo.SPEC.name):
         return None
     from ..formats.nemo import nemo_folder
@@ -115,12 +114,18 @@ def _torch_dist(asked: Asked) -> Reader | None:
     folder = torch_dist_folder(asked.path)
     if folder is None:
         return None
+    from ..formats.nemo.layout import nemo_weights
     from ..formats.torch_dist.reader import TorchDistReader
     from ..storage.read_context import ReadContext
     from .multi_rank import selected
 
     asked.options.pop("keep_structure", None)  # per-layer tensors: a flat state dict
-    return selected(TorchDistReader(folder, read=ReadContext(asked.limits)), asked.options)
+    reader = TorchDistReader(folder, read=ReadContext(asked.limits))
+    nemo = nemo_weights(folder)
+    if nemo is not None:  # read as saved (NeMo's prefix, the optimizer's state): say how to read the model
+        reader.notes = [*reader.notes, f"this is the weights/ of a NeMo 2 checkpoint, read under the names it saves; "
+                        f"name the checkpoint folder ({nemo}) to read its model with context/'s configuration"]
+    return selected(reader, asked.options)
 
 
 def _megatron_legacy(asked: Asked) -> Reader | None:

@@ -40,12 +40,13 @@ def copy(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
 
 
 @slow
-@pytest.mark.parametrize("named", ["", "weights", "weights/.metadata"])
-def test_every_tensor_equals_megatrons_own_reading(written: tuple[Path, dict[str, Any]], named: str) -> None:
+def test_every_tensor_equals_megatrons_own_reading(written: tuple[Path, dict[str, Any]]) -> None:
     folder, oracle = written
     plain = oracle["plain"]
     assert any(k.startswith("module.decoder.layers.") for k in plain)  # NeMo's prefix is what is saved
-    with open_file(folder / named if named else folder) as r:
+    optimizer = {k for k in plain if k.startswith("optimizer.state.")}
+    assert len(optimizer) == 18  # exp_avg and exp_avg_sq of the 9 saved parameters, as NeMo saves them by default
+    with open_file(folder) as r:
         assert r.format == "nemo"
         seen = set()
         for name in r.names():
@@ -59,11 +60,27 @@ def test_every_tensor_equals_megatrons_own_reading(written: tuple[Path, dict[str
                 expected = plain[key]
             seen.add(key)
             assert torch.equal(torch.from_numpy(r[name].numpy().copy()), expected), name
-        assert seen == {k for k in plain if not k.endswith("_extra_state")}
+        assert seen == {k for k in plain if not k.endswith("_extra_state")} - optimizer
         assert r["embedding.word_embeddings.weight"].shape == (PADDED, HIDDEN)  # NeMo's vocab_size: rows as saved
         notes = " | ".join(r.notes)
         assert "read without the 'module.' prefix" in notes and "agrees with context/io.json" in notes
+        assert "18 tensors outside the model (not under 'module.': optimizer.state." in notes  # said, not silent
         assert r.extra()["nemo"]["config_class"] == "nemo.collections.llm.gpt.model.llama.Llama3Config"
+
+
+@slow
+def test_weights_alone_is_read_as_saved(written: tuple[Path, dict[str, Any]]) -> None:
+    """weights/ named alone is the torch_dist checkpoint under its saved names, the optimizer's state
+    included (its moments equal megatron's reading), with a note naming the NeMo folder."""
+    folder, oracle = written
+    plain = oracle["plain"]
+    with open_file(folder / "weights") as r:
+        assert r.format == "torch_dist"
+        name = "optimizer.state.exp_avg_sq.module.decoder.layers.1.mlp.linear_fc2.weight"
+        expected = plain["optimizer.state.exp_avg_sq.module.decoder.layers.mlp.linear_fc2.weight"][1]
+        assert torch.equal(torch.from_numpy(r[name].numpy().copy()), expected) and expected.abs().sum() > 0
+        assert "module.embedding.word_embeddings.weight" in r
+        assert any(f"name the checkpoint folder ({folder})" in n for n in r.notes)
 
 
 @slow

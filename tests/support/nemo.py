@@ -173,7 +173,28 @@ def write_tokenizer(folder: Path) -> None:
                             eos_token="</s>").save_pretrained(folder)
 
 
-def _worker(rank: int, world: int, port: int, out: str, tied: bool) -> None:
+def _optimizer_state(model: Any, model_sd: dict[str, Any]) -> dict[str, Any]:
+    """megatron-core's sharded state of a torch Adam over the model (as its FP32Optimizer makes it):
+    `optimizer.state.exp_avg.<the parameter's key>`, sharded as the parameter is; param_groups to
+    common.pt."""
+    import torch
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    adam = torch.optim.Adam(params, lr=1e-3)
+    for i, p in enumerate(params):  # fixed gradients: the moments are a function of the rank's shard
+        p.grad = torch.full_like(p, 0.01 * (i + 1))
+    adam.step()
+    state = adam.state_dict()
+    ids = get_param_id_to_sharded_param_map(model_sd, params)
+    optim_state_to_sharding_state(state, ids, exclude_keys=("step",))
+    return state
+
+
+def _worker(rank: int, world: int, port: int, out: str, tied: bool, optimizer: bool = True) -> None:
     import torch
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -204,10 +225,12 @@ def _worker(rank: int, world: int, port: int, out: str, tied: bool) -> None:
     model.eval()
     weights = Path(out) / "weights"
     weights.mkdir(parents=True, exist_ok=True)
+    model_sd = model.sharded_state_dict(prefix="module.")
     checkpoint = {"epoch": 0, "global_step": 7, "pytorch-lightning_version": "2.4.0", "state_dict": {},
                   "loops": {"fit_loop": {"state_dict": {}, "epoch_loop.state_dict": {"_batches_that_stepped": 7}}},
-                  "callbacks": {}, "optimizer_states": {}, "lr_schedulers": [],
-                  "sharded_state_dict": model.sharded_state_dict(prefix="module.")}
+                  "callbacks": {}, "optimizer_states": {}, "lr_schedulers": [], "sharded_state_dict": model_sd}
+    if optimizer:  # what NeMo saves by default (ckpt_save_optimizer): one Adam step's state
+        checkpoint["optimizer"] = [_optimizer_state(model, model_sd)]
     dist_checkpointing.save(checkpoint, str(weights), content_metadata=CONTENT_METADATA)
     torch.distributed.barrier()
     tokens = torch.tensor(TOKENS)
@@ -220,11 +243,15 @@ def _worker(rank: int, world: int, port: int, out: str, tied: bool) -> None:
         logits = model(tokens, positions, mask)
     plain = dist_checkpointing.load_plain_tensors(str(weights))  # collective: every rank calls it
     if rank == 0:
-        write_context(Path(out), given)
         tensors = {k: v.clone() for k, v in plain.items() if isinstance(v, torch.Tensor)}
         torch.save({"plain": tensors, "logits": logits.clone()}, Path(out).parent / f"{Path(out).name}-oracle.pt")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    import multiprocessing
+
+    for child in multiprocessing.active_children():  # megatron-core's persistent async-save worker outlives
+        child.terminate()  # os._exit (it waits on its queue forever, ~200 MB each): end it with its rank
+        child.join()
     end_rank()
 
 
@@ -239,6 +266,7 @@ def write_nemo_checkpoint(out: Path, *, tied: bool = False) -> dict[str, Any]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_worker, args=(2, port, str(out), tied), nprocs=2)
+    write_context(out, _given(tied))  # here, not in a rank: the tokenizer's save (Rust threads) once hung there
     return torch.load(out.parent / f"{out.name}-oracle.pt", weights_only=True)
 
 

@@ -16,15 +16,17 @@ IO_JSON = "io.json"
 
 
 def nemo_folder(path: str | os.PathLike[str]) -> Path | None:
-    """The NeMo 2 checkpoint folder `path` names: the folder itself, or its `weights/` (or that
-    folder's `.metadata`), when its `context/` holds `model.yaml` or `io.json`; None otherwise. A folder
-    with such a `context/` and no `weights/` is one (the reader refuses it, naming what is missing)."""
+    """`path` when it is a NeMo 2 checkpoint folder (its `context/` holds `model.yaml` or `io.json`);
+    None otherwise. A folder with such a `context/` and no `weights/` is one (the reader refuses it,
+    naming what is missing). Its `weights/` alone is a torch_dist checkpoint (`nemo_weights`)."""
     p = Path(path)
-    if p.name == ".metadata" and p.parent.name == WEIGHTS and p.is_file():
-        p = p.parent
-    if p.name == WEIGHTS and _has_context(p.parent):
-        return p.parent
     return p if _has_context(p) else None
+
+
+def nemo_weights(folder: str | os.PathLike[str]) -> Path | None:
+    """The NeMo 2 checkpoint folder whose `weights/` is `folder`, or None."""
+    p = Path(folder)
+    return p.parent if p.name == WEIGHTS and _has_context(p.parent) else None
 
 
 def _has_context(folder: Path) -> bool:

@@ -3,8 +3,10 @@ reader with the configuration of its `context/`.
 
 NeMo's `MegatronParallel` saves each model chunk's sharded state dict under the prefix `module.`
 (`module.decoder.layers.self_attention.linear_qkv.weight`): those names are read without it, so the
-Megatron recipes apply unchanged, and a note says so. The optimizer's state saved beside them
-(`optimizer.state.exp_avg.module....`) keeps its names. `context/model.yaml`'s configuration, in
+Megatron recipes apply unchanged, and a note says so. The optimizer's state NeMo saves beside them by
+default (`optimizer.state.exp_avg.module....`) is left out, with a note: converting a training
+checkpoint gives the model, never its moments as weights (`--from torch_dist` on `weights/` lists
+everything under the saved names). `context/model.yaml`'s configuration, in
 Megatron-LM's argument names (`config.py`), takes the place of `common.pt`'s arguments: it checks the
 stacked layer and expert axes, gives `${config.KEY}` and makes a Hugging Face config.json.
 """
@@ -47,8 +49,8 @@ class NemoReader(TorchDistReader):
                                  "records only the arguments given to its classes, not their defaults)")
         else:
             args, context_notes = found
-        super().__init__(weights, read=read, prefix=PREFIX, args=args,
-                         args_say=f"{CONTEXT}/{MODEL_YAML} says")
+        super().__init__(weights, read=read, prefix=PREFIX, args=args, args_say=f"{CONTEXT}/{MODEL_YAML} says",
+                         only_prefixed=True)
         self.nemo_folder = root
         if found is not None:  # in place of the torch_dist reader's note on common.pt holding no args
             self.notes = [n for n in self.notes if not n.startswith("common.pt holds no training arguments")]

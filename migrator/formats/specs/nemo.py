@@ -8,5 +8,5 @@ from ..spec import FormatSpec
 SPEC = FormatSpec(
     name="nemo", title="NeMo 2 checkpoint",
     summary="NeMo 2 checkpoint folder (`weights/`: torch_dist, `context/`: model.yaml, io.json)",
-    recognized_by="a folder (or its `weights/`) whose `context/` holds `model.yaml` or `io.json`", folder=True,
+    recognized_by="a folder whose `context/` holds `model.yaml` or `io.json`", folder=True,
     torch_names=True)

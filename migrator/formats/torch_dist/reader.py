@@ -15,7 +15,8 @@ and assembles the chunks; over it, this reader:
 
 A wrapper (NeMo 2's folder, `formats.nemo`) may give the arguments from elsewhere (`args`, `args_say`
 naming where they come from) and a `prefix` its trainer puts before every model name (`module.`): the
-names holding it are read without it, and a note says so.
+names holding it are read without it, and a note says so; with `only_prefixed`, the other tensors
+(the optimizer's state beside the model) are left out, with a note.
 """
 
 from __future__ import annotations
@@ -44,15 +45,16 @@ class TorchDistReader(Reader):
     format = "torch_dist"
 
     def __init__(self, folder: str | os.PathLike[str], *, read: ReadContext = DEFAULT_READ, prefix: str = "",
-                 args: dict[str, Any] | None = None, args_say: str = "the arguments say") -> None:
+                 args: dict[str, Any] | None = None, args_say: str = "the arguments say", only_prefixed: bool = False
+                 ) -> None:
         self.dcp = DcpReader(folder, read=read)
         try:
-            self._open(read, prefix, args, args_say)
+            self._open(read, prefix, args, args_say, only_prefixed)
         except BaseException:
             self.dcp.close()
             raise
 
-    def _open(self, read: ReadContext, prefix: str, given: dict[str, Any] | None, says: str) -> None:
+    def _open(self, read: ReadContext, prefix: str, given: dict[str, Any] | None, says: str, only: bool) -> None:
         dcp = self.dcp
         self.folder = folder = dcp.folder
         assert folder is not None
@@ -73,6 +75,7 @@ class TorchDistReader(Reader):
         self.args: dict[str, Any] = args if isinstance(args, dict) else {}
         notes: list[str] = []
         stripped = 0
+        outside: list[str] = []
         layers = _int(self.args, "num_layers", label)
         experts = _int(self.args, "num_experts", label)  # Megatron-LM's --num-experts
         vocab, padded = _int(self.args, "vocab_size", label), _int(self.args, "padded_vocab_size", label)
@@ -89,6 +92,9 @@ class TorchDistReader(Reader):
             if prefix and name.startswith(prefix):
                 name, stripped = name[len(prefix):], stripped + 1
                 t = t.renamed(name)
+            elif only and prefix:
+                outside.append(name)
+                continue
             m = _STACKED.match(name)
             if m is None:
                 if name in _VOCAB and vocab is not None and padded is not None and padded > vocab:
@@ -142,6 +148,9 @@ class TorchDistReader(Reader):
         if stripped:
             notes.insert(0, f"{stripped} tensors are read without the '{prefix}' prefix their names are saved with "
                          f"({prefix}decoder.layers... as decoder.layers...)")
+        if outside:
+            notes.append(f"{len(outside)} tensors outside the model (not under '{prefix}': "
+                         f"{', '.join(outside[:2])}{', ...' if len(outside) > 2 else ''}) are left out")
         if not self.args:
             notes.append("common.pt holds no training arguments (args): stacked axes and the vocabulary's padding "
                          "are not checked against them")
