@@ -6,9 +6,10 @@
 The checkpoint (issue 35): GPT-2-medium-like F32 shapes, 26 blocks of (3072x1024, 1024x1024,
 4096x1024, 1024x4096) plus a 24576x1024 embedding (96 MiB, the largest tensor), ~1.43 GB in all,
 every tensor a DTensor `Shard(0)` over 2 gloo ranks, written by `torch.distributed.checkpoint.save`.
-Each job runs in its own process (`os.wait4` gives its own ru_maxrss, mapped file pages
-included); the files are read once before every job, so both read from the page cache. Jobs
-alternate within a round; the figures are the medians over rounds. Not run by the tests.
+Each job runs in its own process, timed by `harness.run` (the files read once before every job, so
+both read from the page cache; `sync` before and after, outside the timing; peak RSS from GNU time,
+mapped file pages included). Rounds are rotated; the figures are the medians over rounds (peak RSS:
+the largest). Not run by the tests.
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ import argparse
 import os
 import shutil
 import socket
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import harness  # noqa: E402
+
 SHAPES = [("wte", (24576, 1024))] + [
     (f"h.{i}.{n}", s) for i in range(26)
     for n, s in (("attn.c_attn", (3072, 1024)), ("attn.c_proj", (1024, 1024)), ("mlp.c_fc", (4096, 1024)),
                  ("mlp.c_proj", (1024, 4096)))]
+
+TORCH_JOB = ("import sys; from torch.distributed.checkpoint.format_utils import dcp_to_torch_save; "
+             "dcp_to_torch_save(sys.argv[1], sys.argv[2])")
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -58,60 +63,34 @@ def make_checkpoint(path: Path) -> None:
     mp.spawn(_worker, args=(port, str(path)), nprocs=2, join=True)
 
 
-def warm(path: Path) -> None:
-    for f in path.iterdir():
-        with open(f, "rb") as fh:
-            while fh.read(1 << 24):
-                pass
-
-
-def timed(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{cmd} failed")
-    return wall, usage.ru_maxrss * 1024
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/dcp-bench")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint for the next run")
     args = ap.parse_args()
+    os.environ["PYTHONPATH"] = str(ROOT)
     work = Path(args.dir)
     ckpt = work / "ckpt"
     if not (ckpt / ".metadata").exists():
         work.mkdir(parents=True, exist_ok=True)
         make_checkpoint(ckpt)
     size = sum(f.stat().st_size for f in ckpt.iterdir())
-    jobs = {
-        "migrate -> .safetensors": [sys.executable, "-m", "migrator.cli", "convert", str(ckpt),
-                                    str(work / "out.safetensors"), "--overwrite"],
-        "dcp_to_torch_save -> .pt": [sys.executable, "-c", "import sys; from torch.distributed.checkpoint."
-                                     "format_utils import dcp_to_torch_save; dcp_to_torch_save(sys.argv[1], "
-                                     "sys.argv[2])", str(ckpt), str(work / "out.pt")],
-    }
-    results: dict[str, list[tuple[float, int]]] = {k: [] for k in jobs}
-    for r in range(args.rounds):
-        order = list(jobs) if r % 2 == 0 else list(jobs)[::-1]
-        for name in order:
-            warm(ckpt)
-            results[name].append(timed(jobs[name]))
+    jobs = [
+        harness.Job("migrate -> .safetensors", [sys.executable, "-m", "migrator.cli", "convert", str(ckpt),
+                                                 str(work / "out.safetensors"), "--overwrite"],
+                    work / "out.safetensors", ckpt),
+        harness.Job("dcp_to_torch_save -> .pt", [sys.executable, "-c", TORCH_JOB, str(ckpt), str(work / "out.pt")],
+                    work / "out.pt", ckpt),
+    ]
+    res = harness.rounds(jobs, args.rounds, work / "rss.txt")
     largest = max(rows * cols * 4 for _, (rows, cols) in SHAPES)
     print(f"checkpoint: {size / 1e9:.2f} GB in {len(list(ckpt.iterdir()))} files, largest tensor "
           f"{largest / 2**20:.0f} MiB, {args.rounds} rounds")
-    for name, runs in results.items():
-        wall = statistics.median(w for w, _ in runs)
-        rss = statistics.median(m for _, m in runs)
-        print(f"{name:28s} wall {wall:6.2f} s   peak RSS {rss / 2**20:7.0f} MiB "
+    for job in jobs:
+        wall, rss = res.wall(job.label), res.rss(job.label)
+        print(f"{job.label:28s} wall {wall:6.2f} s   peak RSS {rss / 2**20:7.0f} MiB "
               f"(largest tensor + {(rss - largest) / 2**20:.0f} MiB)")
-    for f in ("out.safetensors", "out.pt"):
-        (work / f).unlink(missing_ok=True)
     if not args.keep:
         shutil.rmtree(ckpt)
 

@@ -9,6 +9,7 @@ afterwards so the disk never holds more than one output.
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import time
@@ -21,7 +22,8 @@ GNU_TIME = Path("/usr/bin/time")
 
 @dataclass(frozen=True)
 class Job:
-    """A command to time; `output` is deleted before and after it, `warm` is read before it."""
+    """A command to time; `output` (a file or a folder) is deleted before and after it, `warm` (a file
+    or every file under a folder) is read before it."""
 
     label: str
     cmd: Sequence[str]
@@ -53,11 +55,24 @@ class Results:
 
 
 def warm(path: Path) -> None:
-    """Read a file through the page cache (cheap when it is cached already)."""
+    """Read a file, or every file under a folder, through the page cache (cheap when it is cached already)."""
+    if path.is_dir():
+        for file in sorted(path.rglob("*")):
+            if file.is_file():
+                warm(file)
+        return
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(16 << 20)
         while f.readinto(buf):
             pass
+
+
+def remove(path: Path) -> None:
+    """Delete a job's output, a file or a folder, if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def run(job: Job, rss_file: Path) -> Run:
@@ -67,7 +82,7 @@ def run(job: Job, rss_file: Path) -> Run:
     process would inherit its high-water mark, so `wait4` of a direct child overstates small jobs.
     """
     if job.output is not None:
-        job.output.unlink(missing_ok=True)
+        remove(job.output)
     if job.warm is not None:
         warm(job.warm)
     subprocess.run(["sync"], check=True)
@@ -80,7 +95,7 @@ def run(job: Job, rss_file: Path) -> Run:
                            f"{proc.stderr[-2000:]}")
     subprocess.run(["sync"], check=True)
     if job.output is not None:
-        job.output.unlink(missing_ok=True)
+        remove(job.output)
     return Run(wall, int(rss_file.read_text().split()[-1]) * 1024)
 
 

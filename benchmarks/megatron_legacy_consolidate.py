@@ -3,7 +3,7 @@
     python benchmarks/megatron_legacy_consolidate.py [--hidden 1024] [--layers 8] [--rounds 3] [--keep DIR]
 
 Writes a legacy checkpoint (`iter_0000010/mp_rank_TT_PPP/model_optim_rng.pt`, as Megatron-LM's `torch`
-checkpointer lays it out: `tests/tests/support/megatron_legacy.py`, a Llama-like model with GQA and SwiGLU,
+checkpointer lays it out: `tests/support/megatron_legacy.py`, a Llama-like model with GQA and SwiGLU,
 random fp32 weights, vocabulary 32,768), then runs each job in a fresh process per round, alternating,
 and reports the median wall time and the peak RSS (ru_maxrss of the child):
 
@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 WRITER = r"""
 import sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[1] + "/tests")
-import tests.support.megatron_legacy as megatron_legacy as mls
+sys.path.insert(0, sys.argv[1])  # the repository: the tests' writer
+import tests.support.megatron_legacy as mls
 hidden, layers = int(sys.argv[3]), int(sys.argv[4])
 args = mls.args_for(2, 2, hidden_size=hidden, num_attention_heads=hidden // 64, num_query_groups=4, kv_channels=64,
                     ffn_hidden_size=hidden * 4, padded_vocab_size=32768, num_layers=layers)
@@ -45,7 +45,7 @@ mls.write_legacy(Path(sys.argv[2]), mls.random_mcore(args), 2, 2, args=args, ext
 PEER = r"""
 import sys, torch
 from pathlib import Path
-sys.path.insert(0, sys.argv[3] + "/tests")  # the args' enum class, which torch.load imports
+sys.path.insert(0, sys.argv[3])  # the args' enum class (tests.support.megatron_legacy), which torch.load imports
 from safetensors.torch import save_file
 root = Path(sys.argv[1]) / "iter_0000010"
 tp, pp = 2, 2

@@ -16,9 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_PARAMETERS = 8
 
 ALLOWED: dict[str, str] = {
-    "migrator/transform/quantize.py:plan_quantization": "arrived with --quantize beside this ratchet: the source's "
-    "facts it reads (config, its name, format, op origins, dequantized) are to become one value with the "
-    "plan's other source facts; called once, from plan/build.py",
     "migrator/api.py:run_recipe": "the public Python API (10 keyword-only settings, each defaulted and documented, "
     "as `migrate run`'s options): users call it with keywords; it builds one RunOptions at once and nothing below "
     "sees the keywords",
@@ -29,10 +26,6 @@ ALLOWED: dict[str, str] = {
     "set: the C kernel's band arguments as keywords; a band/scale-grid value is the shape to take",
     "migrator/core/dequant.py:_band_numpy": "the numpy twin of the C kernel `dequant_band`, its arguments one for "
     "one (reshaped with dequantize_band)",
-    "migrator/files/sharded_writer.py:ShardedWriter.__init__": "being changed on another branch (sharded writer); "
-    "reshaped after it lands",
-    "migrator/run/convert.py:_plain_copy": "being changed on another branch (convert's plain copy); reshaped after "
-    "it lands",
 }
 """path:qualified name -> why it still takes more than MAX_PARAMETERS parameters."""
 

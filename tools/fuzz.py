@@ -6,11 +6,13 @@
     .venv/bin/python tools/fuzz.py --reader gguf --differential --cases 100000
 
 Readers: burnpack, safetensors, pytorch-zip, pytorch-legacy, pytorch-tar, gguf, megatron-legacy (one
-rank file of a legacy Megatron-LM checkpoint folder, opened with the others), recipe. Seeds are made
-on the spot (migrator's own writers; torch for the legacy, TAR and torch-written zip seeds) and
-mutated by byte flips, truncations, insertions, deletions, splices and overwrites of length fields
-with huge or negative values; the zip and TAR mutators can also repair CRCs and header checksums
-so mutations reach the pickles behind them.
+rank file of a legacy Megatron-LM checkpoint folder, opened with the others), torch-dist (one file of a
+megatron-core torch_dist folder: `.metadata`, `common.pt`, a rank's `.distcp` or `metadata.json`, named
+by the input's first byte, opened with the others), recipe. Seeds are made on the spot (migrator's
+own writers; torch for the legacy, TAR, torch-written zip and torch_dist seeds) and mutated by byte
+flips, truncations, insertions, deletions, splices and overwrites of length fields with huge or
+negative values; the zip and TAR mutators can also repair CRCs and header checksums so mutations
+reach the pickles behind them.
 
 Every case must end in a `MigratorError` subclass or a correct result (every tensor's bytes have
 the declared length, numpy views have the declared shape, and a re-encoded copy reads back equal).

@@ -231,6 +231,23 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
         os.close(fd)
 
 
+def read_short_text(path: str | os.PathLike[str], max_bytes: int, encoding: str, what: str) -> str:
+    """The stripped text of a one-line file a checkpoint folder names its step with (DeepSpeed's
+    `latest`, Megatron's tracker file), read as `read_regular` reads: "" when it is longer than
+    `max_bytes` or not text in `encoding` (the caller's refusal says what the file must hold);
+    FormatError "cannot read {what}: ..." naming the file when it cannot be read."""
+    try:
+        raw = read_regular(path, max_bytes)
+    except OSError as e:
+        raise FormatError(f"cannot read {what}: {e.strerror}", file=str(path)) from None
+    if len(raw) > max_bytes:
+        return ""
+    try:
+        return raw.decode(encoding).strip()
+    except UnicodeDecodeError:
+        return ""
+
+
 def open_source(src: str | os.PathLike[str] | bytes | bytearray | memoryview | ByteSource) -> ByteSource:
     """Open a path or wrap a buffer."""
     if isinstance(src, ByteSource):

@@ -30,6 +30,10 @@ def read_tokens(path: Path) -> list[str]:
 
     try:
         raw = read_regular(path, MAX_CONFIG_BYTES)
+        if len(raw) > MAX_CONFIG_BYTES:
+            # read_regular reads one byte past the limit so that a longer file is seen, not cut: a
+            # cut list would add its last token half-written.
+            raise PlanError(f"add_tokens: {path} is over {MAX_CONFIG_BYTES} bytes; a list of new tokens is far smaller")
         text = raw.decode("utf-8")
     except OSError as e:
         raise PlanError(f"add_tokens: cannot read {path}: {e.strerror or e}") from None

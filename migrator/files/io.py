@@ -112,10 +112,11 @@ def save(
     options = options.with_keywords(write)
     tensors, scalars = as_tensors(tensors), as_scalars(scalars)
     if max_shard_size is not None:
-        from .sharded_writer import ShardedWriter
+        from .sharded_writer import FolderLayout, ShardedWriter
 
         shard_fmt = target_format(path, format, sharded=True)
-        sharded = ShardedWriter(shard_fmt, tensors, metadata=metadata, scalars=scalars, max_size=max_shard_size)
+        sharded = ShardedWriter(shard_fmt, tensors, metadata=metadata, scalars=scalars,
+                                folder=FolderLayout(max_size=max_shard_size))
         # as before this took WriteOptions: a sharded save is given no `protect` (nor the sources' modes)
         return save_planned(sharded, path, dataclasses.replace(options, protect=()))
     fmt = target_format(path, format)

@@ -23,6 +23,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -229,6 +230,28 @@ def config_with_dtype(source: Path, tensors: Sequence[LazyTensor], update: Mappi
     return (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(), "; ".join(notes)
 
 
+@dataclass(frozen=True)
+class FolderLayout:
+    """What a folder target holds beside its tensors' bytes: the shards' size limit (`max_size`) and
+    weights name (`weights_name`, None: Hugging Face's), the companion files copied (`copies`: (glob,
+    optional) entries, `resolve_copies`, from `copy_from`; none without it), the entries set in a copied
+    config.json (`config_update`) and the keys removed from it (`config_drop`), the companion files
+    written from these bytes (`generated`: (name, content), in place of a copy of the same name), and
+    the options companion files on an object store are listed and read with (`storage`)."""
+
+    max_size: int | str = DEFAULT_MAX_SIZE
+    weights_name: str | None = None
+    copies: Sequence[tuple[str, bool]] = ()
+    copy_from: Path | None = None
+    config_update: Mapping[str, Any] | None = None
+    config_drop: Sequence[str] = ()
+    generated: Sequence[tuple[str, bytes]] = ()
+    storage: StorageOptions | None = None
+
+
+DEFAULT_FOLDER = FolderLayout()
+
+
 class ShardedWriter(Writer):
     """A folder of shard files (each planned by its format's writer), an index and companion files."""
 
@@ -236,16 +259,10 @@ class ShardedWriter(Writer):
     kind = WriterKind.FOLDER
 
     def __init__(self, fmt: str, tensors: Sequence[LazyTensor], *, metadata: Mapping[str, str] | None = None,
-                 scalars: Mapping[str, Scalar] | None = None, max_size: int | str = DEFAULT_MAX_SIZE,
-                 copies: Sequence[tuple[str, bool]] = (), copy_from: Path | None = None,
-                 weights_name: str | None = None, config_update: Mapping[str, Any] | None = None,
-                 config_drop: Sequence[str] = (), generated: Sequence[tuple[str, bytes]] = (),
-                 storage: StorageOptions | None = None,
+                 scalars: Mapping[str, Scalar] | None = None, folder: FolderLayout = DEFAULT_FOLDER,
                  quantize: Mapping[str, str] | str | None = None) -> None:
-        """`config_update`: entries set in a copied config.json, `config_drop`: keys removed from it;
-        `generated`: companion files written from these bytes (name, content), in place of a copy of the
-        same name; `storage`: the options companion files on an object store are listed and read with;
-        `quantize`: a GGUF target's rules or llama.cpp mix name (its files are llama.cpp's split layout,
+        """`folder`: the shards' size and name and the companion files (`FolderLayout`); `quantize`: a
+        GGUF target's rules or llama.cpp mix name (its files are llama.cpp's split layout,
         `formats.gguf.writer.split_writers`)."""
         super().__init__(tensors, metadata=metadata, scalars=scalars)
         from ..formats.registry import is_format, not_shardable, writer_class
@@ -254,8 +271,8 @@ class ShardedWriter(Writer):
         if why is not None:
             raise PlanError(why)
         self.format = fmt  # type: ignore[misc]  # the shards' format
-        self.max_size = parse_size(max_size)
-        pattern, index_name = weights_patterns(fmt, weights_name)
+        self.max_size = parse_size(folder.max_size)
+        pattern, index_name = weights_patterns(fmt, folder.weights_name)
         self.index: dict[str, Any] | None = None
         self.index_name = index_name
         if is_format(fmt, llama_cpp=True):  # llama.cpp's split files
@@ -278,16 +295,17 @@ class ShardedWriter(Writer):
             self.index = {"metadata": {"total_parameters": sum(t.numel for t in stored),
                                        "total_size": sum(t.nbytes for t in stored)}, "weight_map": weight_map}
         reserved = set(names) | ({index_name} if self.index is not None else set())
-        self.storage = storage
+        self.storage = storage = folder.storage
+        copies, copy_from = folder.copies, folder.copy_from
         self.copies = resolve_copies(copies, copy_from, reserved, storage) if copies and copy_from is not None else []
         self.companion_sources = [src for src, _ in self.copies]  # read by the run: no output may replace one
         # companions written from these bytes, not copied (a GGUF's config.json, a merge's): in place of a
         # copy of the same name; a copied config.json whose dtype the cast changed joins them below
-        self.generated: list[tuple[str, bytes]] = list(generated)
-        self.copies = [(src, rel) for src, rel in self.copies if rel not in {name for name, _ in generated}]
+        self.generated: list[tuple[str, bytes]] = list(folder.generated)
+        self.copies = [(src, rel) for src, rel in self.copies if rel not in {name for name, _ in folder.generated}]
         for src, rel in list(self.copies):
-            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors, config_update, config_drop,
-                                                                      storage)) is not None:
+            if rel == "config.json" and (updated := config_with_dtype(src, self.tensors, folder.config_update,
+                                                                      folder.config_drop, storage)) is not None:
                 self.copies.remove((src, rel))
                 self.generated.append((rel, updated[0]))
                 self.notes.append(updated[1])

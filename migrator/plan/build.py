@@ -3,9 +3,9 @@ filter -> ops -> adapters -> template slot -> dtype policy. No tensor byte is re
 
 `build_plan` opens the sources and hands them to a `Compilation`, whose methods are the steps: the
 tensors' entries (`tensors`, run again over a training checkpoint's optimizer moments), the output's
-metadata, what the target keeps beside its tensors, and the writer. The per-tensor steps that need
-none of its state are `steps.py`. Everything the plan reads is read within one `ReadContext` (the
-limits and the storage options of its URLs).
+metadata, what the target keeps beside its tensors, and the writer (a folder target's is
+`folder_target.py`). The per-tensor steps that need none of its state are `steps.py`. Everything the
+plan reads is read within one `ReadContext` (the limits and the storage options of its URLs).
 
 The plan also holds the report a run would give (applied, skipped, missing, unused, errors), so
 `migrate plan` can show it and `migrate run` can refuse to write anything when it has errors.
@@ -421,7 +421,7 @@ class Compilation:
         """The entries with each Linear weight `quantize:` takes replaced by its F8_E4M3 weight and its
         weight_scale (`transform.quantize`); what it keeps, and why, goes to the notes."""
         from ..recipe.config import ConfigError, load_config
-        from ..transform.quantize import plan_quantization
+        from ..transform.quantize import SourceFacts, plan_quantization
 
         recipe, path = self.recipe, self.settings.config
         assert recipe.quantize is not None
@@ -432,10 +432,11 @@ class Compilation:
             except ConfigError as problem:
                 self.fatal.append(str(problem))
         settings = self.settings
+        source = SourceFacts(self.reader.format, config, None if path is None else os.fspath(path),
+                             dequantized="quantization_config" in self.reader.config_drop)
         q = self.quantization = plan_quantization(
             recipe.quantize.scheme, recipe.quantize.ignore, [e.tensor for e in entries], recipe.modules,
-            settings.module_origins, self.reader.format, config, None if path is None else os.fspath(path),
-            settings.hint_syntax, dequantized="quantization_config" in self.reader.config_drop)
+            settings.module_origins, source, settings.hint_syntax)
         self.fatal += [m if settings.hint_syntax != "convert" else in_convert_syntax(m) for m in q.fatal]
         out: list[PlanEntry] = []
         for i, e in enumerate(entries):
@@ -487,55 +488,24 @@ class Compilation:
         record, pair = burn
         tensors = [e.tensor for e in plan.entries]
         if training.trainer:  # the model's files, optimizer.pt and the Trainer's other files
-            from ..files.sharded_writer import default_weights_name
+            from ..files.sharded_writer import FolderLayout, default_weights_name
             from .trainer_target import trainer_writer
 
             assert recipe.target.shard is not None
             if recipe.target.config or self.growth is not None:  # its files are the Trainer's own
                 raise PlanError("target.config and add_tokens are not supported with a Trainer checkpoint folder "
                                 "target; write a model folder")
-            plan.writer = trainer_writer(
-                training, plan.entries, reader, out_fmt, scalars=plan.scalars, max_size=recipe.target.shard.max_size,
-                copies=recipe.target.copies(), copy_from=self.places.copy_from or reader.folder,
-                weights_name=recipe.target.shard.name or default_weights_name(out_fmt, reader.folder),
-                storage=self.read.storage, **self._writer_options(plan.metadata, notes, folder_target=True))
+            layout = FolderLayout(max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
+                                  copy_from=self.places.copy_from or reader.folder,
+                                  weights_name=recipe.target.shard.name or default_weights_name(out_fmt, reader.folder),
+                                  storage=self.read.storage)
+            plan.writer = trainer_writer(training, plan.entries, reader, out_fmt, scalars=plan.scalars, folder=layout,
+                                         **self.writer_options(plan.metadata, notes, folder_target=True))
             notes += plan.writer.notes
         elif recipe.target.shard is not None:
-            from ..files.sharded_writer import ShardedWriter, default_weights_name
+            from .folder_target import folder_writer
 
-            folder = reader.folder or self.places.source.parent
-            if self.places.copy_from is not None:
-                folder = self.places.copy_from
-            name = recipe.target.shard.name or default_weights_name(out_fmt, reader.folder)
-            made = self._made_files([t.name for t in tensors], notes)  # a GGUF's config.json
-            grown_files = self.growth.files if self.growth is not None else []
-            if self.growth is not None:
-                notes += self.growth.notes
-            from .config_edits import edited_config
-
-            update = {**(reader.config_update or {}), **edited_config(
-                recipe.target.config, folder, recipe.target.copies(), tensors,
-                {e.target: (e.source or "").split(", ") for e in plan.entries}, notes)}
-            options = self._writer_options(plan.metadata, notes, folder_target=True)
-            made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
-            config_update = dict(update)
-            if self.quantization is not None:  # compressed-tensors' config, in the copied config.json
-                from ..formats.compressed_tensors_schemes import quantization_config
-
-                config_update["quantization_config"] = quantization_config(self.quantization.scheme,
-                                                                           self.quantization.ignore)
-            plan.writer = ShardedWriter(out_fmt, tensors + made_tensors, scalars=plan.scalars,
-                                        max_size=recipe.target.shard.max_size, copies=recipe.target.copies(),
-                                        copy_from=folder, weights_name=name, config_update=config_update or None,
-                                        config_drop=reader.config_drop,
-                                        generated=[*reader.generated, *made.items(), *grown_files],
-                                        storage=self.read.storage,
-                                        **options)
-            if self.quantization is not None and not any(n == "config.json" for n, _ in plan.writer.generated):
-                raise PlanError(f"quantize {self.quantization.scheme.name} writes its quantization_config into the "
-                                f"folder's config.json, and none is copied from {folder} (copy: [config.json], or "
-                                "--copy-from the model folder whose config.json goes with these weights)")
-            notes += plan.writer.notes
+            folder_writer(self, plan)
         else:
             if recipe.target.hf_config:
                 raise PlanError("target.hf_config writes a config.json into a folder target (end the path with '/')")
@@ -546,7 +516,7 @@ class Compilation:
                 raise PlanError("target.config edits the config.json of a folder target (end the path with '/' and "
                                 "copy config.json)")
             tree: dict[str, Any] = {} if structure is None else {"structure": structure}
-            options = self._writer_options(plan.metadata, notes)
+            options = self.writer_options(plan.metadata, notes)
             made_tensors = options.pop("made_tensors", [])  # a GGUF's rope_freqs.weight
             plan.writer = writer_class(out_fmt)(tensors + made_tensors, scalars=plan.scalars, **options, **tree)
             notes += plan.writer.notes  # e.g. a GGUF tensor written F16, not quantized
@@ -722,43 +692,12 @@ class Compilation:
                          "values)")
         return entries, applied, missing, unused
 
-    def _made_files(self, names: list[str], notes: list[str]) -> dict[str, bytes]:
-        """Companion files a sharded target is given from the plan: a config.json made from a GGUF's key/values,
-        and the tokenizer files of its vocabulary where they can be written (a tokenizer.json for byte-level BPE, a
-        tokenizer.model for SentencePiece)."""
-        recipe, reader = self.recipe, self.reader
-        if not recipe.target.hf_config:
-            return {}
-        import json
-
-        own = reader.hf_config()  # a source whose own configuration makes one (Megatron's arguments)
-        if own is not None:
-            notes.append("config.json is made from the source's own configuration (target.hf_config)")
-            return {"config.json": (json.dumps(own, indent=2) + "\n").encode()}
-
-        from ..formats.gguf.bpe import hf_tokenizer_files
-        from ..formats.gguf.llama import ROPE_FREQS, hf_config
-
-        scaling = recipe.target.rope_scaling
-        given = {"rope_scaling": scaling.model_dump()} if scaling is not None else None
-        rope_freqs = reader[ROPE_FREQS].numpy() if ROPE_FREQS in reader else None
-        config = hf_config(reader.metadata, names, rope_freqs=rope_freqs, given=given)
-        made = {"config.json": (json.dumps(config, indent=2) + "\n").encode()}
-        if getattr(reader.metadata.get("tokenizer.ggml.model"), "data", None) == "llama":  # SentencePiece
-            from ..formats.gguf.spm import sentencepiece_files
-
-            tokenizer, said = sentencepiece_files(reader.metadata)
-        else:
-            tokenizer, said = hf_tokenizer_files(reader.metadata)
-        notes += said
-        return {**made, **tokenizer}
-
-    def _writer_options(self, meta: dict[str, str], notes: list[str], *, folder_target: bool = False
+    def writer_options(self, meta: dict[str, str], notes: list[str], *, folder_target: bool = False
                         ) -> dict[str, Any]:
         """The writer's metadata, and options only one format's writer takes: a GGUF target's per-tensor
         quantization rules, its key/values with a tokenizer's (target.tokenizer, relative to the
         source's folder), and the tensors it is given (`made_tensors`: rope_freqs.weight). A folder
-        target's rope_scaling with hf_config is its config.json's (`_made_files`)."""
+        target's rope_scaling with hf_config is its config.json's (`folder_target.made_files`)."""
         recipe, reader, out_fmt, src_path = self.recipe, self.reader, self.out_fmt, self.places.source
         target = recipe.target
         rope_tensor = target.rope_scaling is not None and not (folder_target and target.hf_config)

@@ -39,7 +39,8 @@ from ..core.tensor import LazyTensor
 from .entry import PlanEntry
 
 if TYPE_CHECKING:
-    from .training_state import Optimizer, Training
+    from .optimizer_dicts import Optimizer
+    from .training_state import Training
 
 RANK = "__rank"
 ADAM = {"exp_avg": "momentum.moment_1", "exp_avg_sq": "momentum.moment_2", "max_exp_avg_sq": "momentum.max_moment_2"}

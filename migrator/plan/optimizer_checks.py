@@ -1,4 +1,4 @@
-"""Whether an optimizer's state fits the parameters it was matched to (`training_state.identify`).
+"""Whether an optimizer's state fits the parameters it was matched to (`optimizer_dicts.identify`).
 
 Names in `param_groups` (or ids that are names, or the model's order) say which parameter each id is;
 the moments say it too, by their shape. When the two disagree, the names are not followed: a moment
@@ -33,7 +33,7 @@ PER_ELEMENT = frozenset({
 def check_state_shapes(opt: Any, shapes: Mapping[str, Sequence[int]], tensor_shapes: Mapping[str, Sequence[int]],
                        hint: str) -> None:
     """Refuse (PlanError naming the param group) an id whose per-element state is not shaped like the
-    parameter it was matched to. `opt`: a `training_state.Optimizer` with its owners filled; `shapes`:
+    parameter it was matched to. `opt`: an `optimizer_dicts.Optimizer` with its owners filled; `shapes`:
     each model tensor's shape by its reader name; `tensor_shapes`: each state tensor's, by its reader
     name; `hint`: how to save a checkpoint whose state can be matched."""
     where = f"{opt.path}.param_groups" if opt.path else "param_groups"

@@ -18,7 +18,6 @@ instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,7 +72,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: C
             and not lora_adapter(src, dst, o.target_format_name)
             and llama_config(src, dst, o.target_format_name) is None
             and llama_gguf(src, dst, o.max_shard_size, o.target_format_name) is None):
-        done = _plain_copy(src, dst, progress=progress, limits=limits, **given)
+        done = _plain_copy(src, dst, o, progress=progress, limits=limits)
         if done is not None:
             return done
     from ..plan.build import RecipeFile, build_plan
@@ -91,13 +90,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: C
         return _result(plan, result.target)
 
 
-def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: bool | None,
-                source_format: str = "auto", target_format_name: str = "auto", overwrite: bool = False,
-                fsync: bool = True, metadata: Mapping[str, str] | None = None, clear_metadata: bool = False,
-                max_shard_size: str | int | None = None, copy: Sequence[str] = (),
-                contiguous_indices: bool | None = None, limits: Limits = DEFAULT_LIMITS,
-                weights_name: str | None = None, copy_from: str | os.PathLike[str] | None = None,
-                **_: Any) -> ConvertResult | None:
+def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], o: ConvertOptions, *,
+                progress: bool | None, limits: Limits = DEFAULT_LIMITS) -> ConvertResult | None:
     """Every tensor as it is, into another file: what build_plan + run_plan do for a plain recipe.
     None (nothing written) for a PyTorch source that the default renumbering for a burnpack target
     would rename, and for a PyTorch checkpoint with a structure (nested dicts, optimizer state, epoch)
@@ -114,36 +108,36 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
     from .execute import MigrationError, progress_for
 
     src_path, dst_path = resolve_path(Path.cwd(), src), resolve_path(Path.cwd(), dst)
-    sharded = max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
+    sharded = o.max_shard_size is not None or os.fspath(dst).endswith(("/", os.sep))
     if sharded:  # as a recipe's sharded target: format named, else from a suffix, else SafeTensors
-        from ..files.sharded_writer import DEFAULT_MAX_SIZE, ShardedWriter
+        from ..files.sharded_writer import DEFAULT_MAX_SIZE, FolderLayout, ShardedWriter
         from ..files.targets import check_folder_target
 
-        out_fmt = target_format(dst_path, target_format_name, sharded=True)
-        check_folder_target(dst_path, overwrite=overwrite)  # before the source is opened
+        out_fmt = target_format(dst_path, o.target_format_name, sharded=True)
+        check_folder_target(dst_path, overwrite=o.overwrite)  # before the source is opened
     else:
-        if copy or copy_from:
-            option = "--copy" if copy else "--copy-from"
+        if o.copy or o.copy_from:
+            option = "--copy" if o.copy else "--copy-from"
             raise ConvertUsageError(f"{option} needs a folder target (end DST with '/' or give --max-shard-size)")
-        if weights_name is not None:
+        if o.weights_name is not None:
             raise ConvertUsageError("--weights-name names the weights in a folder target: end DST with '/'")
-        out_fmt = target_format(dst_path, target_format_name)
+        out_fmt = target_format(dst_path, o.target_format_name)
         dst_path = as_path(writer_class(out_fmt).resolve_path(dst_path))
     keep = is_format(out_fmt, keeps_structure=True) and not sharded
     structure: dict[str, Any] = {"keep_structure": True} if keep else {}
-    with open_file(src_path, source_format, limits=limits, **structure) as reader:
+    with open_file(src_path, o.source_format, limits=limits, **structure) as reader:
         if reader.structure is not None:
             return None  # a checkpoint's structure is written back by the plan (`plan.build._structure`)
         tensors = list(reader.tensors)
         if not is_format(out_fmt, keeps_structure=True) and optimizer_owners(t.name for t in tensors):
             return None  # a training checkpoint's optimizer as weights: the plan refuses or says so
-        if has_torch_names(reader) and contiguous_indices is None and is_format(out_fmt, for_burn=True):
+        if has_torch_names(reader) and o.contiguous_indices is None and is_format(out_fmt, for_burn=True):
             from ..naming import contiguous_names
 
             names = [t.name for t in tensors]
             if contiguous_names(names) != names:
                 return None
-        meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=metadata, clear=clear_metadata)
+        meta = output_metadata(reader.format, out_fmt, reader.metadata, extra=o.metadata, clear=o.clear_metadata)
         notes: list[str] = list(reader.notes)  # e.g. the optimizer state a top_level_key leaves out
         scalars = dict(reader.scalars) if is_format(out_fmt, scalars=True) else {}
         if reader.scalars and not is_format(out_fmt, scalars=True):
@@ -155,13 +149,13 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
                 from ..recipe.convert import COMPANIONS
 
                 folder = reader.folder
-                companions = copy_folder(resolve_path(Path.cwd(), copy_from), dst_path) if copy_from else None
-                writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars,
-                                       max_size=DEFAULT_MAX_SIZE if max_shard_size is None else max_shard_size,
-                                       copies=[(c, False) for c in copy] or (
-                                           [(c, True) for c in COMPANIONS] if copy_from else []),
-                                       copy_from=companions or folder or src_path.parent,
-                                       weights_name=weights_name or default_weights_name(out_fmt, folder))
+                companions = copy_folder(resolve_path(Path.cwd(), o.copy_from), dst_path) if o.copy_from else None
+                layout = FolderLayout(
+                    max_size=DEFAULT_MAX_SIZE if o.max_shard_size is None else o.max_shard_size,
+                    copies=[(c, False) for c in o.copy] or ([(c, True) for c in COMPANIONS] if o.copy_from else []),
+                    copy_from=companions or folder or src_path.parent,
+                    weights_name=o.weights_name or default_weights_name(out_fmt, folder))
+                writer = ShardedWriter(out_fmt, tensors, metadata=meta, scalars=scalars, folder=layout)
                 notes += writer.notes
             else:
                 writer = writer_class(out_fmt)(tensors, metadata=meta, scalars=scalars)
@@ -171,8 +165,8 @@ def _plain_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, pro
         source = reader.source
         read: list[Protected] = [src_path, *([source.identity] if source.identity is not None
                                               else source.identities)]
-        written = save_planned(writer, dst_path, overwrite=overwrite, protect=read, progress=progress_for(progress),
-                               fsync=fsync, mode_from=[source.mode] if source.mode is not None else [],
+        written = save_planned(writer, dst_path, overwrite=o.overwrite, protect=read, progress=progress_for(progress),
+                               fsync=o.fsync, mode_from=[source.mode] if source.mode is not None else [],
                                make_folders=True)
         return ConvertResult(source=str(src_path), source_format=reader.format, target=written,
                              target_format=out_fmt, tensors=len(tensors), nbytes=sum(t.nbytes for t in tensors),

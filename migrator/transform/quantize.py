@@ -82,19 +82,31 @@ def _listed(names: Sequence[str], limit: int = 8) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+@dataclass(frozen=True)
+class SourceFacts:
+    """What quantizing reads of the source beside its tensors: its format (the module types its reader
+    knows), its config.json (`config`: its `tie_word_embeddings`, and a `quantization_config` that says
+    the source is quantized already, unless the reader `dequantized` it: then the values are quantized
+    again) and that config's path for messages (`config_name`)."""
+
+    format: str | None = None
+    config: Mapping[str, Any] | None = None
+    config_name: str | None = None
+    dequantized: bool = False
+
+
 def plan_quantization(scheme_name: str, ignore: Sequence[str] | None, tensors: Sequence[LazyTensor],
                       declared: Mapping[str, Sequence[str]], origins: Mapping[tuple[str, int], str] | None,
-                      source_format: str | None, config: Mapping[str, Any] | None, config_name: str | None,
-                      hint_syntax: str = "recipe", dequantized: bool = False) -> Quantization:
+                      source: SourceFacts, hint_syntax: str = "recipe") -> Quantization:
     """Which of the plan's final `tensors` are quantized, and their replacements (module docstring).
-    `config`: the source's config.json (its `tie_word_embeddings`, and a `quantization_config` that
-    says the source is quantized already, unless the reader `dequantized` it: then the values are
-    quantized again), `config_name` its path for messages."""
+    `origins`: the recipe line of each module declaration, for errors; `source`: what is read of the
+    source beside its tensors."""
     scheme = SCHEMES[scheme_name]
     out = Quantization(scheme)
-    if config is not None and isinstance(config.get("quantization_config"), Mapping) and not dequantized:
+    config = source.config
+    if config is not None and isinstance(config.get("quantization_config"), Mapping) and not source.dequantized:
         method = config["quantization_config"].get("quant_method", "?")
-        out.fatal.append(f"{config_name}: the source is quantized already (quantization_config, quant_method "
+        out.fatal.append(f"{source.config_name}: the source is quantized already (quantization_config, quant_method "
                          f"{method}): dequantize it as it is read (--dtype BF16, or dtype: {{cast: BF16}}) to "
                          "quantize it again")
         return out
@@ -108,7 +120,7 @@ def plan_quantization(scheme_name: str, ignore: Sequence[str] | None, tensors: S
         return out
     rules = [(compile_regex(p), f"ignore '{p}'") for p in ignore] if ignore is not None else [
         (compile_regex(p), f"default ignore: {what}") for p, what in DEFAULT_IGNORE]
-    resolver = ModuleResolver(declared, [(t.name, t.shape) for t in tensors], origins, source_format)
+    resolver = ModuleResolver(declared, [(t.name, t.shape) for t in tensors], origins, source.format)
     kept_why: dict[str, list[str]] = {}
     wanted: list[tuple[str, str, str]] = []
     names = {t.name for t in tensors}

@@ -18,7 +18,7 @@ hf_serialization = pytest.importorskip("huggingface_hub.serialization")
 from migrator.core.errors import OutputError, PlanError, TargetExistsError  # noqa: E402
 from migrator.core.tensor import from_numpy  # noqa: E402
 from migrator.files.io import open_file  # noqa: E402
-from migrator.files.sharded_writer import ShardedWriter, parse_size, split_shards  # noqa: E402
+from migrator.files.sharded_writer import FolderLayout, ShardedWriter, parse_size, split_shards  # noqa: E402
 from tests.support.cli import migrate_in_process  # noqa: E402
 from tests.support.models import tiny_bert  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_split_equals_huggingface_hub(seed: int, limit: int | str) -> None:
     state = {n: torch.from_numpy(arrays[n]) for n in names}
     expected = hf_serialization.split_torch_state_dict_into_shards(state, max_shard_size=limit)
     lazy = [from_numpy(n, arrays[n]) for n in names]
-    writer = ShardedWriter("safetensors", lazy, max_size=limit)
+    writer = ShardedWriter("safetensors", lazy, folder=FolderLayout(max_size=limit))
     got = {name: [t.name for t in w.tensors] for name, w in writer.files}
     assert {k: sorted(v) for k, v in got.items()} == {k: sorted(v) for k, v in expected.filename_to_tensors.items()}
     assert [t.name for group in split_shards(lazy, parse_size(limit)) for t in group] != [] or not names

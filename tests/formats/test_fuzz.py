@@ -79,6 +79,7 @@ EXTRA_OPS: dict[str, Any] = {
     "pytorch-zip": st.tuples(st.just("zip-pkl"), st.lists(st.one_of(BYTE_OPS, FIELD_OPS), min_size=1, max_size=3)),
     "megatron-legacy": st.tuples(st.just("zip-pkl"), st.lists(st.one_of(BYTE_OPS, FIELD_OPS), min_size=1,
                                                               max_size=3)),
+    "torch-dist": st.tuples(st.just("zip-pkl"), st.lists(st.one_of(BYTE_OPS, FIELD_OPS), min_size=1, max_size=3)),
     "pytorch-tar": st.one_of(st.tuples(st.just("tar-size"), st.integers(0, 7), VALUE), st.just(("tar-fix",))),
     "recipe": st.tuples(st.just("yaml-line"), st.integers(0, 6), st.integers(0, 1 << 16), st.integers(0, 1 << 16)),
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import tests.support.megatron_legacy as mls  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # tests.support.pickles imports tools/fuzz.py
+from tests.support.pickles import P2, P4, in_zip, u  # noqa: E402
 
 ITER = "iter_0000010"
 
@@ -221,4 +225,27 @@ def test_a_rank_file_calling_os_system_runs_nothing(ckpt: Path, tmp_path: Path, 
     edit(rank(ckpt, 1, 1), lambda c: c.update({where: _System(marker)}))
     line = convert_refused(ckpt, tmp_path, "mp_rank_01_001")
     assert "system" in line
+    assert not marker.exists()
+
+
+def _payloads(marker: Path) -> dict[str, bytes]:
+    """A rank file's data.pkl replaced (`tests.support.pickles`): callables no checkpoint names, and
+    lengths no file this size can hold."""
+    cmd = f"touch {marker}"
+    return {
+        "eval": P2 + b"}(" + u("args") + b"cbuiltins\neval\n" + u(f"__import__('os').system('{cmd}')") + b"\x85Ru.",
+        "Popen": P2 + b"}(" + u("model") + b"csubprocess\nPopen\n](" + u("touch") + u(str(marker)) + b"e\x85Ru.",
+        "posix.system in the args Namespace": P2 + b"}(" + u("args") + b"cargparse\nNamespace\n)\x81}("
+        + u("num_layers") + b"cposix\nsystem\n" + u(cmd) + b"\x85Rubu.",
+        "BINUNICODE declaring 4 GiB": P2 + b"X\xff\xff\xff\xffabc.",
+        "BINBYTES8 declaring 2**62 bytes": P4 + b"\x8e" + (1 << 62).to_bytes(8, "little") + b"abc.",
+        "LONG4 of 2 GiB": P2 + b"}(" + u("iteration") + b"\x8b\xff\xff\xff\x7fu.",
+    }
+
+
+@pytest.mark.parametrize("name", list(_payloads(Path("x"))))
+def test_a_rank_file_with_a_hostile_pickle_is_refused(ckpt: Path, tmp_path: Path, name: str) -> None:
+    marker = tmp_path / "ran"
+    rank(ckpt, 1, 1).write_bytes(in_zip(_payloads(marker)[name]))
+    convert_refused(ckpt, tmp_path, "mp_rank_01_001")
     assert not marker.exists()

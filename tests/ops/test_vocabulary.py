@@ -128,6 +128,12 @@ def test_bad_token_lists_are_one_line_errors(tmp_path: Path) -> None:
     padded = _model(tmp_path, "padded", False, vocab_rows=VOCAB + 8)
     _refused(tmp_path, ["convert", f"{padded}/", f"{tmp_path / 'out'}/", "--add-tokens", str(tokens)],
              "'model.embed_tokens.weight' has 72 rows but the tokenizer in", "has 64 tokens")
+    # One byte over the limit: refused whole, never read cut (its last token would be half-written).
+    from migrator.files.model_config import MAX_CONFIG_BYTES
+    line = "<t" + "x" * 97 + ">\n"
+    tokens.write_text(line * (MAX_CONFIG_BYTES // len(line) + 1), encoding="utf-8")
+    _refused(tmp_path, ["convert", f"{folder}/", f"{tmp_path / 'out'}/", "--add-tokens", str(tokens)],
+             "add_tokens:", f"is over {MAX_CONFIG_BYTES} bytes")
 
 
 def test_a_transformers_4_tokenizer_config_gets_its_decoder_entries(tmp_path: Path) -> None:

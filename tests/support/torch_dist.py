@@ -151,3 +151,31 @@ def megatron_files(folder: Path, args: argparse.Namespace | None) -> None:
     (folder / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                                                       "common_backend": "torch", "common_backend_version": 1}))
     torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 1}, folder / "common.pt")
+
+
+SECOND_RANK_FILE = "__1_0.distcp"
+
+
+def two_rank_folder(folder: Path, sd: dict[str, Any], args: argparse.Namespace | None, moved: str) -> None:
+    """`sd` laid out as megatron-core saves it, without megatron: torch's `dcp.save` in this process,
+    `megatron_files` beside it, and tensor `moved`'s chunk in a second rank's file (`__1_0.distcp`),
+    as two ranks write it (its bytes stay in the first file too, unreferenced)."""
+    import pickle
+    import warnings
+    from dataclasses import replace
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(sd, checkpoint_id=str(folder))
+    megatron_files(folder, args)
+    with open(folder / ".metadata", "rb") as f:
+        meta = pickle.load(f)  # written by torch just now: its own classes
+    key, info = next((k, v) for k, v in meta.storage_data.items() if k.fqn == moved)
+    with open(folder / info.relative_path, "rb") as f:
+        f.seek(info.offset)
+        (folder / SECOND_RANK_FILE).write_bytes(f.read(info.length))
+    meta.storage_data[key] = replace(info, relative_path=SECOND_RANK_FILE, offset=0)
+    with open(folder / ".metadata", "wb") as f:
+        pickle.dump(meta, f)

@@ -29,7 +29,7 @@ def test_either_order_gives_compressed_tensors_bytes(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(tq, "BAND_BYTES", 64 * 4 * 5)  # 5 rows per band: several bands, the last short
     w = torch.randn(23, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     t = from_numpy("layer.q_proj.weight", w)
-    plan = tq.plan_quantization("FP8_DYNAMIC", None, [t], {}, None, "safetensors", None, None)
+    plan = tq.plan_quantization("FP8_DYNAMIC", None, [t], {}, None, tq.SourceFacts("safetensors"))
     weight, scale = plan.replaced[0]
     if scale_first:
         got_scale, got_weight = bytes(scale.loader()), b"".join(bytes(c) for c in weight.chunks())

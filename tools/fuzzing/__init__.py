@@ -8,6 +8,8 @@ reader family:
 * `gguf`: GGUF (seeds, header fields, `--differential`: migrator's reader against gguf-py's);
 * `megatron`: legacy Megatron-LM checkpoint folders (seeds: one rank file of a TP=2 x PP=2 checkpoint
   the tests' writer makes; each case is the folder with that file mutated);
+* `torch_dist`: megatron-core `torch_dist` folders (seeds: each file of a tiny checkpoint laid out as
+  the tests lay it out; a case is the folder with one file, named by the input's first byte, replaced);
 * `recipe`: recipes (seeds, YAML line edits, loading one);
 
 and what they share: `common` (readers, exceptions, the per-case alarm), `mutations` (the op

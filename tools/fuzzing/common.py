@@ -15,9 +15,10 @@ from migrator.core.tensor import from_numpy
 from . import REPO
 
 READERS = ("burnpack", "safetensors", "pytorch-zip", "pytorch-legacy", "pytorch-tar", "gguf", "megatron-legacy",
-           "recipe")
+           "torch-dist", "recipe")
 FORMAT_OF = {"burnpack": "burnpack", "safetensors": "safetensors", "pytorch-zip": "pytorch",
-             "pytorch-legacy": "pytorch", "pytorch-tar": "pytorch", "gguf": "gguf", "megatron-legacy": "auto"}
+             "pytorch-legacy": "pytorch", "pytorch-tar": "pytorch", "gguf": "gguf", "megatron-legacy": "auto",
+             "torch-dist": "auto"}
 CRASH_DIR = REPO / "tools" / "fuzz-crashes"
 ALLOC_SLACK = 64 << 20
 MATERIALISE_LIMIT = 256 << 20  # larger declared tensors are bound-checked, not materialised

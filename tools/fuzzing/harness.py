@@ -29,6 +29,7 @@ from .common import (
 )
 from .megatron import case_folder
 from .recipe import _exercise_recipe
+from .torch_dist import case_folder as torch_dist_folder
 
 
 @dataclass
@@ -53,8 +54,9 @@ def exercise(reader: str, data: bytes, *, path: Path | None = None, auto: bool =
     if reader == "recipe":
         _exercise_recipe(data, path)
         return
-    if reader == "megatron-legacy":  # a folder of rank files, one of them `data`
-        with case_folder(data, path) as folder, migrator.open_file(folder) as r:
+    if reader in ("megatron-legacy", "torch-dist"):  # a folder of files, one of them `data`
+        folder_of = case_folder if reader == "megatron-legacy" else torch_dist_folder
+        with folder_of(data, path) as folder, migrator.open_file(folder) as r:
             _check_reader(r, len(data), largest)
             _round_trip(r)
         return

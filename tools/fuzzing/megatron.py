@@ -1,6 +1,6 @@
 """Legacy Megatron-LM checkpoints (`iter_N/mp_rank_TT_PPP/model_optim_rng.pt`, a folder of rank files): the
 seeds are one rank file of a tiny TP=2 x PP=2 checkpoint written as the tests write it
-(`tests/tests/support/megatron_legacy.py`: torch.save of what Megatron-LM's legacy checkpointer saves), and
+(`tests/support/megatron_legacy.py`: torch.save of what Megatron-LM's legacy checkpointer saves), and
 each case is that folder with the rank file replaced by the mutated bytes, opened as one checkpoint."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import gguf, headers, megatron, pytorch, recipe
+from . import gguf, headers, megatron, pytorch, recipe, torch_dist
 from .headers import JSON_NUMBERS
 from .pytorch import _mutate_zip_member, _tar_size, fix_tar_checksums
 from .recipe import _yaml_line
@@ -17,7 +17,7 @@ SEEDS: dict[str, Callable[[], list[bytes]]] = {
     "burnpack": headers.burnpack_seeds, "safetensors": headers.safetensors_seeds,
     "pytorch-zip": pytorch.pytorch_zip_seeds, "pytorch-legacy": pytorch.pytorch_legacy_seeds,
     "pytorch-tar": pytorch.pytorch_tar_seeds, "gguf": gguf.gguf_seeds, "recipe": recipe.recipe_seeds,
-    "megatron-legacy": megatron.megatron_legacy_seeds,
+    "megatron-legacy": megatron.megatron_legacy_seeds, "torch-dist": torch_dist.torch_dist_seeds,
 }
 
 
@@ -77,6 +77,8 @@ def apply_op(data: bytes, op: tuple[Any, ...], reader: str, seeds: Sequence[byte
     if kind == "json-num":
         return _replace_nth(data, rb"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", op[1], op[2].encode())
     if kind == "zip-pkl":
+        if reader == "torch-dist":  # behind the byte naming the file: common.pt, a rank file's first item
+            return data[:1] + _mutate_zip_member(data[1:], op[1], reader, seeds)
         return _mutate_zip_member(data, op[1], reader, seeds)
     if kind == "tar-fix":
         return fix_tar_checksums(data)
@@ -114,6 +116,8 @@ def length_fields(data: bytes, reader: str) -> list[tuple[int, int, str]]:
         return pytorch.pytorch_fields(data, reader)
     if reader == "megatron-legacy":  # one rank file: a torch.save zip, or torch's legacy pickle stream
         return pytorch.pytorch_fields(data, "pytorch-zip" if data[:2] == b"PK" else "pytorch-legacy")
+    if reader == "torch-dist":  # one file of the folder, behind the byte naming it
+        return torch_dist.torch_dist_fields(data)
     if reader == "gguf":
         return gguf.gguf_fields(data)
     return []
@@ -128,7 +132,7 @@ def random_ops(rng: random.Random, data: bytes, reader: str) -> list[tuple[Any, 
         value = rng.choice((*INTERESTING, n, n - 1, n + 1, rng.getrandbits(64)))
         if reader == "recipe" and r < 0.45:
             ops.append(("yaml-line", rng.randrange(7), rng.randrange(1 << 16), rng.randrange(1 << 16)))
-        elif reader in ("pytorch-zip", "megatron-legacy") and r < 0.4:
+        elif reader in ("pytorch-zip", "megatron-legacy", "torch-dist") and r < 0.4:
             ops.append(("zip-pkl", [_byte_op(rng, 512) for _ in range(rng.choice((1, 1, 2)))]))
         elif reader == "pytorch-tar" and r < 0.15:
             ops.append(("tar-size", rng.randrange(8), value))

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...core.bytesource import read_regular
+from ...core.bytesource import read_short_text
 from ...core.errors import FormatError
 from ...storage.paths import require_inside
 
@@ -89,15 +89,8 @@ def find_step(path: str | os.PathLike[str], tag: str | None) -> StepFolder:
                 shown = f"; it holds {', '.join(steps[:20])}" if steps else ""
                 raise FormatError(f"no 'latest' file names the step to read: pick one with --tag{shown}", file=str(p))
             require_inside(latest, p, str(p), "'latest'")
-            try:
-                raw = read_regular(latest, MAX_TAG_BYTES)
-            except OSError as e:
-                raise FormatError(f"cannot read 'latest': {e.strerror}", file=str(latest)) from None
-            try:
-                tag = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                tag = ""
-            if not tag or len(raw) > MAX_TAG_BYTES:
+            tag = read_short_text(latest, MAX_TAG_BYTES, "utf-8", "'latest'")
+            if not tag:
                 raise FormatError("'latest' does not hold a step tag (one short line, such as global_step10)",
                                   file=str(latest))
         if tag in ("", ".", "..") or "/" in tag or "\\" in tag or "\0" in tag:

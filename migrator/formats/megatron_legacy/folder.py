@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...core.bytesource import read_regular
+from ...core.bytesource import read_short_text
 from ...core.errors import FormatError
 from ...storage.paths import require_inside
 
@@ -77,15 +77,8 @@ def find_iteration(path: str | os.PathLike[str]) -> IterationFolder:
     else:
         tracker = p / TRACKER
         require_inside(tracker, p, str(p), f"'{TRACKER}'")
-        try:
-            raw = read_regular(tracker, MAX_TRACKER_BYTES + 1)
-        except OSError as e:
-            raise FormatError(f"cannot read the tracker file: {e.strerror}", file=str(tracker)) from None
-        try:
-            text = raw.decode("ascii").strip()
-        except UnicodeDecodeError:
-            text = ""
-        if len(raw) > MAX_TRACKER_BYTES or not (text == "release" or (text.isdigit() and len(text) <= 12)):
+        text = read_short_text(tracker, MAX_TRACKER_BYTES, "ascii", "the tracker file")
+        if not (text == "release" or (text.isdigit() and len(text) <= 12)):
             raise FormatError("the tracker file does not hold an iteration number or 'release' (one short line)",
                               file=str(tracker))
         tag = "release" if text == "release" else f"iter_{int(text):07d}"

@@ -15,6 +15,7 @@ from ...core.errors import (
 from ...core.scalars import Scalar
 from ..safepickle import values as sp
 from .namespace import NAMESPACE
+from .tree import _key_text
 from .views import TensorBuilder, _Pending
 
 
@@ -215,15 +216,6 @@ class Flattener(TensorBuilder):
 
 _MISSING = object()
 _INT64 = 1 << 63
-
-
-def _key_text(key: Any) -> str | None:
-    """A dict key as a name segment: strings, and integers that print (str() of a 4 KiB one raises)."""
-    if type(key) is str:
-        return key
-    if type(key) is int and -_INT64 <= key < _INT64:
-        return str(key)
-    return None
 
 
 def _find_placeholders(root: Any, max_nodes: int) -> list[tuple[str, str]]:

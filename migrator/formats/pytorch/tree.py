@@ -88,6 +88,7 @@ class CheckpointTree:
 
 
 def _key_text(key: Any) -> str | None:
+    """A dict key as a name segment: strings, and integers that print (str() of a 4 KiB one raises)."""
     if type(key) is str:
         return key
     if type(key) is int and -_INT64 <= key < _INT64:

@@ -24,8 +24,9 @@ def torch_dist_folder(path: str | os.PathLike[str]) -> Path | None:
     folder = p.parent if p.name == METADATA_FILE and p.is_file() else p
     if not (folder / METADATA_FILE).is_file():
         return None
-    if (folder / BACKEND_FILE).is_file():
-        return folder if backend(folder) is not None else None
+    if (folder / BACKEND_FILE).is_file() and backend(folder) is not None:
+        return folder
+    # beside common.pt, a metadata.json that names no backend is megatron-core's, broken: the reader says so
     return folder if (folder / COMMON_FILE).is_file() else None
 
 

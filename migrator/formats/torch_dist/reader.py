@@ -63,6 +63,9 @@ class TorchDistReader(Reader):
         self.scalars = {}
         label = str(folder)
         found = backend(folder) if (folder / BACKEND_FILE).is_file() else "torch_dist"
+        if found is None:
+            raise FormatError(f"{BACKEND_FILE} is not megatron-core's: no JSON object naming its sharded_backend",
+                              file=str(folder / BACKEND_FILE))
         if found != "torch_dist":
             raise FormatError(f"megatron-core saved this checkpoint with the '{found}' backend; migrator reads "
                               "torch_dist", file=str(folder / BACKEND_FILE))
@@ -76,14 +79,19 @@ class TorchDistReader(Reader):
         notes: list[str] = []
         stripped = 0
         outside: list[str] = []
-        layers = _int(self.args, "num_layers", label)
-        experts = _int(self.args, "num_experts", label)  # Megatron-LM's --num-experts
-        vocab, padded = _int(self.args, "vocab_size", label), _int(self.args, "padded_vocab_size", label)
+        where = str(common)  # the arguments' own file, for what is wrong with them alone
+        layers = _int(self.args, "num_layers", where)
+        experts = _int(self.args, "num_experts", where)  # Megatron-LM's --num-experts
+        vocab, padded = _int(self.args, "vocab_size", where), _int(self.args, "padded_vocab_size", where)
+        if vocab is not None and padded is not None and vocab > padded:
+            raise FormatError(f"common.pt's args.vocab_size {vocab} exceeds its padded_vocab_size {padded}: "
+                              "megatron pads the vocabulary, never cuts it", file=where)
         tensors: list[LazyTensor] = []
         per_layer: dict[tuple[str, int], list[LazyTensor]] = {}  # layer-major, where the first stacked tensor was
         at: int | None = None
         limits = read.limits
         stacked = 0
+        axes: dict[tuple[str, int], tuple[int, str]] = {}  # (prefix, axis) -> (its length, the first tensor's name)
         for t in dcp.tensors:
             name, entry = t.name, dcp.meta.tensors[t.name]
             pieces = dcp.pieces[name]
@@ -97,10 +105,10 @@ class TorchDistReader(Reader):
                 continue
             m = _STACKED.match(name)
             if m is None:
+                if name in _VOCAB and padded is not None and entry.size[:1] != (padded,):
+                    raise FormatError(f"{entry.size[0] if entry.size else 0} rows, but {says} "
+                                      f"padded_vocab_size {padded}", file=label, tensor=name)
                 if name in _VOCAB and vocab is not None and padded is not None and padded > vocab:
-                    if entry.size[0] != padded:
-                        raise FormatError(f"{entry.size[0]} rows, but {says} padded_vocab_size "
-                                          f"{padded}", file=label, tensor=name)
                     shape = (vocab, *entry.size[1:])
                     tensors.append(assemble(name, entry.dtype, shape, rows(pieces, vocab), label, limits))
                     notes.append(f"{name}: the {padded - vocab} rows of vocabulary padding are cut (padded_vocab_size "
@@ -122,6 +130,11 @@ class TorchDistReader(Reader):
             if expert and experts is not None and entry.size[1] != experts:
                 raise FormatError(f"its stacked expert axis has {entry.size[1]} experts (shape {list(entry.size)}), "
                                   f"{says} num_experts {experts}", file=label, tensor=name)
+            for axis in range(lead):  # without the arguments, the stacked tensors must still agree
+                n, first = axes.setdefault((pre, axis), (entry.size[axis], name))
+                if n != entry.size[axis]:
+                    raise FormatError(f"its stacked {'layer' if axis == 0 else 'expert'} axis has {entry.size[axis]} "
+                                      f"(shape {list(entry.size)}), {first}'s has {n}", file=label, tensor=name)
             shape = entry.size[lead:]
             for i in range(entry.size[0]):
                 if expert:
