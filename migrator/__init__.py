@@ -1,6 +1,6 @@
 """migrator: move neural-network weights between burnpack, SafeTensors, PyTorch and GGUF files (and
 read PyTorch Distributed Checkpoint, Megatron Core torch_dist, DeepSpeed ZeRO, Hugging Face Trainer
-checkpoint and Megatron-LM legacy checkpoint folders;
+checkpoint, Megatron-LM legacy checkpoint and NeMo 2 checkpoint folders;
 `migrator.formats.registry` lists them).
 
 Public API (each name is imported on first use, so `import migrator` and `migrate --help` do

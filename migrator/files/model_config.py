@@ -38,6 +38,11 @@ def find_config(named: str | None, first_source: str | os.PathLike[str] | None, 
     for name in CONFIG_NAMES:
         if (folder / name).is_file():
             return folder / name
+    from ..formats.nemo.layout import CONTEXT, MODEL_YAML, nemo_folder
+
+    nemo = nemo_folder(folder)  # NeMo 2: its model configuration (`formats.nemo.config`)
+    if nemo is not None:
+        return nemo / CONTEXT / MODEL_YAML
     from ..formats.torch_dist.layout import COMMON_FILE, torch_dist_folder
 
     megatron = torch_dist_folder(folder)  # its training arguments (`formats.megatron.args`)
@@ -65,6 +70,8 @@ def load_config(path: Path) -> dict[str, Any]:
 
     if path.name == COMMON_FILE:
         return _megatron_args(path)
+    if path.suffix in (".yaml", ".yml"):
+        return _nemo_config(path)
 
     try:
         raw = read_regular(path, MAX_CONFIG_BYTES)  # a FIFO would block, a device never end
@@ -102,6 +109,26 @@ def _megatron_args(path: Path) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise ConfigError(f"{path} holds no training arguments (args) to take values from")
     return megatron_config(args)
+
+
+def _nemo_config(path: Path) -> dict[str, Any]:
+    """A NeMo 2 checkpoint's model configuration (`context/model.yaml`, checked against `io.json`) in
+    Megatron-LM's argument names; read as bounded data, nothing of NeMo's or fiddle's runs."""
+    from ..core.errors import MigratorError
+    from ..core.limits import DEFAULT_LIMITS
+    from ..formats.megatron.args import megatron_config
+    from ..formats.nemo.config import read_context
+
+    if not path.is_file():
+        raise ConfigError(f"the config {path} does not exist (a NeMo 2 checkpoint's io.json alone records only the "
+                          "arguments given to its classes, not their defaults)")
+    try:
+        found = read_context(path.parent.parent, DEFAULT_LIMITS) if path.parent.name == "context" else None
+    except MigratorError as e:
+        raise ConfigError(f"the config {path} cannot be read: {e.detail}") from None
+    if found is None:
+        raise ConfigError(f"the config {path} is YAML: only a NeMo 2 checkpoint's context/model.yaml is read as one")
+    return megatron_config(found[0])
 
 
 def remote_config(url: Path, storage: StorageOptions | None) -> dict[str, Any] | None:

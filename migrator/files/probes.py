@@ -18,7 +18,7 @@ from typing import Any
 from ..core.limits import Limits
 from ..formats.base import Reader
 from ..formats.registry import AUTO, is_format
-from ..formats.specs import deepspeed, megatron_legacy, torch_dist
+from ..formats.specs import deepspeed, megatron_legacy, nemo, torch_dist
 
 
 @dataclass
@@ -87,6 +87,23 @@ def _zero(asked: Asked) -> Reader | None:
     return None
 
 
+def _nemo(asked: Asked) -> Reader | None:
+    """A NeMo 2 checkpoint: a folder of `weights/` (torch_dist) and `context/` (the model's configuration)."""
+    if not (asked.format == AUTO or asked.format == nemo.SPEC.name):
+        return None
+    from ..formats.nemo import nemo_folder
+
+    folder = nemo_folder(asked.path)
+    if folder is None:
+        return None
+    from ..formats.nemo.reader import NemoReader
+    from ..storage.read_context import ReadContext
+    from .multi_rank import selected
+
+    asked.options.pop("keep_structure", None)  # per-layer tensors: a flat state dict
+    return selected(NemoReader(folder, read=ReadContext(asked.limits)), asked.options)
+
+
 def _torch_dist(asked: Asked) -> Reader | None:
     """A Megatron-core torch_dist checkpoint: a DCP folder with megatron-core's `metadata.json` or
     `common.pt`."""
@@ -97,6 +114,7 @@ def _torch_dist(asked: Asked) -> Reader | None:
     folder = torch_dist_folder(asked.path)
     if folder is None:
         return None
+    from ..formats.nemo.layout import nemo_weights
     from ..formats.torch_dist.reader import TorchDistReader
     from ..storage.read_context import ReadContext
     from .multi_rank import selected
@@ -110,6 +128,10 @@ def _torch_dist(asked: Asked) -> Reader | None:
         from ..core.errors import PlanError
 
         raise PlanError(f"training_state: keep: {opt.refusal}", file=str(folder))
+    nemo = nemo_weights(folder)
+    if nemo is not None:  # read as saved (NeMo's prefix, the optimizer's state): say how to read the model
+        reader.notes = [*reader.notes, f"this is the weights/ of a NeMo 2 checkpoint, read under the names it saves; "
+                        f"name the checkpoint folder ({nemo}) to read its model with context/'s configuration"]
     return selected(reader, asked.options)
 
 
@@ -225,6 +247,7 @@ def _sharded(asked: Asked) -> Reader | None:
 PROBES: list[Probe] = [
     Probe("a Hugging Face Trainer checkpoint folder read with its training state", _trainer),
     Probe("a DeepSpeed ZeRO checkpoint folder", _zero),
+    Probe("a NeMo 2 checkpoint folder (weights/ and context/)", _nemo),
     Probe("a Megatron-core torch_dist checkpoint folder", _torch_dist),
     Probe("a legacy Megatron-LM checkpoint folder (iter_N/mp_rank_*/model_optim_rng.pt)", _megatron_legacy),
     Probe("a PyTorch Distributed Checkpoint folder", _dcp),

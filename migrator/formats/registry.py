@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import UnknownFormatError
 from .spec import FormatSpec
-from .specs import burnpack, dcp, deepspeed, gguf, megatron_legacy, pytorch, safetensors, torch_dist, trainer
+from .specs import burnpack, dcp, deepspeed, gguf, megatron_legacy, nemo, pytorch, safetensors, torch_dist, trainer
 
 if TYPE_CHECKING:
     from .base import Reader, Writer
@@ -26,7 +26,7 @@ AUTO = "auto"
 
 _SPECS: dict[str, FormatSpec] = {s.name: s for s in (burnpack.SPEC, safetensors.SPEC, pytorch.SPEC, gguf.SPEC,
                                                       dcp.SPEC, torch_dist.SPEC, deepspeed.SPEC, trainer.SPEC,
-                                                      megatron_legacy.SPEC)}
+                                                      megatron_legacy.SPEC, nemo.SPEC)}
 
 
 def register(format_spec: FormatSpec) -> FormatSpec:

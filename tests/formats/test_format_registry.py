@@ -95,5 +95,5 @@ def test_names_for_the_command_line() -> None:
     # DCP and torch_dist: folders, named by --to
     assert registry.names(writable=True) == ("burnpack", "safetensors", "pytorch", "gguf", "dcp", "torch_dist")
     assert registry.names(readable=True, folders=True)[4:] == ("dcp", "torch_dist", "deepspeed", "trainer",
-                                                               "megatron-legacy")
+                                                               "megatron-legacy", "nemo")
     assert registry.choices(writable=True)[0] == "auto"

@@ -12,6 +12,11 @@ and assembles the chunks; over it, this reader:
 * cuts the vocabulary's padding rows of `embedding.word_embeddings.weight` and `output_layer.weight`
   when the arguments give both `padded_vocab_size` and the tokenizer's `vocab_size`;
 * reads `common.pt`'s arguments (`common.py`) for `${config.KEY}` and a Hugging Face config.json.
+
+A wrapper (NeMo 2's folder, `formats.nemo`) may give the arguments from elsewhere (`args`, `args_say`
+naming where they come from) and a `prefix` its trainer puts before every model name (`module.`): the
+names holding it are read without it, and a note says so; with `only_prefixed`, the other tensors
+(the optimizer's state beside the model) are left out, with a note.
 """
 
 from __future__ import annotations
@@ -45,16 +50,19 @@ class TorchDistReader(Reader):
     format = "torch_dist"
 
     def __init__(self, folder: str | os.PathLike[str], *, read: ReadContext = DEFAULT_READ,
-                 keep_structure: bool = False) -> None:
+                 keep_structure: bool = False, prefix: str = "", args: dict[str, Any] | None = None,
+                 args_say: str = "the arguments say", only_prefixed: bool = False) -> None:
         self.dcp = DcpReader(folder, read=read)
         self.structure: CheckpointTree | None = None
+        self._says = args_say
         try:
-            self._open(read, keep_structure)
+            self._open(read, keep_structure, prefix, args, only_prefixed)
         except BaseException:
             self.dcp.close()
             raise
 
-    def _open(self, read: ReadContext, keep_structure: bool) -> None:
+    def _open(self, read: ReadContext, keep_structure: bool, prefix: str, given: dict[str, Any] | None,
+              only: bool) -> None:
         dcp = self.dcp
         self.folder = folder = dcp.folder
         assert folder is not None
@@ -74,9 +82,11 @@ class TorchDistReader(Reader):
         if common.is_file():
             src = dcp._file(COMMON_FILE, COMMON_FILE)
             self.common = read_common(src, read.limits)
-        args = self.common.get("args")
+        args = self.common.get("args") if given is None else given
         self.args: dict[str, Any] = args if isinstance(args, dict) else {}
         notes: list[str] = []
+        stripped = 0
+        outside: list[str] = []
         where = str(common)  # the arguments' own file, for what is wrong with them alone
         layers = _int(self.args, "num_layers", where)
         experts = _int(self.args, "num_experts", where)  # Megatron-LM's --num-experts
@@ -89,7 +99,9 @@ class TorchDistReader(Reader):
         params = {n for n in dcp.meta.tensors if not n.startswith("optimizer.") and not n.endswith(EXTRA_STATE)}
         reshaped = {k for k, v in dcp.meta.mcore_data.items()  # megatron-core <= 0.15's N-D reformulated keys
                     if isinstance(v, dict) and v.get("nd_reformulated_orig_global_shape") is not None}
-        self.optimizer = find({n: e.size for n, e in dcp.meta.tensors.items()}, params, common_src, limits, reshaped)
+        # a wrapper's model alone (only_prefixed): the state beside it is left out, not read as megatron's
+        self.optimizer = None if only and prefix else find(
+            {n: e.size for n, e in dcp.meta.tensors.items()}, params, common_src, limits, reshaped)
         moment_of = {} if self.optimizer is None else {
             m: (p, k) for p, pairs in self.optimizer.moments.items() for k, m in pairs}
         flat = set() if self.optimizer is None else set(self.optimizer.flat)
@@ -100,13 +112,19 @@ class TorchDistReader(Reader):
         at: int | None = None
         stacked = 0
         for t in dcp.tensors:
-            name = t.name
+            name = stored = t.name
             if name.endswith(EXTRA_STATE) or name in moment_of:
                 continue
-            if name in flat:  # optimizer state not matched to a parameter: as stored, uncut
+            if prefix and name.startswith(prefix):
+                name, stripped = name[len(prefix):], stripped + 1
+                t = t.renamed(name)
+            elif only and prefix:
+                outside.append(name)
+                continue
+            if stored in flat:  # optimizer state not matched to a parameter: as stored, uncut
                 tensors.append(t)
                 continue
-            cut = self._cut(name, name)
+            cut = self._cut(name, stored)
             if cut is None:
                 tensors.append(t)
                 continue
@@ -135,6 +153,12 @@ class TorchDistReader(Reader):
         if others:
             notes.append(f"{len(others)} other non-tensor items ({', '.join(others[:3])}"
                          f"{', ...' if len(others) > 3 else ''}) are left out")
+        if stripped:
+            notes.insert(0, f"{stripped} tensors are read without the '{prefix}' prefix their names are saved with "
+                         f"({prefix}decoder.layers... as decoder.layers...)")
+        if outside:
+            notes.append(f"{len(outside)} tensors outside the model (not under '{prefix}': "
+                         f"{', '.join(outside[:2])}{', ...' if len(outside) > 2 else ''}) are left out")
         if not self.args:
             notes.append("common.pt holds no training arguments (args): stacked axes and the vocabulary's padding "
                          "are not checked against them")
@@ -193,7 +217,7 @@ class TorchDistReader(Reader):
         m = _STACKED.match(param)
         if m is None:
             if param in _VOCAB and padded is not None and entry.size[:1] != (padded,):
-                raise FormatError(f"{entry.size[0] if entry.size else 0} rows, but the arguments say "
+                raise FormatError(f"{entry.size[0] if entry.size else 0} rows, but {self._says} "
                                   f"padded_vocab_size {padded}", file=label, tensor=stored)
             if param in _VOCAB and vocab is not None and padded is not None and padded > vocab:
                 shape = (vocab, *entry.size[1:])
@@ -207,10 +231,10 @@ class TorchDistReader(Reader):
                               file=label, tensor=stored)
         if pre == "decoder.layers" and layers is not None and entry.size[0] != layers:
             raise FormatError(f"its stacked layer axis has {entry.size[0]} layers (shape {list(entry.size)}), "
-                              f"the arguments say num_layers {layers}", file=label, tensor=stored)
+                              f"{self._says} num_layers {layers}", file=label, tensor=stored)
         if expert and experts is not None and entry.size[1] != experts:
             raise FormatError(f"its stacked expert axis has {entry.size[1]} experts (shape {list(entry.size)}), "
-                              f"the arguments say num_experts {experts}", file=label, tensor=stored)
+                              f"{self._says} num_experts {experts}", file=label, tensor=stored)
         for axis in range(lead):  # without the arguments, the stacked tensors must still agree
             n, first = self._axes.setdefault((pre, axis), (entry.size[axis], stored))
             if n != entry.size[axis]:
