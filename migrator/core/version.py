@@ -4,5 +4,5 @@ Here, at the bottom, so that a module writing metadata needs nothing above it; `
 is this value.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 PRODUCER = "migrator"
