@@ -68,11 +68,9 @@ def _args() -> argparse.Namespace:
 def _worker(rank: int, port: int, out: str) -> None:
     import torch
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank))
-    torch.cuda.synchronize = lambda *a, **k: None  # megatron-core's async saver calls both unconditionally
-    torch.cuda.current_device = lambda: "cpu"
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    from tests.support.torch_dist import join_megatron_group
+
+    join_megatron_group(rank, 2, port)
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel

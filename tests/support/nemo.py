@@ -28,13 +28,12 @@ import contextlib
 import dataclasses
 import enum
 import json
-import os
 import socket
 from pathlib import Path
 from typing import Any
 
 from tests.support.dist import end_rank
-from tests.support.torch_dist import FFN, GROUPS, HEADS, HIDDEN, LAYERS, PADDED, SEQ, TOKENS
+from tests.support.torch_dist import FFN, GROUPS, HEADS, HIDDEN, LAYERS, PADDED, SEQ, TOKENS, join_megatron_group
 
 CONFIG_CLASS = "nemo.collections.llm.gpt.model.llama.Llama3Config"
 MODEL_CLASS = "nemo.collections.llm.gpt.model.llama.LlamaModel"
@@ -197,11 +196,7 @@ def _optimizer_state(model: Any, model_sd: dict[str, Any]) -> dict[str, Any]:
 def _worker(rank: int, world: int, port: int, out: str, tied: bool, optimizer: bool = True) -> None:
     import torch
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.cuda.synchronize = lambda *a, **k: None  # megatron-core's async saver calls both unconditionally
-    torch.cuda.current_device = lambda: "cpu"
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    join_megatron_group(rank, world, port)
     from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel

@@ -53,14 +53,22 @@ def _args(family: str, tied: bool) -> argparse.Namespace:
         micro_batch_size=1, iteration=7)
 
 
-def _worker(rank: int, world: int, port: int, out: str, family: str, tied: bool) -> None:
+def join_megatron_group(rank: int, world: int, port: int) -> None:
+    """A spawned rank joins a gloo group of `world` ranks on 127.0.0.1:`port`, with the two shims
+    megatron-core's writer needs on a CPU (its async saver calls both unconditionally)."""
     import torch
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    torch.cuda.synchronize = lambda *a, **k: None  # megatron-core's async saver calls both unconditionally
-    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _worker(rank: int, world: int, port: int, out: str, family: str, tied: bool) -> None:
+    import torch
+
+    join_megatron_group(rank, world, port)
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
