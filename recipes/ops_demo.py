@@ -27,7 +27,7 @@ from migrator import from_numpy, save
 GPT2 = {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 64, "n_positions": 32}
 MIXTRAL = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 64,
-           "max_position_embeddings": 64}
+           "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0}
 LLAMA = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128, "ffn_dim": 96}
 
 
@@ -77,7 +77,7 @@ def mixtral_experts(seed: int = 11) -> dict[str, np.ndarray]:
 
 QWEN = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64, "max_position_embeddings": 64,
-        "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False}
 QWEN_FAMILIES = {"qwen2": ("Qwen2ForCausalLM", {}),
                  "qwen3": ("Qwen3ForCausalLM", {}),
                  "qwen3_moe": ("Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2,
@@ -160,7 +160,8 @@ def llama_hf_config(c: dict[str, int]) -> dict[str, object]:
     return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c["dim"],
             "intermediate_size": c["ffn_dim"], "num_hidden_layers": c["n_layers"],
             "num_attention_heads": c["n_heads"], "num_key_value_heads": c["n_kv_heads"],
-            "vocab_size": c["vocab_size"], "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
+            "vocab_size": c["vocab_size"], "tie_word_embeddings": False, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "max_position_embeddings": 64}
 
 
 def write_llama(out: Path, c: dict[str, int], seed: int = 12) -> None:

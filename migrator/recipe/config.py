@@ -106,6 +106,9 @@ def evaluate(expression: str, config: dict[str, Any] | None, config_path: Path |
             result = value if op is None else _apply(op, result, value, expression)
         return result
     if config is None:  # config_path is then the folder looked in, if any
+        if config_path is not None and not config_path.exists():
+            raise NoConfigError(f"'{expression}' refers to {', '.join(wanted)}, but there is no config: the source "
+                                f"{config_path} does not exist")
         where = f"in {config_path}" if config_path is not None else "beside the source"
         raise NoConfigError(f"'{expression}' refers to {', '.join(wanted)}, but there is no config: none of "
                             f"{', '.join(CONFIG_NAMES)} is {where}; name one with `config:`")

@@ -195,7 +195,15 @@ def _with_config_values(data: Any, base_dir: Path, mapper: _Mapper, issues: list
             named = data["config"]
         beside = config_source if config_source is not None else _first_source_path(data)
         path = find_config(named, beside, base_dir)
-        return (None, config_folder(beside, base_dir)) if path is None else (load_config(path), path)
+        if path is not None:
+            return load_config(path), path
+        folder = config_folder(beside, base_dir)
+        if named is None and folder is not None and beside is not None:
+            source = Path(os.path.expanduser(os.fspath(beside)))
+            source = source if source.is_absolute() else base_dir / source
+            if not source.exists():  # say that, not that no config is beside it
+                return None, source
+        return None, folder
 
     def issue(at: tuple[Any, ...], message: str) -> RecipeIssue:
         node, _, _ = mapper._locate(at)

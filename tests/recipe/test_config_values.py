@@ -157,6 +157,15 @@ def test_bad_references_name_the_recipe_line(tmp_path: Path, heads: str, config:
     assert "r.yaml:6:14" in text and message in text, text
 
 
+def test_a_missing_source_is_named_not_its_missing_config(tmp_path: Path) -> None:
+    """`--source` naming nothing: the error says the source does not exist, not that no config is beside it."""
+    recipe = _recipe(tmp_path, "${config.num_attention_heads}", None)
+    r = migrate("run", str(recipe), "--source", str(tmp_path / "typo"), "--target", str(tmp_path / "o.safetensors"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"there is no config: the source {tmp_path / 'typo'} does not exist" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "o.safetensors").exists()
+
+
 def test_config_named_by_the_recipe_and_a_broken_one(tmp_path: Path) -> None:
     (tmp_path / "elsewhere.json").write_text(json.dumps({"n": 8}))
     r = migrate("run", str(_recipe(tmp_path, "${config.n}", None, "config: elsewhere.json\n")))
