@@ -67,6 +67,7 @@ $(LLAMACPP_SCRIPTS)/.extracted:
 RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn-to-bert hf-folder-reshard \
 	gpt2-split-qkv gpt2-merge-qkv mixtral-stack-experts mixtral-unstack-experts llama-meta-to-hf llama-hf-to-meta hf-llama-to-megatron \
 	hf-qwen2-to-megatron hf-qwen3-to-megatron hf-mixtral-to-megatron hf-qwen3-moe-to-megatron \
+	megatron-llama-to-hf megatron-qwen2-to-hf megatron-qwen3-to-hf megatron-mixtral-to-hf megatron-qwen3-moe-to-hf \
 	bert-graft bert-cut-layers bert-stack-layers lora-fold merge-slerp merge-ties depth-upscale llama-to-burn \
 	mixtral-prune-experts llama-add-tokens
 
@@ -87,6 +88,9 @@ demo: install-runtime
 	$(PY) recipes/check_round_trip.py $(DEMO)/gpt2-tiny.safetensors $(DEMO)/gpt2-tiny-merged.safetensors
 	$(PY) recipes/check_round_trip.py $(DEMO)/mixtral-tiny-experts.safetensors $(DEMO)/mixtral-tiny-experts-again.safetensors
 	$(PY) recipes/check_round_trip.py $(DEMO)/llama-meta-tiny/consolidated.00.pth $(DEMO)/llama-meta-tiny-again.pt
+	$(PY) recipes/check_round_trip.py $(DEMO)/llama-hf-tiny/model.safetensors $(DEMO)/llama-megatron-hf/model.safetensors
+	for m in qwen2 qwen3 qwen3-moe mixtral; do $(PY) recipes/check_round_trip.py $(DEMO)/$$m-tiny-hf/model.safetensors \
+		$(DEMO)/$$m-megatron-hf/model.safetensors || exit 1; done
 
 # The suite in TEST_JOBS processes (pytest-xdist; 0 runs it in this process). Tests share no files
 # or fixed paths, and --dist loadfile keeps each file's tests, and its module fixtures, in one worker.
