@@ -74,9 +74,9 @@ RECIPES := mlp-to-burn burn-to-safetensors-f16 encoder-surgery bert-to-burn burn
 demo: install-runtime
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(PY) recipes/generate_demo_data.py $(DEMO)
-	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.pt --limit 6
+	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert.pt --rows 6
 	$(VENV)/bin/migrate plan recipes/bert-to-burn.yaml
-	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert-hf --limit 4
+	$(VENV)/bin/migrate inspect $(DEMO)/tiny-bert-hf --rows 4
 	for r in $(RECIPES); do $(VENV)/bin/migrate run recipes/$$r.yaml --no-progress || exit 1; done
 	$(VENV)/bin/migrate validate $(addprefix recipes/,$(addsuffix .yaml,$(RECIPES)))
 	$(PY) recipes/check_round_trip.py $(DEMO)/tiny-bert.safetensors $(DEMO)/tiny-bert-roundtrip.safetensors \
