@@ -180,3 +180,26 @@ def ct_float_folder(folder: Path, strategy: str, *, block: tuple[int, int] | Non
           "ignore": list(ignore), "kv_cache_scheme": None, "global_compression_ratio": None}
     config["quantization_config"] = qc
     return save_folder(folder, out, config, shards=shards), out, qc
+
+
+def fp8_dequantized(stored: Mapping[str, Any], dtype: Any) -> dict[str, Any]:
+    """compressed-tensors' `FP8BlockDequantizer` (32x32 blocks) on each weight of a fine-grained FP8
+    folder's tensors (`fp8_folder`), in `dtype`: the oracle for migrator's dequantization."""
+    from compressed_tensors.entrypoints.convert.converters.fp8block_dequantizer import FP8BlockDequantizer
+
+    d = FP8BlockDequantizer(weight_block_size=(32, 32), dtype=dtype)
+    return {n: d._create_dequantized_weight(t, stored[n + "_scale_inv"]) for n, t in stored.items()
+            if n + "_scale_inv" in stored}
+
+
+def ct_float_dequantized(stored: Mapping[str, Any], qc: Mapping[str, Any], dtype: Any) -> dict[str, Any]:
+    """compressed-tensors' `FloatQuantizationCompressor.decompress` on each weight of a float-quantized
+    folder's tensors (`ct_float_folder`) under its `quantization_config` `qc`, in `dtype`."""
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    group = qc["config_groups"]["group_0"]
+    scheme = QuantizationScheme(targets=group["targets"], weights=QuantizationArgs(**group["weights"]))
+    return {n: FloatQuantizationCompressor.decompress({"weight": t, "weight_scale": stored[n + "_scale"]},
+                                                      scheme)["weight"].to(dtype)
+            for n, t in stored.items() if n + "_scale" in stored}

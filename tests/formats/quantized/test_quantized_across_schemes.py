@@ -12,27 +12,18 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import migrate_in_process
-from tests.support.quantized import ct_float_folder, fp8_folder
+from tests.support.quantized import ct_float_dequantized, ct_float_folder, fp8_dequantized, fp8_folder
 
 torch = pytest.importorskip("torch")
-fp8block = pytest.importorskip("compressed_tensors.entrypoints.convert.converters.fp8block_dequantizer")
-naive = pytest.importorskip("compressed_tensors.compressors.naive_quantized.base")
-ct_quant = pytest.importorskip("compressed_tensors.quantization")
+pytest.importorskip("compressed_tensors")
 
 
 def oracle_fp8(stored: dict) -> dict:
-    d = fp8block.FP8BlockDequantizer(weight_block_size=(32, 32), dtype=torch.float32)
-    return {n: d._create_dequantized_weight(t, stored[n + "_scale_inv"]) for n, t in stored.items()
-            if n + "_scale_inv" in stored}
+    return fp8_dequantized(stored, torch.float32)
 
 
 def oracle_ct(stored: dict, qc: dict) -> dict:
-    group = qc["config_groups"]["group_0"]
-    scheme = ct_quant.QuantizationScheme(targets=group["targets"],
-                                         weights=ct_quant.QuantizationArgs(**group["weights"]))
-    return {n: naive.FloatQuantizationCompressor.decompress({"weight": t, "weight_scale": stored[n + "_scale"]},
-                                                            scheme)["weight"].to(torch.float32)
-            for n, t in stored.items() if n + "_scale" in stored}
+    return ct_float_dequantized(stored, qc, torch.float32)
 
 
 @pytest.fixture

@@ -12,29 +12,20 @@ from typing import Any
 import pytest
 
 from tests.support.cli import migrate_in_process
-from tests.support.quantized import ct_float_folder, fp8_folder
+from tests.support.quantized import ct_float_dequantized, ct_float_folder, fp8_dequantized, fp8_folder
 
 torch = pytest.importorskip("torch")
 fsspec = pytest.importorskip("fsspec")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-fp8block = pytest.importorskip("compressed_tensors.entrypoints.convert.converters.fp8block_dequantizer")
-naive = pytest.importorskip("compressed_tensors.compressors.naive_quantized.base")
-ct_quant = pytest.importorskip("compressed_tensors.quantization")
+pytest.importorskip("compressed_tensors")
 
 
 def oracle_fp8(stored: dict) -> dict:
-    d = fp8block.FP8BlockDequantizer(weight_block_size=(32, 32), dtype=torch.bfloat16)
-    return {n: d._create_dequantized_weight(t, stored[n + "_scale_inv"]) for n, t in stored.items()
-            if n + "_scale_inv" in stored}
+    return fp8_dequantized(stored, torch.bfloat16)
 
 
 def oracle_ct(stored: dict, qc: dict) -> dict:
-    group = qc["config_groups"]["group_0"]
-    scheme = ct_quant.QuantizationScheme(targets=group["targets"],
-                                         weights=ct_quant.QuantizationArgs(**group["weights"]))
-    return {n: naive.FloatQuantizationCompressor.decompress({"weight": t, "weight_scale": stored[n + "_scale"]},
-                                                            scheme)["weight"].to(torch.bfloat16)
-            for n, t in stored.items() if n + "_scale" in stored}
+    return ct_float_dequantized(stored, qc, torch.bfloat16)
 
 
 def ok(*args: str):
