@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from math import prod
 
 from ...core.dtypes import DType
 from ...core.errors import FormatError, LimitExceededError
@@ -47,13 +48,6 @@ def _check_expansion(name: str, pieces: Sequence[Piece], label: str, limits: Lim
                                  tensor=name)
 
 
-def _numel(dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
 def assemble(name: str, dtype: DType, shape: tuple[int, ...], pieces: Sequence[Piece], label: str,
              limits: Limits = DEFAULT_LIMITS) -> LazyTensor:
     """The global tensor `name` from `pieces` (checked to tile `shape`); `label` names the checkpoint."""
@@ -71,8 +65,8 @@ def assemble(name: str, dtype: DType, shape: tuple[int, ...], pieces: Sequence[P
                               f"{dtype.display}{list(p.sizes)}", file=label, tensor=name)
     nbytes = dtype.nbytes(shape)
     assert nbytes is not None
-    live = [p for p in pieces if _numel(p.sizes)]
-    total = _numel(shape)
+    live = [p for p in pieces if prod(p.sizes)]
+    total = prod(shape)
     rows = all(p.offsets[1:] == (0,) * (len(shape) - 1) and p.sizes[1:] == shape[1:] for p in live) and shape
     if rows:
         live.sort(key=lambda p: p.offsets[0])
@@ -93,7 +87,7 @@ def assemble(name: str, dtype: DType, shape: tuple[int, ...], pieces: Sequence[P
             for q in live[i + 1:]:
                 if _intersect(p, q):
                     raise _overlap(name, label, p, q)
-        covered = sum(_numel(p.sizes) for p in live)
+        covered = sum(prod(p.sizes) for p in live)
         if covered != total:
             raise _hole(name, label, f"the chunks cover {covered} of its {total} elements")
     if total == 0:
@@ -170,7 +164,7 @@ class _Placed:
 
         itemsize = self.dtype.itemsize
         assert itemsize is not None
-        out = np.zeros(_numel(self.shape) * itemsize, dtype=np.uint8)
+        out = np.zeros(prod(self.shape) * itemsize, dtype=np.uint8)
         unit = np.dtype((np.void, itemsize))
         whole = out.view(unit).reshape(self.shape)
         for p in self.pieces:

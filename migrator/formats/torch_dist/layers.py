@@ -11,17 +11,11 @@ The vocabulary's padding rows are cut the same way (a range of leading rows).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import prod
 
 from ...core.bytesource import FileView, file_view
 from ...core.tensor import LazyTensor
 from ..dcp.assemble import Piece
-
-
-def _numel(dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 class _Bytes:
@@ -53,7 +47,7 @@ def index(pieces: Sequence[Piece], at: Sequence[int]) -> list[Piece]:
         if not all(o <= i < o + s for i, o, s in zip(at, p.offsets, p.sizes, strict=False)):
             continue
         rest = p.sizes[k:]
-        inner = _numel(rest)
+        inner = prod(rest)
         first = 0
         for j in range(k):
             first = first * p.sizes[j] + (at[j] - p.offsets[j])
@@ -72,7 +66,7 @@ def rows(pieces: Sequence[Piece], stop: int) -> list[Piece]:
         if hi == p.offsets[0] + p.sizes[0]:
             out.append(p)
             continue
-        inner = _numel(p.sizes[1:]) * (p.tensor.dtype.itemsize or 0)
+        inner = prod(p.sizes[1:]) * (p.tensor.dtype.itemsize or 0)
         sizes = (hi - lo, *p.sizes[1:])
         out.append(Piece(p.offsets, sizes, p.file, _range(p.tensor, sizes, 0, (hi - lo) * inner)))
     return out
