@@ -103,13 +103,12 @@ def _model(hf: dict[str, Any]) -> Any:
 
 
 def _rank(rank: int, ranks: int, port: int, ckpt: str, hf_config: str, out: str, script: str) -> None:
-    import contextlib
 
     import torch
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
-    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=ranks)
     from megatron.core.transformer.moe import moe_utils
@@ -122,12 +121,9 @@ def _rank(rank: int, ranks: int, port: int, ckpt: str, hf_config: str, out: str,
     os.chdir(Path(ckpt).parent)
     scope = {"model": model, "CKPT": ckpt}
     exec(Path(script).read_text(), scope)  # the load: LOAD, or a page's block
-    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    tokens = torch.tensor(TOKENS)
-    n = tokens.shape[1]
-    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]  # True: masked out
-    with torch.no_grad():
-        logits = model(tokens, torch.arange(n).unsqueeze(0), mask)
+    from tests.support.torch_dist import cpu_logits
+
+    logits = cpu_logits(model, TOKENS)
     if rank == 0:
         tensors = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
         torch.save({"state": tensors, "logits": logits.clone(), "common": _common(scope.get("state")),

@@ -24,7 +24,6 @@ The layout was checked against a context NeMo 2.7.3 wrote in a scratch environme
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import json
@@ -33,7 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.dist import end_rank
-from tests.support.torch_dist import FFN, GROUPS, HEADS, HIDDEN, LAYERS, PADDED, SEQ, TOKENS, join_megatron_group
+from tests.support.torch_dist import (
+    FFN,
+    GROUPS,
+    HEADS,
+    HIDDEN,
+    LAYERS,
+    PADDED,
+    SEQ,
+    cpu_logits,
+    join_megatron_group,
+)
 
 CONFIG_CLASS = "nemo.collections.llm.gpt.model.llama.Llama3Config"
 MODEL_CLASS = "nemo.collections.llm.gpt.model.llama.LlamaModel"
@@ -197,7 +206,7 @@ def _worker(rank: int, world: int, port: int, out: str, tied: bool, optimizer: b
     import torch
 
     join_megatron_group(rank, world, port)
-    from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+    from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -228,14 +237,7 @@ def _worker(rank: int, world: int, port: int, out: str, tied: bool, optimizer: b
         checkpoint["optimizer"] = [_optimizer_state(model, model_sd)]
     dist_checkpointing.save(checkpoint, str(weights), content_metadata=CONTENT_METADATA)
     torch.distributed.barrier()
-    tokens = torch.tensor(TOKENS)
-    positions = torch.arange(tokens.shape[1]).unsqueeze(0)
-    # the attention's dropout (0 here) forks megatron's CUDA RNG tracker, which has no CPU state to fork
-    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    n = tokens.shape[1]  # megatron's default causal mask is made on "cuda": give it (True = masked out)
-    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
-    with torch.no_grad():
-        logits = model(tokens, positions, mask)
+    logits = cpu_logits(model)
     plain = dist_checkpointing.load_plain_tensors(str(weights))  # collective: every rank calls it
     if rank == 0:
         tensors = {k: v.clone() for k, v in plain.items() if isinstance(v, torch.Tensor)}

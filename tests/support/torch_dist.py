@@ -53,6 +53,27 @@ def _args(family: str, tied: bool) -> argparse.Namespace:
         micro_batch_size=1, iteration=7)
 
 
+def cpu_inputs(tokens: list[list[int]] = TOKENS) -> tuple[Any, Any, Any]:
+    """(tokens, positions, causal mask) for megatron's GPTModel on a CPU, in a rank whose megatron-core
+    is initialised: the attention's dropout (0 here) forks megatron's CUDA RNG tracker, which has no CPU
+    state to fork, and its default causal mask is made on "cuda", so the mask is given (True = masked out)."""
+    import torch
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    ids = torch.tensor(tokens)
+    n = ids.shape[1]
+    return ids, torch.arange(n).unsqueeze(0), torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
+
+
+def cpu_logits(model: Any, tokens: list[list[int]] = TOKENS) -> Any:
+    """megatron's forward of `model` on `tokens` (see `cpu_inputs`), without gradients."""
+    import torch
+
+    with torch.no_grad():
+        return model(*cpu_inputs(tokens))
+
+
 def join_megatron_group(rank: int, world: int, port: int) -> None:
     """A spawned rank joins a gloo group of `world` ranks on 127.0.0.1:`port`, with the two shims
     megatron-core's writer needs on a CPU (its async saver calls both unconditionally)."""
@@ -105,16 +126,7 @@ def _worker(rank: int, world: int, port: int, out: str, family: str, tied: bool)
     sd["args"], sd["checkpoint_version"], sd["iteration"] = args, 3.0, 7
     dist_checkpointing.save(sd, out)
     torch.distributed.barrier()
-    tokens = torch.tensor(TOKENS)
-    positions = torch.arange(tokens.shape[1]).unsqueeze(0)
-    from megatron.core import tensor_parallel
-
-    # the attention's dropout (0 here) forks megatron's CUDA RNG tracker, which has no CPU state to fork
-    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    n = tokens.shape[1]  # megatron's default causal mask is made on "cuda": give it (True = masked out)
-    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
-    with torch.no_grad():
-        logits = model(tokens, positions, mask)
+    logits = cpu_logits(model)
     plain = dist_checkpointing.load_plain_tensors(out)  # collective: every rank calls it
     if rank == 0:
         tensors = {k: v.clone() for k, v in plain.items() if isinstance(v, torch.Tensor)}  # not common.pt's

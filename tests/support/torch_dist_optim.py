@@ -28,7 +28,6 @@ the step count.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import socket
@@ -103,7 +102,7 @@ def _worker(rank: int, world: int, port: int, out: str, layout: str, source: str
                       LOCAL_RANK=str(rank))
     _shims(distributed)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+    from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -128,11 +127,9 @@ def _worker(rank: int, world: int, port: int, out: str, layout: str, source: str
                                                                        grad_reduce_in_fp32=True), module)
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.1, clip_grad=0.0,
                                                        use_distributed_optimizer=distributed), [model])
-    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    tokens = torch.tensor(TOKENS)
-    positions = torch.arange(tokens.shape[1]).unsqueeze(0)
-    n = tokens.shape[1]
-    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
+    from tests.support.torch_dist import cpu_inputs
+
+    tokens, positions, mask = cpu_inputs(TOKENS)
 
     def step() -> None:
         model.zero_grad_buffer()
